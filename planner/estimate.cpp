@@ -1,0 +1,122 @@
+// Estimate assembly: simulate each stage's program, add the runtime overheads, search suggestions.
+#include "planner/estimate.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "planner/simulate.hpp"
+#include "planner/units.hpp"
+
+namespace np {
+namespace {
+
+std::vector<OverheadLine> overheads(const TrainSpec& t, const RuntimeAssumptions& rt, int64_t dynamic_peak) {
+  int comms = (t.tp > 1) + (t.dp > 1) + (t.pp > 1) + (t.ep > 1);
+  auto slack = static_cast<int64_t>(std::llround(rt.allocator_slack * static_cast<double>(dynamic_peak)));
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.1f%%", rt.allocator_slack * 100);
+  return {
+      {"CUDA context", rt.cuda_context_bytes, "context + loaded module images, assumed " + format_binary(rt.cuda_context_bytes) + " (--cuda-context)"},
+      {"cuBLAS workspace", rt.cublas_workspace_bytes, "one compute stream, " + format_binary(rt.cublas_workspace_bytes) + " (PyTorch's sm_90 default; --cublas-workspace)"},
+      {"NCCL buffers", comms * rt.nccl_bytes_per_comm, std::to_string(comms) + " communicator(s) (tp/dp/pp/ep > 1) x " + format_binary(rt.nccl_bytes_per_comm) + " (--nccl-buffers)"},
+      {"allocator slack", slack, std::string(pct) + " of the activation + transient peak for caching-allocator fragmentation (--allocator-slack)"},
+  };
+}
+
+std::vector<LiveTensor> live_tensors(const StageProgram& p, const SimResult& r) {
+  std::vector<LiveTensor> out;
+  for (int32_t id : r.live_at_peak) out.push_back({p.tensor_name(id), p.tensors[id].bytes, p.tensors[id].category});
+  std::stable_sort(out.begin(), out.end(), [](const LiveTensor& a, const LiveTensor& b) { return a.bytes > b.bytes; });
+  return out;
+}
+
+StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const RuntimeAssumptions& rt, bool explain) {
+  const TrainSpec& t = s.setup;
+  SimResult r = simulate(p, {.live_set = explain});
+  StageEstimate e;
+  e.stage = p.stage;
+  e.first_rank = static_cast<int64_t>(p.stage) * t.dp * t.tp;
+  e.first_layer = p.first_layer();
+  e.num_layers = p.num_layers();
+  e.in_flight = in_flight(t.pp_schedule, p.stage, t.pp, t.microbatches);
+  e.bytes = r.at_peak;
+  e.allocator_peak = r.peak_bytes;
+  int64_t dynamic = r.at_peak[static_cast<int>(Category::kActivation)] + r.at_peak[static_cast<int>(Category::kTransient)];
+  e.overheads = overheads(t, rt, dynamic);
+  for (const OverheadLine& o : e.overheads) e.overhead_bytes += o.bytes;
+  e.peak_bytes = e.allocator_peak + e.overhead_bytes;
+  e.peak_at = r.peak_instr >= 0 ? p.instr_name(p.instrs[r.peak_instr]) : "";
+  for (const StageBlock& b : p.blocks) {
+    if (b.kind == BlockKind::kLayer) e.layers.push_back({b.layer, b.policy.name, b.saved.bytes});
+    if (b.kind == BlockKind::kEmbedding) e.embedding_saved = b.saved.bytes;
+    if (b.kind == BlockKind::kHead) e.head_saved = b.saved.bytes;
+  }
+  if (explain) e.live_at_peak = live_tensors(p, r);
+  return e;
+}
+
+// Candidate setups near `t`, one family at a time; the first that fits in each family is kept.
+std::vector<Suggestion> suggest(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt, int64_t budget) {
+  std::vector<Suggestion> out;
+  EstimateOptions quiet{.budget = budget, .suggestions = false};
+  auto try_setup = [&](TrainSpec c, std::string change, std::string note) {
+    if (validate_setup(m, c)) return false;
+    Estimate e = estimate(m, c, rt, quiet);
+    if (!e.fits) return false;
+    out.push_back({std::move(change), std::move(note), c, e.peak_bytes});
+    return true;
+  };
+  for (int64_t pp = t.pp * 2; pp <= m.layers; pp *= 2) {
+    TrainSpec c = t;
+    c.pp = pp;
+    if (c.pp_schedule == PpSchedule::k1F1B) c.microbatches = std::max(c.microbatches, pp - 1);
+    c.zero = std::min(c.zero, 1);
+    if (try_setup(c, "--pp " + std::to_string(pp), std::to_string(pp * t.tp * t.dp) + " GPUs (pp x " + std::to_string(pp / t.pp) + ")")) break;
+  }
+  for (int64_t dp = t.dp * 2; dp <= 4096; dp *= 2) {
+    TrainSpec c = t;
+    c.dp = dp;
+    c.zero = std::max(c.zero, 1);
+    std::string change = (t.zero == c.zero ? "" : "--zero 1 ") + std::string("--dp ") + std::to_string(dp);
+    if (try_setup(c, change, "optimizer states sharded over dp " + std::to_string(dp) + "; global batch x " + std::to_string(dp / t.dp))) break;
+  }
+  if (t.recompute != Recompute::kFull) {
+    TrainSpec c = t;
+    c.recompute = Recompute::kFull;
+    try_setup(c, "--recompute full", "nanotron recompute_layer: true; one extra forward per layer");
+  }
+  for (int64_t mbs = t.micro_batch / 2; mbs >= 1; mbs /= 2) {
+    TrainSpec c = t;
+    c.micro_batch = mbs;
+    c.microbatches = t.microbatches * (t.micro_batch / mbs);
+    if (try_setup(c, "--micro-batch " + std::to_string(mbs), "--microbatches " + std::to_string(c.microbatches) + " keeps the global batch")) break;
+  }
+  return out;
+}
+
+}  // namespace
+
+Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt, const EstimateOptions& options) {
+  Estimate e;
+  e.model = s.model;
+  e.parameters = count_parameters(s.model);
+  e.setup = s.setup;
+  e.runtime = rt;
+  e.budget = options.budget;
+  for (const StageProgram& p : s.stages) e.stages.push_back(estimate_stage(s, p, rt, options.explain_peak));
+  for (const StageEstimate& st : e.stages)
+    if (st.peak_bytes > e.peak_bytes) {
+      e.peak_bytes = st.peak_bytes;
+      e.peak_stage = st.stage;
+      e.peak_rank = st.first_rank;
+    }
+  e.fits = !options.budget || e.peak_bytes <= *options.budget;
+  if (!e.fits && options.suggestions) e.suggestions = suggest(s.model, s.setup, rt, *options.budget);
+  return e;
+}
+
+Estimate estimate(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt, const EstimateOptions& options) {
+  return estimate_schedule(build_schedule(m, t), rt, options);
+}
+
+}  // namespace np

@@ -1,0 +1,83 @@
+// The per-GPU memory estimate of a training setup: static bytes, the simulated activation and
+// transient peak of every pipeline stage, runtime overheads on their own lines, and, when it does
+// not fit the budget, the nearest setups that do (each found by estimating it).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/schedule.hpp"
+#include "planner/spec.hpp"
+
+namespace np {
+
+struct OverheadLine {
+  std::string name;
+  int64_t bytes = 0;
+  std::string assumption;
+};
+
+struct LayerSaved {
+  int index = 0;
+  std::string policy;
+  int64_t saved_bytes = 0;  // per micro-batch
+};
+
+struct LiveTensor {
+  std::string name;
+  int64_t bytes = 0;
+  Category category;
+};
+
+struct StageEstimate {
+  int stage = 0;
+  int64_t first_rank = 0;   // global rank of the stage's first TP rank (order: pp, dp, tp)
+  int first_layer = 0, num_layers = 0;
+  int64_t in_flight = 0;    // micro-batches whose activations are alive at once
+  std::array<int64_t, kCategories> bytes{};  // by category, at the stage's peak
+  int64_t allocator_peak = 0;                // sum of bytes
+  std::vector<OverheadLine> overheads;
+  int64_t overhead_bytes = 0;
+  int64_t peak_bytes = 0;   // allocator_peak + overhead_bytes
+  std::string peak_at;      // the instruction at the peak
+  std::vector<LayerSaved> layers;
+  int64_t embedding_saved = 0, head_saved = 0;  // per micro-batch
+  std::vector<LiveTensor> live_at_peak;         // with EstimateOptions::explain_peak
+};
+
+struct Suggestion {
+  std::string change;  // e.g. "--pp 4"
+  std::string note;    // what else changes
+  TrainSpec setup;
+  int64_t peak_bytes = 0;
+};
+
+struct Estimate {
+  ModelSpec model;
+  int64_t parameters = 0;
+  TrainSpec setup;
+  RuntimeAssumptions runtime;
+  std::optional<int64_t> budget;
+  bool fits = true;
+  int64_t peak_bytes = 0;
+  int peak_stage = 0;
+  int64_t peak_rank = 0;
+  std::vector<StageEstimate> stages;
+  std::vector<Suggestion> suggestions;
+};
+
+struct EstimateOptions {
+  std::optional<int64_t> budget;  // bytes per GPU
+  bool suggestions = true;        // search nearby setups when it does not fit
+  bool explain_peak = false;      // list the live tensors at each stage's peak
+};
+
+// The setup must already be valid (validate_setup).
+Estimate estimate(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                  const EstimateOptions& options);
+// Estimates an already built schedule (the one code path behind `estimate` and `plan`).
+Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt, const EstimateOptions& options);
+
+}  // namespace np

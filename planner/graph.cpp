@@ -1,0 +1,240 @@
+// Builders of the per-rank block graphs and the graph invariant checker.
+#include "planner/graph.hpp"
+
+#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/topological_sort.hpp>
+#include <iterator>
+
+namespace np {
+
+const char* name_of(BlockKind kind) {
+  constexpr const char* k[] = {"embedding", "layer", "head"};
+  return k[static_cast<int>(kind)];
+}
+
+int64_t BlockGraph::weight_elements(bool expert) const {
+  int64_t n = 0;
+  for (const GraphOp& op : ops)
+    if (op.expert_weights == expert)
+      for (const WeightShape& w : op.weights) n += w.elements();
+  return n;
+}
+
+double BlockGraph::forward_flops() const {
+  double f = 0;
+  for (const GraphOp& op : ops) f += op.flops;
+  return f;
+}
+
+double BlockGraph::backward_flops() const {
+  double f = 0;
+  for (const GraphOp& op : ops) f += op.bwd_flops;
+  return f;
+}
+
+namespace {
+
+// Appends ops and tensors in topological order, shapes from the op table.
+class Builder {
+ public:
+  Builder(BlockKind kind, const ModelSpec& m, const TrainSpec& t) : m_(m), t_(t) { g_.kind = kind; }
+
+  int input(std::string name, TensorType type) {
+    int id = add_tensor(std::move(name), std::move(type), -1);
+    g_.inputs.push_back(id);
+    return id;
+  }
+
+  std::vector<int> op(OpKind kind, std::string name, OpAttrs attrs, std::vector<int> inputs,
+                      std::vector<std::string> out_names = {}) {
+    const OpInfo& info = op_info(kind);
+    std::vector<TensorType> in;
+    for (int i : inputs) in.push_back(g_.tensors[i].type);
+    GraphOp o{kind, name, attrs, inputs, {}, info.weights(attrs, in)};
+    o.flops = info.flops(attrs, in);
+    o.bwd_flops = backward_flops(info, attrs, in);
+    int index = static_cast<int>(g_.ops.size());
+    std::vector<TensorType> outs = info.infer(attrs, in);
+    for (size_t j = 0; j < outs.size(); ++j) {
+      std::string tname = j < out_names.size() ? name + "." + out_names[j] : name;
+      o.outputs.push_back(add_tensor(tname, outs[j], index));
+    }
+    for (int i : inputs) g_.tensors[i].consumers.push_back(index);
+    g_.ops.push_back(std::move(o));
+    return g_.ops.back().outputs;
+  }
+  int op1(OpKind kind, std::string name, OpAttrs attrs, std::vector<int> inputs) {
+    return op(kind, std::move(name), std::move(attrs), std::move(inputs))[0];
+  }
+  GraphOp& last() { return g_.ops.back(); }
+
+  // Sequence-parallel all-gather before a column-parallel linear; under plain TP the linear's
+  // backward all-reduces its input gradient instead (Megatron's f).
+  int gather(int x, const std::string& name) {
+    if (!t_.sp) return x;
+    return op1(OpKind::kAllGather, name + ".all_gather", {.group = t_.tp}, {x});
+  }
+  int column(int x, const std::string& name, int64_t features, bool bias) {
+    int y = op1(OpKind::kColumnLinear, name, {.features = features, .bias = bias}, {x});
+    if (t_.tp > 1 && !t_.sp) last().bwd_collective = "all_reduce";
+    return y;
+  }
+  // Reduction after a row-parallel linear: reduce-scatter under SP, all-reduce under plain TP.
+  int reduce(int x, const std::string& name) {
+    if (t_.tp == 1) return x;
+    if (t_.sp) return op1(OpKind::kReduceScatter, name + ".reduce_scatter", {.group = t_.tp}, {x});
+    return op1(OpKind::kAllReduce, name + ".all_reduce", {.group = t_.tp}, {x});
+  }
+  int dropout(int x, const std::string& name) {
+    if (m_.dropout <= 0.0) return x;
+    return op(OpKind::kDropout, name, {}, {x}, {"out", "mask"})[0];
+  }
+  int norm(int x, const std::string& name) {
+    return op1(m_.norm == Norm::kRms ? OpKind::kRmsNorm : OpKind::kLayerNorm, name, {}, {x});
+  }
+
+  int64_t local_tokens() const { return t_.seq_len * t_.micro_batch / (t_.sp ? t_.tp : 1); }
+  int64_t tokens() const { return t_.seq_len * t_.micro_batch; }
+  BlockGraph finish(int in, int out) {
+    g_.hidden_in = in;
+    g_.hidden_out = out;
+    return std::move(g_);
+  }
+
+ private:
+  int add_tensor(std::string name, TensorType type, int producer) {
+    g_.tensors.push_back({std::move(name), std::move(type), producer, {}});
+    return static_cast<int>(g_.tensors.size()) - 1;
+  }
+
+  const ModelSpec& m_;
+  const TrainSpec& t_;
+  BlockGraph g_;
+};
+
+int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
+  int64_t hq = m.heads / t.tp, hkv = m.kv_heads / t.tp, d = m.head_dim;
+  int n = b.norm(x, "attn.norm");
+  int qkv = b.column(b.gather(n, "attn"), "attn.qkv", (hq + 2 * hkv) * d, m.qkv_bias);
+  if (m.position == PosEmb::kRope) qkv = b.op1(OpKind::kRope, "attn.rope", {}, {qkv});
+  OpAttrs core{.batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
+  int ctx;
+  if (t.attention == AttentionImpl::kFlash) {
+    ctx = b.op(OpKind::kFlashAttention, "attn.core", core, {qkv}, {"out", "lse"})[0];
+  } else {
+    int s = b.op1(OpKind::kAttnScores, "attn.scores", core, {qkv});
+    b.last().attention_core = true;
+    int p = b.op1(OpKind::kSoftmax, "attn.softmax", core, {s});
+    b.last().attention_core = true;
+    int pd = b.dropout(p, "attn.probs_dropout");
+    if (pd != p) b.last().attention_core = true;
+    ctx = b.op1(OpKind::kAttnContext, "attn.context", core, {pd, qkv});
+  }
+  int o = b.op1(OpKind::kRowLinear, "attn.out", {.features = m.hidden, .bias = m.linear_bias}, {ctx});
+  o = b.dropout(b.reduce(o, "attn"), "attn.dropout");
+  return b.op1(OpKind::kAdd, "attn.residual", {}, {x, o});
+}
+
+// Returns the row-parallel output (partial over tp) of a SwiGLU or GeLU MLP of width ffn.
+int dense_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int x, const std::string& name,
+              int64_t ffn) {
+  if (m.activation == Activation::kSwiGlu) {
+    int gu = b.column(x, name + ".gate_up", 2 * ffn / t.tp, m.linear_bias);
+    int a = b.op1(OpKind::kSwiGlu, name + ".swiglu", {}, {gu});
+    return b.op1(OpKind::kRowLinear, name + ".down", {.features = m.hidden, .bias = m.linear_bias}, {a});
+  }
+  int f1 = b.column(x, name + ".fc1", ffn / t.tp, m.linear_bias);
+  int a = b.op1(OpKind::kGelu, name + ".gelu", {}, {f1});
+  return b.op1(OpKind::kRowLinear, name + ".fc2", {.features = m.hidden, .bias = m.linear_bias}, {a});
+}
+
+int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
+  const MoeSpec& e = *m.moe;
+  int logits = b.op1(OpKind::kRouter, "moe.router", {.features = e.num_experts}, {x});
+  auto routed = b.op(OpKind::kTopK, "moe.topk", {.top_k = e.top_k}, {logits}, {"probs", "indices"});
+  OpAttrs experts{.features = 2 * e.expert_ffn / t.tp, .group = t.ep,
+                  .experts = e.num_experts / t.ep, .top_k = e.top_k};
+  int xe = b.op1(OpKind::kMoeDispatch, "moe.dispatch", experts, {x, routed[1]});
+  int gu = b.op1(OpKind::kExpertColumn, "moe.experts.gate_up", experts, {xe});
+  b.last().expert_weights = true;
+  int a = b.op1(OpKind::kSwiGlu, "moe.experts.swiglu", {}, {gu});
+  experts.features = m.hidden;
+  int ye = b.op1(OpKind::kExpertRow, "moe.experts.down", experts, {a});
+  b.last().expert_weights = true;
+  int y = b.op1(OpKind::kMoeCombine, "moe.combine", experts, {ye, routed[0], routed[1]});
+  if (e.shared_ffn == 0) return y;
+  int s = dense_mlp(b, m, t, x, "moe.shared", e.shared_ffn);
+  if (e.shared_gate) s = b.op1(OpKind::kSharedGate, "moe.shared.gate", {}, {x, s});
+  return b.op1(OpKind::kAdd, "moe.add_shared", {}, {y, s});
+}
+
+}  // namespace
+
+BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t) {
+  Builder b(BlockKind::kLayer, m, t);
+  int x = b.input("x", {{b.local_tokens(), m.hidden}, Dtype::kBf16});
+  int x1 = attention(b, m, t, x);
+  int n = b.gather(b.norm(x1, "mlp.norm"), "mlp");
+  int y = m.moe ? moe_mlp(b, m, t, n) : dense_mlp(b, m, t, n, "mlp", m.ffn);
+  y = b.dropout(b.reduce(y, "mlp"), "mlp.dropout");
+  return b.finish(x, b.op1(OpKind::kAdd, "mlp.residual", {}, {x1, y}));
+}
+
+BlockGraph build_embedding(const ModelSpec& m, const TrainSpec& t) {
+  Builder b(BlockKind::kEmbedding, m, t);
+  int ids = b.input("input_ids", {{b.tokens()}, Dtype::kI64});
+  int e = b.op1(OpKind::kEmbedding, "embed.tokens", {.features = m.hidden, .rows = m.vocab / t.tp, .tie = "embedding"}, {ids});
+  e = b.reduce(e, "embed");
+  if (m.position == PosEmb::kLearned)
+    e = b.op1(OpKind::kPosEmbedding, "embed.positions", {.features = m.hidden, .rows = m.max_positions}, {e});
+  return b.finish(-1, b.dropout(e, "embed.dropout"));
+}
+
+BlockGraph build_head(const ModelSpec& m, const TrainSpec& t) {
+  Builder b(BlockKind::kHead, m, t);
+  int x = b.input("x", {{b.local_tokens(), m.hidden}, Dtype::kBf16});
+  int n = b.gather(b.norm(x, "final_norm"), "lm_head");
+  int logits = b.column(n, "lm_head", m.vocab / t.tp, false);
+  if (m.tie_embeddings) b.last().attrs.tie = "embedding";
+  int targets = b.input("targets", {{b.tokens()}, Dtype::kI64});
+  b.op(OpKind::kCrossEntropy, "loss", {}, {logits, targets}, {"per_token", "softmax"});
+  return b.finish(x, -1);
+}
+
+std::optional<Error> check_graph(const BlockGraph& g) {
+  using Dag = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS>;
+  Dag dag(g.ops.size());
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    for (int t : g.ops[i].inputs) {
+      int p = g.tensors.at(t).producer;
+      if (p >= static_cast<int>(i)) return make_error("graph: op " + g.ops[i].name + " reads " + g.tensors[t].name + " before it is produced");
+      if (p >= 0) boost::add_edge(p, i, dag);
+    }
+  std::vector<Dag::vertex_descriptor> order;
+  try {
+    boost::topological_sort(dag, std::back_inserter(order));
+  } catch (const boost::not_a_dag&) {
+    return make_error("graph: the block has a cycle");
+  }
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const GraphOp& op = g.ops[i];
+    const OpInfo& info = op_info(op.kind);
+    if (static_cast<int>(op.inputs.size()) != info.num_inputs || static_cast<int>(op.outputs.size()) != info.num_outputs)
+      return make_error("graph: op " + op.name + " has the wrong number of inputs or outputs");
+    for (int t : op.outputs)
+      if (g.tensors.at(t).producer != static_cast<int>(i)) return make_error("graph: tensor " + g.tensors[t].name + " has two producers");
+  }
+  return std::nullopt;
+}
+
+int64_t count_parameters(const ModelSpec& m) {
+  TrainSpec t;
+  t.seq_len = 1;
+  BlockGraph emb = build_embedding(m, t), layer = build_layer(m, t), head = build_head(m, t);
+  int64_t per_layer = layer.weight_elements(false) + layer.weight_elements(true);
+  int64_t n = emb.weight_elements(false) + m.layers * per_layer + head.weight_elements(false);
+  if (m.tie_embeddings) n -= m.vocab * m.hidden;  // the LM head reuses the embedding table
+  return n;
+}
+
+}  // namespace np

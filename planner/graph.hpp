@@ -1,0 +1,63 @@
+// The per-rank DAG of one block (embedding, decoder layer, or final norm + LM head + loss) with
+// TP/SP sharding already applied. Ops are stored in topological order; check_graph proves it.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/ops.hpp"
+#include "planner/result.hpp"
+#include "planner/spec.hpp"
+
+namespace np {
+
+enum class BlockKind { kEmbedding, kLayer, kHead };
+const char* name_of(BlockKind kind);
+
+struct GraphTensor {
+  std::string name;
+  TensorType type;
+  int producer = -1;           // op index; -1 for block inputs
+  std::vector<int> consumers;  // op indices, in order
+};
+
+struct GraphOp {
+  OpKind kind;
+  std::string name;            // e.g. "attn.qkv"
+  OpAttrs attrs;
+  std::vector<int> inputs;     // tensor indices
+  std::vector<int> outputs;    // tensor indices
+  std::vector<WeightShape> weights;
+  bool expert_weights = false;  // weights sharded over ep instead of replicated over dp
+  bool attention_core = false;  // Megatron's selective recompute re-runs these ops
+  std::string bwd_collective;   // collective in this op's backward ("all_reduce" for TP's f)
+  double flops = 0;             // forward
+  double bwd_flops = 0;
+};
+
+struct BlockGraph {
+  BlockKind kind = BlockKind::kLayer;
+  std::vector<GraphTensor> tensors;
+  std::vector<GraphOp> ops;      // topological order
+  std::vector<int> inputs;       // block inputs (hidden states, token ids, targets)
+  int hidden_in = -1;            // residual stream entering the block (-1: none)
+  int hidden_out = -1;           // residual stream leaving the block (-1: none)
+
+  int64_t weight_elements(bool expert) const;
+  double forward_flops() const;
+  double backward_flops() const;
+};
+
+// The three kinds of block for one rank of the setup.
+BlockGraph build_embedding(const ModelSpec& m, const TrainSpec& t);
+BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t);
+BlockGraph build_head(const ModelSpec& m, const TrainSpec& t);
+
+// Graph invariants: a DAG (Boost.Graph topological sort), ops stored in topological order, each
+// tensor produced once, op arities and shapes consistent with the op table.
+std::optional<Error> check_graph(const BlockGraph& g);
+
+// Exact parameter count of the model: the blocks built at tp = pp = dp = ep = 1, tied weights once.
+int64_t count_parameters(const ModelSpec& m);
+
+}  // namespace np

@@ -1,0 +1,90 @@
+// The op table: for every OpKind, its output shapes and dtypes, FLOPs, weights, backward workspace
+// and which tensors its backward reads. The planner and the executors use this one table; nobody
+// computes tensor sizes anywhere else.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "planner/spec.hpp"
+
+namespace np {
+
+enum class OpKind {
+  kEmbedding,      // vocab-parallel lookup: ids -> partial hidden (rows of this TP rank only)
+  kPosEmbedding,   // learned absolute positions added to the hidden states
+  kRmsNorm,
+  kLayerNorm,
+  kAllGather,      // TP group, along the token dim (sequence parallelism)
+  kReduceScatter,  // TP group, along the token dim
+  kAllReduce,      // TP group
+  kColumnLinear,   // weight (out/tp, in): output features sharded
+  kRowLinear,      // weight (out, in/tp): output is a partial sum over the TP group
+  kRope,
+  kFlashAttention,  // keeps output and logsumexp; recomputes scores in backward
+  kAttnScores,      // eager: Q K^T
+  kSoftmax,         // eager: scaled, causal-masked softmax; backward needs its output only
+  kAttnContext,     // eager: probs V
+  kDropout,         // keeps a 1-byte mask
+  kSwiGlu,          // silu(gate) * up, input is [gate | up]
+  kGelu,
+  kAdd,             // residual add
+  kRouter,          // MoE router linear, fp32 logits
+  kTopK,            // top-k of the router logits, softmax over the k
+  kMoeDispatch,     // permute tokens to experts (+ all-to-all over ep), balanced routing
+  kExpertColumn,    // grouped GEMM over the local experts, output sharded over tp
+  kExpertRow,       // grouped GEMM over the local experts, partial sum over tp
+  kMoeCombine,      // un-permute (+ all-to-all back) and weight by the router probabilities
+  kSharedGate,      // sigmoid(Linear(h, 1)(x)) * shared expert output
+  kCrossEntropy,    // vocab-parallel, fp32 softmax kept for backward
+  kCount
+};
+
+struct TensorType {
+  std::vector<int64_t> shape;
+  Dtype dtype = Dtype::kBf16;
+  int64_t elements() const;
+  int64_t bytes() const { return elements() * dtype_bytes(dtype); }
+};
+
+// What distinguishes one op instance of a kind; all sizes are this rank's (already sharded).
+struct OpAttrs {
+  int64_t features = 0;  // output features (linears, router, experts, embeddings)
+  int64_t rows = 0;      // table rows (embeddings: vocab/tp or max positions)
+  int64_t group = 1;     // collective group size
+  int64_t batch = 0, seq = 0;                   // micro-batch and full sequence (attention)
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;  // this rank's heads
+  int64_t experts = 0, top_k = 0;               // local experts, routed experts per token
+  bool bias = false;      // linears: add a bias; LayerNorm always has one
+  std::string tie;        // weights shared with another op of that name (tied embeddings)
+};
+
+struct WeightShape {
+  const char* suffix;  // "weight" or "bias"
+  std::vector<int64_t> shape;
+  int64_t elements() const;
+};
+
+struct OpInfo {
+  OpKind kind;
+  const char* name;
+  int num_inputs;
+  int num_outputs;
+  unsigned bwd_reads_inputs;   // bit i: backward reads input i
+  unsigned bwd_reads_outputs;  // bit j: backward reads output j
+  unsigned grad_inputs;        // bit i: input i receives a gradient
+  unsigned grad_outputs;       // bit j: output j carries a gradient
+  bool collective;
+  std::vector<TensorType> (*infer)(const OpAttrs&, std::span<const TensorType> in);
+  double (*flops)(const OpAttrs&, std::span<const TensorType> in);  // forward FLOPs
+  std::vector<WeightShape> (*weights)(const OpAttrs&, std::span<const TensorType> in);
+  std::vector<TensorType> (*bwd_workspace)(const OpAttrs&, std::span<const TensorType> in);
+};
+
+const OpInfo& op_info(OpKind kind);
+const char* name_of(OpKind kind);
+// Backward FLOPs: twice the forward for ops with weights (input and weight gradients), once otherwise.
+double backward_flops(const OpInfo& info, const OpAttrs& attrs, std::span<const TensorType> in);
+
+}  // namespace np

@@ -1,0 +1,42 @@
+// Named recompute policies and the saved set they imply.
+#include "planner/policy.hpp"
+
+namespace np {
+
+BlockPolicy named_policy(const BlockGraph& g, const TrainSpec& t) {
+  BlockPolicy p{std::vector<bool>(g.ops.size(), false), name_of(t.recompute)};
+  bool layer = g.kind == BlockKind::kLayer;
+  bool regather = t.sp && t.tp_recompute_allgather;
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const GraphOp& op = g.ops[i];
+    if (layer && t.recompute == Recompute::kFull) p.recompute[i] = true;
+    if (layer && t.recompute == Recompute::kSelective && op.attention_core) p.recompute[i] = true;
+    if (regather && op.kind == OpKind::kAllGather) p.recompute[i] = true;
+  }
+  if (!layer) p.name = "none";
+  if (regather && !(layer && t.recompute == Recompute::kFull)) p.name += "+regather";
+  return p;
+}
+
+SavedSet saved_set(const BlockGraph& g, const BlockPolicy& p) {
+  std::vector<bool> needed(g.tensors.size(), false);
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const GraphOp& op = g.ops[i];
+    const OpInfo& info = op_info(op.kind);
+    for (size_t k = 0; k < op.inputs.size(); ++k)
+      if ((info.bwd_reads_inputs >> k & 1u) || p.recompute[i]) needed[op.inputs[k]] = true;
+    for (size_t k = 0; k < op.outputs.size(); ++k)
+      if (info.bwd_reads_outputs >> k & 1u) needed[op.outputs[k]] = true;
+  }
+  SavedSet s{std::vector<bool>(g.tensors.size(), false), 0};
+  for (size_t t = 0; t < g.tensors.size(); ++t) {
+    int producer = g.tensors[t].producer;
+    if (needed[t] && (producer < 0 || !p.recompute[producer])) {
+      s.saved[t] = true;
+      s.bytes += g.tensors[t].type.bytes();
+    }
+  }
+  return s;
+}
+
+}  // namespace np

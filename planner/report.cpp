@@ -1,0 +1,208 @@
+// Table and JSON output of estimates and schedules.
+#include "planner/report.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "planner/units.hpp"
+
+namespace np {
+
+using nlohmann::json;
+
+json setup_to_json(const TrainSpec& t) {
+  return {{"tp", t.tp}, {"pp", t.pp}, {"dp", t.dp}, {"ep", t.ep}, {"sp", t.sp}, {"zero", t.zero},
+          {"micro_batch", t.micro_batch}, {"seq_len", t.seq_len}, {"microbatches", t.microbatches},
+          {"pp_schedule", name_of(t.pp_schedule)}, {"attention", name_of(t.attention)},
+          {"grad_accum_dtype", name_of(t.grad_dtype)}, {"optimizer", name_of(t.optimizer)},
+          {"recompute", name_of(t.recompute)}, {"tp_recompute_allgather", t.tp_recompute_allgather},
+          {"gpus", t.tp * t.pp * t.dp}};
+}
+
+json model_to_json(const ModelSpec& m, int64_t parameters) {
+  json j = {{"name", m.name}, {"display_name", m.display_name}, {"parameters", parameters},
+            {"source", m.source}, {"hidden_size", m.hidden}, {"num_layers", m.layers},
+            {"num_heads", m.heads}, {"num_kv_heads", m.kv_heads}, {"vocab_size", m.vocab}};
+  if (m.moe) j["moe"] = {{"num_experts", m.moe->num_experts}, {"top_k", m.moe->top_k}};
+  return j;
+}
+
+namespace {
+int64_t cat(const StageEstimate& s, Category c) { return s.bytes[static_cast<int>(c)]; }
+
+json stage_to_json(const Estimate& e, const StageEstimate& s) {
+  json overheads = json::array();
+  for (const OverheadLine& o : s.overheads) overheads.push_back({{"name", o.name}, {"bytes", o.bytes}, {"assumption", o.assumption}});
+  json layers = json::array();
+  for (const LayerSaved& l : s.layers) layers.push_back({{"index", l.index}, {"policy", l.policy}, {"saved_bytes", l.saved_bytes}});
+  json j = {{"pp_stage", s.stage}, {"rank", s.first_rank}, {"ranks_in_stage", e.setup.tp * e.setup.dp},
+            {"first_layer", s.first_layer}, {"num_layers", s.num_layers}, {"in_flight_microbatches", s.in_flight},
+            {"parameter_bytes", cat(s, Category::kWeight)}, {"gradient_bytes", cat(s, Category::kGradient)},
+            {"optimizer_bytes", cat(s, Category::kOptimizer)}, {"activation_bytes", cat(s, Category::kActivation)},
+            {"transient_bytes", cat(s, Category::kTransient)}, {"allocator_peak_bytes", s.allocator_peak},
+            {"overhead_bytes", s.overhead_bytes}, {"overheads", overheads}, {"peak_bytes", s.peak_bytes},
+            {"peak_at", s.peak_at}, {"embedding_saved_bytes", s.embedding_saved}, {"head_saved_bytes", s.head_saved},
+            {"layers", layers}};
+  if (!s.live_at_peak.empty()) {
+    json live = json::array();
+    for (const LiveTensor& t : s.live_at_peak) live.push_back({{"name", t.name}, {"bytes", t.bytes}, {"category", name_of(t.category)}});
+    j["live_at_peak"] = live;
+  }
+  return j;
+}
+}  // namespace
+
+json estimate_to_json(const Estimate& e) {
+  json suggestions = json::array();
+  for (const Suggestion& s : e.suggestions)
+    suggestions.push_back({{"change", s.change}, {"note", s.note}, {"setup", setup_to_json(s.setup)}, {"peak_bytes", s.peak_bytes}});
+  json ranks = json::array();
+  for (const StageEstimate& s : e.stages) ranks.push_back(stage_to_json(e, s));
+  return {{"nanoplan_version", 1}, {"model", model_to_json(e.model, e.parameters)}, {"setup", setup_to_json(e.setup)},
+          {"budget_bytes", e.budget ? json(*e.budget) : json(nullptr)}, {"fits", e.fits},
+          {"peak_bytes", e.peak_bytes}, {"peak_rank", e.peak_rank}, {"peak_stage", e.peak_stage},
+          {"suggestions", suggestions}, {"ranks", ranks}};
+}
+
+namespace {
+
+std::string row(const std::string& label, int64_t bytes, const std::string& note = "") {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "  %-34s %20s %11.2f %11.2f  %s\n", label.c_str(), format_int(bytes).c_str(),
+                static_cast<double>(bytes) / kGiB, static_cast<double>(bytes) / kGB, note.c_str());
+  return buf;
+}
+
+std::string describe_setup(const TrainSpec& t) {
+  std::string s = "tp " + std::to_string(t.tp) + (t.sp ? " (sp on)" : " (sp off)") + " x pp " + std::to_string(t.pp) +
+                  " x dp " + std::to_string(t.dp) + " = " + std::to_string(t.tp * t.pp * t.dp) + " GPUs";
+  if (t.ep > 1) s += ", ep " + std::to_string(t.ep);
+  s += "; micro-batch " + std::to_string(t.micro_batch) + " x seq " + std::to_string(t.seq_len) + ", " +
+       std::to_string(t.microbatches) + " micro-batch(es) per step, " + name_of(t.pp_schedule) + "; " +
+       name_of(t.attention) + " attention\n       recompute " + name_of(t.recompute) +
+       ", tp_recompute_allgather " + (t.tp_recompute_allgather ? "true" : "false") + "; grads " +
+       name_of(t.grad_dtype) + "; " + name_of(t.optimizer) + ", ZeRO-" + std::to_string(t.zero);
+  return s;
+}
+
+std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
+  std::string out;
+  char title[128], head[256];
+  std::snprintf(title, sizeof title, "rank %lld (pp stage %d, layers %d-%d)", static_cast<long long>(s.first_rank),
+                s.stage, s.first_layer, s.first_layer + s.num_layers - 1);
+  std::snprintf(head, sizeof head, "\nper-GPU memory of %-36s %13s %11s %11s\n", title, "bytes", "GiB", "GB");
+  out += head;
+  const TrainSpec& t = e.setup;
+  out += row("weights (bf16)", cat(s, Category::kWeight), t.zero >= 3 ? "ZeRO-3 shard" : "");
+  out += row(std::string("gradients (") + name_of(t.grad_dtype) + ")", cat(s, Category::kGradient), t.zero >= 2 ? "ZeRO-2 shard" : "");
+  out += row(std::string("optimizer (") + name_of(t.optimizer) + ")", cat(s, Category::kOptimizer),
+             t.optimizer == Optimizer::kAdamW ? "fp32 master + 2 moments" + std::string(t.zero >= 1 ? ", ZeRO shard" : "") : "");
+  out += row("activations (saved for backward)", cat(s, Category::kActivation),
+             std::to_string(s.in_flight) + " micro-batch(es) in flight");
+  out += row("transient at the peak", cat(s, Category::kTransient), "grads, recompute, buffers");
+  for (const OverheadLine& o : s.overheads) out += row(o.name, o.bytes, o.assumption);
+  out += "  " + std::string(96, '-') + "\n";
+  out += row("peak", s.peak_bytes, "at " + s.peak_at);
+  return out;
+}
+
+std::string stage_table(const Estimate& e) {
+  std::string out = "\nper pipeline stage (GiB):\n  stage  layers   in-flight   weights     grads     optim   activ  transient  overhead      peak\n";
+  for (const StageEstimate& s : e.stages) {
+    char buf[256];
+    auto g = [&](Category c) { return static_cast<double>(cat(s, c)) / kGiB; };
+    std::snprintf(buf, sizeof buf, "  %5d  %3d-%-3d %9lld %9.2f %9.2f %9.2f %7.2f %10.2f %9.2f %9.2f%s\n", s.stage,
+                  s.first_layer, s.first_layer + s.num_layers - 1, static_cast<long long>(s.in_flight),
+                  g(Category::kWeight), g(Category::kGradient), g(Category::kOptimizer), g(Category::kActivation),
+                  g(Category::kTransient), static_cast<double>(s.overhead_bytes) / kGiB,
+                  static_cast<double>(s.peak_bytes) / kGiB, s.stage == e.peak_stage ? "  <- peak" : "");
+    out += buf;
+  }
+  return out;
+}
+
+std::string verdict(const Estimate& e) {
+  if (!e.budget) return "\nno budget given (--budget or --gpu): nothing to compare against\n";
+  int64_t b = *e.budget;
+  std::string out = "\nbudget " + format_int(b) + " bytes = " + format_human(b) + ": ";
+  if (e.fits) return out + "FITS, " + format_gib(b - e.peak_bytes) + " to spare\n";
+  out += "DOES NOT FIT: the peak rank " + std::to_string(e.peak_rank) + " needs " + format_gib(e.peak_bytes - b) + " more\n";
+  const StageEstimate& s = e.stages[e.peak_stage];
+  std::vector<std::pair<int64_t, std::string>> parts;
+  for (int c = 0; c < kCategories; ++c) parts.push_back({s.bytes[c], name_of(static_cast<Category>(c))});
+  std::sort(parts.rbegin(), parts.rend());
+  out += "  largest components: ";
+  for (int i = 0; i < 3; ++i) out += (i ? ", " : "") + parts[i].second + " " + format_gib(parts[i].first);
+  out += "\n";
+  if (e.suggestions.empty()) return out + "  no nearby setup fits (tried more pp, ZeRO-1 over more dp, full recompute, smaller micro-batch)\n";
+  out += "  nearest setups that fit (each estimated):\n";
+  for (const Suggestion& sg : e.suggestions) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "    %-28s peak %s  (%s)\n", sg.change.c_str(), format_gib(sg.peak_bytes).c_str(), sg.note.c_str());
+    out += buf;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string estimate_to_table(const Estimate& e, const std::string& requested) {
+  std::string out = "nanoplan estimate: " + e.model.display_name + " (" + e.model.name;
+  if (!requested.empty() && requested != e.model.name) out += ", resolved from '" + requested + "'";
+  out += "), " + format_int(e.parameters) + " parameters\nsetup: " + describe_setup(e.setup) + "\n";
+  out += stage_breakdown(e, e.stages[e.peak_stage]);
+  if (e.stages.size() > 1) out += stage_table(e);
+  const StageEstimate& s = e.stages[e.peak_stage];
+  if (!s.layers.empty())
+    out += "\nsaved for backward per layer per micro-batch: " + format_human(s.layers.front().saved_bytes) + " (policy " +
+           s.layers.front().policy + ")\n";
+  out += verdict(e);
+  if (!s.live_at_peak.empty()) {
+    out += "\nlive tensors at the peak of rank " + std::to_string(e.peak_rank) + " (" + s.peak_at + "), largest first:\n";
+    for (const LiveTensor& t : s.live_at_peak) {
+      char buf[512];
+      std::snprintf(buf, sizeof buf, "  %-12s %20s  %s\n", name_of(t.category), format_int(t.bytes).c_str(), t.name.c_str());
+      out += buf;
+    }
+  }
+  return out;
+}
+
+json schedule_to_json(const Schedule& s) {
+  json stages = json::array();
+  for (const StageProgram& p : s.stages) {
+    json tensors = json::array(), program = json::array(), blocks = json::array();
+    for (const StageBlock& b : p.blocks) {
+      json recomputed = json::array(), kept = json::array();
+      for (size_t o = 0; o < b.graph->ops.size(); ++o)
+        if (b.policy.recompute[o]) recomputed.push_back(b.graph->ops[o].name);
+      for (size_t t = 0; t < b.graph->tensors.size(); ++t)
+        if (b.saved.saved[t]) kept.push_back(b.graph->tensors[t].name);
+      blocks.push_back({{"kind", name_of(b.kind)}, {"layer", b.layer}, {"policy", b.policy.name},
+                        {"recomputed_ops", recomputed}, {"kept_tensors", kept}, {"saved_bytes", b.saved.bytes}});
+    }
+    for (size_t id = 0; id < p.tensors.size(); ++id) {
+      const ScheduleTensor& t = p.tensors[id];
+      tensors.push_back({{"id", id}, {"name", p.tensor_name(static_cast<int32_t>(id))}, {"bytes", t.bytes},
+                         {"category", name_of(t.category)}, {"kind", name_of(t.kind)}});
+    }
+    for (const Instr& in : p.instrs) {
+      json i = {{"kind", name_of(in.kind)}};
+      if (in.block >= 0) i["block"] = in.block;
+      if (in.op >= 0) i["op"] = p.blocks[in.block].graph->ops[in.op].name;
+      if (in.mb >= 0) i["mb"] = in.mb;
+      auto r = p.reads(in), a = p.allocs(in);
+      if (!r.empty()) i["reads"] = std::vector<int32_t>(r.begin(), r.end());
+      if (!a.empty()) i["allocs"] = std::vector<int32_t>(a.begin(), a.end());
+      program.push_back(std::move(i));
+    }
+    std::vector<int64_t> ranks;
+    for (int64_t r = 0; r < s.setup.dp * s.setup.tp; ++r) ranks.push_back(p.stage * s.setup.dp * s.setup.tp + r);
+    stages.push_back({{"pp_stage", p.stage}, {"ranks", ranks}, {"blocks", blocks}, {"tensors", tensors}, {"program", program}});
+  }
+  return {{"format", "nanoplan-schedule"}, {"format_version", kScheduleFormatVersion},
+          {"model", model_to_json(s.model, count_parameters(s.model))}, {"setup", setup_to_json(s.setup)},
+          {"stages", stages}};
+}
+
+}  // namespace np

@@ -1,0 +1,21 @@
+// Formatting of results: the human table and the JSON document for scripts. Results are plain
+// data (estimate.hpp, schedule.hpp) first; these functions only format them.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "planner/estimate.hpp"
+#include "planner/schedule.hpp"
+
+namespace np {
+
+nlohmann::json setup_to_json(const TrainSpec& t);
+nlohmann::json model_to_json(const ModelSpec& m, int64_t parameters);
+nlohmann::json estimate_to_json(const Estimate& e);
+// `requested` is the model name the user typed (shown when it was an alias).
+std::string estimate_to_table(const Estimate& e, const std::string& requested);
+
+// The versioned plan document: setup, per-stage tensors and ordered instructions.
+nlohmann::json schedule_to_json(const Schedule& s);
+
+}  // namespace np

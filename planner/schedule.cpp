@@ -1,0 +1,399 @@
+// Builds the per-stage programs: static allocations, the pipeline order of micro-batch passes,
+// forward / recompute / backward instructions per op, and frees at each tensor's last use.
+#include "planner/schedule.hpp"
+
+#include <algorithm>
+#include <limits>
+
+namespace np {
+
+const char* name_of(Category c) {
+  constexpr const char* k[] = {"weights", "gradients", "optimizer", "activations", "transient"};
+  return k[static_cast<int>(c)];
+}
+const char* name_of(ValueKind k) {
+  constexpr const char* n[] = {"static", "value", "recomputed", "grad", "workspace", "param_gather", "grad_bucket"};
+  return n[static_cast<int>(k)];
+}
+const char* name_of(InstrKind k) {
+  constexpr const char* n[] = {"alloc", "load", "forward", "recompute", "backward", "send", "recv",
+                               "gather_params", "reduce_grads", "free", "optimizer_step"};
+  return n[static_cast<int>(k)];
+}
+
+std::vector<std::pair<bool, int>> pipeline_order(PpSchedule s, int64_t stage, int64_t pp, int64_t m) {
+  std::vector<std::pair<bool, int>> order;
+  int64_t warmup = s == PpSchedule::kAfab ? m : std::min(pp - stage - 1, m);
+  int next_f = 0, next_b = 0;
+  for (; next_f < warmup; ++next_f) order.push_back({true, next_f});
+  while (next_f < m) {
+    order.push_back({true, next_f++});
+    order.push_back({false, next_b++});
+  }
+  while (next_b < m) order.push_back({false, next_b++});
+  return order;
+}
+
+int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m) {
+  return s == PpSchedule::kAfab ? m : std::min(m, pp - stage);
+}
+
+std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t) {
+  BlockGraph layer = build_layer(m, t), emb = build_embedding(m, t), head = build_head(m, t);
+  double c = layer.forward_flops() + layer.backward_flops();
+  double first = emb.forward_flops() + emb.backward_flops();
+  double last = head.forward_flops() + head.backward_flops();
+  int64_t L = m.layers, P = t.pp;
+  auto extra = [&](int64_t s) { return (s == 0 ? first : 0.0) + (s == P - 1 ? last : 0.0); };
+  auto capacity = [&](int64_t s, double bound) {
+    return std::max<int64_t>(0, static_cast<int64_t>((bound - extra(s)) / c + 1e-9));
+  };
+  auto feasible = [&](double bound) {
+    int64_t total = 0;
+    for (int64_t s = 0; s < P; ++s) {
+      if (capacity(s, bound) < 1) return false;
+      total += std::min(capacity(s, bound), L);
+    }
+    return total >= L;
+  };
+  // The smallest bound on a stage's load (n layers plus its extras) that fits all layers, then
+  // stages filled front to back up to it.
+  std::vector<double> bounds;
+  for (int64_t n = 1; n <= L; ++n)
+    for (int64_t s : {int64_t{0}, P - 1, std::min<int64_t>(1, P - 1)}) bounds.push_back(n * c + extra(s));
+  std::sort(bounds.begin(), bounds.end());
+  double bound = bounds.back();
+  for (double b : bounds)
+    if (feasible(b)) {
+      bound = b;
+      break;
+    }
+  std::vector<int64_t> counts(P, 0);
+  int64_t left = L;
+  for (int64_t s = 0; s < P; ++s) {
+    int64_t must_leave = P - 1 - s;  // every later stage gets at least one layer
+    counts[s] = std::max<int64_t>(1, std::min(capacity(s, bound), left - must_leave));
+    left -= counts[s];
+  }
+  return counts;
+}
+
+namespace {
+
+class ProgramBuilder {
+ public:
+  ProgramBuilder(const ModelSpec& m, const TrainSpec& t, int stage, int first_layer, int layers,
+                 std::shared_ptr<const BlockGraph> emb, std::shared_ptr<const BlockGraph> layer,
+                 std::shared_ptr<const BlockGraph> head)
+      : m_(m), t_(t) {
+    p_.stage = stage;
+    if (stage == 0) add_block(BlockKind::kEmbedding, -1, emb);
+    for (int l = 0; l < layers; ++l) add_block(BlockKind::kLayer, first_layer + l, layer);
+    if (stage == t.pp - 1) add_block(BlockKind::kHead, -1, head);
+  }
+
+  StageProgram build() {
+    emit_statics();
+    values_.assign(t_.microbatches * p_.blocks.size(), {});
+    for (auto [forward, mb] : pipeline_order(t_.pp_schedule, p_.stage, t_.pp, t_.microbatches))
+      forward ? forward_pass(mb) : backward_pass(mb);
+    begin(InstrKind::kOptimizerStep);
+    for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
+      if (p_.tensors[id].kind == ValueKind::kStatic) read(id);
+    insert_frees();
+    return std::move(p_);
+  }
+
+ private:
+  void add_block(BlockKind kind, int layer, std::shared_ptr<const BlockGraph> g) {
+    StageBlock b{kind, layer, g, named_policy(*g, t_), {}};
+    b.saved = saved_set(*g, b.policy);
+    p_.blocks.push_back(std::move(b));
+  }
+
+  int32_t new_tensor(int64_t bytes, int32_t block, int32_t tensor, int32_t mb, Category c, ValueKind k) {
+    p_.tensors.push_back({bytes, block, tensor, mb, c, k});
+    return static_cast<int32_t>(p_.tensors.size()) - 1;
+  }
+  int32_t new_static(std::string name, int64_t bytes, Category c) {
+    p_.static_names.push_back(std::move(name));
+    int32_t id = new_tensor(bytes, -1, static_cast<int32_t>(p_.static_names.size()) - 1, -1, c, ValueKind::kStatic);
+    alloc(id);
+    return id;
+  }
+
+  // Instructions are built in order: begin(), then reads, then allocs.
+  void begin(InstrKind k, int32_t block = -1, int32_t op = -1, int32_t mb = -1) {
+    p_.instrs.push_back({k, block, op, mb, static_cast<uint32_t>(p_.pool.size()), 0, 0});
+  }
+  void read(int32_t id) {
+    Instr& i = p_.instrs.back();
+    p_.pool.insert(p_.pool.begin() + i.begin + i.n_reads, id);
+    ++i.n_reads;
+  }
+  void alloc(int32_t id) {
+    p_.pool.push_back(id);
+    ++p_.instrs.back().n_allocs;
+  }
+
+  static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+  void emit_statics();
+  void forward_pass(int mb);
+  void backward_pass(int mb);
+  int32_t forward_block(int b, int mb, int32_t x);
+  int32_t backward_block(int b, int mb, int32_t grad_out);
+  void run_ops_forward(int b, int mb, InstrKind kind, bool only_recomputed);
+  int32_t gather_params(int b, int mb);
+  void insert_frees();
+
+  std::vector<int32_t>& values(int b, int mb) { return values_[mb * p_.blocks.size() + b]; }
+
+  // Backward workspace sizes per op of a block's graph, from the op table (cached per graph).
+  const std::vector<std::vector<int64_t>>& workspace_bytes(int b) {
+    const BlockGraph* g = p_.blocks[b].graph.get();
+    for (auto& [graph, sizes] : workspace_cache_)
+      if (graph == g) return sizes;
+    std::vector<std::vector<int64_t>> sizes;
+    for (const GraphOp& op : g->ops) {
+      std::vector<TensorType> in;
+      for (int i : op.inputs) in.push_back(g->tensors[i].type);
+      std::vector<int64_t> bytes;
+      for (const TensorType& w : op_info(op.kind).bwd_workspace(op.attrs, in)) bytes.push_back(w.bytes());
+      sizes.push_back(std::move(bytes));
+    }
+    workspace_cache_.emplace_back(g, std::move(sizes));
+    return workspace_cache_.back().second;
+  }
+
+  const ModelSpec& m_;
+  const TrainSpec& t_;
+  StageProgram p_;
+  std::vector<std::vector<int32_t>> values_;  // [mb][block] -> graph tensor -> instance
+  std::vector<int64_t> block_weight_bytes_;   // per block: this rank's unsharded weight bytes
+  std::vector<std::pair<const BlockGraph*, std::vector<std::vector<int64_t>>>> workspace_cache_;
+};
+
+void ProgramBuilder::emit_statics() {
+  begin(InstrKind::kAlloc);
+  int64_t dense = 0, expert = 0;
+  std::vector<std::string> tied_seen;
+  block_weight_bytes_.assign(p_.blocks.size(), 0);
+  for (size_t b = 0; b < p_.blocks.size(); ++b) {
+    const StageBlock& blk = p_.blocks[b];
+    std::string prefix = blk.kind == BlockKind::kLayer ? "L" + std::to_string(blk.layer) + "/" : "";
+    for (const GraphOp& op : blk.graph->ops) {
+      if (!op.attrs.tie.empty()) {
+        if (std::find(tied_seen.begin(), tied_seen.end(), op.attrs.tie) != tied_seen.end()) continue;
+        tied_seen.push_back(op.attrs.tie);
+      }
+      for (const WeightShape& w : op.weights) {
+        (op.expert_weights ? expert : dense) += w.elements();
+        block_weight_bytes_[b] += w.elements() * 2;
+        if (t_.zero < 3) new_static(prefix + op.name + "." + w.suffix, w.elements() * 2, Category::kWeight);
+      }
+    }
+  }
+  // ZeRO shards over the data-parallel replicas of each parameter: dp for dense, dp/ep for experts.
+  struct Group { const char* name; int64_t n, shards; };
+  for (Group g : {Group{"dense", dense, t_.dp}, Group{"expert", expert, t_.dp / t_.ep}}) {
+    if (g.n == 0) continue;
+    std::string s = g.name;
+    if (t_.zero >= 3) new_static("weights." + s + " (ZeRO-3 shard, bf16)", ceil_div(g.n, g.shards) * 2, Category::kWeight);
+    int64_t grad_n = t_.zero >= 2 ? ceil_div(g.n, g.shards) : g.n;
+    new_static("grad_buffer." + s + " (" + name_of(t_.grad_dtype) + ")", grad_n * dtype_bytes(t_.grad_dtype), Category::kGradient);
+    int64_t opt_n = t_.zero >= 1 ? ceil_div(g.n, g.shards) : g.n;
+    if (t_.optimizer != Optimizer::kNone) new_static("optimizer.master." + s + " (fp32)", opt_n * 4, Category::kOptimizer);
+    if (t_.optimizer == Optimizer::kAdamW) {
+      new_static("optimizer.exp_avg." + s + " (fp32)", opt_n * 4, Category::kOptimizer);
+      new_static("optimizer.exp_avg_sq." + s + " (fp32)", opt_n * 4, Category::kOptimizer);
+    }
+  }
+}
+
+void ProgramBuilder::forward_pass(int mb) {
+  int32_t x = -1;
+  int first = 0;
+  if (p_.blocks.front().kind != BlockKind::kEmbedding) {
+    const BlockGraph& g = *p_.blocks.front().graph;
+    begin(InstrKind::kRecv, 0, -1, mb);
+    x = new_tensor(g.tensors[g.hidden_in].type.bytes(), 0, g.hidden_in, mb, Category::kTransient, ValueKind::kValue);
+    alloc(x);
+  }
+  for (int b = first; b < static_cast<int>(p_.blocks.size()); ++b) x = forward_block(b, mb, x);
+  if (p_.blocks.back().kind != BlockKind::kHead) {
+    begin(InstrKind::kSend, static_cast<int32_t>(p_.blocks.size()) - 1, -1, mb);
+    read(x);
+  }
+}
+
+int32_t ProgramBuilder::gather_params(int b, int mb) {
+  if (t_.zero < 3 || block_weight_bytes_[b] == 0) return -1;
+  begin(InstrKind::kGatherParams, b, -1, mb);
+  int32_t id = new_tensor(block_weight_bytes_[b], b, -1, mb, Category::kTransient, ValueKind::kParamGather);
+  alloc(id);
+  return id;
+}
+
+int32_t ProgramBuilder::forward_block(int b, int mb, int32_t x) {
+  const StageBlock& blk = p_.blocks[b];
+  const BlockGraph& g = *blk.graph;
+  std::vector<int32_t>& v = values(b, mb);
+  v.assign(g.tensors.size(), -1);
+  int32_t gathered = gather_params(b, mb);
+  for (int input : g.inputs) {
+    if (input == g.hidden_in) {
+      v[input] = x;
+      if (blk.saved.saved[input]) p_.tensors[x].category = Category::kActivation;
+      continue;
+    }
+    begin(InstrKind::kLoad, b, -1, mb);
+    v[input] = new_tensor(g.tensors[input].type.bytes(), b, input, mb,
+                          blk.saved.saved[input] ? Category::kActivation : Category::kTransient, ValueKind::kValue);
+    alloc(v[input]);
+  }
+  run_ops_forward(b, mb, InstrKind::kForward, false);
+  if (gathered >= 0) read(gathered);
+  return g.hidden_out >= 0 ? v[g.hidden_out] : -1;
+}
+
+void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_recomputed) {
+  const StageBlock& blk = p_.blocks[b];
+  const BlockGraph& g = *blk.graph;
+  std::vector<int32_t>& v = values(b, mb);
+  bool recompute = kind == InstrKind::kRecompute;
+  for (size_t o = 0; o < g.ops.size(); ++o) {
+    if (only_recomputed && !blk.policy.recompute[o]) continue;
+    const GraphOp& op = g.ops[o];
+    begin(kind, b, static_cast<int32_t>(o), mb);
+    for (int in : op.inputs) read(v[in]);
+    for (int out : op.outputs) {
+      bool saved = !recompute && blk.saved.saved[out];
+      v[out] = new_tensor(g.tensors[out].type.bytes(), b, out, mb,
+                          saved ? Category::kActivation : Category::kTransient,
+                          recompute ? ValueKind::kRecomputed : ValueKind::kValue);
+      alloc(v[out]);
+    }
+  }
+}
+
+void ProgramBuilder::backward_pass(int mb) {
+  int last = static_cast<int>(p_.blocks.size()) - 1;
+  int32_t grad = -1;
+  if (p_.blocks.back().kind != BlockKind::kHead) {
+    const BlockGraph& g = *p_.blocks.back().graph;
+    begin(InstrKind::kRecv, last, -1, mb);
+    grad = new_tensor(g.tensors[g.hidden_out].type.bytes(), last, g.hidden_out, mb, Category::kTransient, ValueKind::kGrad);
+    alloc(grad);
+  }
+  for (int b = last; b >= 0; --b) grad = backward_block(b, mb, grad);
+  if (p_.blocks.front().kind != BlockKind::kEmbedding) {
+    begin(InstrKind::kSend, 0, -1, mb);
+    read(grad);
+  }
+  for (size_t b = 0; b < p_.blocks.size(); ++b) values(b, mb) = {};
+}
+
+int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
+  const StageBlock& blk = p_.blocks[b];
+  const BlockGraph& g = *blk.graph;
+  std::vector<int32_t>& v = values(b, mb);
+  std::vector<int32_t> grads(g.tensors.size(), -1);
+  if (g.hidden_out >= 0) grads[g.hidden_out] = grad_out;
+  int32_t gathered = gather_params(b, mb);
+  run_ops_forward(b, mb, InstrKind::kRecompute, true);
+  int32_t bucket = -1;
+  if (t_.zero >= 2 && block_weight_bytes_[b] > 0) {
+    begin(InstrKind::kAlloc, b, -1, mb);
+    bucket = new_tensor(block_weight_bytes_[b] / 2 * dtype_bytes(t_.grad_dtype), b, -1, mb, Category::kTransient, ValueKind::kGradBucket);
+    alloc(bucket);
+  }
+  for (int o = static_cast<int>(g.ops.size()) - 1; o >= 0; --o) {
+    const GraphOp& op = g.ops[o];
+    const OpInfo& info = op_info(op.kind);
+    bool live = info.grad_outputs == 0;
+    for (size_t j = 0; j < op.outputs.size(); ++j)
+      if ((info.grad_outputs >> j & 1u) && grads[op.outputs[j]] >= 0) live = true;
+    if (!live) continue;
+    begin(InstrKind::kBackward, b, o, mb);
+    for (size_t j = 0; j < op.outputs.size(); ++j) {
+      if ((info.grad_outputs >> j & 1u) && grads[op.outputs[j]] >= 0) read(grads[op.outputs[j]]);
+      if (info.bwd_reads_outputs >> j & 1u) read(v[op.outputs[j]]);
+    }
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      if (info.bwd_reads_inputs >> k & 1u) read(v[op.inputs[k]]);
+      if ((info.grad_inputs >> k & 1u) && grads[op.inputs[k]] >= 0) read(grads[op.inputs[k]]);
+    }
+    if (bucket >= 0 && !op.weights.empty()) read(bucket);
+    for (int64_t bytes : workspace_bytes(b)[o])
+      alloc(new_tensor(bytes, b, -1, mb, Category::kTransient, ValueKind::kWorkspace));
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      int in_t = op.inputs[k];
+      if (!(info.grad_inputs >> k & 1u) || grads[in_t] >= 0) continue;
+      grads[in_t] = new_tensor(g.tensors[in_t].type.bytes(), b, in_t, mb, Category::kTransient, ValueKind::kGrad);
+      alloc(grads[in_t]);
+    }
+  }
+  if (bucket >= 0) {
+    begin(InstrKind::kReduceGrads, b, -1, mb);
+    read(bucket);
+  }
+  if (gathered >= 0) read(gathered);
+  return g.hidden_in >= 0 ? grads[g.hidden_in] : -1;
+}
+
+void ProgramBuilder::insert_frees() {
+  constexpr int32_t kNever = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> last(p_.tensors.size(), kNever);
+  for (int32_t i = 0; i < static_cast<int32_t>(p_.instrs.size()); ++i) {
+    const Instr& in = p_.instrs[i];
+    for (int32_t id : p_.reads(in)) last[id] = i;
+    for (int32_t id : p_.allocs(in)) last[id] = i;
+  }
+  // Tensor ids grouped by the instruction after which they die (a counting sort, ids ascending).
+  std::vector<int32_t> first(p_.instrs.size() + 1, 0), order(p_.tensors.size());
+  for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
+    if (p_.tensors[id].kind != ValueKind::kStatic) ++first[last[id] + 1];
+  for (size_t i = 1; i < first.size(); ++i) first[i] += first[i - 1];
+  std::vector<int32_t> fill(first.begin(), first.end() - 1);
+  for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
+    if (p_.tensors[id].kind != ValueKind::kStatic) order[fill[last[id]]++] = id;
+  std::vector<Instr> out;
+  std::vector<int32_t> pool;
+  out.reserve(p_.instrs.size() * 2);
+  pool.reserve(p_.pool.size() + p_.tensors.size());
+  for (size_t i = 0; i < p_.instrs.size(); ++i) {
+    Instr in = p_.instrs[i];
+    auto span = std::span<const int32_t>(p_.pool.data() + in.begin, in.n_reads + in.n_allocs);
+    in.begin = static_cast<uint32_t>(pool.size());
+    pool.insert(pool.end(), span.begin(), span.end());
+    out.push_back(in);
+    for (int32_t k = first[i]; k < first[i + 1]; ++k) {
+      int32_t id = order[k];
+      const ScheduleTensor& t = p_.tensors[id];
+      out.push_back({InstrKind::kFree, t.block, -1, t.mb, static_cast<uint32_t>(pool.size()), 1, 0});
+      pool.push_back(id);
+    }
+  }
+  p_.instrs = std::move(out);
+  p_.pool = std::move(pool);
+}
+
+}  // namespace
+
+Schedule build_schedule(const ModelSpec& m, const TrainSpec& t) {
+  auto emb = std::make_shared<const BlockGraph>(build_embedding(m, t));
+  auto layer = std::make_shared<const BlockGraph>(build_layer(m, t));
+  auto head = std::make_shared<const BlockGraph>(build_head(m, t));
+  Schedule s{m, t, {}};
+  int first = 0;
+  std::vector<int64_t> counts = partition_layers(m, t);
+  for (int stage = 0; stage < t.pp; ++stage) {
+    ProgramBuilder pb(m, t, stage, first, static_cast<int>(counts[stage]), emb, layer, head);
+    s.stages.push_back(pb.build());
+    first += static_cast<int>(counts[stage]);
+  }
+  return s;
+}
+
+}  // namespace np

@@ -1,0 +1,120 @@
+// The schedule: for every pipeline stage, the ordered program of one training step that every
+// rank of that stage runs (forward ops per micro-batch, recompute segments, backward ops,
+// collectives, pipeline send/recv, frees, optimizer step). It is the contract between the planner
+// and the executors; simulate.hpp replays it for memory.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "planner/graph.hpp"
+#include "planner/policy.hpp"
+#include "planner/spec.hpp"
+
+namespace np {
+
+inline constexpr int kScheduleFormatVersion = 1;
+
+enum class Category : uint8_t { kWeight, kGradient, kOptimizer, kActivation, kTransient };
+inline constexpr int kCategories = 5;
+const char* name_of(Category c);
+
+// What an allocation holds.
+enum class ValueKind : uint8_t {
+  kStatic,       // weights, gradient buffers, optimizer states: live for the whole step
+  kValue,        // a forward output or block input
+  kRecomputed,   // a forward output produced again by a recompute segment
+  kGrad,         // gradient of an activation
+  kWorkspace,    // scratch of one backward op
+  kParamGather,  // ZeRO-3: the block's weights gathered for its forward or backward
+  kGradBucket,   // ZeRO-2/3: the block's unsharded gradients before their reduce-scatter
+};
+const char* name_of(ValueKind k);
+
+struct ScheduleTensor {
+  int64_t bytes = 0;
+  int32_t block = -1;   // index into StageProgram::blocks; -1 for static tensors
+  int32_t tensor = -1;  // graph tensor index, or index into StageProgram::static_names
+  int32_t mb = -1;      // micro-batch; -1 for static tensors
+  Category category = Category::kTransient;
+  ValueKind kind = ValueKind::kValue;
+};
+
+enum class InstrKind : uint8_t {
+  kAlloc,          // allocate static tensors at the start of the step
+  kLoad,           // load a micro-batch's token ids or targets
+  kForward,        // forward of one op
+  kRecompute,      // forward of one op again, inside a recompute segment
+  kBackward,       // backward of one op (reads output grads and saved tensors, writes input grads)
+  kSend,           // pipeline send (activation forward, gradient backward)
+  kRecv,           // pipeline recv
+  kGatherParams,   // ZeRO-3 all-gather of a block's weights
+  kReduceGrads,    // ZeRO-2/3 reduce-scatter of a block's gradients
+  kFree,           // drop a tensor (its last use was the instruction before)
+  kOptimizerStep,
+};
+const char* name_of(InstrKind k);
+
+struct Instr {
+  InstrKind kind;
+  int32_t block = -1;  // index into StageProgram::blocks
+  int32_t op = -1;     // op index in the block graph
+  int32_t mb = -1;
+  uint32_t begin = 0;  // reads then allocs, in StageProgram::pool
+  uint32_t n_reads = 0;
+  uint32_t n_allocs = 0;
+};
+
+struct StageBlock {
+  BlockKind kind;
+  int layer = -1;  // global decoder-layer index; -1 for embedding and head
+  std::shared_ptr<const BlockGraph> graph;
+  BlockPolicy policy;
+  SavedSet saved;
+};
+
+struct StageProgram {
+  int stage = 0;
+  std::vector<StageBlock> blocks;  // forward order
+  std::vector<std::string> static_names;
+  std::vector<ScheduleTensor> tensors;
+  std::vector<Instr> instrs;
+  std::vector<int32_t> pool;
+
+  std::span<const int32_t> reads(const Instr& i) const { return {pool.data() + i.begin, i.n_reads}; }
+  std::span<const int32_t> allocs(const Instr& i) const {
+    return {pool.data() + i.begin + i.n_reads, i.n_allocs};
+  }
+  std::string tensor_name(int32_t id) const;  // e.g. "L12/mb3/attn.qkv", "grad:L12/mb3/x"
+  std::string instr_name(const Instr& i) const;  // e.g. "backward L12/mb0 attn.core"
+  int first_layer() const;
+  int num_layers() const;
+};
+
+struct Schedule {
+  ModelSpec model;
+  TrainSpec setup;
+  std::vector<StageProgram> stages;  // one per pipeline stage
+};
+
+// The order of forward (true) and backward (false) micro-batch passes on one stage.
+std::vector<std::pair<bool, int>> pipeline_order(PpSchedule s, int64_t stage, int64_t pp, int64_t m);
+// Micro-batches whose activations are alive at once on a stage: 1F1B min(m, pp - stage), AFAB m.
+int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m);
+
+// Contiguous layer partition balancing forward + backward FLOPs per stage (embedding on the first
+// stage, head on the last); returns the layer count of each stage.
+std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t);
+
+// Builds every stage's program under the setup's named recompute policy. The setup must be valid.
+Schedule build_schedule(const ModelSpec& m, const TrainSpec& t);
+
+// Well-formedness: every tensor is allocated before it is read, every recompute's inputs are
+// live, every backward reads only kept or recomputed tensors, every non-static tensor is freed
+// exactly once, and nothing is read after its free.
+std::optional<Error> check_program(const StageProgram& p);
+
+}  // namespace np

@@ -1,0 +1,47 @@
+// Replays a stage program: allocations add bytes when their instruction runs, frees remove them.
+#include "planner/simulate.hpp"
+
+#include <algorithm>
+
+namespace np {
+
+SimResult simulate(const StageProgram& p, const SimOptions& options) {
+  SimResult r;
+  std::array<int64_t, kCategories> cur{};
+  int64_t total = 0;
+  for (int32_t i = 0; i < static_cast<int32_t>(p.instrs.size()); ++i) {
+    const Instr& in = p.instrs[i];
+    if (in.kind == InstrKind::kFree) {
+      const ScheduleTensor& t = p.tensors[p.reads(in)[0]];
+      cur[static_cast<int>(t.category)] -= t.bytes;
+      total -= t.bytes;
+    } else {
+      for (int32_t id : p.allocs(in)) {
+        const ScheduleTensor& t = p.tensors[id];
+        int c = static_cast<int>(t.category);
+        cur[c] += t.bytes;
+        total += t.bytes;
+        r.max_by_category[c] = std::max(r.max_by_category[c], cur[c]);
+      }
+      if (total > r.peak_bytes) {
+        r.peak_bytes = total;
+        r.peak_instr = i;
+        r.at_peak = cur;
+      }
+    }
+    if (options.timeline) r.timeline.push_back(total);
+  }
+  if (options.live_set && r.peak_instr >= 0) {
+    std::vector<bool> live(p.tensors.size(), false);
+    for (int32_t i = 0; i <= r.peak_instr; ++i) {
+      const Instr& in = p.instrs[i];
+      if (in.kind == InstrKind::kFree) live[p.reads(in)[0]] = false;
+      for (int32_t id : p.allocs(in)) live[id] = true;
+    }
+    for (int32_t id = 0; id < static_cast<int32_t>(live.size()); ++id)
+      if (live[id]) r.live_at_peak.push_back(id);
+  }
+  return r;
+}
+
+}  // namespace np

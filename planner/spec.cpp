@@ -1,0 +1,186 @@
+// Names of the spec enums and the validation of model and setup.
+#include "planner/spec.hpp"
+
+#include <array>
+#include <utility>
+
+namespace np {
+
+int64_t dtype_bytes(Dtype d) {
+  switch (d) {
+    case Dtype::kBf16: return 2;
+    case Dtype::kFp32: return 4;
+    case Dtype::kU8: return 1;
+    case Dtype::kI64: return 8;
+  }
+  return 0;
+}
+
+const char* name_of(Dtype d) {
+  constexpr const char* k[] = {"bf16", "fp32", "u8", "i64"};
+  return k[static_cast<int>(d)];
+}
+const char* name_of(Norm n) { return n == Norm::kRms ? "rmsnorm" : "layernorm"; }
+const char* name_of(Activation a) { return a == Activation::kSwiGlu ? "swiglu" : "gelu"; }
+const char* name_of(PosEmb p) { return p == PosEmb::kRope ? "rope" : "learned"; }
+const char* name_of(PpSchedule s) { return s == PpSchedule::k1F1B ? "1f1b" : "afab"; }
+const char* name_of(AttentionImpl a) { return a == AttentionImpl::kFlash ? "flash" : "eager"; }
+const char* name_of(Optimizer o) {
+  constexpr const char* k[] = {"adamw", "sgd", "none"};
+  return k[static_cast<int>(o)];
+}
+const char* name_of(Recompute r) {
+  constexpr const char* k[] = {"none", "selective", "full"};
+  return k[static_cast<int>(r)];
+}
+
+namespace {
+template <typename E, size_t N>
+Result<E> pick(std::string_view flag, std::string_view text, const std::array<E, N>& all) {
+  std::string valid;
+  for (E e : all) {
+    if (text == name_of(e)) return e;
+    valid += (valid.empty() ? "" : ", ") + std::string(name_of(e));
+  }
+  return make_error("invalid " + std::string(flag) + " '" + std::string(text) +
+                    "' (valid: " + valid + ")");
+}
+}  // namespace
+
+template <>
+Result<PpSchedule> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{PpSchedule::k1F1B, PpSchedule::kAfab});
+}
+template <>
+Result<AttentionImpl> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{AttentionImpl::kFlash, AttentionImpl::kEager});
+}
+template <>
+Result<Optimizer> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{Optimizer::kAdamW, Optimizer::kSgd, Optimizer::kNone});
+}
+template <>
+Result<Recompute> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{Recompute::kNone, Recompute::kSelective, Recompute::kFull});
+}
+template <>
+Result<Dtype> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{Dtype::kBf16, Dtype::kFp32});
+}
+template <>
+Result<Norm> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{Norm::kRms, Norm::kLayer});
+}
+template <>
+Result<Activation> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{Activation::kSwiGlu, Activation::kGelu});
+}
+template <>
+Result<PosEmb> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{PosEmb::kRope, PosEmb::kLearned});
+}
+
+namespace {
+std::string str(int64_t v) { return std::to_string(v); }
+
+std::optional<Error> fail(std::string message) { return make_error(std::move(message)); }
+
+std::optional<Error> check_tp(const ModelSpec& m, const TrainSpec& t) {
+  auto divides = [&](int64_t what, const char* name) -> std::optional<Error> {
+    if (what % t.tp == 0) return std::nullopt;
+    return fail("--tp " + str(t.tp) + " does not divide " + name + " " + str(what) + " of " +
+                m.name + "; valid tp values divide heads " + str(m.heads) + ", kv heads " +
+                str(m.kv_heads) + ", FFN and vocab");
+  };
+  if (m.kv_heads < t.tp)
+    return fail("--tp " + str(t.tp) + " exceeds the " + str(m.kv_heads) + " kv heads of " + m.name +
+                " (nanotron requires kv_heads >= tp); use --tp <= " + str(m.kv_heads));
+  if (auto e = divides(m.heads, "heads")) return e;
+  if (auto e = divides(m.kv_heads, "kv heads")) return e;
+  if (auto e = divides(m.ffn, "FFN size")) return e;
+  if (m.moe) {
+    if (auto e = divides(m.moe->expert_ffn, "expert FFN size")) return e;
+    if (auto e = divides(m.moe->shared_ffn, "shared-expert FFN size")) return e;
+  }
+  return divides(m.vocab, "vocab size");
+}
+
+std::optional<Error> check_positive(const TrainSpec& t) {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"--tp", t.tp}, {"--pp", t.pp}, {"--dp", t.dp}, {"--ep", t.ep},
+      {"--micro-batch", t.micro_batch}, {"--seq-len", t.seq_len},
+      {"--microbatches", t.microbatches}};
+  for (auto [flag, v] : sizes)
+    if (v <= 0) return fail(std::string(flag) + " must be a positive integer, got " + str(v));
+  if (t.zero < 0 || t.zero > 3) return fail("--zero " + str(t.zero) + " is invalid (valid: 0, 1, 2, 3)");
+  return std::nullopt;
+}
+
+std::optional<Error> check_conflicts(const ModelSpec& m, const TrainSpec& t) {
+  if (t.sp && t.tp == 1)
+    return fail("--sp on needs --tp > 1 (sequence parallelism shards over the TP group); use --sp off or raise --tp");
+  if (t.zero >= 2 && t.pp > 1)
+    return fail("--zero " + str(t.zero) + " conflicts with --pp " + str(t.pp) +
+                " (ZeRO-2/3 shard gradients that pipeline micro-batches keep accumulating); use --zero 0 or 1 with pp > 1");
+  if (t.zero >= 1 && t.optimizer == Optimizer::kNone)
+    return fail("--zero " + str(t.zero) + " conflicts with --optimizer none (no optimizer states to shard); use --zero 0 or pick an optimizer");
+  if (t.ep > 1 && !m.moe)
+    return fail("--ep " + str(t.ep) + " needs an MoE model; " + m.name + " is dense (use --ep 1)");
+  return std::nullopt;
+}
+
+std::optional<Error> check_moe(const ModelSpec& m, const TrainSpec& t) {
+  if (!m.moe) return std::nullopt;
+  if (m.moe->num_experts % t.ep != 0)
+    return fail("--ep " + str(t.ep) + " does not divide the " + str(m.moe->num_experts) +
+                " experts of " + m.name + "; valid ep values divide the expert count");
+  if (t.dp % t.ep != 0)
+    return fail("--ep " + str(t.ep) + " does not divide --dp " + str(t.dp) +
+                " (expert parallelism is carved out of data parallelism); use an ep that divides dp");
+  return std::nullopt;
+}
+}  // namespace
+
+std::optional<Error> validate_model(const ModelSpec& m) {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"hidden_size", m.hidden}, {"intermediate_size", m.ffn}, {"num_layers", m.layers},
+      {"num_heads", m.heads}, {"num_kv_heads", m.kv_heads}, {"head_dim", m.head_dim},
+      {"vocab_size", m.vocab}, {"max_position_embeddings", m.max_positions}};
+  for (auto [key, v] : sizes)
+    if (v <= 0) return fail("model " + m.name + ": " + key + " must be a positive integer, got " + str(v));
+  if (m.heads % m.kv_heads != 0)
+    return fail("model " + m.name + ": num_heads " + str(m.heads) + " is not a multiple of num_kv_heads " + str(m.kv_heads));
+  if (m.dropout < 0.0 || m.dropout >= 1.0)
+    return fail("model " + m.name + ": dropout must be in [0, 1), got " + std::to_string(m.dropout));
+  if (m.moe) {
+    const MoeSpec& e = *m.moe;
+    if (e.num_experts <= 0 || e.top_k <= 0 || e.expert_ffn <= 0 || e.shared_ffn < 0)
+      return fail("model " + m.name + ": [moe] needs positive num_experts, top_k and expert_intermediate_size");
+    if (e.top_k > e.num_experts)
+      return fail("model " + m.name + ": [moe] top_k " + str(e.top_k) + " exceeds num_experts " + str(e.num_experts));
+  }
+  return std::nullopt;
+}
+
+std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
+  if (auto e = check_positive(t)) return e;
+  if (auto e = check_conflicts(m, t)) return e;
+  if (auto e = check_tp(m, t)) return e;
+  if (auto e = check_moe(m, t)) return e;
+  if (t.pp > m.layers)
+    return fail("--pp " + str(t.pp) + " exceeds the " + str(m.layers) + " layers of " + m.name +
+                "; use --pp <= " + str(m.layers));
+  if (t.sp && t.seq_len % t.tp != 0)
+    return fail("--seq-len " + str(t.seq_len) + " is not divisible by --tp " + str(t.tp) +
+                " under sequence parallelism; use a multiple of " + str(t.tp) + " or --sp off");
+  if (t.pp_schedule == PpSchedule::k1F1B && t.microbatches < t.pp - 1)
+    return fail("--microbatches " + str(t.microbatches) + " is fewer than pp - 1 = " + str(t.pp - 1) +
+                " under 1F1B (nanotron requires M >= pp - 1); use --microbatches >= " + str(t.pp - 1) +
+                " or --pp-schedule afab");
+  if (m.position == PosEmb::kLearned && t.seq_len > m.max_positions)
+    return fail("--seq-len " + str(t.seq_len) + " exceeds the " + str(m.max_positions) +
+                " learned positions of " + m.name + "; use --seq-len <= " + str(m.max_positions));
+  return std::nullopt;
+}
+
+}  // namespace np

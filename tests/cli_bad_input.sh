@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# Bad input to the nanoplan CLI: every case must exit with code 2, print nothing on stdout and
+# exactly one line on stderr that starts with "nanoplan: error:" and names the problem (and,
+# where the code has them, the valid choices).
+# Usage: bash tests/cli_bad_input.sh /path/to/nanoplan
+set -u
+
+if [ $# -lt 1 ] || [ ! -x "$1" ]; then
+  echo "usage: $0 /path/to/nanoplan (got: '${1:-}')" >&2
+  exit 1
+fi
+NP=$1
+unset NANOPLAN_MODELS_DIR  # use the catalog the binary finds by itself
+SRC_DIR=$(cd "$(dirname "$0")/.." && pwd)
+
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+failures=0
+cases=0
+
+ok() { cases=$((cases + 1)); echo "ok - $1"; }
+fail() { cases=$((cases + 1)); failures=$((failures + 1)); echo "FAIL - $1"; }
+
+# bad DESC [-m SUBSTR]... [-a "ALT1|ALT2|..."]... -- ARGS...
+#   -m: the error line must contain SUBSTR
+#   -a: the error line must contain at least one of the |-separated alternatives
+bad() {
+  local desc=$1
+  shift
+  local -a must=() any=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    case $1 in
+      -m) must+=("$2"); shift 2 ;;
+      -a) any+=("$2"); shift 2 ;;
+      *) echo "internal test error: bad option $1 in case '$desc'" >&2; exit 1 ;;
+    esac
+  done
+  shift  # the --
+  local out="$TMP/stdout" errf="$TMP/stderr"
+  "$NP" "$@" >"$out" 2>"$errf" </dev/null
+  local rc=$?
+  local err nlines problems=""
+  err=$(cat "$errf")
+  nlines=$(wc -l <"$errf")
+  [ "$rc" -eq 2 ] || problems+="exit code $rc (want 2); "
+  [ -s "$out" ] && problems+="stdout not empty ($(head -c 200 "$out" | tr '\n' ' ')); "
+  if [ "$nlines" -ne 1 ] || [[ $err == *$'\n'* ]] || [ -z "$err" ]; then
+    problems+="stderr has $nlines line(s) (want exactly 1); "
+  fi
+  [[ $err == "nanoplan: error:"* ]] || problems+="stderr does not start with 'nanoplan: error:'; "
+  local s
+  for s in ${must[@]+"${must[@]}"}; do
+    [[ $err == *"$s"* ]] || problems+="message lacks '$s'; "
+  done
+  local alts found a
+  for alts in ${any[@]+"${any[@]}"}; do
+    found=0
+    IFS='|' read -r -a parts <<<"$alts"
+    for a in "${parts[@]}"; do [[ $err == *"$a"* ]] && found=1; done
+    [ $found -eq 1 ] || problems+="message lacks any of '$alts'; "
+  done
+  if [ -z "$problems" ]; then
+    ok "$desc"
+  else
+    fail "$desc: ${problems}command: nanoplan $*; stderr: $(head -c 600 "$errf" | tr '\n' '|')"
+  fi
+}
+
+# good DESC ARGS...: the command must succeed (exit 0) with output on stdout.
+good() {
+  local desc=$1
+  shift
+  "$NP" "$@" >"$TMP/stdout" 2>"$TMP/stderr" </dev/null
+  local rc=$?
+  if [ $rc -eq 0 ] && [ -s "$TMP/stdout" ]; then
+    ok "$desc"
+  else
+    fail "$desc: want exit 0 with output, got exit $rc; command: nanoplan $*; stderr: $(head -c 600 "$TMP/stderr" | tr '\n' '|')"
+  fi
+}
+
+# absent DESC PATH...: none of the paths may exist.
+absent() {
+  local desc=$1 p left=""
+  shift
+  for p in "$@"; do [ -e "$p" ] && left+="$p "; done
+  if [ -z "$left" ]; then ok "$desc"; else fail "$desc: want no file, found: $left"; fi
+}
+
+E=(estimate --model llama-70b)
+P=(plan --model llama-70b)
+
+# ---- models ------------------------------------------------------------------------------------
+bad "unknown model names closest catalog names" -m "unknown model" -m "llama-3.1-7b" \
+  -a "llama-3.1-70b|llama-3.1-8b" -- estimate --model llama-3.1-7b
+bad "plan: unknown model" -m "unknown model" -a "llama-3.1-70b|llama-3.1-8b" -- plan --model llama-3.1-7b
+bad "missing --model" -m "--model" -- estimate --tp 8
+bad "model path that does not exist" -m "$TMP/no-such-model.toml" -- estimate --model "$TMP/no-such-model.toml"
+
+printf 'name = "broken"\nhidden_size = 4096\nintermediate_size = = 11008\nnum_layers = 32\n' >"$TMP/broken.toml"
+bad "malformed TOML reports file:line" -m "$TMP/broken.toml:3" -m "TOML" -- estimate --model "$TMP/broken.toml"
+bad "plan: malformed TOML reports file:line" -m "$TMP/broken.toml:3" -- plan --model "$TMP/broken.toml"
+
+mkdir -p "$TMP/badjson"
+printf '{\n  "hidden_size": 4096,\n  "intermediate_size": 11008,\n  "num_hidden_layers": 32,,\n  "vocab_size": 32000\n}\n' \
+  >"$TMP/badjson/config.json"
+bad "malformed config.json reports file:line" -m "$TMP/badjson/config.json:4" -m "JSON" \
+  -- estimate --model "$TMP/badjson/config.json"
+echo '[1, 2]' >"$TMP/badjson/array.json"
+bad "config.json that is not an object" -m "$TMP/badjson/array.json" -m "object" -- estimate --model "$TMP/badjson/array.json"
+
+grep -v '^num_heads' "$SRC_DIR/models/llama-2-7b.toml" >"$TMP/missing-key.toml"
+bad "TOML without a required key names the key" -m "num_heads" -m "missing" -m "$TMP/missing-key.toml" \
+  -- estimate --model "$TMP/missing-key.toml"
+grep -v '^vocab_size' "$SRC_DIR/models/llama-2-7b.toml" >"$TMP/missing-vocab.toml"
+bad "TOML without vocab_size names the key" -m "vocab_size" -- estimate --model "$TMP/missing-vocab.toml"
+sed 's/^num_layers = .*/num_layers = "many"/' "$SRC_DIR/models/llama-2-7b.toml" >"$TMP/wrong-type.toml"
+bad "TOML key of the wrong type names key and line" -m "num_layers" -m "$TMP/wrong-type.toml:" \
+  -- estimate --model "$TMP/wrong-type.toml"
+sed 's/^num_heads = .*/num_heads = 0/' "$SRC_DIR/models/llama-2-7b.toml" >"$TMP/zero-heads.toml"
+bad "TOML with zero heads" -m "num_heads" -- estimate --model "$TMP/zero-heads.toml"
+
+mkdir -p "$TMP/badcat"
+cp "$TMP/broken.toml" "$TMP/badcat/"
+bad "catalog with a malformed file names it" -m "$TMP/badcat/broken.toml:3" -- models --models-dir "$TMP/badcat"
+bad "--models-dir that does not exist" -m "$TMP/no-such-dir" -- estimate --model llama-70b --models-dir "$TMP/no-such-dir"
+
+# ---- budgets -----------------------------------------------------------------------------------
+bad "budget with an unknown unit" -m "--budget" -m "80XB" -m "GiB" -- "${E[@]}" --budget 80XB
+bad "budget that is not a number" -m "--budget" -m "abc" -- "${E[@]}" --budget abc
+bad "ambiguous budget unit G" -m "--budget" -m "80G" -m "ambiguous" -- "${E[@]}" --budget 80G
+bad "zero budget" -m "--budget" -m "positive" -- "${E[@]}" --budget 0GB
+bad "negative budget" -m "--budget" -m "positive" -- "${E[@]}" --budget=-5GB
+bad "negative budget (separate argument)" -m "--budget" -m "-5GB" -- "${E[@]}" --budget -5GB
+bad "budget with a fraction of a byte" -m "--budget" -m "whole number" -- "${E[@]}" --budget 1.5B
+bad "plan: unparsable budget" -m "--budget" -m "abc" -- "${P[@]}" --budget abc
+bad "ambiguous --cuda-context unit" -m "--cuda-context" -m "ambiguous" -- "${E[@]}" --cuda-context 5G
+bad "--allocator-slack above 1" -m "--allocator-slack" -- "${E[@]}" --allocator-slack 2
+bad "--allocator-slack below 0" -m "--allocator-slack" -- "${E[@]}" --allocator-slack=-0.5
+
+# ---- parallelism against the model -------------------------------------------------------------
+bad "--tp 3 does not divide the heads" -m "--tp 3" -m "heads" -- "${E[@]}" --tp 3
+bad "plan: --tp 3 does not divide the heads" -m "--tp 3" -m "heads" -- "${P[@]}" --tp 3
+bad "--tp 16 exceeds the 8 kv heads" -m "--tp 16" -m "kv heads" -m "8" -- "${E[@]}" --tp 16
+bad "--pp 81 exceeds the 80 layers" -m "--pp 81" -m "80 layers" -- "${E[@]}" --pp 81
+bad "plan: --pp 81 exceeds the 80 layers" -m "--pp 81" -- "${P[@]}" --pp 81
+bad "--seq-len not divisible by tp under SP" -m "--seq-len 4097" -m "--tp 8" -m "--sp off" -- "${E[@]}" --seq-len 4097 --tp 8
+good "--seq-len 4097 --tp 8 --sp off is accepted" "${E[@]}" --seq-len 4097 --tp 8 --sp off
+bad "1f1b with fewer micro-batches than pp - 1" -m "--microbatches 2" -m "pp - 1" -- "${E[@]}" --pp 4 --pp-schedule 1f1b --microbatches 2
+bad "plan: 1f1b with fewer micro-batches than pp - 1" -m "--microbatches 2" -- "${P[@]}" --pp 4 --pp-schedule 1f1b --microbatches 2
+bad "--ep that does not divide the experts" -m "--ep 3" -m "experts" -- estimate --model mixtral-8x7b --ep 3 --dp 3
+bad "--ep that does not divide --dp" -m "--ep 2" -m "--dp 1" -- estimate --model mixtral-8x7b --ep 2
+
+# ---- sizes -------------------------------------------------------------------------------------
+bad "--micro-batch 0" -m "--micro-batch" -m "positive" -- "${E[@]}" --micro-batch 0
+bad "--seq-len -1" -m "--seq-len" -m "positive" -- "${E[@]}" --seq-len -1
+bad "--dp 0" -m "--dp" -m "positive" -- "${E[@]}" --dp 0
+bad "--tp 0" -m "--tp" -m "positive" -- "${E[@]}" --tp 0
+bad "--microbatches -1" -m "--microbatches" -m "positive" -- "${E[@]}" --microbatches -1
+bad "--zero 4" -m "--zero 4" -m "0, 1, 2, 3" -- "${E[@]}" --zero 4
+bad "--tp that is not a number" -m "--tp" -m "abc" -- "${E[@]}" --tp abc
+bad "--tp beyond int64" -m "--tp" -- "${E[@]}" --tp 99999999999999999999
+
+# ---- conflicting flags -------------------------------------------------------------------------
+bad "--sp on with --tp 1" -m "--sp on" -m "--tp" -- "${E[@]}" --sp on --tp 1
+bad "--zero 2 with --pp 2" -m "--zero 2" -m "--pp 2" -- "${E[@]}" --zero 2 --pp 2
+bad "--ep 2 on a dense model" -m "--ep 2" -m "dense" -- "${E[@]}" --ep 2
+bad "--optimizer none with --zero 1" -m "--zero 1" -m "--optimizer none" -- "${E[@]}" --optimizer none --zero 1
+bad "--budget together with --gpu" -m "--budget" -m "--gpu" -- "${E[@]}" --budget 80GB --gpu h100
+bad "plan: --budget together with --gpu" -m "--budget" -m "--gpu" -- "${P[@]}" --budget 80GB --gpu h100
+
+# ---- enum values -------------------------------------------------------------------------------
+bad "invalid --recompute lists the choices" -m "--recompute" -m "sometimes" -m "none, selective, full" -- "${E[@]}" --recompute sometimes
+bad "plan: invalid --recompute" -m "--recompute" -m "none, selective, full" -- "${P[@]}" --recompute sometimes
+bad "invalid --pp-schedule" -m "--pp-schedule" -m "gpipe" -m "1f1b" -m "afab" -- "${E[@]}" --pp-schedule gpipe
+bad "invalid --attention" -m "--attention" -m "sdpa" -m "flash" -m "eager" -- "${E[@]}" --attention sdpa
+bad "invalid --format" -m "--format" -m "yaml" -m "table" -m "json" -- "${E[@]}" --format yaml
+bad "invalid --grad-accum-dtype" -m "--grad-accum-dtype" -m "fp16" -m "fp32" -m "bf16" -- "${E[@]}" --grad-accum-dtype fp16
+bad "invalid --optimizer" -m "--optimizer" -m "lion" -m "adamw" -- "${E[@]}" --optimizer lion
+bad "invalid --tp-recompute-allgather" -m "--tp-recompute-allgather" -m "maybe" -m "true" -m "false" -- "${E[@]}" --tp-recompute-allgather maybe
+bad "invalid --sp" -m "--sp" -m "maybe" -m "on" -m "off" -m "auto" -- "${E[@]}" --sp maybe
+bad "unknown GPU lists the valid GPUs" -m "unknown GPU" -m "h1000" -m "h100-sxm-80gb" -m "h200" -m "b200" -- "${E[@]}" --gpu h1000
+bad "plan: unknown GPU" -m "unknown GPU" -m "h1000" -- "${P[@]}" --gpu h1000
+
+# ---- command line ------------------------------------------------------------------------------
+bad "no subcommand" -m "subcommand" -m "estimate" -- 
+bad "unknown subcommand is named, with the valid ones" -m "frobnicate" -m "estimate, plan, models, gpus" -- frobnicate
+bad "unknown flag" -m "--bogus" -- "${E[@]}" --bogus
+bad "plan: unknown flag" -m "--bogus" -- "${P[@]}" --bogus
+bad "flag without its value" -m "--tp" -- "${E[@]}" --tp
+bad "-o is not an estimate flag" -m "-o" -- "${E[@]}" -o "$TMP/estimate.json"
+absent "estimate -o wrote nothing" "$TMP/estimate.json" "$TMP/estimate.json.tmp"
+
+# ---- plan output ------------------------------------------------------------------------------
+rm -f /nonexistent-dir/plan.json 2>/dev/null
+bad "plan -o into a missing folder" -m "/nonexistent-dir/plan.json" -- plan --model llama-3.1-8b -o /nonexistent-dir/plan.json
+absent "plan -o into a missing folder created no file" /nonexistent-dir/plan.json /nonexistent-dir/plan.json.tmp /nonexistent-dir
+mkdir -p "$TMP/out"
+bad "plan -o with an unparsable budget" -m "--budget" -m "abc" -- plan --model llama-3.1-8b --budget abc -o "$TMP/out/p1.json"
+absent "plan -o with an unparsable budget wrote no file" "$TMP/out/p1.json" "$TMP/out/p1.json.tmp"
+bad "plan -o with an unknown GPU" -m "h1000" -- plan --model llama-3.1-8b --gpu h1000 -o "$TMP/out/p2.json"
+absent "plan -o with an unknown GPU wrote no file" "$TMP/out/p2.json" "$TMP/out/p2.json.tmp"
+bad "plan -o with a bad --cuda-context" -m "--cuda-context" -- plan --model llama-3.1-8b --cuda-context xyz -o "$TMP/out/p3.json"
+absent "plan -o with a bad --cuda-context wrote no file" "$TMP/out/p3.json" "$TMP/out/p3.json.tmp"
+bad "plan -o with a conflict" -m "--zero 2" -- plan --model llama-3.1-8b --zero 2 --pp 2 -o "$TMP/out/p4.json"
+absent "plan -o with a conflict wrote no file" "$TMP/out/p4.json" "$TMP/out/p4.json.tmp"
+mkdir -p "$TMP/out/adir"
+bad "plan -o naming an existing folder" -m "$TMP/out/adir" -- plan --model llama-3.1-8b -o "$TMP/out/adir"
+absent "plan -o naming an existing folder left no temp file" "$TMP/out/adir.tmp"
+bad "plan to stdout with an unknown GPU" -m "h1000" -- plan --model llama-3.1-8b --gpu h1000
+
+echo "# $cases cases, $failures failed"
+[ "$failures" -eq 0 ] && exit 0 || exit 1

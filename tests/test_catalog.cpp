@@ -1,0 +1,150 @@
+// The model and GPU catalogs: exact parameter counts against public figures, aliases, the
+// Hugging Face config.json path, and file:line errors for malformed files.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "planner/catalog.hpp"
+#include "planner/graph.hpp"
+#include "test_util.hpp"
+
+namespace np {
+namespace {
+
+using testing::catalog;
+using testing::model;
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+TEST(Catalog, HasTheIssueModels) {
+  for (const char* name : {"llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b",
+                           "llama-3.1-405b", "qwen2.5-7b", "qwen2.5-72b", "mixtral-8x7b", "qwen1.5-moe-a2.7b",
+                           "gpt-22b", "gpt3-175b", "gpt-530b", "gpt-1t"})
+    EXPECT_TRUE(resolve_model(catalog(), name).ok()) << name;
+}
+
+// Public exact counts (the models' Hugging Face safetensors totals), as in the issue's table.
+TEST(ParameterCount, IssueTable) {
+  EXPECT_EQ(count_parameters(model("llama-3.1-70b")), 70'553'706'496);
+  EXPECT_EQ(count_parameters(model("llama-2-7b")), 6'738'415'616);
+  EXPECT_EQ(count_parameters(model("mixtral-8x7b")), 46'702'792'704);
+}
+
+TEST(ParameterCount, EveryModelMatchesItsPublicFigure) {
+  int checked = 0;
+  for (const ModelSpec& m : catalog()) {
+    if (!m.expected_parameters) continue;
+    EXPECT_EQ(count_parameters(m), *m.expected_parameters) << m.name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 10);
+}
+
+// GPT-style models have no exact public count; Narayanan et al. 2021 give
+// P = 12Lh^2 (1 + 13/(12h) + (V + s)/(12Lh)) = 12Lh^2 + 13Lh + (V + s)h, which omits the final
+// LayerNorm (2h). Tied embeddings, learned positions with s = 2048, V = 51200.
+TEST(ParameterCount, GptModelsFollowNarayananFormula) {
+  for (const char* name : {"gpt-22b", "gpt3-175b", "gpt-530b", "gpt-1t"}) {
+    ModelSpec m = model(name);
+    int64_t L = m.layers, h = m.hidden, V = m.vocab, s = m.max_positions;
+    EXPECT_EQ(count_parameters(m), 12 * L * h * h + 13 * L * h + (V + s) * h + 2 * h) << name;
+  }
+  EXPECT_EQ(model("gpt3-175b").hidden, 12288);  // Korthikanti et al. Table 3
+  EXPECT_EQ(model("gpt-1t").layers, 128);
+}
+
+TEST(Resolve, AliasesAreCaseInsensitive) {
+  EXPECT_EQ(model("llama-70b").name, "llama-3.1-70b");
+  EXPECT_EQ(model("LLAMA-70B").name, "llama-3.1-70b");
+  EXPECT_EQ(model("meta-llama/Llama-3.1-70B").name, "llama-3.1-70b");
+}
+
+TEST(Resolve, UnknownModelSuggestsClosest) {
+  auto r = resolve_model(catalog(), "llama-3.1-7b");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("unknown model 'llama-3.1-7b'"), std::string::npos);
+  EXPECT_NE(r.error().message.find("llama-3.1-70b"), std::string::npos);
+  EXPECT_NE(r.error().message.find("llama-3.1-8b"), std::string::npos);
+}
+
+TEST(LoadToml, MalformedFileNamesLine) {
+  std::string path = testing::temp_path("bad.toml");
+  write(path, "name = \"x\"\nhidden_size = 64\nnum_layers = = 2\n");
+  auto r = load_model_toml(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find(path + ":3"), std::string::npos) << r.error().message;
+}
+
+TEST(LoadToml, WrongTypeAndMissingKey) {
+  std::string path = testing::temp_path("types.toml");
+  write(path, "name = \"x\"\nhidden_size = \"big\"\n");
+  auto r = load_model_toml(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find(path + ":2: 'hidden_size' must be an integer"), std::string::npos);
+  write(path, "name = \"x\"\n");
+  r = load_model_toml(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("missing required key 'hidden_size'"), std::string::npos);
+}
+
+TEST(LoadToml, InvalidEnumNamesChoices) {
+  std::string path = testing::temp_path("enum.toml");
+  std::ifstream in(std::string(NANOPLAN_SOURCE_DIR) + "/models/llama-2-7b.toml");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  text.replace(text.find("norm = \"rmsnorm\""), 16, "norm = \"batchnorm\"");
+  write(path, text);
+  auto r = load_model_toml(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("valid: rmsnorm, layernorm"), std::string::npos) << r.error().message;
+}
+
+// Llama-2-7B's config.json (https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json).
+TEST(LoadHfConfig, Llama2Counts) {
+  std::filesystem::create_directories(testing::temp_path("Llama-2-7b-hf"));
+  std::string path = testing::temp_path("Llama-2-7b-hf/config.json");
+  write(path, R"({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+    "vocab_size": 32000, "max_position_embeddings": 4096, "hidden_act": "silu",
+    "tie_word_embeddings": false})");
+  auto r = resolve_model(catalog(), path);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->name, "Llama-2-7b-hf");
+  EXPECT_EQ(count_parameters(*r), 6'738'415'616);
+}
+
+TEST(LoadHfConfig, MoeAndQwenBias) {
+  std::string path = testing::temp_path("qwen_moe.json");
+  write(path, R"({"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+    "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "vocab_size": 151936, "max_position_embeddings": 8192, "hidden_act": "silu",
+    "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632, "tie_word_embeddings": false})");
+  auto r = load_hf_config(path);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(r->qkv_bias);
+  EXPECT_EQ(count_parameters(*r), count_parameters(model("qwen1.5-moe-a2.7b")));
+}
+
+TEST(LoadHfConfig, MalformedJsonNamesLine) {
+  std::string path = testing::temp_path("bad.json");
+  write(path, "{\n  \"hidden_size\": 4096,\n  \"num_hidden_layers\": 32,\n  \"vocab_size\": ,\n}\n");
+  auto r = load_hf_config(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find(path + ":4"), std::string::npos) << r.error().message;
+}
+
+TEST(GpuCatalog, ResolvesAliases) {
+  auto gpus = load_gpu_catalog(std::string(NANOPLAN_SOURCE_DIR) + "/models/gpus/gpus.toml");
+  ASSERT_TRUE(gpus.ok()) << gpus.error().message;
+  auto h100 = resolve_gpu(*gpus, "h100-80gb");
+  ASSERT_TRUE(h100.ok());
+  EXPECT_EQ(h100->memory_bytes, 81559LL << 20);  // nvidia-smi: 81559 MiB
+  for (const char* name : {"h200", "a100-80gb", "b200"}) EXPECT_TRUE(resolve_gpu(*gpus, name).ok()) << name;
+  auto bad = resolve_gpu(*gpus, "h1000");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("valid: "), std::string::npos);
+}
+
+}  // namespace
+}  // namespace np

@@ -1,0 +1,120 @@
+// The per-GPU estimate: static bytes derived by hand, the simulated peak, overhead lines, the
+// fit verdict and suggestions found by estimating them.
+#include <gtest/gtest.h>
+
+#include "planner/estimate.hpp"
+#include "planner/simulate.hpp"
+#include "test_util.hpp"
+
+namespace np {
+namespace {
+
+using testing::model;
+
+TrainSpec main_example() {  // nanoplan estimate --model llama-70b --tp 8
+  TrainSpec t;
+  t.tp = 8, t.sp = true;
+  return t;
+}
+
+int64_t cat(const StageEstimate& s, Category c) { return s.bytes[static_cast<int>(c)]; }
+
+// Llama-3.1-70B weights on one of 8 TP ranks: vocab-parallel embedding and LM head
+// (128256 / 8 rows of 8192), per layer 2 norms (8192 each, replicated), qkv (8192 x 1280),
+// o (1024 x 8192), gate_up (8192 x 7168), down (3584 x 8192); the final norm (8192).
+TEST(Estimate, MainExampleStaticBytes) {
+  Estimate e = estimate(model("llama-70b"), main_example(), {}, {.budget = 80'000'000'000});
+  const int64_t table = 16032LL * 8192;
+  const int64_t layer = 2 * 8192 + 8192LL * 1280 + 1024LL * 8192 + 8192LL * 7168 + 3584LL * 8192;
+  const int64_t n = 2 * table + 80 * layer + 8192;
+  ASSERT_EQ(e.stages.size(), 1u);
+  EXPECT_EQ(cat(e.stages[0], Category::kWeight), 2 * n);
+  EXPECT_EQ(cat(e.stages[0], Category::kGradient), 4 * n);
+  EXPECT_EQ(cat(e.stages[0], Category::kOptimizer), 12 * n);
+  EXPECT_FALSE(e.fits);  // 18 B/param x 8.8 B params alone exceed 80 GB
+  EXPECT_EQ(e.parameters, 70'553'706'496);
+}
+
+TEST(Estimate, PeakIsTheSumOfItsLines) {
+  Estimate e = estimate(model("llama-70b"), main_example(), {}, {});
+  const StageEstimate& s = e.stages[0];
+  int64_t sum = 0;
+  for (int64_t b : s.bytes) sum += b;
+  EXPECT_EQ(sum, s.allocator_peak);
+  int64_t overhead = 0;
+  for (const OverheadLine& o : s.overheads) overhead += o.bytes;
+  ASSERT_EQ(s.overheads.size(), 4u);
+  EXPECT_EQ(s.overheads[0].name, "CUDA context");
+  EXPECT_EQ(s.overheads[2].bytes, 64LL << 20);  // one communicator (tp) x 64 MiB
+  EXPECT_EQ(s.peak_bytes, s.allocator_peak + overhead);
+  EXPECT_EQ(e.peak_bytes, s.peak_bytes);
+  EXPECT_TRUE(e.fits);  // no budget: nothing to exceed
+  EXPECT_TRUE(e.suggestions.empty());
+}
+
+TEST(Estimate, OverheadAssumptionsAreOverridable) {
+  RuntimeAssumptions rt;
+  rt.cuda_context_bytes = 1LL << 30;
+  rt.allocator_slack = 0;
+  Estimate e = estimate(model("llama-70b"), main_example(), rt, {});
+  EXPECT_EQ(e.stages[0].overheads[0].bytes, 1LL << 30);
+  EXPECT_EQ(e.stages[0].overheads[3].bytes, 0);
+}
+
+TEST(Estimate, ExplainPeakListsExactlyTheLiveBytes) {
+  TrainSpec t = main_example();
+  t.seq_len = 1024;
+  Estimate e = estimate(model("llama-3.1-8b"), t, {}, {.explain_peak = true});
+  int64_t sum = 0;
+  for (const LiveTensor& l : e.stages[0].live_at_peak) sum += l.bytes;
+  EXPECT_EQ(sum, e.stages[0].allocator_peak);
+  EXPECT_FALSE(e.stages[0].peak_at.empty());
+}
+
+TEST(Estimate, SuggestionsFitWhenEstimated) {
+  Estimate e = estimate(model("llama-70b"), main_example(), {}, {.budget = 80'000'000'000});
+  ASSERT_FALSE(e.suggestions.empty());
+  for (const Suggestion& s : e.suggestions) {
+    EXPECT_FALSE(validate_setup(e.model, s.setup)) << s.change;
+    Estimate again = estimate(e.model, s.setup, {}, {.budget = 80'000'000'000, .suggestions = false});
+    EXPECT_TRUE(again.fits) << s.change;
+    EXPECT_EQ(again.peak_bytes, s.peak_bytes) << s.change;
+    EXPECT_LE(s.peak_bytes, 80'000'000'000) << s.change;
+  }
+}
+
+TEST(Estimate, VerdictFollowsTheBudget) {
+  Estimate e = estimate(model("llama-3.1-8b"), main_example(), {}, {});
+  Estimate at = estimate(model("llama-3.1-8b"), main_example(), {}, {.budget = e.peak_bytes});
+  Estimate below = estimate(model("llama-3.1-8b"), main_example(), {}, {.budget = e.peak_bytes - 1});
+  EXPECT_TRUE(at.fits);
+  EXPECT_FALSE(below.fits);
+}
+
+TEST(Estimate, FullRecomputeShrinksActivations) {
+  TrainSpec t = main_example();
+  Estimate none = estimate(model("llama-70b"), t, {}, {});
+  t.recompute = Recompute::kFull;
+  Estimate full = estimate(model("llama-70b"), t, {}, {});
+  EXPECT_LT(cat(full.stages[0], Category::kActivation), cat(none.stages[0], Category::kActivation) / 10);
+  ASSERT_EQ(full.stages[0].layers.size(), 80u);
+  EXPECT_EQ(full.stages[0].layers[0].saved_bytes, 4096LL / 8 * 8192 * 2);  // 2sbh/t
+  EXPECT_EQ(full.stages[0].layers[0].policy, "full");
+}
+
+// 1F1B: stage s holds min(m, pp - s) micro-batches, so stage 0 carries the most activations.
+TEST(Estimate, OneFOneBStageZeroHoldsTheMost) {
+  TrainSpec t = main_example();
+  t.pp = 4, t.microbatches = 8, t.pp_schedule = PpSchedule::k1F1B;
+  Estimate e = estimate(model("llama-70b"), t, {}, {});
+  ASSERT_EQ(e.stages.size(), 4u);
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(e.stages[s].in_flight, 4 - s);
+  EXPECT_GT(cat(e.stages[0], Category::kActivation), cat(e.stages[1], Category::kActivation));
+  EXPECT_EQ(e.stages[2].first_rank, 2 * 8);  // rank order (pp, dp, tp)
+  int covered = 0;
+  for (const StageEstimate& s : e.stages) covered += s.num_layers;
+  EXPECT_EQ(covered, 80);
+}
+
+}  // namespace
+}  // namespace np

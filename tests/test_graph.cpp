@@ -1,0 +1,138 @@
+// Layer graphs and the op table; the saved bytes per layer against Korthikanti et al. 2022
+// ("Reducing Activation Recomputation in Large Transformer Models", arXiv:2205.05198), Table 2,
+// for their GPT-style models with eager attention and 16-bit activations (REFERENCES.md §2).
+#include <gtest/gtest.h>
+
+#include "planner/graph.hpp"
+#include "planner/policy.hpp"
+#include "test_util.hpp"
+
+namespace np {
+namespace {
+
+using testing::catalog;
+using testing::model;
+
+TEST(OpTable, RowsAreInKindOrder) {
+  for (int k = 0; k < static_cast<int>(OpKind::kCount); ++k)
+    EXPECT_EQ(static_cast<int>(op_info(static_cast<OpKind>(k)).kind), k) << name_of(static_cast<OpKind>(k));
+}
+
+TEST(OpTable, ColumnLinearShapesFlopsWeights) {
+  const OpInfo& info = op_info(OpKind::kColumnLinear);
+  OpAttrs a{.features = 96, .bias = true};
+  std::vector<TensorType> in = {{{71, 229}, Dtype::kBf16}};
+  auto out = info.infer(a, in);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].shape, (std::vector<int64_t>{71, 96}));
+  EXPECT_EQ(info.flops(a, in), 2.0 * 71 * 229 * 96);
+  auto w = info.weights(a, in);
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_EQ(w[0].elements(), 96 * 229);
+  EXPECT_EQ(w[1].elements(), 96);
+  EXPECT_EQ(info.bwd_reads_inputs, 1u);  // dW = dY^T X needs the input
+}
+
+TEST(Graph, EveryCatalogModelAndSetupIsWellFormed) {
+  for (const ModelSpec& m : catalog()) {
+    for (int64_t tp : {1, 2}) {
+      for (bool sp : {false, true}) {
+        if (sp && tp == 1) continue;
+        for (AttentionImpl att : {AttentionImpl::kFlash, AttentionImpl::kEager}) {
+          TrainSpec t;
+          t.tp = tp, t.sp = sp, t.attention = att, t.seq_len = 64;
+          for (const BlockGraph& g : {build_embedding(m, t), build_layer(m, t), build_head(m, t)}) {
+            auto e = check_graph(g);
+            EXPECT_FALSE(e) << m.name << " " << name_of(g.kind) << ": " << (e ? e->message : "");
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Graph, CheckerCatchesOutOfOrderOps) {
+  TrainSpec t;
+  t.seq_len = 16;
+  BlockGraph g = build_layer(model("llama-2-7b"), t);
+  std::swap(g.ops[1], g.ops[2]);  // qkv linear before its norm input exists
+  EXPECT_TRUE(check_graph(g));
+}
+
+TEST(Graph, ShardedShapes) {
+  TrainSpec t;
+  t.tp = 8, t.sp = true, t.seq_len = 4096;
+  BlockGraph g = build_layer(model("llama-3.1-70b"), t);
+  EXPECT_EQ(g.tensors[g.hidden_in].type.shape, (std::vector<int64_t>{4096 / 8, 8192}));
+  int found = 0;
+  for (const GraphTensor& tensor : g.tensors) {
+    if (tensor.name != "attn.qkv") continue;
+    EXPECT_EQ(tensor.type.shape, (std::vector<int64_t>{4096, 1280}));  // (64 + 2 * 8) heads * 128 / tp 8
+    ++found;
+  }
+  EXPECT_EQ(found, 1);
+}
+
+struct Korthikanti {
+  int64_t s, b, h, a, t;
+  int64_t sbh() const { return s * b * h; }
+  int64_t attn() const { return 5 * a * s * s * b; }  // 5as^2b: softmax out, mask, dropout out
+};
+
+int64_t saved(const ModelSpec& m, int64_t tp, bool sp, Recompute r, int64_t s = 2048, int64_t b = 1) {
+  TrainSpec t;
+  t.tp = tp, t.sp = sp, t.recompute = r, t.seq_len = s, t.micro_batch = b;
+  t.attention = AttentionImpl::kEager;
+  t.tp_recompute_allgather = true;  // the paper keeps the sequence shard under SP
+  BlockGraph g = build_layer(m, t);
+  return saved_set(g, named_policy(g, t)).bytes;
+}
+
+class Table2 : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Table2, NoParallelism) {
+  ModelSpec m = model(GetParam());
+  for (int64_t b : {1, 2}) {
+    Korthikanti k{2048, b, m.hidden, m.heads, 1};
+    EXPECT_EQ(saved(m, 1, false, Recompute::kNone, 2048, b), 34 * k.sbh() + k.attn());  // sbh(34 + 5as/h)
+  }
+}
+
+TEST_P(Table2, TensorParallel) {
+  ModelSpec m = model(GetParam());
+  Korthikanti k{2048, 1, m.hidden, m.heads, 8};
+  // sbh(10 + 24/t + 5as/(ht))
+  EXPECT_EQ(saved(m, 8, false, Recompute::kNone), 10 * k.sbh() + 24 * k.sbh() / 8 + k.attn() / 8);
+}
+
+TEST_P(Table2, TensorAndSequenceParallel) {
+  ModelSpec m = model(GetParam());
+  Korthikanti k{2048, 1, m.hidden, m.heads, 8};
+  EXPECT_EQ(saved(m, 8, true, Recompute::kNone), (34 * k.sbh() + k.attn()) / 8);  // sbh/t (34 + 5as/h)
+}
+
+TEST_P(Table2, SelectiveRecompute) {
+  ModelSpec m = model(GetParam());
+  Korthikanti k{2048, 1, m.hidden, m.heads, 8};
+  EXPECT_EQ(saved(m, 8, true, Recompute::kSelective), 34 * k.sbh() / 8);  // 34sbh/t
+  EXPECT_EQ(saved(m, 8, false, Recompute::kSelective), 10 * k.sbh() + 24 * k.sbh() / 8);  // sbh(10 + 24/t)
+  EXPECT_EQ(saved(m, 1, false, Recompute::kSelective), 34 * k.sbh());
+}
+
+TEST_P(Table2, FullRecompute) {
+  ModelSpec m = model(GetParam());
+  Korthikanti k{2048, 1, m.hidden, m.heads, 8};
+  EXPECT_EQ(saved(m, 1, false, Recompute::kFull), 2 * k.sbh());      // 2sbh
+  EXPECT_EQ(saved(m, 8, false, Recompute::kFull), 2 * k.sbh());      // input replicated over TP
+  EXPECT_EQ(saved(m, 8, true, Recompute::kFull), 2 * k.sbh() / 8);   // input kept sequence-sharded
+}
+
+INSTANTIATE_TEST_SUITE_P(GptModels, Table2, ::testing::Values("gpt-22b", "gpt3-175b", "gpt-530b", "gpt-1t"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace np

@@ -1,0 +1,211 @@
+// Schedules: pipeline order and in-flight micro-batches, well-formedness of every program, the
+// simulation's activation high-water mark, ZeRO sharding arithmetic and the stage partition.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "planner/schedule.hpp"
+#include "planner/simulate.hpp"
+#include "test_util.hpp"
+
+namespace np {
+namespace {
+
+using testing::model;
+
+int64_t max_in_flight(const std::vector<std::pair<bool, int>>& order) {
+  int64_t live = 0, most = 0;
+  for (auto [forward, mb] : order) most = std::max(most, live += forward ? 1 : -1);
+  return most;
+}
+
+TEST(Pipeline, InFlightMatchesTheSchedules) {
+  for (int64_t pp : {1, 2, 4, 8})
+    for (int64_t m : {1, 2, 3, 8, 13})
+      for (int64_t s = 0; s < pp; ++s) {
+        auto afab = pipeline_order(PpSchedule::kAfab, s, pp, m);
+        EXPECT_EQ(max_in_flight(afab), m);
+        EXPECT_EQ(in_flight(PpSchedule::kAfab, s, pp, m), m);
+        auto ofob = pipeline_order(PpSchedule::k1F1B, s, pp, m);
+        EXPECT_EQ(max_in_flight(ofob), std::min(m, pp - s)) << "pp " << pp << " m " << m << " stage " << s;
+        EXPECT_EQ(in_flight(PpSchedule::k1F1B, s, pp, m), std::min(m, pp - s));
+        EXPECT_EQ(static_cast<int64_t>(ofob.size()), 2 * m);
+        // every micro-batch's forward comes before its backward
+        for (int mb = 0; mb < m; ++mb) {
+          auto f = std::find(ofob.begin(), ofob.end(), std::make_pair(true, mb));
+          auto b = std::find(ofob.begin(), ofob.end(), std::make_pair(false, mb));
+          EXPECT_LT(f, b);
+        }
+      }
+}
+
+TrainSpec small(int64_t tp, int64_t pp, Recompute r) {
+  TrainSpec t;
+  t.tp = tp, t.sp = tp > 1, t.pp = pp, t.recompute = r, t.seq_len = 32, t.microbatches = 3;
+  return t;
+}
+
+int64_t stage_saved(const StageProgram& p) {
+  int64_t n = 0;
+  for (const StageBlock& b : p.blocks) n += b.saved.bytes;
+  return n;
+}
+
+TEST(Schedule, EveryProgramIsWellFormed) {
+  for (const char* name : {"llama-2-7b", "qwen2.5-7b", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "gpt-22b"}) {
+    ModelSpec m = model(name);
+    for (int64_t tp : {1, 2}) for (int64_t pp : {1, 2, 4}) for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+      for (PpSchedule ps : {PpSchedule::kAfab, PpSchedule::k1F1B}) for (AttentionImpl att : {AttentionImpl::kFlash, AttentionImpl::kEager}) {
+        TrainSpec t = small(tp, pp, r);
+        t.pp_schedule = ps;
+        t.attention = att;
+        ASSERT_FALSE(validate_setup(m, t));
+        Schedule s = build_schedule(m, t);
+        ASSERT_EQ(static_cast<int64_t>(s.stages.size()), pp);
+        for (const StageProgram& p : s.stages) {
+          auto e = check_program(p);
+          EXPECT_FALSE(e) << name << ": " << (e ? e->message : "");
+          // The activation high-water mark is the saved set of every block on the stage times the
+          // micro-batches in flight: all saved tensors of a micro-batch live from its forward to
+          // its backward.
+          EXPECT_EQ(simulate(p).max_by_category[static_cast<int>(Category::kActivation)],
+                    stage_saved(p) * in_flight(ps, p.stage, pp, t.microbatches)) << name << " stage " << p.stage;
+        }
+      }
+  }
+}
+
+TEST(Schedule, ZeroStagesAreWellFormed) {
+  ModelSpec m = model("mixtral-8x7b");
+  for (int zero : {0, 1, 2, 3}) {
+    TrainSpec t = small(2, 1, Recompute::kNone);
+    t.zero = zero, t.dp = 4, t.ep = 2;
+    Schedule s = build_schedule(m, t);
+    EXPECT_FALSE(check_program(s.stages[0])) << "zero " << zero;
+  }
+}
+
+// Tampering: drop a tensor the backward needs from the kept set; the checker names it.
+TEST(Schedule, CheckerRejectsABackwardReadOfADroppedTensor) {
+  Schedule s = build_schedule(model("llama-2-7b"), small(1, 1, Recompute::kNone));
+  StageProgram& p = s.stages[0];
+  StageBlock& layer = p.blocks[1];
+  int qkv = -1;
+  for (size_t i = 0; i < layer.graph->tensors.size(); ++i)
+    if (layer.graph->tensors[i].name == "attn.rope") qkv = static_cast<int>(i);
+  ASSERT_GE(qkv, 0);
+  ASSERT_TRUE(layer.saved.saved[qkv]);
+  layer.saved.saved[qkv] = false;
+  auto e = check_program(p);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("L0/mb0/attn.rope, which was neither kept nor recomputed"), std::string::npos) << e->message;
+}
+
+TEST(Schedule, CheckerRejectsUseAfterFreeAndDoubleFree) {
+  Schedule s = build_schedule(model("llama-2-7b"), small(1, 1, Recompute::kNone));
+  StageProgram p = s.stages[0];
+  // Move the first free to the front: its tensor is then read after being freed (or never born).
+  auto it = std::find_if(p.instrs.begin(), p.instrs.end(), [](const Instr& i) { return i.kind == InstrKind::kFree; });
+  ASSERT_NE(it, p.instrs.end());
+  Instr f = *it;
+  p.instrs.insert(p.instrs.begin() + 1, f);
+  EXPECT_TRUE(check_program(p));
+  StageProgram q = s.stages[0];
+  q.instrs.pop_back();  // the optimizer step: still fine
+  q.instrs.erase(std::find_if(q.instrs.begin(), q.instrs.end(), [](const Instr& i) { return i.kind == InstrKind::kFree; }));
+  auto e = check_program(q);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("never freed"), std::string::npos);
+}
+
+// Recompute segments: under full recompute every forward op of a layer runs once more per
+// micro-batch; of the embedding and the head only the regathered all-gather re-runs.
+TEST(Schedule, RecomputeCountsFollowThePolicy) {
+  TrainSpec t = small(2, 1, Recompute::kFull);
+  Schedule s = build_schedule(model("llama-2-7b"), t);
+  const StageProgram& p = s.stages[0];
+  int64_t fwd = 0, re = 0;
+  for (const Instr& i : p.instrs) {
+    if (i.kind == InstrKind::kForward && p.blocks[i.block].kind == BlockKind::kLayer) ++fwd;
+    if (i.kind != InstrKind::kRecompute) continue;
+    if (p.blocks[i.block].kind == BlockKind::kLayer) {
+      ++re;
+    } else {
+      EXPECT_EQ(p.blocks[i.block].graph->ops[i.op].kind, OpKind::kAllGather) << p.instr_name(i);
+    }
+  }
+  EXPECT_EQ(fwd, re);
+  EXPECT_EQ(fwd, 32 * 3 * static_cast<int64_t>(p.blocks[1].graph->ops.size()));
+}
+
+int64_t static_bytes(const StageProgram& p, Category c) {
+  int64_t n = 0;
+  for (const ScheduleTensor& t : p.tensors)
+    if (t.kind == ValueKind::kStatic && t.category == c) n += t.bytes;
+  return n;
+}
+
+// ZeRO arithmetic on llama-2-7b at tp = 1: N = 6,738,415,616 parameters on one stage.
+// ZeRO-1 shards the 12 B/param AdamW states over dp; ZeRO-2 also the gradients; ZeRO-3 also the
+// bf16 weights. A rank holds ceil(N / dp) elements of each flat buffer.
+TEST(Zero, ShardingArithmetic) {
+  ModelSpec m = model("llama-2-7b");
+  const int64_t N = 6'738'415'616, dp = 3, shard = (N + dp - 1) / dp;
+  auto stage = [&](int zero) {
+    TrainSpec t = small(1, 1, Recompute::kNone);
+    t.dp = dp, t.zero = zero;
+    return build_schedule(m, t).stages[0];
+  };
+  StageProgram z0 = stage(0), z1 = stage(1), z2 = stage(2), z3 = stage(3);
+  EXPECT_EQ(static_bytes(z0, Category::kWeight), 2 * N);
+  EXPECT_EQ(static_bytes(z0, Category::kGradient), 4 * N);  // fp32 accumulation buffer
+  EXPECT_EQ(static_bytes(z0, Category::kOptimizer), 12 * N);
+  EXPECT_EQ(static_bytes(z1, Category::kOptimizer), 12 * shard);
+  EXPECT_EQ(static_bytes(z1, Category::kGradient), 4 * N);  // nanotron: fp32 grads not sharded by ZeRO-1
+  EXPECT_EQ(static_bytes(z2, Category::kGradient), 4 * shard);
+  EXPECT_EQ(static_bytes(z2, Category::kWeight), 2 * N);
+  EXPECT_EQ(static_bytes(z3, Category::kWeight), 2 * shard);
+  EXPECT_EQ(shard, 2'246'138'539);  // 6,738,415,616 / 3 = 2,246,138,538.67, rounded up
+}
+
+// Experts are replicated over dp / ep ranks, so their states shard over dp / ep, not dp.
+TEST(Zero, ExpertStatesShardOverDpOverEp) {
+  ModelSpec m = model("mixtral-8x7b");
+  TrainSpec t = small(1, 1, Recompute::kNone);
+  t.dp = 8, t.ep = 4, t.zero = 1;
+  StageProgram p = build_schedule(m, t).stages[0];
+  const int64_t expert = 32LL * 8 * 3 * 4096 * 14336 / 4;  // local experts of this rank
+  const int64_t dense = 46'702'792'704 - 32LL * 8 * 3 * 4096 * 14336;
+  EXPECT_EQ(static_bytes(p, Category::kWeight), 2 * (dense + expert));
+  EXPECT_EQ(static_bytes(p, Category::kOptimizer), 12 * ((dense + 7) / 8 + (expert + 1) / 2));
+}
+
+// Tied embeddings: held once with pp = 1, on both the first and the last stage with pp > 1.
+TEST(Weights, TiedEmbeddingsPerStage) {
+  ModelSpec m = model("gpt-22b");
+  const int64_t table = 51200LL * 6144 * 2;
+  TrainSpec t = small(1, 1, Recompute::kNone);
+  EXPECT_EQ(static_bytes(build_schedule(m, t).stages[0], Category::kWeight), 2 * count_parameters(m));
+  t.pp = 2;
+  Schedule s = build_schedule(m, t);
+  EXPECT_EQ(static_bytes(s.stages[0], Category::kWeight) + static_bytes(s.stages[1], Category::kWeight),
+            2 * count_parameters(m) + table);
+}
+
+TEST(Partition, CoversEveryLayerOnceAndBalances) {
+  for (int64_t pp : {1, 2, 3, 7, 16}) {
+    TrainSpec t = small(8, pp, Recompute::kNone);
+    std::vector<int64_t> counts = partition_layers(model("llama-3.1-405b"), t);
+    ASSERT_EQ(static_cast<int64_t>(counts.size()), pp);
+    int64_t total = 0;
+    for (int64_t c : counts) {
+      EXPECT_GE(c, 1);
+      total += c;
+    }
+    EXPECT_EQ(total, 126);
+    EXPECT_LE(*std::max_element(counts.begin(), counts.end()), (126 + pp - 1) / pp + 1);
+  }
+}
+
+}  // namespace
+}  // namespace np

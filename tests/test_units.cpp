@@ -1,0 +1,68 @@
+// Budget parsing: SI and IEC units taken exactly (GB = 10^9, GiB = 2^30), bad spellings rejected.
+#include <gtest/gtest.h>
+
+#include "planner/units.hpp"
+
+namespace np {
+namespace {
+
+int64_t ok(const char* text) {
+  Result<int64_t> r = parse_bytes(text);
+  EXPECT_TRUE(r.ok()) << text << ": " << (r.ok() ? "" : r.error().message);
+  return r.ok() ? *r : -1;
+}
+
+std::string err(const char* text) {
+  Result<int64_t> r = parse_bytes(text);
+  EXPECT_FALSE(r.ok()) << text << " parsed as " << (r.ok() ? *r : 0);
+  return r.ok() ? "" : r.error().message;
+}
+
+TEST(ParseBytes, TheIssueSpellings) {
+  EXPECT_EQ(ok("80GB"), 80'000'000'000);
+  EXPECT_EQ(ok("80GiB"), 85'899'345'920);
+  EXPECT_EQ(ok("85899345920"), 85'899'345'920);
+  EXPECT_EQ(ok("80 GB"), 80'000'000'000);
+}
+
+TEST(ParseBytes, UnitsAndCase) {
+  EXPECT_EQ(ok("1B"), 1);
+  EXPECT_EQ(ok("1kb"), 1000);
+  EXPECT_EQ(ok("1KiB"), 1024);
+  EXPECT_EQ(ok("3MiB"), 3 * 1024 * 1024);
+  EXPECT_EQ(ok("2TB"), 2'000'000'000'000);
+  EXPECT_EQ(ok("1TiB"), 1LL << 40);
+  EXPECT_EQ(ok("141gb"), 141'000'000'000);
+}
+
+TEST(ParseBytes, ExactDecimals) {
+  EXPECT_EQ(ok("79.5GB"), 79'500'000'000);
+  EXPECT_EQ(ok("1.5KiB"), 1536);
+  EXPECT_EQ(ok("0.25GiB"), 268'435'456);
+  EXPECT_NE(err("0.5B").find("whole number"), std::string::npos);
+  EXPECT_NE(err("1.1KiB").find("whole number"), std::string::npos);  // 1126.4 bytes
+}
+
+TEST(ParseBytes, RejectsBadInput) {
+  EXPECT_NE(err("80G").find("ambiguous"), std::string::npos);
+  EXPECT_NE(err("80XB").find("valid: B, KB"), std::string::npos);
+  EXPECT_NE(err("abc").find("no number"), std::string::npos);
+  EXPECT_NE(err("0GB").find("positive"), std::string::npos);
+  EXPECT_NE(err("-5GB").find("positive"), std::string::npos);
+  EXPECT_NE(err("").find("no number"), std::string::npos);
+  EXPECT_NE(err("99999999999TB").find("too large"), std::string::npos);
+}
+
+TEST(Format, IntegersAndUnits) {
+  EXPECT_EQ(format_int(70553706496), "70,553,706,496");
+  EXPECT_EQ(format_int(999), "999");
+  EXPECT_EQ(format_int(-1000), "-1,000");
+  EXPECT_EQ(format_gb(80'000'000'000), "80.00 GB");
+  EXPECT_EQ(format_gib(85'899'345'920), "80.00 GiB");
+  EXPECT_EQ(format_binary(512LL << 20), "512 MiB");
+  EXPECT_EQ(format_binary(3LL << 29), "1.50 GiB");
+  EXPECT_EQ(format_binary(7), "7 B");
+}
+
+}  // namespace
+}  // namespace np

@@ -1,0 +1,31 @@
+// Shared test helpers: the model catalog of the source tree, loaded once.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "planner/catalog.hpp"
+
+namespace np::testing {
+
+inline const std::vector<ModelSpec>& catalog() {
+  static const std::vector<ModelSpec> models = [] {
+    auto r = load_model_catalog(std::string(NANOPLAN_SOURCE_DIR) + "/models");
+    if (!r) throw std::runtime_error(r.error().message);
+    return *r;
+  }();
+  return models;
+}
+
+inline ModelSpec model(const std::string& name) {
+  auto r = resolve_model(catalog(), name);
+  if (!r) throw std::runtime_error(r.error().message);
+  return *r;
+}
+
+inline std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "/" + name;
+}
+
+}  // namespace np::testing

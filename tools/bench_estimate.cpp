@@ -1,0 +1,46 @@
+// Benchmark (not a test): wall time of one full estimate (schedule build + simulation of every
+// stage) for large setups. Prints the median over repetitions.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "planner/catalog.hpp"
+#include "planner/estimate.hpp"
+
+namespace {
+double median_ms(const np::ModelSpec& m, const np::TrainSpec& t, int reps) {
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    np::Estimate e = np::estimate(m, t, {}, {.budget = 80'000'000'000, .suggestions = false});
+    auto stop = std::chrono::steady_clock::now();
+    if (e.peak_bytes <= 0) std::abort();
+    ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+}  // namespace
+
+int main() {
+  auto catalog = np::load_model_catalog(std::string(NANOPLAN_SOURCE_DIR) + "/models");
+  if (!catalog) {
+    std::fprintf(stderr, "%s\n", catalog.error().message.c_str());
+    return 1;
+  }
+  struct Case { const char* model; int64_t tp, pp, microbatches; np::PpSchedule sched; };
+  const Case cases[] = {{"llama-3.1-405b", 8, 16, 16, np::PpSchedule::kAfab},
+                        {"llama-3.1-405b", 8, 16, 64, np::PpSchedule::k1F1B},
+                        {"llama-3.1-70b", 8, 1, 1, np::PpSchedule::kAfab},
+                        {"llama-3.1-70b", 8, 8, 8, np::PpSchedule::k1F1B}};
+  std::printf("%-16s %4s %4s %6s %6s %12s\n", "model", "tp", "pp", "mb", "sched", "median ms");
+  for (const Case& c : cases) {
+    np::ModelSpec m = *np::resolve_model(*catalog, c.model);
+    np::TrainSpec t;
+    t.tp = c.tp, t.pp = c.pp, t.sp = true, t.microbatches = c.microbatches, t.pp_schedule = c.sched;
+    std::printf("%-16s %4lld %4lld %6lld %6s %12.2f\n", c.model, (long long)c.tp, (long long)c.pp,
+                (long long)c.microbatches, np::name_of(c.sched), median_ms(m, t, 15));
+  }
+  return 0;
+}

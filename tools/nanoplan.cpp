@@ -1,0 +1,249 @@
+// nanoplan CLI: estimate, plan, models, gpus. A thin layer over the planner library: it parses
+// flags, resolves names, prints results, and maps errors to exit code 2 (bad input).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "planner/catalog.hpp"
+#include "planner/estimate.hpp"
+#include "planner/graph.hpp"
+#include "planner/report.hpp"
+#include "planner/units.hpp"
+
+namespace {
+
+constexpr int kExitBadInput = 2;
+
+struct Flags {
+  std::string model, sp = "auto", pp_schedule = "afab", attention = "flash", grad_dtype = "fp32";
+  std::string optimizer = "adamw", recompute = "none", regather = "true", format = "table";
+  std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, nccl_buffers, allocator_slack;
+  int64_t tp = 1, pp = 1, dp = 1, ep = 1, micro_batch = 1, seq_len = 4096, microbatches = 0;
+  int zero = 0;
+  bool explain_peak = false;
+};
+
+[[noreturn]] void die(const std::string& message) {
+  std::fprintf(stderr, "nanoplan: error: %s\n", message.c_str());
+  std::exit(kExitBadInput);
+}
+
+template <typename T>
+T check(np::Result<T> r) {
+  if (!r) die(r.error().message);
+  return std::move(*r);
+}
+
+std::string models_dir(const Flags& f) {
+  if (!f.models_dir.empty()) return f.models_dir;
+  if (const char* env = std::getenv("NANOPLAN_MODELS_DIR")) return env;
+  return std::string(NANOPLAN_SOURCE_DIR) + "/models";
+}
+
+void add_setup_flags(CLI::App* app, Flags& f) {
+  app->add_option("--model", f.model, "model name or alias (nanoplan models), or a path to a .toml or config.json")->required();
+  app->add_option("--tp", f.tp, "tensor-parallel degree")->capture_default_str();
+  app->add_option("--pp", f.pp, "pipeline-parallel degree")->capture_default_str();
+  app->add_option("--dp", f.dp, "data-parallel degree")->capture_default_str();
+  app->add_option("--ep", f.ep, "expert-parallel degree (MoE; carved out of dp)")->capture_default_str();
+  app->add_option("--sp", f.sp, "sequence parallelism: on, off, auto (on when tp > 1, nanotron's REDUCE_SCATTER)")->capture_default_str();
+  app->add_option("--zero", f.zero, "ZeRO stage over dp: 0, 1, 2, 3")->capture_default_str();
+  app->add_option("--micro-batch", f.micro_batch, "sequences per micro-batch")->capture_default_str();
+  app->add_option("--seq-len", f.seq_len, "sequence length in tokens")->capture_default_str();
+  app->add_option("--microbatches", f.microbatches, "gradient-accumulation steps per optimizer step (default: pp)");
+  app->add_option("--pp-schedule", f.pp_schedule, "pipeline schedule: 1f1b, afab (nanotron's default)")->capture_default_str();
+  app->add_option("--attention", f.attention, "attention implementation: flash, eager")->capture_default_str();
+  app->add_option("--grad-accum-dtype", f.grad_dtype, "gradient accumulation dtype: fp32 (nanotron's accumulate_grad_in_fp32), bf16")->capture_default_str();
+  app->add_option("--optimizer", f.optimizer, "adamw, sgd, none")->capture_default_str();
+  app->add_option("--recompute", f.recompute, "none, selective (attention core), full (nanotron's recompute_layer: true)")->capture_default_str();
+  app->add_option("--tp-recompute-allgather", f.regather, "true, false: keep the SP shard and all-gather again in backward")->capture_default_str();
+  app->add_option("--budget", f.budget, "bytes per GPU: 80GB (10^9), 80GiB (2^30), 85899345920, \"80 GB\"");
+  app->add_option("--gpu", f.gpu, "GPU whose memory is the budget (nanoplan gpus): h100, h200, a100-80gb, b200, ...");
+  app->add_option("--format", f.format, "table, json")->capture_default_str();
+  app->add_flag("--explain-peak", f.explain_peak, "list the live tensors at the peak");
+  app->add_option("--cuda-context", f.cuda_context, "assumed CUDA context bytes per GPU (default 512MiB)");
+  app->add_option("--cublas-workspace", f.cublas_workspace, "assumed cuBLAS workspace bytes (default 32MiB)");
+  app->add_option("--nccl-buffers", f.nccl_buffers, "assumed NCCL buffer bytes per communicator (default 64MiB)");
+  app->add_option("--allocator-slack", f.allocator_slack, "assumed allocator fragmentation, fraction of the activation + transient peak (default 0.05)");
+  app->add_option("--models-dir", f.models_dir, "model catalog folder (default: the source tree's models/)");
+}
+
+bool parse_bool(const std::string& flag, const std::string& v) {
+  if (v == "true" || v == "on" || v == "1") return true;
+  if (v == "false" || v == "off" || v == "0") return false;
+  die("invalid " + flag + " '" + v + "' (valid: true, false)");
+}
+
+np::TrainSpec make_setup(const Flags& f) {
+  np::TrainSpec t;
+  t.tp = f.tp, t.pp = f.pp, t.dp = f.dp, t.ep = f.ep, t.zero = f.zero;
+  t.micro_batch = f.micro_batch, t.seq_len = f.seq_len;
+  t.microbatches = f.microbatches != 0 ? f.microbatches : std::max<int64_t>(1, f.pp);
+  if (f.sp != "auto" && f.sp != "on" && f.sp != "off") die("invalid --sp '" + f.sp + "' (valid: on, off, auto)");
+  t.sp = f.sp == "auto" ? f.tp > 1 : f.sp == "on";
+  t.pp_schedule = check(np::parse_enum<np::PpSchedule>("--pp-schedule", f.pp_schedule));
+  t.attention = check(np::parse_enum<np::AttentionImpl>("--attention", f.attention));
+  t.grad_dtype = check(np::parse_enum<np::Dtype>("--grad-accum-dtype", f.grad_dtype));
+  t.optimizer = check(np::parse_enum<np::Optimizer>("--optimizer", f.optimizer));
+  t.recompute = check(np::parse_enum<np::Recompute>("--recompute", f.recompute));
+  t.tp_recompute_allgather = parse_bool("--tp-recompute-allgather", f.regather);
+  return t;
+}
+
+np::RuntimeAssumptions make_runtime(const Flags& f) {
+  np::RuntimeAssumptions rt;
+  auto bytes = [](const std::string& flag, const std::string& v, int64_t& out) {
+    if (v.empty()) return;
+    np::Result<int64_t> r = np::parse_bytes(v);
+    if (!r) die(flag + ": " + r.error().message);
+    out = *r;
+  };
+  bytes("--cuda-context", f.cuda_context, rt.cuda_context_bytes);
+  bytes("--cublas-workspace", f.cublas_workspace, rt.cublas_workspace_bytes);
+  bytes("--nccl-buffers", f.nccl_buffers, rt.nccl_bytes_per_comm);
+  if (!f.allocator_slack.empty()) {
+    char* end = nullptr;
+    double v = std::strtod(f.allocator_slack.c_str(), &end);
+    if (end == f.allocator_slack.c_str() || *end != '\0' || !(v >= 0 && v <= 1))
+      die("invalid --allocator-slack '" + f.allocator_slack + "' (valid: a fraction in [0, 1], e.g. 0.05)");
+    rt.allocator_slack = v;
+  }
+  return rt;
+}
+
+std::optional<int64_t> make_budget(const Flags& f) {
+  if (!f.budget.empty()) {
+    np::Result<int64_t> r = np::parse_bytes(f.budget);
+    if (!r) die("--budget: " + r.error().message);
+    return *r;
+  }
+  if (f.gpu.empty()) return std::nullopt;
+  auto gpus = check(np::load_gpu_catalog(models_dir(f) + "/gpus/gpus.toml"));
+  return check(np::resolve_gpu(gpus, f.gpu)).memory_bytes;
+}
+
+struct Resolved {
+  np::ModelSpec model;
+  np::TrainSpec setup;
+};
+
+Resolved resolve(const Flags& f) {
+  if (!f.budget.empty() && !f.gpu.empty()) die("--budget and --gpu both set the budget; give one of them");
+  if (f.format != "table" && f.format != "json") die("invalid --format '" + f.format + "' (valid: table, json)");
+  auto catalog = check(np::load_model_catalog(models_dir(f)));
+  np::ModelSpec m = check(np::resolve_model(catalog, f.model));
+  np::TrainSpec t = make_setup(f);
+  if (auto e = np::validate_setup(m, t)) die(e->message);
+  return {m, t};
+}
+
+int run_estimate(const Flags& f) {
+  Resolved r = resolve(f);
+  np::EstimateOptions opt{.budget = make_budget(f), .suggestions = true, .explain_peak = f.explain_peak};
+  np::Estimate e = np::estimate(r.model, r.setup, make_runtime(f), opt);
+  if (f.format == "json") std::cout << np::estimate_to_json(e).dump(2) << "\n";
+  else std::cout << np::estimate_to_table(e, f.model);
+  return 0;
+}
+
+int run_plan(const Flags& f) {
+  Resolved r = resolve(f);
+  std::optional<int64_t> budget = make_budget(f);
+  np::RuntimeAssumptions rt = make_runtime(f);
+  if (!f.output.empty() && f.output != "-" && std::filesystem::is_directory(f.output))
+    die("cannot write " + f.output + ": it is a folder; give a file name such as " + f.output + "/plan.json");
+  np::Schedule s = np::build_schedule(r.model, r.setup);
+  for (const np::StageProgram& p : s.stages)
+    if (auto e = np::check_program(p)) die("internal: " + e->message);
+  std::string text = np::schedule_to_json(s).dump() + "\n";
+  if (f.output.empty() || f.output == "-") {
+    std::cout << text;
+    return 0;
+  }
+  std::string tmp = f.output + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out || !(out << text) || !out.flush()) {
+      std::filesystem::remove(tmp);
+      die("cannot write " + f.output + ": check that its folder exists and is writable");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, f.output, ec);
+  if (ec) {
+    std::filesystem::remove(tmp);
+    die("cannot write " + f.output + ": " + ec.message());
+  }
+  np::Estimate e = np::estimate_schedule(s, rt, {.budget = budget, .suggestions = false});
+  std::fprintf(stderr, "nanoplan: wrote %s (%zu stage program(s)); peak %s on rank %lld\n", f.output.c_str(),
+               s.stages.size(), np::format_human(e.peak_bytes).c_str(), static_cast<long long>(e.peak_rank));
+  return 0;
+}
+
+int run_models(const Flags& f) {
+  auto catalog = check(np::load_model_catalog(models_dir(f)));
+  std::printf("%-20s %20s  %-6s %s\n", "model", "parameters", "kind", "aliases");
+  for (const np::ModelSpec& m : catalog) {
+    std::string aliases;
+    for (const std::string& a : m.aliases) aliases += (aliases.empty() ? "" : ", ") + a;
+    std::printf("%-20s %20s  %-6s %s\n", m.name.c_str(), np::format_int(np::count_parameters(m)).c_str(),
+                m.moe ? "moe" : "dense", aliases.c_str());
+  }
+  return 0;
+}
+
+int run_gpus(const Flags& f) {
+  auto gpus = check(np::load_gpu_catalog(models_dir(f) + "/gpus/gpus.toml"));
+  std::printf("%-16s %18s %12s  %s\n", "gpu", "memory bytes", "GiB", "aliases");
+  for (const np::GpuSpec& g : gpus) {
+    std::string aliases;
+    for (const std::string& a : g.aliases) aliases += (aliases.empty() ? "" : ", ") + a;
+    std::printf("%-16s %18s %12.2f  %s\n", g.name.c_str(), np::format_int(g.memory_bytes).c_str(),
+                static_cast<double>(g.memory_bytes) / np::kGiB, aliases.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"nanoplan: does a training setup fit in GPU memory, and what should be recomputed"};
+  app.require_subcommand(1);
+  Flags f;
+  const std::string commands[] = {"estimate", "plan", "models", "gpus"};
+  if (argc > 1 && argv[1][0] != '-' && std::find(std::begin(commands), std::end(commands), argv[1]) == std::end(commands))
+    die("unknown subcommand '" + std::string(argv[1]) + "' (valid: estimate, plan, models, gpus)");
+  CLI::App* est = app.add_subcommand("estimate", "per-GPU memory breakdown of a training setup");
+  add_setup_flags(est, f);
+  CLI::App* plan = app.add_subcommand("plan", "write the schedule (what to keep, drop, recompute) as JSON");
+  add_setup_flags(plan, f);
+  plan->add_option("-o,--output", f.output, "output file (default: stdout)");
+  CLI::App* models = app.add_subcommand("models", "list the model catalog with parameter counts");
+  models->add_option("--models-dir", f.models_dir, "model catalog folder");
+  CLI::App* gpus = app.add_subcommand("gpus", "list the GPU catalog");
+  gpus->add_option("--models-dir", f.models_dir, "model catalog folder");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    if (what.find("subcommand") != std::string::npos) what += " (valid: estimate, plan, models, gpus)";
+    die(what + "; see nanoplan --help");
+  }
+  try {
+    if (est->parsed()) return run_estimate(f);
+    if (plan->parsed()) return run_plan(f);
+    if (models->parsed()) return run_models(f);
+    return run_gpus(f);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nanoplan: internal error: %s\n", e.what());
+    return 1;
+  }
+}
