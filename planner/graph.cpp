@@ -60,6 +60,7 @@ class Builder {
       o.outputs.push_back(add_tensor(tname, outs[j], index));
     }
     for (int i : inputs) g_.tensors[i].consumers.push_back(index);
+    set_collectives(o);
     g_.ops.push_back(std::move(o));
     return g_.ops.back().outputs;
   }
@@ -105,6 +106,20 @@ class Builder {
   int add_tensor(std::string name, TensorType type, int producer) {
     g_.tensors.push_back({std::move(name), std::move(type), producer, {}});
     return static_cast<int>(g_.tensors.size()) - 1;
+  }
+
+  // The collectives of an op, forward and backward (the TP ones are conjugate pairs).
+  void set_collectives(GraphOp& o) const {
+    switch (o.kind) {
+      case OpKind::kAllGather: o.fwd_collective = "all_gather", o.bwd_collective = "reduce_scatter"; break;
+      case OpKind::kReduceScatter: o.fwd_collective = "reduce_scatter", o.bwd_collective = "all_gather"; break;
+      case OpKind::kAllReduce: o.fwd_collective = "all_reduce"; break;
+      case OpKind::kMoeDispatch:
+      case OpKind::kMoeCombine:
+        if (t_.ep > 1) o.fwd_collective = o.bwd_collective = "all_to_all";
+        break;
+      default: break;
+    }
   }
 
   const ModelSpec& m_;

@@ -30,7 +30,8 @@ struct GraphOp {
   std::vector<WeightShape> weights;
   bool expert_weights = false;  // weights sharded over ep instead of replicated over dp
   bool attention_core = false;  // Megatron's selective recompute re-runs these ops
-  std::string bwd_collective;   // collective in this op's backward ("all_reduce" for TP's f)
+  std::string fwd_collective;   // collective this op runs in forward ("all_gather", "all_to_all", ...)
+  std::string bwd_collective;   // collective in its backward ("reduce_scatter", "all_reduce" for TP's f)
   double flops = 0;             // forward
   double bwd_flops = 0;
 };

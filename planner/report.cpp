@@ -189,7 +189,12 @@ json schedule_to_json(const Schedule& s) {
     for (const Instr& in : p.instrs) {
       json i = {{"kind", name_of(in.kind)}};
       if (in.block >= 0) i["block"] = in.block;
-      if (in.op >= 0) i["op"] = p.blocks[in.block].graph->ops[in.op].name;
+      if (in.op >= 0) {
+        const GraphOp& op = p.blocks[in.block].graph->ops[in.op];
+        i["op"] = op.name;
+        const std::string& coll = in.kind == InstrKind::kBackward ? op.bwd_collective : op.fwd_collective;
+        if (!coll.empty()) i["collective"] = coll;
+      }
       if (in.mb >= 0) i["mb"] = in.mb;
       auto r = p.reads(in), a = p.allocs(in);
       if (!r.empty()) i["reads"] = std::vector<int32_t>(r.begin(), r.end());

@@ -61,6 +61,15 @@ TEST(ScheduleJson, VersionedWithSetupAndPrograms) {
     for (const auto& t : stage["tensors"])
       EXPECT_EQ(frees[t["id"].get<int>()], t["kind"] == "static" ? 0 : 1) << t["name"];
   }
+  // SP collectives: each forward all-gather has a reduce-scatter in its backward.
+  int gathers = 0, scatters_in_backward = 0;
+  for (const auto& i : j["stages"][0]["program"]) {
+    if (!i.contains("collective")) continue;
+    gathers += i["kind"] == "forward" && i["collective"] == "all_gather";
+    scatters_in_backward += i["kind"] == "backward" && i["collective"] == "reduce_scatter";
+  }
+  EXPECT_EQ(gathers, 2 * s.stages[0].num_layers() * 2);  // 2 per layer, 2 micro-batches
+  EXPECT_EQ(scatters_in_backward, gathers);
   // The last stage sends nothing forward and ends with the optimizer step.
   EXPECT_EQ(j["stages"][1]["program"].back()["kind"], "optimizer_step");
   bool sends = false;
