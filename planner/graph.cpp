@@ -170,11 +170,11 @@ int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   OpAttrs experts{.features = 2 * e.expert_ffn / t.tp, .group = t.ep,
                   .experts = e.num_experts / t.ep, .top_k = e.top_k};
   int xe = b.op1(OpKind::kMoeDispatch, "moe.dispatch", experts, {x, routed[1]});
-  int gu = b.op1(OpKind::kExpertColumn, "moe.experts.gate_up", experts, {xe});
+  int gu = b.op1(OpKind::kExpertColumn, "moe.experts.gate_up", experts, {xe, routed[1]});
   b.last().expert_weights = true;
   int a = b.op1(OpKind::kSwiGlu, "moe.experts.swiglu", {}, {gu});
   experts.features = m.hidden;
-  int ye = b.op1(OpKind::kExpertRow, "moe.experts.down", experts, {a});
+  int ye = b.op1(OpKind::kExpertRow, "moe.experts.down", experts, {a, routed[1]});
   b.last().expert_weights = true;
   int y = b.op1(OpKind::kMoeCombine, "moe.combine", experts, {ye, routed[0], routed[1]});
   if (e.shared_ffn == 0) return y;

@@ -121,11 +121,11 @@ const OpInfo kOps[] = {
        return {{{rows_of(in[0]) * a.top_k, cols_of(in[0])}, kAct}};
      },
      zero_flops, no_weights, none_types},
-    {OpKind::kExpertColumn, "expert_column", 1, 1, 0b1, 0, 0b1, 0b1, false, linear_out,
+    {OpKind::kExpertColumn, "expert_column", 2, 1, 0b11, 0, 0b01, 0b1, false, linear_out,
      linear_flops,
      [](const OpAttrs& a, In in) -> Weights { return {{"weight", {a.experts, a.features, cols_of(in[0])}}}; },
      none_types},
-    {OpKind::kExpertRow, "expert_row", 1, 1, 0b1, 0, 0b1, 0b1, false, linear_out, linear_flops,
+    {OpKind::kExpertRow, "expert_row", 2, 1, 0b11, 0, 0b01, 0b1, false, linear_out, linear_flops,
      [](const OpAttrs& a, In in) -> Weights { return {{"weight", {a.experts, a.features, cols_of(in[0])}}}; },
      none_types},
     {OpKind::kMoeCombine, "moe_combine", 3, 1, 0b111, 0, 0b011, 0b1, true,
@@ -139,7 +139,12 @@ const OpInfo kOps[] = {
      [](const OpAttrs&, In in) -> Types {
        return {{{rows_of(in[0])}, Dtype::kFp32}, {in[0].shape, Dtype::kFp32}};
      },
-     [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights, none_types},
+     [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights, none_types,
+     // Vocab-parallel reductions: per-token max, sum of exponentials and target logit (fp32).
+     [](const OpAttrs&, In in) -> Types {
+       TensorType row{{rows_of(in[0])}, Dtype::kFp32};
+       return {row, row, row};
+     }},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");
@@ -148,6 +153,10 @@ static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCou
 
 const OpInfo& op_info(OpKind kind) { return kOps[static_cast<int>(kind)]; }
 const char* name_of(OpKind kind) { return op_info(kind).name; }
+
+std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& attrs, std::span<const TensorType> in) {
+  return info.fwd_workspace ? info.fwd_workspace(attrs, in) : std::vector<TensorType>{};
+}
 
 double backward_flops(const OpInfo& info, const OpAttrs& attrs, std::span<const TensorType> in) {
   double f = info.flops(attrs, in);

@@ -33,7 +33,7 @@ enum class OpKind {
   kRouter,          // MoE router linear, fp32 logits
   kTopK,            // top-k of the router logits, softmax over the k
   kMoeDispatch,     // permute tokens to experts (+ all-to-all over ep), balanced routing
-  kExpertColumn,    // grouped GEMM over the local experts, output sharded over tp
+  kExpertColumn,    // grouped GEMM over the local experts (rows grouped by the routing indices)
   kExpertRow,       // grouped GEMM over the local experts, partial sum over tp
   kMoeCombine,      // un-permute (+ all-to-all back) and weight by the router probabilities
   kSharedGate,      // sigmoid(Linear(h, 1)(x)) * shared expert output
@@ -80,7 +80,12 @@ struct OpInfo {
   double (*flops)(const OpAttrs&, std::span<const TensorType> in);  // forward FLOPs
   std::vector<WeightShape> (*weights)(const OpAttrs&, std::span<const TensorType> in);
   std::vector<TensorType> (*bwd_workspace)(const OpAttrs&, std::span<const TensorType> in);
+  // Scratch of the forward that lives in device memory (nullptr: none), freed after the op.
+  std::vector<TensorType> (*fwd_workspace)(const OpAttrs&, std::span<const TensorType> in) = nullptr;
 };
+
+// The forward scratch of an op (empty for most).
+std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& attrs, std::span<const TensorType> in);
 
 const OpInfo& op_info(OpKind kind);
 const char* name_of(OpKind kind);

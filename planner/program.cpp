@@ -20,7 +20,7 @@ std::string StageProgram::tensor_name(int32_t id) const {
   switch (t.kind) {
     case ValueKind::kGrad: return "grad:" + where + g.tensors.at(t.tensor).name;
     case ValueKind::kRecomputed: return "recomputed:" + where + g.tensors.at(t.tensor).name;
-    case ValueKind::kWorkspace: return "workspace:" + where + "backward";
+    case ValueKind::kWorkspace: return "workspace:" + where + g.ops.at(t.tensor).name;
     case ValueKind::kParamGather: return where + "gathered_weights";
     case ValueKind::kGradBucket: return where + "grad_bucket";
     default: return where + g.tensors.at(t.tensor).name;

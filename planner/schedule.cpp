@@ -149,20 +149,22 @@ class ProgramBuilder {
 
   std::vector<int32_t>& values(int b, int mb) { return values_[mb * p_.blocks.size() + b]; }
 
-  // Backward workspace sizes per op of a block's graph, from the op table (cached per graph).
-  const std::vector<std::vector<int64_t>>& workspace_bytes(int b) {
+  // Forward or backward workspace sizes per op of a block's graph, from the op table (cached).
+  const std::vector<std::vector<int64_t>>& workspace_bytes(int b, bool forward) {
     const BlockGraph* g = p_.blocks[b].graph.get();
-    for (auto& [graph, sizes] : workspace_cache_)
-      if (graph == g) return sizes;
+    for (auto& [key, sizes] : workspace_cache_)
+      if (key.first == g && key.second == forward) return sizes;
     std::vector<std::vector<int64_t>> sizes;
     for (const GraphOp& op : g->ops) {
       std::vector<TensorType> in;
       for (int i : op.inputs) in.push_back(g->tensors[i].type);
+      const OpInfo& info = op_info(op.kind);
       std::vector<int64_t> bytes;
-      for (const TensorType& w : op_info(op.kind).bwd_workspace(op.attrs, in)) bytes.push_back(w.bytes());
+      for (const TensorType& w : forward ? forward_workspace(info, op.attrs, in) : info.bwd_workspace(op.attrs, in))
+        bytes.push_back(w.bytes());
       sizes.push_back(std::move(bytes));
     }
-    workspace_cache_.emplace_back(g, std::move(sizes));
+    workspace_cache_.emplace_back(std::make_pair(g, forward), std::move(sizes));
     return workspace_cache_.back().second;
   }
 
@@ -171,7 +173,7 @@ class ProgramBuilder {
   StageProgram p_;
   std::vector<std::vector<int32_t>> values_;  // [mb][block] -> graph tensor -> instance
   std::vector<int64_t> block_weight_bytes_;   // per block: this rank's unsharded weight bytes
-  std::vector<std::pair<const BlockGraph*, std::vector<std::vector<int64_t>>>> workspace_cache_;
+  std::vector<std::pair<std::pair<const BlockGraph*, bool>, std::vector<std::vector<int64_t>>>> workspace_cache_;
 };
 
 void ProgramBuilder::emit_statics() {
@@ -267,6 +269,8 @@ void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_re
     const GraphOp& op = g.ops[o];
     begin(kind, b, static_cast<int32_t>(o), mb);
     for (int in : op.inputs) read(v[in]);
+    for (int64_t bytes : workspace_bytes(b, true)[o])
+      alloc(new_tensor(bytes, b, static_cast<int32_t>(o), mb, Category::kTransient, ValueKind::kWorkspace));
     for (int out : op.outputs) {
       bool saved = !recompute && blk.saved.saved[out];
       v[out] = new_tensor(g.tensors[out].type.bytes(), b, out, mb,
@@ -325,8 +329,8 @@ int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
       if ((info.grad_inputs >> k & 1u) && grads[op.inputs[k]] >= 0) read(grads[op.inputs[k]]);
     }
     if (bucket >= 0 && !op.weights.empty()) read(bucket);
-    for (int64_t bytes : workspace_bytes(b)[o])
-      alloc(new_tensor(bytes, b, -1, mb, Category::kTransient, ValueKind::kWorkspace));
+    for (int64_t bytes : workspace_bytes(b, false)[o])
+      alloc(new_tensor(bytes, b, o, mb, Category::kTransient, ValueKind::kWorkspace));
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       int in_t = op.inputs[k];
       if (!(info.grad_inputs >> k & 1u) || grads[in_t] >= 0) continue;

@@ -37,7 +37,7 @@ const char* name_of(ValueKind k);
 struct ScheduleTensor {
   int64_t bytes = 0;
   int32_t block = -1;   // index into StageProgram::blocks; -1 for static tensors
-  int32_t tensor = -1;  // graph tensor index, or index into StageProgram::static_names
+  int32_t tensor = -1;  // graph tensor index; op index for workspaces; index into static_names
   int32_t mb = -1;      // micro-batch; -1 for static tensors
   Category category = Category::kTransient;
   ValueKind kind = ValueKind::kValue;
