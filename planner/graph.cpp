@@ -61,6 +61,7 @@ class Builder {
     }
     for (int i : inputs) g_.tensors[i].consumers.push_back(index);
     set_collectives(o);
+    o.tp_partial_weight_grads = partial_weight_grads(kind);
     g_.ops.push_back(std::move(o));
     return g_.ops.back().outputs;
   }
@@ -106,6 +107,14 @@ class Builder {
   int add_tensor(std::string name, TensorType type, int producer) {
     g_.tensors.push_back({std::move(name), std::move(type), producer, {}});
     return static_cast<int>(g_.tensors.size()) - 1;
+  }
+
+  // Replicated weights whose per-rank gradient is partial: applied to a sequence shard, or (the
+  // shared-expert gate) multiplying a TP-partial sum. Their gradients are all-reduced over TP.
+  bool partial_weight_grads(OpKind kind) const {
+    bool on_shard = kind == OpKind::kRmsNorm || kind == OpKind::kLayerNorm ||
+                    kind == OpKind::kPosEmbedding || kind == OpKind::kRouter;
+    return (t_.sp && on_shard) || (t_.tp > 1 && kind == OpKind::kSharedGate);
   }
 
   // The collectives of an op, forward and backward (the TP ones are conjugate pairs).
@@ -163,20 +172,24 @@ int dense_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int x, const s
   return b.op1(OpKind::kRowLinear, name + ".fc2", {.features = m.hidden, .bias = m.linear_bias}, {a});
 }
 
-int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
+// MoE under TP requires SP (as Megatron): the router sees this rank's sequence shard, and the
+// routing decisions are gathered with the tokens, so no gradient is counted once per TP rank.
+int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int shard) {
   const MoeSpec& e = *m.moe;
-  int logits = b.op1(OpKind::kRouter, "moe.router", {.features = e.num_experts}, {x});
+  int logits = b.op1(OpKind::kRouter, "moe.router", {.features = e.num_experts}, {shard});
   auto routed = b.op(OpKind::kTopK, "moe.topk", {.top_k = e.top_k}, {logits}, {"probs", "indices"});
+  int x = b.gather(shard, "moe");
+  int probs = b.gather(routed[0], "moe.probs"), idx = b.gather(routed[1], "moe.indices");
   OpAttrs experts{.features = 2 * e.expert_ffn / t.tp, .group = t.ep,
                   .experts = e.num_experts / t.ep, .top_k = e.top_k};
-  int xe = b.op1(OpKind::kMoeDispatch, "moe.dispatch", experts, {x, routed[1]});
-  int gu = b.op1(OpKind::kExpertColumn, "moe.experts.gate_up", experts, {xe, routed[1]});
+  int xe = b.op1(OpKind::kMoeDispatch, "moe.dispatch", experts, {x, idx});
+  int gu = b.op1(OpKind::kExpertColumn, "moe.experts.gate_up", experts, {xe, idx});
   b.last().expert_weights = true;
   int a = b.op1(OpKind::kSwiGlu, "moe.experts.swiglu", {}, {gu});
   experts.features = m.hidden;
-  int ye = b.op1(OpKind::kExpertRow, "moe.experts.down", experts, {a, routed[1]});
+  int ye = b.op1(OpKind::kExpertRow, "moe.experts.down", experts, {a, idx});
   b.last().expert_weights = true;
-  int y = b.op1(OpKind::kMoeCombine, "moe.combine", experts, {ye, routed[0], routed[1]});
+  int y = b.op1(OpKind::kMoeCombine, "moe.combine", experts, {ye, probs, idx});
   if (e.shared_ffn == 0) return y;
   int s = dense_mlp(b, m, t, x, "moe.shared", e.shared_ffn);
   if (e.shared_gate) s = b.op1(OpKind::kSharedGate, "moe.shared.gate", {}, {x, s});
@@ -189,8 +202,8 @@ BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t) {
   Builder b(BlockKind::kLayer, m, t);
   int x = b.input("x", {{b.local_tokens(), m.hidden}, Dtype::kBf16});
   int x1 = attention(b, m, t, x);
-  int n = b.gather(b.norm(x1, "mlp.norm"), "mlp");
-  int y = m.moe ? moe_mlp(b, m, t, n) : dense_mlp(b, m, t, n, "mlp", m.ffn);
+  int n = b.norm(x1, "mlp.norm");
+  int y = m.moe ? moe_mlp(b, m, t, n) : dense_mlp(b, m, t, b.gather(n, "mlp"), "mlp", m.ffn);
   y = b.dropout(b.reduce(y, "mlp"), "mlp.dropout");
   return b.finish(x, b.op1(OpKind::kAdd, "mlp.residual", {}, {x1, y}));
 }

@@ -32,6 +32,7 @@ struct GraphOp {
   bool attention_core = false;  // Megatron's selective recompute re-runs these ops
   std::string fwd_collective;   // collective this op runs in forward ("all_gather", "all_to_all", ...)
   std::string bwd_collective;   // collective in its backward ("reduce_scatter", "all_reduce" for TP's f)
+  bool tp_partial_weight_grads = false;  // replicated weights: all-reduce their grads over TP
   double flops = 0;             // forward
   double bwd_flops = 0;
 };

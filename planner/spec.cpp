@@ -124,6 +124,8 @@ std::optional<Error> check_conflicts(const ModelSpec& m, const TrainSpec& t) {
                 " (ZeRO-2/3 shard gradients that pipeline micro-batches keep accumulating); use --zero 0 or 1 with pp > 1");
   if (t.zero >= 1 && t.optimizer == Optimizer::kNone)
     return fail("--zero " + str(t.zero) + " conflicts with --optimizer none (no optimizer states to shard); use --zero 0 or pick an optimizer");
+  if (m.moe && t.tp > 1 && !t.sp)
+    return fail("MoE model " + m.name + " with --tp " + str(t.tp) + " needs --sp on (as Megatron requires: the router works on sequence shards)");
   if (t.ep > 1 && !m.moe)
     return fail("--ep " + str(t.ep) + " needs an MoE model; " + m.name + " is dense (use --ep 1)");
   return std::nullopt;

@@ -95,7 +95,7 @@ TEST(Policy, FullKeepsOnlyTheLayerInput) {
   EXPECT_EQ(c.policy.name, "full");
 }
 
-// MoE: every routed token is kept top_k times at the experts (balanced routing assumed).
+// MoE: every token is dispatched top_k times (T x k rows on this rank with ep = 1, whatever the routing).
 TEST(Policy, MoeKeepsRoutedTokens) {
   TrainSpec t;
   t.seq_len = 256;

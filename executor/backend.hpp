@@ -1,0 +1,69 @@
+// The backend interface: forward and backward of every OpKind, one dispatch switch per backend.
+// A backend computes and allocates what its kernels need through the context; it never reads
+// byte counts from a plan and never decides a policy. Free of Eigen and CUDA types.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "executor/comm/comm.hpp"
+#include "executor/tensor.hpp"
+#include "planner/graph.hpp"
+#include "planner/spec.hpp"
+
+namespace np::exec {
+
+// Which tensor an allocation is, so the runner can name and free it.
+enum class AllocRole { kOutput, kGradInput, kWorkspace };
+
+struct OpContext {
+  const GraphOp* op = nullptr;
+  const ModelSpec* model = nullptr;
+  const TrainSpec* setup = nullptr;
+  Communicator* comm = nullptr;  // collectives over the TP group
+  int64_t tp_rank = 0;
+  int layer = -1;                // global decoder-layer index; -1 for embedding and head
+  int op_index = 0;              // index of op in its block graph
+  int mb = 0;                    // micro-batch
+  uint64_t seed = 0;             // dropout and data seed of the run
+  // Global index (within the micro-batch's s*b tokens, order pos*b + batch) of the first local row
+  // of a sequence-sharded tensor: tp_rank * s*b/tp under SP, else 0.
+  int64_t token_offset = 0;
+  float loss_scale = 1.0f;       // d(step loss)/d(per-token loss): 1 / (tokens x micro-batches)
+  // Allocates device-model memory through the rank's tracking allocator.
+  std::function<Tensor(const TensorType&, AllocRole)> alloc;
+};
+
+struct BackwardArgs {
+  std::span<const Tensor> inputs;        // absent where the backward does not read them
+  std::span<const Tensor> outputs;       // absent where the backward does not read them
+  std::span<const Tensor> grad_outputs;  // absent where an output carries no gradient
+  // For inputs that receive a gradient: present -> accumulate into it; absent -> allocate it
+  // (AllocRole::kGradInput, the input's shape and dtype) and set it here.
+  std::span<Tensor> grad_inputs;
+  std::span<const Tensor> weights;       // the op's weights (bf16), in op-table order
+  std::span<const Tensor> weight_grads;  // views into the gradient buffer: accumulate (+=)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  // Computes and returns the op's outputs (allocated with AllocRole::kOutput, in op-table order).
+  // Forward workspaces are allocated with AllocRole::kWorkspace and returned after the outputs.
+  virtual std::vector<Tensor> forward(const OpContext& ctx, std::span<const Tensor> inputs,
+                                      std::span<const Tensor> weights) = 0;
+  // Backward workspaces are allocated with AllocRole::kWorkspace; the runner frees them.
+  virtual void backward(const OpContext& ctx, const BackwardArgs& args) = 0;
+};
+
+// Counter-based uniform random number in [0, 1) for (seed, stream, index): the same triple gives
+// the same number on every run, rank, recompute and backend (GPU kernels implement the same hash).
+float counter_uniform(uint64_t seed, uint64_t stream, uint64_t index);
+// The dropout stream of an op: from the op's name and the global layer index (not the rank, not
+// the micro-batch position in the schedule; the micro-batch index is mixed in by the caller).
+uint64_t dropout_stream(const OpContext& ctx);
+
+}  // namespace np::exec
