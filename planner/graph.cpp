@@ -76,8 +76,8 @@ class Builder {
     if (!t_.sp) return x;
     return op1(OpKind::kAllGather, name + ".all_gather", {.group = t_.tp}, {x});
   }
-  int column(int x, const std::string& name, int64_t features, bool bias) {
-    int y = op1(OpKind::kColumnLinear, name, {.features = features, .bias = bias}, {x});
+  int column(int x, const std::string& name, int64_t features, bool bias, std::vector<int64_t> sections = {}) {
+    int y = op1(OpKind::kColumnLinear, name, {.features = features, .bias = bias, .sections = std::move(sections)}, {x});
     if (t_.tp > 1 && !t_.sp) last().bwd_collective = "all_reduce";
     return y;
   }
@@ -139,7 +139,7 @@ class Builder {
 int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   int64_t hq = m.heads / t.tp, hkv = m.kv_heads / t.tp, d = m.head_dim;
   int n = b.norm(x, "attn.norm");
-  int qkv = b.column(b.gather(n, "attn"), "attn.qkv", (hq + 2 * hkv) * d, m.qkv_bias);
+  int qkv = b.column(b.gather(n, "attn"), "attn.qkv", (hq + 2 * hkv) * d, m.qkv_bias, {hq * d, hkv * d, hkv * d});
   if (m.position == PosEmb::kRope) qkv = b.op1(OpKind::kRope, "attn.rope", {}, {qkv});
   OpAttrs core{.batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
   int ctx;
@@ -163,7 +163,7 @@ int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
 int dense_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int x, const std::string& name,
               int64_t ffn) {
   if (m.activation == Activation::kSwiGlu) {
-    int gu = b.column(x, name + ".gate_up", 2 * ffn / t.tp, m.linear_bias);
+    int gu = b.column(x, name + ".gate_up", 2 * ffn / t.tp, m.linear_bias, {ffn / t.tp, ffn / t.tp});
     int a = b.op1(OpKind::kSwiGlu, name + ".swiglu", {}, {gu});
     return b.op1(OpKind::kRowLinear, name + ".down", {.features = m.hidden, .bias = m.linear_bias}, {a});
   }
@@ -180,13 +180,14 @@ int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int shard) {
   auto routed = b.op(OpKind::kTopK, "moe.topk", {.top_k = e.top_k}, {logits}, {"probs", "indices"});
   int x = b.gather(shard, "moe");
   int probs = b.gather(routed[0], "moe.probs"), idx = b.gather(routed[1], "moe.indices");
-  OpAttrs experts{.features = 2 * e.expert_ffn / t.tp, .group = t.ep,
-                  .experts = e.num_experts / t.ep, .top_k = e.top_k};
+  OpAttrs experts{.features = 2 * e.expert_ffn / t.tp, .group = t.ep, .experts = e.num_experts / t.ep,
+                  .top_k = e.top_k, .sections = {e.expert_ffn / t.tp, e.expert_ffn / t.tp}};
   int xe = b.op1(OpKind::kMoeDispatch, "moe.dispatch", experts, {x, idx});
   int gu = b.op1(OpKind::kExpertColumn, "moe.experts.gate_up", experts, {xe, idx});
   b.last().expert_weights = true;
   int a = b.op1(OpKind::kSwiGlu, "moe.experts.swiglu", {}, {gu});
   experts.features = m.hidden;
+  experts.sections.clear();
   int ye = b.op1(OpKind::kExpertRow, "moe.experts.down", experts, {a, idx});
   b.last().expert_weights = true;
   int y = b.op1(OpKind::kMoeCombine, "moe.combine", experts, {ye, probs, idx});

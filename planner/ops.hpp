@@ -57,6 +57,9 @@ struct OpAttrs {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // this rank's heads
   int64_t experts = 0, top_k = 0;               // local experts, routed experts per token
   bool bias = false;      // linears: add a bias; LayerNorm always has one
+  // Column-parallel outputs that fuse several sharded matrices ([q | k | v], [gate | up]): this
+  // rank's width of each, in order. Empty: one matrix.
+  std::vector<int64_t> sections;
   std::string tie;        // weights shared with another op of that name (tied embeddings)
 };
 

@@ -168,46 +168,4 @@ std::string estimate_to_table(const Estimate& e, const std::string& requested) {
   return out;
 }
 
-json schedule_to_json(const Schedule& s) {
-  json stages = json::array();
-  for (const StageProgram& p : s.stages) {
-    json tensors = json::array(), program = json::array(), blocks = json::array();
-    for (const StageBlock& b : p.blocks) {
-      json recomputed = json::array(), kept = json::array();
-      for (size_t o = 0; o < b.graph->ops.size(); ++o)
-        if (b.policy.recompute[o]) recomputed.push_back(b.graph->ops[o].name);
-      for (size_t t = 0; t < b.graph->tensors.size(); ++t)
-        if (b.saved.saved[t]) kept.push_back(b.graph->tensors[t].name);
-      blocks.push_back({{"kind", name_of(b.kind)}, {"layer", b.layer}, {"policy", b.policy.name},
-                        {"recomputed_ops", recomputed}, {"kept_tensors", kept}, {"saved_bytes", b.saved.bytes}});
-    }
-    for (size_t id = 0; id < p.tensors.size(); ++id) {
-      const ScheduleTensor& t = p.tensors[id];
-      tensors.push_back({{"id", id}, {"name", p.tensor_name(static_cast<int32_t>(id))}, {"bytes", t.bytes},
-                         {"category", name_of(t.category)}, {"kind", name_of(t.kind)}});
-    }
-    for (const Instr& in : p.instrs) {
-      json i = {{"kind", name_of(in.kind)}};
-      if (in.block >= 0) i["block"] = in.block;
-      if (in.op >= 0) {
-        const GraphOp& op = p.blocks[in.block].graph->ops[in.op];
-        i["op"] = op.name;
-        const std::string& coll = in.kind == InstrKind::kBackward ? op.bwd_collective : op.fwd_collective;
-        if (!coll.empty()) i["collective"] = coll;
-      }
-      if (in.mb >= 0) i["mb"] = in.mb;
-      auto r = p.reads(in), a = p.allocs(in);
-      if (!r.empty()) i["reads"] = std::vector<int32_t>(r.begin(), r.end());
-      if (!a.empty()) i["allocs"] = std::vector<int32_t>(a.begin(), a.end());
-      program.push_back(std::move(i));
-    }
-    std::vector<int64_t> ranks;
-    for (int64_t r = 0; r < s.setup.dp * s.setup.tp; ++r) ranks.push_back(p.stage * s.setup.dp * s.setup.tp + r);
-    stages.push_back({{"pp_stage", p.stage}, {"ranks", ranks}, {"blocks", blocks}, {"tensors", tensors}, {"program", program}});
-  }
-  return {{"format", "nanoplan-schedule"}, {"format_version", kScheduleFormatVersion},
-          {"model", model_to_json(s.model, count_parameters(s.model))}, {"setup", setup_to_json(s.setup)},
-          {"stages", stages}};
-}
-
 }  // namespace np

@@ -15,7 +15,4 @@ nlohmann::json estimate_to_json(const Estimate& e);
 // `requested` is the model name the user typed (shown when it was an alias).
 std::string estimate_to_table(const Estimate& e, const std::string& requested);
 
-// The versioned plan document: setup, per-stage tensors and ordered instructions.
-nlohmann::json schedule_to_json(const Schedule& s);
-
 }  // namespace np

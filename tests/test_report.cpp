@@ -1,7 +1,9 @@
 // The JSON documents scripts rely on: the estimate's keys and the versioned schedule.
 #include <gtest/gtest.h>
 
+#include "planner/plan_io.hpp"
 #include "planner/report.hpp"
+#include "planner/simulate.hpp"
 #include "test_util.hpp"
 
 namespace np {
@@ -75,6 +77,70 @@ TEST(ScheduleJson, VersionedWithSetupAndPrograms) {
   bool sends = false;
   for (const auto& i : j["stages"][0]["program"]) sends |= i["kind"] == "send";
   EXPECT_TRUE(sends);
+}
+
+}  // namespace
+}  // namespace np
+
+namespace np {
+namespace {
+
+// The plan file round-trips: the program read back is the program written.
+TEST(PlanFile, RoundTrips) {
+  TrainSpec t = setup();
+  t.recompute = Recompute::kSelective;
+  t.attention = AttentionImpl::kEager;
+  Schedule s = build_schedule(testing::model("qwen1.5-moe-a2.7b"), t);
+  Result<Schedule> back = schedule_from_json(nlohmann::json::parse(schedule_to_json(s).dump()));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  ASSERT_EQ(back->stages.size(), s.stages.size());
+  for (size_t st = 0; st < s.stages.size(); ++st) {
+    const StageProgram &a = s.stages[st], &b = back->stages[st];
+    ASSERT_EQ(a.instrs.size(), b.instrs.size());
+    EXPECT_EQ(a.pool, b.pool);
+    for (size_t i = 0; i < a.instrs.size(); ++i) {
+      EXPECT_EQ(a.instrs[i].kind, b.instrs[i].kind);
+      EXPECT_EQ(a.instrs[i].op, b.instrs[i].op);
+      EXPECT_EQ(a.instrs[i].mb, b.instrs[i].mb);
+    }
+    for (size_t k = 0; k < a.blocks.size(); ++k) {
+      EXPECT_EQ(a.blocks[k].saved.saved, b.blocks[k].saved.saved);
+      EXPECT_EQ(a.blocks[k].saved.bytes, b.blocks[k].saved.bytes);
+      EXPECT_EQ(a.blocks[k].policy.recompute, b.blocks[k].policy.recompute);
+    }
+    EXPECT_FALSE(check_program(b));
+    EXPECT_EQ(simulate(a).peak_bytes, simulate(b).peak_bytes);
+    for (size_t id = 0; id < a.tensors.size(); ++id) EXPECT_EQ(a.tensor_name(id), b.tensor_name(id));
+  }
+  EXPECT_EQ(back->model.moe->num_experts, 60);
+}
+
+TEST(PlanFile, RejectsOtherVersionsAndJunk) {
+  nlohmann::json j = schedule_to_json(build_schedule(testing::model("llama-3.1-8b"), setup()));
+  j["format_version"] = kScheduleFormatVersion + 1;
+  auto r = schedule_from_json(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("format version 2 is not supported"), std::string::npos) << r.error().message;
+  j["format_version"] = kScheduleFormatVersion;
+  j["stages"][0]["program"][5]["op"] = "attn.nonsense";
+  r = schedule_from_json(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("unknown op 'attn.nonsense'"), std::string::npos) << r.error().message;
+  EXPECT_FALSE(schedule_from_json(nlohmann::json::array()).ok());
+}
+
+// A plan edited to drop a tensor that a backward op reads is caught, with the tensor named.
+TEST(PlanFile, TamperedKeptSetIsCaught) {
+  nlohmann::json j = schedule_to_json(build_schedule(testing::model("llama-3.1-8b"), setup()));
+  nlohmann::json& kept = j["stages"][0]["blocks"][1]["kept_tensors"];
+  auto it = std::find(kept.begin(), kept.end(), "mlp.swiglu");
+  ASSERT_NE(it, kept.end());
+  kept.erase(it);
+  auto s = schedule_from_json(j);
+  ASSERT_TRUE(s.ok());
+  auto e = check_program(s->stages[0]);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("L0/mb0/mlp.swiglu, which was neither kept nor recomputed"), std::string::npos) << e->message;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "planner/catalog.hpp"
 #include "planner/estimate.hpp"
 #include "planner/graph.hpp"
+#include "planner/plan_io.hpp"
 #include "planner/report.hpp"
 #include "planner/units.hpp"
 
