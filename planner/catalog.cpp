@@ -1,5 +1,6 @@
 // Loading and resolving catalog entries; parse errors carry file:line.
 #include "planner/catalog.hpp"
+#include "planner/toml_model.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -109,7 +110,12 @@ Result<toml::table> parse_toml(const std::string& path) {
 Result<ModelSpec> load_model_toml(const std::string& path) {
   Result<toml::table> parsed = parse_toml(path);
   if (!parsed) return parsed.error();
-  TomlReader r(*parsed, path);
+  return model_from_table(*parsed, path);
+}
+
+Result<ModelSpec> model_from_table(const toml::table& table, const std::string& path) {
+  const toml::table* parsed = &table;
+  TomlReader r(table, path);
   ModelSpec m;
   m.name = r.string("name");
   m.display_name = r.string("display_name", m.name);

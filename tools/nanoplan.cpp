@@ -2,6 +2,7 @@
 // flags, resolves names, prints results, and maps errors to exit code 2 (bad input).
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +14,10 @@
 #include "planner/graph.hpp"
 #include "planner/plan_io.hpp"
 #include "planner/report.hpp"
+#include "executor/compare.hpp"
+#include "executor/cpu/cpu_backend.hpp"
+#include "executor/runner.hpp"
+#include "planner/scenario.hpp"
 #include "planner/units.hpp"
 
 namespace {
@@ -26,6 +31,11 @@ struct Flags {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1, micro_batch = 1, seq_len = 4096, microbatches = 0;
   int zero = 0;
   bool explain_peak = false;
+  // run
+  std::string plan_path, scenario, backend = "cpu", enforce_budget;
+  int steps = 1;
+  uint64_t seed = 1234;
+  bool check_plan = false;
 };
 
 [[noreturn]] void die(const std::string& message) {
@@ -45,8 +55,9 @@ std::string models_dir(const Flags& f) {
   return std::string(NANOPLAN_SOURCE_DIR) + "/models";
 }
 
-void add_setup_flags(CLI::App* app, Flags& f) {
-  app->add_option("--model", f.model, "model name or alias (nanoplan models), or a path to a .toml or config.json")->required();
+void add_setup_flags(CLI::App* app, Flags& f, bool model_required = true) {
+  auto* model = app->add_option("--model", f.model, "model name or alias (nanoplan models), or a path to a .toml or config.json");
+  if (model_required) model->required();
   app->add_option("--tp", f.tp, "tensor-parallel degree")->capture_default_str();
   app->add_option("--pp", f.pp, "pipeline-parallel degree")->capture_default_str();
   app->add_option("--dp", f.dp, "data-parallel degree")->capture_default_str();
@@ -209,20 +220,143 @@ int run_gpus(const Flags& f) {
   return 0;
 }
 
+constexpr int kExitCheckFailed = 1;
+constexpr int kExitOutOfMemory = 3;
+
+np::exec::BackendFactory backend_factory(const Flags& f) {
+  if (f.backend != "cpu") die("invalid --backend '" + f.backend + "' (valid: cpu; the CUDA backend is not built yet)");
+  return [] { return np::exec::make_cpu_backend(); };
+}
+
+np::exec::RunOptions run_options(const Flags& f) {
+  if (f.steps < 1) die("--steps must be a positive integer, got " + std::to_string(f.steps));
+  np::exec::RunOptions o;
+  o.steps = f.steps;
+  o.seed = f.seed;
+  if (!f.enforce_budget.empty()) {
+    np::Result<int64_t> b = np::parse_bytes(f.enforce_budget);
+    if (!b) die("--enforce-budget: " + b.error().message);
+    o.enforce_budget = *b;
+  }
+  return o;
+}
+
+// Runs one schedule and prints the comparison; returns the exit code.
+int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
+  for (const np::StageProgram& p : s.stages)
+    if (auto e = np::check_program(p)) die("--check-plan: " + e->message);
+  if (auto e = np::exec::check_runnable(s)) die(e->message);
+  if (f.check_plan) {
+    size_t n = 0;
+    for (const np::StageProgram& p : s.stages) n += p.instrs.size();
+    std::printf("plan OK: %zu stage program(s), %zu instructions; every backward read is kept or recomputed\n", s.stages.size(), n);
+    return 0;
+  }
+  auto r = np::exec::run_schedule(s, backend_factory(f), run_options(f));
+  if (!r) {
+    std::fprintf(stderr, "nanoplan: %s\n", r.error().message.c_str());
+    return kExitCheckFailed;
+  }
+  if (r->out_of_memory) {
+    std::fprintf(stderr, "nanoplan: rank %lld: %s\n", static_cast<long long>(r->oom_rank), r->out_of_memory->what());
+    return kExitOutOfMemory;
+  }
+  np::exec::RunComparison c = np::exec::compare(s, *r, title);
+  if (f.format == "json") std::cout << np::exec::comparison_json(c).dump(2) << "\n";
+  else std::cout << np::exec::comparison_table(c);
+  return c.all_equal ? 0 : kExitCheckFailed;
+}
+
+bool scenario_passes(const np::Scenario& sc, const np::exec::RunComparison& c, std::string& why) {
+  double ln_v = std::log(static_cast<double>(sc.model.vocab));
+  if (sc.expect.predicted_equals_measured && !c.all_equal) why += "predicted != measured; ";
+  if (sc.expect.first_loss_rel_ln_vocab > 0 && !c.losses.empty() &&
+      std::abs(c.losses.front() - ln_v) > sc.expect.first_loss_rel_ln_vocab * ln_v)
+    why += "first loss " + std::to_string(c.losses.front()) + " is not within " +
+           std::to_string(sc.expect.first_loss_rel_ln_vocab * 100) + "% of ln(vocab) = " + std::to_string(ln_v) + "; ";
+  if (sc.expect.loss_decreases && c.losses.size() > 1 && !(c.losses.back() < c.losses.front()))
+    why += "loss did not decrease; ";
+  return why.empty();
+}
+
+int run_scenario(const Flags& f) {
+  auto catalog = check(np::load_model_catalog(models_dir(f)));
+  np::Scenario sc = check(np::load_scenario(f.scenario, catalog));
+  Flags g = f;
+  if (g.steps == 1) g.steps = sc.steps;
+  int failed = 0;
+  nlohmann::json all = nlohmann::json::array();
+  std::printf("%s", f.format == "json" ? "" : ("scenario " + sc.name + ": " + std::to_string(sc.matrix.size()) + " setups (" +
+                                               std::to_string(sc.skipped.size()) + " invalid combinations skipped)\n").c_str());
+  for (const np::TrainSpec& t : sc.matrix) {
+    np::Schedule s = np::build_schedule(sc.model, t);
+    auto r = np::exec::run_schedule(s, backend_factory(g), run_options(g));
+    if (!r) die(r.error().message);
+    np::exec::RunComparison c = np::exec::compare(s, *r, sc.name + ": " + np::describe_short(t));
+    std::string why;
+    bool ok = !r->out_of_memory && scenario_passes(sc, c, why);
+    failed += !ok;
+    if (f.format == "json") {
+      nlohmann::json j = np::exec::comparison_json(c);
+      j["passed"] = ok;
+      j["why"] = why;
+      all.push_back(j);
+    } else {
+      std::printf("  %-4s %-62s loss %.4f -> %.4f  max |measured - predicted| %lld B%s%s\n", ok ? "ok" : "FAIL",
+                  np::describe_short(t).c_str(), c.losses.empty() ? 0.0 : c.losses.front(), c.losses.empty() ? 0.0 : c.losses.back(),
+                  [&] { long long m = 0; for (auto& rk : c.ranks) m = std::max(m, std::llabs(rk.difference())); return m; }(),
+                  ok ? "" : "  ", why.c_str());
+      if (!c.all_equal) std::printf("%s", np::exec::comparison_table(c).c_str());
+    }
+  }
+  if (f.format == "json") std::cout << nlohmann::json{{"scenario", sc.name}, {"runs", all}, {"failed", failed}}.dump(2) << "\n";
+  else std::printf("%d of %zu setups failed\n", failed, sc.matrix.size());
+  return failed ? kExitCheckFailed : 0;
+}
+
+int run_run(const Flags& f, CLI::App* app) {
+  int sources = !f.plan_path.empty() + !f.scenario.empty() + (!f.model.empty() && f.plan_path.empty());
+  if (sources != 1) die("run needs exactly one of: a plan file, --model with setup flags, or --scenario FILE");
+  if (!f.scenario.empty()) return run_scenario(f);
+  if (f.plan_path.empty()) {
+    Resolved r = resolve(f);
+    return run_one(np::build_schedule(r.model, r.setup), f, "run: " + r.model.name + ", " + np::describe_short(r.setup));
+  }
+  for (const char* flag : {"--tp", "--pp", "--dp", "--ep", "--sp", "--zero", "--micro-batch", "--seq-len", "--microbatches",
+                           "--pp-schedule", "--attention", "--grad-accum-dtype", "--optimizer", "--recompute", "--tp-recompute-allgather"})
+    if (app->count(flag) > 0) die(std::string(flag) + " conflicts with a plan file: the setup comes from the plan (re-run nanoplan plan to change it)");
+  np::Schedule s = check(np::load_plan(f.plan_path));
+  if (!f.model.empty()) {
+    auto catalog = check(np::load_model_catalog(models_dir(f)));
+    np::ModelSpec m = check(np::resolve_model(catalog, f.model));
+    if (m.name != s.model.name) die("plan " + f.plan_path + " was made for model " + s.model.name + ", not " + m.name);
+  }
+  return run_one(s, f, "run: " + f.plan_path + " (" + s.model.name + ", " + np::describe_short(s.setup) + ")");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"nanoplan: does a training setup fit in GPU memory, and what should be recomputed"};
   app.require_subcommand(1);
   Flags f;
-  const std::string commands[] = {"estimate", "plan", "models", "gpus"};
+  const std::string commands[] = {"estimate", "plan", "run", "models", "gpus"};
   if (argc > 1 && argv[1][0] != '-' && std::find(std::begin(commands), std::end(commands), argv[1]) == std::end(commands))
-    die("unknown subcommand '" + std::string(argv[1]) + "' (valid: estimate, plan, models, gpus)");
+    die("unknown subcommand '" + std::string(argv[1]) + "' (valid: estimate, plan, run, models, gpus)");
   CLI::App* est = app.add_subcommand("estimate", "per-GPU memory breakdown of a training setup");
   add_setup_flags(est, f);
   CLI::App* plan = app.add_subcommand("plan", "write the schedule (what to keep, drop, recompute) as JSON");
   add_setup_flags(plan, f);
   plan->add_option("-o,--output", f.output, "output file (default: stdout)");
+  CLI::App* run = app.add_subcommand("run", "execute a plan (or a setup, or a scenario) and compare predicted with measured peak memory");
+  add_setup_flags(run, f, false);
+  run->add_option("plan", f.plan_path, "plan file written by nanoplan plan");
+  run->add_option("--scenario", f.scenario, "scenario file (scenarios/*.toml): run its whole setup matrix");
+  run->add_option("--backend", f.backend, "cpu (the reference executor)")->capture_default_str();
+  run->add_option("--steps", f.steps, "training steps to run")->capture_default_str();
+  run->add_option("--seed", f.seed, "seed of weights, data and dropout")->capture_default_str();
+  run->add_flag("--check-plan", f.check_plan, "only check the plan: every backward read kept or recomputed");
+  run->add_option("--enforce-budget", f.enforce_budget, "refuse allocations past this many bytes per rank (exit 3)");
   CLI::App* models = app.add_subcommand("models", "list the model catalog with parameter counts");
   models->add_option("--models-dir", f.models_dir, "model catalog folder");
   CLI::App* gpus = app.add_subcommand("gpus", "list the GPU catalog");
@@ -235,12 +369,13 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::string what = e.what();
-    if (what.find("subcommand") != std::string::npos) what += " (valid: estimate, plan, models, gpus)";
+    if (what.find("subcommand") != std::string::npos) what += " (valid: estimate, plan, run, models, gpus)";
     die(what + "; see nanoplan --help");
   }
   try {
     if (est->parsed()) return run_estimate(f);
     if (plan->parsed()) return run_plan(f);
+    if (run->parsed()) return run_run(f, run);
     if (models->parsed()) return run_models(f);
     return run_gpus(f);
   } catch (const std::exception& e) {

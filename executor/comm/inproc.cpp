@@ -1,0 +1,130 @@
+// Threads-as-ranks collectives: each rank publishes a pointer, a barrier, then every rank reads
+// what it needs straight from its peers' buffers. Sums run in rank order in fp32 (bitwise the same
+// on every rank); nothing is allocated except the p2p message copies.
+#include "executor/comm/inproc.hpp"
+
+#include <cstring>
+#include <stdexcept>
+
+namespace np::exec {
+
+class InProcessComm final : public Communicator {
+ public:
+  InProcessComm(InProcessWorld& w, int64_t stage, int64_t rank) : w_(w), stage_(stage), rank_(rank) {}
+  int64_t tp_rank() const override { return rank_; }
+  int64_t tp_size() const override { return w_.tp_; }
+
+  void all_gather(const Tensor& in, const Tensor& out) override {
+    check(out.bytes() == in.bytes() * w_.tp_, "all_gather: output must be tp x the input");
+    publish(in.data);
+    for (int64_t q = 0; q < w_.tp_; ++q)
+      std::memcpy(out.as<unsigned char>() + q * in.bytes(), group().slots[q], in.bytes());
+    wait();
+  }
+
+  void reduce_scatter(const Tensor& in, const Tensor& out) override {
+    check(in.bytes() == out.bytes() * w_.tp_ && in.type.dtype == out.type.dtype, "reduce_scatter: input must be tp x the output");
+    publish(in.data);
+    int64_t n = out.numel(), base = rank_ * n;
+    for (int64_t i = 0; i < n; ++i) store(out, i, sum_at(in, base + i));
+    wait();
+  }
+
+  void all_reduce(const Tensor& t) override {
+    publish(t.data);
+    // Phase 1: rank r sums chunk r of every buffer into its own chunk r; phase 2: copies the
+    // other chunks from their owners. No rank writes what another reads in the same phase.
+    int64_t n = t.numel(), chunk = (n + w_.tp_ - 1) / w_.tp_;
+    int64_t lo = std::min(n, rank_ * chunk), hi = std::min(n, lo + chunk);
+    std::vector<float> sums(hi - lo);
+    for (int64_t i = lo; i < hi; ++i) sums[i - lo] = sum_at(t, i);
+    wait();
+    for (int64_t i = lo; i < hi; ++i) store(t, i, sums[i - lo]);
+    wait();
+    int64_t elem = dtype_bytes(t.type.dtype);
+    for (int64_t q = 0; q < w_.tp_; ++q) {
+      if (q == rank_) continue;
+      int64_t qlo = std::min(n, q * chunk), qhi = std::min(n, qlo + chunk);
+      std::memcpy(t.as<unsigned char>() + qlo * elem, static_cast<const unsigned char*>(group().slots[q]) + qlo * elem,
+                  (qhi - qlo) * elem);
+    }
+    wait();
+  }
+
+  void send(const Tensor& t, int64_t stage) override {
+    auto& box = w_.mailbox(stage_, stage, rank_);
+    std::vector<unsigned char> msg(t.as<unsigned char>(), t.as<unsigned char>() + t.bytes());
+    {
+      std::lock_guard lock(box.mu);
+      box.messages.push_back(std::move(msg));
+    }
+    box.cv.notify_all();
+  }
+
+  void recv(const Tensor& t, int64_t stage) override {
+    auto& box = w_.mailbox(stage, stage_, rank_);
+    std::unique_lock lock(box.mu);
+    box.cv.wait(lock, [&] { return !box.messages.empty() || w_.aborted_; });
+    if (box.messages.empty()) throw RunAborted();
+    std::vector<unsigned char> msg = std::move(box.messages.front());
+    box.messages.pop_front();
+    check(static_cast<int64_t>(msg.size()) == t.bytes(), "recv: message size differs from the receive buffer");
+    std::memcpy(t.data, msg.data(), msg.size());
+  }
+
+  void barrier() override { wait(); }
+
+ private:
+  InProcessWorld::Group& group() { return *w_.groups_[stage_]; }
+  void publish(const void* p) {
+    group().slots[rank_] = p;
+    wait();
+  }
+  void wait() {
+    group().sync.arrive_and_wait();
+    if (w_.aborted_) throw RunAborted();
+  }
+  // Sum over ranks, in rank order, of element i of each rank's published buffer (same dtype as t).
+  float sum_at(const Tensor& t, int64_t i) {
+    float s = 0;
+    for (int64_t q = 0; q < w_.tp_; ++q) {
+      Tensor peer{const_cast<void*>(group().slots[q]), t.type};
+      s += load(peer, i);
+    }
+    return s;
+  }
+  static void check(bool ok, const char* what) {
+    if (!ok) throw std::logic_error(what);
+  }
+
+  InProcessWorld& w_;
+  int64_t stage_, rank_;
+};
+
+InProcessWorld::InProcessWorld(int64_t tp, int64_t pp) : tp_(tp), pp_(pp) {
+  for (int64_t s = 0; s < pp; ++s) {
+    groups_.push_back(std::make_unique<Group>(tp));
+    for (int64_t r = 0; r < tp; ++r) comms_.push_back(std::make_unique<InProcessComm>(*this, s, r));
+  }
+}
+
+Communicator& InProcessWorld::comm(int64_t stage, int64_t tp_rank) { return *comms_.at(stage * tp_ + tp_rank); }
+
+void InProcessWorld::abort(int64_t stage) {
+  aborted_ = true;
+  groups_.at(stage)->sync.arrive_and_drop();
+  std::lock_guard lock(boxes_mu_);
+  for (auto& [key, box] : boxes_) {
+    std::lock_guard box_lock(box->mu);
+    box->cv.notify_all();
+  }
+}
+
+InProcessWorld::Mailbox& InProcessWorld::mailbox(int64_t from, int64_t to, int64_t tp_rank) {
+  std::lock_guard lock(boxes_mu_);
+  auto& box = boxes_[{from, to, tp_rank}];
+  if (!box) box = std::make_unique<Mailbox>();
+  return *box;
+}
+
+}  // namespace np::exec

@@ -1,0 +1,78 @@
+// The TP collectives as ops: all-gather and reduce-scatter along the token dim (conjugate pairs in
+// backward) and the all-reduce after a row-parallel linear (identity in backward: Megatron's g).
+#include <cstring>
+
+#include "executor/cpu/kernels.hpp"
+
+namespace np::exec::cpu {
+
+namespace {
+
+TensorType with_rows(const TensorType& t, int64_t rows) {
+  TensorType r = t;
+  check(!r.shape.empty(), "a collective needs a tensor with a token dim");
+  r.shape[0] = rows;
+  return r;
+}
+
+}  // namespace
+
+Outs all_gather_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "all_gather input");
+  Tensor out = env.alloc(with_rows(x.type, dim(x, 0) * env.comm().tp_size()), AllocRole::kOutput);
+  env.comm().all_gather(x, out);
+  return {out};
+}
+
+// grad_in = this rank's block of the sum over ranks of grad_out (reduce-scatter).
+void all_gather_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& g = need(a.grad_outputs, 0, "all_gather output gradient");
+  TensorType t = with_rows(g.type, dim(g, 0) / env.comm().tp_size());
+  Tensor& dst = a.grad_inputs[0];
+  if (!dst) {
+    dst = env.alloc(t, AllocRole::kGradInput);
+    env.comm().reduce_scatter(g, dst);
+    return;
+  }
+  Scratch s(t);
+  env.comm().reduce_scatter(g, s.t);
+  grad_input_tensor(env, a, 0, s.t);
+}
+
+Outs reduce_scatter_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "reduce_scatter input");
+  int64_t tp = env.comm().tp_size();
+  check(dim(x, 0) % tp == 0, "reduce_scatter: the token dim is not a multiple of tp");
+  Tensor out = env.alloc(with_rows(x.type, dim(x, 0) / tp), AllocRole::kOutput);
+  env.comm().reduce_scatter(x, out);
+  return {out};
+}
+
+// grad_in = all-gather of grad_out.
+void reduce_scatter_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& g = need(a.grad_outputs, 0, "reduce_scatter output gradient");
+  TensorType t = with_rows(g.type, dim(g, 0) * env.comm().tp_size());
+  Tensor& dst = a.grad_inputs[0];
+  if (!dst) {
+    dst = env.alloc(t, AllocRole::kGradInput);
+    env.comm().all_gather(g, dst);
+    return;
+  }
+  Scratch s(t);
+  env.comm().all_gather(g, s.t);
+  grad_input_tensor(env, a, 0, s.t);
+}
+
+Outs all_reduce_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "all_reduce input");
+  Tensor out = env.alloc(x.type, AllocRole::kOutput);
+  std::memcpy(out.data, x.data, x.bytes());
+  env.comm().all_reduce(out);
+  return {out};
+}
+
+void all_reduce_backward(const Env& env, const BackwardArgs& a) {
+  grad_input_tensor(env, a, 0, need(a.grad_outputs, 0, "all_reduce output gradient"));
+}
+
+}  // namespace np::exec::cpu

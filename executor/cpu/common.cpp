@@ -1,0 +1,134 @@
+// Helpers shared by the CPU kernels: allocation through the context, staging between bf16/fp32
+// tensors and fp32 Eigen matrices (one rounding on the way out), gradient-input bookkeeping.
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "executor/cpu/kernels.hpp"
+
+namespace np::exec::cpu {
+
+void fail(const std::string& what) { throw std::invalid_argument("cpu backend: " + what); }
+void check(bool ok, const char* what) {
+  if (!ok) fail(what);
+}
+
+Tensor Env::alloc(const TensorType& type, AllocRole role) const {
+  check(static_cast<bool>(ctx.alloc), "the context has no allocator");
+  Tensor t = ctx.alloc(type, role);
+  check(t.data != nullptr || type.elements() == 0, "the allocator returned no memory");
+  t.type = type;
+  return t;
+}
+
+int64_t Env::first_row(int64_t rows) const {
+  return rows == ctx.setup->seq_len * ctx.setup->micro_batch ? 0 : ctx.token_offset;
+}
+
+Communicator& Env::comm() const {
+  check(ctx.comm != nullptr, "a collective needs a communicator in the context");
+  return *ctx.comm;
+}
+
+int64_t dim(const Tensor& t, size_t i) {
+  if (i >= t.type.shape.size()) fail("a tensor has fewer dimensions than the op needs");
+  return t.type.shape[i];
+}
+
+int64_t row_width(const Tensor& t) {
+  int64_t r = dim(t, 0);
+  return r == 0 ? 0 : t.numel() / r;
+}
+
+const Tensor& need(Ins ts, size_t i, const char* what) {
+  if (i >= ts.size() || !ts[i]) fail(std::string("missing tensor: ") + what);
+  return ts[i];
+}
+
+bool is_float(Dtype d) { return d == Dtype::kBf16 || d == Dtype::kFp32; }
+
+Mat load_rows(const Tensor& t, int64_t rows, int64_t cols, int64_t offset) {
+  check(is_float(t.type.dtype), "a float tensor was expected");
+  check(offset + rows * cols <= t.numel(), "a block lies outside its tensor");
+  Mat m(rows, cols);
+  float* d = m.data();
+  if (t.type.dtype == Dtype::kFp32) {
+    std::memcpy(d, t.as<float>() + offset, sizeof(float) * rows * cols);
+  } else {
+    const uint16_t* s = t.as<uint16_t>() + offset;
+    for (int64_t i = 0; i < rows * cols; ++i) d[i] = bf16_to_f32(s[i]);
+  }
+  return m;
+}
+
+Mat load_mat(const Tensor& t) { return load_rows(t, dim(t, 0), row_width(t)); }
+
+void store_mat(const Tensor& t, const Mat& m, int64_t offset) {
+  check(offset + m.size() <= t.numel(), "a result lies outside its tensor");
+  const float* s = m.data();
+  for (int64_t i = 0; i < m.size(); ++i) store(t, offset + i, s[i]);
+}
+
+void add_mat(const Tensor& t, const Mat& m, int64_t offset) {
+  check(offset + m.size() <= t.numel(), "a result lies outside its tensor");
+  const float* s = m.data();
+  for (int64_t i = 0; i < m.size(); ++i) accumulate(t, offset + i, s[i]);
+}
+
+Mat column_sums(const Mat& m) {
+  Mat s(1, m.cols());
+  for (int64_t c = 0; c < m.cols(); ++c) {
+    double acc = 0;
+    for (int64_t r = 0; r < m.rows(); ++r) acc += m(r, c);
+    s(0, c) = static_cast<float>(acc);
+  }
+  return s;
+}
+
+void grad_input(const Env& env, const BackwardArgs& args, int k, const TensorType& type, const Mat& g) {
+  check(static_cast<size_t>(k) < args.grad_inputs.size(), "grad_inputs is shorter than the op's inputs");
+  check(g.size() == type.elements(), "a gradient has the wrong number of elements");
+  Tensor& dst = args.grad_inputs[k];
+  if (dst) {
+    check(dst.numel() == type.elements(), "an existing input gradient has the wrong size");
+    add_mat(dst, g);
+  } else {
+    dst = env.alloc(type, AllocRole::kGradInput);
+    store_mat(dst, g);
+  }
+}
+
+void grad_input_tensor(const Env& env, const BackwardArgs& args, int k, const Tensor& g) {
+  check(static_cast<size_t>(k) < args.grad_inputs.size(), "grad_inputs is shorter than the op's inputs");
+  Tensor& dst = args.grad_inputs[k];
+  if (dst) {
+    check(dst.numel() == g.numel() && is_float(g.type.dtype), "an existing input gradient has the wrong size");
+    for (int64_t i = 0; i < g.numel(); ++i) accumulate(dst, i, load(g, i));
+  } else {
+    dst = env.alloc(g.type, AllocRole::kGradInput);
+    std::memcpy(dst.data, g.data, g.bytes());
+  }
+}
+
+Scratch::Scratch(const TensorType& type) : mem((type.bytes() + 7) / 8 + 1, 0), t{mem.data(), type} {}
+
+Routing routing(const Tensor& idx, int64_t experts) {
+  check(idx.type.dtype == Dtype::kI64, "routing indices must be i64");
+  Routing r;
+  r.tokens = dim(idx, 0), r.k = dim(idx, 1), r.experts = experts;
+  const int64_t* id = idx.as<int64_t>();
+  int64_t n = r.tokens * r.k;
+  std::vector<int64_t> count(experts, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (id[i] < 0 || id[i] >= experts) fail("a routing index is outside the experts");
+    ++count[id[i]];
+  }
+  r.start.assign(experts + 1, 0);
+  for (int64_t e = 0; e < experts; ++e) r.start[e + 1] = r.start[e] + count[e];
+  std::vector<int64_t> next(r.start.begin(), r.start.end() - 1);
+  r.row.resize(n);
+  for (int64_t i = 0; i < n; ++i) r.row[i] = next[id[i]]++;  // (t, j) ascending within an expert
+  return r;
+}
+
+}  // namespace np::exec::cpu

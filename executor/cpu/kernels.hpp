@@ -1,0 +1,108 @@
+// Internal to the CPU backend: the kernel entry points of each op family, and the helpers they
+// share (staging bf16/fp32 tensors into aligned fp32 Eigen matrices, writing or accumulating the
+// results with one rounding, allocating through the context).
+#pragma once
+#include <Eigen/Dense>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "executor/backend.hpp"
+
+namespace np::exec::cpu {
+
+// Row-major fp32 staging matrix. Eigen's aligned storage keeps the GEMMs' summation order
+// independent of where the device-model buffers happen to lie (bitwise-deterministic recompute).
+using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Ins = std::span<const Tensor>;
+using Outs = std::vector<Tensor>;
+
+struct Env {
+  const OpContext& ctx;
+  Dtype act;  // the dtype of what the op table stores as activations: bf16 (fp32 in gradient checks)
+
+  const OpAttrs& attrs() const { return ctx.op->attrs; }
+  Tensor alloc(const TensorType& type, AllocRole role) const;
+  Tensor output(std::vector<int64_t> shape, Dtype dtype) const { return alloc({std::move(shape), dtype}, AllocRole::kOutput); }
+  Tensor workspace(std::vector<int64_t> shape, Dtype dtype) const { return alloc({std::move(shape), dtype}, AllocRole::kWorkspace); }
+  // Global index of the first row of a token tensor with `rows` rows: 0 when it holds the full
+  // sequence (s*b rows), else ctx.token_offset (a sequence shard).
+  int64_t first_row(int64_t rows) const;
+  int64_t batch() const { return ctx.setup->micro_batch; }
+  int64_t tp_size() const { return ctx.comm ? ctx.comm->tp_size() : 1; }
+  Communicator& comm() const;  // throws when the context has none
+};
+
+[[noreturn]] void fail(const std::string& what);
+void check(bool ok, const char* what);
+int64_t dim(const Tensor& t, size_t i);
+int64_t row_width(const Tensor& t);  // numel / shape[0]
+const Tensor& need(Ins ts, size_t i, const char* what);  // present, else throws
+bool is_float(Dtype d);
+
+Mat load_mat(const Tensor& t);  // shape[0] x row_width, as fp32
+Mat load_rows(const Tensor& t, int64_t rows, int64_t cols, int64_t offset = 0);  // a block of rows*cols elements
+void store_mat(const Tensor& t, const Mat& m, int64_t offset = 0);
+void add_mat(const Tensor& t, const Mat& m, int64_t offset = 0);  // t += m, rounded once
+Mat column_sums(const Mat& m);  // 1 x cols: sums over rows in row order (double), rounded once
+// The gradient of input k: accumulated into args.grad_inputs[k] when present, else allocated
+// (kGradInput, `type`), written and set there.
+void grad_input(const Env& env, const BackwardArgs& args, int k, const TensorType& type, const Mat& g);
+// Same for a gradient already held in a tensor of the right dtype (collectives): copies or adds.
+void grad_input_tensor(const Env& env, const BackwardArgs& args, int k, const Tensor& g);
+// A tensor view of scratch memory outside the device model (collective staging).
+struct Scratch {
+  std::vector<uint64_t> mem;
+  Tensor t;
+  explicit Scratch(const TensorType& type);
+};
+
+// The expert-major permutation of MoE rows: for token t and slot j, row[t*k + j] is its row in the
+// dispatched tensor; start[e] .. start[e+1] is expert e's block (experts ascending; within an
+// expert, (t, j) ascending).
+struct Routing {
+  int64_t tokens = 0, k = 0, experts = 0;
+  std::vector<int64_t> row, start;
+};
+Routing routing(const Tensor& idx, int64_t experts);
+
+#define NP_CPU_OP(fn)                                      \
+  Outs fn##_forward(const Env& env, Ins in, Ins weights); \
+  void fn##_backward(const Env& env, const BackwardArgs& args);
+
+// vocab.cpp
+NP_CPU_OP(embedding)
+NP_CPU_OP(pos_embedding)
+NP_CPU_OP(cross_entropy)
+// pointwise.cpp
+NP_CPU_OP(rmsnorm)
+NP_CPU_OP(layernorm)
+NP_CPU_OP(rope)
+NP_CPU_OP(dropout)
+NP_CPU_OP(swiglu)
+NP_CPU_OP(gelu)
+NP_CPU_OP(add)
+// collective.cpp
+NP_CPU_OP(all_gather)
+NP_CPU_OP(reduce_scatter)
+NP_CPU_OP(all_reduce)
+// linear.cpp
+NP_CPU_OP(column_linear)
+NP_CPU_OP(row_linear)
+NP_CPU_OP(router)
+NP_CPU_OP(expert_column)
+NP_CPU_OP(expert_row)
+// attention.cpp
+NP_CPU_OP(flash_attention)
+NP_CPU_OP(attn_scores)
+NP_CPU_OP(softmax)
+NP_CPU_OP(attn_context)
+// moe.cpp
+NP_CPU_OP(topk)
+NP_CPU_OP(moe_dispatch)
+NP_CPU_OP(moe_combine)
+NP_CPU_OP(shared_gate)
+
+#undef NP_CPU_OP
+
+}  // namespace np::exec::cpu

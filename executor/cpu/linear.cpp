@@ -1,0 +1,105 @@
+// GEMM ops: column- and row-parallel linears, the MoE router (fp32 logits) and the grouped expert
+// GEMMs (one row block per local expert, blocks from the routing indices). y = x W^T (+ bias).
+#include <string>
+
+#include "executor/cpu/kernels.hpp"
+
+namespace np::exec::cpu {
+
+namespace {
+
+Outs linear_forward(const Env& env, Ins in, Ins w, Dtype out_dtype, bool add_bias) {
+  const Tensor& x = need(in, 0, "linear input");
+  Mat X = load_mat(x), W = load_mat(need(w, 0, "linear weight"));
+  check(W.cols() == X.cols(), "linear: weight and input widths differ");
+  Mat Y = X * W.transpose();
+  if (w.size() > 1 && add_bias) {
+    Mat B = load_mat(need(w, 1, "linear bias"));
+    for (int64_t t = 0; t < Y.rows(); ++t) Y.row(t) += B.row(0);
+  }
+  Tensor out = env.output({X.rows(), W.rows()}, out_dtype);
+  store_mat(out, Y);
+  return {out};
+}
+
+// dX = G W (all-reduced over TP first when the op's backward collective says so: Megatron's f),
+// dW += G^T X, db += sum over rows of G.
+void linear_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& x = need(a.inputs, 0, "linear input");
+  Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "linear output gradient"));
+  Mat W = load_mat(need(a.weights, 0, "linear weight"));
+  Mat DX = G * W;
+  if (env.ctx.op->bwd_collective == "all_reduce") {
+    Tensor view{DX.data(), {{DX.rows(), DX.cols()}, Dtype::kFp32}};
+    env.comm().all_reduce(view);
+  }
+  grad_input(env, a, 0, x.type, DX);
+  Mat DW = G.transpose() * X;
+  add_mat(need(a.weight_grads, 0, "linear weight gradient"), DW);
+  if (a.weight_grads.size() > 1) add_mat(need(a.weight_grads, 1, "linear bias gradient"), column_sums(G));
+}
+
+// The local experts of a grouped GEMM: every expert is local (expert parallelism would need an
+// all-to-all, which the communicator does not offer).
+int64_t local_experts(const Env& env) {
+  if (env.attrs().group > 1) fail("expert parallelism (ep > 1) needs an all-to-all, which the Communicator lacks");
+  return env.attrs().experts;
+}
+
+Outs expert_forward(const Env& env, Ins in, Ins w) {
+  const Tensor& xe = need(in, 0, "expert input");
+  const Tensor& W = need(w, 0, "expert weight");
+  int64_t E = local_experts(env), N = dim(xe, 0), K = dim(xe, 1), F = dim(W, 1);
+  check(dim(W, 0) == E && dim(W, 2) == K, "expert: weight is not {experts, out, in}");
+  Routing r = routing(need(in, 1, "routing indices"), E);
+  check(r.start[E] == N, "expert: input rows differ from tokens x top_k");
+  Tensor out = env.output({N, F}, env.act);
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t n = r.start[e + 1] - r.start[e];
+    if (n == 0) continue;
+    Mat Y = load_rows(xe, n, K, r.start[e] * K) * load_rows(W, F, K, e * F * K).transpose();
+    store_mat(out, Y, r.start[e] * F);
+  }
+  return {out};
+}
+
+void expert_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& xe = need(a.inputs, 0, "expert input");
+  const Tensor& g = need(a.grad_outputs, 0, "expert output gradient");
+  const Tensor& W = need(a.weights, 0, "expert weight");
+  const Tensor& dW = need(a.weight_grads, 0, "expert weight gradient");
+  int64_t E = local_experts(env), N = dim(xe, 0), K = dim(xe, 1), F = dim(W, 1);
+  Routing r = routing(need(a.inputs, 1, "routing indices"), E);
+  check(r.start[E] == N, "expert: input rows differ from tokens x top_k");
+  Mat DX = Mat::Zero(N, K);
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t n = r.start[e + 1] - r.start[e];
+    if (n == 0) continue;
+    Mat Ge = load_rows(g, n, F, r.start[e] * F), We = load_rows(W, F, K, e * F * K);
+    DX.middleRows(r.start[e], n) = Ge * We;
+    Mat DWe = Ge.transpose() * load_rows(xe, n, K, r.start[e] * K);
+    add_mat(dW, DWe, e * F * K);
+  }
+  grad_input(env, a, 0, xe.type, DX);
+}
+
+}  // namespace
+
+Outs column_linear_forward(const Env& env, Ins in, Ins w) { return linear_forward(env, in, w, env.act, true); }
+void column_linear_backward(const Env& env, const BackwardArgs& a) { linear_backward(env, a); }
+
+// The output is a partial sum over TP: only rank 0 adds the bias (its gradient is every rank's).
+Outs row_linear_forward(const Env& env, Ins in, Ins w) {
+  return linear_forward(env, in, w, env.act, env.ctx.tp_rank == 0);
+}
+void row_linear_backward(const Env& env, const BackwardArgs& a) { linear_backward(env, a); }
+
+Outs router_forward(const Env& env, Ins in, Ins w) { return linear_forward(env, in, w, Dtype::kFp32, true); }
+void router_backward(const Env& env, const BackwardArgs& a) { linear_backward(env, a); }
+
+Outs expert_column_forward(const Env& env, Ins in, Ins w) { return expert_forward(env, in, w); }
+void expert_column_backward(const Env& env, const BackwardArgs& a) { expert_backward(env, a); }
+Outs expert_row_forward(const Env& env, Ins in, Ins w) { return expert_forward(env, in, w); }
+void expert_row_backward(const Env& env, const BackwardArgs& a) { expert_backward(env, a); }
+
+}  // namespace np::exec::cpu

@@ -1,0 +1,168 @@
+// Mixture-of-experts routing: top-k of the router logits (softmax over the k), the expert-major
+// dispatch of token rows, the probability-weighted combine, and the shared-expert sigmoid gate.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "executor/cpu/kernels.hpp"
+
+namespace np::exec::cpu {
+
+namespace {
+
+// All experts (ep = 1; ep > 1 would need an all-to-all the communicator does not offer).
+int64_t routed_experts(const Env& env) {
+  if (env.attrs().group > 1) fail("expert parallelism (ep > 1) needs an all-to-all, which the Communicator lacks");
+  return env.attrs().experts;
+}
+
+}  // namespace
+
+// ---- TopK: per row the top_k logits (ties: lower expert first), softmax over the selected -------
+
+Outs topk_forward(const Env& env, Ins in, Ins) {
+  const Tensor& logits = need(in, 0, "router logits");
+  Mat L = load_mat(logits);
+  int64_t T = L.rows(), E = L.cols(), k = env.attrs().top_k;
+  check(k > 0 && k <= E, "topk: top_k must be in [1, experts]");
+  Tensor probs = env.output({T, k}, Dtype::kFp32), idx = env.output({T, k}, Dtype::kI64);
+  std::vector<int64_t> order(E);
+  for (int64_t t = 0; t < T; ++t) {
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t x, int64_t y) {
+      return L(t, x) > L(t, y) || (L(t, x) == L(t, y) && x < y);
+    });
+    float m = L(t, order[0]);
+    double z = 0;
+    for (int64_t j = 0; j < k; ++j) z += std::exp(L(t, order[j]) - m);
+    for (int64_t j = 0; j < k; ++j) {
+      idx.as<int64_t>()[t * k + j] = order[j];
+      probs.as<float>()[t * k + j] = static_cast<float>(std::exp(L(t, order[j]) - m) / z);
+    }
+  }
+  return {probs, idx};
+}
+
+// grad_logits[t, idx[t,j]] = p_j (g_j - sum_i p_i g_i); 0 for experts not selected.
+void topk_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& probs = need(a.outputs, 0, "topk probs");
+  const Tensor& idx = need(a.outputs, 1, "topk indices");
+  Mat P = load_mat(probs), G = load_mat(need(a.grad_outputs, 0, "topk probs gradient"));
+  int64_t T = P.rows(), k = P.cols();
+  const Tensor& x = a.inputs[0];
+  int64_t E = x && x.type.shape.size() == 2 ? x.type.shape[1] : env.ctx.model->moe ? env.ctx.model->moe->num_experts : 0;
+  check(E >= k, "topk backward: the number of experts is unknown (no logits shape, no MoE in the model)");
+  Mat D = Mat::Zero(T, E);
+  const int64_t* id = idx.as<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    double pg = 0;
+    for (int64_t j = 0; j < k; ++j) pg += double(P(t, j)) * G(t, j);
+    for (int64_t j = 0; j < k; ++j) {
+      check(id[t * k + j] >= 0 && id[t * k + j] < E, "topk backward: an index is outside the experts");
+      D(t, id[t * k + j]) = P(t, j) * (G(t, j) - static_cast<float>(pg));
+    }
+  }
+  grad_input(env, a, 0, {{T, E}, Dtype::kFp32}, D);
+}
+
+// ---- MoeDispatch: xe[row(t,j)] = x[t], rows grouped by expert ------------------------------------
+
+Outs moe_dispatch_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "dispatch tokens");
+  Routing r = routing(need(in, 1, "routing indices"), routed_experts(env));
+  int64_t T = dim(x, 0), h = dim(x, 1);
+  check(r.tokens == T, "dispatch: tokens and routing indices differ in rows");
+  Mat X = load_mat(x), Y(T * r.k, h);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < r.k; ++j) Y.row(r.row[t * r.k + j]) = X.row(t);
+  Tensor out = env.output({T * r.k, h}, env.act);
+  store_mat(out, Y);
+  return {out};
+}
+
+// grad_x[t] = sum_j grad_xe[row(t,j)], j ascending.
+void moe_dispatch_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& g = need(a.grad_outputs, 0, "dispatch gradient");
+  Routing r = routing(need(a.inputs, 1, "routing indices"), routed_experts(env));
+  Mat G = load_mat(g), D = Mat::Zero(r.tokens, G.cols());
+  for (int64_t t = 0; t < r.tokens; ++t)
+    for (int64_t j = 0; j < r.k; ++j) D.row(t) += G.row(r.row[t * r.k + j]);
+  grad_input(env, a, 0, {{r.tokens, G.cols()}, g.type.dtype}, D);
+}
+
+// ---- MoeCombine: y[t] = sum_j probs[t,j] ye[row(t,j)] ---------------------------------------------
+
+Outs moe_combine_forward(const Env& env, Ins in, Ins) {
+  const Tensor& ye = need(in, 0, "expert outputs");
+  Mat P = load_mat(need(in, 1, "routing probs"));
+  Routing r = routing(need(in, 2, "routing indices"), routed_experts(env));
+  check(P.rows() == r.tokens && P.cols() == r.k && dim(ye, 0) == r.tokens * r.k, "combine: shapes differ from tokens x top_k");
+  Mat Y = load_mat(ye), O = Mat::Zero(r.tokens, Y.cols());
+  for (int64_t t = 0; t < r.tokens; ++t)
+    for (int64_t j = 0; j < r.k; ++j) O.row(t) += P(t, j) * Y.row(r.row[t * r.k + j]);
+  Tensor out = env.output({r.tokens, Y.cols()}, env.act);
+  store_mat(out, O);
+  return {out};
+}
+
+// grad_ye[row(t,j)] = probs[t,j] g[t]; grad_probs[t,j] = <ye[row(t,j)], g[t]>.
+void moe_combine_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& ye = need(a.inputs, 0, "expert outputs");
+  const Tensor& probs = need(a.inputs, 1, "routing probs");
+  Mat P = load_mat(probs), Y = load_mat(ye), G = load_mat(need(a.grad_outputs, 0, "combine gradient"));
+  Routing r = routing(need(a.inputs, 2, "routing indices"), routed_experts(env));
+  Mat DY(Y.rows(), Y.cols()), DP(r.tokens, r.k);
+  for (int64_t t = 0; t < r.tokens; ++t)
+    for (int64_t j = 0; j < r.k; ++j) {
+      int64_t row = r.row[t * r.k + j];
+      DY.row(row) = P(t, j) * G.row(t);
+      double acc = 0;
+      for (int64_t c = 0; c < Y.cols(); ++c) acc += double(Y(row, c)) * G(t, c);
+      DP(t, j) = static_cast<float>(acc);
+    }
+  grad_input(env, a, 0, ye.type, DY);
+  grad_input(env, a, 1, probs.type, DP);
+}
+
+// ---- SharedGate: out = sigmoid(x . w) * y ----------------------------------------------------------
+
+Outs shared_gate_forward(const Env& env, Ins in, Ins w) {
+  Mat X = load_mat(need(in, 0, "gate input")), W = load_mat(need(w, 0, "gate weight"));
+  const Tensor& y = need(in, 1, "shared expert output");
+  Mat Y = load_mat(y);
+  check(X.rows() == Y.rows() && W.cols() == X.cols(), "shared_gate: shapes differ");
+  for (int64_t t = 0; t < X.rows(); ++t) {
+    double z = 0;
+    for (int64_t c = 0; c < X.cols(); ++c) z += double(X(t, c)) * W(0, c);
+    float sg = static_cast<float>(1.0 / (1.0 + std::exp(-z)));
+    Y.row(t) *= sg;
+  }
+  Tensor out = env.output(y.type.shape, y.type.dtype);
+  store_mat(out, Y);
+  return {out};
+}
+
+// dy = s g; dz = (g . y) s (1 - s); dx = dz w; dw += sum_t dz x.
+void shared_gate_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& x = need(a.inputs, 0, "gate input");
+  const Tensor& y = need(a.inputs, 1, "shared expert output");
+  Mat X = load_mat(x), Y = load_mat(y), W = load_mat(need(a.weights, 0, "gate weight"));
+  Mat G = load_mat(need(a.grad_outputs, 0, "gate gradient"));
+  int64_t T = X.rows(), h = X.cols();
+  Mat DX(T, h), DY(T, Y.cols()), DWr(T, h);
+  for (int64_t t = 0; t < T; ++t) {
+    double z = 0, gy = 0;
+    for (int64_t c = 0; c < h; ++c) z += double(X(t, c)) * W(0, c);
+    for (int64_t c = 0; c < Y.cols(); ++c) gy += double(G(t, c)) * Y(t, c);
+    float sg = static_cast<float>(1.0 / (1.0 + std::exp(-z)));
+    float dz = static_cast<float>(gy * sg * (1.0 - sg));
+    DY.row(t) = sg * G.row(t);
+    DX.row(t) = dz * W.row(0);
+    DWr.row(t) = dz * X.row(t);
+  }
+  grad_input(env, a, 0, x.type, DX);
+  grad_input(env, a, 1, y.type, DY);
+  add_mat(need(a.weight_grads, 0, "gate weight gradient"), column_sums(DWr));
+}
+
+}  // namespace np::exec::cpu

@@ -1,0 +1,266 @@
+// Row-wise and element-wise ops: RmsNorm and LayerNorm (statistics recomputed in backward), RoPE,
+// dropout (counter-based mask), SwiGLU, GeLU (tanh) and the residual add.
+#include <cmath>
+
+#include "executor/cpu/kernels.hpp"
+
+namespace np::exec::cpu {
+
+namespace {
+constexpr double kEps = 1e-5;
+}  // namespace
+
+// ---- RmsNorm: y = x * rsqrt(mean(x^2) + eps) * w ------------------------------------------------
+
+Outs rmsnorm_forward(const Env& env, Ins in, Ins w) {
+  const Tensor& x = need(in, 0, "rmsnorm input");
+  Mat X = load_mat(x), W = load_mat(need(w, 0, "rmsnorm weight"));
+  int64_t T = X.rows(), h = X.cols();
+  Mat Y(T, h);
+  for (int64_t t = 0; t < T; ++t) {
+    double ss = 0;
+    for (int64_t c = 0; c < h; ++c) ss += double(X(t, c)) * X(t, c);
+    float r = static_cast<float>(1.0 / std::sqrt(ss / h + kEps));
+    for (int64_t c = 0; c < h; ++c) Y(t, c) = X(t, c) * r * W(0, c);
+  }
+  Tensor out = env.output(x.type.shape, x.type.dtype);
+  store_mat(out, Y);
+  return {out};
+}
+
+void rmsnorm_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& x = need(a.inputs, 0, "rmsnorm input");
+  Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "rmsnorm output gradient"));
+  Mat W = load_mat(need(a.weights, 0, "rmsnorm weight"));
+  int64_t T = X.rows(), h = X.cols();
+  Mat DX(T, h), DW(T, h);  // DW: per-row contributions, summed over rows below
+  for (int64_t t = 0; t < T; ++t) {
+    double ss = 0, gwx = 0;
+    for (int64_t c = 0; c < h; ++c) ss += double(X(t, c)) * X(t, c), gwx += double(G(t, c)) * W(0, c) * X(t, c);
+    double r = 1.0 / std::sqrt(ss / h + kEps);
+    double k = r * r * r * gwx / h;
+    for (int64_t c = 0; c < h; ++c) {
+      DX(t, c) = static_cast<float>(r * G(t, c) * W(0, c) - k * X(t, c));
+      DW(t, c) = static_cast<float>(G(t, c) * X(t, c) * r);
+    }
+  }
+  grad_input(env, a, 0, x.type, DX);
+  add_mat(need(a.weight_grads, 0, "rmsnorm weight gradient"), column_sums(DW));
+}
+
+// ---- LayerNorm: y = (x - mu) * rsqrt(var + eps) * w + bias --------------------------------------
+
+Outs layernorm_forward(const Env& env, Ins in, Ins w) {
+  const Tensor& x = need(in, 0, "layernorm input");
+  Mat X = load_mat(x), W = load_mat(need(w, 0, "layernorm weight")), B = load_mat(need(w, 1, "layernorm bias"));
+  int64_t T = X.rows(), h = X.cols();
+  Mat Y(T, h);
+  for (int64_t t = 0; t < T; ++t) {
+    double mu = 0, var = 0;
+    for (int64_t c = 0; c < h; ++c) mu += X(t, c);
+    mu /= h;
+    for (int64_t c = 0; c < h; ++c) var += (X(t, c) - mu) * (X(t, c) - mu);
+    double r = 1.0 / std::sqrt(var / h + kEps);
+    for (int64_t c = 0; c < h; ++c) Y(t, c) = static_cast<float>((X(t, c) - mu) * r) * W(0, c) + B(0, c);
+  }
+  Tensor out = env.output(x.type.shape, x.type.dtype);
+  store_mat(out, Y);
+  return {out};
+}
+
+void layernorm_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& x = need(a.inputs, 0, "layernorm input");
+  Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "layernorm output gradient"));
+  Mat W = load_mat(need(a.weights, 0, "layernorm weight"));
+  int64_t T = X.rows(), h = X.cols();
+  Mat DX(T, h), DW(T, h);
+  std::vector<double> xh(h);
+  for (int64_t t = 0; t < T; ++t) {
+    double mu = 0, var = 0;
+    for (int64_t c = 0; c < h; ++c) mu += X(t, c);
+    mu /= h;
+    for (int64_t c = 0; c < h; ++c) var += (X(t, c) - mu) * (X(t, c) - mu);
+    double r = 1.0 / std::sqrt(var / h + kEps), mg = 0, mgx = 0;
+    for (int64_t c = 0; c < h; ++c) {
+      xh[c] = (X(t, c) - mu) * r;
+      double gh = double(G(t, c)) * W(0, c);
+      mg += gh, mgx += gh * xh[c];
+    }
+    mg /= h, mgx /= h;
+    for (int64_t c = 0; c < h; ++c) {
+      DX(t, c) = static_cast<float>(r * (double(G(t, c)) * W(0, c) - mg - xh[c] * mgx));
+      DW(t, c) = static_cast<float>(G(t, c) * xh[c]);
+    }
+  }
+  grad_input(env, a, 0, x.type, DX);
+  add_mat(need(a.weight_grads, 0, "layernorm weight gradient"), column_sums(DW));
+  add_mat(need(a.weight_grads, 1, "layernorm bias gradient"), column_sums(G));
+}
+
+// ---- RoPE (rotate-half, theta 10000) on the q and k heads of each qkv row; v passes through -----
+
+namespace {
+
+// Rotates the q and k heads of every row by +angle (forward) or -angle (backward).
+Mat rope_apply(const Env& env, const Mat& X, double sign) {
+  const ModelSpec& m = *env.ctx.model;
+  int64_t tp = env.ctx.setup->tp, d = m.head_dim, rotated = m.heads / tp + m.kv_heads / tp;
+  check(d % 2 == 0, "rope: head_dim must be even");
+  check(X.cols() == (m.heads / tp + 2 * (m.kv_heads / tp)) * d, "rope: the row is not [q | k | v] of this rank's heads");
+  int64_t T = X.rows(), half = d / 2, first = env.first_row(T), b = env.batch();
+  Mat Y = X;
+  std::vector<float> cs(half), sn(half);
+  for (int64_t t = 0; t < T; ++t) {
+    double pos = static_cast<double>((first + t) / b);
+    for (int64_t i = 0; i < half; ++i) {
+      double ang = pos * std::pow(10000.0, -2.0 * i / d);
+      cs[i] = static_cast<float>(std::cos(ang)), sn[i] = static_cast<float>(sign * std::sin(ang));
+    }
+    for (int64_t hd = 0; hd < rotated; ++hd)
+      for (int64_t i = 0; i < half; ++i) {
+        int64_t c0 = hd * d + i, c1 = c0 + half;
+        float x0 = X(t, c0), x1 = X(t, c1);
+        Y(t, c0) = x0 * cs[i] - x1 * sn[i];
+        Y(t, c1) = x1 * cs[i] + x0 * sn[i];
+      }
+  }
+  return Y;
+}
+
+}  // namespace
+
+Outs rope_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "rope input");
+  Tensor out = env.output(x.type.shape, x.type.dtype);
+  store_mat(out, rope_apply(env, load_mat(x), 1.0));
+  return {out};
+}
+
+void rope_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& g = need(a.grad_outputs, 0, "rope output gradient");
+  grad_input(env, a, 0, g.type, rope_apply(env, load_mat(g), -1.0));
+}
+
+// ---- Dropout: keep iff counter_uniform(...) >= p; out = x / (1 - p) where kept ------------------
+// Both comparisons and the division are in fp32: keep = u >= (float)p, out = x / (1.0f - (float)p).
+
+Outs dropout_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "dropout input");
+  const OpContext& ctx = env.ctx;
+  float p = static_cast<float>(ctx.model->dropout), q = 1.0f - p;
+  uint64_t stream = dropout_stream(ctx) ^ (static_cast<uint64_t>(ctx.mb) * 0x9E3779B97F4A7C15ull);
+  Tensor out = env.output(x.type.shape, x.type.dtype), mask = env.output(x.type.shape, Dtype::kU8);
+  uint8_t* mk = mask.as<uint8_t>();
+  const std::vector<int64_t>& sh = x.type.shape;
+  // Global element index: independent of the TP rank (heads) and of the SP shard (rows).
+  auto index = [&](int64_t i) -> uint64_t {
+    if (sh.size() == 4) {  // attention probs {b, heads_local, s, s}
+      int64_t hl = sh[1], s = sh[2], j = i % s, r = i / s, row = r % s, hb = r / s, h = hb % hl, bi = hb / hl;
+      int64_t H = hl * ctx.setup->tp;
+      return static_cast<uint64_t>(((bi * H + ctx.tp_rank * hl + h) * s + row) * s + j);
+    }
+    int64_t f = row_width(x);
+    return static_cast<uint64_t>((env.first_row(sh[0]) + i / f) * f + i % f);
+  };
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    bool keep = counter_uniform(ctx.seed, stream, index(i)) >= p;
+    mk[i] = keep ? 1 : 0;
+    store(out, i, keep ? load(x, i) / q : 0.0f);
+  }
+  return {out, mask};
+}
+
+void dropout_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& g = need(a.grad_outputs, 0, "dropout output gradient");
+  const Tensor& mask = need(a.outputs, 1, "dropout mask");
+  float q = 1.0f - static_cast<float>(env.ctx.model->dropout);
+  Mat G = load_mat(g);
+  const uint8_t* mk = mask.as<uint8_t>();
+  float* d = G.data();
+  for (int64_t i = 0; i < G.size(); ++i) d[i] = mk[i] ? d[i] / q : 0.0f;
+  grad_input(env, a, 0, g.type, G);
+}
+
+// ---- SwiGLU: input [gate | up], out = silu(gate) * up ---------------------------------------------
+
+Outs swiglu_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "swiglu input");
+  Mat X = load_mat(x);
+  int64_t T = X.rows(), f = X.cols() / 2;
+  check(X.cols() == 2 * f, "swiglu: the input width must be even");
+  Mat Y(T, f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < f; ++c) {
+      float gt = X(t, c), sg = 1.0f / (1.0f + std::exp(-gt));
+      Y(t, c) = gt * sg * X(t, f + c);
+    }
+  Tensor out = env.output({T, f}, env.act);
+  store_mat(out, Y);
+  return {out};
+}
+
+void swiglu_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& x = need(a.inputs, 0, "swiglu input");
+  Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "swiglu output gradient"));
+  int64_t T = X.rows(), f = X.cols() / 2;
+  Mat D(T, 2 * f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < f; ++c) {
+      float gt = X(t, c), up = X(t, f + c), sg = 1.0f / (1.0f + std::exp(-gt));
+      D(t, c) = G(t, c) * up * (sg + gt * sg * (1.0f - sg));
+      D(t, f + c) = G(t, c) * gt * sg;
+    }
+  grad_input(env, a, 0, x.type, D);
+}
+
+// ---- GeLU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ---------------------
+
+namespace {
+constexpr float kGeluC = 0.7978845608028654f, kGeluA = 0.044715f;
+}
+
+Outs gelu_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "gelu input");
+  Mat X = load_mat(x);
+  float* d = X.data();
+  for (int64_t i = 0; i < X.size(); ++i) {
+    float v = d[i];
+    d[i] = 0.5f * v * (1.0f + std::tanh(kGeluC * (v + kGeluA * v * v * v)));
+  }
+  Tensor out = env.output(x.type.shape, x.type.dtype);
+  store_mat(out, X);
+  return {out};
+}
+
+void gelu_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& x = need(a.inputs, 0, "gelu input");
+  Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "gelu output gradient"));
+  float* d = X.data();
+  const float* g = G.data();
+  for (int64_t i = 0; i < X.size(); ++i) {
+    float v = d[i], th = std::tanh(kGeluC * (v + kGeluA * v * v * v));
+    float dy = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * kGeluC * (1.0f + 3.0f * kGeluA * v * v);
+    d[i] = g[i] * dy;
+  }
+  grad_input(env, a, 0, x.type, X);
+}
+
+// ---- Add: out = a + b; both inputs get the output gradient ----------------------------------------
+
+Outs add_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "add input a");
+  const Tensor& y = need(in, 1, "add input b");
+  check(x.numel() == y.numel(), "add: the inputs differ in size");
+  Tensor out = env.output(x.type.shape, x.type.dtype);
+  for (int64_t i = 0; i < x.numel(); ++i) store(out, i, load(x, i) + load(y, i));
+  return {out};
+}
+
+void add_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& g = need(a.grad_outputs, 0, "add output gradient");
+  Mat G = load_mat(g);
+  grad_input(env, a, 0, g.type, G);
+  grad_input(env, a, 1, g.type, G);
+}
+
+}  // namespace np::exec::cpu

@@ -1,0 +1,154 @@
+// Vocabulary and position tables: vocab-parallel token embedding, learned position embedding, and
+// the vocab-parallel cross-entropy loss (max, sum of exp and target logit reduced over TP).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "executor/cpu/kernels.hpp"
+
+namespace np::exec::cpu {
+
+// ---- Embedding: out[t] = W[id - shard start] if the id is in this rank's shard, else 0 -----------
+
+Outs embedding_forward(const Env& env, Ins in, Ins w) {
+  const Tensor& ids = need(in, 0, "embedding ids");
+  const Tensor& W = need(w, 0, "embedding weight");
+  check(ids.type.dtype == Dtype::kI64, "embedding ids must be i64");
+  int64_t T = dim(ids, 0), V = dim(W, 0), h = dim(W, 1), lo = env.ctx.tp_rank * V;
+  Tensor out = env.output({T, h}, env.act);
+  const int64_t* id = ids.as<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t r = id[t] - lo;
+    bool here = r >= 0 && r < V;
+    for (int64_t c = 0; c < h; ++c) store(out, t * h + c, here ? load(W, r * h + c) : 0.0f);
+  }
+  return {out};
+}
+
+void embedding_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& ids = need(a.inputs, 0, "embedding ids");
+  const Tensor& g = need(a.grad_outputs, 0, "embedding output gradient");
+  const Tensor& dW = need(a.weight_grads, 0, "embedding weight gradient");
+  int64_t T = dim(ids, 0), V = dim(dW, 0), h = dim(dW, 1), lo = env.ctx.tp_rank * V;
+  const int64_t* id = ids.as<int64_t>();
+  // Tokens grouped by table row, in token order within a row: each row's sum rounds once.
+  std::vector<std::pair<int64_t, int64_t>> hits;
+  for (int64_t t = 0; t < T; ++t)
+    if (id[t] - lo >= 0 && id[t] - lo < V) hits.emplace_back(id[t] - lo, t);
+  std::sort(hits.begin(), hits.end());
+  std::vector<float> sum(h);
+  for (size_t i = 0; i < hits.size();) {
+    int64_t r = hits[i].first;
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    for (; i < hits.size() && hits[i].first == r; ++i)
+      for (int64_t c = 0; c < h; ++c) sum[c] += load(g, hits[i].second * h + c);
+    for (int64_t c = 0; c < h; ++c) accumulate(dW, r * h + c, sum[c]);
+  }
+}
+
+// ---- PosEmbedding: out[t] = x[t] + W[(first_row + t) / b] ---------------------------------------
+
+Outs pos_embedding_forward(const Env& env, Ins in, Ins w) {
+  const Tensor& x = need(in, 0, "pos_embedding input");
+  const Tensor& W = need(w, 0, "pos_embedding weight");
+  int64_t T = dim(x, 0), h = dim(x, 1), first = env.first_row(T), b = env.batch();
+  check(dim(W, 1) == h, "pos_embedding: weight width differs from the hidden size");
+  Tensor out = env.output({T, h}, x.type.dtype);
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t pos = (first + t) / b;
+    check(pos < dim(W, 0), "pos_embedding: position beyond the table");
+    for (int64_t c = 0; c < h; ++c) store(out, t * h + c, load(x, t * h + c) + load(W, pos * h + c));
+  }
+  return {out};
+}
+
+void pos_embedding_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& g = need(a.grad_outputs, 0, "pos_embedding output gradient");
+  const Tensor& dW = need(a.weight_grads, 0, "pos_embedding weight gradient");
+  int64_t T = dim(g, 0), h = dim(g, 1), first = env.first_row(T), b = env.batch();
+  Mat G = load_mat(g);
+  grad_input(env, a, 0, g.type, G);
+  // Rows of one position are consecutive (t = pos*b + bi): sum them, then round once.
+  std::vector<float> sum(h);
+  for (int64_t t = 0; t < T;) {
+    int64_t pos = (first + t) / b;
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    for (; t < T && (first + t) / b == pos; ++t)
+      for (int64_t c = 0; c < h; ++c) sum[c] += G(t, c);
+    for (int64_t c = 0; c < h; ++c) accumulate(dW, pos * h + c, sum[c]);
+  }
+}
+
+// ---- CrossEntropy over the vocab shard [tp_rank*V, (tp_rank+1)*V) -------------------------------
+// loss[t] = log(sum_v exp(l - max)) + max - l[target]; softmax kept in fp32 for the backward.
+
+Outs cross_entropy_forward(const Env& env, Ins in, Ins) {
+  const Tensor& logits = need(in, 0, "cross_entropy logits");
+  const Tensor& targets = need(in, 1, "cross_entropy targets");
+  check(targets.type.dtype == Dtype::kI64, "cross_entropy targets must be i64");
+  int64_t T = dim(logits, 0), V = dim(logits, 1), tp = env.tp_size(), lo = env.ctx.tp_rank * V;
+  check(dim(targets, 0) == T, "cross_entropy: targets and logits differ in tokens");
+  Tensor loss = env.output({T}, Dtype::kFp32), sm = env.output({T, V}, Dtype::kFp32);
+  Tensor mx = env.workspace({T}, Dtype::kFp32), se = env.workspace({T}, Dtype::kFp32),
+         tg = env.workspace({T}, Dtype::kFp32);
+  Mat L = load_mat(logits);
+  float* m = mx.as<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    float v = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < V; ++j) v = std::max(v, L(t, j));
+    m[t] = v;
+  }
+  if (tp > 1) {  // the max over ranks: all-gather the per-rank maxima (outside the device model)
+    Scratch all(TensorType{{tp * T}, Dtype::kFp32});
+    env.comm().all_gather(mx, all.t);
+    const float* p = all.t.as<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      float v = p[t];
+      for (int64_t q = 1; q < tp; ++q) v = std::max(v, p[q * T + t]);
+      m[t] = v;
+    }
+  }
+  float* s = se.as<float>();
+  float* x = tg.as<float>();
+  const int64_t* tgt = targets.as<int64_t>();
+  float* S = sm.as<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    double acc = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      float e = std::exp(L(t, j) - m[t]);
+      S[t * V + j] = e;
+      acc += e;
+    }
+    s[t] = static_cast<float>(acc);
+    int64_t r = tgt[t] - lo;
+    x[t] = r >= 0 && r < V ? L(t, r) : 0.0f;
+  }
+  if (tp > 1) {
+    env.comm().all_reduce(se);
+    env.comm().all_reduce(tg);
+  }
+  float* out = loss.as<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    out[t] = std::log(s[t]) + m[t] - x[t];
+    for (int64_t j = 0; j < V; ++j) S[t * V + j] /= s[t];
+  }
+  return {loss, sm, mx, se, tg};
+}
+
+void cross_entropy_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& targets = need(a.inputs, 1, "cross_entropy targets");
+  const Tensor& sm = need(a.outputs, 1, "cross_entropy softmax");
+  int64_t T = dim(sm, 0), V = dim(sm, 1), lo = env.ctx.tp_rank * V;
+  float scale = env.ctx.loss_scale;
+  Mat G = load_mat(sm);
+  const int64_t* tgt = targets.as<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t r = tgt[t] - lo;
+    for (int64_t j = 0; j < V; ++j) G(t, j) = (G(t, j) - (j == r ? 1.0f : 0.0f)) * scale;
+  }
+  Dtype dt = a.inputs[0] && !a.inputs[0].type.shape.empty() ? a.inputs[0].type.dtype : env.act;
+  grad_input(env, a, 0, {{T, V}, dt}, G);
+}
+
+}  // namespace np::exec::cpu

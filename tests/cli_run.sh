@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# nanoplan run: plan -> execute on the CPU reference -> predicted vs measured, through the CLI,
+# and its bad inputs (exit 2), a tampered plan (caught by --check-plan, tensor named) and an
+# enforced budget (exit 3 with the tensor, its size and the bytes in use).
+# Usage: bash tests/cli_run.sh /path/to/nanoplan
+set -u
+NP=$1
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+ok() { echo "ok - $1"; }
+fail() { failures=$((failures + 1)); echo "FAIL - $1"; }
+check() { if eval "$2"; then ok "$1"; else fail "$1 (check: $2)"; fi; }
+
+cat >"$TMP/tiny.toml" <<'TOML'
+name = "tiny"
+hidden_size = 24
+intermediate_size = 20
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+vocab_size = 30
+max_position_embeddings = 32
+TOML
+SETUP=(--model "$TMP/tiny.toml" --tp 2 --pp 2 --seq-len 8 --micro-batch 2 --microbatches 2 --pp-schedule 1f1b)
+
+"$NP" plan "${SETUP[@]}" --recompute full -o "$TMP/plan.json" 2>/dev/null
+check "plan written" '[ -s "$TMP/plan.json" ]'
+
+"$NP" run "$TMP/plan.json" --steps 2 >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "run plan.json exits 0" '[ $rc -eq 0 ]'
+check "run says predicted = measured" 'grep -q "predicted = measured on every rank" "$TMP/out"'
+check "run prints one row per rank" '[ $(grep -cE "^ +[0-3] +[01] +[01] " "$TMP/out") -eq 4 ]'
+
+"$NP" run "$TMP/plan.json" --format json >"$TMP/run.json" 2>/dev/null; rc=$?
+check "run --format json exits 0" '[ $rc -eq 0 ]'
+python3 - "$TMP/run.json" <<'PY' && ok "run JSON keys and zero differences" || fail "run JSON keys and zero differences"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["steps"] == 1 and isinstance(j["loss"], float)
+assert len(j["ranks"]) == 4
+for r in j["ranks"]:
+    for k in ("rank", "predicted_peak_bytes", "measured_peak_bytes"): assert k in r, k
+    assert r["predicted_peak_bytes"] == r["measured_peak_bytes"] > 0
+PY
+
+"$NP" run "${SETUP[@]}" --recompute selective --attention eager >"$TMP/out2" 2>&1; rc=$?
+check "run --model plans in-process" '[ $rc -eq 0 ] && grep -q "predicted = measured" "$TMP/out2"'
+
+"$NP" run --scenario "$ROOT/scenarios/tiny-moe.toml" >"$TMP/out3" 2>&1; rc=$?
+check "run --scenario passes its matrix" '[ $rc -eq 0 ] && grep -q "0 of [0-9]* setups failed" "$TMP/out3"'
+
+"$NP" run "$TMP/plan.json" --check-plan >"$TMP/out4" 2>&1; rc=$?
+check "--check-plan accepts a good plan" '[ $rc -eq 0 ] && grep -q "plan OK" "$TMP/out4"'
+
+# Bad input: exit 2, one line.
+bad() {
+  local desc=$1 want=$2; shift 2
+  "$NP" "$@" >"$TMP/bo" 2>"$TMP/be"; local rc=$?
+  if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/be")" -eq 1 ] && grep -q -- "$want" "$TMP/be" && [ ! -s "$TMP/bo" ]; then ok "$desc"
+  else fail "$desc: rc $rc, stderr: $(cat "$TMP/be")"; fi
+}
+python3 - "$TMP/plan.json" "$TMP/v2.json" <<'PY'
+import json, sys; j = json.load(open(sys.argv[1])); j["format_version"] = 2; json.dump(j, open(sys.argv[2], "w"))
+PY
+bad "plan of another format version" "format version 2 is not supported" run "$TMP/v2.json"
+bad "plan made for another model" "was made for model tiny" run "$TMP/plan.json" --model llama-3.1-8b
+bad "setup flags conflict with a plan" "conflicts with a plan file" run "$TMP/plan.json" --tp 4
+bad "no source" "exactly one of" run
+bad "unknown backend" "valid: cpu" run "$TMP/plan.json" --backend tpu
+bad "missing plan file" "cannot read plan" run "$TMP/nope.json"
+bad "dp > 1 on the CPU executor" "dp = 1" run "${SETUP[@]}" --dp 2
+printf '{"format": "nanoplan-schedule",\n "format_version": 1,\n oops}\n' >"$TMP/broken.json"
+bad "malformed plan JSON names the line" "broken.json:3" run "$TMP/broken.json"
+
+# A tampered plan: drop a tensor the backward reads from a layer's kept set (recompute none).
+"$NP" plan "${SETUP[@]}" -o "$TMP/none.json" 2>/dev/null
+python3 - "$TMP/none.json" "$TMP/tampered.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+blk = j["stages"][0]["blocks"][1]
+blk["kept_tensors"].remove("mlp.swiglu")
+json.dump(j, open(sys.argv[2], "w"))
+PY
+bad "tampered plan caught by --check-plan, tensor named" "mlp.swiglu, which was neither kept nor recomputed" run "$TMP/tampered.json" --check-plan
+bad "tampered plan refused before running" "neither kept nor recomputed" run "$TMP/tampered.json"
+
+# Enforced budget: one byte under the measured peak stops the run, exit 3.
+peak=$(python3 -c "import json; print(max(r['measured_peak_bytes'] for r in json.load(open('$TMP/run.json'))['ranks']))")
+"$NP" run "$TMP/plan.json" --enforce-budget $((peak - 1)) >"$TMP/o5" 2>"$TMP/e5"; rc=$?
+check "over the enforced budget exits 3" '[ $rc -eq 3 ]'
+check "the OOM line names tensor, size and bytes in use" 'grep -qE "out of memory: allocating .+ \([0-9,]+ bytes\) with [0-9,]+ bytes in use would exceed the budget of [0-9,]+ bytes" "$TMP/e5"'
+"$NP" run "$TMP/plan.json" --enforce-budget "$peak" >/dev/null 2>&1; rc=$?
+check "at exactly the peak the run completes" '[ $rc -eq 0 ]'
+
+[ $failures -eq 0 ] && echo "all passed" || { echo "$failures failed"; exit 1; }

@@ -1,0 +1,1232 @@
+// Op tests of the CPU reference backend (executor/cpu): every OpKind on small odd shapes, b 3 x s 5
+// (T 15 rows), hidden 11, heads 3 with kv_heads 1 (GQA), head_dim 6, ffn 13, vocab 17, 5 experts
+// top 2 (expert 3 receives no token).
+//
+// Gradients (Gradients/*): on make_cpu_backend_fp32_activations(), the same kernels with the
+// tensors the op table stores in bf16 held in fp32, central finite differences of
+// L = sum_i r_i out_i (r random, |r| in [0.5, 1]; for the loss, loss_scale x the sum of per-token
+// losses), Richardson-extrapolated from steps 1e-2 and 5e-3, must match the backward within
+// 1e-3 x max|grad| + 1e-5 absolute, for every float input with a grad bit and every weight.
+// Backward also accumulates: preset input and weight gradients end bitwise as preset + contribution.
+// bf16 (Bf16/*): fed the same bf16-representable values, every bf16 output and input gradient of
+// make_cpu_backend() is bitwise f32_to_bf16 of the fp32 variant's (one rounding), fp32 outputs and
+// weight gradients are bitwise equal; allocations (role, shape, dtype, order) are the op table's;
+// forward and backward are bitwise deterministic. Forward values (Reference/*) match naive
+// double-precision references within 2e-5 relative. Every allocation is poisoned with 0xFF bytes
+// (NaN for bf16/fp32, 255 for u8, -1 for i64), so an element never written shows up.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <limits>
+#include <numbers>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "executor/cpu/cpu_backend.hpp"
+
+namespace np::exec {
+namespace {
+
+constexpr int64_t B = 3, S = 5, T = B * S, H = 11, HQ = 3, HKV = 1, D = 6, F = 13, V = 17, E = 5, K = 2;
+constexpr int64_t QKV = (HQ + 2 * HKV) * D;
+constexpr double kDropout = 0.2;
+using Vec = std::vector<double>;
+
+double bf(double x) { return bf16_to_f32(f32_to_bf16(static_cast<float>(x))); }
+bool is_float(Dtype d) { return d == Dtype::kBf16 || d == Dtype::kFp32; }
+bool bit(unsigned mask, int i) { return (mask >> i) & 1u; }
+std::string str(const TensorType& t) {
+  std::string s = std::string(name_of(t.dtype)) + "{";
+  for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? "," : "") + std::to_string(t.shape[i]);
+  return s + "}";
+}
+bool same(const TensorType& a, const TensorType& b) { return a.shape == b.shape && a.dtype == b.dtype; }
+
+// A tensor's values with its op-table type; integers are held as doubles.
+struct Val {
+  TensorType type;
+  Vec v;
+};
+
+Val val(std::vector<int64_t> shape, Dtype dtype, Vec v) {
+  Val x;
+  x.type.shape = std::move(shape), x.type.dtype = dtype, x.v = std::move(v);
+  return x;
+}
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : g_(seed) {}
+  double uniform(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(g_); }
+  int64_t integer(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(g_); }
+  Val floats(TensorType t, double lo = -1, double hi = 1) {
+    Val x{t, Vec(t.elements())};
+    for (double& v : x.v) v = bf(uniform(lo, hi));
+    return x;
+  }
+  Vec signs(int64_t n) {  // |r| in [0.5, 1], never 0, bf16-representable
+    Vec r(n);
+    for (double& v : r) v = bf((integer(0, 1) ? 1 : -1) * uniform(0.5, 1.0));
+    return r;
+  }
+  std::mt19937_64& engine() { return g_; }
+
+ private:
+  std::mt19937_64 g_;
+};
+
+// Memory of the tests and of the backend's allocations: every block starts as 0xFF bytes.
+class Arena {
+ public:
+  struct Rec {
+    TensorType type;
+    AllocRole role;
+  };
+  Tensor make(const TensorType& t) {
+    blocks_.emplace_back(std::max<int64_t>(1, (t.bytes() + 7) / 8), ~0ull);
+    return {blocks_.back().data(), t};
+  }
+  Tensor alloc(const TensorType& t, AllocRole role) {
+    log.push_back({t, role});
+    return make(t);
+  }
+  std::vector<Rec> log;
+
+ private:
+  std::deque<std::vector<uint64_t>> blocks_;
+};
+
+void fill(const Tensor& t, const Vec& v) {
+  ASSERT_EQ(static_cast<int64_t>(v.size()), t.numel());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (is_float(t.type.dtype)) store(t, i, static_cast<float>(v[i]));
+    else if (t.type.dtype == Dtype::kU8) t.as<uint8_t>()[i] = static_cast<uint8_t>(v[i]);
+    else t.as<int64_t>()[i] = static_cast<int64_t>(v[i]);
+  }
+}
+
+Vec read(const Tensor& t) {
+  Vec v(t.numel());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (is_float(t.type.dtype)) v[i] = load(t, i);
+    else if (t.type.dtype == Dtype::kU8) v[i] = t.as<uint8_t>()[i];
+    else v[i] = static_cast<double>(t.as<int64_t>()[i]);
+  }
+  return v;
+}
+
+uint64_t bits(const Tensor& t, int64_t i) {
+  switch (t.type.dtype) {
+    case Dtype::kBf16: return t.as<uint16_t>()[i];
+    case Dtype::kFp32: { uint32_t u; std::memcpy(&u, t.as<float>() + i, 4); return u; }
+    case Dtype::kU8: return t.as<uint8_t>()[i];
+    case Dtype::kI64: return static_cast<uint64_t>(t.as<int64_t>()[i]);
+  }
+  return 0;
+}
+
+// bf16 tensor == one rounding of the fp32 tensor; other dtypes: bitwise equal.
+void expect_rounded(const Tensor& b, const Tensor& f, const std::string& what) {
+  ASSERT_EQ(b.numel(), f.numel()) << what;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    uint64_t want = b.type.dtype == Dtype::kBf16 && f.type.dtype == Dtype::kFp32 ? f32_to_bf16(f.as<float>()[i]) : bits(f, i);
+    if (bits(b, i) != want && bad++ == 0) ADD_FAILURE() << what << ": element " << i << " is not the rounded fp32 value";
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.numel(), b.numel()) << what;
+  ASSERT_EQ(a.type.dtype, b.type.dtype) << what;
+  EXPECT_EQ(std::memcmp(a.data, b.data, a.bytes()), 0) << what << " differs bitwise";
+}
+
+void expect_written(const Tensor& t, const std::string& what) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    bool ok = is_float(t.type.dtype) ? !std::isnan(load(t, i))
+              : t.type.dtype == Dtype::kU8 ? t.as<uint8_t>()[i] <= 1
+                                            : t.as<int64_t>()[i] >= 0;
+    if (!ok) {
+      ADD_FAILURE() << what << ": element " << i << " was never written (poison)";
+      return;
+    }
+  }
+}
+
+double max_abs(const Vec& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+double max_diff(const Vec& a, const Vec& b) {  // infinite when either holds a NaN
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double d = std::abs(a[i] - b[i]);
+    m = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(m, d);
+  }
+  return m;
+}
+
+// ---- communicators -------------------------------------------------------------------------------
+
+// tp = 1: every collective is the identity.
+class IdentityComm final : public Communicator {
+ public:
+  int64_t tp_rank() const override { return 0; }
+  int64_t tp_size() const override { return 1; }
+  void all_gather(const Tensor& in, const Tensor& out) override { copy(in, out); }
+  void reduce_scatter(const Tensor& in, const Tensor& out) override { copy(in, out); }
+  void all_reduce(const Tensor&) override { ++calls; }
+  void send(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
+  void recv(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
+  void barrier() override {}
+  int calls = 0;
+
+ private:
+  void copy(const Tensor& in, const Tensor& out) {
+    ++calls;
+    if (in.bytes() != out.bytes() || in.type.dtype != out.type.dtype) throw std::logic_error("identity collective: sizes differ");
+    std::memcpy(out.data, in.data, in.bytes());
+  }
+};
+
+// tp ranks as threads: publish a pointer, barrier, read the peers; sums in rank order in fp32.
+class ThreadComm final : public Communicator {
+ public:
+  struct Group {
+    explicit Group(int64_t n) : n(n), sync(n), slots(n) {}
+    int64_t n;
+    std::barrier<> sync;
+    std::vector<const void*> slots;
+  };
+  ThreadComm(Group& g, int64_t r) : g_(g), r_(r) {}
+  int64_t tp_rank() const override { return r_; }
+  int64_t tp_size() const override { return g_.n; }
+  void all_gather(const Tensor& in, const Tensor& out) override {
+    publish(in.data);
+    for (int64_t q = 0; q < g_.n; ++q) std::memcpy(out.as<char>() + q * in.bytes(), g_.slots[q], in.bytes());
+    g_.sync.arrive_and_wait();
+  }
+  void reduce_scatter(const Tensor& in, const Tensor& out) override {
+    publish(in.data);
+    for (int64_t i = 0, n = out.numel(); i < n; ++i) store(out, i, sum(in.type, r_ * n + i));
+    g_.sync.arrive_and_wait();
+  }
+  void all_reduce(const Tensor& t) override {
+    publish(t.data);
+    std::vector<float> s(t.numel());
+    for (int64_t i = 0; i < t.numel(); ++i) s[i] = sum(t.type, i);
+    g_.sync.arrive_and_wait();
+    for (int64_t i = 0; i < t.numel(); ++i) store(t, i, s[i]);
+    g_.sync.arrive_and_wait();
+  }
+  void send(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
+  void recv(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
+  void barrier() override { g_.sync.arrive_and_wait(); }
+
+ private:
+  void publish(const void* p) {
+    g_.slots[r_] = p;
+    g_.sync.arrive_and_wait();
+  }
+  float sum(const TensorType& type, int64_t i) const {
+    float s = 0;
+    for (int64_t q = 0; q < g_.n; ++q) s += load(Tensor{const_cast<void*>(g_.slots[q]), type}, i);
+    return s;
+  }
+  Group& g_;
+  int64_t r_;
+};
+
+template <typename Fn>
+void on_ranks(int64_t n, Fn fn) {
+  ThreadComm::Group group(n);
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      ThreadComm comm(group, r);
+      try {
+        fn(r, comm);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// ---- cases and the executor of one op instance --------------------------------------------------
+
+ModelSpec test_model() {
+  ModelSpec m;
+  m.name = "tiny";
+  m.hidden = H, m.ffn = F, m.layers = 2, m.heads = HQ, m.kv_heads = HKV, m.head_dim = D;
+  m.vocab = V, m.max_positions = 8, m.dropout = kDropout;
+  m.moe = MoeSpec{E, K, F, 0, false};
+  return m;
+}
+
+TrainSpec test_setup() {
+  TrainSpec t;
+  t.micro_batch = B, t.seq_len = S;
+  return t;
+}
+
+struct Case {
+  std::string label;
+  OpKind kind;
+  OpAttrs attrs;
+  std::vector<Val> inputs, weights;
+  std::string bwd_collective;
+};
+
+std::vector<TensorType> types_of(const std::vector<Val>& vs) {
+  std::vector<TensorType> t;
+  for (const Val& v : vs) t.push_back(v.type);
+  return t;
+}
+
+// One backend variant plus the context of one op instance; tensors it makes live as long as it.
+struct Exec {
+  struct Call {
+    Arena arena;
+    std::vector<Tensor> outs, grad_inputs;
+  };
+
+  Exec(const Case& c, bool fp32)
+      : c(c), fp32(fp32), be(fp32 ? make_cpu_backend_fp32_activations() : make_cpu_backend()) {
+    op.kind = c.kind, op.name = "attn." + c.label, op.attrs = c.attrs, op.bwd_collective = c.bwd_collective;
+    auto in = types_of(c.inputs);
+    op.weights = op_info(c.kind).weights(c.attrs, in);
+  }
+  TensorType mode(TensorType t) const {
+    if (fp32 && t.dtype == Dtype::kBf16) t.dtype = Dtype::kFp32;
+    return t;
+  }
+  Tensor tensor(const Val& v) {
+    Tensor t = mem.make(mode(v.type));
+    fill(t, v.v);
+    return t;
+  }
+  std::vector<Tensor> tensors(const std::vector<Val>& vs) {
+    std::vector<Tensor> ts;
+    for (const Val& v : vs) ts.push_back(tensor(v));
+    return ts;
+  }
+  std::vector<Tensor> zero_weight_grads(Dtype dtype = Dtype::kFp32) {
+    std::vector<Tensor> g;
+    for (const WeightShape& w : op.weights) {
+      g.push_back(mem.make({w.shape, dtype}));
+      fill(g.back(), Vec(w.elements(), 0.0));
+    }
+    return g;
+  }
+  OpContext context(Arena& a) {
+    OpContext ctx;
+    ctx.op = &op, ctx.model = &model, ctx.setup = &setup, ctx.comm = comm;
+    ctx.tp_rank = tp_rank, ctx.layer = layer, ctx.mb = mb, ctx.seed = seed;
+    ctx.token_offset = token_offset, ctx.loss_scale = loss_scale;
+    ctx.alloc = [&a](const TensorType& t, AllocRole r) { return a.alloc(t, r); };
+    return ctx;
+  }
+  std::unique_ptr<Call> forward(std::span<const Tensor> in, std::span<const Tensor> w) {
+    auto call = std::make_unique<Call>();
+    call->outs = be->forward(context(call->arena), in, w);
+    return call;
+  }
+  // Passes only what the op table says the backward reads; grad_inputs: present entries accumulate.
+  std::unique_ptr<Call> backward(std::span<const Tensor> in, std::span<const Tensor> outs, std::span<const Tensor> grad_outs,
+                                 std::vector<Tensor> grad_inputs, std::span<const Tensor> w, std::span<const Tensor> wg) {
+    const OpInfo& info = op_info(c.kind);
+    auto call = std::make_unique<Call>();
+    std::vector<Tensor> bi(info.num_inputs), bo(info.num_outputs), bg(info.num_outputs);
+    for (int k = 0; k < info.num_inputs; ++k)
+      if (bit(info.bwd_reads_inputs, k)) bi[k] = in[k];
+    for (int j = 0; j < info.num_outputs; ++j) {
+      if (bit(info.bwd_reads_outputs, j)) bo[j] = outs[j];
+      if (bit(info.grad_outputs, j)) bg[j] = grad_outs[j];
+    }
+    call->grad_inputs = std::move(grad_inputs);
+    call->grad_inputs.resize(info.num_inputs);
+    BackwardArgs args;
+    args.inputs = bi, args.outputs = bo, args.grad_outputs = bg, args.grad_inputs = call->grad_inputs;
+    args.weights = w, args.weight_grads = wg;
+    be->backward(context(call->arena), args);
+    return call;
+  }
+
+  const Case& c;
+  bool fp32;
+  std::unique_ptr<Backend> be;
+  GraphOp op;
+  ModelSpec model = test_model();
+  TrainSpec setup = test_setup();
+  IdentityComm identity;
+  Communicator* comm = &identity;
+  int64_t tp_rank = 0, token_offset = 0;
+  int layer = 3, mb = 1;
+  uint64_t seed = 42;
+  float loss_scale = 0.37f;
+  Arena mem;
+};
+
+// Routing indices: per token K distinct experts out of {0, 1, 2, 4}; expert 3 gets no token.
+Val routing_indices(Rng& rng, int64_t tokens) {
+  Val v = val({tokens, K}, Dtype::kI64, Vec{});
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int64_t> e = {0, 1, 2, 4};
+    std::shuffle(e.begin(), e.end(), rng.engine());
+    for (int64_t j = 0; j < K; ++j) v.v.push_back(static_cast<double>(e[j]));
+  }
+  return v;
+}
+
+Val integers(Rng& rng, std::vector<int64_t> shape, int64_t hi) {
+  Val v{{std::move(shape), Dtype::kI64}, {}};
+  for (int64_t i = 0; i < v.type.elements(); ++i) v.v.push_back(static_cast<double>(rng.integer(0, hi - 1)));
+  return v;
+}
+
+std::vector<Case> all_cases() {
+  Rng rng(2024);
+  std::vector<Case> cs;
+  auto act = [&](std::vector<int64_t> shape, double lo = -1, double hi = 1) { return rng.floats({std::move(shape), Dtype::kBf16}, lo, hi); };
+  auto add = [&](std::string label, OpKind kind, OpAttrs a, std::vector<Val> in, double wlo = -0.5, double whi = 0.5,
+                 std::string bwd = "") {
+    Case c{std::move(label), kind, a, std::move(in), {}, std::move(bwd)};
+    for (const WeightShape& w : op_info(kind).weights(a, types_of(c.inputs))) c.weights.push_back(rng.floats({w.shape, Dtype::kBf16}, wlo, whi));
+    cs.push_back(std::move(c));
+  };
+  OpAttrs core{.batch = B, .seq = S, .heads = HQ, .kv_heads = HKV, .head_dim = D};
+  OpAttrs moe{.features = F, .group = 1, .experts = E, .top_k = K};
+  add("embedding", OpKind::kEmbedding, {.features = H, .rows = V}, {integers(rng, {T}, V)});
+  add("pos_embedding", OpKind::kPosEmbedding, {.features = H, .rows = 8}, {act({T, H})});
+  add("rmsnorm", OpKind::kRmsNorm, {}, {act({T, H})}, 0.5, 1.5);
+  add("layernorm", OpKind::kLayerNorm, {}, {act({T, H})}, 0.5, 1.5);
+  add("all_gather", OpKind::kAllGather, {.group = 1}, {act({T, H})});
+  add("all_gather_fp32", OpKind::kAllGather, {.group = 1}, {rng.floats({{T, K}, Dtype::kFp32})});
+  add("reduce_scatter", OpKind::kReduceScatter, {.group = 1}, {act({T, H})});
+  add("all_reduce", OpKind::kAllReduce, {.group = 1}, {act({T, H})});
+  add("column_linear", OpKind::kColumnLinear, {.features = F, .bias = true}, {act({T, H})});
+  add("column_linear_all_reduce", OpKind::kColumnLinear, {.features = F}, {act({T, H})}, -0.5, 0.5, "all_reduce");
+  add("row_linear", OpKind::kRowLinear, {.features = H, .bias = true}, {act({T, F})});
+  add("rope", OpKind::kRope, {}, {act({T, QKV})});
+  add("flash_attention", OpKind::kFlashAttention, core, {act({T, QKV})});
+  OpAttrs gqa2{.batch = B, .seq = S, .heads = 4, .kv_heads = 2, .head_dim = 4};  // q heads 0,1 -> kv 0; 2,3 -> kv 1
+  add("flash_attention_gqa2", OpKind::kFlashAttention, gqa2, {act({T, (4 + 2 * 2) * 4})});
+  add("attn_scores_gqa2", OpKind::kAttnScores, gqa2, {act({T, (4 + 2 * 2) * 4})});
+  add("attn_context_gqa2", OpKind::kAttnContext, gqa2, {act({B, 4, S, S}, 0, 1), act({T, (4 + 2 * 2) * 4})});
+  add("attn_scores", OpKind::kAttnScores, core, {act({T, QKV})});
+  add("softmax", OpKind::kSoftmax, core, {act({B, HQ, S, S}, -2, 2)});
+  add("attn_context", OpKind::kAttnContext, core, {act({B, HQ, S, S}, 0, 1), act({T, QKV})});
+  add("dropout", OpKind::kDropout, {}, {act({T, H})});
+  add("dropout_probs", OpKind::kDropout, core, {act({B, HQ, S, S}, 0, 1)});
+  add("swiglu", OpKind::kSwiGlu, {}, {act({T, 2 * F}, -2, 2)});
+  add("gelu", OpKind::kGelu, {}, {act({T, F}, -3, 3)});
+  add("add", OpKind::kAdd, {}, {act({T, H}), act({T, H})});
+  add("router", OpKind::kRouter, {.features = E}, {act({T, H})});
+  {  // distinct logits, gaps >= 0.25 (far beyond the finite-difference steps)
+    Val l = val({T, E}, Dtype::kFp32, Vec{});
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int> p(E);
+      std::iota(p.begin(), p.end(), 0);
+      std::shuffle(p.begin(), p.end(), rng.engine());
+      for (int64_t e = 0; e < E; ++e) l.v.push_back(bf(0.3 * p[e] - 0.6 + rng.uniform(0, 0.05)));
+    }
+    add("topk", OpKind::kTopK, {.top_k = K}, {l});
+  }
+  Val idx = routing_indices(rng, T);
+  Val probs = rng.floats({{T, K}, Dtype::kFp32}, 0.1, 0.9);
+  add("moe_dispatch", OpKind::kMoeDispatch, moe, {act({T, H}), idx});
+  add("expert_column", OpKind::kExpertColumn, moe, {act({T * K, H}), idx});
+  OpAttrs down = moe;
+  down.features = H;
+  add("expert_row", OpKind::kExpertRow, down, {act({T * K, F}), idx});
+  add("moe_combine", OpKind::kMoeCombine, down, {act({T * K, H}), probs, idx});
+  add("shared_gate", OpKind::kSharedGate, {}, {act({T, H}), act({T, H})});
+  add("cross_entropy", OpKind::kCrossEntropy, {}, {act({T, V}, -2, 2), integers(rng, {T}, V)});
+  return cs;
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = all_cases();
+  return c;
+}
+
+// ---- naive double-precision references of the forward outputs ------------------------------------
+
+// The dispatched order of (token, slot): experts ascending, then (t, j) ascending.
+std::vector<std::pair<int64_t, int64_t>> dispatch_order(const Val& idx) {
+  std::vector<std::pair<int64_t, int64_t>> o;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t t = 0; t < idx.type.shape[0]; ++t)
+      for (int64_t j = 0; j < K; ++j)
+        if (idx.v[t * K + j] == e) o.emplace_back(t, j);
+  return o;
+}
+
+Vec linear_ref(const Vec& x, int64_t rows, int64_t in, const Vec& w, int64_t out, const Vec* bias) {
+  Vec y(rows * out);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t f = 0; f < out; ++f) {
+      double s = bias ? (*bias)[f] : 0.0;
+      for (int64_t c = 0; c < in; ++c) s += x[t * in + c] * w[f * in + c];
+      y[t * out + f] = s;
+    }
+  return y;
+}
+
+double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+
+std::vector<Vec> reference(const Case& c, Exec& ex) {
+  const auto& in = c.inputs;
+  const auto& w = c.weights;
+  auto x = [&](int k) -> const Vec& { return in[k].v; };
+  // Attention geometry from the attrs (a case may use other heads than the model's).
+  int64_t hq = c.attrs.heads, hkv = c.attrs.kv_heads, hd = c.attrs.head_dim, wq = (hq + 2 * hkv) * hd;
+  auto q = [&](const Vec& a, int64_t t, int64_t h, int64_t d) { return a[t * wq + h * hd + d]; };
+  auto k_ = [&](const Vec& a, int64_t t, int64_t h, int64_t d) { return a[t * wq + (hq + h / (hq / hkv)) * hd + d]; };
+  auto v_ = [&](const Vec& a, int64_t t, int64_t h, int64_t d) { return a[t * wq + (hq + hkv + h / (hq / hkv)) * hd + d]; };
+  double scale = hd > 0 ? 1.0 / std::sqrt(double(hd)) : 0.0;
+  switch (c.kind) {
+    case OpKind::kEmbedding: {
+      Vec o(T * H);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < H; ++d) o[t * H + d] = w[0].v[int64_t(x(0)[t]) * H + d];
+      return {o};
+    }
+    case OpKind::kPosEmbedding: {
+      Vec o = x(0);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < H; ++d) o[t * H + d] += w[0].v[(t / B) * H + d];
+      return {o};
+    }
+    case OpKind::kRmsNorm:
+    case OpKind::kLayerNorm: {
+      Vec o(T * H);
+      bool ln = c.kind == OpKind::kLayerNorm;
+      for (int64_t t = 0; t < T; ++t) {
+        double mu = 0, var = 0;
+        for (int64_t d = 0; d < H; ++d) mu += ln ? x(0)[t * H + d] / H : 0.0;
+        for (int64_t d = 0; d < H; ++d) var += (x(0)[t * H + d] - mu) * (x(0)[t * H + d] - mu) / H;
+        for (int64_t d = 0; d < H; ++d)
+          o[t * H + d] = (x(0)[t * H + d] - mu) / std::sqrt(var + 1e-5) * w[0].v[d] + (ln ? w[1].v[d] : 0.0);
+      }
+      return {o};
+    }
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllReduce: return {x(0)};
+    case OpKind::kColumnLinear:
+    case OpKind::kRowLinear:
+    case OpKind::kRouter: {
+      int64_t n = in[0].type.shape[1], out = c.attrs.features;
+      return {linear_ref(x(0), T, n, w[0].v, out, w.size() > 1 ? &w[1].v : nullptr)};
+    }
+    case OpKind::kRope: {
+      Vec o = x(0);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < HQ + HKV; ++h)
+          for (int64_t i = 0; i < D / 2; ++i) {
+            double a = double(t / B) / std::pow(10000.0, 2.0 * i / D);
+            double re = x(0)[t * QKV + h * D + i], im = x(0)[t * QKV + h * D + i + D / 2];
+            o[t * QKV + h * D + i] = re * std::cos(a) - im * std::sin(a);
+            o[t * QKV + h * D + i + D / 2] = re * std::sin(a) + im * std::cos(a);
+          }
+      return {o};
+    }
+    case OpKind::kFlashAttention:
+    case OpKind::kAttnScores:
+    case OpKind::kSoftmax:
+    case OpKind::kAttnContext: {
+      const Vec& a = c.kind == OpKind::kAttnContext ? x(1) : x(0);
+      Vec ctx(T * hq * hd, 0.0), lse(B * hq * S), sc(B * hq * S * S, 0.0), pr(B * hq * S * S, 0.0);
+      for (int64_t bi = 0; bi < B; ++bi)
+        for (int64_t h = 0; h < hq; ++h)
+          for (int64_t i = 0; i < S; ++i) {
+            int64_t row = (bi * hq + h) * S + i;
+            if (c.kind == OpKind::kSoftmax) {
+              for (int64_t j = 0; j <= i; ++j) sc[row * S + j] = x(0)[row * S + j];
+            } else {
+              for (int64_t j = 0; j <= i; ++j)
+                for (int64_t d = 0; d < hd; ++d) sc[row * S + j] += q(a, i * B + bi, h, d) * k_(a, j * B + bi, h, d);
+            }
+            double m = -1e300, z = 0;
+            for (int64_t j = 0; j <= i; ++j) m = std::max(m, scale * sc[row * S + j]);
+            for (int64_t j = 0; j <= i; ++j) z += std::exp(scale * sc[row * S + j] - m);
+            lse[row] = m + std::log(z);
+            for (int64_t j = 0; j <= i; ++j) {
+              pr[row * S + j] = std::exp(scale * sc[row * S + j] - m) / z;
+              double p = c.kind == OpKind::kAttnContext ? x(0)[row * S + j] : pr[row * S + j];
+              for (int64_t d = 0; d < hd; ++d) ctx[(i * B + bi) * hq * hd + h * hd + d] += p * v_(a, j * B + bi, h, d);
+            }
+          }
+      if (c.kind == OpKind::kFlashAttention) return {ctx, lse};
+      if (c.kind == OpKind::kAttnScores) return {sc};
+      if (c.kind == OpKind::kSoftmax) return {pr};
+      return {ctx};
+    }
+    case OpKind::kDropout: {  // at tp = 1 without SP the global index is the flat index
+      Arena a;
+      OpContext ctx = ex.context(a);
+      uint64_t stream = dropout_stream(ctx) ^ (static_cast<uint64_t>(ctx.mb) * 0x9E3779B97F4A7C15ull);
+      Vec o(x(0).size()), mask(x(0).size());
+      for (size_t i = 0; i < o.size(); ++i) {
+        mask[i] = counter_uniform(ctx.seed, stream, i) >= static_cast<float>(kDropout);
+        o[i] = mask[i] ? x(0)[i] / (1.0 - kDropout) : 0.0;
+      }
+      return {o, mask};
+    }
+    case OpKind::kSwiGlu: {
+      Vec o(T * F);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t f = 0; f < F; ++f) {
+          double g = x(0)[t * 2 * F + f];
+          o[t * F + f] = g * sigmoid(g) * x(0)[t * 2 * F + F + f];
+        }
+      return {o};
+    }
+    case OpKind::kGelu: {
+      Vec o(x(0).size());
+      for (size_t i = 0; i < o.size(); ++i) {
+        double v = x(0)[i];
+        o[i] = 0.5 * v * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (v + 0.044715 * v * v * v)));
+      }
+      return {o};
+    }
+    case OpKind::kAdd: {
+      Vec o(x(0).size());
+      for (size_t i = 0; i < o.size(); ++i) o[i] = x(0)[i] + x(1)[i];
+      return {o};
+    }
+    case OpKind::kTopK: {
+      Vec p(T * K), id(T * K);
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<int64_t> e(E);
+        std::iota(e.begin(), e.end(), 0);
+        std::stable_sort(e.begin(), e.end(), [&](int64_t a, int64_t b) { return x(0)[t * E + a] > x(0)[t * E + b]; });
+        double z = 0;
+        for (int64_t j = 0; j < K; ++j) z += std::exp(x(0)[t * E + e[j]]);
+        for (int64_t j = 0; j < K; ++j) p[t * K + j] = std::exp(x(0)[t * E + e[j]]) / z, id[t * K + j] = double(e[j]);
+      }
+      return {p, id};
+    }
+    case OpKind::kMoeDispatch:
+    case OpKind::kExpertColumn:
+    case OpKind::kExpertRow:
+    case OpKind::kMoeCombine: {
+      const Val& idx = c.kind == OpKind::kMoeCombine ? in[2] : in[1];
+      auto order = dispatch_order(idx);
+      int64_t n = in[0].type.shape[1];
+      if (c.kind == OpKind::kMoeDispatch) {
+        Vec o;
+        for (auto [t, j] : order)
+          for (int64_t d = 0; d < n; ++d) o.push_back(x(0)[t * n + d]);
+        return {o};
+      }
+      if (c.kind == OpKind::kMoeCombine) {
+        Vec o(T * n, 0.0);
+        for (size_t r = 0; r < order.size(); ++r) {
+          auto [t, j] = order[r];
+          for (int64_t d = 0; d < n; ++d) o[t * n + d] += x(1)[t * K + j] * x(0)[r * n + d];
+        }
+        return {o};
+      }
+      int64_t out = c.attrs.features;
+      Vec o(order.size() * out);
+      for (size_t r = 0; r < order.size(); ++r) {
+        int64_t e = int64_t(idx.v[order[r].first * K + order[r].second]);
+        for (int64_t f = 0; f < out; ++f) {
+          double s = 0;
+          for (int64_t d = 0; d < n; ++d) s += x(0)[r * n + d] * w[0].v[(e * out + f) * n + d];
+          o[r * out + f] = s;
+        }
+      }
+      return {o};
+    }
+    case OpKind::kSharedGate: {
+      Vec o(T * H);
+      for (int64_t t = 0; t < T; ++t) {
+        double z = 0;
+        for (int64_t d = 0; d < H; ++d) z += x(0)[t * H + d] * w[0].v[d];
+        for (int64_t d = 0; d < H; ++d) o[t * H + d] = sigmoid(z) * x(1)[t * H + d];
+      }
+      return {o};
+    }
+    case OpKind::kCrossEntropy: {
+      int64_t v = in[0].type.shape[1];
+      Vec loss(T), sm(T * v);
+      for (int64_t t = 0; t < T; ++t) {
+        double m = -1e300, z = 0;
+        for (int64_t j = 0; j < v; ++j) m = std::max(m, x(0)[t * v + j]);
+        for (int64_t j = 0; j < v; ++j) z += std::exp(x(0)[t * v + j] - m);
+        loss[t] = std::log(z) + m - x(0)[t * v + int64_t(x(1)[t])];
+        for (int64_t j = 0; j < v; ++j) sm[t * v + j] = std::exp(x(0)[t * v + j] - m) / z;
+      }
+      return {loss, sm};
+    }
+    case OpKind::kCount: break;
+  }
+  return {};
+}
+
+// ---- the per-case checks -------------------------------------------------------------------------
+
+class CpuOp : public ::testing::TestWithParam<size_t> {
+ protected:
+  const Case& c() const { return cases()[GetParam()]; }
+};
+
+TEST_P(CpuOp, Reference) {
+  const Case& c = this->c();
+  Exec ex(c, true);
+  auto in = ex.tensors(c.inputs), w = ex.tensors(c.weights);
+  auto f = ex.forward(in, w);
+  std::vector<Vec> ref = reference(c, ex);
+  ASSERT_FALSE(ref.empty());
+  for (size_t j = 0; j < ref.size(); ++j) {
+    Vec got = read(f->outs.at(j));
+    ASSERT_EQ(got.size(), ref[j].size()) << "output " << j;
+    EXPECT_LE(max_diff(got, ref[j]), 2e-5 * std::max(1.0, max_abs(ref[j]))) << "output " << j;
+  }
+}
+
+TEST_P(CpuOp, Gradients) {
+  const Case& c = this->c();
+  const OpInfo& info = op_info(c.kind);
+  Exec ex(c, true);
+  auto in = ex.tensors(c.inputs), w = ex.tensors(c.weights);
+  auto base = ex.forward(in, w);
+  Rng rng(7 + GetParam());
+  std::vector<Vec> r(info.num_outputs);
+  std::vector<Tensor> go(info.num_outputs);
+  for (int j = 0; j < info.num_outputs; ++j)
+    if (bit(info.grad_outputs, j)) {
+      r[j] = rng.signs(base->outs[j].numel());
+      go[j] = ex.tensor({base->outs[j].type, r[j]});
+    }
+  auto L = [&] {
+    auto f = ex.forward(in, w);
+    double s = 0;
+    if (info.grad_outputs == 0) {  // the loss is the root: L = loss_scale x sum of per-token losses
+      for (double v : read(f->outs[0])) s += ex.loss_scale * v;
+    }
+    for (int j = 0; j < info.num_outputs; ++j)
+      if (bit(info.grad_outputs, j)) {
+        Vec o = read(f->outs[j]);
+        for (size_t i = 0; i < o.size(); ++i) s += r[j][i] * o[i];
+      }
+    return s;
+  };
+  auto wg = ex.zero_weight_grads();
+  auto g1 = ex.backward(in, base->outs, go, {}, w, wg);
+  for (int k = 0; k < info.num_inputs; ++k) {
+    if (!bit(info.grad_inputs, k)) {
+      EXPECT_FALSE(g1->grad_inputs[k]) << "input " << k << " has no grad bit";
+      continue;
+    }
+    ASSERT_TRUE(g1->grad_inputs[k]) << "input " << k;
+    EXPECT_TRUE(same(g1->grad_inputs[k].type, in[k].type)) << str(g1->grad_inputs[k].type);
+    expect_written(g1->grad_inputs[k], "grad input");
+  }
+  auto numeric = [&](const Tensor& t, int64_t i) {
+    float x0 = load(t, i);
+    auto d = [&](double h) {
+      float xp = static_cast<float>(x0 + h), xm = static_cast<float>(x0 - h);
+      store(t, i, xp);
+      double lp = L();
+      store(t, i, xm);
+      double lm = L();
+      store(t, i, x0);
+      return (lp - lm) / (double(xp) - double(xm));
+    };
+    return (4 * d(5e-3) - d(1e-2)) / 3;
+  };
+  auto compare = [&](const std::string& what, const Tensor& t, const Vec& analytic) {
+    Vec num(t.numel());
+    for (int64_t i = 0; i < t.numel(); ++i) num[i] = numeric(t, i);
+    double scale = max_abs(analytic);
+    EXPECT_GT(scale, 0.0) << what << ": an all-zero gradient checks nothing";
+    EXPECT_LE(max_diff(num, analytic), 1e-3 * scale + 1e-5) << what << " (max |grad| " << scale << ")";
+  };
+  for (int k = 0; k < info.num_inputs; ++k)
+    if (bit(info.grad_inputs, k) && is_float(in[k].type.dtype))
+      compare("input " + std::to_string(k), in[k], read(g1->grad_inputs[k]));
+  for (size_t m = 0; m < w.size(); ++m) compare("weight " + std::to_string(m), w[m], read(wg[m]));
+
+  // Accumulation: preset gradients end as preset + the same contribution, nothing is allocated.
+  std::vector<Tensor> preset(info.num_inputs);
+  std::vector<Vec> pv(info.num_inputs);
+  for (int k = 0; k < info.num_inputs; ++k)
+    if (bit(info.grad_inputs, k)) {
+      pv[k] = rng.signs(in[k].numel());
+      preset[k] = ex.tensor({in[k].type, pv[k]});
+    }
+  auto wg2 = ex.zero_weight_grads();
+  std::vector<Vec> pw;
+  for (const Tensor& t : wg2) {
+    pw.push_back(rng.signs(t.numel()));
+    fill(t, pw.back());
+  }
+  auto g2 = ex.backward(in, base->outs, go, preset, w, wg2);
+  for (const Arena::Rec& rec : g2->arena.log) EXPECT_NE(rec.role, AllocRole::kGradInput) << "allocated a present gradient";
+  for (int k = 0; k < info.num_inputs; ++k) {
+    if (!bit(info.grad_inputs, k)) continue;
+    ASSERT_EQ(g2->grad_inputs[k].data, preset[k].data);
+    for (int64_t i = 0; i < in[k].numel(); ++i)
+      ASSERT_EQ(load(preset[k], i), static_cast<float>(pv[k][i]) + load(g1->grad_inputs[k], i)) << "input " << k << " element " << i;
+  }
+  for (size_t m = 0; m < wg2.size(); ++m)
+    for (int64_t i = 0; i < wg2[m].numel(); ++i)
+      ASSERT_EQ(load(wg2[m], i), static_cast<float>(pw[m][i]) + load(wg[m], i)) << "weight " << m << " element " << i;
+}
+
+TEST_P(CpuOp, Bf16RoundsOnceAllocatesTheTableAndIsDeterministic) {
+  const Case& c = this->c();
+  const OpInfo& info = op_info(c.kind);
+  auto in_types = types_of(c.inputs);
+  Exec hb(c, false), hf(c, true);
+  auto in_b = hb.tensors(c.inputs), w_b = hb.tensors(c.weights);
+  auto in_f = hf.tensors(c.inputs), w_f = hf.tensors(c.weights);
+  auto fb = hb.forward(in_b, w_b), ff = hf.forward(in_f, w_f);
+
+  // Forward allocations: the outputs, then the forward workspaces, exactly as the op table says.
+  std::vector<TensorType> want = info.infer(c.attrs, in_types);
+  std::vector<TensorType> ws = forward_workspace(info, c.attrs, in_types);
+  ASSERT_EQ(fb->outs.size(), want.size() + ws.size());
+  ASSERT_EQ(fb->arena.log.size(), want.size() + ws.size());
+  for (size_t j = 0; j < fb->outs.size(); ++j) {
+    const TensorType& t = j < want.size() ? want[j] : ws[j - want.size()];
+    AllocRole role = j < want.size() ? AllocRole::kOutput : AllocRole::kWorkspace;
+    EXPECT_TRUE(same(fb->outs[j].type, t)) << "result " << j << ": " << str(fb->outs[j].type) << " vs " << str(t);
+    EXPECT_TRUE(same(fb->arena.log[j].type, t) && fb->arena.log[j].role == role) << "allocation " << j;
+    expect_written(fb->outs[j], "forward result " + std::to_string(j));
+    expect_rounded(fb->outs[j], ff->outs[j], "forward result " + std::to_string(j));
+  }
+  auto fb2 = hb.forward(in_b, w_b);
+  for (size_t j = 0; j < fb->outs.size(); ++j) expect_bitwise(fb->outs[j], fb2->outs[j], "recomputed forward result");
+
+  // Backward from the bf16 forward's outputs, the same values in both variants.
+  Rng rng(11 + GetParam());
+  std::vector<Tensor> go_b(info.num_outputs), go_f(info.num_outputs), out_f;
+  for (int j = 0; j < info.num_outputs; ++j) {
+    Val o{fb->outs[j].type, read(fb->outs[j])};
+    out_f.push_back(hf.tensor(o));
+    if (bit(info.grad_outputs, j)) {
+      Val g{fb->outs[j].type, rng.signs(fb->outs[j].numel())};
+      go_b[j] = hb.tensor(g), go_f[j] = hf.tensor(g);
+    }
+  }
+  auto wg_b = hb.zero_weight_grads(), wg_f = hf.zero_weight_grads(), wg_b2 = hb.zero_weight_grads();
+  auto bb = hb.backward(in_b, fb->outs, go_b, {}, w_b, wg_b);
+  auto bf_ = hf.backward(in_f, out_f, go_f, {}, w_f, wg_f);
+  auto bb2 = hb.backward(in_b, fb->outs, go_b, {}, w_b, wg_b2);
+  std::vector<TensorType> grads, bws = info.bwd_workspace(c.attrs, in_types), got_grads, got_ws;
+  for (int k = 0; k < info.num_inputs; ++k)
+    if (bit(info.grad_inputs, k)) grads.push_back(in_types[k]);
+  for (const Arena::Rec& rec : bb->arena.log) {
+    ASSERT_NE(rec.role, AllocRole::kOutput) << "backward allocated an output";
+    (rec.role == AllocRole::kGradInput ? got_grads : got_ws).push_back(rec.type);
+  }
+  ASSERT_EQ(got_grads.size(), grads.size());
+  for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(same(got_grads[i], grads[i])) << str(got_grads[i]) << " vs " << str(grads[i]);
+  ASSERT_EQ(got_ws.size(), bws.size());
+  for (size_t i = 0; i < bws.size(); ++i) EXPECT_TRUE(same(got_ws[i], bws[i])) << str(got_ws[i]) << " vs " << str(bws[i]);
+  for (int k = 0; k < info.num_inputs; ++k) {
+    if (!bit(info.grad_inputs, k)) continue;
+    ASSERT_TRUE(bb->grad_inputs[k] && bf_->grad_inputs[k]);
+    expect_written(bb->grad_inputs[k], "grad input");
+    expect_rounded(bb->grad_inputs[k], bf_->grad_inputs[k], "grad input " + std::to_string(k));
+    expect_bitwise(bb->grad_inputs[k], bb2->grad_inputs[k], "recomputed grad input");
+  }
+  for (size_t m = 0; m < wg_b.size(); ++m) {
+    expect_bitwise(wg_b[m], wg_f[m], "weight gradient (fp32 buffer)");
+    expect_bitwise(wg_b[m], wg_b2[m], "recomputed weight gradient");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CpuOp, ::testing::Range<size_t>(0, cases().size()),
+                         [](const ::testing::TestParamInfo<size_t>& p) { return cases()[p.param].label; });
+
+// ---- dispatch ------------------------------------------------------------------------------------
+
+TEST(CpuBackend, EveryOpKindHasACaseAndADispatchEntry) {
+  for (int k = 0; k < static_cast<int>(OpKind::kCount); ++k) {
+    auto kind = static_cast<OpKind>(k);
+    auto it = std::find_if(cases().begin(), cases().end(), [&](const Case& c) { return c.kind == kind; });
+    ASSERT_NE(it, cases().end()) << name_of(kind) << " has no test case";
+    Exec ex(*it, false);
+    auto in = ex.tensors(it->inputs), w = ex.tensors(it->weights);
+    EXPECT_NO_THROW(ex.forward(in, w)) << name_of(kind);
+  }
+  Exec ex(cases()[0], false);
+  ex.op.kind = OpKind::kCount;
+  EXPECT_THROW(ex.forward({}, {}), std::exception);
+  EXPECT_STREQ(make_cpu_backend()->name(), "cpu");
+}
+
+// ---- attention: flash against the eager chain ----------------------------------------------------
+
+struct AttentionRun {
+  Vec ctx, dqkv;
+};
+
+AttentionRun run_flash(const Val& qkv, const Val& dctx, bool fp32) {
+  OpAttrs core{.batch = B, .seq = S, .heads = HQ, .kv_heads = HKV, .head_dim = D};
+  Case c{"flash", OpKind::kFlashAttention, core, {qkv}, {}, ""};
+  Exec ex(c, fp32);
+  auto in = ex.tensors(c.inputs);
+  auto f = ex.forward(in, {});
+  std::vector<Tensor> go = {ex.tensor(dctx), Tensor{}};
+  auto b = ex.backward(in, f->outs, go, {}, {}, {});
+  return {read(f->outs[0]), read(b->grad_inputs[0])};
+}
+
+AttentionRun run_eager(const Val& qkv, const Val& dctx, bool fp32) {
+  OpAttrs core{.batch = B, .seq = S, .heads = HQ, .kv_heads = HKV, .head_dim = D};
+  Case cs{"scores", OpKind::kAttnScores, core, {qkv}, {}, ""};
+  Exec es(cs, fp32);
+  auto x = es.tensors(cs.inputs);
+  auto s = es.forward(x, {});
+  Case cp{"softmax", OpKind::kSoftmax, core, {{s->outs[0].type, read(s->outs[0])}}, {}, ""};
+  Exec ep(cp, fp32);
+  auto sx = ep.tensors(cp.inputs);
+  auto p = ep.forward(sx, {});
+  Case cc{"context", OpKind::kAttnContext, core, {{p->outs[0].type, read(p->outs[0])}, qkv}, {}, ""};
+  Exec ec(cc, fp32);
+  auto cx = ec.tensors(cc.inputs);
+  auto o = ec.forward(cx, {});
+  std::vector<Tensor> g = {ec.tensor(dctx)};
+  auto bc = ec.backward(cx, o->outs, g, {}, {}, {});  // grads of probs and of qkv (v part)
+  std::vector<Tensor> gp = {ep.tensor({bc->grad_inputs[0].type, read(bc->grad_inputs[0])})};
+  std::vector<Tensor> po = {ep.tensor({p->outs[0].type, read(p->outs[0])})};
+  auto bp = ep.backward(sx, po, gp, {}, {}, {});
+  std::vector<Tensor> gs = {es.tensor({bp->grad_inputs[0].type, read(bp->grad_inputs[0])})};
+  std::vector<Tensor> acc = {es.tensor({bc->grad_inputs[1].type, read(bc->grad_inputs[1])})};
+  auto bs = es.backward(x, s->outs, gs, acc, {}, {});  // accumulates the q, k parts into the v part
+  return {read(o->outs[0]), read(bs->grad_inputs[0])};
+}
+
+double correlation(const Vec& a, const Vec& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < a.size(); ++i) ab += a[i] * b[i], aa += a[i] * a[i], bb += b[i] * b[i];
+  return ab / std::sqrt(aa * bb);
+}
+
+TEST(CpuAttention, FlashMatchesEager) {
+  Rng rng(5);
+  Val qkv = rng.floats({{T, QKV}, Dtype::kBf16}, -1.5, 1.5);
+  Val dctx = rng.floats({{T, HQ * D}, Dtype::kBf16});
+  // fp32 storage: the same math up to fp32 rounding.
+  AttentionRun f32 = run_flash(qkv, dctx, true), e32 = run_eager(qkv, dctx, true);
+  EXPECT_LE(max_diff(f32.ctx, e32.ctx), 1e-5 * max_abs(e32.ctx));
+  EXPECT_LE(max_diff(f32.dqkv, e32.dqkv), 1e-5 * max_abs(e32.dqkv));
+  // bf16 storage: the eager chain rounds scores, probs and their gradients to bf16 (2^-8 relative
+  // each), so the two agree to a few percent of the largest element, with correlation > 0.999.
+  AttentionRun fb = run_flash(qkv, dctx, false), eb = run_eager(qkv, dctx, false);
+  EXPECT_LE(max_diff(fb.ctx, eb.ctx), 3e-2 * max_abs(eb.ctx));
+  EXPECT_LE(max_diff(fb.dqkv, eb.dqkv), 5e-2 * max_abs(eb.dqkv));
+  EXPECT_GT(correlation(fb.ctx, eb.ctx), 0.999);
+  EXPECT_GT(correlation(fb.dqkv, eb.dqkv), 0.999);
+}
+
+// ---- dropout ---------------------------------------------------------------------------------------
+
+struct Masked {
+  Vec out, mask;
+};
+
+Masked run_dropout(const Case& c, std::function<void(Exec&)> tweak = nullptr) {
+  Exec ex(c, false);
+  if (tweak) tweak(ex);
+  auto in = ex.tensors(c.inputs);
+  auto f = ex.forward(in, {});
+  return {read(f->outs[0]), read(f->outs[1])};
+}
+
+TEST(CpuDropout, MaskRateDeterminismAndStreams) {
+  Rng rng(3);
+  Case c{"big", OpKind::kDropout, {}, {rng.floats({{512, 64}, Dtype::kBf16})}, {}, ""};
+  Masked a = run_dropout(c), b = run_dropout(c);
+  double kept = std::accumulate(a.mask.begin(), a.mask.end(), 0.0) / a.mask.size();
+  EXPECT_NEAR(kept, 1 - kDropout, 0.01);  // 32768 draws: sigma 0.0022
+  EXPECT_EQ(a.mask, b.mask);
+  EXPECT_EQ(a.out, b.out);
+  auto differs = [&](const Masked& m) {
+    double d = 0;
+    for (size_t i = 0; i < m.mask.size(); ++i) d += m.mask[i] != a.mask[i];
+    return d / m.mask.size();  // about 2 p (1 - p) = 0.32 for independent masks
+  };
+  EXPECT_GT(differs(run_dropout(c, [](Exec& e) { e.mb = 2; })), 0.25);
+  EXPECT_GT(differs(run_dropout(c, [](Exec& e) { e.layer = 4; })), 0.25);
+  EXPECT_GT(differs(run_dropout(c, [](Exec& e) { e.seed = 43; })), 0.25);
+  EXPECT_GT(differs(run_dropout(c, [](Exec& e) { e.op.name = "mlp.dropout"; })), 0.25);
+}
+
+// The mask bit of an element depends on its global position only, not on the TP rank or SP shard.
+TEST(CpuDropout, IndependentOfTensorParallelShards) {
+  Rng rng(4);
+  int64_t hq = 4, s = 6;
+  Case full{"probs", OpKind::kDropout, {}, {rng.floats({{2, hq, s, s}, Dtype::kBf16})}, {}, ""};
+  Masked ref = run_dropout(full);
+  for (int64_t r = 0; r < 2; ++r) {  // heads split over tp = 2
+    Val part = val({2, hq / 2, s, s}, Dtype::kBf16, Vec{});
+    for (int64_t bi = 0; bi < 2; ++bi)
+      for (int64_t h = 0; h < hq / 2; ++h)
+        for (int64_t i = 0; i < s * s; ++i) part.v.push_back(full.inputs[0].v[((bi * hq + r * hq / 2 + h) * s * s) + i]);
+    Case c{"probs", OpKind::kDropout, {}, {part}, {}, ""};
+    Masked m = run_dropout(c, [&](Exec& e) { e.setup.tp = 2, e.tp_rank = r; });
+    for (int64_t bi = 0; bi < 2; ++bi)
+      for (int64_t h = 0; h < hq / 2; ++h)
+        for (int64_t i = 0; i < s * s; ++i)
+          ASSERT_EQ(m.mask[(bi * hq / 2 + h) * s * s + i], ref.mask[(bi * hq + r * hq / 2 + h) * s * s + i]);
+  }
+  // Sequence shards (SP): rows [token_offset, token_offset + T/3) of the full tensor.
+  Case rows{"hidden", OpKind::kDropout, {}, {rng.floats({{T, H}, Dtype::kBf16})}, {}, ""};
+  Masked all = run_dropout(rows);
+  for (int64_t r = 0; r < 3; ++r) {
+    Val part = val({T / 3, H}, Dtype::kBf16, Vec(rows.inputs[0].v.begin() + r * (T / 3) * H, rows.inputs[0].v.begin() + (r + 1) * (T / 3) * H));
+    Case c{"hidden", OpKind::kDropout, {}, {part}, {}, ""};
+    Masked m = run_dropout(c, [&](Exec& e) { e.setup.tp = 3, e.setup.sp = true, e.tp_rank = r, e.token_offset = r * (T / 3); });
+    EXPECT_EQ(m.mask, Vec(all.mask.begin() + r * (T / 3) * H, all.mask.begin() + (r + 1) * (T / 3) * H)) << "shard " << r;
+    EXPECT_EQ(m.out, Vec(all.out.begin() + r * (T / 3) * H, all.out.begin() + (r + 1) * (T / 3) * H)) << "shard " << r;
+  }
+}
+
+TEST(CpuRng, CounterUniformAndStreams) {
+  double sum = 0;
+  for (uint64_t i = 0; i < 10000; ++i) {
+    float u = counter_uniform(1, 2, i);
+    ASSERT_GE(u, 0.0f);
+    ASSERT_LT(u, 1.0f);
+    sum += u;
+  }
+  EXPECT_NEAR(sum / 10000, 0.5, 0.01);
+  EXPECT_EQ(counter_uniform(9, 8, 7), counter_uniform(9, 8, 7));
+  EXPECT_NE(counter_uniform(9, 8, 7), counter_uniform(9, 8, 6));
+  GraphOp a, b;
+  a.name = "attn.dropout", b.name = "mlp.dropout";
+  OpContext ca, cb;
+  ca.op = &a, cb.op = &b, ca.layer = cb.layer = 0;
+  EXPECT_NE(dropout_stream(ca), dropout_stream(cb));
+  OpContext cl = ca;
+  cl.layer = 1;
+  EXPECT_NE(dropout_stream(ca), dropout_stream(cl));
+  OpContext cm = ca;
+  cm.mb = 5, cm.tp_rank = 1;  // neither the micro-batch nor the rank enters the stream
+  EXPECT_EQ(dropout_stream(ca), dropout_stream(cm));
+}
+
+// ---- routing, vocab and bias details ---------------------------------------------------------------
+
+TEST(CpuMoe, TopKTiesPickTheLowerExpert) {
+  Val l = val({2, 4}, Dtype::kFp32, Vec{0.5, 1.0, 1.0, 1.0, 2.0, 0.0, 2.0, -1.0});
+  Case c{"ties", OpKind::kTopK, {.top_k = 2}, {l}, {}, ""};
+  Exec ex(c, false);
+  auto in = ex.tensors(c.inputs);
+  auto f = ex.forward(in, {});
+  EXPECT_EQ(read(f->outs[1]), (Vec{1, 2, 0, 2}));
+  EXPECT_EQ(read(f->outs[0]), (Vec{0.5, 0.5, 0.5, 0.5}));
+}
+
+// Vocab-parallel embedding: each rank writes the rows of its shard and zeros elsewhere; the ranks'
+// outputs sum to the unsharded lookup. Weight gradients land in the owning shard's rows.
+TEST(CpuVocab, EmbeddingShardsSumToTheFullLookup) {
+  Rng rng(6);
+  int64_t vocab = 18;
+  Val ids = integers(rng, {T}, vocab), table = rng.floats({{vocab, H}, Dtype::kBf16});
+  Case full{"embed", OpKind::kEmbedding, {.features = H, .rows = vocab}, {ids}, {table}, ""};
+  Exec ef(full, false);
+  auto fin = ef.tensors(full.inputs), fw = ef.tensors(full.weights);
+  Vec want = read(ef.forward(fin, fw)->outs[0]), sum(T * H, 0.0);
+  for (int64_t r = 0; r < 2; ++r) {
+    Val shard = val({vocab / 2, H}, Dtype::kBf16, Vec(table.v.begin() + r * (vocab / 2) * H, table.v.begin() + (r + 1) * (vocab / 2) * H));
+    Case c{"embed", OpKind::kEmbedding, {.features = H, .rows = vocab / 2}, {ids}, {shard}, ""};
+    Exec ex(c, false);
+    ex.setup.tp = 2, ex.tp_rank = r;
+    auto in = ex.tensors(c.inputs), w = ex.tensors(c.weights);
+    auto f = ex.forward(in, w);
+    Vec o = read(f->outs[0]);
+    for (int64_t i = 0; i < T * H; ++i) sum[i] += o[i];
+    std::vector<Tensor> g = {ex.tensor({f->outs[0].type, Vec(T * H, 1.0)})};
+    auto wg = ex.zero_weight_grads();
+    ex.backward(in, f->outs, g, {}, w, wg);
+    Vec dw = read(wg[0]);
+    for (int64_t row = 0; row < vocab / 2; ++row) {
+      double n = std::count(ids.v.begin(), ids.v.end(), double(r * (vocab / 2) + row));
+      for (int64_t d = 0; d < H; ++d) ASSERT_EQ(dw[row * H + d], n) << "rank " << r << " row " << row;
+    }
+  }
+  EXPECT_EQ(sum, want);
+}
+
+TEST(CpuLinear, RowLinearBiasOnlyOnRankZeroGradOnEveryRank) {
+  const Case& c = *std::find_if(cases().begin(), cases().end(), [](const Case& x) { return x.label == "row_linear"; });
+  Vec out[2], db[2];
+  for (int64_t r = 0; r < 2; ++r) {
+    Exec ex(c, true);
+    ex.setup.tp = 2, ex.tp_rank = r;
+    auto in = ex.tensors(c.inputs), w = ex.tensors(c.weights);
+    auto f = ex.forward(in, w);
+    out[r] = read(f->outs[0]);
+    std::vector<Tensor> g = {ex.tensor({f->outs[0].type, Vec(T * H, 1.0)})};
+    auto wg = ex.zero_weight_grads();
+    ex.backward(in, f->outs, g, {}, w, wg);
+    db[r] = read(wg[1]);
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t d = 0; d < H; ++d) EXPECT_NEAR(out[0][t * H + d] - out[1][t * H + d], c.weights[1].v[d], 1e-5);
+  EXPECT_EQ(db[0], Vec(H, double(T)));
+  EXPECT_EQ(db[1], Vec(H, double(T)));
+}
+
+TEST(CpuLinear, Bf16WeightGradientsRoundOnce) {
+  const Case& c = *std::find_if(cases().begin(), cases().end(), [](const Case& x) { return x.label == "column_linear"; });
+  Exec ex(c, false);
+  auto in = ex.tensors(c.inputs), w = ex.tensors(c.weights);
+  auto f = ex.forward(in, w);
+  Rng rng(8);
+  std::vector<Tensor> g = {ex.tensor({f->outs[0].type, rng.signs(f->outs[0].numel())})};
+  auto w32 = ex.zero_weight_grads(Dtype::kFp32), w16 = ex.zero_weight_grads(Dtype::kBf16);
+  std::vector<Vec> preset;
+  for (const Tensor& t : w16) {
+    preset.push_back(rng.signs(t.numel()));
+    fill(t, preset.back());
+  }
+  ex.backward(in, f->outs, g, {}, w, w32);
+  ex.backward(in, f->outs, g, {}, w, w16);
+  for (size_t m = 0; m < w16.size(); ++m)
+    for (int64_t i = 0; i < w16[m].numel(); ++i)
+      ASSERT_EQ(w16[m].as<uint16_t>()[i], f32_to_bf16(static_cast<float>(preset[m][i]) + w32[m].as<float>()[i]));
+}
+
+// ---- tp = 2 with threads as ranks ------------------------------------------------------------------
+
+// Vocab-parallel cross-entropy over two shards equals the unsharded loss.
+TEST(CpuTensorParallel, CrossEntropyOverTwoVocabShards) {
+  Rng rng(9);
+  int64_t vocab = 18;
+  Val logits = rng.floats({{T, vocab}, Dtype::kBf16}, -3, 3), targets = integers(rng, {T}, vocab);
+  Case full{"loss", OpKind::kCrossEntropy, {}, {logits, targets}, {}, ""};
+  Exec ef(full, false);
+  auto fin = ef.tensors(full.inputs);
+  auto ff = ef.forward(fin, {});
+  std::vector<Tensor> none(2);
+  auto fb = ef.backward(fin, ff->outs, none, {}, {}, {});
+  Vec loss = read(ff->outs[0]), sm = read(ff->outs[1]), grad = read(fb->grad_inputs[0]);
+  Vec rl[2], rs[2], rg[2];
+  on_ranks(2, [&](int64_t r, Communicator& comm) {
+    Val part = val({T, vocab / 2}, Dtype::kBf16, Vec{});
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < vocab / 2; ++j) part.v.push_back(logits.v[t * vocab + r * (vocab / 2) + j]);
+    Case c{"loss", OpKind::kCrossEntropy, {}, {part, targets}, {}, ""};
+    Exec ex(c, false);
+    ex.setup.tp = 2, ex.tp_rank = r, ex.comm = &comm;
+    auto in = ex.tensors(c.inputs);
+    auto f = ex.forward(in, {});
+    std::vector<Tensor> no(2);
+    auto b = ex.backward(in, f->outs, no, {}, {}, {});
+    rl[r] = read(f->outs[0]), rs[r] = read(f->outs[1]), rg[r] = read(b->grad_inputs[0]);
+  });
+  EXPECT_EQ(rl[0], rl[1]) << "every rank has bitwise the same loss";
+  EXPECT_LE(max_diff(rl[0], loss), 1e-6 * max_abs(loss));
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < vocab / 2; ++j) {
+        int64_t full_i = t * vocab + r * (vocab / 2) + j, i = t * (vocab / 2) + j;
+        EXPECT_NEAR(rs[r][i], sm[full_i], 1e-6);
+        EXPECT_NEAR(rg[r][i], grad[full_i], 1e-2 * std::abs(grad[full_i]) + 1e-7);  // bf16: 2^-8 relative
+      }
+}
+
+// Plain TP (no SP): the column-parallel linear all-reduces its input gradient (Megatron's f),
+// before adding it into an existing gradient.
+TEST(CpuTensorParallel, ColumnLinearAllReducesItsInputGradient) {
+  Rng rng(10);
+  Val x = rng.floats({{T, H}, Dtype::kBf16}), w = rng.floats({{2 * F, H}, Dtype::kBf16}, -0.5, 0.5);
+  Val g = rng.floats({{T, 2 * F}, Dtype::kBf16}), preset = rng.floats({{T, H}, Dtype::kBf16});
+  Case full{"qkv", OpKind::kColumnLinear, {.features = 2 * F}, {x}, {w}, ""};
+  Exec ef(full, true);
+  auto fin = ef.tensors(full.inputs), fw = ef.tensors(full.weights);
+  auto ff = ef.forward(fin, fw);
+  std::vector<Tensor> fg = {ef.tensor(g)};
+  auto wg = ef.zero_weight_grads();
+  Vec want = read(ef.backward(fin, ff->outs, fg, {}, fw, wg)->grad_inputs[0]);
+  Vec got[2], acc[2];
+  on_ranks(2, [&](int64_t r, Communicator& comm) {
+    Val wr = val({F, H}, Dtype::kBf16, Vec(w.v.begin() + r * F * H, w.v.begin() + (r + 1) * F * H));
+    Val gr = val({T, F}, Dtype::kBf16, Vec{});
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < F; ++j) gr.v.push_back(g.v[t * 2 * F + r * F + j]);
+    Case c{"qkv", OpKind::kColumnLinear, {.features = F}, {x}, {wr}, "all_reduce"};
+    Exec ex(c, true);
+    ex.setup.tp = 2, ex.tp_rank = r, ex.comm = &comm;
+    auto in = ex.tensors(c.inputs), wt = ex.tensors(c.weights);
+    auto f = ex.forward(in, wt);
+    std::vector<Tensor> go = {ex.tensor(gr)};
+    auto wgr = ex.zero_weight_grads();
+    got[r] = read(ex.backward(in, f->outs, go, {}, wt, wgr)->grad_inputs[0]);
+    std::vector<Tensor> pre = {ex.tensor(preset)};
+    acc[r] = read(ex.backward(in, f->outs, go, pre, wt, wgr)->grad_inputs[0]);
+  });
+  EXPECT_EQ(got[0], got[1]);
+  EXPECT_LE(max_diff(got[0], want), 1e-5 * max_abs(want));
+  for (int64_t i = 0; i < T * H; ++i) ASSERT_EQ(acc[0][i], double(static_cast<float>(preset.v[i]) + static_cast<float>(got[0][i])));
+}
+
+// All-gather / reduce-scatter / all-reduce as ops at tp = 2, forward and backward.
+TEST(CpuTensorParallel, CollectiveOpsAndTheirConjugates) {
+  Rng rng(12);
+  int64_t rows = 4;
+  Val xs[2] = {rng.floats({{rows, H}, Dtype::kBf16}), rng.floats({{rows, H}, Dtype::kBf16})};
+  Val ys[2] = {rng.floats({{2 * rows, H}, Dtype::kBf16}), rng.floats({{2 * rows, H}, Dtype::kBf16})};
+  Vec ag[2], agb[2], rs[2], rsb[2], ar[2], arb[2], idx[2];
+  on_ranks(2, [&](int64_t r, Communicator& comm) {
+    auto run = [&](OpKind kind, const Val& in, const Val& grad, Vec& out, Vec& gin) {
+      Case c{"c", kind, {.group = 2}, {in}, {}, ""};
+      Exec ex(c, true);
+      ex.setup.tp = 2, ex.tp_rank = r, ex.comm = &comm;
+      auto t = ex.tensors(c.inputs);
+      auto f = ex.forward(t, {});
+      out = read(f->outs[0]);
+      std::vector<Tensor> g = {ex.tensor(grad)};
+      gin = read(ex.backward(t, f->outs, g, {}, {}, {})->grad_inputs[0]);
+    };
+    run(OpKind::kAllGather, xs[r], ys[r], ag[r], agb[r]);
+    run(OpKind::kReduceScatter, ys[r], xs[r], rs[r], rsb[r]);
+    run(OpKind::kAllReduce, xs[r], xs[1 - r], ar[r], arb[r]);
+    // MoE routing indices travel as i64 (forward only: they carry no gradient).
+    Case c{"idx", OpKind::kAllGather, {.group = 2}, {val({2, K}, Dtype::kI64, Vec{double(r), 1, 2, double(4 - r)})}, {}, ""};
+    Exec ex(c, false);
+    ex.setup.tp = 2, ex.tp_rank = r, ex.comm = &comm;
+    auto t = ex.tensors(c.inputs);
+    idx[r] = read(ex.forward(t, {})->outs[0]);
+  });
+  for (int64_t r = 0; r < 2; ++r) EXPECT_EQ(idx[r], (Vec{0, 1, 2, 4, 1, 1, 2, 3}));
+  Vec cat = xs[0].v;
+  cat.insert(cat.end(), xs[1].v.begin(), xs[1].v.end());
+  for (int64_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(ag[r], cat);
+    EXPECT_EQ(rsb[r], cat);
+    EXPECT_EQ(arb[r], xs[1 - r].v);  // identity backward
+    for (int64_t i = 0; i < rows * H; ++i) {
+      double block = double(float(ys[0].v[r * rows * H + i]) + float(ys[1].v[r * rows * H + i]));
+      EXPECT_EQ(rs[r][i], block);
+      EXPECT_EQ(agb[r][i], block);
+      EXPECT_EQ(ar[r][i], double(float(xs[0].v[i]) + float(xs[1].v[i])));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace np::exec

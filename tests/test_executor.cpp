@@ -1,0 +1,144 @@
+// The CPU reference executor end to end: recomputation changes nothing (bitwise), sharding
+// changes nothing beyond rounding, recompute happens exactly where the plan says, and the
+// enforced budget stops a run with the tensor named.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+
+#include "executor/compare.hpp"
+#include "executor/cpu/cpu_backend.hpp"
+#include "executor/runner.hpp"
+#include "planner/scenario.hpp"
+#include "test_util.hpp"
+
+namespace np::exec {
+namespace {
+
+Scenario scenario(const std::string& name) {
+  auto s = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/" + name + ".toml", testing::catalog());
+  if (!s) throw std::runtime_error(s.error().message);
+  return *s;
+}
+
+RunResult run(const ModelSpec& m, const TrainSpec& t, int steps = 1, std::optional<int64_t> budget = std::nullopt) {
+  RunOptions o;
+  o.steps = steps;
+  o.capture_grads = true;
+  o.enforce_budget = budget;
+  auto r = run_schedule(build_schedule(m, t), [] { return make_cpu_backend(); }, o);
+  if (!r) throw std::runtime_error(r.error().message);
+  return *r;
+}
+
+TrainSpec with(TrainSpec t, int64_t tp, int64_t pp, Recompute rc, bool sp, bool regather = true) {
+  t.tp = tp, t.pp = pp, t.recompute = rc, t.sp = sp, t.tp_recompute_allgather = regather;
+  return t;
+}
+
+// Loss and every gradient bitwise identical under every recompute policy of one setup.
+void expect_recompute_invariant(const std::string& name, AttentionImpl att) {
+  Scenario sc = scenario(name);
+  TrainSpec base = sc.base;
+  base.attention = att;
+  RunResult ref = run(sc.model, with(base, 2, 2, Recompute::kNone, true, false));
+  ASSERT_FALSE(ref.grads.empty());
+  for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+    for (bool regather : {true, false}) {
+      RunResult r = run(sc.model, with(base, 2, 2, rc, true, regather));
+      ASSERT_EQ(r.losses.size(), 1u);
+      EXPECT_EQ(std::memcmp(&r.losses[0], &ref.losses[0], sizeof(double)), 0) << name_of(rc) << " regather " << regather;
+      ASSERT_EQ(r.grads.size(), ref.grads.size());
+      for (const auto& [key, g] : ref.grads) {
+        const std::vector<float>& h = r.grads.at(key);
+        ASSERT_EQ(h.size(), g.size()) << key;
+        EXPECT_EQ(std::memcmp(h.data(), g.data(), g.size() * sizeof(float)), 0) << key << " under " << name_of(rc);
+      }
+    }
+}
+
+TEST(Recompute, ChangesNothingLlama) { expect_recompute_invariant("tiny-llama", AttentionImpl::kFlash); }
+TEST(Recompute, ChangesNothingGptEagerWithDropout) { expect_recompute_invariant("tiny-gpt", AttentionImpl::kEager); }
+TEST(Recompute, ChangesNothingMoe) { expect_recompute_invariant("tiny-moe", AttentionImpl::kFlash); }
+
+// Sharding changes the order of sums and where bf16 rounding happens (a row-parallel partial sum
+// is rounded to bf16 before the reduction), not the math. Tolerance for bf16 activations: the
+// loss within 2e-3 relative, every gradient tensor within 5e-2 of its largest element.
+void expect_sharding_invariant(const std::string& name) {
+  Scenario sc = scenario(name);
+  RunResult ref = run(sc.model, with(sc.base, 1, 1, Recompute::kNone, false));
+  float worst_ratio = 0;
+  for (auto [tp, pp] : {std::pair{2, 1}, {4, 1}, {1, 2}, {1, 4}, {2, 2}, {4, 4}}) {
+    if (pp > sc.model.layers) continue;
+    TrainSpec t = with(sc.base, tp, pp, Recompute::kNone, tp > 1);
+    if (validate_setup(sc.model, t)) continue;
+    RunResult r = run(sc.model, t);
+    EXPECT_NEAR(r.losses[0], ref.losses[0], 2e-3 * ref.losses[0]) << name << " tp " << tp << " pp " << pp;
+    for (const auto& [key, g] : ref.grads) {
+      const std::vector<float>& h = r.grads.at(key);
+      ASSERT_EQ(h.size(), g.size()) << key;
+      float scale = 0, worst = 0;
+      for (size_t i = 0; i < g.size(); ++i) scale = std::max(scale, std::abs(g[i]));
+      for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(h[i] - g[i]));
+      EXPECT_LE(worst, 5e-2f * scale + 1e-9f) << name << " " << key << " tp " << tp << " pp " << pp;
+      EXPECT_GT(scale, 0) << key << ": a gradient that is all zeros tests nothing";
+      worst_ratio = std::max(worst_ratio, worst / scale);
+    }
+  }
+  std::cout << "[ info ] " << name << ": worst gradient difference " << worst_ratio << " of the tensor's largest element\n";
+}
+
+TEST(Sharding, ChangesNothingBeyondRoundingLlama) { expect_sharding_invariant("tiny-llama"); }
+TEST(Sharding, ChangesNothingBeyondRoundingGpt) { expect_sharding_invariant("tiny-gpt"); }
+TEST(Sharding, ChangesNothingBeyondRoundingMoe) { expect_sharding_invariant("tiny-moe"); }
+
+// Each forward op of a recomputed segment runs exactly twice per micro-batch, every other once.
+TEST(Recompute, HappensWhereThePlanSays) {
+  Scenario sc = scenario("tiny-llama");
+  for (Recompute rc : {Recompute::kNone, Recompute::kFull}) {
+    TrainSpec t = with(sc.base, 2, 2, rc, true);
+    Schedule s = build_schedule(sc.model, t);
+    RunResult r = run(sc.model, t);
+    int checked = 0;
+    for (const StageProgram& p : s.stages)
+      for (size_t b = 0; b < p.blocks.size(); ++b)
+        for (size_t o = 0; o < p.blocks[b].graph->ops.size(); ++o) {
+          int expected = static_cast<int>(t.microbatches) * (p.blocks[b].policy.recompute[o] ? 2 : 1);
+          EXPECT_EQ(r.forward_runs.at({p.stage, static_cast<int>(b), static_cast<int>(o)}), expected)
+              << p.blocks[b].graph->ops[o].name << " " << name_of(rc);
+          ++checked;
+        }
+    EXPECT_GT(checked, 40);
+  }
+}
+
+// An enforced budget one byte under the predicted peak stops the run on the peak rank, naming
+// the tensor; at the predicted peak exactly, the run completes.
+TEST(EnforceBudget, StopsWithTheTensorNamed) {
+  Scenario sc = scenario("tiny-llama");
+  TrainSpec t = with(sc.base, 2, 1, Recompute::kNone, true);
+  RunResult ok = run(sc.model, t, 1);
+  int64_t peak = 0;
+  for (const RankResult& r : ok.ranks) peak = std::max(peak, r.measured_peak);
+  EXPECT_FALSE(run(sc.model, t, 1, peak).out_of_memory);
+  RunResult oom = run(sc.model, t, 1, peak - 1);
+  ASSERT_TRUE(oom.out_of_memory);
+  EXPECT_FALSE(oom.out_of_memory->tensor.empty());
+  EXPECT_GT(oom.out_of_memory->bytes, 0);
+  EXPECT_LE(oom.out_of_memory->in_use, peak - 1);
+  EXPECT_GT(oom.out_of_memory->in_use + oom.out_of_memory->bytes, peak - 1);
+}
+
+// Training works: the first loss is near ln(vocab) (small initial weights give near-uniform
+// logits) and the loss falls on a fixed batch.
+TEST(Training, LossStartsNearLnVocabAndFalls) {
+  Scenario sc = scenario("tiny-llama");
+  RunResult r = run(sc.model, with(sc.base, 1, 1, Recompute::kNone, false), 5);
+  ASSERT_EQ(r.losses.size(), 5u);
+  EXPECT_NEAR(r.losses[0], std::log(60.0), 0.05 * std::log(60.0));
+  EXPECT_LT(r.losses[4], r.losses[0] - 0.05);
+}
+
+}  // namespace
+}  // namespace np::exec

@@ -1,0 +1,54 @@
+// Every scenario in scenarios/, across its whole setup matrix, on the CPU reference executor:
+// predicted peak = measured peak on every rank to the byte, and the scenario's loss checks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "executor/compare.hpp"
+#include "executor/cpu/cpu_backend.hpp"
+#include "executor/runner.hpp"
+#include "planner/scenario.hpp"
+#include "test_util.hpp"
+
+namespace np::exec {
+namespace {
+
+class Scenarios : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
+  auto sc = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/" + GetParam() + ".toml", testing::catalog());
+  ASSERT_TRUE(sc.ok()) << sc.error().message;
+  ASSERT_GE(sc->matrix.size(), 8u);
+  double ln_v = std::log(static_cast<double>(sc->model.vocab));
+  for (const TrainSpec& t : sc->matrix) {
+    Schedule s = build_schedule(sc->model, t);
+    RunOptions o;
+    o.steps = sc->steps;
+    auto r = run_schedule(s, [] { return make_cpu_backend(); }, o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    RunComparison c = compare(s, *r, describe_short(t));
+    ASSERT_EQ(c.ranks.size(), static_cast<size_t>(t.tp * t.pp));
+    if (sc->expect.predicted_equals_measured) {
+      EXPECT_TRUE(c.all_equal) << comparison_table(c);
+      for (const RankComparison& rc : c.ranks) EXPECT_EQ(rc.predicted_at_peak, rc.measured_at_peak) << c.title;
+    }
+    ASSERT_EQ(c.losses.size(), static_cast<size_t>(sc->steps));
+    if (sc->expect.first_loss_rel_ln_vocab > 0) {
+      EXPECT_NEAR(c.losses.front(), ln_v, sc->expect.first_loss_rel_ln_vocab * ln_v) << c.title;
+    }
+    if (sc->expect.loss_decreases) {
+      EXPECT_LT(c.losses.back(), c.losses.front()) << c.title;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Scenarios, ::testing::Values("tiny-llama", "tiny-qwen", "tiny-moe", "tiny-gpt"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace np::exec
