@@ -2,6 +2,7 @@
 #include "executor/runner.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <mutex>
 #include <thread>
@@ -40,6 +41,7 @@ class RankRunner {
 
   void run() {
     for (int step = 0; step < sh_.opt.steps; ++step) {
+      step_ = step;
       bound_.assign(p_.tensors.size(), Tensor{});
       loss_ = 0;
       for (const Instr& in : p_.instrs) exec(in, step);
@@ -60,6 +62,17 @@ class RankRunner {
   };
 
   void exec(const Instr& in, int step) {
+    if (!sh_.opt.profile || step + 1 != sh_.opt.steps) return dispatch(in, step);
+    auto start = std::chrono::steady_clock::now();
+    dispatch(in, step);
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string key = name_of(in.kind);
+    if (in.op >= 0) key += std::string(" ") + name_of(p_.blocks[in.block].graph->ops[in.op].kind);
+    if (in.kind == InstrKind::kSend || in.kind == InstrKind::kRecv) key = "p2p";
+    profile_[key] += dt;
+  }
+
+  void dispatch(const Instr& in, int step) {
     switch (in.kind) {
       case InstrKind::kAlloc:
         if (in.block < 0 && step == 0) allocate_statics();
@@ -163,7 +176,7 @@ class RankRunner {
     ctx.layer = blk.layer;
     ctx.op_index = in.op;
     ctx.mb = in.mb;
-    ctx.seed = sh_.opt.seed;
+    ctx.seed = sh_.opt.seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step_ + 1);  // new masks each step
     ctx.token_offset = t.sp ? tp_rank_ * (t.seq_len * t.micro_batch / t.tp) : 0;
     ctx.loss_scale = 1.0f / static_cast<float>(t.seq_len * t.micro_batch * t.microbatches);
     return ctx;
@@ -373,6 +386,7 @@ class RankRunner {
     sh_.result.ranks.push_back(std::move(r));
     if (tp_rank_ == 0)
       for (auto& [key, n] : runs_) sh_.result.forward_runs[key] = n;
+    for (auto& [key, t] : profile_) sh_.result.profile[key] += t;
   }
 
   struct Pending {
@@ -397,6 +411,8 @@ class RankRunner {
   std::vector<Pending> pending_;
   std::vector<std::string> unplanned_;
   double loss_ = 0;
+  int step_ = 0;
+  std::map<std::string, double> profile_;
   std::map<std::array<int, 3>, int> runs_;
 };
 

@@ -24,6 +24,7 @@ struct RunOptions {
   std::optional<int64_t> enforce_budget;  // per rank, bytes
   float lr = 1e-2f;                       // AdamW
   bool capture_grads = false;             // keep the first step's gradients, in global layout
+  bool profile = false;                   // wall time per op kind and phase (last step)
 };
 
 struct RankResult {
@@ -41,6 +42,9 @@ struct RunResult {
   std::map<std::string, std::vector<float>> grads;
   // Forward executions (forward + recompute) per (stage, block, op) in one step.
   std::map<std::array<int, 3>, int> forward_runs;
+  // With RunOptions::profile: seconds of the last step by "phase op-kind" (e.g. "backward
+  // flash_attention", "p2p", "optimizer"), summed over ranks.
+  std::map<std::string, double> profile;
   std::optional<OutOfBudget> out_of_memory;
   int64_t oom_rank = -1;
 };

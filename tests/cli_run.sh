@@ -86,6 +86,21 @@ PY
 bad "tampered plan caught by --check-plan, tensor named" "mlp.swiglu, which was neither kept nor recomputed" run "$TMP/tampered.json" --check-plan
 bad "tampered plan refused before running" "neither kept nor recomputed" run "$TMP/tampered.json"
 
+# A plan whose byte counts are wrong (the executor never reads them): the run still completes, the
+# prediction no longer matches, and the output puts the two live sets side by side; exit 1.
+python3 - "$TMP/plan.json" "$TMP/wrong.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+for t in j["stages"][0]["tensors"]:
+    if t["kind"] == "static" and t["category"] == "weights":
+        t["bytes"] += 1000
+        break
+json.dump(j, open(sys.argv[2], "w"))
+PY
+"$NP" run "$TMP/wrong.json" >"$TMP/o6" 2>&1; rc=$?
+check "a wrong prediction exits 1" '[ $rc -eq 1 ]'
+check "a wrong prediction is reported" 'grep -q "PREDICTED != MEASURED" "$TMP/o6" && grep -q "live at the predicted peak" "$TMP/o6" && grep -qE "^ +[01] +0 +[01] .* +-1,000 " "$TMP/o6"'
+
 # Enforced budget: one byte under the measured peak stops the run, exit 3.
 peak=$(python3 -c "import json; print(max(r['measured_peak_bytes'] for r in json.load(open('$TMP/run.json'))['ranks']))")
 "$NP" run "$TMP/plan.json" --enforce-budget $((peak - 1)) >"$TMP/o5" 2>"$TMP/e5"; rc=$?
