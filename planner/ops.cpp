@@ -160,7 +160,8 @@ std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& att
 
 double backward_flops(const OpInfo& info, const OpAttrs& attrs, std::span<const TensorType> in) {
   double f = info.flops(attrs, in);
-  return info.weights(attrs, in).empty() ? f : 2.0 * f;
+  bool matmul = info.kind == OpKind::kFlashAttention || info.kind == OpKind::kAttnScores || info.kind == OpKind::kAttnContext;
+  return matmul || !info.weights(attrs, in).empty() ? 2.0 * f : f;
 }
 
 }  // namespace np

@@ -92,7 +92,8 @@ std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& att
 
 const OpInfo& op_info(OpKind kind);
 const char* name_of(OpKind kind);
-// Backward FLOPs: twice the forward for ops with weights (input and weight gradients), once otherwise.
+// Backward FLOPs: twice the forward for ops with weights (input and weight gradients) and for the
+// attention matmuls (two GEMMs each), once otherwise (Korthikanti et al.'s 3x forward convention).
 double backward_flops(const OpInfo& info, const OpAttrs& attrs, std::span<const TensorType> in);
 
 }  // namespace np

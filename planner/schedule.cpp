@@ -68,12 +68,16 @@ std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t) {
       bound = b;
       break;
     }
-  std::vector<int64_t> counts(P, 0);
-  int64_t left = L;
-  for (int64_t s = 0; s < P; ++s) {
-    int64_t must_leave = P - 1 - s;  // every later stage gets at least one layer
-    counts[s] = std::max<int64_t>(1, std::min(capacity(s, bound), left - must_leave));
-    left -= counts[s];
+  // Every stage takes what the bound allows; the surplus comes off the most loaded stages (the
+  // earliest first: under 1F1B they hold the most micro-batches), so the counts stay even.
+  std::vector<int64_t> counts(P);
+  int64_t surplus = -L;
+  for (int64_t s = 0; s < P; ++s) surplus += counts[s] = std::min(capacity(s, bound), L);
+  while (surplus-- > 0) {
+    int64_t worst = -1;
+    for (int64_t s = 0; s < P; ++s)
+      if (counts[s] > 1 && (worst < 0 || counts[s] * c + extra(s) > counts[worst] * c + extra(worst) + 1e-9)) worst = s;
+    --counts[worst];
   }
   return counts;
 }
@@ -84,8 +88,8 @@ class ProgramBuilder {
  public:
   ProgramBuilder(const ModelSpec& m, const TrainSpec& t, int stage, int first_layer, int layers,
                  std::shared_ptr<const BlockGraph> emb, std::shared_ptr<const BlockGraph> layer,
-                 std::shared_ptr<const BlockGraph> head)
-      : m_(m), t_(t) {
+                 std::shared_ptr<const BlockGraph> head, const std::vector<BlockPolicy>* policies)
+      : m_(m), t_(t), policies_(policies) {
     p_.stage = stage;
     if (stage == 0) add_block(BlockKind::kEmbedding, -1, emb);
     for (int l = 0; l < layers; ++l) add_block(BlockKind::kLayer, first_layer + l, layer);
@@ -107,6 +111,7 @@ class ProgramBuilder {
  private:
   void add_block(BlockKind kind, int layer, std::shared_ptr<const BlockGraph> g) {
     StageBlock b{kind, layer, g, named_policy(*g, t_), {}};
+    if (kind == BlockKind::kLayer && policies_) b.policy = policies_->at(layer);
     b.saved = saved_set(*g, b.policy);
     p_.blocks.push_back(std::move(b));
   }
@@ -170,6 +175,7 @@ class ProgramBuilder {
 
   const ModelSpec& m_;
   const TrainSpec& t_;
+  const std::vector<BlockPolicy>* policies_;
   StageProgram p_;
   std::vector<std::vector<int32_t>> values_;  // [mb][block] -> graph tensor -> instance
   std::vector<int64_t> block_weight_bytes_;   // per block: this rank's unsharded weight bytes
@@ -385,7 +391,7 @@ void ProgramBuilder::insert_frees() {
 
 }  // namespace
 
-Schedule build_schedule(const ModelSpec& m, const TrainSpec& t) {
+Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const std::vector<BlockPolicy>* layer_policies) {
   auto emb = std::make_shared<const BlockGraph>(build_embedding(m, t));
   auto layer = std::make_shared<const BlockGraph>(build_layer(m, t));
   auto head = std::make_shared<const BlockGraph>(build_head(m, t));
@@ -393,7 +399,7 @@ Schedule build_schedule(const ModelSpec& m, const TrainSpec& t) {
   int first = 0;
   std::vector<int64_t> counts = partition_layers(m, t);
   for (int stage = 0; stage < t.pp; ++stage) {
-    ProgramBuilder pb(m, t, stage, first, static_cast<int>(counts[stage]), emb, layer, head);
+    ProgramBuilder pb(m, t, stage, first, static_cast<int>(counts[stage]), emb, layer, head, layer_policies);
     s.stages.push_back(pb.build());
     first += static_cast<int>(counts[stage]);
   }

@@ -109,8 +109,9 @@ int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m);
 // stage, head on the last); returns the layer count of each stage.
 std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t);
 
-// Builds every stage's program under the setup's named recompute policy. The setup must be valid.
-Schedule build_schedule(const ModelSpec& m, const TrainSpec& t);
+// Builds every stage's program. Decoder layers take their policy from `layer_policies` (indexed by
+// global layer) when given, else the setup's named policy. The setup must be valid.
+Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const std::vector<BlockPolicy>* layer_policies = nullptr);
 
 // Well-formedness: every tensor is allocated before it is read, every recompute's inputs are
 // live, every backward reads only kept or recomputed tensors, every non-static tensor is freed

@@ -30,7 +30,7 @@ const char* name_of(Optimizer o) {
   return k[static_cast<int>(o)];
 }
 const char* name_of(Recompute r) {
-  constexpr const char* k[] = {"none", "selective", "full"};
+  constexpr const char* k[] = {"none", "selective", "full", "auto"};
   return k[static_cast<int>(r)];
 }
 
@@ -61,7 +61,7 @@ Result<Optimizer> parse_enum(std::string_view f, std::string_view t) {
 }
 template <>
 Result<Recompute> parse_enum(std::string_view f, std::string_view t) {
-  return pick(f, t, std::array{Recompute::kNone, Recompute::kSelective, Recompute::kFull});
+  return pick(f, t, std::array{Recompute::kNone, Recompute::kSelective, Recompute::kFull, Recompute::kAuto});
 }
 template <>
 Result<Dtype> parse_enum(std::string_view f, std::string_view t) {

@@ -19,7 +19,7 @@ enum class PosEmb { kRope, kLearned };
 enum class PpSchedule { k1F1B, kAfab };
 enum class AttentionImpl { kFlash, kEager };
 enum class Optimizer { kAdamW, kSgd, kNone };
-enum class Recompute { kNone, kSelective, kFull };
+enum class Recompute { kNone, kSelective, kFull, kAuto };  // auto: chosen per layer under a budget
 
 int64_t dtype_bytes(Dtype d);
 const char* name_of(Dtype d);

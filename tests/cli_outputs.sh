@@ -111,11 +111,21 @@ for k in ("tp", "pp", "dp", "sp", "zero", "micro_batch", "seq_len", "microbatche
 need(s.get("tp") == 8 and s.get("pp") == 1 and s.get("dp") == 1, "setup tp/pp/dp %r/%r/%r" % (s.get("tp"), s.get("pp"), s.get("dp")))
 need(s.get("sp") is True, "setup.sp %r, want true (auto with tp 8)" % s.get("sp"))
 need(s.get("zero") == 0 and s.get("micro_batch") == 1 and s.get("seq_len") == 4096, "setup zero/micro_batch/seq_len")
-need(s.get("microbatches") == 1 and s.get("recompute") == "none", "setup microbatches/recompute")
+need(s.get("microbatches") == 1 and s.get("recompute") == "auto", "setup microbatches/recompute (auto is the default with a budget)")
 need(j["budget_bytes"] == 80000000000, "budget_bytes %r" % j["budget_bytes"])
 need(j["fits"] is False, "fits %r, want false" % j["fits"])
 need(isinstance(j["peak_bytes"], int) and j["peak_bytes"] > j["budget_bytes"], "peak_bytes %r not above the budget" % j["peak_bytes"])
 need(isinstance(j["peak_rank"], int), "peak_rank %r" % j.get("peak_rank"))
+'
+pycheck "llama-70b JSON: the auto plan" "$TMP/j70.out" '
+p = j["plan"]
+for k in ("recompute_seconds", "step_seconds", "per_stage", "fits"):
+    need(k in p, "plan lacks " + k)
+need(p["fits"] is False and p["step_seconds"] > 0, "plan fits/step_seconds")
+need(len(p["per_stage"]) == 1, "per_stage %r" % len(p["per_stage"]))
+st = p["per_stage"][0]
+need(st["stage"] == 0 and st["peak_bytes"] > j["budget_bytes"] and st["min_peak_bytes"] == st["peak_bytes"], "stage 0 peak / min_peak")
+need(len(st["layers"]) == 80 and all(set(l) >= {"index", "option", "kept_bytes"} for l in st["layers"]), "stage 0 layers")
 '
 pycheck "llama-70b JSON: suggestions each fit the budget" "$TMP/j70.out" '
 sg = j["suggestions"]

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "planner/autoplan.hpp"
 #include "planner/catalog.hpp"
 #include "planner/estimate.hpp"
 
@@ -41,6 +42,28 @@ int main() {
     t.tp = c.tp, t.pp = c.pp, t.sp = true, t.microbatches = c.microbatches, t.pp_schedule = c.sched;
     std::printf("%-16s %4lld %4lld %6lld %6s %12.2f\n", c.model, (long long)c.tp, (long long)c.pp,
                 (long long)c.microbatches, np::name_of(c.sched), median_ms(m, t, 15));
+  }
+  // The auto planner (frontier, per-stage solve, verification by simulation, step times).
+  struct Plan { const char* model; int64_t tp, pp, microbatches; int64_t budget; };
+  const Plan plans[] = {{"llama-3.1-70b", 8, 8, 8, 80'000'000'000}, {"llama-3.1-405b", 8, 16, 16, 80'000'000'000},
+                        {"llama-3.1-70b", 8, 1, 1, 170'000'000'000}};
+  std::printf("\n%-16s %4s %4s %6s %10s %8s %12s\n", "auto plan", "tp", "pp", "mb", "budget", "fits", "median ms");
+  for (const Plan& c : plans) {
+    np::ModelSpec m = *np::resolve_model(*catalog, c.model);
+    np::TrainSpec t;
+    t.tp = c.tp, t.pp = c.pp, t.sp = true, t.microbatches = c.microbatches, t.pp_schedule = np::PpSchedule::k1F1B;
+    t.recompute = np::Recompute::kAuto;
+    std::vector<double> ms;
+    bool fits = false;
+    for (int i = 0; i < 5; ++i) {
+      auto start = std::chrono::steady_clock::now();
+      np::AutoPlan p = np::auto_plan(m, t, {}, c.budget, np::default_hardware());
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      fits = p.fits;
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("%-16s %4lld %4lld %6lld %9lldG %8s %12.2f\n", c.model, (long long)c.tp, (long long)c.pp, (long long)c.microbatches,
+                (long long)(c.budget / 1000000000), fits ? "yes" : "no", ms[ms.size() / 2]);
   }
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "planner/autoplan.hpp"
 #include "planner/catalog.hpp"
 #include "planner/estimate.hpp"
 #include "planner/graph.hpp"
@@ -26,7 +27,7 @@ constexpr int kExitBadInput = 2;
 
 struct Flags {
   std::string model, sp = "auto", pp_schedule = "afab", attention = "flash", grad_dtype = "fp32";
-  std::string optimizer = "adamw", recompute = "none", regather = "true", format = "table";
+  std::string optimizer = "adamw", recompute, regather = "true", format = "table";
   std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, nccl_buffers, allocator_slack;
   int64_t tp = 1, pp = 1, dp = 1, ep = 1, micro_batch = 1, seq_len = 4096, microbatches = 0;
   int zero = 0;
@@ -71,7 +72,7 @@ void add_setup_flags(CLI::App* app, Flags& f, bool model_required = true) {
   app->add_option("--attention", f.attention, "attention implementation: flash, eager")->capture_default_str();
   app->add_option("--grad-accum-dtype", f.grad_dtype, "gradient accumulation dtype: fp32 (nanotron's accumulate_grad_in_fp32), bf16")->capture_default_str();
   app->add_option("--optimizer", f.optimizer, "adamw, sgd, none")->capture_default_str();
-  app->add_option("--recompute", f.recompute, "none, selective (attention core), full (nanotron's recompute_layer: true)")->capture_default_str();
+  app->add_option("--recompute", f.recompute, "none, selective (attention core), full (nanotron's recompute_layer: true), auto (cheapest per-layer plan that fits; the default with --budget or --gpu, else none)");
   app->add_option("--tp-recompute-allgather", f.regather, "true, false: keep the SP shard and all-gather again in backward")->capture_default_str();
   app->add_option("--budget", f.budget, "bytes per GPU: 80GB (10^9), 80GiB (2^30), 85899345920, \"80 GB\"");
   app->add_option("--gpu", f.gpu, "GPU whose memory is the budget (nanoplan gpus): h100, h200, a100-80gb, b200, ...");
@@ -101,7 +102,10 @@ np::TrainSpec make_setup(const Flags& f) {
   t.attention = check(np::parse_enum<np::AttentionImpl>("--attention", f.attention));
   t.grad_dtype = check(np::parse_enum<np::Dtype>("--grad-accum-dtype", f.grad_dtype));
   t.optimizer = check(np::parse_enum<np::Optimizer>("--optimizer", f.optimizer));
-  t.recompute = check(np::parse_enum<np::Recompute>("--recompute", f.recompute));
+  bool budgeted = !f.budget.empty() || !f.gpu.empty();
+  t.recompute = f.recompute.empty() ? (budgeted ? np::Recompute::kAuto : np::Recompute::kNone)
+                                    : check(np::parse_enum<np::Recompute>("--recompute", f.recompute));
+  if (t.recompute == np::Recompute::kAuto && !budgeted) die("--recompute auto needs a budget: give --budget or --gpu");
   t.tp_recompute_allgather = parse_bool("--tp-recompute-allgather", f.regather);
   return t;
 }
@@ -138,6 +142,12 @@ std::optional<int64_t> make_budget(const Flags& f) {
   return check(np::resolve_gpu(gpus, f.gpu)).memory_bytes;
 }
 
+np::HardwareModel make_hardware(const Flags& f) {
+  if (f.gpu.empty()) return np::default_hardware();
+  auto gpus = check(np::load_gpu_catalog(models_dir(f) + "/gpus/gpus.toml"));
+  return np::hardware_model(check(np::resolve_gpu(gpus, f.gpu)));
+}
+
 struct Resolved {
   np::ModelSpec model;
   np::TrainSpec setup;
@@ -153,8 +163,26 @@ Resolved resolve(const Flags& f) {
   return {m, t};
 }
 
+int run_estimate_auto(const Flags& f, const Resolved& r, int64_t budget) {
+  np::RuntimeAssumptions rt = make_runtime(f);
+  np::HardwareModel hw = make_hardware(f);
+  np::AutoPlan plan = np::auto_plan(r.model, r.setup, rt, budget, hw);
+  if (f.explain_peak) plan.estimate = np::estimate_schedule(plan.schedule, rt, {.budget = budget, .suggestions = false, .explain_peak = true});
+  plan.estimate.fits = plan.fits;
+  if (!plan.fits) plan.estimate.suggestions = np::auto_suggestions(r.model, r.setup, rt, budget, hw);
+  if (f.format == "json") {
+    nlohmann::json j = np::estimate_to_json(plan.estimate);
+    j["plan"] = np::auto_plan_json(plan);
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << np::estimate_to_table(plan.estimate, f.model) << np::auto_plan_table(plan, budget);
+  }
+  return 0;
+}
+
 int run_estimate(const Flags& f) {
   Resolved r = resolve(f);
+  if (r.setup.recompute == np::Recompute::kAuto) return run_estimate_auto(f, r, *make_budget(f));
   np::EstimateOptions opt{.budget = make_budget(f), .suggestions = true, .explain_peak = f.explain_peak};
   np::Estimate e = np::estimate(r.model, r.setup, make_runtime(f), opt);
   if (f.format == "json") std::cout << np::estimate_to_json(e).dump(2) << "\n";
@@ -168,7 +196,9 @@ int run_plan(const Flags& f) {
   np::RuntimeAssumptions rt = make_runtime(f);
   if (!f.output.empty() && f.output != "-" && std::filesystem::is_directory(f.output))
     die("cannot write " + f.output + ": it is a folder; give a file name such as " + f.output + "/plan.json");
-  np::Schedule s = np::build_schedule(r.model, r.setup);
+  np::Schedule s = r.setup.recompute == np::Recompute::kAuto
+                       ? np::auto_plan(r.model, r.setup, rt, *budget, make_hardware(f)).schedule
+                       : np::build_schedule(r.model, r.setup);
   for (const np::StageProgram& p : s.stages)
     if (auto e = np::check_program(p)) die("internal: " + e->message);
   std::string text = np::schedule_to_json(s).dump() + "\n";
@@ -320,7 +350,10 @@ int run_run(const Flags& f, CLI::App* app) {
   if (!f.scenario.empty()) return run_scenario(f);
   if (f.plan_path.empty()) {
     Resolved r = resolve(f);
-    return run_one(np::build_schedule(r.model, r.setup), f, "run: " + r.model.name + ", " + np::describe_short(r.setup));
+    np::Schedule s = r.setup.recompute == np::Recompute::kAuto
+                         ? np::auto_plan(r.model, r.setup, make_runtime(f), *make_budget(f), make_hardware(f)).schedule
+                         : np::build_schedule(r.model, r.setup);
+    return run_one(s, f, "run: " + r.model.name + ", " + np::describe_short(r.setup));
   }
   for (const char* flag : {"--tp", "--pp", "--dp", "--ep", "--sp", "--zero", "--micro-batch", "--seq-len", "--microbatches",
                            "--pp-schedule", "--attention", "--grad-accum-dtype", "--optimizer", "--recompute", "--tp-recompute-allgather"})

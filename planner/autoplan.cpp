@@ -1,0 +1,158 @@
+// The auto planner: frontier, per-stage solve, verification by simulation.
+#include "planner/autoplan.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "planner/simulate.hpp"
+#include "planner/solve.hpp"
+
+namespace np {
+
+std::string option_name(const BlockGraph& g, const std::vector<bool>& mask) {
+  struct Named { const char* name; Recompute r; bool regather; };
+  for (Named n : {Named{"none", Recompute::kNone, false}, Named{"none+regather", Recompute::kNone, true},
+                  Named{"selective", Recompute::kSelective, false}, Named{"selective+regather", Recompute::kSelective, true},
+                  Named{"full", Recompute::kFull, false}})
+    if (named_mask(g, n.r, n.regather) == mask) return n.name;
+  std::string ops;
+  for (size_t o = 0; o < mask.size(); ++o)
+    if (mask[o]) ops += (ops.empty() ? "" : ", ") + g.ops[o].name;
+  return "custom: re-runs " + ops;
+}
+
+namespace {
+
+int64_t fixed_overheads(const TrainSpec& t, const RuntimeAssumptions& rt) {
+  int comms = (t.tp > 1) + (t.dp > 1) + (t.pp > 1) + (t.ep > 1);
+  return rt.cuda_context_bytes + rt.cublas_workspace_bytes + comms * rt.nccl_bytes_per_comm;
+}
+
+// The allocator-level budget that keeps static + (1 + slack) x dynamic + fixed <= budget.
+int64_t allocator_budget(int64_t budget, int64_t static_bytes, const TrainSpec& t, const RuntimeAssumptions& rt) {
+  double room = static_cast<double>(budget - fixed_overheads(t, rt) - static_bytes);
+  if (room < 0) return static_bytes + static_cast<int64_t>(room);
+  return static_bytes + static_cast<int64_t>(std::floor(room / (1.0 + rt.allocator_slack)));
+}
+
+int64_t static_bytes(const StageProgram& p) {
+  int64_t n = 0;
+  for (const ScheduleTensor& x : p.tensors)
+    if (x.kind == ValueKind::kStatic) n += x.bytes;
+  return n;
+}
+
+// The stage problem: the layers' options from the frontier, the constants from the schedule.
+StageProblem stage_problem(const StageProgram& p, const std::vector<LayerOption>& options, const TrainSpec& t,
+                           const std::vector<double>& zero_cost) {
+  StageProblem sp;
+  sp.in_flight = in_flight(t.pp_schedule, p.stage, t.pp, t.microbatches);
+  sp.base = static_bytes(p);
+  for (const StageBlock& b : p.blocks) {
+    if (b.kind == BlockKind::kLayer) continue;
+    LayerOption o = evaluate_option(*b.graph, b.policy.recompute, zero_cost);
+    sp.base += sp.in_flight * o.kept_bytes;
+    sp.extra = std::max(sp.extra, o.extra_bytes());
+  }
+  std::vector<StageOption> opts;
+  for (const LayerOption& o : options) opts.push_back({o.kept_bytes, o.working_bytes, o.cost});
+  sp.layers.assign(p.num_layers(), opts);
+  return sp;
+}
+
+}  // namespace
+
+AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt, int64_t budget,
+                   const HardwareModel& hw, const AutoPlanOptions& options) {
+  AutoPlan plan;
+  BlockGraph layer = build_layer(m, t);
+  std::vector<double> cost(layer.ops.size());
+  for (size_t o = 0; o < layer.ops.size(); ++o) cost[o] = op_seconds(layer, static_cast<int>(o), hw, t, false);
+  plan.frontier = layer_frontier(layer, t, cost);
+  for (const LayerOption& o : plan.frontier.options) plan.option_names.push_back(option_name(layer, o.recompute));
+  // Start from no recompute everywhere; solve each stage; verify by simulation.
+  const LayerOption& none = plan.frontier.options.front();
+  plan.layer_policies.assign(m.layers, BlockPolicy{none.recompute, plan.option_names.front()});
+  Schedule base = build_schedule(m, t, &plan.layer_policies);
+  std::vector<StageProblem> problems;
+  std::vector<int64_t> target;
+  std::vector<double> zc(128, 0.0);
+  for (const StageProgram& p : base.stages) {
+    problems.push_back(stage_problem(p, plan.frontier.options, t, zc));
+    target.push_back(allocator_budget(budget, static_bytes(p), t, rt));
+    plan.stages.push_back({p.stage, false, 0, {}});
+  }
+  // Solve every stage, simulate the whole plan once, tighten the stages the simulation finds over
+  // budget (by their excess) and solve those again.
+  std::vector<bool> settled(base.stages.size(), false);
+  plan.fits = true;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    bool any = false;
+    for (size_t st = 0; st < problems.size(); ++st) {
+      if (settled[st]) continue;
+      problems[st].budget = target[st];
+      StageSolution sol = solve_stage(problems[st]);
+      if (!sol.feasible) {
+        settled[st] = true;
+        continue;
+      }
+      any = true;
+      plan.stages[st].layer_option = sol.choice;
+      int first = base.stages[st].first_layer();
+      for (size_t l = 0; l < sol.choice.size(); ++l)
+        plan.layer_policies[first + l] = {plan.frontier.options[sol.choice[l]].recompute, plan.option_names[sol.choice[l]]};
+    }
+    if (!any) break;
+    Estimate e = estimate_schedule(build_schedule(m, t, &plan.layer_policies), rt, {.budget = budget, .suggestions = false});
+    bool again = false;
+    for (size_t st = 0; st < problems.size(); ++st) {
+      if (settled[st]) continue;
+      int64_t over = e.stages[st].peak_bytes - budget;
+      if (over <= 0) {
+        plan.stages[st].feasible = settled[st] = true;
+      } else {
+        target[st] -= over + 1;  // the model missed something the simulation sees: ask for less
+        again = true;
+      }
+    }
+    if (!again) break;
+  }
+  for (size_t st = 0; st < problems.size(); ++st) {
+    if (plan.stages[st].feasible) continue;
+    plan.fits = false;
+    if (!options.closest_when_infeasible) continue;
+    problems[st].budget = budget;
+    StageSolution closest = min_peak_solution(problems[st]);  // show the plan that gets closest
+    int64_t least = closest.peak;
+    int first = base.stages[st].first_layer();
+    for (size_t l = 0; l < closest.choice.size(); ++l)
+      plan.layer_policies[first + l] = {plan.frontier.options[closest.choice[l]].recompute, plan.option_names[closest.choice[l]]};
+    plan.stages[st].layer_option = closest.choice;
+    plan.stages[st].min_peak = least + fixed_overheads(t, rt) +
+                               static_cast<int64_t>(rt.allocator_slack * static_cast<double>(least - static_bytes(base.stages[st])));
+    plan.fits = false;
+  }
+  plan.schedule = build_schedule(m, t, &plan.layer_policies);
+  plan.estimate = estimate_schedule(plan.schedule, rt, {.budget = budget, .suggestions = false});
+  plan.fits = plan.fits && plan.estimate.fits;
+  for (StagePlan& sp : plan.stages)
+    if (!sp.feasible) sp.min_peak = plan.estimate.stages[sp.stage].peak_bytes;  // simulated, of the closest plan
+  plan.time = step_time(plan.schedule, hw);
+  for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+    if (!options.compare_uniform) break;
+    TrainSpec u = t;
+    u.recompute = r;
+    Schedule s = build_schedule(m, u);
+    (r == Recompute::kNone ? plan.time_none : plan.time_full) = step_time(s, hw);
+    (r == Recompute::kNone ? plan.peak_none : plan.peak_full) = estimate_schedule(s, rt, {.suggestions = false}).peak_bytes;
+  }
+  for (int l = 0; l < m.layers; ++l)
+    for (size_t o = 0; o < layer.ops.size(); ++o)
+      if (layer.ops[o].kind == OpKind::kAllGather) {
+        ++plan.gathers;
+        plan.regathered += plan.layer_policies[l].recompute[o];
+      }
+  return plan;
+}
+
+}  // namespace np

@@ -1,0 +1,188 @@
+// What the user sees of an auto plan: the plan per stage, compressed; step time and recompute
+// overhead against uniform settings; the nanotron and Megatron settings that come closest.
+#include <algorithm>
+#include <cstdio>
+
+#include "planner/autoplan.hpp"
+#include "planner/units.hpp"
+
+namespace np {
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// "layers 0-3 full, 4-9 none+regather", or by count when the runs are many:
+// "layers 0-79: 44 x none+regather, 36 x full".
+std::string compress(const AutoPlan& p, const StageProgram& s) {
+  std::string out;
+  int first = s.first_layer(), n = s.num_layers(), runs = 0;
+  std::vector<std::pair<std::string, int>> counts;
+  for (int l = 0; l < n; ++l) {
+    const std::string& name = p.layer_policies[first + l].name;
+    runs += l == 0 || name != p.layer_policies[first + l - 1].name;
+    auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == name; });
+    if (it == counts.end()) counts.push_back({name, 1});
+    else ++it->second;
+  }
+  if (runs > 4) {
+    std::sort(counts.begin(), counts.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    out = "layers " + std::to_string(first) + "-" + std::to_string(first + n - 1) + ": ";
+    for (size_t i = 0; i < counts.size(); ++i) out += (i ? ", " : "") + std::to_string(counts[i].second) + " x " + counts[i].first;
+    return out;
+  }
+  for (int l = 0; l < n;) {
+    int r = l;
+    const std::string& name = p.layer_policies[first + l].name;
+    while (r + 1 < n && p.layer_policies[first + r + 1].name == name) ++r;
+    out += (out.empty() ? "layers " : ", ") + std::to_string(first + l) + (r > l ? "-" + std::to_string(first + r) : "") + " " + name;
+    l = r + 1;
+  }
+  return out;
+}
+
+bool uniform(const AutoPlan& p, const std::string& a, const std::string& b = "") {
+  for (const BlockPolicy& bp : p.layer_policies)
+    if (bp.name != a && bp.name != b) return false;
+  return true;
+}
+
+// Megatron's block method re-runs the first N layers of every stage in full and nothing else.
+int megatron_block_layers(const AutoPlan& p) {
+  int n = -1;
+  for (const StageProgram& s : p.schedule.stages) {
+    int first = s.first_layer(), k = 0;
+    while (k < s.num_layers() && p.layer_policies[first + k].name == "full") ++k;
+    for (int l = k; l < s.num_layers(); ++l)
+      if (p.layer_policies[first + l].name.rfind("none", 0) != 0) return -1;
+    if (n >= 0 && n != k) return -1;
+    n = k;
+  }
+  return n;
+}
+
+std::string equivalents(const AutoPlan& p, int64_t budget) {
+  std::string out = "\nnanotron (closest):\n  parallelism:\n";
+  bool regather_all = p.gathers == 0 || p.regathered == p.gathers;
+  double slower = p.time_full ? p.time_full->seconds - p.time.seconds : 0;
+  if (uniform(p, "none", "none+regather")) {
+    out += "    recompute_layer: false\n    tp_recompute_allgather: " + std::string(regather_all ? "true" : "false") + "\n";
+    if (!regather_all && p.regathered > 0) out += "  (the plan re-does " + std::to_string(p.regathered) + " of " + std::to_string(p.gathers) + " all-gathers; nanotron's flag is all or none)\n";
+  } else if (uniform(p, "full")) {
+    out += "    recompute_layer: true\n    tp_recompute_allgather: true\n";
+  } else {
+    bool full_fits = p.peak_full && *p.peak_full <= budget;
+    out += "    recompute_layer: " + std::string(full_fits ? "true" : "true  # does not fit either") + "\n    tp_recompute_allgather: true\n";
+    out += "  not expressible: nanotron recomputes every layer or none; recompute_layer: true costs " +
+           fmt("%.3f", slower) + " s more per step (" + fmt("%.1f", 100 * slower / p.time.seconds) + "% slower)\n";
+  }
+  out += "Megatron-LM (closest):\n  ";
+  int block = megatron_block_layers(p);
+  if (uniform(p, "none", "none+regather")) out += "(no recompute flags)\n";
+  else if (uniform(p, "selective", "selective+regather")) out += "--recompute-granularity selective\n";
+  else if (block > 0) out += "--recompute-granularity full --recompute-method block --recompute-num-layers " + std::to_string(block) + "  (exact)\n";
+  else
+    out += "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1\n  not expressible: Megatron's knobs are uniform per stage; full recompute of every layer costs " +
+           fmt("%.3f", slower) + " s more per step\n";
+  return out;
+}
+
+}  // namespace
+
+std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
+  std::string out = "\nrecompute plan (--recompute auto, cheapest that fits " + format_human(budget) + "):\n";
+  for (size_t i = 0; i < p.schedule.stages.size(); ++i) {
+    const StageProgram& s = p.schedule.stages[i];
+    const StagePlan& sp = p.stages[i];
+    out += "  stage " + std::to_string(s.stage) + ": " + compress(p, s);
+    out += sp.feasible ? "; peak " + format_gib(p.estimate.stages[i].peak_bytes) + "\n"
+                       : "; DOES NOT FIT: the smallest achievable peak is " + format_human(sp.min_peak) + "\n";
+  }
+  if (p.gathers > 0) out += "  " + std::to_string(p.regathered) + " of " + std::to_string(p.gathers) + " all-gathers re-done in backward\n";
+  double overhead = p.time.seconds > 0 ? p.time.recompute_seconds / p.time.seconds : 0;
+  out += "\npredicted step time " + fmt("%.3f s", p.time.seconds) + ", recompute " + fmt("%.3f s", p.time.recompute_seconds) + " (" +
+         fmt("%.1f%%", 100 * overhead) + " of the step), MFU " + fmt("%.1f%%", 100 * p.time.mfu) + ", HFU " + fmt("%.1f%%", 100 * p.time.hfu) + "\n";
+  if (p.time_none)
+    out += "  no recompute:              " + fmt("%.3f s", p.time_none->seconds) + ", peak " + format_gib(*p.peak_none) +
+           (*p.peak_none <= budget ? " (fits)\n" : " (does not fit)\n");
+  if (p.time_full)
+    out += "  recompute_layer: true:     " + fmt("%.3f s", p.time_full->seconds) + ", peak " + format_gib(*p.peak_full) +
+           (*p.peak_full <= budget ? " (fits)" : " (does not fit)") + "; the plan is " +
+           fmt("%.1f%%", 100 * (p.time_full->seconds - p.time.seconds) / p.time_full->seconds) + " faster\n";
+  out += equivalents(p, budget);
+  out += "\nlayer options on the frontier (kept / working bytes per micro-batch, recompute time):\n";
+  for (size_t i = 0; i < p.frontier.options.size(); ++i) {
+    const LayerOption& o = p.frontier.options[i];
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "  %2zu  %12s  %12s  %9.3f ms  %s\n", i, format_binary(o.kept_bytes).c_str(),
+                  format_binary(o.working_bytes).c_str(), 1e3 * o.cost, p.option_names[i].c_str());
+    out += buf;
+  }
+  for (const NamedPoint& n : p.frontier.named)
+    out += "  " + n.name + ": " + (n.on_frontier >= 0 ? "on the frontier (option " + std::to_string(n.on_frontier) + ")"
+                                                      : "dominated by option " + std::to_string(n.dominated_by)) + "\n";
+  return out;
+}
+
+nlohmann::json auto_plan_json(const AutoPlan& p) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (size_t i = 0; i < p.schedule.stages.size(); ++i) {
+    const StageProgram& s = p.schedule.stages[i];
+    nlohmann::json layers = nlohmann::json::array();
+    for (const StageBlock& b : s.blocks)
+      if (b.kind == BlockKind::kLayer) layers.push_back({{"index", b.layer}, {"option", b.policy.name}, {"kept_bytes", b.saved.bytes}});
+    nlohmann::json st = {{"stage", s.stage}, {"peak_bytes", p.estimate.stages[i].peak_bytes}, {"feasible", p.stages[i].feasible}, {"layers", layers}};
+    if (!p.stages[i].feasible) st["min_peak_bytes"] = p.stages[i].min_peak;
+    stages.push_back(st);
+  }
+  nlohmann::json frontier = nlohmann::json::array();
+  for (size_t i = 0; i < p.frontier.options.size(); ++i) {
+    const LayerOption& o = p.frontier.options[i];
+    frontier.push_back({{"option", p.option_names[i]}, {"kept_bytes", o.kept_bytes}, {"working_bytes", o.working_bytes}, {"recompute_seconds", o.cost}});
+  }
+  nlohmann::json j = {{"fits", p.fits}, {"step_seconds", p.time.seconds}, {"recompute_seconds", p.time.recompute_seconds},
+                      {"mfu", p.time.mfu}, {"hfu", p.time.hfu}, {"per_stage", stages}, {"frontier", frontier},
+                      {"all_gathers_redone", p.regathered}, {"all_gathers", p.gathers}};
+  if (p.time_none) j["step_seconds_no_recompute"] = p.time_none->seconds;
+  if (p.time_full) j["step_seconds_recompute_layer"] = p.time_full->seconds;
+  return j;
+}
+
+std::vector<Suggestion> auto_suggestions(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                                         int64_t budget, const HardwareModel& hw) {
+  std::vector<Suggestion> out;
+  auto try_setup = [&](TrainSpec c, std::string change, std::string note) {
+    if (validate_setup(m, c)) return false;
+    AutoPlan p = auto_plan(m, c, rt, budget, hw, {.closest_when_infeasible = false, .compare_uniform = false});
+    if (!p.fits) return false;
+    out.push_back({std::move(change), std::move(note), c, p.estimate.peak_bytes});
+    return true;
+  };
+  for (int64_t pp = t.pp * 2; pp <= m.layers; pp *= 2) {
+    TrainSpec c = t;
+    c.pp = pp;
+    if (c.pp_schedule == PpSchedule::k1F1B) c.microbatches = std::max(c.microbatches, pp - 1);
+    c.zero = std::min(c.zero, 1);
+    if (try_setup(c, "--pp " + std::to_string(pp), std::to_string(pp * t.tp * t.dp) + " GPUs (pp x " + std::to_string(pp / t.pp) + ")")) break;
+  }
+  for (int64_t dp = t.dp * 2; dp <= 4096; dp *= 2) {
+    TrainSpec c = t;
+    c.dp = dp;
+    c.zero = std::max(c.zero, 1);
+    if (try_setup(c, std::string(t.zero == c.zero ? "" : "--zero 1 ") + "--dp " + std::to_string(dp),
+                  "optimizer states sharded over dp " + std::to_string(dp) + "; global batch x " + std::to_string(dp / t.dp)))
+      break;
+  }
+  for (int64_t mbs = t.micro_batch / 2; mbs >= 1; mbs /= 2) {
+    TrainSpec c = t;
+    c.micro_batch = mbs;
+    c.microbatches = t.microbatches * (t.micro_batch / mbs);
+    if (try_setup(c, "--micro-batch " + std::to_string(mbs), "--microbatches " + std::to_string(c.microbatches) + " keeps the global batch")) break;
+  }
+  return out;
+}
+
+}  // namespace np

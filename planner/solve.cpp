@@ -1,0 +1,208 @@
+// Pareto dynamic programme over the layers of a stage, last layer first. A state is (Q, E, cost):
+// Q the kept bytes of the layers chosen so far (the suffix), E the transient term so far. Adding
+// layer l with option o gives E' = max(E, w_o - k_o - Q), Q' = Q + k_o. Smaller Q, E and cost
+// are each better for every completion (f >= 1), so dominated states are dropped, and states
+// with base + f Q + E over budget are dropped too (Q and E never decrease).
+#include "planner/solve.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+namespace np {
+
+int64_t model_peak(const StageProblem& p, const std::vector<int>& choice) {
+  int64_t K = 0, q = 0, e = p.extra;
+  for (size_t l = 0; l < p.layers.size(); ++l) K += p.layers[l][choice[l]].kept;
+  for (size_t i = p.layers.size(); i-- > 0;) {
+    const StageOption& o = p.layers[i][choice[i]];
+    e = std::max(e, o.working - o.kept - q);
+    q += o.kept;
+  }
+  return p.base + p.in_flight * K + e;
+}
+
+namespace {
+
+struct State {
+  int64_t q, e;
+  double cost;
+  int parent, option;
+};
+
+// Keeps the states no other state beats on all of (q, e, cost).
+std::vector<State> prune(std::vector<State> s) {
+  std::sort(s.begin(), s.end(), [](const State& a, const State& b) {
+    if (a.q != b.q) return a.q < b.q;
+    if (a.e != b.e) return a.e < b.e;
+    return a.cost < b.cost;
+  });
+  std::vector<State> out;
+  std::map<int64_t, double> stair;  // e -> cost, e ascending, cost strictly descending
+  for (const State& st : s) {
+    auto it = stair.upper_bound(st.e);
+    if (it != stair.begin() && std::prev(it)->second <= st.cost) continue;
+    out.push_back(st);
+    auto lo = stair.lower_bound(st.e);
+    while (lo != stair.end() && lo->second >= st.cost) lo = stair.erase(lo);
+    stair[st.e] = st.cost;
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
+// Branch-and-bound data for stages whose layers all share one option list (the usual case): the
+// lower convex envelope of cost against kept bytes gives, by LP relaxation, a lower bound on the
+// cost of the remaining layers given the kept bytes they may still use; an all-same choice gives
+// an upper bound on the optimum. Both only discard states that cannot lead to a better optimum.
+struct Bounds {
+  bool uniform = false;
+  std::vector<std::pair<double, double>> hull;  // (kept, cost), kept ascending, cost descending
+  double upper = std::numeric_limits<double>::infinity();
+
+  // Least cost of r layers keeping at most `cap` bytes together (LP relaxation).
+  double lower(size_t r, double cap) const {
+    if (!uniform || r == 0) return 0;
+    double x = cap / static_cast<double>(r);
+    if (x < hull.front().first) return std::numeric_limits<double>::infinity();
+    if (x >= hull.back().first) return static_cast<double>(r) * hull.back().second;
+    size_t i = 1;
+    while (hull[i].first < x) ++i;
+    auto [x0, y0] = hull[i - 1];
+    auto [x1, y1] = hull[i];
+    double y = y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+    return static_cast<double>(r) * y * (1 - 1e-12);  // a hair under, against rounding
+  }
+};
+
+Bounds bounds(const StageProblem& p) {
+  Bounds b;
+  if (p.layers.empty()) return b;
+  const auto& first = p.layers.front();
+  for (const auto& l : p.layers)
+    if (l.size() != first.size() || !std::equal(l.begin(), l.end(), first.begin(), [](const StageOption& a, const StageOption& c) {
+          return a.kept == c.kept && a.working == c.working && a.cost == c.cost;
+        }))
+      return b;
+  b.uniform = true;
+  std::vector<std::pair<double, double>> pts;
+  for (const StageOption& o : first) pts.push_back({static_cast<double>(o.kept), o.cost});
+  std::sort(pts.begin(), pts.end());
+  for (auto pt : pts) {  // lower convex envelope, keeping only points whose cost falls with kept
+    if (!b.hull.empty() && pt.second >= b.hull.back().second) continue;
+    while (b.hull.size() >= 2) {
+      auto [x0, y0] = b.hull[b.hull.size() - 2];
+      auto [x1, y1] = b.hull.back();
+      if ((y1 - y0) * (pt.first - x0) >= (pt.second - y0) * (x1 - x0)) b.hull.pop_back();
+      else break;
+    }
+    b.hull.push_back(pt);
+  }
+  for (size_t o = 0; o < first.size(); ++o) {
+    std::vector<int> same(p.layers.size(), static_cast<int>(o));
+    if (model_peak(p, same) <= p.budget) b.upper = std::min(b.upper, first[o].cost * static_cast<double>(p.layers.size()));
+  }
+  return b;
+}
+
+}  // namespace
+
+StageSolution solve_stage(const StageProblem& p) {
+  const size_t L = p.layers.size();
+  const Bounds bnd = bounds(p);
+  std::vector<std::vector<State>> levels;
+  levels.push_back({{0, p.extra, 0.0, -1, -1}});
+  for (size_t step = 0; step < L; ++step) {
+    size_t l = L - 1 - step, remaining = L - 1 - step;
+    std::vector<State> next;
+    const std::vector<State>& cur = levels.back();
+    for (size_t s = 0; s < cur.size(); ++s)
+      for (size_t o = 0; o < p.layers[l].size(); ++o) {
+        const StageOption& opt = p.layers[l][o];
+        State n{cur[s].q + opt.kept, std::max(cur[s].e, opt.working - opt.kept - cur[s].q), cur[s].cost + opt.cost,
+                static_cast<int>(s), static_cast<int>(o)};
+        if (p.base + p.in_flight * n.q + n.e > p.budget) continue;
+        if (bnd.uniform) {
+          double cap = static_cast<double>(p.budget - p.base - n.e) / static_cast<double>(p.in_flight) - static_cast<double>(n.q);
+          if (n.cost + bnd.lower(remaining, cap) > bnd.upper * (1 + 1e-12)) continue;
+        }
+        next.push_back(n);
+      }
+    if (next.empty()) return {};
+    levels.push_back(prune(std::move(next)));
+  }
+  const std::vector<State>& last = levels.back();
+  int best = 0;
+  for (size_t i = 1; i < last.size(); ++i)
+    if (last[i].cost < last[best].cost) best = static_cast<int>(i);
+  StageSolution sol{true, last[best].cost, std::vector<int>(L), 0};
+  int idx = best;
+  for (size_t step = L; step-- > 0;) {
+    const State& st = levels[step + 1][idx];
+    sol.choice[L - 1 - step] = st.option;
+    idx = st.parent;
+  }
+  sol.peak = model_peak(p, sol.choice);
+  return sol;
+}
+
+StageSolution brute_force_stage(const StageProblem& p) {
+  const size_t L = p.layers.size();
+  std::vector<int> c(L, 0);
+  StageSolution best;
+  while (true) {
+    int64_t peak = model_peak(p, c);
+    double cost = 0;
+    for (size_t l = 0; l < L; ++l) cost += p.layers[l][c[l]].cost;
+    if (peak <= p.budget && (!best.feasible || cost < best.cost)) best = {true, cost, c, peak};
+    size_t l = 0;
+    while (l < L && ++c[l] == static_cast<int>(p.layers[l].size())) c[l++] = 0;
+    if (l == L) break;
+  }
+  return best;
+}
+
+StageSolution min_peak_solution(const StageProblem& p) {
+  // The same programme with every cost zero and no budget: only (Q, E) matter, and the answer is
+  // the surviving state with the least base + f Q + E.
+  StageProblem q = p;
+  q.budget = std::numeric_limits<int64_t>::max() / 4;
+  for (auto& layer : q.layers)
+    for (auto& o : layer) o.cost = 0;
+  const size_t L = q.layers.size();
+  std::vector<std::vector<State>> levels;
+  levels.push_back({{0, q.extra, 0.0, -1, -1}});
+  for (size_t step = 0; step < L; ++step) {
+    size_t l = L - 1 - step;
+    std::vector<State> next;
+    const std::vector<State>& cur = levels.back();
+    for (size_t s = 0; s < cur.size(); ++s)
+      for (size_t o = 0; o < q.layers[l].size(); ++o) {
+        const StageOption& opt = q.layers[l][o];
+        next.push_back({cur[s].q + opt.kept, std::max(cur[s].e, opt.working - opt.kept - cur[s].q), 0.0,
+                        static_cast<int>(s), static_cast<int>(o)});
+      }
+    levels.push_back(prune(std::move(next)));
+  }
+  const std::vector<State>& last = levels.back();
+  int best = 0;
+  for (size_t i = 1; i < last.size(); ++i)
+    if (q.in_flight * last[i].q + last[i].e < q.in_flight * last[best].q + last[best].e) best = static_cast<int>(i);
+  StageSolution sol{true, 0, std::vector<int>(L), 0};
+  for (size_t step = L, idx = best; step-- > 0;) {
+    const State& st = levels[step + 1][idx];
+    sol.choice[L - 1 - step] = st.option;
+    idx = st.parent;
+  }
+  for (size_t l = 0; l < L; ++l) sol.cost += p.layers[l][sol.choice[l]].cost;
+  sol.peak = model_peak(p, sol.choice);
+  sol.feasible = sol.peak <= p.budget;
+  return sol;
+}
+
+int64_t min_stage_peak(const StageProblem& p) { return min_peak_solution(p).peak; }
+
+}  // namespace np

@@ -1,0 +1,156 @@
+// The stage solver against exhaustive search on random instances, its monotonicity in the budget,
+// and the layer frontier against brute force over every subset of ops.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "planner/frontier.hpp"
+#include "planner/schedule.hpp"
+#include "planner/simulate.hpp"
+#include "planner/solve.hpp"
+#include "test_util.hpp"
+
+namespace np {
+namespace {
+
+// Random heterogeneous stages: 1-4 layers with 2-6 options each; pp 1-8 gives the in-flight count
+// of stage s under 1F1B, min(m, pp - s). Costs are integers so sums are exact in any order.
+StageProblem random_problem(std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> layers(1, 4), options(2, 6), pp(1, 8), kept(1, 40), extra(0, 60), cost(0, 20);
+  StageProblem p;
+  int stages = pp(rng);
+  p.in_flight = std::min<int64_t>(4, stages - std::uniform_int_distribution<int>(0, stages - 1)(rng));
+  p.base = std::uniform_int_distribution<int>(0, 50)(rng);
+  p.extra = std::uniform_int_distribution<int>(0, 30)(rng);
+  int n = layers(rng);
+  for (int l = 0; l < n; ++l) {
+    std::vector<StageOption> opts;
+    int k = options(rng);
+    for (int o = 0; o < k; ++o) {
+      int64_t kb = kept(rng);
+      opts.push_back({kb, kb + extra(rng), static_cast<double>(cost(rng))});
+    }
+    p.layers.push_back(opts);
+  }
+  int64_t lo = p.base, hi = p.base + p.in_flight * 40 * n + 100;
+  p.budget = std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  return p;
+}
+
+TEST(Solver, MatchesExhaustiveSearchOnRandomInstances) {
+  std::mt19937_64 rng(20261130);
+  int feasible = 0, infeasible = 0;
+  for (int i = 0; i < 2000; ++i) {
+    StageProblem p = random_problem(rng);
+    StageSolution dp = solve_stage(p), bf = brute_force_stage(p);
+    ASSERT_EQ(dp.feasible, bf.feasible) << "instance " << i;
+    if (!bf.feasible) {
+      ++infeasible;
+      continue;
+    }
+    ++feasible;
+    EXPECT_EQ(dp.cost, bf.cost) << "instance " << i;  // zero gap
+    EXPECT_LE(dp.peak, p.budget);
+    EXPECT_EQ(dp.peak, model_peak(p, dp.choice));
+  }
+  EXPECT_GT(feasible, 500);
+  EXPECT_GT(infeasible, 50);
+}
+
+// Stages whose layers share one option list take the branch-and-bound path (convex-envelope lower
+// bound, all-same upper bound); it must still find the exhaustive optimum.
+TEST(Solver, UniformLayersMatchExhaustiveSearch) {
+  std::mt19937_64 rng(99);
+  int feasible = 0;
+  for (int i = 0; i < 1500; ++i) {
+    StageProblem p = random_problem(rng);
+    int n = std::uniform_int_distribution<int>(1, 6)(rng);
+    p.layers.assign(n, p.layers.front());
+    p.budget = std::uniform_int_distribution<int64_t>(p.base, p.base + p.in_flight * 40 * n + 100)(rng);
+    StageSolution dp = solve_stage(p), bf = brute_force_stage(p);
+    ASSERT_EQ(dp.feasible, bf.feasible) << "instance " << i;
+    if (!bf.feasible) continue;
+    ++feasible;
+    EXPECT_EQ(dp.cost, bf.cost) << "instance " << i;
+    EXPECT_LE(dp.peak, p.budget);
+  }
+  EXPECT_GT(feasible, 400);
+}
+
+TEST(Solver, LargerBudgetNeverSlower) {
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 300; ++i) {
+    StageProblem p = random_problem(rng);
+    double last = std::numeric_limits<double>::infinity();
+    for (int64_t b = p.base; b <= p.base + p.in_flight * 200 + 200; b += 7) {
+      p.budget = b;
+      StageSolution s = solve_stage(p);
+      if (!s.feasible) continue;
+      EXPECT_LE(s.cost, last);
+      EXPECT_LE(s.peak, b);
+      last = s.cost;
+    }
+  }
+}
+
+TEST(Solver, MinimumPeakIsTheFirstFeasibleBudget) {
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 200; ++i) {
+    StageProblem p = random_problem(rng);
+    int64_t m = min_stage_peak(p);
+    p.budget = m;
+    EXPECT_TRUE(solve_stage(p).feasible);
+    p.budget = m - 1;
+    EXPECT_FALSE(brute_force_stage(p).feasible);
+  }
+}
+
+std::vector<double> flops_cost(const BlockGraph& g) {
+  std::vector<double> c;
+  for (const GraphOp& op : g.ops) c.push_back(op.flops + 1.0);  // + 1: no op is free to re-run
+  return c;
+}
+
+// The frontier over non-wasteful masks equals the frontier over all 2^ops masks.
+TEST(Frontier, MatchesBruteForceOverEverySubset) {
+  for (const char* name : {"llama-2-7b", "gpt-22b", "qwen2.5-7b"})
+    for (AttentionImpl att : {AttentionImpl::kFlash, AttentionImpl::kEager})
+      for (bool sp : {false, true}) {
+        TrainSpec t;
+        t.tp = 2, t.sp = sp, t.seq_len = 256, t.attention = att;
+        BlockGraph g = build_layer(testing::model(name), t);
+        if (g.ops.size() > 19) continue;
+        std::vector<double> c = flops_cost(g);
+        auto fast = pareto_frontier(enumerate_options(g, c)), slow = pareto_frontier(enumerate_all_subsets(g, c));
+        ASSERT_EQ(fast.size(), slow.size()) << name;
+        for (size_t i = 0; i < fast.size(); ++i) {
+          EXPECT_EQ(fast[i].kept_bytes, slow[i].kept_bytes) << name << " point " << i;
+          EXPECT_EQ(fast[i].working_bytes, slow[i].working_bytes) << name << " point " << i;
+          EXPECT_EQ(fast[i].cost, slow[i].cost) << name << " point " << i;
+        }
+      }
+}
+
+// The option evaluation agrees with the schedule's simulation: a one-layer, one-micro-batch stage
+// under each named policy peaks at the static bytes plus ... the layer's working set is visible as
+// the activation + transient high-water mark of the program minus the embedding and head parts.
+TEST(Frontier, NamedPoliciesLandOnOrUnderTheFrontier) {
+  TrainSpec t;
+  t.tp = 8, t.sp = true, t.seq_len = 4096;
+  BlockGraph g = build_layer(testing::model("llama-3.1-70b"), t);
+  LayerFrontier lf = layer_frontier(g, t, flops_cost(g));
+  ASSERT_GE(lf.options.size(), 3u);
+  ASSERT_EQ(lf.named.size(), 5u);
+  for (const NamedPoint& p : lf.named) {
+    EXPECT_TRUE(p.on_frontier >= 0 || p.dominated_by >= 0) << p.name;
+  }
+  // Full recompute keeps only the (sequence-sharded) layer input: 2 sbh / t.
+  const NamedPoint& full = lf.named.back();
+  EXPECT_EQ(full.option.kept_bytes, 4096LL / 8 * 8192 * 2);
+  // The frontier's cheapest point is no recompute at all, its leanest keeps only the input.
+  EXPECT_EQ(lf.options.front().cost, 0.0);
+  EXPECT_EQ(lf.options.back().kept_bytes, full.option.kept_bytes);
+}
+
+}  // namespace
+}  // namespace np
