@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "planner/simulate.hpp"
 #include "planner/solve.hpp"
@@ -19,6 +20,12 @@ std::string option_name(const BlockGraph& g, const std::vector<bool>& mask) {
   for (size_t o = 0; o < mask.size(); ++o)
     if (mask[o]) ops += (ops.empty() ? "" : ", ") + g.ops[o].name;
   return "custom: re-runs " + ops;
+}
+
+TrainSpec simulation_setup(const TrainSpec& t) {
+  TrainSpec s = t;
+  if (t.pp_schedule == PpSchedule::k1F1B) s.microbatches = std::min(t.microbatches, t.pp + 1);
+  return s;
 }
 
 namespace {
@@ -66,14 +73,22 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
                    const HardwareModel& hw, const AutoPlanOptions& options) {
   AutoPlan plan;
   BlockGraph layer = build_layer(m, t);
-  std::vector<double> cost(layer.ops.size());
-  for (size_t o = 0; o < layer.ops.size(); ++o) cost[o] = op_seconds(layer, static_cast<int>(o), hw, t, false);
-  plan.frontier = layer_frontier(layer, t, cost);
-  for (const LayerOption& o : plan.frontier.options) plan.option_names.push_back(option_name(layer, o.recompute));
+  std::string key = hw.name + "/" + std::to_string(t.tp) + "/" + std::to_string(t.sp) + "/" + std::to_string(t.ep) + "/" +
+                    std::to_string(t.seq_len) + "/" + std::to_string(t.micro_batch) + "/" + name_of(t.attention);
+  if (options.cache && options.cache->entries.count(key)) {
+    std::tie(plan.frontier, plan.option_names) = options.cache->entries.at(key);
+  } else {
+    std::vector<double> cost(layer.ops.size());
+    for (size_t o = 0; o < layer.ops.size(); ++o) cost[o] = op_seconds(layer, static_cast<int>(o), hw, t, false);
+    plan.frontier = layer_frontier(layer, t, cost);
+    for (const LayerOption& o : plan.frontier.options) plan.option_names.push_back(option_name(layer, o.recompute));
+    if (options.cache) options.cache->entries[key] = {plan.frontier, plan.option_names};
+  }
   // Start from no recompute everywhere; solve each stage; verify by simulation.
   const LayerOption& none = plan.frontier.options.front();
   plan.layer_policies.assign(m.layers, BlockPolicy{none.recompute, plan.option_names.front()});
-  Schedule base = build_schedule(m, t, &plan.layer_policies);
+  const TrainSpec sim = simulation_setup(t);
+  Schedule base = build_schedule(m, sim, &plan.layer_policies);
   std::vector<StageProblem> problems;
   std::vector<int64_t> target;
   std::vector<double> zc(128, 0.0);
@@ -103,7 +118,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
         plan.layer_policies[first + l] = {plan.frontier.options[sol.choice[l]].recompute, plan.option_names[sol.choice[l]]};
     }
     if (!any) break;
-    Estimate e = estimate_schedule(build_schedule(m, t, &plan.layer_policies), rt, {.budget = budget, .suggestions = false});
+    Estimate e = estimate_schedule(build_schedule(m, sim, &plan.layer_policies), rt, {.budget = budget, .suggestions = false});
     bool again = false;
     for (size_t st = 0; st < problems.size(); ++st) {
       if (settled[st]) continue;
@@ -132,11 +147,13 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
                                static_cast<int64_t>(rt.allocator_slack * static_cast<double>(least - static_bytes(base.stages[st])));
     plan.fits = false;
   }
-  plan.schedule = build_schedule(m, t, &plan.layer_policies);
+  plan.schedule = build_schedule(m, options.full_schedule ? t : sim, &plan.layer_policies);
   plan.estimate = estimate_schedule(plan.schedule, rt, {.budget = budget, .suggestions = false});
+  plan.estimate.setup = t;
   plan.fits = plan.fits && plan.estimate.fits;
   for (StagePlan& sp : plan.stages)
     if (!sp.feasible) sp.min_peak = plan.estimate.stages[sp.stage].peak_bytes;  // simulated, of the closest plan
+  plan.schedule.setup = t;  // the step time counts every micro-batch
   plan.time = step_time(plan.schedule, hw);
   for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
     if (!options.compare_uniform) break;

@@ -4,6 +4,7 @@
 // and solving again if the simulated peak is over (so a plan's peak never exceeds its budget).
 #pragma once
 #include <nlohmann/json.hpp>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,10 +36,21 @@ struct AutoPlan {
   int64_t regathered = 0, gathers = 0;    // all-gathers re-done in backward, of all in the layers
 };
 
+// Layer frontiers by graph shape, reused across setups that share one (a sweep).
+struct FrontierCache {
+  std::map<std::string, std::pair<LayerFrontier, std::vector<std::string>>> entries;
+};
+
 struct AutoPlanOptions {
   bool closest_when_infeasible = true;  // find the smallest achievable peak and the plan reaching it
   bool compare_uniform = true;          // also time and size no recompute and recompute_layer: true
+  FrontierCache* cache = nullptr;       // reuse frontiers of identical layer graphs
+  bool full_schedule = true;            // build AutoPlan::schedule with every micro-batch (for plan files)
 };
+
+// The setup whose schedule has the same per-stage memory peaks with fewer micro-batches: under
+// 1F1B every micro-batch past pp + 1 repeats the steady state, so m is capped there.
+TrainSpec simulation_setup(const TrainSpec& t);
 
 // The setup's recompute must be Recompute::kAuto and the setup valid.
 AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt, int64_t budget,

@@ -192,6 +192,25 @@ TEST(Weights, TiedEmbeddingsPerStage) {
             2 * count_parameters(m) + table);
 }
 
+// Under 1F1B the memory peak of every stage stops changing once m passes pp + 1: the auto planner
+// and the sweep simulate that many micro-batches only.
+TEST(Schedule, OneFOneBPeakIsPeriodicInMicrobatches) {
+  for (const char* name : {"llama-2-7b", "mixtral-8x7b"})
+    for (int64_t pp : {2, 4})
+      for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+        TrainSpec t = small(2, pp, r);
+        t.pp_schedule = PpSchedule::k1F1B;
+        t.microbatches = pp + 1;
+        Schedule capped = build_schedule(model(name), t);
+        for (int64_t m : {pp + 2, 3 * pp + 1}) {
+          t.microbatches = m;
+          Schedule full = build_schedule(model(name), t);
+          for (int64_t s = 0; s < pp; ++s)
+            EXPECT_EQ(simulate(full.stages[s]).peak_bytes, simulate(capped.stages[s]).peak_bytes) << name << " m " << m << " stage " << s;
+        }
+      }
+}
+
 TEST(Partition, CoversEveryLayerOnceAndBalances) {
   for (int64_t pp : {1, 2, 3, 7, 16}) {
     TrainSpec t = small(8, pp, Recompute::kNone);

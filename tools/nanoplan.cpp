@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <unistd.h>
 
 #include "planner/autoplan.hpp"
 #include "planner/catalog.hpp"
@@ -19,6 +20,7 @@
 #include "executor/cpu/cpu_backend.hpp"
 #include "executor/runner.hpp"
 #include "planner/scenario.hpp"
+#include "planner/sweep.hpp"
 #include "planner/units.hpp"
 
 namespace {
@@ -37,6 +39,9 @@ struct Flags {
   int steps = 1;
   uint64_t seed = 1234;
   bool check_plan = false;
+  // sweep
+  int64_t gpus = 0, global_batch = 0;
+  int top = 10;
 };
 
 [[noreturn]] void die(const std::string& message) {
@@ -367,15 +372,67 @@ int run_run(const Flags& f, CLI::App* app) {
   return run_one(s, f, "run: " + f.plan_path + " (" + s.model.name + ", " + np::describe_short(s.setup) + ")");
 }
 
+int run_sweep(const Flags& f) {
+  if (f.budget.empty() && f.gpu.empty()) die("sweep needs a budget: give --budget or --gpu");
+  if (f.gpus < 1) die("--gpus must be a positive integer, got " + std::to_string(f.gpus));
+  if (f.top < 1) die("--top must be a positive integer, got " + std::to_string(f.top));
+  if (f.global_batch < 0) die("--global-batch must be a positive integer, got " + std::to_string(f.global_batch));
+  if (f.format != "table" && f.format != "json") die("invalid --format '" + f.format + "' (valid: table, json)");
+  auto catalog = check(np::load_model_catalog(models_dir(f)));
+  np::ModelSpec m = check(np::resolve_model(catalog, f.model));
+  Flags g = f;
+  g.recompute = "auto";
+  np::SweepOptions o;
+  o.gpus = f.gpus, o.budget = *make_budget(f), o.global_batch = f.global_batch;
+  o.base = make_setup(g);
+  o.runtime = make_runtime(f);
+  o.hw = make_hardware(f);
+  bool tty = isatty(fileno(stderr)) && f.format == "table";
+  auto progress = [&](size_t done, size_t total) {
+    if (!tty) return;
+    int width = 40, filled = static_cast<int>(width * done / std::max<size_t>(1, total));
+    std::fprintf(stderr, "\r  [%s%s] %zu/%zu setups", std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done, total);
+    if (done == total) std::fprintf(stderr, "\n");
+  };
+  np::SweepReport r = np::sweep(m, o, progress);
+  if (f.format == "json") {
+    nlohmann::json top = nlohmann::json::array();
+    for (size_t i = 0; i < r.fitting.size() && i < static_cast<size_t>(f.top); ++i) {
+      const np::SweepResult& x = r.fitting[i];
+      top.push_back({{"setup", np::setup_to_json(x.setup)}, {"step_seconds", x.step_seconds}, {"tokens_per_second", x.tokens_per_second},
+                     {"mfu", x.mfu}, {"recompute_seconds", x.recompute_seconds}, {"peak_bytes", x.peak_bytes}, {"plan", x.plan}});
+    }
+    std::cout << nlohmann::json{{"model", m.name}, {"gpus", f.gpus}, {"budget_bytes", o.budget}, {"evaluated", r.evaluated},
+                                {"fitting", r.fitting.size()}, {"invalid", r.invalid}, {"seconds", r.seconds}, {"top", top}}.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("sweep: %s on %lld GPUs, budget %s: %zu setups evaluated (%zu fit, %zu invalid skipped) in %.2f s (%.0f setups/s)\n",
+              m.name.c_str(), static_cast<long long>(f.gpus), np::format_human(o.budget).c_str(), r.evaluated, r.fitting.size(), r.invalid,
+              r.seconds, r.evaluated / std::max(1e-9, r.seconds));
+  if (r.fitting.empty()) {
+    std::printf("no setup fits: try more GPUs, a shorter sequence or a larger budget\n");
+    return 0;
+  }
+  std::printf("%4s %4s %4s %4s %5s %4s %5s %10s %11s %6s %10s  %s\n", "rank", "tp", "pp", "dp", "zero", "mbs", "m", "step s", "tokens/s", "MFU", "peak GiB", "recompute plan");
+  for (size_t i = 0; i < r.fitting.size() && i < static_cast<size_t>(f.top); ++i) {
+    const np::SweepResult& x = r.fitting[i];
+    std::printf("%4zu %4lld %4lld %4lld %5d %4lld %5lld %10.3f %11.0f %5.1f%% %10.2f  %s\n", i + 1, (long long)x.setup.tp,
+                (long long)x.setup.pp, (long long)x.setup.dp, x.setup.zero, (long long)x.setup.micro_batch,
+                (long long)x.setup.microbatches, x.step_seconds, x.tokens_per_second, 100 * x.mfu,
+                static_cast<double>(x.peak_bytes) / np::kGiB, x.plan.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"nanoplan: does a training setup fit in GPU memory, and what should be recomputed"};
   app.require_subcommand(1);
   Flags f;
-  const std::string commands[] = {"estimate", "plan", "run", "models", "gpus"};
+  const std::string commands[] = {"estimate", "plan", "run", "sweep", "models", "gpus"};
   if (argc > 1 && argv[1][0] != '-' && std::find(std::begin(commands), std::end(commands), argv[1]) == std::end(commands))
-    die("unknown subcommand '" + std::string(argv[1]) + "' (valid: estimate, plan, run, models, gpus)");
+    die("unknown subcommand '" + std::string(argv[1]) + "' (valid: estimate, plan, run, sweep, models, gpus)");
   CLI::App* est = app.add_subcommand("estimate", "per-GPU memory breakdown of a training setup");
   add_setup_flags(est, f);
   CLI::App* plan = app.add_subcommand("plan", "write the schedule (what to keep, drop, recompute) as JSON");
@@ -390,6 +447,18 @@ int main(int argc, char** argv) {
   run->add_option("--seed", f.seed, "seed of weights, data and dropout")->capture_default_str();
   run->add_flag("--check-plan", f.check_plan, "only check the plan: every backward read kept or recomputed");
   run->add_option("--enforce-budget", f.enforce_budget, "refuse allocations past this many bytes per rank (exit 3)");
+  CLI::App* sw = app.add_subcommand("sweep", "search tp, pp, dp, ZeRO stage and micro-batch, each with its optimal recompute plan; rank by throughput");
+  sw->add_option("--model", f.model, "model name or alias, or a path")->required();
+  sw->add_option("--gpus", f.gpus, "GPUs to use (tp x pp x dp)")->required();
+  sw->add_option("--budget", f.budget, "bytes per GPU: 80GB, 80GiB, ...");
+  sw->add_option("--gpu", f.gpu, "GPU (nanoplan gpus): sets the budget and the cost model");
+  sw->add_option("--seq-len", f.seq_len, "sequence length")->capture_default_str();
+  sw->add_option("--global-batch", f.global_batch, "sequences per optimizer step (default 4 x gpus)");
+  sw->add_option("--pp-schedule", f.pp_schedule, "1f1b (default for sweep), afab");
+  sw->add_option("--attention", f.attention, "flash, eager")->capture_default_str();
+  sw->add_option("--top", f.top, "setups to show")->capture_default_str();
+  sw->add_option("--format", f.format, "table, json")->capture_default_str();
+  sw->add_option("--models-dir", f.models_dir, "model catalog folder");
   CLI::App* models = app.add_subcommand("models", "list the model catalog with parameter counts");
   models->add_option("--models-dir", f.models_dir, "model catalog folder");
   CLI::App* gpus = app.add_subcommand("gpus", "list the GPU catalog");
@@ -402,13 +471,17 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::string what = e.what();
-    if (what.find("subcommand") != std::string::npos) what += " (valid: estimate, plan, run, models, gpus)";
+    if (what.find("subcommand") != std::string::npos) what += " (valid: estimate, plan, run, sweep, models, gpus)";
     die(what + "; see nanoplan --help");
   }
   try {
     if (est->parsed()) return run_estimate(f);
     if (plan->parsed()) return run_plan(f);
     if (run->parsed()) return run_run(f, run);
+    if (sw->parsed()) {
+      if (sw->count("--pp-schedule") == 0) f.pp_schedule = "1f1b";
+      return run_sweep(f);
+    }
     if (models->parsed()) return run_models(f);
     return run_gpus(f);
   } catch (const std::exception& e) {

@@ -1,0 +1,38 @@
+// nanoplan sweep: every (tp, pp, dp, ZeRO stage, micro-batch) that uses the given GPUs, each with
+// its cheapest recompute plan under the budget, ranked by predicted throughput.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "planner/autoplan.hpp"
+
+namespace np {
+
+struct SweepOptions {
+  int64_t gpus = 8;
+  int64_t budget = 0;
+  int64_t global_batch = 0;   // sequences per optimizer step; 0: 4 x gpus
+  TrainSpec base;             // seq_len, attention, optimizer, ... (tp/pp/dp/zero/micro-batch are swept)
+  RuntimeAssumptions runtime;
+  HardwareModel hw;
+};
+
+struct SweepResult {
+  TrainSpec setup;
+  bool fits = false;
+  double step_seconds = 0, tokens_per_second = 0, mfu = 0, recompute_seconds = 0;
+  int64_t peak_bytes = 0;
+  std::string plan;           // e.g. "80 x none+regather" per stage, compressed
+};
+
+struct SweepReport {
+  std::vector<SweepResult> fitting;  // best first
+  size_t evaluated = 0, invalid = 0, not_fitting = 0;
+  double seconds = 0;
+};
+
+// `progress(done, total)` is called as setups are evaluated.
+SweepReport sweep(const ModelSpec& m, const SweepOptions& o, const std::function<void(size_t, size_t)>& progress = {});
+
+}  // namespace np

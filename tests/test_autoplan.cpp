@@ -1,0 +1,133 @@
+// --recompute auto end to end: plans stay within their budget, a larger budget never gives a
+// slower plan, the schedule carries every layer's option, and the CPU executor runs a mixed plan
+// with predicted = measured and the same gradients as no recompute.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+
+#include "executor/compare.hpp"
+#include "executor/cpu/cpu_backend.hpp"
+#include "executor/runner.hpp"
+#include "planner/autoplan.hpp"
+#include "planner/plan_io.hpp"
+#include "planner/scenario.hpp"
+#include "test_util.hpp"
+
+namespace np {
+namespace {
+
+TrainSpec setup8b() {
+  TrainSpec t;
+  t.tp = 2, t.sp = true, t.pp = 2, t.microbatches = 4, t.seq_len = 2048, t.pp_schedule = PpSchedule::k1F1B;
+  t.recompute = Recompute::kAuto;
+  return t;
+}
+
+// Budgets from below the leanest plan to above no recompute: every plan that fits peaks within
+// its budget (by the schedule simulation), and the step time never grows with the budget.
+TEST(AutoPlan, WithinBudgetAndMonotone) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = setup8b();
+  AutoPlan loose = auto_plan(m, t, {}, 1'000'000'000'000, default_hardware());
+  ASSERT_TRUE(loose.fits);
+  ASSERT_TRUE(loose.peak_none && loose.peak_full);
+  int64_t lo = *loose.peak_full - (2LL << 30), hi = *loose.peak_none + (1LL << 30);
+  double last = std::numeric_limits<double>::infinity();
+  int fits = 0, misses = 0;
+  for (int64_t b = lo; b <= hi; b += (hi - lo) / 24) {
+    AutoPlan p = auto_plan(m, t, {}, b, default_hardware(), {.compare_uniform = false});
+    if (!p.fits) {
+      ++misses;
+      EXPECT_EQ(fits, 0) << "a larger budget stopped fitting at " << b;
+      continue;
+    }
+    ++fits;
+    EXPECT_LE(p.estimate.peak_bytes, b);
+    EXPECT_LE(p.time.seconds, last * (1 + 1e-12)) << "budget " << b;
+    last = p.time.seconds;
+  }
+  EXPECT_GT(fits, 10);
+  EXPECT_GT(misses, 0);
+  // With room for no recompute at all, no layer recomputes anything (only the LM head's all-gather,
+  // kept as a shard per --tp-recompute-allgather, is re-done).
+  for (const BlockPolicy& bp : loose.layer_policies) EXPECT_EQ(bp.name, "none");
+}
+
+// Between the peaks of recompute_layer: true and of no recompute, the plan beats nanotron's
+// all-or-nothing flag on time.
+TEST(AutoPlan, BeatsUniformFullRecompute) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = setup8b();
+  AutoPlan loose = auto_plan(m, t, {}, 1'000'000'000'000, default_hardware());
+  int64_t b = (*loose.peak_full + *loose.peak_none) / 2;
+  AutoPlan p = auto_plan(m, t, {}, b, default_hardware());
+  ASSERT_TRUE(p.fits);
+  ASSERT_TRUE(p.time_full);
+  EXPECT_LT(p.time.seconds, p.time_full->seconds);
+  EXPECT_GT(p.time.recompute_seconds, 0.0);
+}
+
+// The plan file carries every layer's chosen option, and reading it back gives the same program.
+TEST(AutoPlan, ScheduleCarriesEveryLayerOption) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = setup8b();
+  AutoPlan loose = auto_plan(m, t, {}, 1'000'000'000'000, default_hardware());
+  AutoPlan p = auto_plan(m, t, {}, (*loose.peak_full + *loose.peak_none) / 2, default_hardware());
+  nlohmann::json j = schedule_to_json(p.schedule);
+  int layers = 0;
+  for (const auto& st : j["stages"])
+    for (const auto& b : st["blocks"])
+      if (b["kind"] == "layer") {
+        EXPECT_EQ(b["policy"], p.layer_policies[b["layer"].get<int>()].name);
+        ++layers;
+      }
+  EXPECT_EQ(layers, 32);
+  auto back = schedule_from_json(j);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  for (const StageProgram& sp : back->stages) EXPECT_FALSE(check_program(sp));
+  for (int l = 0; l < 32; ++l) {
+    const StageProgram& sp = back->stages[l < back->stages[0].num_layers() ? 0 : 1];
+    for (const StageBlock& b : sp.blocks) {
+      if (b.layer != l) continue;
+      EXPECT_EQ(b.policy.recompute, p.layer_policies[l].recompute) << "layer " << l;
+    }
+  }
+}
+
+// A mixed plan on the CPU executor: predicted = measured on every rank, and recomputation changes
+// no number (bitwise equal to the same setup without recompute).
+TEST(AutoPlan, ExecutorRunsAMixedPlan) {
+  auto sc = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/tiny-llama.toml", testing::catalog());
+  ASSERT_TRUE(sc.ok()) << sc.error().message;
+  TrainSpec t = sc->base;
+  t.tp = 2, t.sp = true, t.pp = 2, t.pp_schedule = PpSchedule::k1F1B, t.recompute = Recompute::kAuto;
+  RuntimeAssumptions rt;
+  rt.cuda_context_bytes = rt.cublas_workspace_bytes = rt.nccl_bytes_per_comm = 0;
+  rt.allocator_slack = 0;
+  AutoPlan loose = auto_plan(sc->model, t, rt, 1LL << 40, default_hardware());
+  int64_t b = (*loose.peak_full + *loose.peak_none) / 2;
+  AutoPlan p = auto_plan(sc->model, t, rt, b, default_hardware());
+  ASSERT_TRUE(p.fits);
+  std::set<std::string> options;
+  for (const BlockPolicy& bp : p.layer_policies) options.insert(bp.name);
+  EXPECT_FALSE(options.count("none") && options.size() == 1) << "the budget should force some recompute";
+  exec::RunOptions o;
+  o.capture_grads = true;
+  auto run = exec::run_schedule(p.schedule, [] { return exec::make_cpu_backend(); }, o);
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  exec::RunComparison c = exec::compare(p.schedule, *run, "auto");
+  EXPECT_TRUE(c.all_equal) << exec::comparison_table(c);
+  for (const exec::RankComparison& r : c.ranks) EXPECT_LE(r.measured, b);
+  TrainSpec none = t;
+  none.recompute = Recompute::kNone;
+  none.tp_recompute_allgather = false;
+  auto ref = exec::run_schedule(build_schedule(sc->model, none), [] { return exec::make_cpu_backend(); }, o);
+  ASSERT_TRUE(ref.ok());
+  EXPECT_EQ(std::memcmp(&ref->losses[0], &run->losses[0], sizeof(double)), 0);
+  for (const auto& [key, g] : ref->grads)
+    EXPECT_EQ(std::memcmp(g.data(), run->grads.at(key).data(), g.size() * sizeof(float)), 0) << key;
+}
+
+}  // namespace
+}  // namespace np
