@@ -113,8 +113,15 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
            (*p.peak_full <= budget ? " (fits)" : " (does not fit)") + "; the plan is " +
            fmt("%.1f%%", 100 * (p.time_full->seconds - p.time.seconds) / p.time_full->seconds) + " faster\n";
   out += equivalents(p, budget);
-  out += "\nlayer options on the frontier (kept / working bytes per micro-batch, recompute time):\n";
+  out += "\nlayer options: " + std::to_string(p.frontier.options.size()) + " on the frontier of " + std::to_string(p.frontier.evaluated) +
+         " recompute choices (kept / working bytes per micro-batch, recompute time; --format json lists them all):\n";
   for (size_t i = 0; i < p.frontier.options.size(); ++i) {
+    size_t n = p.frontier.options.size();
+    bool used = false;
+    for (const StagePlan& sp : p.stages) used |= std::find(sp.layer_option.begin(), sp.layer_option.end(), static_cast<int>(i)) != sp.layer_option.end();
+    bool named = false;
+    for (const NamedPoint& np_ : p.frontier.named) named |= np_.on_frontier == static_cast<int>(i) || np_.dominated_by == static_cast<int>(i);
+    if (n > 12 && !used && !named && i != 0 && i + 1 != n) continue;
     const LayerOption& o = p.frontier.options[i];
     char buf[512];
     std::snprintf(buf, sizeof buf, "  %2zu  %12s  %12s  %9.3f ms  %s\n", i, format_binary(o.kept_bytes).c_str(),

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The budget planner through the CLI: --recompute auto (the default with a budget), its report and
+# JSON, and nanoplan sweep (ranking, JSON, no progress bar when piped, bad input).
+# Usage: bash tests/cli_plan.sh /path/to/nanoplan
+set -u
+NP=$1
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+ok() { echo "ok - $1"; }
+fail() { failures=$((failures + 1)); echo "FAIL - $1"; }
+check() { if eval "$2"; then ok "$1"; else fail "$1 (check: $2)"; fi; }
+json() { python3 -c "import json,sys; j=json.load(open('$1')); print($2)"; }
+
+S=(--model llama-3.1-8b --tp 2 --pp 2 --pp-schedule 1f1b --microbatches 4 --seq-len 8192)
+"$NP" estimate "${S[@]}" --recompute none --format json >"$TMP/none.json"
+"$NP" estimate "${S[@]}" --recompute full --format json >"$TMP/full.json"
+pn=$(json "$TMP/none.json" 'j["peak_bytes"]'); pf=$(json "$TMP/full.json" 'j["peak_bytes"]')
+check "full recompute peaks lower than none" '[ "$pf" -lt "$pn" ]'
+mid=$(( (pn + pf) / 2 ))
+
+"$NP" estimate "${S[@]}" --budget "$mid" >"$TMP/auto.txt" 2>&1; rc=$?
+check "auto estimate exits 0" '[ $rc -eq 0 ]'
+check "auto is the default with a budget" 'grep -q "recompute plan (--recompute auto" "$TMP/auto.txt" && grep -q "recompute auto" "$TMP/auto.txt"'
+check "the plan fits and says so" 'grep -q "FITS" "$TMP/auto.txt" && ! grep -q "DOES NOT FIT" "$TMP/auto.txt"'
+check "per-stage plan lines" '[ $(grep -cE "^  stage [01]: layers" "$TMP/auto.txt") -eq 2 ]'
+check "nanotron and Megatron equivalents" 'grep -q "recompute_layer:" "$TMP/auto.txt" && grep -q "Megatron-LM (closest)" "$TMP/auto.txt"'
+check "time against recompute_layer: true" 'grep -qE "recompute_layer: true: .* the plan is [0-9.]+% faster" "$TMP/auto.txt"'
+check "named policies placed on the frontier" 'grep -q "full (nanotron recompute_layer): dominated by option" "$TMP/auto.txt"'
+
+"$NP" estimate "${S[@]}" --budget "$mid" --format json >"$TMP/auto.json"
+python3 - "$TMP/auto.json" "$mid" <<'PY' && ok "auto JSON plan keys, peaks within budget, faster than full" || fail "auto JSON plan keys"
+import json, sys
+j = json.load(open(sys.argv[1])); b = int(sys.argv[2]); p = j["plan"]
+assert j["setup"]["recompute"] == "auto" and j["fits"] is True and j["peak_bytes"] <= b
+for k in ("recompute_seconds", "step_seconds", "per_stage", "frontier"): assert k in p, k
+assert len(p["per_stage"]) == 2
+for st in p["per_stage"]:
+    assert st["peak_bytes"] <= b
+    for l in st["layers"]: assert set(l) >= {"index", "option", "kept_bytes"}
+assert sorted(l["index"] for st in p["per_stage"] for l in st["layers"]) == list(range(32))
+assert p["step_seconds"] < p["step_seconds_recompute_layer"]
+assert p["recompute_seconds"] > 0
+PY
+
+"$NP" plan "${S[@]}" --budget "$mid" -o "$TMP/plan.json" 2>/dev/null
+python3 - "$TMP/plan.json" <<'PY' && ok "plan file carries every layer's option" || fail "plan file carries every layer's option"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["setup"]["recompute"] == "auto"
+layers = [b for st in j["stages"] for b in st["blocks"] if b["kind"] == "layer"]
+assert len(layers) == 32 and all("policy" in b and "recomputed_ops" in b for b in layers)
+assert any(b["recomputed_ops"] for b in layers)
+PY
+
+"$NP" estimate "${S[@]}" --recompute auto >"$TMP/o" 2>"$TMP/e"; rc=$?
+check "auto without a budget is bad input" '[ $rc -eq 2 ] && grep -q "needs a budget" "$TMP/e"'
+
+# Sweep.
+"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 4096 >"$TMP/sw.txt" 2>"$TMP/sw.err"; rc=$?
+check "sweep exits 0" '[ $rc -eq 0 ]'
+check "sweep ranks setups" 'grep -qE "^ +1 +[0-9]+ +[0-9]+ +[0-9]+ " "$TMP/sw.txt" && grep -q "setups evaluated" "$TMP/sw.txt"'
+check "no progress bar when piped" '[ ! -s "$TMP/sw.err" ]'
+"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 4096 --format json --top 50 >"$TMP/sw.json"
+python3 - "$TMP/sw.json" <<'PY' && ok "sweep JSON: sorted by throughput, all within budget, gpus add up" || fail "sweep JSON"
+import json, sys
+j = json.load(open(sys.argv[1])); top = j["top"]
+assert len(top) > 3 and j["evaluated"] >= len(top)
+tps = [t["tokens_per_second"] for t in top]
+assert tps == sorted(tps, reverse=True)
+for t in top:
+    s = t["setup"]
+    assert s["tp"] * s["pp"] * s["dp"] == 8 and t["peak_bytes"] <= j["budget_bytes"] and s["recompute"] == "auto"
+PY
+bad() { "$NP" "$@" >"$TMP/bo" 2>"$TMP/be"; local rc=$?; if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/be")" -eq 1 ]; then ok "bad sweep input: $*"; else fail "bad sweep input: $* (rc $rc: $(cat "$TMP/be"))"; fi; }
+bad sweep --model llama-3.1-8b --gpus 0 --budget 40GB
+bad sweep --model llama-3.1-8b --gpus 8
+bad sweep --model llama-3.1-8b --gpus 8 --budget 40XB
+bad sweep --model nope --gpus 8 --budget 40GB
+
+[ $failures -eq 0 ] && echo "all passed" || { echo "$failures failed"; exit 1; }
