@@ -3,6 +3,10 @@
 // the schedule orders them (tests compare it with the schedule's simulation).
 #include "planner/frontier.hpp"
 
+#include <cmath>
+
+#include "planner/mincut.hpp"
+
 #include <algorithm>
 #include <functional>
 
@@ -217,6 +221,11 @@ LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t, const std:
   std::vector<LayerOption> all = enumerate_options(g, op_cost);
   lf.evaluated = all.size();
   lf.options = pareto_frontier(std::move(all));
+  lf.on_hull.assign(lf.options.size(), false);
+  for (const LayerOption& v : min_cut_hull(g, op_cost))
+    for (size_t i = 0; i < lf.options.size(); ++i)
+      if (lf.options[i].kept_bytes == v.kept_bytes && std::abs(lf.options[i].cost - v.cost) <= 1e-12 * std::max(1.0, v.cost))
+        lf.on_hull[i] = true;
   struct Named { const char* name; Recompute r; bool regather; };
   std::vector<Named> named = {{"none", Recompute::kNone, false}, {"selective", Recompute::kSelective, false},
                               {"full (nanotron recompute_layer)", Recompute::kFull, false}};

@@ -44,6 +44,7 @@ struct NamedPoint {
 
 struct LayerFrontier {
   std::vector<LayerOption> options;  // the Pareto frontier
+  std::vector<bool> on_hull;         // per option: a vertex of the (kept, cost) convex hull, found by min cut
   std::vector<NamedPoint> named;     // where the named policies land
   size_t evaluated = 0;              // masks evaluated
 };

@@ -114,7 +114,7 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
            fmt("%.1f%%", 100 * (p.time_full->seconds - p.time.seconds) / p.time_full->seconds) + " faster\n";
   out += equivalents(p, budget);
   out += "\nlayer options: " + std::to_string(p.frontier.options.size()) + " on the frontier of " + std::to_string(p.frontier.evaluated) +
-         " recompute choices (kept / working bytes per micro-batch, recompute time; --format json lists them all):\n";
+         " recompute choices (kept / working bytes per micro-batch, recompute time; * a convex-hull vertex found by\n  the lambda-swept minimum cut; --format json lists them all):\n";
   for (size_t i = 0; i < p.frontier.options.size(); ++i) {
     size_t n = p.frontier.options.size();
     bool used = false;
@@ -124,8 +124,8 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
     if (n > 12 && !used && !named && i != 0 && i + 1 != n) continue;
     const LayerOption& o = p.frontier.options[i];
     char buf[512];
-    std::snprintf(buf, sizeof buf, "  %2zu  %12s  %12s  %9.3f ms  %s\n", i, format_binary(o.kept_bytes).c_str(),
-                  format_binary(o.working_bytes).c_str(), 1e3 * o.cost, p.option_names[i].c_str());
+    std::snprintf(buf, sizeof buf, "  %2zu%s %12s  %12s  %9.3f ms  %s\n", i, p.frontier.on_hull[i] ? "*" : " ",
+                  format_binary(o.kept_bytes).c_str(), format_binary(o.working_bytes).c_str(), 1e3 * o.cost, p.option_names[i].c_str());
     out += buf;
   }
   for (const NamedPoint& n : p.frontier.named)
@@ -148,7 +148,8 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
   nlohmann::json frontier = nlohmann::json::array();
   for (size_t i = 0; i < p.frontier.options.size(); ++i) {
     const LayerOption& o = p.frontier.options[i];
-    frontier.push_back({{"option", p.option_names[i]}, {"kept_bytes", o.kept_bytes}, {"working_bytes", o.working_bytes}, {"recompute_seconds", o.cost}});
+    frontier.push_back({{"option", p.option_names[i]}, {"kept_bytes", o.kept_bytes}, {"working_bytes", o.working_bytes},
+                        {"recompute_seconds", o.cost}, {"hull_vertex", static_cast<bool>(p.frontier.on_hull[i])}});
   }
   nlohmann::json j = {{"fits", p.fits}, {"step_seconds", p.time.seconds}, {"recompute_seconds", p.time.recompute_seconds},
                       {"mfu", p.time.mfu}, {"hfu", p.time.hfu}, {"per_stage", stages}, {"frontier", frontier},

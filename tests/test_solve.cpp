@@ -5,6 +5,7 @@
 #include <random>
 
 #include "planner/frontier.hpp"
+#include "planner/mincut.hpp"
 #include "planner/schedule.hpp"
 #include "planner/simulate.hpp"
 #include "planner/solve.hpp"
@@ -127,6 +128,51 @@ TEST(Frontier, MatchesBruteForceOverEverySubset) {
           EXPECT_EQ(fast[i].kept_bytes, slow[i].kept_bytes) << name << " point " << i;
           EXPECT_EQ(fast[i].working_bytes, slow[i].working_bytes) << name << " point " << i;
           EXPECT_EQ(fast[i].cost, slow[i].cost) << name << " point " << i;
+        }
+      }
+}
+
+// Lower convex hull of (kept, cost) over a set of options: the vertices, kept descending.
+std::vector<std::pair<int64_t, double>> lower_hull(const std::vector<LayerOption>& all) {
+  std::vector<std::pair<int64_t, double>> pts;
+  for (const LayerOption& o : all) pts.push_back({o.kept_bytes, o.cost});
+  std::sort(pts.begin(), pts.end());  // kept ascending
+  std::vector<std::pair<int64_t, double>> h;
+  for (auto p : pts) {
+    if (!h.empty() && p.first == h.back().first) continue;  // equal kept: the cheaper sorted first
+    if (!h.empty() && p.second >= h.back().second) continue;
+    while (h.size() >= 2) {
+      // Drop the middle point when it is not below the segment (collinear within 1e-9, as the
+      // min-cut sweep treats it).
+      auto [x0, y0] = h[h.size() - 2];
+      auto [x1, y1] = h.back();
+      double line = y0 + (p.second - y0) * static_cast<double>(x1 - x0) / static_cast<double>(p.first - x0);
+      if (y1 >= line - 1e-9 * std::max(1.0, std::abs(line))) h.pop_back();
+      else break;
+    }
+    h.push_back(p);
+  }
+  std::reverse(h.begin(), h.end());
+  return h;
+}
+
+// The lambda-swept minimum cut (Boost max-flow) finds exactly the convex hull of the exhaustive
+// enumeration, on the real layer graphs (dense and MoE, flash and eager, SP on and off).
+TEST(MinCut, HullEqualsTheEnumeratedHull) {
+  for (const char* name : {"llama-3.1-70b", "gpt-22b", "mixtral-8x7b"})
+    for (AttentionImpl att : {AttentionImpl::kFlash, AttentionImpl::kEager})
+      for (bool sp : {false, true}) {
+        TrainSpec t;
+        t.tp = 8, t.sp = sp, t.seq_len = 1024, t.attention = att;
+        if (std::string(name) == "mixtral-8x7b" && !sp) continue;
+        BlockGraph g = build_layer(testing::model(name), t);
+        std::vector<double> c = flops_cost(g);
+        auto cut = min_cut_hull(g, c);
+        auto ref = lower_hull(enumerate_options(g, c));
+        ASSERT_EQ(cut.size(), ref.size()) << name << " " << name_of(att) << " sp " << sp;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          EXPECT_EQ(cut[i].kept_bytes, ref[i].first) << name << " vertex " << i;
+          EXPECT_NEAR(cut[i].cost, ref[i].second, 1e-9 * std::max(1.0, ref[i].second)) << name << " vertex " << i;
         }
       }
 }
