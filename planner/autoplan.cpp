@@ -88,7 +88,9 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
   const LayerOption& none = plan.frontier.options.front();
   plan.layer_policies.assign(m.layers, BlockPolicy{none.recompute, plan.option_names.front()});
   const TrainSpec sim = simulation_setup(t);
-  Schedule base = build_schedule(m, sim, &plan.layer_policies);
+  TrainSpec one = sim;  // the stage constants (static bytes, blocks) do not depend on m
+  one.microbatches = 1;
+  Schedule base = build_schedule(m, one, &plan.layer_policies);
   std::vector<StageProblem> problems;
   std::vector<int64_t> target;
   std::vector<double> zc(128, 0.0);
@@ -100,6 +102,8 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
   // Solve every stage, simulate the whole plan once, tighten the stages the simulation finds over
   // budget (by their excess) and solve those again.
   std::vector<bool> settled(base.stages.size(), false);
+  std::optional<Schedule> verified;  // the last schedule simulated, of the current policies
+  bool changed_after_verify = false;
   plan.fits = true;
   for (int attempt = 0; attempt < 8; ++attempt) {
     bool any = false;
@@ -118,7 +122,8 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
         plan.layer_policies[first + l] = {plan.frontier.options[sol.choice[l]].recompute, plan.option_names[sol.choice[l]]};
     }
     if (!any) break;
-    Estimate e = estimate_schedule(build_schedule(m, sim, &plan.layer_policies), rt, {.budget = budget, .suggestions = false});
+    verified = build_schedule(m, sim, &plan.layer_policies);
+    Estimate e = estimate_schedule(*verified, rt, {.budget = budget, .suggestions = false});
     bool again = false;
     for (size_t st = 0; st < problems.size(); ++st) {
       if (settled[st]) continue;
@@ -140,6 +145,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
     StageSolution closest = min_peak_solution(problems[st]);  // show the plan that gets closest
     int64_t least = closest.peak;
     int first = base.stages[st].first_layer();
+    changed_after_verify = true;
     for (size_t l = 0; l < closest.choice.size(); ++l)
       plan.layer_policies[first + l] = {plan.frontier.options[closest.choice[l]].recompute, plan.option_names[closest.choice[l]]};
     plan.stages[st].layer_option = closest.choice;
@@ -147,7 +153,8 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
                                static_cast<int64_t>(rt.allocator_slack * static_cast<double>(least - static_bytes(base.stages[st])));
     plan.fits = false;
   }
-  plan.schedule = build_schedule(m, options.full_schedule ? t : sim, &plan.layer_policies);
+  bool reuse = verified && !changed_after_verify && (!options.full_schedule || sim.microbatches == t.microbatches);
+  plan.schedule = reuse ? std::move(*verified) : build_schedule(m, options.full_schedule ? t : sim, &plan.layer_policies);
   plan.estimate = estimate_schedule(plan.schedule, rt, {.budget = budget, .suggestions = false});
   plan.estimate.setup = t;
   plan.fits = plan.fits && plan.estimate.fits;
@@ -157,9 +164,10 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
   plan.time = step_time(plan.schedule, hw);
   for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
     if (!options.compare_uniform) break;
-    TrainSpec u = t;
+    TrainSpec u = sim;
     u.recompute = r;
     Schedule s = build_schedule(m, u);
+    s.setup.microbatches = t.microbatches;  // peaks repeat past pp + 1 micro-batches; time counts all
     (r == Recompute::kNone ? plan.time_none : plan.time_full) = step_time(s, hw);
     (r == Recompute::kNone ? plan.peak_none : plan.peak_full) = estimate_schedule(s, rt, {.suggestions = false}).peak_bytes;
   }

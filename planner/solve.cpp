@@ -88,23 +88,40 @@ Bounds bounds(const StageProblem& p) {
         }))
       return b;
   b.uniform = true;
-  std::vector<std::pair<double, double>> pts;
-  for (const StageOption& o : first) pts.push_back({static_cast<double>(o.kept), o.cost});
-  std::sort(pts.begin(), pts.end());
-  for (auto pt : pts) {  // lower convex envelope, keeping only points whose cost falls with kept
+  std::vector<int> order(first.size());
+  for (size_t o = 0; o < order.size(); ++o) order[o] = static_cast<int>(o);
+  std::sort(order.begin(), order.end(), [&](int a, int c) {
+    return first[a].kept != first[c].kept ? first[a].kept < first[c].kept : first[a].cost < first[c].cost;
+  });
+  std::vector<int> vertex;  // option index of each hull point
+  for (int o : order) {  // lower convex envelope, keeping only points whose cost falls with kept
+    std::pair<double, double> pt{static_cast<double>(first[o].kept), first[o].cost};
     if (!b.hull.empty() && pt.second >= b.hull.back().second) continue;
     while (b.hull.size() >= 2) {
       auto [x0, y0] = b.hull[b.hull.size() - 2];
       auto [x1, y1] = b.hull.back();
-      if ((y1 - y0) * (pt.first - x0) >= (pt.second - y0) * (x1 - x0)) b.hull.pop_back();
+      if ((y1 - y0) * (pt.first - x0) >= (pt.second - y0) * (x1 - x0)) b.hull.pop_back(), vertex.pop_back();
       else break;
     }
     b.hull.push_back(pt);
+    vertex.push_back(o);
   }
-  for (size_t o = 0; o < first.size(); ++o) {
-    std::vector<int> same(p.layers.size(), static_cast<int>(o));
-    if (model_peak(p, same) <= p.budget) b.upper = std::min(b.upper, first[o].cost * static_cast<double>(p.layers.size()));
-  }
+  // Upper bound: mixes of two options (the LP optimum mixes two adjacent hull vertices), each
+  // arranged with the larger transient first, which is the best order for a given mix.
+  const size_t L = p.layers.size();
+  auto try_mix = [&](int a, int c) {
+    std::vector<int> choice(L);
+    for (size_t n = 0; n <= L; ++n) {  // n layers of c, the rest of a
+      for (size_t l = 0; l < L; ++l) choice[l] = l < n ? c : a;
+      if (first[c].working - first[c].kept < first[a].working - first[a].kept) std::reverse(choice.begin(), choice.end());
+      if (model_peak(p, choice) <= p.budget) {
+        b.upper = std::min(b.upper, static_cast<double>(L - n) * first[a].cost + static_cast<double>(n) * first[c].cost);
+        return;
+      }
+    }
+  };
+  for (size_t o = 0; o < first.size(); ++o) try_mix(static_cast<int>(o), static_cast<int>(o));
+  for (size_t i = 0; i + 1 < vertex.size(); ++i) try_mix(vertex[i + 1], vertex[i]);
   return b;
 }
 
