@@ -240,23 +240,6 @@ double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const
   return compute + op_collective_seconds(g, op, hw, t, backward);
 }
 
-std::vector<bool> backward_runs(const BlockGraph& g) {
-  std::vector<bool> has_grad(g.tensors.size(), false), runs(g.ops.size(), false);
-  if (g.hidden_out >= 0) has_grad[g.hidden_out] = true;
-  for (int o = static_cast<int>(g.ops.size()) - 1; o >= 0; --o) {
-    const GraphOp& op = g.ops[o];
-    const OpInfo& info = op_info(op.kind);
-    bool live = info.grad_outputs == 0;
-    for (size_t j = 0; j < op.outputs.size(); ++j)
-      if ((info.grad_outputs >> j & 1u) && has_grad[op.outputs[j]]) live = true;
-    if (!live) continue;
-    runs[o] = true;
-    for (size_t k = 0; k < op.inputs.size(); ++k)
-      if (info.grad_inputs >> k & 1u) has_grad[op.inputs[k]] = true;
-  }
-  return runs;
-}
-
 BlockTime block_seconds(const BlockGraph& g, const HardwareModel& hw, const TrainSpec& t) {
   BlockTime bt;
   std::vector<bool> runs = backward_runs(g);

@@ -54,9 +54,6 @@ double collective_seconds(std::string_view kind, double bytes_full, int64_t grou
 // gradients), including the collective the op runs in that direction (not overlapped).
 double op_seconds(const BlockGraph& g, int op, const HardwareModel& hw, const TrainSpec& t, bool backward);
 
-// Whether the schedule runs the op's backward: it has an output that carries a gradient from the
-// block's output (or no gradient outputs at all, the loss). Same rule as build_schedule.
-std::vector<bool> backward_runs(const BlockGraph& g);
 
 struct BlockTime { double forward = 0, backward = 0; };  // one micro-batch, all ops of the block
 BlockTime block_seconds(const BlockGraph& g, const HardwareModel& hw, const TrainSpec& t);

@@ -55,15 +55,15 @@ StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const Run
   return e;
 }
 
-// Candidate setups near `t`, one family at a time; the first that fits in each family is kept.
-std::vector<Suggestion> suggest(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt, int64_t budget) {
+}  // namespace
+
+std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t, const PeakIfFits& fits) {
   std::vector<Suggestion> out;
-  EstimateOptions quiet{.budget = budget, .suggestions = false};
   auto try_setup = [&](TrainSpec c, std::string change, std::string note) {
     if (validate_setup(m, c)) return false;
-    Estimate e = estimate(m, c, rt, quiet);
-    if (!e.fits) return false;
-    out.push_back({std::move(change), std::move(note), c, e.peak_bytes});
+    std::optional<int64_t> peak = fits(c);
+    if (!peak) return false;
+    out.push_back({std::move(change), std::move(note), c, *peak});
     return true;
   };
   for (int64_t pp = t.pp * 2; pp <= m.layers; pp *= 2) {
@@ -80,7 +80,7 @@ std::vector<Suggestion> suggest(const ModelSpec& m, const TrainSpec& t, const Ru
     std::string change = (t.zero == c.zero ? "" : "--zero 1 ") + std::string("--dp ") + std::to_string(dp);
     if (try_setup(c, change, "optimizer states sharded over dp " + std::to_string(dp) + "; global batch x " + std::to_string(dp / t.dp))) break;
   }
-  if (t.recompute != Recompute::kFull) {
+  if (t.recompute != Recompute::kFull && t.recompute != Recompute::kAuto) {
     TrainSpec c = t;
     c.recompute = Recompute::kFull;
     try_setup(c, "--recompute full", "nanotron recompute_layer: true; one extra forward per layer");
@@ -93,8 +93,6 @@ std::vector<Suggestion> suggest(const ModelSpec& m, const TrainSpec& t, const Ru
   }
   return out;
 }
-
-}  // namespace
 
 Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt, const EstimateOptions& options) {
   Estimate e;
@@ -111,7 +109,11 @@ Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt, cons
       e.peak_rank = st.first_rank;
     }
   e.fits = !options.budget || e.peak_bytes <= *options.budget;
-  if (!e.fits && options.suggestions) e.suggestions = suggest(s.model, s.setup, rt, *options.budget);
+  if (!e.fits && options.suggestions)
+    e.suggestions = nearest_setups(s.model, s.setup, [&](const TrainSpec& c) -> std::optional<int64_t> {
+      Estimate near = estimate(s.model, c, rt, {.budget = options.budget, .suggestions = false});
+      return near.fits ? std::optional<int64_t>(near.peak_bytes) : std::nullopt;
+    });
   return e;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,6 +74,11 @@ struct EstimateOptions {
   bool suggestions = true;        // search nearby setups when it does not fit
   bool explain_peak = false;      // list the live tensors at each stage's peak
 };
+
+// The nearest setups that fit, one per family (more pp, ZeRO-1 over more dp, full recompute, a
+// smaller micro-batch), each found by asking `fits` (a peak when it fits).
+using PeakIfFits = std::function<std::optional<int64_t>(const TrainSpec&)>;
+std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t, const PeakIfFits& fits);
 
 // The setup must already be valid (validate_setup).
 Estimate estimate(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,

@@ -13,23 +13,6 @@
 namespace np {
 namespace {
 
-// Which ops the backward runs: those with a gradient reaching one of their outputs (or the loss).
-std::vector<bool> backward_ops(const BlockGraph& g) {
-  std::vector<bool> has_grad(g.tensors.size(), false), runs(g.ops.size(), false);
-  if (g.hidden_out >= 0) has_grad[g.hidden_out] = true;
-  for (int o = static_cast<int>(g.ops.size()) - 1; o >= 0; --o) {
-    const GraphOp& op = g.ops[o];
-    const OpInfo& info = op_info(op.kind);
-    bool live = info.grad_outputs == 0;
-    for (size_t j = 0; j < op.outputs.size(); ++j) live |= (info.grad_outputs >> j & 1u) && has_grad[op.outputs[j]];
-    runs[o] = live;
-    if (!live) continue;
-    for (size_t k = 0; k < op.inputs.size(); ++k)
-      if (info.grad_inputs >> k & 1u) has_grad[op.inputs[k]] = true;
-  }
-  return runs;
-}
-
 struct Event {
   std::vector<int> allocs;  // "slots": tensor t as value t, recomputed value n + t, gradient 2n + t, workspace 3n + k
   std::vector<int> uses;
@@ -82,7 +65,7 @@ LayerOption evaluate_option(const BlockGraph& g, const std::vector<bool>& rec, c
     }
     ev.push_back(std::move(e));
   }
-  std::vector<bool> runs = backward_ops(g), has_grad(n, false);
+  std::vector<bool> runs = backward_runs(g), has_grad(n, false);
   if (g.hidden_out >= 0) has_grad[g.hidden_out] = true;
   for (int o = static_cast<int>(g.ops.size()) - 1; o >= 0; --o) {
     if (!runs[o]) continue;

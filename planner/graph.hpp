@@ -59,6 +59,11 @@ BlockGraph build_head(const ModelSpec& m, const TrainSpec& t);
 // tensor produced once, op arities and shapes consistent with the op table.
 std::optional<Error> check_graph(const BlockGraph& g);
 
+// Whether each op's backward runs: an output of it carries a gradient from the block's output (or
+// it has no gradient outputs at all: the loss). The schedule, the cost model and the option
+// evaluation all use this rule.
+std::vector<bool> backward_runs(const BlockGraph& g);
+
 // Exact parameter count of the model: the blocks built at tp = pp = dp = ep = 1, tied weights once.
 int64_t count_parameters(const ModelSpec& m);
 

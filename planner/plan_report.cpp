@@ -161,36 +161,10 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
 
 std::vector<Suggestion> auto_suggestions(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
                                          int64_t budget, const HardwareModel& hw) {
-  std::vector<Suggestion> out;
-  auto try_setup = [&](TrainSpec c, std::string change, std::string note) {
-    if (validate_setup(m, c)) return false;
+  return nearest_setups(m, t, [&](const TrainSpec& c) -> std::optional<int64_t> {
     AutoPlan p = auto_plan(m, c, rt, budget, hw, {.closest_when_infeasible = false, .compare_uniform = false});
-    if (!p.fits) return false;
-    out.push_back({std::move(change), std::move(note), c, p.estimate.peak_bytes});
-    return true;
-  };
-  for (int64_t pp = t.pp * 2; pp <= m.layers; pp *= 2) {
-    TrainSpec c = t;
-    c.pp = pp;
-    if (c.pp_schedule == PpSchedule::k1F1B) c.microbatches = std::max(c.microbatches, pp - 1);
-    c.zero = std::min(c.zero, 1);
-    if (try_setup(c, "--pp " + std::to_string(pp), std::to_string(pp * t.tp * t.dp) + " GPUs (pp x " + std::to_string(pp / t.pp) + ")")) break;
-  }
-  for (int64_t dp = t.dp * 2; dp <= 4096; dp *= 2) {
-    TrainSpec c = t;
-    c.dp = dp;
-    c.zero = std::max(c.zero, 1);
-    if (try_setup(c, std::string(t.zero == c.zero ? "" : "--zero 1 ") + "--dp " + std::to_string(dp),
-                  "optimizer states sharded over dp " + std::to_string(dp) + "; global batch x " + std::to_string(dp / t.dp)))
-      break;
-  }
-  for (int64_t mbs = t.micro_batch / 2; mbs >= 1; mbs /= 2) {
-    TrainSpec c = t;
-    c.micro_batch = mbs;
-    c.microbatches = t.microbatches * (t.micro_batch / mbs);
-    if (try_setup(c, "--micro-batch " + std::to_string(mbs), "--microbatches " + std::to_string(c.microbatches) + " keeps the global batch")) break;
-  }
-  return out;
+    return p.fits ? std::optional<int64_t>(p.estimate.peak_bytes) : std::nullopt;
+  });
 }
 
 }  // namespace np
