@@ -121,14 +121,7 @@ LayerOption evaluate_option(const BlockGraph& g, const std::vector<bool>& rec, c
 
 std::vector<LayerOption> enumerate_options(const BlockGraph& g, const std::vector<double>& op_cost) {
   const int n_ops = static_cast<int>(g.ops.size());
-  std::vector<bool> needed(g.tensors.size(), false);
-  for (const GraphOp& op : g.ops) {
-    const OpInfo& info = op_info(op.kind);
-    for (size_t k = 0; k < op.inputs.size(); ++k)
-      if (info.bwd_reads_inputs >> k & 1u) needed[op.inputs[k]] = true;
-    for (size_t j = 0; j < op.outputs.size(); ++j)
-      if (info.bwd_reads_outputs >> j & 1u) needed[op.outputs[j]] = true;
-  }
+  const std::vector<bool> needed = backward_reads(g);
   std::vector<int> read_by_rec(g.tensors.size(), 0);
   std::vector<bool> mask(n_ops, false);
   std::vector<LayerOption> out;

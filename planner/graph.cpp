@@ -273,6 +273,18 @@ std::vector<bool> backward_runs(const BlockGraph& g) {
   return runs;
 }
 
+std::vector<bool> backward_reads(const BlockGraph& g) {
+  std::vector<bool> needed(g.tensors.size(), false);
+  for (const GraphOp& op : g.ops) {
+    const OpInfo& info = op_info(op.kind);
+    for (size_t k = 0; k < op.inputs.size(); ++k)
+      if (info.bwd_reads_inputs >> k & 1u) needed[op.inputs[k]] = true;
+    for (size_t j = 0; j < op.outputs.size(); ++j)
+      if (info.bwd_reads_outputs >> j & 1u) needed[op.outputs[j]] = true;
+  }
+  return needed;
+}
+
 int64_t count_parameters(const ModelSpec& m) {
   TrainSpec t;
   t.seq_len = 1;

@@ -63,6 +63,8 @@ std::optional<Error> check_graph(const BlockGraph& g);
 // it has no gradient outputs at all: the loss). The schedule, the cost model and the option
 // evaluation all use this rule.
 std::vector<bool> backward_runs(const BlockGraph& g);
+// Per tensor: some op's backward reads it (the op table's bwd_reads bits).
+std::vector<bool> backward_reads(const BlockGraph& g);
 
 // Exact parameter count of the model: the blocks built at tp = pp = dp = ep = 1, tied weights once.
 int64_t count_parameters(const ModelSpec& m);

@@ -43,14 +43,7 @@ std::vector<bool> min_cut_mask(const BlockGraph& g, const std::vector<double>& o
   const int n_ops = static_cast<int>(g.ops.size()), n_t = static_cast<int>(g.tensors.size());
   const int source = n_ops + n_t, sink = source + 1;
   FlowGraph fg(sink + 1);
-  std::vector<bool> needed(n_t, false);
-  for (const GraphOp& op : g.ops) {
-    const OpInfo& info = op_info(op.kind);
-    for (size_t k = 0; k < op.inputs.size(); ++k)
-      if (info.bwd_reads_inputs >> k & 1u) needed[op.inputs[k]] = true;
-    for (size_t j = 0; j < op.outputs.size(); ++j)
-      if (info.bwd_reads_outputs >> j & 1u) needed[op.outputs[j]] = true;
-  }
+  const std::vector<bool> needed = backward_reads(g);
   for (int o = 0; o < n_ops; ++o) {
     add_edge(fg, o, sink, op_cost[o]);
     for (int t : g.ops[o].inputs) add_edge(fg, o, n_ops + t, kInfinite);

@@ -19,15 +19,10 @@ BlockPolicy named_policy(const BlockGraph& g, const TrainSpec& t) {
 }
 
 SavedSet saved_set(const BlockGraph& g, const BlockPolicy& p) {
-  std::vector<bool> needed(g.tensors.size(), false);
-  for (size_t i = 0; i < g.ops.size(); ++i) {
-    const GraphOp& op = g.ops[i];
-    const OpInfo& info = op_info(op.kind);
-    for (size_t k = 0; k < op.inputs.size(); ++k)
-      if ((info.bwd_reads_inputs >> k & 1u) || p.recompute[i]) needed[op.inputs[k]] = true;
-    for (size_t k = 0; k < op.outputs.size(); ++k)
-      if (info.bwd_reads_outputs >> k & 1u) needed[op.outputs[k]] = true;
-  }
+  std::vector<bool> needed = backward_reads(g);
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (p.recompute[i])
+      for (int t : g.ops[i].inputs) needed[t] = true;  // a re-run op reads its inputs
   SavedSet s{std::vector<bool>(g.tensors.size(), false), 0};
   for (size_t t = 0; t < g.tensors.size(); ++t) {
     int producer = g.tensors[t].producer;
