@@ -2,7 +2,11 @@
 #include "planner/sweep.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 namespace np {
 namespace {
@@ -51,17 +55,34 @@ SweepReport sweep(const ModelSpec& m, const SweepOptions& o, const std::function
   auto start = std::chrono::steady_clock::now();
   SweepReport r;
   std::vector<TrainSpec> setups = candidates(m, o, r.invalid);
-  FrontierCache cache;
-  for (size_t i = 0; i < setups.size(); ++i) {
-    AutoPlan p = auto_plan(m, setups[i], o.runtime, o.budget, o.hw, {.closest_when_infeasible = false, .compare_uniform = false, .cache = &cache, .full_schedule = false});
-    ++r.evaluated;
-    if (progress) progress(i + 1, setups.size());
-    if (!p.fits) {
-      ++r.not_fitting;
-      continue;
+  // Setups are independent: one worker thread per core, each with its own frontier cache, taking
+  // the next setup from a shared counter; results land in setup order.
+  std::vector<std::optional<SweepResult>> results(setups.size());
+  std::atomic<size_t> next{0}, done{0};
+  std::mutex progress_mu;
+  auto work = [&] {
+    FrontierCache cache;
+    for (size_t i; (i = next++) < setups.size();) {
+      AutoPlan p = auto_plan(m, setups[i], o.runtime, o.budget, o.hw,
+                             {.closest_when_infeasible = false, .compare_uniform = false, .cache = &cache, .full_schedule = false});
+      results[i] = SweepResult{setups[i], p.fits, p.time.seconds, p.time.tokens_per_second, p.time.mfu,
+                               p.time.recompute_seconds, p.estimate.peak_bytes, p.fits ? summary(p) : ""};
+      size_t d = ++done;
+      if (progress) {
+        std::lock_guard lock(progress_mu);
+        progress(d, setups.size());
+      }
     }
-    r.fitting.push_back({setups[i], true, p.time.seconds, p.time.tokens_per_second, p.time.mfu, p.time.recompute_seconds,
-                         p.estimate.peak_bytes, summary(p)});
+  };
+  {
+    std::vector<std::jthread> pool;
+    unsigned workers = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), 64));
+    for (unsigned w = 0; w < workers; ++w) pool.emplace_back(work);
+  }
+  for (const auto& x : results) {
+    ++r.evaluated;
+    if (x->fits) r.fitting.push_back(*x);
+    else ++r.not_fitting;
   }
   std::stable_sort(r.fitting.begin(), r.fitting.end(),
                    [](const SweepResult& a, const SweepResult& b) { return a.tokens_per_second > b.tokens_per_second; });
