@@ -62,6 +62,7 @@ struct Bounds {
   bool uniform = false;
   std::vector<std::pair<double, double>> hull;  // (kept, cost), kept ascending, cost descending
   double upper = std::numeric_limits<double>::infinity();
+  std::vector<int> best_choice;  // a choice reaching `upper`
 
   // Least cost of r layers keeping at most `cap` bytes together (LP relaxation).
   double lower(size_t r, double cap) const {
@@ -115,13 +116,38 @@ Bounds bounds(const StageProblem& p) {
       for (size_t l = 0; l < L; ++l) choice[l] = l < n ? c : a;
       if (first[c].working - first[c].kept < first[a].working - first[a].kept) std::reverse(choice.begin(), choice.end());
       if (model_peak(p, choice) <= p.budget) {
-        b.upper = std::min(b.upper, static_cast<double>(L - n) * first[a].cost + static_cast<double>(n) * first[c].cost);
+        double cost = static_cast<double>(L - n) * first[a].cost + static_cast<double>(n) * first[c].cost;
+        if (cost < b.upper) b.upper = cost, b.best_choice = choice;
         return;
       }
     }
   };
   for (size_t o = 0; o < first.size(); ++o) try_mix(static_cast<int>(o), static_cast<int>(o));
   for (size_t i = 0; i + 1 < vertex.size(); ++i) try_mix(vertex[i + 1], vertex[i]);
+  // Tighten the upper bound by local search from the best mix: move one layer to any cheaper
+  // option while the choice stays within budget (first improvement, layers last to first).
+  if (b.best_choice.empty()) return b;
+  std::vector<int> choice = b.best_choice;
+  double cost = b.upper;
+  for (bool improved = true; improved;) {
+    improved = false;
+    for (size_t l = L; l-- > 0;)
+      for (size_t o = 0; o < first.size(); ++o) {
+        double delta = first[o].cost - first[choice[l]].cost;
+        if (delta >= 0) continue;
+        int old = choice[l];
+        choice[l] = static_cast<int>(o);
+        if (model_peak(p, choice) <= p.budget) {
+          cost += delta;
+          improved = true;
+        } else {
+          choice[l] = old;
+        }
+      }
+  }
+  cost = 0;  // summed afresh, in layer order, so the bound is a cost some choice really has
+  for (int o : choice) cost += first[o].cost;
+  b.upper = std::min(b.upper, cost);
   return b;
 }
 
