@@ -9,6 +9,10 @@
 
 #include "executor/comm/inproc.hpp"
 #include "executor/init.hpp"
+#include "planner/simulate.hpp"
+#include "planner/units.hpp"
+
+#include <unistd.h>
 
 namespace np::exec {
 namespace {
@@ -425,6 +429,13 @@ std::optional<Error> check_runnable(const Schedule& s) {
                       std::to_string(t.dp) + ", ep " + std::to_string(t.ep) + ": use --dp 1 --ep 1");
   if (t.zero >= 2) return make_error("the CPU executor runs ZeRO 0 or 1 (dp = 1); got --zero " + std::to_string(t.zero));
   if (t.tp * t.pp > 64) return make_error("the CPU executor runs at most 64 ranks; got tp x pp = " + std::to_string(t.tp * t.pp));
+  // Host memory: every rank's predicted peak must fit in what this machine has free.
+  double need = 0;
+  for (const StageProgram& p : s.stages) need += static_cast<double>(simulate(p).peak_bytes) * static_cast<double>(t.tp);
+  double avail = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (avail > 0 && need > 0.8 * avail)
+    return make_error("the CPU executor would need " + format_human(static_cast<int64_t>(need)) + " of host memory and " +
+                      format_human(static_cast<int64_t>(avail)) + " is free; run a smaller model (e.g. --scenario scenarios/tiny-llama.toml)");
   return std::nullopt;
 }
 

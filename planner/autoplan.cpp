@@ -74,6 +74,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
   AutoPlan plan;
   BlockGraph layer = build_layer(m, t);
   std::string key = hw.name + "/" + std::to_string(t.tp) + "/" + std::to_string(t.sp) + "/" + std::to_string(t.ep) + "/" +
+                    std::to_string(t.tp_recompute_allgather) + "/" +
                     std::to_string(t.seq_len) + "/" + std::to_string(t.micro_batch) + "/" + name_of(t.attention);
   if (options.cache && options.cache->entries.count(key)) {
     std::tie(plan.frontier, plan.option_names) = options.cache->entries.at(key);

@@ -148,6 +148,8 @@ Result<ModelSpec> model_from_table(const toml::table& table, const std::string& 
   return m;
 }
 
+Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path);
+
 Result<ModelSpec> load_hf_config(const std::string& path) {
   Result<std::string> text = read_file(path);
   if (!text) return text.error();
@@ -159,6 +161,20 @@ Result<ModelSpec> load_hf_config(const std::string& path) {
     return make_error(path + ":" + std::to_string(line) + ": malformed JSON: " + e.what());
   }
   if (!j.is_object()) return make_error(path + ":1: a Hugging Face config.json must be a JSON object");
+  const std::string supported = "llama, mistral, mixtral, qwen2, qwen2_moe";
+  const std::vector<std::string> types = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe"};
+  if (j.contains("model_type") && (!j["model_type"].is_string() ||
+                                   std::find(types.begin(), types.end(), j["model_type"].get<std::string>()) == types.end()))
+    return make_error(path + ": model_type " + j["model_type"].dump() + " is not supported (valid: " + supported +
+                      "; or write the model as a TOML in the catalog schema)");
+  try {
+    return hf_model(j, path);
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(path + ": a field has the wrong type (" + std::string(e.what()) + ")");
+  }
+}
+
+Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
   auto get = [&](const char* key, int64_t fallback) -> int64_t {
     return j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : fallback;
   };

@@ -195,6 +195,12 @@ std::vector<bool> named_mask(const BlockGraph& g, Recompute r, bool regather) {
 LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t, const std::vector<double>& op_cost) {
   LayerFrontier lf;
   std::vector<LayerOption> all = enumerate_options(g, op_cost);
+  if (!t.tp_recompute_allgather)  // --tp-recompute-allgather false: never gather again in backward
+    std::erase_if(all, [&](const LayerOption& o) {
+      for (size_t i = 0; i < g.ops.size(); ++i)
+        if (o.recompute[i] && g.ops[i].kind == OpKind::kAllGather) return true;
+      return false;
+    });
   lf.evaluated = all.size();
   lf.options = pareto_frontier(std::move(all));
   lf.on_hull.assign(lf.options.size(), false);
@@ -205,7 +211,7 @@ LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t, const std:
   struct Named { const char* name; Recompute r; bool regather; };
   std::vector<Named> named = {{"none", Recompute::kNone, false}, {"selective", Recompute::kSelective, false},
                               {"full (nanotron recompute_layer)", Recompute::kFull, false}};
-  if (t.sp) {
+  if (t.sp && t.tp_recompute_allgather) {
     named.insert(named.begin() + 1, {"none + tp_recompute_allgather", Recompute::kNone, true});
     named.insert(named.begin() + 3, {"selective + tp_recompute_allgather", Recompute::kSelective, true});
   }

@@ -98,12 +98,12 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
     const StageProgram& s = p.schedule.stages[i];
     const StagePlan& sp = p.stages[i];
     out += "  stage " + std::to_string(s.stage) + ": " + compress(p, s);
-    out += sp.feasible ? "; peak " + format_gib(p.estimate.stages[i].peak_bytes) + "\n"
-                       : "; DOES NOT FIT: the smallest achievable peak is " + format_human(sp.min_peak) + "\n";
+    out += sp.feasible ? "; peak " + format_binary(p.estimate.stages[i].peak_bytes) + "\n"
+                       : "; DOES NOT FIT: the smallest achievable peak is " + format_binary(sp.min_peak) + " (" + format_gb(sp.min_peak) + ")\n";
   }
   if (p.gathers > 0) out += "  " + std::to_string(p.regathered) + " of " + std::to_string(p.gathers) + " all-gathers re-done in backward\n";
   double overhead = p.time.seconds > 0 ? p.time.recompute_seconds / p.time.seconds : 0;
-  out += "\npredicted step time " + fmt("%.3f s", p.time.seconds) + ", recompute " + fmt("%.3f s", p.time.recompute_seconds) + " (" +
+  out += "\npredicted step time " + fmt("%.3f s", p.time.seconds) + ", recompute on the slowest stage " + fmt("%.3f s", p.time.recompute_seconds) + " (" +
          fmt("%.1f%%", 100 * overhead) + " of the step), MFU " + fmt("%.1f%%", 100 * p.time.mfu) + ", HFU " + fmt("%.1f%%", 100 * p.time.hfu) + "\n";
   if (p.time_none)
     out += "  no recompute:              " + fmt("%.3f s", p.time_none->seconds) + ", peak " + format_gib(*p.peak_none) +

@@ -2,6 +2,7 @@
 #include "planner/spec.hpp"
 
 #include <array>
+#include <iterator>
 #include <utility>
 
 namespace np {
@@ -113,6 +114,16 @@ std::optional<Error> check_positive(const TrainSpec& t) {
   for (auto [flag, v] : sizes)
     if (v <= 0) return fail(std::string(flag) + " must be a positive integer, got " + str(v));
   if (t.zero < 0 || t.zero > 3) return fail("--zero " + str(t.zero) + " is invalid (valid: 0, 1, 2, 3)");
+  // Limits that keep every byte count well inside 64 bits and the schedule simulable.
+  if (t.seq_len > (int64_t{1} << 24) / t.micro_batch)
+    return fail("--seq-len x --micro-batch = " + std::to_string(static_cast<double>(t.seq_len) * t.micro_batch) +
+                " tokens is too many (valid: at most 16,777,216 tokens per micro-batch)");
+  if (t.microbatches > 65536) return fail("--microbatches " + str(t.microbatches) + " is too many (valid: at most 65,536)");
+  const std::pair<const char*, int64_t> degrees[] = {{"--tp", t.tp}, {"--pp", t.pp}, {"--ep", t.ep}, {"--dp", t.dp}};
+  for (auto [flag, v] : degrees) {
+    int64_t most = std::string(flag) == "--dp" ? (1 << 20) : 4096;
+    if (v > most) return fail(std::string(flag) + " " + str(v) + " is out of range (valid: at most " + str(most) + ")");
+  }
   return std::nullopt;
 }
 
@@ -122,6 +133,8 @@ std::optional<Error> check_conflicts(const ModelSpec& m, const TrainSpec& t) {
   if (t.zero >= 2 && t.pp > 1)
     return fail("--zero " + str(t.zero) + " conflicts with --pp " + str(t.pp) +
                 " (ZeRO-2/3 shard gradients that pipeline micro-batches keep accumulating); use --zero 0 or 1 with pp > 1");
+  if (t.zero >= 1 && t.dp == 1 && t.optimizer != Optimizer::kNone)
+    return fail("--zero " + str(t.zero) + " shards over data parallelism and needs --dp > 1 (use --zero 0 with --dp 1)");
   if (t.zero >= 1 && t.optimizer == Optimizer::kNone)
     return fail("--zero " + str(t.zero) + " conflicts with --optimizer none (no optimizer states to shard); use --zero 0 or pick an optimizer");
   if (m.moe && t.tp > 1 && !t.sp)
@@ -150,6 +163,14 @@ std::optional<Error> validate_model(const ModelSpec& m) {
       {"vocab_size", m.vocab}, {"max_position_embeddings", m.max_positions}};
   for (auto [key, v] : sizes)
     if (v <= 0) return fail("model " + m.name + ": " + key + " must be a positive integer, got " + str(v));
+  const std::pair<const char*, int64_t> limits[] = {
+      {"hidden_size", 1 << 20}, {"intermediate_size", 1 << 22}, {"num_layers", 10000}, {"num_heads", 1 << 16},
+      {"head_dim", 1 << 16}, {"vocab_size", 1 << 24}, {"max_position_embeddings", 1 << 24}};
+  const int64_t values[] = {m.hidden, m.ffn, m.layers, m.heads, m.head_dim, m.vocab, m.max_positions};
+  for (size_t i = 0; i < std::size(limits); ++i)
+    if (values[i] > limits[i].second)
+      return fail("model " + m.name + ": " + limits[i].first + " " + str(values[i]) + " is out of range (valid: at most " +
+                  str(limits[i].second) + ")");
   if (m.heads % m.kv_heads != 0)
     return fail("model " + m.name + ": num_heads " + str(m.heads) + " is not a multiple of num_kv_heads " + str(m.kv_heads));
   if (m.dropout < 0.0 || m.dropout >= 1.0)

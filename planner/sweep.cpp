@@ -18,9 +18,9 @@ std::vector<TrainSpec> candidates(const ModelSpec& m, const SweepOptions& o, siz
     for (int64_t pp = 1; pp <= std::min(o.gpus / tp, m.layers); ++pp) {
       if (o.gpus % (tp * pp) != 0) continue;
       int64_t dp = o.gpus / (tp * pp);
-      for (int zero : {0, 1})
+      for (int zero : {0, 1, 2, 3})
         for (int64_t mbs : {1, 2, 4}) {
-          if (zero == 1 && dp == 1) continue;  // nothing to shard
+          if (zero >= 1 && dp == 1) continue;  // nothing to shard
           if (batch % (dp * mbs) != 0) continue;
           TrainSpec t = o.base;
           t.tp = tp, t.pp = pp, t.dp = dp, t.zero = zero, t.micro_batch = mbs, t.sp = tp > 1;

@@ -39,7 +39,7 @@ Error budget_error(std::string_view text, std::string_view why) {
 
 }  // namespace
 
-Result<int64_t> parse_bytes(std::string_view text) {
+Result<int64_t> parse_bytes(std::string_view text, bool allow_zero) {
   std::string s = upper_trimmed(text);
   size_t i = 0;
   if (i < s.size() && (s[i] == '-' || s[i] == '+')) {
@@ -74,7 +74,7 @@ Result<int64_t> parse_bytes(std::string_view text) {
   if (scaled % frac_scale != 0) return budget_error(text, "it is not a whole number of bytes");
   __int128 total = whole * found->bytes + scaled / frac_scale;
   if (total > INT64_MAX) return budget_error(text, "it is too large");
-  if (total <= 0) return budget_error(text, "it must be positive");
+  if (total < 0 || (total == 0 && !allow_zero)) return budget_error(text, "it must be positive");
   return static_cast<int64_t>(total);
 }
 

@@ -14,7 +14,7 @@ inline constexpr int64_t kKB = 1000, kMB = kKB * 1000, kGB = kMB * 1000, kTB = k
 
 // Parses a positive byte count. Decimal fractions are exact ("79.5GB" = 79500000000); a result
 // that is not a whole number of bytes, zero, negative or ambiguous ("80G") is an error.
-Result<int64_t> parse_bytes(std::string_view text);
+Result<int64_t> parse_bytes(std::string_view text, bool allow_zero = false);
 
 std::string format_gb(int64_t bytes);         // "80.00 GB"
 std::string format_gib(int64_t bytes);        // "74.51 GiB"

@@ -66,6 +66,8 @@ import json, sys; j = json.load(open(sys.argv[1])); j["format_version"] = 2; jso
 PY
 bad "plan of another format version" "format version 2 is not supported" run "$TMP/v2.json"
 bad "plan made for another model" "was made for model tiny" run "$TMP/plan.json" --model llama-3.1-8b
+sed 's/hidden_size = 24/hidden_size = 32/' "$TMP/tiny.toml" >"$TMP/tiny32.toml"
+bad "plan made for a different model of the same name" "was made for a different tiny: its" run "$TMP/plan.json" --model "$TMP/tiny32.toml"
 bad "setup flags conflict with a plan" "conflicts with a plan file" run "$TMP/plan.json" --tp 4
 bad "no source" "exactly one of" run
 bad "unknown backend" "valid: cpu" run "$TMP/plan.json" --backend tpu

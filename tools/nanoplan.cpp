@@ -119,7 +119,7 @@ np::RuntimeAssumptions make_runtime(const Flags& f) {
   np::RuntimeAssumptions rt;
   auto bytes = [](const std::string& flag, const std::string& v, int64_t& out) {
     if (v.empty()) return;
-    np::Result<int64_t> r = np::parse_bytes(v);
+    np::Result<int64_t> r = np::parse_bytes(v, /*allow_zero=*/true);
     if (!r) die(flag + ": " + r.error().message);
     out = *r;
   };
@@ -293,7 +293,11 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
     return kExitCheckFailed;
   }
   if (r->out_of_memory) {
-    std::fprintf(stderr, "nanoplan: rank %lld: %s\n", static_cast<long long>(r->oom_rank), r->out_of_memory->what());
+    const np::exec::OutOfBudget& oom = *r->out_of_memory;
+    std::fprintf(stderr, "nanoplan: rank %lld: %s\n", static_cast<long long>(r->oom_rank), oom.what());
+    if (f.format == "json")
+      std::cout << nlohmann::json{{"out_of_memory", {{"rank", r->oom_rank}, {"tensor", oom.tensor}, {"bytes", oom.bytes},
+                                                     {"in_use_bytes", oom.in_use}, {"budget_bytes", oom.budget}}}}.dump(2) << "\n";
     return kExitOutOfMemory;
   }
   np::exec::RunComparison c = np::exec::compare(s, *r, title);
@@ -326,7 +330,15 @@ int run_scenario(const Flags& f) {
   for (const np::TrainSpec& t : sc.matrix) {
     np::Schedule s = np::build_schedule(sc.model, t);
     auto r = np::exec::run_schedule(s, backend_factory(g), run_options(g));
-    if (!r) die(r.error().message);
+    if (!r) {
+      std::fprintf(stderr, "nanoplan: %s: %s\n", np::describe_short(t).c_str(), r.error().message.c_str());
+      return kExitCheckFailed;
+    }
+    if (r->out_of_memory) {
+      std::fprintf(stderr, "nanoplan: %s: rank %lld: %s\n", np::describe_short(t).c_str(), static_cast<long long>(r->oom_rank),
+                   r->out_of_memory->what());
+      return kExitOutOfMemory;
+    }
     np::exec::RunComparison c = np::exec::compare(s, *r, sc.name + ": " + np::describe_short(t));
     std::string why;
     bool ok = !r->out_of_memory && scenario_passes(sc, c, why);
@@ -368,6 +380,11 @@ int run_run(const Flags& f, CLI::App* app) {
     auto catalog = check(np::load_model_catalog(models_dir(f)));
     np::ModelSpec m = check(np::resolve_model(catalog, f.model));
     if (m.name != s.model.name) die("plan " + f.plan_path + " was made for model " + s.model.name + ", not " + m.name);
+    nlohmann::json a = np::model_spec_to_json(m), b = np::model_spec_to_json(s.model);
+    for (const char* k : {"source", "display_name"}) a.erase(k), b.erase(k);
+    for (auto& [key, value] : a.items())
+      if (b[key] != value)
+        die("plan " + f.plan_path + " was made for a different " + m.name + ": its " + key + " is " + b[key].dump() + ", the model's is " + value.dump());
   }
   return run_one(s, f, "run: " + f.plan_path + " (" + s.model.name + ", " + np::describe_short(s.setup) + ")");
 }
