@@ -154,7 +154,8 @@ std::string estimate_to_table(const Estimate& e, const std::string& requested) {
   if (e.stages.size() > 1) out += stage_table(e);
   const StageEstimate& s = e.stages[e.peak_stage];
   if (!s.layers.empty())
-    out += "\nsaved for backward per layer per micro-batch: " + format_human(s.layers.front().saved_bytes) + " (policy " +
+    out += "\nsaved for backward per layer per micro-batch: " + format_binary(s.layers.front().saved_bytes) + " (" +
+           format_gb(s.layers.front().saved_bytes) + "; layer " + std::to_string(s.layers.front().index) + ", policy " +
            s.layers.front().policy + ")\n";
   out += verdict(e);
   if (!s.live_at_peak.empty()) {

@@ -111,7 +111,7 @@ TEST(AutoPlan, ExecutorRunsAMixedPlan) {
   ASSERT_TRUE(p.fits);
   std::set<std::string> options;
   for (const BlockPolicy& bp : p.layer_policies) options.insert(bp.name);
-  EXPECT_FALSE(options.count("none") && options.size() == 1) << "the budget should force some recompute";
+  EXPECT_GE(options.size(), 2u) << "the budget should force a mix of options across the layers";
   exec::RunOptions o;
   o.capture_grads = true;
   auto run = exec::run_schedule(p.schedule, [] { return exec::make_cpu_backend(); }, o);

@@ -168,6 +168,46 @@ TEST(Zero, ShardingArithmetic) {
   EXPECT_EQ(shard, 2'246'138'539);  // 6,738,415,616 / 3 = 2,246,138,538.67, rounded up
 }
 
+// Optimizer and gradient dtypes: SGD keeps fp32 master weights only (4 B/param), no optimizer
+// keeps nothing, bf16 gradient accumulation halves the gradient buffer (2 B/param).
+TEST(Zero, OptimizerAndGradientDtypes) {
+  ModelSpec m = model("llama-2-7b");
+  const int64_t N = 6'738'415'616;
+  TrainSpec t = small(1, 1, Recompute::kNone);
+  t.optimizer = Optimizer::kSgd;
+  EXPECT_EQ(static_bytes(build_schedule(m, t).stages[0], Category::kOptimizer), 4 * N);
+  t.optimizer = Optimizer::kNone;
+  EXPECT_EQ(static_bytes(build_schedule(m, t).stages[0], Category::kOptimizer), 0);
+  t.optimizer = Optimizer::kAdamW;
+  t.grad_dtype = Dtype::kBf16;
+  EXPECT_EQ(static_bytes(build_schedule(m, t).stages[0], Category::kGradient), 2 * N);
+}
+
+// ZeRO-2 keeps an unsharded gradient bucket of one layer alive during its backward, ZeRO-3 also
+// gathers the layer's weights: both show up as transients of exactly the layer's weight bytes.
+TEST(Zero, BucketsAndGatheredWeightsAreTransients) {
+  ModelSpec m = model("llama-2-7b");
+  const int64_t layer_weights = 2 * 4096 + 4 * 4096LL * 4096 + 3 * 4096LL * 11008;  // norms, q k v o, gate up down
+  for (int zero : {2, 3}) {
+    TrainSpec t = small(1, 1, Recompute::kNone);
+    t.dp = 2, t.zero = zero;
+    const StageProgram p = build_schedule(m, t).stages[0];
+    int buckets = 0, gathers = 0;
+    for (const ScheduleTensor& x : p.tensors) {
+      if (x.kind == ValueKind::kGradBucket && p.blocks[x.block].kind == BlockKind::kLayer) {
+        EXPECT_EQ(x.bytes, 4 * layer_weights);  // fp32 gradients of the layer
+        ++buckets;
+      }
+      if (x.kind == ValueKind::kParamGather && p.blocks[x.block].kind == BlockKind::kLayer) {
+        EXPECT_EQ(x.bytes, 2 * layer_weights);  // bf16 weights of the layer
+        ++gathers;
+      }
+    }
+    EXPECT_EQ(buckets, 32 * 3);  // one per layer per micro-batch
+    EXPECT_EQ(gathers, zero == 3 ? 2 * 32 * 3 : 0);  // forward and backward
+  }
+}
+
 // Experts are replicated over dp / ep ranks, so their states shard over dp / ep, not dp.
 TEST(Zero, ExpertStatesShardOverDpOverEp) {
   ModelSpec m = model("mixtral-8x7b");
