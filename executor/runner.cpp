@@ -385,6 +385,7 @@ class RankRunner {
     r.measured_peak = alloc_.peak();
     r.measured_at_peak = alloc_.at_peak();
     r.live_at_peak = alloc_.live_at_peak();
+    r.timeline = alloc_.timeline();
     r.unplanned = unplanned_;
     std::lock_guard lock(sh_.mu);
     sh_.result.ranks.push_back(std::move(r));

@@ -32,6 +32,7 @@ struct RankResult {
   int64_t measured_peak = 0;
   std::array<int64_t, kCategories> measured_at_peak{};
   std::vector<LiveAllocation> live_at_peak;
+  std::vector<int64_t> timeline;       // bytes in use after every allocation and release
   std::vector<std::string> unplanned;  // allocations the plan did not name (a mismatch)
 };
 

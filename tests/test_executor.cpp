@@ -3,6 +3,7 @@
 // enforced budget stops a run with the tensor named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -128,6 +129,22 @@ TEST(EnforceBudget, StopsWithTheTensorNamed) {
   EXPECT_GT(oom.out_of_memory->bytes, 0);
   EXPECT_LE(oom.out_of_memory->in_use, peak - 1);
   EXPECT_GT(oom.out_of_memory->in_use + oom.out_of_memory->bytes, peak - 1);
+}
+
+// The allocator's timeline: its maximum is the high-water mark, and after each step only the
+// static tensors (weights, gradient buffer, optimizer states) remain.
+TEST(Allocator, TimelineEndsAtTheStaticBytes) {
+  Scenario sc = scenario("tiny-llama");
+  RunResult r = run(sc.model, with(sc.base, 2, 2, Recompute::kFull, true), 2);
+  Schedule s = build_schedule(sc.model, with(sc.base, 2, 2, Recompute::kFull, true));
+  for (const RankResult& rr : r.ranks) {
+    ASSERT_FALSE(rr.timeline.empty());
+    EXPECT_EQ(*std::max_element(rr.timeline.begin(), rr.timeline.end()), rr.measured_peak);
+    int64_t statics = 0;
+    for (const ScheduleTensor& t : s.stages[rr.stage].tensors)
+      if (t.kind == ValueKind::kStatic) statics += t.bytes;
+    EXPECT_EQ(rr.timeline.back(), statics) << "rank " << rr.global_rank;
+  }
 }
 
 // Training works: the first loss is near ln(vocab) (small initial weights give near-uniform
