@@ -13,110 +13,126 @@
 namespace np {
 namespace {
 
-struct Event {
-  std::vector<int> allocs;  // "slots": tensor t as value t, recomputed value n + t, gradient 2n + t, workspace 3n + k
-  std::vector<int> uses;
+// Replays one micro-batch of a block under a mask without allocating: the forward (block inputs,
+// each op with its forward workspace), then the backward phase (the incoming gradient, the kept
+// values, the recompute segment, the backward ops with their workspaces and new gradients).
+// Slots: value t, recomputed value n + t, gradient 2n + t; a slot dies after its last use.
+class OptionEvaluator {
+ public:
+  OptionEvaluator(const BlockGraph& g, const std::vector<double>& op_cost)
+      : g_(g), cost_(op_cost), n_(static_cast<int>(g.tensors.size())), runs_(backward_runs(g)), needed_(backward_reads(g)) {
+    for (const GraphOp& op : g.ops) {
+      std::vector<TensorType> in;
+      for (int t : op.inputs) in.push_back(g.tensors[t].type);
+      const OpInfo& info = op_info(op.kind);
+      int64_t f = 0, b = 0;
+      for (const TensorType& w : forward_workspace(info, op.attrs, in)) f += w.bytes();
+      for (const TensorType& w : info.bwd_workspace(op.attrs, in)) b += w.bytes();
+      fwd_ws_.push_back(f), bwd_ws_.push_back(b);
+    }
+    bytes_.resize(3 * n_);
+    for (int t = 0; t < n_; ++t) bytes_[t] = bytes_[n_ + t] = bytes_[2 * n_ + t] = g.tensors[t].type.bytes();
+  }
+
+  LayerOption evaluate(const std::vector<bool>& rec) {
+    LayerOption opt{rec, 0, 0, 0};
+    for (size_t o = 0; o < g_.ops.size(); ++o)
+      if (rec[o]) opt.cost += cost_[o];
+    saved_.assign(n_, 0);
+    for (int t = 0; t < n_; ++t) saved_[t] = needed_[t];
+    for (size_t o = 0; o < g_.ops.size(); ++o)
+      if (rec[o])
+        for (int t : g_.ops[o].inputs) saved_[t] = 1;
+    for (int t = 0; t < n_; ++t) {
+      int p = g_.tensors[t].producer;
+      if (saved_[t] && p >= 0 && rec[p]) saved_[t] = 0;
+      if (saved_[t]) opt.kept_bytes += bytes_[t];
+    }
+    // Pass 1: birth and last use of every slot; pass 2: bytes live at each event.
+    born_.assign(3 * n_, -1), last_.assign(3 * n_, -1);
+    int events = walk(rec, [&](int i, int s) { born_[s] = i, last_[s] = std::max(last_[s], i); },
+                      [&](int i, int s) { last_[s] = i; }, [](int, int64_t) {});
+    free_at_.assign(events, 0), alloc_at_.assign(events, 0);
+    for (int s = 0; s < 3 * n_; ++s)
+      if (born_[s] >= 0) free_at_[last_[s]] += bytes_[s];
+    walk(rec, [&](int i, int s) { alloc_at_[i] += bytes_[s]; }, [](int, int) {},
+         [&](int i, int64_t ws) { alloc_at_[i] += ws, free_at_[i] += ws; });
+    int64_t live = 0, peak = 0;
+    for (int i = 0; i < events; ++i) {
+      live += alloc_at_[i];
+      peak = std::max(peak, live);
+      live -= free_at_[i];
+    }
+    opt.working_bytes = peak;
+    return opt;
+  }
+
+ private:
+  template <typename Alloc, typename Use, typename Ws>
+  int walk(const std::vector<bool>& rec, Alloc alloc, Use use, Ws ws) {
+    int i = 0;
+    for (int input : g_.inputs) alloc(i, input);
+    for (size_t o = 0; o < g_.ops.size(); ++o) {
+      ++i;
+      for (int t : g_.ops[o].inputs) use(i, t);
+      if (fwd_ws_[o]) ws(i, fwd_ws_[o]);
+      for (int t : g_.ops[o].outputs) alloc(i, t);
+    }
+    ++i;  // the backward phase starts: the incoming gradient; kept values survive until here
+    if (g_.hidden_out >= 0) alloc(i, 2 * n_ + g_.hidden_out);
+    for (int t = 0; t < n_; ++t)
+      if (saved_[t]) use(i, t);
+    auto value = [&](int t) {
+      int p = g_.tensors[t].producer;
+      return p >= 0 && rec[p] ? n_ + t : t;
+    };
+    for (size_t o = 0; o < g_.ops.size(); ++o) {
+      if (!rec[o]) continue;
+      ++i;
+      for (int t : g_.ops[o].inputs) use(i, value(t));
+      for (int t : g_.ops[o].outputs) alloc(i, n_ + t);
+    }
+    has_grad_.assign(n_, 0);
+    if (g_.hidden_out >= 0) has_grad_[g_.hidden_out] = 1;
+    for (int o = static_cast<int>(g_.ops.size()) - 1; o >= 0; --o) {
+      if (!runs_[o]) continue;
+      const GraphOp& op = g_.ops[o];
+      const OpInfo& info = op_info(op.kind);
+      ++i;
+      for (size_t j = 0; j < op.outputs.size(); ++j) {
+        if ((info.grad_outputs >> j & 1u) && has_grad_[op.outputs[j]]) use(i, 2 * n_ + op.outputs[j]);
+        if (info.bwd_reads_outputs >> j & 1u) use(i, value(op.outputs[j]));
+      }
+      for (size_t k = 0; k < op.inputs.size(); ++k)
+        if (info.bwd_reads_inputs >> k & 1u) use(i, value(op.inputs[k]));
+      if (bwd_ws_[o]) ws(i, bwd_ws_[o]);
+      for (size_t k = 0; k < op.inputs.size(); ++k) {
+        int t = op.inputs[k];
+        if (!(info.grad_inputs >> k & 1u)) continue;
+        if (has_grad_[t]) {
+          use(i, 2 * n_ + t);
+        } else {
+          alloc(i, 2 * n_ + t);
+          has_grad_[t] = 1;
+        }
+      }
+    }
+    return i + 1;
+  }
+
+  const BlockGraph& g_;
+  const std::vector<double>& cost_;
+  const int n_;
+  std::vector<bool> runs_, needed_;
+  std::vector<int64_t> fwd_ws_, bwd_ws_, bytes_, free_at_, alloc_at_;
+  std::vector<int> born_, last_;
+  std::vector<char> saved_, has_grad_;
 };
 
 }  // namespace
 
 LayerOption evaluate_option(const BlockGraph& g, const std::vector<bool>& rec, const std::vector<double>& op_cost) {
-  const int n = static_cast<int>(g.tensors.size());
-  BlockPolicy policy{rec, ""};
-  SavedSet saved = saved_set(g, policy);
-  LayerOption opt{rec, saved.bytes, 0, 0};
-  for (size_t o = 0; o < g.ops.size(); ++o)
-    if (rec[o]) opt.cost += op_cost[o];
-  std::vector<int64_t> bytes(4 * n + 64, 0);
-  for (int t = 0; t < n; ++t) bytes[t] = bytes[n + t] = bytes[2 * n + t] = g.tensors[t].type.bytes();
-  std::vector<Event> ev;
-  // Forward: block inputs, then each op; a value is live from its producer to its last use.
-  ev.push_back({});
-  for (int input : g.inputs) ev.back().allocs.push_back(input);
-  std::vector<int> value(n);
-  for (int t = 0; t < n; ++t) value[t] = t;
-  for (const GraphOp& op : g.ops) {
-    Event e;
-    for (int t : op.inputs) e.uses.push_back(t);
-    std::vector<TensorType> in;
-    for (int t : op.inputs) in.push_back(g.tensors[t].type);
-    int ws = 0;
-    for (const TensorType& w : forward_workspace(op_info(op.kind), op.attrs, in)) {
-      bytes[3 * n + ws] = w.bytes();
-      e.allocs.push_back(3 * n + ws++);
-    }
-    for (int t : op.outputs) e.allocs.push_back(t);
-    ev.push_back(std::move(e));
-  }
-  size_t forward_end = ev.size();
-  // Backward: the incoming gradient, the recompute segment, then backward ops in reverse order.
-  Event start;
-  if (g.hidden_out >= 0) start.allocs.push_back(2 * n + g.hidden_out);
-  for (int t = 0; t < n; ++t)
-    if (saved.saved[t]) start.uses.push_back(t);  // kept values survive the forward
-  ev.push_back(std::move(start));
-  for (size_t o = 0; o < g.ops.size(); ++o) {
-    if (!rec[o]) continue;
-    Event e;
-    for (int t : g.ops[o].inputs) e.uses.push_back(value[t]);
-    for (int t : g.ops[o].outputs) {
-      value[t] = n + t;
-      e.allocs.push_back(n + t);
-    }
-    ev.push_back(std::move(e));
-  }
-  std::vector<bool> runs = backward_runs(g), has_grad(n, false);
-  if (g.hidden_out >= 0) has_grad[g.hidden_out] = true;
-  for (int o = static_cast<int>(g.ops.size()) - 1; o >= 0; --o) {
-    if (!runs[o]) continue;
-    const GraphOp& op = g.ops[o];
-    const OpInfo& info = op_info(op.kind);
-    Event e;
-    for (size_t j = 0; j < op.outputs.size(); ++j) {
-      if ((info.grad_outputs >> j & 1u) && has_grad[op.outputs[j]]) e.uses.push_back(2 * n + op.outputs[j]);
-      if (info.bwd_reads_outputs >> j & 1u) e.uses.push_back(value[op.outputs[j]]);
-    }
-    std::vector<TensorType> in;
-    for (size_t k = 0; k < op.inputs.size(); ++k) {
-      in.push_back(g.tensors[op.inputs[k]].type);
-      if (info.bwd_reads_inputs >> k & 1u) e.uses.push_back(value[op.inputs[k]]);
-    }
-    int ws = 16;
-    for (const TensorType& w : info.bwd_workspace(op.attrs, in)) {
-      bytes[3 * n + ws] = w.bytes();
-      e.allocs.push_back(3 * n + ws++);
-    }
-    for (size_t k = 0; k < op.inputs.size(); ++k) {
-      int t = op.inputs[k];
-      if (!(info.grad_inputs >> k & 1u)) continue;
-      if (has_grad[t]) e.uses.push_back(2 * n + t);
-      else e.allocs.push_back(2 * n + t), has_grad[t] = true;
-    }
-    ev.push_back(std::move(e));
-  }
-  // Liveness: a slot dies after its last use (or its allocation when never used). The forward
-  // and backward phases are separate: workspaces and gradients are reused as fresh slots.
-  std::vector<int> last(bytes.size(), -1), born(bytes.size(), -1);
-  for (int i = 0; i < static_cast<int>(ev.size()); ++i) {
-    for (int s : ev[i].allocs) born[s] = i, last[s] = std::max(last[s], i);
-    for (int s : ev[i].uses) last[s] = i;
-  }
-  // Workspace slots are reused across ops: each allocation lives only through its own event.
-  int64_t live = 0, peak = 0;
-  std::vector<std::vector<int>> dying(ev.size());
-  std::vector<char> counted(bytes.size(), 0);
-  for (int i = 0; i < static_cast<int>(ev.size()); ++i) {
-    for (int s : ev[i].allocs) {
-      live += bytes[s];
-      if (s >= 3 * n) dying[i].push_back(s);
-      else if (!counted[s]) counted[s] = 1, dying[last[s]].push_back(s);
-    }
-    peak = std::max(peak, live);
-    for (int s : dying[i]) live -= bytes[s];
-    (void)forward_end;
-  }
-  opt.working_bytes = peak;
-  return opt;
+  return OptionEvaluator(g, op_cost).evaluate(rec);
 }
 
 std::vector<LayerOption> enumerate_options(const BlockGraph& g, const std::vector<double>& op_cost) {
@@ -124,10 +140,11 @@ std::vector<LayerOption> enumerate_options(const BlockGraph& g, const std::vecto
   const std::vector<bool> needed = backward_reads(g);
   std::vector<int> read_by_rec(g.tensors.size(), 0);
   std::vector<bool> mask(n_ops, false);
+  OptionEvaluator eval(g, op_cost);
   std::vector<LayerOption> out;
   std::function<void(int)> dfs = [&](int o) {
     if (o < 0) {
-      out.push_back(evaluate_option(g, mask, op_cost));
+      out.push_back(eval.evaluate(mask));
       return;
     }
     bool eligible = false;
@@ -147,10 +164,11 @@ std::vector<LayerOption> enumerate_options(const BlockGraph& g, const std::vecto
 std::vector<LayerOption> enumerate_all_subsets(const BlockGraph& g, const std::vector<double>& op_cost) {
   const size_t n_ops = g.ops.size();
   std::vector<LayerOption> out;
+  OptionEvaluator eval(g, op_cost);
   for (uint64_t bits = 0; bits < (uint64_t{1} << n_ops); ++bits) {
     std::vector<bool> mask(n_ops);
     for (size_t o = 0; o < n_ops; ++o) mask[o] = bits >> o & 1u;
-    out.push_back(evaluate_option(g, mask, op_cost));
+    out.push_back(eval.evaluate(mask));
   }
   return out;
 }
