@@ -6,6 +6,7 @@
 #include "planner/solve.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 
@@ -153,9 +154,12 @@ Bounds bounds(const StageProblem& p) {
 
 }  // namespace
 
-StageSolution solve_stage(const StageProblem& p) {
+namespace {
+
+// The programme with states pruned by `upper`: exact whenever the optimum costs at most `upper`
+// (the optimal path's partial costs plus their lower bounds never exceed it); infeasible otherwise.
+StageSolution solve_bounded(const StageProblem& p, const Bounds& bnd, double upper) {
   const size_t L = p.layers.size();
-  const Bounds bnd = bounds(p);
   std::vector<std::vector<State>> levels;
   levels.push_back({{0, p.extra, 0.0, -1, -1}});
   for (size_t step = 0; step < L; ++step) {
@@ -170,7 +174,7 @@ StageSolution solve_stage(const StageProblem& p) {
         if (p.base + p.in_flight * n.q + n.e > p.budget) continue;
         if (bnd.uniform) {
           double cap = static_cast<double>(p.budget - p.base - n.e) / static_cast<double>(p.in_flight) - static_cast<double>(n.q);
-          if (n.cost + bnd.lower(remaining, cap) > bnd.upper * (1 + 1e-12)) continue;
+          if (n.cost + bnd.lower(remaining, cap) > upper * (1 + 1e-12)) continue;
         }
         next.push_back(n);
       }
@@ -190,6 +194,24 @@ StageSolution solve_stage(const StageProblem& p) {
   }
   sol.peak = model_peak(p, sol.choice);
   return sol;
+}
+
+}  // namespace
+
+StageSolution solve_stage(const StageProblem& p) {
+  const Bounds bnd = bounds(p);
+  if (!bnd.uniform || !std::isfinite(bnd.upper)) return solve_bounded(p, bnd, bnd.upper);
+  // Between the LP lower bound of the whole stage and the heuristic upper bound, try tight upper
+  // bounds first: a search bounded by u finds the optimum whenever it costs at most u, and it
+  // prunes far more than one bounded by a loose u.
+  double cap = static_cast<double>(p.budget - p.base - p.extra) / static_cast<double>(p.in_flight);
+  double lo = bnd.lower(p.layers.size(), cap);
+  if (!std::isfinite(lo)) return solve_bounded(p, bnd, bnd.upper);
+  for (double f : {1.0 / 256, 1.0 / 32, 1.0 / 4}) {
+    StageSolution s = solve_bounded(p, bnd, lo + f * (bnd.upper - lo));
+    if (s.feasible) return s;
+  }
+  return solve_bounded(p, bnd, bnd.upper);
 }
 
 StageSolution brute_force_stage(const StageProblem& p) {
