@@ -22,12 +22,6 @@ std::string option_name(const BlockGraph& g, const std::vector<bool>& mask) {
   return "custom: re-runs " + ops;
 }
 
-TrainSpec simulation_setup(const TrainSpec& t) {
-  TrainSpec s = t;
-  if (t.pp_schedule == PpSchedule::k1F1B) s.microbatches = std::min(t.microbatches, t.pp + 1);
-  return s;
-}
-
 namespace {
 
 int64_t fixed_overheads(const TrainSpec& t, const RuntimeAssumptions& rt) {

@@ -48,9 +48,6 @@ struct AutoPlanOptions {
   bool full_schedule = true;            // build AutoPlan::schedule with every micro-batch (for plan files)
 };
 
-// The setup whose schedule has the same per-stage memory peaks with fewer micro-batches: under
-// 1F1B every micro-batch past pp + 1 repeats the steady state, so m is capped there.
-TrainSpec simulation_setup(const TrainSpec& t);
 
 // The setup's recompute must be Recompute::kAuto and the setup valid.
 AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt, int64_t budget,

@@ -118,7 +118,9 @@ Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt, cons
 }
 
 Estimate estimate(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt, const EstimateOptions& options) {
-  return estimate_schedule(build_schedule(m, t), rt, options);
+  Schedule s = build_schedule(m, simulation_setup(t));  // same peaks, fewer micro-batches to replay
+  s.setup = t;
+  return estimate_schedule(s, rt, options);
 }
 
 }  // namespace np

@@ -38,6 +38,12 @@ int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m) {
   return s == PpSchedule::kAfab ? m : std::min(m, pp - stage);
 }
 
+TrainSpec simulation_setup(const TrainSpec& t) {
+  TrainSpec s = t;
+  if (t.pp_schedule == PpSchedule::k1F1B) s.microbatches = std::min(t.microbatches, t.pp + 1);
+  return s;
+}
+
 std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t) {
   BlockGraph layer = build_layer(m, t), emb = build_embedding(m, t), head = build_head(m, t);
   double c = layer.forward_flops() + layer.backward_flops();

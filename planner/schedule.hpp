@@ -105,6 +105,10 @@ std::vector<std::pair<bool, int>> pipeline_order(PpSchedule s, int64_t stage, in
 // Micro-batches whose activations are alive at once on a stage: 1F1B min(m, pp - stage), AFAB m.
 int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m);
 
+// The setup whose schedule has the same per-stage memory peaks with fewer micro-batches: under
+// 1F1B every micro-batch past pp + 1 repeats the steady state, so m is capped there.
+TrainSpec simulation_setup(const TrainSpec& t);
+
 // Contiguous layer partition balancing forward + backward FLOPs per stage (embedding on the first
 // stage, head on the last); returns the layer count of each stage.
 std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t);

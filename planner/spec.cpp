@@ -190,6 +190,8 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (auto e = check_conflicts(m, t)) return e;
   if (auto e = check_tp(m, t)) return e;
   if (auto e = check_moe(m, t)) return e;
+  if (t.pp_schedule == PpSchedule::kAfab && t.pp <= m.layers && t.microbatches * ((m.layers + t.pp - 1) / t.pp) > (1 << 18))
+    return fail("--microbatches " + str(t.microbatches) + " is too many to simulate under AFAB (valid: micro-batches x layers per stage at most 262,144; 1F1B has no such limit)");
   if (t.pp > m.layers)
     return fail("--pp " + str(t.pp) + " exceeds the " + str(m.layers) + " layers of " + m.name +
                 "; use --pp <= " + str(m.layers));
