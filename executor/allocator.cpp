@@ -12,8 +12,12 @@ namespace np::exec {
 
 OutOfBudget::OutOfBudget(std::string t, int64_t b, int64_t use, int64_t bud)
     : std::runtime_error("out of memory: allocating " + t + " (" + format_int(b) + " bytes) with " +
-                         format_int(use) + " bytes in use would exceed the budget of " + format_int(bud) + " bytes"),
-      tensor(std::move(t)), bytes(b), in_use(use), budget(bud) {}
+                         format_int(use) + " bytes in use would exceed the budget of " +
+                         format_int(bud) + " bytes"),
+      tensor(std::move(t)),
+      bytes(b),
+      in_use(use),
+      budget(bud) {}
 
 TrackingAllocator::~TrackingAllocator() {
   for (Block& b : blocks_)
@@ -21,7 +25,8 @@ TrackingAllocator::~TrackingAllocator() {
 }
 
 void* TrackingAllocator::allocate(int64_t bytes, std::string name, Category category) {
-  if (budget_ && in_use_ + bytes > *budget_) throw OutOfBudget(std::move(name), bytes, in_use_, *budget_);
+  if (budget_ && in_use_ + bytes > *budget_)
+    throw OutOfBudget(std::move(name), bytes, in_use_, *budget_);
   size_t size = static_cast<size_t>(std::max<int64_t>(64, (bytes + 63) / 64 * 64));
   void* p = std::aligned_alloc(64, size);
   if (!p) throw std::bad_alloc();
@@ -67,18 +72,22 @@ std::vector<LiveAllocation> TrackingAllocator::live_at_peak() const {
   std::vector<bool> live(blocks_.size(), false);
   for (size_t e = 0; e < peak_event_; ++e) {
     int64_t v = events_[e];
-    if (v >= 0) live[v] = true;
-    else live[-v - 1] = false;
+    if (v >= 0)
+      live[v] = true;
+    else
+      live[-v - 1] = false;
   }
   std::vector<LiveAllocation> out;
   for (size_t i = 0; i < blocks_.size(); ++i)
     if (live[i]) out.push_back({blocks_[i].name, blocks_[i].bytes, blocks_[i].category});
-  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
   return out;
 }
 
 size_t TrackingAllocator::live_count() const {
-  return static_cast<size_t>(std::count_if(blocks_.begin(), blocks_.end(), [](const Block& b) { return b.live; }));
+  return static_cast<size_t>(
+      std::count_if(blocks_.begin(), blocks_.end(), [](const Block& b) { return b.live; }));
 }
 
 }  // namespace np::exec

@@ -42,7 +42,7 @@ class TrackingAllocator {
   int64_t in_use() const { return in_use_; }
   int64_t peak() const { return peak_; }
   const std::array<int64_t, kCategories>& at_peak() const { return at_peak_; }
-  std::vector<LiveAllocation> live_at_peak() const;  // largest first
+  std::vector<LiveAllocation> live_at_peak() const;                   // largest first
   const std::vector<int64_t>& timeline() const { return timeline_; }  // bytes after each event
   size_t live_count() const;
 
@@ -55,10 +55,10 @@ class TrackingAllocator {
     bool live;
   };
   std::optional<int64_t> budget_;
-  std::vector<Block> blocks_;          // every allocation ever made, in order
-  std::vector<int64_t> events_;        // +index: allocation, -(index+1): release
+  std::vector<Block> blocks_;    // every allocation ever made, in order
+  std::vector<int64_t> events_;  // +index: allocation, -(index+1): release
   int64_t in_use_ = 0, peak_ = 0;
-  size_t peak_event_ = 0;              // events_ prefix length at the peak
+  size_t peak_event_ = 0;  // events_ prefix length at the peak
   std::array<int64_t, kCategories> current_{}, at_peak_{};
   std::vector<int64_t> timeline_;
 };

@@ -24,14 +24,14 @@ struct OpContext {
   const TrainSpec* setup = nullptr;
   Communicator* comm = nullptr;  // collectives over the TP group
   int64_t tp_rank = 0;
-  int layer = -1;                // global decoder-layer index; -1 for embedding and head
-  int op_index = 0;              // index of op in its block graph
-  int mb = 0;                    // micro-batch
-  uint64_t seed = 0;             // dropout and data seed of the run
+  int layer = -1;     // global decoder-layer index; -1 for embedding and head
+  int op_index = 0;   // index of op in its block graph
+  int mb = 0;         // micro-batch
+  uint64_t seed = 0;  // dropout and data seed of the run
   // Global index (within the micro-batch's s*b tokens, order pos*b + batch) of the first local row
   // of a sequence-sharded tensor: tp_rank * s*b/tp under SP, else 0.
   int64_t token_offset = 0;
-  float loss_scale = 1.0f;       // d(step loss)/d(per-token loss): 1 / (tokens x micro-batches)
+  float loss_scale = 1.0f;  // d(step loss)/d(per-token loss): 1 / (tokens x micro-batches)
   // Allocates device-model memory through the rank's tracking allocator.
   std::function<Tensor(const TensorType&, AllocRole)> alloc;
 };

@@ -17,12 +17,24 @@ RunComparison compare(const Schedule& s, const RunResult& r, std::string title) 
   for (const RankResult& rr : r.ranks) {
     const StageProgram& p = s.stages[rr.stage];
     const SimResult& sim = sims[rr.stage];
-    RankComparison rc{rr.global_rank, rr.stage, rr.tp_rank, sim.peak_bytes, rr.measured_peak, sim.at_peak, rr.measured_at_peak,
-                      sim.peak_instr >= 0 ? p.instr_name(p.instrs[sim.peak_instr]) : "", {}, {}, rr.unplanned};
+    RankComparison rc{rr.global_rank,
+                      rr.stage,
+                      rr.tp_rank,
+                      sim.peak_bytes,
+                      rr.measured_peak,
+                      sim.at_peak,
+                      rr.measured_at_peak,
+                      sim.peak_instr >= 0 ? p.instr_name(p.instrs[sim.peak_instr]) : "",
+                      {},
+                      {},
+                      rr.unplanned};
     if (rc.difference() != 0 || !rc.unplanned.empty()) {
       c.all_equal = false;
-      for (int32_t id : sim.live_at_peak) rc.predicted_live.push_back({p.tensor_name(id), p.tensors[id].bytes, p.tensors[id].category});
-      std::stable_sort(rc.predicted_live.begin(), rc.predicted_live.end(), [](auto& a, auto& b) { return a.bytes > b.bytes; });
+      for (int32_t id : sim.live_at_peak)
+        rc.predicted_live.push_back(
+            {p.tensor_name(id), p.tensors[id].bytes, p.tensors[id].category});
+      std::stable_sort(rc.predicted_live.begin(), rc.predicted_live.end(),
+                       [](auto& a, auto& b) { return a.bytes > b.bytes; });
       rc.measured_live = rr.live_at_peak;
     }
     c.ranks.push_back(std::move(rc));
@@ -33,12 +45,17 @@ RunComparison compare(const Schedule& s, const RunResult& r, std::string title) 
 namespace {
 
 std::string side_by_side(const RankComparison& r) {
-  std::string out = "    live at the predicted peak (" + r.predicted_peak_at + ")  |  live at the measured peak\n";
+  std::string out = "    live at the predicted peak (" + r.predicted_peak_at +
+                    ")  |  live at the measured peak\n";
   size_t n = std::max(r.predicted_live.size(), r.measured_live.size());
   for (size_t i = 0; i < n; ++i) {
     char buf[512];
-    std::string left = i < r.predicted_live.size() ? format_int(r.predicted_live[i].bytes) + " " + r.predicted_live[i].name : "";
-    std::string right = i < r.measured_live.size() ? format_int(r.measured_live[i].bytes) + " " + r.measured_live[i].name : "";
+    std::string left = i < r.predicted_live.size()
+                           ? format_int(r.predicted_live[i].bytes) + " " + r.predicted_live[i].name
+                           : "";
+    std::string right = i < r.measured_live.size()
+                            ? format_int(r.measured_live[i].bytes) + " " + r.measured_live[i].name
+                            : "";
     std::snprintf(buf, sizeof buf, "    %-60s | %s\n", left.c_str(), right.c_str());
     out += buf;
   }
@@ -50,15 +67,19 @@ std::string side_by_side(const RankComparison& r) {
 
 std::string comparison_table(const RunComparison& c) {
   std::string out = c.title + "\n";
-  out += "  rank  stage  tp   predicted peak B    measured peak B   difference   (weights / grads / optim / activ / transient, measured)\n";
+  out +=
+      "  rank  stage  tp   predicted peak B    measured peak B   difference   (weights / grads / "
+      "optim / activ / transient, measured)\n";
   for (const RankComparison& r : c.ranks) {
     char buf[512];
     const auto& m = r.measured_at_peak;
-    std::snprintf(buf, sizeof buf, "  %4lld  %5lld  %2lld  %17s  %17s  %11s   %s / %s / %s / %s / %s%s\n",
-                  (long long)r.rank, (long long)r.stage, (long long)r.tp_rank, format_int(r.predicted).c_str(),
-                  format_int(r.measured).c_str(), format_int(r.difference()).c_str(), format_int(m[0]).c_str(),
-                  format_int(m[1]).c_str(), format_int(m[2]).c_str(), format_int(m[3]).c_str(), format_int(m[4]).c_str(),
-                  r.predicted_at_peak == r.measured_at_peak ? "" : "  (categories differ)");
+    std::snprintf(
+        buf, sizeof buf, "  %4lld  %5lld  %2lld  %17s  %17s  %11s   %s / %s / %s / %s / %s%s\n",
+        (long long)r.rank, (long long)r.stage, (long long)r.tp_rank,
+        format_int(r.predicted).c_str(), format_int(r.measured).c_str(),
+        format_int(r.difference()).c_str(), format_int(m[0]).c_str(), format_int(m[1]).c_str(),
+        format_int(m[2]).c_str(), format_int(m[3]).c_str(), format_int(m[4]).c_str(),
+        r.predicted_at_peak == r.measured_at_peak ? "" : "  (categories differ)");
     out += buf;
     if (r.difference() != 0 || !r.unplanned.empty()) out += side_by_side(r);
   }
@@ -68,7 +89,8 @@ std::string comparison_table(const RunComparison& c) {
     std::snprintf(buf, sizeof buf, " %.6f", l);
     out += buf;
   }
-  out += c.all_equal ? "\n  predicted = measured on every rank\n" : "\n  PREDICTED != MEASURED (see the live sets above)\n";
+  out += c.all_equal ? "\n  predicted = measured on every rank\n"
+                     : "\n  PREDICTED != MEASURED (see the live sets above)\n";
   return out;
 }
 
@@ -77,22 +99,34 @@ nlohmann::json comparison_json(const RunComparison& c) {
   for (const RankComparison& r : c.ranks) {
     nlohmann::json cats = nlohmann::json::object();
     for (int k = 0; k < kCategories; ++k)
-      cats[name_of(static_cast<Category>(k))] = {{"predicted", r.predicted_at_peak[k]}, {"measured", r.measured_at_peak[k]}};
-    nlohmann::json j = {{"rank", r.rank}, {"pp_stage", r.stage}, {"tp_rank", r.tp_rank},
-                        {"predicted_peak_bytes", r.predicted}, {"measured_peak_bytes", r.measured},
-                        {"difference_bytes", r.difference()}, {"categories", cats}, {"unplanned", r.unplanned}};
+      cats[name_of(static_cast<Category>(k))] = {{"predicted", r.predicted_at_peak[k]},
+                                                 {"measured", r.measured_at_peak[k]}};
+    nlohmann::json j = {{"rank", r.rank},
+                        {"pp_stage", r.stage},
+                        {"tp_rank", r.tp_rank},
+                        {"predicted_peak_bytes", r.predicted},
+                        {"measured_peak_bytes", r.measured},
+                        {"difference_bytes", r.difference()},
+                        {"categories", cats},
+                        {"unplanned", r.unplanned}};
     if (!r.predicted_live.empty() || !r.measured_live.empty()) {
       nlohmann::json pl = nlohmann::json::array(), ml = nlohmann::json::array();
-      for (const LiveTensor& t : r.predicted_live) pl.push_back({{"name", t.name}, {"bytes", t.bytes}});
-      for (const LiveAllocation& t : r.measured_live) ml.push_back({{"name", t.name}, {"bytes", t.bytes}});
+      for (const LiveTensor& t : r.predicted_live)
+        pl.push_back({{"name", t.name}, {"bytes", t.bytes}});
+      for (const LiveAllocation& t : r.measured_live)
+        ml.push_back({{"name", t.name}, {"bytes", t.bytes}});
       j["predicted_live_at_peak"] = pl;
       j["measured_live_at_peak"] = ml;
     }
     ranks.push_back(j);
   }
-  return {{"title", c.title}, {"setup", setup_to_json(c.setup)}, {"ranks", ranks},
+  return {{"title", c.title},
+          {"setup", setup_to_json(c.setup)},
+          {"ranks", ranks},
           {"loss", c.losses.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.losses.back())},
-          {"losses", c.losses}, {"steps", c.losses.size()}, {"predicted_equals_measured", c.all_equal}};
+          {"losses", c.losses},
+          {"steps", c.losses.size()},
+          {"predicted_equals_measured", c.all_equal}};
 }
 
 }  // namespace np::exec

@@ -1,5 +1,6 @@
 // Predicted against measured, per rank: the planner's simulation of the schedule beside what the
-// executor's tracking allocators saw, by category, with the live sets at both peaks when they differ.
+// executor's tracking allocators saw, by category, with the live sets at both peaks when they
+// differ.
 #pragma once
 #include <array>
 #include <nlohmann/json.hpp>
@@ -17,8 +18,8 @@ struct RankComparison {
   int64_t predicted = 0, measured = 0;
   std::array<int64_t, kCategories> predicted_at_peak{}, measured_at_peak{};
   std::string predicted_peak_at;
-  std::vector<LiveTensor> predicted_live;       // filled when the peaks differ
-  std::vector<LiveAllocation> measured_live;    // filled when the peaks differ
+  std::vector<LiveTensor> predicted_live;     // filled when the peaks differ
+  std::vector<LiveAllocation> measured_live;  // filled when the peaks differ
   std::vector<std::string> unplanned;
   int64_t difference() const { return measured - predicted; }
 };

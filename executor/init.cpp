@@ -17,7 +17,8 @@ uint64_t hash_string(const std::string& s) {
 
 // Column-parallel row i of this rank -> global row, through the fused sections.
 int64_t column_row(const OpAttrs& a, int64_t i, int64_t tp, int64_t tp_rank) {
-  std::vector<int64_t> sections = a.sections.empty() ? std::vector<int64_t>{a.features} : a.sections;
+  std::vector<int64_t> sections =
+      a.sections.empty() ? std::vector<int64_t>{a.features} : a.sections;
   int64_t local_base = 0, global_base = 0;
   for (int64_t w : sections) {
     if (i < local_base + w) return global_base + tp_rank * w + (i - local_base);
@@ -32,7 +33,8 @@ int64_t column_row(const OpAttrs& a, int64_t i, int64_t tp, int64_t tp_rank) {
 std::string weight_key(const StageBlock& block, const GraphOp& op, size_t w) {
   std::string suffix = op.weights.at(w).suffix;
   if (op.attrs.tie == "embedding") return "embedding." + suffix;
-  std::string prefix = block.kind == BlockKind::kLayer ? "L" + std::to_string(block.layer) + "/" : "";
+  std::string prefix =
+      block.kind == BlockKind::kLayer ? "L" + std::to_string(block.layer) + "/" : "";
   return prefix + op.name + "." + suffix;
 }
 
@@ -78,7 +80,8 @@ void init_weight(const Tensor& t, const StageBlock& block, const GraphOp& op, si
   uint64_t stream = hash_string(weight_key(block, op, w));
   for (int64_t i = 0; i < t.numel(); ++i) {
     uint64_t g = static_cast<uint64_t>(global_weight_index(op, w, i, tp, tp_rank));
-    float u1 = counter_uniform(seed, stream, 2 * g) + 1e-7f, u2 = counter_uniform(seed, stream, 2 * g + 1);
+    float u1 = counter_uniform(seed, stream, 2 * g) + 1e-7f,
+          u2 = counter_uniform(seed, stream, 2 * g + 1);
     float normal = std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
     store(t, i, 0.02f * normal);
   }
@@ -89,7 +92,8 @@ void fill_tokens(const Tensor& t, const std::string& which, int mb, int64_t voca
   int64_t n = t.numel();
   for (int64_t i = 0; i < n; ++i) {
     float u = counter_uniform(seed, stream, static_cast<uint64_t>(mb * n + i));
-    t.as<int64_t>()[i] = std::min<int64_t>(vocab - 1, static_cast<int64_t>(u * static_cast<float>(vocab)));
+    t.as<int64_t>()[i] =
+        std::min<int64_t>(vocab - 1, static_cast<int64_t>(u * static_cast<float>(vocab)));
   }
 }
 

@@ -1,6 +1,8 @@
 // The schedule interpreter: one RankRunner per (stage, TP rank) thread.
 #include "executor/runner.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -12,13 +14,12 @@
 #include "planner/simulate.hpp"
 #include "planner/units.hpp"
 
-#include <unistd.h>
-
 namespace np::exec {
 namespace {
 
 struct Shared {
-  Shared(const Schedule& sched, const RunOptions& o) : s(sched), opt(o), world(sched.setup.tp, sched.setup.pp) {}
+  Shared(const Schedule& sched, const RunOptions& o)
+      : s(sched), opt(o), world(sched.setup.tp, sched.setup.pp) {}
   const Schedule& s;
   const RunOptions& opt;
   InProcessWorld world;
@@ -30,18 +31,29 @@ struct Shared {
 bool tp_sharded(const GraphOp& op, size_t w) {
   bool bias = std::string(op.weights[w].suffix) == "bias";
   switch (op.kind) {
-    case OpKind::kEmbedding: case OpKind::kColumnLinear: case OpKind::kExpertColumn: case OpKind::kExpertRow:
+    case OpKind::kEmbedding:
+    case OpKind::kColumnLinear:
+    case OpKind::kExpertColumn:
+    case OpKind::kExpertRow:
       return true;
-    case OpKind::kRowLinear: return !bias;
-    default: return false;
+    case OpKind::kRowLinear:
+      return !bias;
+    default:
+      return false;
   }
 }
 
 class RankRunner {
  public:
   RankRunner(Shared& sh, int64_t stage, int64_t tp_rank, std::unique_ptr<Backend> be)
-      : sh_(sh), s_(sh.s), p_(sh.s.stages[stage]), stage_(stage), tp_rank_(tp_rank),
-        alloc_(sh.opt.enforce_budget), be_(std::move(be)), comm_(sh.world.comm(stage, tp_rank)) {}
+      : sh_(sh),
+        s_(sh.s),
+        p_(sh.s.stages[stage]),
+        stage_(stage),
+        tp_rank_(tp_rank),
+        alloc_(sh.opt.enforce_budget),
+        be_(std::move(be)),
+        comm_(sh.world.comm(stage, tp_rank)) {}
 
   void run() {
     for (int step = 0; step < sh_.opt.steps; ++step) {
@@ -51,7 +63,8 @@ class RankRunner {
       for (const Instr& in : p_.instrs) exec(in, step);
       if (stage_ == s_.setup.pp - 1 && tp_rank_ == 0) {
         std::lock_guard lock(sh_.mu);
-        double tokens = static_cast<double>(s_.setup.seq_len * s_.setup.micro_batch * s_.setup.microbatches);
+        double tokens =
+            static_cast<double>(s_.setup.seq_len * s_.setup.micro_batch * s_.setup.microbatches);
         sh_.result.losses.push_back(loss_ / tokens);
       }
     }
@@ -80,21 +93,36 @@ class RankRunner {
     switch (in.kind) {
       case InstrKind::kAlloc:
         if (in.block < 0 && step == 0) allocate_statics();
-        if (in.block >= 0) throw std::logic_error("ZeRO-2/3 gradient buckets are not supported by this executor");
+        if (in.block >= 0)
+          throw std::logic_error("ZeRO-2/3 gradient buckets are not supported by this executor");
         break;
-      case InstrKind::kLoad: load_tokens(in); break;
-      case InstrKind::kForward: forward(in, step, false); break;
-      case InstrKind::kRecompute: forward(in, step, true); break;
-      case InstrKind::kBackward: backward(in); break;
-      case InstrKind::kSend: send(in); break;
-      case InstrKind::kRecv: recv(in); break;
+      case InstrKind::kLoad:
+        load_tokens(in);
+        break;
+      case InstrKind::kForward:
+        forward(in, step, false);
+        break;
+      case InstrKind::kRecompute:
+        forward(in, step, true);
+        break;
+      case InstrKind::kBackward:
+        backward(in);
+        break;
+      case InstrKind::kSend:
+        send(in);
+        break;
+      case InstrKind::kRecv:
+        recv(in);
+        break;
       case InstrKind::kFree: {
         int32_t id = p_.reads(in)[0];
         alloc_.release(bound_[id].data);
         bound_[id] = {};
         break;
       }
-      case InstrKind::kOptimizerStep: optimizer_step(step); break;
+      case InstrKind::kOptimizerStep:
+        optimizer_step(step);
+        break;
       case InstrKind::kGatherParams:
       case InstrKind::kReduceGrads:
         throw std::logic_error("ZeRO-2/3 instructions are not supported by this executor");
@@ -130,7 +158,8 @@ class RankRunner {
         }
       }
     }
-    for (auto [g, name] : {std::pair{&dense_, "dense"}, std::pair{&expert_, "expert"}}) allocate_group(*g, name);
+    for (auto [g, name] : {std::pair{&dense_, "dense"}, std::pair{&expert_, "expert"}})
+      allocate_group(*g, name);
     for (size_t b = 0; b < p_.blocks.size(); ++b) {
       wgrads_[b].resize(weights_[b].size());
       for (size_t o = 0; o < weights_[b].size(); ++o) {
@@ -147,15 +176,19 @@ class RankRunner {
   void allocate_group(Group& g, const std::string& name) {
     if (g.n == 0) return;
     Dtype gd = s_.setup.grad_dtype;
-    g.grad = allocate({{g.n}, gd}, "grad_buffer." + name + " (" + name_of(gd) + ")", Category::kGradient);
+    g.grad = allocate({{g.n}, gd}, "grad_buffer." + name + " (" + name_of(gd) + ")",
+                      Category::kGradient);
     for (int64_t i = 0; i < g.n; ++i) store(g.grad, i, 0.0f);
     if (s_.setup.optimizer == Optimizer::kNone) return;
-    g.master = allocate({{g.n}, Dtype::kFp32}, "optimizer.master." + name + " (fp32)", Category::kOptimizer);
+    g.master = allocate({{g.n}, Dtype::kFp32}, "optimizer.master." + name + " (fp32)",
+                        Category::kOptimizer);
     for (auto& [w, off] : g.members)
       for (int64_t i = 0; i < w.numel(); ++i) g.master.as<float>()[off + i] = load(w, i);
     if (s_.setup.optimizer != Optimizer::kAdamW) return;
-    g.m = allocate({{g.n}, Dtype::kFp32}, "optimizer.exp_avg." + name + " (fp32)", Category::kOptimizer);
-    g.v = allocate({{g.n}, Dtype::kFp32}, "optimizer.exp_avg_sq." + name + " (fp32)", Category::kOptimizer);
+    g.m = allocate({{g.n}, Dtype::kFp32}, "optimizer.exp_avg." + name + " (fp32)",
+                   Category::kOptimizer);
+    g.v = allocate({{g.n}, Dtype::kFp32}, "optimizer.exp_avg_sq." + name + " (fp32)",
+                   Category::kOptimizer);
     std::fill(g.m.as<float>(), g.m.as<float>() + g.n, 0.0f);
     std::fill(g.v.as<float>(), g.v.as<float>() + g.n, 0.0f);
   }
@@ -164,7 +197,8 @@ class RankRunner {
     for (const Group* g : {&dense_, &expert_})
       for (const auto& [member, off] : g->members)
         if (member.data == w.data)
-          return Tensor{g->grad.as<unsigned char>() + off * dtype_bytes(g->grad.type.dtype), {w.type.shape, g->grad.type.dtype}};
+          return Tensor{g->grad.as<unsigned char>() + off * dtype_bytes(g->grad.type.dtype),
+                        {w.type.shape, g->grad.type.dtype}};
     throw std::logic_error("weight without a gradient slot");
   }
 
@@ -180,7 +214,8 @@ class RankRunner {
     ctx.layer = blk.layer;
     ctx.op_index = in.op;
     ctx.mb = in.mb;
-    ctx.seed = sh_.opt.seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step_ + 1);  // new masks each step
+    ctx.seed = sh_.opt.seed +
+               0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step_ + 1);  // new masks each step
     ctx.token_offset = t.sp ? tp_rank_ * (t.seq_len * t.micro_batch / t.tp) : 0;
     ctx.loss_scale = 1.0f / static_cast<float>(t.seq_len * t.micro_batch * t.microbatches);
     return ctx;
@@ -192,15 +227,19 @@ class RankRunner {
     out_ids_.clear(), ws_ids_.clear(), pending_.clear();
     for (int32_t id : p_.allocs(in)) {
       ValueKind k = p_.tensors[id].kind;
-      if (k == ValueKind::kWorkspace) ws_ids_.push_back(id);
-      else if (k != ValueKind::kGrad) out_ids_.push_back(id);
+      if (k == ValueKind::kWorkspace)
+        ws_ids_.push_back(id);
+      else if (k != ValueKind::kGrad)
+        out_ids_.push_back(id);
     }
     next_out_ = next_ws_ = 0;
     ctx.alloc = [this, &in](const TensorType& type, AllocRole role) {
       int32_t id = -1;
       if (role == AllocRole::kOutput && next_out_ < out_ids_.size()) id = out_ids_[next_out_++];
       if (role == AllocRole::kWorkspace && next_ws_ < ws_ids_.size()) id = ws_ids_[next_ws_++];
-      std::string name = id >= 0 ? p_.tensor_name(id) : role == AllocRole::kGradInput ? "grad:pending" : "unplanned:" + p_.instr_name(in);
+      std::string name = id >= 0                         ? p_.tensor_name(id)
+                         : role == AllocRole::kGradInput ? "grad:pending"
+                                                         : "unplanned:" + p_.instr_name(in);
       Tensor t = allocate(type, name, id >= 0 ? category_of(id) : Category::kTransient);
       pending_.push_back({t, id, role});
       if (id >= 0) bound_[id] = t;
@@ -212,8 +251,9 @@ class RankRunner {
   void release_unplanned(const Instr& in) {
     for (const Pending& pa : pending_) {
       if (pa.id >= 0 || pa.role == AllocRole::kGradInput) continue;
-      unplanned_.push_back(std::string(pa.role == AllocRole::kWorkspace ? "workspace" : "output") + " of " +
-                           p_.instr_name(in) + " (" + std::to_string(pa.tensor.bytes()) + " bytes)");
+      unplanned_.push_back(std::string(pa.role == AllocRole::kWorkspace ? "workspace" : "output") +
+                           " of " + p_.instr_name(in) + " (" + std::to_string(pa.tensor.bytes()) +
+                           " bytes)");
       alloc_.release(pa.tensor.data);
     }
   }
@@ -221,7 +261,8 @@ class RankRunner {
   std::vector<Tensor> gather(std::span<const int32_t> ids) const {
     std::vector<Tensor> out;
     for (int32_t id : ids) {
-      if (!bound_[id]) throw std::logic_error("plan reads " + p_.tensor_name(id) + ", which holds no data");
+      if (!bound_[id])
+        throw std::logic_error("plan reads " + p_.tensor_name(id) + ", which holds no data");
       out.push_back(bound_[id]);
     }
     return out;
@@ -242,14 +283,16 @@ class RankRunner {
 
   void backward(const Instr& in) {
     const GraphOp& op = p_.blocks[in.block].graph->ops[in.op];
-    std::vector<Tensor> inputs(op.inputs.size()), outputs(op.outputs.size()), gout(op.outputs.size()), gin(op.inputs.size());
+    std::vector<Tensor> inputs(op.inputs.size()), outputs(op.outputs.size()),
+        gout(op.outputs.size()), gin(op.inputs.size());
     // The reads come in the planner's order: per output its gradient (if any) and its value (if
     // the backward reads it), then per input its value (if read) and its gradient (if one exists).
     const OpInfo& info = op_info(op.kind);
     std::span<const int32_t> reads = p_.reads(in);
     size_t next = 0;
     auto take = [&](bool grad) -> Tensor {
-      if (next >= reads.size() || (p_.tensors[reads[next]].kind == ValueKind::kGrad) != grad) return {};
+      if (next >= reads.size() || (p_.tensors[reads[next]].kind == ValueKind::kGrad) != grad)
+        return {};
       return bound_[reads[next++]];
     };
     for (size_t j = 0; j < op.outputs.size(); ++j) {
@@ -263,14 +306,16 @@ class RankRunner {
     std::vector<Tensor> before = gin;
     OpContext ctx = context(in);
     hook(ctx, in);
-    be_->backward(ctx, {inputs, outputs, gout, gin, weights_[in.block][in.op], wgrads_[in.block][in.op]});
+    be_->backward(
+        ctx, {inputs, outputs, gout, gin, weights_[in.block][in.op], wgrads_[in.block][in.op]});
     for (size_t k = 0; k < gin.size(); ++k) {
       if (before[k] || !gin[k]) continue;
       int32_t id = -1;
       for (int32_t a : p_.allocs(in))
         if (p_.tensors[a].kind == ValueKind::kGrad && p_.tensors[a].tensor == op.inputs[k]) id = a;
       if (id < 0) {
-        unplanned_.push_back("unplanned gradient of " + p_.blocks[in.block].graph->tensors[op.inputs[k]].name);
+        unplanned_.push_back("unplanned gradient of " +
+                             p_.blocks[in.block].graph->tensors[op.inputs[k]].name);
         alloc_.release(gin[k].data);
         continue;
       }
@@ -289,7 +334,8 @@ class RankRunner {
     int32_t id = p_.allocs(in)[0];
     const ScheduleTensor& t = p_.tensors[id];
     const std::string& which = p_.blocks[t.block].graph->tensors[t.tensor].name;
-    Tensor x = allocate({{s_.setup.seq_len * s_.setup.micro_batch}, Dtype::kI64}, p_.tensor_name(id), t.category);
+    Tensor x = allocate({{s_.setup.seq_len * s_.setup.micro_batch}, Dtype::kI64},
+                        p_.tensor_name(id), t.category);
     fill_tokens(x, which, in.mb, s_.model.vocab, sh_.opt.seed);
     bound_[id] = x;
   }
@@ -355,7 +401,8 @@ class RankRunner {
     sync_gradients();
     if (step == 0 && sh_.opt.capture_grads) capture_grads();
     const float lr = sh_.opt.lr, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.0f;
-    float c1 = 1.0f - std::pow(b1, static_cast<float>(step + 1)), c2 = 1.0f - std::pow(b2, static_cast<float>(step + 1));
+    float c1 = 1.0f - std::pow(b1, static_cast<float>(step + 1)),
+          c2 = 1.0f - std::pow(b2, static_cast<float>(step + 1));
     for (Group* g : {&dense_, &expert_}) {
       if (g->n == 0) continue;
       if (s_.setup.optimizer != Optimizer::kNone) {
@@ -381,7 +428,8 @@ class RankRunner {
 
   void report() {
     RankResult r;
-    r.stage = stage_, r.tp_rank = tp_rank_, r.global_rank = stage_ * s_.setup.dp * s_.setup.tp + tp_rank_;
+    r.stage = stage_, r.tp_rank = tp_rank_,
+    r.global_rank = stage_ * s_.setup.dp * s_.setup.tp + tp_rank_;
     r.measured_peak = alloc_.peak();
     r.measured_at_peak = alloc_.at_peak();
     r.live_at_peak = alloc_.live_at_peak();
@@ -426,26 +474,36 @@ class RankRunner {
 std::optional<Error> check_runnable(const Schedule& s) {
   const TrainSpec& t = s.setup;
   if (t.dp != 1 || t.ep != 1)
-    return make_error("the CPU executor runs dp = 1 and ep = 1 (its ranks are TP x PP threads); got dp " +
-                      std::to_string(t.dp) + ", ep " + std::to_string(t.ep) + ": use --dp 1 --ep 1");
-  if (t.zero >= 2) return make_error("the CPU executor runs ZeRO 0 or 1 (dp = 1); got --zero " + std::to_string(t.zero));
-  if (t.tp * t.pp > 64) return make_error("the CPU executor runs at most 64 ranks; got tp x pp = " + std::to_string(t.tp * t.pp));
+    return make_error(
+        "the CPU executor runs dp = 1 and ep = 1 (its ranks are TP x PP threads); got dp " +
+        std::to_string(t.dp) + ", ep " + std::to_string(t.ep) + ": use --dp 1 --ep 1");
+  if (t.zero >= 2)
+    return make_error("the CPU executor runs ZeRO 0 or 1 (dp = 1); got --zero " +
+                      std::to_string(t.zero));
+  if (t.tp * t.pp > 64)
+    return make_error("the CPU executor runs at most 64 ranks; got tp x pp = " +
+                      std::to_string(t.tp * t.pp));
   // Host memory: every rank's predicted peak must fit in what this machine has free.
   double need = 0;
-  for (const StageProgram& p : s.stages) need += static_cast<double>(simulate(p).peak_bytes) * static_cast<double>(t.tp);
-  double avail = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  for (const StageProgram& p : s.stages)
+    need += static_cast<double>(simulate(p).peak_bytes) * static_cast<double>(t.tp);
+  double avail =
+      static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   if (avail > 0 && need > 0.8 * avail)
-    return make_error("the CPU executor would need " + format_human(static_cast<int64_t>(need)) + " of host memory and " +
-                      format_human(static_cast<int64_t>(avail)) + " is free; run a smaller model (e.g. --scenario scenarios/tiny-llama.toml)");
+    return make_error("the CPU executor would need " + format_human(static_cast<int64_t>(need)) +
+                      " of host memory and " + format_human(static_cast<int64_t>(avail)) +
+                      " is free; run a smaller model (e.g. --scenario scenarios/tiny-llama.toml)");
   return std::nullopt;
 }
 
-Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend, const RunOptions& options) {
+Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend,
+                               const RunOptions& options) {
   if (auto e = check_runnable(s)) return *e;
   Shared sh(s, options);
   std::vector<std::unique_ptr<RankRunner>> runners;
   for (int64_t stage = 0; stage < s.setup.pp; ++stage)
-    for (int64_t r = 0; r < s.setup.tp; ++r) runners.push_back(std::make_unique<RankRunner>(sh, stage, r, backend()));
+    for (int64_t r = 0; r < s.setup.tp; ++r)
+      runners.push_back(std::make_unique<RankRunner>(sh, stage, r, backend()));
   {
     std::vector<std::jthread> threads;
     for (size_t i = 0; i < runners.size(); ++i)
@@ -455,14 +513,18 @@ Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend,
           runners[i]->run();
         } catch (const OutOfBudget& e) {
           std::lock_guard lock(sh.mu);
-          if (!sh.result.out_of_memory) sh.result.out_of_memory = e, sh.result.oom_rank = stage * s.setup.dp * s.setup.tp + static_cast<int64_t>(i) % s.setup.tp;
+          if (!sh.result.out_of_memory)
+            sh.result.out_of_memory = e, sh.result.oom_rank = stage * s.setup.dp * s.setup.tp +
+                                                              static_cast<int64_t>(i) % s.setup.tp;
           sh.world.abort(stage);
         } catch (const RunAborted&) {
           sh.world.abort(stage);
         } catch (const std::exception& e) {
           {
             std::lock_guard lock(sh.mu);
-            if (!sh.error) sh.error = make_error(std::string("run failed on pp stage ") + std::to_string(stage) + ": " + e.what());
+            if (!sh.error)
+              sh.error = make_error(std::string("run failed on pp stage ") + std::to_string(stage) +
+                                    ": " + e.what());
           }
           sh.world.abort(stage);
         }

@@ -57,6 +57,7 @@ std::optional<Error> check_runnable(const Schedule& s);
 
 // Runs `options.steps` training steps. Errors other than running out of the enforced budget (which
 // is reported in RunResult::out_of_memory) come back as an Error.
-Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend, const RunOptions& options);
+Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend,
+                               const RunOptions& options);
 
 }  // namespace np::exec

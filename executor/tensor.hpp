@@ -15,7 +15,9 @@ struct Tensor {
   int64_t bytes() const { return type.bytes(); }
   explicit operator bool() const { return data != nullptr; }
   template <typename T>
-  T* as() const { return static_cast<T*>(data); }
+  T* as() const {
+    return static_cast<T*>(data);
+  }
 };
 
 // bf16 <-> fp32, round to nearest even (NaN stays NaN).
@@ -38,10 +40,14 @@ inline float load(const Tensor& t, int64_t i) {
   return t.type.dtype == Dtype::kBf16 ? bf16_to_f32(t.as<uint16_t>()[i]) : t.as<float>()[i];
 }
 inline void store(const Tensor& t, int64_t i, float v) {
-  if (t.type.dtype == Dtype::kBf16) t.as<uint16_t>()[i] = f32_to_bf16(v);
-  else t.as<float>()[i] = v;
+  if (t.type.dtype == Dtype::kBf16)
+    t.as<uint16_t>()[i] = f32_to_bf16(v);
+  else
+    t.as<float>()[i] = v;
 }
 // t[i] += v, rounding once to t's dtype.
-inline void accumulate(const Tensor& t, int64_t i, float v) { store(t, i, load(t, i) + v); }
+inline void accumulate(const Tensor& t, int64_t i, float v) {
+  store(t, i, load(t, i) + v);
+}
 
 }  // namespace np::exec

@@ -11,10 +11,16 @@
 namespace np {
 
 std::string option_name(const BlockGraph& g, const std::vector<bool>& mask) {
-  struct Named { const char* name; Recompute r; bool regather; };
-  for (Named n : {Named{"none", Recompute::kNone, false}, Named{"none+regather", Recompute::kNone, true},
-                  Named{"selective", Recompute::kSelective, false}, Named{"selective+regather", Recompute::kSelective, true},
-                  Named{"full", Recompute::kFull, false}})
+  struct Named {
+    const char* name;
+    Recompute r;
+    bool regather;
+  };
+  for (Named n :
+       {Named{"none", Recompute::kNone, false}, Named{"none+regather", Recompute::kNone, true},
+        Named{"selective", Recompute::kSelective, false},
+        Named{"selective+regather", Recompute::kSelective, true},
+        Named{"full", Recompute::kFull, false}})
     if (named_mask(g, n.r, n.regather) == mask) return n.name;
   std::string ops;
   for (size_t o = 0; o < mask.size(); ++o)
@@ -30,7 +36,8 @@ int64_t fixed_overheads(const TrainSpec& t, const RuntimeAssumptions& rt) {
 }
 
 // The allocator-level budget that keeps static + (1 + slack) x dynamic + fixed <= budget.
-int64_t allocator_budget(int64_t budget, int64_t static_bytes, const TrainSpec& t, const RuntimeAssumptions& rt) {
+int64_t allocator_budget(int64_t budget, int64_t static_bytes, const TrainSpec& t,
+                         const RuntimeAssumptions& rt) {
   double room = static_cast<double>(budget - fixed_overheads(t, rt) - static_bytes);
   if (room < 0) return static_bytes + static_cast<int64_t>(room);
   return static_bytes + static_cast<int64_t>(std::floor(room / (1.0 + rt.allocator_slack)));
@@ -44,8 +51,8 @@ int64_t static_bytes(const StageProgram& p) {
 }
 
 // The stage problem: the layers' options from the frontier, the constants from the schedule.
-StageProblem stage_problem(const StageProgram& p, const std::vector<LayerOption>& options, const TrainSpec& t,
-                           const std::vector<double>& zero_cost) {
+StageProblem stage_problem(const StageProgram& p, const std::vector<LayerOption>& options,
+                           const TrainSpec& t, const std::vector<double>& zero_cost) {
   StageProblem sp;
   sp.in_flight = in_flight(t.pp_schedule, p.stage, t.pp, t.microbatches);
   sp.base = static_bytes(p);
@@ -63,20 +70,23 @@ StageProblem stage_problem(const StageProgram& p, const std::vector<LayerOption>
 
 }  // namespace
 
-AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt, int64_t budget,
-                   const HardwareModel& hw, const AutoPlanOptions& options) {
+AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                   int64_t budget, const HardwareModel& hw, const AutoPlanOptions& options) {
   AutoPlan plan;
   BlockGraph layer = build_layer(m, t);
-  std::string key = hw.name + "/" + std::to_string(t.tp) + "/" + std::to_string(t.sp) + "/" + std::to_string(t.ep) + "/" +
-                    std::to_string(t.tp_recompute_allgather) + "/" +
-                    std::to_string(t.seq_len) + "/" + std::to_string(t.micro_batch) + "/" + name_of(t.attention);
+  std::string key = hw.name + "/" + std::to_string(t.tp) + "/" + std::to_string(t.sp) + "/" +
+                    std::to_string(t.ep) + "/" + std::to_string(t.tp_recompute_allgather) + "/" +
+                    std::to_string(t.seq_len) + "/" + std::to_string(t.micro_batch) + "/" +
+                    name_of(t.attention);
   if (options.cache && options.cache->entries.count(key)) {
     std::tie(plan.frontier, plan.option_names) = options.cache->entries.at(key);
   } else {
     std::vector<double> cost(layer.ops.size());
-    for (size_t o = 0; o < layer.ops.size(); ++o) cost[o] = op_seconds(layer, static_cast<int>(o), hw, t, false);
+    for (size_t o = 0; o < layer.ops.size(); ++o)
+      cost[o] = op_seconds(layer, static_cast<int>(o), hw, t, false);
     plan.frontier = layer_frontier(layer, t, cost);
-    for (const LayerOption& o : plan.frontier.options) plan.option_names.push_back(option_name(layer, o.recompute));
+    for (const LayerOption& o : plan.frontier.options)
+      plan.option_names.push_back(option_name(layer, o.recompute));
     if (options.cache) options.cache->entries[key] = {plan.frontier, plan.option_names};
   }
   // Start from no recompute everywhere; solve each stage; verify by simulation.
@@ -114,7 +124,8 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
       plan.stages[st].layer_option = sol.choice;
       int first = base.stages[st].first_layer();
       for (size_t l = 0; l < sol.choice.size(); ++l)
-        plan.layer_policies[first + l] = {plan.frontier.options[sol.choice[l]].recompute, plan.option_names[sol.choice[l]]};
+        plan.layer_policies[first + l] = {plan.frontier.options[sol.choice[l]].recompute,
+                                          plan.option_names[sol.choice[l]]};
     }
     if (!any) break;
     verified = build_schedule(m, sim, &plan.layer_policies);
@@ -142,19 +153,25 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
     int first = base.stages[st].first_layer();
     changed_after_verify = true;
     for (size_t l = 0; l < closest.choice.size(); ++l)
-      plan.layer_policies[first + l] = {plan.frontier.options[closest.choice[l]].recompute, plan.option_names[closest.choice[l]]};
+      plan.layer_policies[first + l] = {plan.frontier.options[closest.choice[l]].recompute,
+                                        plan.option_names[closest.choice[l]]};
     plan.stages[st].layer_option = closest.choice;
-    plan.stages[st].min_peak = least + fixed_overheads(t, rt) +
-                               static_cast<int64_t>(rt.allocator_slack * static_cast<double>(least - static_bytes(base.stages[st])));
+    plan.stages[st].min_peak =
+        least + fixed_overheads(t, rt) +
+        static_cast<int64_t>(rt.allocator_slack *
+                             static_cast<double>(least - static_bytes(base.stages[st])));
     plan.fits = false;
   }
-  bool reuse = verified && !changed_after_verify && (!options.full_schedule || sim.microbatches == t.microbatches);
-  plan.schedule = reuse ? std::move(*verified) : build_schedule(m, options.full_schedule ? t : sim, &plan.layer_policies);
+  bool reuse = verified && !changed_after_verify &&
+               (!options.full_schedule || sim.microbatches == t.microbatches);
+  plan.schedule = reuse ? std::move(*verified)
+                        : build_schedule(m, options.full_schedule ? t : sim, &plan.layer_policies);
   plan.estimate = estimate_schedule(plan.schedule, rt, {.budget = budget, .suggestions = false});
   plan.estimate.setup = t;
   plan.fits = plan.fits && plan.estimate.fits;
   for (StagePlan& sp : plan.stages)
-    if (!sp.feasible) sp.min_peak = plan.estimate.stages[sp.stage].peak_bytes;  // simulated, of the closest plan
+    if (!sp.feasible)
+      sp.min_peak = plan.estimate.stages[sp.stage].peak_bytes;  // simulated, of the closest plan
   plan.schedule.setup = t;  // the step time counts every micro-batch
   plan.time = step_time(plan.schedule, hw);
   for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
@@ -162,9 +179,11 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
     TrainSpec u = sim;
     u.recompute = r;
     Schedule s = build_schedule(m, u);
-    s.setup.microbatches = t.microbatches;  // peaks repeat past pp + 1 micro-batches; time counts all
+    s.setup.microbatches =
+        t.microbatches;  // peaks repeat past pp + 1 micro-batches; time counts all
     (r == Recompute::kNone ? plan.time_none : plan.time_full) = step_time(s, hw);
-    (r == Recompute::kNone ? plan.peak_none : plan.peak_full) = estimate_schedule(s, rt, {.suggestions = false}).peak_bytes;
+    (r == Recompute::kNone ? plan.peak_none : plan.peak_full) =
+        estimate_schedule(s, rt, {.suggestions = false}).peak_bytes;
   }
   for (int l = 0; l < m.layers; ++l)
     for (size_t o = 0; o < layer.ops.size(); ++o)

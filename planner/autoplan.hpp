@@ -3,8 +3,8 @@
 // (solve.hpp) and then checks the plan with the schedule simulation, tightening the stage's budget
 // and solving again if the simulated peak is over (so a plan's peak never exceeds its budget).
 #pragma once
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,22 +18,22 @@ namespace np {
 struct StagePlan {
   int stage = 0;
   bool feasible = false;
-  int64_t min_peak = 0;             // smallest achievable peak (bytes, with overheads) when not feasible
-  std::vector<int> layer_option;    // index into AutoPlan::frontier.options, per layer of the stage
+  int64_t min_peak = 0;  // smallest achievable peak (bytes, with overheads) when not feasible
+  std::vector<int> layer_option;  // index into AutoPlan::frontier.options, per layer of the stage
 };
 
 struct AutoPlan {
   bool fits = false;
-  LayerFrontier frontier;                 // of the decoder-layer graph
-  std::vector<std::string> option_names;  // per frontier option: "none", "full", "custom (...)"
+  LayerFrontier frontier;                   // of the decoder-layer graph
+  std::vector<std::string> option_names;    // per frontier option: "none", "full", "custom (...)"
   std::vector<BlockPolicy> layer_policies;  // per global layer, the chosen option's mask
   std::vector<StagePlan> stages;
-  Schedule schedule;                      // built with layer_policies
-  Estimate estimate;                      // of that schedule
-  StepTime time;                          // of that schedule
+  Schedule schedule;                             // built with layer_policies
+  Estimate estimate;                             // of that schedule
+  StepTime time;                                 // of that schedule
   std::optional<StepTime> time_none, time_full;  // uniform nanotron settings, for comparison
   std::optional<int64_t> peak_none, peak_full;   // their peaks (bytes, with overheads)
-  int64_t regathered = 0, gathers = 0;    // all-gathers re-done in backward, of all in the layers
+  int64_t regathered = 0, gathers = 0;  // all-gathers re-done in backward, of all in the layers
 };
 
 // Layer frontiers by graph shape, reused across setups that share one (a sweep).
@@ -42,16 +42,16 @@ struct FrontierCache {
 };
 
 struct AutoPlanOptions {
-  bool closest_when_infeasible = true;  // find the smallest achievable peak and the plan reaching it
-  bool compare_uniform = true;          // also time and size no recompute and recompute_layer: true
-  FrontierCache* cache = nullptr;       // reuse frontiers of identical layer graphs
-  bool full_schedule = true;            // build AutoPlan::schedule with every micro-batch (for plan files)
+  bool closest_when_infeasible =
+      true;                        // find the smallest achievable peak and the plan reaching it
+  bool compare_uniform = true;     // also time and size no recompute and recompute_layer: true
+  FrontierCache* cache = nullptr;  // reuse frontiers of identical layer graphs
+  bool full_schedule = true;  // build AutoPlan::schedule with every micro-batch (for plan files)
 };
 
-
 // The setup's recompute must be Recompute::kAuto and the setup valid.
-AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt, int64_t budget,
-                   const HardwareModel& hw, const AutoPlanOptions& options = {});
+AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                   int64_t budget, const HardwareModel& hw, const AutoPlanOptions& options = {});
 
 // A short name of a layer option: a named policy's name when the mask equals one, else
 // "custom: re-runs a, b, c".
@@ -63,8 +63,9 @@ namespace np {
 
 // The nearest setups for which the auto planner fits (more pp, ZeRO-1 over more dp, a smaller
 // micro-batch), each found by planning it.
-std::vector<Suggestion> auto_suggestions(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
-                                         int64_t budget, const HardwareModel& hw);
+std::vector<Suggestion> auto_suggestions(const ModelSpec& m, const TrainSpec& t,
+                                         const RuntimeAssumptions& rt, int64_t budget,
+                                         const HardwareModel& hw);
 
 // The human summary (plan per stage, time, nanotron and Megatron equivalents) and the JSON "plan".
 std::string auto_plan_table(const AutoPlan& p, int64_t budget);

@@ -1,20 +1,23 @@
 // Loading and resolving catalog entries; parse errors carry file:line.
 #include "planner/catalog.hpp"
-#include "planner/toml_model.hpp"
+
+#include <toml++/toml.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <toml++/toml.h>
+
+#include "planner/toml_model.hpp"
 
 namespace np {
 namespace {
 
 std::string lower(std::string_view s) {
   std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   return out;
 }
 
@@ -100,8 +103,8 @@ Result<toml::table> parse_toml(const std::string& path) {
   try {
     return toml::parse(*text, path);
   } catch (const toml::parse_error& e) {
-    return make_error(path + ":" + std::to_string(e.source().begin.line) + ": malformed TOML: " +
-                      std::string(e.description()));
+    return make_error(path + ":" + std::to_string(e.source().begin.line) +
+                      ": malformed TOML: " + std::string(e.description()));
   }
 }
 
@@ -140,8 +143,9 @@ Result<ModelSpec> model_from_table(const toml::table& table, const std::string& 
   if (auto e = r.error()) return *e;
   if (const toml::table* moe = parsed->get_as<toml::table>("moe")) {
     TomlReader mr(*moe, path);
-    m.moe = MoeSpec{mr.integer("num_experts"), mr.integer("top_k"), mr.integer("expert_intermediate_size"),
-                    mr.integer("shared_expert_intermediate_size", 0), mr.boolean("shared_expert_gate", false)};
+    m.moe = MoeSpec{
+        mr.integer("num_experts"), mr.integer("top_k"), mr.integer("expert_intermediate_size"),
+        mr.integer("shared_expert_intermediate_size", 0), mr.boolean("shared_expert_gate", false)};
     if (auto e = mr.error()) return *e;
   }
   if (auto e = validate_model(m)) return make_error(path + ": " + e->message);
@@ -157,15 +161,19 @@ Result<ModelSpec> load_hf_config(const std::string& path) {
   try {
     j = nlohmann::json::parse(*text);
   } catch (const nlohmann::json::parse_error& e) {
-    size_t line = 1 + std::count(text->begin(), text->begin() + std::min(e.byte, text->size()), '\n');
+    size_t line =
+        1 + std::count(text->begin(), text->begin() + std::min(e.byte, text->size()), '\n');
     return make_error(path + ":" + std::to_string(line) + ": malformed JSON: " + e.what());
   }
-  if (!j.is_object()) return make_error(path + ":1: a Hugging Face config.json must be a JSON object");
+  if (!j.is_object())
+    return make_error(path + ":1: a Hugging Face config.json must be a JSON object");
   const std::string supported = "llama, mistral, mixtral, qwen2, qwen2_moe";
   const std::vector<std::string> types = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe"};
-  if (j.contains("model_type") && (!j["model_type"].is_string() ||
-                                   std::find(types.begin(), types.end(), j["model_type"].get<std::string>()) == types.end()))
-    return make_error(path + ": model_type " + j["model_type"].dump() + " is not supported (valid: " + supported +
+  if (j.contains("model_type") &&
+      (!j["model_type"].is_string() ||
+       std::find(types.begin(), types.end(), j["model_type"].get<std::string>()) == types.end()))
+    return make_error(path + ": model_type " + j["model_type"].dump() +
+                      " is not supported (valid: " + supported +
                       "; or write the model as a TOML in the catalog schema)");
   try {
     return hf_model(j, path);
@@ -201,7 +209,8 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
   if (experts > 0) {
     int64_t expert_ffn = get("moe_intermediate_size", m.ffn);
     m.moe = MoeSpec{experts, get("num_experts_per_tok", 2), expert_ffn,
-                    get("shared_expert_intermediate_size", 0), get("shared_expert_intermediate_size", 0) > 0};
+                    get("shared_expert_intermediate_size", 0),
+                    get("shared_expert_intermediate_size", 0) > 0};
   }
   if (auto e = validate_model(m)) return make_error(path + ": " + e->message);
   return m;
@@ -217,7 +226,8 @@ Result<std::vector<ModelSpec>> load_model_catalog(const std::string& dir) {
     models.push_back(std::move(*m));
   }
   if (ec) return make_error("cannot read the model catalog " + dir + ": " + ec.message());
-  std::sort(models.begin(), models.end(), [](const ModelSpec& a, const ModelSpec& b) { return a.name < b.name; });
+  std::sort(models.begin(), models.end(),
+            [](const ModelSpec& a, const ModelSpec& b) { return a.name < b.name; });
   return models;
 }
 
@@ -230,8 +240,13 @@ Result<std::vector<GpuSpec>> load_gpu_catalog(const std::string& path) {
       const toml::table* t = n.as_table();
       if (!t) return make_error(path + ": [[gpu]] entries must be tables");
       TomlReader r(*t, path);
-      GpuSpec g{r.string("name"), r.string("display_name", ""), r.string("source", ""), r.strings("aliases"),
-                r.integer("memory_bytes"), r.number("bf16_dense_flops", 0.0), r.number("hbm_bytes_per_s", 0.0),
+      GpuSpec g{r.string("name"),
+                r.string("display_name", ""),
+                r.string("source", ""),
+                r.strings("aliases"),
+                r.integer("memory_bytes"),
+                r.number("bf16_dense_flops", 0.0),
+                r.number("hbm_bytes_per_s", 0.0),
                 r.number("nvlink_bytes_per_s", 0.0)};
       if (auto e = r.error()) return *e;
       gpus.push_back(std::move(g));
@@ -240,7 +255,8 @@ Result<std::vector<GpuSpec>> load_gpu_catalog(const std::string& path) {
   return gpus;
 }
 
-std::vector<std::string> closest_names(std::string_view name, const std::vector<std::string>& names, size_t n) {
+std::vector<std::string> closest_names(std::string_view name, const std::vector<std::string>& names,
+                                       size_t n) {
   auto distance = [](std::string_view a, std::string_view b) {
     std::vector<size_t> row(b.size() + 1);
     for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -257,8 +273,10 @@ std::vector<std::string> closest_names(std::string_view name, const std::vector<
   };
   std::string key = lower(name);
   std::vector<std::pair<size_t, std::string>> scored;
-  for (const std::string& candidate : names) scored.push_back({distance(key, lower(candidate)), candidate});
-  std::stable_sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const std::string& candidate : names)
+    scored.push_back({distance(key, lower(candidate)), candidate});
+  std::stable_sort(scored.begin(), scored.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<std::string> out;
   for (size_t i = 0; i < scored.size() && out.size() < n; ++i) out.push_back(scored[i].second);
   return out;
@@ -266,7 +284,8 @@ std::vector<std::string> closest_names(std::string_view name, const std::vector<
 
 namespace {
 template <typename T>
-Result<T> find_named(const std::vector<T>& catalog, std::string_view name, const char* what, const char* hint) {
+Result<T> find_named(const std::vector<T>& catalog, std::string_view name, const char* what,
+                     const char* hint) {
   std::string key = lower(name);
   std::vector<std::string> names;
   for (const T& entry : catalog) {
@@ -277,7 +296,8 @@ Result<T> find_named(const std::vector<T>& catalog, std::string_view name, const
   }
   std::string close;
   for (const std::string& c : closest_names(name, names)) close += (close.empty() ? "" : ", ") + c;
-  return make_error("unknown " + std::string(what) + " '" + std::string(name) + "' (closest: " + close + "; " + hint + ")");
+  return make_error("unknown " + std::string(what) + " '" + std::string(name) +
+                    "' (closest: " + close + "; " + hint + ")");
 }
 }  // namespace
 
@@ -285,7 +305,8 @@ Result<ModelSpec> resolve_model(const std::vector<ModelSpec>& catalog, std::stri
   std::string s(name);
   if (s.ends_with(".toml")) return load_model_toml(s);
   if (s.ends_with(".json")) return load_hf_config(s);
-  return find_named(catalog, name, "model", "'nanoplan models' lists them all, or pass a .toml or config.json path");
+  return find_named(catalog, name, "model",
+                    "'nanoplan models' lists them all, or pass a .toml or config.json path");
 }
 
 Result<GpuSpec> resolve_gpu(const std::vector<GpuSpec>& catalog, std::string_view name) {

@@ -14,8 +14,8 @@ namespace np {
 struct GpuSpec {
   std::string name, display_name, source;
   std::vector<std::string> aliases;
-  int64_t memory_bytes = 0;       // device memory as the driver reports it
-  double bf16_dense_flops = 0;    // FLOP/s
+  int64_t memory_bytes = 0;     // device memory as the driver reports it
+  double bf16_dense_flops = 0;  // FLOP/s
   double hbm_bytes_per_s = 0;
   double nvlink_bytes_per_s = 0;  // per direction
 };
@@ -30,6 +30,7 @@ Result<ModelSpec> resolve_model(const std::vector<ModelSpec>& catalog, std::stri
 Result<GpuSpec> resolve_gpu(const std::vector<GpuSpec>& catalog, std::string_view name);
 
 // Names closest to `name` by edit distance (for "did you mean").
-std::vector<std::string> closest_names(std::string_view name, const std::vector<std::string>& names, size_t n = 3);
+std::vector<std::string> closest_names(std::string_view name, const std::vector<std::string>& names,
+                                       size_t n = 3);
 
 }  // namespace np

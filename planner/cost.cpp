@@ -33,14 +33,16 @@ constexpr double kFlashBackwardWork = 2.5;
 // short kernel, a few microseconds on Hopper (assumption, not measured here).
 constexpr double kLaunchOverhead = 4e-6;
 
-// --- Interconnect (stated defaults of hardware_model) ----------------------------------------------
-// One 400 Gb/s InfiniBand NIC per GPU (DGX/HGX H100 with ConnectX-7): 50e9 B/s per direction.
+// --- Interconnect (stated defaults of hardware_model)
+// ---------------------------------------------- One 400 Gb/s InfiniBand NIC per GPU (DGX/HGX H100
+// with ConnectX-7): 50e9 B/s per direction.
 constexpr double kInterNodeBytesPerS = 50e9;
 // NCCL ring step latency inside a node: with 450 GB/s this makes an 8-GPU all-gather of 64 MiB take
 // 165 us, a bus bandwidth of 355 GB/s, where NCCL's developers expect 360 GB/s on H100
 // (https://github.com/NVIDIA/nccl-tests/issues/326).
 constexpr double kIntraNodeLatency = 5e-6;
-// Ring step latency across nodes (network round trip plus proxy), twice the NVLink one (assumption).
+// Ring step latency across nodes (network round trip plus proxy), twice the NVLink one
+// (assumption).
 constexpr double kInterNodeLatency = 10e-6;
 // HGX/DGX nodes hold 8 GPUs in one NVLink domain.
 constexpr int64_t kGpusPerNode = 8;
@@ -68,7 +70,9 @@ OpClass op_class(OpKind k) {
   }
 }
 
-double tensor_bytes(const BlockGraph& g, int t) { return static_cast<double>(g.tensors[t].type.bytes()); }
+double tensor_bytes(const BlockGraph& g, int t) {
+  return static_cast<double>(g.tensors[t].type.bytes());
+}
 
 int64_t weight_elements(const GraphOp& op) {
   int64_t n = 0;
@@ -110,7 +114,9 @@ double op_bytes(const BlockGraph& g, const GraphOp& op, const TrainSpec& t, bool
 }
 
 // M, N, K of one GEMM of the op (batched GEMMs: one batch entry; grouped experts: one expert).
-struct GemmDims { double m, n, k; };
+struct GemmDims {
+  double m, n, k;
+};
 GemmDims gemm_dims(const BlockGraph& g, const GraphOp& op) {
   const TensorType& in = g.tensors[op.inputs[0]].type;
   double rows = static_cast<double>(in.shape.at(0)), cols = static_cast<double>(in.shape.at(1));
@@ -118,24 +124,32 @@ GemmDims gemm_dims(const BlockGraph& g, const GraphOp& op) {
   switch (op.kind) {
     case OpKind::kExpertColumn:
     case OpKind::kExpertRow:  // balanced routing: each local expert gets rows / experts
-      return {rows / static_cast<double>(std::max<int64_t>(1, a.experts)), static_cast<double>(a.features), cols};
+      return {rows / static_cast<double>(std::max<int64_t>(1, a.experts)),
+              static_cast<double>(a.features), cols};
     case OpKind::kAttnScores:  // Q K^T per (batch, head): s x d by d x s
-      return {static_cast<double>(a.seq), static_cast<double>(a.seq), static_cast<double>(a.head_dim)};
+      return {static_cast<double>(a.seq), static_cast<double>(a.seq),
+              static_cast<double>(a.head_dim)};
     case OpKind::kAttnContext:  // P V per (batch, head): s x s by s x d
-      return {static_cast<double>(a.seq), static_cast<double>(a.head_dim), static_cast<double>(a.seq)};
+      return {static_cast<double>(a.seq), static_cast<double>(a.head_dim),
+              static_cast<double>(a.seq)};
     default:  // linears and the router: rows x in by in x features
       return {rows, static_cast<double>(a.features), cols};
   }
 }
 
-bool is_ep_collective(OpKind k) { return k == OpKind::kMoeDispatch || k == OpKind::kMoeCombine; }
+bool is_ep_collective(OpKind k) {
+  return k == OpKind::kMoeDispatch || k == OpKind::kMoeCombine;
+}
 
 // Full size of the tensor a collective of the op moves.
 double collective_bytes(const BlockGraph& g, const GraphOp& op) {
   switch (op.kind) {
-    case OpKind::kColumnLinear: return tensor_bytes(g, op.inputs[0]);  // TP's f: all-reduce of dX
-    case OpKind::kMoeDispatch: return tensor_bytes(g, op.outputs[0]);  // the permuted tokens
-    case OpKind::kMoeCombine: return tensor_bytes(g, op.inputs[0]);
+    case OpKind::kColumnLinear:
+      return tensor_bytes(g, op.inputs[0]);  // TP's f: all-reduce of dX
+    case OpKind::kMoeDispatch:
+      return tensor_bytes(g, op.outputs[0]);  // the permuted tokens
+    case OpKind::kMoeCombine:
+      return tensor_bytes(g, op.inputs[0]);
     default: {
       double b = 0;  // gathered / unreduced side of a TP collective
       for (int i : op.inputs) b = std::max(b, tensor_bytes(g, i));
@@ -147,12 +161,14 @@ double collective_bytes(const BlockGraph& g, const GraphOp& op) {
 
 // Time of the collective the op runs in this direction. TP collectives span tp consecutive ranks;
 // EP all-to-alls span tp x ep (ranks are numbered in (pp, dp, tp) order, ep inside dp).
-double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const HardwareModel& hw, const TrainSpec& t,
-                             bool backward) {
+double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const HardwareModel& hw,
+                             const TrainSpec& t, bool backward) {
   const std::string& kind = backward ? op.bwd_collective : op.fwd_collective;
   double s = 0;
   if (!kind.empty()) {
-    int64_t group = op_class(op.kind) == OpClass::kCollective || is_ep_collective(op.kind) ? op.attrs.group : t.tp;
+    int64_t group = op_class(op.kind) == OpClass::kCollective || is_ep_collective(op.kind)
+                        ? op.attrs.group
+                        : t.tp;
     int64_t span = is_ep_collective(op.kind) ? group * t.tp : group;
     s += collective_seconds(kind, collective_bytes(g, op), group, span <= hw.gpus_per_node, hw);
   }
@@ -211,7 +227,8 @@ double collective_seconds(std::string_view kind, double bytes_full, int64_t grou
   return one;
 }
 
-double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const TrainSpec& t, bool backward) {
+double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const TrainSpec& t,
+                  bool backward) {
   const GraphOp& op = g.ops.at(index);
   double memory = op_bytes(g, op, t, backward) / hw.hbm_bytes_per_s;
   double compute = 0;
@@ -250,8 +267,8 @@ BlockTime block_seconds(const BlockGraph& g, const HardwareModel& hw, const Trai
   return bt;
 }
 
-double recompute_seconds(const BlockGraph& g, const std::vector<bool>& recompute, const HardwareModel& hw,
-                         const TrainSpec& t) {
+double recompute_seconds(const BlockGraph& g, const std::vector<bool>& recompute,
+                         const HardwareModel& hw, const TrainSpec& t) {
   double s = 0;
   for (int o = 0; o < static_cast<int>(g.ops.size()); ++o)
     if (o < static_cast<int>(recompute.size()) && recompute[o]) s += op_seconds(g, o, hw, t, false);
@@ -260,10 +277,13 @@ double recompute_seconds(const BlockGraph& g, const std::vector<bool>& recompute
 
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // Optimizer and gradient communication of one stage, per step.
-void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec& t, StageSeconds& st) {
+void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec& t,
+                StageSeconds& st) {
   // This rank's parameters (tied weights once per stage, as the schedule allocates them), and per
   // block for the per-micro-batch ZeRO-2/3 collectives.
   int64_t dense = 0, expert = 0, tp_partial = 0;
@@ -273,7 +293,8 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
     int64_t bd = 0, be = 0;
     for (const GraphOp& op : b.graph->ops) {
       if (!op.attrs.tie.empty()) {
-        if (std::find(tied_seen.begin(), tied_seen.end(), op.attrs.tie) != tied_seen.end()) continue;
+        if (std::find(tied_seen.begin(), tied_seen.end(), op.attrs.tie) != tied_seen.end())
+          continue;
         tied_seen.push_back(op.attrs.tie);
       }
       (op.expert_weights ? be : bd) += weight_elements(op);
@@ -297,13 +318,16 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   // tp x dp consecutive ranks of one pipeline stage.
   bool intra = t.tp * t.dp <= hw.gpus_per_node;
   double m = static_cast<double>(t.microbatches);
-  auto coll = [&](const char* kind, double bytes, int64_t group) { return collective_seconds(kind, bytes, group, intra, hw); };
+  auto coll = [&](const char* kind, double bytes, int64_t group) {
+    return collective_seconds(kind, bytes, group, intra, hw);
+  };
   double c = 0;
   for (auto [n, group] : {std::pair{dense, t.dp}, std::pair{expert, expert_dp}}) {
     if (n == 0 || group <= 1) continue;
     double nn = static_cast<double>(n);
     if (t.zero == 0) c += coll("all_reduce", nn * gb, group);  // after the last backward
-    if (t.zero == 1) c += coll("reduce_scatter", nn * gb, group) + coll("all_gather", nn * 2, group);
+    if (t.zero == 1)
+      c += coll("reduce_scatter", nn * gb, group) + coll("all_gather", nn * 2, group);
     if (t.zero == 2) c += coll("all_gather", nn * 2, group);  // updated bf16 weights, once
   }
   // ZeRO-2/3: every block's gradients are reduce-scattered after its backward, every micro-batch;
@@ -320,7 +344,8 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   // Replicated weights applied to sequence shards (SP norms, router) have partial gradients on each
   // TP rank: one bucketed all-reduce over TP per step (Megatron's layernorm-grad all-reduce).
   if (tp_partial > 0)
-    c += collective_seconds("all_reduce", static_cast<double>(tp_partial) * gb, t.tp, t.tp <= hw.gpus_per_node, hw);
+    c += collective_seconds("all_reduce", static_cast<double>(tp_partial) * gb, t.tp,
+                            t.tp <= hw.gpus_per_node, hw);
   st.grad_comm = c;
 }
 
@@ -342,7 +367,8 @@ StepTime step_time(const Schedule& s, const HardwareModel& hw) {
       st.recompute += recompute_seconds(g, b.policy.recompute, hw, t);
       flops += g.forward_flops() + g.backward_flops();
       for (size_t o = 0; o < g.ops.size(); ++o)
-        if (o < b.policy.recompute.size() && b.policy.recompute[o]) recompute_flops += g.ops[o].flops;
+        if (o < b.policy.recompute.size() && b.policy.recompute[o])
+          recompute_flops += g.ops[o].flops;
     }
     stage_tail(p, hw, t, st);
     r.stages.push_back(st);
@@ -353,7 +379,9 @@ StepTime step_time(const Schedule& s, const HardwareModel& hw) {
   int slow = 0, tail = 0;
   for (int i = 1; i < static_cast<int>(r.stages.size()); ++i) {
     if (r.stages[i].microbatch() > r.stages[slow].microbatch()) slow = i;
-    if (r.stages[i].optimizer + r.stages[i].grad_comm > r.stages[tail].optimizer + r.stages[tail].grad_comm) tail = i;
+    if (r.stages[i].optimizer + r.stages[i].grad_comm >
+        r.stages[tail].optimizer + r.stages[tail].grad_comm)
+      tail = i;
   }
   r.slowest_stage = slow;
   double per_mb = r.stages[slow].microbatch();
@@ -373,7 +401,8 @@ StepTime step_time(const Schedule& s, const HardwareModel& hw) {
   if (r.seconds > 0) {
     r.mfu = r.model_flops / (r.seconds * hw.peak_flops * gpus);
     r.hfu = r.hardware_flops / (r.seconds * hw.peak_flops * gpus);
-    r.tokens_per_second = static_cast<double>(t.micro_batch * t.seq_len * t.microbatches * t.dp) / r.seconds;
+    r.tokens_per_second =
+        static_cast<double>(t.micro_batch * t.seq_len * t.microbatches * t.dp) / r.seconds;
   }
   return r;
 }

@@ -23,8 +23,8 @@
 namespace np {
 
 struct HardwareModel {
-  std::string name;                   // GPU name
-  double peak_flops = 0;              // bf16 dense FLOP/s
+  std::string name;       // GPU name
+  double peak_flops = 0;  // bf16 dense FLOP/s
   double hbm_bytes_per_s = 0;
   double intra_node_bytes_per_s = 0;  // per-direction NVLink bandwidth per GPU
   double inter_node_bytes_per_s = 0;  // per GPU, e.g. 400 Gb/s InfiniBand = 50e9 B/s
@@ -52,15 +52,17 @@ double collective_seconds(std::string_view kind, double bytes_full, int64_t grou
 
 // Time of one op instance on one rank (seconds), forward or backward (backward = input + weight
 // gradients), including the collective the op runs in that direction (not overlapped).
-double op_seconds(const BlockGraph& g, int op, const HardwareModel& hw, const TrainSpec& t, bool backward);
+double op_seconds(const BlockGraph& g, int op, const HardwareModel& hw, const TrainSpec& t,
+                  bool backward);
 
-
-struct BlockTime { double forward = 0, backward = 0; };  // one micro-batch, all ops of the block
+struct BlockTime {
+  double forward = 0, backward = 0;
+};  // one micro-batch, all ops of the block
 BlockTime block_seconds(const BlockGraph& g, const HardwareModel& hw, const TrainSpec& t);
 // Recompute time of a block under a recompute mask (ops re-run before its backward): the sum of
 // their forward times.
-double recompute_seconds(const BlockGraph& g, const std::vector<bool>& recompute, const HardwareModel& hw,
-                         const TrainSpec& t);
+double recompute_seconds(const BlockGraph& g, const std::vector<bool>& recompute,
+                         const HardwareModel& hw, const TrainSpec& t);
 
 struct StageSeconds {
   double forward = 0, recompute = 0, backward = 0;  // per micro-batch, all blocks of the stage
@@ -69,14 +71,18 @@ struct StageSeconds {
 };
 
 struct StepTime {
-  double seconds = 0;            // one optimizer step (all micro-batches), the slowest stage's pipeline timeline
+  double seconds =
+      0;  // one optimizer step (all micro-batches), the slowest stage's pipeline timeline
   double recompute_seconds = 0;  // of which re-running forward ops (on the slowest stage)
-  double bubble_seconds = 0;     // pipeline bubble: (pp - 1) x (slowest stage's forward + backward per micro-batch,
-                                 // backward including its recompute)
-  double optimizer_seconds = 0;  // optimizer step (memory bound over this rank's optimizer + grad + weight bytes)
-  double dp_comm_seconds = 0;    // gradient all-reduce (or reduce-scatter + all-gather under ZeRO) over dp, not overlapped;
-                                 // also the TP all-reduce of SP-replicated weights' gradients
-  double model_flops = 0;        // per step, all GPUs: forward + backward FLOPs of the model (no recompute)
+  double bubble_seconds = 0;  // pipeline bubble: (pp - 1) x (slowest stage's forward + backward per
+                              // micro-batch, backward including its recompute)
+  double optimizer_seconds =
+      0;  // optimizer step (memory bound over this rank's optimizer + grad + weight bytes)
+  double dp_comm_seconds =
+      0;  // gradient all-reduce (or reduce-scatter + all-gather under ZeRO) over dp, not
+          // overlapped; also the TP all-reduce of SP-replicated weights' gradients
+  double model_flops =
+      0;  // per step, all GPUs: forward + backward FLOPs of the model (no recompute)
   double hardware_flops = 0;     // the same plus recompute FLOPs
   double mfu = 0, hfu = 0;       // model_flops / (seconds x peak x gpus), hardware_flops / (...)
   double tokens_per_second = 0;  // global batch tokens / seconds

@@ -10,27 +10,40 @@
 namespace np {
 namespace {
 
-std::vector<OverheadLine> overheads(const TrainSpec& t, const RuntimeAssumptions& rt, int64_t dynamic_peak) {
+std::vector<OverheadLine> overheads(const TrainSpec& t, const RuntimeAssumptions& rt,
+                                    int64_t dynamic_peak) {
   int comms = (t.tp > 1) + (t.dp > 1) + (t.pp > 1) + (t.ep > 1);
-  auto slack = static_cast<int64_t>(std::llround(rt.allocator_slack * static_cast<double>(dynamic_peak)));
+  auto slack =
+      static_cast<int64_t>(std::llround(rt.allocator_slack * static_cast<double>(dynamic_peak)));
   char pct[32];
   std::snprintf(pct, sizeof pct, "%.1f%%", rt.allocator_slack * 100);
   return {
-      {"CUDA context", rt.cuda_context_bytes, "context + loaded module images, assumed " + format_binary(rt.cuda_context_bytes) + " (--cuda-context)"},
-      {"cuBLAS workspace", rt.cublas_workspace_bytes, "one compute stream, " + format_binary(rt.cublas_workspace_bytes) + " (PyTorch's sm_90 default; --cublas-workspace)"},
-      {"NCCL buffers", comms * rt.nccl_bytes_per_comm, std::to_string(comms) + " communicator(s) (tp/dp/pp/ep > 1) x " + format_binary(rt.nccl_bytes_per_comm) + " (--nccl-buffers)"},
-      {"allocator slack", slack, std::string(pct) + " of the activation + transient peak for caching-allocator fragmentation (--allocator-slack)"},
+      {"CUDA context", rt.cuda_context_bytes,
+       "context + loaded module images, assumed " + format_binary(rt.cuda_context_bytes) +
+           " (--cuda-context)"},
+      {"cuBLAS workspace", rt.cublas_workspace_bytes,
+       "one compute stream, " + format_binary(rt.cublas_workspace_bytes) +
+           " (PyTorch's sm_90 default; --cublas-workspace)"},
+      {"NCCL buffers", comms * rt.nccl_bytes_per_comm,
+       std::to_string(comms) + " communicator(s) (tp/dp/pp/ep > 1) x " +
+           format_binary(rt.nccl_bytes_per_comm) + " (--nccl-buffers)"},
+      {"allocator slack", slack,
+       std::string(pct) + " of the activation + transient peak for caching-allocator fragmentation "
+                          "(--allocator-slack)"},
   };
 }
 
 std::vector<LiveTensor> live_tensors(const StageProgram& p, const SimResult& r) {
   std::vector<LiveTensor> out;
-  for (int32_t id : r.live_at_peak) out.push_back({p.tensor_name(id), p.tensors[id].bytes, p.tensors[id].category});
-  std::stable_sort(out.begin(), out.end(), [](const LiveTensor& a, const LiveTensor& b) { return a.bytes > b.bytes; });
+  for (int32_t id : r.live_at_peak)
+    out.push_back({p.tensor_name(id), p.tensors[id].bytes, p.tensors[id].category});
+  std::stable_sort(out.begin(), out.end(),
+                   [](const LiveTensor& a, const LiveTensor& b) { return a.bytes > b.bytes; });
   return out;
 }
 
-StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const RuntimeAssumptions& rt, bool explain) {
+StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const RuntimeAssumptions& rt,
+                             bool explain) {
   const TrainSpec& t = s.setup;
   SimResult r = simulate(p, {.live_set = explain});
   StageEstimate e;
@@ -41,7 +54,8 @@ StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const Run
   e.in_flight = in_flight(t.pp_schedule, p.stage, t.pp, t.microbatches);
   e.bytes = r.at_peak;
   e.allocator_peak = r.peak_bytes;
-  int64_t dynamic = r.at_peak[static_cast<int>(Category::kActivation)] + r.at_peak[static_cast<int>(Category::kTransient)];
+  int64_t dynamic = r.at_peak[static_cast<int>(Category::kActivation)] +
+                    r.at_peak[static_cast<int>(Category::kTransient)];
   e.overheads = overheads(t, rt, dynamic);
   for (const OverheadLine& o : e.overheads) e.overhead_bytes += o.bytes;
   e.peak_bytes = e.allocator_peak + e.overhead_bytes;
@@ -57,7 +71,8 @@ StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const Run
 
 }  // namespace
 
-std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t, const PeakIfFits& fits) {
+std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
+                                       const PeakIfFits& fits) {
   std::vector<Suggestion> out;
   auto try_setup = [&](TrainSpec c, std::string change, std::string note) {
     if (validate_setup(m, c)) return false;
@@ -71,14 +86,21 @@ std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t, c
     c.pp = pp;
     if (c.pp_schedule == PpSchedule::k1F1B) c.microbatches = std::max(c.microbatches, pp - 1);
     c.zero = std::min(c.zero, 1);
-    if (try_setup(c, "--pp " + std::to_string(pp), std::to_string(pp * t.tp * t.dp) + " GPUs (pp x " + std::to_string(pp / t.pp) + ")")) break;
+    if (try_setup(
+            c, "--pp " + std::to_string(pp),
+            std::to_string(pp * t.tp * t.dp) + " GPUs (pp x " + std::to_string(pp / t.pp) + ")"))
+      break;
   }
   for (int64_t dp = t.dp * 2; dp <= 4096; dp *= 2) {
     TrainSpec c = t;
     c.dp = dp;
     c.zero = std::max(c.zero, 1);
-    std::string change = (t.zero == c.zero ? "" : "--zero 1 ") + std::string("--dp ") + std::to_string(dp);
-    if (try_setup(c, change, "optimizer states sharded over dp " + std::to_string(dp) + "; global batch x " + std::to_string(dp / t.dp))) break;
+    std::string change =
+        (t.zero == c.zero ? "" : "--zero 1 ") + std::string("--dp ") + std::to_string(dp);
+    if (try_setup(c, change,
+                  "optimizer states sharded over dp " + std::to_string(dp) + "; global batch x " +
+                      std::to_string(dp / t.dp)))
+      break;
   }
   if (t.recompute != Recompute::kFull && t.recompute != Recompute::kAuto) {
     TrainSpec c = t;
@@ -89,19 +111,23 @@ std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t, c
     TrainSpec c = t;
     c.micro_batch = mbs;
     c.microbatches = t.microbatches * (t.micro_batch / mbs);
-    if (try_setup(c, "--micro-batch " + std::to_string(mbs), "--microbatches " + std::to_string(c.microbatches) + " keeps the global batch")) break;
+    if (try_setup(c, "--micro-batch " + std::to_string(mbs),
+                  "--microbatches " + std::to_string(c.microbatches) + " keeps the global batch"))
+      break;
   }
   return out;
 }
 
-Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt, const EstimateOptions& options) {
+Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt,
+                           const EstimateOptions& options) {
   Estimate e;
   e.model = s.model;
   e.parameters = count_parameters(s.model);
   e.setup = s.setup;
   e.runtime = rt;
   e.budget = options.budget;
-  for (const StageProgram& p : s.stages) e.stages.push_back(estimate_stage(s, p, rt, options.explain_peak));
+  for (const StageProgram& p : s.stages)
+    e.stages.push_back(estimate_stage(s, p, rt, options.explain_peak));
   for (const StageEstimate& st : e.stages)
     if (st.peak_bytes > e.peak_bytes) {
       e.peak_bytes = st.peak_bytes;
@@ -110,14 +136,17 @@ Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt, cons
     }
   e.fits = !options.budget || e.peak_bytes <= *options.budget;
   if (!e.fits && options.suggestions)
-    e.suggestions = nearest_setups(s.model, s.setup, [&](const TrainSpec& c) -> std::optional<int64_t> {
-      Estimate near = estimate(s.model, c, rt, {.budget = options.budget, .suggestions = false});
-      return near.fits ? std::optional<int64_t>(near.peak_bytes) : std::nullopt;
-    });
+    e.suggestions =
+        nearest_setups(s.model, s.setup, [&](const TrainSpec& c) -> std::optional<int64_t> {
+          Estimate near =
+              estimate(s.model, c, rt, {.budget = options.budget, .suggestions = false});
+          return near.fits ? std::optional<int64_t>(near.peak_bytes) : std::nullopt;
+        });
   return e;
 }
 
-Estimate estimate(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt, const EstimateOptions& options) {
+Estimate estimate(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                  const EstimateOptions& options) {
   Schedule s = build_schedule(m, simulation_setup(t));  // same peaks, fewer micro-batches to replay
   s.setup = t;
   return estimate_schedule(s, rt, options);

@@ -34,15 +34,15 @@ struct LiveTensor {
 
 struct StageEstimate {
   int stage = 0;
-  int64_t first_rank = 0;   // global rank of the stage's first TP rank (order: pp, dp, tp)
+  int64_t first_rank = 0;  // global rank of the stage's first TP rank (order: pp, dp, tp)
   int first_layer = 0, num_layers = 0;
-  int64_t in_flight = 0;    // micro-batches whose activations are alive at once
+  int64_t in_flight = 0;                     // micro-batches whose activations are alive at once
   std::array<int64_t, kCategories> bytes{};  // by category, at the stage's peak
   int64_t allocator_peak = 0;                // sum of bytes
   std::vector<OverheadLine> overheads;
   int64_t overhead_bytes = 0;
-  int64_t peak_bytes = 0;   // allocator_peak + overhead_bytes
-  std::string peak_at;      // the instruction at the peak
+  int64_t peak_bytes = 0;  // allocator_peak + overhead_bytes
+  std::string peak_at;     // the instruction at the peak
   std::vector<LayerSaved> layers;
   int64_t embedding_saved = 0, head_saved = 0;  // per micro-batch
   std::vector<LiveTensor> live_at_peak;         // with EstimateOptions::explain_peak
@@ -78,12 +78,14 @@ struct EstimateOptions {
 // The nearest setups that fit, one per family (more pp, ZeRO-1 over more dp, full recompute, a
 // smaller micro-batch), each found by asking `fits` (a peak when it fits).
 using PeakIfFits = std::function<std::optional<int64_t>(const TrainSpec&)>;
-std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t, const PeakIfFits& fits);
+std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
+                                       const PeakIfFits& fits);
 
 // The setup must already be valid (validate_setup).
 Estimate estimate(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
                   const EstimateOptions& options);
 // Estimates an already built schedule (the one code path behind `estimate` and `plan`).
-Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt, const EstimateOptions& options);
+Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt,
+                           const EstimateOptions& options);
 
 }  // namespace np

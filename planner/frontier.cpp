@@ -3,12 +3,11 @@
 // the schedule orders them (tests compare it with the schedule's simulation).
 #include "planner/frontier.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "planner/mincut.hpp"
-
-#include <algorithm>
-#include <functional>
 
 namespace np {
 namespace {
@@ -20,7 +19,11 @@ namespace {
 class OptionEvaluator {
  public:
   OptionEvaluator(const BlockGraph& g, const std::vector<double>& op_cost)
-      : g_(g), cost_(op_cost), n_(static_cast<int>(g.tensors.size())), runs_(backward_runs(g)), needed_(backward_reads(g)) {
+      : g_(g),
+        cost_(op_cost),
+        n_(static_cast<int>(g.tensors.size())),
+        runs_(backward_runs(g)),
+        needed_(backward_reads(g)) {
     for (const GraphOp& op : g.ops) {
       std::vector<TensorType> in;
       for (int t : op.inputs) in.push_back(g.tensors[t].type);
@@ -31,7 +34,8 @@ class OptionEvaluator {
       fwd_ws_.push_back(f), bwd_ws_.push_back(b);
     }
     bytes_.resize(3 * n_);
-    for (int t = 0; t < n_; ++t) bytes_[t] = bytes_[n_ + t] = bytes_[2 * n_ + t] = g.tensors[t].type.bytes();
+    for (int t = 0; t < n_; ++t)
+      bytes_[t] = bytes_[n_ + t] = bytes_[2 * n_ + t] = g.tensors[t].type.bytes();
   }
 
   LayerOption evaluate(const std::vector<bool>& rec) {
@@ -50,13 +54,15 @@ class OptionEvaluator {
     }
     // Pass 1: birth and last use of every slot; pass 2: bytes live at each event.
     born_.assign(3 * n_, -1), last_.assign(3 * n_, -1);
-    int events = walk(rec, [&](int i, int s) { born_[s] = i, last_[s] = std::max(last_[s], i); },
-                      [&](int i, int s) { last_[s] = i; }, [](int, int64_t) {});
+    int events = walk(
+        rec, [&](int i, int s) { born_[s] = i, last_[s] = std::max(last_[s], i); },
+        [&](int i, int s) { last_[s] = i; }, [](int, int64_t) {});
     free_at_.assign(events, 0), alloc_at_.assign(events, 0);
     for (int s = 0; s < 3 * n_; ++s)
       if (born_[s] >= 0) free_at_[last_[s]] += bytes_[s];
-    walk(rec, [&](int i, int s) { alloc_at_[i] += bytes_[s]; }, [](int, int) {},
-         [&](int i, int64_t ws) { alloc_at_[i] += ws, free_at_[i] += ws; });
+    walk(
+        rec, [&](int i, int s) { alloc_at_[i] += bytes_[s]; }, [](int, int) {},
+        [&](int i, int64_t ws) { alloc_at_[i] += ws, free_at_[i] += ws; });
     int64_t live = 0, peak = 0;
     for (int i = 0; i < events; ++i) {
       live += alloc_at_[i];
@@ -100,7 +106,8 @@ class OptionEvaluator {
       const OpInfo& info = op_info(op.kind);
       ++i;
       for (size_t j = 0; j < op.outputs.size(); ++j) {
-        if ((info.grad_outputs >> j & 1u) && has_grad_[op.outputs[j]]) use(i, 2 * n_ + op.outputs[j]);
+        if ((info.grad_outputs >> j & 1u) && has_grad_[op.outputs[j]])
+          use(i, 2 * n_ + op.outputs[j]);
         if (info.bwd_reads_outputs >> j & 1u) use(i, value(op.outputs[j]));
       }
       for (size_t k = 0; k < op.inputs.size(); ++k)
@@ -131,11 +138,13 @@ class OptionEvaluator {
 
 }  // namespace
 
-LayerOption evaluate_option(const BlockGraph& g, const std::vector<bool>& rec, const std::vector<double>& op_cost) {
+LayerOption evaluate_option(const BlockGraph& g, const std::vector<bool>& rec,
+                            const std::vector<double>& op_cost) {
   return OptionEvaluator(g, op_cost).evaluate(rec);
 }
 
-std::vector<LayerOption> enumerate_options(const BlockGraph& g, const std::vector<double>& op_cost) {
+std::vector<LayerOption> enumerate_options(const BlockGraph& g,
+                                           const std::vector<double>& op_cost) {
   const int n_ops = static_cast<int>(g.ops.size());
   const std::vector<bool> needed = backward_reads(g);
   std::vector<int> read_by_rec(g.tensors.size(), 0);
@@ -161,7 +170,8 @@ std::vector<LayerOption> enumerate_options(const BlockGraph& g, const std::vecto
   return out;
 }
 
-std::vector<LayerOption> enumerate_all_subsets(const BlockGraph& g, const std::vector<double>& op_cost) {
+std::vector<LayerOption> enumerate_all_subsets(const BlockGraph& g,
+                                               const std::vector<double>& op_cost) {
   const size_t n_ops = g.ops.size();
   std::vector<LayerOption> out;
   OptionEvaluator eval(g, op_cost);
@@ -210,7 +220,8 @@ std::vector<bool> named_mask(const BlockGraph& g, Recompute r, bool regather) {
   return named_policy(g, t).recompute;
 }
 
-LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t, const std::vector<double>& op_cost) {
+LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t,
+                             const std::vector<double>& op_cost) {
   LayerFrontier lf;
   std::vector<LayerOption> all = enumerate_options(g, op_cost);
   if (!t.tp_recompute_allgather)  // --tp-recompute-allgather false: never gather again in backward
@@ -224,22 +235,31 @@ LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t, const std:
   lf.on_hull.assign(lf.options.size(), false);
   for (const LayerOption& v : min_cut_hull(g, op_cost))
     for (size_t i = 0; i < lf.options.size(); ++i)
-      if (lf.options[i].kept_bytes == v.kept_bytes && std::abs(lf.options[i].cost - v.cost) <= 1e-12 * std::max(1.0, v.cost))
+      if (lf.options[i].kept_bytes == v.kept_bytes &&
+          std::abs(lf.options[i].cost - v.cost) <= 1e-12 * std::max(1.0, v.cost))
         lf.on_hull[i] = true;
-  struct Named { const char* name; Recompute r; bool regather; };
-  std::vector<Named> named = {{"none", Recompute::kNone, false}, {"selective", Recompute::kSelective, false},
+  struct Named {
+    const char* name;
+    Recompute r;
+    bool regather;
+  };
+  std::vector<Named> named = {{"none", Recompute::kNone, false},
+                              {"selective", Recompute::kSelective, false},
                               {"full (nanotron recompute_layer)", Recompute::kFull, false}};
   if (t.sp && t.tp_recompute_allgather) {
     named.insert(named.begin() + 1, {"none + tp_recompute_allgather", Recompute::kNone, true});
-    named.insert(named.begin() + 3, {"selective + tp_recompute_allgather", Recompute::kSelective, true});
+    named.insert(named.begin() + 3,
+                 {"selective + tp_recompute_allgather", Recompute::kSelective, true});
   }
   for (const Named& nm : named) {
     NamedPoint p{nm.name, evaluate_option(g, named_mask(g, nm.r, nm.regather), op_cost)};
     for (size_t i = 0; i < lf.options.size(); ++i) {
       const LayerOption& f = lf.options[i];
-      bool equal = f.kept_bytes == p.option.kept_bytes && f.working_bytes == p.option.working_bytes && f.cost == p.option.cost;
+      bool equal = f.kept_bytes == p.option.kept_bytes &&
+                   f.working_bytes == p.option.working_bytes && f.cost == p.option.cost;
       if (equal && p.on_frontier < 0) p.on_frontier = static_cast<int>(i);
-      if (!equal && dominates(f, p.option) && p.dominated_by < 0) p.dominated_by = static_cast<int>(i);
+      if (!equal && dominates(f, p.option) && p.dominated_by < 0)
+        p.dominated_by = static_cast<int>(i);
     }
     lf.named.push_back(std::move(p));
   }

@@ -76,8 +76,10 @@ class Builder {
     if (!t_.sp) return x;
     return op1(OpKind::kAllGather, name + ".all_gather", {.group = t_.tp}, {x});
   }
-  int column(int x, const std::string& name, int64_t features, bool bias, std::vector<int64_t> sections = {}) {
-    int y = op1(OpKind::kColumnLinear, name, {.features = features, .bias = bias, .sections = std::move(sections)}, {x});
+  int column(int x, const std::string& name, int64_t features, bool bias,
+             std::vector<int64_t> sections = {}) {
+    int y = op1(OpKind::kColumnLinear, name,
+                {.features = features, .bias = bias, .sections = std::move(sections)}, {x});
     if (t_.tp > 1 && !t_.sp) last().bwd_collective = "all_reduce";
     return y;
   }
@@ -120,14 +122,21 @@ class Builder {
   // The collectives of an op, forward and backward (the TP ones are conjugate pairs).
   void set_collectives(GraphOp& o) const {
     switch (o.kind) {
-      case OpKind::kAllGather: o.fwd_collective = "all_gather", o.bwd_collective = "reduce_scatter"; break;
-      case OpKind::kReduceScatter: o.fwd_collective = "reduce_scatter", o.bwd_collective = "all_gather"; break;
-      case OpKind::kAllReduce: o.fwd_collective = "all_reduce"; break;
+      case OpKind::kAllGather:
+        o.fwd_collective = "all_gather", o.bwd_collective = "reduce_scatter";
+        break;
+      case OpKind::kReduceScatter:
+        o.fwd_collective = "reduce_scatter", o.bwd_collective = "all_gather";
+        break;
+      case OpKind::kAllReduce:
+        o.fwd_collective = "all_reduce";
+        break;
       case OpKind::kMoeDispatch:
       case OpKind::kMoeCombine:
         if (t_.ep > 1) o.fwd_collective = o.bwd_collective = "all_to_all";
         break;
-      default: break;
+      default:
+        break;
     }
   }
 
@@ -139,9 +148,11 @@ class Builder {
 int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   int64_t hq = m.heads / t.tp, hkv = m.kv_heads / t.tp, d = m.head_dim;
   int n = b.norm(x, "attn.norm");
-  int qkv = b.column(b.gather(n, "attn"), "attn.qkv", (hq + 2 * hkv) * d, m.qkv_bias, {hq * d, hkv * d, hkv * d});
+  int qkv = b.column(b.gather(n, "attn"), "attn.qkv", (hq + 2 * hkv) * d, m.qkv_bias,
+                     {hq * d, hkv * d, hkv * d});
   if (m.position == PosEmb::kRope) qkv = b.op1(OpKind::kRope, "attn.rope", {}, {qkv});
-  OpAttrs core{.batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
+  OpAttrs core{
+      .batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
   int ctx;
   if (t.attention == AttentionImpl::kFlash) {
     ctx = b.op(OpKind::kFlashAttention, "attn.core", core, {qkv}, {"out", "lse"})[0];
@@ -154,7 +165,8 @@ int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
     if (pd != p) b.last().attention_core = true;
     ctx = b.op1(OpKind::kAttnContext, "attn.context", core, {pd, qkv});
   }
-  int o = b.op1(OpKind::kRowLinear, "attn.out", {.features = m.hidden, .bias = m.linear_bias}, {ctx});
+  int o =
+      b.op1(OpKind::kRowLinear, "attn.out", {.features = m.hidden, .bias = m.linear_bias}, {ctx});
   o = b.dropout(b.reduce(o, "attn"), "attn.dropout");
   return b.op1(OpKind::kAdd, "attn.residual", {}, {x, o});
 }
@@ -163,13 +175,16 @@ int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
 int dense_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int x, const std::string& name,
               int64_t ffn) {
   if (m.activation == Activation::kSwiGlu) {
-    int gu = b.column(x, name + ".gate_up", 2 * ffn / t.tp, m.linear_bias, {ffn / t.tp, ffn / t.tp});
+    int gu =
+        b.column(x, name + ".gate_up", 2 * ffn / t.tp, m.linear_bias, {ffn / t.tp, ffn / t.tp});
     int a = b.op1(OpKind::kSwiGlu, name + ".swiglu", {}, {gu});
-    return b.op1(OpKind::kRowLinear, name + ".down", {.features = m.hidden, .bias = m.linear_bias}, {a});
+    return b.op1(OpKind::kRowLinear, name + ".down", {.features = m.hidden, .bias = m.linear_bias},
+                 {a});
   }
   int f1 = b.column(x, name + ".fc1", ffn / t.tp, m.linear_bias);
   int a = b.op1(OpKind::kGelu, name + ".gelu", {}, {f1});
-  return b.op1(OpKind::kRowLinear, name + ".fc2", {.features = m.hidden, .bias = m.linear_bias}, {a});
+  return b.op1(OpKind::kRowLinear, name + ".fc2", {.features = m.hidden, .bias = m.linear_bias},
+               {a});
 }
 
 // MoE under TP requires SP (as Megatron): the router sees this rank's sequence shard, and the
@@ -180,8 +195,11 @@ int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int shard) {
   auto routed = b.op(OpKind::kTopK, "moe.topk", {.top_k = e.top_k}, {logits}, {"probs", "indices"});
   int x = b.gather(shard, "moe");
   int probs = b.gather(routed[0], "moe.probs"), idx = b.gather(routed[1], "moe.indices");
-  OpAttrs experts{.features = 2 * e.expert_ffn / t.tp, .group = t.ep, .experts = e.num_experts / t.ep,
-                  .top_k = e.top_k, .sections = {e.expert_ffn / t.tp, e.expert_ffn / t.tp}};
+  OpAttrs experts{.features = 2 * e.expert_ffn / t.tp,
+                  .group = t.ep,
+                  .experts = e.num_experts / t.ep,
+                  .top_k = e.top_k,
+                  .sections = {e.expert_ffn / t.tp, e.expert_ffn / t.tp}};
   int xe = b.op1(OpKind::kMoeDispatch, "moe.dispatch", experts, {x, idx});
   int gu = b.op1(OpKind::kExpertColumn, "moe.experts.gate_up", experts, {xe, idx});
   b.last().expert_weights = true;
@@ -212,10 +230,12 @@ BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t) {
 BlockGraph build_embedding(const ModelSpec& m, const TrainSpec& t) {
   Builder b(BlockKind::kEmbedding, m, t);
   int ids = b.input("input_ids", {{b.tokens()}, Dtype::kI64});
-  int e = b.op1(OpKind::kEmbedding, "embed.tokens", {.features = m.hidden, .rows = m.vocab / t.tp, .tie = "embedding"}, {ids});
+  int e = b.op1(OpKind::kEmbedding, "embed.tokens",
+                {.features = m.hidden, .rows = m.vocab / t.tp, .tie = "embedding"}, {ids});
   e = b.reduce(e, "embed");
   if (m.position == PosEmb::kLearned)
-    e = b.op1(OpKind::kPosEmbedding, "embed.positions", {.features = m.hidden, .rows = m.max_positions}, {e});
+    e = b.op1(OpKind::kPosEmbedding, "embed.positions",
+              {.features = m.hidden, .rows = m.max_positions}, {e});
   return b.finish(-1, b.dropout(e, "embed.dropout"));
 }
 
@@ -236,7 +256,9 @@ std::optional<Error> check_graph(const BlockGraph& g) {
   for (size_t i = 0; i < g.ops.size(); ++i)
     for (int t : g.ops[i].inputs) {
       int p = g.tensors.at(t).producer;
-      if (p >= static_cast<int>(i)) return make_error("graph: op " + g.ops[i].name + " reads " + g.tensors[t].name + " before it is produced");
+      if (p >= static_cast<int>(i))
+        return make_error("graph: op " + g.ops[i].name + " reads " + g.tensors[t].name +
+                          " before it is produced");
       if (p >= 0) boost::add_edge(p, i, dag);
     }
   std::vector<Dag::vertex_descriptor> order;
@@ -248,10 +270,12 @@ std::optional<Error> check_graph(const BlockGraph& g) {
   for (size_t i = 0; i < g.ops.size(); ++i) {
     const GraphOp& op = g.ops[i];
     const OpInfo& info = op_info(op.kind);
-    if (static_cast<int>(op.inputs.size()) != info.num_inputs || static_cast<int>(op.outputs.size()) != info.num_outputs)
+    if (static_cast<int>(op.inputs.size()) != info.num_inputs ||
+        static_cast<int>(op.outputs.size()) != info.num_outputs)
       return make_error("graph: op " + op.name + " has the wrong number of inputs or outputs");
     for (int t : op.outputs)
-      if (g.tensors.at(t).producer != static_cast<int>(i)) return make_error("graph: tensor " + g.tensors[t].name + " has two producers");
+      if (g.tensors.at(t).producer != static_cast<int>(i))
+        return make_error("graph: tensor " + g.tensors[t].name + " has two producers");
   }
   return std::nullopt;
 }

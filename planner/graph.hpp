@@ -23,27 +23,29 @@ struct GraphTensor {
 
 struct GraphOp {
   OpKind kind;
-  std::string name;            // e.g. "attn.qkv"
+  std::string name;  // e.g. "attn.qkv"
   OpAttrs attrs;
-  std::vector<int> inputs;     // tensor indices
-  std::vector<int> outputs;    // tensor indices
+  std::vector<int> inputs;   // tensor indices
+  std::vector<int> outputs;  // tensor indices
   std::vector<WeightShape> weights;
   bool expert_weights = false;  // weights sharded over ep instead of replicated over dp
   bool attention_core = false;  // Megatron's selective recompute re-runs these ops
-  std::string fwd_collective;   // collective this op runs in forward ("all_gather", "all_to_all", ...)
-  std::string bwd_collective;   // collective in its backward ("reduce_scatter", "all_reduce" for TP's f)
+  std::string
+      fwd_collective;  // collective this op runs in forward ("all_gather", "all_to_all", ...)
+  std::string
+      bwd_collective;  // collective in its backward ("reduce_scatter", "all_reduce" for TP's f)
   bool tp_partial_weight_grads = false;  // replicated weights: all-reduce their grads over TP
-  double flops = 0;             // forward
+  double flops = 0;                      // forward
   double bwd_flops = 0;
 };
 
 struct BlockGraph {
   BlockKind kind = BlockKind::kLayer;
   std::vector<GraphTensor> tensors;
-  std::vector<GraphOp> ops;      // topological order
-  std::vector<int> inputs;       // block inputs (hidden states, token ids, targets)
-  int hidden_in = -1;            // residual stream entering the block (-1: none)
-  int hidden_out = -1;           // residual stream leaving the block (-1: none)
+  std::vector<GraphOp> ops;  // topological order
+  std::vector<int> inputs;   // block inputs (hidden states, token ids, targets)
+  int hidden_in = -1;        // residual stream entering the block (-1: none)
+  int hidden_out = -1;       // residual stream leaving the block (-1: none)
 
   int64_t weight_elements(bool expert) const;
   double forward_flops() const;

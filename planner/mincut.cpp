@@ -22,10 +22,12 @@ using FlowGraph = boost::adjacency_list<
     boost::property<boost::vertex_index_t, long,
                     boost::property<boost::vertex_color_t, boost::default_color_type,
                                     boost::property<boost::vertex_distance_t, long,
-                                                    boost::property<boost::vertex_predecessor_t, Traits::edge_descriptor>>>>,
-    boost::property<boost::edge_capacity_t, double,
-                    boost::property<boost::edge_residual_capacity_t, double,
-                                    boost::property<boost::edge_reverse_t, Traits::edge_descriptor>>>>;
+                                                    boost::property<boost::vertex_predecessor_t,
+                                                                    Traits::edge_descriptor>>>>,
+    boost::property<
+        boost::edge_capacity_t, double,
+        boost::property<boost::edge_residual_capacity_t, double,
+                        boost::property<boost::edge_reverse_t, Traits::edge_descriptor>>>>;
 
 constexpr double kInfinite = 1e30;
 
@@ -39,7 +41,8 @@ void add_edge(FlowGraph& fg, int u, int v, double cap) {
 
 }  // namespace
 
-std::vector<bool> min_cut_mask(const BlockGraph& g, const std::vector<double>& op_cost, double lambda) {
+std::vector<bool> min_cut_mask(const BlockGraph& g, const std::vector<double>& op_cost,
+                               double lambda) {
   const int n_ops = static_cast<int>(g.ops.size()), n_t = static_cast<int>(g.tensors.size());
   const int source = n_ops + n_t, sink = source + 1;
   FlowGraph fg(sink + 1);
@@ -66,7 +69,8 @@ std::vector<bool> min_cut_mask(const BlockGraph& g, const std::vector<double>& o
     q.pop();
     for (auto [e, end] = boost::out_edges(u, fg); e != end; ++e) {
       int v = static_cast<int>(boost::target(*e, fg));
-      if (!seen[v] && res[*e] > 1e-12 * std::max(1.0, boost::get(boost::edge_capacity, fg)[*e])) seen[v] = true, q.push(v);
+      if (!seen[v] && res[*e] > 1e-12 * std::max(1.0, boost::get(boost::edge_capacity, fg)[*e]))
+        seen[v] = true, q.push(v);
     }
   }
   std::vector<bool> mask(n_ops);
@@ -75,7 +79,9 @@ std::vector<bool> min_cut_mask(const BlockGraph& g, const std::vector<double>& o
 }
 
 std::vector<LayerOption> min_cut_hull(const BlockGraph& g, const std::vector<double>& op_cost) {
-  auto solve = [&](double lambda) { return evaluate_option(g, min_cut_mask(g, op_cost, lambda), op_cost); };
+  auto solve = [&](double lambda) {
+    return evaluate_option(g, min_cut_mask(g, op_cost, lambda), op_cost);
+  };
   // Endpoints: the cheapest mask keeping the least among the cheapest (lambda tiny), and the mask
   // keeping the least (lambda huge).
   double total = 1;
@@ -97,7 +103,8 @@ std::vector<LayerOption> min_cut_hull(const BlockGraph& g, const std::vector<dou
     LayerOption m = solve(lambda);
     double on_line = a.cost + lambda * static_cast<double>(a.kept_bytes);
     double value = m.cost + lambda * static_cast<double>(m.kept_bytes);
-    if (value < on_line * (1 - 1e-9) - 1e-15 && m.kept_bytes < a.kept_bytes && m.kept_bytes > b.kept_bytes) {
+    if (value < on_line * (1 - 1e-9) - 1e-15 && m.kept_bytes < a.kept_bytes &&
+        m.kept_bytes > b.kept_bytes) {
       found.push_back(m);
       todo.push_back({a, m});
       todo.push_back({m, b});
@@ -105,7 +112,8 @@ std::vector<LayerOption> min_cut_hull(const BlockGraph& g, const std::vector<dou
   }
   hull.insert(hull.end(), found.begin(), found.end());
   if (right.kept_bytes != left.kept_bytes) hull.push_back(right);
-  std::sort(hull.begin(), hull.end(), [](const LayerOption& x, const LayerOption& y) { return x.kept_bytes > y.kept_bytes; });
+  std::sort(hull.begin(), hull.end(),
+            [](const LayerOption& x, const LayerOption& y) { return x.kept_bytes > y.kept_bytes; });
   return hull;
 }
 

@@ -10,7 +10,8 @@
 namespace np {
 
 // The mask minimising cost + lambda x kept bytes (lambda in cost units per byte).
-std::vector<bool> min_cut_mask(const BlockGraph& g, const std::vector<double>& op_cost, double lambda);
+std::vector<bool> min_cut_mask(const BlockGraph& g, const std::vector<double>& op_cost,
+                               double lambda);
 
 // The vertices of the lower convex hull of (kept bytes, cost) over all masks, kept descending.
 std::vector<LayerOption> min_cut_hull(const BlockGraph& g, const std::vector<double>& op_cost);

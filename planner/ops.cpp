@@ -25,142 +25,199 @@ using Weights = std::vector<WeightShape>;
 
 constexpr Dtype kAct = Dtype::kBf16;  // activations are stored in bf16
 
-int64_t rows_of(const TensorType& t) { return t.shape.at(0); }
-int64_t cols_of(const TensorType& t) { return t.shape.at(1); }
+int64_t rows_of(const TensorType& t) {
+  return t.shape.at(0);
+}
+int64_t cols_of(const TensorType& t) {
+  return t.shape.at(1);
+}
 
-Types same(const OpAttrs&, In in) { return {in[0]}; }
-Types none_types(const OpAttrs&, In) { return {}; }
-double zero_flops(const OpAttrs&, In) { return 0; }
-double elementwise(const OpAttrs&, In in) { return static_cast<double>(in[0].elements()); }
-double norm_flops(const OpAttrs&, In in) { return 5.0 * in[0].elements(); }
-Weights no_weights(const OpAttrs&, In) { return {}; }
+Types same(const OpAttrs&, In in) {
+  return {in[0]};
+}
+Types none_types(const OpAttrs&, In) {
+  return {};
+}
+double zero_flops(const OpAttrs&, In) {
+  return 0;
+}
+double elementwise(const OpAttrs&, In in) {
+  return static_cast<double>(in[0].elements());
+}
+double norm_flops(const OpAttrs&, In in) {
+  return 5.0 * in[0].elements();
+}
+Weights no_weights(const OpAttrs&, In) {
+  return {};
+}
 
 Weights linear_weights(const OpAttrs& a, In in) {
   Weights w{{"weight", {a.features, cols_of(in[0])}}};
   if (a.bias) w.push_back({"bias", {a.features}});
   return w;
 }
-Types linear_out(const OpAttrs& a, In in) { return {{{rows_of(in[0]), a.features}, kAct}}; }
+Types linear_out(const OpAttrs& a, In in) {
+  return {{{rows_of(in[0]), a.features}, kAct}};
+}
 double linear_flops(const OpAttrs& a, In in) {
   return 2.0 * rows_of(in[0]) * cols_of(in[0]) * a.features;
 }
 
-Types attn_ctx(const OpAttrs& a, In in) { return {{{rows_of(in.back()), a.heads * a.head_dim}, kAct}}; }
-double attn_matmul(const OpAttrs& a, In) { return 2.0 * a.batch * a.seq * a.seq * a.heads * a.head_dim; }
-TensorType scores_type(const OpAttrs& a) { return {{a.batch, a.heads, a.seq, a.seq}, kAct}; }
+Types attn_ctx(const OpAttrs& a, In in) {
+  return {{{rows_of(in.back()), a.heads * a.head_dim}, kAct}};
+}
+double attn_matmul(const OpAttrs& a, In) {
+  return 2.0 * a.batch * a.seq * a.seq * a.heads * a.head_dim;
+}
+TensorType scores_type(const OpAttrs& a) {
+  return {{a.batch, a.heads, a.seq, a.seq}, kAct};
+}
 
-const OpInfo kOps[] = {
-    {OpKind::kEmbedding, "embedding", 1, 1, 0b1, 0, 0, 0b1, false,
-     [](const OpAttrs& a, In in) -> Types { return {{{rows_of(in[0]), a.features}, kAct}}; },
-     zero_flops,
-     [](const OpAttrs& a, In) -> Weights { return {{"weight", {a.rows, a.features}}}; },
-     none_types},
-    {OpKind::kPosEmbedding, "pos_embedding", 1, 1, 0, 0, 0b1, 0b1, false, same, elementwise,
-     [](const OpAttrs& a, In) -> Weights { return {{"weight", {a.rows, a.features}}}; },
-     none_types},
-    {OpKind::kRmsNorm, "rmsnorm", 1, 1, 0b1, 0, 0b1, 0b1, false, same, norm_flops,
-     [](const OpAttrs&, In in) -> Weights { return {{"weight", {cols_of(in[0])}}}; }, none_types},
-    {OpKind::kLayerNorm, "layernorm", 1, 1, 0b1, 0, 0b1, 0b1, false, same, norm_flops,
-     [](const OpAttrs&, In in) -> Weights {
-       return {{"weight", {cols_of(in[0])}}, {"bias", {cols_of(in[0])}}};
-     },
-     none_types},
-    {OpKind::kAllGather, "all_gather", 1, 1, 0, 0, 0b1, 0b1, true,
-     [](const OpAttrs& a, In in) -> Types {
-       return {{{rows_of(in[0]) * a.group, cols_of(in[0])}, in[0].dtype}};
-     },
-     zero_flops, no_weights, none_types},
-    {OpKind::kReduceScatter, "reduce_scatter", 1, 1, 0, 0, 0b1, 0b1, true,
-     [](const OpAttrs& a, In in) -> Types {
-       return {{{rows_of(in[0]) / a.group, cols_of(in[0])}, in[0].dtype}};
-     },
-     elementwise, no_weights, none_types},
-    {OpKind::kAllReduce, "all_reduce", 1, 1, 0, 0, 0b1, 0b1, true, same, elementwise, no_weights,
-     none_types},
-    {OpKind::kColumnLinear, "column_linear", 1, 1, 0b1, 0, 0b1, 0b1, false, linear_out,
-     linear_flops, linear_weights, none_types},
-    {OpKind::kRowLinear, "row_linear", 1, 1, 0b1, 0, 0b1, 0b1, false, linear_out, linear_flops,
-     linear_weights, none_types},
-    {OpKind::kRope, "rope", 1, 1, 0, 0, 0b1, 0b1, false, same, elementwise, no_weights, none_types},
-    {OpKind::kFlashAttention, "flash_attention", 1, 2, 0b1, 0b11, 0b1, 0b01, false,
-     [](const OpAttrs& a, In in) -> Types {
-       return {attn_ctx(a, in)[0], {{a.batch, a.heads, a.seq}, Dtype::kFp32}};
-     },
-     [](const OpAttrs& a, In in) { return 2.0 * attn_matmul(a, in); }, no_weights,
-     // FlashAttention-2 backward: fp32 dQ accumulator and the fp32 rowsum(dO * O).
-     [](const OpAttrs& a, In in) -> Types {
-       return {{{rows_of(in[0]), a.heads * a.head_dim}, Dtype::kFp32},
-               {{a.batch, a.heads, a.seq}, Dtype::kFp32}};
-     }},
-    {OpKind::kAttnScores, "attn_scores", 1, 1, 0b1, 0, 0b1, 0b1, false,
-     [](const OpAttrs& a, In) -> Types { return {scores_type(a)}; }, attn_matmul, no_weights,
-     none_types},
-    {OpKind::kSoftmax, "softmax", 1, 1, 0, 0b1, 0b1, 0b1, false, same,
-     [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights, none_types},
-    {OpKind::kAttnContext, "attn_context", 2, 1, 0b11, 0, 0b11, 0b1, false, attn_ctx, attn_matmul,
-     no_weights, none_types},
-    {OpKind::kDropout, "dropout", 1, 2, 0, 0b10, 0b1, 0b01, false,
-     [](const OpAttrs&, In in) -> Types { return {in[0], {in[0].shape, Dtype::kU8}}; },
-     elementwise, no_weights, none_types},
-    {OpKind::kSwiGlu, "swiglu", 1, 1, 0b1, 0, 0b1, 0b1, false,
-     [](const OpAttrs&, In in) -> Types { return {{{rows_of(in[0]), cols_of(in[0]) / 2}, kAct}}; },
-     [](const OpAttrs&, In in) { return 4.0 * in[0].elements(); }, no_weights, none_types},
-    {OpKind::kGelu, "gelu", 1, 1, 0b1, 0, 0b1, 0b1, false, same,
-     [](const OpAttrs&, In in) { return 8.0 * in[0].elements(); }, no_weights, none_types},
-    {OpKind::kAdd, "add", 2, 1, 0, 0, 0b11, 0b1, false, same, elementwise, no_weights, none_types},
-    {OpKind::kRouter, "router", 1, 1, 0b1, 0, 0b1, 0b1, false,
-     [](const OpAttrs& a, In in) -> Types { return {{{rows_of(in[0]), a.features}, Dtype::kFp32}}; },
-     linear_flops, linear_weights, none_types},
-    {OpKind::kTopK, "topk", 1, 2, 0, 0b11, 0b1, 0b01, false,
-     [](const OpAttrs& a, In in) -> Types {
-       return {{{rows_of(in[0]), a.top_k}, Dtype::kFp32}, {{rows_of(in[0]), a.top_k}, Dtype::kI64}};
-     },
-     elementwise, no_weights, none_types},
-    {OpKind::kMoeDispatch, "moe_dispatch", 2, 1, 0b10, 0, 0b01, 0b1, true,
-     [](const OpAttrs& a, In in) -> Types {
-       return {{{rows_of(in[0]) * a.top_k, cols_of(in[0])}, kAct}};
-     },
-     zero_flops, no_weights, none_types},
-    {OpKind::kExpertColumn, "expert_column", 2, 1, 0b11, 0, 0b01, 0b1, false, linear_out,
-     linear_flops,
-     [](const OpAttrs& a, In in) -> Weights { return {{"weight", {a.experts, a.features, cols_of(in[0])}}}; },
-     none_types},
-    {OpKind::kExpertRow, "expert_row", 2, 1, 0b11, 0, 0b01, 0b1, false, linear_out, linear_flops,
-     [](const OpAttrs& a, In in) -> Weights { return {{"weight", {a.experts, a.features, cols_of(in[0])}}}; },
-     none_types},
-    {OpKind::kMoeCombine, "moe_combine", 3, 1, 0b111, 0, 0b011, 0b1, true,
-     [](const OpAttrs&, In in) -> Types { return {{{rows_of(in[1]), cols_of(in[0])}, kAct}}; },
-     [](const OpAttrs&, In in) { return 2.0 * in[0].elements(); }, no_weights, none_types},
-    {OpKind::kSharedGate, "shared_gate", 2, 1, 0b11, 0, 0b11, 0b1, false,
-     [](const OpAttrs&, In in) -> Types { return {in[1]}; },
-     [](const OpAttrs&, In in) { return 3.0 * in[0].elements(); },
-     [](const OpAttrs&, In in) -> Weights { return {{"weight", {1, cols_of(in[0])}}}; }, none_types},
-    {OpKind::kCrossEntropy, "cross_entropy", 2, 2, 0b10, 0b10, 0b01, 0, false,
-     [](const OpAttrs&, In in) -> Types {
-       return {{{rows_of(in[0])}, Dtype::kFp32}, {in[0].shape, Dtype::kFp32}};
-     },
-     [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights, none_types,
-     // Vocab-parallel reductions: per-token max, sum of exponentials and target logit (fp32).
-     [](const OpAttrs&, In in) -> Types {
-       TensorType row{{rows_of(in[0])}, Dtype::kFp32};
-       return {row, row, row};
-     }},
+const OpInfo kOps[] =
+    {
+        {OpKind::kEmbedding, "embedding", 1, 1, 0b1, 0, 0, 0b1, false,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]), a.features}, kAct}};
+         },
+         zero_flops,
+         [](const OpAttrs& a, In) -> Weights {
+           return {{"weight", {a.rows, a.features}}};
+         },
+         none_types},
+        {OpKind::kPosEmbedding, "pos_embedding", 1, 1, 0, 0, 0b1, 0b1, false, same, elementwise,
+         [](const OpAttrs& a, In) -> Weights {
+           return {{"weight", {a.rows, a.features}}};
+         },
+         none_types},
+        {OpKind::kRmsNorm, "rmsnorm", 1, 1, 0b1, 0, 0b1, 0b1, false, same, norm_flops,
+         [](const OpAttrs&, In in) -> Weights {
+           return {{"weight", {cols_of(in[0])}}};
+         },
+         none_types},
+        {OpKind::kLayerNorm, "layernorm", 1, 1, 0b1, 0, 0b1, 0b1, false, same, norm_flops,
+         [](const OpAttrs&, In in) -> Weights {
+           return {{"weight", {cols_of(in[0])}}, {"bias", {cols_of(in[0])}}};
+         },
+         none_types},
+        {OpKind::kAllGather, "all_gather", 1, 1, 0, 0, 0b1, 0b1, true,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]) * a.group, cols_of(in[0])}, in[0].dtype}};
+         },
+         zero_flops, no_weights, none_types},
+        {OpKind::kReduceScatter, "reduce_scatter", 1, 1, 0, 0, 0b1, 0b1, true,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]) / a.group, cols_of(in[0])}, in[0].dtype}};
+         },
+         elementwise, no_weights, none_types},
+        {OpKind::kAllReduce, "all_reduce", 1, 1, 0, 0, 0b1, 0b1, true, same, elementwise,
+         no_weights, none_types},
+        {OpKind::kColumnLinear, "column_linear", 1, 1, 0b1, 0, 0b1, 0b1, false, linear_out,
+         linear_flops, linear_weights, none_types},
+        {OpKind::kRowLinear, "row_linear", 1, 1, 0b1, 0, 0b1, 0b1, false, linear_out, linear_flops,
+         linear_weights, none_types},
+        {OpKind::kRope, "rope", 1, 1, 0, 0, 0b1, 0b1, false, same, elementwise, no_weights,
+         none_types},
+        {OpKind::kFlashAttention, "flash_attention", 1, 2, 0b1, 0b11, 0b1, 0b01, false,
+         [](const OpAttrs& a, In in) -> Types {
+           return {attn_ctx(a, in)[0], {{a.batch, a.heads, a.seq}, Dtype::kFp32}};
+         },
+         [](const OpAttrs& a, In in) { return 2.0 * attn_matmul(a, in); }, no_weights,
+         // FlashAttention-2 backward: fp32 dQ accumulator and the fp32 rowsum(dO * O).
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]), a.heads * a.head_dim}, Dtype::kFp32},
+                   {{a.batch, a.heads, a.seq}, Dtype::kFp32}};
+         }},
+        {OpKind::kAttnScores, "attn_scores", 1, 1, 0b1, 0, 0b1, 0b1, false,
+         [](const OpAttrs& a, In) -> Types { return {scores_type(a)}; }, attn_matmul, no_weights,
+         none_types},
+        {OpKind::kSoftmax, "softmax", 1, 1, 0, 0b1, 0b1, 0b1, false, same,
+         [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights, none_types},
+        {OpKind::kAttnContext, "attn_context", 2, 1, 0b11, 0, 0b11, 0b1, false, attn_ctx,
+         attn_matmul, no_weights, none_types},
+        {OpKind::kDropout, "dropout", 1, 2, 0, 0b10, 0b1, 0b01, false,
+         [](const OpAttrs&, In in) -> Types {
+           return {in[0], {in[0].shape, Dtype::kU8}};
+         },
+         elementwise, no_weights, none_types},
+        {OpKind::kSwiGlu, "swiglu", 1, 1, 0b1, 0, 0b1, 0b1, false,
+         [](const OpAttrs&, In in) -> Types {
+           return {{{rows_of(in[0]), cols_of(in[0]) / 2}, kAct}};
+         },
+         [](const OpAttrs&, In in) { return 4.0 * in[0].elements(); }, no_weights, none_types},
+        {OpKind::kGelu, "gelu", 1, 1, 0b1, 0, 0b1, 0b1, false, same,
+         [](const OpAttrs&, In in) { return 8.0 * in[0].elements(); }, no_weights, none_types},
+        {OpKind::kAdd, "add", 2, 1, 0, 0, 0b11, 0b1, false, same, elementwise, no_weights,
+         none_types},
+        {OpKind::kRouter, "router", 1, 1, 0b1, 0, 0b1, 0b1, false,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]), a.features}, Dtype::kFp32}};
+         },
+         linear_flops, linear_weights, none_types},
+        {OpKind::kTopK, "topk", 1, 2, 0, 0b11, 0b1, 0b01, false,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]), a.top_k}, Dtype::kFp32},
+                   {{rows_of(in[0]), a.top_k}, Dtype::kI64}};
+         },
+         elementwise, no_weights, none_types},
+        {OpKind::kMoeDispatch, "moe_dispatch", 2, 1, 0b10, 0, 0b01, 0b1, true,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]) * a.top_k, cols_of(in[0])}, kAct}};
+         },
+         zero_flops, no_weights, none_types},
+        {OpKind::kExpertColumn, "expert_column", 2, 1, 0b11, 0, 0b01, 0b1, false, linear_out,
+         linear_flops,
+         [](const OpAttrs& a,
+            In in) -> Weights { return {{"weight", {a.experts, a.features, cols_of(in[0])}}}; },
+         none_types},
+        {OpKind::kExpertRow, "expert_row", 2, 1, 0b11, 0, 0b01, 0b1, false, linear_out,
+         linear_flops,
+         [](const OpAttrs& a,
+            In in) -> Weights { return {{"weight", {a.experts, a.features, cols_of(in[0])}}}; },
+         none_types},
+        {OpKind::kMoeCombine, "moe_combine", 3, 1, 0b111, 0, 0b011, 0b1, true,
+         [](const OpAttrs&, In in) -> Types {
+           return {{{rows_of(in[1]), cols_of(in[0])}, kAct}};
+         },
+         [](const OpAttrs&, In in) { return 2.0 * in[0].elements(); }, no_weights, none_types},
+        {OpKind::kSharedGate, "shared_gate", 2, 1, 0b11, 0, 0b11, 0b1, false,
+         [](const OpAttrs&, In in) -> Types { return {in[1]}; },
+         [](const OpAttrs&, In in) { return 3.0 * in[0].elements(); },
+         [](const OpAttrs&, In in) -> Weights {
+           return {{"weight", {1, cols_of(in[0])}}};
+         },
+         none_types},
+        {OpKind::kCrossEntropy, "cross_entropy", 2, 2, 0b10, 0b10, 0b01, 0, false,
+         [](const OpAttrs&, In in) -> Types {
+           return {{{rows_of(in[0])}, Dtype::kFp32}, {in[0].shape, Dtype::kFp32}};
+         },
+         [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights, none_types,
+         // Vocab-parallel reductions: per-token max, sum of exponentials and target logit (fp32).
+         [](const OpAttrs&, In in) -> Types {
+           TensorType row{{rows_of(in[0])}, Dtype::kFp32};
+           return {row, row, row};
+         }},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");
 
 }  // namespace
 
-const OpInfo& op_info(OpKind kind) { return kOps[static_cast<int>(kind)]; }
-const char* name_of(OpKind kind) { return op_info(kind).name; }
+const OpInfo& op_info(OpKind kind) {
+  return kOps[static_cast<int>(kind)];
+}
+const char* name_of(OpKind kind) {
+  return op_info(kind).name;
+}
 
-std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& attrs, std::span<const TensorType> in) {
+std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& attrs,
+                                          std::span<const TensorType> in) {
   return info.fwd_workspace ? info.fwd_workspace(attrs, in) : std::vector<TensorType>{};
 }
 
 double backward_flops(const OpInfo& info, const OpAttrs& attrs, std::span<const TensorType> in) {
   double f = info.flops(attrs, in);
-  bool matmul = info.kind == OpKind::kFlashAttention || info.kind == OpKind::kAttnScores || info.kind == OpKind::kAttnContext;
+  bool matmul = info.kind == OpKind::kFlashAttention || info.kind == OpKind::kAttnScores ||
+                info.kind == OpKind::kAttnContext;
   return matmul || !info.weights(attrs, in).empty() ? 2.0 * f : f;
 }
 

@@ -12,8 +12,8 @@
 namespace np {
 
 enum class OpKind {
-  kEmbedding,      // vocab-parallel lookup: ids -> partial hidden (rows of this TP rank only)
-  kPosEmbedding,   // learned absolute positions added to the hidden states
+  kEmbedding,     // vocab-parallel lookup: ids -> partial hidden (rows of this TP rank only)
+  kPosEmbedding,  // learned absolute positions added to the hidden states
   kRmsNorm,
   kLayerNorm,
   kAllGather,      // TP group, along the token dim (sequence parallelism)
@@ -29,15 +29,15 @@ enum class OpKind {
   kDropout,         // keeps a 1-byte mask
   kSwiGlu,          // silu(gate) * up, input is [gate | up]
   kGelu,
-  kAdd,             // residual add
-  kRouter,          // MoE router linear, fp32 logits
-  kTopK,            // top-k of the router logits, softmax over the k
-  kMoeDispatch,     // permute tokens to experts (+ all-to-all over ep), balanced routing
-  kExpertColumn,    // grouped GEMM over the local experts (rows grouped by the routing indices)
-  kExpertRow,       // grouped GEMM over the local experts, partial sum over tp
-  kMoeCombine,      // un-permute (+ all-to-all back) and weight by the router probabilities
-  kSharedGate,      // sigmoid(Linear(h, 1)(x)) * shared expert output
-  kCrossEntropy,    // vocab-parallel, fp32 softmax kept for backward
+  kAdd,           // residual add
+  kRouter,        // MoE router linear, fp32 logits
+  kTopK,          // top-k of the router logits, softmax over the k
+  kMoeDispatch,   // permute tokens to experts (+ all-to-all over ep), balanced routing
+  kExpertColumn,  // grouped GEMM over the local experts (rows grouped by the routing indices)
+  kExpertRow,     // grouped GEMM over the local experts, partial sum over tp
+  kMoeCombine,    // un-permute (+ all-to-all back) and weight by the router probabilities
+  kSharedGate,    // sigmoid(Linear(h, 1)(x)) * shared expert output
+  kCrossEntropy,  // vocab-parallel, fp32 softmax kept for backward
   kCount
 };
 
@@ -50,17 +50,17 @@ struct TensorType {
 
 // What distinguishes one op instance of a kind; all sizes are this rank's (already sharded).
 struct OpAttrs {
-  int64_t features = 0;  // output features (linears, router, experts, embeddings)
-  int64_t rows = 0;      // table rows (embeddings: vocab/tp or max positions)
-  int64_t group = 1;     // collective group size
-  int64_t batch = 0, seq = 0;                   // micro-batch and full sequence (attention)
+  int64_t features = 0;        // output features (linears, router, experts, embeddings)
+  int64_t rows = 0;            // table rows (embeddings: vocab/tp or max positions)
+  int64_t group = 1;           // collective group size
+  int64_t batch = 0, seq = 0;  // micro-batch and full sequence (attention)
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // this rank's heads
-  int64_t experts = 0, top_k = 0;               // local experts, routed experts per token
-  bool bias = false;      // linears: add a bias; LayerNorm always has one
+  int64_t experts = 0, top_k = 0;                 // local experts, routed experts per token
+  bool bias = false;                              // linears: add a bias; LayerNorm always has one
   // Column-parallel outputs that fuse several sharded matrices ([q | k | v], [gate | up]): this
   // rank's width of each, in order. Empty: one matrix.
   std::vector<int64_t> sections;
-  std::string tie;        // weights shared with another op of that name (tied embeddings)
+  std::string tie;  // weights shared with another op of that name (tied embeddings)
 };
 
 struct WeightShape {
@@ -84,11 +84,13 @@ struct OpInfo {
   std::vector<WeightShape> (*weights)(const OpAttrs&, std::span<const TensorType> in);
   std::vector<TensorType> (*bwd_workspace)(const OpAttrs&, std::span<const TensorType> in);
   // Scratch of the forward that lives in device memory (nullptr: none), freed after the op.
-  std::vector<TensorType> (*fwd_workspace)(const OpAttrs&, std::span<const TensorType> in) = nullptr;
+  std::vector<TensorType> (*fwd_workspace)(const OpAttrs&,
+                                           std::span<const TensorType> in) = nullptr;
 };
 
 // The forward scratch of an op (empty for most).
-std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& attrs, std::span<const TensorType> in);
+std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& attrs,
+                                          std::span<const TensorType> in);
 
 const OpInfo& op_info(OpKind kind);
 const char* name_of(OpKind kind);

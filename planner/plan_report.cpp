@@ -24,21 +24,27 @@ std::string compress(const AutoPlan& p, const StageProgram& s) {
   for (int l = 0; l < n; ++l) {
     const std::string& name = p.layer_policies[first + l].name;
     runs += l == 0 || name != p.layer_policies[first + l - 1].name;
-    auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == name; });
-    if (it == counts.end()) counts.push_back({name, 1});
-    else ++it->second;
+    auto it =
+        std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == name; });
+    if (it == counts.end())
+      counts.push_back({name, 1});
+    else
+      ++it->second;
   }
   if (runs > 4) {
-    std::sort(counts.begin(), counts.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    std::sort(counts.begin(), counts.end(),
+              [](const auto& a, const auto& b) { return a.second > b.second; });
     out = "layers " + std::to_string(first) + "-" + std::to_string(first + n - 1) + ": ";
-    for (size_t i = 0; i < counts.size(); ++i) out += (i ? ", " : "") + std::to_string(counts[i].second) + " x " + counts[i].first;
+    for (size_t i = 0; i < counts.size(); ++i)
+      out += (i ? ", " : "") + std::to_string(counts[i].second) + " x " + counts[i].first;
     return out;
   }
   for (int l = 0; l < n;) {
     int r = l;
     const std::string& name = p.layer_policies[first + l].name;
     while (r + 1 < n && p.layer_policies[first + r + 1].name == name) ++r;
-    out += (out.empty() ? "layers " : ", ") + std::to_string(first + l) + (r > l ? "-" + std::to_string(first + r) : "") + " " + name;
+    out += (out.empty() ? "layers " : ", ") + std::to_string(first + l) +
+           (r > l ? "-" + std::to_string(first + r) : "") + " " + name;
     l = r + 1;
   }
   return out;
@@ -69,68 +75,99 @@ std::string equivalents(const AutoPlan& p, int64_t budget) {
   bool regather_all = p.gathers == 0 || p.regathered == p.gathers;
   double slower = p.time_full ? p.time_full->seconds - p.time.seconds : 0;
   if (uniform(p, "none", "none+regather")) {
-    out += "    recompute_layer: false\n    tp_recompute_allgather: " + std::string(regather_all ? "true" : "false") + "\n";
-    if (!regather_all && p.regathered > 0) out += "  (the plan re-does " + std::to_string(p.regathered) + " of " + std::to_string(p.gathers) + " all-gathers; nanotron's flag is all or none)\n";
+    out += "    recompute_layer: false\n    tp_recompute_allgather: " +
+           std::string(regather_all ? "true" : "false") + "\n";
+    if (!regather_all && p.regathered > 0)
+      out += "  (the plan re-does " + std::to_string(p.regathered) + " of " +
+             std::to_string(p.gathers) + " all-gathers; nanotron's flag is all or none)\n";
   } else if (uniform(p, "full")) {
     out += "    recompute_layer: true\n    tp_recompute_allgather: true\n";
   } else {
     bool full_fits = p.peak_full && *p.peak_full <= budget;
-    out += "    recompute_layer: " + std::string(full_fits ? "true" : "true  # does not fit either") + "\n    tp_recompute_allgather: true\n";
-    out += "  not expressible: nanotron recomputes every layer or none; recompute_layer: true costs " +
-           fmt("%.3f", slower) + " s more per step (" + fmt("%.1f", 100 * slower / p.time.seconds) + "% slower)\n";
+    out +=
+        "    recompute_layer: " + std::string(full_fits ? "true" : "true  # does not fit either") +
+        "\n    tp_recompute_allgather: true\n";
+    out +=
+        "  not expressible: nanotron recomputes every layer or none; recompute_layer: true costs " +
+        fmt("%.3f", slower) + " s more per step (" + fmt("%.1f", 100 * slower / p.time.seconds) +
+        "% slower)\n";
   }
   out += "Megatron-LM (closest):\n  ";
   int block = megatron_block_layers(p);
-  if (uniform(p, "none", "none+regather")) out += "(no recompute flags)\n";
-  else if (uniform(p, "selective", "selective+regather")) out += "--recompute-granularity selective\n";
-  else if (block > 0) out += "--recompute-granularity full --recompute-method block --recompute-num-layers " + std::to_string(block) + "  (exact)\n";
+  if (uniform(p, "none", "none+regather"))
+    out += "(no recompute flags)\n";
+  else if (uniform(p, "selective", "selective+regather"))
+    out += "--recompute-granularity selective\n";
+  else if (block > 0)
+    out += "--recompute-granularity full --recompute-method block --recompute-num-layers " +
+           std::to_string(block) + "  (exact)\n";
   else
-    out += "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1\n  not expressible: Megatron's knobs are uniform per stage; full recompute of every layer costs " +
-           fmt("%.3f", slower) + " s more per step\n";
+    out +=
+        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1\n  not "
+        "expressible: Megatron's knobs are uniform per stage; full recompute of every layer "
+        "costs " +
+        fmt("%.3f", slower) + " s more per step\n";
   return out;
 }
 
 }  // namespace
 
 std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
-  std::string out = "\nrecompute plan (--recompute auto, cheapest that fits " + format_human(budget) + "):\n";
+  std::string out =
+      "\nrecompute plan (--recompute auto, cheapest that fits " + format_human(budget) + "):\n";
   for (size_t i = 0; i < p.schedule.stages.size(); ++i) {
     const StageProgram& s = p.schedule.stages[i];
     const StagePlan& sp = p.stages[i];
     out += "  stage " + std::to_string(s.stage) + ": " + compress(p, s);
     out += sp.feasible ? "; peak " + format_binary(p.estimate.stages[i].peak_bytes) + "\n"
-                       : "; DOES NOT FIT: the smallest achievable peak is " + format_binary(sp.min_peak) + " (" + format_gb(sp.min_peak) + ")\n";
+                       : "; DOES NOT FIT: the smallest achievable peak is " +
+                             format_binary(sp.min_peak) + " (" + format_gb(sp.min_peak) + ")\n";
   }
-  if (p.gathers > 0) out += "  " + std::to_string(p.regathered) + " of " + std::to_string(p.gathers) + " all-gathers re-done in backward\n";
+  if (p.gathers > 0)
+    out += "  " + std::to_string(p.regathered) + " of " + std::to_string(p.gathers) +
+           " all-gathers re-done in backward\n";
   double overhead = p.time.seconds > 0 ? p.time.recompute_seconds / p.time.seconds : 0;
-  out += "\npredicted step time " + fmt("%.3f s", p.time.seconds) + ", recompute on the slowest stage " + fmt("%.3f s", p.time.recompute_seconds) + " (" +
-         fmt("%.1f%%", 100 * overhead) + " of the step), MFU " + fmt("%.1f%%", 100 * p.time.mfu) + ", HFU " + fmt("%.1f%%", 100 * p.time.hfu) + "\n";
+  out += "\npredicted step time " + fmt("%.3f s", p.time.seconds) +
+         ", recompute on the slowest stage " + fmt("%.3f s", p.time.recompute_seconds) + " (" +
+         fmt("%.1f%%", 100 * overhead) + " of the step), MFU " + fmt("%.1f%%", 100 * p.time.mfu) +
+         ", HFU " + fmt("%.1f%%", 100 * p.time.hfu) + "\n";
   if (p.time_none)
-    out += "  no recompute:              " + fmt("%.3f s", p.time_none->seconds) + ", peak " + format_gib(*p.peak_none) +
-           (*p.peak_none <= budget ? " (fits)\n" : " (does not fit)\n");
+    out += "  no recompute:              " + fmt("%.3f s", p.time_none->seconds) + ", peak " +
+           format_gib(*p.peak_none) + (*p.peak_none <= budget ? " (fits)\n" : " (does not fit)\n");
   if (p.time_full)
-    out += "  recompute_layer: true:     " + fmt("%.3f s", p.time_full->seconds) + ", peak " + format_gib(*p.peak_full) +
-           (*p.peak_full <= budget ? " (fits)" : " (does not fit)") + "; the plan is " +
-           fmt("%.1f%%", 100 * (p.time_full->seconds - p.time.seconds) / p.time_full->seconds) + " faster\n";
+    out += "  recompute_layer: true:     " + fmt("%.3f s", p.time_full->seconds) + ", peak " +
+           format_gib(*p.peak_full) + (*p.peak_full <= budget ? " (fits)" : " (does not fit)") +
+           "; the plan is " +
+           fmt("%.1f%%", 100 * (p.time_full->seconds - p.time.seconds) / p.time_full->seconds) +
+           " faster\n";
   out += equivalents(p, budget);
-  out += "\nlayer options: " + std::to_string(p.frontier.options.size()) + " on the frontier of " + std::to_string(p.frontier.evaluated) +
-         " recompute choices (kept / working bytes per micro-batch, recompute time; * a convex-hull vertex found by\n  the lambda-swept minimum cut; --format json lists them all):\n";
+  out +=
+      "\nlayer options: " + std::to_string(p.frontier.options.size()) + " on the frontier of " +
+      std::to_string(p.frontier.evaluated) +
+      " recompute choices (kept / working bytes per micro-batch, recompute time; * a convex-hull "
+      "vertex found by\n  the lambda-swept minimum cut; --format json lists them all):\n";
   for (size_t i = 0; i < p.frontier.options.size(); ++i) {
     size_t n = p.frontier.options.size();
     bool used = false;
-    for (const StagePlan& sp : p.stages) used |= std::find(sp.layer_option.begin(), sp.layer_option.end(), static_cast<int>(i)) != sp.layer_option.end();
+    for (const StagePlan& sp : p.stages)
+      used |= std::find(sp.layer_option.begin(), sp.layer_option.end(), static_cast<int>(i)) !=
+              sp.layer_option.end();
     bool named = false;
-    for (const NamedPoint& np_ : p.frontier.named) named |= np_.on_frontier == static_cast<int>(i) || np_.dominated_by == static_cast<int>(i);
+    for (const NamedPoint& np_ : p.frontier.named)
+      named |= np_.on_frontier == static_cast<int>(i) || np_.dominated_by == static_cast<int>(i);
     if (n > 12 && !used && !named && i != 0 && i + 1 != n) continue;
     const LayerOption& o = p.frontier.options[i];
     char buf[512];
-    std::snprintf(buf, sizeof buf, "  %2zu%s %12s  %12s  %9.3f ms  %s\n", i, p.frontier.on_hull[i] ? "*" : " ",
-                  format_binary(o.kept_bytes).c_str(), format_binary(o.working_bytes).c_str(), 1e3 * o.cost, p.option_names[i].c_str());
+    std::snprintf(buf, sizeof buf, "  %2zu%s %12s  %12s  %9.3f ms  %s\n", i,
+                  p.frontier.on_hull[i] ? "*" : " ", format_binary(o.kept_bytes).c_str(),
+                  format_binary(o.working_bytes).c_str(), 1e3 * o.cost, p.option_names[i].c_str());
     out += buf;
   }
   for (const NamedPoint& n : p.frontier.named)
-    out += "  " + n.name + ": " + (n.on_frontier >= 0 ? "on the frontier (option " + std::to_string(n.on_frontier) + ")"
-                                                      : "dominated by option " + std::to_string(n.dominated_by)) + "\n";
+    out += "  " + n.name + ": " +
+           (n.on_frontier >= 0 ? "on the frontier (option " + std::to_string(n.on_frontier) + ")"
+                               : "dominated by option " + std::to_string(n.dominated_by)) +
+           "\n";
   return out;
 }
 
@@ -140,29 +177,45 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
     const StageProgram& s = p.schedule.stages[i];
     nlohmann::json layers = nlohmann::json::array();
     for (const StageBlock& b : s.blocks)
-      if (b.kind == BlockKind::kLayer) layers.push_back({{"index", b.layer}, {"option", b.policy.name}, {"kept_bytes", b.saved.bytes}});
-    nlohmann::json st = {{"stage", s.stage}, {"peak_bytes", p.estimate.stages[i].peak_bytes}, {"feasible", p.stages[i].feasible}, {"layers", layers}};
+      if (b.kind == BlockKind::kLayer)
+        layers.push_back(
+            {{"index", b.layer}, {"option", b.policy.name}, {"kept_bytes", b.saved.bytes}});
+    nlohmann::json st = {{"stage", s.stage},
+                         {"peak_bytes", p.estimate.stages[i].peak_bytes},
+                         {"feasible", p.stages[i].feasible},
+                         {"layers", layers}};
     if (!p.stages[i].feasible) st["min_peak_bytes"] = p.stages[i].min_peak;
     stages.push_back(st);
   }
   nlohmann::json frontier = nlohmann::json::array();
   for (size_t i = 0; i < p.frontier.options.size(); ++i) {
     const LayerOption& o = p.frontier.options[i];
-    frontier.push_back({{"option", p.option_names[i]}, {"kept_bytes", o.kept_bytes}, {"working_bytes", o.working_bytes},
-                        {"recompute_seconds", o.cost}, {"hull_vertex", static_cast<bool>(p.frontier.on_hull[i])}});
+    frontier.push_back({{"option", p.option_names[i]},
+                        {"kept_bytes", o.kept_bytes},
+                        {"working_bytes", o.working_bytes},
+                        {"recompute_seconds", o.cost},
+                        {"hull_vertex", static_cast<bool>(p.frontier.on_hull[i])}});
   }
-  nlohmann::json j = {{"fits", p.fits}, {"step_seconds", p.time.seconds}, {"recompute_seconds", p.time.recompute_seconds},
-                      {"mfu", p.time.mfu}, {"hfu", p.time.hfu}, {"per_stage", stages}, {"frontier", frontier},
-                      {"all_gathers_redone", p.regathered}, {"all_gathers", p.gathers}};
+  nlohmann::json j = {{"fits", p.fits},
+                      {"step_seconds", p.time.seconds},
+                      {"recompute_seconds", p.time.recompute_seconds},
+                      {"mfu", p.time.mfu},
+                      {"hfu", p.time.hfu},
+                      {"per_stage", stages},
+                      {"frontier", frontier},
+                      {"all_gathers_redone", p.regathered},
+                      {"all_gathers", p.gathers}};
   if (p.time_none) j["step_seconds_no_recompute"] = p.time_none->seconds;
   if (p.time_full) j["step_seconds_recompute_layer"] = p.time_full->seconds;
   return j;
 }
 
-std::vector<Suggestion> auto_suggestions(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
-                                         int64_t budget, const HardwareModel& hw) {
+std::vector<Suggestion> auto_suggestions(const ModelSpec& m, const TrainSpec& t,
+                                         const RuntimeAssumptions& rt, int64_t budget,
+                                         const HardwareModel& hw) {
   return nearest_setups(m, t, [&](const TrainSpec& c) -> std::optional<int64_t> {
-    AutoPlan p = auto_plan(m, c, rt, budget, hw, {.closest_when_infeasible = false, .compare_uniform = false});
+    AutoPlan p = auto_plan(m, c, rt, budget, hw,
+                           {.closest_when_infeasible = false, .compare_uniform = false});
     return p.fits ? std::optional<int64_t>(p.estimate.peak_bytes) : std::nullopt;
   });
 }

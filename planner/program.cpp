@@ -18,12 +18,18 @@ std::string StageProgram::tensor_name(int32_t id) const {
   std::string where = block_label(blocks.at(t.block)) + "/mb" + std::to_string(t.mb) + "/";
   const BlockGraph& g = *blocks[t.block].graph;
   switch (t.kind) {
-    case ValueKind::kGrad: return "grad:" + where + g.tensors.at(t.tensor).name;
-    case ValueKind::kRecomputed: return "recomputed:" + where + g.tensors.at(t.tensor).name;
-    case ValueKind::kWorkspace: return "workspace:" + where + g.ops.at(t.tensor).name;
-    case ValueKind::kParamGather: return where + "gathered_weights";
-    case ValueKind::kGradBucket: return where + "grad_bucket";
-    default: return where + g.tensors.at(t.tensor).name;
+    case ValueKind::kGrad:
+      return "grad:" + where + g.tensors.at(t.tensor).name;
+    case ValueKind::kRecomputed:
+      return "recomputed:" + where + g.tensors.at(t.tensor).name;
+    case ValueKind::kWorkspace:
+      return "workspace:" + where + g.ops.at(t.tensor).name;
+    case ValueKind::kParamGather:
+      return where + "gathered_weights";
+    case ValueKind::kGradBucket:
+      return where + "grad_bucket";
+    default:
+      return where + g.tensors.at(t.tensor).name;
   }
 }
 
@@ -51,13 +57,17 @@ std::optional<Error> check_program(const StageProgram& p) {
   enum State : uint8_t { kUnborn, kLive, kFreed };
   std::vector<State> state(p.tensors.size(), kUnborn);
   auto fail = [&](const Instr& in, const std::string& why) {
-    return make_error("schedule stage " + std::to_string(p.stage) + ": '" + p.instr_name(in) + "' " + why);
+    return make_error("schedule stage " + std::to_string(p.stage) + ": '" + p.instr_name(in) +
+                      "' " + why);
   };
   for (const Instr& in : p.instrs) {
     for (int32_t id : p.reads(in)) {
-      if (id < 0 || id >= static_cast<int32_t>(p.tensors.size())) return fail(in, "reads an unknown tensor id " + std::to_string(id));
-      if (state[id] == kUnborn) return fail(in, "reads " + p.tensor_name(id) + " before it is produced");
-      if (state[id] == kFreed) return fail(in, "reads " + p.tensor_name(id) + " after it was freed");
+      if (id < 0 || id >= static_cast<int32_t>(p.tensors.size()))
+        return fail(in, "reads an unknown tensor id " + std::to_string(id));
+      if (state[id] == kUnborn)
+        return fail(in, "reads " + p.tensor_name(id) + " before it is produced");
+      if (state[id] == kFreed)
+        return fail(in, "reads " + p.tensor_name(id) + " after it was freed");
       const ScheduleTensor& t = p.tensors[id];
       if (in.kind == InstrKind::kBackward && t.kind == ValueKind::kValue && t.block == in.block &&
           !p.blocks[t.block].saved.saved[t.tensor])
@@ -65,22 +75,27 @@ std::optional<Error> check_program(const StageProgram& p) {
     }
     if (in.kind == InstrKind::kFree) {
       int32_t id = p.reads(in)[0];
-      if (p.tensors[id].kind == ValueKind::kStatic) return fail(in, "frees static tensor " + p.tensor_name(id));
+      if (p.tensors[id].kind == ValueKind::kStatic)
+        return fail(in, "frees static tensor " + p.tensor_name(id));
       state[id] = kFreed;
       continue;
     }
     for (int32_t id : p.allocs(in)) {
-      if (id < 0 || id >= static_cast<int32_t>(p.tensors.size())) return fail(in, "allocates an unknown tensor id " + std::to_string(id));
-      if (state[id] != kUnborn) return fail(in, "allocates " + p.tensor_name(id) + " a second time");
+      if (id < 0 || id >= static_cast<int32_t>(p.tensors.size()))
+        return fail(in, "allocates an unknown tensor id " + std::to_string(id));
+      if (state[id] != kUnborn)
+        return fail(in, "allocates " + p.tensor_name(id) + " a second time");
       state[id] = kLive;
     }
   }
   for (size_t id = 0; id < p.tensors.size(); ++id) {
     bool is_static = p.tensors[id].kind == ValueKind::kStatic;
     if (!is_static && state[id] != kFreed)
-      return make_error("schedule stage " + std::to_string(p.stage) + ": " + p.tensor_name(static_cast<int32_t>(id)) + " is never freed");
+      return make_error("schedule stage " + std::to_string(p.stage) + ": " +
+                        p.tensor_name(static_cast<int32_t>(id)) + " is never freed");
     if (is_static && state[id] != kLive)
-      return make_error("schedule stage " + std::to_string(p.stage) + ": static " + p.tensor_name(static_cast<int32_t>(id)) + " is not live at the end");
+      return make_error("schedule stage " + std::to_string(p.stage) + ": static " +
+                        p.tensor_name(static_cast<int32_t>(id)) + " is not live at the end");
   }
   return std::nullopt;
 }

@@ -11,41 +11,67 @@ namespace np {
 using nlohmann::json;
 
 json setup_to_json(const TrainSpec& t) {
-  return {{"tp", t.tp}, {"pp", t.pp}, {"dp", t.dp}, {"ep", t.ep}, {"sp", t.sp}, {"zero", t.zero},
-          {"micro_batch", t.micro_batch}, {"seq_len", t.seq_len}, {"microbatches", t.microbatches},
-          {"pp_schedule", name_of(t.pp_schedule)}, {"attention", name_of(t.attention)},
-          {"grad_accum_dtype", name_of(t.grad_dtype)}, {"optimizer", name_of(t.optimizer)},
-          {"recompute", name_of(t.recompute)}, {"tp_recompute_allgather", t.tp_recompute_allgather},
+  return {{"tp", t.tp},
+          {"pp", t.pp},
+          {"dp", t.dp},
+          {"ep", t.ep},
+          {"sp", t.sp},
+          {"zero", t.zero},
+          {"micro_batch", t.micro_batch},
+          {"seq_len", t.seq_len},
+          {"microbatches", t.microbatches},
+          {"pp_schedule", name_of(t.pp_schedule)},
+          {"attention", name_of(t.attention)},
+          {"grad_accum_dtype", name_of(t.grad_dtype)},
+          {"optimizer", name_of(t.optimizer)},
+          {"recompute", name_of(t.recompute)},
+          {"tp_recompute_allgather", t.tp_recompute_allgather},
           {"gpus", t.tp * t.pp * t.dp}};
 }
 
 json model_to_json(const ModelSpec& m, int64_t parameters) {
-  json j = {{"name", m.name}, {"display_name", m.display_name}, {"parameters", parameters},
-            {"source", m.source}, {"hidden_size", m.hidden}, {"num_layers", m.layers},
-            {"num_heads", m.heads}, {"num_kv_heads", m.kv_heads}, {"vocab_size", m.vocab}};
+  json j = {{"name", m.name},       {"display_name", m.display_name}, {"parameters", parameters},
+            {"source", m.source},   {"hidden_size", m.hidden},        {"num_layers", m.layers},
+            {"num_heads", m.heads}, {"num_kv_heads", m.kv_heads},     {"vocab_size", m.vocab}};
   if (m.moe) j["moe"] = {{"num_experts", m.moe->num_experts}, {"top_k", m.moe->top_k}};
   return j;
 }
 
 namespace {
-int64_t cat(const StageEstimate& s, Category c) { return s.bytes[static_cast<int>(c)]; }
+int64_t cat(const StageEstimate& s, Category c) {
+  return s.bytes[static_cast<int>(c)];
+}
 
 json stage_to_json(const Estimate& e, const StageEstimate& s) {
   json overheads = json::array();
-  for (const OverheadLine& o : s.overheads) overheads.push_back({{"name", o.name}, {"bytes", o.bytes}, {"assumption", o.assumption}});
+  for (const OverheadLine& o : s.overheads)
+    overheads.push_back({{"name", o.name}, {"bytes", o.bytes}, {"assumption", o.assumption}});
   json layers = json::array();
-  for (const LayerSaved& l : s.layers) layers.push_back({{"index", l.index}, {"policy", l.policy}, {"saved_bytes", l.saved_bytes}});
-  json j = {{"pp_stage", s.stage}, {"rank", s.first_rank}, {"ranks_in_stage", e.setup.tp * e.setup.dp},
-            {"first_layer", s.first_layer}, {"num_layers", s.num_layers}, {"in_flight_microbatches", s.in_flight},
-            {"parameter_bytes", cat(s, Category::kWeight)}, {"gradient_bytes", cat(s, Category::kGradient)},
-            {"optimizer_bytes", cat(s, Category::kOptimizer)}, {"activation_bytes", cat(s, Category::kActivation)},
-            {"transient_bytes", cat(s, Category::kTransient)}, {"allocator_peak_bytes", s.allocator_peak},
-            {"overhead_bytes", s.overhead_bytes}, {"overheads", overheads}, {"peak_bytes", s.peak_bytes},
-            {"peak_at", s.peak_at}, {"embedding_saved_bytes", s.embedding_saved}, {"head_saved_bytes", s.head_saved},
+  for (const LayerSaved& l : s.layers)
+    layers.push_back({{"index", l.index}, {"policy", l.policy}, {"saved_bytes", l.saved_bytes}});
+  json j = {{"pp_stage", s.stage},
+            {"rank", s.first_rank},
+            {"ranks_in_stage", e.setup.tp * e.setup.dp},
+            {"first_layer", s.first_layer},
+            {"num_layers", s.num_layers},
+            {"in_flight_microbatches", s.in_flight},
+            {"parameter_bytes", cat(s, Category::kWeight)},
+            {"gradient_bytes", cat(s, Category::kGradient)},
+            {"optimizer_bytes", cat(s, Category::kOptimizer)},
+            {"activation_bytes", cat(s, Category::kActivation)},
+            {"transient_bytes", cat(s, Category::kTransient)},
+            {"allocator_peak_bytes", s.allocator_peak},
+            {"overhead_bytes", s.overhead_bytes},
+            {"overheads", overheads},
+            {"peak_bytes", s.peak_bytes},
+            {"peak_at", s.peak_at},
+            {"embedding_saved_bytes", s.embedding_saved},
+            {"head_saved_bytes", s.head_saved},
             {"layers", layers}};
   if (!s.live_at_peak.empty()) {
     json live = json::array();
-    for (const LiveTensor& t : s.live_at_peak) live.push_back({{"name", t.name}, {"bytes", t.bytes}, {"category", name_of(t.category)}});
+    for (const LiveTensor& t : s.live_at_peak)
+      live.push_back({{"name", t.name}, {"bytes", t.bytes}, {"category", name_of(t.category)}});
     j["live_at_peak"] = live;
   }
   return j;
@@ -55,48 +81,65 @@ json stage_to_json(const Estimate& e, const StageEstimate& s) {
 json estimate_to_json(const Estimate& e) {
   json suggestions = json::array();
   for (const Suggestion& s : e.suggestions)
-    suggestions.push_back({{"change", s.change}, {"note", s.note}, {"setup", setup_to_json(s.setup)}, {"peak_bytes", s.peak_bytes}});
+    suggestions.push_back({{"change", s.change},
+                           {"note", s.note},
+                           {"setup", setup_to_json(s.setup)},
+                           {"peak_bytes", s.peak_bytes}});
   json ranks = json::array();
   for (const StageEstimate& s : e.stages) ranks.push_back(stage_to_json(e, s));
-  return {{"nanoplan_version", 1}, {"model", model_to_json(e.model, e.parameters)}, {"setup", setup_to_json(e.setup)},
-          {"budget_bytes", e.budget ? json(*e.budget) : json(nullptr)}, {"fits", e.fits},
-          {"peak_bytes", e.peak_bytes}, {"peak_rank", e.peak_rank}, {"peak_stage", e.peak_stage},
-          {"suggestions", suggestions}, {"ranks", ranks}};
+  return {{"nanoplan_version", 1},
+          {"model", model_to_json(e.model, e.parameters)},
+          {"setup", setup_to_json(e.setup)},
+          {"budget_bytes", e.budget ? json(*e.budget) : json(nullptr)},
+          {"fits", e.fits},
+          {"peak_bytes", e.peak_bytes},
+          {"peak_rank", e.peak_rank},
+          {"peak_stage", e.peak_stage},
+          {"suggestions", suggestions},
+          {"ranks", ranks}};
 }
 
 namespace {
 
 std::string row(const std::string& label, int64_t bytes, const std::string& note = "") {
   char buf[512];
-  std::snprintf(buf, sizeof buf, "  %-34s %20s %11.2f %11.2f  %s\n", label.c_str(), format_int(bytes).c_str(),
-                static_cast<double>(bytes) / kGiB, static_cast<double>(bytes) / kGB, note.c_str());
+  std::snprintf(buf, sizeof buf, "  %-34s %20s %11.2f %11.2f  %s\n", label.c_str(),
+                format_int(bytes).c_str(), static_cast<double>(bytes) / kGiB,
+                static_cast<double>(bytes) / kGB, note.c_str());
   return buf;
 }
 
 std::string describe_setup(const TrainSpec& t) {
-  std::string s = "tp " + std::to_string(t.tp) + (t.sp ? " (sp on)" : " (sp off)") + " x pp " + std::to_string(t.pp) +
-                  " x dp " + std::to_string(t.dp) + " = " + std::to_string(t.tp * t.pp * t.dp) + " GPUs";
+  std::string s = "tp " + std::to_string(t.tp) + (t.sp ? " (sp on)" : " (sp off)") + " x pp " +
+                  std::to_string(t.pp) + " x dp " + std::to_string(t.dp) + " = " +
+                  std::to_string(t.tp * t.pp * t.dp) + " GPUs";
   if (t.ep > 1) s += ", ep " + std::to_string(t.ep);
-  s += "; micro-batch " + std::to_string(t.micro_batch) + " x seq " + std::to_string(t.seq_len) + ", " +
-       std::to_string(t.microbatches) + " micro-batch(es) per step, " + name_of(t.pp_schedule) + "; " +
-       name_of(t.attention) + " attention\n       recompute " + name_of(t.recompute) +
-       ", tp_recompute_allgather " + (t.tp_recompute_allgather ? "true" : "false") + "; grads " +
-       name_of(t.grad_dtype) + "; " + name_of(t.optimizer) + ", ZeRO-" + std::to_string(t.zero);
+  s += "; micro-batch " + std::to_string(t.micro_batch) + " x seq " + std::to_string(t.seq_len) +
+       ", " + std::to_string(t.microbatches) + " micro-batch(es) per step, " +
+       name_of(t.pp_schedule) + "; " + name_of(t.attention) + " attention\n       recompute " +
+       name_of(t.recompute) + ", tp_recompute_allgather " +
+       (t.tp_recompute_allgather ? "true" : "false") + "; grads " + name_of(t.grad_dtype) + "; " +
+       name_of(t.optimizer) + ", ZeRO-" + std::to_string(t.zero);
   return s;
 }
 
 std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
   std::string out;
   char title[128], head[256];
-  std::snprintf(title, sizeof title, "rank %lld (pp stage %d, layers %d-%d)", static_cast<long long>(s.first_rank),
-                s.stage, s.first_layer, s.first_layer + s.num_layers - 1);
-  std::snprintf(head, sizeof head, "\nper-GPU memory of %-36s %13s %11s %11s\n", title, "bytes", "GiB", "GB");
+  std::snprintf(title, sizeof title, "rank %lld (pp stage %d, layers %d-%d)",
+                static_cast<long long>(s.first_rank), s.stage, s.first_layer,
+                s.first_layer + s.num_layers - 1);
+  std::snprintf(head, sizeof head, "\nper-GPU memory of %-36s %13s %11s %11s\n", title, "bytes",
+                "GiB", "GB");
   out += head;
   const TrainSpec& t = e.setup;
   out += row("weights (bf16)", cat(s, Category::kWeight), t.zero >= 3 ? "ZeRO-3 shard" : "");
-  out += row(std::string("gradients (") + name_of(t.grad_dtype) + ")", cat(s, Category::kGradient), t.zero >= 2 ? "ZeRO-2 shard" : "");
+  out += row(std::string("gradients (") + name_of(t.grad_dtype) + ")", cat(s, Category::kGradient),
+             t.zero >= 2 ? "ZeRO-2 shard" : "");
   out += row(std::string("optimizer (") + name_of(t.optimizer) + ")", cat(s, Category::kOptimizer),
-             t.optimizer == Optimizer::kAdamW ? "fp32 master + 2 moments" + std::string(t.zero >= 1 ? ", ZeRO shard" : "") : "");
+             t.optimizer == Optimizer::kAdamW
+                 ? "fp32 master + 2 moments" + std::string(t.zero >= 1 ? ", ZeRO shard" : "")
+                 : "");
   out += row("activations (saved for backward)", cat(s, Category::kActivation),
              std::to_string(s.in_flight) + " micro-batch(es) in flight");
   out += row("transient at the peak", cat(s, Category::kTransient), "grads, recompute, buffers");
@@ -107,15 +150,19 @@ std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
 }
 
 std::string stage_table(const Estimate& e) {
-  std::string out = "\nper pipeline stage (GiB):\n  stage  layers   in-flight   weights     grads     optim   activ  transient  overhead      peak\n";
+  std::string out =
+      "\nper pipeline stage (GiB):\n  stage  layers   in-flight   weights     grads     optim   "
+      "activ  transient  overhead      peak\n";
   for (const StageEstimate& s : e.stages) {
     char buf[256];
     auto g = [&](Category c) { return static_cast<double>(cat(s, c)) / kGiB; };
-    std::snprintf(buf, sizeof buf, "  %5d  %3d-%-3d %9lld %9.2f %9.2f %9.2f %7.2f %10.2f %9.2f %9.2f%s\n", s.stage,
-                  s.first_layer, s.first_layer + s.num_layers - 1, static_cast<long long>(s.in_flight),
-                  g(Category::kWeight), g(Category::kGradient), g(Category::kOptimizer), g(Category::kActivation),
-                  g(Category::kTransient), static_cast<double>(s.overhead_bytes) / kGiB,
-                  static_cast<double>(s.peak_bytes) / kGiB, s.stage == e.peak_stage ? "  <- peak" : "");
+    std::snprintf(
+        buf, sizeof buf, "  %5d  %3d-%-3d %9lld %9.2f %9.2f %9.2f %7.2f %10.2f %9.2f %9.2f%s\n",
+        s.stage, s.first_layer, s.first_layer + s.num_layers - 1,
+        static_cast<long long>(s.in_flight), g(Category::kWeight), g(Category::kGradient),
+        g(Category::kOptimizer), g(Category::kActivation), g(Category::kTransient),
+        static_cast<double>(s.overhead_bytes) / kGiB, static_cast<double>(s.peak_bytes) / kGiB,
+        s.stage == e.peak_stage ? "  <- peak" : "");
     out += buf;
   }
   return out;
@@ -126,19 +173,26 @@ std::string verdict(const Estimate& e) {
   int64_t b = *e.budget;
   std::string out = "\nbudget " + format_int(b) + " bytes = " + format_human(b) + ": ";
   if (e.fits) return out + "FITS, " + format_gib(b - e.peak_bytes) + " to spare\n";
-  out += "DOES NOT FIT: the peak rank " + std::to_string(e.peak_rank) + " needs " + format_gib(e.peak_bytes - b) + " more\n";
+  out += "DOES NOT FIT: the peak rank " + std::to_string(e.peak_rank) + " needs " +
+         format_gib(e.peak_bytes - b) + " more\n";
   const StageEstimate& s = e.stages[e.peak_stage];
   std::vector<std::pair<int64_t, std::string>> parts;
-  for (int c = 0; c < kCategories; ++c) parts.push_back({s.bytes[c], name_of(static_cast<Category>(c))});
+  for (int c = 0; c < kCategories; ++c)
+    parts.push_back({s.bytes[c], name_of(static_cast<Category>(c))});
   std::sort(parts.rbegin(), parts.rend());
   out += "  largest components: ";
-  for (int i = 0; i < 3; ++i) out += (i ? ", " : "") + parts[i].second + " " + format_gib(parts[i].first);
+  for (int i = 0; i < 3; ++i)
+    out += (i ? ", " : "") + parts[i].second + " " + format_gib(parts[i].first);
   out += "\n";
-  if (e.suggestions.empty()) return out + "  no nearby setup fits (tried more pp, ZeRO-1 over more dp, full recompute, smaller micro-batch)\n";
+  if (e.suggestions.empty())
+    return out +
+           "  no nearby setup fits (tried more pp, ZeRO-1 over more dp, full recompute, smaller "
+           "micro-batch)\n";
   out += "  nearest setups that fit (each estimated):\n";
   for (const Suggestion& sg : e.suggestions) {
     char buf[512];
-    std::snprintf(buf, sizeof buf, "    %-28s peak %s  (%s)\n", sg.change.c_str(), format_gib(sg.peak_bytes).c_str(), sg.note.c_str());
+    std::snprintf(buf, sizeof buf, "    %-28s peak %s  (%s)\n", sg.change.c_str(),
+                  format_gib(sg.peak_bytes).c_str(), sg.note.c_str());
     out += buf;
   }
   return out;
@@ -154,15 +208,18 @@ std::string estimate_to_table(const Estimate& e, const std::string& requested) {
   if (e.stages.size() > 1) out += stage_table(e);
   const StageEstimate& s = e.stages[e.peak_stage];
   if (!s.layers.empty())
-    out += "\nsaved for backward per layer per micro-batch: " + format_binary(s.layers.front().saved_bytes) + " (" +
-           format_gb(s.layers.front().saved_bytes) + "; layer " + std::to_string(s.layers.front().index) + ", policy " +
-           s.layers.front().policy + ")\n";
+    out += "\nsaved for backward per layer per micro-batch: " +
+           format_binary(s.layers.front().saved_bytes) + " (" +
+           format_gb(s.layers.front().saved_bytes) + "; layer " +
+           std::to_string(s.layers.front().index) + ", policy " + s.layers.front().policy + ")\n";
   out += verdict(e);
   if (!s.live_at_peak.empty()) {
-    out += "\nlive tensors at the peak of rank " + std::to_string(e.peak_rank) + " (" + s.peak_at + "), largest first:\n";
+    out += "\nlive tensors at the peak of rank " + std::to_string(e.peak_rank) + " (" + s.peak_at +
+           "), largest first:\n";
     for (const LiveTensor& t : s.live_at_peak) {
       char buf[512];
-      std::snprintf(buf, sizeof buf, "  %-12s %20s  %s\n", name_of(t.category), format_int(t.bytes).c_str(), t.name.c_str());
+      std::snprintf(buf, sizeof buf, "  %-12s %20s  %s\n", name_of(t.category),
+                    format_int(t.bytes).c_str(), t.name.c_str());
       out += buf;
     }
   }

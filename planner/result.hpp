@@ -31,6 +31,8 @@ class Result {
   std::variant<T, Error> v_;
 };
 
-inline Error make_error(std::string message) { return Error{std::move(message)}; }
+inline Error make_error(std::string message) {
+  return Error{std::move(message)};
+}
 
 }  // namespace np

@@ -34,41 +34,75 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   integer("micro_batch", s.micro_batch), integer("microbatches", s.microbatches);
   s.sp = t["sp"].value_or(s.tp > 1);
   s.tp_recompute_allgather = t["tp_recompute_allgather"].value_or(true);
-  struct Choice { const char* key; std::string value; };
-  for (Choice c : {Choice{"pp_schedule", t["pp_schedule"].value_or(std::string("afab"))},
-                   Choice{"attention", t["attention"].value_or(std::string("flash"))},
-                   Choice{"recompute", t["recompute"].value_or(std::string("none"))},
-                   Choice{"optimizer", t["optimizer"].value_or(std::string("adamw"))},
-                   Choice{"grad_accum_dtype", t["grad_accum_dtype"].value_or(std::string("fp32"))}}) {
+  struct Choice {
+    const char* key;
+    std::string value;
+  };
+  for (Choice c :
+       {Choice{"pp_schedule", t["pp_schedule"].value_or(std::string("afab"))},
+        Choice{"attention", t["attention"].value_or(std::string("flash"))},
+        Choice{"recompute", t["recompute"].value_or(std::string("none"))},
+        Choice{"optimizer", t["optimizer"].value_or(std::string("adamw"))},
+        Choice{"grad_accum_dtype", t["grad_accum_dtype"].value_or(std::string("fp32"))}}) {
     std::string key = c.key;
     auto fail = [&](const Error& e) { return at(path, t.get(c.key), e.message); };
-    if (key == "pp_schedule") { auto r = parse_enum<PpSchedule>(key, c.value); if (!r) return fail(r.error()); s.pp_schedule = *r; }
-    if (key == "attention") { auto r = parse_enum<AttentionImpl>(key, c.value); if (!r) return fail(r.error()); s.attention = *r; }
-    if (key == "recompute") { auto r = parse_enum<Recompute>(key, c.value); if (!r) return fail(r.error()); s.recompute = *r; }
-    if (key == "optimizer") { auto r = parse_enum<Optimizer>(key, c.value); if (!r) return fail(r.error()); s.optimizer = *r; }
-    if (key == "grad_accum_dtype") { auto r = parse_enum<Dtype>(key, c.value); if (!r) return fail(r.error()); s.grad_dtype = *r; }
+    if (key == "pp_schedule") {
+      auto r = parse_enum<PpSchedule>(key, c.value);
+      if (!r) return fail(r.error());
+      s.pp_schedule = *r;
+    }
+    if (key == "attention") {
+      auto r = parse_enum<AttentionImpl>(key, c.value);
+      if (!r) return fail(r.error());
+      s.attention = *r;
+    }
+    if (key == "recompute") {
+      auto r = parse_enum<Recompute>(key, c.value);
+      if (!r) return fail(r.error());
+      s.recompute = *r;
+    }
+    if (key == "optimizer") {
+      auto r = parse_enum<Optimizer>(key, c.value);
+      if (!r) return fail(r.error());
+      s.optimizer = *r;
+    }
+    if (key == "grad_accum_dtype") {
+      auto r = parse_enum<Dtype>(key, c.value);
+      if (!r) return fail(r.error());
+      s.grad_dtype = *r;
+    }
   }
   return s;
 }
 
-Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m, std::vector<std::string>& skipped) {
+Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
+                                      std::vector<std::string>& skipped) {
   static const toml::table empty;
   const toml::table& mt = m ? *m : empty;
   std::vector<TrainSpec> out;
   for (int64_t tp : list_of<int64_t>(mt, "tp", sc.base.tp))
     for (int64_t pp : list_of<int64_t>(mt, "pp", sc.base.pp))
       for (bool sp : list_of<bool>(mt, "sp", sc.base.sp))
-        for (const std::string& sched : list_of<std::string>(mt, "pp_schedule", name_of(sc.base.pp_schedule)))
-          for (const std::string& rec : list_of<std::string>(mt, "recompute", name_of(sc.base.recompute)))
-            for (const std::string& att : list_of<std::string>(mt, "attention", name_of(sc.base.attention)))
-              for (bool rg : list_of<bool>(mt, "tp_recompute_allgather", sc.base.tp_recompute_allgather)) {
+        for (const std::string& sched :
+             list_of<std::string>(mt, "pp_schedule", name_of(sc.base.pp_schedule)))
+          for (const std::string& rec :
+               list_of<std::string>(mt, "recompute", name_of(sc.base.recompute)))
+            for (const std::string& att :
+                 list_of<std::string>(mt, "attention", name_of(sc.base.attention)))
+              for (bool rg :
+                   list_of<bool>(mt, "tp_recompute_allgather", sc.base.tp_recompute_allgather)) {
                 if (!sp && !rg) continue;  // without SP there is no all-gather to keep: a duplicate
                 TrainSpec t = sc.base;
                 t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
                 auto s = parse_enum<PpSchedule>("pp_schedule", sched);
                 auto r = parse_enum<Recompute>("recompute", rec);
                 auto a = parse_enum<AttentionImpl>("attention", att);
-                if (!s || !r || !a) return make_error(sc.path + ": [matrix]: " + (!s ? s.error() : !r ? r.error() : a.error()).message);
+                if (!s || !r || !a)
+                  return make_error(sc.path + ": [matrix]: " +
+                                    (!s   ? s.error()
+                                     : !r ? r.error()
+                                          : a.error())
+                                        .message);
                 t.pp_schedule = *s, t.recompute = *r, t.attention = *a;
                 if (auto e = validate_setup(sc.model, t)) {
                   skipped.push_back(describe_short(t) + ": " + e->message);
@@ -82,9 +116,10 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m, 
 }  // namespace
 
 std::string describe_short(const TrainSpec& t) {
-  return "tp " + std::to_string(t.tp) + " pp " + std::to_string(t.pp) + " sp " + (t.sp ? "on" : "off") + " " +
-         name_of(t.pp_schedule) + " recompute " + name_of(t.recompute) + (t.sp && !t.tp_recompute_allgather ? " keep-gathered" : "") +
-         " " + name_of(t.attention);
+  return "tp " + std::to_string(t.tp) + " pp " + std::to_string(t.pp) + " sp " +
+         (t.sp ? "on" : "off") + " " + name_of(t.pp_schedule) + " recompute " +
+         name_of(t.recompute) + (t.sp && !t.tp_recompute_allgather ? " keep-gathered" : "") + " " +
+         name_of(t.attention);
 }
 
 Result<Scenario> load_scenario(const std::string& path, const std::vector<ModelSpec>& models) {
@@ -93,8 +128,10 @@ Result<Scenario> load_scenario(const std::string& path, const std::vector<ModelS
     doc = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     std::string desc(e.description());
-    if (desc.find("File could not be opened") != std::string::npos) return make_error("cannot read scenario " + path + ": no such file or not readable");
-    return make_error(path + ":" + std::to_string(e.source().begin.line) + ": malformed TOML: " + desc);
+    if (desc.find("File could not be opened") != std::string::npos)
+      return make_error("cannot read scenario " + path + ": no such file or not readable");
+    return make_error(path + ":" + std::to_string(e.source().begin.line) +
+                      ": malformed TOML: " + desc);
   }
   Scenario sc;
   sc.path = path;
@@ -115,7 +152,8 @@ Result<Scenario> load_scenario(const std::string& path, const std::vector<ModelS
     return at(path, nullptr, "missing 'model' (a catalog name, or an inline [model] table)");
   }
   static const toml::table empty;
-  Result<TrainSpec> base = read_setup(doc["setup"].as_table() ? *doc["setup"].as_table() : empty, path);
+  Result<TrainSpec> base =
+      read_setup(doc["setup"].as_table() ? *doc["setup"].as_table() : empty, path);
   if (!base) return base.error();
   sc.base = *base;
   if (const toml::table* e = doc["expect"].as_table()) {
@@ -126,7 +164,10 @@ Result<Scenario> load_scenario(const std::string& path, const std::vector<ModelS
   auto matrix = expand(sc, doc["matrix"].as_table(), sc.skipped);
   if (!matrix) return matrix.error();
   sc.matrix = std::move(*matrix);
-  if (sc.matrix.empty()) return at(path, nullptr, "no valid setup in the matrix (" + (sc.skipped.empty() ? std::string("empty") : sc.skipped.front()) + ")");
+  if (sc.matrix.empty())
+    return at(path, nullptr,
+              "no valid setup in the matrix (" +
+                  (sc.skipped.empty() ? std::string("empty") : sc.skipped.front()) + ")");
   return sc;
 }
 

@@ -21,7 +21,8 @@ struct Scenario {
   TrainSpec base;
   int steps = 1;
   ScenarioExpect expect;
-  std::vector<TrainSpec> matrix;  // the base setup varied over the [matrix] lists; invalid ones dropped
+  std::vector<TrainSpec>
+      matrix;  // the base setup varied over the [matrix] lists; invalid ones dropped
   std::vector<std::string> skipped;  // why each dropped combination is invalid
 };
 

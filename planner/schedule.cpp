@@ -12,16 +12,19 @@ const char* name_of(Category c) {
   return k[static_cast<int>(c)];
 }
 const char* name_of(ValueKind k) {
-  constexpr const char* n[] = {"static", "value", "recomputed", "grad", "workspace", "param_gather", "grad_bucket"};
+  constexpr const char* n[] = {"static",    "value",        "recomputed", "grad",
+                               "workspace", "param_gather", "grad_bucket"};
   return n[static_cast<int>(k)];
 }
 const char* name_of(InstrKind k) {
-  constexpr const char* n[] = {"alloc", "load", "forward", "recompute", "backward", "send", "recv",
-                               "gather_params", "reduce_grads", "free", "optimizer_step"};
+  constexpr const char* n[] = {"alloc",        "load", "forward",       "recompute",
+                               "backward",     "send", "recv",          "gather_params",
+                               "reduce_grads", "free", "optimizer_step"};
   return n[static_cast<int>(k)];
 }
 
-std::vector<std::pair<bool, int>> pipeline_order(PpSchedule s, int64_t stage, int64_t pp, int64_t m) {
+std::vector<std::pair<bool, int>> pipeline_order(PpSchedule s, int64_t stage, int64_t pp,
+                                                 int64_t m) {
   std::vector<std::pair<bool, int>> order;
   int64_t warmup = s == PpSchedule::kAfab ? m : std::min(pp - stage - 1, m);
   int next_f = 0, next_b = 0;
@@ -66,7 +69,8 @@ std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t) {
   // stages filled front to back up to it.
   std::vector<double> bounds;
   for (int64_t n = 1; n <= L; ++n)
-    for (int64_t s : {int64_t{0}, P - 1, std::min<int64_t>(1, P - 1)}) bounds.push_back(n * c + extra(s));
+    for (int64_t s : {int64_t{0}, P - 1, std::min<int64_t>(1, P - 1)})
+      bounds.push_back(n * c + extra(s));
   std::sort(bounds.begin(), bounds.end());
   double bound = bounds.back();
   for (double b : bounds)
@@ -82,7 +86,9 @@ std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t) {
   while (surplus-- > 0) {
     int64_t worst = -1;
     for (int64_t s = 0; s < P; ++s)
-      if (counts[s] > 1 && (worst < 0 || counts[s] * c + extra(s) > counts[worst] * c + extra(worst) + 1e-9)) worst = s;
+      if (counts[s] > 1 &&
+          (worst < 0 || counts[s] * c + extra(s) > counts[worst] * c + extra(worst) + 1e-9))
+        worst = s;
     --counts[worst];
   }
   return counts;
@@ -122,13 +128,15 @@ class ProgramBuilder {
     p_.blocks.push_back(std::move(b));
   }
 
-  int32_t new_tensor(int64_t bytes, int32_t block, int32_t tensor, int32_t mb, Category c, ValueKind k) {
+  int32_t new_tensor(int64_t bytes, int32_t block, int32_t tensor, int32_t mb, Category c,
+                     ValueKind k) {
     p_.tensors.push_back({bytes, block, tensor, mb, c, k});
     return static_cast<int32_t>(p_.tensors.size()) - 1;
   }
   int32_t new_static(std::string name, int64_t bytes, Category c) {
     p_.static_names.push_back(std::move(name));
-    int32_t id = new_tensor(bytes, -1, static_cast<int32_t>(p_.static_names.size()) - 1, -1, c, ValueKind::kStatic);
+    int32_t id = new_tensor(bytes, -1, static_cast<int32_t>(p_.static_names.size()) - 1, -1, c,
+                            ValueKind::kStatic);
     alloc(id);
     return id;
   }
@@ -171,7 +179,8 @@ class ProgramBuilder {
       for (int i : op.inputs) in.push_back(g->tensors[i].type);
       const OpInfo& info = op_info(op.kind);
       std::vector<int64_t> bytes;
-      for (const TensorType& w : forward ? forward_workspace(info, op.attrs, in) : info.bwd_workspace(op.attrs, in))
+      for (const TensorType& w :
+           forward ? forward_workspace(info, op.attrs, in) : info.bwd_workspace(op.attrs, in))
         bytes.push_back(w.bytes());
       sizes.push_back(std::move(bytes));
     }
@@ -185,7 +194,8 @@ class ProgramBuilder {
   StageProgram p_;
   std::vector<std::vector<int32_t>> values_;  // [mb][block] -> graph tensor -> instance
   std::vector<int64_t> block_weight_bytes_;   // per block: this rank's unsharded weight bytes
-  std::vector<std::pair<std::pair<const BlockGraph*, bool>, std::vector<std::vector<int64_t>>>> workspace_cache_;
+  std::vector<std::pair<std::pair<const BlockGraph*, bool>, std::vector<std::vector<int64_t>>>>
+      workspace_cache_;
 };
 
 void ProgramBuilder::emit_statics() {
@@ -198,26 +208,35 @@ void ProgramBuilder::emit_statics() {
     std::string prefix = blk.kind == BlockKind::kLayer ? "L" + std::to_string(blk.layer) + "/" : "";
     for (const GraphOp& op : blk.graph->ops) {
       if (!op.attrs.tie.empty()) {
-        if (std::find(tied_seen.begin(), tied_seen.end(), op.attrs.tie) != tied_seen.end()) continue;
+        if (std::find(tied_seen.begin(), tied_seen.end(), op.attrs.tie) != tied_seen.end())
+          continue;
         tied_seen.push_back(op.attrs.tie);
       }
       for (const WeightShape& w : op.weights) {
         (op.expert_weights ? expert : dense) += w.elements();
         block_weight_bytes_[b] += w.elements() * 2;
-        if (t_.zero < 3) new_static(prefix + op.name + "." + w.suffix, w.elements() * 2, Category::kWeight);
+        if (t_.zero < 3)
+          new_static(prefix + op.name + "." + w.suffix, w.elements() * 2, Category::kWeight);
       }
     }
   }
   // ZeRO shards over the data-parallel replicas of each parameter: dp for dense, dp/ep for experts.
-  struct Group { const char* name; int64_t n, shards; };
+  struct Group {
+    const char* name;
+    int64_t n, shards;
+  };
   for (Group g : {Group{"dense", dense, t_.dp}, Group{"expert", expert, t_.dp / t_.ep}}) {
     if (g.n == 0) continue;
     std::string s = g.name;
-    if (t_.zero >= 3) new_static("weights." + s + " (ZeRO-3 shard, bf16)", ceil_div(g.n, g.shards) * 2, Category::kWeight);
+    if (t_.zero >= 3)
+      new_static("weights." + s + " (ZeRO-3 shard, bf16)", ceil_div(g.n, g.shards) * 2,
+                 Category::kWeight);
     int64_t grad_n = t_.zero >= 2 ? ceil_div(g.n, g.shards) : g.n;
-    new_static("grad_buffer." + s + " (" + name_of(t_.grad_dtype) + ")", grad_n * dtype_bytes(t_.grad_dtype), Category::kGradient);
+    new_static("grad_buffer." + s + " (" + name_of(t_.grad_dtype) + ")",
+               grad_n * dtype_bytes(t_.grad_dtype), Category::kGradient);
     int64_t opt_n = t_.zero >= 1 ? ceil_div(g.n, g.shards) : g.n;
-    if (t_.optimizer != Optimizer::kNone) new_static("optimizer.master." + s + " (fp32)", opt_n * 4, Category::kOptimizer);
+    if (t_.optimizer != Optimizer::kNone)
+      new_static("optimizer.master." + s + " (fp32)", opt_n * 4, Category::kOptimizer);
     if (t_.optimizer == Optimizer::kAdamW) {
       new_static("optimizer.exp_avg." + s + " (fp32)", opt_n * 4, Category::kOptimizer);
       new_static("optimizer.exp_avg_sq." + s + " (fp32)", opt_n * 4, Category::kOptimizer);
@@ -231,7 +250,8 @@ void ProgramBuilder::forward_pass(int mb) {
   if (p_.blocks.front().kind != BlockKind::kEmbedding) {
     const BlockGraph& g = *p_.blocks.front().graph;
     begin(InstrKind::kRecv, 0, -1, mb);
-    x = new_tensor(g.tensors[g.hidden_in].type.bytes(), 0, g.hidden_in, mb, Category::kTransient, ValueKind::kValue);
+    x = new_tensor(g.tensors[g.hidden_in].type.bytes(), 0, g.hidden_in, mb, Category::kTransient,
+                   ValueKind::kValue);
     alloc(x);
   }
   for (int b = first; b < static_cast<int>(p_.blocks.size()); ++b) x = forward_block(b, mb, x);
@@ -244,7 +264,8 @@ void ProgramBuilder::forward_pass(int mb) {
 int32_t ProgramBuilder::gather_params(int b, int mb) {
   if (t_.zero < 3 || block_weight_bytes_[b] == 0) return -1;
   begin(InstrKind::kGatherParams, b, -1, mb);
-  int32_t id = new_tensor(block_weight_bytes_[b], b, -1, mb, Category::kTransient, ValueKind::kParamGather);
+  int32_t id =
+      new_tensor(block_weight_bytes_[b], b, -1, mb, Category::kTransient, ValueKind::kParamGather);
   alloc(id);
   return id;
 }
@@ -263,7 +284,8 @@ int32_t ProgramBuilder::forward_block(int b, int mb, int32_t x) {
     }
     begin(InstrKind::kLoad, b, -1, mb);
     v[input] = new_tensor(g.tensors[input].type.bytes(), b, input, mb,
-                          blk.saved.saved[input] ? Category::kActivation : Category::kTransient, ValueKind::kValue);
+                          blk.saved.saved[input] ? Category::kActivation : Category::kTransient,
+                          ValueKind::kValue);
     alloc(v[input]);
   }
   run_ops_forward(b, mb, InstrKind::kForward, false);
@@ -282,7 +304,8 @@ void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_re
     begin(kind, b, static_cast<int32_t>(o), mb);
     for (int in : op.inputs) read(v[in]);
     for (int64_t bytes : workspace_bytes(b, true)[o])
-      alloc(new_tensor(bytes, b, static_cast<int32_t>(o), mb, Category::kTransient, ValueKind::kWorkspace));
+      alloc(new_tensor(bytes, b, static_cast<int32_t>(o), mb, Category::kTransient,
+                       ValueKind::kWorkspace));
     for (int out : op.outputs) {
       bool saved = !recompute && blk.saved.saved[out];
       v[out] = new_tensor(g.tensors[out].type.bytes(), b, out, mb,
@@ -299,7 +322,8 @@ void ProgramBuilder::backward_pass(int mb) {
   if (p_.blocks.back().kind != BlockKind::kHead) {
     const BlockGraph& g = *p_.blocks.back().graph;
     begin(InstrKind::kRecv, last, -1, mb);
-    grad = new_tensor(g.tensors[g.hidden_out].type.bytes(), last, g.hidden_out, mb, Category::kTransient, ValueKind::kGrad);
+    grad = new_tensor(g.tensors[g.hidden_out].type.bytes(), last, g.hidden_out, mb,
+                      Category::kTransient, ValueKind::kGrad);
     alloc(grad);
   }
   for (int b = last; b >= 0; --b) grad = backward_block(b, mb, grad);
@@ -321,7 +345,8 @@ int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
   int32_t bucket = -1;
   if (t_.zero >= 2 && block_weight_bytes_[b] > 0) {
     begin(InstrKind::kAlloc, b, -1, mb);
-    bucket = new_tensor(block_weight_bytes_[b] / 2 * dtype_bytes(t_.grad_dtype), b, -1, mb, Category::kTransient, ValueKind::kGradBucket);
+    bucket = new_tensor(block_weight_bytes_[b] / 2 * dtype_bytes(t_.grad_dtype), b, -1, mb,
+                        Category::kTransient, ValueKind::kGradBucket);
     alloc(bucket);
   }
   for (int o = static_cast<int>(g.ops.size()) - 1; o >= 0; --o) {
@@ -346,7 +371,8 @@ int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       int in_t = op.inputs[k];
       if (!(info.grad_inputs >> k & 1u) || grads[in_t] >= 0) continue;
-      grads[in_t] = new_tensor(g.tensors[in_t].type.bytes(), b, in_t, mb, Category::kTransient, ValueKind::kGrad);
+      grads[in_t] = new_tensor(g.tensors[in_t].type.bytes(), b, in_t, mb, Category::kTransient,
+                               ValueKind::kGrad);
       alloc(grads[in_t]);
     }
   }
@@ -387,7 +413,8 @@ void ProgramBuilder::insert_frees() {
     for (int32_t k = first[i]; k < first[i + 1]; ++k) {
       int32_t id = order[k];
       const ScheduleTensor& t = p_.tensors[id];
-      out.push_back({InstrKind::kFree, t.block, -1, t.mb, static_cast<uint32_t>(pool.size()), 1, 0});
+      out.push_back(
+          {InstrKind::kFree, t.block, -1, t.mb, static_cast<uint32_t>(pool.size()), 1, 0});
       pool.push_back(id);
     }
   }
@@ -397,7 +424,8 @@ void ProgramBuilder::insert_frees() {
 
 }  // namespace
 
-Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const std::vector<BlockPolicy>* layer_policies) {
+Schedule build_schedule(const ModelSpec& m, const TrainSpec& t,
+                        const std::vector<BlockPolicy>* layer_policies) {
   auto emb = std::make_shared<const BlockGraph>(build_embedding(m, t));
   auto layer = std::make_shared<const BlockGraph>(build_layer(m, t));
   auto head = std::make_shared<const BlockGraph>(build_head(m, t));
@@ -405,7 +433,8 @@ Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const std::vecto
   int first = 0;
   std::vector<int64_t> counts = partition_layers(m, t);
   for (int stage = 0; stage < t.pp; ++stage) {
-    ProgramBuilder pb(m, t, stage, first, static_cast<int>(counts[stage]), emb, layer, head, layer_policies);
+    ProgramBuilder pb(m, t, stage, first, static_cast<int>(counts[stage]), emb, layer, head,
+                      layer_policies);
     s.stages.push_back(pb.build());
     first += static_cast<int>(counts[stage]);
   }

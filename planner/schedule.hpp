@@ -44,16 +44,16 @@ struct ScheduleTensor {
 };
 
 enum class InstrKind : uint8_t {
-  kAlloc,          // allocate static tensors at the start of the step
-  kLoad,           // load a micro-batch's token ids or targets
-  kForward,        // forward of one op
-  kRecompute,      // forward of one op again, inside a recompute segment
-  kBackward,       // backward of one op (reads output grads and saved tensors, writes input grads)
-  kSend,           // pipeline send (activation forward, gradient backward)
-  kRecv,           // pipeline recv
-  kGatherParams,   // ZeRO-3 all-gather of a block's weights
-  kReduceGrads,    // ZeRO-2/3 reduce-scatter of a block's gradients
-  kFree,           // drop a tensor (its last use was the instruction before)
+  kAlloc,         // allocate static tensors at the start of the step
+  kLoad,          // load a micro-batch's token ids or targets
+  kForward,       // forward of one op
+  kRecompute,     // forward of one op again, inside a recompute segment
+  kBackward,      // backward of one op (reads output grads and saved tensors, writes input grads)
+  kSend,          // pipeline send (activation forward, gradient backward)
+  kRecv,          // pipeline recv
+  kGatherParams,  // ZeRO-3 all-gather of a block's weights
+  kReduceGrads,   // ZeRO-2/3 reduce-scatter of a block's gradients
+  kFree,          // drop a tensor (its last use was the instruction before)
   kOptimizerStep,
 };
 const char* name_of(InstrKind k);
@@ -84,11 +84,13 @@ struct StageProgram {
   std::vector<Instr> instrs;
   std::vector<int32_t> pool;
 
-  std::span<const int32_t> reads(const Instr& i) const { return {pool.data() + i.begin, i.n_reads}; }
+  std::span<const int32_t> reads(const Instr& i) const {
+    return {pool.data() + i.begin, i.n_reads};
+  }
   std::span<const int32_t> allocs(const Instr& i) const {
     return {pool.data() + i.begin + i.n_reads, i.n_allocs};
   }
-  std::string tensor_name(int32_t id) const;  // e.g. "L12/mb3/attn.qkv", "grad:L12/mb3/x"
+  std::string tensor_name(int32_t id) const;     // e.g. "L12/mb3/attn.qkv", "grad:L12/mb3/x"
   std::string instr_name(const Instr& i) const;  // e.g. "backward L12/mb0 attn.core"
   int first_layer() const;
   int num_layers() const;
@@ -101,7 +103,8 @@ struct Schedule {
 };
 
 // The order of forward (true) and backward (false) micro-batch passes on one stage.
-std::vector<std::pair<bool, int>> pipeline_order(PpSchedule s, int64_t stage, int64_t pp, int64_t m);
+std::vector<std::pair<bool, int>> pipeline_order(PpSchedule s, int64_t stage, int64_t pp,
+                                                 int64_t m);
 // Micro-batches whose activations are alive at once on a stage: 1F1B min(m, pp - stage), AFAB m.
 int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m);
 
@@ -115,7 +118,8 @@ std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t);
 
 // Builds every stage's program. Decoder layers take their policy from `layer_policies` (indexed by
 // global layer) when given, else the setup's named policy. The setup must be valid.
-Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const std::vector<BlockPolicy>* layer_policies = nullptr);
+Schedule build_schedule(const ModelSpec& m, const TrainSpec& t,
+                        const std::vector<BlockPolicy>* layer_policies = nullptr);
 
 // Well-formedness: every tensor is allocated before it is read, every recompute's inputs are
 // live, every backward reads only kept or recomputed tensors, every non-static tensor is freed

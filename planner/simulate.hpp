@@ -10,12 +10,12 @@
 namespace np {
 
 struct SimResult {
-  int64_t peak_bytes = 0;    // allocator-level high-water mark of the stage's ranks
-  int32_t peak_instr = -1;   // instruction index at which the peak is reached
-  std::array<int64_t, kCategories> at_peak{};  // bytes by category at the peak
+  int64_t peak_bytes = 0;   // allocator-level high-water mark of the stage's ranks
+  int32_t peak_instr = -1;  // instruction index at which the peak is reached
+  std::array<int64_t, kCategories> at_peak{};          // bytes by category at the peak
   std::array<int64_t, kCategories> max_by_category{};  // each category's own high-water mark
-  std::vector<int32_t> live_at_peak;           // tensor ids, filled when asked for
-  std::vector<int64_t> timeline;               // bytes after each instruction, when asked for
+  std::vector<int32_t> live_at_peak;                   // tensor ids, filled when asked for
+  std::vector<int64_t> timeline;  // bytes after each instruction, when asked for
 };
 
 struct SimOptions {

@@ -85,25 +85,30 @@ Bounds bounds(const StageProblem& p) {
   if (p.layers.empty()) return b;
   const auto& first = p.layers.front();
   for (const auto& l : p.layers)
-    if (l.size() != first.size() || !std::equal(l.begin(), l.end(), first.begin(), [](const StageOption& a, const StageOption& c) {
-          return a.kept == c.kept && a.working == c.working && a.cost == c.cost;
-        }))
+    if (l.size() != first.size() || !std::equal(l.begin(), l.end(), first.begin(),
+                                                [](const StageOption& a, const StageOption& c) {
+                                                  return a.kept == c.kept &&
+                                                         a.working == c.working && a.cost == c.cost;
+                                                }))
       return b;
   b.uniform = true;
   std::vector<int> order(first.size());
   for (size_t o = 0; o < order.size(); ++o) order[o] = static_cast<int>(o);
   std::sort(order.begin(), order.end(), [&](int a, int c) {
-    return first[a].kept != first[c].kept ? first[a].kept < first[c].kept : first[a].cost < first[c].cost;
+    return first[a].kept != first[c].kept ? first[a].kept < first[c].kept
+                                          : first[a].cost < first[c].cost;
   });
   std::vector<int> vertex;  // option index of each hull point
-  for (int o : order) {  // lower convex envelope, keeping only points whose cost falls with kept
+  for (int o : order) {     // lower convex envelope, keeping only points whose cost falls with kept
     std::pair<double, double> pt{static_cast<double>(first[o].kept), first[o].cost};
     if (!b.hull.empty() && pt.second >= b.hull.back().second) continue;
     while (b.hull.size() >= 2) {
       auto [x0, y0] = b.hull[b.hull.size() - 2];
       auto [x1, y1] = b.hull.back();
-      if ((y1 - y0) * (pt.first - x0) >= (pt.second - y0) * (x1 - x0)) b.hull.pop_back(), vertex.pop_back();
-      else break;
+      if ((y1 - y0) * (pt.first - x0) >= (pt.second - y0) * (x1 - x0))
+        b.hull.pop_back(), vertex.pop_back();
+      else
+        break;
     }
     b.hull.push_back(pt);
     vertex.push_back(o);
@@ -115,9 +120,11 @@ Bounds bounds(const StageProblem& p) {
     std::vector<int> choice(L);
     for (size_t n = 0; n <= L; ++n) {  // n layers of c, the rest of a
       for (size_t l = 0; l < L; ++l) choice[l] = l < n ? c : a;
-      if (first[c].working - first[c].kept < first[a].working - first[a].kept) std::reverse(choice.begin(), choice.end());
+      if (first[c].working - first[c].kept < first[a].working - first[a].kept)
+        std::reverse(choice.begin(), choice.end());
       if (model_peak(p, choice) <= p.budget) {
-        double cost = static_cast<double>(L - n) * first[a].cost + static_cast<double>(n) * first[c].cost;
+        double cost =
+            static_cast<double>(L - n) * first[a].cost + static_cast<double>(n) * first[c].cost;
         if (cost < b.upper) b.upper = cost, b.best_choice = choice;
         return;
       }
@@ -169,11 +176,13 @@ StageSolution solve_bounded(const StageProblem& p, const Bounds& bnd, double upp
     for (size_t s = 0; s < cur.size(); ++s)
       for (size_t o = 0; o < p.layers[l].size(); ++o) {
         const StageOption& opt = p.layers[l][o];
-        State n{cur[s].q + opt.kept, std::max(cur[s].e, opt.working - opt.kept - cur[s].q), cur[s].cost + opt.cost,
-                static_cast<int>(s), static_cast<int>(o)};
+        State n{cur[s].q + opt.kept, std::max(cur[s].e, opt.working - opt.kept - cur[s].q),
+                cur[s].cost + opt.cost, static_cast<int>(s), static_cast<int>(o)};
         if (p.base + p.in_flight * n.q + n.e > p.budget) continue;
         if (bnd.uniform) {
-          double cap = static_cast<double>(p.budget - p.base - n.e) / static_cast<double>(p.in_flight) - static_cast<double>(n.q);
+          double cap =
+              static_cast<double>(p.budget - p.base - n.e) / static_cast<double>(p.in_flight) -
+              static_cast<double>(n.q);
           if (n.cost + bnd.lower(remaining, cap) > upper * (1 + 1e-12)) continue;
         }
         next.push_back(n);
@@ -247,15 +256,16 @@ StageSolution min_peak_solution(const StageProblem& p) {
     for (size_t s = 0; s < cur.size(); ++s)
       for (size_t o = 0; o < q.layers[l].size(); ++o) {
         const StageOption& opt = q.layers[l][o];
-        next.push_back({cur[s].q + opt.kept, std::max(cur[s].e, opt.working - opt.kept - cur[s].q), 0.0,
-                        static_cast<int>(s), static_cast<int>(o)});
+        next.push_back({cur[s].q + opt.kept, std::max(cur[s].e, opt.working - opt.kept - cur[s].q),
+                        0.0, static_cast<int>(s), static_cast<int>(o)});
       }
     levels.push_back(prune(std::move(next)));
   }
   const std::vector<State>& last = levels.back();
   int best = 0;
   for (size_t i = 1; i < last.size(); ++i)
-    if (q.in_flight * last[i].q + last[i].e < q.in_flight * last[best].q + last[best].e) best = static_cast<int>(i);
+    if (q.in_flight * last[i].q + last[i].e < q.in_flight * last[best].q + last[best].e)
+      best = static_cast<int>(i);
   StageSolution sol{true, 0, std::vector<int>(L), 0};
   for (size_t step = L, idx = best; step-- > 0;) {
     const State& st = levels[step + 1][idx];
@@ -268,6 +278,8 @@ StageSolution min_peak_solution(const StageProblem& p) {
   return sol;
 }
 
-int64_t min_stage_peak(const StageProblem& p) { return min_peak_solution(p).peak; }
+int64_t min_stage_peak(const StageProblem& p) {
+  return min_peak_solution(p).peak;
+}
 
 }  // namespace np

@@ -23,18 +23,18 @@ struct StageOption {
 };
 
 struct StageProblem {
-  int64_t budget = 0;        // bytes for the whole stage
-  int64_t base = 0;          // static + non-layer kept bytes
-  int64_t in_flight = 1;     // f
-  int64_t extra = 0;         // lower bound of the transient term (embedding / head working sets)
+  int64_t budget = 0;     // bytes for the whole stage
+  int64_t base = 0;       // static + non-layer kept bytes
+  int64_t in_flight = 1;  // f
+  int64_t extra = 0;      // lower bound of the transient term (embedding / head working sets)
   std::vector<std::vector<StageOption>> layers;  // per layer in forward order: its options
 };
 
 struct StageSolution {
   bool feasible = false;
   double cost = 0;
-  std::vector<int> choice;   // option index per layer
-  int64_t peak = 0;          // model peak of the choice
+  std::vector<int> choice;  // option index per layer
+  int64_t peak = 0;         // model peak of the choice
 };
 
 int64_t model_peak(const StageProblem& p, const std::vector<int>& choice);

@@ -9,10 +9,14 @@ namespace np {
 
 int64_t dtype_bytes(Dtype d) {
   switch (d) {
-    case Dtype::kBf16: return 2;
-    case Dtype::kFp32: return 4;
-    case Dtype::kU8: return 1;
-    case Dtype::kI64: return 8;
+    case Dtype::kBf16:
+      return 2;
+    case Dtype::kFp32:
+      return 4;
+    case Dtype::kU8:
+      return 1;
+    case Dtype::kI64:
+      return 8;
   }
   return 0;
 }
@@ -21,11 +25,21 @@ const char* name_of(Dtype d) {
   constexpr const char* k[] = {"bf16", "fp32", "u8", "i64"};
   return k[static_cast<int>(d)];
 }
-const char* name_of(Norm n) { return n == Norm::kRms ? "rmsnorm" : "layernorm"; }
-const char* name_of(Activation a) { return a == Activation::kSwiGlu ? "swiglu" : "gelu"; }
-const char* name_of(PosEmb p) { return p == PosEmb::kRope ? "rope" : "learned"; }
-const char* name_of(PpSchedule s) { return s == PpSchedule::k1F1B ? "1f1b" : "afab"; }
-const char* name_of(AttentionImpl a) { return a == AttentionImpl::kFlash ? "flash" : "eager"; }
+const char* name_of(Norm n) {
+  return n == Norm::kRms ? "rmsnorm" : "layernorm";
+}
+const char* name_of(Activation a) {
+  return a == Activation::kSwiGlu ? "swiglu" : "gelu";
+}
+const char* name_of(PosEmb p) {
+  return p == PosEmb::kRope ? "rope" : "learned";
+}
+const char* name_of(PpSchedule s) {
+  return s == PpSchedule::k1F1B ? "1f1b" : "afab";
+}
+const char* name_of(AttentionImpl a) {
+  return a == AttentionImpl::kFlash ? "flash" : "eager";
+}
 const char* name_of(Optimizer o) {
   constexpr const char* k[] = {"adamw", "sgd", "none"};
   return k[static_cast<int>(o)];
@@ -62,7 +76,9 @@ Result<Optimizer> parse_enum(std::string_view f, std::string_view t) {
 }
 template <>
 Result<Recompute> parse_enum(std::string_view f, std::string_view t) {
-  return pick(f, t, std::array{Recompute::kNone, Recompute::kSelective, Recompute::kFull, Recompute::kAuto});
+  return pick(
+      f, t,
+      std::array{Recompute::kNone, Recompute::kSelective, Recompute::kFull, Recompute::kAuto});
 }
 template <>
 Result<Dtype> parse_enum(std::string_view f, std::string_view t) {
@@ -82,9 +98,13 @@ Result<PosEmb> parse_enum(std::string_view f, std::string_view t) {
 }
 
 namespace {
-std::string str(int64_t v) { return std::to_string(v); }
+std::string str(int64_t v) {
+  return std::to_string(v);
+}
 
-std::optional<Error> fail(std::string message) { return make_error(std::move(message)); }
+std::optional<Error> fail(std::string message) {
+  return make_error(std::move(message));
+}
 
 std::optional<Error> check_tp(const ModelSpec& m, const TrainSpec& t) {
   auto divides = [&](int64_t what, const char* name) -> std::optional<Error> {
@@ -107,38 +127,54 @@ std::optional<Error> check_tp(const ModelSpec& m, const TrainSpec& t) {
 }
 
 std::optional<Error> check_positive(const TrainSpec& t) {
-  const std::pair<const char*, int64_t> sizes[] = {
-      {"--tp", t.tp}, {"--pp", t.pp}, {"--dp", t.dp}, {"--ep", t.ep},
-      {"--micro-batch", t.micro_batch}, {"--seq-len", t.seq_len},
-      {"--microbatches", t.microbatches}};
+  const std::pair<const char*, int64_t> sizes[] = {{"--tp", t.tp},
+                                                   {"--pp", t.pp},
+                                                   {"--dp", t.dp},
+                                                   {"--ep", t.ep},
+                                                   {"--micro-batch", t.micro_batch},
+                                                   {"--seq-len", t.seq_len},
+                                                   {"--microbatches", t.microbatches}};
   for (auto [flag, v] : sizes)
     if (v <= 0) return fail(std::string(flag) + " must be a positive integer, got " + str(v));
-  if (t.zero < 0 || t.zero > 3) return fail("--zero " + str(t.zero) + " is invalid (valid: 0, 1, 2, 3)");
+  if (t.zero < 0 || t.zero > 3)
+    return fail("--zero " + str(t.zero) + " is invalid (valid: 0, 1, 2, 3)");
   // Limits that keep every byte count well inside 64 bits and the schedule simulable.
   if (t.seq_len > (int64_t{1} << 24) / t.micro_batch)
-    return fail("--seq-len x --micro-batch = " + std::to_string(static_cast<double>(t.seq_len) * t.micro_batch) +
+    return fail("--seq-len x --micro-batch = " +
+                std::to_string(static_cast<double>(t.seq_len) * t.micro_batch) +
                 " tokens is too many (valid: at most 16,777,216 tokens per micro-batch)");
-  if (t.microbatches > 65536) return fail("--microbatches " + str(t.microbatches) + " is too many (valid: at most 65,536)");
-  const std::pair<const char*, int64_t> degrees[] = {{"--tp", t.tp}, {"--pp", t.pp}, {"--ep", t.ep}, {"--dp", t.dp}};
+  if (t.microbatches > 65536)
+    return fail("--microbatches " + str(t.microbatches) + " is too many (valid: at most 65,536)");
+  const std::pair<const char*, int64_t> degrees[] = {
+      {"--tp", t.tp}, {"--pp", t.pp}, {"--ep", t.ep}, {"--dp", t.dp}};
   for (auto [flag, v] : degrees) {
     int64_t most = std::string(flag) == "--dp" ? (1 << 20) : 4096;
-    if (v > most) return fail(std::string(flag) + " " + str(v) + " is out of range (valid: at most " + str(most) + ")");
+    if (v > most)
+      return fail(std::string(flag) + " " + str(v) + " is out of range (valid: at most " +
+                  str(most) + ")");
   }
   return std::nullopt;
 }
 
 std::optional<Error> check_conflicts(const ModelSpec& m, const TrainSpec& t) {
   if (t.sp && t.tp == 1)
-    return fail("--sp on needs --tp > 1 (sequence parallelism shards over the TP group); use --sp off or raise --tp");
+    return fail(
+        "--sp on needs --tp > 1 (sequence parallelism shards over the TP group); use --sp off or "
+        "raise --tp");
   if (t.zero >= 2 && t.pp > 1)
     return fail("--zero " + str(t.zero) + " conflicts with --pp " + str(t.pp) +
-                " (ZeRO-2/3 shard gradients that pipeline micro-batches keep accumulating); use --zero 0 or 1 with pp > 1");
+                " (ZeRO-2/3 shard gradients that pipeline micro-batches keep accumulating); use "
+                "--zero 0 or 1 with pp > 1");
   if (t.zero >= 1 && t.dp == 1 && t.optimizer != Optimizer::kNone)
-    return fail("--zero " + str(t.zero) + " shards over data parallelism and needs --dp > 1 (use --zero 0 with --dp 1)");
+    return fail("--zero " + str(t.zero) +
+                " shards over data parallelism and needs --dp > 1 (use --zero 0 with --dp 1)");
   if (t.zero >= 1 && t.optimizer == Optimizer::kNone)
-    return fail("--zero " + str(t.zero) + " conflicts with --optimizer none (no optimizer states to shard); use --zero 0 or pick an optimizer");
+    return fail("--zero " + str(t.zero) +
+                " conflicts with --optimizer none (no optimizer states to shard); use --zero 0 or "
+                "pick an optimizer");
   if (m.moe && t.tp > 1 && !t.sp)
-    return fail("MoE model " + m.name + " with --tp " + str(t.tp) + " needs --sp on (as Megatron requires: the router works on sequence shards)");
+    return fail("MoE model " + m.name + " with --tp " + str(t.tp) +
+                " needs --sp on (as Megatron requires: the router works on sequence shards)");
   if (t.ep > 1 && !m.moe)
     return fail("--ep " + str(t.ep) + " needs an MoE model; " + m.name + " is dense (use --ep 1)");
   return std::nullopt;
@@ -150,37 +186,49 @@ std::optional<Error> check_moe(const ModelSpec& m, const TrainSpec& t) {
     return fail("--ep " + str(t.ep) + " does not divide the " + str(m.moe->num_experts) +
                 " experts of " + m.name + "; valid ep values divide the expert count");
   if (t.dp % t.ep != 0)
-    return fail("--ep " + str(t.ep) + " does not divide --dp " + str(t.dp) +
-                " (expert parallelism is carved out of data parallelism); use an ep that divides dp");
+    return fail(
+        "--ep " + str(t.ep) + " does not divide --dp " + str(t.dp) +
+        " (expert parallelism is carved out of data parallelism); use an ep that divides dp");
   return std::nullopt;
 }
 }  // namespace
 
 std::optional<Error> validate_model(const ModelSpec& m) {
   const std::pair<const char*, int64_t> sizes[] = {
-      {"hidden_size", m.hidden}, {"intermediate_size", m.ffn}, {"num_layers", m.layers},
-      {"num_heads", m.heads}, {"num_kv_heads", m.kv_heads}, {"head_dim", m.head_dim},
-      {"vocab_size", m.vocab}, {"max_position_embeddings", m.max_positions}};
+      {"hidden_size", m.hidden},    {"intermediate_size", m.ffn},
+      {"num_layers", m.layers},     {"num_heads", m.heads},
+      {"num_kv_heads", m.kv_heads}, {"head_dim", m.head_dim},
+      {"vocab_size", m.vocab},      {"max_position_embeddings", m.max_positions}};
   for (auto [key, v] : sizes)
-    if (v <= 0) return fail("model " + m.name + ": " + key + " must be a positive integer, got " + str(v));
-  const std::pair<const char*, int64_t> limits[] = {
-      {"hidden_size", 1 << 20}, {"intermediate_size", 1 << 22}, {"num_layers", 10000}, {"num_heads", 1 << 16},
-      {"head_dim", 1 << 16}, {"vocab_size", 1 << 24}, {"max_position_embeddings", 1 << 24}};
-  const int64_t values[] = {m.hidden, m.ffn, m.layers, m.heads, m.head_dim, m.vocab, m.max_positions};
+    if (v <= 0)
+      return fail("model " + m.name + ": " + key + " must be a positive integer, got " + str(v));
+  const std::pair<const char*, int64_t> limits[] = {{"hidden_size", 1 << 20},
+                                                    {"intermediate_size", 1 << 22},
+                                                    {"num_layers", 10000},
+                                                    {"num_heads", 1 << 16},
+                                                    {"head_dim", 1 << 16},
+                                                    {"vocab_size", 1 << 24},
+                                                    {"max_position_embeddings", 1 << 24}};
+  const int64_t values[] = {m.hidden,   m.ffn,   m.layers,       m.heads,
+                            m.head_dim, m.vocab, m.max_positions};
   for (size_t i = 0; i < std::size(limits); ++i)
     if (values[i] > limits[i].second)
-      return fail("model " + m.name + ": " + limits[i].first + " " + str(values[i]) + " is out of range (valid: at most " +
-                  str(limits[i].second) + ")");
+      return fail("model " + m.name + ": " + limits[i].first + " " + str(values[i]) +
+                  " is out of range (valid: at most " + str(limits[i].second) + ")");
   if (m.heads % m.kv_heads != 0)
-    return fail("model " + m.name + ": num_heads " + str(m.heads) + " is not a multiple of num_kv_heads " + str(m.kv_heads));
+    return fail("model " + m.name + ": num_heads " + str(m.heads) +
+                " is not a multiple of num_kv_heads " + str(m.kv_heads));
   if (m.dropout < 0.0 || m.dropout >= 1.0)
-    return fail("model " + m.name + ": dropout must be in [0, 1), got " + std::to_string(m.dropout));
+    return fail("model " + m.name + ": dropout must be in [0, 1), got " +
+                std::to_string(m.dropout));
   if (m.moe) {
     const MoeSpec& e = *m.moe;
     if (e.num_experts <= 0 || e.top_k <= 0 || e.expert_ffn <= 0 || e.shared_ffn < 0)
-      return fail("model " + m.name + ": [moe] needs positive num_experts, top_k and expert_intermediate_size");
+      return fail("model " + m.name +
+                  ": [moe] needs positive num_experts, top_k and expert_intermediate_size");
     if (e.top_k > e.num_experts)
-      return fail("model " + m.name + ": [moe] top_k " + str(e.top_k) + " exceeds num_experts " + str(e.num_experts));
+      return fail("model " + m.name + ": [moe] top_k " + str(e.top_k) + " exceeds num_experts " +
+                  str(e.num_experts));
   }
   return std::nullopt;
 }
@@ -190,8 +238,11 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (auto e = check_conflicts(m, t)) return e;
   if (auto e = check_tp(m, t)) return e;
   if (auto e = check_moe(m, t)) return e;
-  if (t.pp_schedule == PpSchedule::kAfab && t.pp <= m.layers && t.microbatches * ((m.layers + t.pp - 1) / t.pp) > (1 << 18))
-    return fail("--microbatches " + str(t.microbatches) + " is too many to simulate under AFAB (valid: micro-batches x layers per stage at most 262,144; 1F1B has no such limit)");
+  if (t.pp_schedule == PpSchedule::kAfab && t.pp <= m.layers &&
+      t.microbatches * ((m.layers + t.pp - 1) / t.pp) > (1 << 18))
+    return fail("--microbatches " + str(t.microbatches) +
+                " is too many to simulate under AFAB (valid: micro-batches x layers per stage at "
+                "most 262,144; 1F1B has no such limit)");
   if (t.pp > m.layers)
     return fail("--pp " + str(t.pp) + " exceeds the " + str(m.layers) + " layers of " + m.name +
                 "; use --pp <= " + str(m.layers));
@@ -199,9 +250,10 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
     return fail("--seq-len " + str(t.seq_len) + " is not divisible by --tp " + str(t.tp) +
                 " under sequence parallelism; use a multiple of " + str(t.tp) + " or --sp off");
   if (t.pp_schedule == PpSchedule::k1F1B && t.microbatches < t.pp - 1)
-    return fail("--microbatches " + str(t.microbatches) + " is fewer than pp - 1 = " + str(t.pp - 1) +
-                " under 1F1B (nanotron requires M >= pp - 1); use --microbatches >= " + str(t.pp - 1) +
-                " or --pp-schedule afab");
+    return fail(
+        "--microbatches " + str(t.microbatches) + " is fewer than pp - 1 = " + str(t.pp - 1) +
+        " under 1F1B (nanotron requires M >= pp - 1); use --microbatches >= " + str(t.pp - 1) +
+        " or --pp-schedule afab");
   if (m.position == PosEmb::kLearned && t.seq_len > m.max_positions)
     return fail("--seq-len " + str(t.seq_len) + " exceeds the " + str(m.max_positions) +
                 " learned positions of " + m.name + "; use --seq-len <= " + str(m.max_positions));

@@ -34,18 +34,18 @@ const char* name_of(Recompute r);
 struct MoeSpec {
   int64_t num_experts = 0;
   int64_t top_k = 0;
-  int64_t expert_ffn = 0;      // intermediate size of one routed expert
-  int64_t shared_ffn = 0;      // intermediate size of the shared expert (0: none)
-  bool shared_gate = false;    // sigmoid gate Linear(hidden, 1) on the shared expert
+  int64_t expert_ffn = 0;    // intermediate size of one routed expert
+  int64_t shared_ffn = 0;    // intermediate size of the shared expert (0: none)
+  bool shared_gate = false;  // sigmoid gate Linear(hidden, 1) on the shared expert
 };
 
 struct ModelSpec {
-  std::string name;            // canonical catalog name, e.g. "llama-3.1-70b"
-  std::string display_name;    // e.g. "Llama-3.1-70B"
-  std::string source;          // where the figures come from (config.json URL, paper)
+  std::string name;          // canonical catalog name, e.g. "llama-3.1-70b"
+  std::string display_name;  // e.g. "Llama-3.1-70B"
+  std::string source;        // where the figures come from (config.json URL, paper)
   std::vector<std::string> aliases;
   int64_t hidden = 0;
-  int64_t ffn = 0;             // dense MLP intermediate size
+  int64_t ffn = 0;  // dense MLP intermediate size
   int64_t layers = 0;
   int64_t heads = 0;
   int64_t kv_heads = 0;
@@ -55,21 +55,21 @@ struct ModelSpec {
   Norm norm = Norm::kRms;
   Activation activation = Activation::kSwiGlu;
   PosEmb position = PosEmb::kRope;
-  bool qkv_bias = false;       // bias on q, k, v projections
-  bool linear_bias = false;    // bias on the attention output projection and MLP linears
+  bool qkv_bias = false;     // bias on q, k, v projections
+  bool linear_bias = false;  // bias on the attention output projection and MLP linears
   bool tie_embeddings = false;
-  double dropout = 0.0;        // hidden and attention dropout probability
-  std::optional<MoeSpec> moe;  // every decoder layer is an MoE layer when set
+  double dropout = 0.0;                        // hidden and attention dropout probability
+  std::optional<MoeSpec> moe;                  // every decoder layer is an MoE layer when set
   std::optional<int64_t> expected_parameters;  // the public exact count, when there is one
 };
 
 struct TrainSpec {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1;
-  bool sp = false;             // sequence parallelism (nanotron's REDUCE_SCATTER mode)
-  int zero = 0;                // ZeRO stage 0..3 over dp
-  int64_t micro_batch = 1;     // sequences per micro-batch
+  bool sp = false;          // sequence parallelism (nanotron's REDUCE_SCATTER mode)
+  int zero = 0;             // ZeRO stage 0..3 over dp
+  int64_t micro_batch = 1;  // sequences per micro-batch
   int64_t seq_len = 4096;
-  int64_t microbatches = 1;    // gradient-accumulation steps per optimizer step
+  int64_t microbatches = 1;  // gradient-accumulation steps per optimizer step
   PpSchedule pp_schedule = PpSchedule::kAfab;
   AttentionImpl attention = AttentionImpl::kFlash;
   Dtype grad_dtype = Dtype::kFp32;  // nanotron's accumulate_grad_in_fp32
@@ -80,10 +80,10 @@ struct TrainSpec {
 
 // Per-GPU runtime costs outside the allocator's tensors; each is printed on its own line.
 struct RuntimeAssumptions {
-  int64_t cuda_context_bytes = 512LL << 20;    // CUDA context + module images on Hopper
-  int64_t cublas_workspace_bytes = 32LL << 20; // one compute stream, PyTorch's sm_90 default
-  int64_t nccl_bytes_per_comm = 64LL << 20;    // NCCL channel buffers per communicator
-  double allocator_slack = 0.05;               // caching-allocator fragmentation, x dynamic peak
+  int64_t cuda_context_bytes = 512LL << 20;     // CUDA context + module images on Hopper
+  int64_t cublas_workspace_bytes = 32LL << 20;  // one compute stream, PyTorch's sm_90 default
+  int64_t nccl_bytes_per_comm = 64LL << 20;     // NCCL channel buffers per communicator
+  double allocator_slack = 0.05;                // caching-allocator fragmentation, x dynamic peak
 };
 
 // Checks the model against itself and the setup against the model: nanotron's checks plus the

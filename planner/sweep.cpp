@@ -39,19 +39,25 @@ std::vector<TrainSpec> candidates(const ModelSpec& m, const SweepOptions& o, siz
 std::string summary(const AutoPlan& p) {
   std::vector<std::pair<std::string, int>> counts;
   for (const BlockPolicy& b : p.layer_policies) {
-    auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == b.name; });
-    if (it == counts.end()) counts.push_back({b.name, 1});
-    else ++it->second;
+    auto it = std::find_if(counts.begin(), counts.end(),
+                           [&](const auto& c) { return c.first == b.name; });
+    if (it == counts.end())
+      counts.push_back({b.name, 1});
+    else
+      ++it->second;
   }
-  std::sort(counts.begin(), counts.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::sort(counts.begin(), counts.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
   std::string s;
-  for (size_t i = 0; i < counts.size(); ++i) s += (i ? ", " : "") + std::to_string(counts[i].second) + " x " + counts[i].first;
+  for (size_t i = 0; i < counts.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(counts[i].second) + " x " + counts[i].first;
   return s;
 }
 
 }  // namespace
 
-SweepReport sweep(const ModelSpec& m, const SweepOptions& o, const std::function<void(size_t, size_t)>& progress) {
+SweepReport sweep(const ModelSpec& m, const SweepOptions& o,
+                  const std::function<void(size_t, size_t)>& progress) {
   auto start = std::chrono::steady_clock::now();
   SweepReport r;
   std::vector<TrainSpec> setups = candidates(m, o, r.invalid);
@@ -64,9 +70,18 @@ SweepReport sweep(const ModelSpec& m, const SweepOptions& o, const std::function
     FrontierCache cache;
     for (size_t i; (i = next++) < setups.size();) {
       AutoPlan p = auto_plan(m, setups[i], o.runtime, o.budget, o.hw,
-                             {.closest_when_infeasible = false, .compare_uniform = false, .cache = &cache, .full_schedule = false});
-      results[i] = SweepResult{setups[i], p.fits, p.time.seconds, p.time.tokens_per_second, p.time.mfu,
-                               p.time.recompute_seconds, p.estimate.peak_bytes, p.fits ? summary(p) : ""};
+                             {.closest_when_infeasible = false,
+                              .compare_uniform = false,
+                              .cache = &cache,
+                              .full_schedule = false});
+      results[i] = SweepResult{setups[i],
+                               p.fits,
+                               p.time.seconds,
+                               p.time.tokens_per_second,
+                               p.time.mfu,
+                               p.time.recompute_seconds,
+                               p.estimate.peak_bytes,
+                               p.fits ? summary(p) : ""};
       size_t d = ++done;
       if (progress) {
         std::lock_guard lock(progress_mu);
@@ -81,11 +96,15 @@ SweepReport sweep(const ModelSpec& m, const SweepOptions& o, const std::function
   }
   for (const auto& x : results) {
     ++r.evaluated;
-    if (x->fits) r.fitting.push_back(*x);
-    else ++r.not_fitting;
+    if (x->fits)
+      r.fitting.push_back(*x);
+    else
+      ++r.not_fitting;
   }
   std::stable_sort(r.fitting.begin(), r.fitting.end(),
-                   [](const SweepResult& a, const SweepResult& b) { return a.tokens_per_second > b.tokens_per_second; });
+                   [](const SweepResult& a, const SweepResult& b) {
+                     return a.tokens_per_second > b.tokens_per_second;
+                   });
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }

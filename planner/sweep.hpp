@@ -12,8 +12,8 @@ namespace np {
 struct SweepOptions {
   int64_t gpus = 8;
   int64_t budget = 0;
-  int64_t global_batch = 0;   // sequences per optimizer step; 0: 4 x gpus
-  TrainSpec base;             // seq_len, attention, optimizer, ... (tp/pp/dp/zero/micro-batch are swept)
+  int64_t global_batch = 0;  // sequences per optimizer step; 0: 4 x gpus
+  TrainSpec base;  // seq_len, attention, optimizer, ... (tp/pp/dp/zero/micro-batch are swept)
   RuntimeAssumptions runtime;
   HardwareModel hw;
 };
@@ -23,7 +23,7 @@ struct SweepResult {
   bool fits = false;
   double step_seconds = 0, tokens_per_second = 0, mfu = 0, recompute_seconds = 0;
   int64_t peak_bytes = 0;
-  std::string plan;           // e.g. "80 x none+regather" per stage, compressed
+  std::string plan;  // e.g. "80 x none+regather" per stage, compressed
 };
 
 struct SweepReport {
@@ -33,6 +33,7 @@ struct SweepReport {
 };
 
 // `progress(done, total)` is called as setups are evaluated.
-SweepReport sweep(const ModelSpec& m, const SweepOptions& o, const std::function<void(size_t, size_t)>& progress = {});
+SweepReport sweep(const ModelSpec& m, const SweepOptions& o,
+                  const std::function<void(size_t, size_t)>& progress = {});
 
 }  // namespace np

@@ -1,8 +1,9 @@
 // Internal: a model from a parsed TOML table of the catalog schema (a catalog file, or a
 // scenario's inline [model]); errors carry the file and the line of the offending key.
 #pragma once
-#include <string>
 #include <toml++/toml.h>
+
+#include <string>
 
 #include "planner/result.hpp"
 #include "planner/spec.hpp"

@@ -90,7 +90,9 @@ std::string format_gib(int64_t bytes) {
   return buf;
 }
 
-std::string format_human(int64_t bytes) { return format_gib(bytes) + " (" + format_gb(bytes) + ")"; }
+std::string format_human(int64_t bytes) {
+  return format_gib(bytes) + " (" + format_gb(bytes) + ")";
+}
 
 std::string format_signed_gib(int64_t bytes) {
   char buf[64];
@@ -99,12 +101,15 @@ std::string format_signed_gib(int64_t bytes) {
 }
 
 std::string format_binary(int64_t bytes) {
-  const std::pair<const char*, int64_t> units[] = {{"TiB", kTiB}, {"GiB", kGiB}, {"MiB", kMiB}, {"KiB", kKiB}};
+  const std::pair<const char*, int64_t> units[] = {
+      {"TiB", kTiB}, {"GiB", kGiB}, {"MiB", kMiB}, {"KiB", kKiB}};
   char buf[64];
   for (auto [name, size] : units)
     if (bytes >= size) {
-      if (bytes % size == 0) std::snprintf(buf, sizeof buf, "%lld %s", static_cast<long long>(bytes / size), name);
-      else std::snprintf(buf, sizeof buf, "%.2f %s", static_cast<double>(bytes) / size, name);
+      if (bytes % size == 0)
+        std::snprintf(buf, sizeof buf, "%lld %s", static_cast<long long>(bytes / size), name);
+      else
+        std::snprintf(buf, sizeof buf, "%.2f %s", static_cast<double>(bytes) / size, name);
       return buf;
     }
   return std::to_string(bytes) + " B";

@@ -16,11 +16,11 @@ inline constexpr int64_t kKB = 1000, kMB = kKB * 1000, kGB = kMB * 1000, kTB = k
 // that is not a whole number of bytes, zero, negative or ambiguous ("80G") is an error.
 Result<int64_t> parse_bytes(std::string_view text, bool allow_zero = false);
 
-std::string format_gb(int64_t bytes);         // "80.00 GB"
-std::string format_gib(int64_t bytes);        // "74.51 GiB"
-std::string format_human(int64_t bytes);      // "74.51 GiB (80.00 GB)"
-std::string format_int(int64_t value);        // "70,553,706,496"
-std::string format_binary(int64_t bytes);     // "512 MiB", "1.50 GiB": the largest fitting IEC unit
+std::string format_gb(int64_t bytes);      // "80.00 GB"
+std::string format_gib(int64_t bytes);     // "74.51 GiB"
+std::string format_human(int64_t bytes);   // "74.51 GiB (80.00 GB)"
+std::string format_int(int64_t value);     // "70,553,706,496"
+std::string format_binary(int64_t bytes);  // "512 MiB", "1.50 GiB": the largest fitting IEC unit
 std::string format_signed_gib(int64_t bytes);  // "+1.25 GiB" / "-0.50 GiB"
 
 }  // namespace np

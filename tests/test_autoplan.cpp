@@ -19,7 +19,8 @@ namespace {
 
 TrainSpec setup8b() {
   TrainSpec t;
-  t.tp = 2, t.sp = true, t.pp = 2, t.microbatches = 4, t.seq_len = 2048, t.pp_schedule = PpSchedule::k1F1B;
+  t.tp = 2, t.sp = true, t.pp = 2, t.microbatches = 4, t.seq_len = 2048,
+  t.pp_schedule = PpSchedule::k1F1B;
   t.recompute = Recompute::kAuto;
   return t;
 }
@@ -98,10 +99,12 @@ TEST(AutoPlan, ScheduleCarriesEveryLayerOption) {
 // A mixed plan on the CPU executor: predicted = measured on every rank, and recomputation changes
 // no number (bitwise equal to the same setup without recompute).
 TEST(AutoPlan, ExecutorRunsAMixedPlan) {
-  auto sc = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/tiny-llama.toml", testing::catalog());
+  auto sc = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/tiny-llama.toml",
+                          testing::catalog());
   ASSERT_TRUE(sc.ok()) << sc.error().message;
   TrainSpec t = sc->base;
-  t.tp = 2, t.sp = true, t.pp = 2, t.pp_schedule = PpSchedule::k1F1B, t.recompute = Recompute::kAuto;
+  t.tp = 2, t.sp = true, t.pp = 2, t.pp_schedule = PpSchedule::k1F1B,
+  t.recompute = Recompute::kAuto;
   RuntimeAssumptions rt;
   rt.cuda_context_bytes = rt.cublas_workspace_bytes = rt.nccl_bytes_per_comm = 0;
   rt.allocator_slack = 0;
@@ -114,7 +117,8 @@ TEST(AutoPlan, ExecutorRunsAMixedPlan) {
   EXPECT_GE(options.size(), 2u) << "the budget should force a mix of options across the layers";
   exec::RunOptions o;
   o.capture_grads = true;
-  auto run = exec::run_schedule(p.schedule, [] { return exec::make_cpu_backend(); }, o);
+  auto run = exec::run_schedule(
+      p.schedule, [] { return exec::make_cpu_backend(); }, o);
   ASSERT_TRUE(run.ok()) << run.error().message;
   exec::RunComparison c = exec::compare(p.schedule, *run, "auto");
   EXPECT_TRUE(c.all_equal) << exec::comparison_table(c);
@@ -122,7 +126,8 @@ TEST(AutoPlan, ExecutorRunsAMixedPlan) {
   TrainSpec none = t;
   none.recompute = Recompute::kNone;
   none.tp_recompute_allgather = false;
-  auto ref = exec::run_schedule(build_schedule(sc->model, none), [] { return exec::make_cpu_backend(); }, o);
+  auto ref = exec::run_schedule(
+      build_schedule(sc->model, none), [] { return exec::make_cpu_backend(); }, o);
   ASSERT_TRUE(ref.ok());
   EXPECT_EQ(std::memcmp(&ref->losses[0], &run->losses[0], sizeof(double)), 0);
   for (const auto& [key, g] : ref->grads)

@@ -15,12 +15,15 @@ namespace {
 using testing::catalog;
 using testing::model;
 
-void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+void write(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
 
 TEST(Catalog, HasTheIssueModels) {
-  for (const char* name : {"llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b",
-                           "llama-3.1-405b", "qwen2.5-7b", "qwen2.5-72b", "mixtral-8x7b", "qwen1.5-moe-a2.7b",
-                           "gpt-22b", "gpt3-175b", "gpt-530b", "gpt-1t"})
+  for (const char* name :
+       {"llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b",
+        "llama-3.1-405b", "qwen2.5-7b", "qwen2.5-72b", "mixtral-8x7b", "qwen1.5-moe-a2.7b",
+        "gpt-22b", "gpt3-175b", "gpt-530b", "gpt-1t"})
     EXPECT_TRUE(resolve_model(catalog(), name).ok()) << name;
 }
 
@@ -81,7 +84,8 @@ TEST(LoadToml, WrongTypeAndMissingKey) {
   write(path, "name = \"x\"\nhidden_size = \"big\"\n");
   auto r = load_model_toml(path);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find(path + ":2: 'hidden_size' must be an integer"), std::string::npos);
+  EXPECT_NE(r.error().message.find(path + ":2: 'hidden_size' must be an integer"),
+            std::string::npos);
   write(path, "name = \"x\"\n");
   r = load_model_toml(path);
   ASSERT_FALSE(r.ok());
@@ -96,7 +100,8 @@ TEST(LoadToml, InvalidEnumNamesChoices) {
   write(path, text);
   auto r = load_model_toml(path);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("valid: rmsnorm, layernorm"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("valid: rmsnorm, layernorm"), std::string::npos)
+      << r.error().message;
 }
 
 // Llama-2-7B's config.json (https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json).
@@ -128,7 +133,8 @@ TEST(LoadHfConfig, MoeAndQwenBias) {
 
 TEST(LoadHfConfig, MalformedJsonNamesLine) {
   std::string path = testing::temp_path("bad.json");
-  write(path, "{\n  \"hidden_size\": 4096,\n  \"num_hidden_layers\": 32,\n  \"vocab_size\": ,\n}\n");
+  write(path,
+        "{\n  \"hidden_size\": 4096,\n  \"num_hidden_layers\": 32,\n  \"vocab_size\": ,\n}\n");
   auto r = load_hf_config(path);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find(path + ":4"), std::string::npos) << r.error().message;
@@ -140,7 +146,8 @@ TEST(GpuCatalog, ResolvesAliases) {
   auto h100 = resolve_gpu(*gpus, "h100-80gb");
   ASSERT_TRUE(h100.ok());
   EXPECT_EQ(h100->memory_bytes, 81559LL << 20);  // nvidia-smi: 81559 MiB
-  for (const char* name : {"h200", "a100-80gb", "b200"}) EXPECT_TRUE(resolve_gpu(*gpus, name).ok()) << name;
+  for (const char* name : {"h200", "a100-80gb", "b200"})
+    EXPECT_TRUE(resolve_gpu(*gpus, name).ok()) << name;
   auto bad = resolve_gpu(*gpus, "h1000");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("valid: "), std::string::npos);

@@ -17,8 +17,10 @@ using testing::model;
 
 const HardwareModel kH100 = default_hardware();  // 989.4e12 FLOP/s, 3.35e12 B/s, 450e9 B/s NVLink
 
-// A block holding one op whose inputs are block inputs; shapes, weights and FLOPs from the op table.
-BlockGraph one_op(OpKind kind, OpAttrs attrs, std::vector<TensorType> in, std::string fwd = "", std::string bwd = "") {
+// A block holding one op whose inputs are block inputs; shapes, weights and FLOPs from the op
+// table.
+BlockGraph one_op(OpKind kind, OpAttrs attrs, std::vector<TensorType> in, std::string fwd = "",
+                  std::string bwd = "") {
   BlockGraph g;
   const OpInfo& info = op_info(kind);
   GraphOp op{kind, "op", attrs, {}, {}, info.weights(attrs, in)};
@@ -41,10 +43,14 @@ BlockGraph one_op(OpKind kind, OpAttrs attrs, std::vector<TensorType> in, std::s
   return g;
 }
 
-TensorType bf16(int64_t rows, int64_t cols) { return {{rows, cols}, Dtype::kBf16}; }
+TensorType bf16(int64_t rows, int64_t cols) {
+  return {{rows, cols}, Dtype::kBf16};
+}
 
 // rows x 8192 input, 8192 output features: a column-parallel linear with an 8192 x 8192 weight.
-BlockGraph linear(int64_t rows) { return one_op(OpKind::kColumnLinear, {.features = 8192}, {bf16(rows, 8192)}); }
+BlockGraph linear(int64_t rows) {
+  return one_op(OpKind::kColumnLinear, {.features = 8192}, {bf16(rows, 8192)});
+}
 
 double fwd_bytes(const BlockGraph& g) {
   double b = 0;
@@ -102,7 +108,8 @@ TEST(Collectives, RingAllGatherAndInterNodeBandwidth) {
   t.tp = 8, t.sp = true;
   // All-gather of a 512 x 8192 bf16 shard over 8 ranks: the full tensor is 4096 x 8192 x 2 =
   // 67,108,864 B; 7/8 x 67,108,864 / 450e9 = 130.49 us, + 7 steps x 5 us = 165.49 us.
-  BlockGraph ag = one_op(OpKind::kAllGather, {.group = 8}, {bf16(512, 8192)}, "all_gather", "reduce_scatter");
+  BlockGraph ag =
+      one_op(OpKind::kAllGather, {.group = 8}, {bf16(512, 8192)}, "all_gather", "reduce_scatter");
   double expected = 7.0 / 8 * 67108864.0 / 450e9 + 7 * 5e-6;
   EXPECT_DOUBLE_EQ(op_seconds(ag, 0, kH100, t, false), expected);
   EXPECT_NEAR(expected, 165.49e-6, 0.01e-6);
@@ -113,15 +120,19 @@ TEST(Collectives, RingAllGatherAndInterNodeBandwidth) {
 
   // TP 16 is larger than an 8-GPU node: 15/16 x 67,108,864 / 50e9 + 15 x 10 us = 1.408 ms.
   t.tp = 16;
-  BlockGraph wide = one_op(OpKind::kAllGather, {.group = 16}, {bf16(256, 8192)}, "all_gather", "reduce_scatter");
-  EXPECT_DOUBLE_EQ(op_seconds(wide, 0, kH100, t, false), 15.0 / 16 * 67108864.0 / 50e9 + 15 * 10e-6);
+  BlockGraph wide =
+      one_op(OpKind::kAllGather, {.group = 16}, {bf16(256, 8192)}, "all_gather", "reduce_scatter");
+  EXPECT_DOUBLE_EQ(op_seconds(wide, 0, kH100, t, false),
+                   15.0 / 16 * 67108864.0 / 50e9 + 15 * 10e-6);
 
   // Plain TP: the column linear's backward all-reduces its input gradient (Megatron's f), counted
   // on top of the GEMMs: 2 x (7/8 x 4096 x 8192 x 2 / 450e9 + 7 x 5 us).
   t.tp = 8, t.sp = false;
-  BlockGraph col = one_op(OpKind::kColumnLinear, {.features = 1024}, {bf16(4096, 8192)}, "", "all_reduce");
+  BlockGraph col =
+      one_op(OpKind::kColumnLinear, {.features = 1024}, {bf16(4096, 8192)}, "", "all_reduce");
   BlockGraph bare = one_op(OpKind::kColumnLinear, {.features = 1024}, {bf16(4096, 8192)});
-  EXPECT_NEAR(op_seconds(col, 0, kH100, t, true) - op_seconds(bare, 0, kH100, t, true), 2 * expected, 1e-12);
+  EXPECT_NEAR(op_seconds(col, 0, kH100, t, true) - op_seconds(bare, 0, kH100, t, true),
+              2 * expected, 1e-12);
   EXPECT_DOUBLE_EQ(op_seconds(col, 0, kH100, t, false), op_seconds(bare, 0, kH100, t, false));
 }
 
@@ -175,14 +186,17 @@ TEST(StepTime, FullRecomputeCostsOneLayerForwardPerLayerAndMicroBatch) {
   const BlockGraph& layer = *p.blocks[1].graph;
   ASSERT_EQ(p.blocks[1].kind, BlockKind::kLayer);
   double layer_fwd = 0;
-  for (int o = 0; o < static_cast<int>(layer.ops.size()); ++o) layer_fwd += op_seconds(layer, o, kH100, full, false);
+  for (int o = 0; o < static_cast<int>(layer.ops.size()); ++o)
+    layer_fwd += op_seconds(layer, o, kH100, full, false);
   EXPECT_NEAR(b.recompute_seconds, layer_fwd * 32 * 2, 1e-9 * b.recompute_seconds);
   EXPECT_NEAR(layer_fwd, block_seconds(layer, kH100, full).forward, 1e-12);
   // The extra time is exactly the recompute (pp 1: no bubble; same optimizer and DP traffic).
   EXPECT_NEAR(b.seconds - a.seconds, b.recompute_seconds, 1e-9 * b.seconds);
-  // hardware - model FLOPs = the recomputed forward FLOPs: 32 layers x 2 micro-batches (tp = dp = 1).
+  // hardware - model FLOPs = the recomputed forward FLOPs: 32 layers x 2 micro-batches (tp = dp =
+  // 1).
   EXPECT_EQ(a.hardware_flops, a.model_flops);
-  EXPECT_NEAR(b.hardware_flops - b.model_flops, layer.forward_flops() * 32 * 2, 1e-9 * b.model_flops);
+  EXPECT_NEAR(b.hardware_flops - b.model_flops, layer.forward_flops() * 32 * 2,
+              1e-9 * b.model_flops);
   EXPECT_EQ(a.model_flops, b.model_flops);
   for (const StepTime& s : {a, b}) {
     EXPECT_GT(s.mfu, 0);
@@ -200,9 +214,11 @@ TEST(StepTime, Llama70bTp8RecomputeOverheadIsPlausible) {
   StepTime sel = step_time(build_schedule(m, setup(8, 1, 1, Recompute::kSelective)), kH100);
   double overhead = (full.seconds - none.seconds) / none.seconds;
   double share = full.recompute_seconds / full.seconds;
-  std::printf("llama-3.1-70b tp 8 sp, s 4096: none %.1f ms (MFU %.3f), full %.1f ms (MFU %.3f, HFU %.3f), "
-              "+%.1f %% time, recompute %.1f %% of the step\n",
-              none.seconds * 1e3, none.mfu, full.seconds * 1e3, full.mfu, full.hfu, 100 * overhead, 100 * share);
+  std::printf(
+      "llama-3.1-70b tp 8 sp, s 4096: none %.1f ms (MFU %.3f), full %.1f ms (MFU %.3f, HFU %.3f), "
+      "+%.1f %% time, recompute %.1f %% of the step\n",
+      none.seconds * 1e3, none.mfu, full.seconds * 1e3, full.mfu, full.hfu, 100 * overhead,
+      100 * share);
   // Korthikanti et al. report +36-39 % per layer for full recompute (REFERENCES.md §2, Table 4);
   // their layer runs eager attention on A100. The band allows for flash attention and H100.
   EXPECT_GT(overhead, 0.15);
@@ -210,7 +226,8 @@ TEST(StepTime, Llama70bTp8RecomputeOverheadIsPlausible) {
   EXPECT_GT(share, 0.15);
   EXPECT_LT(share, 0.45);
   // hardware - model FLOPs: the recomputed ops' forward FLOPs x micro-batches x tp x dp.
-  EXPECT_NEAR(full.hardware_flops - full.model_flops, recomputed_flops(fs) * 1 * 8, 1e-9 * full.model_flops);
+  EXPECT_NEAR(full.hardware_flops - full.model_flops, recomputed_flops(fs) * 1 * 8,
+              1e-9 * full.model_flops);
   // Selective recompute with flash attention re-runs nothing more than none (flash already
   // recomputes the scores); both re-do the SP all-gathers (tp_recompute_allgather).
   EXPECT_DOUBLE_EQ(sel.seconds, none.seconds);
@@ -225,13 +242,15 @@ TEST(StepTime, Llama70bTp8RecomputeOverheadIsPlausible) {
 TEST(StepTime, Llama8bMfuIsInTheUsualBand) {
   // Llama-3.1-8B, tp 1, 4 micro-batches of one 4096-token sequence, no recompute, ZeRO-1 over dp 8
   // in one node. Its GEMMs run near the 0.75 cap (M = 4096, K and N >= 4096) and dominate; the
-  // memory-bound ops and the DP traffic take the rest. Public dense-model runs on H100 report MFU of
-  // about 0.35-0.55, so 0.25-0.75 is a loose sanity band.
+  // memory-bound ops and the DP traffic take the rest. Public dense-model runs on H100 report MFU
+  // of about 0.35-0.55, so 0.25-0.75 is a loose sanity band.
   TrainSpec t = setup(1, 1, 4, Recompute::kNone);
   t.dp = 8, t.zero = 1;
   StepTime s = step_time(build_schedule(model("llama-3.1-8b"), t), kH100);
-  std::printf("llama-3.1-8b tp 1 dp 8: %.1f ms, MFU %.3f, %.0f tokens/s, optimizer %.2f ms, dp %.2f ms\n",
-              s.seconds * 1e3, s.mfu, s.tokens_per_second, s.optimizer_seconds * 1e3, s.dp_comm_seconds * 1e3);
+  std::printf(
+      "llama-3.1-8b tp 1 dp 8: %.1f ms, MFU %.3f, %.0f tokens/s, optimizer %.2f ms, dp %.2f ms\n",
+      s.seconds * 1e3, s.mfu, s.tokens_per_second, s.optimizer_seconds * 1e3,
+      s.dp_comm_seconds * 1e3);
   EXPECT_GT(s.mfu, 0.25);
   EXPECT_LT(s.mfu, 0.75);
   EXPECT_NEAR(s.tokens_per_second, 4096.0 * 4 * 8 / s.seconds, 1e-6);
@@ -256,7 +275,8 @@ TEST(StepTime, PipelineBubbleIsPpMinusOneMicroBatchSlots) {
       if (f + r > slowest) slowest = f + r, slowest_recompute = r;
     }
     EXPECT_NEAR(st.bubble_seconds, 3 * slowest, 1e-12);
-    EXPECT_NEAR(st.seconds, 7 * slowest + st.optimizer_seconds + st.dp_comm_seconds, 1e-9 * st.seconds);
+    EXPECT_NEAR(st.seconds, 7 * slowest + st.optimizer_seconds + st.dp_comm_seconds,
+                1e-9 * st.seconds);
     EXPECT_NEAR(st.recompute_seconds, 4 * slowest_recompute, 1e-12);
     EXPECT_EQ(st.stages.size(), 4u);
     EXPECT_GT(st.mfu, 0);

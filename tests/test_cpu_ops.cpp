@@ -7,13 +7,13 @@
 // L = sum_i r_i out_i (r random, |r| in [0.5, 1]; for the loss, loss_scale x the sum of per-token
 // losses), Richardson-extrapolated from steps 1e-2 and 5e-3, must match the backward within
 // 1e-3 x max|grad| + 1e-5 absolute, for every float input with a grad bit and every weight.
-// Backward also accumulates: preset input and weight gradients end bitwise as preset + contribution.
-// bf16 (Bf16/*): fed the same bf16-representable values, every bf16 output and input gradient of
-// make_cpu_backend() is bitwise f32_to_bf16 of the fp32 variant's (one rounding), fp32 outputs and
-// weight gradients are bitwise equal; allocations (role, shape, dtype, order) are the op table's;
-// forward and backward are bitwise deterministic. Forward values (Reference/*) match naive
-// double-precision references within 2e-5 relative. Every allocation is poisoned with 0xFF bytes
-// (NaN for bf16/fp32, 255 for u8, -1 for i64), so an element never written shows up.
+// Backward also accumulates: preset input and weight gradients end bitwise as preset +
+// contribution. bf16 (Bf16/*): fed the same bf16-representable values, every bf16 output and input
+// gradient of make_cpu_backend() is bitwise f32_to_bf16 of the fp32 variant's (one rounding), fp32
+// outputs and weight gradients are bitwise equal; allocations (role, shape, dtype, order) are the
+// op table's; forward and backward are bitwise deterministic. Forward values (Reference/*) match
+// naive double-precision references within 2e-5 relative. Every allocation is poisoned with 0xFF
+// bytes (NaN for bf16/fp32, 255 for u8, -1 for i64), so an element never written shows up.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,20 +33,29 @@
 namespace np::exec {
 namespace {
 
-constexpr int64_t B = 3, S = 5, T = B * S, H = 11, HQ = 3, HKV = 1, D = 6, F = 13, V = 17, E = 5, K = 2;
+constexpr int64_t B = 3, S = 5, T = B * S, H = 11, HQ = 3, HKV = 1, D = 6, F = 13, V = 17, E = 5,
+                  K = 2;
 constexpr int64_t QKV = (HQ + 2 * HKV) * D;
 constexpr double kDropout = 0.2;
 using Vec = std::vector<double>;
 
-double bf(double x) { return bf16_to_f32(f32_to_bf16(static_cast<float>(x))); }
-bool is_float(Dtype d) { return d == Dtype::kBf16 || d == Dtype::kFp32; }
-bool bit(unsigned mask, int i) { return (mask >> i) & 1u; }
+double bf(double x) {
+  return bf16_to_f32(f32_to_bf16(static_cast<float>(x)));
+}
+bool is_float(Dtype d) {
+  return d == Dtype::kBf16 || d == Dtype::kFp32;
+}
+bool bit(unsigned mask, int i) {
+  return (mask >> i) & 1u;
+}
 std::string str(const TensorType& t) {
   std::string s = std::string(name_of(t.dtype)) + "{";
   for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? "," : "") + std::to_string(t.shape[i]);
   return s + "}";
 }
-bool same(const TensorType& a, const TensorType& b) { return a.shape == b.shape && a.dtype == b.dtype; }
+bool same(const TensorType& a, const TensorType& b) {
+  return a.shape == b.shape && a.dtype == b.dtype;
+}
 
 // A tensor's values with its op-table type; integers are held as doubles.
 struct Val {
@@ -63,8 +72,12 @@ Val val(std::vector<int64_t> shape, Dtype dtype, Vec v) {
 class Rng {
  public:
   explicit Rng(uint64_t seed) : g_(seed) {}
-  double uniform(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(g_); }
-  int64_t integer(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(g_); }
+  double uniform(double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(g_);
+  }
+  int64_t integer(int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(g_);
+  }
   Val floats(TensorType t, double lo = -1, double hi = 1) {
     Val x{t, Vec(t.elements())};
     for (double& v : x.v) v = bf(uniform(lo, hi));
@@ -105,28 +118,41 @@ class Arena {
 void fill(const Tensor& t, const Vec& v) {
   ASSERT_EQ(static_cast<int64_t>(v.size()), t.numel());
   for (int64_t i = 0; i < t.numel(); ++i) {
-    if (is_float(t.type.dtype)) store(t, i, static_cast<float>(v[i]));
-    else if (t.type.dtype == Dtype::kU8) t.as<uint8_t>()[i] = static_cast<uint8_t>(v[i]);
-    else t.as<int64_t>()[i] = static_cast<int64_t>(v[i]);
+    if (is_float(t.type.dtype))
+      store(t, i, static_cast<float>(v[i]));
+    else if (t.type.dtype == Dtype::kU8)
+      t.as<uint8_t>()[i] = static_cast<uint8_t>(v[i]);
+    else
+      t.as<int64_t>()[i] = static_cast<int64_t>(v[i]);
   }
 }
 
 Vec read(const Tensor& t) {
   Vec v(t.numel());
   for (int64_t i = 0; i < t.numel(); ++i) {
-    if (is_float(t.type.dtype)) v[i] = load(t, i);
-    else if (t.type.dtype == Dtype::kU8) v[i] = t.as<uint8_t>()[i];
-    else v[i] = static_cast<double>(t.as<int64_t>()[i]);
+    if (is_float(t.type.dtype))
+      v[i] = load(t, i);
+    else if (t.type.dtype == Dtype::kU8)
+      v[i] = t.as<uint8_t>()[i];
+    else
+      v[i] = static_cast<double>(t.as<int64_t>()[i]);
   }
   return v;
 }
 
 uint64_t bits(const Tensor& t, int64_t i) {
   switch (t.type.dtype) {
-    case Dtype::kBf16: return t.as<uint16_t>()[i];
-    case Dtype::kFp32: { uint32_t u; std::memcpy(&u, t.as<float>() + i, 4); return u; }
-    case Dtype::kU8: return t.as<uint8_t>()[i];
-    case Dtype::kI64: return static_cast<uint64_t>(t.as<int64_t>()[i]);
+    case Dtype::kBf16:
+      return t.as<uint16_t>()[i];
+    case Dtype::kFp32: {
+      uint32_t u;
+      std::memcpy(&u, t.as<float>() + i, 4);
+      return u;
+    }
+    case Dtype::kU8:
+      return t.as<uint8_t>()[i];
+    case Dtype::kI64:
+      return static_cast<uint64_t>(t.as<int64_t>()[i]);
   }
   return 0;
 }
@@ -136,8 +162,11 @@ void expect_rounded(const Tensor& b, const Tensor& f, const std::string& what) {
   ASSERT_EQ(b.numel(), f.numel()) << what;
   int64_t bad = 0;
   for (int64_t i = 0; i < b.numel(); ++i) {
-    uint64_t want = b.type.dtype == Dtype::kBf16 && f.type.dtype == Dtype::kFp32 ? f32_to_bf16(f.as<float>()[i]) : bits(f, i);
-    if (bits(b, i) != want && bad++ == 0) ADD_FAILURE() << what << ": element " << i << " is not the rounded fp32 value";
+    uint64_t want = b.type.dtype == Dtype::kBf16 && f.type.dtype == Dtype::kFp32
+                        ? f32_to_bf16(f.as<float>()[i])
+                        : bits(f, i);
+    if (bits(b, i) != want && bad++ == 0)
+      ADD_FAILURE() << what << ": element " << i << " is not the rounded fp32 value";
   }
   EXPECT_EQ(bad, 0) << what;
 }
@@ -150,9 +179,9 @@ void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
 
 void expect_written(const Tensor& t, const std::string& what) {
   for (int64_t i = 0; i < t.numel(); ++i) {
-    bool ok = is_float(t.type.dtype) ? !std::isnan(load(t, i))
+    bool ok = is_float(t.type.dtype)       ? !std::isnan(load(t, i))
               : t.type.dtype == Dtype::kU8 ? t.as<uint8_t>()[i] <= 1
-                                            : t.as<int64_t>()[i] >= 0;
+                                           : t.as<int64_t>()[i] >= 0;
     if (!ok) {
       ADD_FAILURE() << what << ": element " << i << " was never written (poison)";
       return;
@@ -175,7 +204,8 @@ double max_diff(const Vec& a, const Vec& b) {  // infinite when either holds a N
   return m;
 }
 
-// ---- communicators -------------------------------------------------------------------------------
+// ---- communicators
+// -------------------------------------------------------------------------------
 
 // tp = 1: every collective is the identity.
 class IdentityComm final : public Communicator {
@@ -193,7 +223,8 @@ class IdentityComm final : public Communicator {
  private:
   void copy(const Tensor& in, const Tensor& out) {
     ++calls;
-    if (in.bytes() != out.bytes() || in.type.dtype != out.type.dtype) throw std::logic_error("identity collective: sizes differ");
+    if (in.bytes() != out.bytes() || in.type.dtype != out.type.dtype)
+      throw std::logic_error("identity collective: sizes differ");
     std::memcpy(out.data, in.data, in.bytes());
   }
 };
@@ -212,7 +243,8 @@ class ThreadComm final : public Communicator {
   int64_t tp_size() const override { return g_.n; }
   void all_gather(const Tensor& in, const Tensor& out) override {
     publish(in.data);
-    for (int64_t q = 0; q < g_.n; ++q) std::memcpy(out.as<char>() + q * in.bytes(), g_.slots[q], in.bytes());
+    for (int64_t q = 0; q < g_.n; ++q)
+      std::memcpy(out.as<char>() + q * in.bytes(), g_.slots[q], in.bytes());
     g_.sync.arrive_and_wait();
   }
   void reduce_scatter(const Tensor& in, const Tensor& out) override {
@@ -305,7 +337,8 @@ struct Exec {
 
   Exec(const Case& c, bool fp32)
       : c(c), fp32(fp32), be(fp32 ? make_cpu_backend_fp32_activations() : make_cpu_backend()) {
-    op.kind = c.kind, op.name = "attn." + c.label, op.attrs = c.attrs, op.bwd_collective = c.bwd_collective;
+    op.kind = c.kind, op.name = "attn." + c.label, op.attrs = c.attrs,
+    op.bwd_collective = c.bwd_collective;
     auto in = types_of(c.inputs);
     op.weights = op_info(c.kind).weights(c.attrs, in);
   }
@@ -345,8 +378,9 @@ struct Exec {
     return call;
   }
   // Passes only what the op table says the backward reads; grad_inputs: present entries accumulate.
-  std::unique_ptr<Call> backward(std::span<const Tensor> in, std::span<const Tensor> outs, std::span<const Tensor> grad_outs,
-                                 std::vector<Tensor> grad_inputs, std::span<const Tensor> w, std::span<const Tensor> wg) {
+  std::unique_ptr<Call> backward(std::span<const Tensor> in, std::span<const Tensor> outs,
+                                 std::span<const Tensor> grad_outs, std::vector<Tensor> grad_inputs,
+                                 std::span<const Tensor> w, std::span<const Tensor> wg) {
     const OpInfo& info = op_info(c.kind);
     auto call = std::make_unique<Call>();
     std::vector<Tensor> bi(info.num_inputs), bo(info.num_outputs), bg(info.num_outputs);
@@ -359,7 +393,8 @@ struct Exec {
     call->grad_inputs = std::move(grad_inputs);
     call->grad_inputs.resize(info.num_inputs);
     BackwardArgs args;
-    args.inputs = bi, args.outputs = bo, args.grad_outputs = bg, args.grad_inputs = call->grad_inputs;
+    args.inputs = bi, args.outputs = bo, args.grad_outputs = bg,
+    args.grad_inputs = call->grad_inputs;
     args.weights = w, args.weight_grads = wg;
     be->backward(context(call->arena), args);
     return call;
@@ -393,18 +428,22 @@ Val routing_indices(Rng& rng, int64_t tokens) {
 
 Val integers(Rng& rng, std::vector<int64_t> shape, int64_t hi) {
   Val v{{std::move(shape), Dtype::kI64}, {}};
-  for (int64_t i = 0; i < v.type.elements(); ++i) v.v.push_back(static_cast<double>(rng.integer(0, hi - 1)));
+  for (int64_t i = 0; i < v.type.elements(); ++i)
+    v.v.push_back(static_cast<double>(rng.integer(0, hi - 1)));
   return v;
 }
 
 std::vector<Case> all_cases() {
   Rng rng(2024);
   std::vector<Case> cs;
-  auto act = [&](std::vector<int64_t> shape, double lo = -1, double hi = 1) { return rng.floats({std::move(shape), Dtype::kBf16}, lo, hi); };
-  auto add = [&](std::string label, OpKind kind, OpAttrs a, std::vector<Val> in, double wlo = -0.5, double whi = 0.5,
-                 std::string bwd = "") {
+  auto act = [&](std::vector<int64_t> shape, double lo = -1, double hi = 1) {
+    return rng.floats({std::move(shape), Dtype::kBf16}, lo, hi);
+  };
+  auto add = [&](std::string label, OpKind kind, OpAttrs a, std::vector<Val> in, double wlo = -0.5,
+                 double whi = 0.5, std::string bwd = "") {
     Case c{std::move(label), kind, a, std::move(in), {}, std::move(bwd)};
-    for (const WeightShape& w : op_info(kind).weights(a, types_of(c.inputs))) c.weights.push_back(rng.floats({w.shape, Dtype::kBf16}, wlo, whi));
+    for (const WeightShape& w : op_info(kind).weights(a, types_of(c.inputs)))
+      c.weights.push_back(rng.floats({w.shape, Dtype::kBf16}, wlo, whi));
     cs.push_back(std::move(c));
   };
   OpAttrs core{.batch = B, .seq = S, .heads = HQ, .kv_heads = HKV, .head_dim = D};
@@ -418,14 +457,20 @@ std::vector<Case> all_cases() {
   add("reduce_scatter", OpKind::kReduceScatter, {.group = 1}, {act({T, H})});
   add("all_reduce", OpKind::kAllReduce, {.group = 1}, {act({T, H})});
   add("column_linear", OpKind::kColumnLinear, {.features = F, .bias = true}, {act({T, H})});
-  add("column_linear_all_reduce", OpKind::kColumnLinear, {.features = F}, {act({T, H})}, -0.5, 0.5, "all_reduce");
+  add("column_linear_all_reduce", OpKind::kColumnLinear, {.features = F}, {act({T, H})}, -0.5, 0.5,
+      "all_reduce");
   add("row_linear", OpKind::kRowLinear, {.features = H, .bias = true}, {act({T, F})});
   add("rope", OpKind::kRope, {}, {act({T, QKV})});
   add("flash_attention", OpKind::kFlashAttention, core, {act({T, QKV})});
-  OpAttrs gqa2{.batch = B, .seq = S, .heads = 4, .kv_heads = 2, .head_dim = 4};  // q heads 0,1 -> kv 0; 2,3 -> kv 1
+  OpAttrs gqa2{.batch = B,
+               .seq = S,
+               .heads = 4,
+               .kv_heads = 2,
+               .head_dim = 4};  // q heads 0,1 -> kv 0; 2,3 -> kv 1
   add("flash_attention_gqa2", OpKind::kFlashAttention, gqa2, {act({T, (4 + 2 * 2) * 4})});
   add("attn_scores_gqa2", OpKind::kAttnScores, gqa2, {act({T, (4 + 2 * 2) * 4})});
-  add("attn_context_gqa2", OpKind::kAttnContext, gqa2, {act({B, 4, S, S}, 0, 1), act({T, (4 + 2 * 2) * 4})});
+  add("attn_context_gqa2", OpKind::kAttnContext, gqa2,
+      {act({B, 4, S, S}, 0, 1), act({T, (4 + 2 * 2) * 4})});
   add("attn_scores", OpKind::kAttnScores, core, {act({T, QKV})});
   add("softmax", OpKind::kSoftmax, core, {act({B, HQ, S, S}, -2, 2)});
   add("attn_context", OpKind::kAttnContext, core, {act({B, HQ, S, S}, 0, 1), act({T, QKV})});
@@ -463,7 +508,8 @@ const std::vector<Case>& cases() {
   return c;
 }
 
-// ---- naive double-precision references of the forward outputs ------------------------------------
+// ---- naive double-precision references of the forward outputs
+// ------------------------------------
 
 // The dispatched order of (token, slot): experts ascending, then (t, j) ascending.
 std::vector<std::pair<int64_t, int64_t>> dispatch_order(const Val& idx) {
@@ -486,17 +532,24 @@ Vec linear_ref(const Vec& x, int64_t rows, int64_t in, const Vec& w, int64_t out
   return y;
 }
 
-double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+double sigmoid(double z) {
+  return 1.0 / (1.0 + std::exp(-z));
+}
 
 std::vector<Vec> reference(const Case& c, Exec& ex) {
   const auto& in = c.inputs;
   const auto& w = c.weights;
   auto x = [&](int k) -> const Vec& { return in[k].v; };
   // Attention geometry from the attrs (a case may use other heads than the model's).
-  int64_t hq = c.attrs.heads, hkv = c.attrs.kv_heads, hd = c.attrs.head_dim, wq = (hq + 2 * hkv) * hd;
+  int64_t hq = c.attrs.heads, hkv = c.attrs.kv_heads, hd = c.attrs.head_dim,
+          wq = (hq + 2 * hkv) * hd;
   auto q = [&](const Vec& a, int64_t t, int64_t h, int64_t d) { return a[t * wq + h * hd + d]; };
-  auto k_ = [&](const Vec& a, int64_t t, int64_t h, int64_t d) { return a[t * wq + (hq + h / (hq / hkv)) * hd + d]; };
-  auto v_ = [&](const Vec& a, int64_t t, int64_t h, int64_t d) { return a[t * wq + (hq + hkv + h / (hq / hkv)) * hd + d]; };
+  auto k_ = [&](const Vec& a, int64_t t, int64_t h, int64_t d) {
+    return a[t * wq + (hq + h / (hq / hkv)) * hd + d];
+  };
+  auto v_ = [&](const Vec& a, int64_t t, int64_t h, int64_t d) {
+    return a[t * wq + (hq + hkv + h / (hq / hkv)) * hd + d];
+  };
   double scale = hd > 0 ? 1.0 / std::sqrt(double(hd)) : 0.0;
   switch (c.kind) {
     case OpKind::kEmbedding: {
@@ -520,13 +573,15 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
         for (int64_t d = 0; d < H; ++d) mu += ln ? x(0)[t * H + d] / H : 0.0;
         for (int64_t d = 0; d < H; ++d) var += (x(0)[t * H + d] - mu) * (x(0)[t * H + d] - mu) / H;
         for (int64_t d = 0; d < H; ++d)
-          o[t * H + d] = (x(0)[t * H + d] - mu) / std::sqrt(var + 1e-5) * w[0].v[d] + (ln ? w[1].v[d] : 0.0);
+          o[t * H + d] =
+              (x(0)[t * H + d] - mu) / std::sqrt(var + 1e-5) * w[0].v[d] + (ln ? w[1].v[d] : 0.0);
       }
       return {o};
     }
     case OpKind::kAllGather:
     case OpKind::kReduceScatter:
-    case OpKind::kAllReduce: return {x(0)};
+    case OpKind::kAllReduce:
+      return {x(0)};
     case OpKind::kColumnLinear:
     case OpKind::kRowLinear:
     case OpKind::kRouter: {
@@ -559,7 +614,8 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
               for (int64_t j = 0; j <= i; ++j) sc[row * S + j] = x(0)[row * S + j];
             } else {
               for (int64_t j = 0; j <= i; ++j)
-                for (int64_t d = 0; d < hd; ++d) sc[row * S + j] += q(a, i * B + bi, h, d) * k_(a, j * B + bi, h, d);
+                for (int64_t d = 0; d < hd; ++d)
+                  sc[row * S + j] += q(a, i * B + bi, h, d) * k_(a, j * B + bi, h, d);
             }
             double m = -1e300, z = 0;
             for (int64_t j = 0; j <= i; ++j) m = std::max(m, scale * sc[row * S + j]);
@@ -568,7 +624,8 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
             for (int64_t j = 0; j <= i; ++j) {
               pr[row * S + j] = std::exp(scale * sc[row * S + j] - m) / z;
               double p = c.kind == OpKind::kAttnContext ? x(0)[row * S + j] : pr[row * S + j];
-              for (int64_t d = 0; d < hd; ++d) ctx[(i * B + bi) * hq * hd + h * hd + d] += p * v_(a, j * B + bi, h, d);
+              for (int64_t d = 0; d < hd; ++d)
+                ctx[(i * B + bi) * hq * hd + h * hd + d] += p * v_(a, j * B + bi, h, d);
             }
           }
       if (c.kind == OpKind::kFlashAttention) return {ctx, lse};
@@ -579,7 +636,8 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
     case OpKind::kDropout: {  // at tp = 1 without SP the global index is the flat index
       Arena a;
       OpContext ctx = ex.context(a);
-      uint64_t stream = dropout_stream(ctx) ^ (static_cast<uint64_t>(ctx.mb) * 0x9E3779B97F4A7C15ull);
+      uint64_t stream =
+          dropout_stream(ctx) ^ (static_cast<uint64_t>(ctx.mb) * 0x9E3779B97F4A7C15ull);
       Vec o(x(0).size()), mask(x(0).size());
       for (size_t i = 0; i < o.size(); ++i) {
         mask[i] = counter_uniform(ctx.seed, stream, i) >= static_cast<float>(kDropout);
@@ -600,7 +658,8 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
       Vec o(x(0).size());
       for (size_t i = 0; i < o.size(); ++i) {
         double v = x(0)[i];
-        o[i] = 0.5 * v * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (v + 0.044715 * v * v * v)));
+        o[i] =
+            0.5 * v * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (v + 0.044715 * v * v * v)));
       }
       return {o};
     }
@@ -614,10 +673,12 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
       for (int64_t t = 0; t < T; ++t) {
         std::vector<int64_t> e(E);
         std::iota(e.begin(), e.end(), 0);
-        std::stable_sort(e.begin(), e.end(), [&](int64_t a, int64_t b) { return x(0)[t * E + a] > x(0)[t * E + b]; });
+        std::stable_sort(e.begin(), e.end(),
+                         [&](int64_t a, int64_t b) { return x(0)[t * E + a] > x(0)[t * E + b]; });
         double z = 0;
         for (int64_t j = 0; j < K; ++j) z += std::exp(x(0)[t * E + e[j]]);
-        for (int64_t j = 0; j < K; ++j) p[t * K + j] = std::exp(x(0)[t * E + e[j]]) / z, id[t * K + j] = double(e[j]);
+        for (int64_t j = 0; j < K; ++j)
+          p[t * K + j] = std::exp(x(0)[t * E + e[j]]) / z, id[t * K + j] = double(e[j]);
       }
       return {p, id};
     }
@@ -675,12 +736,14 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
       }
       return {loss, sm};
     }
-    case OpKind::kCount: break;
+    case OpKind::kCount:
+      break;
   }
   return {};
 }
 
-// ---- the per-case checks -------------------------------------------------------------------------
+// ---- the per-case checks
+// -------------------------------------------------------------------------
 
 class CpuOp : public ::testing::TestWithParam<size_t> {
  protected:
@@ -757,7 +820,8 @@ TEST_P(CpuOp, Gradients) {
     for (int64_t i = 0; i < t.numel(); ++i) num[i] = numeric(t, i);
     double scale = max_abs(analytic);
     EXPECT_GT(scale, 0.0) << what << ": an all-zero gradient checks nothing";
-    EXPECT_LE(max_diff(num, analytic), 1e-3 * scale + 1e-5) << what << " (max |grad| " << scale << ")";
+    EXPECT_LE(max_diff(num, analytic), 1e-3 * scale + 1e-5)
+        << what << " (max |grad| " << scale << ")";
   };
   for (int k = 0; k < info.num_inputs; ++k)
     if (bit(info.grad_inputs, k) && is_float(in[k].type.dtype))
@@ -779,16 +843,19 @@ TEST_P(CpuOp, Gradients) {
     fill(t, pw.back());
   }
   auto g2 = ex.backward(in, base->outs, go, preset, w, wg2);
-  for (const Arena::Rec& rec : g2->arena.log) EXPECT_NE(rec.role, AllocRole::kGradInput) << "allocated a present gradient";
+  for (const Arena::Rec& rec : g2->arena.log)
+    EXPECT_NE(rec.role, AllocRole::kGradInput) << "allocated a present gradient";
   for (int k = 0; k < info.num_inputs; ++k) {
     if (!bit(info.grad_inputs, k)) continue;
     ASSERT_EQ(g2->grad_inputs[k].data, preset[k].data);
     for (int64_t i = 0; i < in[k].numel(); ++i)
-      ASSERT_EQ(load(preset[k], i), static_cast<float>(pv[k][i]) + load(g1->grad_inputs[k], i)) << "input " << k << " element " << i;
+      ASSERT_EQ(load(preset[k], i), static_cast<float>(pv[k][i]) + load(g1->grad_inputs[k], i))
+          << "input " << k << " element " << i;
   }
   for (size_t m = 0; m < wg2.size(); ++m)
     for (int64_t i = 0; i < wg2[m].numel(); ++i)
-      ASSERT_EQ(load(wg2[m], i), static_cast<float>(pw[m][i]) + load(wg[m], i)) << "weight " << m << " element " << i;
+      ASSERT_EQ(load(wg2[m], i), static_cast<float>(pw[m][i]) + load(wg[m], i))
+          << "weight " << m << " element " << i;
 }
 
 TEST_P(CpuOp, Bf16RoundsOnceAllocatesTheTableAndIsDeterministic) {
@@ -808,13 +875,16 @@ TEST_P(CpuOp, Bf16RoundsOnceAllocatesTheTableAndIsDeterministic) {
   for (size_t j = 0; j < fb->outs.size(); ++j) {
     const TensorType& t = j < want.size() ? want[j] : ws[j - want.size()];
     AllocRole role = j < want.size() ? AllocRole::kOutput : AllocRole::kWorkspace;
-    EXPECT_TRUE(same(fb->outs[j].type, t)) << "result " << j << ": " << str(fb->outs[j].type) << " vs " << str(t);
-    EXPECT_TRUE(same(fb->arena.log[j].type, t) && fb->arena.log[j].role == role) << "allocation " << j;
+    EXPECT_TRUE(same(fb->outs[j].type, t))
+        << "result " << j << ": " << str(fb->outs[j].type) << " vs " << str(t);
+    EXPECT_TRUE(same(fb->arena.log[j].type, t) && fb->arena.log[j].role == role)
+        << "allocation " << j;
     expect_written(fb->outs[j], "forward result " + std::to_string(j));
     expect_rounded(fb->outs[j], ff->outs[j], "forward result " + std::to_string(j));
   }
   auto fb2 = hb.forward(in_b, w_b);
-  for (size_t j = 0; j < fb->outs.size(); ++j) expect_bitwise(fb->outs[j], fb2->outs[j], "recomputed forward result");
+  for (size_t j = 0; j < fb->outs.size(); ++j)
+    expect_bitwise(fb->outs[j], fb2->outs[j], "recomputed forward result");
 
   // Backward from the bf16 forward's outputs, the same values in both variants.
   Rng rng(11 + GetParam());
@@ -839,9 +909,11 @@ TEST_P(CpuOp, Bf16RoundsOnceAllocatesTheTableAndIsDeterministic) {
     (rec.role == AllocRole::kGradInput ? got_grads : got_ws).push_back(rec.type);
   }
   ASSERT_EQ(got_grads.size(), grads.size());
-  for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(same(got_grads[i], grads[i])) << str(got_grads[i]) << " vs " << str(grads[i]);
+  for (size_t i = 0; i < grads.size(); ++i)
+    EXPECT_TRUE(same(got_grads[i], grads[i])) << str(got_grads[i]) << " vs " << str(grads[i]);
   ASSERT_EQ(got_ws.size(), bws.size());
-  for (size_t i = 0; i < bws.size(); ++i) EXPECT_TRUE(same(got_ws[i], bws[i])) << str(got_ws[i]) << " vs " << str(bws[i]);
+  for (size_t i = 0; i < bws.size(); ++i)
+    EXPECT_TRUE(same(got_ws[i], bws[i])) << str(got_ws[i]) << " vs " << str(bws[i]);
   for (int k = 0; k < info.num_inputs; ++k) {
     if (!bit(info.grad_inputs, k)) continue;
     ASSERT_TRUE(bb->grad_inputs[k] && bf_->grad_inputs[k]);
@@ -856,14 +928,18 @@ TEST_P(CpuOp, Bf16RoundsOnceAllocatesTheTableAndIsDeterministic) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, CpuOp, ::testing::Range<size_t>(0, cases().size()),
-                         [](const ::testing::TestParamInfo<size_t>& p) { return cases()[p.param].label; });
+                         [](const ::testing::TestParamInfo<size_t>& p) {
+                           return cases()[p.param].label;
+                         });
 
-// ---- dispatch ------------------------------------------------------------------------------------
+// ---- dispatch
+// ------------------------------------------------------------------------------------
 
 TEST(CpuBackend, EveryOpKindHasACaseAndADispatchEntry) {
   for (int k = 0; k < static_cast<int>(OpKind::kCount); ++k) {
     auto kind = static_cast<OpKind>(k);
-    auto it = std::find_if(cases().begin(), cases().end(), [&](const Case& c) { return c.kind == kind; });
+    auto it =
+        std::find_if(cases().begin(), cases().end(), [&](const Case& c) { return c.kind == kind; });
     ASSERT_NE(it, cases().end()) << name_of(kind) << " has no test case";
     Exec ex(*it, false);
     auto in = ex.tensors(it->inputs), w = ex.tensors(it->weights);
@@ -875,7 +951,8 @@ TEST(CpuBackend, EveryOpKindHasACaseAndADispatchEntry) {
   EXPECT_STREQ(make_cpu_backend()->name(), "cpu");
 }
 
-// ---- attention: flash against the eager chain ----------------------------------------------------
+// ---- attention: flash against the eager chain
+// ----------------------------------------------------
 
 struct AttentionRun {
   Vec ctx, dqkv;
@@ -902,7 +979,8 @@ AttentionRun run_eager(const Val& qkv, const Val& dctx, bool fp32) {
   Exec ep(cp, fp32);
   auto sx = ep.tensors(cp.inputs);
   auto p = ep.forward(sx, {});
-  Case cc{"context", OpKind::kAttnContext, core, {{p->outs[0].type, read(p->outs[0])}, qkv}, {}, ""};
+  Case cc{"context", OpKind::kAttnContext, core, {{p->outs[0].type, read(p->outs[0])}, qkv}, {},
+          ""};
   Exec ec(cc, fp32);
   auto cx = ec.tensors(cc.inputs);
   auto o = ec.forward(cx, {});
@@ -940,7 +1018,8 @@ TEST(CpuAttention, FlashMatchesEager) {
   EXPECT_GT(correlation(fb.dqkv, eb.dqkv), 0.999);
 }
 
-// ---- dropout ---------------------------------------------------------------------------------------
+// ---- dropout
+// ---------------------------------------------------------------------------------------
 
 struct Masked {
   Vec out, mask;
@@ -983,23 +1062,33 @@ TEST(CpuDropout, IndependentOfTensorParallelShards) {
     Val part = val({2, hq / 2, s, s}, Dtype::kBf16, Vec{});
     for (int64_t bi = 0; bi < 2; ++bi)
       for (int64_t h = 0; h < hq / 2; ++h)
-        for (int64_t i = 0; i < s * s; ++i) part.v.push_back(full.inputs[0].v[((bi * hq + r * hq / 2 + h) * s * s) + i]);
+        for (int64_t i = 0; i < s * s; ++i)
+          part.v.push_back(full.inputs[0].v[((bi * hq + r * hq / 2 + h) * s * s) + i]);
     Case c{"probs", OpKind::kDropout, {}, {part}, {}, ""};
     Masked m = run_dropout(c, [&](Exec& e) { e.setup.tp = 2, e.tp_rank = r; });
     for (int64_t bi = 0; bi < 2; ++bi)
       for (int64_t h = 0; h < hq / 2; ++h)
         for (int64_t i = 0; i < s * s; ++i)
-          ASSERT_EQ(m.mask[(bi * hq / 2 + h) * s * s + i], ref.mask[(bi * hq + r * hq / 2 + h) * s * s + i]);
+          ASSERT_EQ(m.mask[(bi * hq / 2 + h) * s * s + i],
+                    ref.mask[(bi * hq + r * hq / 2 + h) * s * s + i]);
   }
   // Sequence shards (SP): rows [token_offset, token_offset + T/3) of the full tensor.
   Case rows{"hidden", OpKind::kDropout, {}, {rng.floats({{T, H}, Dtype::kBf16})}, {}, ""};
   Masked all = run_dropout(rows);
   for (int64_t r = 0; r < 3; ++r) {
-    Val part = val({T / 3, H}, Dtype::kBf16, Vec(rows.inputs[0].v.begin() + r * (T / 3) * H, rows.inputs[0].v.begin() + (r + 1) * (T / 3) * H));
+    Val part = val({T / 3, H}, Dtype::kBf16,
+                   Vec(rows.inputs[0].v.begin() + r * (T / 3) * H,
+                       rows.inputs[0].v.begin() + (r + 1) * (T / 3) * H));
     Case c{"hidden", OpKind::kDropout, {}, {part}, {}, ""};
-    Masked m = run_dropout(c, [&](Exec& e) { e.setup.tp = 3, e.setup.sp = true, e.tp_rank = r, e.token_offset = r * (T / 3); });
-    EXPECT_EQ(m.mask, Vec(all.mask.begin() + r * (T / 3) * H, all.mask.begin() + (r + 1) * (T / 3) * H)) << "shard " << r;
-    EXPECT_EQ(m.out, Vec(all.out.begin() + r * (T / 3) * H, all.out.begin() + (r + 1) * (T / 3) * H)) << "shard " << r;
+    Masked m = run_dropout(c, [&](Exec& e) {
+      e.setup.tp = 3, e.setup.sp = true, e.tp_rank = r, e.token_offset = r * (T / 3);
+    });
+    EXPECT_EQ(m.mask,
+              Vec(all.mask.begin() + r * (T / 3) * H, all.mask.begin() + (r + 1) * (T / 3) * H))
+        << "shard " << r;
+    EXPECT_EQ(m.out,
+              Vec(all.out.begin() + r * (T / 3) * H, all.out.begin() + (r + 1) * (T / 3) * H))
+        << "shard " << r;
   }
 }
 
@@ -1027,7 +1116,8 @@ TEST(CpuRng, CounterUniformAndStreams) {
   EXPECT_EQ(dropout_stream(ca), dropout_stream(cm));
 }
 
-// ---- routing, vocab and bias details ---------------------------------------------------------------
+// ---- routing, vocab and bias details
+// ---------------------------------------------------------------
 
 TEST(CpuMoe, TopKTiesPickTheLowerExpert) {
   Val l = val({2, 4}, Dtype::kFp32, Vec{0.5, 1.0, 1.0, 1.0, 2.0, 0.0, 2.0, -1.0});
@@ -1050,7 +1140,9 @@ TEST(CpuVocab, EmbeddingShardsSumToTheFullLookup) {
   auto fin = ef.tensors(full.inputs), fw = ef.tensors(full.weights);
   Vec want = read(ef.forward(fin, fw)->outs[0]), sum(T * H, 0.0);
   for (int64_t r = 0; r < 2; ++r) {
-    Val shard = val({vocab / 2, H}, Dtype::kBf16, Vec(table.v.begin() + r * (vocab / 2) * H, table.v.begin() + (r + 1) * (vocab / 2) * H));
+    Val shard = val(
+        {vocab / 2, H}, Dtype::kBf16,
+        Vec(table.v.begin() + r * (vocab / 2) * H, table.v.begin() + (r + 1) * (vocab / 2) * H));
     Case c{"embed", OpKind::kEmbedding, {.features = H, .rows = vocab / 2}, {ids}, {shard}, ""};
     Exec ex(c, false);
     ex.setup.tp = 2, ex.tp_rank = r;
@@ -1064,14 +1156,16 @@ TEST(CpuVocab, EmbeddingShardsSumToTheFullLookup) {
     Vec dw = read(wg[0]);
     for (int64_t row = 0; row < vocab / 2; ++row) {
       double n = std::count(ids.v.begin(), ids.v.end(), double(r * (vocab / 2) + row));
-      for (int64_t d = 0; d < H; ++d) ASSERT_EQ(dw[row * H + d], n) << "rank " << r << " row " << row;
+      for (int64_t d = 0; d < H; ++d)
+        ASSERT_EQ(dw[row * H + d], n) << "rank " << r << " row " << row;
     }
   }
   EXPECT_EQ(sum, want);
 }
 
 TEST(CpuLinear, RowLinearBiasOnlyOnRankZeroGradOnEveryRank) {
-  const Case& c = *std::find_if(cases().begin(), cases().end(), [](const Case& x) { return x.label == "row_linear"; });
+  const Case& c = *std::find_if(cases().begin(), cases().end(),
+                                [](const Case& x) { return x.label == "row_linear"; });
   Vec out[2], db[2];
   for (int64_t r = 0; r < 2; ++r) {
     Exec ex(c, true);
@@ -1085,13 +1179,15 @@ TEST(CpuLinear, RowLinearBiasOnlyOnRankZeroGradOnEveryRank) {
     db[r] = read(wg[1]);
   }
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t d = 0; d < H; ++d) EXPECT_NEAR(out[0][t * H + d] - out[1][t * H + d], c.weights[1].v[d], 1e-5);
+    for (int64_t d = 0; d < H; ++d)
+      EXPECT_NEAR(out[0][t * H + d] - out[1][t * H + d], c.weights[1].v[d], 1e-5);
   EXPECT_EQ(db[0], Vec(H, double(T)));
   EXPECT_EQ(db[1], Vec(H, double(T)));
 }
 
 TEST(CpuLinear, Bf16WeightGradientsRoundOnce) {
-  const Case& c = *std::find_if(cases().begin(), cases().end(), [](const Case& x) { return x.label == "column_linear"; });
+  const Case& c = *std::find_if(cases().begin(), cases().end(),
+                                [](const Case& x) { return x.label == "column_linear"; });
   Exec ex(c, false);
   auto in = ex.tensors(c.inputs), w = ex.tensors(c.weights);
   auto f = ex.forward(in, w);
@@ -1107,10 +1203,12 @@ TEST(CpuLinear, Bf16WeightGradientsRoundOnce) {
   ex.backward(in, f->outs, g, {}, w, w16);
   for (size_t m = 0; m < w16.size(); ++m)
     for (int64_t i = 0; i < w16[m].numel(); ++i)
-      ASSERT_EQ(w16[m].as<uint16_t>()[i], f32_to_bf16(static_cast<float>(preset[m][i]) + w32[m].as<float>()[i]));
+      ASSERT_EQ(w16[m].as<uint16_t>()[i],
+                f32_to_bf16(static_cast<float>(preset[m][i]) + w32[m].as<float>()[i]));
 }
 
-// ---- tp = 2 with threads as ranks ------------------------------------------------------------------
+// ---- tp = 2 with threads as ranks
+// ------------------------------------------------------------------
 
 // Vocab-parallel cross-entropy over two shards equals the unsharded loss.
 TEST(CpuTensorParallel, CrossEntropyOverTwoVocabShards) {
@@ -1128,7 +1226,8 @@ TEST(CpuTensorParallel, CrossEntropyOverTwoVocabShards) {
   on_ranks(2, [&](int64_t r, Communicator& comm) {
     Val part = val({T, vocab / 2}, Dtype::kBf16, Vec{});
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < vocab / 2; ++j) part.v.push_back(logits.v[t * vocab + r * (vocab / 2) + j]);
+      for (int64_t j = 0; j < vocab / 2; ++j)
+        part.v.push_back(logits.v[t * vocab + r * (vocab / 2) + j]);
     Case c{"loss", OpKind::kCrossEntropy, {}, {part, targets}, {}, ""};
     Exec ex(c, false);
     ex.setup.tp = 2, ex.tp_rank = r, ex.comm = &comm;
@@ -1145,7 +1244,8 @@ TEST(CpuTensorParallel, CrossEntropyOverTwoVocabShards) {
       for (int64_t j = 0; j < vocab / 2; ++j) {
         int64_t full_i = t * vocab + r * (vocab / 2) + j, i = t * (vocab / 2) + j;
         EXPECT_NEAR(rs[r][i], sm[full_i], 1e-6);
-        EXPECT_NEAR(rg[r][i], grad[full_i], 1e-2 * std::abs(grad[full_i]) + 1e-7);  // bf16: 2^-8 relative
+        EXPECT_NEAR(rg[r][i], grad[full_i],
+                    1e-2 * std::abs(grad[full_i]) + 1e-7);  // bf16: 2^-8 relative
       }
 }
 
@@ -1181,7 +1281,8 @@ TEST(CpuTensorParallel, ColumnLinearAllReducesItsInputGradient) {
   });
   EXPECT_EQ(got[0], got[1]);
   EXPECT_LE(max_diff(got[0], want), 1e-5 * max_abs(want));
-  for (int64_t i = 0; i < T * H; ++i) ASSERT_EQ(acc[0][i], double(static_cast<float>(preset.v[i]) + static_cast<float>(got[0][i])));
+  for (int64_t i = 0; i < T * H; ++i)
+    ASSERT_EQ(acc[0][i], double(static_cast<float>(preset.v[i]) + static_cast<float>(got[0][i])));
 }
 
 // All-gather / reduce-scatter / all-reduce as ops at tp = 2, forward and backward.
@@ -1189,7 +1290,8 @@ TEST(CpuTensorParallel, CollectiveOpsAndTheirConjugates) {
   Rng rng(12);
   int64_t rows = 4;
   Val xs[2] = {rng.floats({{rows, H}, Dtype::kBf16}), rng.floats({{rows, H}, Dtype::kBf16})};
-  Val ys[2] = {rng.floats({{2 * rows, H}, Dtype::kBf16}), rng.floats({{2 * rows, H}, Dtype::kBf16})};
+  Val ys[2] = {rng.floats({{2 * rows, H}, Dtype::kBf16}),
+               rng.floats({{2 * rows, H}, Dtype::kBf16})};
   Vec ag[2], agb[2], rs[2], rsb[2], ar[2], arb[2], idx[2];
   on_ranks(2, [&](int64_t r, Communicator& comm) {
     auto run = [&](OpKind kind, const Val& in, const Val& grad, Vec& out, Vec& gin) {
@@ -1206,7 +1308,9 @@ TEST(CpuTensorParallel, CollectiveOpsAndTheirConjugates) {
     run(OpKind::kReduceScatter, ys[r], xs[r], rs[r], rsb[r]);
     run(OpKind::kAllReduce, xs[r], xs[1 - r], ar[r], arb[r]);
     // MoE routing indices travel as i64 (forward only: they carry no gradient).
-    Case c{"idx", OpKind::kAllGather, {.group = 2}, {val({2, K}, Dtype::kI64, Vec{double(r), 1, 2, double(4 - r)})}, {}, ""};
+    Case c{"idx",        OpKind::kAllGather,
+           {.group = 2}, {val({2, K}, Dtype::kI64, Vec{double(r), 1, 2, double(4 - r)})},
+           {},           ""};
     Exec ex(c, false);
     ex.setup.tp = 2, ex.tp_rank = r, ex.comm = &comm;
     auto t = ex.tensors(c.inputs);

@@ -17,7 +17,9 @@ TrainSpec main_example() {  // nanoplan estimate --model llama-70b --tp 8
   return t;
 }
 
-int64_t cat(const StageEstimate& s, Category c) { return s.bytes[static_cast<int>(c)]; }
+int64_t cat(const StageEstimate& s, Category c) {
+  return s.bytes[static_cast<int>(c)];
+}
 
 // Llama-3.1-70B weights on one of 8 TP ranks: vocab-parallel embedding and LM head
 // (128256 / 8 rows of 8192), per layer 2 norms (8192 each, replicated), qkv (8192 x 1280),
@@ -76,7 +78,8 @@ TEST(Estimate, SuggestionsFitWhenEstimated) {
   ASSERT_FALSE(e.suggestions.empty());
   for (const Suggestion& s : e.suggestions) {
     EXPECT_FALSE(validate_setup(e.model, s.setup)) << s.change;
-    Estimate again = estimate(e.model, s.setup, {}, {.budget = 80'000'000'000, .suggestions = false});
+    Estimate again =
+        estimate(e.model, s.setup, {}, {.budget = 80'000'000'000, .suggestions = false});
     EXPECT_TRUE(again.fits) << s.change;
     EXPECT_EQ(again.peak_bytes, s.peak_bytes) << s.change;
     EXPECT_LE(s.peak_bytes, 80'000'000'000) << s.change;
@@ -86,7 +89,8 @@ TEST(Estimate, SuggestionsFitWhenEstimated) {
 TEST(Estimate, VerdictFollowsTheBudget) {
   Estimate e = estimate(model("llama-3.1-8b"), main_example(), {}, {});
   Estimate at = estimate(model("llama-3.1-8b"), main_example(), {}, {.budget = e.peak_bytes});
-  Estimate below = estimate(model("llama-3.1-8b"), main_example(), {}, {.budget = e.peak_bytes - 1});
+  Estimate below =
+      estimate(model("llama-3.1-8b"), main_example(), {}, {.budget = e.peak_bytes - 1});
   EXPECT_TRUE(at.fits);
   EXPECT_FALSE(below.fits);
 }
@@ -96,7 +100,8 @@ TEST(Estimate, FullRecomputeShrinksActivations) {
   Estimate none = estimate(model("llama-70b"), t, {}, {});
   t.recompute = Recompute::kFull;
   Estimate full = estimate(model("llama-70b"), t, {}, {});
-  EXPECT_LT(cat(full.stages[0], Category::kActivation), cat(none.stages[0], Category::kActivation) / 10);
+  EXPECT_LT(cat(full.stages[0], Category::kActivation),
+            cat(none.stages[0], Category::kActivation) / 10);
   ASSERT_EQ(full.stages[0].layers.size(), 80u);
   EXPECT_EQ(full.stages[0].layers[0].saved_bytes, 4096LL / 8 * 8192 * 2);  // 2sbh/t
   EXPECT_EQ(full.stages[0].layers[0].policy, "full");

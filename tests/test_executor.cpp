@@ -18,17 +18,20 @@ namespace np::exec {
 namespace {
 
 Scenario scenario(const std::string& name) {
-  auto s = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/" + name + ".toml", testing::catalog());
+  auto s = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/" + name + ".toml",
+                         testing::catalog());
   if (!s) throw std::runtime_error(s.error().message);
   return *s;
 }
 
-RunResult run(const ModelSpec& m, const TrainSpec& t, int steps = 1, std::optional<int64_t> budget = std::nullopt) {
+RunResult run(const ModelSpec& m, const TrainSpec& t, int steps = 1,
+              std::optional<int64_t> budget = std::nullopt) {
   RunOptions o;
   o.steps = steps;
   o.capture_grads = true;
   o.enforce_budget = budget;
-  auto r = run_schedule(build_schedule(m, t), [] { return make_cpu_backend(); }, o);
+  auto r = run_schedule(
+      build_schedule(m, t), [] { return make_cpu_backend(); }, o);
   if (!r) throw std::runtime_error(r.error().message);
   return *r;
 }
@@ -49,19 +52,27 @@ void expect_recompute_invariant(const std::string& name, AttentionImpl att) {
     for (bool regather : {true, false}) {
       RunResult r = run(sc.model, with(base, 2, 2, rc, true, regather));
       ASSERT_EQ(r.losses.size(), 1u);
-      EXPECT_EQ(std::memcmp(&r.losses[0], &ref.losses[0], sizeof(double)), 0) << name_of(rc) << " regather " << regather;
+      EXPECT_EQ(std::memcmp(&r.losses[0], &ref.losses[0], sizeof(double)), 0)
+          << name_of(rc) << " regather " << regather;
       ASSERT_EQ(r.grads.size(), ref.grads.size());
       for (const auto& [key, g] : ref.grads) {
         const std::vector<float>& h = r.grads.at(key);
         ASSERT_EQ(h.size(), g.size()) << key;
-        EXPECT_EQ(std::memcmp(h.data(), g.data(), g.size() * sizeof(float)), 0) << key << " under " << name_of(rc);
+        EXPECT_EQ(std::memcmp(h.data(), g.data(), g.size() * sizeof(float)), 0)
+            << key << " under " << name_of(rc);
       }
     }
 }
 
-TEST(Recompute, ChangesNothingLlama) { expect_recompute_invariant("tiny-llama", AttentionImpl::kFlash); }
-TEST(Recompute, ChangesNothingGptEagerWithDropout) { expect_recompute_invariant("tiny-gpt", AttentionImpl::kEager); }
-TEST(Recompute, ChangesNothingMoe) { expect_recompute_invariant("tiny-moe", AttentionImpl::kFlash); }
+TEST(Recompute, ChangesNothingLlama) {
+  expect_recompute_invariant("tiny-llama", AttentionImpl::kFlash);
+}
+TEST(Recompute, ChangesNothingGptEagerWithDropout) {
+  expect_recompute_invariant("tiny-gpt", AttentionImpl::kEager);
+}
+TEST(Recompute, ChangesNothingMoe) {
+  expect_recompute_invariant("tiny-moe", AttentionImpl::kFlash);
+}
 
 // Sharding changes the order of sums and where bf16 rounding happens (a row-parallel partial sum
 // is rounded to bf16 before the reduction), not the math. Tolerance for bf16 activations: the
@@ -75,7 +86,8 @@ void expect_sharding_invariant(const std::string& name) {
     TrainSpec t = with(sc.base, tp, pp, Recompute::kNone, tp > 1);
     if (validate_setup(sc.model, t)) continue;
     RunResult r = run(sc.model, t);
-    EXPECT_NEAR(r.losses[0], ref.losses[0], 2e-3 * ref.losses[0]) << name << " tp " << tp << " pp " << pp;
+    EXPECT_NEAR(r.losses[0], ref.losses[0], 2e-3 * ref.losses[0])
+        << name << " tp " << tp << " pp " << pp;
     for (const auto& [key, g] : ref.grads) {
       const std::vector<float>& h = r.grads.at(key);
       ASSERT_EQ(h.size(), g.size()) << key;
@@ -87,12 +99,19 @@ void expect_sharding_invariant(const std::string& name) {
       worst_ratio = std::max(worst_ratio, worst / scale);
     }
   }
-  std::cout << "[ info ] " << name << ": worst gradient difference " << worst_ratio << " of the tensor's largest element\n";
+  std::cout << "[ info ] " << name << ": worst gradient difference " << worst_ratio
+            << " of the tensor's largest element\n";
 }
 
-TEST(Sharding, ChangesNothingBeyondRoundingLlama) { expect_sharding_invariant("tiny-llama"); }
-TEST(Sharding, ChangesNothingBeyondRoundingGpt) { expect_sharding_invariant("tiny-gpt"); }
-TEST(Sharding, ChangesNothingBeyondRoundingMoe) { expect_sharding_invariant("tiny-moe"); }
+TEST(Sharding, ChangesNothingBeyondRoundingLlama) {
+  expect_sharding_invariant("tiny-llama");
+}
+TEST(Sharding, ChangesNothingBeyondRoundingGpt) {
+  expect_sharding_invariant("tiny-gpt");
+}
+TEST(Sharding, ChangesNothingBeyondRoundingMoe) {
+  expect_sharding_invariant("tiny-moe");
+}
 
 // Each forward op of a recomputed segment runs exactly twice per micro-batch, every other once.
 TEST(Recompute, HappensWhereThePlanSays) {
@@ -105,8 +124,10 @@ TEST(Recompute, HappensWhereThePlanSays) {
     for (const StageProgram& p : s.stages)
       for (size_t b = 0; b < p.blocks.size(); ++b)
         for (size_t o = 0; o < p.blocks[b].graph->ops.size(); ++o) {
-          int expected = static_cast<int>(t.microbatches) * (p.blocks[b].policy.recompute[o] ? 2 : 1);
-          EXPECT_EQ(r.forward_runs.at({p.stage, static_cast<int>(b), static_cast<int>(o)}), expected)
+          int expected =
+              static_cast<int>(t.microbatches) * (p.blocks[b].policy.recompute[o] ? 2 : 1);
+          EXPECT_EQ(r.forward_runs.at({p.stage, static_cast<int>(b), static_cast<int>(o)}),
+                    expected)
               << p.blocks[b].graph->ops[o].name << " " << name_of(rc);
           ++checked;
         }

@@ -15,7 +15,8 @@ using testing::model;
 
 TEST(OpTable, RowsAreInKindOrder) {
   for (int k = 0; k < static_cast<int>(OpKind::kCount); ++k)
-    EXPECT_EQ(static_cast<int>(op_info(static_cast<OpKind>(k)).kind), k) << name_of(static_cast<OpKind>(k));
+    EXPECT_EQ(static_cast<int>(op_info(static_cast<OpKind>(k)).kind), k)
+        << name_of(static_cast<OpKind>(k));
 }
 
 TEST(OpTable, ColumnLinearShapesFlopsWeights) {
@@ -67,7 +68,8 @@ TEST(Graph, ShardedShapes) {
   int found = 0;
   for (const GraphTensor& tensor : g.tensors) {
     if (tensor.name != "attn.qkv") continue;
-    EXPECT_EQ(tensor.type.shape, (std::vector<int64_t>{4096, 1280}));  // (64 + 2 * 8) heads * 128 / tp 8
+    EXPECT_EQ(tensor.type.shape,
+              (std::vector<int64_t>{4096, 1280}));  // (64 + 2 * 8) heads * 128 / tp 8
     ++found;
   }
   EXPECT_EQ(found, 1);
@@ -79,7 +81,8 @@ struct Korthikanti {
   int64_t attn() const { return 5 * a * s * s * b; }  // 5as^2b: softmax out, mask, dropout out
 };
 
-int64_t saved(const ModelSpec& m, int64_t tp, bool sp, Recompute r, int64_t s = 2048, int64_t b = 1) {
+int64_t saved(const ModelSpec& m, int64_t tp, bool sp, Recompute r, int64_t s = 2048,
+              int64_t b = 1) {
   TrainSpec t;
   t.tp = tp, t.sp = sp, t.recompute = r, t.seq_len = s, t.micro_batch = b;
   t.attention = AttentionImpl::kEager;
@@ -94,7 +97,8 @@ TEST_P(Table2, NoParallelism) {
   ModelSpec m = model(GetParam());
   for (int64_t b : {1, 2}) {
     Korthikanti k{2048, b, m.hidden, m.heads, 1};
-    EXPECT_EQ(saved(m, 1, false, Recompute::kNone, 2048, b), 34 * k.sbh() + k.attn());  // sbh(34 + 5as/h)
+    EXPECT_EQ(saved(m, 1, false, Recompute::kNone, 2048, b),
+              34 * k.sbh() + k.attn());  // sbh(34 + 5as/h)
   }
 }
 
@@ -108,29 +112,33 @@ TEST_P(Table2, TensorParallel) {
 TEST_P(Table2, TensorAndSequenceParallel) {
   ModelSpec m = model(GetParam());
   Korthikanti k{2048, 1, m.hidden, m.heads, 8};
-  EXPECT_EQ(saved(m, 8, true, Recompute::kNone), (34 * k.sbh() + k.attn()) / 8);  // sbh/t (34 + 5as/h)
+  EXPECT_EQ(saved(m, 8, true, Recompute::kNone),
+            (34 * k.sbh() + k.attn()) / 8);  // sbh/t (34 + 5as/h)
 }
 
 TEST_P(Table2, SelectiveRecompute) {
   ModelSpec m = model(GetParam());
   Korthikanti k{2048, 1, m.hidden, m.heads, 8};
   EXPECT_EQ(saved(m, 8, true, Recompute::kSelective), 34 * k.sbh() / 8);  // 34sbh/t
-  EXPECT_EQ(saved(m, 8, false, Recompute::kSelective), 10 * k.sbh() + 24 * k.sbh() / 8);  // sbh(10 + 24/t)
+  EXPECT_EQ(saved(m, 8, false, Recompute::kSelective),
+            10 * k.sbh() + 24 * k.sbh() / 8);  // sbh(10 + 24/t)
   EXPECT_EQ(saved(m, 1, false, Recompute::kSelective), 34 * k.sbh());
 }
 
 TEST_P(Table2, FullRecompute) {
   ModelSpec m = model(GetParam());
   Korthikanti k{2048, 1, m.hidden, m.heads, 8};
-  EXPECT_EQ(saved(m, 1, false, Recompute::kFull), 2 * k.sbh());      // 2sbh
-  EXPECT_EQ(saved(m, 8, false, Recompute::kFull), 2 * k.sbh());      // input replicated over TP
-  EXPECT_EQ(saved(m, 8, true, Recompute::kFull), 2 * k.sbh() / 8);   // input kept sequence-sharded
+  EXPECT_EQ(saved(m, 1, false, Recompute::kFull), 2 * k.sbh());     // 2sbh
+  EXPECT_EQ(saved(m, 8, false, Recompute::kFull), 2 * k.sbh());     // input replicated over TP
+  EXPECT_EQ(saved(m, 8, true, Recompute::kFull), 2 * k.sbh() / 8);  // input kept sequence-sharded
 }
 
-INSTANTIATE_TEST_SUITE_P(GptModels, Table2, ::testing::Values("gpt-22b", "gpt3-175b", "gpt-530b", "gpt-1t"),
+INSTANTIATE_TEST_SUITE_P(GptModels, Table2,
+                         ::testing::Values("gpt-22b", "gpt3-175b", "gpt-530b", "gpt-1t"),
                          [](const auto& info) {
                            std::string n = info.param;
-                           for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+                           for (char& c : n)
+                             c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
                            return n;
                          });
 

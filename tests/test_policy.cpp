@@ -42,7 +42,7 @@ TEST(Policy, LlamaFlashNoneWithRegather) {
   Case c = layer(model("llama-3.1-70b"), sp8());
   int64_t per_token = 4 * 2048 + 2560 + 2048 + 32 + 14336 + 7168;
   EXPECT_EQ(c.saved.bytes, 4096 * per_token);
-  EXPECT_TRUE(kept(c, "attn.norm"));              // the shard, not the gathered copy
+  EXPECT_TRUE(kept(c, "attn.norm"));  // the shard, not the gathered copy
   EXPECT_FALSE(kept(c, "attn.all_gather"));
   EXPECT_EQ(c.policy.name, "none+regather");
 }
@@ -95,7 +95,8 @@ TEST(Policy, FullKeepsOnlyTheLayerInput) {
   EXPECT_EQ(c.policy.name, "full");
 }
 
-// MoE: every token is dispatched top_k times (T x k rows on this rank with ep = 1, whatever the routing).
+// MoE: every token is dispatched top_k times (T x k rows on this rank with ep = 1, whatever the
+// routing).
 TEST(Policy, MoeKeepsRoutedTokens) {
   TrainSpec t;
   t.seq_len = 256;

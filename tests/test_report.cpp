@@ -13,24 +13,29 @@ using testing::model;
 
 TrainSpec setup() {
   TrainSpec t;
-  t.tp = 2, t.sp = true, t.pp = 2, t.microbatches = 2, t.seq_len = 256, t.pp_schedule = PpSchedule::k1F1B;
+  t.tp = 2, t.sp = true, t.pp = 2, t.microbatches = 2, t.seq_len = 256,
+  t.pp_schedule = PpSchedule::k1F1B;
   return t;
 }
 
 TEST(EstimateJson, CarriesTheIssueKeys) {
-  nlohmann::json j = estimate_to_json(estimate(model("llama-3.1-8b"), setup(), {}, {.budget = 1'000'000'000}));
-  for (const char* k : {"model", "setup", "budget_bytes", "fits", "peak_bytes", "peak_rank", "suggestions", "ranks"})
+  nlohmann::json j =
+      estimate_to_json(estimate(model("llama-3.1-8b"), setup(), {}, {.budget = 1'000'000'000}));
+  for (const char* k : {"model", "setup", "budget_bytes", "fits", "peak_bytes", "peak_rank",
+                        "suggestions", "ranks"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j["model"]["name"], "llama-3.1-8b");
   EXPECT_EQ(j["model"]["parameters"], 8'030'261'248);
-  for (const char* k : {"tp", "pp", "dp", "sp", "zero", "micro_batch", "seq_len", "microbatches", "recompute"})
+  for (const char* k :
+       {"tp", "pp", "dp", "sp", "zero", "micro_batch", "seq_len", "microbatches", "recompute"})
     EXPECT_TRUE(j["setup"].contains(k)) << k;
   EXPECT_EQ(j["budget_bytes"], 1'000'000'000);
   EXPECT_EQ(j["fits"], false);
   ASSERT_EQ(j["ranks"].size(), 2u);
   for (const auto& r : j["ranks"]) {
-    for (const char* k : {"pp_stage", "parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes",
-                          "transient_bytes", "overhead_bytes", "peak_bytes", "layers"})
+    for (const char* k :
+         {"pp_stage", "parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes",
+          "transient_bytes", "overhead_bytes", "peak_bytes", "layers"})
       EXPECT_TRUE(r.contains(k)) << k;
     for (const auto& l : r["layers"])
       for (const char* k : {"index", "policy", "saved_bytes"}) EXPECT_TRUE(l.contains(k)) << k;
@@ -110,7 +115,8 @@ TEST(PlanFile, RoundTrips) {
     }
     EXPECT_FALSE(check_program(b));
     EXPECT_EQ(simulate(a).peak_bytes, simulate(b).peak_bytes);
-    for (size_t id = 0; id < a.tensors.size(); ++id) EXPECT_EQ(a.tensor_name(id), b.tensor_name(id));
+    for (size_t id = 0; id < a.tensors.size(); ++id)
+      EXPECT_EQ(a.tensor_name(id), b.tensor_name(id));
   }
   EXPECT_EQ(back->model.moe->num_experts, 60);
 }
@@ -120,12 +126,14 @@ TEST(PlanFile, RejectsOtherVersionsAndJunk) {
   j["format_version"] = kScheduleFormatVersion + 1;
   auto r = schedule_from_json(j);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("format version 2 is not supported"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("format version 2 is not supported"), std::string::npos)
+      << r.error().message;
   j["format_version"] = kScheduleFormatVersion;
   j["stages"][0]["program"][5]["op"] = "attn.nonsense";
   r = schedule_from_json(j);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("unknown op 'attn.nonsense'"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("unknown op 'attn.nonsense'"), std::string::npos)
+      << r.error().message;
   EXPECT_FALSE(schedule_from_json(nlohmann::json::array()).ok());
 }
 
@@ -140,7 +148,9 @@ TEST(PlanFile, TamperedKeptSetIsCaught) {
   ASSERT_TRUE(s.ok());
   auto e = check_program(s->stages[0]);
   ASSERT_TRUE(e);
-  EXPECT_NE(e->message.find("L0/mb0/mlp.swiglu, which was neither kept nor recomputed"), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find("L0/mb0/mlp.swiglu, which was neither kept nor recomputed"),
+            std::string::npos)
+      << e->message;
 }
 
 }  // namespace

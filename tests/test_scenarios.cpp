@@ -17,7 +17,8 @@ namespace {
 class Scenarios : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
-  auto sc = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/" + GetParam() + ".toml", testing::catalog());
+  auto sc = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/" + GetParam() + ".toml",
+                          testing::catalog());
   ASSERT_TRUE(sc.ok()) << sc.error().message;
   ASSERT_GE(sc->matrix.size(), 8u);
   double ln_v = std::log(static_cast<double>(sc->model.vocab));
@@ -25,13 +26,15 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
     Schedule s = build_schedule(sc->model, t);
     RunOptions o;
     o.steps = sc->steps;
-    auto r = run_schedule(s, [] { return make_cpu_backend(); }, o);
+    auto r = run_schedule(
+        s, [] { return make_cpu_backend(); }, o);
     ASSERT_TRUE(r.ok()) << r.error().message;
     RunComparison c = compare(s, *r, describe_short(t));
     ASSERT_EQ(c.ranks.size(), static_cast<size_t>(t.tp * t.pp));
     if (sc->expect.predicted_equals_measured) {
       EXPECT_TRUE(c.all_equal) << comparison_table(c);
-      for (const RankComparison& rc : c.ranks) EXPECT_EQ(rc.predicted_at_peak, rc.measured_at_peak) << c.title;
+      for (const RankComparison& rc : c.ranks)
+        EXPECT_EQ(rc.predicted_at_peak, rc.measured_at_peak) << c.title;
     }
     ASSERT_EQ(c.losses.size(), static_cast<size_t>(sc->steps));
     if (sc->expect.first_loss_rel_ln_vocab > 0) {
@@ -43,10 +46,12 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, Scenarios, ::testing::Values("tiny-llama", "tiny-qwen", "tiny-moe", "tiny-gpt"),
+INSTANTIATE_TEST_SUITE_P(All, Scenarios,
+                         ::testing::Values("tiny-llama", "tiny-qwen", "tiny-moe", "tiny-gpt"),
                          [](const auto& info) {
                            std::string n = info.param;
-                           for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+                           for (char& c : n)
+                             c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
                            return n;
                          });
 

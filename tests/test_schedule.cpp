@@ -27,7 +27,8 @@ TEST(Pipeline, InFlightMatchesTheSchedules) {
         EXPECT_EQ(max_in_flight(afab), m);
         EXPECT_EQ(in_flight(PpSchedule::kAfab, s, pp, m), m);
         auto ofob = pipeline_order(PpSchedule::k1F1B, s, pp, m);
-        EXPECT_EQ(max_in_flight(ofob), std::min(m, pp - s)) << "pp " << pp << " m " << m << " stage " << s;
+        EXPECT_EQ(max_in_flight(ofob), std::min(m, pp - s))
+            << "pp " << pp << " m " << m << " stage " << s;
         EXPECT_EQ(in_flight(PpSchedule::k1F1B, s, pp, m), std::min(m, pp - s));
         EXPECT_EQ(static_cast<int64_t>(ofob.size()), 2 * m);
         // every micro-batch's forward comes before its backward
@@ -52,26 +53,31 @@ int64_t stage_saved(const StageProgram& p) {
 }
 
 TEST(Schedule, EveryProgramIsWellFormed) {
-  for (const char* name : {"llama-2-7b", "qwen2.5-7b", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "gpt-22b"}) {
+  for (const char* name :
+       {"llama-2-7b", "qwen2.5-7b", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "gpt-22b"}) {
     ModelSpec m = model(name);
-    for (int64_t tp : {1, 2}) for (int64_t pp : {1, 2, 4}) for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
-      for (PpSchedule ps : {PpSchedule::kAfab, PpSchedule::k1F1B}) for (AttentionImpl att : {AttentionImpl::kFlash, AttentionImpl::kEager}) {
-        TrainSpec t = small(tp, pp, r);
-        t.pp_schedule = ps;
-        t.attention = att;
-        ASSERT_FALSE(validate_setup(m, t));
-        Schedule s = build_schedule(m, t);
-        ASSERT_EQ(static_cast<int64_t>(s.stages.size()), pp);
-        for (const StageProgram& p : s.stages) {
-          auto e = check_program(p);
-          EXPECT_FALSE(e) << name << ": " << (e ? e->message : "");
-          // The activation high-water mark is the saved set of every block on the stage times the
-          // micro-batches in flight: all saved tensors of a micro-batch live from its forward to
-          // its backward.
-          EXPECT_EQ(simulate(p).max_by_category[static_cast<int>(Category::kActivation)],
-                    stage_saved(p) * in_flight(ps, p.stage, pp, t.microbatches)) << name << " stage " << p.stage;
-        }
-      }
+    for (int64_t tp : {1, 2})
+      for (int64_t pp : {1, 2, 4})
+        for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+          for (PpSchedule ps : {PpSchedule::kAfab, PpSchedule::k1F1B})
+            for (AttentionImpl att : {AttentionImpl::kFlash, AttentionImpl::kEager}) {
+              TrainSpec t = small(tp, pp, r);
+              t.pp_schedule = ps;
+              t.attention = att;
+              ASSERT_FALSE(validate_setup(m, t));
+              Schedule s = build_schedule(m, t);
+              ASSERT_EQ(static_cast<int64_t>(s.stages.size()), pp);
+              for (const StageProgram& p : s.stages) {
+                auto e = check_program(p);
+                EXPECT_FALSE(e) << name << ": " << (e ? e->message : "");
+                // The activation high-water mark is the saved set of every block on the stage times
+                // the micro-batches in flight: all saved tensors of a micro-batch live from its
+                // forward to its backward.
+                EXPECT_EQ(simulate(p).max_by_category[static_cast<int>(Category::kActivation)],
+                          stage_saved(p) * in_flight(ps, p.stage, pp, t.microbatches))
+                    << name << " stage " << p.stage;
+              }
+            }
   }
 }
 
@@ -98,21 +104,25 @@ TEST(Schedule, CheckerRejectsABackwardReadOfADroppedTensor) {
   layer.saved.saved[qkv] = false;
   auto e = check_program(p);
   ASSERT_TRUE(e);
-  EXPECT_NE(e->message.find("L0/mb0/attn.rope, which was neither kept nor recomputed"), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find("L0/mb0/attn.rope, which was neither kept nor recomputed"),
+            std::string::npos)
+      << e->message;
 }
 
 TEST(Schedule, CheckerRejectsUseAfterFreeAndDoubleFree) {
   Schedule s = build_schedule(model("llama-2-7b"), small(1, 1, Recompute::kNone));
   StageProgram p = s.stages[0];
   // Move the first free to the front: its tensor is then read after being freed (or never born).
-  auto it = std::find_if(p.instrs.begin(), p.instrs.end(), [](const Instr& i) { return i.kind == InstrKind::kFree; });
+  auto it = std::find_if(p.instrs.begin(), p.instrs.end(),
+                         [](const Instr& i) { return i.kind == InstrKind::kFree; });
   ASSERT_NE(it, p.instrs.end());
   Instr f = *it;
   p.instrs.insert(p.instrs.begin() + 1, f);
   EXPECT_TRUE(check_program(p));
   StageProgram q = s.stages[0];
   q.instrs.pop_back();  // the optimizer step: still fine
-  q.instrs.erase(std::find_if(q.instrs.begin(), q.instrs.end(), [](const Instr& i) { return i.kind == InstrKind::kFree; }));
+  q.instrs.erase(std::find_if(q.instrs.begin(), q.instrs.end(),
+                              [](const Instr& i) { return i.kind == InstrKind::kFree; }));
   auto e = check_program(q);
   ASSERT_TRUE(e);
   EXPECT_NE(e->message.find("never freed"), std::string::npos);
@@ -161,7 +171,8 @@ TEST(Zero, ShardingArithmetic) {
   EXPECT_EQ(static_bytes(z0, Category::kGradient), 4 * N);  // fp32 accumulation buffer
   EXPECT_EQ(static_bytes(z0, Category::kOptimizer), 12 * N);
   EXPECT_EQ(static_bytes(z1, Category::kOptimizer), 12 * shard);
-  EXPECT_EQ(static_bytes(z1, Category::kGradient), 4 * N);  // nanotron: fp32 grads not sharded by ZeRO-1
+  EXPECT_EQ(static_bytes(z1, Category::kGradient),
+            4 * N);  // nanotron: fp32 grads not sharded by ZeRO-1
   EXPECT_EQ(static_bytes(z2, Category::kGradient), 4 * shard);
   EXPECT_EQ(static_bytes(z2, Category::kWeight), 2 * N);
   EXPECT_EQ(static_bytes(z3, Category::kWeight), 2 * shard);
@@ -187,7 +198,8 @@ TEST(Zero, OptimizerAndGradientDtypes) {
 // gathers the layer's weights: both show up as transients of exactly the layer's weight bytes.
 TEST(Zero, BucketsAndGatheredWeightsAreTransients) {
   ModelSpec m = model("llama-2-7b");
-  const int64_t layer_weights = 2 * 4096 + 4 * 4096LL * 4096 + 3 * 4096LL * 11008;  // norms, q k v o, gate up down
+  const int64_t layer_weights =
+      2 * 4096 + 4 * 4096LL * 4096 + 3 * 4096LL * 11008;  // norms, q k v o, gate up down
   for (int zero : {2, 3}) {
     TrainSpec t = small(1, 1, Recompute::kNone);
     t.dp = 2, t.zero = zero;
@@ -203,7 +215,7 @@ TEST(Zero, BucketsAndGatheredWeightsAreTransients) {
         ++gathers;
       }
     }
-    EXPECT_EQ(buckets, 32 * 3);  // one per layer per micro-batch
+    EXPECT_EQ(buckets, 32 * 3);                      // one per layer per micro-batch
     EXPECT_EQ(gathers, zero == 3 ? 2 * 32 * 3 : 0);  // forward and backward
   }
 }
@@ -225,11 +237,13 @@ TEST(Weights, TiedEmbeddingsPerStage) {
   ModelSpec m = model("gpt-22b");
   const int64_t table = 51200LL * 6144 * 2;
   TrainSpec t = small(1, 1, Recompute::kNone);
-  EXPECT_EQ(static_bytes(build_schedule(m, t).stages[0], Category::kWeight), 2 * count_parameters(m));
+  EXPECT_EQ(static_bytes(build_schedule(m, t).stages[0], Category::kWeight),
+            2 * count_parameters(m));
   t.pp = 2;
   Schedule s = build_schedule(m, t);
-  EXPECT_EQ(static_bytes(s.stages[0], Category::kWeight) + static_bytes(s.stages[1], Category::kWeight),
-            2 * count_parameters(m) + table);
+  EXPECT_EQ(
+      static_bytes(s.stages[0], Category::kWeight) + static_bytes(s.stages[1], Category::kWeight),
+      2 * count_parameters(m) + table);
 }
 
 // Under 1F1B the memory peak of every stage stops changing once m passes pp + 1: the auto planner
@@ -246,7 +260,8 @@ TEST(Schedule, OneFOneBPeakIsPeriodicInMicrobatches) {
           t.microbatches = m;
           Schedule full = build_schedule(model(name), t);
           for (int64_t s = 0; s < pp; ++s)
-            EXPECT_EQ(simulate(full.stages[s]).peak_bytes, simulate(capped.stages[s]).peak_bytes) << name << " m " << m << " stage " << s;
+            EXPECT_EQ(simulate(full.stages[s]).peak_bytes, simulate(capped.stages[s]).peak_bytes)
+                << name << " m " << m << " stage " << s;
         }
       }
 }

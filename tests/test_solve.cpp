@@ -17,10 +17,12 @@ namespace {
 // Random heterogeneous stages: 1-4 layers with 2-6 options each; pp 1-8 gives the in-flight count
 // of stage s under 1F1B, min(m, pp - s). Costs are integers so sums are exact in any order.
 StageProblem random_problem(std::mt19937_64& rng) {
-  std::uniform_int_distribution<int> layers(1, 4), options(2, 6), pp(1, 8), kept(1, 40), extra(0, 60), cost(0, 20);
+  std::uniform_int_distribution<int> layers(1, 4), options(2, 6), pp(1, 8), kept(1, 40),
+      extra(0, 60), cost(0, 20);
   StageProblem p;
   int stages = pp(rng);
-  p.in_flight = std::min<int64_t>(4, stages - std::uniform_int_distribution<int>(0, stages - 1)(rng));
+  p.in_flight =
+      std::min<int64_t>(4, stages - std::uniform_int_distribution<int>(0, stages - 1)(rng));
   p.base = std::uniform_int_distribution<int>(0, 50)(rng);
   p.extra = std::uniform_int_distribution<int>(0, 30)(rng);
   int n = layers(rng);
@@ -67,7 +69,8 @@ TEST(Solver, UniformLayersMatchExhaustiveSearch) {
     StageProblem p = random_problem(rng);
     int n = std::uniform_int_distribution<int>(1, 6)(rng);
     p.layers.assign(n, p.layers.front());
-    p.budget = std::uniform_int_distribution<int64_t>(p.base, p.base + p.in_flight * 40 * n + 100)(rng);
+    p.budget =
+        std::uniform_int_distribution<int64_t>(p.base, p.base + p.in_flight * 40 * n + 100)(rng);
     StageSolution dp = solve_stage(p), bf = brute_force_stage(p);
     ASSERT_EQ(dp.feasible, bf.feasible) << "instance " << i;
     if (!bf.feasible) continue;
@@ -124,7 +127,8 @@ TEST(Frontier, MatchesBruteForceOverEverySubset) {
         ASSERT_LE(g.ops.size(), 19u) << name << ": too many ops for the 2^ops oracle";
         ++checked;
         std::vector<double> c = flops_cost(g);
-        auto fast = pareto_frontier(enumerate_options(g, c)), slow = pareto_frontier(enumerate_all_subsets(g, c));
+        auto fast = pareto_frontier(enumerate_options(g, c)),
+             slow = pareto_frontier(enumerate_all_subsets(g, c));
         ASSERT_EQ(fast.size(), slow.size()) << name;
         for (size_t i = 0; i < fast.size(); ++i) {
           EXPECT_EQ(fast[i].kept_bytes, slow[i].kept_bytes) << name << " point " << i;
@@ -149,9 +153,12 @@ std::vector<std::pair<int64_t, double>> lower_hull(const std::vector<LayerOption
       // min-cut sweep treats it).
       auto [x0, y0] = h[h.size() - 2];
       auto [x1, y1] = h.back();
-      double line = y0 + (p.second - y0) * static_cast<double>(x1 - x0) / static_cast<double>(p.first - x0);
-      if (y1 >= line - 1e-9 * std::max(1.0, std::abs(line))) h.pop_back();
-      else break;
+      double line =
+          y0 + (p.second - y0) * static_cast<double>(x1 - x0) / static_cast<double>(p.first - x0);
+      if (y1 >= line - 1e-9 * std::max(1.0, std::abs(line)))
+        h.pop_back();
+      else
+        break;
     }
     h.push_back(p);
   }
@@ -175,7 +182,8 @@ TEST(MinCut, HullEqualsTheEnumeratedHull) {
         ASSERT_EQ(cut.size(), ref.size()) << name << " " << name_of(att) << " sp " << sp;
         for (size_t i = 0; i < ref.size(); ++i) {
           EXPECT_EQ(cut[i].kept_bytes, ref[i].first) << name << " vertex " << i;
-          EXPECT_NEAR(cut[i].cost, ref[i].second, 1e-9 * std::max(1.0, ref[i].second)) << name << " vertex " << i;
+          EXPECT_NEAR(cut[i].cost, ref[i].second, 1e-9 * std::max(1.0, ref[i].second))
+              << name << " vertex " << i;
         }
       }
 }

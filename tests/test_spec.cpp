@@ -23,7 +23,9 @@ std::string error_of(const ModelSpec& m, const TrainSpec& t) {
   return e ? e->message : "";
 }
 
-TEST(Validate, AcceptsTheMainExample) { EXPECT_FALSE(validate_setup(model("llama-70b"), tp8())); }
+TEST(Validate, AcceptsTheMainExample) {
+  EXPECT_FALSE(validate_setup(model("llama-70b"), tp8()));
+}
 
 TEST(Validate, TpMustDivideHeads) {
   TrainSpec t = tp8();
@@ -83,11 +85,12 @@ TEST(Validate, OneFOneBNeedsEnoughMicrobatches) {
 
 TEST(Validate, PositiveSizes) {
   for (int64_t TrainSpec::*field : {&TrainSpec::micro_batch, &TrainSpec::seq_len, &TrainSpec::dp,
-                                     &TrainSpec::microbatches, &TrainSpec::pp}) {
+                                    &TrainSpec::microbatches, &TrainSpec::pp}) {
     for (int64_t bad : {0, -1}) {
       TrainSpec t = tp8();
       t.*field = bad;
-      EXPECT_NE(error_of(model("llama-70b"), t).find("must be a positive integer"), std::string::npos);
+      EXPECT_NE(error_of(model("llama-70b"), t).find("must be a positive integer"),
+                std::string::npos);
     }
   }
   TrainSpec t = tp8();
@@ -111,7 +114,8 @@ TEST(Validate, ConflictingFlags) {
   t = tp8();
   t.zero = 1;
   t.optimizer = Optimizer::kNone;
-  EXPECT_NE(error_of(model("llama-70b"), t).find("conflicts with --optimizer none"), std::string::npos);
+  EXPECT_NE(error_of(model("llama-70b"), t).find("conflicts with --optimizer none"),
+            std::string::npos);
 }
 
 TEST(Validate, ExpertParallelism) {
@@ -130,7 +134,8 @@ TEST(Validate, ExpertParallelism) {
 TEST(ParseEnum, ListsValidChoices) {
   auto r = parse_enum<Recompute>("--recompute", "sometimes");
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().message, "invalid --recompute 'sometimes' (valid: none, selective, full, auto)");
+  EXPECT_EQ(r.error().message,
+            "invalid --recompute 'sometimes' (valid: none, selective, full, auto)");
   EXPECT_EQ(*parse_enum<PpSchedule>("--pp-schedule", "1f1b"), PpSchedule::k1F1B);
   EXPECT_EQ(*parse_enum<Dtype>("--grad-accum-dtype", "bf16"), Dtype::kBf16);
   EXPECT_FALSE(parse_enum<Dtype>("--grad-accum-dtype", "u8").ok());  // not a gradient dtype
@@ -143,7 +148,8 @@ TEST(ValidateModel, RejectsInconsistentModels) {
   EXPECT_NE(validate_model(m)->message.find("not a multiple of num_kv_heads 7"), std::string::npos);
   m = model("llama-70b");
   m.hidden = 0;
-  EXPECT_NE(validate_model(m)->message.find("hidden_size must be a positive integer"), std::string::npos);
+  EXPECT_NE(validate_model(m)->message.find("hidden_size must be a positive integer"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -30,7 +30,11 @@ int main() {
     std::fprintf(stderr, "%s\n", catalog.error().message.c_str());
     return 1;
   }
-  struct Case { const char* model; int64_t tp, pp, microbatches; np::PpSchedule sched; };
+  struct Case {
+    const char* model;
+    int64_t tp, pp, microbatches;
+    np::PpSchedule sched;
+  };
   const Case cases[] = {{"llama-3.1-405b", 8, 16, 16, np::PpSchedule::kAfab},
                         {"llama-3.1-405b", 8, 16, 64, np::PpSchedule::k1F1B},
                         {"llama-3.1-70b", 8, 1, 1, np::PpSchedule::kAfab},
@@ -44,26 +48,36 @@ int main() {
                 (long long)c.microbatches, np::name_of(c.sched), median_ms(m, t, 15));
   }
   // The auto planner (frontier, per-stage solve, verification by simulation, step times).
-  struct Plan { const char* model; int64_t tp, pp, microbatches; int64_t budget; };
-  const Plan plans[] = {{"llama-3.1-70b", 8, 8, 8, 80'000'000'000}, {"llama-3.1-405b", 8, 16, 16, 80'000'000'000},
+  struct Plan {
+    const char* model;
+    int64_t tp, pp, microbatches;
+    int64_t budget;
+  };
+  const Plan plans[] = {{"llama-3.1-70b", 8, 8, 8, 80'000'000'000},
+                        {"llama-3.1-405b", 8, 16, 16, 80'000'000'000},
                         {"llama-3.1-70b", 8, 1, 1, 170'000'000'000}};
-  std::printf("\n%-16s %4s %4s %6s %10s %8s %12s\n", "auto plan", "tp", "pp", "mb", "budget", "fits", "median ms");
+  std::printf("\n%-16s %4s %4s %6s %10s %8s %12s\n", "auto plan", "tp", "pp", "mb", "budget",
+              "fits", "median ms");
   for (const Plan& c : plans) {
     np::ModelSpec m = *np::resolve_model(*catalog, c.model);
     np::TrainSpec t;
-    t.tp = c.tp, t.pp = c.pp, t.sp = true, t.microbatches = c.microbatches, t.pp_schedule = np::PpSchedule::k1F1B;
+    t.tp = c.tp, t.pp = c.pp, t.sp = true, t.microbatches = c.microbatches,
+    t.pp_schedule = np::PpSchedule::k1F1B;
     t.recompute = np::Recompute::kAuto;
     std::vector<double> ms;
     bool fits = false;
     for (int i = 0; i < 5; ++i) {
       auto start = std::chrono::steady_clock::now();
       np::AutoPlan p = np::auto_plan(m, t, {}, c.budget, np::default_hardware());
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
       fits = p.fits;
     }
     std::sort(ms.begin(), ms.end());
-    std::printf("%-16s %4lld %4lld %6lld %9lldG %8s %12.2f\n", c.model, (long long)c.tp, (long long)c.pp, (long long)c.microbatches,
-                (long long)(c.budget / 1000000000), fits ? "yes" : "no", ms[ms.size() / 2]);
+    std::printf("%-16s %4lld %4lld %6lld %9lldG %8s %12.2f\n", c.model, (long long)c.tp,
+                (long long)c.pp, (long long)c.microbatches, (long long)(c.budget / 1000000000),
+                fits ? "yes" : "no", ms[ms.size() / 2]);
   }
   return 0;
 }

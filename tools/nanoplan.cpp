@@ -1,5 +1,7 @@
 // nanoplan CLI: estimate, plan, models, gpus. A thin layer over the planner library: it parses
 // flags, resolves names, prints results, and maps errors to exit code 2 (bad input).
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -8,17 +10,16 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <unistd.h>
 
+#include "executor/compare.hpp"
+#include "executor/cpu/cpu_backend.hpp"
+#include "executor/runner.hpp"
 #include "planner/autoplan.hpp"
 #include "planner/catalog.hpp"
 #include "planner/estimate.hpp"
 #include "planner/graph.hpp"
 #include "planner/plan_io.hpp"
 #include "planner/report.hpp"
-#include "executor/compare.hpp"
-#include "executor/cpu/cpu_backend.hpp"
-#include "executor/runner.hpp"
 #include "planner/scenario.hpp"
 #include "planner/sweep.hpp"
 #include "planner/units.hpp"
@@ -30,7 +31,8 @@ constexpr int kExitBadInput = 2;
 struct Flags {
   std::string model, sp = "auto", pp_schedule = "afab", attention = "flash", grad_dtype = "fp32";
   std::string optimizer = "adamw", recompute, regather = "true", format = "table";
-  std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, nccl_buffers, allocator_slack;
+  std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, nccl_buffers,
+      allocator_slack;
   int64_t tp = 1, pp = 1, dp = 1, ep = 1, micro_batch = 1, seq_len = 4096, microbatches = 0;
   int zero = 0;
   bool explain_peak = false;
@@ -62,32 +64,58 @@ std::string models_dir(const Flags& f) {
 }
 
 void add_setup_flags(CLI::App* app, Flags& f, bool model_required = true) {
-  auto* model = app->add_option("--model", f.model, "model name or alias (nanoplan models), or a path to a .toml or config.json");
+  auto* model =
+      app->add_option("--model", f.model,
+                      "model name or alias (nanoplan models), or a path to a .toml or config.json");
   if (model_required) model->required();
   app->add_option("--tp", f.tp, "tensor-parallel degree")->capture_default_str();
   app->add_option("--pp", f.pp, "pipeline-parallel degree")->capture_default_str();
   app->add_option("--dp", f.dp, "data-parallel degree")->capture_default_str();
-  app->add_option("--ep", f.ep, "expert-parallel degree (MoE; carved out of dp)")->capture_default_str();
-  app->add_option("--sp", f.sp, "sequence parallelism: on, off, auto (on when tp > 1, nanotron's REDUCE_SCATTER)")->capture_default_str();
+  app->add_option("--ep", f.ep, "expert-parallel degree (MoE; carved out of dp)")
+      ->capture_default_str();
+  app->add_option("--sp", f.sp,
+                  "sequence parallelism: on, off, auto (on when tp > 1, nanotron's REDUCE_SCATTER)")
+      ->capture_default_str();
   app->add_option("--zero", f.zero, "ZeRO stage over dp: 0, 1, 2, 3")->capture_default_str();
-  app->add_option("--micro-batch", f.micro_batch, "sequences per micro-batch")->capture_default_str();
+  app->add_option("--micro-batch", f.micro_batch, "sequences per micro-batch")
+      ->capture_default_str();
   app->add_option("--seq-len", f.seq_len, "sequence length in tokens")->capture_default_str();
-  app->add_option("--microbatches", f.microbatches, "gradient-accumulation steps per optimizer step (default: pp)");
-  app->add_option("--pp-schedule", f.pp_schedule, "pipeline schedule: 1f1b, afab (nanotron's default)")->capture_default_str();
-  app->add_option("--attention", f.attention, "attention implementation: flash, eager")->capture_default_str();
-  app->add_option("--grad-accum-dtype", f.grad_dtype, "gradient accumulation dtype: fp32 (nanotron's accumulate_grad_in_fp32), bf16")->capture_default_str();
+  app->add_option("--microbatches", f.microbatches,
+                  "gradient-accumulation steps per optimizer step (default: pp)");
+  app->add_option("--pp-schedule", f.pp_schedule,
+                  "pipeline schedule: 1f1b, afab (nanotron's default)")
+      ->capture_default_str();
+  app->add_option("--attention", f.attention, "attention implementation: flash, eager")
+      ->capture_default_str();
+  app->add_option("--grad-accum-dtype", f.grad_dtype,
+                  "gradient accumulation dtype: fp32 (nanotron's accumulate_grad_in_fp32), bf16")
+      ->capture_default_str();
   app->add_option("--optimizer", f.optimizer, "adamw, sgd, none")->capture_default_str();
-  app->add_option("--recompute", f.recompute, "none, selective (attention core), full (nanotron's recompute_layer: true), auto (cheapest per-layer plan that fits; the default with --budget or --gpu, else none)");
-  app->add_option("--tp-recompute-allgather", f.regather, "true, false: keep the SP shard and all-gather again in backward")->capture_default_str();
-  app->add_option("--budget", f.budget, "bytes per GPU: 80GB (10^9), 80GiB (2^30), 85899345920, \"80 GB\"");
-  app->add_option("--gpu", f.gpu, "GPU whose memory is the budget (nanoplan gpus): h100, h200, a100-80gb, b200, ...");
+  app->add_option(
+      "--recompute", f.recompute,
+      "none, selective (attention core), full (nanotron's recompute_layer: true), auto (cheapest "
+      "per-layer plan that fits; the default with --budget or --gpu, else none)");
+  app->add_option("--tp-recompute-allgather", f.regather,
+                  "true, false: keep the SP shard and all-gather again in backward")
+      ->capture_default_str();
+  app->add_option("--budget", f.budget,
+                  "bytes per GPU: 80GB (10^9), 80GiB (2^30), 85899345920, \"80 GB\"");
+  app->add_option(
+      "--gpu", f.gpu,
+      "GPU whose memory is the budget (nanoplan gpus): h100, h200, a100-80gb, b200, ...");
   app->add_option("--format", f.format, "table, json")->capture_default_str();
   app->add_flag("--explain-peak", f.explain_peak, "list the live tensors at the peak");
-  app->add_option("--cuda-context", f.cuda_context, "assumed CUDA context bytes per GPU (default 512MiB)");
-  app->add_option("--cublas-workspace", f.cublas_workspace, "assumed cuBLAS workspace bytes (default 32MiB)");
-  app->add_option("--nccl-buffers", f.nccl_buffers, "assumed NCCL buffer bytes per communicator (default 64MiB)");
-  app->add_option("--allocator-slack", f.allocator_slack, "assumed allocator fragmentation, fraction of the activation + transient peak (default 0.05)");
-  app->add_option("--models-dir", f.models_dir, "model catalog folder (default: the source tree's models/)");
+  app->add_option("--cuda-context", f.cuda_context,
+                  "assumed CUDA context bytes per GPU (default 512MiB)");
+  app->add_option("--cublas-workspace", f.cublas_workspace,
+                  "assumed cuBLAS workspace bytes (default 32MiB)");
+  app->add_option("--nccl-buffers", f.nccl_buffers,
+                  "assumed NCCL buffer bytes per communicator (default 64MiB)");
+  app->add_option("--allocator-slack", f.allocator_slack,
+                  "assumed allocator fragmentation, fraction of the activation + transient peak "
+                  "(default 0.05)");
+  app->add_option("--models-dir", f.models_dir,
+                  "model catalog folder (default: the source tree's models/)");
 }
 
 bool parse_bool(const std::string& flag, const std::string& v) {
@@ -101,16 +129,19 @@ np::TrainSpec make_setup(const Flags& f) {
   t.tp = f.tp, t.pp = f.pp, t.dp = f.dp, t.ep = f.ep, t.zero = f.zero;
   t.micro_batch = f.micro_batch, t.seq_len = f.seq_len;
   t.microbatches = f.microbatches != 0 ? f.microbatches : std::max<int64_t>(1, f.pp);
-  if (f.sp != "auto" && f.sp != "on" && f.sp != "off") die("invalid --sp '" + f.sp + "' (valid: on, off, auto)");
+  if (f.sp != "auto" && f.sp != "on" && f.sp != "off")
+    die("invalid --sp '" + f.sp + "' (valid: on, off, auto)");
   t.sp = f.sp == "auto" ? f.tp > 1 : f.sp == "on";
   t.pp_schedule = check(np::parse_enum<np::PpSchedule>("--pp-schedule", f.pp_schedule));
   t.attention = check(np::parse_enum<np::AttentionImpl>("--attention", f.attention));
   t.grad_dtype = check(np::parse_enum<np::Dtype>("--grad-accum-dtype", f.grad_dtype));
   t.optimizer = check(np::parse_enum<np::Optimizer>("--optimizer", f.optimizer));
   bool budgeted = !f.budget.empty() || !f.gpu.empty();
-  t.recompute = f.recompute.empty() ? (budgeted ? np::Recompute::kAuto : np::Recompute::kNone)
-                                    : check(np::parse_enum<np::Recompute>("--recompute", f.recompute));
-  if (t.recompute == np::Recompute::kAuto && !budgeted) die("--recompute auto needs a budget: give --budget or --gpu");
+  t.recompute = f.recompute.empty()
+                    ? (budgeted ? np::Recompute::kAuto : np::Recompute::kNone)
+                    : check(np::parse_enum<np::Recompute>("--recompute", f.recompute));
+  if (t.recompute == np::Recompute::kAuto && !budgeted)
+    die("--recompute auto needs a budget: give --budget or --gpu");
   t.tp_recompute_allgather = parse_bool("--tp-recompute-allgather", f.regather);
   return t;
 }
@@ -130,7 +161,8 @@ np::RuntimeAssumptions make_runtime(const Flags& f) {
     char* end = nullptr;
     double v = std::strtod(f.allocator_slack.c_str(), &end);
     if (end == f.allocator_slack.c_str() || *end != '\0' || !(v >= 0 && v <= 1))
-      die("invalid --allocator-slack '" + f.allocator_slack + "' (valid: a fraction in [0, 1], e.g. 0.05)");
+      die("invalid --allocator-slack '" + f.allocator_slack +
+          "' (valid: a fraction in [0, 1], e.g. 0.05)");
     rt.allocator_slack = v;
   }
   return rt;
@@ -159,8 +191,10 @@ struct Resolved {
 };
 
 Resolved resolve(const Flags& f) {
-  if (!f.budget.empty() && !f.gpu.empty()) die("--budget and --gpu both set the budget; give one of them");
-  if (f.format != "table" && f.format != "json") die("invalid --format '" + f.format + "' (valid: table, json)");
+  if (!f.budget.empty() && !f.gpu.empty())
+    die("--budget and --gpu both set the budget; give one of them");
+  if (f.format != "table" && f.format != "json")
+    die("invalid --format '" + f.format + "' (valid: table, json)");
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   np::ModelSpec m = check(np::resolve_model(catalog, f.model));
   np::TrainSpec t = make_setup(f);
@@ -172,9 +206,12 @@ int run_estimate_auto(const Flags& f, const Resolved& r, int64_t budget) {
   np::RuntimeAssumptions rt = make_runtime(f);
   np::HardwareModel hw = make_hardware(f);
   np::AutoPlan plan = np::auto_plan(r.model, r.setup, rt, budget, hw);
-  if (f.explain_peak) plan.estimate = np::estimate_schedule(plan.schedule, rt, {.budget = budget, .suggestions = false, .explain_peak = true});
+  if (f.explain_peak)
+    plan.estimate = np::estimate_schedule(
+        plan.schedule, rt, {.budget = budget, .suggestions = false, .explain_peak = true});
   plan.estimate.fits = plan.fits;
-  if (!plan.fits) plan.estimate.suggestions = np::auto_suggestions(r.model, r.setup, rt, budget, hw);
+  if (!plan.fits)
+    plan.estimate.suggestions = np::auto_suggestions(r.model, r.setup, rt, budget, hw);
   if (f.format == "json") {
     nlohmann::json j = np::estimate_to_json(plan.estimate);
     j["plan"] = np::auto_plan_json(plan);
@@ -188,10 +225,13 @@ int run_estimate_auto(const Flags& f, const Resolved& r, int64_t budget) {
 int run_estimate(const Flags& f) {
   Resolved r = resolve(f);
   if (r.setup.recompute == np::Recompute::kAuto) return run_estimate_auto(f, r, *make_budget(f));
-  np::EstimateOptions opt{.budget = make_budget(f), .suggestions = true, .explain_peak = f.explain_peak};
+  np::EstimateOptions opt{
+      .budget = make_budget(f), .suggestions = true, .explain_peak = f.explain_peak};
   np::Estimate e = np::estimate(r.model, r.setup, make_runtime(f), opt);
-  if (f.format == "json") std::cout << np::estimate_to_json(e).dump(2) << "\n";
-  else std::cout << np::estimate_to_table(e, f.model);
+  if (f.format == "json")
+    std::cout << np::estimate_to_json(e).dump(2) << "\n";
+  else
+    std::cout << np::estimate_to_table(e, f.model);
   return 0;
 }
 
@@ -200,7 +240,8 @@ int run_plan(const Flags& f) {
   std::optional<int64_t> budget = make_budget(f);
   np::RuntimeAssumptions rt = make_runtime(f);
   if (!f.output.empty() && f.output != "-" && std::filesystem::is_directory(f.output))
-    die("cannot write " + f.output + ": it is a folder; give a file name such as " + f.output + "/plan.json");
+    die("cannot write " + f.output + ": it is a folder; give a file name such as " + f.output +
+        "/plan.json");
   np::Schedule s = r.setup.recompute == np::Recompute::kAuto
                        ? np::auto_plan(r.model, r.setup, rt, *budget, make_hardware(f)).schedule
                        : np::build_schedule(r.model, r.setup);
@@ -226,8 +267,9 @@ int run_plan(const Flags& f) {
     die("cannot write " + f.output + ": " + ec.message());
   }
   np::Estimate e = np::estimate_schedule(s, rt, {.budget = budget, .suggestions = false});
-  std::fprintf(stderr, "nanoplan: wrote %s (%zu stage program(s)); peak %s on rank %lld\n", f.output.c_str(),
-               s.stages.size(), np::format_human(e.peak_bytes).c_str(), static_cast<long long>(e.peak_rank));
+  std::fprintf(stderr, "nanoplan: wrote %s (%zu stage program(s)); peak %s on rank %lld\n",
+               f.output.c_str(), s.stages.size(), np::format_human(e.peak_bytes).c_str(),
+               static_cast<long long>(e.peak_rank));
   return 0;
 }
 
@@ -237,8 +279,9 @@ int run_models(const Flags& f) {
   for (const np::ModelSpec& m : catalog) {
     std::string aliases;
     for (const std::string& a : m.aliases) aliases += (aliases.empty() ? "" : ", ") + a;
-    std::printf("%-20s %20s  %-6s %s\n", m.name.c_str(), np::format_int(np::count_parameters(m)).c_str(),
-                m.moe ? "moe" : "dense", aliases.c_str());
+    std::printf("%-20s %20s  %-6s %s\n", m.name.c_str(),
+                np::format_int(np::count_parameters(m)).c_str(), m.moe ? "moe" : "dense",
+                aliases.c_str());
   }
   return 0;
 }
@@ -259,7 +302,8 @@ constexpr int kExitCheckFailed = 1;
 constexpr int kExitOutOfMemory = 3;
 
 np::exec::BackendFactory backend_factory(const Flags& f) {
-  if (f.backend != "cpu") die("invalid --backend '" + f.backend + "' (valid: cpu; the CUDA backend is not built yet)");
+  if (f.backend != "cpu")
+    die("invalid --backend '" + f.backend + "' (valid: cpu; the CUDA backend is not built yet)");
   return [] { return np::exec::make_cpu_backend(); };
 }
 
@@ -284,7 +328,10 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
   if (f.check_plan) {
     size_t n = 0;
     for (const np::StageProgram& p : s.stages) n += p.instrs.size();
-    std::printf("plan OK: %zu stage program(s), %zu instructions; every backward read is kept or recomputed\n", s.stages.size(), n);
+    std::printf(
+        "plan OK: %zu stage program(s), %zu instructions; every backward read is kept or "
+        "recomputed\n",
+        s.stages.size(), n);
     return 0;
   }
   auto r = np::exec::run_schedule(s, backend_factory(f), run_options(f));
@@ -294,15 +341,24 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
   }
   if (r->out_of_memory) {
     const np::exec::OutOfBudget& oom = *r->out_of_memory;
-    std::fprintf(stderr, "nanoplan: rank %lld: %s\n", static_cast<long long>(r->oom_rank), oom.what());
+    std::fprintf(stderr, "nanoplan: rank %lld: %s\n", static_cast<long long>(r->oom_rank),
+                 oom.what());
     if (f.format == "json")
-      std::cout << nlohmann::json{{"out_of_memory", {{"rank", r->oom_rank}, {"tensor", oom.tensor}, {"bytes", oom.bytes},
-                                                     {"in_use_bytes", oom.in_use}, {"budget_bytes", oom.budget}}}}.dump(2) << "\n";
+      std::cout << nlohmann::json{{"out_of_memory",
+                                   {{"rank", r->oom_rank},
+                                    {"tensor", oom.tensor},
+                                    {"bytes", oom.bytes},
+                                    {"in_use_bytes", oom.in_use},
+                                    {"budget_bytes", oom.budget}}}}
+                       .dump(2)
+                << "\n";
     return kExitOutOfMemory;
   }
   np::exec::RunComparison c = np::exec::compare(s, *r, title);
-  if (f.format == "json") std::cout << np::exec::comparison_json(c).dump(2) << "\n";
-  else std::cout << np::exec::comparison_table(c);
+  if (f.format == "json")
+    std::cout << np::exec::comparison_json(c).dump(2) << "\n";
+  else
+    std::cout << np::exec::comparison_table(c);
   return c.all_equal ? 0 : kExitCheckFailed;
 }
 
@@ -312,7 +368,8 @@ bool scenario_passes(const np::Scenario& sc, const np::exec::RunComparison& c, s
   if (sc.expect.first_loss_rel_ln_vocab > 0 && !c.losses.empty() &&
       std::abs(c.losses.front() - ln_v) > sc.expect.first_loss_rel_ln_vocab * ln_v)
     why += "first loss " + std::to_string(c.losses.front()) + " is not within " +
-           std::to_string(sc.expect.first_loss_rel_ln_vocab * 100) + "% of ln(vocab) = " + std::to_string(ln_v) + "; ";
+           std::to_string(sc.expect.first_loss_rel_ln_vocab * 100) +
+           "% of ln(vocab) = " + std::to_string(ln_v) + "; ";
   if (sc.expect.loss_decreases && c.losses.size() > 1 && !(c.losses.back() < c.losses.front()))
     why += "loss did not decrease; ";
   return why.empty();
@@ -325,18 +382,23 @@ int run_scenario(const Flags& f) {
   if (g.steps == 1) g.steps = sc.steps;
   int failed = 0;
   nlohmann::json all = nlohmann::json::array();
-  std::printf("%s", f.format == "json" ? "" : ("scenario " + sc.name + ": " + std::to_string(sc.matrix.size()) + " setups (" +
-                                               std::to_string(sc.skipped.size()) + " invalid combinations skipped)\n").c_str());
+  std::printf("%s",
+              f.format == "json"
+                  ? ""
+                  : ("scenario " + sc.name + ": " + std::to_string(sc.matrix.size()) + " setups (" +
+                     std::to_string(sc.skipped.size()) + " invalid combinations skipped)\n")
+                        .c_str());
   for (const np::TrainSpec& t : sc.matrix) {
     np::Schedule s = np::build_schedule(sc.model, t);
     auto r = np::exec::run_schedule(s, backend_factory(g), run_options(g));
     if (!r) {
-      std::fprintf(stderr, "nanoplan: %s: %s\n", np::describe_short(t).c_str(), r.error().message.c_str());
+      std::fprintf(stderr, "nanoplan: %s: %s\n", np::describe_short(t).c_str(),
+                   r.error().message.c_str());
       return kExitCheckFailed;
     }
     if (r->out_of_memory) {
-      std::fprintf(stderr, "nanoplan: %s: rank %lld: %s\n", np::describe_short(t).c_str(), static_cast<long long>(r->oom_rank),
-                   r->out_of_memory->what());
+      std::fprintf(stderr, "nanoplan: %s: rank %lld: %s\n", np::describe_short(t).c_str(),
+                   static_cast<long long>(r->oom_rank), r->out_of_memory->what());
       return kExitOutOfMemory;
     }
     np::exec::RunComparison c = np::exec::compare(s, *r, sc.name + ": " + np::describe_short(t));
@@ -349,52 +411,75 @@ int run_scenario(const Flags& f) {
       j["why"] = why;
       all.push_back(j);
     } else {
-      std::printf("  %-4s %-62s loss %.4f -> %.4f  max |measured - predicted| %lld B%s%s\n", ok ? "ok" : "FAIL",
-                  np::describe_short(t).c_str(), c.losses.empty() ? 0.0 : c.losses.front(), c.losses.empty() ? 0.0 : c.losses.back(),
-                  [&] { long long m = 0; for (auto& rk : c.ranks) m = std::max(m, std::llabs(rk.difference())); return m; }(),
-                  ok ? "" : "  ", why.c_str());
+      std::printf(
+          "  %-4s %-62s loss %.4f -> %.4f  max |measured - predicted| %lld B%s%s\n",
+          ok ? "ok" : "FAIL", np::describe_short(t).c_str(),
+          c.losses.empty() ? 0.0 : c.losses.front(), c.losses.empty() ? 0.0 : c.losses.back(),
+          [&] {
+            long long m = 0;
+            for (auto& rk : c.ranks) m = std::max(m, std::llabs(rk.difference()));
+            return m;
+          }(),
+          ok ? "" : "  ", why.c_str());
       if (!c.all_equal) std::printf("%s", np::exec::comparison_table(c).c_str());
     }
   }
-  if (f.format == "json") std::cout << nlohmann::json{{"scenario", sc.name}, {"runs", all}, {"failed", failed}}.dump(2) << "\n";
-  else std::printf("%d of %zu setups failed\n", failed, sc.matrix.size());
+  if (f.format == "json")
+    std::cout << nlohmann::json{{"scenario", sc.name}, {"runs", all}, {"failed", failed}}.dump(2)
+              << "\n";
+  else
+    std::printf("%d of %zu setups failed\n", failed, sc.matrix.size());
   return failed ? kExitCheckFailed : 0;
 }
 
 int run_run(const Flags& f, CLI::App* app) {
-  int sources = !f.plan_path.empty() + !f.scenario.empty() + (!f.model.empty() && f.plan_path.empty());
-  if (sources != 1) die("run needs exactly one of: a plan file, --model with setup flags, or --scenario FILE");
+  int sources =
+      !f.plan_path.empty() + !f.scenario.empty() + (!f.model.empty() && f.plan_path.empty());
+  if (sources != 1)
+    die("run needs exactly one of: a plan file, --model with setup flags, or --scenario FILE");
   if (!f.scenario.empty()) return run_scenario(f);
   if (f.plan_path.empty()) {
     Resolved r = resolve(f);
-    np::Schedule s = r.setup.recompute == np::Recompute::kAuto
-                         ? np::auto_plan(r.model, r.setup, make_runtime(f), *make_budget(f), make_hardware(f)).schedule
-                         : np::build_schedule(r.model, r.setup);
+    np::Schedule s =
+        r.setup.recompute == np::Recompute::kAuto
+            ? np::auto_plan(r.model, r.setup, make_runtime(f), *make_budget(f), make_hardware(f))
+                  .schedule
+            : np::build_schedule(r.model, r.setup);
     return run_one(s, f, "run: " + r.model.name + ", " + np::describe_short(r.setup));
   }
-  for (const char* flag : {"--tp", "--pp", "--dp", "--ep", "--sp", "--zero", "--micro-batch", "--seq-len", "--microbatches",
-                           "--pp-schedule", "--attention", "--grad-accum-dtype", "--optimizer", "--recompute", "--tp-recompute-allgather"})
-    if (app->count(flag) > 0) die(std::string(flag) + " conflicts with a plan file: the setup comes from the plan (re-run nanoplan plan to change it)");
+  for (const char* flag :
+       {"--tp", "--pp", "--dp", "--ep", "--sp", "--zero", "--micro-batch", "--seq-len",
+        "--microbatches", "--pp-schedule", "--attention", "--grad-accum-dtype", "--optimizer",
+        "--recompute", "--tp-recompute-allgather"})
+    if (app->count(flag) > 0)
+      die(std::string(flag) +
+          " conflicts with a plan file: the setup comes from the plan (re-run nanoplan plan to "
+          "change it)");
   np::Schedule s = check(np::load_plan(f.plan_path));
   if (!f.model.empty()) {
     auto catalog = check(np::load_model_catalog(models_dir(f)));
     np::ModelSpec m = check(np::resolve_model(catalog, f.model));
-    if (m.name != s.model.name) die("plan " + f.plan_path + " was made for model " + s.model.name + ", not " + m.name);
+    if (m.name != s.model.name)
+      die("plan " + f.plan_path + " was made for model " + s.model.name + ", not " + m.name);
     nlohmann::json a = np::model_spec_to_json(m), b = np::model_spec_to_json(s.model);
     for (const char* k : {"source", "display_name"}) a.erase(k), b.erase(k);
     for (auto& [key, value] : a.items())
       if (b[key] != value)
-        die("plan " + f.plan_path + " was made for a different " + m.name + ": its " + key + " is " + b[key].dump() + ", the model's is " + value.dump());
+        die("plan " + f.plan_path + " was made for a different " + m.name + ": its " + key +
+            " is " + b[key].dump() + ", the model's is " + value.dump());
   }
-  return run_one(s, f, "run: " + f.plan_path + " (" + s.model.name + ", " + np::describe_short(s.setup) + ")");
+  return run_one(
+      s, f, "run: " + f.plan_path + " (" + s.model.name + ", " + np::describe_short(s.setup) + ")");
 }
 
 int run_sweep(const Flags& f) {
   if (f.budget.empty() && f.gpu.empty()) die("sweep needs a budget: give --budget or --gpu");
   if (f.gpus < 1) die("--gpus must be a positive integer, got " + std::to_string(f.gpus));
   if (f.top < 1) die("--top must be a positive integer, got " + std::to_string(f.top));
-  if (f.global_batch < 0) die("--global-batch must be a positive integer, got " + std::to_string(f.global_batch));
-  if (f.format != "table" && f.format != "json") die("invalid --format '" + f.format + "' (valid: table, json)");
+  if (f.global_batch < 0)
+    die("--global-batch must be a positive integer, got " + std::to_string(f.global_batch));
+  if (f.format != "table" && f.format != "json")
+    die("invalid --format '" + f.format + "' (valid: table, json)");
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   np::ModelSpec m = check(np::resolve_model(catalog, f.model));
   Flags g = f;
@@ -408,7 +493,8 @@ int run_sweep(const Flags& f) {
   auto progress = [&](size_t done, size_t total) {
     if (!tty) return;
     int width = 40, filled = static_cast<int>(width * done / std::max<size_t>(1, total));
-    std::fprintf(stderr, "\r  [%s%s] %zu/%zu setups", std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done, total);
+    std::fprintf(stderr, "\r  [%s%s] %zu/%zu setups", std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), done, total);
     if (done == total) std::fprintf(stderr, "\n");
   };
   np::SweepReport r = np::sweep(m, o, progress);
@@ -416,27 +502,44 @@ int run_sweep(const Flags& f) {
     nlohmann::json top = nlohmann::json::array();
     for (size_t i = 0; i < r.fitting.size() && i < static_cast<size_t>(f.top); ++i) {
       const np::SweepResult& x = r.fitting[i];
-      top.push_back({{"setup", np::setup_to_json(x.setup)}, {"step_seconds", x.step_seconds}, {"tokens_per_second", x.tokens_per_second},
-                     {"mfu", x.mfu}, {"recompute_seconds", x.recompute_seconds}, {"peak_bytes", x.peak_bytes}, {"plan", x.plan}});
+      top.push_back({{"setup", np::setup_to_json(x.setup)},
+                     {"step_seconds", x.step_seconds},
+                     {"tokens_per_second", x.tokens_per_second},
+                     {"mfu", x.mfu},
+                     {"recompute_seconds", x.recompute_seconds},
+                     {"peak_bytes", x.peak_bytes},
+                     {"plan", x.plan}});
     }
-    std::cout << nlohmann::json{{"model", m.name}, {"gpus", f.gpus}, {"budget_bytes", o.budget}, {"evaluated", r.evaluated},
-                                {"fitting", r.fitting.size()}, {"invalid", r.invalid}, {"seconds", r.seconds}, {"top", top}}.dump(2) << "\n";
+    std::cout << nlohmann::json{{"model", m.name},
+                                {"gpus", f.gpus},
+                                {"budget_bytes", o.budget},
+                                {"evaluated", r.evaluated},
+                                {"fitting", r.fitting.size()},
+                                {"invalid", r.invalid},
+                                {"seconds", r.seconds},
+                                {"top", top}}
+                     .dump(2)
+              << "\n";
     return 0;
   }
-  std::printf("sweep: %s on %lld GPUs, budget %s: %zu setups evaluated (%zu fit, %zu invalid skipped) in %.2f s (%.0f setups/s)\n",
-              m.name.c_str(), static_cast<long long>(f.gpus), np::format_human(o.budget).c_str(), r.evaluated, r.fitting.size(), r.invalid,
-              r.seconds, r.evaluated / std::max(1e-9, r.seconds));
+  std::printf(
+      "sweep: %s on %lld GPUs, budget %s: %zu setups evaluated (%zu fit, %zu invalid skipped) in "
+      "%.2f s (%.0f setups/s)\n",
+      m.name.c_str(), static_cast<long long>(f.gpus), np::format_human(o.budget).c_str(),
+      r.evaluated, r.fitting.size(), r.invalid, r.seconds, r.evaluated / std::max(1e-9, r.seconds));
   if (r.fitting.empty()) {
     std::printf("no setup fits: try more GPUs, a shorter sequence or a larger budget\n");
     return 0;
   }
-  std::printf("%4s %4s %4s %4s %5s %4s %5s %10s %11s %6s %10s  %s\n", "rank", "tp", "pp", "dp", "zero", "mbs", "m", "step s", "tokens/s", "MFU", "peak GiB", "recompute plan");
+  std::printf("%4s %4s %4s %4s %5s %4s %5s %10s %11s %6s %10s  %s\n", "rank", "tp", "pp", "dp",
+              "zero", "mbs", "m", "step s", "tokens/s", "MFU", "peak GiB", "recompute plan");
   for (size_t i = 0; i < r.fitting.size() && i < static_cast<size_t>(f.top); ++i) {
     const np::SweepResult& x = r.fitting[i];
-    std::printf("%4zu %4lld %4lld %4lld %5d %4lld %5lld %10.3f %11.0f %5.1f%% %10.2f  %s\n", i + 1, (long long)x.setup.tp,
-                (long long)x.setup.pp, (long long)x.setup.dp, x.setup.zero, (long long)x.setup.micro_batch,
-                (long long)x.setup.microbatches, x.step_seconds, x.tokens_per_second, 100 * x.mfu,
-                static_cast<double>(x.peak_bytes) / np::kGiB, x.plan.c_str());
+    std::printf("%4zu %4lld %4lld %4lld %5d %4lld %5lld %10.3f %11.0f %5.1f%% %10.2f  %s\n", i + 1,
+                (long long)x.setup.tp, (long long)x.setup.pp, (long long)x.setup.dp, x.setup.zero,
+                (long long)x.setup.micro_batch, (long long)x.setup.microbatches, x.step_seconds,
+                x.tokens_per_second, 100 * x.mfu, static_cast<double>(x.peak_bytes) / np::kGiB,
+                x.plan.c_str());
   }
   return 0;
 }
@@ -448,29 +551,40 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   Flags f;
   const std::string commands[] = {"estimate", "plan", "run", "sweep", "models", "gpus"};
-  if (argc > 1 && argv[1][0] != '-' && std::find(std::begin(commands), std::end(commands), argv[1]) == std::end(commands))
-    die("unknown subcommand '" + std::string(argv[1]) + "' (valid: estimate, plan, run, sweep, models, gpus)");
+  if (argc > 1 && argv[1][0] != '-' &&
+      std::find(std::begin(commands), std::end(commands), argv[1]) == std::end(commands))
+    die("unknown subcommand '" + std::string(argv[1]) +
+        "' (valid: estimate, plan, run, sweep, models, gpus)");
   CLI::App* est = app.add_subcommand("estimate", "per-GPU memory breakdown of a training setup");
   add_setup_flags(est, f);
-  CLI::App* plan = app.add_subcommand("plan", "write the schedule (what to keep, drop, recompute) as JSON");
+  CLI::App* plan =
+      app.add_subcommand("plan", "write the schedule (what to keep, drop, recompute) as JSON");
   add_setup_flags(plan, f);
   plan->add_option("-o,--output", f.output, "output file (default: stdout)");
-  CLI::App* run = app.add_subcommand("run", "execute a plan (or a setup, or a scenario) and compare predicted with measured peak memory");
+  CLI::App* run = app.add_subcommand(
+      "run",
+      "execute a plan (or a setup, or a scenario) and compare predicted with measured peak memory");
   add_setup_flags(run, f, false);
   run->add_option("plan", f.plan_path, "plan file written by nanoplan plan");
-  run->add_option("--scenario", f.scenario, "scenario file (scenarios/*.toml): run its whole setup matrix");
+  run->add_option("--scenario", f.scenario,
+                  "scenario file (scenarios/*.toml): run its whole setup matrix");
   run->add_option("--backend", f.backend, "cpu (the reference executor)")->capture_default_str();
   run->add_option("--steps", f.steps, "training steps to run")->capture_default_str();
   run->add_option("--seed", f.seed, "seed of weights, data and dropout")->capture_default_str();
-  run->add_flag("--check-plan", f.check_plan, "only check the plan: every backward read kept or recomputed");
-  run->add_option("--enforce-budget", f.enforce_budget, "refuse allocations past this many bytes per rank (exit 3)");
-  CLI::App* sw = app.add_subcommand("sweep", "search tp, pp, dp, ZeRO stage and micro-batch, each with its optimal recompute plan; rank by throughput");
+  run->add_flag("--check-plan", f.check_plan,
+                "only check the plan: every backward read kept or recomputed");
+  run->add_option("--enforce-budget", f.enforce_budget,
+                  "refuse allocations past this many bytes per rank (exit 3)");
+  CLI::App* sw = app.add_subcommand("sweep",
+                                    "search tp, pp, dp, ZeRO stage and micro-batch, each with its "
+                                    "optimal recompute plan; rank by throughput");
   sw->add_option("--model", f.model, "model name or alias, or a path")->required();
   sw->add_option("--gpus", f.gpus, "GPUs to use (tp x pp x dp)")->required();
   sw->add_option("--budget", f.budget, "bytes per GPU: 80GB, 80GiB, ...");
   sw->add_option("--gpu", f.gpu, "GPU (nanoplan gpus): sets the budget and the cost model");
   sw->add_option("--seq-len", f.seq_len, "sequence length")->capture_default_str();
-  sw->add_option("--global-batch", f.global_batch, "sequences per optimizer step (default 4 x gpus)");
+  sw->add_option("--global-batch", f.global_batch,
+                 "sequences per optimizer step (default 4 x gpus)");
   sw->add_option("--pp-schedule", f.pp_schedule, "1f1b (default for sweep), afab");
   sw->add_option("--attention", f.attention, "flash, eager")->capture_default_str();
   sw->add_option("--top", f.top, "setups to show")->capture_default_str();
@@ -488,7 +602,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::string what = e.what();
-    if (what.find("subcommand") != std::string::npos) what += " (valid: estimate, plan, run, sweep, models, gpus)";
+    if (what.find("subcommand") != std::string::npos)
+      what += " (valid: estimate, plan, run, sweep, models, gpus)";
     die(what + "; see nanoplan --help");
   }
   try {

@@ -10,7 +10,8 @@ namespace np::exec {
 
 class InProcessComm final : public Communicator {
  public:
-  InProcessComm(InProcessWorld& w, int64_t stage, int64_t rank) : w_(w), stage_(stage), rank_(rank) {}
+  InProcessComm(InProcessWorld& w, int64_t stage, int64_t rank)
+      : w_(w), stage_(stage), rank_(rank) {}
   int64_t tp_rank() const override { return rank_; }
   int64_t tp_size() const override { return w_.tp_; }
 
@@ -23,7 +24,8 @@ class InProcessComm final : public Communicator {
   }
 
   void reduce_scatter(const Tensor& in, const Tensor& out) override {
-    check(in.bytes() == out.bytes() * w_.tp_ && in.type.dtype == out.type.dtype, "reduce_scatter: input must be tp x the output");
+    check(in.bytes() == out.bytes() * w_.tp_ && in.type.dtype == out.type.dtype,
+          "reduce_scatter: input must be tp x the output");
     publish(in.data);
     int64_t n = out.numel(), base = rank_ * n;
     for (int64_t i = 0; i < n; ++i) store(out, i, sum_at(in, base + i));
@@ -45,7 +47,8 @@ class InProcessComm final : public Communicator {
     for (int64_t q = 0; q < w_.tp_; ++q) {
       if (q == rank_) continue;
       int64_t qlo = std::min(n, q * chunk), qhi = std::min(n, qlo + chunk);
-      std::memcpy(t.as<unsigned char>() + qlo * elem, static_cast<const unsigned char*>(group().slots[q]) + qlo * elem,
+      std::memcpy(t.as<unsigned char>() + qlo * elem,
+                  static_cast<const unsigned char*>(group().slots[q]) + qlo * elem,
                   (qhi - qlo) * elem);
     }
     wait();
@@ -68,7 +71,8 @@ class InProcessComm final : public Communicator {
     if (box.messages.empty()) throw RunAborted();
     std::vector<unsigned char> msg = std::move(box.messages.front());
     box.messages.pop_front();
-    check(static_cast<int64_t>(msg.size()) == t.bytes(), "recv: message size differs from the receive buffer");
+    check(static_cast<int64_t>(msg.size()) == t.bytes(),
+          "recv: message size differs from the receive buffer");
     std::memcpy(t.data, msg.data(), msg.size());
   }
 
@@ -108,7 +112,9 @@ InProcessWorld::InProcessWorld(int64_t tp, int64_t pp) : tp_(tp), pp_(pp) {
   }
 }
 
-Communicator& InProcessWorld::comm(int64_t stage, int64_t tp_rank) { return *comms_.at(stage * tp_ + tp_rank); }
+Communicator& InProcessWorld::comm(int64_t stage, int64_t tp_rank) {
+  return *comms_.at(stage * tp_ + tp_rank);
+}
 
 void InProcessWorld::abort(int64_t stage) {
   aborted_ = true;

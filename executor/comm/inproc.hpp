@@ -3,12 +3,12 @@
 #pragma once
 #include <atomic>
 #include <barrier>
-#include <stdexcept>
 #include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <tuple>
 #include <vector>
 

@@ -17,9 +17,11 @@ struct Geo {
   Geo(const Env& env, const Tensor& qkv) {
     const OpAttrs& a = env.attrs();
     b = a.batch, s = a.seq, hq = a.heads, hkv = a.kv_heads, d = a.head_dim;
-    check(b > 0 && s > 0 && hq > 0 && hkv > 0 && d > 0 && hq % hkv == 0, "attention: bad batch/seq/heads/head_dim attrs");
+    check(b > 0 && s > 0 && hq > 0 && hkv > 0 && d > 0 && hq % hkv == 0,
+          "attention: bad batch/seq/heads/head_dim attrs");
     width = (hq + 2 * hkv) * d;
-    check(dim(qkv, 0) == b * s && row_width(qkv) == width, "attention: qkv is not {s*b, (heads + 2 kv_heads) head_dim}");
+    check(dim(qkv, 0) == b * s && row_width(qkv) == width,
+          "attention: qkv is not {s*b, (heads + 2 kv_heads) head_dim}");
     scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   }
   int64_t row(int64_t bi, int64_t pos) const { return pos * b + bi; }
@@ -27,7 +29,9 @@ struct Geo {
   int64_t q_col(int64_t h) const { return h * d; }
   int64_t k_col(int64_t h) const { return (hq + kv(h)) * d; }
   int64_t v_col(int64_t h) const { return (hq + hkv + kv(h)) * d; }
-  int64_t score(int64_t bi, int64_t h, int64_t i, int64_t j) const { return ((bi * hq + h) * s + i) * s + j; }
+  int64_t score(int64_t bi, int64_t h, int64_t i, int64_t j) const {
+    return ((bi * hq + h) * s + i) * s + j;
+  }
   int64_t stat(int64_t bi, int64_t h, int64_t i) const { return (bi * hq + h) * s + i; }
 };
 
@@ -43,13 +47,15 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 
 }  // namespace
 
-// ---- FlashAttention ------------------------------------------------------------------------------
+// ---- FlashAttention
+// ------------------------------------------------------------------------------
 
 Outs flash_attention_forward(const Env& env, Ins in, Ins) {
   const Tensor& qkv = need(in, 0, "attention qkv");
   Geo g(env, qkv);
   Mat X = load_mat(qkv), O = Mat::Zero(g.b * g.s, g.hq * g.d);
-  Tensor out = env.output({g.b * g.s, g.hq * g.d}, env.act), lse = env.output({g.b, g.hq, g.s}, Dtype::kFp32);
+  Tensor out = env.output({g.b * g.s, g.hq * g.d}, env.act),
+         lse = env.output({g.b, g.hq, g.s}, Dtype::kFp32);
   std::vector<float> sc(g.s);
   for (int64_t bi = 0; bi < g.b; ++bi)
     for (int64_t h = 0; h < g.hq; ++h)
@@ -63,7 +69,8 @@ Outs flash_attention_forward(const Env& env, Ins in, Ins) {
         double l = 0;
         for (int64_t j = 0; j <= i; ++j) l += sc[j] = std::exp(sc[j] - m);
         float inv = static_cast<float>(1.0 / l);
-        for (int64_t j = 0; j <= i; ++j) axpy(sc[j] * inv, &X(g.row(bi, j), g.v_col(h)), &O(ti, g.q_col(h)), g.d);
+        for (int64_t j = 0; j <= i; ++j)
+          axpy(sc[j] * inv, &X(g.row(bi, j), g.v_col(h)), &O(ti, g.q_col(h)), g.d);
         lse.as<float>()[g.stat(bi, h, i)] = m + static_cast<float>(std::log(l));
       }
   store_mat(out, O);
@@ -79,7 +86,8 @@ void flash_attention_backward(const Env& env, const BackwardArgs& a) {
   Mat dO = load_mat(need(a.grad_outputs, 0, "attention output gradient"));
   const float* lse = need(a.outputs, 1, "attention logsumexp").as<float>();
   int64_t T = g.b * g.s;
-  Tensor dq = env.workspace({T, g.hq * g.d}, Dtype::kFp32), rs = env.workspace({g.b, g.hq, g.s}, Dtype::kFp32);
+  Tensor dq = env.workspace({T, g.hq * g.d}, Dtype::kFp32),
+         rs = env.workspace({g.b, g.hq, g.s}, Dtype::kFp32);
   float* dQ = dq.as<float>();
   float* D = rs.as<float>();
   std::fill(dQ, dQ + T * g.hq * g.d, 0.0f);
@@ -111,7 +119,8 @@ void flash_attention_backward(const Env& env, const BackwardArgs& a) {
   grad_input(env, a, 0, qkv.type, dX);
 }
 
-// ---- Eager: scores = Q K^T (unscaled; entries above the diagonal are 0 and carry no gradient) ------
+// ---- Eager: scores = Q K^T (unscaled; entries above the diagonal are 0 and carry no gradient)
+// ------
 
 Outs attn_scores_forward(const Env& env, Ins in, Ins) {
   const Tensor& qkv = need(in, 0, "attention qkv");
@@ -122,7 +131,8 @@ Outs attn_scores_forward(const Env& env, Ins in, Ins) {
     for (int64_t h = 0; h < g.hq; ++h)
       for (int64_t i = 0; i < g.s; ++i)
         for (int64_t j = 0; j <= i; ++j)
-          sp[g.score(bi, h, i, j)] = dot(&X(g.row(bi, i), g.q_col(h)), &X(g.row(bi, j), g.k_col(h)), g.d);
+          sp[g.score(bi, h, i, j)] =
+              dot(&X(g.row(bi, i), g.q_col(h)), &X(g.row(bi, j), g.k_col(h)), g.d);
   Tensor out = env.output({g.b, g.hq, g.s, g.s}, env.act);
   store_mat(out, S);
   return {out};
@@ -146,7 +156,8 @@ void attn_scores_backward(const Env& env, const BackwardArgs& a) {
   grad_input(env, a, 0, qkv.type, dX);
 }
 
-// ---- Eager: probs = causal softmax(scale * scores) along the last dim -----------------------------
+// ---- Eager: probs = causal softmax(scale * scores) along the last dim
+// -----------------------------
 
 Outs softmax_forward(const Env& env, Ins in, Ins) {
   const Tensor& x = need(in, 0, "softmax input");
@@ -173,29 +184,34 @@ void softmax_backward(const Env& env, const BackwardArgs& a) {
   const Tensor& p = need(a.outputs, 0, "softmax output");
   int64_t s = dim(p, 3);
   float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(env.attrs().head_dim)));
-  Mat P = load_rows(p, p.numel() / s, s), G = load_rows(need(a.grad_outputs, 0, "softmax gradient"), p.numel() / s, s);
+  Mat P = load_rows(p, p.numel() / s, s),
+      G = load_rows(need(a.grad_outputs, 0, "softmax gradient"), p.numel() / s, s);
   for (int64_t r = 0; r < P.rows(); ++r) {
     double dotpg = 0;
     for (int64_t j = 0; j < s; ++j) dotpg += double(P(r, j)) * G(r, j);
-    for (int64_t j = 0; j < s; ++j) G(r, j) = scale * P(r, j) * (G(r, j) - static_cast<float>(dotpg));
+    for (int64_t j = 0; j < s; ++j)
+      G(r, j) = scale * P(r, j) * (G(r, j) - static_cast<float>(dotpg));
   }
   grad_input(env, a, 0, p.type, G);
 }
 
-// ---- Eager: context = probs V over j <= i (probs above the diagonal are not read) -----------------
+// ---- Eager: context = probs V over j <= i (probs above the diagonal are not read)
+// -----------------
 
 Outs attn_context_forward(const Env& env, Ins in, Ins) {
   const Tensor& probs = need(in, 0, "attention probs");
   const Tensor& qkv = need(in, 1, "attention qkv");
   Geo g(env, qkv);
   check(probs.numel() == g.b * g.hq * g.s * g.s, "attn_context: probs are not {b, heads, s, s}");
-  Mat X = load_mat(qkv), P = load_rows(probs, g.b * g.hq * g.s, g.s), O = Mat::Zero(g.b * g.s, g.hq * g.d);
+  Mat X = load_mat(qkv), P = load_rows(probs, g.b * g.hq * g.s, g.s),
+      O = Mat::Zero(g.b * g.s, g.hq * g.d);
   const float* pp = P.data();
   for (int64_t bi = 0; bi < g.b; ++bi)
     for (int64_t h = 0; h < g.hq; ++h)
       for (int64_t i = 0; i < g.s; ++i)
         for (int64_t j = 0; j <= i; ++j)
-          axpy(pp[g.score(bi, h, i, j)], &X(g.row(bi, j), g.v_col(h)), &O(g.row(bi, i), g.q_col(h)), g.d);
+          axpy(pp[g.score(bi, h, i, j)], &X(g.row(bi, j), g.v_col(h)), &O(g.row(bi, i), g.q_col(h)),
+               g.d);
   Tensor out = env.output({g.b * g.s, g.hq * g.d}, env.act);
   store_mat(out, O);
   return {out};

@@ -8,7 +8,9 @@
 
 namespace np::exec::cpu {
 
-void fail(const std::string& what) { throw std::invalid_argument("cpu backend: " + what); }
+void fail(const std::string& what) {
+  throw std::invalid_argument("cpu backend: " + what);
+}
 void check(bool ok, const char* what) {
   if (!ok) fail(what);
 }
@@ -45,7 +47,9 @@ const Tensor& need(Ins ts, size_t i, const char* what) {
   return ts[i];
 }
 
-bool is_float(Dtype d) { return d == Dtype::kBf16 || d == Dtype::kFp32; }
+bool is_float(Dtype d) {
+  return d == Dtype::kBf16 || d == Dtype::kFp32;
+}
 
 Mat load_rows(const Tensor& t, int64_t rows, int64_t cols, int64_t offset) {
   check(is_float(t.type.dtype), "a float tensor was expected");
@@ -61,7 +65,9 @@ Mat load_rows(const Tensor& t, int64_t rows, int64_t cols, int64_t offset) {
   return m;
 }
 
-Mat load_mat(const Tensor& t) { return load_rows(t, dim(t, 0), row_width(t)); }
+Mat load_mat(const Tensor& t) {
+  return load_rows(t, dim(t, 0), row_width(t));
+}
 
 void store_mat(const Tensor& t, const Mat& m, int64_t offset) {
   check(offset + m.size() <= t.numel(), "a result lies outside its tensor");
@@ -85,8 +91,10 @@ Mat column_sums(const Mat& m) {
   return s;
 }
 
-void grad_input(const Env& env, const BackwardArgs& args, int k, const TensorType& type, const Mat& g) {
-  check(static_cast<size_t>(k) < args.grad_inputs.size(), "grad_inputs is shorter than the op's inputs");
+void grad_input(const Env& env, const BackwardArgs& args, int k, const TensorType& type,
+                const Mat& g) {
+  check(static_cast<size_t>(k) < args.grad_inputs.size(),
+        "grad_inputs is shorter than the op's inputs");
   check(g.size() == type.elements(), "a gradient has the wrong number of elements");
   Tensor& dst = args.grad_inputs[k];
   if (dst) {
@@ -99,10 +107,12 @@ void grad_input(const Env& env, const BackwardArgs& args, int k, const TensorTyp
 }
 
 void grad_input_tensor(const Env& env, const BackwardArgs& args, int k, const Tensor& g) {
-  check(static_cast<size_t>(k) < args.grad_inputs.size(), "grad_inputs is shorter than the op's inputs");
+  check(static_cast<size_t>(k) < args.grad_inputs.size(),
+        "grad_inputs is shorter than the op's inputs");
   Tensor& dst = args.grad_inputs[k];
   if (dst) {
-    check(dst.numel() == g.numel() && is_float(g.type.dtype), "an existing input gradient has the wrong size");
+    check(dst.numel() == g.numel() && is_float(g.type.dtype),
+          "an existing input gradient has the wrong size");
     for (int64_t i = 0; i < g.numel(); ++i) accumulate(dst, i, load(g, i));
   } else {
     dst = env.alloc(g.type, AllocRole::kGradInput);
@@ -110,7 +120,8 @@ void grad_input_tensor(const Env& env, const BackwardArgs& args, int k, const Te
   }
 }
 
-Scratch::Scratch(const TensorType& type) : mem((type.bytes() + 7) / 8 + 1, 0), t{mem.data(), type} {}
+Scratch::Scratch(const TensorType& type)
+    : mem((type.bytes() + 7) / 8 + 1, 0), t{mem.data(), type} {}
 
 Routing routing(const Tensor& idx, int64_t experts) {
   check(idx.type.dtype == Dtype::kI64, "routing indices must be i64");

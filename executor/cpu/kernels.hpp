@@ -19,12 +19,17 @@ using Outs = std::vector<Tensor>;
 
 struct Env {
   const OpContext& ctx;
-  Dtype act;  // the dtype of what the op table stores as activations: bf16 (fp32 in gradient checks)
+  Dtype
+      act;  // the dtype of what the op table stores as activations: bf16 (fp32 in gradient checks)
 
   const OpAttrs& attrs() const { return ctx.op->attrs; }
   Tensor alloc(const TensorType& type, AllocRole role) const;
-  Tensor output(std::vector<int64_t> shape, Dtype dtype) const { return alloc({std::move(shape), dtype}, AllocRole::kOutput); }
-  Tensor workspace(std::vector<int64_t> shape, Dtype dtype) const { return alloc({std::move(shape), dtype}, AllocRole::kWorkspace); }
+  Tensor output(std::vector<int64_t> shape, Dtype dtype) const {
+    return alloc({std::move(shape), dtype}, AllocRole::kOutput);
+  }
+  Tensor workspace(std::vector<int64_t> shape, Dtype dtype) const {
+    return alloc({std::move(shape), dtype}, AllocRole::kWorkspace);
+  }
   // Global index of the first row of a token tensor with `rows` rows: 0 when it holds the full
   // sequence (s*b rows), else ctx.token_offset (a sequence shard).
   int64_t first_row(int64_t rows) const;
@@ -36,18 +41,20 @@ struct Env {
 [[noreturn]] void fail(const std::string& what);
 void check(bool ok, const char* what);
 int64_t dim(const Tensor& t, size_t i);
-int64_t row_width(const Tensor& t);  // numel / shape[0]
+int64_t row_width(const Tensor& t);                      // numel / shape[0]
 const Tensor& need(Ins ts, size_t i, const char* what);  // present, else throws
 bool is_float(Dtype d);
 
 Mat load_mat(const Tensor& t);  // shape[0] x row_width, as fp32
-Mat load_rows(const Tensor& t, int64_t rows, int64_t cols, int64_t offset = 0);  // a block of rows*cols elements
+Mat load_rows(const Tensor& t, int64_t rows, int64_t cols,
+              int64_t offset = 0);  // a block of rows*cols elements
 void store_mat(const Tensor& t, const Mat& m, int64_t offset = 0);
 void add_mat(const Tensor& t, const Mat& m, int64_t offset = 0);  // t += m, rounded once
 Mat column_sums(const Mat& m);  // 1 x cols: sums over rows in row order (double), rounded once
 // The gradient of input k: accumulated into args.grad_inputs[k] when present, else allocated
 // (kGradInput, `type`), written and set there.
-void grad_input(const Env& env, const BackwardArgs& args, int k, const TensorType& type, const Mat& g);
+void grad_input(const Env& env, const BackwardArgs& args, int k, const TensorType& type,
+                const Mat& g);
 // Same for a gradient already held in a tensor of the right dtype (collectives): copies or adds.
 void grad_input_tensor(const Env& env, const BackwardArgs& args, int k, const Tensor& g);
 // A tensor view of scratch memory outside the device model (collective staging).
@@ -66,7 +73,7 @@ struct Routing {
 };
 Routing routing(const Tensor& idx, int64_t experts);
 
-#define NP_CPU_OP(fn)                                      \
+#define NP_CPU_OP(fn)                                     \
   Outs fn##_forward(const Env& env, Ins in, Ins weights); \
   void fn##_backward(const Env& env, const BackwardArgs& args);
 

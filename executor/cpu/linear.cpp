@@ -36,13 +36,15 @@ void linear_backward(const Env& env, const BackwardArgs& a) {
   grad_input(env, a, 0, x.type, DX);
   Mat DW = G.transpose() * X;
   add_mat(need(a.weight_grads, 0, "linear weight gradient"), DW);
-  if (a.weight_grads.size() > 1) add_mat(need(a.weight_grads, 1, "linear bias gradient"), column_sums(G));
+  if (a.weight_grads.size() > 1)
+    add_mat(need(a.weight_grads, 1, "linear bias gradient"), column_sums(G));
 }
 
 // The local experts of a grouped GEMM: every expert is local (expert parallelism would need an
 // all-to-all, which the communicator does not offer).
 int64_t local_experts(const Env& env) {
-  if (env.attrs().group > 1) fail("expert parallelism (ep > 1) needs an all-to-all, which the Communicator lacks");
+  if (env.attrs().group > 1)
+    fail("expert parallelism (ep > 1) needs an all-to-all, which the Communicator lacks");
   return env.attrs().experts;
 }
 
@@ -85,21 +87,39 @@ void expert_backward(const Env& env, const BackwardArgs& a) {
 
 }  // namespace
 
-Outs column_linear_forward(const Env& env, Ins in, Ins w) { return linear_forward(env, in, w, env.act, true); }
-void column_linear_backward(const Env& env, const BackwardArgs& a) { linear_backward(env, a); }
+Outs column_linear_forward(const Env& env, Ins in, Ins w) {
+  return linear_forward(env, in, w, env.act, true);
+}
+void column_linear_backward(const Env& env, const BackwardArgs& a) {
+  linear_backward(env, a);
+}
 
 // The output is a partial sum over TP: only rank 0 adds the bias (its gradient is every rank's).
 Outs row_linear_forward(const Env& env, Ins in, Ins w) {
   return linear_forward(env, in, w, env.act, env.ctx.tp_rank == 0);
 }
-void row_linear_backward(const Env& env, const BackwardArgs& a) { linear_backward(env, a); }
+void row_linear_backward(const Env& env, const BackwardArgs& a) {
+  linear_backward(env, a);
+}
 
-Outs router_forward(const Env& env, Ins in, Ins w) { return linear_forward(env, in, w, Dtype::kFp32, true); }
-void router_backward(const Env& env, const BackwardArgs& a) { linear_backward(env, a); }
+Outs router_forward(const Env& env, Ins in, Ins w) {
+  return linear_forward(env, in, w, Dtype::kFp32, true);
+}
+void router_backward(const Env& env, const BackwardArgs& a) {
+  linear_backward(env, a);
+}
 
-Outs expert_column_forward(const Env& env, Ins in, Ins w) { return expert_forward(env, in, w); }
-void expert_column_backward(const Env& env, const BackwardArgs& a) { expert_backward(env, a); }
-Outs expert_row_forward(const Env& env, Ins in, Ins w) { return expert_forward(env, in, w); }
-void expert_row_backward(const Env& env, const BackwardArgs& a) { expert_backward(env, a); }
+Outs expert_column_forward(const Env& env, Ins in, Ins w) {
+  return expert_forward(env, in, w);
+}
+void expert_column_backward(const Env& env, const BackwardArgs& a) {
+  expert_backward(env, a);
+}
+Outs expert_row_forward(const Env& env, Ins in, Ins w) {
+  return expert_forward(env, in, w);
+}
+void expert_row_backward(const Env& env, const BackwardArgs& a) {
+  expert_backward(env, a);
+}
 
 }  // namespace np::exec::cpu

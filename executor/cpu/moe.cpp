@@ -12,7 +12,8 @@ namespace {
 
 // All experts (ep = 1; ep > 1 would need an all-to-all the communicator does not offer).
 int64_t routed_experts(const Env& env) {
-  if (env.attrs().group > 1) fail("expert parallelism (ep > 1) needs an all-to-all, which the Communicator lacks");
+  if (env.attrs().group > 1)
+    fail("expert parallelism (ep > 1) needs an all-to-all, which the Communicator lacks");
   return env.attrs().experts;
 }
 
@@ -50,22 +51,27 @@ void topk_backward(const Env& env, const BackwardArgs& a) {
   Mat P = load_mat(probs), G = load_mat(need(a.grad_outputs, 0, "topk probs gradient"));
   int64_t T = P.rows(), k = P.cols();
   const Tensor& x = a.inputs[0];
-  int64_t E = x && x.type.shape.size() == 2 ? x.type.shape[1] : env.ctx.model->moe ? env.ctx.model->moe->num_experts : 0;
-  check(E >= k, "topk backward: the number of experts is unknown (no logits shape, no MoE in the model)");
+  int64_t E = x && x.type.shape.size() == 2 ? x.type.shape[1]
+              : env.ctx.model->moe          ? env.ctx.model->moe->num_experts
+                                            : 0;
+  check(E >= k,
+        "topk backward: the number of experts is unknown (no logits shape, no MoE in the model)");
   Mat D = Mat::Zero(T, E);
   const int64_t* id = idx.as<int64_t>();
   for (int64_t t = 0; t < T; ++t) {
     double pg = 0;
     for (int64_t j = 0; j < k; ++j) pg += double(P(t, j)) * G(t, j);
     for (int64_t j = 0; j < k; ++j) {
-      check(id[t * k + j] >= 0 && id[t * k + j] < E, "topk backward: an index is outside the experts");
+      check(id[t * k + j] >= 0 && id[t * k + j] < E,
+            "topk backward: an index is outside the experts");
       D(t, id[t * k + j]) = P(t, j) * (G(t, j) - static_cast<float>(pg));
     }
   }
   grad_input(env, a, 0, {{T, E}, Dtype::kFp32}, D);
 }
 
-// ---- MoeDispatch: xe[row(t,j)] = x[t], rows grouped by expert ------------------------------------
+// ---- MoeDispatch: xe[row(t,j)] = x[t], rows grouped by expert
+// ------------------------------------
 
 Outs moe_dispatch_forward(const Env& env, Ins in, Ins) {
   const Tensor& x = need(in, 0, "dispatch tokens");
@@ -90,13 +96,15 @@ void moe_dispatch_backward(const Env& env, const BackwardArgs& a) {
   grad_input(env, a, 0, {{r.tokens, G.cols()}, g.type.dtype}, D);
 }
 
-// ---- MoeCombine: y[t] = sum_j probs[t,j] ye[row(t,j)] ---------------------------------------------
+// ---- MoeCombine: y[t] = sum_j probs[t,j] ye[row(t,j)]
+// ---------------------------------------------
 
 Outs moe_combine_forward(const Env& env, Ins in, Ins) {
   const Tensor& ye = need(in, 0, "expert outputs");
   Mat P = load_mat(need(in, 1, "routing probs"));
   Routing r = routing(need(in, 2, "routing indices"), routed_experts(env));
-  check(P.rows() == r.tokens && P.cols() == r.k && dim(ye, 0) == r.tokens * r.k, "combine: shapes differ from tokens x top_k");
+  check(P.rows() == r.tokens && P.cols() == r.k && dim(ye, 0) == r.tokens * r.k,
+        "combine: shapes differ from tokens x top_k");
   Mat Y = load_mat(ye), O = Mat::Zero(r.tokens, Y.cols());
   for (int64_t t = 0; t < r.tokens; ++t)
     for (int64_t j = 0; j < r.k; ++j) O.row(t) += P(t, j) * Y.row(r.row[t * r.k + j]);
@@ -109,7 +117,8 @@ Outs moe_combine_forward(const Env& env, Ins in, Ins) {
 void moe_combine_backward(const Env& env, const BackwardArgs& a) {
   const Tensor& ye = need(a.inputs, 0, "expert outputs");
   const Tensor& probs = need(a.inputs, 1, "routing probs");
-  Mat P = load_mat(probs), Y = load_mat(ye), G = load_mat(need(a.grad_outputs, 0, "combine gradient"));
+  Mat P = load_mat(probs), Y = load_mat(ye),
+      G = load_mat(need(a.grad_outputs, 0, "combine gradient"));
   Routing r = routing(need(a.inputs, 2, "routing indices"), routed_experts(env));
   Mat DY(Y.rows(), Y.cols()), DP(r.tokens, r.k);
   for (int64_t t = 0; t < r.tokens; ++t)
@@ -124,7 +133,8 @@ void moe_combine_backward(const Env& env, const BackwardArgs& a) {
   grad_input(env, a, 1, probs.type, DP);
 }
 
-// ---- SharedGate: out = sigmoid(x . w) * y ----------------------------------------------------------
+// ---- SharedGate: out = sigmoid(x . w) * y
+// ----------------------------------------------------------
 
 Outs shared_gate_forward(const Env& env, Ins in, Ins w) {
   Mat X = load_mat(need(in, 0, "gate input")), W = load_mat(need(w, 0, "gate weight"));

@@ -36,7 +36,8 @@ void rmsnorm_backward(const Env& env, const BackwardArgs& a) {
   Mat DX(T, h), DW(T, h);  // DW: per-row contributions, summed over rows below
   for (int64_t t = 0; t < T; ++t) {
     double ss = 0, gwx = 0;
-    for (int64_t c = 0; c < h; ++c) ss += double(X(t, c)) * X(t, c), gwx += double(G(t, c)) * W(0, c) * X(t, c);
+    for (int64_t c = 0; c < h; ++c)
+      ss += double(X(t, c)) * X(t, c), gwx += double(G(t, c)) * W(0, c) * X(t, c);
     double r = 1.0 / std::sqrt(ss / h + kEps);
     double k = r * r * r * gwx / h;
     for (int64_t c = 0; c < h; ++c) {
@@ -52,7 +53,8 @@ void rmsnorm_backward(const Env& env, const BackwardArgs& a) {
 
 Outs layernorm_forward(const Env& env, Ins in, Ins w) {
   const Tensor& x = need(in, 0, "layernorm input");
-  Mat X = load_mat(x), W = load_mat(need(w, 0, "layernorm weight")), B = load_mat(need(w, 1, "layernorm bias"));
+  Mat X = load_mat(x), W = load_mat(need(w, 0, "layernorm weight")),
+      B = load_mat(need(w, 1, "layernorm bias"));
   int64_t T = X.rows(), h = X.cols();
   Mat Y(T, h);
   for (int64_t t = 0; t < T; ++t) {
@@ -61,7 +63,8 @@ Outs layernorm_forward(const Env& env, Ins in, Ins w) {
     mu /= h;
     for (int64_t c = 0; c < h; ++c) var += (X(t, c) - mu) * (X(t, c) - mu);
     double r = 1.0 / std::sqrt(var / h + kEps);
-    for (int64_t c = 0; c < h; ++c) Y(t, c) = static_cast<float>((X(t, c) - mu) * r) * W(0, c) + B(0, c);
+    for (int64_t c = 0; c < h; ++c)
+      Y(t, c) = static_cast<float>((X(t, c) - mu) * r) * W(0, c) + B(0, c);
   }
   Tensor out = env.output(x.type.shape, x.type.dtype);
   store_mat(out, Y);
@@ -106,7 +109,8 @@ Mat rope_apply(const Env& env, const Mat& X, double sign) {
   const ModelSpec& m = *env.ctx.model;
   int64_t tp = env.ctx.setup->tp, d = m.head_dim, rotated = m.heads / tp + m.kv_heads / tp;
   check(d % 2 == 0, "rope: head_dim must be even");
-  check(X.cols() == (m.heads / tp + 2 * (m.kv_heads / tp)) * d, "rope: the row is not [q | k | v] of this rank's heads");
+  check(X.cols() == (m.heads / tp + 2 * (m.kv_heads / tp)) * d,
+        "rope: the row is not [q | k | v] of this rank's heads");
   int64_t T = X.rows(), half = d / 2, first = env.first_row(T), b = env.batch();
   Mat Y = X;
   std::vector<float> cs(half), sn(half);
@@ -155,7 +159,8 @@ Outs dropout_forward(const Env& env, Ins in, Ins) {
   // Global element index: independent of the TP rank (heads) and of the SP shard (rows).
   auto index = [&](int64_t i) -> uint64_t {
     if (sh.size() == 4) {  // attention probs {b, heads_local, s, s}
-      int64_t hl = sh[1], s = sh[2], j = i % s, r = i / s, row = r % s, hb = r / s, h = hb % hl, bi = hb / hl;
+      int64_t hl = sh[1], s = sh[2], j = i % s, r = i / s, row = r % s, hb = r / s, h = hb % hl,
+              bi = hb / hl;
       int64_t H = hl * ctx.setup->tp;
       return static_cast<uint64_t>(((bi * H + ctx.tp_rank * hl + h) * s + row) * s + j);
     }
@@ -181,7 +186,8 @@ void dropout_backward(const Env& env, const BackwardArgs& a) {
   grad_input(env, a, 0, g.type, G);
 }
 
-// ---- SwiGLU: input [gate | up], out = silu(gate) * up ---------------------------------------------
+// ---- SwiGLU: input [gate | up], out = silu(gate) * up
+// ---------------------------------------------
 
 Outs swiglu_forward(const Env& env, Ins in, Ins) {
   const Tensor& x = need(in, 0, "swiglu input");
@@ -213,7 +219,8 @@ void swiglu_backward(const Env& env, const BackwardArgs& a) {
   grad_input(env, a, 0, x.type, D);
 }
 
-// ---- GeLU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ---------------------
+// ---- GeLU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// ---------------------
 
 namespace {
 constexpr float kGeluC = 0.7978845608028654f, kGeluA = 0.044715f;
@@ -239,13 +246,15 @@ void gelu_backward(const Env& env, const BackwardArgs& a) {
   const float* g = G.data();
   for (int64_t i = 0; i < X.size(); ++i) {
     float v = d[i], th = std::tanh(kGeluC * (v + kGeluA * v * v * v));
-    float dy = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * kGeluC * (1.0f + 3.0f * kGeluA * v * v);
+    float dy =
+        0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * kGeluC * (1.0f + 3.0f * kGeluA * v * v);
     d[i] = g[i] * dy;
   }
   grad_input(env, a, 0, x.type, X);
 }
 
-// ---- Add: out = a + b; both inputs get the output gradient ----------------------------------------
+// ---- Add: out = a + b; both inputs get the output gradient
+// ----------------------------------------
 
 Outs add_forward(const Env& env, Ins in, Ins) {
   const Tensor& x = need(in, 0, "add input a");

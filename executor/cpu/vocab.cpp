@@ -9,7 +9,8 @@
 
 namespace np::exec::cpu {
 
-// ---- Embedding: out[t] = W[id - shard start] if the id is in this rank's shard, else 0 -----------
+// ---- Embedding: out[t] = W[id - shard start] if the id is in this rank's shard, else 0
+// -----------
 
 Outs embedding_forward(const Env& env, Ins in, Ins w) {
   const Tensor& ids = need(in, 0, "embedding ids");
@@ -58,7 +59,8 @@ Outs pos_embedding_forward(const Env& env, Ins in, Ins w) {
   for (int64_t t = 0; t < T; ++t) {
     int64_t pos = (first + t) / b;
     check(pos < dim(W, 0), "pos_embedding: position beyond the table");
-    for (int64_t c = 0; c < h; ++c) store(out, t * h + c, load(x, t * h + c) + load(W, pos * h + c));
+    for (int64_t c = 0; c < h; ++c)
+      store(out, t * h + c, load(x, t * h + c) + load(W, pos * h + c));
   }
   return {out};
 }
