@@ -208,7 +208,22 @@ StageSolution solve_bounded(const StageProblem& p, const Bounds& bnd, double upp
 }  // namespace
 
 StageSolution solve_stage(const StageProblem& p) {
-  const Bounds bnd = bounds(p);
+  Bounds bnd = bounds(p);
+  // With many options, the same programme over the convex-hull vertices alone (a handful) gives a
+  // real choice whose cost is usually within a hair of the optimum: a much tighter upper bound.
+  if (bnd.uniform && p.layers.front().size() > 8 && bnd.hull.size() < p.layers.front().size()) {
+    StageProblem hull_only = p;
+    std::vector<StageOption> opts;
+    for (const StageOption& o : p.layers.front())
+      for (auto [k, c] : bnd.hull)
+        if (static_cast<double>(o.kept) == k && o.cost == c) {
+          opts.push_back(o);
+          break;
+        }
+    hull_only.layers.assign(p.layers.size(), opts);
+    StageSolution h = solve_stage(hull_only);
+    if (h.feasible) bnd.upper = std::min(bnd.upper, h.cost);
+  }
   if (!bnd.uniform || !std::isfinite(bnd.upper)) return solve_bounded(p, bnd, bnd.upper);
   // Between the LP lower bound of the whole stage and the heuristic upper bound, try tight upper
   // bounds first: a search bounded by u finds the optimum whenever it costs at most u, and it

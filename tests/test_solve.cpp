@@ -81,6 +81,32 @@ TEST(Solver, UniformLayersMatchExhaustiveSearch) {
   EXPECT_GT(feasible, 400);
 }
 
+// Stages with more than 8 options first solve the hull vertices alone for an upper bound; the
+// result must still be the exhaustive optimum.
+TEST(Solver, ManyOptionsMatchExhaustiveSearch) {
+  std::mt19937_64 rng(4242);
+  int feasible = 0;
+  for (int i = 0; i < 400; ++i) {
+    StageProblem p = random_problem(rng);
+    std::uniform_int_distribution<int> kept(1, 40), extra(0, 60), cost(0, 20), options(9, 14);
+    std::vector<StageOption> opts;
+    for (int o = 0, k = options(rng); o < k; ++o) {
+      int64_t kb = kept(rng);
+      opts.push_back({kb, kb + extra(rng), static_cast<double>(cost(rng))});
+    }
+    int n = std::uniform_int_distribution<int>(1, 4)(rng);
+    p.layers.assign(n, opts);
+    p.budget = std::uniform_int_distribution<int64_t>(p.base, p.base + p.in_flight * 40 * n + 100)(rng);
+    StageSolution dp = solve_stage(p), bf = brute_force_stage(p);
+    ASSERT_EQ(dp.feasible, bf.feasible) << "instance " << i;
+    if (!bf.feasible) continue;
+    ++feasible;
+    EXPECT_EQ(dp.cost, bf.cost) << "instance " << i;
+    EXPECT_LE(dp.peak, p.budget);
+  }
+  EXPECT_GT(feasible, 100);
+}
+
 TEST(Solver, LargerBudgetNeverSlower) {
   std::mt19937_64 rng(7);
   for (int i = 0; i < 300; ++i) {
