@@ -222,7 +222,7 @@ StageSolution solve_stage(const StageProblem& p) {
         }
     hull_only.layers.assign(p.layers.size(), opts);
     StageSolution h = solve_stage(hull_only);
-    if (h.feasible) bnd.upper = std::min(bnd.upper, h.cost);
+    if (h.feasible) return solve_bounded(p, bnd, std::min(bnd.upper, h.cost));  // already tight
   }
   if (!bnd.uniform || !std::isfinite(bnd.upper)) return solve_bounded(p, bnd, bnd.upper);
   // Between the LP lower bound of the whole stage and the heuristic upper bound, try tight upper
