@@ -115,9 +115,10 @@ TEST(Sharding, ChangesNothingBeyondRoundingMoe) {
 
 // Each forward op of a recomputed segment runs exactly twice per micro-batch, every other once.
 TEST(Recompute, HappensWhereThePlanSays) {
-  Scenario sc = scenario("tiny-llama");
-  for (Recompute rc : {Recompute::kNone, Recompute::kFull}) {
-    TrainSpec t = with(sc.base, 2, 2, rc, true);
+  Scenario sc = scenario("tiny-gpt");  // eager attention with dropout: selective re-runs the attention core
+  for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    TrainSpec t = with(sc.base, 2, 2, rc, true);  // SP with re-gathered all-gathers
+    t.attention = AttentionImpl::kEager;
     Schedule s = build_schedule(sc.model, t);
     RunResult r = run(sc.model, t);
     int checked = 0;
