@@ -135,12 +135,7 @@ TEST_P(Table2, FullRecompute) {
 
 INSTANTIATE_TEST_SUITE_P(GptModels, Table2,
                          ::testing::Values("gpt-22b", "gpt3-175b", "gpt-530b", "gpt-1t"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n)
-                             c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-                           return n;
-                         });
+                         testing::ParamName());
 
 }  // namespace
 }  // namespace np

@@ -48,12 +48,7 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
 
 INSTANTIATE_TEST_SUITE_P(All, Scenarios,
                          ::testing::Values("tiny-llama", "tiny-qwen", "tiny-moe", "tiny-gpt"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n)
-                             c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-                           return n;
-                         });
+                         testing::ParamName());
 
 }  // namespace
 }  // namespace np::exec

@@ -2,6 +2,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,16 @@ inline ModelSpec model(const std::string& name) {
   if (!r) throw std::runtime_error(r.error().message);
   return *r;
 }
+
+// GoogleTest parameter names from strings: "gpt3-175b" -> "gpt3_175b".
+struct ParamName {
+  template <typename Info>
+  std::string operator()(const Info& info) const {
+    std::string n = info.param;
+    for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+    return n;
+  }
+};
 
 inline std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "/" + name;
