@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 
 namespace np {
 
@@ -207,7 +208,7 @@ StageSolution solve_bounded(const StageProblem& p, const Bounds& bnd, double upp
 
 }  // namespace
 
-StageSolution solve_stage(const StageProblem& p) {
+StageSolution solve_stage_programme(const StageProblem& p) {
   Bounds bnd = bounds(p);
   // With many options, the same programme over the convex-hull vertices alone (a handful) gives a
   // real choice whose cost is usually within a hair of the optimum: a much tighter upper bound.
@@ -221,7 +222,7 @@ StageSolution solve_stage(const StageProblem& p) {
           break;
         }
     hull_only.layers.assign(p.layers.size(), opts);
-    StageSolution h = solve_stage(hull_only);
+    StageSolution h = solve_stage_programme(hull_only);
     if (h.feasible) return solve_bounded(p, bnd, std::min(bnd.upper, h.cost));  // already tight
   }
   if (!bnd.uniform || !std::isfinite(bnd.upper)) return solve_bounded(p, bnd, bnd.upper);
@@ -236,6 +237,216 @@ StageSolution solve_stage(const StageProblem& p) {
     if (s.feasible) return s;
   }
   return solve_bounded(p, bnd, bnd.upper);
+}
+
+namespace {
+
+// Whether every layer of the stage has the same option list.
+bool uniform(const StageProblem& p) {
+  if (p.layers.empty() || p.layers.front().empty()) return false;
+  const auto& first = p.layers.front();
+  for (const auto& l : p.layers)
+    if (l.size() != first.size() || !std::equal(l.begin(), l.end(), first.begin(),
+                                                [](const StageOption& a, const StageOption& c) {
+                                                  return a.kept == c.kept &&
+                                                         a.working == c.working && a.cost == c.cost;
+                                                }))
+      return false;
+  return true;
+}
+
+// Least LP cost of r layers of a convex envelope (kept ascending, cost strictly descending) that
+// keep at most `cap` bytes together; infinity when even the smallest kept bytes do not fit.
+double envelope_lower(const std::vector<std::pair<double, double>>& hull, size_t r, double cap) {
+  if (r == 0) return 0;
+  if (hull.empty()) return std::numeric_limits<double>::infinity();
+  double x = cap / static_cast<double>(r);
+  if (x < hull.front().first) return std::numeric_limits<double>::infinity();
+  if (x >= hull.back().first) return static_cast<double>(r) * hull.back().second;
+  size_t i = 1;
+  while (hull[i].first < x) ++i;
+  auto [x0, y0] = hull[i - 1];
+  auto [x1, y1] = hull[i];
+  double y = y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+  return static_cast<double>(r) * y * (1 - 1e-12);  // a hair under, against rounding
+}
+
+// The lower convex envelope of (kept, cost) over `opts`, keeping only points whose cost falls as
+// kept grows (an option with more kept bytes and no less cost never helps the LP).
+std::vector<std::pair<double, double>> envelope(std::vector<StageOption> opts) {
+  std::sort(opts.begin(), opts.end(), [](const StageOption& a, const StageOption& c) {
+    return a.kept != c.kept ? a.kept < c.kept : a.cost < c.cost;
+  });
+  std::vector<std::pair<double, double>> hull;
+  for (const StageOption& o : opts) {
+    std::pair<double, double> pt{static_cast<double>(o.kept), o.cost};
+    if (!hull.empty() && pt.second >= hull.back().second) continue;
+    while (hull.size() >= 2) {
+      auto [x0, y0] = hull[hull.size() - 2];
+      auto [x1, y1] = hull.back();
+      if ((y1 - y0) * (pt.first - x0) >= (pt.second - y0) * (x1 - x0))
+        hull.pop_back();
+      else
+        break;
+    }
+    hull.push_back(pt);
+  }
+  return hull;
+}
+
+// Stages whose layers share one option list, with one micro-batch in flight (f = 1: pp = 1, or
+// the last stage under 1F1B).
+//
+// Order. For a given multiset of options, the arrangement with the larger transient d = w - k
+// first (forward order) minimises the peak: swapping adjacent layers a, b with d_a >= d_b into
+// that order never raises max(w_a - k_a - Q_a, w_b - k_b - Q_b), and f K does not depend on the
+// order. So only the counts matter, and the options form groups in that order.
+//
+// With f = 1 the peak is base + max(K + extra, max over layers l of (P_l + w_l)), P_l the kept
+// bytes of the layers before l, so a group's constraint depends on the kept bytes before it
+// only. The programme runs over the groups; its states are (layers placed j, kept bytes P, cost),
+// and for each j the states no other beats on both P and cost form a staircase. Copies of a group
+// are added one at a time, j ascending, so a state may take any number of them.
+class OneInFlight {
+ public:
+  explicit OneInFlight(const StageProblem& p) : p_(p), L_(static_cast<int64_t>(p.layers.size())) {
+    const std::vector<StageOption>& opts = p.layers.front();
+    order_.resize(opts.size());
+    for (size_t o = 0; o < opts.size(); ++o) order_[o] = static_cast<int>(o);
+    std::stable_sort(order_.begin(), order_.end(), [&](int a, int c) {
+      return opts[a].working - opts[a].kept > opts[c].working - opts[c].kept;
+    });
+    for (int o : order_) opt_.push_back(opts[o]);
+    suffix_hull_.resize(opt_.size() + 1);
+    for (size_t g = opt_.size(); g-- > 0;)
+      suffix_hull_[g] = envelope({opt_.begin() + static_cast<std::ptrdiff_t>(g), opt_.end()});
+  }
+
+  StageSolution solve() {
+    seed();
+    const int64_t room = p_.budget - p_.base, cap = room - p_.extra;  // P + w <= room, K <= cap
+    if (cap < 0) return {};
+    std::vector<std::vector<State>> stair(L_ + 1);
+    stair[0].push_back({0, 0.0, -1});
+    std::vector<State> shifted, merged;
+    for (size_t g = 0; g < opt_.size(); ++g) {
+      const StageOption& o = opt_[g];
+      for (int64_t j = 0; j < L_; ++j) {
+        const size_t rest = static_cast<size_t>(L_ - j - 1);  // layers after this copy
+        shifted.clear();
+        for (const State& s : stair[j]) {
+          int64_t P = s.p + o.kept;
+          if (s.p + o.working > room || P > cap) break;  // P ascending: the rest fail too
+          double cost = s.cost + o.cost;
+          if (cost + envelope_lower(suffix_hull_[g], rest, static_cast<double>(cap - P)) >
+              upper_ * (1 + 1e-12))
+            continue;
+          shifted.push_back({P, cost, s.node});
+        }
+        if (shifted.empty()) continue;
+        for (State& s : shifted) {  // the new copy: a node naming its group and its parent
+          nodes_.push_back({s.node, static_cast<int>(g)});
+          s.node = static_cast<int>(nodes_.size()) - 1;
+        }
+        merged.clear();
+        std::merge(stair[j + 1].begin(), stair[j + 1].end(), shifted.begin(), shifted.end(),
+                   std::back_inserter(merged), [](const State& x, const State& y) {
+                     return x.p != y.p ? x.p < y.p : x.cost < y.cost;
+                   });
+        stair[j + 1].clear();
+        for (const State& s : merged)
+          if (stair[j + 1].empty() || s.cost < stair[j + 1].back().cost) stair[j + 1].push_back(s);
+      }
+    }
+    StageSolution sol;
+    if (stair[L_].empty()) return best_;  // the seed, when nothing cheaper exists
+    const State* best = &stair[L_].front();
+    for (const State& s : stair[L_])
+      if (s.cost < best->cost) best = &s;
+    std::vector<int64_t> count(opt_.size(), 0);
+    for (int n = best->node; n >= 0; n = nodes_[n].parent) ++count[nodes_[n].group];
+    sol = expand(count);
+    return sol.cost <= best_.cost || !best_.feasible ? sol : best_;
+  }
+
+ private:
+  struct State {
+    int64_t p;
+    double cost;
+    int node;  // the last copy added, -1 for none
+  };
+  struct Node {
+    int parent, group;
+  };
+
+  // The model peak of counts in group order (f = 1), without expanding them.
+  int64_t peak(const std::vector<int64_t>& count) const {
+    int64_t P = 0, top = 0;
+    for (size_t g = 0; g < opt_.size(); ++g)
+      if (count[g] > 0) {
+        P += count[g] * opt_[g].kept;
+        top = std::max(top, P + opt_[g].working - opt_[g].kept);  // its last layer
+      }
+    return p_.base + std::max(P + p_.extra, top);
+  }
+
+  // The layers in forward order, and their cost summed in that order.
+  StageSolution expand(const std::vector<int64_t>& count) const {
+    StageSolution sol;
+    sol.feasible = true;
+    for (size_t g = 0; g < opt_.size(); ++g)
+      for (int64_t i = 0; i < count[g]; ++i) sol.choice.push_back(order_[g]);
+    for (int o : sol.choice) sol.cost += p_.layers.front()[o].cost;
+    sol.peak = model_peak(p_, sol.choice);
+    return sol;
+  }
+
+  // Upper bound to start from: each option alone, and each mix of two vertices of the convex
+  // envelope with the fewest layers on the dearer one that still fits.
+  void seed() {
+    const size_t m = opt_.size();
+    auto offer = [&](const std::vector<int64_t>& count) {
+      if (peak(count) > p_.budget) return;
+      StageSolution s = expand(count);
+      if (s.peak <= p_.budget && (!best_.feasible || s.cost < best_.cost)) best_ = s;
+    };
+    std::vector<size_t> vertex;
+    for (size_t g = 0; g < m; ++g) {
+      std::vector<int64_t> count(m, 0);
+      count[g] = L_;
+      offer(count);
+      for (auto [k, c] : suffix_hull_[0])
+        if (static_cast<double>(opt_[g].kept) == k && opt_[g].cost == c) vertex.push_back(g);
+    }
+    for (size_t a : vertex)
+      for (size_t c : vertex) {
+        if (opt_[c].cost <= opt_[a].cost) continue;  // a the cheaper, c the dearer
+        for (int64_t n = 1; n < L_; ++n) {           // n layers of c, the rest of a
+          std::vector<int64_t> count(m, 0);
+          count[a] = L_ - n, count[c] = n;
+          if (peak(count) > p_.budget) continue;
+          offer(count);
+          break;
+        }
+      }
+    if (best_.feasible) upper_ = best_.cost;
+  }
+
+  const StageProblem& p_;
+  const int64_t L_;
+  std::vector<int> order_;                                           // option index of each group
+  std::vector<StageOption> opt_;                                     // the options in group order
+  std::vector<std::vector<std::pair<double, double>>> suffix_hull_;  // envelope of groups g..
+  std::vector<Node> nodes_;
+  StageSolution best_;  // the seed
+  double upper_ = std::numeric_limits<double>::infinity();
+};
+
+}  // namespace
+
+StageSolution solve_stage(const StageProblem& p) {
+  if (p.in_flight == 1 && uniform(p)) return OneInFlight(p).solve();
+  return solve_stage_programme(p);
 }
 
 StageSolution brute_force_stage(const StageProblem& p) {

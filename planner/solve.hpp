@@ -39,6 +39,9 @@ struct StageSolution {
 
 int64_t model_peak(const StageProblem& p, const std::vector<int>& choice);
 StageSolution solve_stage(const StageProblem& p);
+// The general programme alone (solve_stage uses a faster exact one for stages with one
+// micro-batch in flight whose layers share one option list); tests compare the two.
+StageSolution solve_stage_programme(const StageProblem& p);
 // Exhaustive search over every combination (the test oracle; small instances only).
 StageSolution brute_force_stage(const StageProblem& p);
 // The smallest achievable model peak (for "nothing fits" reports), and a choice reaching it.

@@ -102,10 +102,50 @@ TEST(Solver, ManyOptionsMatchExhaustiveSearch) {
     }
     int n = std::uniform_int_distribution<int>(1, 4)(rng);
     p.layers.assign(n, opts);
-    p.budget = std::uniform_int_distribution<int64_t>(p.base, p.base + p.in_flight * 40 * n + 100)(rng);
+    p.budget =
+        std::uniform_int_distribution<int64_t>(p.base, p.base + p.in_flight * 40 * n + 100)(rng);
     feasible += matches_brute_force(p, i);
   }
   EXPECT_GT(feasible, 100);
+}
+
+// One micro-batch in flight with one option list per stage (pp = 1, the last 1F1B stage) takes
+// the programme over option groups. Small instances against exhaustive search; large ones (up to
+// 40 layers, 30 options, beyond brute force) against the general programme, also exact.
+TEST(Solver, OneInFlightMatchesExhaustiveSearchAndTheGeneralProgramme) {
+  std::mt19937_64 rng(5150);
+  int feasible = 0;
+  for (int i = 0; i < 600; ++i) {
+    StageProblem p = random_problem(rng);
+    p.in_flight = 1;
+    int n = std::uniform_int_distribution<int>(1, 6)(rng);
+    p.layers.assign(n, p.layers.front());
+    p.budget = std::uniform_int_distribution<int64_t>(p.base, p.base + 40 * n + 100)(rng);
+    feasible += matches_brute_force(p, i);
+  }
+  EXPECT_GT(feasible, 250);
+  feasible = 0;
+  for (int i = 0; i < 150; ++i) {
+    StageProblem p = random_problem(rng);
+    p.in_flight = 1;
+    std::uniform_int_distribution<int> kept(1, 400), extra(0, 600), cost(0, 50);
+    std::vector<StageOption> opts;
+    for (int o = 0, k = std::uniform_int_distribution<int>(2, 30)(rng); o < k; ++o) {
+      int64_t kb = kept(rng);
+      opts.push_back({kb, kb + extra(rng), static_cast<double>(cost(rng))});
+    }
+    int n = std::uniform_int_distribution<int>(5, 40)(rng);
+    p.layers.assign(n, opts);
+    p.budget = std::uniform_int_distribution<int64_t>(p.base, p.base + 400 * n + 600)(rng);
+    StageSolution fast = solve_stage(p), general = solve_stage_programme(p);
+    ASSERT_EQ(fast.feasible, general.feasible) << "instance " << i;
+    if (!fast.feasible) continue;
+    ++feasible;
+    EXPECT_EQ(fast.cost, general.cost) << "instance " << i;
+    EXPECT_LE(fast.peak, p.budget);
+    EXPECT_EQ(fast.peak, model_peak(p, fast.choice));
+  }
+  EXPECT_GT(feasible, 50);
 }
 
 TEST(Solver, LargerBudgetNeverSlower) {
