@@ -318,12 +318,27 @@ class OneInFlight {
     });
     for (int o : order_) opt_.push_back(opts[o]);
     suffix_hull_.resize(opt_.size() + 1);
-    for (size_t g = opt_.size(); g-- > 0;)
+    suffix_last_.resize(opt_.size() + 1);
+    for (size_t g = opt_.size(); g-- > 0;) {
       suffix_hull_[g] = envelope({opt_.begin() + static_cast<std::ptrdiff_t>(g), opt_.end()});
+      // (working, cost) of the options from g on that no other beats on both, working ascending.
+      std::vector<std::pair<int64_t, double>> wc = suffix_last_[g + 1];
+      wc.push_back({opt_[g].working, opt_[g].cost});
+      std::sort(wc.begin(), wc.end());
+      suffix_last_[g].clear();
+      for (auto x : wc)
+        if (suffix_last_[g].empty() || x.second < suffix_last_[g].back().second)
+          suffix_last_[g].push_back(x);
+    }
   }
 
-  StageSolution solve() {
+  // `hint`: a feasible choice of this stage known in advance (a tighter bound than the seed's).
+  StageSolution solve(const StageSolution* hint = nullptr) {
     seed();
+    if (hint && hint->feasible && (!best_.feasible || hint->cost < best_.cost)) {
+      best_ = *hint;
+      upper_ = hint->cost;
+    }
     const int64_t room = p_.budget - p_.base, cap = room - p_.extra;  // P + w <= room, K <= cap
     if (cap < 0) return {};
     std::vector<std::vector<State>> stair(L_ + 1);
@@ -338,9 +353,7 @@ class OneInFlight {
           int64_t P = s.p + o.kept;
           if (s.p + o.working > room || P > cap) break;  // P ascending: the rest fail too
           double cost = s.cost + o.cost;
-          if (cost + envelope_lower(suffix_hull_[g], rest, static_cast<double>(cap - P)) >
-              upper_ * (1 + 1e-12))
-            continue;
+          if (cost + lower(g, rest, P, room, cap) > upper_ * (1 + 1e-12)) continue;
           shifted.push_back({P, cost, s.node});
         }
         if (shifted.empty()) continue;
@@ -378,6 +391,22 @@ class OneInFlight {
   struct Node {
     int parent, group;
   };
+
+  // A lower bound on the cost of `rest` more layers on groups g and later after kept bytes P: the
+  // LP relaxation with their kept bytes within cap - P; and, for each option the last of them
+  // may take (working w, cost c), c plus the LP of the others within room - P - w, since the last
+  // layer runs with all the others' kept bytes alive (the least over those options).
+  double lower(size_t g, size_t rest, int64_t P, int64_t room, int64_t cap) const {
+    if (rest == 0) return 0;
+    double all = envelope_lower(suffix_hull_[g], rest, static_cast<double>(cap - P));
+    double last = std::numeric_limits<double>::infinity();
+    for (auto [w, c] : suffix_last_[g]) {
+      last = std::min(
+          last, c + envelope_lower(suffix_hull_[g], rest - 1, static_cast<double>(room - P - w)));
+      if (last <= all) return all;
+    }
+    return std::max(all, last);
+  }
 
   // The model peak of counts in group order (f = 1), without expanding them.
   int64_t peak(const std::vector<int64_t>& count) const {
@@ -437,6 +466,7 @@ class OneInFlight {
   std::vector<int> order_;                                           // option index of each group
   std::vector<StageOption> opt_;                                     // the options in group order
   std::vector<std::vector<std::pair<double, double>>> suffix_hull_;  // envelope of groups g..
+  std::vector<std::vector<std::pair<int64_t, double>>> suffix_last_;
   std::vector<Node> nodes_;
   StageSolution best_;  // the seed
   double upper_ = std::numeric_limits<double>::infinity();
@@ -445,7 +475,30 @@ class OneInFlight {
 }  // namespace
 
 StageSolution solve_stage(const StageProblem& p) {
-  if (p.in_flight == 1 && uniform(p)) return OneInFlight(p).solve();
+  if (p.in_flight == 1 && uniform(p)) {
+    // With many options, the vertices of the (kept, cost) envelope alone give a choice whose cost
+    // is usually within a hair of the optimum: a tight bound for the search over all options.
+    const std::vector<StageOption>& all = p.layers.front();
+    std::vector<std::pair<double, double>> hull = envelope(all);
+    if (all.size() <= 8 || hull.size() >= all.size()) return OneInFlight(p).solve();
+    StageProblem few = p;
+    std::vector<int> index;  // option of `p` behind each option of `few`
+    few.layers.front().clear();
+    for (size_t o = 0; o < all.size(); ++o)
+      if (std::find(hull.begin(), hull.end(),
+                    std::pair{static_cast<double>(all[o].kept), all[o].cost}) != hull.end() &&
+          std::find_if(few.layers.front().begin(), few.layers.front().end(),
+                       [&](const StageOption& x) {
+                         return x.kept == all[o].kept && x.cost == all[o].cost;
+                       }) == few.layers.front().end()) {
+        few.layers.front().push_back(all[o]);
+        index.push_back(static_cast<int>(o));
+      }
+    few.layers.assign(p.layers.size(), few.layers.front());
+    StageSolution hint = OneInFlight(few).solve();
+    for (int& c : hint.choice) c = index[c];
+    return OneInFlight(p).solve(&hint);
+  }
   return solve_stage_programme(p);
 }
 
