@@ -128,7 +128,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
                                           plan.option_names[sol.choice[l]]};
     }
     if (!any) break;
-    verified = build_schedule(m, sim, &plan.layer_policies);
+    verified = build_schedule(m, sim, &plan.layer_policies, /*peak_only=*/true);
     Estimate e = estimate_schedule(*verified, rt, {.budget = budget, .suggestions = false});
     bool again = false;
     for (size_t st = 0; st < problems.size(); ++st) {
@@ -162,10 +162,12 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
                              static_cast<double>(least - static_bytes(base.stages[st])));
     plan.fits = false;
   }
-  bool reuse = verified && !changed_after_verify &&
-               (!options.full_schedule || sim.microbatches == t.microbatches);
+  // The verified schedule replays only what the peaks need; a full one is built for executors.
+  bool reuse = verified && !changed_after_verify && !options.full_schedule;
   plan.schedule = reuse ? std::move(*verified)
-                        : build_schedule(m, options.full_schedule ? t : sim, &plan.layer_policies);
+                  : options.full_schedule
+                      ? build_schedule(m, t, &plan.layer_policies)
+                      : build_schedule(m, sim, &plan.layer_policies, /*peak_only=*/true);
   plan.estimate = estimate_schedule(plan.schedule, rt, {.budget = budget, .suggestions = false});
   plan.estimate.setup = t;
   plan.fits = plan.fits && plan.estimate.fits;
@@ -178,7 +180,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
     if (!options.compare_uniform) break;
     TrainSpec u = sim;
     u.recompute = r;
-    Schedule s = build_schedule(m, u);
+    Schedule s = build_schedule(m, u, nullptr, /*peak_only=*/true);
     s.setup.microbatches =
         t.microbatches;  // peaks repeat past pp + 1 micro-batches; time counts all
     (r == Recompute::kNone ? plan.time_none : plan.time_full) = step_time(s, hw);

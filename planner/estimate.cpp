@@ -147,7 +147,8 @@ Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt,
 
 Estimate estimate(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
                   const EstimateOptions& options) {
-  Schedule s = build_schedule(m, simulation_setup(t));  // same peaks, fewer micro-batches to replay
+  // The same peaks with fewer micro-batches to replay.
+  Schedule s = build_schedule(m, simulation_setup(t), nullptr, /*peak_only=*/true);
   s.setup = t;
   return estimate_schedule(s, rt, options);
 }

@@ -100,8 +100,9 @@ class ProgramBuilder {
  public:
   ProgramBuilder(const ModelSpec& m, const TrainSpec& t, int stage, int first_layer, int layers,
                  std::shared_ptr<const BlockGraph> emb, std::shared_ptr<const BlockGraph> layer,
-                 std::shared_ptr<const BlockGraph> head, const std::vector<BlockPolicy>* policies)
-      : m_(m), t_(t), policies_(policies) {
+                 std::shared_ptr<const BlockGraph> head, const std::vector<BlockPolicy>* policies,
+                 int64_t microbatches)
+      : m_(m), t_(t), policies_(policies), microbatches_(microbatches) {
     p_.stage = stage;
     if (stage == 0) add_block(BlockKind::kEmbedding, -1, emb);
     for (int l = 0; l < layers; ++l) add_block(BlockKind::kLayer, first_layer + l, layer);
@@ -110,8 +111,8 @@ class ProgramBuilder {
 
   StageProgram build() {
     emit_statics();
-    values_.assign(t_.microbatches * p_.blocks.size(), {});
-    for (auto [forward, mb] : pipeline_order(t_.pp_schedule, p_.stage, t_.pp, t_.microbatches))
+    values_.assign(microbatches_ * p_.blocks.size(), {});
+    for (auto [forward, mb] : pipeline_order(t_.pp_schedule, p_.stage, t_.pp, microbatches_))
       forward ? forward_pass(mb) : backward_pass(mb);
     begin(InstrKind::kOptimizerStep);
     for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
@@ -191,6 +192,7 @@ class ProgramBuilder {
   const ModelSpec& m_;
   const TrainSpec& t_;
   const std::vector<BlockPolicy>* policies_;
+  const int64_t microbatches_;  // replayed by this stage
   StageProgram p_;
   std::vector<std::vector<int32_t>> values_;  // [mb][block] -> graph tensor -> instance
   std::vector<int64_t> block_weight_bytes_;   // per block: this rank's unsharded weight bytes
@@ -425,7 +427,7 @@ void ProgramBuilder::insert_frees() {
 }  // namespace
 
 Schedule build_schedule(const ModelSpec& m, const TrainSpec& t,
-                        const std::vector<BlockPolicy>* layer_policies) {
+                        const std::vector<BlockPolicy>* layer_policies, bool peak_only) {
   auto emb = std::make_shared<const BlockGraph>(build_embedding(m, t));
   auto layer = std::make_shared<const BlockGraph>(build_layer(m, t));
   auto head = std::make_shared<const BlockGraph>(build_head(m, t));
@@ -433,8 +435,10 @@ Schedule build_schedule(const ModelSpec& m, const TrainSpec& t,
   int first = 0;
   std::vector<int64_t> counts = partition_layers(m, t);
   for (int stage = 0; stage < t.pp; ++stage) {
+    int64_t mbs = t.microbatches;
+    if (peak_only && t.pp_schedule == PpSchedule::k1F1B) mbs = std::min(mbs, t.pp - stage + 1);
     ProgramBuilder pb(m, t, stage, first, static_cast<int>(counts[stage]), emb, layer, head,
-                      layer_policies);
+                      layer_policies, mbs);
     s.stages.push_back(pb.build());
     first += static_cast<int>(counts[stage]);
   }

@@ -118,8 +118,12 @@ std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t);
 
 // Builds every stage's program. Decoder layers take their policy from `layer_policies` (indexed by
 // global layer) when given, else the setup's named policy. The setup must be valid.
+// `peak_only`: under 1F1B, stage s replays only min(m, pp - s + 1) micro-batches (its warm-up
+// plus two steady-state pairs; its peak repeats after that). The stages then no longer exchange
+// the same micro-batches, so such a schedule is for simulation only, never for an executor.
 Schedule build_schedule(const ModelSpec& m, const TrainSpec& t,
-                        const std::vector<BlockPolicy>* layer_policies = nullptr);
+                        const std::vector<BlockPolicy>* layer_policies = nullptr,
+                        bool peak_only = false);
 
 // Well-formedness: every tensor is allocated before it is read, every recompute's inputs are
 // live, every backward reads only kept or recomputed tensors, every non-static tensor is freed

@@ -246,22 +246,36 @@ TEST(Weights, TiedEmbeddingsPerStage) {
       2 * count_parameters(m) + table);
 }
 
-// Under 1F1B the memory peak of every stage stops changing once m passes pp + 1: the auto planner
-// and the sweep simulate that many micro-batches only.
+// Under 1F1B the memory peak of stage s stops changing once m passes pp - s + 1 (its warm-up and
+// two steady-state pairs): the auto planner, the sweep and estimate simulate that many only.
 TEST(Schedule, OneFOneBPeakIsPeriodicInMicrobatches) {
   for (const char* name : {"llama-2-7b", "mixtral-8x7b"})
-    for (int64_t pp : {2, 4})
-      for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+    for (int64_t pp : {2, 4, 5})
+      for (auto [r, zero] : {std::pair{Recompute::kNone, 0}, std::pair{Recompute::kFull, 0},
+                             std::pair{Recompute::kSelective, 3}}) {
         TrainSpec t = small(2, pp, r);
         t.pp_schedule = PpSchedule::k1F1B;
+        if (zero > 0) t.dp = 2, t.zero = zero;
         t.microbatches = pp + 1;
         Schedule capped = build_schedule(model(name), t);
+        Schedule peak_only = build_schedule(model(name), t, nullptr, /*peak_only=*/true);
+        for (int64_t s = 0; s < pp; ++s) {
+          size_t mbs = 0;  // micro-batches the peak-only program loads or receives
+          for (const Instr& i : peak_only.stages[s].instrs)
+            mbs = std::max<size_t>(mbs, static_cast<size_t>(i.mb + 1));
+          EXPECT_EQ(mbs, static_cast<size_t>(pp - s + 1)) << name << " stage " << s;
+          EXPECT_LE(peak_only.stages[s].instrs.size(), capped.stages[s].instrs.size());
+        }
         for (int64_t m : {pp + 2, 3 * pp + 1}) {
           t.microbatches = m;
           Schedule full = build_schedule(model(name), t);
-          for (int64_t s = 0; s < pp; ++s)
-            EXPECT_EQ(simulate(full.stages[s]).peak_bytes, simulate(capped.stages[s]).peak_bytes)
+          for (int64_t s = 0; s < pp; ++s) {
+            int64_t peak = simulate(full.stages[s]).peak_bytes;
+            EXPECT_EQ(peak, simulate(capped.stages[s]).peak_bytes)
                 << name << " m " << m << " stage " << s;
+            EXPECT_EQ(peak, simulate(peak_only.stages[s]).peak_bytes)
+                << name << " m " << m << " stage " << s << " (peak-only)";
+          }
         }
       }
 }
