@@ -1,6 +1,7 @@
 // The stage solver: pick one recompute option per decoder layer of a pipeline stage, minimising
 // recompute time subject to the stage's peak staying within its byte budget, exactly under the
-// peak model below (a Pareto dynamic programme; tests compare it with exhaustive search).
+// peak model below (Pareto dynamic programmes; tests compare them with exhaustive search and with
+// each other).
 //
 // Peak model of a stage with f micro-batches in flight, K = sum of kept bytes over its layers:
 //   peak = base + f K + max(extra, max over layers l of (w_l - k_l - Q_{l+1}))
@@ -39,8 +40,8 @@ struct StageSolution {
 
 int64_t model_peak(const StageProblem& p, const std::vector<int>& choice);
 StageSolution solve_stage(const StageProblem& p);
-// The general programme alone (solve_stage uses a faster exact one for stages with one
-// micro-batch in flight whose layers share one option list); tests compare the two.
+// The general programme over layers, for any stage. solve_stage uses it for stages whose layers
+// differ and a faster exact programme over option groups for the others; tests compare the two.
 StageSolution solve_stage_programme(const StageProblem& p);
 // Exhaustive search over every combination (the test oracle; small instances only).
 StageSolution brute_force_stage(const StageProblem& p);

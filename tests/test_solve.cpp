@@ -109,25 +109,26 @@ TEST(Solver, ManyOptionsMatchExhaustiveSearch) {
   EXPECT_GT(feasible, 100);
 }
 
-// One micro-batch in flight with one option list per stage (pp = 1, the last 1F1B stage) takes
-// the programme over option groups. Small instances against exhaustive search; large ones (up to
-// 40 layers, 30 options, beyond brute force) against the general programme, also exact.
-TEST(Solver, OneInFlightMatchesExhaustiveSearchAndTheGeneralProgramme) {
+// Stages whose layers share one option list (every stage the auto planner builds) take the
+// programme over option groups. Small instances against exhaustive search; large ones (up to 40
+// layers, 30 options, 1-4 micro-batches in flight, beyond brute force) against the general
+// programme over layers, also exact.
+TEST(Solver, GroupProgrammeMatchesExhaustiveSearchAndTheGeneralProgramme) {
   std::mt19937_64 rng(5150);
   int feasible = 0;
   for (int i = 0; i < 600; ++i) {
     StageProblem p = random_problem(rng);
-    p.in_flight = 1;
+    p.in_flight = 1;  // the case with its own staircase
     int n = std::uniform_int_distribution<int>(1, 6)(rng);
     p.layers.assign(n, p.layers.front());
     p.budget = std::uniform_int_distribution<int64_t>(p.base, p.base + 40 * n + 100)(rng);
     feasible += matches_brute_force(p, i);
   }
   EXPECT_GT(feasible, 250);
-  feasible = 0;
-  for (int i = 0; i < 150; ++i) {
+  int by_flight[5] = {};
+  for (int i = 0; i < 300; ++i) {
     StageProblem p = random_problem(rng);
-    p.in_flight = 1;
+    p.in_flight = std::uniform_int_distribution<int>(1, 4)(rng);
     std::uniform_int_distribution<int> kept(1, 400), extra(0, 600), cost(0, 50);
     std::vector<StageOption> opts;
     for (int o = 0, k = std::uniform_int_distribution<int>(2, 30)(rng); o < k; ++o) {
@@ -136,16 +137,17 @@ TEST(Solver, OneInFlightMatchesExhaustiveSearchAndTheGeneralProgramme) {
     }
     int n = std::uniform_int_distribution<int>(5, 40)(rng);
     p.layers.assign(n, opts);
-    p.budget = std::uniform_int_distribution<int64_t>(p.base, p.base + 400 * n + 600)(rng);
+    p.budget =
+        std::uniform_int_distribution<int64_t>(p.base, p.base + p.in_flight * 400 * n + 600)(rng);
     StageSolution fast = solve_stage(p), general = solve_stage_programme(p);
     ASSERT_EQ(fast.feasible, general.feasible) << "instance " << i;
     if (!fast.feasible) continue;
-    ++feasible;
+    ++by_flight[p.in_flight];
     EXPECT_EQ(fast.cost, general.cost) << "instance " << i;
     EXPECT_LE(fast.peak, p.budget);
     EXPECT_EQ(fast.peak, model_peak(p, fast.choice));
   }
-  EXPECT_GT(feasible, 50);
+  for (int f = 1; f <= 4; ++f) EXPECT_GT(by_flight[f], 15) << f << " in flight";
 }
 
 TEST(Solver, LargerBudgetNeverSlower) {
