@@ -71,8 +71,8 @@ TEST(Solver, MatchesExhaustiveSearchOnRandomInstances) {
   EXPECT_GT(infeasible, 50);
 }
 
-// Stages whose layers share one option list take the branch-and-bound path (convex-envelope lower
-// bound, all-same upper bound); it must still find the exhaustive optimum.
+// Stages whose layers share one option list take the programme over option groups (with its
+// convex-envelope lower bounds and seeded upper bound); it must still find the exhaustive optimum.
 TEST(Solver, UniformLayersMatchExhaustiveSearch) {
   std::mt19937_64 rng(99);
   int feasible = 0;
@@ -87,7 +87,7 @@ TEST(Solver, UniformLayersMatchExhaustiveSearch) {
   EXPECT_GT(feasible, 400);
 }
 
-// Stages with more than 8 options first solve the hull vertices alone for an upper bound; the
+// Stages with more than 8 options first solve the envelope's vertices alone for an upper bound; the
 // result must still be the exhaustive optimum.
 TEST(Solver, ManyOptionsMatchExhaustiveSearch) {
   std::mt19937_64 rng(4242);

@@ -8,6 +8,7 @@
 #include "planner/autoplan.hpp"
 #include "planner/catalog.hpp"
 #include "planner/estimate.hpp"
+#include "planner/sweep.hpp"
 
 namespace {
 double median_ms(const np::ModelSpec& m, const np::TrainSpec& t, int reps) {
@@ -78,6 +79,29 @@ int main() {
     std::printf("%-16s %4lld %4lld %6lld %9lldG %8s %12.2f\n", c.model, (long long)c.tp,
                 (long long)c.pp, (long long)c.microbatches, (long long)(c.budget / 1000000000),
                 fits ? "yes" : "no", ms[ms.size() / 2]);
+  }
+  // The sweep as `nanoplan sweep --model M --gpus N --budget 80GB` runs it (1F1B, one worker
+  // thread per core): setups evaluated per second, median of 5.
+  struct Sweep {
+    const char* model;
+    int64_t gpus;
+  };
+  const Sweep sweeps[] = {{"llama-3.1-70b", 64}, {"llama-3.1-405b", 256}, {"mixtral-8x7b", 16}};
+  std::printf("\n%-16s %6s %8s %10s\n", "sweep", "gpus", "setups", "setups/s");
+  for (const Sweep& c : sweeps) {
+    np::SweepOptions o;
+    o.gpus = c.gpus, o.budget = 80'000'000'000, o.hw = np::default_hardware();
+    o.base.pp_schedule = np::PpSchedule::k1F1B;
+    o.base.recompute = np::Recompute::kAuto;
+    std::vector<double> rate;
+    size_t n = 0;
+    for (int i = 0; i < 5; ++i) {
+      np::SweepReport r = np::sweep(*np::resolve_model(*catalog, c.model), o);
+      n = r.evaluated;
+      rate.push_back(static_cast<double>(r.evaluated) / r.seconds);
+    }
+    std::sort(rate.begin(), rate.end());
+    std::printf("%-16s %6lld %8zu %10.0f\n", c.model, (long long)c.gpus, n, rate[rate.size() / 2]);
   }
   return 0;
 }
