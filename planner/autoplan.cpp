@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <tuple>
 
 #include "planner/simulate.hpp"
@@ -68,11 +69,70 @@ StageProblem stage_problem(const StageProgram& p, const std::vector<LayerOption>
   return sp;
 }
 
+// The partition search: layers per stage minimising the slowest stage's time per micro-batch
+// (forward, backward and the recompute of its optimal plan), every stage within the budget.
+// Decoder layers are identical, so a stage's time T_s(n) depends only on the stage s and its
+// layer count n, and grows with n (dropping a layer from a plan never raises its peak). Starting
+// from one layer per stage, the greedy that gives the next layer to the stage whose T_s(n_s + 1)
+// is least reaches the least possible maximum (it takes the values of the merged sorted
+// sequences in order). nullopt when some stage fits no layers at all.
+std::optional<std::vector<int64_t>> search_partition(const ModelSpec& m, const TrainSpec& t,
+                                                     const RuntimeAssumptions& rt, int64_t budget,
+                                                     const HardwareModel& hw,
+                                                     const BlockGraph& layer,
+                                                     const std::vector<LayerOption>& options) {
+  const BlockGraph emb = build_embedding(m, t), head = build_head(m, t);
+  const std::vector<double> zc(128, 0.0);
+  const LayerOption emb_opt = evaluate_option(emb, named_policy(emb, t).recompute, zc),
+                    head_opt = evaluate_option(head, named_policy(head, t).recompute, zc);
+  auto seconds = [&](const BlockGraph& g) {
+    BlockTime b = block_seconds(g, hw, t);
+    return b.forward + b.backward;
+  };
+  const double layer_s = seconds(layer), emb_s = seconds(emb), head_s = seconds(head);
+  std::vector<StageOption> opts;
+  for (const LayerOption& o : options) opts.push_back({o.kept_bytes, o.working_bytes, o.cost});
+  const StageStatics statics(m, t);
+  const int64_t pp = t.pp;
+  auto stage_time = [&](int64_t s, int64_t n) {
+    StageProblem sp;
+    sp.in_flight = in_flight(t.pp_schedule, s, pp, t.microbatches);
+    int64_t fixed = statics(static_cast<int>(s), static_cast<int>(n));
+    sp.base = fixed;
+    double time = static_cast<double>(n) * layer_s;
+    for (auto [on, opt, sec] :
+         {std::tuple{s == 0, &emb_opt, emb_s}, std::tuple{s == pp - 1, &head_opt, head_s}})
+      if (on) {
+        sp.base += sp.in_flight * opt->kept_bytes;
+        sp.extra = std::max(sp.extra, opt->extra_bytes());
+        time += sec;
+      }
+    sp.layers.assign(n, opts);
+    sp.budget = allocator_budget(budget, fixed, t, rt);
+    StageSolution sol = solve_stage(sp);
+    return sol.feasible ? time + sol.cost : std::numeric_limits<double>::infinity();
+  };
+  std::vector<int64_t> n(pp, 1);
+  std::vector<double> next(pp);
+  for (int64_t s = 0; s < pp; ++s) {
+    if (!std::isfinite(stage_time(s, 1))) return std::nullopt;
+    next[s] = stage_time(s, 2);
+  }
+  for (int64_t placed = pp; placed < m.layers; ++placed) {
+    int64_t s = std::min_element(next.begin(), next.end()) - next.begin();
+    if (!std::isfinite(next[s])) return std::nullopt;
+    ++n[s];
+    next[s] = stage_time(s, n[s] + 1);
+  }
+  return n;
+}
+
 }  // namespace
 
-AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssumptions& rt,
                    int64_t budget, const HardwareModel& hw, const AutoPlanOptions& options) {
   AutoPlan plan;
+  TrainSpec t = setup;  // with the searched partition, when asked for
   BlockGraph layer = build_layer(m, t);
   std::string key = hw.name + "/" + std::to_string(t.tp) + "/" + std::to_string(t.sp) + "/" +
                     std::to_string(t.ep) + "/" + std::to_string(t.tp_recompute_allgather) + "/" +
@@ -89,6 +149,9 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
       plan.option_names.push_back(option_name(layer, o.recompute));
     if (options.cache) options.cache->entries[key] = {plan.frontier, plan.option_names};
   }
+  if (options.search_partition && t.pp > 1 && t.stage_layers.empty())
+    if (auto counts = search_partition(m, t, rt, budget, hw, layer, plan.frontier.options))
+      if (*counts != partition_layers(m, t)) t.stage_layers = *counts;
   // Start from no recompute everywhere; solve each stage; verify by simulation.
   const LayerOption& none = plan.frontier.options.front();
   plan.layer_policies.assign(m.layers, BlockPolicy{none.recompute, plan.option_names.front()});

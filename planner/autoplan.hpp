@@ -47,6 +47,10 @@ struct AutoPlanOptions {
   bool compare_uniform = true;     // also time and size no recompute and recompute_layer: true
   FrontierCache* cache = nullptr;  // reuse frontiers of identical layer graphs
   bool full_schedule = true;  // build AutoPlan::schedule with every micro-batch (for plan files)
+  // Search the layers per stage too (when the setup gives none): the split whose slowest stage,
+  // with its optimal plan, takes least time per micro-batch. AutoPlan::schedule.setup carries
+  // the partition when it differs from the balanced one.
+  bool search_partition = false;
 };
 
 // The setup's recompute must be Recompute::kAuto and the setup valid.

@@ -90,6 +90,7 @@ Result<TrainSpec> setup_from_json(const json& j) {
     t.optimizer = enum_at<Optimizer>(j, "optimizer");
     t.recompute = enum_at<Recompute>(j, "recompute");
     t.tp_recompute_allgather = j.at("tp_recompute_allgather");
+    if (j.contains("stage_layers")) t.stage_layers = j["stage_layers"].get<std::vector<int64_t>>();
     return t;
   } catch (const std::exception& e) {
     return make_error(std::string("plan: bad setup: ") + e.what());

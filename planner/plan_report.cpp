@@ -50,6 +50,12 @@ std::string compress(const AutoPlan& p, const StageProgram& s) {
   return out;
 }
 
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (int64_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
 bool uniform(const AutoPlan& p, const std::string& a, const std::string& b = "") {
   for (const BlockPolicy& bp : p.layer_policies)
     if (bp.name != a && bp.name != b) return false;
@@ -92,6 +98,9 @@ std::string equivalents(const AutoPlan& p, int64_t budget) {
         fmt("%.3f", slower) + " s more per step (" + fmt("%.1f", 100 * slower / p.time.seconds) +
         "% slower)\n";
   }
+  if (!p.schedule.setup.stage_layers.empty())
+    out += "  layers per stage " + join(p.schedule.setup.stage_layers) +
+           ": not expressible; nanotron balances its stages by compute\n";
   out += "Megatron-LM (closest):\n  ";
   int block = megatron_block_layers(p);
   if (uniform(p, "none", "none+regather"))
@@ -107,6 +116,21 @@ std::string equivalents(const AutoPlan& p, int64_t budget) {
         "expressible: Megatron's knobs are uniform per stage; full recompute of every layer "
         "costs " +
         fmt("%.3f", slower) + " s more per step\n";
+  const std::vector<int64_t>& split = p.schedule.setup.stage_layers;
+  if (!split.empty()) {  // a searched partition
+    bool middle_even = true;
+    for (size_t i = 2; i + 1 < split.size(); ++i) middle_even &= split[i] == split[1];
+    if (middle_even && split.size() > 2)
+      out += "  --decoder-first-pipeline-num-layers " + std::to_string(split.front()) +
+             " --decoder-last-pipeline-num-layers " + std::to_string(split.back()) +
+             "  (the layers per stage)\n";
+    else if (split.size() == 2)
+      out += "  --decoder-first-pipeline-num-layers " + std::to_string(split.front()) +
+             "  (the layers per stage)\n";
+    else
+      out += "  layers per stage " + join(split) +
+             ": not expressible; Megatron sets the first and last stages' layer counts only\n";
+  }
   return out;
 }
 
@@ -126,6 +150,13 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
   if (p.gathers > 0)
     out += "  " + std::to_string(p.regathered) + " of " + std::to_string(p.gathers) +
            " all-gathers re-done in backward\n";
+  if (!p.schedule.setup.stage_layers.empty()) {
+    TrainSpec balanced = p.schedule.setup;
+    balanced.stage_layers.clear();
+    out += "  layers per stage " + join(p.schedule.setup.stage_layers) +
+           " (--partition auto: the split whose slowest stage is fastest; balanced by FLOPs: " +
+           join(partition_layers(p.schedule.model, balanced)) + ")\n";
+  }
   double overhead = p.time.seconds > 0 ? p.time.recompute_seconds / p.time.seconds : 0;
   out += "\npredicted step time " + fmt("%.3f s", p.time.seconds) +
          ", recompute on the slowest stage " + fmt("%.3f s", p.time.recompute_seconds) + " (" +
@@ -183,6 +214,7 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
     nlohmann::json st = {{"stage", s.stage},
                          {"peak_bytes", p.estimate.stages[i].peak_bytes},
                          {"feasible", p.stages[i].feasible},
+                         {"num_layers", s.num_layers()},
                          {"layers", layers}};
     if (!p.stages[i].feasible) st["min_peak_bytes"] = p.stages[i].min_peak;
     stages.push_back(st);

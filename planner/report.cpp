@@ -11,22 +11,24 @@ namespace np {
 using nlohmann::json;
 
 json setup_to_json(const TrainSpec& t) {
-  return {{"tp", t.tp},
-          {"pp", t.pp},
-          {"dp", t.dp},
-          {"ep", t.ep},
-          {"sp", t.sp},
-          {"zero", t.zero},
-          {"micro_batch", t.micro_batch},
-          {"seq_len", t.seq_len},
-          {"microbatches", t.microbatches},
-          {"pp_schedule", name_of(t.pp_schedule)},
-          {"attention", name_of(t.attention)},
-          {"grad_accum_dtype", name_of(t.grad_dtype)},
-          {"optimizer", name_of(t.optimizer)},
-          {"recompute", name_of(t.recompute)},
-          {"tp_recompute_allgather", t.tp_recompute_allgather},
-          {"gpus", t.tp * t.pp * t.dp}};
+  json j = {{"tp", t.tp},
+            {"pp", t.pp},
+            {"dp", t.dp},
+            {"ep", t.ep},
+            {"sp", t.sp},
+            {"zero", t.zero},
+            {"micro_batch", t.micro_batch},
+            {"seq_len", t.seq_len},
+            {"microbatches", t.microbatches},
+            {"pp_schedule", name_of(t.pp_schedule)},
+            {"attention", name_of(t.attention)},
+            {"grad_accum_dtype", name_of(t.grad_dtype)},
+            {"optimizer", name_of(t.optimizer)},
+            {"recompute", name_of(t.recompute)},
+            {"tp_recompute_allgather", t.tp_recompute_allgather},
+            {"gpus", t.tp * t.pp * t.dp}};
+  if (!t.stage_layers.empty()) j["stage_layers"] = t.stage_layers;  // else balanced by FLOPs
+  return j;
 }
 
 json model_to_json(const ModelSpec& m, int64_t parameters) {

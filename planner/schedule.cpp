@@ -48,6 +48,7 @@ TrainSpec simulation_setup(const TrainSpec& t) {
 }
 
 std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t) {
+  if (!t.stage_layers.empty()) return t.stage_layers;
   BlockGraph layer = build_layer(m, t), emb = build_embedding(m, t), head = build_head(m, t);
   double c = layer.forward_flops() + layer.backward_flops();
   double first = emb.forward_flops() + emb.backward_flops();
@@ -107,6 +108,14 @@ class ProgramBuilder {
     if (stage == 0) add_block(BlockKind::kEmbedding, -1, emb);
     for (int l = 0; l < layers; ++l) add_block(BlockKind::kLayer, first_layer + l, layer);
     if (stage == t.pp - 1) add_block(BlockKind::kHead, -1, head);
+  }
+
+  // The stage's static bytes alone (weights, gradient buffers, optimizer states).
+  int64_t static_bytes() {
+    emit_statics();
+    int64_t n = 0;
+    for (const ScheduleTensor& x : p_.tensors) n += x.bytes;
+    return n;
   }
 
   StageProgram build() {
@@ -425,6 +434,17 @@ void ProgramBuilder::insert_frees() {
 }
 
 }  // namespace
+
+StageStatics::StageStatics(const ModelSpec& m, const TrainSpec& t)
+    : m_(m),
+      t_(t),
+      emb_(std::make_shared<const BlockGraph>(build_embedding(m, t))),
+      layer_(std::make_shared<const BlockGraph>(build_layer(m, t))),
+      head_(std::make_shared<const BlockGraph>(build_head(m, t))) {}
+
+int64_t StageStatics::operator()(int stage, int layers) const {
+  return ProgramBuilder(m_, t_, stage, 0, layers, emb_, layer_, head_, nullptr, 0).static_bytes();
+}
 
 Schedule build_schedule(const ModelSpec& m, const TrainSpec& t,
                         const std::vector<BlockPolicy>* layer_policies, bool peak_only) {

@@ -112,9 +112,23 @@ int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m);
 // 1F1B every micro-batch past pp + 1 repeats the steady state, so m is capped there.
 TrainSpec simulation_setup(const TrainSpec& t);
 
-// Contiguous layer partition balancing forward + backward FLOPs per stage (embedding on the first
-// stage, head on the last); returns the layer count of each stage.
+// The layer count of each stage: the setup's stage_layers when given, else the contiguous
+// partition balancing forward + backward FLOPs per stage (embedding on the first stage, head on
+// the last).
 std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t);
+
+// The static bytes (weights, gradient buffers, optimizer states) of a stage holding a given
+// number of decoder layers, as its program allocates them; for partition searches.
+class StageStatics {
+ public:
+  StageStatics(const ModelSpec& m, const TrainSpec& t);
+  int64_t operator()(int stage, int layers) const;
+
+ private:
+  ModelSpec m_;
+  TrainSpec t_;
+  std::shared_ptr<const BlockGraph> emb_, layer_, head_;
+};
 
 // Builds every stage's program. Decoder layers take their policy from `layer_policies` (indexed by
 // global layer) when given, else the setup's named policy. The setup must be valid.

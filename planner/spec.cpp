@@ -238,8 +238,24 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (auto e = check_conflicts(m, t)) return e;
   if (auto e = check_tp(m, t)) return e;
   if (auto e = check_moe(m, t)) return e;
-  if (t.pp_schedule == PpSchedule::kAfab && t.pp <= m.layers &&
-      t.microbatches * ((m.layers + t.pp - 1) / t.pp) > (1 << 18))
+  if (!t.stage_layers.empty()) {
+    int64_t sum = 0;
+    for (int64_t n : t.stage_layers) {
+      if (n < 1)
+        return fail("--partition gives a stage " + str(n) +
+                    " layers (valid: at least 1 layer per stage)");
+      sum += n;
+    }
+    if (static_cast<int64_t>(t.stage_layers.size()) != t.pp)
+      return fail("--partition lists " + str(static_cast<int64_t>(t.stage_layers.size())) +
+                  " stages for --pp " + str(t.pp) + " (valid: one layer count per stage)");
+    if (sum != m.layers)
+      return fail("--partition places " + str(sum) + " layers, but " + m.name + " has " +
+                  str(m.layers) + " (valid: counts that sum to " + str(m.layers) + ")");
+  }
+  int64_t most = (m.layers + t.pp - 1) / t.pp;
+  for (int64_t n : t.stage_layers) most = std::max(most, n);
+  if (t.pp_schedule == PpSchedule::kAfab && t.pp <= m.layers && t.microbatches * most > (1 << 18))
     return fail("--microbatches " + str(t.microbatches) +
                 " is too many to simulate under AFAB (valid: micro-batches x layers per stage at "
                 "most 262,144; 1F1B has no such limit)");

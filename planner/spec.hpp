@@ -76,6 +76,9 @@ struct TrainSpec {
   Optimizer optimizer = Optimizer::kAdamW;
   Recompute recompute = Recompute::kNone;
   bool tp_recompute_allgather = true;  // keep the SP shard, all-gather again in backward
+  // Decoder layers per pipeline stage (pp entries, each >= 1, summing to the model's layers);
+  // empty: balanced by FLOPs (partition_layers in schedule.hpp).
+  std::vector<int64_t> stage_layers;
 };
 
 // Per-GPU runtime costs outside the allocator's tensors; each is printed on its own line.

@@ -73,8 +73,9 @@ SweepReport sweep(const ModelSpec& m, const SweepOptions& o,
                              {.closest_when_infeasible = false,
                               .compare_uniform = false,
                               .cache = &cache,
-                              .full_schedule = false});
-      results[i] = SweepResult{setups[i],
+                              .full_schedule = false,
+                              .search_partition = o.search_partition});
+      results[i] = SweepResult{p.estimate.setup,
                                p.fits,
                                p.time.seconds,
                                p.time.tokens_per_second,

@@ -16,6 +16,7 @@ struct SweepOptions {
   TrainSpec base;  // seq_len, attention, optimizer, ... (tp/pp/dp/zero/micro-batch are swept)
   RuntimeAssumptions runtime;
   HardwareModel hw;
+  bool search_partition = false;  // search the layers per stage of every setup too
 };
 
 struct SweepResult {

@@ -149,6 +149,13 @@ bad "--seq-len not divisible by tp under SP" -m "--seq-len 4097" -m "--tp 8" -m 
 good "--seq-len 4097 --tp 8 --sp off is accepted" "${E[@]}" --seq-len 4097 --tp 8 --sp off
 bad "1f1b with fewer micro-batches than pp - 1" -m "--microbatches 2" -m "pp - 1" -- "${E[@]}" --pp 4 --pp-schedule 1f1b --microbatches 2
 bad "plan: 1f1b with fewer micro-batches than pp - 1" -m "--microbatches 2" -- "${P[@]}" --pp 4 --pp-schedule 1f1b --microbatches 2
+bad "--partition with too few stages" -m "--partition" -m "2 stages" -m "--pp 4" -- "${E[@]}" --pp 4 --partition 40,40
+bad "--partition that does not sum to the layers" -m "--partition" -m "79 layers" -m "80" -- "${E[@]}" --pp 2 --partition 40,39
+bad "--partition with an empty stage" -m "--partition" -m "at least 1" -- "${E[@]}" --pp 2 --partition 80,0
+bad "--partition that is not a list of counts" -m "--partition" -m "balanced, auto" -- "${E[@]}" --pp 2 --partition 40,forty
+bad "--partition auto without a budget" -m "--partition auto" -m "--budget" -- "${E[@]}" --pp 2 --partition auto
+bad "sweep: --partition with counts" -m "--partition" -m "balanced, auto" -- sweep --model llama-3.1-8b --gpus 8 --budget 80GB --partition 16,16
+good "--partition 41,39 is accepted" "${E[@]}" --pp 2 --partition 41,39
 bad "--ep that does not divide the experts" -m "--ep 3" -m "experts" -- estimate --model mixtral-8x7b --ep 3 --dp 3
 bad "--ep that does not divide --dp" -m "--ep 2" -m "--dp 1" -- estimate --model mixtral-8x7b --ep 2
 

@@ -3,6 +3,7 @@
 // with predicted = measured and the same gradients as no recompute.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -132,6 +133,76 @@ TEST(AutoPlan, ExecutorRunsAMixedPlan) {
   EXPECT_EQ(std::memcmp(&ref->losses[0], &run->losses[0], sizeof(double)), 0);
   for (const auto& [key, g] : ref->grads)
     EXPECT_EQ(std::memcmp(g.data(), run->grads.at(key).data(), g.size() * sizeof(float)), 0) << key;
+}
+
+// The slowest stage's time per micro-batch (forward, backward, recompute): what a partition sets.
+double bottleneck(const AutoPlan& p) {
+  double worst = 0;
+  for (const StageSeconds& s : p.time.stages) worst = std::max(worst, s.microbatch());
+  return worst;
+}
+
+// --partition auto against every split: on a tiny 8-layer Llama with 3 stages under 1F1B, at
+// budgets where memory binds, the searched split's slowest stage is as fast as the best of all
+// 21 splits that fit (their plans solved each on its own), and the plan fits.
+TEST(AutoPlan, PartitionSearchMatchesEverySplit) {
+  auto sc = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/tiny-llama.toml",
+                          testing::catalog());
+  ASSERT_TRUE(sc.ok()) << sc.error().message;
+  ModelSpec m = sc->model;
+  m.layers = 8;
+  TrainSpec t = sc->base;
+  t.tp = 2, t.sp = true, t.pp = 3, t.microbatches = 4, t.pp_schedule = PpSchedule::k1F1B;
+  t.recompute = Recompute::kAuto;
+  RuntimeAssumptions rt;
+  rt.cuda_context_bytes = rt.cublas_workspace_bytes = rt.nccl_bytes_per_comm = 0;
+  rt.allocator_slack = 0;
+  AutoPlan loose = auto_plan(m, t, rt, 1LL << 40, default_hardware());
+  ASSERT_TRUE(loose.peak_full && loose.peak_none);
+  int searched_differs = 0;
+  for (double at : {0.3, 0.5, 0.7, 0.9}) {
+    int64_t b = *loose.peak_full +
+                static_cast<int64_t>(at * static_cast<double>(*loose.peak_none - *loose.peak_full));
+    AutoPlan s = auto_plan(m, t, rt, b, default_hardware(),
+                           {.compare_uniform = false, .search_partition = true});
+    double best = std::numeric_limits<double>::infinity();
+    for (int64_t a = 1; a <= 6; ++a)
+      for (int64_t c = 1; a + c <= 7; ++c) {
+        TrainSpec u = t;
+        u.stage_layers = {a, c, 8 - a - c};
+        AutoPlan p = auto_plan(m, u, rt, b, default_hardware(), {.compare_uniform = false});
+        if (p.fits) best = std::min(best, bottleneck(p));
+      }
+    if (!std::isfinite(best)) {
+      EXPECT_FALSE(s.fits) << "budget " << b;
+      continue;
+    }
+    ASSERT_TRUE(s.fits) << "budget " << b;
+    EXPECT_LE(s.estimate.peak_bytes, b);
+    EXPECT_NEAR(bottleneck(s), best, 1e-9 * best) << "budget " << b;
+    std::vector<int64_t> split = partition_layers(m, s.schedule.setup);
+    EXPECT_EQ(split[0] + split[1] + split[2], 8);
+    searched_differs += !s.schedule.setup.stage_layers.empty();
+  }
+  EXPECT_GT(searched_differs, 0) << "some budget should move layers off the balanced split";
+}
+
+// An uneven split runs on the CPU executor with predicted = measured, and survives the plan file.
+TEST(AutoPlan, ExecutorRunsAnUnevenSplit) {
+  auto sc = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/tiny-llama.toml",
+                          testing::catalog());
+  ASSERT_TRUE(sc.ok()) << sc.error().message;
+  TrainSpec t = sc->base;
+  t.tp = 2, t.sp = true, t.pp = 2, t.pp_schedule = PpSchedule::k1F1B;
+  t.stage_layers = {3, 1};
+  Result<Schedule> back = schedule_from_json(schedule_to_json(build_schedule(sc->model, t)));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->setup.stage_layers, t.stage_layers);
+  ASSERT_EQ(back->stages[0].num_layers(), 3);
+  auto run = exec::run_schedule(*back, [] { return exec::make_cpu_backend(); }, {});
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  exec::RunComparison c = exec::compare(*back, *run, "uneven");
+  EXPECT_TRUE(c.all_equal) << exec::comparison_table(c);
 }
 
 }  // namespace

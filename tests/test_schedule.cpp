@@ -295,5 +295,29 @@ TEST(Partition, CoversEveryLayerOnceAndBalances) {
   }
 }
 
+// A given partition is followed as given; StageStatics, which the partition search uses, equals
+// the static bytes of the stage programs it stands for (ZeRO-1 sharding included).
+TEST(Partition, GivenCountsAndStageStatics) {
+  ModelSpec m = model("llama-2-7b");
+  for (int zero : {0, 1}) {
+    TrainSpec t = small(2, 3, Recompute::kNone);
+    t.dp = 2, t.zero = zero;
+    t.stage_layers = {5, 20, 7};
+    Schedule s = build_schedule(m, t);
+    StageStatics statics(m, t);
+    ASSERT_EQ(s.stages.size(), 3u);
+    for (int stage = 0; stage < 3; ++stage) {
+      EXPECT_EQ(s.stages[stage].num_layers(), t.stage_layers[stage]);
+      int64_t fixed = 0;
+      for (const ScheduleTensor& x : s.stages[stage].tensors)
+        if (x.kind == ValueKind::kStatic) fixed += x.bytes;
+      EXPECT_EQ(statics(stage, static_cast<int>(t.stage_layers[stage])), fixed)
+          << "stage " << stage << " zero " << zero;
+    }
+    EXPECT_EQ(s.stages[1].first_layer(), 5);
+    EXPECT_EQ(s.stages[2].first_layer(), 25);
+  }
+}
+
 }  // namespace
 }  // namespace np

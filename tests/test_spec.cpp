@@ -62,6 +62,27 @@ TEST(Validate, PpAtMostLayers) {
   EXPECT_NE(error_of(model("llama-70b"), t).find("exceeds the 80 layers"), std::string::npos);
 }
 
+TEST(Validate, StageLayers) {
+  ModelSpec m = model("llama-70b");
+  TrainSpec t = tp8();
+  t.pp = 4;
+  t.stage_layers = {20, 20, 20, 20};
+  EXPECT_FALSE(validate_setup(m, t));
+  t.stage_layers = {23, 19, 19, 19};
+  EXPECT_FALSE(validate_setup(m, t));
+  struct Case {
+    std::vector<int64_t> counts;
+    std::vector<const char*> says;
+  };
+  for (const Case& c : {Case{{40, 20, 20}, {"--partition", "3 stages", "--pp 4"}},
+                        Case{{21, 20, 20, 20}, {"--partition", "81 layers", "80"}},
+                        Case{{40, 40, 0, 0}, {"--partition", "0 layers", "at least 1"}}}) {
+    t.stage_layers = c.counts;
+    std::string e = error_of(m, t);
+    for (const char* s : c.says) EXPECT_NE(e.find(s), std::string::npos) << e;
+  }
+}
+
 TEST(Validate, SeqLenDivisibleUnderSp) {
   TrainSpec t = tp8();
   t.seq_len = 4097;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "executor/compare.hpp"
 #include "executor/cpu/cpu_backend.hpp"
@@ -31,6 +32,7 @@ constexpr int kExitBadInput = 2;
 struct Flags {
   std::string model, sp = "auto", pp_schedule = "afab", attention = "flash", grad_dtype = "fp32";
   std::string optimizer = "adamw", recompute, regather = "true", format = "table";
+  std::string partition = "balanced";
   std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, nccl_buffers,
       allocator_slack;
   int64_t tp = 1, pp = 1, dp = 1, ep = 1, micro_batch = 1, seq_len = 4096, microbatches = 0;
@@ -98,6 +100,11 @@ void add_setup_flags(CLI::App* app, Flags& f, bool model_required = true) {
   app->add_option("--tp-recompute-allgather", f.regather,
                   "true, false: keep the SP shard and all-gather again in backward")
       ->capture_default_str();
+  app->add_option("--partition", f.partition,
+                  "decoder layers per pipeline stage: balanced (by FLOPs), auto (searched with "
+                  "--recompute auto: the split whose slowest stage is fastest), or counts such as "
+                  "21,20,20,19")
+      ->capture_default_str();
   app->add_option("--budget", f.budget,
                   "bytes per GPU: 80GB (10^9), 80GiB (2^30), 85899345920, \"80 GB\"");
   app->add_option(
@@ -143,7 +150,31 @@ np::TrainSpec make_setup(const Flags& f) {
   if (t.recompute == np::Recompute::kAuto && !budgeted)
     die("--recompute auto needs a budget: give --budget or --gpu");
   t.tp_recompute_allgather = parse_bool("--tp-recompute-allgather", f.regather);
+  if (f.partition == "auto" && t.recompute != np::Recompute::kAuto)
+    die("--partition auto searches with the recompute plan: it needs --recompute auto and a "
+        "budget (--budget or --gpu)");
+  if (f.partition != "balanced" && f.partition != "auto") {
+    std::stringstream in(f.partition);
+    for (std::string item; std::getline(in, item, ',');) {
+      size_t used = 0;
+      long long n = -1;
+      try {
+        n = std::stoll(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (item.empty() || used != item.size())
+        die("invalid --partition '" + f.partition +
+            "' (valid: balanced, auto, or layer counts such as 21,20,20,19)");
+      t.stage_layers.push_back(n);
+    }
+  }
   return t;
+}
+
+// The auto planner's options from the flags.
+np::AutoPlanOptions plan_options(const Flags& f) {
+  return {.search_partition = f.partition == "auto"};
 }
 
 np::RuntimeAssumptions make_runtime(const Flags& f) {
@@ -205,7 +236,7 @@ Resolved resolve(const Flags& f) {
 int run_estimate_auto(const Flags& f, const Resolved& r, int64_t budget) {
   np::RuntimeAssumptions rt = make_runtime(f);
   np::HardwareModel hw = make_hardware(f);
-  np::AutoPlan plan = np::auto_plan(r.model, r.setup, rt, budget, hw);
+  np::AutoPlan plan = np::auto_plan(r.model, r.setup, rt, budget, hw, plan_options(f));
   if (f.explain_peak)
     plan.estimate = np::estimate_schedule(
         plan.schedule, rt, {.budget = budget, .suggestions = false, .explain_peak = true});
@@ -242,9 +273,10 @@ int run_plan(const Flags& f) {
   if (!f.output.empty() && f.output != "-" && std::filesystem::is_directory(f.output))
     die("cannot write " + f.output + ": it is a folder; give a file name such as " + f.output +
         "/plan.json");
-  np::Schedule s = r.setup.recompute == np::Recompute::kAuto
-                       ? np::auto_plan(r.model, r.setup, rt, *budget, make_hardware(f)).schedule
-                       : np::build_schedule(r.model, r.setup);
+  np::Schedule s =
+      r.setup.recompute == np::Recompute::kAuto
+          ? np::auto_plan(r.model, r.setup, rt, *budget, make_hardware(f), plan_options(f)).schedule
+          : np::build_schedule(r.model, r.setup);
   for (const np::StageProgram& p : s.stages)
     if (auto e = np::check_program(p)) die("internal: " + e->message);
   std::string text = np::schedule_to_json(s).dump() + "\n";
@@ -440,17 +472,17 @@ int run_run(const Flags& f, CLI::App* app) {
   if (!f.scenario.empty()) return run_scenario(f);
   if (f.plan_path.empty()) {
     Resolved r = resolve(f);
-    np::Schedule s =
-        r.setup.recompute == np::Recompute::kAuto
-            ? np::auto_plan(r.model, r.setup, make_runtime(f), *make_budget(f), make_hardware(f))
-                  .schedule
-            : np::build_schedule(r.model, r.setup);
+    np::Schedule s = r.setup.recompute == np::Recompute::kAuto
+                         ? np::auto_plan(r.model, r.setup, make_runtime(f), *make_budget(f),
+                                         make_hardware(f), plan_options(f))
+                               .schedule
+                         : np::build_schedule(r.model, r.setup);
     return run_one(s, f, "run: " + r.model.name + ", " + np::describe_short(r.setup));
   }
   for (const char* flag :
        {"--tp", "--pp", "--dp", "--ep", "--sp", "--zero", "--micro-batch", "--seq-len",
         "--microbatches", "--pp-schedule", "--attention", "--grad-accum-dtype", "--optimizer",
-        "--recompute", "--tp-recompute-allgather"})
+        "--recompute", "--tp-recompute-allgather", "--partition"})
     if (app->count(flag) > 0)
       die(std::string(flag) +
           " conflicts with a plan file: the setup comes from the plan (re-run nanoplan plan to "
@@ -480,15 +512,20 @@ int run_sweep(const Flags& f) {
     die("--global-batch must be a positive integer, got " + std::to_string(f.global_batch));
   if (f.format != "table" && f.format != "json")
     die("invalid --format '" + f.format + "' (valid: table, json)");
+  if (f.partition != "balanced" && f.partition != "auto")
+    die("invalid --partition '" + f.partition +
+        "' for sweep (valid: balanced, auto; layer counts depend on pp)");
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   np::ModelSpec m = check(np::resolve_model(catalog, f.model));
   Flags g = f;
   g.recompute = "auto";
+  g.partition = "balanced";  // the sweep searches per setup when asked
   np::SweepOptions o;
   o.gpus = f.gpus, o.budget = *make_budget(f), o.global_batch = f.global_batch;
   o.base = make_setup(g);
   o.runtime = make_runtime(f);
   o.hw = make_hardware(f);
+  o.search_partition = f.partition == "auto";
   bool tty = isatty(fileno(stderr)) && f.format == "table";
   auto progress = [&](size_t done, size_t total) {
     if (!tty) return;
@@ -535,11 +572,18 @@ int run_sweep(const Flags& f) {
               "zero", "mbs", "m", "step s", "tokens/s", "MFU", "peak GiB", "recompute plan");
   for (size_t i = 0; i < r.fitting.size() && i < static_cast<size_t>(f.top); ++i) {
     const np::SweepResult& x = r.fitting[i];
+    std::string plan = x.plan;
+    if (!x.setup.stage_layers.empty()) {
+      std::string split;
+      for (int64_t n : x.setup.stage_layers)
+        split += (split.empty() ? "" : ",") + std::to_string(n);
+      plan = "layers per stage " + split + "; " + plan;
+    }
     std::printf("%4zu %4lld %4lld %4lld %5d %4lld %5lld %10.3f %11.0f %5.1f%% %10.2f  %s\n", i + 1,
                 (long long)x.setup.tp, (long long)x.setup.pp, (long long)x.setup.dp, x.setup.zero,
                 (long long)x.setup.micro_batch, (long long)x.setup.microbatches, x.step_seconds,
                 x.tokens_per_second, 100 * x.mfu, static_cast<double>(x.peak_bytes) / np::kGiB,
-                x.plan.c_str());
+                plan.c_str());
   }
   return 0;
 }
@@ -587,6 +631,9 @@ int main(int argc, char** argv) {
                  "sequences per optimizer step (default 4 x gpus)");
   sw->add_option("--pp-schedule", f.pp_schedule, "1f1b (default for sweep), afab");
   sw->add_option("--attention", f.attention, "flash, eager")->capture_default_str();
+  sw->add_option("--partition", f.partition,
+                 "layers per stage: balanced (by FLOPs), auto (searched for every setup)")
+      ->capture_default_str();
   sw->add_option("--top", f.top, "setups to show")->capture_default_str();
   sw->add_option("--format", f.format, "table, json")->capture_default_str();
   sw->add_option("--models-dir", f.models_dir, "model catalog folder");
