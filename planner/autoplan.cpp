@@ -75,7 +75,8 @@ StageProblem stage_problem(const StageProgram& p, const std::vector<LayerOption>
 // layer count n, and grows with n (dropping a layer from a plan never raises its peak). Starting
 // from one layer per stage, the greedy that gives the next layer to the stage whose T_s(n_s + 1)
 // is least reaches the least possible maximum (it takes the values of the merged sorted
-// sequences in order). nullopt when some stage fits no layers at all.
+// sequences in order). nullopt when some stage fits no layers at all, or when the balanced split
+// is as fast.
 std::optional<std::vector<int64_t>> search_partition(const ModelSpec& m, const TrainSpec& t,
                                                      const RuntimeAssumptions& rt, int64_t budget,
                                                      const HardwareModel& hw,
@@ -114,16 +115,25 @@ std::optional<std::vector<int64_t>> search_partition(const ModelSpec& m, const T
   };
   std::vector<int64_t> n(pp, 1);
   std::vector<double> next(pp);
+  double slowest = 0;
   for (int64_t s = 0; s < pp; ++s) {
-    if (!std::isfinite(stage_time(s, 1))) return std::nullopt;
+    slowest = std::max(slowest, stage_time(s, 1));
+    if (!std::isfinite(slowest)) return std::nullopt;
     next[s] = stage_time(s, 2);
   }
   for (int64_t placed = pp; placed < m.layers; ++placed) {
     int64_t s = std::min_element(next.begin(), next.end()) - next.begin();
     if (!std::isfinite(next[s])) return std::nullopt;
+    slowest = std::max(slowest, next[s]);
     ++n[s];
     next[s] = stage_time(s, n[s] + 1);
   }
+  // Kept only when strictly faster than the balanced split (equal times: the balanced one).
+  std::vector<int64_t> balanced = partition_layers(m, t);
+  double balanced_slowest = 0;
+  for (int64_t s = 0; s < pp; ++s)
+    balanced_slowest = std::max(balanced_slowest, stage_time(s, balanced[s]));
+  if (slowest >= balanced_slowest * (1 - 1e-12)) return std::nullopt;
   return n;
 }
 
@@ -151,7 +161,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   }
   if (options.search_partition && t.pp > 1 && t.stage_layers.empty())
     if (auto counts = search_partition(m, t, rt, budget, hw, layer, plan.frontier.options))
-      if (*counts != partition_layers(m, t)) t.stage_layers = *counts;
+      t.stage_layers = *counts;
   // Start from no recompute everywhere; solve each stage; verify by simulation.
   const LayerOption& none = plan.frontier.options.front();
   plan.layer_policies.assign(m.layers, BlockPolicy{none.recompute, plan.option_names.front()});
