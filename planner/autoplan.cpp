@@ -148,6 +148,9 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
                     std::to_string(t.ep) + "/" + std::to_string(t.tp_recompute_allgather) + "/" +
                     std::to_string(t.seq_len) + "/" + std::to_string(t.micro_batch) + "/" +
                     name_of(t.attention);
+  // One computation per key: threads of a sweep that need the same frontier wait for it.
+  std::unique_lock<std::mutex> lock;
+  if (options.cache) lock = std::unique_lock(options.cache->mu);
   if (options.cache && options.cache->entries.count(key)) {
     std::tie(plan.frontier, plan.option_names) = options.cache->entries.at(key);
   } else {
@@ -159,6 +162,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
       plan.option_names.push_back(option_name(layer, o.recompute));
     if (options.cache) options.cache->entries[key] = {plan.frontier, plan.option_names};
   }
+  if (lock.owns_lock()) lock.unlock();
   if (options.search_partition && t.pp > 1 && t.stage_layers.empty())
     if (auto counts = search_partition(m, t, rt, budget, hw, layer, plan.frontier.options))
       t.stage_layers = *counts;

@@ -4,6 +4,7 @@
 // and solving again if the simulated peak is over (so a plan's peak never exceeds its budget).
 #pragma once
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -36,8 +37,10 @@ struct AutoPlan {
   int64_t regathered = 0, gathers = 0;  // all-gathers re-done in backward, of all in the layers
 };
 
-// Layer frontiers by graph shape, reused across setups that share one (a sweep).
+// Layer frontiers by graph shape, reused across the setups of one model that share one (a sweep);
+// safe to share between threads.
 struct FrontierCache {
+  std::mutex mu;
   std::map<std::string, std::pair<LayerFrontier, std::vector<std::string>>> entries;
 };
 

@@ -61,13 +61,13 @@ SweepReport sweep(const ModelSpec& m, const SweepOptions& o,
   auto start = std::chrono::steady_clock::now();
   SweepReport r;
   std::vector<TrainSpec> setups = candidates(m, o, r.invalid);
-  // Setups are independent: one worker thread per core, each with its own frontier cache, taking
-  // the next setup from a shared counter; results land in setup order.
+  // Setups are independent: one worker thread per core, sharing one frontier cache, taking the
+  // next setup from a shared counter; results land in setup order.
   std::vector<std::optional<SweepResult>> results(setups.size());
   std::atomic<size_t> next{0}, done{0};
   std::mutex progress_mu;
+  FrontierCache cache;
   auto work = [&] {
-    FrontierCache cache;
     for (size_t i; (i = next++) < setups.size();) {
       AutoPlan p = auto_plan(m, setups[i], o.runtime, o.budget, o.hw,
                              {.closest_when_infeasible = false,
