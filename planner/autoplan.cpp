@@ -51,23 +51,108 @@ int64_t static_bytes(const StageProgram& p) {
   return n;
 }
 
-// The stage problem: the layers' options from the frontier, the constants from the schedule.
-StageProblem stage_problem(const StageProgram& p, const std::vector<LayerOption>& options,
-                           const TrainSpec& t, const std::vector<double>& zero_cost) {
-  StageProblem sp;
-  sp.in_flight = in_flight(t.pp_schedule, p.stage, t.pp, t.microbatches);
-  sp.base = static_bytes(p);
-  for (const StageBlock& b : p.blocks) {
-    if (b.kind == BlockKind::kLayer) continue;
-    LayerOption o = evaluate_option(*b.graph, b.policy.recompute, zero_cost);
-    sp.base += sp.in_flight * o.kept_bytes;
-    sp.extra = std::max(sp.extra, o.extra_bytes());
-  }
-  std::vector<StageOption> opts;
-  for (const LayerOption& o : options) opts.push_back({o.kept_bytes, o.working_bytes, o.cost});
-  sp.layers.assign(p.num_layers(), opts);
-  return sp;
+// The options of the embedding or the head block: its Pareto frontier, led by the setup's named
+// policy (which the solver keeps on ties).
+struct EdgeOptions {
+  std::vector<LayerOption> options;
+  std::vector<std::string> names;
+};
+
+EdgeOptions edge_options(const BlockGraph& g, const TrainSpec& t, const HardwareModel& hw) {
+  std::vector<double> cost(g.ops.size());
+  for (size_t o = 0; o < g.ops.size(); ++o)
+    cost[o] = op_seconds(g, static_cast<int>(o), hw, t, false);
+  EdgeOptions e;
+  e.options.push_back(evaluate_option(g, named_policy(g, t).recompute, cost));
+  for (LayerOption& o : pareto_frontier(enumerate_options(g, cost)))
+    if (o.recompute != e.options.front().recompute) e.options.push_back(std::move(o));
+  for (const LayerOption& o : e.options) e.names.push_back(option_name(g, o.recompute));
+  return e;
 }
+
+// A stage as the solver sees it: what it holds besides the decoder layers' options.
+struct StageShape {
+  int64_t stage = 0, in_flight = 1, static_bytes = 0, layers = 0;
+  bool embedding = false, head = false;
+};
+
+// A stage's plan: the layers' choice and the option of its embedding and head blocks.
+struct StageChoice {
+  StageSolution layers;
+  int embedding = 0, head = 0;
+  double cost = std::numeric_limits<double>::infinity();  // per micro-batch, all blocks
+};
+
+class StageSolver {
+ public:
+  StageSolver(const std::vector<LayerOption>& layer, const EdgeOptions& embedding,
+              const EdgeOptions& head)
+      : embedding_(embedding), head_(head) {
+    for (const LayerOption& o : layer) layer_.push_back({o.kept_bytes, o.working_bytes, o.cost});
+  }
+
+  // The cheapest plan within `target` allocator bytes, over every option of the stage's
+  // embedding and head blocks; layers.feasible is false when none fits.
+  StageChoice cheapest(const StageShape& s, int64_t target) const {
+    StageChoice best;
+    each(s, target, [&](StageProblem& p, int e, int h) {
+      double edge = edge_cost(s, e, h);
+      if (edge >= best.cost) return;  // the layers cost something or nothing: no better
+      StageSolution sol = solve_stage(p, best.cost - edge);  // only a cheaper one is wanted
+      if (sol.feasible && sol.cost + edge < best.cost)
+        best = {std::move(sol), e, h, sol.cost + edge};
+    });
+    return best;
+  }
+
+  // The plan with the smallest model peak (for stages where nothing fits).
+  StageChoice closest(const StageShape& s) const {
+    StageChoice best;
+    each(s, std::numeric_limits<int64_t>::max() / 4, [&](StageProblem& p, int e, int h) {
+      StageSolution sol = min_peak_solution(p);
+      if (best.cost == std::numeric_limits<double>::infinity() || sol.peak < best.layers.peak)
+        best = {std::move(sol), e, h, 0.0};
+    });
+    best.cost = best.layers.cost + edge_cost(s, best.embedding, best.head);
+    return best;
+  }
+
+ private:
+  double edge_cost(const StageShape& s, int e, int h) const {
+    return (s.embedding ? embedding_.options[e].cost : 0) + (s.head ? head_.options[h].cost : 0);
+  }
+
+  // Calls f(problem, e, h) for every option pair of the stage's embedding and head, the pair
+  // with the least time first (the setup's named options first among equals).
+  template <typename F>
+  void each(const StageShape& s, int64_t target, F f) const {
+    const int ne = s.embedding ? static_cast<int>(embedding_.options.size()) : 1;
+    const int nh = s.head ? static_cast<int>(head_.options.size()) : 1;
+    std::vector<std::pair<int, int>> pairs;
+    for (int e = 0; e < ne; ++e)
+      for (int h = 0; h < nh; ++h) pairs.push_back({e, h});
+    std::stable_sort(pairs.begin(), pairs.end(), [&](auto a, auto b) {
+      return edge_cost(s, a.first, a.second) < edge_cost(s, b.first, b.second);
+    });
+    for (auto [e, h] : pairs) {
+      StageProblem p;
+      p.in_flight = s.in_flight;
+      p.base = s.static_bytes;
+      p.budget = target;
+      for (const LayerOption* o :
+           {s.embedding ? &embedding_.options[e] : nullptr, s.head ? &head_.options[h] : nullptr})
+        if (o) {
+          p.base += s.in_flight * o->kept_bytes;
+          p.extra = std::max(p.extra, o->extra_bytes());
+        }
+      p.layers.assign(s.layers, layer_);
+      f(p, e, h);
+    }
+  }
+
+  std::vector<StageOption> layer_;
+  const EdgeOptions &embedding_, &head_;
+};
 
 // The partition search: layers per stage minimising the slowest stage's time per micro-batch
 // (forward, backward and the recompute of its optimal plan), every stage within the budget.
@@ -80,38 +165,26 @@ StageProblem stage_problem(const StageProgram& p, const std::vector<LayerOption>
 std::optional<std::vector<int64_t>> search_partition(const ModelSpec& m, const TrainSpec& t,
                                                      const RuntimeAssumptions& rt, int64_t budget,
                                                      const HardwareModel& hw,
-                                                     const BlockGraph& layer,
-                                                     const std::vector<LayerOption>& options) {
-  const BlockGraph emb = build_embedding(m, t), head = build_head(m, t);
-  const std::vector<double> zc(128, 0.0);
-  const LayerOption emb_opt = evaluate_option(emb, named_policy(emb, t).recompute, zc),
-                    head_opt = evaluate_option(head, named_policy(head, t).recompute, zc);
+                                                     const StageSolver& solver) {
   auto seconds = [&](const BlockGraph& g) {
     BlockTime b = block_seconds(g, hw, t);
     return b.forward + b.backward;
   };
-  const double layer_s = seconds(layer), emb_s = seconds(emb), head_s = seconds(head);
-  std::vector<StageOption> opts;
-  for (const LayerOption& o : options) opts.push_back({o.kept_bytes, o.working_bytes, o.cost});
+  const double layer_s = seconds(build_layer(m, t)), emb_s = seconds(build_embedding(m, t)),
+               head_s = seconds(build_head(m, t));
   const StageStatics statics(m, t);
   const int64_t pp = t.pp;
   auto stage_time = [&](int64_t s, int64_t n) {
-    StageProblem sp;
-    sp.in_flight = in_flight(t.pp_schedule, s, pp, t.microbatches);
-    int64_t fixed = statics(static_cast<int>(s), static_cast<int>(n));
-    sp.base = fixed;
-    double time = static_cast<double>(n) * layer_s;
-    for (auto [on, opt, sec] :
-         {std::tuple{s == 0, &emb_opt, emb_s}, std::tuple{s == pp - 1, &head_opt, head_s}})
-      if (on) {
-        sp.base += sp.in_flight * opt->kept_bytes;
-        sp.extra = std::max(sp.extra, opt->extra_bytes());
-        time += sec;
-      }
-    sp.layers.assign(n, opts);
-    sp.budget = allocator_budget(budget, fixed, t, rt);
-    StageSolution sol = solve_stage(sp);
-    return sol.feasible ? time + sol.cost : std::numeric_limits<double>::infinity();
+    StageShape shape{s,
+                     in_flight(t.pp_schedule, s, pp, t.microbatches),
+                     statics(static_cast<int>(s), static_cast<int>(n)),
+                     n,
+                     s == 0,
+                     s == pp - 1};
+    StageChoice c = solver.cheapest(shape, allocator_budget(budget, shape.static_bytes, t, rt));
+    if (!c.layers.feasible) return std::numeric_limits<double>::infinity();
+    return static_cast<double>(n) * layer_s + (shape.embedding ? emb_s : 0) +
+           (shape.head ? head_s : 0) + c.cost;
   };
   std::vector<int64_t> n(pp, 1);
   std::vector<double> next(pp);
@@ -163,24 +236,46 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
     if (options.cache) options.cache->entries[key] = {plan.frontier, plan.option_names};
   }
   if (lock.owns_lock()) lock.unlock();
+  const EdgeOptions embedding = edge_options(build_embedding(m, t), t, hw),
+                    head = edge_options(build_head(m, t), t, hw);
+  const StageSolver solver(plan.frontier.options, embedding, head);
   if (options.search_partition && t.pp > 1 && t.stage_layers.empty())
-    if (auto counts = search_partition(m, t, rt, budget, hw, layer, plan.frontier.options))
-      t.stage_layers = *counts;
+    if (auto counts = search_partition(m, t, rt, budget, hw, solver)) t.stage_layers = *counts;
   // Start from no recompute everywhere; solve each stage; verify by simulation.
   const LayerOption& none = plan.frontier.options.front();
   plan.layer_policies.assign(m.layers, BlockPolicy{none.recompute, plan.option_names.front()});
   const TrainSpec sim = simulation_setup(t);
   TrainSpec one = sim;  // the stage constants (static bytes, blocks) do not depend on m
   one.microbatches = 1;
-  Schedule base = build_schedule(m, one, &plan.layer_policies);
-  std::vector<StageProblem> problems;
+  Schedule base = build_schedule(m, one);
+  std::vector<StageShape> shapes;
   std::vector<int64_t> target;
-  std::vector<double> zc(128, 0.0);
   for (const StageProgram& p : base.stages) {
-    problems.push_back(stage_problem(p, plan.frontier.options, t, zc));
-    target.push_back(allocator_budget(budget, static_bytes(p), t, rt));
+    StageShape shape{p.stage, in_flight(t.pp_schedule, p.stage, t.pp, t.microbatches),
+                     static_bytes(p), p.num_layers()};
+    for (const StageBlock& b : p.blocks) {
+      shape.embedding |= b.kind == BlockKind::kEmbedding;
+      shape.head |= b.kind == BlockKind::kHead;
+    }
+    shapes.push_back(shape);
+    target.push_back(allocator_budget(budget, shape.static_bytes, t, rt));
     plan.stages.push_back({p.stage, false, 0, {}});
   }
+  auto adopt = [&](size_t st, const StageChoice& c) {
+    plan.stages[st].layer_option = c.layers.choice;
+    int first = base.stages[st].first_layer();
+    for (size_t l = 0; l < c.layers.choice.size(); ++l)
+      plan.layer_policies[first + l] = {plan.frontier.options[c.layers.choice[l]].recompute,
+                                        plan.option_names[c.layers.choice[l]]};
+    if (shapes[st].embedding)
+      plan.embedding_policy =
+          BlockPolicy{embedding.options[c.embedding].recompute, embedding.names[c.embedding]};
+    if (shapes[st].head)
+      plan.head_policy = BlockPolicy{head.options[c.head].recompute, head.names[c.head]};
+  };
+  auto policies = [&] {
+    return BlockPolicies{plan.layer_policies, plan.embedding_policy, plan.head_policy};
+  };
   // Solve every stage, simulate the whole plan once, tighten the stages the simulation finds over
   // budget (by their excess) and solve those again.
   std::vector<bool> settled(base.stages.size(), false);
@@ -189,26 +284,22 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   plan.fits = true;
   for (int attempt = 0; attempt < 8; ++attempt) {
     bool any = false;
-    for (size_t st = 0; st < problems.size(); ++st) {
+    for (size_t st = 0; st < shapes.size(); ++st) {
       if (settled[st]) continue;
-      problems[st].budget = target[st];
-      StageSolution sol = solve_stage(problems[st]);
-      if (!sol.feasible) {
+      StageChoice c = solver.cheapest(shapes[st], target[st]);
+      if (!c.layers.feasible) {
         settled[st] = true;
         continue;
       }
       any = true;
-      plan.stages[st].layer_option = sol.choice;
-      int first = base.stages[st].first_layer();
-      for (size_t l = 0; l < sol.choice.size(); ++l)
-        plan.layer_policies[first + l] = {plan.frontier.options[sol.choice[l]].recompute,
-                                          plan.option_names[sol.choice[l]]};
+      adopt(st, c);
     }
     if (!any) break;
-    verified = build_schedule(m, sim, &plan.layer_policies, /*peak_only=*/true);
+    BlockPolicies pol = policies();
+    verified = build_schedule(m, sim, &pol, /*peak_only=*/true);
     Estimate e = estimate_schedule(*verified, rt, {.budget = budget, .suggestions = false});
     bool again = false;
-    for (size_t st = 0; st < problems.size(); ++st) {
+    for (size_t st = 0; st < shapes.size(); ++st) {
       if (settled[st]) continue;
       int64_t over = e.stages[st].peak_bytes - budget;
       if (over <= 0) {
@@ -220,31 +311,25 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
     }
     if (!again) break;
   }
-  for (size_t st = 0; st < problems.size(); ++st) {
+  for (size_t st = 0; st < shapes.size(); ++st) {
     if (plan.stages[st].feasible) continue;
     plan.fits = false;
     if (!options.closest_when_infeasible) continue;
-    problems[st].budget = budget;
-    StageSolution closest = min_peak_solution(problems[st]);  // show the plan that gets closest
-    int64_t least = closest.peak;
-    int first = base.stages[st].first_layer();
+    StageChoice closest = solver.closest(shapes[st]);  // show the plan that gets closest
+    int64_t least = closest.layers.peak;
     changed_after_verify = true;
-    for (size_t l = 0; l < closest.choice.size(); ++l)
-      plan.layer_policies[first + l] = {plan.frontier.options[closest.choice[l]].recompute,
-                                        plan.option_names[closest.choice[l]]};
-    plan.stages[st].layer_option = closest.choice;
+    adopt(st, closest);
     plan.stages[st].min_peak =
         least + fixed_overheads(t, rt) +
         static_cast<int64_t>(rt.allocator_slack *
-                             static_cast<double>(least - static_bytes(base.stages[st])));
-    plan.fits = false;
+                             static_cast<double>(least - shapes[st].static_bytes));
   }
   // The verified schedule replays only what the peaks need; a full one is built for executors.
   bool reuse = verified && !changed_after_verify && !options.full_schedule;
-  plan.schedule = reuse ? std::move(*verified)
-                  : options.full_schedule
-                      ? build_schedule(m, t, &plan.layer_policies)
-                      : build_schedule(m, sim, &plan.layer_policies, /*peak_only=*/true);
+  BlockPolicies pol = policies();
+  plan.schedule = reuse                   ? std::move(*verified)
+                  : options.full_schedule ? build_schedule(m, t, &pol)
+                                          : build_schedule(m, sim, &pol, /*peak_only=*/true);
   plan.estimate = estimate_schedule(plan.schedule, rt, {.budget = budget, .suggestions = false});
   plan.estimate.setup = t;
   plan.fits = plan.fits && plan.estimate.fits;
@@ -264,12 +349,13 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
     (r == Recompute::kNone ? plan.peak_none : plan.peak_full) =
         estimate_schedule(s, rt, {.suggestions = false}).peak_bytes;
   }
-  for (int l = 0; l < m.layers; ++l)
-    for (size_t o = 0; o < layer.ops.size(); ++o)
-      if (layer.ops[o].kind == OpKind::kAllGather) {
-        ++plan.gathers;
-        plan.regathered += plan.layer_policies[l].recompute[o];
-      }
+  for (const StageProgram& p : plan.schedule.stages)  // every block's all-gathers
+    for (const StageBlock& b : p.blocks)
+      for (size_t o = 0; o < b.graph->ops.size(); ++o)
+        if (b.graph->ops[o].kind == OpKind::kAllGather) {
+          ++plan.gathers;
+          plan.regathered += b.policy.recompute[o];
+        }
   return plan;
 }
 

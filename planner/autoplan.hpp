@@ -28,13 +28,14 @@ struct AutoPlan {
   LayerFrontier frontier;                   // of the decoder-layer graph
   std::vector<std::string> option_names;    // per frontier option: "none", "full", "custom (...)"
   std::vector<BlockPolicy> layer_policies;  // per global layer, the chosen option's mask
+  std::optional<BlockPolicy> embedding_policy, head_policy;  // the chosen options of those blocks
   std::vector<StagePlan> stages;
   Schedule schedule;                             // built with layer_policies
   Estimate estimate;                             // of that schedule
   StepTime time;                                 // of that schedule
   std::optional<StepTime> time_none, time_full;  // uniform nanotron settings, for comparison
   std::optional<int64_t> peak_none, peak_full;   // their peaks (bytes, with overheads)
-  int64_t regathered = 0, gathers = 0;  // all-gathers re-done in backward, of all in the layers
+  int64_t regathered = 0, gathers = 0;  // all-gathers re-done in backward, of all in the blocks
 };
 
 // Layer frontiers by graph shape, reused across the setups of one model that share one (a sweep);

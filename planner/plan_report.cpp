@@ -143,6 +143,8 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
     const StageProgram& s = p.schedule.stages[i];
     const StagePlan& sp = p.stages[i];
     out += "  stage " + std::to_string(s.stage) + ": " + compress(p, s);
+    for (const StageBlock& b : s.blocks)
+      if (b.kind == BlockKind::kHead) out += "; LM head " + b.policy.name;
     out += sp.feasible ? "; peak " + format_binary(p.estimate.stages[i].peak_bytes) + "\n"
                        : "; DOES NOT FIT: the smallest achievable peak is " +
                              format_binary(sp.min_peak) + " (" + format_gb(sp.min_peak) + ")\n";
@@ -216,6 +218,9 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
                          {"feasible", p.stages[i].feasible},
                          {"num_layers", s.num_layers()},
                          {"layers", layers}};
+    for (const StageBlock& b : s.blocks)
+      if (b.kind != BlockKind::kLayer)
+        st[b.kind == BlockKind::kHead ? "head_option" : "embedding_option"] = b.policy.name;
     if (!p.stages[i].feasible) st["min_peak_bytes"] = p.stages[i].min_peak;
     stages.push_back(st);
   }

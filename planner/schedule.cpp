@@ -101,7 +101,7 @@ class ProgramBuilder {
  public:
   ProgramBuilder(const ModelSpec& m, const TrainSpec& t, int stage, int first_layer, int layers,
                  std::shared_ptr<const BlockGraph> emb, std::shared_ptr<const BlockGraph> layer,
-                 std::shared_ptr<const BlockGraph> head, const std::vector<BlockPolicy>* policies,
+                 std::shared_ptr<const BlockGraph> head, const BlockPolicies* policies,
                  int64_t microbatches)
       : m_(m), t_(t), policies_(policies), microbatches_(microbatches) {
     p_.stage = stage;
@@ -133,7 +133,10 @@ class ProgramBuilder {
  private:
   void add_block(BlockKind kind, int layer, std::shared_ptr<const BlockGraph> g) {
     StageBlock b{kind, layer, g, named_policy(*g, t_), {}};
-    if (kind == BlockKind::kLayer && policies_) b.policy = policies_->at(layer);
+    if (policies_ && kind == BlockKind::kLayer) b.policy = policies_->layers.at(layer);
+    if (policies_ && kind == BlockKind::kEmbedding && policies_->embedding)
+      b.policy = *policies_->embedding;
+    if (policies_ && kind == BlockKind::kHead && policies_->head) b.policy = *policies_->head;
     b.saved = saved_set(*g, b.policy);
     p_.blocks.push_back(std::move(b));
   }
@@ -200,7 +203,7 @@ class ProgramBuilder {
 
   const ModelSpec& m_;
   const TrainSpec& t_;
-  const std::vector<BlockPolicy>* policies_;
+  const BlockPolicies* policies_;
   const int64_t microbatches_;  // replayed by this stage
   StageProgram p_;
   std::vector<std::vector<int32_t>> values_;  // [mb][block] -> graph tensor -> instance
@@ -446,8 +449,8 @@ int64_t StageStatics::operator()(int stage, int layers) const {
   return ProgramBuilder(m_, t_, stage, 0, layers, emb_, layer_, head_, nullptr, 0).static_bytes();
 }
 
-Schedule build_schedule(const ModelSpec& m, const TrainSpec& t,
-                        const std::vector<BlockPolicy>* layer_policies, bool peak_only) {
+Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolicies* policies,
+                        bool peak_only) {
   auto emb = std::make_shared<const BlockGraph>(build_embedding(m, t));
   auto layer = std::make_shared<const BlockGraph>(build_layer(m, t));
   auto head = std::make_shared<const BlockGraph>(build_head(m, t));
@@ -458,7 +461,7 @@ Schedule build_schedule(const ModelSpec& m, const TrainSpec& t,
     int64_t mbs = t.microbatches;
     if (peak_only && t.pp_schedule == PpSchedule::k1F1B) mbs = std::min(mbs, t.pp - stage + 1);
     ProgramBuilder pb(m, t, stage, first, static_cast<int>(counts[stage]), emb, layer, head,
-                      layer_policies, mbs);
+                      policies, mbs);
     s.stages.push_back(pb.build());
     first += static_cast<int>(counts[stage]);
   }

@@ -130,14 +130,20 @@ class StageStatics {
   std::shared_ptr<const BlockGraph> emb_, layer_, head_;
 };
 
-// Builds every stage's program. Decoder layers take their policy from `layer_policies` (indexed by
-// global layer) when given, else the setup's named policy. The setup must be valid.
+// Policies chosen block by block (the auto planner's plan): one per decoder layer, by global
+// index; the embedding's and the head's when chosen too (else the setup's named policy).
+struct BlockPolicies {
+  std::vector<BlockPolicy> layers;
+  std::optional<BlockPolicy> embedding, head;
+};
+
+// Builds every stage's program. Blocks take their policy from `policies` when given, else the
+// setup's named policy. The setup must be valid.
 // `peak_only`: under 1F1B, stage s replays only min(m, pp - s + 1) micro-batches (its warm-up
 // plus two steady-state pairs; its peak repeats after that). The stages then no longer exchange
 // the same micro-batches, so such a schedule is for simulation only, never for an executor.
 Schedule build_schedule(const ModelSpec& m, const TrainSpec& t,
-                        const std::vector<BlockPolicy>* layer_policies = nullptr,
-                        bool peak_only = false);
+                        const BlockPolicies* policies = nullptr, bool peak_only = false);
 
 // Well-formedness: every tensor is allocated before it is read, every recompute's inputs are
 // live, every backward reads only kept or recomputed tensors, every non-static tensor is freed

@@ -202,14 +202,23 @@ class GroupProgramme {
   }
 
   // `hint`: a feasible choice of this stage known in advance (a tighter bound than the seed's).
-  StageSolution solve(const StageSolution* hint = nullptr) {
+  // `below`: only a choice costing less than it is wanted (the result is infeasible otherwise).
+  StageSolution solve(const StageSolution* hint, double below) {
+    StageSolution sol = solve(hint, below, 0);
+    return sol.feasible && sol.cost < below ? sol : StageSolution{};
+  }
+
+ private:
+  StageSolution solve(const StageSolution* hint, double below, int) {
+    const int64_t room = p_.budget - p_.base;
+    if (p_.extra > room) return {};
+    if (lower(0, static_cast<size_t>(L_), 0, kNone, room) >= below) return {};  // none cheaper
     seed();
     if (hint && hint->feasible && (!best_.feasible || hint->cost < best_.cost)) {
       best_ = *hint;
       upper_ = hint->cost;
     }
-    const int64_t room = p_.budget - p_.base;
-    if (p_.extra > room) return {};
+    upper_ = std::min(upper_, below);
     std::vector<std::vector<State>> stair(L_ + 1);
     stair[0].push_back({0, kNone, 0.0, -1});
     std::vector<State> shifted, merged;
@@ -261,7 +270,6 @@ class GroupProgramme {
     return !best_.feasible || sol.cost <= best_.cost ? sol : best_;
   }
 
- private:
   static constexpr int64_t kNone = std::numeric_limits<int64_t>::min() / 4;  // M of no layer
   struct State {
     int64_t p, m;
@@ -386,13 +394,16 @@ class GroupProgramme {
 
 }  // namespace
 
-StageSolution solve_stage(const StageProblem& p) {
-  if (!uniform(p)) return solve_stage_programme(p);
+StageSolution solve_stage(const StageProblem& p, double below) {
+  if (!uniform(p)) {
+    StageSolution sol = solve_stage_programme(p);
+    return sol.feasible && sol.cost < below ? sol : StageSolution{};
+  }
   // With many options, the vertices of the (kept, cost) envelope alone give a choice whose cost
   // is usually within a hair of the optimum: a tight bound for the search over all options.
   const std::vector<StageOption>& all = p.layers.front();
   std::vector<std::pair<double, double>> hull = envelope(all);
-  if (all.size() <= 8 || hull.size() >= all.size()) return GroupProgramme(p).solve();
+  if (all.size() <= 8 || hull.size() >= all.size()) return GroupProgramme(p).solve(nullptr, below);
   StageProblem few = p;
   std::vector<int> index;  // option of `p` behind each option of `few`
   few.layers.front().clear();
@@ -407,9 +418,9 @@ StageSolution solve_stage(const StageProblem& p) {
       index.push_back(static_cast<int>(o));
     }
   few.layers.assign(p.layers.size(), few.layers.front());
-  StageSolution hint = GroupProgramme(few).solve();
+  StageSolution hint = GroupProgramme(few).solve(nullptr, below);
   for (int& c : hint.choice) c = index[c];
-  return GroupProgramme(p).solve(&hint);
+  return GroupProgramme(p).solve(&hint, below);
 }
 
 StageSolution brute_force_stage(const StageProblem& p) {

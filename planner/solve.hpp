@@ -12,6 +12,7 @@
 // non-layer kept bytes; `extra` covers the embedding and head working sets.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "planner/frontier.hpp"
@@ -39,7 +40,10 @@ struct StageSolution {
 };
 
 int64_t model_peak(const StageProblem& p, const std::vector<int>& choice);
-StageSolution solve_stage(const StageProblem& p);
+// The cheapest choice within the budget. With `below`, only a choice costing less than it is
+// wanted: the result is infeasible when there is none (a caller's bound that prunes the search).
+StageSolution solve_stage(const StageProblem& p,
+                          double below = std::numeric_limits<double>::infinity());
 // The general programme over layers, for any stage. solve_stage uses it for stages whose layers
 // differ and a faster exact programme over option groups for the others; tests compare the two.
 StageSolution solve_stage_programme(const StageProblem& p);

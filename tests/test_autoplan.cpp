@@ -28,6 +28,13 @@ TrainSpec setup8b() {
 
 // Budgets from below the leanest plan to above no recompute: every plan that fits peaks within
 // its budget (by the schedule simulation), and the step time never grows with the budget.
+// Recomputation changes no number: the first loss and every gradient, bit for bit.
+void expect_bitwise_equal(const exec::RunResult& ref, const exec::RunResult& run) {
+  EXPECT_EQ(std::memcmp(&ref.losses[0], &run.losses[0], sizeof(double)), 0);
+  for (const auto& [key, g] : ref.grads)
+    EXPECT_EQ(std::memcmp(g.data(), run.grads.at(key).data(), g.size() * sizeof(float)), 0) << key;
+}
+
 TEST(AutoPlan, WithinBudgetAndMonotone) {
   ModelSpec m = testing::model("llama-3.1-8b");
   TrainSpec t = setup8b();
@@ -130,9 +137,65 @@ TEST(AutoPlan, ExecutorRunsAMixedPlan) {
   auto ref = exec::run_schedule(
       build_schedule(sc->model, none), [] { return exec::make_cpu_backend(); }, o);
   ASSERT_TRUE(ref.ok());
-  EXPECT_EQ(std::memcmp(&ref->losses[0], &run->losses[0], sizeof(double)), 0);
-  for (const auto& [key, g] : ref->grads)
-    EXPECT_EQ(std::memcmp(g.data(), run->grads.at(key).data(), g.size() * sizeof(float)), 0) << key;
+  expect_bitwise_equal(*ref, *run);
+}
+
+// The LM head's options are planned with the layers: under AFAB the last stage keeps the head's
+// saved tensors (logits-sized with a 128k vocabulary) for every micro-batch, and at tight budgets
+// the plan re-runs part of the head instead of more of the layers. Every plan stays within its
+// budget and its step time never grows with the budget.
+TEST(AutoPlan, PlansTheHeadToo) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = setup8b();
+  t.pp_schedule = PpSchedule::kAfab, t.microbatches = 8;
+  AutoPlan loose = auto_plan(m, t, {}, 1'000'000'000'000, default_hardware());
+  ASSERT_TRUE(loose.head_policy);
+  EXPECT_EQ(loose.head_policy->name, "none");  // room for everything: nothing re-done
+  int64_t lo = *loose.peak_full, hi = *loose.peak_none;
+  std::set<std::string> heads;
+  double last = std::numeric_limits<double>::infinity();
+  for (int64_t b = lo; b <= hi; b += (hi - lo) / 16) {
+    AutoPlan p = auto_plan(m, t, {}, b, default_hardware(), {.compare_uniform = false});
+    if (!p.fits) continue;
+    EXPECT_LE(p.estimate.peak_bytes, b);
+    EXPECT_LE(p.time.seconds, last * (1 + 1e-12)) << "budget " << b;
+    last = p.time.seconds;
+    const StageProgram& lastst = p.schedule.stages.back();
+    EXPECT_EQ(lastst.blocks.back().kind, BlockKind::kHead);
+    EXPECT_EQ(lastst.blocks.back().policy.name, p.head_policy->name);
+    heads.insert(p.head_policy->name);
+  }
+  EXPECT_GE(heads.size(), 2u) << "tight budgets should re-run part of the head";
+}
+
+// A head that re-runs its ops (norm, all-gather, LM head matmul, loss) runs on the CPU executor
+// with predicted = measured and the same numbers as keeping everything.
+TEST(AutoPlan, ExecutorRunsARecomputedHead) {
+  auto sc = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/tiny-llama.toml",
+                          testing::catalog());
+  ASSERT_TRUE(sc.ok()) << sc.error().message;
+  TrainSpec t = sc->base;
+  t.tp = 2, t.sp = true, t.pp = 2, t.tp_recompute_allgather = false;
+  BlockGraph head = build_head(sc->model, t);
+  std::vector<LayerOption> options =
+      pareto_frontier(enumerate_options(head, std::vector<double>(head.ops.size(), 1.0)));
+  const LayerOption& leanest = options.back();  // sorted by kept bytes, largest first
+  BlockPolicies pol;
+  pol.layers.assign(sc->model.layers, named_policy(build_layer(sc->model, t), t));
+  pol.head = BlockPolicy{leanest.recompute, "leanest"};
+  Schedule s = build_schedule(sc->model, t, &pol);
+  ASSERT_EQ(s.stages.back().blocks.back().policy.name, "leanest");
+  exec::RunOptions o;
+  o.capture_grads = true;
+  auto run = exec::run_schedule(
+      s, [] { return exec::make_cpu_backend(); }, o);
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  exec::RunComparison c = exec::compare(s, *run, "head");
+  EXPECT_TRUE(c.all_equal) << exec::comparison_table(c);
+  auto ref = exec::run_schedule(
+      build_schedule(sc->model, t), [] { return exec::make_cpu_backend(); }, o);
+  ASSERT_TRUE(ref.ok());
+  expect_bitwise_equal(*ref, *run);
 }
 
 // The slowest stage's time per micro-batch (forward, backward, recompute): what a partition sets.

@@ -150,6 +150,28 @@ TEST(Solver, GroupProgrammeMatchesExhaustiveSearchAndTheGeneralProgramme) {
   for (int f = 1; f <= 4; ++f) EXPECT_GT(by_flight[f], 15) << f << " in flight";
 }
 
+// With a bound, the solver returns only a cheaper choice: none at the optimum's cost, the optimum
+// just above it (integer costs: 0.5 above is strictly between the optimum and the next cost).
+TEST(Solver, BelowABound) {
+  std::mt19937_64 rng(808);
+  int checked = 0;
+  for (int i = 0; i < 400; ++i) {
+    StageProblem p = random_problem(rng);
+    if (i % 2) p.layers.assign(std::uniform_int_distribution<int>(1, 8)(rng), p.layers.front());
+    StageSolution best = solve_stage(p);
+    if (!best.feasible) {
+      EXPECT_FALSE(solve_stage(p, 1e9).feasible);
+      continue;
+    }
+    ++checked;
+    EXPECT_FALSE(solve_stage(p, best.cost).feasible) << "instance " << i;
+    StageSolution above = solve_stage(p, best.cost + 0.5);
+    ASSERT_TRUE(above.feasible) << "instance " << i;
+    EXPECT_EQ(above.cost, best.cost);
+  }
+  EXPECT_GT(checked, 100);
+}
+
 TEST(Solver, LargerBudgetNeverSlower) {
   std::mt19937_64 rng(7);
   for (int i = 0; i < 300; ++i) {
