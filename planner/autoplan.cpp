@@ -44,13 +44,6 @@ int64_t allocator_budget(int64_t budget, int64_t static_bytes, const TrainSpec& 
   return static_bytes + static_cast<int64_t>(std::floor(room / (1.0 + rt.allocator_slack)));
 }
 
-int64_t static_bytes(const StageProgram& p) {
-  int64_t n = 0;
-  for (const ScheduleTensor& x : p.tensors)
-    if (x.kind == ValueKind::kStatic) n += x.bytes;
-  return n;
-}
-
 // The options of the embedding or the head block: its Pareto frontier, led by the setup's named
 // policy (which the solver keeps on ties).
 struct EdgeOptions {
@@ -245,25 +238,25 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   const LayerOption& none = plan.frontier.options.front();
   plan.layer_policies.assign(m.layers, BlockPolicy{none.recompute, plan.option_names.front()});
   const TrainSpec sim = simulation_setup(t);
-  TrainSpec one = sim;  // the stage constants (static bytes, blocks) do not depend on m
-  one.microbatches = 1;
-  Schedule base = build_schedule(m, one);
+  const std::vector<int64_t> counts = partition_layers(m, t);
+  const StageStatics statics(m, t);
   std::vector<StageShape> shapes;
-  std::vector<int64_t> target;
-  for (const StageProgram& p : base.stages) {
-    StageShape shape{p.stage, in_flight(t.pp_schedule, p.stage, t.pp, t.microbatches),
-                     static_bytes(p), p.num_layers()};
-    for (const StageBlock& b : p.blocks) {
-      shape.embedding |= b.kind == BlockKind::kEmbedding;
-      shape.head |= b.kind == BlockKind::kHead;
-    }
+  std::vector<int64_t> target, first_layer;
+  for (int64_t s = 0, first = 0; s < t.pp; first += counts[s++]) {
+    StageShape shape{s,
+                     in_flight(t.pp_schedule, s, t.pp, t.microbatches),
+                     statics(static_cast<int>(s), static_cast<int>(counts[s])),
+                     counts[s],
+                     s == 0,
+                     s == t.pp - 1};
     shapes.push_back(shape);
+    first_layer.push_back(first);
     target.push_back(allocator_budget(budget, shape.static_bytes, t, rt));
-    plan.stages.push_back({p.stage, false, 0, {}});
+    plan.stages.push_back({static_cast<int>(s), false, 0, {}});
   }
   auto adopt = [&](size_t st, const StageChoice& c) {
     plan.stages[st].layer_option = c.layers.choice;
-    int first = base.stages[st].first_layer();
+    const int64_t first = first_layer[st];
     for (size_t l = 0; l < c.layers.choice.size(); ++l)
       plan.layer_policies[first + l] = {plan.frontier.options[c.layers.choice[l]].recompute,
                                         plan.option_names[c.layers.choice[l]]};
@@ -278,7 +271,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   };
   // Solve every stage, simulate the whole plan once, tighten the stages the simulation finds over
   // budget (by their excess) and solve those again.
-  std::vector<bool> settled(base.stages.size(), false);
+  std::vector<bool> settled(shapes.size(), false);
   std::optional<Schedule> verified;  // the last schedule simulated, of the current policies
   bool changed_after_verify = false;
   plan.fits = true;

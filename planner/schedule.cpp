@@ -120,7 +120,11 @@ class ProgramBuilder {
 
   StageProgram build() {
     emit_statics();
-    values_.assign(microbatches_ * p_.blocks.size(), {});
+    // One slot per graph tensor of every block, per micro-batch in flight.
+    value_offset_.assign(1, 0);
+    for (const StageBlock& b : p_.blocks)
+      value_offset_.push_back(value_offset_.back() + static_cast<int32_t>(b.graph->tensors.size()));
+    values_.assign(static_cast<size_t>(microbatches_) * value_offset_.back(), -1);
     for (auto [forward, mb] : pipeline_order(t_.pp_schedule, p_.stage, t_.pp, microbatches_))
       forward ? forward_pass(mb) : backward_pass(mb);
     begin(InstrKind::kOptimizerStep);
@@ -179,7 +183,11 @@ class ProgramBuilder {
   int32_t gather_params(int b, int mb);
   void insert_frees();
 
-  std::vector<int32_t>& values(int b, int mb) { return values_[mb * p_.blocks.size() + b]; }
+  // The instances of block b's graph tensors for micro-batch mb (-1: none yet).
+  std::span<int32_t> values(int b, int mb) {
+    return {values_.data() + static_cast<size_t>(mb) * value_offset_.back() + value_offset_[b],
+            static_cast<size_t>(value_offset_[b + 1] - value_offset_[b])};
+  }
 
   // Forward or backward workspace sizes per op of a block's graph, from the op table (cached).
   const std::vector<std::vector<int64_t>>& workspace_bytes(int b, bool forward) {
@@ -206,8 +214,9 @@ class ProgramBuilder {
   const BlockPolicies* policies_;
   const int64_t microbatches_;  // replayed by this stage
   StageProgram p_;
-  std::vector<std::vector<int32_t>> values_;  // [mb][block] -> graph tensor -> instance
-  std::vector<int64_t> block_weight_bytes_;   // per block: this rank's unsharded weight bytes
+  std::vector<int32_t> values_, value_offset_;  // see values()
+  std::vector<int32_t> grads_;                  // backward_block's gradient instances
+  std::vector<int64_t> block_weight_bytes_;     // per block: this rank's unsharded weight bytes
   std::vector<std::pair<std::pair<const BlockGraph*, bool>, std::vector<std::vector<int64_t>>>>
       workspace_cache_;
 };
@@ -287,8 +296,7 @@ int32_t ProgramBuilder::gather_params(int b, int mb) {
 int32_t ProgramBuilder::forward_block(int b, int mb, int32_t x) {
   const StageBlock& blk = p_.blocks[b];
   const BlockGraph& g = *blk.graph;
-  std::vector<int32_t>& v = values(b, mb);
-  v.assign(g.tensors.size(), -1);
+  std::span<int32_t> v = values(b, mb);
   int32_t gathered = gather_params(b, mb);
   for (int input : g.inputs) {
     if (input == g.hidden_in) {
@@ -310,7 +318,7 @@ int32_t ProgramBuilder::forward_block(int b, int mb, int32_t x) {
 void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_recomputed) {
   const StageBlock& blk = p_.blocks[b];
   const BlockGraph& g = *blk.graph;
-  std::vector<int32_t>& v = values(b, mb);
+  std::span<int32_t> v = values(b, mb);
   bool recompute = kind == InstrKind::kRecompute;
   for (size_t o = 0; o < g.ops.size(); ++o) {
     if (only_recomputed && !blk.policy.recompute[o]) continue;
@@ -345,14 +353,14 @@ void ProgramBuilder::backward_pass(int mb) {
     begin(InstrKind::kSend, 0, -1, mb);
     read(grad);
   }
-  for (size_t b = 0; b < p_.blocks.size(); ++b) values(b, mb) = {};
 }
 
 int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
   const StageBlock& blk = p_.blocks[b];
   const BlockGraph& g = *blk.graph;
-  std::vector<int32_t>& v = values(b, mb);
-  std::vector<int32_t> grads(g.tensors.size(), -1);
+  std::span<int32_t> v = values(b, mb);
+  std::vector<int32_t>& grads = grads_;
+  grads.assign(g.tensors.size(), -1);
   if (g.hidden_out >= 0) grads[g.hidden_out] = grad_out;
   int32_t gathered = gather_params(b, mb);
   run_ops_forward(b, mb, InstrKind::kRecompute, true);
