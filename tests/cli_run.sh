@@ -48,6 +48,17 @@ PY
 "$NP" run "${SETUP[@]}" --recompute selective --attention eager >"$TMP/out2" 2>&1; rc=$?
 check "run --model plans in-process" '[ $rc -eq 0 ] && grep -q "predicted = measured" "$TMP/out2"'
 
+# Layers per stage: given counts reach the plan file and the executor; auto plans and runs.
+sed 's/num_layers = 2/num_layers = 6/' "$TMP/tiny.toml" >"$TMP/tiny6.toml"
+SPLIT=(--model "$TMP/tiny6.toml" --tp 2 --pp 3 --seq-len 8 --micro-batch 2 --microbatches 3 --pp-schedule 1f1b)
+"$NP" plan "${SPLIT[@]}" --partition 3,2,1 -o "$TMP/split.json" 2>/dev/null
+check "plan --partition 3,2,1 records the split" \
+  'python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j[\"setup\"][\"stage_layers\"] == [3, 2, 1]" "$TMP/split.json"'
+"$NP" run "$TMP/split.json" >"$TMP/out7" 2>&1; rc=$?
+check "run an uneven split: predicted = measured" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/out7"'
+"$NP" run "${SPLIT[@]}" --budget 1GiB --partition auto >"$TMP/out8" 2>&1; rc=$?
+check "run --partition auto with a budget" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/out8"'
+
 "$NP" run --scenario "$ROOT/scenarios/tiny-moe.toml" >"$TMP/out3" 2>&1; rc=$?
 check "run --scenario passes its matrix" '[ $rc -eq 0 ] && grep -q "0 of [0-9]* setups failed" "$TMP/out3"'
 
