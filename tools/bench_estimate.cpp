@@ -85,12 +85,17 @@ int main() {
   struct Sweep {
     const char* model;
     int64_t gpus;
+    bool partition;  // --partition auto
   };
-  const Sweep sweeps[] = {{"llama-3.1-70b", 64}, {"llama-3.1-405b", 256}, {"mixtral-8x7b", 16}};
-  std::printf("\n%-16s %6s %8s %10s\n", "sweep", "gpus", "setups", "setups/s");
+  const Sweep sweeps[] = {{"llama-3.1-70b", 64, false},
+                          {"llama-3.1-405b", 256, false},
+                          {"mixtral-8x7b", 16, false},
+                          {"llama-3.1-70b", 64, true}};
+  std::printf("\n%-16s %6s %10s %8s %10s\n", "sweep", "gpus", "partition", "setups", "setups/s");
   for (const Sweep& c : sweeps) {
     np::SweepOptions o;
     o.gpus = c.gpus, o.budget = 80'000'000'000, o.hw = np::default_hardware();
+    o.search_partition = c.partition;
     o.base.pp_schedule = np::PpSchedule::k1F1B;
     o.base.recompute = np::Recompute::kAuto;
     std::vector<double> rate;
@@ -101,7 +106,8 @@ int main() {
       rate.push_back(static_cast<double>(r.evaluated) / r.seconds);
     }
     std::sort(rate.begin(), rate.end());
-    std::printf("%-16s %6lld %8zu %10.0f\n", c.model, (long long)c.gpus, n, rate[rate.size() / 2]);
+    std::printf("%-16s %6lld %10s %8zu %10.0f\n", c.model, (long long)c.gpus,
+                c.partition ? "auto" : "balanced", n, rate[rate.size() / 2]);
   }
   return 0;
 }
