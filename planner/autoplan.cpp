@@ -232,8 +232,12 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   const EdgeOptions embedding = edge_options(build_embedding(m, t), t, hw),
                     head = edge_options(build_head(m, t), t, hw);
   const StageSolver solver(plan.frontier.options, embedding, head);
+  bool searched = false;
   if (options.search_partition && t.pp > 1 && t.stage_layers.empty())
-    if (auto counts = search_partition(m, t, rt, budget, hw, solver)) t.stage_layers = *counts;
+    if (auto counts = search_partition(m, t, rt, budget, hw, solver)) {
+      t.stage_layers = *counts;
+      searched = true;
+    }
   // Start from no recompute everywhere; solve each stage; verify by simulation.
   const LayerOption& none = plan.frontier.options.front();
   plan.layer_policies.assign(m.layers, BlockPolicy{none.recompute, plan.option_names.front()});
@@ -316,6 +320,11 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
         least + fixed_overheads(t, rt) +
         static_cast<int64_t>(rt.allocator_slack *
                              static_cast<double>(least - shapes[st].static_bytes));
+  }
+  if (searched && !plan.fits) {  // the simulation refused the searched split: the balanced one
+    AutoPlanOptions balanced = options;
+    balanced.search_partition = false;
+    return auto_plan(m, setup, rt, budget, hw, balanced);
   }
   // The verified schedule replays only what the peaks need; a full one is built for executors.
   bool reuse = verified && !changed_after_verify && !options.full_schedule;
