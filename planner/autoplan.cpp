@@ -321,11 +321,6 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
         static_cast<int64_t>(rt.allocator_slack *
                              static_cast<double>(least - shapes[st].static_bytes));
   }
-  if (searched && !plan.fits) {  // the simulation refused the searched split: the balanced one
-    AutoPlanOptions balanced = options;
-    balanced.search_partition = false;
-    return auto_plan(m, setup, rt, budget, hw, balanced);
-  }
   // The verified schedule replays only what the peaks need; a full one is built for executors.
   bool reuse = verified && !changed_after_verify && !options.full_schedule;
   BlockPolicies pol = policies();
@@ -350,6 +345,18 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
     (r == Recompute::kNone ? plan.time_none : plan.time_full) = step_time(s, hw);
     (r == Recompute::kNone ? plan.peak_none : plan.peak_full) =
         estimate_schedule(s, rt, {.suggestions = false}).peak_bytes;
+  }
+  if (searched) {
+    // The search compares splits by the slowest stage's time per micro-batch; the step time also
+    // counts the optimizer and gradient traffic of the heaviest stage, and the simulation may
+    // have tightened budgets. Keep the searched split only if the whole plan is faster, or fits
+    // where the balanced one does not.
+    AutoPlanOptions without = options;
+    without.search_partition = false;
+    AutoPlan balanced = auto_plan(m, setup, rt, budget, hw, without);
+    if (!plan.fits || (balanced.fits && balanced.time.seconds <= plan.time.seconds))
+      return balanced;
+    plan.partition_searched = true;
   }
   for (const StageProgram& p : plan.schedule.stages)  // every block's all-gathers
     for (const StageBlock& b : p.blocks)

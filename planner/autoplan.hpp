@@ -36,6 +36,7 @@ struct AutoPlan {
   std::optional<StepTime> time_none, time_full;  // uniform nanotron settings, for comparison
   std::optional<int64_t> peak_none, peak_full;   // their peaks (bytes, with overheads)
   int64_t regathered = 0, gathers = 0;  // all-gathers re-done in backward, of all in the blocks
+  bool partition_searched = false;      // schedule.setup.stage_layers came from --partition auto
 };
 
 // Layer frontiers by graph shape, reused across the setups of one model that share one (a sweep);

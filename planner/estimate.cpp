@@ -84,6 +84,7 @@ std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
   for (int64_t pp = t.pp * 2; pp <= m.layers; pp *= 2) {
     TrainSpec c = t;
     c.pp = pp;
+    c.stage_layers.clear();  // counts for the old pp no longer apply: balanced
     if (c.pp_schedule == PpSchedule::k1F1B) c.microbatches = std::max(c.microbatches, pp - 1);
     c.zero = std::min(c.zero, 1);
     if (try_setup(

@@ -155,9 +155,12 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
   if (!p.schedule.setup.stage_layers.empty()) {
     TrainSpec balanced = p.schedule.setup;
     balanced.stage_layers.clear();
-    out += "  layers per stage " + join(p.schedule.setup.stage_layers) +
-           " (--partition auto: the split whose slowest stage is fastest; balanced by FLOPs: " +
-           join(partition_layers(p.schedule.model, balanced)) + ")\n";
+    out +=
+        "  layers per stage " + join(p.schedule.setup.stage_layers) +
+        (p.partition_searched
+             ? " (--partition auto: the split whose slowest stage is fastest; balanced by FLOPs: "
+             : " (--partition; balanced by FLOPs: ") +
+        join(partition_layers(p.schedule.model, balanced)) + ")\n";
   }
   double overhead = p.time.seconds > 0 ? p.time.recompute_seconds / p.time.seconds : 0;
   out += "\npredicted step time " + fmt("%.3f s", p.time.seconds) +

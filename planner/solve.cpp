@@ -10,6 +10,7 @@
 #include "planner/solve.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 
@@ -114,9 +115,10 @@ double envelope_lower(const std::vector<std::pair<double, double>>& hull, size_t
   double x = cap / static_cast<double>(r);
   if (x < hull.front().first) return std::numeric_limits<double>::infinity();
   if (x >= hull.back().first) return static_cast<double>(r) * hull.back().second;
+  // The first vertex right of x: never the first one, since hull.front().first <= x.
   size_t i = static_cast<size_t>(
-      std::lower_bound(hull.begin(), hull.end(), x,
-                       [](const std::pair<double, double>& h, double v) { return h.first < v; }) -
+      std::upper_bound(hull.begin(), hull.end(), x,
+                       [](double v, const std::pair<double, double>& h) { return v < h.first; }) -
       hull.begin());
   auto [x0, y0] = hull[i - 1];
   auto [x1, y1] = hull[i];
@@ -236,7 +238,8 @@ class GroupProgramme {
             continue;
           }
           double cost = s.cost + o.cost, limit = upper_ * (1 + 1e-12);
-          if (cost + lower(g, rest, P, f_ == 1 ? kNone : M, room, limit - cost) > limit) continue;
+          double lb = lower(g, rest, P, f_ == 1 ? kNone : M, room, limit - cost);
+          if (!std::isfinite(lb) || cost + lb > limit) continue;  // infinite: cannot complete
           shifted.push_back({P, f_ == 1 ? kNone : M, cost, s.node});
         }
         if (shifted.empty()) continue;
@@ -255,9 +258,8 @@ class GroupProgramme {
       const double limit = upper_ * (1 + 1e-12);
       for (int64_t j = 0; j < L_; ++j)
         std::erase_if(stair[j], [&](const State& s) {
-          return s.cost +
-                     lower(g + 1, static_cast<size_t>(L_ - j), s.p, s.m, room, limit - s.cost) >
-                 limit;
+          double lb = lower(g + 1, static_cast<size_t>(L_ - j), s.p, s.m, room, limit - s.cost);
+          return !std::isfinite(lb) || s.cost + lb > limit;
         });
     }
     if (stair[L_].empty()) return best_;  // the seed, when nothing cheaper exists
@@ -417,7 +419,8 @@ StageSolution solve_stage(const StageProblem& p, double below) {
       few.layers.front().push_back(all[o]);
       index.push_back(static_cast<int>(o));
     }
-  few.layers.assign(p.layers.size(), few.layers.front());
+  const std::vector<StageOption> vertices = few.layers.front();
+  few.layers.assign(p.layers.size(), vertices);
   StageSolution hint = GroupProgramme(few).solve(nullptr, below);
   for (int& c : hint.choice) c = index[c];
   return GroupProgramme(p).solve(&hint, below);

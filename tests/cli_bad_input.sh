@@ -153,6 +153,7 @@ bad "--partition with too few stages" -m "--partition" -m "2 stages" -m "--pp 4"
 bad "--partition that does not sum to the layers" -m "--partition" -m "79 layers" -m "80" -- "${E[@]}" --pp 2 --partition 40,39
 bad "--partition with an empty stage" -m "--partition" -m "at least 1" -- "${E[@]}" --pp 2 --partition 80,0
 bad "--partition that is not a list of counts" -m "--partition" -m "balanced, auto" -- "${E[@]}" --pp 2 --partition 40,forty
+bad "--partition with a trailing comma" -m "--partition" -m "balanced, auto" -- "${E[@]}" --pp 2 --partition 40,40,
 bad "--partition auto without a budget" -m "--partition auto" -m "--budget" -- "${E[@]}" --pp 2 --partition auto
 bad "sweep: --partition with counts" -m "--partition" -m "balanced, auto" -- sweep --model llama-3.1-8b --gpus 8 --budget 80GB --partition 16,16
 good "--partition 41,39 is accepted" "${E[@]}" --pp 2 --partition 41,39

@@ -154,6 +154,9 @@ np::TrainSpec make_setup(const Flags& f) {
     die("--partition auto searches with the recompute plan: it needs --recompute auto and a "
         "budget (--budget or --gpu)");
   if (f.partition != "balanced" && f.partition != "auto") {
+    if (f.partition.empty() || f.partition.back() == ',')
+      die("invalid --partition '" + f.partition +
+          "' (valid: balanced, auto, or layer counts such as 21,20,20,19)");
     std::stringstream in(f.partition);
     for (std::string item; std::getline(in, item, ',');) {
       size_t used = 0;
