@@ -214,21 +214,26 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
                     std::to_string(t.ep) + "/" + std::to_string(t.tp_recompute_allgather) + "/" +
                     std::to_string(t.seq_len) + "/" + std::to_string(t.micro_batch) + "/" +
                     name_of(t.attention);
-  // One computation per key: threads of a sweep that need the same frontier wait for it.
-  std::unique_lock<std::mutex> lock;
-  if (options.cache) lock = std::unique_lock(options.cache->mu);
-  if (options.cache && options.cache->entries.count(key)) {
-    std::tie(plan.frontier, plan.option_names) = options.cache->entries.at(key);
-  } else {
+  auto compute = [&](LayerFrontier& frontier, std::vector<std::string>& names) {
     std::vector<double> cost(layer.ops.size());
     for (size_t o = 0; o < layer.ops.size(); ++o)
       cost[o] = op_seconds(layer, static_cast<int>(o), hw, t, false);
-    plan.frontier = layer_frontier(layer, t, cost);
-    for (const LayerOption& o : plan.frontier.options)
-      plan.option_names.push_back(option_name(layer, o.recompute));
-    if (options.cache) options.cache->entries[key] = {plan.frontier, plan.option_names};
+    frontier = layer_frontier(layer, t, cost);
+    for (const LayerOption& o : frontier.options) names.push_back(option_name(layer, o.recompute));
+  };
+  if (options.cache) {
+    std::shared_ptr<FrontierCache::Entry> e;
+    {
+      std::lock_guard lock(options.cache->mu);
+      auto& slot = options.cache->entries[key];
+      if (!slot) slot = std::make_shared<FrontierCache::Entry>();
+      e = slot;
+    }
+    std::call_once(e->once, [&] { compute(e->frontier, e->names); });
+    plan.frontier = e->frontier, plan.option_names = e->names;
+  } else {
+    compute(plan.frontier, plan.option_names);
   }
-  if (lock.owns_lock()) lock.unlock();
   const EdgeOptions embedding = edge_options(build_embedding(m, t), t, hw),
                     head = edge_options(build_head(m, t), t, hw);
   const StageSolver solver(plan.frontier.options, embedding, head);

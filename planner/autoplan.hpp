@@ -4,6 +4,7 @@
 // and solving again if the simulated peak is over (so a plan's peak never exceeds its budget).
 #pragma once
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -42,8 +43,13 @@ struct AutoPlan {
 // Layer frontiers by graph shape, reused across the setups of one model that share one (a sweep);
 // safe to share between threads.
 struct FrontierCache {
-  std::mutex mu;
-  std::map<std::string, std::pair<LayerFrontier, std::vector<std::string>>> entries;
+  struct Entry {
+    std::once_flag once;  // computed by the first thread that needs it; others wait
+    LayerFrontier frontier;
+    std::vector<std::string> names;
+  };
+  std::mutex mu;  // guards the map only: different keys are computed in parallel
+  std::map<std::string, std::shared_ptr<Entry>> entries;
 };
 
 struct AutoPlanOptions {
