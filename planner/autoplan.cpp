@@ -67,7 +67,28 @@ EdgeOptions edge_options(const BlockGraph& g, const TrainSpec& t, const Hardware
 struct StageShape {
   int64_t stage = 0, in_flight = 1, static_bytes = 0, layers = 0;
   bool embedding = false, head = false;
+  // ZeRO's transient while a block runs, per block kind: the gathered bf16 weights (ZeRO-3) and
+  // the unsharded gradient bucket (ZeRO-2/3), both live through the block's backward.
+  int64_t layer_zero = 0, embedding_zero = 0, head_zero = 0;
 };
+
+int64_t zero_transient(int64_t weight_bytes, const TrainSpec& t) {
+  return (t.zero >= 3 ? weight_bytes : 0) +
+         (t.zero >= 2 ? weight_bytes / 2 * dtype_bytes(t.grad_dtype) : 0);
+}
+
+StageShape stage_shape(const TrainSpec& t, const StageStatics& statics, int64_t s, int64_t layers) {
+  StageStatics::BlockWeights w = statics.weights(static_cast<int>(s));
+  return {s,
+          in_flight(t.pp_schedule, s, t.pp, t.microbatches),
+          statics(static_cast<int>(s), static_cast<int>(layers)),
+          layers,
+          s == 0,
+          s == t.pp - 1,
+          zero_transient(w.layer, t),
+          zero_transient(w.embedding, t),
+          zero_transient(w.head, t)};
+}
 
 // A stage's plan: the layers' choice and the option of its embedding and head blocks.
 struct StageChoice {
@@ -132,13 +153,17 @@ class StageSolver {
       p.in_flight = s.in_flight;
       p.base = s.static_bytes;
       p.budget = target;
-      for (const LayerOption* o :
-           {s.embedding ? &embedding_.options[e] : nullptr, s.head ? &head_.options[h] : nullptr})
-        if (o) {
-          p.base += s.in_flight * o->kept_bytes;
-          p.extra = std::max(p.extra, o->extra_bytes());
-        }
-      p.layers.assign(s.layers, layer_);
+      if (s.embedding) {
+        p.base += s.in_flight * embedding_.options[e].kept_bytes;
+        p.extra = std::max(p.extra, embedding_.options[e].extra_bytes() + s.embedding_zero);
+      }
+      if (s.head) {
+        p.base += s.in_flight * head_.options[h].kept_bytes;
+        p.extra = std::max(p.extra, head_.options[h].extra_bytes() + s.head_zero);
+      }
+      std::vector<StageOption> opts = layer_;
+      for (StageOption& o : opts) o.working += s.layer_zero;
+      p.layers.assign(s.layers, opts);
       f(p, e, h);
     }
   }
@@ -168,12 +193,7 @@ std::optional<std::vector<int64_t>> search_partition(const ModelSpec& m, const T
   const StageStatics statics(m, t);
   const int64_t pp = t.pp;
   auto stage_time = [&](int64_t s, int64_t n) {
-    StageShape shape{s,
-                     in_flight(t.pp_schedule, s, pp, t.microbatches),
-                     statics(static_cast<int>(s), static_cast<int>(n)),
-                     n,
-                     s == 0,
-                     s == pp - 1};
+    StageShape shape = stage_shape(t, statics, s, n);
     StageChoice c = solver.cheapest(shape, allocator_budget(budget, shape.static_bytes, t, rt));
     if (!c.layers.feasible) return std::numeric_limits<double>::infinity();
     return static_cast<double>(n) * layer_s + (shape.embedding ? emb_s : 0) +
@@ -252,12 +272,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   std::vector<StageShape> shapes;
   std::vector<int64_t> target, first_layer;
   for (int64_t s = 0, first = 0; s < t.pp; first += counts[s++]) {
-    StageShape shape{s,
-                     in_flight(t.pp_schedule, s, t.pp, t.microbatches),
-                     statics(static_cast<int>(s), static_cast<int>(counts[s])),
-                     counts[s],
-                     s == 0,
-                     s == t.pp - 1};
+    StageShape shape = stage_shape(t, statics, s, counts[s]);
     shapes.push_back(shape);
     first_layer.push_back(first);
     target.push_back(allocator_budget(budget, shape.static_bytes, t, rt));
@@ -299,6 +314,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
     if (!any) break;
     BlockPolicies pol = policies();
     verified = build_schedule(m, sim, &pol, /*peak_only=*/true);
+    ++plan.simulations;
     Estimate e = estimate_schedule(*verified, rt, {.budget = budget, .suggestions = false});
     bool again = false;
     for (size_t st = 0; st < shapes.size(); ++st) {

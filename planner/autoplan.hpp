@@ -38,6 +38,8 @@ struct AutoPlan {
   std::optional<int64_t> peak_none, peak_full;   // their peaks (bytes, with overheads)
   int64_t regathered = 0, gathers = 0;  // all-gathers re-done in backward, of all in the blocks
   bool partition_searched = false;      // schedule.setup.stage_layers came from --partition auto
+  int simulations = 0;  // verification rounds: 1 when the stage model saw everything the
+                        // simulation sees, more when a stage's budget had to be tightened
 };
 
 // Layer frontiers by graph shape, reused across the setups of one model that share one (a sweep);

@@ -118,6 +118,18 @@ class ProgramBuilder {
     return n;
   }
 
+  // This rank's bf16 weight bytes of the first block of each kind (tied weights once per stage).
+  StageStatics::BlockWeights block_weights() {
+    emit_statics();
+    StageStatics::BlockWeights w;
+    for (size_t b = p_.blocks.size(); b-- > 0;) {
+      BlockKind k = p_.blocks[b].kind;
+      (k == BlockKind::kEmbedding ? w.embedding : k == BlockKind::kHead ? w.head : w.layer) =
+          block_weight_bytes_[b];
+    }
+    return w;
+  }
+
   StageProgram build() {
     emit_statics();
     // One slot per graph tensor of every block, per micro-batch in flight.
@@ -455,6 +467,10 @@ StageStatics::StageStatics(const ModelSpec& m, const TrainSpec& t)
 
 int64_t StageStatics::operator()(int stage, int layers) const {
   return ProgramBuilder(m_, t_, stage, 0, layers, emb_, layer_, head_, nullptr, 0).static_bytes();
+}
+
+StageStatics::BlockWeights StageStatics::weights(int stage) const {
+  return ProgramBuilder(m_, t_, stage, 0, 1, emb_, layer_, head_, nullptr, 0).block_weights();
 }
 
 Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolicies* policies,

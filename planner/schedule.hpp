@@ -123,6 +123,12 @@ class StageStatics {
  public:
   StageStatics(const ModelSpec& m, const TrainSpec& t);
   int64_t operator()(int stage, int layers) const;
+  // This rank's unsharded bf16 weight bytes per block on a stage (0 for a block it does not
+  // hold; tied weights count once per stage): what ZeRO-3 gathers and ZeRO-2/3 bucket per block.
+  struct BlockWeights {
+    int64_t embedding = 0, layer = 0, head = 0;
+  };
+  BlockWeights weights(int stage) const;
 
  private:
   ModelSpec m_;
