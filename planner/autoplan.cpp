@@ -78,7 +78,8 @@ int64_t zero_transient(int64_t weight_bytes, const TrainSpec& t) {
 }
 
 StageShape stage_shape(const TrainSpec& t, const StageStatics& statics, int64_t s, int64_t layers) {
-  StageStatics::BlockWeights w = statics.weights(static_cast<int>(s));
+  StageStatics::BlockWeights w;  // only ZeRO-2/3 has per-block transients
+  if (t.zero >= 2) w = statics.weights(static_cast<int>(s));
   return {s,
           in_flight(t.pp_schedule, s, t.pp, t.microbatches),
           statics(static_cast<int>(s), static_cast<int>(layers)),
