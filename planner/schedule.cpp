@@ -483,7 +483,7 @@ Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolic
   std::vector<int64_t> counts = partition_layers(m, t);
   for (int stage = 0; stage < t.pp; ++stage) {
     int64_t mbs = t.microbatches;
-    if (peak_only && t.pp_schedule == PpSchedule::k1F1B) mbs = std::min(mbs, t.pp - stage + 1);
+    if (peak_only && t.pp_schedule == PpSchedule::k1F1B) mbs = std::min(mbs, t.pp - stage);
     ProgramBuilder pb(m, t, stage, first, static_cast<int>(counts[stage]), emb, layer, head,
                       policies, mbs);
     s.stages.push_back(pb.build());

@@ -145,9 +145,10 @@ struct BlockPolicies {
 
 // Builds every stage's program. Blocks take their policy from `policies` when given, else the
 // setup's named policy. The setup must be valid.
-// `peak_only`: under 1F1B, stage s replays only min(m, pp - s + 1) micro-batches (its warm-up
-// plus two steady-state pairs; its peak repeats after that). The stages then no longer exchange
-// the same micro-batches, so such a schedule is for simulation only, never for an executor.
+// `peak_only`: under 1F1B, stage s replays only min(m, pp - s) micro-batches, its in-flight count
+// (its warm-up and the first steady-state pair, with as many micro-batches alive as ever; its
+// peak repeats after that). The stages then no longer exchange the same micro-batches, so such a
+// schedule is for simulation only, never for an executor.
 Schedule build_schedule(const ModelSpec& m, const TrainSpec& t,
                         const BlockPolicies* policies = nullptr, bool peak_only = false);
 
