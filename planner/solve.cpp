@@ -206,12 +206,12 @@ class GroupProgramme {
   // `hint`: a feasible choice of this stage known in advance (a tighter bound than the seed's).
   // `below`: only a choice costing less than it is wanted (the result is infeasible otherwise).
   StageSolution solve(const StageSolution* hint, double below) {
-    StageSolution sol = solve(hint, below, 0);
+    StageSolution sol = search(hint, below);
     return sol.feasible && sol.cost < below ? sol : StageSolution{};
   }
 
  private:
-  StageSolution solve(const StageSolution* hint, double below, int) {
+  StageSolution search(const StageSolution* hint, double below) {
     const int64_t room = p_.budget - p_.base;
     if (p_.extra > room) return {};
     if (lower(0, static_cast<size_t>(L_), 0, kNone, room) >= below) return {};  // none cheaper
