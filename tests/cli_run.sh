@@ -59,6 +59,14 @@ check "run an uneven split: predicted = measured" '[ $rc -eq 0 ] && grep -q "pre
 "$NP" run "${SPLIT[@]}" --budget 1GiB --partition auto >"$TMP/out8" 2>&1; rc=$?
 check "run --partition auto with a budget" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/out8"'
 
+# Optimizers and gradient-accumulation dtypes other than the default AdamW + fp32.
+for opt in "--optimizer sgd" "--optimizer none" "--grad-accum-dtype bf16" \
+  "--optimizer sgd --grad-accum-dtype bf16"; do
+  # shellcheck disable=SC2086  # $opt is two or four words on purpose
+  "$NP" run "${SETUP[@]}" $opt >"$TMP/out9" 2>&1; rc=$?
+  check "run $opt: predicted = measured" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/out9"'
+done
+
 "$NP" run --scenario "$ROOT/scenarios/tiny-moe.toml" >"$TMP/out3" 2>&1; rc=$?
 check "run --scenario passes its matrix" '[ $rc -eq 0 ] && grep -q "0 of [0-9]* setups failed" "$TMP/out3"'
 
