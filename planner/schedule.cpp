@@ -124,8 +124,9 @@ class ProgramBuilder {
     StageStatics::BlockWeights w;
     for (size_t b = p_.blocks.size(); b-- > 0;) {
       BlockKind k = p_.blocks[b].kind;
-      (k == BlockKind::kEmbedding ? w.embedding : k == BlockKind::kHead ? w.head : w.layer) =
-          block_weight_bytes_[b];
+      (k == BlockKind::kEmbedding ? w.embedding
+       : k == BlockKind::kHead    ? w.head
+                                  : w.layer) = block_weight_bytes_[b];
     }
     return w;
   }
@@ -148,6 +149,10 @@ class ProgramBuilder {
 
  private:
   void add_block(BlockKind kind, int layer, std::shared_ptr<const BlockGraph> g) {
+    if (statics_only()) {  // the static bytes need the blocks' weights only
+      p_.blocks.push_back({kind, layer, g, {}, {}});
+      return;
+    }
     StageBlock b{kind, layer, g, named_policy(*g, t_), {}};
     if (policies_ && kind == BlockKind::kLayer) b.policy = policies_->layers.at(layer);
     if (policies_ && kind == BlockKind::kEmbedding && policies_->embedding)
@@ -224,7 +229,8 @@ class ProgramBuilder {
   const ModelSpec& m_;
   const TrainSpec& t_;
   const BlockPolicies* policies_;
-  const int64_t microbatches_;  // replayed by this stage
+  const int64_t microbatches_;  // replayed by this stage; 0: the static bytes only (StageStatics)
+  bool statics_only() const { return microbatches_ == 0; }
   StageProgram p_;
   std::vector<int32_t> values_, value_offset_;  // see values()
   std::vector<int32_t> grads_;                  // backward_block's gradient instances
@@ -240,7 +246,9 @@ void ProgramBuilder::emit_statics() {
   block_weight_bytes_.assign(p_.blocks.size(), 0);
   for (size_t b = 0; b < p_.blocks.size(); ++b) {
     const StageBlock& blk = p_.blocks[b];
-    std::string prefix = blk.kind == BlockKind::kLayer ? "L" + std::to_string(blk.layer) + "/" : "";
+    std::string prefix = blk.kind == BlockKind::kLayer && !statics_only()
+                             ? "L" + std::to_string(blk.layer) + "/"
+                             : "";
     for (const GraphOp& op : blk.graph->ops) {
       if (!op.attrs.tie.empty()) {
         if (std::find(tied_seen.begin(), tied_seen.end(), op.attrs.tie) != tied_seen.end())
@@ -251,7 +259,8 @@ void ProgramBuilder::emit_statics() {
         (op.expert_weights ? expert : dense) += w.elements();
         block_weight_bytes_[b] += w.elements() * 2;
         if (t_.zero < 3)
-          new_static(prefix + op.name + "." + w.suffix, w.elements() * 2, Category::kWeight);
+          new_static(statics_only() ? std::string() : prefix + op.name + "." + w.suffix,
+                     w.elements() * 2, Category::kWeight);
       }
     }
   }
