@@ -51,10 +51,17 @@ struct EdgeOptions {
   std::vector<std::string> names;
 };
 
-EdgeOptions edge_options(const BlockGraph& g, const TrainSpec& t, const HardwareModel& hw) {
+// The forward time of each op of a block: what re-running it costs.
+std::vector<double> rerun_seconds(const BlockGraph& g, const TrainSpec& t,
+                                  const HardwareModel& hw) {
   std::vector<double> cost(g.ops.size());
   for (size_t o = 0; o < g.ops.size(); ++o)
     cost[o] = op_seconds(g, static_cast<int>(o), hw, t, false);
+  return cost;
+}
+
+EdgeOptions edge_options(const BlockGraph& g, const TrainSpec& t, const HardwareModel& hw) {
+  std::vector<double> cost = rerun_seconds(g, t, hw);
   EdgeOptions e;
   e.options.push_back(evaluate_option(g, named_policy(g, t).recompute, cost));
   for (LayerOption& o : pareto_frontier(enumerate_options(g, cost)))
@@ -72,23 +79,17 @@ struct StageShape {
   int64_t layer_zero = 0, embedding_zero = 0, head_zero = 0;
 };
 
-int64_t zero_transient(int64_t weight_bytes, const TrainSpec& t) {
-  return (t.zero >= 3 ? weight_bytes : 0) +
-         (t.zero >= 2 ? weight_bytes / 2 * dtype_bytes(t.grad_dtype) : 0);
-}
-
 StageShape stage_shape(const TrainSpec& t, const StageStatics& statics, int64_t s, int64_t layers) {
-  StageStatics::BlockWeights w;  // only ZeRO-2/3 has per-block transients
-  if (t.zero >= 2) w = statics.weights(static_cast<int>(s));
+  StageStatics::ZeroTransients z = statics.zero_transients(static_cast<int>(s));
   return {s,
           in_flight(t.pp_schedule, s, t.pp, t.microbatches),
           statics(static_cast<int>(s), static_cast<int>(layers)),
           layers,
           s == 0,
           s == t.pp - 1,
-          zero_transient(w.layer, t),
-          zero_transient(w.embedding, t),
-          zero_transient(w.head, t)};
+          z.layer,
+          z.embedding,
+          z.head};
 }
 
 // A stage's plan: the layers' choice and the option of its embedding and head blocks.
@@ -181,17 +182,22 @@ class StageSolver {
 // is least reaches the least possible maximum (it takes the values of the merged sorted
 // sequences in order). nullopt when some stage fits no layers at all, or when the balanced split
 // is as fast.
+// The blocks of a model under one setup.
+struct Blocks {
+  BlockGraph layer, embedding, head;
+};
+
 std::optional<std::vector<int64_t>> search_partition(const ModelSpec& m, const TrainSpec& t,
                                                      const RuntimeAssumptions& rt, int64_t budget,
-                                                     const HardwareModel& hw,
+                                                     const HardwareModel& hw, const Blocks& blocks,
+                                                     const StageStatics& statics,
                                                      const StageSolver& solver) {
   auto seconds = [&](const BlockGraph& g) {
     BlockTime b = block_seconds(g, hw, t);
     return b.forward + b.backward;
   };
-  const double layer_s = seconds(build_layer(m, t)), emb_s = seconds(build_embedding(m, t)),
-               head_s = seconds(build_head(m, t));
-  const StageStatics statics(m, t);
+  const double layer_s = seconds(blocks.layer), emb_s = seconds(blocks.embedding),
+               head_s = seconds(blocks.head);
   const int64_t pp = t.pp;
   auto stage_time = [&](int64_t s, int64_t n) {
     StageShape shape = stage_shape(t, statics, s, n);
@@ -230,37 +236,36 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
                    int64_t budget, const HardwareModel& hw, const AutoPlanOptions& options) {
   AutoPlan plan;
   TrainSpec t = setup;  // with the searched partition, when asked for
-  BlockGraph layer = build_layer(m, t);
+  const Blocks blocks{build_layer(m, t), build_embedding(m, t), build_head(m, t)};
+  const BlockGraph& layer = blocks.layer;
   std::string key = hw.name + "/" + std::to_string(t.tp) + "/" + std::to_string(t.sp) + "/" +
                     std::to_string(t.ep) + "/" + std::to_string(t.tp_recompute_allgather) + "/" +
                     std::to_string(t.seq_len) + "/" + std::to_string(t.micro_batch) + "/" +
                     name_of(t.attention);
-  auto compute = [&](LayerFrontier& frontier, std::vector<std::string>& names) {
-    std::vector<double> cost(layer.ops.size());
-    for (size_t o = 0; o < layer.ops.size(); ++o)
-      cost[o] = op_seconds(layer, static_cast<int>(o), hw, t, false);
-    frontier = layer_frontier(layer, t, cost);
-    for (const LayerOption& o : frontier.options) names.push_back(option_name(layer, o.recompute));
-  };
-  if (options.cache) {
-    std::shared_ptr<FrontierCache::Entry> e;
-    {
-      std::lock_guard lock(options.cache->mu);
-      auto& slot = options.cache->entries[key];
-      if (!slot) slot = std::make_shared<FrontierCache::Entry>();
-      e = slot;
-    }
-    std::call_once(e->once, [&] { compute(e->frontier, e->names); });
-    plan.frontier = e->frontier, plan.option_names = e->names;
-  } else {
-    compute(plan.frontier, plan.option_names);
+  // The layer frontier, computed once per key by the first thread that needs it (a sweep shares
+  // the cache; a single plan keeps its own, which the balanced comparison below reuses).
+  FrontierCache own;
+  FrontierCache& cache = options.cache ? *options.cache : own;
+  std::shared_ptr<FrontierCache::Entry> entry;
+  {
+    std::lock_guard lock(cache.mu);
+    std::shared_ptr<FrontierCache::Entry>& slot = cache.entries[key];
+    if (!slot) slot = std::make_shared<FrontierCache::Entry>();
+    entry = slot;
   }
-  const EdgeOptions embedding = edge_options(build_embedding(m, t), t, hw),
-                    head = edge_options(build_head(m, t), t, hw);
+  std::call_once(entry->once, [&] {
+    entry->frontier = layer_frontier(layer, t, rerun_seconds(layer, t, hw));
+    for (const LayerOption& o : entry->frontier.options)
+      entry->names.push_back(option_name(layer, o.recompute));
+  });
+  plan.frontier = entry->frontier, plan.option_names = entry->names;
+  const EdgeOptions embedding = edge_options(blocks.embedding, t, hw),
+                    head = edge_options(blocks.head, t, hw);
   const StageSolver solver(plan.frontier.options, embedding, head);
+  const StageStatics statics(m, t);  // per-stage constants; the split is an argument
   bool searched = false;
   if (options.search_partition && t.pp > 1 && t.stage_layers.empty())
-    if (auto counts = search_partition(m, t, rt, budget, hw, solver)) {
+    if (auto counts = search_partition(m, t, rt, budget, hw, blocks, statics, solver)) {
       t.stage_layers = *counts;
       searched = true;
     }
@@ -269,7 +274,6 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   plan.layer_policies.assign(m.layers, BlockPolicy{none.recompute, plan.option_names.front()});
   const TrainSpec sim = simulation_setup(t);
   const std::vector<int64_t> counts = partition_layers(m, t);
-  const StageStatics statics(m, t);
   std::vector<StageShape> shapes;
   std::vector<int64_t> target, first_layer;
   for (int64_t s = 0, first = 0; s < t.pp; first += counts[s++]) {
@@ -375,6 +379,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
     // where the balanced one does not.
     AutoPlanOptions without = options;
     without.search_partition = false;
+    without.cache = &cache;
     AutoPlan balanced = auto_plan(m, setup, rt, budget, hw, without);
     if (!plan.fits || (balanced.fits && balanced.time.seconds <= plan.time.seconds))
       return balanced;

@@ -50,12 +50,6 @@ std::string compress(const AutoPlan& p, const StageProgram& s) {
   return out;
 }
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (int64_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
-  return s;
-}
-
 bool uniform(const AutoPlan& p, const std::string& a, const std::string& b = "") {
   for (const BlockPolicy& bp : p.layer_policies)
     if (bp.name != a && bp.name != b) return false;
@@ -99,7 +93,7 @@ std::string equivalents(const AutoPlan& p, int64_t budget) {
         "% slower)\n";
   }
   if (!p.schedule.setup.stage_layers.empty())
-    out += "  layers per stage " + join(p.schedule.setup.stage_layers) +
+    out += "  layers per stage " + format_partition(p.schedule.setup.stage_layers) +
            ": not expressible; nanotron balances its stages by compute\n";
   out += "Megatron-LM (closest):\n  ";
   int block = megatron_block_layers(p);
@@ -128,7 +122,7 @@ std::string equivalents(const AutoPlan& p, int64_t budget) {
       out += "  --decoder-first-pipeline-num-layers " + std::to_string(split.front()) +
              "  (the layers per stage)\n";
     else
-      out += "  layers per stage " + join(split) +
+      out += "  layers per stage " + format_partition(split) +
              ": not expressible; Megatron sets the first and last stages' layer counts only\n";
   }
   return out;
@@ -156,11 +150,11 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
     TrainSpec balanced = p.schedule.setup;
     balanced.stage_layers.clear();
     out +=
-        "  layers per stage " + join(p.schedule.setup.stage_layers) +
+        "  layers per stage " + format_partition(p.schedule.setup.stage_layers) +
         (p.partition_searched
              ? " (--partition auto: the split whose slowest stage is fastest; balanced by FLOPs: "
              : " (--partition; balanced by FLOPs: ") +
-        join(partition_layers(p.schedule.model, balanced)) + ")\n";
+        format_partition(partition_layers(p.schedule.model, balanced)) + ")\n";
   }
   double overhead = p.time.seconds > 0 ? p.time.recompute_seconds / p.time.seconds : 0;
   out += "\npredicted step time " + fmt("%.3f s", p.time.seconds) +

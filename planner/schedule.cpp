@@ -47,6 +47,12 @@ TrainSpec simulation_setup(const TrainSpec& t) {
   return s;
 }
 
+std::string format_partition(const std::vector<int64_t>& counts) {
+  std::string s;
+  for (int64_t n : counts) s += (s.empty() ? "" : ",") + std::to_string(n);
+  return s;
+}
+
 std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t) {
   if (!t.stage_layers.empty()) return t.stage_layers;
   BlockGraph layer = build_layer(m, t), emb = build_embedding(m, t), head = build_head(m, t);
@@ -118,17 +124,17 @@ class ProgramBuilder {
     return n;
   }
 
-  // This rank's bf16 weight bytes of the first block of each kind (tied weights once per stage).
-  StageStatics::BlockWeights block_weights() {
+  // ZeRO's transient bytes of the first block of each kind (what its backward holds).
+  StageStatics::ZeroTransients zero_transients() {
     emit_statics();
-    StageStatics::BlockWeights w;
+    StageStatics::ZeroTransients z;
     for (size_t b = p_.blocks.size(); b-- > 0;) {
       BlockKind k = p_.blocks[b].kind;
-      (k == BlockKind::kEmbedding ? w.embedding
-       : k == BlockKind::kHead    ? w.head
-                                  : w.layer) = block_weight_bytes_[b];
+      (k == BlockKind::kEmbedding ? z.embedding
+       : k == BlockKind::kHead    ? z.head
+                                  : z.layer) = gather_bytes(b) + bucket_bytes(b);
     }
-    return w;
+    return z;
   }
 
   StageProgram build() {
@@ -235,6 +241,12 @@ class ProgramBuilder {
   std::vector<int32_t> values_, value_offset_;  // see values()
   std::vector<int32_t> grads_;                  // backward_block's gradient instances
   std::vector<int64_t> block_weight_bytes_;     // per block: this rank's unsharded weight bytes
+  // ZeRO-3: block b's bf16 weights, gathered for its forward and again for its backward.
+  int64_t gather_bytes(size_t b) const { return t_.zero >= 3 ? block_weight_bytes_[b] : 0; }
+  // ZeRO-2/3: block b's unsharded gradients, from its backward to their reduce-scatter.
+  int64_t bucket_bytes(size_t b) const {
+    return t_.zero >= 2 ? block_weight_bytes_[b] / 2 * dtype_bytes(t_.grad_dtype) : 0;
+  }
   std::vector<std::pair<std::pair<const BlockGraph*, bool>, std::vector<std::vector<int64_t>>>>
       workspace_cache_;
 };
@@ -306,10 +318,10 @@ void ProgramBuilder::forward_pass(int mb) {
 }
 
 int32_t ProgramBuilder::gather_params(int b, int mb) {
-  if (t_.zero < 3 || block_weight_bytes_[b] == 0) return -1;
+  if (gather_bytes(b) == 0) return -1;
   begin(InstrKind::kGatherParams, b, -1, mb);
   int32_t id =
-      new_tensor(block_weight_bytes_[b], b, -1, mb, Category::kTransient, ValueKind::kParamGather);
+      new_tensor(gather_bytes(b), b, -1, mb, Category::kTransient, ValueKind::kParamGather);
   alloc(id);
   return id;
 }
@@ -386,10 +398,9 @@ int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
   int32_t gathered = gather_params(b, mb);
   run_ops_forward(b, mb, InstrKind::kRecompute, true);
   int32_t bucket = -1;
-  if (t_.zero >= 2 && block_weight_bytes_[b] > 0) {
+  if (bucket_bytes(b) > 0) {
     begin(InstrKind::kAlloc, b, -1, mb);
-    bucket = new_tensor(block_weight_bytes_[b] / 2 * dtype_bytes(t_.grad_dtype), b, -1, mb,
-                        Category::kTransient, ValueKind::kGradBucket);
+    bucket = new_tensor(bucket_bytes(b), b, -1, mb, Category::kTransient, ValueKind::kGradBucket);
     alloc(bucket);
   }
   for (int o = static_cast<int>(g.ops.size()) - 1; o >= 0; --o) {
@@ -478,8 +489,9 @@ int64_t StageStatics::operator()(int stage, int layers) const {
   return ProgramBuilder(m_, t_, stage, 0, layers, emb_, layer_, head_, nullptr, 0).static_bytes();
 }
 
-StageStatics::BlockWeights StageStatics::weights(int stage) const {
-  return ProgramBuilder(m_, t_, stage, 0, 1, emb_, layer_, head_, nullptr, 0).block_weights();
+StageStatics::ZeroTransients StageStatics::zero_transients(int stage) const {
+  if (t_.zero < 2) return {};  // nothing gathered or bucketed per block
+  return ProgramBuilder(m_, t_, stage, 0, 1, emb_, layer_, head_, nullptr, 0).zero_transients();
 }
 
 Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolicies* policies,

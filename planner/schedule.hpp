@@ -116,6 +116,8 @@ TrainSpec simulation_setup(const TrainSpec& t);
 // partition balancing forward + backward FLOPs per stage (embedding on the first stage, head on
 // the last).
 std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t);
+// Layer counts per stage as --partition takes them: "21,20,20,19".
+std::string format_partition(const std::vector<int64_t>& counts);
 
 // The static bytes (weights, gradient buffers, optimizer states) of a stage holding a given
 // number of decoder layers, as its program allocates them; for partition searches.
@@ -123,12 +125,13 @@ class StageStatics {
  public:
   StageStatics(const ModelSpec& m, const TrainSpec& t);
   int64_t operator()(int stage, int layers) const;
-  // This rank's unsharded bf16 weight bytes per block on a stage (0 for a block it does not
-  // hold; tied weights count once per stage): what ZeRO-3 gathers and ZeRO-2/3 bucket per block.
-  struct BlockWeights {
+  // ZeRO's transient bytes per block kind on a stage, live through the block's backward: its
+  // gathered bf16 weights (ZeRO-3) plus its unsharded gradient bucket (ZeRO-2/3), sized as the
+  // program allocates them (0 for a block the stage does not hold).
+  struct ZeroTransients {
     int64_t embedding = 0, layer = 0, head = 0;
   };
-  BlockWeights weights(int stage) const;
+  ZeroTransients zero_transients(int stage) const;
 
  private:
   ModelSpec m_;

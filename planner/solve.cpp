@@ -55,9 +55,9 @@ std::vector<State> prune(std::vector<State> s) {
   return out;
 }
 
-}  // namespace
-
-StageSolution solve_stage_programme(const StageProblem& p) {
+// The programme's levels, last layer first: levels[i] holds the states after i layers that no
+// other beats and that stay within the budget; empty when some level has none.
+std::vector<std::vector<State>> layer_levels(const StageProblem& p) {
   const size_t L = p.layers.size();
   std::vector<std::vector<State>> levels;
   levels.push_back({{0, p.extra, 0.0, -1, -1}});
@@ -76,17 +76,31 @@ StageSolution solve_stage_programme(const StageProblem& p) {
     if (next.empty()) return {};
     levels.push_back(prune(std::move(next)));
   }
+  return levels;
+}
+
+// The choice (option per layer, forward order) behind state `best` of the last level.
+std::vector<int> choice_of(const std::vector<std::vector<State>>& levels, int best) {
+  const size_t L = levels.size() - 1;
+  std::vector<int> choice(L);
+  for (size_t step = L; step-- > 0;) {
+    const State& st = levels[step + 1][best];
+    choice[L - 1 - step] = st.option;
+    best = st.parent;
+  }
+  return choice;
+}
+
+}  // namespace
+
+StageSolution solve_stage_programme(const StageProblem& p) {
+  std::vector<std::vector<State>> levels = layer_levels(p);
+  if (levels.empty()) return {};
   const std::vector<State>& last = levels.back();
   int best = 0;
   for (size_t i = 1; i < last.size(); ++i)
     if (last[i].cost < last[best].cost) best = static_cast<int>(i);
-  StageSolution sol{true, last[best].cost, std::vector<int>(L), 0};
-  int idx = best;
-  for (size_t step = L; step-- > 0;) {
-    const State& st = levels[step + 1][idx];
-    sol.choice[L - 1 - step] = st.option;
-    idx = st.parent;
-  }
+  StageSolution sol{true, last[best].cost, choice_of(levels, best), 0};
   sol.peak = model_peak(p, sol.choice);
   return sol;
 }
@@ -449,33 +463,14 @@ StageSolution min_peak_solution(const StageProblem& p) {
   q.budget = std::numeric_limits<int64_t>::max() / 4;
   for (auto& layer : q.layers)
     for (auto& o : layer) o.cost = 0;
-  const size_t L = q.layers.size();
-  std::vector<std::vector<State>> levels;
-  levels.push_back({{0, q.extra, 0.0, -1, -1}});
-  for (size_t step = 0; step < L; ++step) {
-    size_t l = L - 1 - step;
-    std::vector<State> next;
-    const std::vector<State>& cur = levels.back();
-    for (size_t s = 0; s < cur.size(); ++s)
-      for (size_t o = 0; o < q.layers[l].size(); ++o) {
-        const StageOption& opt = q.layers[l][o];
-        next.push_back({cur[s].q + opt.kept, std::max(cur[s].e, opt.working - opt.kept - cur[s].q),
-                        0.0, static_cast<int>(s), static_cast<int>(o)});
-      }
-    levels.push_back(prune(std::move(next)));
-  }
+  std::vector<std::vector<State>> levels = layer_levels(q);
   const std::vector<State>& last = levels.back();
   int best = 0;
   for (size_t i = 1; i < last.size(); ++i)
     if (q.in_flight * last[i].q + last[i].e < q.in_flight * last[best].q + last[best].e)
       best = static_cast<int>(i);
-  StageSolution sol{true, 0, std::vector<int>(L), 0};
-  for (size_t step = L, idx = best; step-- > 0;) {
-    const State& st = levels[step + 1][idx];
-    sol.choice[L - 1 - step] = st.option;
-    idx = st.parent;
-  }
-  for (size_t l = 0; l < L; ++l) sol.cost += p.layers[l][sol.choice[l]].cost;
+  StageSolution sol{true, 0, choice_of(levels, best), 0};
+  for (size_t l = 0; l < sol.choice.size(); ++l) sol.cost += p.layers[l][sol.choice[l]].cost;
   sol.peak = model_peak(p, sol.choice);
   sol.feasible = sol.peak <= p.budget;
   return sol;

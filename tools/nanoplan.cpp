@@ -577,10 +577,7 @@ int run_sweep(const Flags& f) {
     const np::SweepResult& x = r.fitting[i];
     std::string plan = x.plan;
     if (!x.setup.stage_layers.empty()) {
-      std::string split;
-      for (int64_t n : x.setup.stage_layers)
-        split += (split.empty() ? "" : ",") + std::to_string(n);
-      plan = "layers per stage " + split + "; " + plan;
+      plan = "layers per stage " + np::format_partition(x.setup.stage_layers) + "; " + plan;
     }
     std::printf("%4zu %4lld %4lld %4lld %5d %4lld %5lld %10.3f %11.0f %5.1f%% %10.2f  %s\n", i + 1,
                 (long long)x.setup.tp, (long long)x.setup.pp, (long long)x.setup.dp, x.setup.zero,
