@@ -3,24 +3,8 @@
 # exactly one line on stderr that starts with "nanoplan: error:" and names the problem (and,
 # where the code has them, the valid choices).
 # Usage: bash tests/cli_bad_input.sh /path/to/nanoplan
-set -u
-
-if [ $# -lt 1 ] || [ ! -x "$1" ]; then
-  echo "usage: $0 /path/to/nanoplan (got: '${1:-}')" >&2
-  exit 1
-fi
-NP=$1
-unset NANOPLAN_MODELS_DIR  # use the catalog the binary finds by itself
-SRC_DIR=$(cd "$(dirname "$0")/.." && pwd)
-
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-
-failures=0
-cases=0
-
-ok() { cases=$((cases + 1)); echo "ok - $1"; }
-fail() { cases=$((cases + 1)); failures=$((failures + 1)); echo "FAIL - $1"; }
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "$0")/cli_lib.sh" "$@"
 
 # bad DESC [-m SUBSTR]... [-a "ALT1|ALT2|..."]... -- ARGS...
 #   -m: the error line must contain SUBSTR
@@ -218,5 +202,4 @@ bad "plan -o naming an existing folder" -m "$TMP/out/adir" -- plan --model llama
 absent "plan -o naming an existing folder left no temp file" "$TMP/out/adir.tmp"
 bad "plan to stdout with an unknown GPU" -m "h1000" -- plan --model llama-3.1-8b --gpu h1000
 
-echo "# $cases cases, $failures failed"
-[ "$failures" -eq 0 ] && exit 0 || exit 1
+finish

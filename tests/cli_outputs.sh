@@ -2,24 +2,8 @@
 # What the nanoplan CLI prints on good input: help, the estimate table and JSON, budgets, the
 # model catalog, plan files, --explain-peak and model sources (--models-dir, .toml, config.json).
 # Usage: bash tests/cli_outputs.sh /path/to/nanoplan
-set -u
-
-if [ $# -lt 1 ] || [ ! -x "$1" ]; then
-  echo "usage: $0 /path/to/nanoplan (got: '${1:-}')" >&2
-  exit 1
-fi
-NP=$1
-unset NANOPLAN_MODELS_DIR  # use the catalog the binary finds by itself
-SRC_DIR=$(cd "$(dirname "$0")/.." && pwd)
-
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-
-failures=0
-cases=0
-
-ok() { cases=$((cases + 1)); echo "ok - $1"; }
-fail() { cases=$((cases + 1)); failures=$((failures + 1)); echo "FAIL - $1"; }
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "$0")/cli_lib.sh" "$@"
 
 # run NAME ARGS...: runs nanoplan, stdout in $TMP/NAME.out, stderr in $TMP/NAME.err, exit code in RC.
 RC=0
@@ -375,5 +359,4 @@ run hfplan plan --model "$TMP/Llama-2-7b-hf/config.json" --tp 2
 expect_rc0 "plan from a Hugging Face config.json: exit 0" hfplan
 pycheck "plan from a config.json is valid JSON" "$TMP/hfplan.out" 'need(j["model"]["parameters"] == 6738415616, "parameters %r" % j["model"]["parameters"])'
 
-echo "# $cases cases, $failures failed"
-[ "$failures" -eq 0 ] && exit 0 || exit 1
+finish

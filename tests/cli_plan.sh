@@ -2,14 +2,8 @@
 # The budget planner through the CLI: --recompute auto (the default with a budget), its report and
 # JSON, and nanoplan sweep (ranking, JSON, no progress bar when piped, bad input).
 # Usage: bash tests/cli_plan.sh /path/to/nanoplan
-set -u
-NP=$1
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-ok() { echo "ok - $1"; }
-fail() { failures=$((failures + 1)); echo "FAIL - $1"; }
-check() { if eval "$2"; then ok "$1"; else fail "$1 (check: $2)"; fi; }
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "$0")/cli_lib.sh" "$@"
 json() { python3 -c "import json,sys; j=json.load(open('$1')); print($2)"; }
 
 S=(--model llama-3.1-8b --tp 2 --pp 2 --pp-schedule 1f1b --microbatches 4 --seq-len 8192)
@@ -78,4 +72,4 @@ bad sweep --model llama-3.1-8b --gpus 8
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40XB
 bad sweep --model nope --gpus 8 --budget 40GB
 
-[ $failures -eq 0 ] && echo "all passed" || { echo "$failures failed"; exit 1; }
+finish

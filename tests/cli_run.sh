@@ -3,15 +3,8 @@
 # and its bad inputs (exit 2), a tampered plan (caught by --check-plan, tensor named) and an
 # enforced budget (exit 3 with the tensor, its size and the bytes in use).
 # Usage: bash tests/cli_run.sh /path/to/nanoplan
-set -u
-NP=$1
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-ok() { echo "ok - $1"; }
-fail() { failures=$((failures + 1)); echo "FAIL - $1"; }
-check() { if eval "$2"; then ok "$1"; else fail "$1 (check: $2)"; fi; }
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "$0")/cli_lib.sh" "$@"
 
 cat >"$TMP/tiny.toml" <<'TOML'
 name = "tiny"
@@ -67,7 +60,7 @@ for opt in "--optimizer sgd" "--optimizer none" "--grad-accum-dtype bf16" \
   check "run $opt: predicted = measured" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/out9"'
 done
 
-"$NP" run --scenario "$ROOT/scenarios/tiny-moe.toml" >"$TMP/out3" 2>&1; rc=$?
+"$NP" run --scenario "$SRC_DIR/scenarios/tiny-moe.toml" >"$TMP/out3" 2>&1; rc=$?
 check "run --scenario passes its matrix" '[ $rc -eq 0 ] && grep -q "0 of [0-9]* setups failed" "$TMP/out3"'
 
 "$NP" run "$TMP/plan.json" --check-plan >"$TMP/out4" 2>&1; rc=$?
@@ -130,4 +123,4 @@ check "the OOM line names tensor, size and bytes in use" 'grep -qE "out of memor
 "$NP" run "$TMP/plan.json" --enforce-budget "$peak" >/dev/null 2>&1; rc=$?
 check "at exactly the peak the run completes" '[ $rc -eq 0 ]'
 
-[ $failures -eq 0 ] && echo "all passed" || { echo "$failures failed"; exit 1; }
+finish

@@ -36,6 +36,11 @@ namespace {
 constexpr int64_t B = 3, S = 5, T = B * S, H = 11, HQ = 3, HKV = 1, D = 6, F = 13, V = 17, E = 5,
                   K = 2;
 constexpr int64_t QKV = (HQ + 2 * HKV) * D;
+
+// The attention ops' attributes at the sizes above.
+OpAttrs attention_attrs() {
+  return {.batch = B, .seq = S, .heads = HQ, .kv_heads = HKV, .head_dim = D};
+}
 constexpr double kDropout = 0.2;
 using Vec = std::vector<double>;
 
@@ -446,7 +451,7 @@ std::vector<Case> all_cases() {
       c.weights.push_back(rng.floats({w.shape, Dtype::kBf16}, wlo, whi));
     cs.push_back(std::move(c));
   };
-  OpAttrs core{.batch = B, .seq = S, .heads = HQ, .kv_heads = HKV, .head_dim = D};
+  const OpAttrs core = attention_attrs();
   OpAttrs moe{.features = F, .group = 1, .experts = E, .top_k = K};
   add("embedding", OpKind::kEmbedding, {.features = H, .rows = V}, {integers(rng, {T}, V)});
   add("pos_embedding", OpKind::kPosEmbedding, {.features = H, .rows = 8}, {act({T, H})});
@@ -959,7 +964,7 @@ struct AttentionRun {
 };
 
 AttentionRun run_flash(const Val& qkv, const Val& dctx, bool fp32) {
-  OpAttrs core{.batch = B, .seq = S, .heads = HQ, .kv_heads = HKV, .head_dim = D};
+  const OpAttrs core = attention_attrs();
   Case c{"flash", OpKind::kFlashAttention, core, {qkv}, {}, ""};
   Exec ex(c, fp32);
   auto in = ex.tensors(c.inputs);
@@ -970,7 +975,7 @@ AttentionRun run_flash(const Val& qkv, const Val& dctx, bool fp32) {
 }
 
 AttentionRun run_eager(const Val& qkv, const Val& dctx, bool fp32) {
-  OpAttrs core{.batch = B, .seq = S, .heads = HQ, .kv_heads = HKV, .head_dim = D};
+  const OpAttrs core = attention_attrs();
   Case cs{"scores", OpKind::kAttnScores, core, {qkv}, {}, ""};
   Exec es(cs, fp32);
   auto x = es.tensors(cs.inputs);

@@ -16,9 +16,30 @@ namespace {
 
 // Random heterogeneous stages: 1-4 layers with 2-6 options each; pp 1-8 gives the in-flight count
 // of stage s under 1F1B, min(m, pp - s). Costs are integers so sums are exact in any order.
+// `count` options: kept bytes in [1, kept_max], working = kept + [0, extra_max], integer cost in
+// [0, cost_max].
+std::vector<StageOption> random_options(std::mt19937_64& rng, int count, int kept_max,
+                                        int extra_max, int cost_max) {
+  std::uniform_int_distribution<int> kept(1, kept_max), extra(0, extra_max), cost(0, cost_max);
+  std::vector<StageOption> opts;
+  for (int o = 0; o < count; ++o) {
+    int64_t kb = kept(rng);
+    opts.push_back({kb, kb + extra(rng), static_cast<double>(cost(rng))});
+  }
+  return opts;
+}
+
+// Makes p a stage of n layers sharing `opts` (the stages the auto planner builds), with a budget
+// drawn from [base, base + f x per_layer x n + slack].
+void share_options(std::mt19937_64& rng, StageProblem& p, int n, std::vector<StageOption> opts,
+                   int64_t per_layer, int64_t slack) {
+  p.layers.assign(n, opts);
+  p.budget = std::uniform_int_distribution<int64_t>(
+      p.base, p.base + p.in_flight * per_layer * n + slack)(rng);
+}
+
 StageProblem random_problem(std::mt19937_64& rng) {
-  std::uniform_int_distribution<int> layers(1, 4), options(2, 6), pp(1, 8), kept(1, 40),
-      extra(0, 60), cost(0, 20);
+  std::uniform_int_distribution<int> layers(1, 4), options(2, 6), pp(1, 8);
   StageProblem p;
   int stages = pp(rng);
   p.in_flight =
@@ -26,15 +47,7 @@ StageProblem random_problem(std::mt19937_64& rng) {
   p.base = std::uniform_int_distribution<int>(0, 50)(rng);
   p.extra = std::uniform_int_distribution<int>(0, 30)(rng);
   int n = layers(rng);
-  for (int l = 0; l < n; ++l) {
-    std::vector<StageOption> opts;
-    int k = options(rng);
-    for (int o = 0; o < k; ++o) {
-      int64_t kb = kept(rng);
-      opts.push_back({kb, kb + extra(rng), static_cast<double>(cost(rng))});
-    }
-    p.layers.push_back(opts);
-  }
+  for (int l = 0; l < n; ++l) p.layers.push_back(random_options(rng, options(rng), 40, 60, 20));
   int64_t lo = p.base, hi = p.base + p.in_flight * 40 * n + 100;
   p.budget = std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   return p;
@@ -78,10 +91,7 @@ TEST(Solver, UniformLayersMatchExhaustiveSearch) {
   int feasible = 0;
   for (int i = 0; i < 1500; ++i) {
     StageProblem p = random_problem(rng);
-    int n = std::uniform_int_distribution<int>(1, 6)(rng);
-    p.layers.assign(n, p.layers.front());
-    p.budget =
-        std::uniform_int_distribution<int64_t>(p.base, p.base + p.in_flight * 40 * n + 100)(rng);
+    share_options(rng, p, std::uniform_int_distribution<int>(1, 6)(rng), p.layers.front(), 40, 100);
     feasible += matches_brute_force(p, i);
   }
   EXPECT_GT(feasible, 400);
@@ -94,16 +104,9 @@ TEST(Solver, ManyOptionsMatchExhaustiveSearch) {
   int feasible = 0;
   for (int i = 0; i < 400; ++i) {
     StageProblem p = random_problem(rng);
-    std::uniform_int_distribution<int> kept(1, 40), extra(0, 60), cost(0, 20), options(9, 14);
-    std::vector<StageOption> opts;
-    for (int o = 0, k = options(rng); o < k; ++o) {
-      int64_t kb = kept(rng);
-      opts.push_back({kb, kb + extra(rng), static_cast<double>(cost(rng))});
-    }
-    int n = std::uniform_int_distribution<int>(1, 4)(rng);
-    p.layers.assign(n, opts);
-    p.budget =
-        std::uniform_int_distribution<int64_t>(p.base, p.base + p.in_flight * 40 * n + 100)(rng);
+    std::vector<StageOption> opts =
+        random_options(rng, std::uniform_int_distribution<int>(9, 14)(rng), 40, 60, 20);
+    share_options(rng, p, std::uniform_int_distribution<int>(1, 4)(rng), opts, 40, 100);
     feasible += matches_brute_force(p, i);
   }
   EXPECT_GT(feasible, 100);
@@ -119,9 +122,7 @@ TEST(Solver, GroupProgrammeMatchesExhaustiveSearchAndTheGeneralProgramme) {
   for (int i = 0; i < 600; ++i) {
     StageProblem p = random_problem(rng);
     p.in_flight = 1;  // the case with its own staircase
-    int n = std::uniform_int_distribution<int>(1, 6)(rng);
-    p.layers.assign(n, p.layers.front());
-    p.budget = std::uniform_int_distribution<int64_t>(p.base, p.base + 40 * n + 100)(rng);
+    share_options(rng, p, std::uniform_int_distribution<int>(1, 6)(rng), p.layers.front(), 40, 100);
     feasible += matches_brute_force(p, i);
   }
   EXPECT_GT(feasible, 250);
@@ -129,16 +130,9 @@ TEST(Solver, GroupProgrammeMatchesExhaustiveSearchAndTheGeneralProgramme) {
   for (int i = 0; i < 300; ++i) {
     StageProblem p = random_problem(rng);
     p.in_flight = std::uniform_int_distribution<int>(1, 4)(rng);
-    std::uniform_int_distribution<int> kept(1, 400), extra(0, 600), cost(0, 50);
-    std::vector<StageOption> opts;
-    for (int o = 0, k = std::uniform_int_distribution<int>(2, 30)(rng); o < k; ++o) {
-      int64_t kb = kept(rng);
-      opts.push_back({kb, kb + extra(rng), static_cast<double>(cost(rng))});
-    }
-    int n = std::uniform_int_distribution<int>(5, 40)(rng);
-    p.layers.assign(n, opts);
-    p.budget =
-        std::uniform_int_distribution<int64_t>(p.base, p.base + p.in_flight * 400 * n + 600)(rng);
+    std::vector<StageOption> opts =
+        random_options(rng, std::uniform_int_distribution<int>(2, 30)(rng), 400, 600, 50);
+    share_options(rng, p, std::uniform_int_distribution<int>(5, 40)(rng), opts, 400, 600);
     StageSolution fast = solve_stage(p), general = solve_stage_programme(p);
     ASSERT_EQ(fast.feasible, general.feasible) << "instance " << i;
     if (!fast.feasible) continue;
@@ -157,7 +151,10 @@ TEST(Solver, BelowABound) {
   int checked = 0;
   for (int i = 0; i < 400; ++i) {
     StageProblem p = random_problem(rng);
-    if (i % 2) p.layers.assign(std::uniform_int_distribution<int>(1, 8)(rng), p.layers.front());
+    if (i % 2) {  // every layer with the first one's options
+      std::vector<StageOption> front = p.layers.front();
+      p.layers.assign(std::uniform_int_distribution<int>(1, 8)(rng), front);
+    }
     StageSolution best = solve_stage(p);
     if (!best.feasible) {
       EXPECT_FALSE(solve_stage(p, 1e9).feasible);

@@ -15,6 +15,22 @@ TensorType with_rows(const TensorType& t, int64_t rows) {
   return r;
 }
 
+// grad_in = collective(grad_out) of type t: written straight into a new input gradient, or
+// through scratch and added to the one already there.
+template <typename Collective>
+void collective_grad_input(const Env& env, const BackwardArgs& a, const TensorType& t,
+                           Collective collective) {
+  Tensor& dst = a.grad_inputs[0];
+  if (!dst) {
+    dst = env.alloc(t, AllocRole::kGradInput);
+    collective(dst);
+    return;
+  }
+  Scratch s(t);
+  collective(s.t);
+  grad_input_tensor(env, a, 0, s.t);
+}
+
 }  // namespace
 
 Outs all_gather_forward(const Env& env, Ins in, Ins) {
@@ -27,16 +43,8 @@ Outs all_gather_forward(const Env& env, Ins in, Ins) {
 // grad_in = this rank's block of the sum over ranks of grad_out (reduce-scatter).
 void all_gather_backward(const Env& env, const BackwardArgs& a) {
   const Tensor& g = need(a.grad_outputs, 0, "all_gather output gradient");
-  TensorType t = with_rows(g.type, dim(g, 0) / env.comm().tp_size());
-  Tensor& dst = a.grad_inputs[0];
-  if (!dst) {
-    dst = env.alloc(t, AllocRole::kGradInput);
-    env.comm().reduce_scatter(g, dst);
-    return;
-  }
-  Scratch s(t);
-  env.comm().reduce_scatter(g, s.t);
-  grad_input_tensor(env, a, 0, s.t);
+  collective_grad_input(env, a, with_rows(g.type, dim(g, 0) / env.comm().tp_size()),
+                        [&](Tensor& out) { env.comm().reduce_scatter(g, out); });
 }
 
 Outs reduce_scatter_forward(const Env& env, Ins in, Ins) {
@@ -51,16 +59,8 @@ Outs reduce_scatter_forward(const Env& env, Ins in, Ins) {
 // grad_in = all-gather of grad_out.
 void reduce_scatter_backward(const Env& env, const BackwardArgs& a) {
   const Tensor& g = need(a.grad_outputs, 0, "reduce_scatter output gradient");
-  TensorType t = with_rows(g.type, dim(g, 0) * env.comm().tp_size());
-  Tensor& dst = a.grad_inputs[0];
-  if (!dst) {
-    dst = env.alloc(t, AllocRole::kGradInput);
-    env.comm().all_gather(g, dst);
-    return;
-  }
-  Scratch s(t);
-  env.comm().all_gather(g, s.t);
-  grad_input_tensor(env, a, 0, s.t);
+  collective_grad_input(env, a, with_rows(g.type, dim(g, 0) * env.comm().tp_size()),
+                        [&](Tensor& out) { env.comm().all_gather(g, out); });
 }
 
 Outs all_reduce_forward(const Env& env, Ins in, Ins) {

@@ -1,0 +1,28 @@
+# Shared by the CLI test scripts, which source it with the nanoplan binary as $1. It sets NP (the
+# binary), SRC_DIR (the source tree) and TMP (a folder removed on exit), and defines ok, fail,
+# check and finish.
+set -u
+
+if [ $# -lt 1 ] || [ ! -x "$1" ]; then
+  echo "usage: $0 /path/to/nanoplan (got: '${1:-}')" >&2
+  exit 1
+fi
+NP=$1
+unset NANOPLAN_MODELS_DIR  # use the catalog the binary finds by itself
+SRC_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+failures=0
+cases=0
+
+ok() { cases=$((cases + 1)); echo "ok - $1"; }
+fail() { cases=$((cases + 1)); failures=$((failures + 1)); echo "FAIL - $1"; }
+# check DESC EXPR: a case that passes when the shell expression EXPR succeeds.
+check() { if eval "$2"; then ok "$1"; else fail "$1 (check: $2)"; fi; }
+# finish: the summary line; exits 1 when a case failed.
+finish() {
+  echo "# $cases cases, $failures failed"
+  [ "$failures" -eq 0 ] && exit 0 || exit 1
+}
