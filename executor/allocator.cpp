@@ -1,19 +1,24 @@
-// Tracking allocator: bookkeeping by event log, so the live set at the peak is rebuilt on demand.
+// Tracking allocator: bookkeeping by an event log, so the live set at the peak and the MemEvent
+// sequence are rebuilt on demand.
 #include "executor/allocator.hpp"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <new>
 
 #include "planner/units.hpp"
 
 namespace np::exec {
 
+namespace {
+std::string oom_message(const std::string& t, int64_t b, int64_t use, int64_t bud) {
+  std::string head = "out of memory: allocating " + t + " (" + format_int(b) + " bytes) with " +
+                     format_int(use) + " bytes in use ";
+  return bud >= 0 ? head + "would exceed the budget of " + format_int(bud) + " bytes"
+                  : head + "failed: the device has no room";
+}
+}  // namespace
+
 OutOfBudget::OutOfBudget(std::string t, int64_t b, int64_t use, int64_t bud)
-    : std::runtime_error("out of memory: allocating " + t + " (" + format_int(b) + " bytes) with " +
-                         format_int(use) + " bytes in use would exceed the budget of " +
-                         format_int(bud) + " bytes"),
+    : std::runtime_error(oom_message(t, b, use, bud)),
       tensor(std::move(t)),
       bytes(b),
       in_use(use),
@@ -21,23 +26,24 @@ OutOfBudget::OutOfBudget(std::string t, int64_t b, int64_t use, int64_t bud)
 
 TrackingAllocator::~TrackingAllocator() {
   for (Block& b : blocks_)
-    if (b.live) std::free(b.ptr);
+    if (b.live) device_.release(b.ptr);
 }
 
-void* TrackingAllocator::allocate(int64_t bytes, std::string name, Category category) {
+void* TrackingAllocator::allocate(int64_t bytes, std::string name, Category category,
+                                  int32_t tensor) {
+  if (bytes < 0) throw std::logic_error("tracking allocator: negative size for " + name);
   if (budget_ && in_use_ + bytes > *budget_)
     throw OutOfBudget(std::move(name), bytes, in_use_, *budget_);
-  size_t size = static_cast<size_t>(std::max<int64_t>(64, (bytes + 63) / 64 * 64));
-  void* p = std::aligned_alloc(64, size);
-  if (!p) throw std::bad_alloc();
-  std::memset(p, 0xFF, size);
-  events_.push_back(static_cast<int64_t>(blocks_.size()));
-  blocks_.push_back({p, bytes, std::move(name), category, true});
+  void* p = device_.allocate(bytes);
+  if (!p) throw OutOfBudget(std::move(name), bytes, in_use_, -1);
+  device_.fill_bytes(p, 0xFF, bytes);
+  log_.push_back({blocks_.size(), instr_, true});
+  blocks_.push_back({p, bytes, std::move(name), category, tensor, true});
   in_use_ += bytes;
   current_[static_cast<int>(category)] += bytes;
   if (in_use_ > peak_) {
     peak_ = in_use_;
-    peak_event_ = events_.size();
+    peak_entry_ = log_.size();
     at_peak_ = current_;
   }
   timeline_.push_back(in_use_);
@@ -50,33 +56,29 @@ void TrackingAllocator::release(void* p) {
     Block& b = blocks_[i];
     if (b.ptr != p || !b.live) continue;
     b.live = false;
-    std::free(b.ptr);
+    device_.release(b.ptr);
     in_use_ -= b.bytes;
     current_[static_cast<int>(b.category)] -= b.bytes;
-    events_.push_back(-static_cast<int64_t>(i) - 1);
+    log_.push_back({i, instr_, false});
     timeline_.push_back(in_use_);
     return;
   }
   throw std::logic_error("tracking allocator: release of memory it does not own");
 }
 
-void TrackingAllocator::rename(void* p, std::string name) {
+void TrackingAllocator::bind(void* p, int32_t tensor, std::string name) {
   for (size_t i = blocks_.size(); i-- > 0;)
     if (blocks_[i].ptr == p && blocks_[i].live) {
+      blocks_[i].tensor = tensor;
       blocks_[i].name = std::move(name);
       return;
     }
+  throw std::logic_error("tracking allocator: bind of memory it does not own");
 }
 
 std::vector<LiveAllocation> TrackingAllocator::live_at_peak() const {
   std::vector<bool> live(blocks_.size(), false);
-  for (size_t e = 0; e < peak_event_; ++e) {
-    int64_t v = events_[e];
-    if (v >= 0)
-      live[v] = true;
-    else
-      live[-v - 1] = false;
-  }
+  for (size_t e = 0; e < peak_entry_; ++e) live[log_[e].block] = log_[e].alloc;
   std::vector<LiveAllocation> out;
   for (size_t i = 0; i < blocks_.size(); ++i)
     if (live[i]) out.push_back({blocks_[i].name, blocks_[i].bytes, blocks_[i].category});
@@ -85,9 +87,30 @@ std::vector<LiveAllocation> TrackingAllocator::live_at_peak() const {
   return out;
 }
 
-size_t TrackingAllocator::live_count() const {
-  return static_cast<size_t>(
-      std::count_if(blocks_.begin(), blocks_.end(), [](const Block& b) { return b.live; }));
+std::vector<std::vector<MemEvent>> TrackingAllocator::events() const {
+  std::vector<int32_t> ids(blocks_.size());
+  int32_t unplanned = 0;
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    ids[i] = blocks_[i].tensor >= 0 ? blocks_[i].tensor : -(1 + unplanned++);
+  std::vector<std::vector<MemEvent>> out;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    size_t end = s + 1 < steps_.size() ? steps_[s + 1] : log_.size();
+    std::vector<MemEvent> step;
+    for (size_t e = steps_[s]; e < end; ++e) {
+      const LogEntry& l = log_[e];
+      step.push_back({l.instr, ids[l.block], blocks_[l.block].bytes, l.alloc});
+    }
+    canonical_order(step);
+    out.push_back(std::move(step));
+  }
+  return out;
+}
+
+std::vector<std::string> TrackingAllocator::unplanned_names() const {
+  std::vector<std::string> names;
+  for (const Block& b : blocks_)
+    if (b.tensor < 0) names.push_back(b.name);
+  return names;
 }
 
 }  // namespace np::exec

@@ -1,6 +1,7 @@
-// The per-rank tracking allocator: every device-model byte of a run goes through it. It records
-// the high-water mark, the bytes by category at that moment, the named live set at the peak and a
-// timeline, and can refuse to go past a budget.
+// The per-rank tracking allocator: every device byte of a run goes through it, from the backend's
+// DeviceMemory. It records the high-water mark, the bytes by category at that moment, the named
+// live set at the peak, the timeline, and every allocation and release as a MemEvent (which plan
+// instruction, which plan tensor), and can refuse to go past a budget.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -9,15 +10,17 @@
 #include <string>
 #include <vector>
 
+#include "executor/backend.hpp"
 #include "planner/schedule.hpp"
+#include "planner/simulate.hpp"
 
 namespace np::exec {
 
-// Thrown when an allocation would exceed the enforced budget.
+// Thrown when an allocation would exceed the enforced budget, or the device has no room.
 struct OutOfBudget : std::runtime_error {
   OutOfBudget(std::string tensor, int64_t bytes, int64_t in_use, int64_t budget);
   std::string tensor;
-  int64_t bytes, in_use, budget;
+  int64_t bytes, in_use, budget;  // budget -1: the device itself refused
 };
 
 struct LiveAllocation {
@@ -28,23 +31,34 @@ struct LiveAllocation {
 
 class TrackingAllocator {
  public:
-  explicit TrackingAllocator(std::optional<int64_t> budget = std::nullopt) : budget_(budget) {}
+  explicit TrackingAllocator(DeviceMemory& device, std::optional<int64_t> budget = std::nullopt)
+      : device_(device), budget_(budget) {}
   ~TrackingAllocator();
   TrackingAllocator(const TrackingAllocator&) = delete;
   TrackingAllocator& operator=(const TrackingAllocator&) = delete;
 
-  // Returns 64-byte aligned memory filled with 0xFF bytes (NaN for floats), so that an element no
-  // kernel wrote shows up. Throws OutOfBudget.
-  void* allocate(int64_t bytes, std::string name, Category category);
+  // The plan instruction whose allocations and releases follow (MemEvent::instr).
+  void set_instruction(int32_t instr) { instr_ = instr; }
+  // Starts a new training step: events are kept per step.
+  void begin_step() { steps_.push_back(log_.size()); }
+
+  // Returns memory filled with 0xFF bytes (NaN for floats), so that an element no kernel wrote
+  // shows up. `tensor`: the plan's tensor id, or -1 for an allocation the plan did not name
+  // (bind() may name it later). Throws OutOfBudget.
+  void* allocate(int64_t bytes, std::string name, Category category, int32_t tensor);
   void release(void* p);
-  void rename(void* p, std::string name);  // names a live allocation once its role is known
+  // Names a live allocation once its role is known (a gradient the kernel allocated).
+  void bind(void* p, int32_t tensor, std::string name);
 
   int64_t in_use() const { return in_use_; }
   int64_t peak() const { return peak_; }
   const std::array<int64_t, kCategories>& at_peak() const { return at_peak_; }
   std::vector<LiveAllocation> live_at_peak() const;                   // largest first
   const std::vector<int64_t>& timeline() const { return timeline_; }  // bytes after each event
-  size_t live_count() const;
+  // Events per step, canonical order. Allocations the plan did not name get the tensor id
+  // -(1 + k), k indexing unplanned_names().
+  std::vector<std::vector<MemEvent>> events() const;
+  std::vector<std::string> unplanned_names() const;
 
  private:
   struct Block {
@@ -52,13 +66,22 @@ class TrackingAllocator {
     int64_t bytes;
     std::string name;
     Category category;
+    int32_t tensor;
     bool live;
   };
+  struct LogEntry {
+    size_t block;
+    int32_t instr;
+    bool alloc;
+  };
+  DeviceMemory& device_;
   std::optional<int64_t> budget_;
-  std::vector<Block> blocks_;    // every allocation ever made, in order
-  std::vector<int64_t> events_;  // +index: allocation, -(index+1): release
+  int32_t instr_ = -1;
+  std::vector<Block> blocks_;  // every allocation ever made, in order
+  std::vector<LogEntry> log_;  // every allocation and release, in order
+  std::vector<size_t> steps_;  // log_ index where each step begins
   int64_t in_use_ = 0, peak_ = 0;
-  size_t peak_event_ = 0;  // events_ prefix length at the peak
+  size_t peak_entry_ = 0;  // log_ prefix length at the peak
   std::array<int64_t, kCategories> current_{}, at_peak_{};
   std::vector<int64_t> timeline_;
 };

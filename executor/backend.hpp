@@ -47,10 +47,44 @@ struct BackwardArgs {
   std::span<const Tensor> weight_grads;  // views into the gradient buffer: accumulate (+=)
 };
 
-class Backend {
+// A rank's device memory. The tracking allocator is the only caller of allocate and release, so
+// every device byte a run uses is counted; the runner moves data only through the copies.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  // Returns nullptr when the device has no room for `bytes` (the allocator then reports the
+  // tensor, its size and the bytes in use).
+  virtual void* allocate(int64_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  virtual void fill_bytes(void* p, uint8_t value, int64_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const Tensor& src) = 0;
+  virtual void copy_from_host(const Tensor& dst, const void* src) = 0;
+};
+
+// One optimizer update over a flat parameter group (the runner's dense or expert group).
+struct OptimizerUpdate {
+  Optimizer kind = Optimizer::kAdamW;
+  Tensor grad, master, m, v;  // m and v: AdamW only
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
+  int step = 0;  // 0-based: the bias corrections use step + 1
+};
+
+// A backend: the op kernels, and the device operations the runner needs around them (memory,
+// filling, element copies between dtypes, the optimizer update, a sum for the loss readout).
+class Backend : public DeviceMemory {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // t[i] = value for every element (float dtypes).
+  virtual void fill(const Tensor& t, float value) = 0;
+  // dst[dst_offset + i] = src[src_offset + i] for i < n, converting between float dtypes.
+  virtual void copy_elements(const Tensor& dst, int64_t dst_offset, const Tensor& src,
+                             int64_t src_offset, int64_t n) = 0;
+  // SGD: master -= lr * grad. AdamW (Loshchilov and Hutter 2019, with bias corrections): m, v,
+  // then master. Reads grad in its own dtype; fp32 arithmetic.
+  virtual void optimizer_update(const OptimizerUpdate& u) = 0;
+  // The sum of an fp32 tensor's elements in index order, in double (the loss readout).
+  virtual double sum(const Tensor& t) = 0;
   // Computes and returns the op's outputs (allocated with AllocRole::kOutput, in op-table order).
   // Forward workspaces are allocated with AllocRole::kWorkspace and returned after the outputs.
   virtual std::vector<Tensor> forward(const OpContext& ctx, std::span<const Tensor> inputs,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "planner/report.hpp"
 #include "planner/simulate.hpp"
@@ -10,10 +11,57 @@
 
 namespace np::exec {
 
+namespace {
+
+std::string describe(const StageProgram& p, const RankResult& r, const MemEvent* e) {
+  if (!e) return "nothing";
+  std::string name = e->tensor >= 0 ? p.tensor_name(e->tensor)
+                                    : "unplanned " + r.unplanned.at(-e->tensor - 1);
+  return std::string(e->alloc ? "alloc " : "free ") + name + " (" + format_int(e->bytes) + " B)";
+}
+
+// The first event of one step where measured and predicted differ, with the measured live set
+// just before it.
+std::optional<Divergence> first_divergence(const StageProgram& p, const RankResult& r, int step,
+                                           const std::vector<MemEvent>& predicted,
+                                           const std::vector<MemEvent>& measured,
+                                           std::map<int32_t, int64_t>& live) {
+  size_t n = std::max(predicted.size(), measured.size());
+  for (size_t k = 0; k < n; ++k) {
+    const MemEvent* pe = k < predicted.size() ? &predicted[k] : nullptr;
+    const MemEvent* me = k < measured.size() ? &measured[k] : nullptr;
+    if (pe && me && *pe == *me) {
+      if (me->alloc)
+        live[me->tensor] = me->bytes;
+      else
+        live.erase(me->tensor);
+      continue;
+    }
+    Divergence d;
+    d.step = step, d.event = k;
+    d.instr = pe && me ? std::min(pe->instr, me->instr) : pe ? pe->instr : me->instr;
+    d.instr_name = d.instr >= 0 ? p.instr_name(p.instrs.at(d.instr)) : "";
+    d.predicted = describe(p, r, pe);
+    d.measured = describe(p, r, me);
+    for (auto [id, bytes] : live) {
+      d.live.push_back({id >= 0 ? p.tensor_name(id) : "unplanned " + r.unplanned.at(-id - 1),
+                        bytes, id >= 0 ? p.tensors[id].category : Category::kTransient});
+      d.live_bytes += bytes;
+    }
+    std::stable_sort(d.live.begin(), d.live.end(),
+                     [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+    return d;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 RunComparison compare(const Schedule& s, const RunResult& r, std::string title) {
   RunComparison c{std::move(title), s.setup, {}, r.losses, true};
   std::vector<SimResult> sims;
-  for (const StageProgram& p : s.stages) sims.push_back(simulate(p, {.live_set = true}));
+  for (const StageProgram& p : s.stages)
+    sims.push_back(simulate(p, {.live_set = true, .events = true}));
   for (const RankResult& rr : r.ranks) {
     const StageProgram& p = s.stages[rr.stage];
     const SimResult& sim = sims[rr.stage];
@@ -28,7 +76,19 @@ RunComparison compare(const Schedule& s, const RunResult& r, std::string title) 
                       {},
                       {},
                       rr.unplanned};
-    if (rc.difference() != 0 || !rc.unplanned.empty()) {
+    // Steps after the first allocate no statics: they stay from step to step.
+    std::vector<MemEvent> later;
+    for (const MemEvent& e : sim.events)
+      if (!(e.alloc && p.tensors[e.tensor].kind == ValueKind::kStatic)) later.push_back(e);
+    std::map<int32_t, int64_t> live;
+    for (size_t step = 0; step < rr.events.size() && !rc.divergence; ++step) {
+      const std::vector<MemEvent>& predicted = step == 0 ? sim.events : later;
+      rc.divergence = first_divergence(p, rr, static_cast<int>(step), predicted,
+                                       rr.events[step], live);
+      rc.events += rc.divergence ? rc.divergence->event : predicted.size();
+    }
+    if (rr.events.empty()) rc.divergence = Divergence{.predicted = "events", .measured = "none"};
+    if (!rc.equal()) {
       c.all_equal = false;
       for (int32_t id : sim.live_at_peak)
         rc.predicted_live.push_back(
@@ -63,6 +123,20 @@ std::string side_by_side(const RankComparison& r) {
   return out;
 }
 
+std::string divergence_text(const RankComparison& r) {
+  const Divergence& d = *r.divergence;
+  std::string out = "    first divergence: step " + std::to_string(d.step + 1) + ", event " +
+                    std::to_string(d.event) + ", instruction " + std::to_string(d.instr) +
+                    " '" + d.instr_name + "'\n      predicted: " + d.predicted +
+                    "\n      measured:  " + d.measured + "\n      live before it (measured, " +
+                    std::to_string(d.live.size()) + " tensors, " + format_int(d.live_bytes) +
+                    " B):";
+  for (size_t i = 0; i < d.live.size() && i < 6; ++i)
+    out += (i ? ", " : " ") + d.live[i].name + " " + format_int(d.live[i].bytes);
+  if (d.live.size() > 6) out += ", ...";
+  return out + "\n";
+}
+
 }  // namespace
 
 std::string comparison_table(const RunComparison& c) {
@@ -81,6 +155,7 @@ std::string comparison_table(const RunComparison& c) {
         format_int(m[2]).c_str(), format_int(m[3]).c_str(), format_int(m[4]).c_str(),
         r.predicted_at_peak == r.measured_at_peak ? "" : "  (categories differ)");
     out += buf;
+    if (r.divergence) out += divergence_text(r);
     if (r.difference() != 0 || !r.unplanned.empty()) out += side_by_side(r);
   }
   out += "  loss per step:";
@@ -89,8 +164,11 @@ std::string comparison_table(const RunComparison& c) {
     std::snprintf(buf, sizeof buf, " %.6f", l);
     out += buf;
   }
-  out += c.all_equal ? "\n  predicted = measured on every rank\n"
-                     : "\n  PREDICTED != MEASURED (see the live sets above)\n";
+  size_t events = 0;
+  for (const RankComparison& r : c.ranks) events += r.events;
+  out += c.all_equal ? "\n  predicted = measured on every rank: " + format_int(events) +
+                           " allocation and release events, each equal\n"
+                     : "\n  PREDICTED != MEASURED (see the divergence and live sets above)\n";
   return out;
 }
 
@@ -108,7 +186,21 @@ nlohmann::json comparison_json(const RunComparison& c) {
                         {"measured_peak_bytes", r.measured},
                         {"difference_bytes", r.difference()},
                         {"categories", cats},
-                        {"unplanned", r.unplanned}};
+                        {"unplanned", r.unplanned},
+                        {"events_compared", r.events}};
+    if (r.divergence) {
+      const Divergence& d = *r.divergence;
+      nlohmann::json live = nlohmann::json::array();
+      for (const LiveAllocation& t : d.live) live.push_back({{"name", t.name}, {"bytes", t.bytes}});
+      j["first_divergence"] = {{"step", d.step},
+                               {"event", d.event},
+                               {"instruction", d.instr},
+                               {"instruction_name", d.instr_name},
+                               {"predicted", d.predicted},
+                               {"measured", d.measured},
+                               {"live_bytes", d.live_bytes},
+                               {"live", live}};
+    }
     if (!r.predicted_live.empty() || !r.measured_live.empty()) {
       nlohmann::json pl = nlohmann::json::array(), ml = nlohmann::json::array();
       for (const LiveTensor& t : r.predicted_live)

@@ -1,8 +1,10 @@
 // Predicted against measured, per rank: the planner's simulation of the schedule beside what the
-// executor's tracking allocators saw, by category, with the live sets at both peaks when they
-// differ.
+// executor's tracking allocators saw, event by event (every allocation and release, with its
+// instruction, tensor and bytes; the first divergence reported with what was live), and the
+// peaks by category, with the live sets at both peaks when they differ.
 #pragma once
 #include <array>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -13,6 +15,17 @@
 
 namespace np::exec {
 
+// The first event where the run and the plan part ways.
+struct Divergence {
+  int step = 0;            // 0-based training step
+  size_t event = 0;        // index in the step's canonical event sequence
+  int32_t instr = -1;      // plan instruction of the earlier of the two events
+  std::string instr_name;  // e.g. "backward L0/mb1 attn.core"
+  std::string predicted, measured;  // "alloc L0/mb1/attn.qkv (4,096 B)", or "nothing"
+  std::vector<LiveAllocation> live;  // measured live tensors just before it, largest first
+  int64_t live_bytes = 0;
+};
+
 struct RankComparison {
   int64_t rank = 0, stage = 0, tp_rank = 0;
   int64_t predicted = 0, measured = 0;
@@ -21,7 +34,10 @@ struct RankComparison {
   std::vector<LiveTensor> predicted_live;     // filled when the peaks differ
   std::vector<LiveAllocation> measured_live;  // filled when the peaks differ
   std::vector<std::string> unplanned;
+  size_t events = 0;  // events compared, all steps
+  std::optional<Divergence> divergence;
   int64_t difference() const { return measured - predicted; }
+  bool equal() const { return !divergence && difference() == 0 && unplanned.empty(); }
 };
 
 struct RunComparison {

@@ -39,34 +39,34 @@ std::string weight_key(const StageBlock& block, const GraphOp& op, size_t w) {
 }
 
 int64_t global_weight_index(const GraphOp& op, size_t w, int64_t i, int64_t tp, int64_t tp_rank) {
-  const std::vector<int64_t>& shape = op.weights.at(w).shape;
-  bool bias = std::string(op.weights[w].suffix) == "bias";
-  switch (op.kind) {
-    case OpKind::kEmbedding: {
+  const WeightShape& ws = op.weights.at(w);
+  const std::vector<int64_t>& shape = ws.shape;
+  switch (weight_shard(op.kind, ws.suffix)) {
+    case Shard::kReplicated:
+      return i;
+    case Shard::kRows: {
       int64_t h = shape[1];
       return (tp_rank * shape[0] + i / h) * h + i % h;
     }
-    case OpKind::kColumnLinear: {
-      if (bias) return column_row(op.attrs, i, tp, tp_rank);
+    case Shard::kSectionRows: {
+      if (shape.size() == 1) return column_row(op.attrs, i, tp, tp_rank);  // the bias
       int64_t in = shape[1];
       return column_row(op.attrs, i / in, tp, tp_rank) * in + i % in;
     }
-    case OpKind::kRowLinear: {
-      if (bias) return i;
+    case Shard::kColumns: {
       int64_t in = shape[1];
       return (i / in) * in * tp + tp_rank * in + i % in;
     }
-    case OpKind::kExpertColumn: {
+    case Shard::kExpertSectionRows: {
       int64_t rows = shape[1], in = shape[2], e = i / (rows * in), r = (i / in) % rows;
       return (e * rows * tp + column_row(op.attrs, r, tp, tp_rank)) * in + i % in;
     }
-    case OpKind::kExpertRow: {
+    case Shard::kExpertColumns: {
       int64_t rows = shape[1], in = shape[2], e = i / (rows * in), r = (i / in) % rows;
       return (e * rows + r) * in * tp + tp_rank * in + i % in;
     }
-    default:
-      return i;  // replicated: norms, router, positions, shared gate
   }
+  return i;
 }
 
 void init_weight(const Tensor& t, const StageBlock& block, const GraphOp& op, size_t w, int64_t tp,

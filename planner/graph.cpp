@@ -61,7 +61,7 @@ class Builder {
     }
     for (int i : inputs) g_.tensors[i].consumers.push_back(index);
     set_collectives(o);
-    o.tp_partial_weight_grads = partial_weight_grads(kind);
+    o.tp_partial_weight_grads = partial_weight_grads(o);
     g_.ops.push_back(std::move(o));
     return g_.ops.back().outputs;
   }
@@ -111,12 +111,15 @@ class Builder {
     return static_cast<int>(g_.tensors.size()) - 1;
   }
 
-  // Replicated weights whose per-rank gradient is partial: applied to a sequence shard, or (the
-  // shared-expert gate) multiplying a TP-partial sum. Their gradients are all-reduced over TP.
-  bool partial_weight_grads(OpKind kind) const {
-    bool on_shard = kind == OpKind::kRmsNorm || kind == OpKind::kLayerNorm ||
-                    kind == OpKind::kPosEmbedding || kind == OpKind::kRouter;
-    return (t_.sp && on_shard) || (t_.tp > 1 && kind == OpKind::kSharedGate);
+  // Replicated weights (weight_shard) whose per-rank gradient is partial: applied to a sequence
+  // shard, or (the shared-expert gate) multiplying a TP-partial sum. Their gradients are
+  // all-reduced over TP.
+  bool partial_weight_grads(const GraphOp& o) const {
+    for (const WeightShape& w : o.weights)
+      if (weight_shard(o.kind, w.suffix) != Shard::kReplicated) return false;
+    bool on_shard = o.kind == OpKind::kRmsNorm || o.kind == OpKind::kLayerNorm ||
+                    o.kind == OpKind::kPosEmbedding || o.kind == OpKind::kRouter;
+    return !o.weights.empty() && ((t_.sp && on_shard) || (t_.tp > 1 && o.kind == OpKind::kSharedGate));
   }
 
   // The collectives of an op, forward and backward (the TP ones are conjugate pairs).

@@ -17,6 +17,37 @@ int64_t WeightShape::elements() const {
   return n;
 }
 
+const char* name_of(Shard s) {
+  constexpr const char* n[] = {"replicated", "rows",          "section_rows",
+                               "columns",    "expert_section_rows", "expert_columns"};
+  return n[static_cast<int>(s)];
+}
+
+Shard weight_shard(OpKind kind, std::string_view suffix) {
+  bool bias = suffix == "bias";
+  switch (kind) {
+    case OpKind::kEmbedding:
+      return Shard::kRows;
+    case OpKind::kColumnLinear:
+      return Shard::kSectionRows;
+    case OpKind::kRowLinear:
+      return bias ? Shard::kReplicated : Shard::kColumns;
+    case OpKind::kExpertColumn:
+      return Shard::kExpertSectionRows;
+    case OpKind::kExpertRow:
+      return Shard::kExpertColumns;
+    default:
+      return Shard::kReplicated;
+  }
+}
+
+int64_t checked_bytes(const TensorType& t) {
+  int64_t n = dtype_bytes(t.dtype);
+  for (int64_t d : t.shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
+  return n;
+}
+
 namespace {
 
 using In = std::span<const TensorType>;

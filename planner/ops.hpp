@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "planner/spec.hpp"
@@ -68,6 +69,24 @@ struct WeightShape {
   std::vector<int64_t> shape;
   int64_t elements() const;
 };
+
+// How a weight is split over the TP group: the one statement of TP sharding. The graph builder
+// reads it (which weights are replicated), the executors' weight init and gradient capture map a
+// rank's local elements to global ones with it.
+enum class Shard : uint8_t {
+  kReplicated,   // norms, routers, learned positions, row-parallel biases, the shared-expert gate
+  kRows,         // dim 0 in contiguous blocks per rank (vocab-parallel embedding and LM head)
+  kSectionRows,  // dim 0 per fused section ([q | k | v], [gate | up]) and the matching bias
+  kColumns,      // the last dim in contiguous blocks (row-parallel linear's weight)
+  kExpertSectionRows,  // per expert (dim 0): dim 1 per fused section
+  kExpertColumns,      // per expert (dim 0): the last dim in contiguous blocks
+};
+const char* name_of(Shard s);
+Shard weight_shard(OpKind kind, std::string_view suffix);
+
+// Bytes of a tensor of this type, or -1 when the count does not fit in 63 bits (checked
+// arithmetic, for plans and setups read from files).
+int64_t checked_bytes(const TensorType& t);
 
 struct OpInfo {
   OpKind kind;

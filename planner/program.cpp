@@ -1,6 +1,9 @@
 // Names and the well-formedness checker of a stage program.
 #include <string>
 
+#include <stdexcept>
+
+#include "planner/contract.hpp"
 #include "planner/schedule.hpp"
 
 namespace np {
@@ -39,6 +42,52 @@ std::string StageProgram::instr_name(const Instr& i) const {
   if (i.mb >= 0) s += "/mb" + std::to_string(i.mb);
   if (i.op >= 0) s += " " + blocks.at(i.block).graph->ops.at(i.op).name;
   return s;
+}
+
+std::string static_weight_name(const StageBlock& block, const GraphOp& op, size_t w) {
+  std::string prefix = block.kind == BlockKind::kLayer ? "L" + std::to_string(block.layer) + "/" : "";
+  return prefix + op.name + "." + op.weights.at(w).suffix;
+}
+
+BackwardOperands backward_operands(const StageProgram& p, const Instr& in) {
+  const GraphOp& op = p.blocks.at(in.block).graph->ops.at(in.op);
+  const OpInfo& info = op_info(op.kind);
+  BackwardOperands b{std::vector<int32_t>(op.outputs.size(), -1),
+                     std::vector<int32_t>(op.outputs.size(), -1),
+                     std::vector<int32_t>(op.inputs.size(), -1),
+                     std::vector<int32_t>(op.inputs.size(), -1)};
+  std::span<const int32_t> reads = p.reads(in);
+  size_t next = 0;
+  // The next read if it is of the expected kind (a gradient or a value), else -1.
+  auto take = [&](bool grad) -> int32_t {
+    if (next >= reads.size() || (p.tensors[reads[next]].kind == ValueKind::kGrad) != grad)
+      return -1;
+    return reads[next++];
+  };
+  for (size_t j = 0; j < op.outputs.size(); ++j) {
+    if (info.grad_outputs >> j & 1u) b.grad_outputs[j] = take(true);
+    if (info.bwd_reads_outputs >> j & 1u) b.outputs[j] = take(false);
+  }
+  for (size_t k = 0; k < op.inputs.size(); ++k) {
+    if (info.bwd_reads_inputs >> k & 1u) b.inputs[k] = take(false);
+    if (info.grad_inputs >> k & 1u) b.grad_inputs[k] = take(true);
+  }
+  // ZeRO-2/3: the block's gradient bucket and gathered weights are read last.
+  while (next < reads.size() && (p.tensors[reads[next]].kind == ValueKind::kGradBucket ||
+                                 p.tensors[reads[next]].kind == ValueKind::kParamGather))
+    ++next;
+  for (size_t j = 0; j < op.outputs.size(); ++j)
+    if ((info.bwd_reads_outputs >> j & 1u) && b.outputs[j] < 0)
+      throw std::logic_error("'" + p.instr_name(in) + "' does not read output " +
+                             std::to_string(j) + ", which its backward needs");
+  for (size_t k = 0; k < op.inputs.size(); ++k)
+    if ((info.bwd_reads_inputs >> k & 1u) && b.inputs[k] < 0)
+      throw std::logic_error("'" + p.instr_name(in) + "' does not read input " +
+                             std::to_string(k) + ", which its backward needs");
+  if (next != reads.size())
+    throw std::logic_error("'" + p.instr_name(in) + "' reads " + p.tensor_name(reads[next]) +
+                           " out of the contract's order");
+  return b;
 }
 
 int StageProgram::first_layer() const {

@@ -2,6 +2,8 @@
 // forward / recompute / backward instructions per op, and frees at each tensor's last use.
 #include "planner/schedule.hpp"
 
+#include "planner/contract.hpp"
+
 #include <algorithm>
 #include <limits>
 
@@ -258,21 +260,19 @@ void ProgramBuilder::emit_statics() {
   block_weight_bytes_.assign(p_.blocks.size(), 0);
   for (size_t b = 0; b < p_.blocks.size(); ++b) {
     const StageBlock& blk = p_.blocks[b];
-    std::string prefix = blk.kind == BlockKind::kLayer && !statics_only()
-                             ? "L" + std::to_string(blk.layer) + "/"
-                             : "";
     for (const GraphOp& op : blk.graph->ops) {
       if (!op.attrs.tie.empty()) {
         if (std::find(tied_seen.begin(), tied_seen.end(), op.attrs.tie) != tied_seen.end())
           continue;
         tied_seen.push_back(op.attrs.tie);
       }
-      for (const WeightShape& w : op.weights) {
-        (op.expert_weights ? expert : dense) += w.elements();
-        block_weight_bytes_[b] += w.elements() * 2;
+      for (size_t w = 0; w < op.weights.size(); ++w) {
+        int64_t n = op.weights[w].elements();
+        (op.expert_weights ? expert : dense) += n;
+        block_weight_bytes_[b] += n * 2;
         if (t_.zero < 3)
-          new_static(statics_only() ? std::string() : prefix + op.name + "." + w.suffix,
-                     w.elements() * 2, Category::kWeight);
+          new_static(statics_only() ? std::string() : static_weight_name(blk, op, w), n * 2,
+                     Category::kWeight);
       }
     }
   }

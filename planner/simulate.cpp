@@ -5,19 +5,32 @@
 
 namespace np {
 
+void canonical_order(std::vector<MemEvent>& events) {
+  std::stable_sort(events.begin(), events.end(), [](const MemEvent& a, const MemEvent& b) {
+    if (a.instr != b.instr) return a.instr < b.instr;
+    if (a.alloc != b.alloc) return a.alloc;
+    return a.tensor < b.tensor;
+  });
+}
+
 SimResult simulate(const StageProgram& p, const SimOptions& options) {
   SimResult r;
   std::array<int64_t, kCategories> cur{};
   int64_t total = 0;
+  int32_t anchor = -1;  // the last instruction that is not a free
   for (int32_t i = 0; i < static_cast<int32_t>(p.instrs.size()); ++i) {
     const Instr& in = p.instrs[i];
     if (in.kind == InstrKind::kFree) {
-      const ScheduleTensor& t = p.tensors[p.reads(in)[0]];
+      int32_t id = p.reads(in)[0];
+      const ScheduleTensor& t = p.tensors[id];
       cur[static_cast<int>(t.category)] -= t.bytes;
       total -= t.bytes;
+      if (options.events) r.events.push_back({anchor, id, t.bytes, false});
     } else {
+      anchor = i;
       for (int32_t id : p.allocs(in)) {
         const ScheduleTensor& t = p.tensors[id];
+        if (options.events) r.events.push_back({i, id, t.bytes, true});
         int c = static_cast<int>(t.category);
         cur[c] += t.bytes;
         total += t.bytes;
@@ -31,6 +44,7 @@ SimResult simulate(const StageProgram& p, const SimOptions& options) {
     }
     if (options.timeline) r.timeline.push_back(total);
   }
+  if (options.events) canonical_order(r.events);
   if (options.live_set && r.peak_instr >= 0) {
     std::vector<bool> live(p.tensors.size(), false);
     for (int32_t i = 0; i <= r.peak_instr; ++i) {

@@ -222,7 +222,7 @@ class IdentityComm final : public Communicator {
   void all_reduce(const Tensor&) override { ++calls; }
   void send(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
   void recv(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
-  void barrier() override {}
+  void all_reduce_with(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
   int calls = 0;
 
  private:
@@ -267,7 +267,7 @@ class ThreadComm final : public Communicator {
   }
   void send(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
   void recv(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
-  void barrier() override { g_.sync.arrive_and_wait(); }
+  void all_reduce_with(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
 
  private:
   void publish(const void* p) {

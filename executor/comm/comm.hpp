@@ -1,9 +1,13 @@
 // The communicator interface of one rank: collectives over its TP group and point-to-point
 // transfers to its pipeline neighbours. Implementations: in-process threads (comm/inproc.hpp);
 // NCCL later. Collectives are deterministic: reductions sum in rank order, in fp32, and every rank
-// gets bitwise the same result. None of them allocates: they write into the tensors they are given.
+// gets bitwise the same result. None of them allocates device memory: they write into the tensors
+// they are given (staging of their own, like NCCL's buffers, is on the estimate's NCCL line).
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
 
 #include "executor/tensor.hpp"
 
@@ -23,7 +27,26 @@ class Communicator {
   // Pipeline transfers to the rank of the same TP index on pipeline stage `stage`.
   virtual void send(const Tensor& t, int64_t stage) = 0;
   virtual void recv(const Tensor& t, int64_t stage) = 0;
-  virtual void barrier() = 0;  // the TP group
+  // t = t + the same tensor of the rank with this TP index on pipeline stage `peer`; both ranks
+  // call it and get bitwise the same sum (tied embeddings: the first and the last stage).
+  virtual void all_reduce_with(const Tensor& t, int64_t peer) = 0;
 };
+
+// Thrown inside the other ranks' communication calls after one rank aborted the run.
+struct RunAborted : std::runtime_error {
+  RunAborted() : std::runtime_error("run aborted by another rank") {}
+};
+
+// The communicators of one run, one per (pipeline stage, TP rank).
+class CommWorld {
+ public:
+  virtual ~CommWorld() = default;
+  virtual Communicator& comm(int64_t stage, int64_t tp_rank) = 0;
+  // Called by a failing rank of `stage`: releases its peers from any collective or receive; their
+  // calls then throw RunAborted.
+  virtual void abort(int64_t stage) = 0;
+};
+
+using CommWorldFactory = std::function<std::unique_ptr<CommWorld>(int64_t tp, int64_t pp)>;
 
 }  // namespace np::exec

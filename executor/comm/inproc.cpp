@@ -55,31 +55,45 @@ class InProcessComm final : public Communicator {
   }
 
   void send(const Tensor& t, int64_t stage) override {
-    auto& box = w_.mailbox(stage_, stage, rank_);
-    std::vector<unsigned char> msg(t.as<unsigned char>(), t.as<unsigned char>() + t.bytes());
+    post(std::vector<unsigned char>(t.as<unsigned char>(), t.as<unsigned char>() + t.bytes()),
+         stage);
+  }
+
+  void recv(const Tensor& t, int64_t stage) override {
+    std::vector<unsigned char> msg = take(stage);
+    check(static_cast<int64_t>(msg.size()) == t.bytes(),
+          "recv: message size differs from the receive buffer");
+    std::memcpy(t.data, msg.data(), msg.size());
+  }
+
+  void all_reduce_with(const Tensor& t, int64_t peer) override {
+    send(t, peer);
+    std::vector<unsigned char> msg = take(peer);
+    check(static_cast<int64_t>(msg.size()) == t.bytes(),
+          "all_reduce_with: the peer's tensor differs in size");
+    Tensor other{msg.data(), t.type};
+    for (int64_t i = 0; i < t.numel(); ++i) store(t, i, load(t, i) + load(other, i));
+  }
+
+ private:
+  InProcessWorld::Group& group() { return *w_.groups_[stage_]; }
+  void post(std::vector<unsigned char> msg, int64_t to) {
+    auto& box = w_.mailbox(stage_, to, rank_);
     {
       std::lock_guard lock(box.mu);
       box.messages.push_back(std::move(msg));
     }
     box.cv.notify_all();
   }
-
-  void recv(const Tensor& t, int64_t stage) override {
-    auto& box = w_.mailbox(stage, stage_, rank_);
+  std::vector<unsigned char> take(int64_t from) {
+    auto& box = w_.mailbox(from, stage_, rank_);
     std::unique_lock lock(box.mu);
     box.cv.wait(lock, [&] { return !box.messages.empty() || w_.aborted_; });
     if (box.messages.empty()) throw RunAborted();
     std::vector<unsigned char> msg = std::move(box.messages.front());
     box.messages.pop_front();
-    check(static_cast<int64_t>(msg.size()) == t.bytes(),
-          "recv: message size differs from the receive buffer");
-    std::memcpy(t.data, msg.data(), msg.size());
+    return msg;
   }
-
-  void barrier() override { wait(); }
-
- private:
-  InProcessWorld::Group& group() { return *w_.groups_[stage_]; }
   void publish(const void* p) {
     group().slots[rank_] = p;
     wait();

@@ -8,7 +8,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 #include <tuple>
 #include <vector>
 
@@ -16,20 +15,13 @@
 
 namespace np::exec {
 
-// Thrown inside the other ranks' communication calls after one rank aborted the run.
-struct RunAborted : std::runtime_error {
-  RunAborted() : std::runtime_error("run aborted by another rank") {}
-};
-
-class InProcessWorld {
+class InProcessWorld final : public CommWorld {
  public:
   InProcessWorld(int64_t tp, int64_t pp);
   // The communicator of (stage, tp_rank); owned by the world.
-  Communicator& comm(int64_t stage, int64_t tp_rank);
-  // Called by a failing rank (stage, tp_rank): releases its TP peers from any rendezvous and
-  // wakes every receiver; their communication calls then throw RunAborted.
-  void abort(int64_t stage);
-  bool aborted() const { return aborted_; }
+  Communicator& comm(int64_t stage, int64_t tp_rank) override;
+  // Releases the TP peers of `stage` from any rendezvous and wakes every receiver.
+  void abort(int64_t stage) override;
 
  private:
   friend class InProcessComm;

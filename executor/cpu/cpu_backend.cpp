@@ -2,6 +2,10 @@
 // default case, so that a new kind without a kernel is a compiler warning (-Wswitch).
 #include "executor/cpu/cpu_backend.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "executor/cpu/kernels.hpp"
@@ -160,6 +164,58 @@ class CpuBackend final : public Backend {
         break;
     }
     fail("backward: not an op kind");
+  }
+
+  // Device memory is host memory: 64-byte aligned blocks.
+  void* allocate(int64_t bytes) override {
+    size_t size = static_cast<size_t>(std::max<int64_t>(64, (bytes + 63) / 64 * 64));
+    return std::aligned_alloc(64, size);
+  }
+  void release(void* p) override { std::free(p); }
+  void fill_bytes(void* p, uint8_t value, int64_t bytes) override {
+    std::memset(p, value, static_cast<size_t>(bytes));
+  }
+  void copy_to_host(void* dst, const Tensor& src) override {
+    std::memcpy(dst, src.data, static_cast<size_t>(src.bytes()));
+  }
+  void copy_from_host(const Tensor& dst, const void* src) override {
+    std::memcpy(dst.data, src, static_cast<size_t>(dst.bytes()));
+  }
+
+  void fill(const Tensor& t, float value) override {
+    for (int64_t i = 0; i < t.numel(); ++i) store(t, i, value);
+  }
+  void copy_elements(const Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
+                     int64_t n) override {
+    check(dst_offset >= 0 && src_offset >= 0 && dst_offset + n <= dst.numel() &&
+              src_offset + n <= src.numel(),
+          "copy_elements: range out of bounds");
+    for (int64_t i = 0; i < n; ++i) store(dst, dst_offset + i, load(src, src_offset + i));
+  }
+  void optimizer_update(const OptimizerUpdate& u) override {
+    if (u.kind == Optimizer::kNone) return;
+    float* master = u.master.as<float>();
+    int64_t n = u.master.numel();
+    check(u.grad.numel() == n, "optimizer_update: gradient and master sizes differ");
+    if (u.kind == Optimizer::kSgd) {
+      for (int64_t i = 0; i < n; ++i) master[i] -= u.lr * load(u.grad, i);
+      return;
+    }
+    float c1 = 1.0f - std::pow(u.beta1, static_cast<float>(u.step + 1)),
+          c2 = 1.0f - std::pow(u.beta2, static_cast<float>(u.step + 1));
+    float* m = u.m.as<float>();
+    float* v = u.v.as<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      float g = load(u.grad, i);
+      m[i] = u.beta1 * m[i] + (1 - u.beta1) * g;
+      v[i] = u.beta2 * v[i] + (1 - u.beta2) * g * g;
+      master[i] -= u.lr * ((m[i] / c1) / (std::sqrt(v[i] / c2) + u.eps) + u.weight_decay * master[i]);
+    }
+  }
+  double sum(const Tensor& t) override {
+    double s = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) s += load(t, i);
+    return s;
   }
 
  private:

@@ -1,0 +1,328 @@
+// The schedule interpreter of one rank. It binds the plan's tensor ids to what the kernels
+// allocate (planner/contract.hpp, points 1-4), frees each tensor after its own count of the
+// tensor's last use (point 5; the plan's kFree instructions are never read), and records every
+// allocation and release against the plan instruction that caused it.
+#include "executor/rank.hpp"
+
+#include <chrono>
+#include <limits>
+#include <stdexcept>
+
+#include "executor/init.hpp"
+#include "executor/params.hpp"
+#include "planner/contract.hpp"
+
+namespace np::exec {
+namespace {
+
+class RankRunner {
+ public:
+  RankRunner(const Schedule& s, int64_t stage, int64_t tp_rank, Backend& be, Communicator& comm,
+             const RunOptions& opt)
+      : s_(s),
+        p_(s.stages.at(stage)),
+        stage_(stage),
+        tp_rank_(tp_rank),
+        opt_(opt),
+        be_(be),
+        comm_(comm),
+        alloc_(be, opt.enforce_budget),
+        params_(s, stage, tp_rank, be, comm) {
+    count_lifetimes();
+    for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
+      if (p_.tensors[id].kind == ValueKind::kStatic)
+        static_ids_.emplace(p_.static_names.at(p_.tensors[id].tensor), id);
+  }
+
+  RankRun run() {
+    for (int step = 0; step < opt_.steps; ++step) {
+      step_ = step;
+      alloc_.begin_step();
+      bound_.assign(p_.tensors.size(), Tensor{});
+      loss_ = 0;
+      for (int32_t i = 0; i < static_cast<int32_t>(p_.instrs.size()); ++i) exec(i);
+      if (stage_ == s_.setup.pp - 1 && tp_rank_ == 0) {
+        double tokens =
+            static_cast<double>(s_.setup.seq_len * s_.setup.micro_batch * s_.setup.microbatches);
+        out_.losses.push_back(loss_ / tokens);
+      }
+    }
+    RankResult& r = out_.memory;
+    r.stage = stage_, r.tp_rank = tp_rank_;
+    r.global_rank = stage_ * s_.setup.dp * s_.setup.tp + tp_rank_;
+    r.measured_peak = alloc_.peak();
+    r.measured_at_peak = alloc_.at_peak();
+    r.live_at_peak = alloc_.live_at_peak();
+    r.timeline = alloc_.timeline();
+    r.events = alloc_.events();
+    r.unplanned = alloc_.unplanned_names();
+    return std::move(out_);
+  }
+
+ private:
+  // The contract's point 5, counted from the program's reads and allocations alone: a tensor
+  // dies after the last instruction that reads or allocates it.
+  void count_lifetimes() {
+    constexpr int32_t kNever = std::numeric_limits<int32_t>::max();
+    std::vector<int32_t> last(p_.tensors.size(), kNever);
+    for (int32_t i = 0; i < static_cast<int32_t>(p_.instrs.size()); ++i) {
+      const Instr& in = p_.instrs[i];
+      if (in.kind == InstrKind::kFree) continue;
+      for (int32_t id : p_.reads(in)) last[id] = i;
+      for (int32_t id : p_.allocs(in)) last[id] = i;
+    }
+    dies_after_.assign(p_.instrs.size(), {});
+    for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
+      if (p_.tensors[id].kind != ValueKind::kStatic && last[id] != kNever)
+        dies_after_[last[id]].push_back(id);
+  }
+
+  void exec(int32_t i) {
+    const Instr& in = p_.instrs[i];
+    if (in.kind == InstrKind::kFree) return;  // the plan's prediction, not an instruction
+    alloc_.set_instruction(i);
+    auto start = std::chrono::steady_clock::now();
+    dispatch(in);
+    release_unplanned();
+    for (int32_t id : dies_after_[i]) {
+      if (!bound_[id]) continue;  // never allocated: the event comparison reports it
+      alloc_.release(bound_[id].data);
+      bound_[id] = {};
+    }
+    if (!opt_.profile || step_ + 1 != opt_.steps) return;
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string key = name_of(in.kind);
+    if (in.op >= 0) key += std::string(" ") + name_of(p_.blocks[in.block].graph->ops[in.op].kind);
+    if (in.kind == InstrKind::kSend || in.kind == InstrKind::kRecv) key = "p2p";
+    out_.profile[key] += dt;
+  }
+
+  void dispatch(const Instr& in) {
+    switch (in.kind) {
+      case InstrKind::kAlloc:
+        if (in.block >= 0)
+          throw std::logic_error("ZeRO-2/3 gradient buckets are not supported by this executor");
+        if (step_ == 0)
+          params_.allocate([this](const TensorType& type, const std::string& name,
+                                  Category c) { return allocate_static(type, name, c); },
+                           opt_.seed);
+        bind_statics();
+        break;
+      case InstrKind::kLoad:
+        load_tokens(in);
+        break;
+      case InstrKind::kForward:
+        forward(in, false);
+        break;
+      case InstrKind::kRecompute:
+        forward(in, true);
+        break;
+      case InstrKind::kBackward:
+        backward(in);
+        break;
+      case InstrKind::kSend:
+        send(in);
+        break;
+      case InstrKind::kRecv:
+        recv(in);
+        break;
+      case InstrKind::kOptimizerStep:
+        params_.sync_gradients();
+        if (step_ == 0 && opt_.capture_grads) out_.grads = params_.capture_gradients();
+        params_.optimizer_step(step_, opt_.lr);
+        break;
+      case InstrKind::kGatherParams:
+      case InstrKind::kReduceGrads:
+        throw std::logic_error("ZeRO-2/3 instructions are not supported by this executor");
+      case InstrKind::kFree:
+        break;
+    }
+  }
+
+  // Statics are bound to the plan's ids by name (contract point 1).
+  Tensor allocate_static(const TensorType& type, const std::string& name, Category c) {
+    auto it = static_ids_.find(name);
+    int32_t id = it == static_ids_.end() ? -1 : it->second;
+    Tensor t{alloc_.allocate(type.bytes(), id >= 0 ? name : "unplanned static " + name, c, id),
+             type};
+    statics_.push_back({id, t});
+    return t;
+  }
+  void bind_statics() {
+    for (auto& [id, t] : statics_)
+      if (id >= 0) bound_[id] = t;
+  }
+
+  OpContext context(const Instr& in) {
+    const StageBlock& blk = p_.blocks[in.block];
+    const TrainSpec& t = s_.setup;
+    OpContext ctx;
+    ctx.op = &blk.graph->ops[in.op];
+    ctx.model = &s_.model;
+    ctx.setup = &t;
+    ctx.comm = &comm_;
+    ctx.tp_rank = tp_rank_;
+    ctx.layer = blk.layer;
+    ctx.op_index = in.op;
+    ctx.mb = in.mb;
+    ctx.seed = opt_.seed +
+               0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step_ + 1);  // new masks each step
+    ctx.token_offset = t.sp ? tp_rank_ * (t.seq_len * t.micro_batch / t.tp) : 0;
+    ctx.loss_scale = 1.0f / static_cast<float>(t.seq_len * t.micro_batch * t.microbatches);
+    return ctx;
+  }
+
+  // Allocation hook of one instruction (contract points 2 and 3): the k-th output the kernel
+  // allocates takes the k-th output id of the plan's allocs, the k-th workspace the k-th
+  // workspace id; gradients are bound once the backend has placed them.
+  void hook(OpContext& ctx, const Instr& in) {
+    out_ids_.clear(), ws_ids_.clear(), pending_.clear();
+    for (int32_t id : p_.allocs(in)) {
+      ValueKind k = p_.tensors[id].kind;
+      if (k == ValueKind::kWorkspace)
+        ws_ids_.push_back(id);
+      else if (k != ValueKind::kGrad)
+        out_ids_.push_back(id);
+    }
+    next_out_ = next_ws_ = 0;
+    ctx.alloc = [this, &in](const TensorType& type, AllocRole role) {
+      int32_t id = -1;
+      if (role == AllocRole::kOutput && next_out_ < out_ids_.size()) id = out_ids_[next_out_++];
+      if (role == AllocRole::kWorkspace && next_ws_ < ws_ids_.size()) id = ws_ids_[next_ws_++];
+      std::string name = id >= 0                         ? p_.tensor_name(id)
+                         : role == AllocRole::kGradInput ? "gradient of " + p_.instr_name(in)
+                         : role == AllocRole::kWorkspace ? "workspace of " + p_.instr_name(in)
+                                                         : "output of " + p_.instr_name(in);
+      Category c = id >= 0 ? p_.tensors[id].category : Category::kTransient;
+      Tensor t{alloc_.allocate(type.bytes(), name, c, id), type};
+      pending_.push_back({t, id, role});
+      if (id >= 0) bound_[id] = t;
+      return t;
+    };
+  }
+
+  // Releases, at the end of the instruction, what the plan did not name (the allocator keeps it
+  // as an unplanned allocation: a divergence).
+  void release_unplanned() {
+    for (const Pending& pa : pending_)
+      if (pa.id < 0) alloc_.release(pa.tensor.data);
+    pending_.clear();
+  }
+
+  Tensor bound(int32_t id) const {
+    if (id < 0) return {};
+    if (!bound_[id])
+      throw std::logic_error("plan reads " + p_.tensor_name(id) + ", which holds no data");
+    return bound_[id];
+  }
+
+  void forward(const Instr& in, bool recompute) {
+    const GraphOp& op = p_.blocks[in.block].graph->ops[in.op];
+    OpContext ctx = context(in);
+    hook(ctx, in);
+    std::vector<Tensor> inputs;
+    for (int32_t id : p_.reads(in))
+      if (p_.tensors[id].kind != ValueKind::kParamGather) inputs.push_back(bound(id));
+    inputs.resize(op.inputs.size());
+    std::vector<Tensor> outs = be_.forward(ctx, inputs, params_.weights(in.block, in.op));
+    if (step_ == 0) ++out_.forward_runs[{static_cast<int>(stage_), in.block, in.op}];
+    if (op.kind == OpKind::kCrossEntropy && !recompute) loss_ += be_.sum(outs[0]);
+  }
+
+  void backward(const Instr& in) {
+    const GraphOp& op = p_.blocks[in.block].graph->ops[in.op];
+    BackwardOperands ids = backward_operands(p_, in);
+    auto tensors = [&](const std::vector<int32_t>& v) {
+      std::vector<Tensor> t;
+      for (int32_t id : v) t.push_back(bound(id));
+      return t;
+    };
+    std::vector<Tensor> inputs = tensors(ids.inputs), outputs = tensors(ids.outputs),
+                        gout = tensors(ids.grad_outputs), gin = tensors(ids.grad_inputs);
+    OpContext ctx = context(in);
+    hook(ctx, in);
+    be_.backward(ctx, {inputs, outputs, gout, gin, params_.weights(in.block, in.op),
+                       params_.weight_grads(in.block, in.op)});
+    // Gradients the kernel allocated: bound to the plan's gradient of that input, if it has one.
+    for (size_t k = 0; k < gin.size(); ++k) {
+      if (ids.grad_inputs[k] >= 0 || !gin[k]) continue;
+      for (Pending& pa : pending_) {
+        if (pa.tensor.data != gin[k].data) continue;
+        for (int32_t a : p_.allocs(in))
+          if (p_.tensors[a].kind == ValueKind::kGrad && p_.tensors[a].tensor == op.inputs[k])
+            pa.id = a;
+        if (pa.id < 0) continue;
+        alloc_.bind(gin[k].data, pa.id, p_.tensor_name(pa.id));
+        bound_[pa.id] = gin[k];
+      }
+    }
+  }
+
+  TensorType hidden_type() const {
+    const TrainSpec& t = s_.setup;
+    return {{t.seq_len * t.micro_batch / (t.sp ? t.tp : 1), s_.model.hidden}, Dtype::kBf16};
+  }
+
+  // Token ids or targets: generated on the host, copied to the device.
+  void load_tokens(const Instr& in) {
+    int32_t id = p_.allocs(in)[0];
+    const ScheduleTensor& t = p_.tensors[id];
+    const std::string& which = p_.blocks[t.block].graph->tensors[t.tensor].name;
+    TensorType type{{s_.setup.seq_len * s_.setup.micro_batch}, Dtype::kI64};
+    Tensor x{alloc_.allocate(type.bytes(), p_.tensor_name(id), t.category, id), type};
+    std::vector<int64_t> host(static_cast<size_t>(type.elements()));
+    fill_tokens(Tensor{host.data(), type}, which, in.mb, s_.model.vocab, opt_.seed);
+    be_.copy_from_host(x, host.data());
+    bound_[id] = x;
+  }
+
+  void send(const Instr& in) {
+    int32_t id = p_.reads(in)[0];
+    bool grad = p_.tensors[id].kind == ValueKind::kGrad;
+    comm_.send(bound(id), stage_ + (grad ? -1 : 1));
+  }
+
+  void recv(const Instr& in) {
+    int32_t id = p_.allocs(in)[0];
+    bool grad = p_.tensors[id].kind == ValueKind::kGrad;
+    Tensor x{alloc_.allocate(hidden_type().bytes(), p_.tensor_name(id), p_.tensors[id].category,
+                             id),
+             hidden_type()};
+    bound_[id] = x;
+    comm_.recv(x, stage_ + (grad ? 1 : -1));
+  }
+
+  struct Pending {
+    Tensor tensor;
+    int32_t id;
+    AllocRole role;
+  };
+
+  const Schedule& s_;
+  const StageProgram& p_;
+  int64_t stage_, tp_rank_;
+  const RunOptions& opt_;
+  Backend& be_;
+  Communicator& comm_;
+  TrackingAllocator alloc_;
+  ParamStore params_;
+  std::map<std::string, int32_t> static_ids_;
+  std::vector<std::pair<int32_t, Tensor>> statics_;
+  std::vector<std::vector<int32_t>> dies_after_;  // per instruction: ids ascending
+  std::vector<Tensor> bound_;                     // per plan tensor id
+  std::vector<int32_t> out_ids_, ws_ids_;
+  size_t next_out_ = 0, next_ws_ = 0;
+  std::vector<Pending> pending_;
+  double loss_ = 0;
+  int step_ = 0;
+  RankRun out_;
+};
+
+}  // namespace
+
+RankRun run_rank(const Schedule& s, int64_t stage, int64_t tp_rank, Backend& backend,
+                 Communicator& comm, const RunOptions& options) {
+  return RankRunner(s, stage, tp_rank, backend, comm, options).run();
+}
+
+}  // namespace np::exec

@@ -1,0 +1,55 @@
+// One rank of a run: the per-rank entry point. A process (or thread) that owns one device runs
+// one (pipeline stage, TP rank) of a schedule with its own backend and communicator; run_schedule
+// (runner.hpp) runs every rank of a schedule as threads of one process.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "executor/allocator.hpp"
+#include "executor/backend.hpp"
+#include "planner/schedule.hpp"
+
+namespace np::exec {
+
+struct RunOptions {
+  int steps = 1;
+  uint64_t seed = 1234;
+  std::optional<int64_t> enforce_budget;  // per rank, bytes
+  float lr = 1e-2f;                       // AdamW
+  bool capture_grads = false;             // keep the first step's gradients, in global layout
+  bool profile = false;                   // wall time per op kind and phase (last step)
+};
+
+struct RankResult {
+  int64_t stage = 0, tp_rank = 0, global_rank = 0;
+  int64_t measured_peak = 0;
+  std::array<int64_t, kCategories> measured_at_peak{};
+  std::vector<LiveAllocation> live_at_peak;
+  std::vector<int64_t> timeline;  // bytes in use after every allocation and release
+  // Every allocation and release, per step, canonical order (planner/simulate.hpp).
+  std::vector<std::vector<MemEvent>> events;
+  // Allocations the plan did not name (MemEvent tensor -(1 + k) is the k-th), a divergence.
+  std::vector<std::string> unplanned;
+};
+
+// What one rank reports besides its memory.
+struct RankRun {
+  RankResult memory;
+  std::vector<double> losses;  // per step; the last stage's TP rank 0 only
+  // First step's gradients by global weight key, global layout; NaN where other ranks hold them.
+  std::map<std::string, std::vector<float>> grads;
+  std::map<std::array<int, 3>, int> forward_runs;  // per (stage, block, op): forward executions
+  std::map<std::string, double> profile;           // seconds by "phase op-kind" (last step)
+};
+
+// Runs `options.steps` steps of rank (stage, tp_rank). Throws OutOfBudget when the enforced
+// budget or the device refuses an allocation, RunAborted when a peer gave up, and
+// std::exception for anything else.
+RankRun run_rank(const Schedule& s, int64_t stage, int64_t tp_rank, Backend& backend,
+                 Communicator& comm, const RunOptions& options);
+
+}  // namespace np::exec
