@@ -253,6 +253,15 @@ BlockGraph build_head(const ModelSpec& m, const TrainSpec& t) {
   return b.finish(x, -1);
 }
 
+BlockGraphs::BlockGraphs(const ModelSpec& m, const TrainSpec& t)
+    : embedding(std::make_shared<const BlockGraph>(build_embedding(m, t))),
+      layer(std::make_shared<const BlockGraph>(build_layer(m, t))),
+      head(std::make_shared<const BlockGraph>(build_head(m, t))) {}
+
+const std::shared_ptr<const BlockGraph>& BlockGraphs::of(BlockKind kind) const {
+  return kind == BlockKind::kEmbedding ? embedding : kind == BlockKind::kLayer ? layer : head;
+}
+
 std::optional<Error> check_graph(const BlockGraph& g) {
   using Dag = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS>;
   Dag dag(g.ops.size());

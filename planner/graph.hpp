@@ -1,6 +1,7 @@
 // The per-rank DAG of one block (embedding, decoder layer, or final norm + LM head + loss) with
 // TP/SP sharding already applied. Ops are stored in topological order; check_graph proves it.
 #pragma once
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -56,6 +57,13 @@ struct BlockGraph {
 BlockGraph build_embedding(const ModelSpec& m, const TrainSpec& t);
 BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t);
 BlockGraph build_head(const ModelSpec& m, const TrainSpec& t);
+
+// The three block graphs of one setup, built once and shared by every block of that kind.
+struct BlockGraphs {
+  BlockGraphs(const ModelSpec& m, const TrainSpec& t);
+  std::shared_ptr<const BlockGraph> embedding, layer, head;
+  const std::shared_ptr<const BlockGraph>& of(BlockKind kind) const;
+};
 
 // Graph invariants: a DAG (Boost.Graph topological sort), ops stored in topological order, each
 // tensor produced once, op arities and shapes consistent with the op table.

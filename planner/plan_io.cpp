@@ -1,10 +1,13 @@
 // Writing and reading plan files.
 #include "planner/plan_io.hpp"
 
+#include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "planner/report.hpp"
+#include "planner/units.hpp"
 
 namespace np {
 
@@ -41,59 +44,123 @@ json model_spec_to_json(const ModelSpec& m) {
 
 namespace {
 
-// Throws json::exception on a missing key or a wrong type; callers turn that into an Error.
-template <typename E>
-E enum_at(const json& j, const char* key) {
-  Result<E> r = parse_enum<E>(key, j.at(key).get<std::string>());
-  if (!r) throw std::invalid_argument(r.error().message);
-  return *r;
-}
+// A value read from the plan: path-named one-line errors, no silent conversion. Throws
+// std::invalid_argument with "path: problem".
+struct Reader {
+  const json& j;
+  std::string path;
+
+  Reader at(const std::string& key) const {
+    std::string p = path.empty() ? key : path + "." + key;
+    if (!j.is_object()) throw std::invalid_argument(path + ": expected an object");
+    if (!j.contains(key)) throw std::invalid_argument(p + ": missing");
+    return {j[key], p};
+  }
+  Reader at(size_t i) const { return {j.at(i), path + "[" + std::to_string(i) + "]"}; }
+  bool has(const std::string& key) const { return j.is_object() && j.contains(key); }
+  size_t size() const {
+    if (!j.is_array()) throw std::invalid_argument(path + ": expected a list");
+    return j.size();
+  }
+  [[noreturn]] void bad(const std::string& what) const {
+    std::string shown = j.dump();
+    if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+    throw std::invalid_argument(path + ": " + what + ", got " + shown);
+  }
+  int64_t integer(int64_t lo, int64_t hi) const {
+    if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      bad("the integer does not fit in 64 bits");
+    if (!j.is_number_integer()) bad("expected an integer");
+    int64_t v = j.get<int64_t>();
+    if (v < lo || v > hi)
+      bad("expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return v;
+  }
+  int64_t positive() const { return integer(1, INT64_MAX); }
+  bool boolean() const {
+    if (!j.is_boolean()) bad("expected true or false");
+    return j.get<bool>();
+  }
+  std::string text() const {
+    if (!j.is_string()) bad("expected a string");
+    return j.get<std::string>();
+  }
+  double number() const {
+    if (!j.is_number()) bad("expected a number");
+    return j.get<double>();
+  }
+  template <typename E>
+  E choice() const {
+    Result<E> r = parse_enum<E>(path.c_str(), text());
+    if (!r) throw std::invalid_argument(r.error().message);
+    return *r;
+  }
+};
 
 }  // namespace
 
 Result<ModelSpec> model_spec_from_json(const json& j) {
   try {
+    Reader r{j, "model"};
     ModelSpec m;
-    m.name = j.at("name");
-    m.display_name = j.value("display_name", m.name);
-    m.source = j.value("source", "");
-    m.hidden = j.at("hidden_size"), m.ffn = j.at("intermediate_size"),
-    m.layers = j.at("num_layers");
-    m.heads = j.at("num_heads"), m.kv_heads = j.at("num_kv_heads"), m.head_dim = j.at("head_dim");
-    m.vocab = j.at("vocab_size"), m.max_positions = j.at("max_position_embeddings");
-    m.norm = enum_at<Norm>(j, "norm");
-    m.activation = enum_at<Activation>(j, "activation");
-    m.position = enum_at<PosEmb>(j, "position_embedding");
-    m.qkv_bias = j.at("qkv_bias"), m.linear_bias = j.at("linear_bias");
-    m.tie_embeddings = j.at("tie_word_embeddings"), m.dropout = j.at("dropout");
-    if (j.contains("moe")) {
-      const json& e = j["moe"];
-      m.moe = MoeSpec{e.at("num_experts"), e.at("top_k"), e.at("expert_intermediate_size"),
-                      e.at("shared_expert_intermediate_size"), e.at("shared_expert_gate")};
+    m.name = r.at("name").text();
+    m.display_name = r.has("display_name") ? r.at("display_name").text() : m.name;
+    m.source = r.has("source") ? r.at("source").text() : "";
+    m.hidden = r.at("hidden_size").positive(), m.ffn = r.at("intermediate_size").positive();
+    m.layers = r.at("num_layers").positive();
+    m.heads = r.at("num_heads").positive(), m.kv_heads = r.at("num_kv_heads").positive();
+    m.head_dim = r.at("head_dim").positive();
+    m.vocab = r.at("vocab_size").positive();
+    m.max_positions = r.at("max_position_embeddings").positive();
+    m.norm = r.at("norm").choice<Norm>();
+    m.activation = r.at("activation").choice<Activation>();
+    m.position = r.at("position_embedding").choice<PosEmb>();
+    m.qkv_bias = r.at("qkv_bias").boolean(), m.linear_bias = r.at("linear_bias").boolean();
+    m.tie_embeddings = r.at("tie_word_embeddings").boolean();
+    m.dropout = r.at("dropout").number();
+    if (r.has("moe")) {
+      Reader e = r.at("moe");
+      m.moe = MoeSpec{e.at("num_experts").positive(), e.at("top_k").positive(),
+                      e.at("expert_intermediate_size").positive(),
+                      e.at("shared_expert_intermediate_size").integer(0, INT64_MAX),
+                      e.at("shared_expert_gate").boolean()};
     }
-    if (auto e = validate_model(m)) return *e;
+    if (auto e = validate_model(m)) return make_error("plan: model: " + e->message);
+    if (r.has("parameters")) {
+      int64_t stated = r.at("parameters").positive(), counted = count_parameters(m);
+      if (stated != counted)
+        return make_error("plan: model.parameters is " + format_int(stated) +
+                          ", but the model's fields give " + format_int(counted) +
+                          ": the model section was edited");
+    }
     return m;
   } catch (const std::exception& e) {
-    return make_error(std::string("plan: bad model spec: ") + e.what());
+    return make_error(std::string("plan: ") + e.what());
   }
 }
 
 Result<TrainSpec> setup_from_json(const json& j) {
   try {
+    Reader r{j, "setup"};
     TrainSpec t;
-    t.tp = j.at("tp"), t.pp = j.at("pp"), t.dp = j.at("dp"), t.ep = j.at("ep"), t.sp = j.at("sp");
-    t.zero = j.at("zero"), t.micro_batch = j.at("micro_batch"), t.seq_len = j.at("seq_len");
-    t.microbatches = j.at("microbatches");
-    t.pp_schedule = enum_at<PpSchedule>(j, "pp_schedule");
-    t.attention = enum_at<AttentionImpl>(j, "attention");
-    t.grad_dtype = enum_at<Dtype>(j, "grad_accum_dtype");
-    t.optimizer = enum_at<Optimizer>(j, "optimizer");
-    t.recompute = enum_at<Recompute>(j, "recompute");
-    t.tp_recompute_allgather = j.at("tp_recompute_allgather");
-    if (j.contains("stage_layers")) t.stage_layers = j["stage_layers"].get<std::vector<int64_t>>();
+    t.tp = r.at("tp").positive(), t.pp = r.at("pp").positive(), t.dp = r.at("dp").positive();
+    t.ep = r.at("ep").positive(), t.sp = r.at("sp").boolean();
+    t.zero = static_cast<int>(r.at("zero").integer(0, 3));
+    t.micro_batch = r.at("micro_batch").positive(), t.seq_len = r.at("seq_len").positive();
+    t.microbatches = r.at("microbatches").positive();
+    t.pp_schedule = r.at("pp_schedule").choice<PpSchedule>();
+    t.attention = r.at("attention").choice<AttentionImpl>();
+    t.grad_dtype = r.at("grad_accum_dtype").choice<Dtype>();
+    t.optimizer = r.at("optimizer").choice<Optimizer>();
+    t.recompute = r.at("recompute").choice<Recompute>();
+    t.tp_recompute_allgather = r.at("tp_recompute_allgather").boolean();
+    if (r.has("stage_layers")) {
+      Reader l = r.at("stage_layers");
+      for (size_t i = 0; i < l.size(); ++i) t.stage_layers.push_back(l.at(i).positive());
+    }
     return t;
   } catch (const std::exception& e) {
-    return make_error(std::string("plan: bad setup: ") + e.what());
+    return make_error(std::string("plan: ") + e.what());
   }
 }
 
@@ -160,84 +227,80 @@ json schedule_to_json(const Schedule& s) {
 namespace {
 
 template <typename E, size_t N>
-E lookup(const std::string& text, const E (&all)[N], const char* what) {
-  for (E e : all)
+E lookup(const Reader& r, const E (&all)[N]) {
+  std::string text = r.text(), valid;
+  for (E e : all) {
     if (text == name_of(e)) return e;
-  throw std::invalid_argument(std::string("unknown ") + what + " '" + text + "'");
+    valid += (valid.empty() ? "" : ", ") + std::string(name_of(e));
+  }
+  r.bad("expected one of " + valid);
 }
 
-int index_of(const std::vector<std::string>& names, const std::string& name, const char* what) {
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == name) return static_cast<int>(i);
-  throw std::invalid_argument(std::string("unknown ") + what + " '" + name + "'");
+template <typename T, typename Name>
+int index_of(const Reader& r, const std::vector<T>& items, Name name) {
+  std::string text = r.text();
+  for (size_t i = 0; i < items.size(); ++i)
+    if (name(items[i]) == text) return static_cast<int>(i);
+  r.bad("no such name in this block");
 }
 
-std::vector<std::string> op_names(const BlockGraph& g) {
-  std::vector<std::string> n;
-  for (const GraphOp& op : g.ops) n.push_back(op.name);
-  return n;
-}
-std::vector<std::string> tensor_names(const BlockGraph& g) {
-  std::vector<std::string> n;
-  for (const GraphTensor& t : g.tensors) n.push_back(t.name);
-  return n;
-}
-
-StageBlock read_block(const json& j, const ModelSpec& m, const TrainSpec& t) {
+StageBlock read_block(const Reader& r, const BlockGraphs& graphs) {
   constexpr BlockKind kinds[] = {BlockKind::kEmbedding, BlockKind::kLayer, BlockKind::kHead};
-  BlockKind kind = lookup(j.at("kind").get<std::string>(), kinds, "block kind");
-  auto g = std::make_shared<const BlockGraph>(kind == BlockKind::kEmbedding ? build_embedding(m, t)
-                                              : kind == BlockKind::kLayer   ? build_layer(m, t)
-                                                                            : build_head(m, t));
+  BlockKind kind = lookup(r.at("kind"), kinds);
+  std::shared_ptr<const BlockGraph> g = graphs.of(kind);
   StageBlock b{kind,
-               j.at("layer").get<int>(),
+               static_cast<int>(r.at("layer").integer(-1, INT32_MAX)),
                g,
-               {std::vector<bool>(g->ops.size(), false), j.at("policy")},
+               {std::vector<bool>(g->ops.size(), false), r.at("policy").text()},
                {}};
-  for (const json& op : j.at("recomputed_ops"))
-    b.policy.recompute[index_of(op_names(*g), op, "op")] = true;
+  Reader ops = r.at("recomputed_ops");
+  for (size_t i = 0; i < ops.size(); ++i)
+    b.policy.recompute[index_of(ops.at(i), g->ops, [](const GraphOp& o) { return o.name; })] =
+        true;
   b.saved.saved.assign(g->tensors.size(), false);
-  for (const json& t : j.at("kept_tensors")) {
-    int i = index_of(tensor_names(*g), t, "tensor");
-    b.saved.saved[i] = true;
-    b.saved.bytes += g->tensors[i].type.bytes();
+  Reader kept = r.at("kept_tensors");
+  for (size_t i = 0; i < kept.size(); ++i) {
+    int t = index_of(kept.at(i), g->tensors, [](const GraphTensor& x) { return x.name; });
+    b.saved.saved[t] = true;
+    b.saved.bytes += g->tensors[t].type.bytes();
   }
   return b;
 }
 
-StageProgram read_stage(const json& j, const ModelSpec& m, const TrainSpec& t) {
+StageProgram read_stage(const Reader& r, const BlockGraphs& graphs) {
   StageProgram p;
-  p.stage = j.at("pp_stage");
-  for (const json& b : j.at("blocks")) p.blocks.push_back(read_block(b, m, t));
+  p.stage = static_cast<int>(r.at("pp_stage").integer(0, INT32_MAX));
+  Reader blocks = r.at("blocks");
+  for (size_t i = 0; i < blocks.size(); ++i) p.blocks.push_back(read_block(blocks.at(i), graphs));
   constexpr Category cats[] = {Category::kWeight, Category::kGradient, Category::kOptimizer,
                                Category::kActivation, Category::kTransient};
   constexpr ValueKind kinds[] = {
       ValueKind::kStatic,    ValueKind::kValue,       ValueKind::kRecomputed, ValueKind::kGrad,
       ValueKind::kWorkspace, ValueKind::kParamGather, ValueKind::kGradBucket};
   const int32_t nblocks = static_cast<int32_t>(p.blocks.size());
-  for (const json& tj : j.at("tensors")) {
-    if (tj.at("id").get<size_t>() != p.tensors.size())
-      throw std::invalid_argument("tensor ids must be 0, 1, 2, ... in order");
-    ScheduleTensor t{tj.at("bytes"),
-                     tj.at("block"),
-                     tj.at("tensor"),
-                     tj.at("mb"),
-                     lookup(tj.at("category").get<std::string>(), cats, "category"),
-                     lookup(tj.at("kind").get<std::string>(), kinds, "tensor kind")};
+  Reader tensors = r.at("tensors");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    Reader tj = tensors.at(i);
+    if (static_cast<size_t>(tj.at("id").integer(0, INT32_MAX)) != i)
+      tj.at("id").bad("tensor ids must be 0, 1, 2, ... in order");
+    ScheduleTensor t{tj.at("bytes").integer(0, INT64_MAX),
+                     static_cast<int32_t>(tj.at("block").integer(-1, nblocks - 1)),
+                     static_cast<int32_t>(tj.at("tensor").integer(-1, INT32_MAX)),
+                     static_cast<int32_t>(tj.at("mb").integer(-1, INT32_MAX)),
+                     lookup(tj.at("category"), cats),
+                     lookup(tj.at("kind"), kinds)};
     if (t.kind == ValueKind::kStatic) {
       t.tensor = static_cast<int32_t>(p.static_names.size());
-      p.static_names.push_back(tj.at("name"));
-    } else if (t.block < 0 || t.block >= nblocks) {
-      throw std::invalid_argument("tensor " + std::to_string(p.tensors.size()) + " names block " +
-                                  std::to_string(t.block));
+      p.static_names.push_back(tj.at("name").text());
+    } else if (t.block < 0) {
+      tj.at("block").bad("a non-static tensor needs a block");
     } else {
       const BlockGraph& g = *p.blocks[t.block].graph;
       int32_t limit =
           static_cast<int32_t>(t.kind == ValueKind::kWorkspace ? g.ops.size() : g.tensors.size());
       bool needs_index = t.kind != ValueKind::kParamGather && t.kind != ValueKind::kGradBucket;
       if (needs_index && (t.tensor < 0 || t.tensor >= limit))
-        throw std::invalid_argument("tensor " + std::to_string(p.tensors.size()) +
-                                    " has an out-of-range graph index");
+        tj.at("tensor").bad("expected a graph index in [0, " + std::to_string(limit - 1) + "]");
     }
     p.tensors.push_back(t);
   }
@@ -245,30 +308,32 @@ StageProgram read_stage(const json& j, const ModelSpec& m, const TrainSpec& t) {
       InstrKind::kAlloc,       InstrKind::kLoad, InstrKind::kForward,      InstrKind::kRecompute,
       InstrKind::kBackward,    InstrKind::kSend, InstrKind::kRecv,         InstrKind::kGatherParams,
       InstrKind::kReduceGrads, InstrKind::kFree, InstrKind::kOptimizerStep};
-  for (const json& ij : j.at("program")) {
-    Instr in{lookup(ij.at("kind").get<std::string>(), ikinds, "instruction"),
-             ij.value("block", -1),
+  const int64_t ntensors = static_cast<int64_t>(p.tensors.size());
+  Reader program = r.at("program");
+  for (size_t i = 0; i < program.size(); ++i) {
+    Reader ij = program.at(i);
+    Instr in{lookup(ij.at("kind"), ikinds),
+             ij.has("block") ? static_cast<int32_t>(ij.at("block").integer(0, nblocks - 1)) : -1,
              -1,
-             ij.value("mb", -1),
+             ij.has("mb") ? static_cast<int32_t>(ij.at("mb").integer(0, INT32_MAX)) : -1,
              static_cast<uint32_t>(p.pool.size()),
              0,
              0};
-    if (in.block >= nblocks)
-      throw std::invalid_argument("instruction names block " + std::to_string(in.block));
-    if (ij.contains("op")) {
-      if (in.block < 0) throw std::invalid_argument("instruction with an op but no block");
-      in.op = index_of(op_names(*p.blocks[in.block].graph), ij["op"], "op");
+    if (ij.has("op")) {
+      if (in.block < 0) ij.at("op").bad("an instruction with an op needs a block");
+      in.op = index_of(ij.at("op"), p.blocks[in.block].graph->ops,
+                       [](const GraphOp& o) { return o.name; });
     }
-    for (const char* key : {"reads", "allocs"})
-      for (const json& id : ij.value(key, json::array())) {
-        int32_t v = id.get<int32_t>();
-        if (v < 0 || v >= static_cast<int32_t>(p.tensors.size()))
-          throw std::invalid_argument("unknown tensor id " + std::to_string(v));
-        p.pool.push_back(v);
+    for (const char* key : {"reads", "allocs"}) {
+      if (!ij.has(key)) continue;
+      Reader ids = ij.at(key);
+      for (size_t k = 0; k < ids.size(); ++k) {
+        p.pool.push_back(static_cast<int32_t>(ids.at(k).integer(0, ntensors - 1)));
         ++(key[0] == 'r' ? in.n_reads : in.n_allocs);
       }
-    if (in.kind == InstrKind::kFree && in.n_reads != 1)
-      throw std::invalid_argument("a free must name exactly one tensor");
+    }
+    if (in.kind == InstrKind::kFree && (in.n_reads != 1 || in.n_allocs != 0))
+      ij.bad("a free names exactly one tensor, in reads");
     p.instrs.push_back(in);
   }
   return p;
@@ -277,31 +342,52 @@ StageProgram read_stage(const json& j, const ModelSpec& m, const TrainSpec& t) {
 }  // namespace
 
 Result<Schedule> schedule_from_json(const json& j) {
-  if (!j.is_object() || j.value("format", "") != "nanoplan-schedule")
+  if (!j.is_object() || !j.contains("format") || j["format"] != "nanoplan-schedule")
     return make_error("plan: not a nanoplan schedule (its 'format' is not \"nanoplan-schedule\")");
-  int version = j.value("format_version", -1);
-  if (version != kScheduleFormatVersion)
-    return make_error("plan: format version " + std::to_string(version) +
+  if (!j.contains("format_version") || j["format_version"] != kScheduleFormatVersion)
+    return make_error("plan: format version " +
+                      (j.contains("format_version") ? j["format_version"].dump() : "(none)") +
                       " is not supported (this nanoplan reads version " +
                       std::to_string(kScheduleFormatVersion) + "); re-run nanoplan plan");
-  Result<ModelSpec> m = model_spec_from_json(j.value("model", json::object()));
+  if (!j.contains("model") || !j.contains("setup") || !j.contains("stages"))
+    return make_error("plan: the document needs 'model', 'setup' and 'stages'");
+  Result<ModelSpec> m = model_spec_from_json(j["model"]);
   if (!m) return m.error();
-  Result<TrainSpec> t = setup_from_json(j.value("setup", json::object()));
+  Result<TrainSpec> t = setup_from_json(j["setup"]);
   if (!t) return t.error();
-  if (auto e = validate_setup(*m, *t)) return make_error("plan: " + e->message);
+  if (auto e = validate_setup(*m, *t)) return make_error("plan: setup: " + e->message);
+  if (auto e = check_sizes(*m, *t)) return make_error("plan: setup: " + e->message);
   Schedule s{*m, *t, {}};
   try {
-    for (const json& st : j.at("stages")) s.stages.push_back(read_stage(st, *m, *t));
+    Reader stages{j["stages"], "stages"};
+    if (static_cast<int64_t>(stages.size()) != t->pp)
+      return make_error("plan: stages: " + std::to_string(stages.size()) +
+                        " stage programs, but setup.pp is " + std::to_string(t->pp));
+    BlockGraphs graphs(*m, *t);
+    for (size_t i = 0; i < stages.size(); ++i) {
+      Reader st = stages.at(i);
+      s.stages.push_back(read_stage(st, graphs));
+      if (s.stages.back().stage != static_cast<int>(i))
+        st.at("pp_stage").bad("expected " + std::to_string(i));
+      Reader ranks = st.at("ranks");
+      int64_t per_stage = t->dp * t->tp;
+      if (static_cast<int64_t>(ranks.size()) != per_stage)
+        ranks.bad("setup.dp x setup.tp = " + std::to_string(per_stage) + " ranks per stage");
+      for (size_t r = 0; r < ranks.size(); ++r)
+        ranks.at(r).integer(static_cast<int64_t>(i) * per_stage + static_cast<int64_t>(r),
+                            static_cast<int64_t>(i) * per_stage + static_cast<int64_t>(r));
+    }
   } catch (const std::exception& e) {
-    return make_error(std::string("plan: malformed program: ") + e.what());
+    return make_error(std::string("plan: ") + e.what());
   }
-  if (static_cast<int64_t>(s.stages.size()) != t->pp)
-    return make_error("plan: " + std::to_string(s.stages.size()) + " stage programs for pp " +
-                      std::to_string(t->pp));
+  if (auto e = check_plan(s)) return *e;
   return s;
 }
 
 Result<Schedule> load_plan(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return make_error("cannot read plan " + path + ": it is a folder; give a plan file");
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error("cannot read plan " + path + ": no such file or not readable");
   std::stringstream ss;

@@ -2,6 +2,7 @@
 // its blocks, tensors and ordered program), written by `nanoplan plan` and read by `nanoplan run`.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "planner/result.hpp"
@@ -14,6 +15,17 @@ Result<ModelSpec> model_spec_from_json(const nlohmann::json& j);
 Result<TrainSpec> setup_from_json(const nlohmann::json& j);
 
 nlohmann::json schedule_to_json(const Schedule& s);
+
+// Whether every tensor and weight of the setup has a byte count that fits in 63 bits; checked
+// with overflow-safe arithmetic before any graph is built from numbers read from a file.
+std::optional<Error> check_sizes(const ModelSpec& m, const TrainSpec& t);
+
+// A plan read from a file, against the schedule nanoplan builds for its model, setup and block
+// policies: each stage's blocks and layers, micro-batch indices, each block's kept tensors, every
+// tensor's identity and bytes, every instruction except the frees, and check_program. Where the
+// frees are placed is left to the executor, which compares them with its own lifetimes. Errors
+// name the plan's path, e.g. "stages[1].tensors[57].bytes".
+std::optional<Error> check_plan(const Schedule& plan);
 // Rebuilds the block graphs from the plan's model and setup and reads the programs back. Rejects
 // another format version, a malformed document, and references to unknown ops or tensors. It does
 // not judge the program: check_program does.

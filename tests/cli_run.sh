@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # nanoplan run: plan -> execute on the CPU reference -> predicted vs measured, through the CLI,
-# and its bad inputs (exit 2), a tampered plan (caught by --check-plan, tensor named) and an
-# enforced budget (exit 3 with the tensor, its size and the bytes in use).
+# its bad inputs (exit 2), edited plans (refused with the plan's path, exit 2; a moved free found
+# by the event-exact comparison, exit 1) and an enforced budget (exit 3 with the tensor, its size
+# and the bytes in use).
 # Usage: bash tests/cli_run.sh /path/to/nanoplan
 # shellcheck source=tests/cli_lib.sh
 source "$(dirname "$0")/cli_lib.sh" "$@"
@@ -79,7 +80,7 @@ PY
 bad "plan of another format version" "format version 2 is not supported" run "$TMP/v2.json"
 bad "plan made for another model" "was made for model tiny" run "$TMP/plan.json" --model llama-3.1-8b
 sed 's/hidden_size = 24/hidden_size = 32/' "$TMP/tiny.toml" >"$TMP/tiny32.toml"
-bad "plan made for a different model of the same name" "was made for a different tiny: its" run "$TMP/plan.json" --model "$TMP/tiny32.toml"
+bad "plan made for a different model of the same name" "names model tiny but is not for it: its head_dim is 6, the model's is 8" run "$TMP/plan.json" --model "$TMP/tiny32.toml"
 bad "setup flags conflict with a plan" "conflicts with a plan file" run "$TMP/plan.json" --tp 4
 bad "no source" "exactly one of" run
 bad "unknown backend" "valid: cpu" run "$TMP/plan.json" --backend tpu
@@ -88,32 +89,67 @@ bad "dp > 1 on the CPU executor" "dp = 1" run "${SETUP[@]}" --dp 2
 printf '{"format": "nanoplan-schedule",\n "format_version": 1,\n oops}\n' >"$TMP/broken.json"
 bad "malformed plan JSON names the line" "broken.json:3" run "$TMP/broken.json"
 
-# A tampered plan: drop a tensor the backward reads from a layer's kept set (recompute none).
+# Plans that cannot lie: each edit below is refused when the plan is read (exit 2, one line naming
+# the plan's path), before anything runs; --check-plan refuses it the same way.
 "$NP" plan "${SETUP[@]}" -o "$TMP/none.json" 2>/dev/null
-python3 - "$TMP/none.json" "$TMP/tampered.json" <<'PY'
+edit() {  # edit NAME PYTHON: $TMP/NAME.json is none.json with PYTHON applied to j (s0: stage 0)
+  python3 - "$TMP/none.json" "$TMP/$1.json" "$2" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
-blk = j["stages"][0]["blocks"][1]
-blk["kept_tensors"].remove("mlp.swiglu")
+s0 = j["stages"][0]
+def value(suffix):
+    return next(t for t in s0["tensors"] if t["kind"] == "value" and t["name"].endswith(suffix))
+exec(sys.argv[3])
 json.dump(j, open(sys.argv[2], "w"))
 PY
-bad "tampered plan caught by --check-plan, tensor named" "mlp.swiglu, which was neither kept nor recomputed" run "$TMP/tampered.json" --check-plan
-bad "tampered plan refused before running" "neither kept nor recomputed" run "$TMP/tampered.json"
+}
+edit kept 's0["blocks"][1]["kept_tensors"].remove("mlp.swiglu")'
+bad "a kept set without a tensor the backward reads: --check-plan" "stages\[0\].blocks\[1\].kept_tensors: mlp.swiglu is missing" run "$TMP/kept.json" --check-plan
+bad "a kept set without a tensor the backward reads: run" "stages\[0\].blocks\[1\].kept_tensors: mlp.swiglu is missing" run "$TMP/kept.json"
+edit offpeak 'value("L0/mb0/attn.rope")["bytes"] += 8'
+bad "an off-peak activation 8 bytes too large" "stages\[0\].tensors\[[0-9]*\].bytes: 776 for L0/mb0/attn.rope, but under the plan's setup (.*) its shape \[16, 24\] bf16 gives 768" run "$TMP/offpeak.json"
+edit weight 'next(t for t in s0["tensors"] if t["category"] == "weights")["bytes"] += 1000'
+bad "a weight 1,000 bytes too large" "stages\[0\].tensors\[0\].bytes: 1,720 for embed.tokens.weight" run "$TMP/weight.json" --check-plan
+edit negative 's0["tensors"][3]["bytes"] = -5'
+bad "a negative byte count" "stages\[0\].tensors\[3\].bytes: expected an integer in \[0, 9223372036854775807\], got -5" run "$TMP/negative.json"
+edit fraction 's0["tensors"][3]["bytes"] = 576.5'
+bad "a fractional byte count" "stages\[0\].tensors\[3\].bytes: expected an integer, got 576.5" run "$TMP/fraction.json"
+edit wrap 's0["tensors"][3]["bytes"] = 2**64 + 576'
+bad "a byte count past 64 bits" "stages\[0\].tensors\[3\].bytes: expected an integer" run "$TMP/wrap.json"
+edit dropfree 's0["program"].pop(next(k for k, x in enumerate(s0["program"]) if x["kind"] == "free"))'
+bad "a free dropped" "is never freed" run "$TMP/dropfree.json"
+edit tp 'j["setup"]["tp"] = 1; j["setup"]["sp"] = False'
+bad "setup.tp edited" "plan: stages\[0\]" run "$TMP/tp.json"
+edit tptext 'j["setup"]["tp"] = "two"'
+bad "setup.tp as text" 'setup.tp: expected an integer, got "two"' run "$TMP/tptext.json"
+edit mbsize 'j["setup"]["micro_batch"] = 1000000'
+bad "setup.micro_batch 10^6 (refused, not allocated)" "bytes: 128 for embed/mb0/input_ids, but under the plan's setup (tp 2, sp on, micro_batch 1000000, seq_len 8) its shape \[8000000\] i64 gives 64,000,000" run "$TMP/mbsize.json"
+edit layers 'j["model"]["num_layers"] = 3'
+bad "model.num_layers edited" "model.parameters is 7,896, but the model's fields give" run "$TMP/layers.json"
+edit ranks 's0["ranks"] = [0]'
+bad "ranks per stage" "stages\[0\].ranks: setup.dp x setup.tp = 2 ranks per stage" run "$TMP/ranks.json"
+edit mbindex 'next(x for x in s0["program"] if x.get("mb") == 1)["mb"] = 7'
+bad "a micro-batch index out of range" "stages\[0\].program\[[0-9]*\].mb: 7, but setup.microbatches is 2 (valid: 0..1)" run "$TMP/mbindex.json"
+edit catalog 'j["model"]["name"] = "llama-3.1-8b"'
+bad "a plan for another model, without --model" "names model llama-3.1-8b but is not for it: its head_dim is 6, the catalog's is 128" run "$TMP/catalog.json"
 
-# A plan whose byte counts are wrong (the executor never reads them): the run still completes, the
-# prediction no longer matches, and the output puts the two live sets side by side; exit 1.
-python3 - "$TMP/plan.json" "$TMP/wrong.json" <<'PY'
-import json, sys
-j = json.load(open(sys.argv[1]))
-for t in j["stages"][0]["tensors"]:
-    if t["kind"] == "static" and t["category"] == "weights":
-        t["bytes"] += 1000
-        break
-json.dump(j, open(sys.argv[2], "w"))
-PY
-"$NP" run "$TMP/wrong.json" >"$TMP/o6" 2>&1; rc=$?
-check "a wrong prediction exits 1" '[ $rc -eq 1 ]'
-check "a wrong prediction is reported" 'grep -q "PREDICTED != MEASURED" "$TMP/o6" && grep -q "live at the predicted peak" "$TMP/o6" && grep -qE "^ +[01] +0 +[01] .* +-1,000 " "$TMP/o6"'
+# Frees are the executor's to place (by its own lifetimes): a free moved later runs, and the
+# event-exact comparison reports the first divergence; exit 1.
+edit latefree 'p = s0["program"]; i = next(k for k, x in enumerate(p) if x["kind"] == "free"); p.insert(i + 3, p.pop(i))'
+"$NP" run "$TMP/latefree.json" >"$TMP/o6" 2>&1; rc=$?
+check "a free moved later exits 1" '[ $rc -eq 1 ]'
+check "a free moved later: first divergence named, peaks equal" 'grep -q "PREDICTED != MEASURED" "$TMP/o6" && grep -q "first divergence: step 1, event [0-9]*, instruction [0-9]* " "$TMP/o6" && grep -q "measured:  free embed/mb0/embed.tokens" "$TMP/o6" && grep -qE "^ +0 +0 +0 +([0-9,]+) +\1 +0 " "$TMP/o6"'
+# Every free moved to the end of the step: the plan's peak grows, the executor's (which frees by
+# its own lifetimes) does not, and the two live sets are shown side by side.
+edit latefrees 'p = s0["program"]; s0["program"] = [x for x in p if x["kind"] != "free"] + [x for x in p if x["kind"] == "free"]'
+"$NP" run "$TMP/latefrees.json" >"$TMP/o7" 2>&1; rc=$?
+check "frees at the end of the step exit 1" '[ $rc -eq 1 ]'
+check "frees at the end: live sets side by side, measured below predicted" 'grep -q "live at the predicted peak" "$TMP/o7" && grep -qE "^ +0 +0 +0 +[0-9,]+ +[0-9,]+ +-[1-9][0-9,]* " "$TMP/o7"'
+
+# --check-plan is static: a 405B tp 8 pp 16 plan (128 ranks, more than the executor runs).
+"$NP" plan --model llama-3.1-405b --tp 8 --pp 16 --budget 80GB -o "$TMP/405b.json" 2>/dev/null
+"$NP" run "$TMP/405b.json" --check-plan >"$TMP/o8" 2>&1; rc=$?
+check "--check-plan on a 405B tp 8 pp 16 plan" '[ $rc -eq 0 ] && grep -q "plan OK: 16 stage program(s)" "$TMP/o8"'
 
 # Enforced budget: one byte under the measured peak stops the run, exit 3.
 peak=$(python3 -c "import json; print(max(r['measured_peak_bytes'] for r in json.load(open('$TMP/run.json'))['ranks']))")

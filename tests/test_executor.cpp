@@ -17,12 +17,7 @@
 namespace np::exec {
 namespace {
 
-Scenario scenario(const std::string& name) {
-  auto s = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/" + name + ".toml",
-                         testing::catalog());
-  if (!s) throw std::runtime_error(s.error().message);
-  return *s;
-}
+using testing::scenario;
 
 RunResult run(const ModelSpec& m, const TrainSpec& t, int steps = 1,
               std::optional<int64_t> budget = std::nullopt) {

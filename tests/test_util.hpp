@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "planner/catalog.hpp"
+#include "planner/scenario.hpp"
 
 namespace np::testing {
 
@@ -23,6 +24,13 @@ inline ModelSpec model(const std::string& name) {
   auto r = resolve_model(catalog(), name);
   if (!r) throw std::runtime_error(r.error().message);
   return *r;
+}
+
+// A scenario of the source tree's scenarios/ folder, by name ("tiny-llama").
+inline Scenario scenario(const std::string& name) {
+  auto s = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/" + name + ".toml", catalog());
+  if (!s) throw std::runtime_error(s.error().message);
+  return *s;
 }
 
 // GoogleTest parameter names from strings: "gpt3-175b" -> "gpt3_175b".

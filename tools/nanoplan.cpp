@@ -333,8 +333,9 @@ int run_gpus(const Flags& f) {
   return 0;
 }
 
-constexpr int kExitCheckFailed = 1;
-constexpr int kExitOutOfMemory = 3;
+constexpr int kExitCheckFailed = 1;   // predicted != measured, or a scenario check failed
+constexpr int kExitOutOfMemory = 3;   // --enforce-budget stopped a rank
+constexpr int kExitRunFailed = 4;     // the executor itself failed (a bug, or host memory)
 
 np::exec::BackendFactory backend_factory(const Flags& f) {
   if (f.backend != "cpu")
@@ -359,20 +360,21 @@ np::exec::RunOptions run_options(const Flags& f) {
 int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
   for (const np::StageProgram& p : s.stages)
     if (auto e = np::check_program(p)) die("--check-plan: " + e->message);
-  if (auto e = np::exec::check_runnable(s)) die(e->message);
-  if (f.check_plan) {
-    size_t n = 0;
-    for (const np::StageProgram& p : s.stages) n += p.instrs.size();
+  if (f.check_plan) {  // static: no executor resources, any plan size
+    size_t n = 0, t = 0;
+    for (const np::StageProgram& p : s.stages) n += p.instrs.size(), t += p.tensors.size();
     std::printf(
-        "plan OK: %zu stage program(s), %zu instructions; every backward read is kept or "
-        "recomputed\n",
-        s.stages.size(), n);
+        "plan OK: %zu stage program(s), %zu instructions, %zu tensors; every byte count matches "
+        "its shape, every instruction but the frees matches the setup's schedule, every backward "
+        "read is kept or recomputed\n",
+        s.stages.size(), n, t);
     return 0;
   }
+  if (auto e = np::exec::check_runnable(s)) die(e->message);
   auto r = np::exec::run_schedule(s, backend_factory(f), run_options(f));
   if (!r) {
     std::fprintf(stderr, "nanoplan: %s\n", r.error().message.c_str());
-    return kExitCheckFailed;
+    return kExitRunFailed;
   }
   if (r->out_of_memory) {
     const np::exec::OutOfBudget& oom = *r->out_of_memory;
@@ -425,11 +427,12 @@ int run_scenario(const Flags& f) {
                         .c_str());
   for (const np::TrainSpec& t : sc.matrix) {
     np::Schedule s = np::build_schedule(sc.model, t);
+    if (auto e = np::exec::check_runnable(s)) die(np::describe_short(t) + ": " + e->message);
     auto r = np::exec::run_schedule(s, backend_factory(g), run_options(g));
     if (!r) {
       std::fprintf(stderr, "nanoplan: %s: %s\n", np::describe_short(t).c_str(),
                    r.error().message.c_str());
-      return kExitCheckFailed;
+      return kExitRunFailed;
     }
     if (r->out_of_memory) {
       std::fprintf(stderr, "nanoplan: %s: rank %lld: %s\n", np::describe_short(t).c_str(),
@@ -491,17 +494,26 @@ int run_run(const Flags& f, CLI::App* app) {
           " conflicts with a plan file: the setup comes from the plan (re-run nanoplan plan to "
           "change it)");
   np::Schedule s = check(np::load_plan(f.plan_path));
+  // The plan's model against the catalog: the one named by --model, else the catalog entry of
+  // the plan's model name (if it is a catalog model).
+  auto catalog = check(np::load_model_catalog(models_dir(f)));
+  std::optional<np::ModelSpec> named;
   if (!f.model.empty()) {
-    auto catalog = check(np::load_model_catalog(models_dir(f)));
-    np::ModelSpec m = check(np::resolve_model(catalog, f.model));
-    if (m.name != s.model.name)
-      die("plan " + f.plan_path + " was made for model " + s.model.name + ", not " + m.name);
-    nlohmann::json a = np::model_spec_to_json(m), b = np::model_spec_to_json(s.model);
+    named = check(np::resolve_model(catalog, f.model));
+    if (named->name != s.model.name)
+      die("plan " + f.plan_path + " was made for model " + s.model.name + ", not " + named->name);
+  } else {
+    for (const np::ModelSpec& m : catalog)
+      if (m.name == s.model.name) named = m;
+  }
+  if (named) {
+    nlohmann::json a = np::model_spec_to_json(*named), b = np::model_spec_to_json(s.model);
     for (const char* k : {"source", "display_name"}) a.erase(k), b.erase(k);
     for (auto& [key, value] : a.items())
       if (b[key] != value)
-        die("plan " + f.plan_path + " was made for a different " + m.name + ": its " + key +
-            " is " + b[key].dump() + ", the model's is " + value.dump());
+        die("plan " + f.plan_path + " names model " + named->name + " but is not for it: its " +
+            key + " is " + b[key].dump() + ", " + (f.model.empty() ? "the catalog's" : "the model's") +
+            " is " + value.dump());
   }
   return run_one(
       s, f, "run: " + f.plan_path + " (" + s.model.name + ", " + np::describe_short(s.setup) + ")");
@@ -665,6 +677,6 @@ int main(int argc, char** argv) {
     return run_gpus(f);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "nanoplan: internal error: %s\n", e.what());
-    return 1;
+    return kExitRunFailed;
   }
 }
