@@ -4,12 +4,21 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <tuple>
 
 #include "planner/simulate.hpp"
 #include "planner/solve.hpp"
 
 namespace np {
+
+Schedule schedule_for_setup(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                            std::optional<int64_t> budget, const HardwareModel& hw,
+                            const AutoPlanOptions& options) {
+  if (t.recompute != Recompute::kAuto) return build_schedule(m, t);
+  if (!budget) throw std::invalid_argument("schedule_for_setup: recompute auto needs a budget");
+  return auto_plan(m, t, rt, *budget, hw, options).schedule;
+}
 
 std::string option_name(const BlockGraph& g, const std::vector<bool>& mask) {
   struct Named {

@@ -70,6 +70,12 @@ struct AutoPlanOptions {
 AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
                    int64_t budget, const HardwareModel& hw, const AutoPlanOptions& options = {});
 
+// The schedule a setup asks for: the auto planner's (under `budget`, which Recompute::kAuto
+// needs) or the uniform policy's. This is what `plan` writes and `run --model` executes.
+Schedule schedule_for_setup(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                            std::optional<int64_t> budget, const HardwareModel& hw,
+                            const AutoPlanOptions& options = {});
+
 // A short name of a layer option: a named policy's name when the mask equals one, else
 // "custom: re-runs a, b, c".
 std::string option_name(const BlockGraph& g, const std::vector<bool>& mask);

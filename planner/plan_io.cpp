@@ -405,4 +405,40 @@ Result<Schedule> load_plan(const std::string& path) {
   return s;
 }
 
+std::optional<Error> write_plan(const Schedule& s, const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return Error{"cannot write " + path + ": it is a folder; give a file name such as " + path +
+                 "/plan.json"};
+  std::string text = schedule_to_json(s).dump() + "\n";
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out || !(out << text) || !out.flush()) {
+      std::filesystem::remove(tmp, ec);
+      return Error{"cannot write " + path + ": check that its folder exists and is writable"};
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    return Error{"cannot write " + path + ": " + ec.message()};
+  }
+  return std::nullopt;
+}
+
+std::optional<Error> check_plan_model(const ModelSpec& plan, const ModelSpec& named,
+                                      const std::string& whose) {
+  if (named.name != plan.name)
+    return Error{"the plan was made for model " + plan.name + ", not " + named.name};
+  json a = model_spec_to_json(named), b = model_spec_to_json(plan);
+  for (const char* k : {"source", "display_name"}) a.erase(k), b.erase(k);
+  for (auto& [key, value] : a.items())
+    if (b[key] != value)
+      return Error{"the plan names model " + named.name + " but is not for it: its " + key +
+                   " is " + b[key].dump() + ", " + whose + " is " + value.dump()};
+  return std::nullopt;
+}
+
 }  // namespace np

@@ -26,10 +26,24 @@ std::optional<Error> check_sizes(const ModelSpec& m, const TrainSpec& t);
 // frees are placed is left to the executor, which compares them with its own lifetimes. Errors
 // name the plan's path, e.g. "stages[1].tensors[57].bytes".
 std::optional<Error> check_plan(const Schedule& plan);
-// Rebuilds the block graphs from the plan's model and setup and reads the programs back. Rejects
-// another format version, a malformed document, and references to unknown ops or tensors. It does
-// not judge the program: check_program does.
+
+// Rebuilds the block graphs from the plan's model and setup and reads the programs back, strictly
+// (integers without wrap or fraction, enums with their valid values, every error naming its path),
+// then check_plan. Rejects another format version, a malformed document, and references to
+// unknown ops or tensors.
 Result<Schedule> schedule_from_json(const nlohmann::json& j);
+// schedule_from_json of a file; a folder, a missing file and malformed JSON (with its line) are
+// refused by name.
 Result<Schedule> load_plan(const std::string& path);
+
+// Writes the plan file whole or not at all (a temporary file renamed into place); the error
+// names the path and why.
+std::optional<Error> write_plan(const Schedule& s, const std::string& path);
+
+// Whether a plan's model is `named` (a catalog entry or a model file the user gave): equal in
+// every field but the source and display name. The error names the first field that differs,
+// with `whose` naming where `named` came from ("the catalog's").
+std::optional<Error> check_plan_model(const ModelSpec& plan, const ModelSpec& named,
+                                      const std::string& whose);
 
 }  // namespace np

@@ -1,6 +1,8 @@
 // Scenario files: parsing, the setup matrix, validation of every combination.
 #include "planner/scenario.hpp"
 
+#include <cmath>
+
 #include <toml++/toml.h>
 
 #include "planner/catalog.hpp"
@@ -169,6 +171,22 @@ Result<Scenario> load_scenario(const std::string& path, const std::vector<ModelS
               "no valid setup in the matrix (" +
                   (sc.skipped.empty() ? std::string("empty") : sc.skipped.front()) + ")");
   return sc;
+}
+
+std::string scenario_failures(const Scenario& sc, bool predicted_equals_measured,
+                              const std::vector<double>& losses) {
+  std::string why;
+  double ln_v = std::log(static_cast<double>(sc.model.vocab));
+  if (sc.expect.predicted_equals_measured && !predicted_equals_measured)
+    why += "predicted != measured; ";
+  if (sc.expect.first_loss_rel_ln_vocab > 0 && !losses.empty() &&
+      std::abs(losses.front() - ln_v) > sc.expect.first_loss_rel_ln_vocab * ln_v)
+    why += "first loss " + std::to_string(losses.front()) + " is not within " +
+           std::to_string(sc.expect.first_loss_rel_ln_vocab * 100) +
+           "% of ln(vocab) = " + std::to_string(ln_v) + "; ";
+  if (sc.expect.loss_decreases && losses.size() > 1 && !(losses.back() < losses.front()))
+    why += "loss did not decrease; ";
+  return why;
 }
 
 }  // namespace np

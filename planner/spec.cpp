@@ -1,6 +1,7 @@
 // Names of the spec enums and the validation of model and setup.
 #include "planner/spec.hpp"
 
+#include <algorithm>
 #include <array>
 #include <iterator>
 #include <utility>
@@ -274,6 +275,29 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
     return fail("--seq-len " + str(t.seq_len) + " exceeds the " + str(m.max_positions) +
                 " learned positions of " + m.name + "; use --seq-len <= " + str(m.max_positions));
   return std::nullopt;
+}
+
+Result<std::vector<int64_t>> parse_partition(std::string_view text) {
+  auto bad = [&] {
+    return make_error("invalid --partition '" + std::string(text) +
+                      "' (valid: balanced, auto, or layer counts such as 21,20,20,19)");
+  };
+  std::vector<int64_t> counts;
+  size_t start = 0;
+  while (true) {
+    size_t end = std::min(text.find(',', start), text.size());
+    std::string_view item = text.substr(start, end - start);
+    int64_t n = 0;
+    if (item.empty() || item.size() > 9) return bad();  // layer counts below 10^9
+    for (char c : item) {
+      if (c < '0' || c > '9') return bad();
+      n = n * 10 + (c - '0');
+    }
+    counts.push_back(n);
+    if (end == text.size()) break;
+    start = end + 1;
+  }
+  return counts;
 }
 
 }  // namespace np

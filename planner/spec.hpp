@@ -94,6 +94,10 @@ struct RuntimeAssumptions {
 std::optional<Error> validate_model(const ModelSpec& m);
 std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t);
 
+// Layers per pipeline stage as the user writes them, "21,20,20,19": decimal integers below 10^9
+// separated by commas. (Whether they add up to the model's layers over pp is validate_setup's.)
+Result<std::vector<int64_t>> parse_partition(std::string_view text);
+
 // Parses an enum from its CLI spelling; the error lists the valid choices.
 template <typename E>
 Result<E> parse_enum(std::string_view flag, std::string_view text);

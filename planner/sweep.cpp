@@ -4,9 +4,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
+
+#include "planner/report.hpp"
+#include "planner/schedule.hpp"
+#include "planner/units.hpp"
 
 namespace np {
 namespace {
@@ -108,6 +114,56 @@ SweepReport sweep(const ModelSpec& m, const SweepOptions& o,
                    });
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
+}
+
+std::string sweep_table(const SweepReport& r, const ModelSpec& m, const SweepOptions& o,
+                        size_t top) {
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "sweep: %s on %lld GPUs, budget %s: %zu setups evaluated (%zu fit, %zu invalid "
+                "skipped) in %.2f s (%.0f setups/s)\n",
+                m.name.c_str(), static_cast<long long>(o.gpus), format_human(o.budget).c_str(),
+                r.evaluated, r.fitting.size(), r.invalid, r.seconds,
+                r.evaluated / std::max(1e-9, r.seconds));
+  std::string out = line;
+  if (r.fitting.empty())
+    return out + "no setup fits: try more GPUs, a shorter sequence or a larger budget\n";
+  std::snprintf(line, sizeof line, "%4s %4s %4s %4s %5s %4s %5s %10s %11s %6s %10s  %s\n", "rank",
+                "tp", "pp", "dp", "zero", "mbs", "m", "step s", "tokens/s", "MFU", "peak GiB",
+                "recompute plan");
+  out += line;
+  for (size_t i = 0; i < r.fitting.size() && i < top; ++i) {
+    const SweepResult& x = r.fitting[i];
+    std::string plan = x.plan;
+    if (!x.setup.stage_layers.empty())
+      plan = "layers per stage " + format_partition(x.setup.stage_layers) + "; " + plan;
+    std::snprintf(line, sizeof line, "%4zu %4lld %4lld %4lld %5d %4lld %5lld %10.3f %11.0f %5.1f%% %10.2f  ",
+                  i + 1, static_cast<long long>(x.setup.tp), static_cast<long long>(x.setup.pp),
+                  static_cast<long long>(x.setup.dp), x.setup.zero,
+                  static_cast<long long>(x.setup.micro_batch),
+                  static_cast<long long>(x.setup.microbatches), x.step_seconds,
+                  x.tokens_per_second, 100 * x.mfu, static_cast<double>(x.peak_bytes) / kGiB);
+    out += line + plan + "\n";
+  }
+  return out;
+}
+
+nlohmann::json sweep_json(const SweepReport& r, const ModelSpec& m, const SweepOptions& o,
+                          size_t top) {
+  nlohmann::json best = nlohmann::json::array();
+  for (size_t i = 0; i < r.fitting.size() && i < top; ++i) {
+    const SweepResult& x = r.fitting[i];
+    best.push_back({{"setup", setup_to_json(x.setup)},
+                    {"step_seconds", x.step_seconds},
+                    {"tokens_per_second", x.tokens_per_second},
+                    {"mfu", x.mfu},
+                    {"recompute_seconds", x.recompute_seconds},
+                    {"peak_bytes", x.peak_bytes},
+                    {"plan", x.plan}});
+  }
+  return {{"model", m.name},       {"gpus", o.gpus},          {"budget_bytes", o.budget},
+          {"evaluated", r.evaluated}, {"fitting", r.fitting.size()}, {"invalid", r.invalid},
+          {"seconds", r.seconds},  {"top", best}};
 }
 
 }  // namespace np

@@ -2,6 +2,7 @@
 // its cheapest recompute plan under the budget, ranked by predicted throughput.
 #pragma once
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -36,5 +37,9 @@ struct SweepReport {
 // `progress(done, total)` is called as setups are evaluated.
 SweepReport sweep(const ModelSpec& m, const SweepOptions& o,
                   const std::function<void(size_t, size_t)>& progress = {});
+
+// The sweep's summary line and its best `top` setups as a table, or as a JSON document.
+std::string sweep_table(const SweepReport& r, const ModelSpec& m, const SweepOptions& o, size_t top);
+nlohmann::json sweep_json(const SweepReport& r, const ModelSpec& m, const SweepOptions& o, size_t top);
 
 }  // namespace np

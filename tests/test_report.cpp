@@ -1,8 +1,12 @@
 // The JSON documents scripts rely on: the estimate's keys and the versioned schedule.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <filesystem>
+
 #include "planner/plan_io.hpp"
 #include "planner/report.hpp"
+#include "planner/scenario.hpp"
 #include "planner/simulate.hpp"
 #include "test_util.hpp"
 
@@ -165,6 +169,61 @@ TEST(PlanFile, TamperedKeptSetIsCaught) {
   ASSERT_TRUE(e);
   EXPECT_NE(e->message.find("mlp.swiglu, which was neither kept nor recomputed"), std::string::npos)
       << e->message;
+}
+
+// A plan file is written whole or not at all, and read back equal.
+TEST(PlanFile, WrittenWholeOrNotAtAll) {
+  Schedule s = build_schedule(model("llama-3.1-8b"), setup());
+  std::string dir = testing::temp_path("plan_write");
+  std::filesystem::create_directories(dir);
+  std::string path = dir + "/plan.json";
+  ASSERT_FALSE(write_plan(s, path));
+  auto back = load_plan(path);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(schedule_to_json(*back), schedule_to_json(s));
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+
+  auto folder = write_plan(s, dir);
+  ASSERT_TRUE(folder);
+  EXPECT_NE(folder->message.find("it is a folder"), std::string::npos) << folder->message;
+  std::string missing = dir + "/no/such/folder/plan.json";
+  auto e = write_plan(s, missing);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("cannot write " + missing), std::string::npos) << e->message;
+  EXPECT_FALSE(std::filesystem::exists(missing + ".tmp"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PlanFile, ModelMustMatchTheNamedOne) {
+  ModelSpec m = model("llama-3.1-8b");
+  EXPECT_FALSE(check_plan_model(m, m, "the catalog's"));
+  ModelSpec other = m;
+  other.ffn += 1;
+  auto e = check_plan_model(other, m, "the catalog's");
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("its intermediate_size is 14337, the catalog's is 14336"),
+            std::string::npos)
+      << e->message;
+  e = check_plan_model(m, model("llama-3.1-70b"), "the model's");
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("made for model llama-3.1-8b, not llama-3.1-70b"), std::string::npos)
+      << e->message;
+}
+
+// A scenario's [expect] checks, each able to fail on its own.
+TEST(ScenarioVerdict, NamesEachFailedCheck) {
+  Scenario sc = testing::scenario("tiny-llama");
+  sc.expect = {.predicted_equals_measured = true, .first_loss_rel_ln_vocab = 0.05,
+               .loss_decreases = true};
+  double ln_v = std::log(static_cast<double>(sc.model.vocab));
+  EXPECT_EQ(scenario_failures(sc, true, {ln_v, ln_v - 0.1}), "");
+  EXPECT_EQ(scenario_failures(sc, false, {ln_v, ln_v - 0.1}), "predicted != measured; ");
+  EXPECT_NE(scenario_failures(sc, true, {1.2 * ln_v, ln_v}).find("first loss"),
+            std::string::npos);
+  EXPECT_EQ(scenario_failures(sc, true, {ln_v, ln_v}), "loss did not decrease; ");
+  sc.expect = {.predicted_equals_measured = false, .first_loss_rel_ln_vocab = 0,
+               .loss_decreases = false};
+  EXPECT_EQ(scenario_failures(sc, false, {2 * ln_v, 3 * ln_v}), "");
 }
 
 }  // namespace

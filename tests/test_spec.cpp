@@ -162,6 +162,21 @@ TEST(ParseEnum, ListsValidChoices) {
   EXPECT_FALSE(parse_enum<Dtype>("--grad-accum-dtype", "u8").ok());  // not a gradient dtype
 }
 
+TEST(ParsePartition, CountsOrTheValidForms) {
+  auto r = parse_partition("21,20,20,19");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(*r, (std::vector<int64_t>{21, 20, 20, 19}));
+  EXPECT_EQ(*parse_partition("7"), (std::vector<int64_t>{7}));
+  for (const char* bad : {"", ",", "1,", ",1", "1,,2", "a", "-1,2", "1.5", "1 ,2", "+3",
+                          "1234567890", "99999999999999999999"}) {
+    auto e = parse_partition(bad);
+    ASSERT_FALSE(e.ok()) << "'" << bad << "'";
+    EXPECT_EQ(e.error().message, "invalid --partition '" + std::string(bad) +
+                                     "' (valid: balanced, auto, or layer counts such as "
+                                     "21,20,20,19)");
+  }
+}
+
 TEST(ValidateModel, RejectsInconsistentModels) {
   ModelSpec m = model("llama-70b");
   m.kv_heads = 7;

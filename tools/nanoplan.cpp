@@ -4,13 +4,9 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "executor/compare.hpp"
 #include "executor/cpu/cpu_backend.hpp"
@@ -153,25 +149,8 @@ np::TrainSpec make_setup(const Flags& f) {
   if (f.partition == "auto" && t.recompute != np::Recompute::kAuto)
     die("--partition auto searches with the recompute plan: it needs --recompute auto and a "
         "budget (--budget or --gpu)");
-  if (f.partition != "balanced" && f.partition != "auto") {
-    if (f.partition.empty() || f.partition.back() == ',')
-      die("invalid --partition '" + f.partition +
-          "' (valid: balanced, auto, or layer counts such as 21,20,20,19)");
-    std::stringstream in(f.partition);
-    for (std::string item; std::getline(in, item, ',');) {
-      size_t used = 0;
-      long long n = -1;
-      try {
-        n = std::stoll(item, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (item.empty() || used != item.size())
-        die("invalid --partition '" + f.partition +
-            "' (valid: balanced, auto, or layer counts such as 21,20,20,19)");
-      t.stage_layers.push_back(n);
-    }
-  }
+  if (f.partition != "balanced" && f.partition != "auto")
+    t.stage_layers = check(np::parse_partition(f.partition));
   return t;
 }
 
@@ -273,34 +252,15 @@ int run_plan(const Flags& f) {
   Resolved r = resolve(f);
   std::optional<int64_t> budget = make_budget(f);
   np::RuntimeAssumptions rt = make_runtime(f);
-  if (!f.output.empty() && f.output != "-" && std::filesystem::is_directory(f.output))
-    die("cannot write " + f.output + ": it is a folder; give a file name such as " + f.output +
-        "/plan.json");
   np::Schedule s =
-      r.setup.recompute == np::Recompute::kAuto
-          ? np::auto_plan(r.model, r.setup, rt, *budget, make_hardware(f), plan_options(f)).schedule
-          : np::build_schedule(r.model, r.setup);
+      np::schedule_for_setup(r.model, r.setup, rt, budget, make_hardware(f), plan_options(f));
   for (const np::StageProgram& p : s.stages)
     if (auto e = np::check_program(p)) die("internal: " + e->message);
-  std::string text = np::schedule_to_json(s).dump() + "\n";
   if (f.output.empty() || f.output == "-") {
-    std::cout << text;
+    std::cout << np::schedule_to_json(s).dump() << "\n";
     return 0;
   }
-  std::string tmp = f.output + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out || !(out << text) || !out.flush()) {
-      std::filesystem::remove(tmp);
-      die("cannot write " + f.output + ": check that its folder exists and is writable");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, f.output, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    die("cannot write " + f.output + ": " + ec.message());
-  }
+  if (auto e = np::write_plan(s, f.output)) die(e->message);
   np::Estimate e = np::estimate_schedule(s, rt, {.budget = budget, .suggestions = false});
   std::fprintf(stderr, "nanoplan: wrote %s (%zu stage program(s)); peak %s on rank %lld\n",
                f.output.c_str(), s.stages.size(), np::format_human(e.peak_bytes).c_str(),
@@ -399,19 +359,6 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
   return c.all_equal ? 0 : kExitCheckFailed;
 }
 
-bool scenario_passes(const np::Scenario& sc, const np::exec::RunComparison& c, std::string& why) {
-  double ln_v = std::log(static_cast<double>(sc.model.vocab));
-  if (sc.expect.predicted_equals_measured && !c.all_equal) why += "predicted != measured; ";
-  if (sc.expect.first_loss_rel_ln_vocab > 0 && !c.losses.empty() &&
-      std::abs(c.losses.front() - ln_v) > sc.expect.first_loss_rel_ln_vocab * ln_v)
-    why += "first loss " + std::to_string(c.losses.front()) + " is not within " +
-           std::to_string(sc.expect.first_loss_rel_ln_vocab * 100) +
-           "% of ln(vocab) = " + std::to_string(ln_v) + "; ";
-  if (sc.expect.loss_decreases && c.losses.size() > 1 && !(c.losses.back() < c.losses.front()))
-    why += "loss did not decrease; ";
-  return why.empty();
-}
-
 int run_scenario(const Flags& f) {
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   np::Scenario sc = check(np::load_scenario(f.scenario, catalog));
@@ -440,8 +387,8 @@ int run_scenario(const Flags& f) {
       return kExitOutOfMemory;
     }
     np::exec::RunComparison c = np::exec::compare(s, *r, sc.name + ": " + np::describe_short(t));
-    std::string why;
-    bool ok = !r->out_of_memory && scenario_passes(sc, c, why);
+    std::string why = np::scenario_failures(sc, c.all_equal, c.losses);
+    bool ok = why.empty();
     failed += !ok;
     if (f.format == "json") {
       nlohmann::json j = np::exec::comparison_json(c);
@@ -478,11 +425,8 @@ int run_run(const Flags& f, CLI::App* app) {
   if (!f.scenario.empty()) return run_scenario(f);
   if (f.plan_path.empty()) {
     Resolved r = resolve(f);
-    np::Schedule s = r.setup.recompute == np::Recompute::kAuto
-                         ? np::auto_plan(r.model, r.setup, make_runtime(f), *make_budget(f),
-                                         make_hardware(f), plan_options(f))
-                               .schedule
-                         : np::build_schedule(r.model, r.setup);
+    np::Schedule s = np::schedule_for_setup(r.model, r.setup, make_runtime(f), make_budget(f),
+                                            make_hardware(f), plan_options(f));
     return run_one(s, f, "run: " + r.model.name + ", " + np::describe_short(r.setup));
   }
   for (const char* flag :
@@ -498,23 +442,13 @@ int run_run(const Flags& f, CLI::App* app) {
   // the plan's model name (if it is a catalog model).
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   std::optional<np::ModelSpec> named;
-  if (!f.model.empty()) {
-    named = check(np::resolve_model(catalog, f.model));
-    if (named->name != s.model.name)
-      die("plan " + f.plan_path + " was made for model " + s.model.name + ", not " + named->name);
-  } else {
-    for (const np::ModelSpec& m : catalog)
-      if (m.name == s.model.name) named = m;
-  }
-  if (named) {
-    nlohmann::json a = np::model_spec_to_json(*named), b = np::model_spec_to_json(s.model);
-    for (const char* k : {"source", "display_name"}) a.erase(k), b.erase(k);
-    for (auto& [key, value] : a.items())
-      if (b[key] != value)
-        die("plan " + f.plan_path + " names model " + named->name + " but is not for it: its " +
-            key + " is " + b[key].dump() + ", " + (f.model.empty() ? "the catalog's" : "the model's") +
-            " is " + value.dump());
-  }
+  if (!f.model.empty()) named = check(np::resolve_model(catalog, f.model));
+  for (const np::ModelSpec& m : catalog)
+    if (!named && m.name == s.model.name) named = m;
+  if (named)
+    if (auto e = np::check_plan_model(s.model, *named,
+                                      f.model.empty() ? "the catalog's" : "the model's"))
+      die(f.plan_path + ": " + e->message);
   return run_one(
       s, f, "run: " + f.plan_path + " (" + s.model.name + ", " + np::describe_short(s.setup) + ")");
 }
@@ -550,53 +484,10 @@ int run_sweep(const Flags& f) {
     if (done == total) std::fprintf(stderr, "\n");
   };
   np::SweepReport r = np::sweep(m, o, progress);
-  if (f.format == "json") {
-    nlohmann::json top = nlohmann::json::array();
-    for (size_t i = 0; i < r.fitting.size() && i < static_cast<size_t>(f.top); ++i) {
-      const np::SweepResult& x = r.fitting[i];
-      top.push_back({{"setup", np::setup_to_json(x.setup)},
-                     {"step_seconds", x.step_seconds},
-                     {"tokens_per_second", x.tokens_per_second},
-                     {"mfu", x.mfu},
-                     {"recompute_seconds", x.recompute_seconds},
-                     {"peak_bytes", x.peak_bytes},
-                     {"plan", x.plan}});
-    }
-    std::cout << nlohmann::json{{"model", m.name},
-                                {"gpus", f.gpus},
-                                {"budget_bytes", o.budget},
-                                {"evaluated", r.evaluated},
-                                {"fitting", r.fitting.size()},
-                                {"invalid", r.invalid},
-                                {"seconds", r.seconds},
-                                {"top", top}}
-                     .dump(2)
-              << "\n";
-    return 0;
-  }
-  std::printf(
-      "sweep: %s on %lld GPUs, budget %s: %zu setups evaluated (%zu fit, %zu invalid skipped) in "
-      "%.2f s (%.0f setups/s)\n",
-      m.name.c_str(), static_cast<long long>(f.gpus), np::format_human(o.budget).c_str(),
-      r.evaluated, r.fitting.size(), r.invalid, r.seconds, r.evaluated / std::max(1e-9, r.seconds));
-  if (r.fitting.empty()) {
-    std::printf("no setup fits: try more GPUs, a shorter sequence or a larger budget\n");
-    return 0;
-  }
-  std::printf("%4s %4s %4s %4s %5s %4s %5s %10s %11s %6s %10s  %s\n", "rank", "tp", "pp", "dp",
-              "zero", "mbs", "m", "step s", "tokens/s", "MFU", "peak GiB", "recompute plan");
-  for (size_t i = 0; i < r.fitting.size() && i < static_cast<size_t>(f.top); ++i) {
-    const np::SweepResult& x = r.fitting[i];
-    std::string plan = x.plan;
-    if (!x.setup.stage_layers.empty()) {
-      plan = "layers per stage " + np::format_partition(x.setup.stage_layers) + "; " + plan;
-    }
-    std::printf("%4zu %4lld %4lld %4lld %5d %4lld %5lld %10.3f %11.0f %5.1f%% %10.2f  %s\n", i + 1,
-                (long long)x.setup.tp, (long long)x.setup.pp, (long long)x.setup.dp, x.setup.zero,
-                (long long)x.setup.micro_batch, (long long)x.setup.microbatches, x.step_seconds,
-                x.tokens_per_second, 100 * x.mfu, static_cast<double>(x.peak_bytes) / np::kGiB,
-                plan.c_str());
-  }
+  if (f.format == "json")
+    std::cout << np::sweep_json(r, m, o, static_cast<size_t>(f.top)).dump(2) << "\n";
+  else
+    std::cout << np::sweep_table(r, m, o, static_cast<size_t>(f.top));
   return 0;
 }
 
