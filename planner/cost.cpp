@@ -23,7 +23,7 @@ constexpr double kGemmHalfDim = 64;
 constexpr double kFlashForwardEfficiency = 0.55;
 constexpr double kFlashBackwardEfficiency = 0.45;
 // Causal attention: the kernels skip the masked upper triangle, half of the s^2 tiles the op table
-// (like Korthikanti et al., REFERENCES.md §2) counts.
+// (like Korthikanti et al. 2022, arXiv:2205.05198) counts.
 constexpr double kCausalFraction = 0.5;
 // The backward kernel runs five s^2 matmuls (S again, dV, dP, dQ, dK) to the forward's two.
 constexpr double kFlashBackwardWork = 2.5;

@@ -1,6 +1,12 @@
-// The op table: for every OpKind, its output shapes and dtypes, FLOPs, weights, backward workspace
-// and which tensors its backward reads. The planner and the executors use this one table; nobody
-// computes tensor sizes anywhere else.
+// The op table: for every OpKind, its output shapes and dtypes, FLOPs, weights, workspaces and
+// which tensors its backward reads; and weight_shard, the one statement of TP sharding.
+//
+// What the estimate and the executors share is this table's weight shapes and sharding (so weight,
+// gradient-buffer and optimizer bytes agree by construction) and which tensors each backward
+// reads. The planner sizes every tensor from this table. The executors do not: their kernels
+// compute output and workspace shapes from their own inputs and allocate them, the runner frees
+// each tensor after its last use by its own count, and every allocation and release is compared
+// with the planner's simulation event by event (planner/contract.hpp, executor/compare.hpp).
 #pragma once
 #include <cstdint>
 #include <span>

@@ -132,7 +132,8 @@ for r in ranks:
         need("index" in l and "policy" in l and "saved_bytes" in l, "layer entry %r" % l)
         need(isinstance(l.get("saved_bytes"), int) and l["saved_bytes"] > 0, "layer saved_bytes %r" % l.get("saved_bytes"))
     parts = sum(r[k] for k in keys[1:7])
-    need(r["peak_bytes"] >= r["parameter_bytes"] + r["optimizer_bytes"], "rank peak below weights + optimizer")
+    need(r["peak_bytes"] == parts, "rank peak_bytes %d is not the sum of its categories and overheads, %d" % (r["peak_bytes"], parts))
+    need(r["activation_bytes"] > 0 and r["optimizer_bytes"] > 0, "rank without activations or optimizer states")
 need(j["peak_bytes"] == max(r["peak_bytes"] for r in ranks), "peak_bytes %r != max over ranks" % j["peak_bytes"])
 '
 

@@ -219,7 +219,7 @@ TEST(StepTime, Llama70bTp8RecomputeOverheadIsPlausible) {
       "+%.1f %% time, recompute %.1f %% of the step\n",
       none.seconds * 1e3, none.mfu, full.seconds * 1e3, full.mfu, full.hfu, 100 * overhead,
       100 * share);
-  // Korthikanti et al. report +36-39 % per layer for full recompute (REFERENCES.md §2, Table 4);
+  // Korthikanti et al. 2022 (arXiv:2205.05198, Table 4) report +36-39 % per layer for full recompute;
   // their layer runs eager attention on A100. The band allows for flash attention and H100.
   EXPECT_GT(overhead, 0.15);
   EXPECT_LT(overhead, 0.45);

@@ -1,6 +1,6 @@
 // Layer graphs and the op table; the saved bytes per layer against Korthikanti et al. 2022
 // ("Reducing Activation Recomputation in Large Transformer Models", arXiv:2205.05198), Table 2,
-// for their GPT-style models with eager attention and 16-bit activations (REFERENCES.md §2).
+// for their GPT-style models with eager attention and 16-bit activations.
 #include <gtest/gtest.h>
 
 #include "planner/graph.hpp"

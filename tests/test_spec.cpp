@@ -1,5 +1,6 @@
-// Validation of the training setup against the model: nanotron's checks (REFERENCES.md §1) and the
-// ones a user expects. Each bad setup gets one message naming the problem and the valid choices.
+// Validation of the training setup against the model: nanotron's checks (its ParallelismArgs and
+// model config validation, github.com/huggingface/nanotron) and the ones a user expects. Each bad
+// setup gets one message naming the problem and the valid choices.
 #include <gtest/gtest.h>
 
 #include "planner/spec.hpp"
