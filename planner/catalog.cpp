@@ -9,7 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "planner/json_reader.hpp"
+#include "planner/read_file.hpp"
 #include "planner/toml_model.hpp"
+#include "planner/units.hpp"
 
 namespace np {
 namespace {
@@ -22,96 +25,49 @@ std::string lower(std::string_view s) {
 }
 
 Result<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error("cannot read " + path + ": no such file or not readable");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_text_file(path);
 }
-
-// Reads typed keys from a TOML table, collecting the first error with file:line.
-class TomlReader {
- public:
-  TomlReader(const toml::table& t, std::string path) : t_(t), path_(std::move(path)) {}
-
-  int64_t integer(std::string_view key, std::optional<int64_t> fallback = std::nullopt) {
-    const toml::node* n = t_.get(key);
-    if (!n) return missing(key, fallback);
-    if (auto v = n->value<int64_t>()) return *v;
-    wrong(*n, key, "an integer");
-    return 0;
-  }
-  double number(std::string_view key, std::optional<double> fallback = std::nullopt) {
-    const toml::node* n = t_.get(key);
-    if (!n) return fallback ? *fallback : (missing(key, std::optional<int64_t>{}), 0.0);
-    if (auto v = n->value<double>()) return *v;
-    wrong(*n, key, "a number");
-    return 0;
-  }
-  bool boolean(std::string_view key, bool fallback) {
-    const toml::node* n = t_.get(key);
-    if (!n) return fallback;
-    if (auto v = n->value<bool>()) return *v;
-    wrong(*n, key, "true or false");
-    return false;
-  }
-  std::string string(std::string_view key, std::optional<std::string> fallback = std::nullopt) {
-    const toml::node* n = t_.get(key);
-    if (!n) return fallback ? *fallback : (missing(key, std::optional<int64_t>{}), std::string());
-    if (auto v = n->value<std::string>()) return *v;
-    wrong(*n, key, "a string");
-    return {};
-  }
-  std::vector<std::string> strings(std::string_view key) {
-    std::vector<std::string> out;
-    if (const toml::array* a = t_.get_as<toml::array>(key))
-      for (const toml::node& n : *a)
-        if (auto v = n.value<std::string>()) out.push_back(*v);
-    return out;
-  }
-  template <typename E>
-  E choice(std::string_view key, E fallback) {
-    if (!t_.get(key)) return fallback;
-    std::string text = string(key);
-    Result<E> r = parse_enum<E>(key, text);
-    if (!r && !error_) error_ = make_error(where(*t_.get(key)) + ": " + r.error().message);
-    return r ? *r : fallback;
-  }
-  std::optional<Error> error() const { return error_; }
-
- private:
-  std::string where(const toml::node& n) const {
-    return path_ + ":" + std::to_string(n.source().begin.line);
-  }
-  int64_t missing(std::string_view key, std::optional<int64_t> fallback) {
-    if (fallback) return *fallback;
-    if (!error_) error_ = make_error(path_ + ": missing required key '" + std::string(key) + "'");
-    return 0;
-  }
-  void wrong(const toml::node& n, std::string_view key, const char* want) {
-    if (!error_) error_ = make_error(where(n) + ": '" + std::string(key) + "' must be " + want);
-  }
-
-  const toml::table& t_;
-  std::string path_;
-  std::optional<Error> error_;
-};
 
 Result<toml::table> parse_toml(const std::string& path) {
   Result<std::string> text = read_file(path);
   if (!text) return text.error();
-  try {
-    return toml::parse(*text, path);
-  } catch (const toml::parse_error& e) {
-    return make_error(path + ":" + std::to_string(e.source().begin.line) +
-                      ": malformed TOML: " + std::string(e.description()));
-  }
+  return parse_toml_text(*text, path);
+}
+
+// head_dim when the file does not give it: hidden / heads, which must divide exactly.
+std::optional<std::string> default_head_dim(ModelSpec& m, const char* heads_key,
+                                            const char* hidden_key) {
+  if (m.heads <= 0) return std::nullopt;  // validate_model names the bad head count
+  if (m.hidden % m.heads != 0)
+    return std::string(heads_key) + " " + std::to_string(m.heads) + " does not divide " +
+           hidden_key + " " + std::to_string(m.hidden) +
+           " (valid: a head count that divides it, or head_dim given explicitly)";
+  m.head_dim = m.hidden / m.heads;
+  return std::nullopt;
 }
 
 }  // namespace
 
+Result<toml::table> parse_toml_text(const std::string& text, const std::string& path) {
+  try {
+    return toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    std::string what(e.description());
+    for (char& c : what)
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+    return make_error(path + ":" + std::to_string(e.source().begin.line) + ":" +
+                      std::to_string(e.source().begin.column) + ": malformed TOML: " + what);
+  }
+}
+
 Result<ModelSpec> load_model_toml(const std::string& path) {
-  Result<toml::table> parsed = parse_toml(path);
+  Result<std::string> text = read_file(path);
+  if (!text) return text.error();
+  return model_toml_from_text(*text, path);
+}
+
+Result<ModelSpec> model_toml_from_text(const std::string& text, const std::string& path) {
+  Result<toml::table> parsed = parse_toml_text(text, path);
   if (!parsed) return parsed.error();
   return model_from_table(*parsed, path);
 }
@@ -119,6 +75,10 @@ Result<ModelSpec> load_model_toml(const std::string& path) {
 Result<ModelSpec> model_from_table(const toml::table& table, const std::string& path) {
   const toml::table* parsed = &table;
   TomlReader r(table, path);
+  r.only({"name", "display_name", "source", "aliases", "hidden_size", "intermediate_size",
+          "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
+          "max_position_embeddings", "norm", "activation", "position_embedding", "qkv_bias",
+          "linear_bias", "tie_word_embeddings", "dropout", "expected_parameters", "moe"});
   ModelSpec m;
   m.name = r.string("name");
   m.display_name = r.string("display_name", m.name);
@@ -129,7 +89,7 @@ Result<ModelSpec> model_from_table(const toml::table& table, const std::string& 
   m.layers = r.integer("num_layers");
   m.heads = r.integer("num_heads");
   m.kv_heads = r.integer("num_kv_heads", m.heads);
-  m.head_dim = r.integer("head_dim", m.heads > 0 ? m.hidden / m.heads : 0);
+  m.head_dim = r.integer("head_dim", 0);
   m.vocab = r.integer("vocab_size");
   m.max_positions = r.integer("max_position_embeddings");
   m.norm = r.choice("norm", Norm::kRms);
@@ -141,8 +101,16 @@ Result<ModelSpec> model_from_table(const toml::table& table, const std::string& 
   m.dropout = r.number("dropout", 0.0);
   if (parsed->get("expected_parameters")) m.expected_parameters = r.integer("expected_parameters");
   if (auto e = r.error()) return *e;
+  if (!parsed->get("head_dim")) {
+    if (auto e = default_head_dim(m, "num_heads", "hidden_size")) return make_error(path + ": " + *e);
+  }
+  if (const toml::node* n = parsed->get("moe"); n && !n->is_table())
+    return make_error(path + ":" + std::to_string(n->source().begin.line) +
+                      ": moe: expected a table ([moe]), got " + shown(*n));
   if (const toml::table* moe = parsed->get_as<toml::table>("moe")) {
-    TomlReader mr(*moe, path);
+    TomlReader mr(*moe, path, "moe.");
+    mr.only({"num_experts", "top_k", "expert_intermediate_size",
+             "shared_expert_intermediate_size", "shared_expert_gate"});
     m.moe = MoeSpec{
         mr.integer("num_experts"), mr.integer("top_k"), mr.integer("expert_intermediate_size"),
         mr.integer("shared_expert_intermediate_size", 0), mr.boolean("shared_expert_gate", false)};
@@ -157,60 +125,78 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path);
 Result<ModelSpec> load_hf_config(const std::string& path) {
   Result<std::string> text = read_file(path);
   if (!text) return text.error();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(*text);
-  } catch (const nlohmann::json::parse_error& e) {
-    size_t line =
-        1 + std::count(text->begin(), text->begin() + std::min(e.byte, text->size()), '\n');
-    return make_error(path + ":" + std::to_string(line) + ": malformed JSON: " + e.what());
-  }
-  if (!j.is_object())
+  return hf_config_from_text(*text, path);
+}
+
+Result<ModelSpec> hf_config_from_text(const std::string& text, const std::string& path) {
+  Result<nlohmann::json> j = parse_json(text, path);
+  if (!j) return j.error();
+  if (!j->is_object())
     return make_error(path + ":1: a Hugging Face config.json must be a JSON object");
-  const std::string supported = "llama, mistral, mixtral, qwen2, qwen2_moe";
-  const std::vector<std::string> types = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe"};
-  if (j.contains("model_type") &&
-      (!j["model_type"].is_string() ||
-       std::find(types.begin(), types.end(), j["model_type"].get<std::string>()) == types.end()))
-    return make_error(path + ": model_type " + j["model_type"].dump() +
-                      " is not supported (valid: " + supported +
-                      "; or write the model as a TOML in the catalog schema)");
   try {
-    return hf_model(j, path);
-  } catch (const nlohmann::json::exception& e) {
-    return make_error(path + ": a field has the wrong type (" + std::string(e.what()) + ")");
+    return hf_model(*j, path);
+  } catch (const std::invalid_argument& e) {
+    return make_error(path + ": " + e.what());
   }
 }
 
+// The keys of a Hugging Face config.json that size the model; every other key (rope scaling,
+// dtypes, token ids, ...) does not change a byte count and is ignored. A key that is present must
+// have the right type; `null` counts as absent.
 Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
-  auto get = [&](const char* key, int64_t fallback) -> int64_t {
-    return j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : fallback;
+  JsonReader r{j, ""};
+  auto given = [&](const char* key) { return r.has(key) && !j[key].is_null(); };
+  auto count = [&](const char* key, std::optional<int64_t> fallback) -> int64_t {
+    if (given(key)) return r.at(key).integer(0, int64_t{1} << 40);
+    if (!fallback) throw std::invalid_argument(std::string(key) + ": missing");
+    return *fallback;
   };
-  std::string type = j.value("model_type", std::string("llama"));
+  auto flag = [&](const char* key, bool fallback) {
+    return given(key) ? r.at(key).boolean() : fallback;
+  };
+  auto text = [&](const char* key, const std::string& fallback) {
+    return given(key) ? r.at(key).text() : fallback;
+  };
+  const std::vector<std::string> types = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe"};
+  std::string type = text("model_type", "llama");
+  if (std::find(types.begin(), types.end(), type) == types.end())
+    return make_error(path + ": model_type " + quote_input(type, '"') +
+                      " is not supported (valid: llama, mistral, mixtral, qwen2, qwen2_moe; or "
+                      "write the model as a TOML in the catalog schema)");
   ModelSpec m;
   m.name = std::filesystem::path(path).parent_path().filename().string();
   if (m.name.empty()) m.name = std::filesystem::path(path).stem().string();
-  m.display_name = j.value("_name_or_path", m.name);
+  m.display_name = text("_name_or_path", m.name);
   m.source = path;
-  m.hidden = get("hidden_size", 0);
-  m.ffn = get("intermediate_size", 0);
-  m.layers = get("num_hidden_layers", 0);
-  m.heads = get("num_attention_heads", 0);
-  m.kv_heads = get("num_key_value_heads", m.heads);
-  m.head_dim = get("head_dim", m.heads > 0 ? m.hidden / m.heads : 0);
-  m.vocab = get("vocab_size", 0);
-  m.max_positions = get("max_position_embeddings", 0);
-  m.tie_embeddings = j.value("tie_word_embeddings", false);
-  m.qkv_bias = j.value("attention_bias", type == "qwen2" || type == "qwen2_moe");
-  m.linear_bias = j.value("mlp_bias", false);
-  std::string act = j.value("hidden_act", std::string("silu"));
-  m.activation = act == "silu" || act == "swiglu" ? Activation::kSwiGlu : Activation::kGelu;
-  int64_t experts = get("num_local_experts", get("num_experts", 0));
+  m.hidden = count("hidden_size", std::nullopt);
+  m.ffn = count("intermediate_size", std::nullopt);
+  m.layers = count("num_hidden_layers", std::nullopt);
+  m.heads = count("num_attention_heads", std::nullopt);
+  m.kv_heads = count("num_key_value_heads", m.heads);
+  m.vocab = count("vocab_size", std::nullopt);
+  m.max_positions = count("max_position_embeddings", std::nullopt);
+  if (given("head_dim")) {
+    m.head_dim = count("head_dim", std::nullopt);
+  } else if (auto e = default_head_dim(m, "num_attention_heads", "hidden_size")) {
+    return make_error(path + ": " + *e);
+  }
+  m.tie_embeddings = flag("tie_word_embeddings", false);
+  m.qkv_bias = flag("attention_bias", type == "qwen2" || type == "qwen2_moe");
+  m.linear_bias = flag("mlp_bias", false);
+  std::string act = text("hidden_act", "silu");
+  if (act == "silu" || act == "swiglu")
+    m.activation = Activation::kSwiGlu;
+  else if (act == "gelu" || act == "gelu_new" || act == "gelu_pytorch_tanh")
+    m.activation = Activation::kGelu;
+  else
+    return make_error(path + ": hidden_act " + quote_input(act, '"') +
+                      " is not supported (valid: silu, swiglu, gelu, gelu_new, gelu_pytorch_tanh)");
+  int64_t experts = given("num_local_experts") ? count("num_local_experts", 0)
+                                               : count("num_experts", 0);
   if (experts > 0) {
-    int64_t expert_ffn = get("moe_intermediate_size", m.ffn);
-    m.moe = MoeSpec{experts, get("num_experts_per_tok", 2), expert_ffn,
-                    get("shared_expert_intermediate_size", 0),
-                    get("shared_expert_intermediate_size", 0) > 0};
+    int64_t shared = count("shared_expert_intermediate_size", 0);
+    m.moe = MoeSpec{experts, count("num_experts_per_tok", 2), count("moe_intermediate_size", m.ffn),
+                    shared, shared > 0};
   }
   if (auto e = validate_model(m)) return make_error(path + ": " + e->message);
   return m;
@@ -235,11 +221,16 @@ Result<std::vector<GpuSpec>> load_gpu_catalog(const std::string& path) {
   Result<toml::table> parsed = parse_toml(path);
   if (!parsed) return parsed.error();
   std::vector<GpuSpec> gpus;
+  TomlReader top(*parsed, path);
+  top.only({"gpu"});
+  if (auto e = top.error()) return *e;
   if (const toml::array* arr = parsed->get_as<toml::array>("gpu")) {
     for (const toml::node& n : *arr) {
       const toml::table* t = n.as_table();
       if (!t) return make_error(path + ": [[gpu]] entries must be tables");
       TomlReader r(*t, path);
+      r.only({"name", "display_name", "source", "aliases", "memory_bytes", "bf16_dense_flops",
+              "hbm_bytes_per_s", "nvlink_bytes_per_s"});
       GpuSpec g{r.string("name"),
                 r.string("display_name", ""),
                 r.string("source", ""),
@@ -296,8 +287,8 @@ Result<T> find_named(const std::vector<T>& catalog, std::string_view name, const
   }
   std::string close;
   for (const std::string& c : closest_names(name, names)) close += (close.empty() ? "" : ", ") + c;
-  return make_error("unknown " + std::string(what) + " '" + std::string(name) +
-                    "' (closest: " + close + "; " + hint + ")");
+  return make_error("unknown " + std::string(what) + " " + quote_input(name) + " (closest: " + close +
+                    "; " + hint + ")");
 }
 }  // namespace
 

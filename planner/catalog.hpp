@@ -22,6 +22,9 @@ struct GpuSpec {
 
 Result<ModelSpec> load_model_toml(const std::string& path);
 Result<ModelSpec> load_hf_config(const std::string& path);
+// The same from text already read (`path` names it in errors): what the fuzz targets call.
+Result<ModelSpec> model_toml_from_text(const std::string& text, const std::string& path);
+Result<ModelSpec> hf_config_from_text(const std::string& text, const std::string& path);
 Result<std::vector<ModelSpec>> load_model_catalog(const std::string& dir);  // sorted by name
 Result<std::vector<GpuSpec>> load_gpu_catalog(const std::string& path);
 

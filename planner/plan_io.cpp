@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "planner/json_reader.hpp"
+#include "planner/read_file.hpp"
 #include "planner/report.hpp"
 #include "planner/units.hpp"
 
@@ -42,66 +44,15 @@ json model_spec_to_json(const ModelSpec& m) {
   return j;
 }
 
-namespace {
-
-// A value read from the plan: path-named one-line errors, no silent conversion. Throws
-// std::invalid_argument with "path: problem".
-struct Reader {
-  const json& j;
-  std::string path;
-
-  Reader at(const std::string& key) const {
-    std::string p = path.empty() ? key : path + "." + key;
-    if (!j.is_object()) throw std::invalid_argument(path + ": expected an object");
-    if (!j.contains(key)) throw std::invalid_argument(p + ": missing");
-    return {j[key], p};
-  }
-  Reader at(size_t i) const { return {j.at(i), path + "[" + std::to_string(i) + "]"}; }
-  bool has(const std::string& key) const { return j.is_object() && j.contains(key); }
-  size_t size() const {
-    if (!j.is_array()) throw std::invalid_argument(path + ": expected a list");
-    return j.size();
-  }
-  [[noreturn]] void bad(const std::string& what) const {
-    std::string shown = j.dump();
-    if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
-    throw std::invalid_argument(path + ": " + what + ", got " + shown);
-  }
-  int64_t integer(int64_t lo, int64_t hi) const {
-    if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-      bad("the integer does not fit in 64 bits");
-    if (!j.is_number_integer()) bad("expected an integer");
-    int64_t v = j.get<int64_t>();
-    if (v < lo || v > hi)
-      bad("expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    return v;
-  }
-  int64_t positive() const { return integer(1, INT64_MAX); }
-  bool boolean() const {
-    if (!j.is_boolean()) bad("expected true or false");
-    return j.get<bool>();
-  }
-  std::string text() const {
-    if (!j.is_string()) bad("expected a string");
-    return j.get<std::string>();
-  }
-  double number() const {
-    if (!j.is_number()) bad("expected a number");
-    return j.get<double>();
-  }
-  template <typename E>
-  E choice() const {
-    Result<E> r = parse_enum<E>(path.c_str(), text());
-    if (!r) throw std::invalid_argument(r.error().message);
-    return *r;
-  }
-};
-
-}  // namespace
+using Reader = JsonReader;
 
 Result<ModelSpec> model_spec_from_json(const json& j) {
   try {
     Reader r{j, "model"};
+    r.only({"name", "display_name", "source", "parameters", "hidden_size", "intermediate_size",
+            "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
+            "max_position_embeddings", "norm", "activation", "position_embedding", "qkv_bias",
+            "linear_bias", "tie_word_embeddings", "dropout", "moe"});
     ModelSpec m;
     m.name = r.at("name").text();
     m.display_name = r.has("display_name") ? r.at("display_name").text() : m.name;
@@ -120,6 +71,8 @@ Result<ModelSpec> model_spec_from_json(const json& j) {
     m.dropout = r.at("dropout").number();
     if (r.has("moe")) {
       Reader e = r.at("moe");
+      e.only({"num_experts", "top_k", "expert_intermediate_size",
+              "shared_expert_intermediate_size", "shared_expert_gate"});
       m.moe = MoeSpec{e.at("num_experts").positive(), e.at("top_k").positive(),
                       e.at("expert_intermediate_size").positive(),
                       e.at("shared_expert_intermediate_size").integer(0, INT64_MAX),
@@ -142,6 +95,9 @@ Result<ModelSpec> model_spec_from_json(const json& j) {
 Result<TrainSpec> setup_from_json(const json& j) {
   try {
     Reader r{j, "setup"};
+    r.only({"tp", "pp", "dp", "ep", "sp", "zero", "micro_batch", "seq_len", "microbatches",
+            "pp_schedule", "attention", "grad_accum_dtype", "optimizer", "recompute",
+            "tp_recompute_allgather", "stage_layers", "gpus"});
     TrainSpec t;
     t.tp = r.at("tp").positive(), t.pp = r.at("pp").positive(), t.dp = r.at("dp").positive();
     t.ep = r.at("ep").positive(), t.sp = r.at("sp").boolean();
@@ -246,6 +202,7 @@ int index_of(const Reader& r, const std::vector<T>& items, Name name) {
 
 StageBlock read_block(const Reader& r, const BlockGraphs& graphs) {
   constexpr BlockKind kinds[] = {BlockKind::kEmbedding, BlockKind::kLayer, BlockKind::kHead};
+  r.only({"kind", "layer", "policy", "recomputed_ops", "kept_tensors", "saved_bytes"});
   BlockKind kind = lookup(r.at("kind"), kinds);
   std::shared_ptr<const BlockGraph> g = graphs.of(kind);
   StageBlock b{kind,
@@ -269,6 +226,7 @@ StageBlock read_block(const Reader& r, const BlockGraphs& graphs) {
 
 StageProgram read_stage(const Reader& r, const BlockGraphs& graphs) {
   StageProgram p;
+  r.only({"pp_stage", "ranks", "blocks", "tensors", "program"});
   p.stage = static_cast<int>(r.at("pp_stage").integer(0, INT32_MAX));
   Reader blocks = r.at("blocks");
   for (size_t i = 0; i < blocks.size(); ++i) p.blocks.push_back(read_block(blocks.at(i), graphs));
@@ -281,6 +239,7 @@ StageProgram read_stage(const Reader& r, const BlockGraphs& graphs) {
   Reader tensors = r.at("tensors");
   for (size_t i = 0; i < tensors.size(); ++i) {
     Reader tj = tensors.at(i);
+    tj.only({"id", "name", "bytes", "category", "kind", "block", "tensor", "mb"});
     if (static_cast<size_t>(tj.at("id").integer(0, INT32_MAX)) != i)
       tj.at("id").bad("tensor ids must be 0, 1, 2, ... in order");
     ScheduleTensor t{tj.at("bytes").integer(0, INT64_MAX),
@@ -312,6 +271,7 @@ StageProgram read_stage(const Reader& r, const BlockGraphs& graphs) {
   Reader program = r.at("program");
   for (size_t i = 0; i < program.size(); ++i) {
     Reader ij = program.at(i);
+    ij.only({"kind", "block", "op", "collective", "mb", "reads", "allocs"});
     Instr in{lookup(ij.at("kind"), ikinds),
              ij.has("block") ? static_cast<int32_t>(ij.at("block").integer(0, nblocks - 1)) : -1,
              -1,
@@ -385,22 +345,12 @@ Result<Schedule> schedule_from_json(const json& j) {
 }
 
 Result<Schedule> load_plan(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    return make_error("cannot read plan " + path + ": it is a folder; give a plan file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error("cannot read plan " + path + ": no such file or not readable");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    size_t line = 1 + std::count(text.begin(), text.begin() + std::min(e.byte, text.size()), '\n');
-    return make_error(path + ":" + std::to_string(line) + ": malformed JSON: " + e.what());
-  }
-  Result<Schedule> s = schedule_from_json(j);
+  Result<std::string> read = read_text_file(path, "plan");
+  if (!read) return read.error();
+  const std::string& text = *read;
+  Result<json> j = parse_json(text, path);
+  if (!j) return j.error();
+  Result<Schedule> s = schedule_from_json(*j);
   if (!s) return make_error(path + ": " + s.error().message);
   return s;
 }

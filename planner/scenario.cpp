@@ -6,106 +6,77 @@
 #include <toml++/toml.h>
 
 #include "planner/catalog.hpp"
+#include "planner/read_file.hpp"
 #include "planner/toml_model.hpp"
 
 namespace np {
 namespace {
 
-template <typename T>
-std::vector<T> list_of(const toml::table& m, const char* key, T fallback) {
-  std::vector<T> out;
-  if (const toml::array* a = m.get_as<toml::array>(key)) {
-    for (const toml::node& n : *a)
-      if (auto v = n.value<T>()) out.push_back(*v);
-  }
-  if (out.empty()) out.push_back(fallback);
-  return out;
-}
-
-Error at(const std::string& path, const toml::node* n, const std::string& what) {
-  std::string line = n ? ":" + std::to_string(n->source().begin.line) : "";
-  return make_error(path + line + ": " + what);
-}
-
 Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
+  TomlReader r(t, path, "setup.");
+  r.only({"tp", "pp", "seq_len", "micro_batch", "microbatches", "sp", "tp_recompute_allgather",
+          "pp_schedule", "attention", "recompute", "optimizer", "grad_accum_dtype"});
   TrainSpec s;
-  auto integer = [&](const char* key, int64_t& out) {
-    if (auto v = t[key].value<int64_t>()) out = *v;
-  };
-  integer("tp", s.tp), integer("pp", s.pp), integer("seq_len", s.seq_len);
-  integer("micro_batch", s.micro_batch), integer("microbatches", s.microbatches);
-  s.sp = t["sp"].value_or(s.tp > 1);
-  s.tp_recompute_allgather = t["tp_recompute_allgather"].value_or(true);
-  struct Choice {
-    const char* key;
-    std::string value;
-  };
-  for (Choice c :
-       {Choice{"pp_schedule", t["pp_schedule"].value_or(std::string("afab"))},
-        Choice{"attention", t["attention"].value_or(std::string("flash"))},
-        Choice{"recompute", t["recompute"].value_or(std::string("none"))},
-        Choice{"optimizer", t["optimizer"].value_or(std::string("adamw"))},
-        Choice{"grad_accum_dtype", t["grad_accum_dtype"].value_or(std::string("fp32"))}}) {
-    std::string key = c.key;
-    auto fail = [&](const Error& e) { return at(path, t.get(c.key), e.message); };
-    if (key == "pp_schedule") {
-      auto r = parse_enum<PpSchedule>(key, c.value);
-      if (!r) return fail(r.error());
-      s.pp_schedule = *r;
-    }
-    if (key == "attention") {
-      auto r = parse_enum<AttentionImpl>(key, c.value);
-      if (!r) return fail(r.error());
-      s.attention = *r;
-    }
-    if (key == "recompute") {
-      auto r = parse_enum<Recompute>(key, c.value);
-      if (!r) return fail(r.error());
-      s.recompute = *r;
-    }
-    if (key == "optimizer") {
-      auto r = parse_enum<Optimizer>(key, c.value);
-      if (!r) return fail(r.error());
-      s.optimizer = *r;
-    }
-    if (key == "grad_accum_dtype") {
-      auto r = parse_enum<Dtype>(key, c.value);
-      if (!r) return fail(r.error());
-      s.grad_dtype = *r;
-    }
-  }
+  s.tp = r.integer_in("tp", 1, 4096, s.tp), s.pp = r.integer_in("pp", 1, 4096, s.pp);
+  s.seq_len = r.integer_in("seq_len", 1, int64_t{1} << 24, s.seq_len);
+  s.micro_batch = r.integer_in("micro_batch", 1, int64_t{1} << 24, s.micro_batch);
+  s.microbatches = r.integer_in("microbatches", 1, 65536, s.microbatches);
+  s.sp = r.boolean("sp", s.tp > 1);
+  s.tp_recompute_allgather = r.boolean("tp_recompute_allgather", true);
+  s.pp_schedule = r.choice("pp_schedule", PpSchedule::kAfab);
+  s.attention = r.choice("attention", AttentionImpl::kFlash);
+  s.recompute = r.choice("recompute", Recompute::kNone);
+  s.optimizer = r.choice("optimizer", Optimizer::kAdamW);
+  s.grad_dtype = r.choice("grad_accum_dtype", Dtype::kFp32);
+  if (auto e = r.error()) return *e;
   return s;
+}
+
+template <typename E>
+Result<std::vector<E>> enums(TomlReader& r, const char* key, E fallback) {
+  std::vector<E> out;
+  for (const std::string& text : r.list<std::string>(key, name_of(fallback))) {
+    if (r.error()) return *r.error();
+    Result<E> e = parse_enum<E>(std::string("matrix.") + key, text);
+    if (!e) return make_error(r.where(key) + ": " + e.error().message);
+    out.push_back(*e);
+  }
+  if (r.error()) return *r.error();
+  return out;
 }
 
 Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
                                       std::vector<std::string>& skipped) {
   static const toml::table empty;
-  const toml::table& mt = m ? *m : empty;
+  TomlReader r(m ? *m : empty, sc.path, "matrix.");
+  r.only({"tp", "pp", "sp", "pp_schedule", "recompute", "attention", "tp_recompute_allgather"});
+  std::vector<int64_t> tps = r.list<int64_t>("tp", sc.base.tp), pps = r.list<int64_t>("pp", sc.base.pp);
+  std::vector<bool> sps = r.list<bool>("sp", sc.base.sp),
+                    regathers = r.list<bool>("tp_recompute_allgather", sc.base.tp_recompute_allgather);
+  if (auto e = r.error()) return *e;
+  auto scheds = enums(r, "pp_schedule", sc.base.pp_schedule);
+  if (!scheds) return scheds.error();
+  auto recs = enums(r, "recompute", sc.base.recompute);
+  if (!recs) return recs.error();
+  auto atts = enums(r, "attention", sc.base.attention);
+  if (!atts) return atts.error();
+  size_t combinations = tps.size() * pps.size() * sps.size() * regathers.size() * scheds->size() *
+                        recs->size() * atts->size();
+  if (combinations > 4096)
+    return make_error(sc.path + ": [matrix] spans " + std::to_string(combinations) +
+                      " combinations (valid: at most 4,096)");
   std::vector<TrainSpec> out;
-  for (int64_t tp : list_of<int64_t>(mt, "tp", sc.base.tp))
-    for (int64_t pp : list_of<int64_t>(mt, "pp", sc.base.pp))
-      for (bool sp : list_of<bool>(mt, "sp", sc.base.sp))
-        for (const std::string& sched :
-             list_of<std::string>(mt, "pp_schedule", name_of(sc.base.pp_schedule)))
-          for (const std::string& rec :
-               list_of<std::string>(mt, "recompute", name_of(sc.base.recompute)))
-            for (const std::string& att :
-                 list_of<std::string>(mt, "attention", name_of(sc.base.attention)))
-              for (bool rg :
-                   list_of<bool>(mt, "tp_recompute_allgather", sc.base.tp_recompute_allgather)) {
+  for (int64_t tp : tps)
+    for (int64_t pp : pps)
+      for (bool sp : sps)
+        for (PpSchedule sched : *scheds)
+          for (Recompute rec : *recs)
+            for (AttentionImpl att : *atts)
+              for (bool rg : regathers) {
                 if (!sp && !rg) continue;  // without SP there is no all-gather to keep: a duplicate
                 TrainSpec t = sc.base;
                 t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
-                auto s = parse_enum<PpSchedule>("pp_schedule", sched);
-                auto r = parse_enum<Recompute>("recompute", rec);
-                auto a = parse_enum<AttentionImpl>("attention", att);
-                if (!s || !r || !a)
-                  return make_error(sc.path + ": [matrix]: " +
-                                    (!s   ? s.error()
-                                     : !r ? r.error()
-                                          : a.error())
-                                        .message);
-                t.pp_schedule = *s, t.recompute = *r, t.attention = *a;
+                t.pp_schedule = sched, t.recompute = rec, t.attention = att;
                 if (auto e = validate_setup(sc.model, t)) {
                   skipped.push_back(describe_short(t) + ": " + e->message);
                   continue;
@@ -125,51 +96,64 @@ std::string describe_short(const TrainSpec& t) {
 }
 
 Result<Scenario> load_scenario(const std::string& path, const std::vector<ModelSpec>& models) {
-  toml::table doc;
-  try {
-    doc = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    std::string desc(e.description());
-    if (desc.find("File could not be opened") != std::string::npos)
-      return make_error("cannot read scenario " + path + ": no such file or not readable");
-    return make_error(path + ":" + std::to_string(e.source().begin.line) +
-                      ": malformed TOML: " + desc);
-  }
+  Result<std::string> text = read_text_file(path, "scenario");
+  if (!text) return text.error();
+  return scenario_from_text(*text, path, models);
+}
+
+Result<Scenario> scenario_from_text(const std::string& text, const std::string& path,
+                                    const std::vector<ModelSpec>& models) {
+  Result<toml::table> parsed = parse_toml_text(text, path);
+  if (!parsed) return parsed.error();
+  const toml::table& doc = *parsed;
+  TomlReader r(doc, path);
+  r.only({"name", "description", "steps", "model", "setup", "matrix", "expect"});
   Scenario sc;
   sc.path = path;
-  sc.name = doc["name"].value_or(std::string());
-  if (sc.name.empty()) return at(path, nullptr, "missing required key 'name'");
-  sc.description = doc["description"].value_or(std::string());
-  sc.steps = static_cast<int>(doc["steps"].value_or(int64_t{1}));
-  if (sc.steps < 1) return at(path, doc.get("steps"), "'steps' must be a positive integer");
-  if (auto name = doc["model"].value<std::string>()) {
-    auto m = resolve_model(models, *name);
-    if (!m) return at(path, doc.get("model"), m.error().message);
+  sc.name = r.string("name");
+  sc.description = r.string("description", "");
+  sc.steps = static_cast<int>(r.integer_in("steps", 1, 100000, 1));
+  const toml::table* setup = r.table("setup");
+  const toml::table* matrix = r.table("matrix");
+  const toml::table* expect = r.table("expect");
+  if (auto e = r.error()) return *e;
+  if (const toml::node* n = doc.get("model"); n && n->is_string()) {
+    auto m = resolve_model(models, *n->value<std::string>());
+    if (!m) return make_error(r.where("model") + ": model: " + m.error().message);
     sc.model = *m;
-  } else if (const toml::table* mt = doc["model"].as_table()) {
-    auto m = model_from_table(*mt, path);
-    if (!m) return at(path, doc.get("model"), m.error().message);
+  } else if (n && n->is_table()) {
+    auto m = model_from_table(*n->as_table(), path);  // its errors carry the file and line
+    if (!m) return m.error();
     sc.model = *m;
+  } else if (n) {
+    return make_error(r.where("model") + ": model: expected a catalog name or a [model] table, got " +
+                      shown(*n));
   } else {
-    return at(path, nullptr, "missing 'model' (a catalog name, or an inline [model] table)");
+    return make_error(path + ": missing 'model' (a catalog name, or an inline [model] table)");
   }
   static const toml::table empty;
-  Result<TrainSpec> base =
-      read_setup(doc["setup"].as_table() ? *doc["setup"].as_table() : empty, path);
+  Result<TrainSpec> base = read_setup(setup ? *setup : empty, path);
   if (!base) return base.error();
   sc.base = *base;
-  if (const toml::table* e = doc["expect"].as_table()) {
-    sc.expect.predicted_equals_measured = (*e)["predicted_equals_measured"].value_or(true);
-    sc.expect.first_loss_rel_ln_vocab = (*e)["first_loss_rel_ln_vocab"].value_or(0.0);
-    sc.expect.loss_decreases = (*e)["loss_decreases"].value_or(false);
+  if (expect) {
+    TomlReader e(*expect, path, "expect.");
+    e.only({"predicted_equals_measured", "first_loss_rel_ln_vocab", "loss_decreases"});
+    sc.expect.predicted_equals_measured = e.boolean("predicted_equals_measured", true);
+    sc.expect.first_loss_rel_ln_vocab = e.number("first_loss_rel_ln_vocab", 0.0);
+    sc.expect.loss_decreases = e.boolean("loss_decreases", false);
+    if (auto err = e.error()) return *err;
+    double rel = sc.expect.first_loss_rel_ln_vocab;
+    if (expect->get("first_loss_rel_ln_vocab") && !(rel > 0 && rel <= 1))
+      return make_error(e.where("first_loss_rel_ln_vocab") +
+                        ": expect.first_loss_rel_ln_vocab: expected a fraction in (0, 1] (omit the "
+                        "key to skip the check), got " + shown(*expect->get("first_loss_rel_ln_vocab")));
   }
-  auto matrix = expand(sc, doc["matrix"].as_table(), sc.skipped);
-  if (!matrix) return matrix.error();
-  sc.matrix = std::move(*matrix);
+  auto m = expand(sc, matrix, sc.skipped);
+  if (!m) return m.error();
+  sc.matrix = std::move(*m);
   if (sc.matrix.empty())
-    return at(path, nullptr,
-              "no valid setup in the matrix (" +
-                  (sc.skipped.empty() ? std::string("empty") : sc.skipped.front()) + ")");
+    return make_error(path + ": no valid setup in the matrix (" +
+                      (sc.skipped.empty() ? std::string("empty") : sc.skipped.front()) + ")");
   return sc;
 }
 

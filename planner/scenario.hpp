@@ -34,6 +34,9 @@ std::string scenario_failures(const Scenario& sc, bool predicted_equals_measured
 
 // `models` resolves `model = "name"`; an inline [model] table uses the catalog schema.
 Result<Scenario> load_scenario(const std::string& path, const std::vector<ModelSpec>& models);
+// The same from text already read (`path` names it in errors): what the fuzz target calls.
+Result<Scenario> scenario_from_text(const std::string& text, const std::string& path,
+                                    const std::vector<ModelSpec>& models);
 
 // One line: "tp 2 pp 4 sp on 1f1b recompute full flash".
 std::string describe_short(const TrainSpec& t);

@@ -2,6 +2,8 @@
 #include "planner/simulate.hpp"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 namespace np {
 
@@ -32,8 +34,10 @@ SimResult simulate(const StageProgram& p, const SimOptions& options) {
         const ScheduleTensor& t = p.tensors[id];
         if (options.events) r.events.push_back({i, id, t.bytes, true});
         int c = static_cast<int>(t.category);
-        cur[c] += t.bytes;
-        total += t.bytes;
+        if (__builtin_add_overflow(cur[c], t.bytes, &cur[c]) ||
+            __builtin_add_overflow(total, t.bytes, &total))
+          throw std::overflow_error("stage " + std::to_string(p.stage) + ": the bytes live at '" +
+                                    p.instr_name(in) + "' exceed 2^63 - 1");
         r.max_by_category[c] = std::max(r.max_by_category[c], cur[c]);
       }
       if (total > r.peak_bytes) {

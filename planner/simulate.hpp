@@ -44,6 +44,8 @@ struct SimOptions {
   bool events = false;    // record every allocation and release (MemEvent)
 };
 
+// Throws std::overflow_error when the bytes live at some instruction exceed 2^63 - 1 (a setup or
+// plan too large to count in 64 bits: bad input).
 SimResult simulate(const StageProgram& p, const SimOptions& options = {});
 
 }  // namespace np

@@ -6,6 +6,8 @@
 #include <iterator>
 #include <utility>
 
+#include "planner/units.hpp"
+
 namespace np {
 
 int64_t dtype_bytes(Dtype d) {
@@ -58,8 +60,8 @@ Result<E> pick(std::string_view flag, std::string_view text, const std::array<E,
     if (text == name_of(e)) return e;
     valid += (valid.empty() ? "" : ", ") + std::string(name_of(e));
   }
-  return make_error("invalid " + std::string(flag) + " '" + std::string(text) +
-                    "' (valid: " + valid + ")");
+  return make_error("invalid " + std::string(flag) + " " + quote_input(text) + " (valid: " + valid +
+                    ")");
 }
 }  // namespace
 
@@ -141,9 +143,8 @@ std::optional<Error> check_positive(const TrainSpec& t) {
     return fail("--zero " + str(t.zero) + " is invalid (valid: 0, 1, 2, 3)");
   // Limits that keep every byte count well inside 64 bits and the schedule simulable.
   if (t.seq_len > (int64_t{1} << 24) / t.micro_batch)
-    return fail("--seq-len x --micro-batch = " +
-                std::to_string(static_cast<double>(t.seq_len) * t.micro_batch) +
-                " tokens is too many (valid: at most 16,777,216 tokens per micro-batch)");
+    return fail("--seq-len " + str(t.seq_len) + " x --micro-batch " + str(t.micro_batch) +
+                " is more than 16,777,216 tokens per micro-batch (valid: at most 16,777,216)");
   if (t.microbatches > 65536)
     return fail("--microbatches " + str(t.microbatches) + " is too many (valid: at most 65,536)");
   const std::pair<const char*, int64_t> degrees[] = {
@@ -279,8 +280,8 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
 
 Result<std::vector<int64_t>> parse_partition(std::string_view text) {
   auto bad = [&] {
-    return make_error("invalid --partition '" + std::string(text) +
-                      "' (valid: balanced, auto, or layer counts such as 21,20,20,19)");
+    return make_error("invalid --partition " + quote_input(text) +
+                      " (valid: balanced, auto, or layer counts such as 21,20,20,19)");
   };
   std::vector<int64_t> counts;
   size_t start = 0;

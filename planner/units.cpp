@@ -33,11 +33,42 @@ std::string upper_trimmed(std::string_view s) {
 }
 
 Error budget_error(std::string_view text, std::string_view why) {
-  return make_error("invalid byte quantity '" + std::string(text) + "': " + std::string(why) +
+  return make_error("invalid byte quantity " + quote_input(text) + ": " + std::string(why) +
                     "; write e.g. 80GB (10^9 bytes), 80GiB (2^30 bytes) or 85899345920");
 }
 
 }  // namespace
+
+std::string quote_input(std::string_view text, char quote) {
+  constexpr size_t kMost = 64;
+  std::string out(1, quote);
+  for (size_t i = 0; i < text.size() && i < kMost; ++i) {
+    unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  out += quote;
+  return text.size() > kMost ? out + "..." : out;
+}
+
+Result<int64_t> parse_integer(std::string_view text) {
+  size_t i = text.size() > 0 && text[0] == '-' ? 1 : 0;
+  if (i == text.size()) return make_error("not a whole number");
+  __int128 v = 0;
+  for (size_t k = i; k < text.size(); ++k) {
+    if (text[k] < '0' || text[k] > '9') return make_error("not a whole number");
+    v = v * 10 + (text[k] - '0');
+    if (v > (__int128{1} << 63)) return make_error("does not fit in 64 bits");
+  }
+  if (i == 1) v = -v;
+  if (v > INT64_MAX) return make_error("does not fit in 64 bits");
+  return static_cast<int64_t>(v);
+}
 
 Result<int64_t> parse_bytes(std::string_view text, bool allow_zero) {
   std::string s = upper_trimmed(text);
@@ -61,14 +92,17 @@ Result<int64_t> parse_bytes(std::string_view text, bool allow_zero) {
   }
   if (!digits) return budget_error(text, "no number");
   std::string_view unit(s.data() + i, s.size() - i);
+  if (unit.size() > 1 && unit[0] == 'E' &&
+      (std::isdigit(static_cast<unsigned char>(unit[1])) || unit[1] == '+' || unit[1] == '-'))
+    return budget_error(text, "exponent notation is not accepted");
   const Unit* found = nullptr;
   for (const Unit& u : kUnits)
     if (unit == u.name) found = &u;
   if (!found) {
     if (unit == "G" || unit == "M" || unit == "T" || unit == "K")
-      return budget_error(text, "unit '" + std::string(unit) + "' is ambiguous");
-    return budget_error(text, "unknown unit '" + std::string(unit) +
-                                  "' (valid: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
+      return budget_error(text, "unit " + quote_input(unit) + " is ambiguous");
+    return budget_error(text, "unknown unit " + quote_input(unit) +
+                                  " (valid: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
   }
   __int128 scaled = frac * found->bytes;
   if (scaled % frac_scale != 0) return budget_error(text, "it is not a whole number of bytes");

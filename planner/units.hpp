@@ -16,6 +16,14 @@ inline constexpr int64_t kKB = 1000, kMB = kKB * 1000, kGB = kMB * 1000, kTB = k
 // that is not a whole number of bytes, zero, negative or ambiguous ("80G") is an error.
 Result<int64_t> parse_bytes(std::string_view text, bool allow_zero = false);
 
+// A whole decimal number that fits in 64 bits, with an optional minus sign: no fraction, exponent,
+// unit or surrounding space, and no silent wrap ("9223372036854775808" is out of range).
+Result<int64_t> parse_integer(std::string_view text);
+
+// Text a user gave, for an error message: in quotes (single by default), bytes outside printable
+// ASCII written \xNN, cut after 64 characters with "...".
+std::string quote_input(std::string_view text, char quote = '\'');
+
 std::string format_gb(int64_t bytes);      // "80.00 GB"
 std::string format_gib(int64_t bytes);     // "74.51 GiB"
 std::string format_human(int64_t bytes);   // "74.51 GiB (80.00 GB)"

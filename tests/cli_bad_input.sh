@@ -202,4 +202,84 @@ bad "plan -o naming an existing folder" -m "$TMP/out/adir" -- plan --model llama
 absent "plan -o naming an existing folder left no temp file" "$TMP/out/adir.tmp"
 bad "plan to stdout with an unknown GPU" -m "h1000" -- plan --model llama-3.1-8b --gpu h1000
 
+# ---- values that must never be ignored, wrapped or misreported ---------------------------------
+bad "empty --budget" -m "empty value for --budget" -m "80GB" -- "${E[@]}" --budget ''
+bad "empty --gpu" -m "empty value for --gpu" -m "h100" -- "${E[@]}" --gpu ''
+bad "blank --budget" -m "empty value for --budget" -- "${E[@]}" --budget ' '
+bad "empty --enforce-budget" -m "empty value for --enforce-budget" -- run --model llama-3.1-8b --enforce-budget ''
+bad "empty --format" -m "empty value for --format" -- "${E[@]}" --format ''
+bad "empty --tp" -m "invalid --tp ''" -m "not a whole number" -- "${E[@]}" --tp ''
+bad "--microbatches 0 is refused, not the default" -m "--microbatches must be a positive integer, got 0" -- "${E[@]}" --microbatches 0
+bad "sweep --global-batch 0 is refused, not the default" -m "invalid --global-batch 0" -- sweep --model llama-3.1-8b --gpus 8 --budget 80GB --global-batch 0
+bad "--tp 2^63 is not echoed as 2^63 - 1" -m "invalid --tp '9223372036854775808'" -m "does not fit in 64 bits" -- "${E[@]}" --tp 9223372036854775808
+bad "--tp -2^63 - 1" -m "'-9223372036854775809'" -- "${E[@]}" --tp -9223372036854775809
+bad "--tp 1.5" -m "invalid --tp '1.5': not a whole number" -- "${E[@]}" --tp 1.5
+bad "--tp 1e3" -m "invalid --tp '1e3': not a whole number" -- "${E[@]}" --tp 1e3
+bad "--zero 4294967296 is not truncated to 0" -m "invalid --zero 4294967296" -m "0, 1, 2, 3" -- "${E[@]}" --zero 4294967296
+bad "--steps 0" -m "invalid --steps 0" -- run --model llama-3.1-8b --steps 0
+bad "--seed -1" -m "invalid --seed -1" -- run --model llama-3.1-8b --seed -1
+bad "--budget 1e10: exponent notation named" -m "'1e10': exponent notation is not accepted" -- "${E[@]}" --budget 1e10
+bad "tokens per micro-batch printed as integers" -m "--seq-len 1048576 x --micro-batch 1048576 is more than 16,777,216 tokens" -- "${E[@]}" --seq-len 1048576 --micro-batch 1048576
+bad "random bytes are escaped, not echoed" -m "unknown model 'ab\\x01\\xff'" -- estimate --model "$(printf 'ab\001\377')"
+bad "a long value is cut" -m "'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'..." -- "${E[@]}" --recompute "$(printf 'a%.0s' {1..300})"
+bad "a folder given as a plan" -m "is a folder" -- run "$TMP"
+bad "a folder given as a scenario" -m "is a folder" -- run --scenario "$TMP"
+mkdir -p "$TMP/cfgdir/config.json"
+bad "a folder given as config.json" -m "is a folder" -- estimate --model "$TMP/cfgdir/config.json"
+
+# Hugging Face config.json: wrong types named with the value, never "got 0" or library text.
+hf() {  # hf NAME PYTHON: $TMP/hf-NAME/config.json, a Llama config with PYTHON applied to j
+  mkdir -p "$TMP/hf-$1"
+  python3 - "$SRC_DIR/tests/fuzz/seeds/hf/llama.json" "$TMP/hf-$1/config.json" "$2" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+exec(sys.argv[3])
+json.dump(j, open(sys.argv[2], "w"))
+PY
+  echo "$TMP/hf-$1/config.json"
+}
+bad "config.json: hidden_size as a string" -m 'config.json: hidden_size: expected an integer, got "4096"' -- estimate --model "$(hf str 'j["hidden_size"] = "4096"')"
+bad "config.json: vocab_size 1e30" -m "config.json: vocab_size: expected an integer, got 1e+30" -- estimate --model "$(hf huge 'j["vocab_size"] = 1e30')"
+bad "config.json: a boolean as text" -m 'tie_word_embeddings: expected true or false, got "no"' -- estimate --model "$(hf bool 'j["tie_word_embeddings"] = "no"')"
+bad "config.json: missing hidden_size" -m "config.json: hidden_size: missing" -- estimate --model "$(hf miss 'del j["hidden_size"]')"
+bad "config.json: an unknown activation" -m "hidden_act \"relu\" is not supported" -m "silu" -- estimate --model "$(hf act 'j["hidden_act"] = "relu"')"
+bad "config.json: heads that do not divide hidden" -m "num_attention_heads 7 does not divide hidden_size 4096" -- estimate --model "$(hf heads 'j["num_attention_heads"] = 7; j["num_key_value_heads"] = 7')"
+mkdir -p "$TMP/hf-junk"
+printf '{"hidden_size": 4096,\n "x": \001\377}' >"$TMP/hf-junk/config.json"
+bad "config.json: malformed, no library text or raw bytes" -m "config.json:2:7: malformed JSON: syntax error" -- estimate --model "$TMP/hf-junk/config.json"
+good "config.json with nulls and keys that size nothing" estimate --model "$(hf ok 'j["sliding_window"] = None; j["rope_scaling"] = {"factor": 8.0}')"
+
+# Model TOML: head_dim is never silently rounded; unknown keys are refused.
+cat >"$TMP/hidden0.toml" <<'TOML'
+name = "hidden0"
+hidden_size = 50
+intermediate_size = 128
+num_layers = 2
+num_heads = 8
+vocab_size = 100
+max_position_embeddings = 64
+TOML
+bad "model TOML: heads that do not divide hidden" -m "hidden0.toml: num_heads 8 does not divide hidden_size 50" -- estimate --model "$TMP/hidden0.toml"
+sed 's/^num_heads = 8/num_heads = 8\nhead_dim = 6/' "$TMP/hidden0.toml" >"$TMP/hidden6.toml"
+good "model TOML: an explicit head_dim is taken" estimate --model "$TMP/hidden6.toml"
+sed 's/^num_heads = 8/num_heads = 5\nnum_kv_head = 5/' "$TMP/hidden0.toml" >"$TMP/typo.toml"
+bad "model TOML: a misspelt key" -m "typo.toml:6: unknown key 'num_kv_head'" -m "num_kv_heads" -- estimate --model "$TMP/typo.toml"
+
+# Scenario TOML: every key typed, no typo ignored, no check silently off.
+sc() {  # sc NAME SED: $TMP/NAME.toml, scenarios/tiny-llama.toml edited by SED
+  sed "$2" "$SRC_DIR/scenarios/tiny-llama.toml" >"$TMP/$1.toml"
+  echo "$TMP/$1.toml"
+}
+bad "scenario: tp = \"two\"" -m "matrix.tp: expected a non-empty list of integers, got \"two\"" -- run --scenario "$(sc tptwo 's/^tp = \[.*\]/tp = "two"/')"
+bad "scenario: tp = []" -m "matrix.tp: expected a non-empty list of integers, got []" -- run --scenario "$(sc tpempty 's/^tp = \[.*\]/tp = []/')"
+bad "scenario: [matrixx]" -m "unknown table [matrixx]" -m "matrix" -- run --scenario "$(sc matrixx 's/^\[matrix\]/[matrixx]/')"
+bad "scenario: an unknown [expect] key" -m "unknown key 'expect.loss_decrease'" -- run --scenario "$(sc expkey 's/^loss_decreases = /loss_decrease = /')"
+bad "scenario: predicted_equals_measured = \"yes\"" -m "expect.predicted_equals_measured: expected true or false, got \"yes\"" -- run --scenario "$(sc yes 's/^predicted_equals_measured = true/predicted_equals_measured = "yes"/')"
+bad "scenario: first_loss_rel_ln_vocab = 0" -m "expect.first_loss_rel_ln_vocab: expected a fraction in (0, 1]" -- run --scenario "$(sc rel0 's/^first_loss_rel_ln_vocab = [0-9.]*/first_loss_rel_ln_vocab = 0/')"
+bad "scenario: an inline model error names the file once" -m "inline.toml: num_heads" -- run --scenario "$(sc inline 's/^hidden_size = .*/hidden_size = 50/')"
+check "scenario: the file name is not doubled" '! grep -q "inline.toml.*inline.toml" "$TMP/stderr"'
+printf 'name = "big"\nmodel = "llama-3.1-8b"\n' >"$TMP/big.toml"
+bad "scenario refused for host memory: exit 2, as run --model" -m "big.toml" -m "of host memory" -- run --scenario "$TMP/big.toml"
+bad "run --model refused for host memory: exit 2" -m "of host memory" -- run --model llama-3.1-8b
+
 finish

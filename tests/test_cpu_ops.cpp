@@ -628,6 +628,7 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
             lse[row] = m + std::log(z);
             for (int64_t j = 0; j <= i; ++j) {
               pr[row * S + j] = std::exp(scale * sc[row * S + j] - m) / z;
+              if (c.kind != OpKind::kFlashAttention && c.kind != OpKind::kAttnContext) continue;
               double p = c.kind == OpKind::kAttnContext ? x(0)[row * S + j] : pr[row * S + j];
               for (int64_t d = 0; d < hd; ++d)
                 ctx[(i * B + bi) * hq * hd + h * hd + d] += p * v_(a, j * B + bi, h, d);

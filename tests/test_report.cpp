@@ -143,8 +143,7 @@ TEST(PlanFile, RejectsOtherVersionsAndJunk) {
 }
 
 // A plan edited to drop a tensor that a backward op reads is refused when it is read, with the
-// block's kept set named; check_program names the tensor that is read but neither kept nor
-// recomputed in a schedule changed in memory.
+// block's kept set and the tensor named (check_program's own test is in test_schedule.cpp).
 TEST(PlanFile, TamperedKeptSetIsCaught) {
   Schedule built = build_schedule(testing::model("llama-3.1-8b"), setup());
   nlohmann::json j = schedule_to_json(built);
@@ -154,21 +153,9 @@ TEST(PlanFile, TamperedKeptSetIsCaught) {
   kept.erase(it);
   auto s = schedule_from_json(j);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.error().message.find("stages[0].blocks[1].kept_tensors"), std::string::npos)
+  EXPECT_NE(s.error().message.find("stages[0].blocks[1].kept_tensors: mlp.swiglu is missing"),
+            std::string::npos)
       << s.error().message;
-
-  // In memory: the backward that reads L0's mlp.swiglu finds it neither kept nor recomputed.
-  StageProgram& p = built.stages[0];
-  const BlockGraph& g = *p.blocks[1].graph;
-  int swiglu = -1;
-  for (size_t k = 0; k < g.tensors.size(); ++k)
-    if (g.tensors[k].name == "mlp.swiglu") swiglu = static_cast<int>(k);
-  ASSERT_GE(swiglu, 0);
-  p.blocks[1].saved.saved[swiglu] = false;
-  auto e = check_program(p);
-  ASSERT_TRUE(e);
-  EXPECT_NE(e->message.find("mlp.swiglu, which was neither kept nor recomputed"), std::string::npos)
-      << e->message;
 }
 
 // A plan file is written whole or not at all, and read back equal.

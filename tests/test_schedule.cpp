@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "planner/schedule.hpp"
 #include "planner/simulate.hpp"
@@ -107,6 +108,20 @@ TEST(Schedule, CheckerRejectsABackwardReadOfADroppedTensor) {
   EXPECT_NE(e->message.find("L0/mb0/attn.rope, which was neither kept nor recomputed"),
             std::string::npos)
       << e->message;
+}
+
+// Live bytes past 2^63 - 1 are reported, never wrapped (signed overflow).
+TEST(Simulate, OverflowIsReportedNotWrapped) {
+  Schedule s = build_schedule(model("llama-2-7b"), small(1, 1, Recompute::kNone));
+  StageProgram& p = s.stages[0];
+  for (ScheduleTensor& t : p.tensors)
+    if (t.kind == ValueKind::kValue) t.bytes = INT64_MAX / 2;
+  try {
+    simulate(p);
+    FAIL() << "no overflow reported";
+  } catch (const std::overflow_error& e) {
+    EXPECT_NE(std::string(e.what()).find("exceed 2^63 - 1"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Schedule, CheckerRejectsUseAfterFreeAndDoubleFree) {

@@ -53,6 +53,44 @@ TEST(ParseBytes, RejectsBadInput) {
   EXPECT_NE(err("99999999999TB").find("too large"), std::string::npos);
 }
 
+TEST(ParseBytes, ExponentNotationIsNamed) {
+  auto r = parse_bytes("1e10");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("'1e10': exponent notation is not accepted"), std::string::npos)
+      << r.error().message;
+  EXPECT_FALSE(parse_bytes("2E+3GB").ok());
+  auto eb = parse_bytes("10EB");  // a unit, not an exponent
+  ASSERT_FALSE(eb.ok());
+  EXPECT_NE(eb.error().message.find("unknown unit 'EB'"), std::string::npos) << eb.error().message;
+}
+
+TEST(ParseInteger, WholeNumbersWithoutWrap) {
+  EXPECT_EQ(*parse_integer("8"), 8);
+  EXPECT_EQ(*parse_integer("-3"), -3);
+  EXPECT_EQ(*parse_integer("007"), 7);
+  EXPECT_EQ(*parse_integer("9223372036854775807"), INT64_MAX);
+  EXPECT_EQ(*parse_integer("-9223372036854775808"), INT64_MIN);
+  for (const char* bad : {"", "-", "1.5", "1e3", " 2", "2 ", "+2", "0x10", "8GB"}) {
+    auto r = parse_integer(bad);
+    ASSERT_FALSE(r.ok()) << "'" << bad << "'";
+    EXPECT_EQ(r.error().message, "not a whole number") << "'" << bad << "'";
+  }
+  for (const char* big : {"9223372036854775808", "-9223372036854775809",
+                          "99999999999999999999999999999999"}) {
+    auto r = parse_integer(big);
+    ASSERT_FALSE(r.ok()) << big;
+    EXPECT_EQ(r.error().message, "does not fit in 64 bits") << big;
+  }
+}
+
+TEST(QuoteInput, EscapesAndCuts) {
+  EXPECT_EQ(quote_input("h100"), "'h100'");
+  EXPECT_EQ(quote_input("a\x01\xff" "b"), "'a\\x01\\xffb'");
+  EXPECT_EQ(quote_input("line\nbreak", '"'), "\"line\\x0abreak\"");
+  std::string long_text(100, 'z');
+  EXPECT_EQ(quote_input(long_text), "'" + std::string(64, 'z') + "'...");
+}
+
 TEST(Format, IntegersAndUnits) {
   EXPECT_EQ(format_int(70553706496), "70,553,706,496");
   EXPECT_EQ(format_int(999), "999");

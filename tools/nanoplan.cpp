@@ -7,6 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <type_traits>
 
 #include "executor/compare.hpp"
 #include "executor/cpu/cpu_backend.hpp"
@@ -31,16 +35,18 @@ struct Flags {
   std::string partition = "balanced";
   std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, nccl_buffers,
       allocator_slack;
-  int64_t tp = 1, pp = 1, dp = 1, ep = 1, micro_batch = 1, seq_len = 4096, microbatches = 0;
+  int64_t tp = 1, pp = 1, dp = 1, ep = 1, micro_batch = 1, seq_len = 4096;
+  std::optional<int64_t> microbatches;  // default: pp
   int zero = 0;
   bool explain_peak = false;
   // run
   std::string plan_path, scenario, backend = "cpu", enforce_budget;
   int steps = 1;
-  uint64_t seed = 1234;
+  int64_t seed = 1234;
   bool check_plan = false;
   // sweep
-  int64_t gpus = 0, global_batch = 0;
+  int64_t gpus = 0;
+  std::optional<int64_t> global_batch;  // default: 4 x gpus
   int top = 10;
 };
 
@@ -61,25 +67,50 @@ std::string models_dir(const Flags& f) {
   return std::string(NANOPLAN_SOURCE_DIR) + "/models";
 }
 
+constexpr int64_t kNoBound = std::numeric_limits<int64_t>::max();
+
+// An integer flag: a whole decimal number without wrap (np::parse_integer), within [lo, hi] where
+// the flag has its own bounds (the setup's are validate_setup's); the error names the flag, the
+// value and what is valid.
+template <typename T>
+CLI::Option* add_int(CLI::App* app, const std::string& name, T& target, const std::string& desc,
+                     int64_t lo = -kNoBound - 1, int64_t hi = kNoBound) {
+  auto set = [&target, name, lo, hi](const std::string& v) {
+    std::string valid = lo == 1 && hi == kNoBound ? "a positive whole number"
+                        : lo == 0 && hi == kNoBound ? "a whole number >= 0"
+                        : lo <= -kNoBound           ? "a whole number"
+                                         : np::format_int(lo) + " to " + np::format_int(hi);
+    if (hi - lo >= 1 && hi - lo <= 4) {  // a few values: list them
+      valid.clear();
+      for (int64_t k = lo; k <= hi; ++k) valid += (k > lo ? ", " : "") + std::to_string(k);
+    }
+    np::Result<int64_t> r = np::parse_integer(v);
+    if (!r) die("invalid " + name + " " + np::quote_input(v) + ": " + r.error().message + " (valid: " + valid + ")");
+    if (*r < lo || *r > hi) die("invalid " + name + " " + v + " (valid: " + valid + ")");
+    target = static_cast<T>(*r);
+  };
+  CLI::Option* o = app->add_option_function<std::string>(name, set, desc);
+  if constexpr (std::is_integral_v<T>) o->default_str(std::to_string(target));
+  return o;
+}
+
 void add_setup_flags(CLI::App* app, Flags& f, bool model_required = true) {
   auto* model =
       app->add_option("--model", f.model,
                       "model name or alias (nanoplan models), or a path to a .toml or config.json");
   if (model_required) model->required();
-  app->add_option("--tp", f.tp, "tensor-parallel degree")->capture_default_str();
-  app->add_option("--pp", f.pp, "pipeline-parallel degree")->capture_default_str();
-  app->add_option("--dp", f.dp, "data-parallel degree")->capture_default_str();
-  app->add_option("--ep", f.ep, "expert-parallel degree (MoE; carved out of dp)")
-      ->capture_default_str();
+  add_int(app, "--tp", f.tp, "tensor-parallel degree");
+  add_int(app, "--pp", f.pp, "pipeline-parallel degree");
+  add_int(app, "--dp", f.dp, "data-parallel degree");
+  add_int(app, "--ep", f.ep, "expert-parallel degree (MoE; carved out of dp)");
   app->add_option("--sp", f.sp,
                   "sequence parallelism: on, off, auto (on when tp > 1, nanotron's REDUCE_SCATTER)")
       ->capture_default_str();
-  app->add_option("--zero", f.zero, "ZeRO stage over dp: 0, 1, 2, 3")->capture_default_str();
-  app->add_option("--micro-batch", f.micro_batch, "sequences per micro-batch")
-      ->capture_default_str();
-  app->add_option("--seq-len", f.seq_len, "sequence length in tokens")->capture_default_str();
-  app->add_option("--microbatches", f.microbatches,
-                  "gradient-accumulation steps per optimizer step (default: pp)");
+  add_int(app, "--zero", f.zero, "ZeRO stage over dp: 0, 1, 2, 3", 0, 3);
+  add_int(app, "--micro-batch", f.micro_batch, "sequences per micro-batch");
+  add_int(app, "--seq-len", f.seq_len, "sequence length in tokens");
+  add_int(app, "--microbatches", f.microbatches,
+          "gradient-accumulation steps per optimizer step (default: pp)");
   app->add_option("--pp-schedule", f.pp_schedule,
                   "pipeline schedule: 1f1b, afab (nanotron's default)")
       ->capture_default_str();
@@ -121,19 +152,29 @@ void add_setup_flags(CLI::App* app, Flags& f, bool model_required = true) {
                   "model catalog folder (default: the source tree's models/)");
 }
 
+// An option given with an empty value ("--budget ''") is refused, never read as "not given".
+void refuse_empty_values(const CLI::App* sub) {
+  for (const CLI::Option* o : sub->get_options()) {
+    if (o->count() == 0 || o->get_expected_max() == 0) continue;  // not given, or a switch
+    for (const std::string& v : o->results())
+      if (v.find_first_not_of(" \t") == std::string::npos)
+        die("empty value for " + o->get_name() + " (valid: " + o->get_description() + ")");
+  }
+}
+
 bool parse_bool(const std::string& flag, const std::string& v) {
   if (v == "true" || v == "on" || v == "1") return true;
   if (v == "false" || v == "off" || v == "0") return false;
-  die("invalid " + flag + " '" + v + "' (valid: true, false)");
+  die("invalid " + flag + " " + np::quote_input(v) + " (valid: true, false)");
 }
 
 np::TrainSpec make_setup(const Flags& f) {
   np::TrainSpec t;
   t.tp = f.tp, t.pp = f.pp, t.dp = f.dp, t.ep = f.ep, t.zero = f.zero;
   t.micro_batch = f.micro_batch, t.seq_len = f.seq_len;
-  t.microbatches = f.microbatches != 0 ? f.microbatches : std::max<int64_t>(1, f.pp);
+  t.microbatches = f.microbatches.value_or(std::max<int64_t>(1, f.pp));
   if (f.sp != "auto" && f.sp != "on" && f.sp != "off")
-    die("invalid --sp '" + f.sp + "' (valid: on, off, auto)");
+    die("invalid --sp " + np::quote_input(f.sp) + " (valid: on, off, auto)");
   t.sp = f.sp == "auto" ? f.tp > 1 : f.sp == "on";
   t.pp_schedule = check(np::parse_enum<np::PpSchedule>("--pp-schedule", f.pp_schedule));
   t.attention = check(np::parse_enum<np::AttentionImpl>("--attention", f.attention));
@@ -174,8 +215,8 @@ np::RuntimeAssumptions make_runtime(const Flags& f) {
     char* end = nullptr;
     double v = std::strtod(f.allocator_slack.c_str(), &end);
     if (end == f.allocator_slack.c_str() || *end != '\0' || !(v >= 0 && v <= 1))
-      die("invalid --allocator-slack '" + f.allocator_slack +
-          "' (valid: a fraction in [0, 1], e.g. 0.05)");
+      die("invalid --allocator-slack " + np::quote_input(f.allocator_slack) +
+          " (valid: a fraction in [0, 1], e.g. 0.05)");
     rt.allocator_slack = v;
   }
   return rt;
@@ -207,7 +248,7 @@ Resolved resolve(const Flags& f) {
   if (!f.budget.empty() && !f.gpu.empty())
     die("--budget and --gpu both set the budget; give one of them");
   if (f.format != "table" && f.format != "json")
-    die("invalid --format '" + f.format + "' (valid: table, json)");
+    die("invalid --format " + np::quote_input(f.format) + " (valid: table, json)");
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   np::ModelSpec m = check(np::resolve_model(catalog, f.model));
   np::TrainSpec t = make_setup(f);
@@ -299,15 +340,15 @@ constexpr int kExitRunFailed = 4;     // the executor itself failed (a bug, or h
 
 np::exec::BackendFactory backend_factory(const Flags& f) {
   if (f.backend != "cpu")
-    die("invalid --backend '" + f.backend + "' (valid: cpu; the CUDA backend is not built yet)");
+    die("invalid --backend " + np::quote_input(f.backend) +
+        " (valid: cpu; the CUDA backend is not built yet)");
   return [] { return np::exec::make_cpu_backend(); };
 }
 
 np::exec::RunOptions run_options(const Flags& f) {
-  if (f.steps < 1) die("--steps must be a positive integer, got " + std::to_string(f.steps));
   np::exec::RunOptions o;
   o.steps = f.steps;
-  o.seed = f.seed;
+  o.seed = static_cast<uint64_t>(f.seed);
   if (!f.enforce_budget.empty()) {
     np::Result<int64_t> b = np::parse_bytes(f.enforce_budget);
     if (!b) die("--enforce-budget: " + b.error().message);
@@ -364,6 +405,9 @@ int run_scenario(const Flags& f) {
   np::Scenario sc = check(np::load_scenario(f.scenario, catalog));
   Flags g = f;
   if (g.steps == 1) g.steps = sc.steps;
+  for (const np::TrainSpec& t : sc.matrix)  // refuse before anything is printed or run
+    if (auto e = np::exec::check_runnable(np::build_schedule(sc.model, t)))
+      die(f.scenario + ": " + np::describe_short(t) + ": " + e->message);
   int failed = 0;
   nlohmann::json all = nlohmann::json::array();
   std::printf("%s",
@@ -374,7 +418,6 @@ int run_scenario(const Flags& f) {
                         .c_str());
   for (const np::TrainSpec& t : sc.matrix) {
     np::Schedule s = np::build_schedule(sc.model, t);
-    if (auto e = np::exec::check_runnable(s)) die(np::describe_short(t) + ": " + e->message);
     auto r = np::exec::run_schedule(s, backend_factory(g), run_options(g));
     if (!r) {
       std::fprintf(stderr, "nanoplan: %s: %s\n", np::describe_short(t).c_str(),
@@ -455,22 +498,18 @@ int run_run(const Flags& f, CLI::App* app) {
 
 int run_sweep(const Flags& f) {
   if (f.budget.empty() && f.gpu.empty()) die("sweep needs a budget: give --budget or --gpu");
-  if (f.gpus < 1) die("--gpus must be a positive integer, got " + std::to_string(f.gpus));
-  if (f.top < 1) die("--top must be a positive integer, got " + std::to_string(f.top));
-  if (f.global_batch < 0)
-    die("--global-batch must be a positive integer, got " + std::to_string(f.global_batch));
   if (f.format != "table" && f.format != "json")
-    die("invalid --format '" + f.format + "' (valid: table, json)");
+    die("invalid --format " + np::quote_input(f.format) + " (valid: table, json)");
   if (f.partition != "balanced" && f.partition != "auto")
-    die("invalid --partition '" + f.partition +
-        "' for sweep (valid: balanced, auto; layer counts depend on pp)");
+    die("invalid --partition " + np::quote_input(f.partition) +
+        " for sweep (valid: balanced, auto; layer counts depend on pp)");
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   np::ModelSpec m = check(np::resolve_model(catalog, f.model));
   Flags g = f;
   g.recompute = "auto";
   g.partition = "balanced";  // the sweep searches per setup when asked
   np::SweepOptions o;
-  o.gpus = f.gpus, o.budget = *make_budget(f), o.global_batch = f.global_batch;
+  o.gpus = f.gpus, o.budget = *make_budget(f), o.global_batch = f.global_batch.value_or(0);
   o.base = make_setup(g);
   o.runtime = make_runtime(f);
   o.hw = make_hardware(f);
@@ -500,8 +539,8 @@ int main(int argc, char** argv) {
   const std::string commands[] = {"estimate", "plan", "run", "sweep", "models", "gpus"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(std::begin(commands), std::end(commands), argv[1]) == std::end(commands))
-    die("unknown subcommand '" + std::string(argv[1]) +
-        "' (valid: estimate, plan, run, sweep, models, gpus)");
+    die("unknown subcommand " + np::quote_input(argv[1]) +
+        " (valid: estimate, plan, run, sweep, models, gpus)");
   CLI::App* est = app.add_subcommand("estimate", "per-GPU memory breakdown of a training setup");
   add_setup_flags(est, f);
   CLI::App* plan =
@@ -516,8 +555,8 @@ int main(int argc, char** argv) {
   run->add_option("--scenario", f.scenario,
                   "scenario file (scenarios/*.toml): run its whole setup matrix");
   run->add_option("--backend", f.backend, "cpu (the reference executor)")->capture_default_str();
-  run->add_option("--steps", f.steps, "training steps to run")->capture_default_str();
-  run->add_option("--seed", f.seed, "seed of weights, data and dropout")->capture_default_str();
+  add_int(run, "--steps", f.steps, "training steps to run", 1, 1'000'000);
+  add_int(run, "--seed", f.seed, "seed of weights, data and dropout", 0, kNoBound);
   run->add_flag("--check-plan", f.check_plan,
                 "only check the plan: every backward read kept or recomputed");
   run->add_option("--enforce-budget", f.enforce_budget,
@@ -526,18 +565,18 @@ int main(int argc, char** argv) {
                                     "search tp, pp, dp, ZeRO stage and micro-batch, each with its "
                                     "optimal recompute plan; rank by throughput");
   sw->add_option("--model", f.model, "model name or alias, or a path")->required();
-  sw->add_option("--gpus", f.gpus, "GPUs to use (tp x pp x dp)")->required();
+  add_int(sw, "--gpus", f.gpus, "GPUs to use (tp x pp x dp)", 1, 1 << 20)->required();
   sw->add_option("--budget", f.budget, "bytes per GPU: 80GB, 80GiB, ...");
   sw->add_option("--gpu", f.gpu, "GPU (nanoplan gpus): sets the budget and the cost model");
-  sw->add_option("--seq-len", f.seq_len, "sequence length")->capture_default_str();
-  sw->add_option("--global-batch", f.global_batch,
-                 "sequences per optimizer step (default 4 x gpus)");
+  add_int(sw, "--seq-len", f.seq_len, "sequence length");
+  add_int(sw, "--global-batch", f.global_batch, "sequences per optimizer step (default 4 x gpus)",
+          1, 1 << 30);
   sw->add_option("--pp-schedule", f.pp_schedule, "1f1b (default for sweep), afab");
   sw->add_option("--attention", f.attention, "flash, eager")->capture_default_str();
   sw->add_option("--partition", f.partition,
                  "layers per stage: balanced (by FLOPs), auto (searched for every setup)")
       ->capture_default_str();
-  sw->add_option("--top", f.top, "setups to show")->capture_default_str();
+  add_int(sw, "--top", f.top, "setups to show", 1, 1'000'000);
   sw->add_option("--format", f.format, "table, json")->capture_default_str();
   sw->add_option("--models-dir", f.models_dir, "model catalog folder");
   CLI::App* models = app.add_subcommand("models", "list the model catalog with parameter counts");
@@ -556,6 +595,7 @@ int main(int argc, char** argv) {
       what += " (valid: estimate, plan, run, sweep, models, gpus)";
     die(what + "; see nanoplan --help");
   }
+  for (CLI::App* sub : app.get_subcommands()) refuse_empty_values(sub);
   try {
     if (est->parsed()) return run_estimate(f);
     if (plan->parsed()) return run_plan(f);
@@ -566,6 +606,8 @@ int main(int argc, char** argv) {
     }
     if (models->parsed()) return run_models(f);
     return run_gpus(f);
+  } catch (const std::overflow_error& e) {
+    die(std::string("too large to count in 64-bit bytes: ") + e.what());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "nanoplan: internal error: %s\n", e.what());
     return kExitRunFailed;

@@ -69,6 +69,10 @@ Mat load_mat(const Tensor& t) {
   return load_rows(t, dim(t, 0), row_width(t));
 }
 
+Mat load_vec(const Tensor& t) {
+  return load_rows(t, 1, t.numel());
+}
+
 void store_mat(const Tensor& t, const Mat& m, int64_t offset) {
   check(offset + m.size() <= t.numel(), "a result lies outside its tensor");
   const float* s = m.data();

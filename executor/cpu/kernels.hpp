@@ -46,6 +46,7 @@ const Tensor& need(Ins ts, size_t i, const char* what);  // present, else throws
 bool is_float(Dtype d);
 
 Mat load_mat(const Tensor& t);  // shape[0] x row_width, as fp32
+Mat load_vec(const Tensor& t);  // all elements as one row (1 x numel): norm weights, biases
 Mat load_rows(const Tensor& t, int64_t rows, int64_t cols,
               int64_t offset = 0);  // a block of rows*cols elements
 void store_mat(const Tensor& t, const Mat& m, int64_t offset = 0);

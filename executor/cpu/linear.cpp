@@ -14,7 +14,7 @@ Outs linear_forward(const Env& env, Ins in, Ins w, Dtype out_dtype, bool add_bia
   check(W.cols() == X.cols(), "linear: weight and input widths differ");
   Mat Y = X * W.transpose();
   if (w.size() > 1 && add_bias) {
-    Mat B = load_mat(need(w, 1, "linear bias"));
+    Mat B = load_vec(need(w, 1, "linear bias"));
     for (int64_t t = 0; t < Y.rows(); ++t) Y.row(t) += B.row(0);
   }
   Tensor out = env.output({X.rows(), W.rows()}, out_dtype);

@@ -14,7 +14,7 @@ constexpr double kEps = 1e-5;
 
 Outs rmsnorm_forward(const Env& env, Ins in, Ins w) {
   const Tensor& x = need(in, 0, "rmsnorm input");
-  Mat X = load_mat(x), W = load_mat(need(w, 0, "rmsnorm weight"));
+  Mat X = load_mat(x), W = load_vec(need(w, 0, "rmsnorm weight"));
   int64_t T = X.rows(), h = X.cols();
   Mat Y(T, h);
   for (int64_t t = 0; t < T; ++t) {
@@ -31,7 +31,7 @@ Outs rmsnorm_forward(const Env& env, Ins in, Ins w) {
 void rmsnorm_backward(const Env& env, const BackwardArgs& a) {
   const Tensor& x = need(a.inputs, 0, "rmsnorm input");
   Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "rmsnorm output gradient"));
-  Mat W = load_mat(need(a.weights, 0, "rmsnorm weight"));
+  Mat W = load_vec(need(a.weights, 0, "rmsnorm weight"));
   int64_t T = X.rows(), h = X.cols();
   Mat DX(T, h), DW(T, h);  // DW: per-row contributions, summed over rows below
   for (int64_t t = 0; t < T; ++t) {
@@ -53,8 +53,8 @@ void rmsnorm_backward(const Env& env, const BackwardArgs& a) {
 
 Outs layernorm_forward(const Env& env, Ins in, Ins w) {
   const Tensor& x = need(in, 0, "layernorm input");
-  Mat X = load_mat(x), W = load_mat(need(w, 0, "layernorm weight")),
-      B = load_mat(need(w, 1, "layernorm bias"));
+  Mat X = load_mat(x), W = load_vec(need(w, 0, "layernorm weight")),
+      B = load_vec(need(w, 1, "layernorm bias"));
   int64_t T = X.rows(), h = X.cols();
   Mat Y(T, h);
   for (int64_t t = 0; t < T; ++t) {
@@ -74,7 +74,7 @@ Outs layernorm_forward(const Env& env, Ins in, Ins w) {
 void layernorm_backward(const Env& env, const BackwardArgs& a) {
   const Tensor& x = need(a.inputs, 0, "layernorm input");
   Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "layernorm output gradient"));
-  Mat W = load_mat(need(a.weights, 0, "layernorm weight"));
+  Mat W = load_vec(need(a.weights, 0, "layernorm weight"));
   int64_t T = X.rows(), h = X.cols();
   Mat DX(T, h), DW(T, h);
   std::vector<double> xh(h);
