@@ -164,9 +164,19 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
                       " is not supported (valid: llama, mistral, mixtral, qwen2, qwen2_moe; or "
                       "write the model as a TOML in the catalog schema)");
   ModelSpec m;
+  // The name comes from the folder (or the file): characters a name may not hold become '_'.
   m.name = std::filesystem::path(path).parent_path().filename().string();
   if (m.name.empty()) m.name = std::filesystem::path(path).stem().string();
+  for (char& c : m.name)
+    if (!is_model_name(std::string_view(&c, 1))) c = '_';
+  if (m.name.size() > 128) m.name.resize(128);
+  if (m.name.empty()) m.name = "config";
   m.display_name = text("_name_or_path", m.name);
+  bool printable = m.display_name.size() <= 128 &&
+                   std::all_of(m.display_name.begin(), m.display_name.end(), [](char c) {
+                     return static_cast<unsigned char>(c) >= 0x20 && static_cast<unsigned char>(c) < 0x7f;
+                   });
+  if (!printable) m.display_name = m.name;  // a display name only: the folder's name will do
   m.source = path;
   m.hidden = count("hidden_size", std::nullopt);
   m.ffn = count("intermediate_size", std::nullopt);

@@ -100,6 +100,10 @@ inline Result<nlohmann::json> parse_json(const std::string& text, const std::str
       if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
     return make_error(path + ":" + std::to_string(line) + ":" + std::to_string(column) +
                       ": malformed JSON: " + what);
+  } catch (const nlohmann::json::out_of_range&) {
+    return make_error(path + ": malformed JSON: a number is out of range (beyond a 64-bit float)");
+  } catch (const nlohmann::json::exception&) {
+    return make_error(path + ": malformed JSON");
   }
 }
 

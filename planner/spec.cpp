@@ -2,6 +2,7 @@
 #include "planner/spec.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <array>
 #include <iterator>
 #include <utility>
@@ -195,7 +196,30 @@ std::optional<Error> check_moe(const ModelSpec& m, const TrainSpec& t) {
 }
 }  // namespace
 
+bool is_model_name(std::string_view name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-' && c != '+' &&
+        c != '/')
+      return false;
+  return true;
+}
+
 std::optional<Error> validate_model(const ModelSpec& m) {
+  // Names and display names appear in every message and table: plain printable ASCII only.
+  if (!is_model_name(m.name))
+    return fail("model name " + quote_input(m.name) +
+                " is invalid (valid: 1 to 128 letters, digits, '.', '_', '-', '+', '/')");
+  for (const std::string& a : m.aliases)
+    if (!is_model_name(a))
+      return fail("model " + m.name + ": alias " + quote_input(a) +
+                  " is invalid (valid: 1 to 128 letters, digits, '.', '_', '-', '+', '/')");
+  if (m.display_name.size() > 128 ||
+      std::any_of(m.display_name.begin(), m.display_name.end(), [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f;
+      }))
+    return fail("model " + m.name + ": display_name " + quote_input(m.display_name) +
+                " is invalid (valid: up to 128 printable ASCII characters)");
   const std::pair<const char*, int64_t> sizes[] = {
       {"hidden_size", m.hidden},    {"intermediate_size", m.ffn},
       {"num_layers", m.layers},     {"num_heads", m.heads},

@@ -92,6 +92,8 @@ struct RuntimeAssumptions {
 // Checks the model against itself and the setup against the model: nanotron's checks plus the
 // ones a user expects. Returns the first problem.
 std::optional<Error> validate_model(const ModelSpec& m);
+// A model name or alias: 1 to 128 letters, digits, '.', '_', '-', '+', '/'.
+bool is_model_name(std::string_view name);
 std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t);
 
 // Layers per pipeline stage as the user writes them, "21,20,20,19": decimal integers below 10^9

@@ -91,6 +91,22 @@ TEST(LoadToml, WrongTypeAndMissingKey) {
   EXPECT_NE(r.error().message.find("missing required key 'hidden_size'"), std::string::npos);
 }
 
+// Inputs the fuzz targets found: each gives a one-line error of printable ASCII.
+TEST(FuzzFindings, NamesAndNumbers) {
+  auto r = model_toml_from_text(
+      "name = \"llama-\xc8\x9d\"\nhidden_size = 64\nintermediate_size = 128\nnum_layers = 2\n"
+      "num_heads = 4\nvocab_size = 100\nmax_position_embeddings = 64\n",
+      "m.toml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message,
+            "m.toml: model name 'llama-\\xc8\\x9d' is invalid (valid: 1 to 128 letters, digits, "
+            "'.', '_', '-', '+', '/')");
+  auto h = hf_config_from_text("{\"hidden_size\": 4e4444444444}", "config.json");
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.error().message,
+            "config.json: malformed JSON: a number is out of range (beyond a 64-bit float)");
+}
+
 TEST(LoadToml, InvalidEnumNamesChoices) {
   std::string path = testing::temp_path("enum.toml");
   std::ifstream in(std::string(NANOPLAN_SOURCE_DIR) + "/models/llama-2-7b.toml");

@@ -80,7 +80,7 @@ CLI::Option* add_int(CLI::App* app, const std::string& name, T& target, const st
                         : lo == 0 && hi == kNoBound ? "a whole number >= 0"
                         : lo <= -kNoBound           ? "a whole number"
                                          : np::format_int(lo) + " to " + np::format_int(hi);
-    if (hi - lo >= 1 && hi - lo <= 4) {  // a few values: list them
+    if (lo >= 0 && hi < kNoBound && hi - lo >= 1 && hi - lo <= 4) {  // a few values: list them
       valid.clear();
       for (int64_t k = lo; k <= hi; ++k) valid += (k > lo ? ", " : "") + std::to_string(k);
     }
