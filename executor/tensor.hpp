@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "executor/bf16.hpp"
 #include "planner/ops.hpp"
 
 namespace np::exec {
@@ -21,19 +22,8 @@ struct Tensor {
 };
 
 // bf16 <-> fp32, round to nearest even (NaN stays NaN).
-inline float bf16_to_f32(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+inline float bf16_to_f32(uint16_t b) { return bf16_bits_to_f32(b); }
+inline uint16_t f32_to_bf16(float f) { return f32_to_bf16_bits(f); }
 
 // Element access for the float dtypes (bf16, fp32); u8 and i64 are read through as<>().
 inline float load(const Tensor& t, int64_t i) {

@@ -204,6 +204,7 @@ TEST(PlanFile, ByteCountsAreExactIntegers) {
   for (auto [value, want] : std::vector<std::pair<nlohmann::json, std::string>>{
            {-5, "expected an integer in [0, 9223372036854775807], got -5"},
            {0, "gives"},
+           {INT64_MAX, "9,223,372,036,854,775,807 for"},  // once wrapped the simulation's sums
            {576.5, "expected an integer, got 576.5"},
            {1.8446744073709552e19, "expected an integer"},
            {"576", "expected an integer, got \"576\""},

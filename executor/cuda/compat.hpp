@@ -1,0 +1,66 @@
+// What the CUDA backend's sources include instead of the CUDA headers: with nvcc the real runtime,
+// cuBLAS and bf16 headers; with the host compiler (NANOPLAN_CUDA_EMULATION) the host emulation in
+// executor/cuda/emu/. Kernels launch through np_launch, never <<<>>>, and take shared memory only
+// through np_shared<T>() (dynamic shared memory), so one source serves both.
+#pragma once
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+#if defined(__CUDACC__)
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#define NP_HD __host__ __device__
+#else
+#include "executor/cuda/emu/cublas_emu.hpp"
+#include "executor/cuda/emu/cuda_emu.hpp"
+#define NP_HD
+#endif
+
+namespace np::cuda {
+
+// Launches kernel over grid x block with `shared` bytes of dynamic shared memory on `stream`.
+template <typename... Params, typename... Args>
+void np_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
+               cudaStream_t stream, Args... args) {
+#if defined(__CUDACC__)
+  kernel<<<grid, block, shared, stream>>>(args...);
+#else
+  (void)stream;
+  ::np::emu::launch(grid, block, shared, [&] { kernel(args...); });
+#endif
+}
+
+// This block's dynamic shared memory as T[] (16-byte aligned).
+template <typename T>
+__device__ __forceinline__ T* np_shared() {
+#if defined(__CUDACC__)
+  extern __shared__ __align__(16) unsigned char np_shared_bytes[];
+  return reinterpret_cast<T*>(np_shared_bytes);
+#else
+  return static_cast<T*>(::np::emu::dynamic_shared());
+#endif
+}
+
+// Errors name the statement, file:line and the device.
+[[noreturn]] void cuda_failure(const char* statement, const char* file, int line,
+                               const std::string& what);
+
+}  // namespace np::cuda
+
+#define NP_CUDA_CHECK(stmt)                                                             \
+  do {                                                                                  \
+    cudaError_t np_err_ = (stmt);                                                       \
+    if (np_err_ != cudaSuccess)                                                         \
+      ::np::cuda::cuda_failure(#stmt, __FILE__, __LINE__, cudaGetErrorString(np_err_)); \
+  } while (0)
+#define NP_CUBLAS_CHECK(stmt)                                                                \
+  do {                                                                                       \
+    cublasStatus_t np_st_ = (stmt);                                                          \
+    if (np_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
+      ::np::cuda::cuda_failure(#stmt, __FILE__, __LINE__,                                    \
+                               "cuBLAS status " + std::to_string(static_cast<int>(np_st_))); \
+  } while (0)
+// A kernel launch's errors surface at the next call; this checks at once.
+#define NP_CUDA_CHECK_LAUNCH() NP_CUDA_CHECK(cudaGetLastError())

@@ -1,0 +1,368 @@
+// The CUDA emulation's runtime: fibers for the threads of a block (ucontext), barriers, warp
+// exchange, and the memory, stream and event calls. See cuda_emu.hpp for what is emulated.
+#include "executor/cuda/emu/cuda_emu.hpp"
+
+#include <ucontext.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define NP_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NP_EMU_ASAN 1
+#endif
+#endif
+#ifdef NP_EMU_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+namespace np::emu {
+namespace {
+
+#ifdef NP_EMU_ASAN
+constexpr size_t kStackBytes = 512 * 1024;
+#else
+constexpr size_t kStackBytes = 128 * 1024;
+#endif
+
+enum class Wait { kNone, kBlock, kWarp, kDone };
+
+struct Fiber {
+  ucontext_t ctx;
+  char* stack = nullptr;
+  Wait wait = Wait::kNone;
+  ThreadState st;
+  void* fake_stack = nullptr;
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  ucontext_t main;
+  const void* main_bottom = nullptr;
+  size_t main_size = 0;
+  void* main_fake_stack = nullptr;
+  std::vector<unsigned char> shared;
+  std::vector<uint64_t> slots;  // one per thread: warp exchanges
+  const std::function<void()>* body = nullptr;
+  std::exception_ptr error;
+  int running = -1;
+};
+
+thread_local Block* g_block = nullptr;
+std::atomic<uint64_t> g_launches{0};
+
+// Fiber stacks, allocated once per host thread and reused (not touched until used).
+std::vector<std::unique_ptr<char[]>>& stacks() {
+  thread_local std::vector<std::unique_ptr<char[]>> s;
+  return s;
+}
+
+void to_main(Fiber& f, bool dying) {
+#ifdef NP_EMU_ASAN
+  __sanitizer_start_switch_fiber(dying ? nullptr : &f.fake_stack, g_block->main_bottom,
+                                 g_block->main_size);
+#else
+  (void)dying;
+#endif
+  swapcontext(&f.ctx, &g_block->main);
+#ifdef NP_EMU_ASAN
+  __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
+#endif
+}
+
+void to_fiber(Block& b, int i) {
+  b.running = i;
+  Fiber& f = b.fibers[i];
+#ifdef NP_EMU_ASAN
+  __sanitizer_start_switch_fiber(&b.main_fake_stack, f.stack, kStackBytes);
+#endif
+  swapcontext(&b.main, &f.ctx);
+#ifdef NP_EMU_ASAN
+  __sanitizer_finish_switch_fiber(b.main_fake_stack, nullptr, nullptr);
+#endif
+  b.running = -1;
+}
+
+void fiber_entry() {
+  Block& b = *g_block;
+  Fiber& f = b.fibers[b.running];
+#ifdef NP_EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &b.main_bottom, &b.main_size);
+#endif
+  try {
+    (*b.body)();
+  } catch (...) {
+    if (!b.error) b.error = std::current_exception();
+  }
+  f.wait = Wait::kDone;
+  to_main(f, /*dying=*/true);
+}
+
+Fiber& current_fiber() {
+  if (!g_block || g_block->running < 0)
+    throw std::logic_error("CUDA emulation: a device function ran outside a kernel launch");
+  return g_block->fibers[g_block->running];
+}
+
+void wait_at(Wait w) {
+  Fiber& f = current_fiber();
+  f.wait = w;
+  to_main(f, false);
+}
+
+std::string where(const Fiber& f) {
+  return "thread (" + std::to_string(f.st.thread.x) + "," + std::to_string(f.st.thread.y) + "," +
+         std::to_string(f.st.thread.z) + ") of block (" + std::to_string(f.st.block.x) + "," +
+         std::to_string(f.st.block.y) + "," + std::to_string(f.st.block.z) + ")";
+}
+
+// Releases a barrier once every live thread waits at it; throws when a barrier can never be
+// released (a thread returned, or warps wait at different kinds of barrier).
+bool release(Block& b) {
+  size_t n = b.fibers.size();
+  bool any_waiting = false;
+  for (size_t w = 0; w * 32 < n; ++w) {  // warp barriers first: they involve one warp only
+    size_t lo = w * 32, hi = std::min(n, lo + 32);
+    bool waiting = false, all = true;
+    const Fiber* gone = nullptr;
+    for (size_t i = lo; i < hi; ++i) {
+      Wait s = b.fibers[i].wait;
+      waiting |= s == Wait::kWarp;
+      if (s == Wait::kDone) gone = &b.fibers[i];
+      else if (s != Wait::kWarp) all = false;
+    }
+    if (!waiting) continue;
+    any_waiting = true;
+    if (gone)
+      throw std::runtime_error("CUDA emulation: a warp shuffle or __syncwarp waits for " +
+                               where(*gone) + ", which returned");
+    if (all) {
+      for (size_t i = lo; i < hi; ++i) b.fibers[i].wait = Wait::kNone;
+      return true;
+    }
+  }
+  bool block_waiting = false;
+  const Fiber* gone = nullptr;
+  for (const Fiber& f : b.fibers) {
+    if (f.wait == Wait::kBlock) block_waiting = true;
+    if (f.wait == Wait::kDone) gone = &f;
+  }
+  if (!block_waiting && !any_waiting) return false;  // every thread is done
+  if (any_waiting)
+    throw std::runtime_error("CUDA emulation: deadlock: some threads wait in a warp shuffle while "
+                             "others of their warp wait at __syncthreads");
+  if (gone)
+    throw std::runtime_error("CUDA emulation: __syncthreads waits for " + where(*gone) +
+                             ", which returned");
+  for (Fiber& f : b.fibers) f.wait = Wait::kNone;
+  return true;
+}
+
+void run_block(Block& b, bool reverse_first) {
+  size_t n = b.fibers.size();
+  auto& pool = stacks();
+  while (pool.size() < n) pool.emplace_back(new char[kStackBytes]);
+  for (size_t i = 0; i < n; ++i) {
+    Fiber& f = b.fibers[i];
+    f.stack = pool[i].get();
+    f.wait = Wait::kNone;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_entry, 0);
+  }
+  for (int phase = 0;; ++phase) {
+    bool reverse = (phase % 2 == 1) != reverse_first;
+    for (size_t k = 0; k < n; ++k) {
+      size_t i = reverse ? n - 1 - k : k;
+      if (b.fibers[i].wait == Wait::kNone) to_fiber(b, static_cast<int>(i));
+      if (b.error) std::rethrow_exception(b.error);
+    }
+    if (!release(b)) break;
+  }
+}
+
+struct Device {
+  std::mutex mu;
+  size_t total = size_t{80} << 30;
+  size_t used = 0;
+  std::map<void*, size_t> sizes;
+};
+Device& device() {
+  static Device d;
+  return d;
+}
+
+}  // namespace
+
+ThreadState& state() { return current_fiber().st; }
+void sync_block() { wait_at(Wait::kBlock); }
+void sync_warp() { wait_at(Wait::kWarp); }
+void* dynamic_shared() {
+  current_fiber();
+  return g_block->shared.data();
+}
+
+uint64_t warp_exchange(uint64_t mine, int src) {
+  Block& b = *g_block;
+  size_t self = static_cast<size_t>(b.running), base = self / 32 * 32;
+  b.slots[self] = mine;
+  sync_warp();
+  size_t from = base + static_cast<size_t>(src);
+  uint64_t got = from < b.slots.size() ? b.slots[from] : ~uint64_t{0};
+  sync_warp();  // nobody overwrites a slot before every lane has read
+  return got;
+}
+
+uint64_t launches() { return g_launches.load(); }
+
+void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
+  size_t threads = size_t{block.x} * block.y * block.z;
+  if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0)
+    throw std::runtime_error("CUDA emulation: invalid launch configuration (" +
+                             std::to_string(threads) + " threads per block)");
+  bool reverse_first = (g_launches.fetch_add(1) % 2) == 1;
+  Block b;
+  Block* outer = g_block;
+  g_block = &b;
+  b.body = &body;
+  b.fibers.resize(threads);
+  b.slots.assign(threads, ~uint64_t{0});
+  try {
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+      for (unsigned by = 0; by < grid.y; ++by)
+        for (unsigned bx = 0; bx < grid.x; ++bx) {
+          b.shared.assign((shared_bytes + 15) / 16 * 16, 0xFF);  // poison: NaN as floats
+          size_t i = 0;
+          for (unsigned tz = 0; tz < block.z; ++tz)
+            for (unsigned ty = 0; ty < block.y; ++ty)
+              for (unsigned tx = 0; tx < block.x; ++tx)
+                b.fibers[i++].st = {dim3(tx, ty, tz), dim3(bx, by, bz), block, grid};
+          run_block(b, reverse_first);
+        }
+  } catch (...) {
+    g_block = outer;
+    throw;
+  }
+  g_block = outer;
+}
+
+void set_device_memory(size_t bytes) {
+  std::lock_guard<std::mutex> lock(device().mu);
+  device().total = bytes;
+}
+
+}  // namespace np::emu
+
+using np::emu::device;
+
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  auto& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *p = nullptr;
+  if (bytes > d.total - d.used) return cudaErrorMemoryAllocation;
+  size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  void* q = std::aligned_alloc(256, rounded);
+  if (!q) return cudaErrorMemoryAllocation;
+  std::memset(q, 0xFF, rounded);  // fresh device memory holds garbage: NaN here
+  d.used += bytes;
+  d.sizes[q] = bytes;
+  *p = q;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  auto& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.sizes.find(p);
+  if (it == d.sizes.end()) return cudaErrorInvalidValue;
+  d.used -= it->second;
+  d.sizes.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (bytes) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind k,
+                            cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, k);
+}
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  if (bytes) std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+  return cudaMemset(p, value, bytes);
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  auto& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *free_bytes = d.total - d.used;
+  *total_bytes = d.total;
+  return cudaSuccess;
+}
+struct np_emu_stream {};
+struct np_emu_event {
+  std::chrono::steady_clock::time_point t;
+};
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  *s = new np_emu_stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = new np_emu_event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  e->t = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+  }
+  return "unknown error";
+}

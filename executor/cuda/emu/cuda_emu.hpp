@@ -1,0 +1,168 @@
+// Host emulation of the CUDA subset that nanoplan's CUDA backend uses, so that the same kernel
+// and backend sources (executor/cuda/*.cu) compile with the host compiler and run in tests on
+// machines without a GPU. Test infrastructure only: not a user-facing backend, no speed claim.
+//
+// What it emulates: kernel launches (np_launch in executor/cuda/compat.hpp) over a grid of blocks;
+// the threads of a block as fibers, run one at a time between barriers, in forward order in one
+// phase and reverse order in the next, so that a missing __syncthreads or a wrong shared-memory
+// index changes the result; dynamic shared memory poisoned with 0xFF bytes (NaN) before each
+// block; warp shuffles, votes and __syncwarp with every lane of the warp; atomics; the memory,
+// stream and event calls of the runtime API; bf16 conversion with round-to-nearest-even. A thread
+// that leaves the kernel while others wait at a barrier is an error (undefined on a GPU).
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+#include "executor/bf16.hpp"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+namespace np::emu {
+
+struct ThreadState {
+  dim3 thread, block, block_dim, grid_dim;
+};
+
+// The emulated thread running now (valid inside a kernel only).
+ThreadState& state();
+void sync_block();
+void sync_warp();
+// This block's dynamic shared memory (the launch's shared_bytes), 16-byte aligned.
+void* dynamic_shared();
+// Exchanges 8 bytes with another lane of this thread's warp: returns lane `src`'s value.
+uint64_t warp_exchange(uint64_t mine, int src);
+// Runs `body` as every thread of every block of the grid; throws std::runtime_error when a block
+// deadlocks at a barrier or the body throws.
+void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+// Launches so far (each launch alternates the starting order of its threads).
+uint64_t launches();
+
+}  // namespace np::emu
+
+#define threadIdx (::np::emu::state().thread)
+#define blockIdx (::np::emu::state().block)
+#define blockDim (::np::emu::state().block_dim)
+#define gridDim (::np::emu::state().grid_dim)
+constexpr int warpSize = 32;
+
+inline void __syncthreads() { np::emu::sync_block(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { np::emu::sync_warp(); }
+
+namespace np::emu {
+inline int lane_id() {
+  const ThreadState& s = state();
+  unsigned linear = s.thread.x + s.thread.y * s.block_dim.x +
+                    s.thread.z * s.block_dim.x * s.block_dim.y;
+  return static_cast<int>(linear % 32);
+}
+template <typename T>
+T shuffle_from(T v, int src) {
+  static_assert(sizeof(T) <= 8, "a warp shuffle moves at most 8 bytes");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  uint64_t got = warp_exchange(bits, src);
+  T out;
+  std::memcpy(&out, &got, sizeof(T));
+  return out;
+}
+}  // namespace np::emu
+
+template <typename T>
+T __shfl_sync(unsigned, T v, int src, int width = 32) {
+  int lane = np::emu::lane_id();
+  return np::emu::shuffle_from(v, (lane / width) * width + (src % width));
+}
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+  int lane = np::emu::lane_id(), src = lane ^ mask;
+  return np::emu::shuffle_from(v, src / width == lane / width ? src : lane);
+}
+template <typename T>
+T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+  int lane = np::emu::lane_id(), src = lane + static_cast<int>(delta);
+  return np::emu::shuffle_from(v, src / width == lane / width ? src : lane);
+}
+inline unsigned __ballot_sync(unsigned, int pred) {
+  unsigned bits = 0;
+  for (int l = 0; l < 32; ++l)
+    bits |= (np::emu::shuffle_from<int>(pred != 0, l) ? 1u : 0u) << l;
+  return bits;
+}
+inline int __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
+inline int __all_sync(unsigned m, int pred) { return __ballot_sync(m, !pred) == 0; }
+
+// Threads of a block never run at the same time: plain read-modify-write is atomic.
+inline float atomicAdd(float* p, float v) { float old = *p; *p = old + v; return old; }
+inline int atomicAdd(int* p, int v) { int old = *p; *p = old + v; return old; }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned old = *p; *p = old + v; return old; }
+inline int atomicMax(int* p, int v) { int old = *p; *p = old > v ? old : v; return old; }
+
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+
+// bf16 storage: the top 16 bits of an IEEE float, rounded to nearest even.
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+inline float __bfloat162float(__nv_bfloat16 v) { return np::bf16_bits_to_f32(v.bits); }
+inline __nv_bfloat16 __float2bfloat16(float f) { return {np::f32_to_bf16_bits(f)}; }
+
+// ---- runtime API ---------------------------------------------------------------------------------
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorNoDevice = 100,
+  cudaErrorLaunchFailure = 719,
+};
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+using cudaStream_t = struct np_emu_stream*;
+using cudaEvent_t = struct np_emu_event*;
+
+cudaError_t cudaGetDeviceCount(int* n);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaMalloc(void** p, size_t bytes);
+cudaError_t cudaFree(void* p);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
+cudaError_t cudaMemset(void* p, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream = nullptr);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+cudaError_t cudaStreamCreate(cudaStream_t* s);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
+cudaError_t cudaGetLastError();
+const char* cudaGetErrorString(cudaError_t e);
+
+namespace np::emu {
+// The emulated device's memory size (cudaMemGetInfo's total; cudaMalloc past it fails).
+void set_device_memory(size_t bytes);
+}  // namespace np::emu

@@ -1,0 +1,33 @@
+// The CUDA backend's kernels, one file per op family (executor/cuda/*.cu), as host functions on
+// device tensors: bf16 or fp32 storage as the tensor says, fp32 arithmetic. Each returns after
+// enqueuing its work on `stream`. The same sources compile with nvcc and, for tests, with the host
+// compiler against the emulation (executor/cuda/emu/).
+#pragma once
+#include "executor/cuda/compat.hpp"
+#include "executor/tensor.hpp"
+
+namespace np::cuda {
+
+using exec::Tensor;
+
+// y = x / sqrt(mean(x^2) + eps) * w, per row of x (rows x h); w has h elements.
+void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, float eps,
+                     cudaStream_t stream);
+// dx (=, or += when accumulate) and dw += for the rows of x; `partial` is an fp32 workspace of
+// rows x h elements (per-row weight-gradient terms, summed over rows in order: deterministic).
+void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                      bool accumulate, const Tensor& dw, const Tensor& partial, float eps,
+                      cudaStream_t stream);
+// out = a + b, elementwise.
+void add(const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t stream);
+// t += v elementwise (gradient accumulation), rounding once to t's dtype.
+void accumulate(const Tensor& t, const Tensor& v, cudaStream_t stream);
+// SwiGLU on x = [gate | up] (rows x 2f): y = silu(gate) * up (rows x f).
+void swiglu_forward(const Tensor& x, const Tensor& y, cudaStream_t stream);
+// dx (=, or += when accumulate) for dy.
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
+                     cudaStream_t stream);
+// t[i] = value for every element.
+void fill(const Tensor& t, float value, cudaStream_t stream);
+
+}  // namespace np::cuda

@@ -1,0 +1,208 @@
+// Pointwise and per-row kernels: RMSNorm (a block per row, warp-shuffle and shared-memory
+// reduction), add, accumulate, SwiGLU, fill.
+#include "executor/cuda/kernels.hpp"
+
+namespace np::cuda {
+namespace {
+
+constexpr int kThreads = 128;  // per block: four warps
+
+struct View {  // a tensor in device code
+  void* p;
+  bool bf16;
+};
+View view(const Tensor& t) { return {t.data, t.type.dtype == Dtype::kBf16}; }
+
+__device__ __forceinline__ float ld(View v, long long i) {
+  return v.bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(v.p)[i])
+                : static_cast<const float*>(v.p)[i];
+}
+__device__ __forceinline__ void st(View v, long long i, float x) {
+  if (v.bf16)
+    static_cast<__nv_bfloat16*>(v.p)[i] = __float2bfloat16(x);
+  else
+    static_cast<float*>(v.p)[i] = x;
+}
+
+// The sum of `v` over the block (kThreads threads): warp shuffles, then one value per warp in
+// shared memory (kThreads / 32 floats). Every thread gets the total.
+__device__ float block_sum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  float* warp_sums = np_shared<float>();
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  float total = 0;
+  for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+  __syncthreads();  // warp_sums may be reused by the next reduction
+  return total;
+}
+
+__global__ void rmsnorm_forward_kernel(View x, View w, View y, long long h, float eps) {
+  long long row = blockIdx.x;
+  float ss = 0;
+  for (long long c = threadIdx.x; c < h; c += kThreads) {
+    float v = ld(x, row * h + c);
+    ss += v * v;
+  }
+  float r = rsqrtf(block_sum(ss) / static_cast<float>(h) + eps);
+  for (long long c = threadIdx.x; c < h; c += kThreads)
+    st(y, row * h + c, ld(x, row * h + c) * r * ld(w, c));
+}
+
+// Per row: g = dy * w; dx = r * g - x * r^3 * mean(g * x); partial[row][c] = dy * x * r.
+__global__ void rmsnorm_backward_kernel(View x, View w, View dy, View dx, bool acc, float* partial,
+                                        long long h, float eps) {
+  long long row = blockIdx.x;
+  float ss = 0, gx = 0;
+  for (long long c = threadIdx.x; c < h; c += kThreads) {
+    float v = ld(x, row * h + c), g = ld(dy, row * h + c) * ld(w, c);
+    ss += v * v, gx += g * v;
+  }
+  ss = block_sum(ss);
+  gx = block_sum(gx);
+  float r = rsqrtf(ss / static_cast<float>(h) + eps), k = r * r * r * gx / static_cast<float>(h);
+  for (long long c = threadIdx.x; c < h; c += kThreads) {
+    long long i = row * h + c;
+    float v = ld(x, i), d = ld(dy, i), g = d * ld(w, c);
+    float out = r * g - v * k;
+    st(dx, i, acc ? ld(dx, i) + out : out);
+    partial[i] = d * v * r;
+  }
+}
+
+// dw[c] += sum over rows of partial[row][c], rows in order.
+__global__ void column_sum_kernel(const float* partial, long long rows, long long h, View dw) {
+  long long c = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= h) return;
+  float s = 0;
+  for (long long r = 0; r < rows; ++r) s += partial[r * h + c];
+  st(dw, c, ld(dw, c) + s);
+}
+
+__global__ void add_kernel(View a, View b, View out, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) st(out, i, ld(a, i) + ld(b, i));
+}
+
+__global__ void accumulate_kernel(View t, View v, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) st(t, i, ld(t, i) + ld(v, i));
+}
+
+__global__ void fill_kernel(View t, float value, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) st(t, i, value);
+}
+
+__device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + __expf(-z)); }
+
+__global__ void swiglu_forward_kernel(View x, View y, long long rows, long long f) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rows * f) return;
+  long long r = i / f, c = i % f;
+  float g = ld(x, r * 2 * f + c), u = ld(x, r * 2 * f + f + c);
+  st(y, i, g * sigmoid(g) * u);
+}
+
+__global__ void swiglu_backward_kernel(View x, View dy, View dx, bool acc, long long rows,
+                                       long long f) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rows * f) return;
+  long long r = i / f, c = i % f, gi = r * 2 * f + c, ui = gi + f;
+  float g = ld(x, gi), u = ld(x, ui), d = ld(dy, i), s = sigmoid(g);
+  float dg = d * u * s * (1.0f + g * (1.0f - s)), du = d * g * s;
+  st(dx, gi, acc ? ld(dx, gi) + dg : dg);
+  st(dx, ui, acc ? ld(dx, ui) + du : du);
+}
+
+unsigned blocks_for(long long n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+void need(bool ok, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string("cuda kernels: ") + what);
+}
+
+}  // namespace
+
+void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, float eps,
+                     cudaStream_t stream) {
+  long long h = w.numel(), rows = h ? x.numel() / h : 0;
+  need(rows * h == x.numel() && y.numel() == x.numel(), "rmsnorm: x, w and y do not agree");
+  if (rows == 0) return;
+  np_launch(rmsnorm_forward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
+            kThreads / 32 * sizeof(float), stream, view(x), view(w), view(y), h, eps);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                      bool accumulate, const Tensor& dw, const Tensor& partial, float eps,
+                      cudaStream_t stream) {
+  long long h = w.numel(), rows = h ? x.numel() / h : 0;
+  need(rows * h == x.numel() && dy.numel() == x.numel() && dx.numel() == x.numel() &&
+           dw.numel() == h && partial.numel() >= x.numel() && partial.type.dtype == Dtype::kFp32,
+       "rmsnorm backward: shapes do not agree");
+  if (rows == 0) return;
+  np_launch(rmsnorm_backward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
+            kThreads / 32 * sizeof(float), stream, view(x), view(w), view(dy), view(dx),
+            accumulate, partial.as<float>(), h, eps);
+  NP_CUDA_CHECK_LAUNCH();
+  np_launch(column_sum_kernel, dim3(blocks_for(h)), dim3(kThreads), 0, stream,
+            static_cast<const float*>(partial.data), rows, h, view(dw));
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t stream) {
+  long long n = out.numel();
+  need(a.numel() == n && b.numel() == n, "add: sizes differ");
+  if (n == 0) return;
+  np_launch(add_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(a), view(b),
+            view(out), n);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void accumulate(const Tensor& t, const Tensor& v, cudaStream_t stream) {
+  long long n = t.numel();
+  need(v.numel() == n, "accumulate: sizes differ");
+  if (n == 0) return;
+  np_launch(accumulate_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(t), view(v), n);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void fill(const Tensor& t, float value, cudaStream_t stream) {
+  long long n = t.numel();
+  if (n == 0) return;
+  np_launch(fill_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(t), value, n);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_forward(const Tensor& x, const Tensor& y, cudaStream_t stream) {
+  long long n = y.numel();
+  need(x.numel() == 2 * n && !y.type.shape.empty(), "swiglu: x must be [rows, 2f], y [rows, f]");
+  long long f = y.type.shape.back(), rows = f ? n / f : 0;
+  if (n == 0) return;
+  np_launch(swiglu_forward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x),
+            view(y), rows, f);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
+                     cudaStream_t stream) {
+  long long n = dy.numel();
+  need(x.numel() == 2 * n && dx.numel() == x.numel() && !dy.type.shape.empty(),
+       "swiglu backward: shapes do not agree");
+  long long f = dy.type.shape.back(), rows = f ? n / f : 0;
+  if (n == 0) return;
+  np_launch(swiglu_backward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x),
+            view(dy), view(dx), accumulate, rows, f);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void cuda_failure(const char* statement, const char* file, int line, const std::string& what) {
+  int device = -1;
+  cudaGetDevice(&device);
+  throw std::runtime_error(std::string(statement) + " failed at " + file + ":" +
+                           std::to_string(line) + " on device " + std::to_string(device) + ": " +
+                           what);
+}
+
+}  // namespace np::cuda

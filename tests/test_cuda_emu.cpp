@@ -1,0 +1,244 @@
+// The CUDA backend's kernels through the host emulation of CUDA (executor/cuda/emu/), and the
+// emulation itself: barriers, warp shuffles and shared memory behave as on a GPU, a missing
+// __syncthreads gives a wrong answer, a thread that returns before a barrier is an error, and
+// cuBLAS's GEMM follows its column-major semantics.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "executor/cuda/kernels.hpp"
+
+namespace np::cuda {
+namespace {
+
+// ---- the emulation ------------------------------------------------------------------------------
+
+// Thread t writes t to shared memory; after the barrier, thread t reads its right neighbour's.
+__global__ void neighbour(int* out, bool sync) {
+  int* s = np_shared<int>();
+  int t = threadIdx.x, n = blockDim.x;
+  s[t] = t;
+  if (sync) __syncthreads();
+  out[blockIdx.x * n + t] = s[(t + 1) % n];
+}
+
+TEST(CudaEmulation, BarriersOrderSharedMemory) {
+  const int n = 64, blocks = 3;
+  std::vector<int> out(n * blocks, -1);
+  for (int launch = 0; launch < 2; ++launch) {  // each launch starts in the other order
+    np_launch(neighbour, dim3(blocks), dim3(n), n * sizeof(int), nullptr, out.data(), true);
+    for (int b = 0; b < blocks; ++b)
+      for (int t = 0; t < n; ++t) ASSERT_EQ(out[b * n + t], (t + 1) % n) << "launch " << launch;
+  }
+  // Without the barrier some thread reads its neighbour's slot before it is written.
+  bool wrong = false;
+  for (int launch = 0; launch < 2; ++launch) {
+    np_launch(neighbour, dim3(blocks), dim3(n), n * sizeof(int), nullptr, out.data(), false);
+    for (int i = 0; i < n * blocks; ++i) wrong |= out[i] != (i % n + 1) % n;
+  }
+  EXPECT_TRUE(wrong) << "a missing __syncthreads went unnoticed";
+}
+
+__global__ void warp_reduce(const float* in, float* out, unsigned* ballots) {
+  int t = threadIdx.x;
+  float v = in[t];
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  out[t] = v;
+  unsigned b = __ballot_sync(0xffffffffu, in[t] > 0);
+  if (t % 32 == 0) ballots[t / 32] = b;
+  float down = __shfl_down_sync(0xffffffffu, in[t], 1);
+  if (t % 32 < 31) out[64 + t] = down;
+}
+
+TEST(CudaEmulation, WarpShufflesAndVotes) {
+  std::vector<float> in(64), out(128, 0);
+  std::vector<unsigned> ballots(2, 0);
+  for (int i = 0; i < 64; ++i) in[i] = (i % 3 == 0 ? -1.0f : 1.0f) * static_cast<float>(i + 1);
+  np_launch(warp_reduce, dim3(1), dim3(64), 0, nullptr, in.data(), out.data(), ballots.data());
+  for (int w = 0; w < 2; ++w) {
+    float sum = 0;
+    unsigned want = 0;
+    for (int l = 0; l < 32; ++l) sum += in[w * 32 + l], want |= (in[w * 32 + l] > 0 ? 1u : 0u) << l;
+    for (int l = 0; l < 32; ++l) EXPECT_EQ(out[w * 32 + l], sum) << "warp " << w << " lane " << l;
+    EXPECT_EQ(ballots[w], want);
+    for (int l = 0; l < 31; ++l) EXPECT_EQ(out[64 + w * 32 + l], in[w * 32 + l + 1]);
+  }
+}
+
+__global__ void early_return(int* out) {
+  if (threadIdx.x == 5) return;
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+TEST(CudaEmulation, AThreadLeavingBeforeABarrierIsAnError) {
+  std::vector<int> out(32, 0);
+  try {
+    np_launch(early_return, dim3(1), dim3(32), 0, nullptr, out.data());
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("__syncthreads waits for thread (5,0,0)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CudaEmulation, SharedMemoryStartsPoisoned) {
+  std::vector<int> out(4, 0);
+  np_launch(neighbour, dim3(1), dim3(4), 8 * sizeof(int), nullptr, out.data(), true);
+  float probe = 0;
+  auto read_poison = [](float* dst) {
+    np_launch(
+        +[](float* d) {
+          if (threadIdx.x == 0) *d = np_shared<float>()[3];
+        },
+        dim3(1), dim3(1), 16, nullptr, dst);
+  };
+  read_poison(&probe);
+  EXPECT_TRUE(std::isnan(probe));
+}
+
+// cuBLAS: C (m x n) = A^T (m x k) B (k x n), column-major with padded leading dimensions,
+// against a direct sum.
+TEST(CudaEmulation, CublasGemmIsColumnMajorWithTransposesAndStrides) {
+  const int m = 5, n = 3, k = 7, lda = 9, ldb = 8, ldc = 6, batch = 2;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> A(lda * m * batch), B(ldb * n * batch), C(ldc * n * batch, NAN);
+  for (float& a : A) a = u(rng);
+  for (float& b : B) b = u(rng);
+  cublasHandle_t h;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  float alpha = 1.5f, beta = 0.0f;
+  ASSERT_EQ(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, A.data(),
+                                       CUDA_R_32F, lda, lda * m, B.data(), CUDA_R_32F, ldb,
+                                       ldb * n, &beta, C.data(), CUDA_R_32F, ldc, ldc * n, batch,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  for (int b = 0; b < batch; ++b)
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        double want = 0;
+        for (int p = 0; p < k; ++p)
+          want += double(A[b * lda * m + i * lda + p]) * B[b * ldb * n + j * ldb + p];
+        EXPECT_NEAR(C[b * ldc * n + j * ldc + i], 1.5 * want, 1e-5) << b << " " << i << " " << j;
+      }
+  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, A.data(), CUDA_R_32F,
+                         m - 1, B.data(), CUDA_R_32F, ldb, &beta, C.data(), CUDA_R_32F, ldc,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_INVALID_VALUE)
+      << "lda < m is refused, as cuBLAS does";
+  cublasDestroy(h);
+}
+
+// ---- kernels against a double-precision reference -----------------------------------------------
+
+struct DeviceTensor {
+  Tensor t;
+  DeviceTensor(std::vector<int64_t> shape, Dtype d) {
+    t.type = {std::move(shape), d};
+    NP_CUDA_CHECK(cudaMalloc(&t.data, static_cast<size_t>(t.bytes())));  // poisoned: NaN
+  }
+  ~DeviceTensor() { cudaFree(t.data); }
+  void set(const std::vector<double>& v) {
+    for (size_t i = 0; i < v.size(); ++i) exec::store(t, static_cast<int64_t>(i), static_cast<float>(v[i]));
+  }
+  std::vector<double> get() const {
+    std::vector<double> v(static_cast<size_t>(t.numel()));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = exec::load(t, static_cast<int64_t>(i));
+    return v;
+  }
+};
+
+std::vector<double> random_values(size_t n, uint32_t seed, double lo = -2, double hi = 2) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<double> v(n);
+  for (double& x : v) x = static_cast<double>(exec::bf16_to_f32(exec::f32_to_bf16(static_cast<float>(u(rng)))));
+  return v;
+}
+
+// Relative error in the 2-norm; NaN anywhere fails.
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_FALSE(std::isnan(got[i])) << what << ": NaN at " << i;
+    num += (got[i] - want[i]) * (got[i] - want[i]), den += want[i] * want[i];
+  }
+  EXPECT_LE(std::sqrt(num / std::max(den, 1e-300)), tol) << what;
+}
+
+double tolerance(Dtype d) { return d == Dtype::kBf16 ? 1e-2 : 1e-5; }
+
+TEST(CudaKernels, RmsNormForwardAndBackward) {
+  const int64_t rows = 71, h = 229;
+  const float eps = 1e-5f;
+  for (Dtype d : {Dtype::kFp32, Dtype::kBf16}) {
+    auto xv = random_values(rows * h, 1), wv = random_values(h, 2, 0.5, 1.5),
+         gv = random_values(rows * h, 3);
+    DeviceTensor x({rows, h}, d), w({h}, d), y({rows, h}, d), dy({rows, h}, d), dx({rows, h}, d),
+        dw({h}, Dtype::kFp32), part({rows, h}, Dtype::kFp32);
+    x.set(xv), w.set(wv), dy.set(gv), dw.set(std::vector<double>(h, 0.0));
+    rmsnorm_forward(x.t, w.t, y.t, eps, nullptr);
+    rmsnorm_backward(x.t, w.t, dy.t, dx.t, false, dw.t, part.t, eps, nullptr);
+    std::vector<double> yr(rows * h), dxr(rows * h), dwr(h, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0, gx = 0;
+      for (int64_t c = 0; c < h; ++c) ss += xv[r * h + c] * xv[r * h + c];
+      double inv = 1.0 / std::sqrt(ss / h + eps);
+      for (int64_t c = 0; c < h; ++c) gx += gv[r * h + c] * wv[c] * xv[r * h + c];
+      for (int64_t c = 0; c < h; ++c) {
+        yr[r * h + c] = xv[r * h + c] * inv * wv[c];
+        dxr[r * h + c] = inv * gv[r * h + c] * wv[c] - xv[r * h + c] * inv * inv * inv * gx / h;
+        dwr[c] += gv[r * h + c] * xv[r * h + c] * inv;
+      }
+    }
+    std::string name = d == Dtype::kBf16 ? "bf16" : "fp32";
+    expect_close(y.get(), yr, tolerance(d), "rmsnorm forward " + name);
+    expect_close(dx.get(), dxr, tolerance(d), "rmsnorm dx " + name);
+    expect_close(dw.get(), dwr, 1e-5, "rmsnorm dw " + name);
+  }
+}
+
+TEST(CudaKernels, SwiGluAddAccumulateFill) {
+  const int64_t rows = 71, f = 229;
+  for (Dtype d : {Dtype::kFp32, Dtype::kBf16}) {
+    auto xv = random_values(rows * 2 * f, 4), gv = random_values(rows * f, 5),
+         prior = random_values(rows * 2 * f, 6);
+    DeviceTensor x({rows, 2 * f}, d), y({rows, f}, d), dy({rows, f}, d), dx({rows, 2 * f}, d);
+    x.set(xv), dy.set(gv), dx.set(prior);
+    swiglu_forward(x.t, y.t, nullptr);
+    swiglu_backward(x.t, dy.t, dx.t, /*accumulate=*/true, nullptr);
+    std::vector<double> yr(rows * f), dxr = prior;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < f; ++c) {
+        double g = xv[r * 2 * f + c], u = xv[r * 2 * f + f + c], s = 1 / (1 + std::exp(-g));
+        double dd = gv[r * f + c];
+        yr[r * f + c] = g * s * u;
+        dxr[r * 2 * f + c] += dd * u * s * (1 + g * (1 - s));
+        dxr[r * 2 * f + f + c] += dd * g * s;
+      }
+    std::string name = d == Dtype::kBf16 ? "bf16" : "fp32";
+    expect_close(y.get(), yr, tolerance(d), "swiglu forward " + name);
+    expect_close(dx.get(), dxr, tolerance(d), "swiglu dx (accumulated) " + name);
+
+    DeviceTensor a({rows, f}, d), b({rows, f}, d), out({rows, f}, d);
+    auto av = random_values(rows * f, 7), bv = random_values(rows * f, 8);
+    a.set(av), b.set(bv);
+    add(a.t, b.t, out.t, nullptr);
+    std::vector<double> sum(rows * f);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = av[i] + bv[i];
+    expect_close(out.get(), sum, tolerance(d), "add " + name);
+    accumulate(a.t, b.t, nullptr);
+    expect_close(a.get(), sum, tolerance(d), "accumulate " + name);
+    fill(out.t, 0.25f, nullptr);
+    expect_close(out.get(), std::vector<double>(rows * f, 0.25), 0, "fill " + name);
+  }
+}
+
+}  // namespace
+}  // namespace np::cuda
