@@ -83,7 +83,10 @@ sed 's/hidden_size = 24/hidden_size = 32/' "$TMP/tiny.toml" >"$TMP/tiny32.toml"
 bad "plan made for a different model of the same name" "names model tiny but is not for it: its head_dim is 6, the model's is 8" run "$TMP/plan.json" --model "$TMP/tiny32.toml"
 bad "setup flags conflict with a plan" "conflicts with a plan file" run "$TMP/plan.json" --tp 4
 bad "no source" "exactly one of" run
-bad "unknown backend" "valid: cpu" run "$TMP/plan.json" --backend tpu
+bad "unknown backend" "valid: cpu, cuda, auto" run "$TMP/plan.json" --backend tpu
+bad "--backend cuda where it cannot run (no GPU here, or the backend incomplete)" "^nanoplan: error: --backend cuda: " run "$TMP/plan.json" --backend cuda
+"$NP" run "$TMP/plan.json" --backend auto >"$TMP/auto.out" 2>&1; rc=$?
+check "--backend auto falls back to the CPU executor" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/auto.out"'
 bad "missing plan file" "cannot read plan" run "$TMP/nope.json"
 bad "dp > 1 on the CPU executor" "dp = 1" run "${SETUP[@]}" --dp 2
 printf '{"format": "nanoplan-schedule",\n "format_version": 1,\n oops}\n' >"$TMP/broken.json"

@@ -14,6 +14,9 @@
 
 #include "executor/compare.hpp"
 #include "executor/cpu/cpu_backend.hpp"
+#if defined(NANOPLAN_HAVE_CUDA)
+#include "executor/cuda/device.hpp"
+#endif
 #include "executor/runner.hpp"
 #include "planner/autoplan.hpp"
 #include "planner/catalog.hpp"
@@ -338,10 +341,22 @@ constexpr int kExitCheckFailed = 1;   // predicted != measured, or a scenario ch
 constexpr int kExitOutOfMemory = 3;   // --enforce-budget stopped a rank
 constexpr int kExitRunFailed = 4;     // the executor itself failed (a bug, or host memory)
 
+// --backend: cpu, cuda, or auto (cuda when a GPU is present and the CUDA backend runs whole steps).
 np::exec::BackendFactory backend_factory(const Flags& f) {
-  if (f.backend != "cpu")
-    die("invalid --backend " + np::quote_input(f.backend) +
-        " (valid: cpu; the CUDA backend is not built yet)");
+  if (f.backend != "cpu" && f.backend != "cuda" && f.backend != "auto")
+    die("invalid --backend " + np::quote_input(f.backend) + " (valid: cpu, cuda, auto)");
+  if (f.backend != "cpu") {
+#if defined(NANOPLAN_HAVE_CUDA)
+    np::cuda::GpuProbe gpus = np::cuda::probe_gpus();
+    std::string why = gpus.count == 0 ? "no GPU: " + gpus.why
+                                      : "the CUDA backend does not run a whole step yet";
+    bool usable = gpus.count > 0 && np::cuda::kBackendComplete;
+#else
+    std::string why = "this build has no CUDA toolkit";
+    bool usable = false;
+#endif
+    if (f.backend == "cuda" && !usable) die("--backend cuda: " + why + " (valid here: cpu, auto)");
+  }
   return [] { return np::exec::make_cpu_backend(); };
 }
 
@@ -554,7 +569,10 @@ int main(int argc, char** argv) {
   run->add_option("plan", f.plan_path, "plan file written by nanoplan plan");
   run->add_option("--scenario", f.scenario,
                   "scenario file (scenarios/*.toml): run its whole setup matrix");
-  run->add_option("--backend", f.backend, "cpu (the reference executor)")->capture_default_str();
+  run->add_option("--backend", f.backend,
+                  "cpu (the reference executor), cuda, auto (cuda when a GPU can run the step, "
+                  "else cpu)")
+      ->capture_default_str();
   add_int(run, "--steps", f.steps, "training steps to run", 1, 1'000'000);
   add_int(run, "--seed", f.seed, "seed of weights, data and dropout", 0, kNoBound);
   run->add_flag("--check-plan", f.check_plan,
