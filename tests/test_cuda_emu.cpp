@@ -240,5 +240,67 @@ TEST(CudaKernels, SwiGluAddAccumulateFill) {
   }
 }
 
+TEST(CudaKernels, LinearThroughCublas) {
+  const int64_t rows = 71, in = 229, out = 37;
+  cublasHandle_t h;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  for (Dtype d : {Dtype::kFp32, Dtype::kBf16}) {
+    auto xv = random_values(rows * in, 11), wv = random_values(out * in, 12, -0.2, 0.2),
+         bv = random_values(out, 13), gv = random_values(rows * out, 14),
+         dx0 = random_values(rows * in, 15), dw0 = random_values(out * in, 16);
+    DeviceTensor x({rows, in}, d), w({out, in}, d), b({out}, d), y({rows, out}, d),
+        dy({rows, out}, d), dx({rows, in}, d), dw({out, in}, Dtype::kFp32), db({out}, Dtype::kFp32);
+    x.set(xv), w.set(wv), b.set(bv), dy.set(gv), dx.set(dx0), dw.set(dw0),
+        db.set(std::vector<double>(out, 0.0));
+    linear_forward(h, x.t, w.t, &b.t, y.t, nullptr);
+    linear_backward(h, x.t, w.t, dy.t, &dx.t, /*accumulate=*/true, dw.t, &db.t, nullptr);
+    std::vector<double> yr(rows * out), dxr = dx0, dwr = dw0, dbr(out, 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < out; ++o) {
+        double acc = bv[o];
+        for (int64_t k = 0; k < in; ++k) acc += xv[r * in + k] * wv[o * in + k];
+        yr[r * out + o] = acc;
+        double g = gv[r * out + o];
+        dbr[o] += g;
+        for (int64_t k = 0; k < in; ++k) {
+          dxr[r * in + k] += g * wv[o * in + k];
+          dwr[o * in + k] += g * xv[r * in + k];
+        }
+      }
+    std::string name = d == Dtype::kBf16 ? "bf16" : "fp32";
+    expect_close(y.get(), yr, tolerance(d), "linear forward " + name);
+    expect_close(dx.get(), dxr, tolerance(d), "linear dx (accumulated) " + name);
+    expect_close(dw.get(), dwr, 1e-5, "linear dW (fp32 accumulation) " + name);
+    expect_close(db.get(), dbr, 1e-5, "linear db " + name);
+  }
+  cublasDestroy(h);
+}
+
+// RoPE on [q | k | v] rows with GQA (3 q heads, 1 kv head here), odd row count, sequence-sharded
+// rows (first_row > 0); the inverse rotation (sign -1) undoes it.
+TEST(CudaKernels, RopeRotatesQAndKAndIsInvertible) {
+  const int64_t rows = 71, hq = 3, hkv = 1, d = 8, width = (hq + 2 * hkv) * d, batch = 2,
+                first = 6;
+  auto xv = random_values(rows * width, 21);
+  DeviceTensor x({rows, width}, Dtype::kFp32), y({rows, width}, Dtype::kFp32),
+      back({rows, width}, Dtype::kFp32);
+  x.set(xv);
+  rope(x.t, y.t, hq, hkv, d, first, batch, 1.0f, nullptr);
+  rope(y.t, back.t, hq, hkv, d, first, batch, -1.0f, nullptr);
+  std::vector<double> want = xv;
+  for (int64_t t = 0; t < rows; ++t) {
+    double pos = static_cast<double>((first + t) / batch);
+    for (int64_t head = 0; head < hq + hkv; ++head)
+      for (int64_t i = 0; i < d / 2; ++i) {
+        double ang = pos * std::pow(10000.0, -2.0 * i / d);
+        int64_t c0 = t * width + head * d + i, c1 = c0 + d / 2;
+        want[c0] = xv[c0] * std::cos(ang) - xv[c1] * std::sin(ang);
+        want[c1] = xv[c1] * std::cos(ang) + xv[c0] * std::sin(ang);
+      }
+  }
+  expect_close(y.get(), want, 1e-5, "rope");
+  expect_close(back.get(), xv, 1e-5, "rope inverse");
+}
+
 }  // namespace
 }  // namespace np::cuda

@@ -27,6 +27,19 @@ void swiglu_forward(const Tensor& x, const Tensor& y, cudaStream_t stream);
 // dx (=, or += when accumulate) for dy.
 void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
                      cudaStream_t stream);
+// y = x W^T (+ bias) through cuBLAS; x [rows, in], W [out, in], y [rows, out].
+void linear_forward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Tensor* bias,
+                    const Tensor& y, cudaStream_t stream);
+// dx (=, or += when accumulate; none when dx is null) = dy W, dW += dy^T x, db += column sums.
+void linear_backward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Tensor& dy,
+                     const Tensor* dx, bool accumulate, const Tensor& dw, const Tensor* db,
+                     cudaStream_t stream);
+// Rotary embedding of the q and k heads of qkv rows ([q | k | v] of this rank's heads, head_dim
+// d): position of row t is (first_row + t) / batch; sign -1 applies the inverse (the backward).
+void rope(const Tensor& in, const Tensor& out, long long q_heads, long long kv_heads,
+          long long head_dim, long long first_row, long long batch, float sign,
+          cudaStream_t stream);
+
 // t[i] = value for every element.
 void fill(const Tensor& t, float value, cudaStream_t stream);
 

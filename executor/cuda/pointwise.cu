@@ -1,28 +1,9 @@
 // Pointwise and per-row kernels: RMSNorm (a block per row, warp-shuffle and shared-memory
-// reduction), add, accumulate, SwiGLU, fill.
-#include "executor/cuda/kernels.hpp"
+// reduction), add, accumulate, SwiGLU, RoPE, fill.
+#include "executor/cuda/common.cuh"
 
 namespace np::cuda {
 namespace {
-
-constexpr int kThreads = 128;  // per block: four warps
-
-struct View {  // a tensor in device code
-  void* p;
-  bool bf16;
-};
-View view(const Tensor& t) { return {t.data, t.type.dtype == Dtype::kBf16}; }
-
-__device__ __forceinline__ float ld(View v, long long i) {
-  return v.bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(v.p)[i])
-                : static_cast<const float*>(v.p)[i];
-}
-__device__ __forceinline__ void st(View v, long long i, float x) {
-  if (v.bf16)
-    static_cast<__nv_bfloat16*>(v.p)[i] = __float2bfloat16(x);
-  else
-    static_cast<float*>(v.p)[i] = x;
-}
 
 // The sum of `v` over the block (kThreads threads): warp shuffles, then one value per warp in
 // shared memory (kThreads / 32 floats). Every thread gets the total.
@@ -116,10 +97,28 @@ __global__ void swiglu_backward_kernel(View x, View dy, View dx, bool acc, long 
   st(dx, ui, acc ? ld(dx, ui) + du : du);
 }
 
-unsigned blocks_for(long long n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
-
-void need(bool ok, const char* what) {
-  if (!ok) throw std::invalid_argument(std::string("cuda kernels: ") + what);
+// One thread per (row, rotated head, i < d/2): (x0, x1) = (c0, c0 + d/2) rotated by the angle
+// pos * 10000^(-2i/d), computed in double as the CPU reference does; v heads are copied.
+__global__ void rope_kernel(View in, View out, long long rows, long long q_heads,
+                            long long kv_heads, long long d, long long first, long long batch,
+                            float sign) {
+  long long width = (q_heads + 2 * kv_heads) * d, half = d / 2, rotated = q_heads + kv_heads;
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  long long per_row = rotated * half + kv_heads * d;  // rotated pairs, then v elements
+  if (i >= rows * per_row) return;
+  long long t = i / per_row, k = i % per_row;
+  if (k >= rotated * half) {  // a v element: unchanged
+    long long c = rotated * d + (k - rotated * half);
+    st(out, t * width + c, ld(in, t * width + c));
+    return;
+  }
+  long long head = k / half, j = k % half, c0 = t * width + head * d + j, c1 = c0 + half;
+  double pos = static_cast<double>((first + t) / batch);
+  double ang = pos * pow(10000.0, -2.0 * static_cast<double>(j) / static_cast<double>(d));
+  float cs = static_cast<float>(cos(ang)), sn = static_cast<float>(sign * sin(ang));
+  float x0 = ld(in, c0), x1 = ld(in, c1);
+  st(out, c0, x0 * cs - x1 * sn);
+  st(out, c1, x1 * cs + x0 * sn);
 }
 
 }  // namespace
@@ -194,6 +193,19 @@ void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool a
   if (n == 0) return;
   np_launch(swiglu_backward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x),
             view(dy), view(dx), accumulate, rows, f);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void rope(const Tensor& in, const Tensor& out, long long q_heads, long long kv_heads,
+          long long head_dim, long long first_row, long long batch, float sign,
+          cudaStream_t stream) {
+  long long width = (q_heads + 2 * kv_heads) * head_dim, rows = width ? in.numel() / width : 0;
+  need(head_dim % 2 == 0 && rows * width == in.numel() && out.numel() == in.numel() && batch > 0,
+       "rope: the rows are not [q | k | v] of even head_dim");
+  long long n = rows * ((q_heads + kv_heads) * (head_dim / 2) + kv_heads * head_dim);
+  if (n == 0) return;
+  np_launch(rope_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(in), view(out),
+            rows, q_heads, kv_heads, head_dim, first_row, batch, sign);
   NP_CUDA_CHECK_LAUNCH();
 }
 

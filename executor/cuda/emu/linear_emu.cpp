@@ -1,0 +1,2 @@
+// The emulation build of executor/cuda/linear.cu.
+#include "executor/cuda/linear.cu"

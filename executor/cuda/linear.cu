@@ -1,0 +1,82 @@
+// Linear layers through cuBLAS (bf16 or fp32 in, fp32 accumulation): y = x W^T (+ b) with x
+// [rows, in] and W [out, in] row-major, which cuBLAS sees column-major as x^T and W^T.
+#include "executor/cuda/common.cuh"
+
+namespace np::cuda {
+namespace {
+
+cudaDataType type_of(const Tensor& t) {
+  return t.type.dtype == Dtype::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+int dim_int(long long v, const char* what) {
+  if (v < 0 || v > 0x7fffffffLL)
+    throw std::invalid_argument(std::string("linear: ") + what + " exceeds cuBLAS's int range");
+  return static_cast<int>(v);
+}
+
+// y[r][c] += b[c] in fp32, rounded once.
+__global__ void add_bias_kernel(View y, View b, long long rows, long long cols) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < rows * cols) st(y, i, ld(y, i) + ld(b, i % cols));
+}
+
+// db[c] += sum over rows of dy[r][c], rows in order (deterministic).
+__global__ void bias_grad_kernel(View dy, View db, long long rows, long long cols) {
+  long long c = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0;
+  for (long long r = 0; r < rows; ++r) s += ld(dy, r * cols + c);
+  st(db, c, ld(db, c) + s);
+}
+
+}  // namespace
+
+void linear_forward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Tensor* bias,
+                    const Tensor& y, cudaStream_t stream) {
+  long long in = w.type.shape.at(1), out = w.type.shape.at(0), rows = in ? x.numel() / in : 0;
+  if (rows * in != x.numel() || y.numel() != rows * out)
+    throw std::invalid_argument("linear: x, W and y do not agree");
+  float one = 1.0f, zero = 0.0f;
+  NP_CUBLAS_CHECK(cublasSetStream(h, stream));
+  NP_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, dim_int(out, "out"),
+                               dim_int(rows, "rows"), dim_int(in, "in"), &one, w.data, type_of(w),
+                               dim_int(in, "in"), x.data, type_of(x), dim_int(in, "in"), &zero,
+                               y.data, type_of(y), dim_int(out, "out"), CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT));
+  if (bias && rows * out > 0) {
+    np_launch(add_bias_kernel, dim3(blocks_for(rows * out)), dim3(kThreads), 0, stream, view(y),
+              view(*bias), rows, out);
+    NP_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void linear_backward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Tensor& dy,
+                     const Tensor* dx, bool accumulate, const Tensor& dw, const Tensor* db,
+                     cudaStream_t stream) {
+  long long in = w.type.shape.at(1), out = w.type.shape.at(0), rows = in ? x.numel() / in : 0;
+  if (dy.numel() != rows * out || dw.numel() != w.numel() || (dx && dx->numel() != x.numel()))
+    throw std::invalid_argument("linear backward: shapes do not agree");
+  float one = 1.0f, zero = 0.0f;
+  NP_CUBLAS_CHECK(cublasSetStream(h, stream));
+  if (dx)  // dx^T (in x rows) = W^T (in x out) dy^T (out x rows)
+    NP_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, dim_int(in, "in"),
+                                 dim_int(rows, "rows"), dim_int(out, "out"), &one, w.data,
+                                 type_of(w), dim_int(in, "in"), dy.data, type_of(dy),
+                                 dim_int(out, "out"), accumulate ? &one : &zero, dx->data,
+                                 type_of(*dx), dim_int(in, "in"), CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+  // dW^T (in x out) += x^T (in x rows) dy (rows x out)
+  NP_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, dim_int(in, "in"),
+                               dim_int(out, "out"), dim_int(rows, "rows"), &one, x.data,
+                               type_of(x), dim_int(in, "in"), dy.data, type_of(dy),
+                               dim_int(out, "out"), &one, dw.data, type_of(dw), dim_int(in, "in"),
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (db && out > 0) {
+    np_launch(bias_grad_kernel, dim3(blocks_for(out)), dim3(kThreads), 0, stream, view(dy),
+              view(*db), rows, out);
+    NP_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace np::cuda
