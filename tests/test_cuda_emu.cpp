@@ -302,5 +302,39 @@ TEST(CudaKernels, RopeRotatesQAndKAndIsInvertible) {
   expect_close(back.get(), xv, 1e-5, "rope inverse");
 }
 
+// The fused AdamW step equals the CPU reference's arithmetic bit for bit (same fp32 operations in
+// the same order), over two steps; SGD and the dtype-converting copy likewise.
+TEST(CudaKernels, OptimizerAndCopyMatchTheCpuReferenceBitwise) {
+  const int64_t n = 229;
+  auto gv = random_values(n, 31), wv = random_values(n, 32);
+  DeviceTensor g({n}, Dtype::kBf16), w({n}, Dtype::kFp32), m({n}, Dtype::kFp32),
+      v({n}, Dtype::kFp32), w2({n}, Dtype::kFp32);
+  g.set(gv), w.set(wv), w2.set(wv), m.set(std::vector<double>(n, 0.0)),
+      v.set(std::vector<double>(n, 0.0));
+  std::vector<float> rw(wv.begin(), wv.end()), rm(n, 0), rv(n, 0);
+  const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  for (int step = 0; step < 2; ++step) {
+    adamw_step(g.t, w.t, m.t, v.t, lr, b1, b2, eps, wd, step, nullptr);
+    float c1 = 1.0f - std::pow(b1, static_cast<float>(step + 1)),
+          c2 = 1.0f - std::pow(b2, static_cast<float>(step + 1));
+    for (int64_t i = 0; i < n; ++i) {
+      float gi = static_cast<float>(gv[i]);
+      rm[i] = b1 * rm[i] + (1 - b1) * gi;
+      rv[i] = b2 * rv[i] + (1 - b2) * gi * gi;
+      rw[i] -= lr * ((rm[i] / c1) / (std::sqrt(rv[i] / c2) + eps) + wd * rw[i]);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(exec::load(w.t, i), rw[i]) << i;
+  sgd_step(g.t, w2.t, lr, nullptr);
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(exec::load(w2.t, i), static_cast<float>(wv[i]) - lr * static_cast<float>(gv[i]));
+  DeviceTensor b({n}, Dtype::kBf16);
+  copy_elements(b.t, 3, w.t, 5, n - 7, nullptr);
+  for (int64_t i = 0; i < n - 7; ++i)
+    ASSERT_EQ(exec::load(b.t, 3 + i), exec::bf16_to_f32(exec::f32_to_bf16(exec::load(w.t, 5 + i))));
+  EXPECT_TRUE(std::isnan(exec::load(b.t, 0))) << "elements outside the range stay untouched";
+  EXPECT_THROW(copy_elements(b.t, 3, w.t, 5, n, nullptr), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace np::cuda

@@ -40,6 +40,17 @@ void rope(const Tensor& in, const Tensor& out, long long q_heads, long long kv_h
           long long head_dim, long long first_row, long long batch, float sign,
           cudaStream_t stream);
 
+// One AdamW step (Loshchilov and Hutter 2019, with bias corrections; step is 0-based) over a flat
+// parameter group: fp32 master weights and moments, the gradient in its own dtype.
+void adamw_step(const Tensor& grad, const Tensor& master, const Tensor& m, const Tensor& v,
+                float lr, float beta1, float beta2, float eps, float weight_decay, int step,
+                cudaStream_t stream);
+// master -= lr * grad.
+void sgd_step(const Tensor& grad, const Tensor& master, float lr, cudaStream_t stream);
+// dst[dst_offset + i] = src[src_offset + i] for i < n, converting between bf16 and fp32.
+void copy_elements(const Tensor& dst, long long dst_offset, const Tensor& src,
+                   long long src_offset, long long n, cudaStream_t stream);
+
 // t[i] = value for every element.
 void fill(const Tensor& t, float value, cudaStream_t stream);
 

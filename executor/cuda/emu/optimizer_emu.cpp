@@ -1,0 +1,2 @@
+// The emulation build of executor/cuda/optimizer.cu.
+#include "executor/cuda/optimizer.cu"
