@@ -336,5 +336,67 @@ TEST(CudaKernels, OptimizerAndCopyMatchTheCpuReferenceBitwise) {
   EXPECT_THROW(copy_elements(b.t, 3, w.t, 5, n, nullptr), std::invalid_argument);
 }
 
+// Flash attention against a direct double-precision evaluation: GQA with three query heads per
+// key-value head, an odd sequence length that leaves partial tiles, batch 2, gradients accumulated
+// onto a prior value.
+TEST(CudaKernels, FlashAttentionForwardAndBackward) {
+  const int64_t b = 2, s = 37, hq = 6, hkv = 2, d = 8, width = (hq + 2 * hkv) * d, T = b * s;
+  const AttentionShape shape{b, s, hq, hkv, d};
+  for (Dtype dt : {Dtype::kFp32, Dtype::kBf16}) {
+    auto xv = random_values(T * width, 41), gv = random_values(T * hq * d, 42),
+         prior = random_values(T * width, 43);
+    DeviceTensor qkv({T, width}, dt), out({T, hq * d}, dt), lse({b, hq, s}, Dtype::kFp32),
+        dout({T, hq * d}, dt), dx({T, width}, dt), dq({T, hq * d}, Dtype::kFp32),
+        rowsum({b, hq, s}, Dtype::kFp32);
+    qkv.set(xv), dout.set(gv), dx.set(prior);
+    flash_attention_forward(shape, qkv.t, out.t, lse.t, nullptr);
+    flash_attention_backward(shape, qkv.t, out.t, lse.t, dout.t, dx.t, true, dq.t, rowsum.t,
+                             nullptr);
+    std::vector<double> outr(T * hq * d, 0.0), lser(b * hq * s), dxr = prior;
+    const double scale = 1.0 / std::sqrt(double(d));
+    auto at = [&](int64_t bi, int64_t pos, int64_t col) { return xv[(pos * b + bi) * width + col]; };
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t h = 0; h < hq; ++h) {
+        int64_t kc = (hq + h / (hq / hkv)) * d, vc = (hq + hkv + h / (hq / hkv)) * d, qc = h * d;
+        for (int64_t i = 0; i < s; ++i) {
+          std::vector<double> p(i + 1);
+          double m = -1e300, z = 0;
+          for (int64_t j = 0; j <= i; ++j) {
+            double sc = 0;
+            for (int64_t c = 0; c < d; ++c) sc += at(bi, i, qc + c) * at(bi, j, kc + c);
+            p[j] = sc * scale, m = std::max(m, p[j]);
+          }
+          for (int64_t j = 0; j <= i; ++j) z += p[j] = std::exp(p[j] - m);
+          for (int64_t j = 0; j <= i; ++j) p[j] /= z;
+          lser[(bi * hq + h) * s + i] = m + std::log(z);
+          int64_t ti = i * b + bi;
+          double D = 0;
+          std::vector<double> o(d, 0.0);
+          for (int64_t j = 0; j <= i; ++j)
+            for (int64_t c = 0; c < d; ++c) o[c] += p[j] * at(bi, j, vc + c);
+          for (int64_t c = 0; c < d; ++c) {
+            outr[ti * hq * d + qc + c] = o[c];
+            D += gv[ti * hq * d + qc + c] * o[c];
+          }
+          for (int64_t j = 0; j <= i; ++j) {
+            int64_t tj = j * b + bi;
+            double dov = 0;
+            for (int64_t c = 0; c < d; ++c) dov += gv[ti * hq * d + qc + c] * at(bi, j, vc + c);
+            double ds = p[j] * (dov - D);
+            for (int64_t c = 0; c < d; ++c) {
+              dxr[tj * width + vc + c] += p[j] * gv[ti * hq * d + qc + c];
+              dxr[ti * width + qc + c] += scale * ds * at(bi, j, kc + c);
+              dxr[tj * width + kc + c] += scale * ds * at(bi, i, qc + c);
+            }
+          }
+        }
+      }
+    std::string name = dt == Dtype::kBf16 ? "bf16" : "fp32";
+    expect_close(out.get(), outr, tolerance(dt), "attention output " + name);
+    expect_close(lse.get(), lser, 1e-5, "attention logsumexp " + name);
+    expect_close(dx.get(), dxr, tolerance(dt), "attention dqkv (accumulated) " + name);
+  }
+}
+
 }  // namespace
 }  // namespace np::cuda

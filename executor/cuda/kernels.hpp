@@ -51,6 +51,20 @@ void sgd_step(const Tensor& grad, const Tensor& master, float lr, cudaStream_t s
 void copy_elements(const Tensor& dst, long long dst_offset, const Tensor& src,
                    long long src_offset, long long n, cudaStream_t stream);
 
+// Causal self-attention with GQA on qkv rows [q heads | k heads | v heads] (row t = pos * batch
+// + b), keeping only the output [s*b, q_heads*head_dim] and the fp32 logsumexp [b, q_heads, s].
+struct AttentionShape {
+  long long batch, seq, q_heads, kv_heads, head_dim;
+};
+void flash_attention_forward(const AttentionShape& a, const Tensor& qkv, const Tensor& out,
+                             const Tensor& lse, cudaStream_t stream);
+// The gradient of qkv (=, or += when accumulate), with the op table's fp32 workspaces: dq
+// [s*b, q_heads*head_dim] and rowsum [b, q_heads, s].
+void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse, const Tensor& dout, const Tensor& dqkv,
+                              bool accumulate, const Tensor& dq, const Tensor& rowsum,
+                              cudaStream_t stream);
+
 // t[i] = value for every element.
 void fill(const Tensor& t, float value, cudaStream_t stream);
 

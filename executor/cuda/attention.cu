@@ -1,0 +1,243 @@
+// Causal self-attention, FlashAttention-style: the forward keeps only the output and the
+// logsumexp; the backward recomputes the probabilities. qkv rows are [q heads | k heads | v heads]
+// of this rank (GQA: hq / hkv query heads share a key-value head), row t = pos * batch + b, scale
+// 1/sqrt(head_dim). Tiles of keys (forward, dQ) or queries (dK, dV) pass through shared memory;
+// each thread owns one row and keeps its running state in registers. No atomics: every output
+// element has one writer, so results are deterministic. (A first, functional version: the
+// tensor-core MMA path comes with the GPU benchmarks.)
+#include "executor/cuda/common.cuh"
+
+namespace np::cuda {
+namespace {
+
+constexpr int kRows = 32;   // query (or key) rows per block: one per thread
+constexpr int kTile = 16;   // rows per shared-memory tile
+constexpr int kMaxD = 256;  // largest head_dim the register arrays hold
+
+struct Geo {
+  long long b, s, hq, hkv, d, width;
+  float scale;
+  NP_HD long long row(long long bi, long long pos) const { return pos * b + bi; }
+  NP_HD long long group() const { return hq / hkv; }
+  NP_HD long long q_col(long long h) const { return h * d; }
+  NP_HD long long k_col(long long h) const { return (hq + h / group()) * d; }
+  NP_HD long long v_col(long long h) const { return (hq + hkv + h / group()) * d; }
+  NP_HD long long stat(long long bi, long long h, long long i) const { return (bi * hq + h) * s + i; }
+};
+
+// The keys and values of positions j0 .. j0 + kTile - 1 of head h into shared memory (rows past
+// the sequence hold row 0's: they are never used).
+__device__ void load_kv_tile(View qkv, const Geo& g, long long bi, long long h, long long j0,
+                             float* ks, float* vs) {
+  for (long long e = threadIdx.x; e < kTile * g.d; e += kRows) {
+    long long j = j0 + e / g.d, c = e % g.d;
+    long long tj = g.row(bi, j < g.s ? j : 0);
+    ks[e] = ld(qkv, tj * g.width + g.k_col(h) + c);
+    vs[e] = ld(qkv, tj * g.width + g.v_col(h) + c);
+  }
+}
+
+// Causal: the last key position any query row of this block sees.
+__device__ long long last_key(const Geo& g) {
+  long long last = static_cast<long long>(blockIdx.x) * kRows + kRows - 1;
+  return last < g.s ? last : g.s - 1;
+}
+
+// Block (x: a tile of kRows query positions, y: batch * q head); thread: one query row.
+__global__ void flash_forward_kernel(View qkv, View out, float* lse, Geo g) {
+  long long bi = blockIdx.y / g.hq, h = blockIdx.y % g.hq;
+  long long i = static_cast<long long>(blockIdx.x) * kRows + threadIdx.x;
+  bool active = i < g.s;
+  float* ks = np_shared<float>();  // kTile keys, then kTile values, d floats each
+  float* vs = ks + kTile * g.d;
+  float q[kMaxD], acc[kMaxD];
+  long long ti = g.row(bi, active ? i : 0);
+  for (long long c = 0; c < g.d; ++c) q[c] = active ? ld(qkv, ti * g.width + g.q_col(h) + c) : 0.f;
+  for (long long c = 0; c < g.d; ++c) acc[c] = 0;
+  float m = -INFINITY, l = 0;
+  long long last = last_key(g);
+  for (long long j0 = 0; j0 <= last; j0 += kTile) {
+    load_kv_tile(qkv, g, bi, h, j0, ks, vs);
+    __syncthreads();
+    for (long long jj = 0; jj < kTile && active; ++jj) {
+      long long j = j0 + jj;
+      if (j > i) break;
+      float sc = 0;
+      for (long long c = 0; c < g.d; ++c) sc += q[c] * ks[jj * g.d + c];
+      sc *= g.scale;
+      float m2 = fmaxf(m, sc), corr = __expf(m - m2), p = __expf(sc - m2);
+      l = l * corr + p;
+      for (long long c = 0; c < g.d; ++c) acc[c] = acc[c] * corr + p * vs[jj * g.d + c];
+      m = m2;
+    }
+    __syncthreads();  // the tile is overwritten next
+  }
+  if (!active) return;
+  for (long long c = 0; c < g.d; ++c) st(out, ti * g.hq * g.d + g.q_col(h) + c, acc[c] / l);
+  lse[g.stat(bi, h, i)] = m + __logf(l);
+}
+
+// D[b][h][i] = dO_i . O_i: one thread per (row, head).
+__global__ void rowsum_kernel(View dout, View out, float* D, Geo g) {
+  long long k = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (k >= g.b * g.hq * g.s) return;
+  long long bi = k / (g.hq * g.s), h = (k / g.s) % g.hq, i = k % g.s, t = g.row(bi, i);
+  float s = 0;
+  for (long long c = 0; c < g.d; ++c) {
+    long long e = t * g.hq * g.d + g.q_col(h) + c;
+    s += ld(dout, e) * ld(out, e);
+  }
+  D[k] = s;
+}
+
+// dQ_i = scale * sum_{j <= i} P_ij (dO_i . v_j - D_i) k_j, into the fp32 workspace dq.
+__global__ void flash_dq_kernel(View qkv, View dout, const float* lse, const float* D, float* dq,
+                                Geo g) {
+  long long bi = blockIdx.y / g.hq, h = blockIdx.y % g.hq;
+  long long i = static_cast<long long>(blockIdx.x) * kRows + threadIdx.x;
+  bool active = i < g.s;
+  float* ks = np_shared<float>();
+  float* vs = ks + kTile * g.d;
+  float q[kMaxD], go[kMaxD], acc[kMaxD];
+  long long ti = g.row(bi, active ? i : 0);
+  for (long long c = 0; c < g.d; ++c) {
+    q[c] = active ? ld(qkv, ti * g.width + g.q_col(h) + c) : 0.f;
+    go[c] = active ? ld(dout, ti * g.hq * g.d + g.q_col(h) + c) : 0.f;
+    acc[c] = 0;
+  }
+  float li = active ? lse[g.stat(bi, h, i)] : 0.f, di = active ? D[g.stat(bi, h, i)] : 0.f;
+  long long last = last_key(g);
+  for (long long j0 = 0; j0 <= last; j0 += kTile) {
+    load_kv_tile(qkv, g, bi, h, j0, ks, vs);
+    __syncthreads();
+    for (long long jj = 0; jj < kTile && active; ++jj) {
+      long long j = j0 + jj;
+      if (j > i) break;
+      float sc = 0, dv = 0;
+      for (long long c = 0; c < g.d; ++c) sc += q[c] * ks[jj * g.d + c], dv += go[c] * vs[jj * g.d + c];
+      float p = __expf(g.scale * sc - li), ds = p * (dv - di);
+      for (long long c = 0; c < g.d; ++c) acc[c] += g.scale * ds * ks[jj * g.d + c];
+    }
+    __syncthreads();
+  }
+  if (!active) return;
+  for (long long c = 0; c < g.d; ++c) dq[ti * g.hq * g.d + g.q_col(h) + c] = acc[c];
+}
+
+// Block (x: a tile of kRows key positions, y: batch * kv head); thread: one key row j. Over the
+// query heads of its group and the queries i >= j: dV_j += P_ij dO_i, dK_j += scale dS_ij q_i.
+__global__ void flash_dkv_kernel(View qkv, View dout, const float* lse, const float* D, View dx,
+                                 bool acc_in, Geo g) {
+  long long bi = blockIdx.y / g.hkv, kvh = blockIdx.y % g.hkv;
+  long long j = static_cast<long long>(blockIdx.x) * kRows + threadIdx.x;
+  bool active = j < g.s;
+  float* qs = np_shared<float>();  // kTile queries, kTile output gradients, kTile lse, kTile D
+  float* gs = qs + kTile * g.d;
+  float* ls = gs + kTile * g.d;
+  float* ds_ = ls + kTile;
+  float k[kMaxD], v[kMaxD], dk[kMaxD], dv[kMaxD];
+  long long tj = g.row(bi, active ? j : 0), h0 = kvh * g.group();
+  for (long long c = 0; c < g.d; ++c) {
+    k[c] = active ? ld(qkv, tj * g.width + g.k_col(h0) + c) : 0.f;
+    v[c] = active ? ld(qkv, tj * g.width + g.v_col(h0) + c) : 0.f;
+    dk[c] = 0, dv[c] = 0;
+  }
+  long long first = static_cast<long long>(blockIdx.x) * kRows;  // causal: queries >= first
+  for (long long h = h0; h < h0 + g.group(); ++h)
+    for (long long i0 = first; i0 < g.s; i0 += kTile) {
+      for (long long e = threadIdx.x; e < kTile * g.d; e += kRows) {
+        long long i = i0 + e / g.d, c = e % g.d;
+        long long ti = g.row(bi, i < g.s ? i : 0);
+        qs[e] = ld(qkv, ti * g.width + g.q_col(h) + c);
+        gs[e] = ld(dout, ti * g.hq * g.d + g.q_col(h) + c);
+      }
+      for (long long e = threadIdx.x; e < kTile; e += kRows) {
+        long long i = i0 + e < g.s ? i0 + e : 0;
+        ls[e] = lse[g.stat(bi, h, i)];
+        ds_[e] = D[g.stat(bi, h, i)];
+      }
+      __syncthreads();
+      for (long long ii = 0; ii < kTile && active; ++ii) {
+        long long i = i0 + ii;
+        if (i >= g.s) break;
+        if (i < j) continue;
+        float sc = 0, gv = 0;
+        for (long long c = 0; c < g.d; ++c) sc += qs[ii * g.d + c] * k[c], gv += gs[ii * g.d + c] * v[c];
+        float p = __expf(g.scale * sc - ls[ii]), dsc = p * (gv - ds_[ii]);
+        for (long long c = 0; c < g.d; ++c) {
+          dv[c] += p * gs[ii * g.d + c];
+          dk[c] += g.scale * dsc * qs[ii * g.d + c];
+        }
+      }
+      __syncthreads();
+    }
+  if (!active) return;
+  for (long long c = 0; c < g.d; ++c) {
+    long long ek = tj * g.width + g.k_col(h0) + c, ev = tj * g.width + g.v_col(h0) + c;
+    st(dx, ek, acc_in ? ld(dx, ek) + dk[c] : dk[c]);
+    st(dx, ev, acc_in ? ld(dx, ev) + dv[c] : dv[c]);
+  }
+}
+
+// dx's q columns from the fp32 dq workspace.
+__global__ void dq_to_dx_kernel(const float* dq, View dx, bool acc_in, Geo g) {
+  long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  long long n = g.b * g.s * g.hq * g.d;
+  if (e >= n) return;
+  long long t = e / (g.hq * g.d), c = e % (g.hq * g.d), x = t * g.width + c;
+  st(dx, x, acc_in ? ld(dx, x) + dq[e] : dq[e]);
+}
+
+Geo geometry(const AttentionShape& a, const Tensor& qkv) {
+  need(a.batch > 0 && a.seq > 0 && a.q_heads > 0 && a.kv_heads > 0 && a.head_dim > 0 &&
+           a.q_heads % a.kv_heads == 0 && a.head_dim <= kMaxD,
+       "attention: bad batch, seq, heads or head_dim (head_dim at most 256)");
+  Geo g{a.batch, a.seq, a.q_heads, a.kv_heads, a.head_dim, (a.q_heads + 2 * a.kv_heads) * a.head_dim,
+        static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.head_dim)))};
+  need(qkv.numel() == g.b * g.s * g.width, "attention: qkv is not {s*b, (hq + 2 hkv) d}");
+  return g;
+}
+
+}  // namespace
+
+void flash_attention_forward(const AttentionShape& a, const Tensor& qkv, const Tensor& out,
+                             const Tensor& lse, cudaStream_t stream) {
+  Geo g = geometry(a, qkv);
+  need(out.numel() == g.b * g.s * g.hq * g.d && lse.numel() == g.b * g.hq * g.s &&
+           lse.type.dtype == Dtype::kFp32,
+       "attention: output or logsumexp has the wrong size");
+  dim3 grid(static_cast<unsigned>((g.s + kRows - 1) / kRows), static_cast<unsigned>(g.b * g.hq));
+  np_launch(flash_forward_kernel, grid, dim3(kRows), 2 * kTile * g.d * sizeof(float), stream,
+            view(qkv), view(out), lse.as<float>(), g);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse, const Tensor& dout, const Tensor& dqkv,
+                              bool accumulate, const Tensor& dq, const Tensor& rowsum,
+                              cudaStream_t stream) {
+  Geo g = geometry(a, qkv);
+  long long ctx = g.b * g.s * g.hq * g.d;
+  need(out.numel() == ctx && dout.numel() == ctx && lse.numel() == g.b * g.hq * g.s &&
+           dqkv.numel() == qkv.numel() && dq.numel() == ctx && dq.type.dtype == Dtype::kFp32 &&
+           rowsum.numel() == g.b * g.hq * g.s && rowsum.type.dtype == Dtype::kFp32,
+       "attention backward: shapes do not agree (dq and rowsum are fp32 workspaces)");
+  np_launch(rowsum_kernel, dim3(blocks_for(g.b * g.hq * g.s)), dim3(kThreads), 0, stream,
+            view(dout), view(out), rowsum.as<float>(), g);
+  NP_CUDA_CHECK_LAUNCH();
+  dim3 qgrid(static_cast<unsigned>((g.s + kRows - 1) / kRows), static_cast<unsigned>(g.b * g.hq));
+  np_launch(flash_dq_kernel, qgrid, dim3(kRows), 2 * kTile * g.d * sizeof(float), stream,
+            view(qkv), view(dout), static_cast<const float*>(lse.data),
+            static_cast<const float*>(rowsum.data), dq.as<float>(), g);
+  NP_CUDA_CHECK_LAUNCH();
+  dim3 kgrid(static_cast<unsigned>((g.s + kRows - 1) / kRows), static_cast<unsigned>(g.b * g.hkv));
+  np_launch(flash_dkv_kernel, kgrid, dim3(kRows), (2 * kTile * g.d + 2 * kTile) * sizeof(float),
+            stream, view(qkv), view(dout), static_cast<const float*>(lse.data),
+            static_cast<const float*>(rowsum.data), view(dqkv), accumulate, g);
+  NP_CUDA_CHECK_LAUNCH();
+  np_launch(dq_to_dx_kernel, dim3(blocks_for(ctx)), dim3(kThreads), 0, stream,
+            static_cast<const float*>(dq.data), view(dqkv), accumulate, g);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace np::cuda
