@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -395,6 +396,51 @@ TEST(CudaKernels, FlashAttentionForwardAndBackward) {
     expect_close(out.get(), outr, tolerance(dt), "attention output " + name);
     expect_close(lse.get(), lser, 1e-5, "attention logsumexp " + name);
     expect_close(dx.get(), dxr, tolerance(dt), "attention dqkv (accumulated) " + name);
+  }
+}
+
+// The vocabulary-parallel embedding and cross-entropy on the shard of TP rank 1 of 2 (ids outside
+// the shard give zero rows and no target logit), against a direct evaluation.
+TEST(CudaKernels, EmbeddingAndCrossEntropyOnAVocabShard) {
+  const int64_t rows = 71, v = 229, h = 37, rank = 1;
+  std::mt19937 rng(51);
+  std::uniform_int_distribution<int64_t> id(0, 2 * v - 1);
+  std::vector<int64_t> ids(rows);
+  for (int64_t& x : ids) x = id(rng);
+  DeviceTensor idt({rows}, Dtype::kI64), tgt({rows}, Dtype::kI64);
+  std::memcpy(idt.t.data, ids.data(), rows * sizeof(int64_t));
+  std::memcpy(tgt.t.data, ids.data(), rows * sizeof(int64_t));
+  for (Dtype d : {Dtype::kFp32, Dtype::kBf16}) {
+    auto wv = random_values(v * h, 52), lv = random_values(rows * v, 53), prior = random_values(rows * v, 54);
+    DeviceTensor w({v, h}, d), out({rows, h}, d), logits({rows, v}, d), mx({rows}, Dtype::kFp32),
+        sm({rows, v}, Dtype::kFp32), se({rows}, Dtype::kFp32), tg({rows}, Dtype::kFp32),
+        loss({rows}, Dtype::kFp32), dl({rows, v}, d);
+    w.set(wv), logits.set(lv), dl.set(prior);
+    embedding_forward(idt.t, w.t, out.t, rank, nullptr);
+    cross_entropy_max(logits.t, mx.t, nullptr);
+    cross_entropy_exp_sum(logits.t, tgt.t, mx.t, sm.t, se.t, tg.t, rank, nullptr);
+    cross_entropy_finalize(sm.t, se.t, mx.t, tg.t, loss.t, nullptr);
+    const float scale = 0.125f;
+    cross_entropy_backward(sm.t, tgt.t, dl.t, true, rank, scale, nullptr);
+    std::vector<double> outr(rows * h, 0.0), lossr(rows), smr(rows * v), dlr = prior;
+    for (int64_t t = 0; t < rows; ++t) {
+      int64_t r = ids[t] - rank * v;
+      bool here = r >= 0 && r < v;
+      for (int64_t c = 0; c < h && here; ++c) outr[t * h + c] = wv[r * h + c];
+      double m = -1e300, z = 0;
+      for (int64_t j = 0; j < v; ++j) m = std::max(m, lv[t * v + j]);
+      for (int64_t j = 0; j < v; ++j) z += std::exp(lv[t * v + j] - m);
+      lossr[t] = std::log(z) + m - (here ? lv[t * v + r] : 0.0);
+      for (int64_t j = 0; j < v; ++j) {
+        smr[t * v + j] = std::exp(lv[t * v + j] - m) / z;
+        dlr[t * v + j] += (smr[t * v + j] - (j == r ? 1.0 : 0.0)) * scale;
+      }
+    }
+    std::string name = d == Dtype::kBf16 ? "bf16" : "fp32";
+    expect_close(out.get(), outr, 0, "embedding " + name);
+    expect_close(loss.get(), lossr, 1e-5, "cross-entropy loss (this shard) " + name);
+    expect_close(sm.get(), smr, 1e-5, "cross-entropy softmax " + name);
+    expect_close(dl.get(), dlr, tolerance(d), "cross-entropy dlogits (accumulated) " + name);
   }
 }
 

@@ -24,6 +24,33 @@ __device__ __forceinline__ void st(View v, long long i, float x) {
     static_cast<float*>(v.p)[i] = x;
 }
 
+// Reductions over a block of kThreads threads: warp shuffles, then one value per warp in shared
+// memory (kThreads / 32 floats of the launch's dynamic shared memory). Every thread gets the
+// result. Launches using them pass kReduceShared bytes.
+constexpr size_t kReduceShared = kThreads / 32 * sizeof(float);
+
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename Op>
+__device__ inline float block_reduce(float v, Op op) {
+  for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  float* warp_values = np_shared<float>();
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_values[warp] = v;
+  __syncthreads();
+  float r = warp_values[0];
+  for (int w = 1; w < kThreads / 32; ++w) r = op(r, warp_values[w]);
+  __syncthreads();  // the slots may be reused by the next reduction
+  return r;
+}
+__device__ inline float block_sum(float v) { return block_reduce(v, SumOp{}); }
+__device__ inline float block_max(float v) { return block_reduce(v, MaxOp{}); }
+
 inline unsigned blocks_for(long long n) {
   return static_cast<unsigned>((n + kThreads - 1) / kThreads);
 }

@@ -65,6 +65,26 @@ void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const 
                               bool accumulate, const Tensor& dq, const Tensor& rowsum,
                               cudaStream_t stream);
 
+// Vocabulary-parallel token embedding: out[t] = W[id - tp_rank * vocab_shard] where this rank's
+// shard holds the id, else 0.
+void embedding_forward(const Tensor& ids, const Tensor& w, const Tensor& out, long long tp_rank,
+                       cudaStream_t stream);
+// Vocabulary-parallel cross-entropy in stages; between them the caller takes the maximum of mx
+// over the TP group, then sums sum and target_logit over it:
+//   max:      mx[t] = max_j logits[t][j] (this rank's shard)
+//   exp_sum:  softmax[t][j] = exp(logits - mx), sum[t] = its row sum, target_logit[t] on the owner
+//   finalize: softmax /= sum, loss[t] = log(sum) + mx - target_logit
+void cross_entropy_max(const Tensor& logits, const Tensor& mx, cudaStream_t stream);
+void cross_entropy_exp_sum(const Tensor& logits, const Tensor& targets, const Tensor& mx,
+                           const Tensor& softmax, const Tensor& sum, const Tensor& target_logit,
+                           long long tp_rank, cudaStream_t stream);
+void cross_entropy_finalize(const Tensor& softmax, const Tensor& sum, const Tensor& mx,
+                            const Tensor& target_logit, const Tensor& loss, cudaStream_t stream);
+// dlogits (=, or +=) = (softmax - onehot(target)) * loss_scale.
+void cross_entropy_backward(const Tensor& softmax, const Tensor& targets, const Tensor& dlogits,
+                            bool accumulate, long long tp_rank, float loss_scale,
+                            cudaStream_t stream);
+
 // t[i] = value for every element.
 void fill(const Tensor& t, float value, cudaStream_t stream);
 

@@ -5,20 +5,6 @@
 namespace np::cuda {
 namespace {
 
-// The sum of `v` over the block (kThreads threads): warp shuffles, then one value per warp in
-// shared memory (kThreads / 32 floats). Every thread gets the total.
-__device__ float block_sum(float v) {
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  float* warp_sums = np_shared<float>();
-  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  float total = 0;
-  for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
-  __syncthreads();  // warp_sums may be reused by the next reduction
-  return total;
-}
-
 __global__ void rmsnorm_forward_kernel(View x, View w, View y, long long h, float eps) {
   long long row = blockIdx.x;
   float ss = 0;
@@ -129,7 +115,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, float ep
   need(rows * h == x.numel() && y.numel() == x.numel(), "rmsnorm: x, w and y do not agree");
   if (rows == 0) return;
   np_launch(rmsnorm_forward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
-            kThreads / 32 * sizeof(float), stream, view(x), view(w), view(y), h, eps);
+            kReduceShared, stream, view(x), view(w), view(y), h, eps);
   NP_CUDA_CHECK_LAUNCH();
 }
 
@@ -142,7 +128,7 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const 
        "rmsnorm backward: shapes do not agree");
   if (rows == 0) return;
   np_launch(rmsnorm_backward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
-            kThreads / 32 * sizeof(float), stream, view(x), view(w), view(dy), view(dx),
+            kReduceShared, stream, view(x), view(w), view(dy), view(dx),
             accumulate, partial.as<float>(), h, eps);
   NP_CUDA_CHECK_LAUNCH();
   np_launch(column_sum_kernel, dim3(blocks_for(h)), dim3(kThreads), 0, stream,

@@ -1,0 +1,129 @@
+// Vocabulary-parallel kernels: the token embedding's forward, and the cross-entropy loss in the
+// stages between which the caller reduces over the TP group (max, then sum of exponentials and
+// target logit), as the CPU reference does.
+#include "executor/cuda/common.cuh"
+
+namespace np::cuda {
+namespace {
+
+// out[t] = W[id - lo] when this rank's shard holds the id, else 0.
+__global__ void embedding_forward_kernel(const long long* ids, View w, View out, long long rows,
+                                         long long vocab, long long h, long long lo) {
+  long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= rows * h) return;
+  long long t = e / h, c = e % h, r = ids[t] - lo;
+  st(out, e, r >= 0 && r < vocab ? ld(w, r * h + c) : 0.0f);
+}
+
+// A block per row: the row's maximum logit.
+__global__ void row_max_kernel(View logits, float* mx, long long v) {
+  long long t = blockIdx.x;
+  float m = -INFINITY;
+  for (long long j = threadIdx.x; j < v; j += kThreads) m = fmaxf(m, ld(logits, t * v + j));
+  m = block_max(m);
+  if (threadIdx.x == 0) mx[t] = m;
+}
+
+// A block per row: S = exp(logit - max), its sum, and the target's logit on the owning rank.
+__global__ void exp_sum_kernel(View logits, const long long* targets, const float* mx, float* S,
+                               float* se, float* tg, long long v, long long lo) {
+  long long t = blockIdx.x;
+  float acc = 0;
+  for (long long j = threadIdx.x; j < v; j += kThreads) {
+    float e = __expf(ld(logits, t * v + j) - mx[t]);
+    S[t * v + j] = e;
+    acc += e;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) {
+    se[t] = acc;
+    long long r = targets[t] - lo;
+    tg[t] = r >= 0 && r < v ? ld(logits, t * v + r) : 0.0f;
+  }
+}
+
+__global__ void finalize_kernel(float* S, const float* se, const float* mx, const float* tg,
+                                float* loss, long long rows, long long v) {
+  long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= rows * v) return;
+  long long t = e / v;
+  S[e] /= se[t];
+  if (e % v == 0) loss[t] = __logf(se[t]) + mx[t] - tg[t];
+}
+
+__global__ void ce_grad_kernel(const float* S, const long long* targets, View dlogits, bool acc,
+                               long long rows, long long v, long long lo, float scale) {
+  long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= rows * v) return;
+  long long t = e / v, j = e % v;
+  float g = (S[e] - (j == targets[t] - lo ? 1.0f : 0.0f)) * scale;
+  st(dlogits, e, acc ? ld(dlogits, e) + g : g);
+}
+
+void check_ids(const Tensor& ids, long long rows) {
+  need(ids.type.dtype == Dtype::kI64 && ids.numel() == rows, "token ids must be i64, one per row");
+}
+
+}  // namespace
+
+void embedding_forward(const Tensor& ids, const Tensor& w, const Tensor& out, long long tp_rank,
+                       cudaStream_t stream) {
+  long long vocab = w.type.shape.at(0), h = w.type.shape.at(1), rows = ids.numel();
+  check_ids(ids, rows);
+  need(out.numel() == rows * h, "embedding: output is not [rows, h]");
+  if (rows * h == 0) return;
+  np_launch(embedding_forward_kernel, dim3(blocks_for(rows * h)), dim3(kThreads), 0, stream,
+            static_cast<const long long*>(ids.data), view(w), view(out), rows, vocab, h,
+            tp_rank * vocab);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_max(const Tensor& logits, const Tensor& mx, cudaStream_t stream) {
+  long long rows = mx.numel(), v = rows ? logits.numel() / rows : 0;
+  need(rows * v == logits.numel() && mx.type.dtype == Dtype::kFp32, "cross-entropy max: shapes");
+  if (rows == 0) return;
+  np_launch(row_max_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), kReduceShared,
+            stream, view(logits), mx.as<float>(), v);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_exp_sum(const Tensor& logits, const Tensor& targets, const Tensor& mx,
+                           const Tensor& softmax, const Tensor& sum, const Tensor& target_logit,
+                           long long tp_rank, cudaStream_t stream) {
+  long long rows = mx.numel(), v = rows ? logits.numel() / rows : 0;
+  check_ids(targets, rows);
+  need(softmax.numel() == logits.numel() && sum.numel() == rows && target_logit.numel() == rows,
+       "cross-entropy: shapes");
+  if (rows == 0) return;
+  np_launch(exp_sum_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), kReduceShared,
+            stream, view(logits), static_cast<const long long*>(targets.data),
+            static_cast<const float*>(mx.data), softmax.as<float>(), sum.as<float>(),
+            target_logit.as<float>(), v, tp_rank * v);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_finalize(const Tensor& softmax, const Tensor& sum, const Tensor& mx,
+                            const Tensor& target_logit, const Tensor& loss, cudaStream_t stream) {
+  long long rows = loss.numel(), v = rows ? softmax.numel() / rows : 0;
+  if (rows * v == 0) return;
+  np_launch(finalize_kernel, dim3(blocks_for(rows * v)), dim3(kThreads), 0, stream,
+            softmax.as<float>(), static_cast<const float*>(sum.data),
+            static_cast<const float*>(mx.data), static_cast<const float*>(target_logit.data),
+            loss.as<float>(), rows, v);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_backward(const Tensor& softmax, const Tensor& targets, const Tensor& dlogits,
+                            bool accumulate, long long tp_rank, float loss_scale,
+                            cudaStream_t stream) {
+  long long rows = targets.numel(), v = rows ? softmax.numel() / rows : 0;
+  check_ids(targets, rows);
+  need(dlogits.numel() == softmax.numel(), "cross-entropy backward: shapes");
+  if (rows * v == 0) return;
+  np_launch(ce_grad_kernel, dim3(blocks_for(rows * v)), dim3(kThreads), 0, stream,
+            static_cast<const float*>(softmax.data), static_cast<const long long*>(targets.data),
+            view(dlogits), accumulate, rows, v, tp_rank * v, loss_scale);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace np::cuda
