@@ -444,5 +444,53 @@ TEST(CudaKernels, EmbeddingAndCrossEntropyOnAVocabShard) {
   }
 }
 
+TEST(CudaKernels, LayerNormAndGelu) {
+  const int64_t rows = 71, h = 229;
+  const float eps = 1e-5f;
+  for (Dtype d : {Dtype::kFp32, Dtype::kBf16}) {
+    auto xv = random_values(rows * h, 61), wv = random_values(h, 62, 0.5, 1.5),
+         bv = random_values(h, 63), gv = random_values(rows * h, 64);
+    DeviceTensor x({rows, h}, d), w({h}, d), b({h}, d), y({rows, h}, d), dy({rows, h}, d),
+        dx({rows, h}, d), dw({h}, Dtype::kFp32), db({h}, Dtype::kFp32), part({rows, h}, Dtype::kFp32),
+        gy({rows, h}, d), gdx({rows, h}, d);
+    x.set(xv), w.set(wv), b.set(bv), dy.set(gv), dw.set(std::vector<double>(h, 0.0)),
+        db.set(std::vector<double>(h, 0.0));
+    layernorm_forward(x.t, w.t, b.t, y.t, eps, nullptr);
+    layernorm_backward(x.t, w.t, dy.t, dx.t, false, dw.t, db.t, part.t, eps, nullptr);
+    gelu_forward(x.t, gy.t, nullptr);
+    gelu_backward(x.t, dy.t, gdx.t, false, nullptr);
+    std::vector<double> yr(rows * h), dxr(rows * h), dwr(h, 0.0), dbr(h, 0.0), gyr(rows * h),
+        gdr(rows * h);
+    const double c0 = std::sqrt(2.0 / 3.141592653589793), a0 = 0.044715;
+    for (int64_t r = 0; r < rows; ++r) {
+      double mu = 0, var = 0, mg = 0, mgx = 0;
+      for (int64_t c = 0; c < h; ++c) mu += xv[r * h + c];
+      mu /= h;
+      for (int64_t c = 0; c < h; ++c) var += (xv[r * h + c] - mu) * (xv[r * h + c] - mu);
+      double inv = 1 / std::sqrt(var / h + eps);
+      for (int64_t c = 0; c < h; ++c) {
+        double xh = (xv[r * h + c] - mu) * inv, g = gv[r * h + c];
+        yr[r * h + c] = xh * wv[c] + bv[c];
+        mg += g * wv[c], mgx += g * wv[c] * xh;
+        dwr[c] += g * xh, dbr[c] += g;
+        double v = xv[r * h + c], th = std::tanh(c0 * (v + a0 * v * v * v));
+        gyr[r * h + c] = 0.5 * v * (1 + th);
+        gdr[r * h + c] = g * (0.5 * (1 + th) + 0.5 * v * (1 - th * th) * c0 * (1 + 3 * a0 * v * v));
+      }
+      for (int64_t c = 0; c < h; ++c) {
+        double xh = (xv[r * h + c] - mu) * inv;
+        dxr[r * h + c] = inv * (gv[r * h + c] * wv[c] - mg / h - xh * mgx / h);
+      }
+    }
+    std::string name = d == Dtype::kBf16 ? "bf16" : "fp32";
+    expect_close(y.get(), yr, tolerance(d), "layernorm forward " + name);
+    expect_close(dx.get(), dxr, tolerance(d), "layernorm dx " + name);
+    expect_close(dw.get(), dwr, 1e-5, "layernorm dw " + name);
+    expect_close(db.get(), dbr, 1e-5, "layernorm db " + name);
+    expect_close(gy.get(), gyr, tolerance(d), "gelu forward " + name);
+    expect_close(gdx.get(), gdr, tolerance(d), "gelu dx " + name);
+  }
+}
+
 }  // namespace
 }  // namespace np::cuda

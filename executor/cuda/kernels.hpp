@@ -18,6 +18,19 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, float ep
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                       bool accumulate, const Tensor& dw, const Tensor& partial, float eps,
                       cudaStream_t stream);
+// LayerNorm: y = (x - mean) / sqrt(var + eps) * w + b per row; its backward as RMSNorm's, with
+// db += the column sums of dy.
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, float eps,
+                       cudaStream_t stream);
+void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                        bool accumulate, const Tensor& dw, const Tensor& db,
+                        const Tensor& partial, float eps, cudaStream_t stream);
+// dst[c] += sum over the first `rows` rows of src (rows x dst.numel()), rows in order.
+void column_sums_add(const Tensor& src, long long rows, const Tensor& dst, cudaStream_t stream);
+// GeLU (tanh approximation) and its backward (dx =, or += when accumulate).
+void gelu_forward(const Tensor& x, const Tensor& y, cudaStream_t stream);
+void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
+                   cudaStream_t stream);
 // out = a + b, elementwise.
 void add(const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t stream);
 // t += v elementwise (gradient accumulation), rounding once to t's dtype.

@@ -21,15 +21,6 @@ __global__ void add_bias_kernel(View y, View b, long long rows, long long cols) 
   if (i < rows * cols) st(y, i, ld(y, i) + ld(b, i % cols));
 }
 
-// db[c] += sum over rows of dy[r][c], rows in order (deterministic).
-__global__ void bias_grad_kernel(View dy, View db, long long rows, long long cols) {
-  long long c = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
-  if (c >= cols) return;
-  float s = 0;
-  for (long long r = 0; r < rows; ++r) s += ld(dy, r * cols + c);
-  st(db, c, ld(db, c) + s);
-}
-
 }  // namespace
 
 void linear_forward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Tensor* bias,
@@ -72,11 +63,7 @@ void linear_backward(cublasHandle_t h, const Tensor& x, const Tensor& w, const T
                                type_of(x), dim_int(in, "in"), dy.data, type_of(dy),
                                dim_int(out, "out"), &one, dw.data, type_of(dw), dim_int(in, "in"),
                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  if (db && out > 0) {
-    np_launch(bias_grad_kernel, dim3(blocks_for(out)), dim3(kThreads), 0, stream, view(dy),
-              view(*db), rows, out);
-    NP_CUDA_CHECK_LAUNCH();
-  }
+  if (db) column_sums_add(dy, rows, *db, stream);
 }
 
 }  // namespace np::cuda

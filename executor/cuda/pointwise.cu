@@ -1,5 +1,5 @@
 // Pointwise and per-row kernels: RMSNorm (a block per row, warp-shuffle and shared-memory
-// reduction), add, accumulate, SwiGLU, RoPE, fill.
+// reduction), LayerNorm, add, accumulate, SwiGLU, GeLU, RoPE, fill, column sums.
 #include "executor/cuda/common.cuh"
 
 namespace np::cuda {
@@ -38,13 +38,74 @@ __global__ void rmsnorm_backward_kernel(View x, View w, View dy, View dx, bool a
   }
 }
 
-// dw[c] += sum over rows of partial[row][c], rows in order.
-__global__ void column_sum_kernel(const float* partial, long long rows, long long h, View dw) {
+// dst[c] += sum over rows of src[row][c], rows in order (deterministic).
+__global__ void column_sums_kernel(View src, long long rows, long long cols, View dst) {
   long long c = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
-  if (c >= h) return;
+  if (c >= cols) return;
   float s = 0;
-  for (long long r = 0; r < rows; ++r) s += partial[r * h + c];
-  st(dw, c, ld(dw, c) + s);
+  for (long long r = 0; r < rows; ++r) s += ld(src, r * cols + c);
+  st(dst, c, ld(dst, c) + s);
+}
+
+// A row's mean and 1 / sqrt(variance + eps), two passes (a block per row).
+struct MeanRstd {
+  float mean, rstd;
+};
+__device__ MeanRstd mean_rstd(View x, long long row, long long h, float eps) {
+  float sum = 0;
+  for (long long c = threadIdx.x; c < h; c += kThreads) sum += ld(x, row * h + c);
+  float mu = block_sum(sum) / static_cast<float>(h), var = 0;
+  for (long long c = threadIdx.x; c < h; c += kThreads) {
+    float d = ld(x, row * h + c) - mu;
+    var += d * d;
+  }
+  return {mu, rsqrtf(block_sum(var) / static_cast<float>(h) + eps)};
+}
+
+// LayerNorm per row (a block per row): y = (x - mean) * rstd * w + b.
+__global__ void layernorm_forward_kernel(View x, View w, View b, View y, long long h, float eps) {
+  long long row = blockIdx.x;
+  MeanRstd m = mean_rstd(x, row, h, eps);
+  float mu = m.mean, r = m.rstd;
+  for (long long c = threadIdx.x; c < h; c += kThreads)
+    st(y, row * h + c, (ld(x, row * h + c) - mu) * r * ld(w, c) + ld(b, c));
+}
+
+// dx = r (g w - mean(g w) - xh mean(g w xh)); partial[row][c] = g xh (the weight gradient terms).
+__global__ void layernorm_backward_kernel(View x, View w, View dy, View dx, bool acc,
+                                          float* partial, long long h, float eps) {
+  long long row = blockIdx.x;
+  MeanRstd m = mean_rstd(x, row, h, eps);
+  float mu = m.mean, r = m.rstd, mg = 0, mgx = 0;
+  for (long long c = threadIdx.x; c < h; c += kThreads) {
+    float gh = ld(dy, row * h + c) * ld(w, c), xh = (ld(x, row * h + c) - mu) * r;
+    mg += gh, mgx += gh * xh;
+  }
+  mg = block_sum(mg) / static_cast<float>(h);
+  mgx = block_sum(mgx) / static_cast<float>(h);
+  for (long long c = threadIdx.x; c < h; c += kThreads) {
+    long long i = row * h + c;
+    float g = ld(dy, i), xh = (ld(x, i) - mu) * r, out = r * (g * ld(w, c) - mg - xh * mgx);
+    st(dx, i, acc ? ld(dx, i) + out : out);
+    partial[i] = g * xh;
+  }
+}
+
+// GeLU, tanh approximation (Hendrycks and Gimpel 2016), as the CPU reference computes it.
+constexpr float kGeluC = 0.7978845608028654f, kGeluA = 0.044715f;
+__global__ void gelu_forward_kernel(View x, View y, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  float v = ld(x, i);
+  st(y, i, 0.5f * v * (1.0f + tanhf(kGeluC * (v + kGeluA * v * v * v))));
+}
+__global__ void gelu_backward_kernel(View x, View dy, View dx, bool acc, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  float v = ld(x, i), th = tanhf(kGeluC * (v + kGeluA * v * v * v));
+  float d = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * kGeluC * (1.0f + 3.0f * kGeluA * v * v);
+  float out = ld(dy, i) * d;
+  st(dx, i, acc ? ld(dx, i) + out : out);
 }
 
 __global__ void add_kernel(View a, View b, View out, long long n) {
@@ -131,8 +192,61 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const 
             kReduceShared, stream, view(x), view(w), view(dy), view(dx),
             accumulate, partial.as<float>(), h, eps);
   NP_CUDA_CHECK_LAUNCH();
-  np_launch(column_sum_kernel, dim3(blocks_for(h)), dim3(kThreads), 0, stream,
-            static_cast<const float*>(partial.data), rows, h, view(dw));
+  column_sums_add(partial, rows, dw, stream);
+}
+
+void column_sums_add(const Tensor& src, long long rows, const Tensor& dst, cudaStream_t stream) {
+  long long cols = dst.numel();
+  need(src.numel() >= rows * cols, "column sums: the source is smaller than rows x cols");
+  if (cols == 0) return;
+  np_launch(column_sums_kernel, dim3(blocks_for(cols)), dim3(kThreads), 0, stream, view(src), rows,
+            cols, view(dst));
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, float eps,
+                       cudaStream_t stream) {
+  long long h = w.numel(), rows = h ? x.numel() / h : 0;
+  need(rows * h == x.numel() && y.numel() == x.numel() && b.numel() == h,
+       "layernorm: x, w, b and y do not agree");
+  if (rows == 0) return;
+  np_launch(layernorm_forward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
+            kReduceShared, stream, view(x), view(w), view(b), view(y), h, eps);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                        bool accumulate, const Tensor& dw, const Tensor& db,
+                        const Tensor& partial, float eps, cudaStream_t stream) {
+  long long h = w.numel(), rows = h ? x.numel() / h : 0;
+  need(rows * h == x.numel() && dy.numel() == x.numel() && dx.numel() == x.numel() &&
+           dw.numel() == h && db.numel() == h && partial.numel() >= x.numel() &&
+           partial.type.dtype == Dtype::kFp32,
+       "layernorm backward: shapes do not agree");
+  if (rows == 0) return;
+  np_launch(layernorm_backward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
+            kReduceShared, stream, view(x), view(w), view(dy), view(dx), accumulate,
+            partial.as<float>(), h, eps);
+  NP_CUDA_CHECK_LAUNCH();
+  column_sums_add(partial, rows, dw, stream);
+  column_sums_add(dy, rows, db, stream);
+}
+
+void gelu_forward(const Tensor& x, const Tensor& y, cudaStream_t stream) {
+  long long n = x.numel();
+  need(y.numel() == n, "gelu: sizes differ");
+  if (n == 0) return;
+  np_launch(gelu_forward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x), view(y), n);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
+                   cudaStream_t stream) {
+  long long n = x.numel();
+  need(dy.numel() == n && dx.numel() == n, "gelu backward: sizes differ");
+  if (n == 0) return;
+  np_launch(gelu_backward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x),
+            view(dy), view(dx), accumulate, n);
   NP_CUDA_CHECK_LAUNCH();
 }
 
