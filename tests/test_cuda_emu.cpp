@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "executor/backend.hpp"
 #include "executor/cuda/kernels.hpp"
 
 namespace np::cuda {
@@ -489,6 +490,50 @@ TEST(CudaKernels, LayerNormAndGelu) {
     expect_close(db.get(), dbr, 1e-5, "layernorm db " + name);
     expect_close(gy.get(), gyr, tolerance(d), "gelu forward " + name);
     expect_close(gdx.get(), gdr, tolerance(d), "gelu dx " + name);
+  }
+}
+
+// Dropout draws the CPU reference's numbers (executor/rng.cpp) bit for bit: rows of a sequence
+// shard and attention probabilities of TP rank 1 of 2.
+TEST(CudaKernels, DropoutMaskIsTheCpuReferencesBitForBit) {
+  const float p = 0.3f;
+  const uint64_t seed = 1234, stream_id = 0xABCDEF;
+  for (bool probs : {false, true}) {
+    DropoutLayout l;
+    std::vector<int64_t> shape;
+    if (probs) {
+      l.probs = true, l.heads_local = 3, l.seq = 13, l.tp = 2, l.tp_rank = 1;
+      shape = {2, 3, 13, 13};
+    } else {
+      l.width = 37, l.first_row = 71;
+      shape = {71, 37};
+    }
+    DeviceTensor x(shape, Dtype::kBf16), y(shape, Dtype::kBf16), mask(shape, Dtype::kU8),
+        dy(shape, Dtype::kBf16), dx(shape, Dtype::kBf16);
+    int64_t n = x.t.numel();
+    auto xv = random_values(n, 71), gv = random_values(n, 72);
+    x.set(xv), dy.set(gv);
+    dropout_forward(x.t, y.t, mask.t, p, seed, stream_id, l, nullptr);
+    dropout_backward(dy.t, mask.t, dx.t, false, p, nullptr);
+    int kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      uint64_t index;
+      if (probs) {
+        int64_t s = 13, j = i % s, r = i / s, row = r % s, hb = r / s, h = hb % 3, bi = hb / 3;
+        index = static_cast<uint64_t>(((bi * 6 + 1 * 3 + h) * s + row) * s + j);
+      } else {
+        index = static_cast<uint64_t>((71 + i / 37) * 37 + i % 37);
+      }
+      bool keep = exec::counter_uniform(seed, stream_id, index) >= p;
+      kept += keep;
+      ASSERT_EQ(mask.t.as<uint8_t>()[i], keep ? 1 : 0) << i;
+      float want = keep ? static_cast<float>(xv[i]) / (1.0f - p) : 0.0f;
+      ASSERT_EQ(exec::load(y.t, i), exec::bf16_to_f32(exec::f32_to_bf16(want))) << i;
+      float gwant = keep ? static_cast<float>(gv[i]) / (1.0f - p) : 0.0f;
+      ASSERT_EQ(exec::load(dx.t, i), exec::bf16_to_f32(exec::f32_to_bf16(gwant))) << i;
+    }
+    EXPECT_GT(kept, n / 2);
+    EXPECT_LT(kept, n * 9 / 10);
   }
 }
 

@@ -98,6 +98,21 @@ void cross_entropy_backward(const Tensor& softmax, const Tensor& targets, const 
                             bool accumulate, long long tp_rank, float loss_scale,
                             cudaStream_t stream);
 
+// How dropout numbers an element globally (executor/rng.cpp's index): rows of `width` starting
+// at global row `first_row`, or attention probabilities {b, heads_local, s, s} of TP rank
+// `tp_rank` of `tp`.
+struct DropoutLayout {
+  bool probs = false;
+  long long width = 0, first_row = 0;             // rows
+  long long heads_local = 0, seq = 0, tp = 1, tp_rank = 0;  // probabilities
+};
+// out = x / (1 - p) where u(seed, stream_id, index) >= p, else 0; mask (u8) records the choice.
+void dropout_forward(const Tensor& x, const Tensor& out, const Tensor& mask, float p,
+                     unsigned long long seed, unsigned long long stream_id,
+                     const DropoutLayout& layout, cudaStream_t stream);
+void dropout_backward(const Tensor& dy, const Tensor& mask, const Tensor& dx, bool accumulate,
+                      float p, cudaStream_t stream);
+
 // t[i] = value for every element.
 void fill(const Tensor& t, float value, cudaStream_t stream);
 
