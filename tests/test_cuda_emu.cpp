@@ -537,5 +537,32 @@ TEST(CudaKernels, DropoutMaskIsTheCpuReferencesBitForBit) {
   }
 }
 
+// Learned positions on a sequence shard that starts mid-position (first row 5, batch 2).
+TEST(CudaKernels, PositionEmbeddingOnASequenceShard) {
+  const int64_t rows = 71, h = 37, batch = 2, first = 5, table = 64;
+  for (Dtype d : {Dtype::kFp32, Dtype::kBf16}) {
+    auto xv = random_values(rows * h, 81), wv = random_values(table * h, 82),
+         gv = random_values(rows * h, 83);
+    DeviceTensor x({rows, h}, d), w({table, h}, d), out({rows, h}, d), dy({rows, h}, d),
+        dw({table, h}, Dtype::kFp32);
+    x.set(xv), w.set(wv), dy.set(gv), dw.set(std::vector<double>(table * h, 0.0));
+    pos_embedding_forward(x.t, w.t, out.t, first, batch, nullptr);
+    pos_embedding_backward(dy.t, dw.t, first, batch, nullptr);
+    std::vector<double> outr(rows * h), dwr(table * h, 0.0);
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t c = 0; c < h; ++c) {
+        int64_t pos = (first + t) / batch;
+        outr[t * h + c] = xv[t * h + c] + wv[pos * h + c];
+        dwr[pos * h + c] += gv[t * h + c];
+      }
+    std::string name = d == Dtype::kBf16 ? "bf16" : "fp32";
+    expect_close(out.get(), outr, tolerance(d), "pos_embedding forward " + name);
+    expect_close(dw.get(), dwr, 1e-6, "pos_embedding dW " + name);
+  }
+  DeviceTensor x({4, 3}, Dtype::kFp32), w({2, 3}, Dtype::kFp32), out({4, 3}, Dtype::kFp32);
+  EXPECT_THROW(pos_embedding_forward(x.t, w.t, out.t, 2, 1, nullptr), std::invalid_argument)
+      << "position 5 is beyond a table of 2";
+}
+
 }  // namespace
 }  // namespace np::cuda

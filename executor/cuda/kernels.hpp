@@ -82,6 +82,12 @@ void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const 
 // shard holds the id, else 0.
 void embedding_forward(const Tensor& ids, const Tensor& w, const Tensor& out, long long tp_rank,
                        cudaStream_t stream);
+// Learned positions: out[t] = x[t] + W[(first_row + t) / batch]; the backward adds each
+// position's rows (in row order) into dW. The input gradient is dy itself (the caller's).
+void pos_embedding_forward(const Tensor& x, const Tensor& w, const Tensor& out, long long first_row,
+                           long long batch, cudaStream_t stream);
+void pos_embedding_backward(const Tensor& dy, const Tensor& dw, long long first_row,
+                            long long batch, cudaStream_t stream);
 // Vocabulary-parallel cross-entropy in stages; between them the caller takes the maximum of mx
 // over the TP group, then sums sum and target_logit over it:
 //   max:      mx[t] = max_j logits[t][j] (this rank's shard)

@@ -1,4 +1,5 @@
-// Vocabulary-parallel kernels: the token embedding's forward, and the cross-entropy loss in the
+// Vocabulary and position tables: the token embedding's forward, the learned position embedding
+// (forward, deterministic backward), and the cross-entropy loss in the
 // stages between which the caller reduces over the TP group (max, then sum of exponentials and
 // target logit), as the CPU reference does.
 #include "executor/cuda/common.cuh"
@@ -13,6 +14,31 @@ __global__ void embedding_forward_kernel(const long long* ids, View w, View out,
   if (e >= rows * h) return;
   long long t = e / h, c = e % h, r = ids[t] - lo;
   st(out, e, r >= 0 && r < vocab ? ld(w, r * h + c) : 0.0f);
+}
+
+// out[t] = x[t] + W[(first + t) / batch].
+__global__ void pos_embedding_forward_kernel(View x, View w, View out, long long rows, long long h,
+                                             long long first, long long batch) {
+  long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= rows * h) return;
+  long long t = e / h, c = e % h;
+  st(out, e, ld(x, e) + ld(w, ((first + t) / batch) * h + c));
+}
+
+// dW[pos][c] += the sum of the rows of that position (consecutive: t = pos * batch + b), in row
+// order: one thread per (position, column) of the rows present, no atomics.
+__global__ void pos_embedding_backward_kernel(View dy, View dw, long long rows, long long h,
+                                              long long first, long long batch) {
+  long long first_pos = first / batch, last_pos = (first + rows - 1) / batch;
+  long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= (last_pos - first_pos + 1) * h) return;
+  long long pos = first_pos + e / h, c = e % h;
+  long long t0 = pos * batch - first, t1 = t0 + batch;
+  if (t0 < 0) t0 = 0;
+  if (t1 > rows) t1 = rows;
+  float s = 0;
+  for (long long t = t0; t < t1; ++t) s += ld(dy, t * h + c);
+  st(dw, pos * h + c, ld(dw, pos * h + c) + s);
 }
 
 // A block per row: the row's maximum logit.
@@ -75,6 +101,29 @@ void embedding_forward(const Tensor& ids, const Tensor& w, const Tensor& out, lo
   np_launch(embedding_forward_kernel, dim3(blocks_for(rows * h)), dim3(kThreads), 0, stream,
             static_cast<const long long*>(ids.data), view(w), view(out), rows, vocab, h,
             tp_rank * vocab);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void pos_embedding_forward(const Tensor& x, const Tensor& w, const Tensor& out, long long first_row,
+                           long long batch, cudaStream_t stream) {
+  long long h = w.type.shape.at(1), rows = h ? x.numel() / h : 0;
+  need(rows * h == x.numel() && out.numel() == x.numel() && batch > 0 &&
+           (rows == 0 || (first_row + rows - 1) / batch < w.type.shape.at(0)),
+       "pos_embedding: shapes, or a position beyond the table");
+  if (rows * h == 0) return;
+  np_launch(pos_embedding_forward_kernel, dim3(blocks_for(rows * h)), dim3(kThreads), 0, stream,
+            view(x), view(w), view(out), rows, h, first_row, batch);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void pos_embedding_backward(const Tensor& dy, const Tensor& dw, long long first_row,
+                            long long batch, cudaStream_t stream) {
+  long long h = dw.type.shape.at(1), rows = h ? dy.numel() / h : 0;
+  need(rows * h == dy.numel() && batch > 0, "pos_embedding backward: shapes");
+  if (rows * h == 0) return;
+  long long positions = (first_row + rows - 1) / batch - first_row / batch + 1;
+  np_launch(pos_embedding_backward_kernel, dim3(blocks_for(positions * h)), dim3(kThreads), 0,
+            stream, view(dy), view(dw), rows, h, first_row, batch);
   NP_CUDA_CHECK_LAUNCH();
 }
 
