@@ -418,6 +418,17 @@ TEST(CudaKernels, EmbeddingAndCrossEntropyOnAVocabShard) {
         loss({rows}, Dtype::kFp32), dl({rows, v}, d);
     w.set(wv), logits.set(lv), dl.set(prior);
     embedding_forward(idt.t, w.t, out.t, rank, nullptr);
+    auto ev = random_values(rows * h, 55);
+    DeviceTensor dout({rows, h}, d), dwt({v, h}, Dtype::kFp32);
+    dout.set(ev), dwt.set(std::vector<double>(v * h, 0.0));
+    embedding_backward(idt.t, dout.t, dwt.t, rank, nullptr);
+    std::vector<double> dwr(v * h, 0.0);
+    for (int64_t t = 0; t < rows; ++t) {
+      int64_t r = ids[t] - rank * v;
+      if (r >= 0 && r < v)
+        for (int64_t c = 0; c < h; ++c) dwr[r * h + c] += ev[t * h + c];
+    }
+    expect_close(dwt.get(), dwr, 1e-6, std::string("embedding dW ") + (d == Dtype::kBf16 ? "bf16" : "fp32"));
     cross_entropy_max(logits.t, mx.t, nullptr);
     cross_entropy_exp_sum(logits.t, tgt.t, mx.t, sm.t, se.t, tg.t, rank, nullptr);
     cross_entropy_finalize(sm.t, se.t, mx.t, tg.t, loss.t, nullptr);
@@ -562,6 +573,23 @@ TEST(CudaKernels, PositionEmbeddingOnASequenceShard) {
   DeviceTensor x({4, 3}, Dtype::kFp32), w({2, 3}, Dtype::kFp32), out({4, 3}, Dtype::kFp32);
   EXPECT_THROW(pos_embedding_forward(x.t, w.t, out.t, 2, 1, nullptr), std::invalid_argument)
       << "position 5 is beyond a table of 2";
+}
+
+// The embedding backward across several id tiles (300 tokens) and column chunks (2,100 columns).
+TEST(CudaKernels, EmbeddingBackwardAcrossTilesAndChunks) {
+  const int64_t rows = 300, v = 5, h = 2100;
+  std::vector<int64_t> ids(rows);
+  for (int64_t t = 0; t < rows; ++t) ids[t] = (t * 7) % (v + 2);  // some ids outside the shard
+  DeviceTensor idt({rows}, Dtype::kI64), dy({rows, h}, Dtype::kFp32), dw({v, h}, Dtype::kFp32);
+  std::memcpy(idt.t.data, ids.data(), rows * sizeof(int64_t));
+  auto gv = random_values(rows * h, 91);
+  dy.set(gv), dw.set(std::vector<double>(v * h, 0.0));
+  embedding_backward(idt.t, dy.t, dw.t, 0, nullptr);
+  std::vector<double> want(v * h, 0.0);
+  for (int64_t t = 0; t < rows; ++t)
+    if (ids[t] < v)
+      for (int64_t c = 0; c < h; ++c) want[ids[t] * h + c] += gv[t * h + c];
+  expect_close(dw.get(), want, 1e-6, "embedding dW over tiles and chunks");
 }
 
 }  // namespace

@@ -82,6 +82,10 @@ void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const 
 // shard holds the id, else 0.
 void embedding_forward(const Tensor& ids, const Tensor& w, const Tensor& out, long long tp_rank,
                        cudaStream_t stream);
+// dW[id - tp_rank * vocab_shard] += dy[t] for the tokens of this shard, each row's tokens in
+// order (deterministic).
+void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dw, long long tp_rank,
+                        cudaStream_t stream);
 // Learned positions: out[t] = x[t] + W[(first_row + t) / batch]; the backward adds each
 // position's rows (in row order) into dW. The input gradient is dy itself (the caller's).
 void pos_embedding_forward(const Tensor& x, const Tensor& w, const Tensor& out, long long first_row,

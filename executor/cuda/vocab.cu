@@ -1,4 +1,5 @@
-// Vocabulary and position tables: the token embedding's forward, the learned position embedding
+// Vocabulary and position tables: the token embedding (forward, deterministic backward), the
+// learned position embedding
 // (forward, deterministic backward), and the cross-entropy loss in the
 // stages between which the caller reduces over the TP group (max, then sum of exponentials and
 // target logit), as the CPU reference does.
@@ -14,6 +15,37 @@ __global__ void embedding_forward_kernel(const long long* ids, View w, View out,
   if (e >= rows * h) return;
   long long t = e / h, c = e % h, r = ids[t] - lo;
   st(out, e, r >= 0 && r < vocab ? ld(w, r * h + c) : 0.0f);
+}
+
+// dW[r] += the sum of dy over the tokens whose id is this shard's row r, in token order: a block
+// per table row scans the ids a tile at a time and adds the matching rows for its columns, in
+// chunks of kCols columns per thread. Deterministic, no atomics, no workspace.
+constexpr int kCols = 16;
+__global__ void embedding_backward_kernel(const long long* ids, View dy, View dw, long long rows,
+                                          long long vocab, long long h, long long lo) {
+  unsigned char* hit = np_shared<unsigned char>();
+  for (long long r = blockIdx.x; r < vocab; r += gridDim.x)
+    for (long long c0 = 0; c0 < h; c0 += static_cast<long long>(kThreads) * kCols) {
+      float acc[kCols];
+      for (int k = 0; k < kCols; ++k) acc[k] = 0;
+      for (long long t0 = 0; t0 < rows; t0 += kThreads) {
+        long long t = t0 + threadIdx.x;
+        hit[threadIdx.x] = t < rows && ids[t] - lo == r;
+        __syncthreads();
+        for (int k = 0; k < kThreads; ++k) {
+          if (!hit[k]) continue;
+          for (int j = 0; j < kCols; ++j) {
+            long long c = c0 + static_cast<long long>(j) * kThreads + threadIdx.x;
+            if (c < h) acc[j] += ld(dy, (t0 + k) * h + c);
+          }
+        }
+        __syncthreads();
+      }
+      for (int j = 0; j < kCols; ++j) {
+        long long c = c0 + static_cast<long long>(j) * kThreads + threadIdx.x;
+        if (c < h) st(dw, r * h + c, ld(dw, r * h + c) + acc[j]);
+      }
+    }
 }
 
 // out[t] = x[t] + W[(first + t) / batch].
@@ -100,6 +132,19 @@ void embedding_forward(const Tensor& ids, const Tensor& w, const Tensor& out, lo
   if (rows * h == 0) return;
   np_launch(embedding_forward_kernel, dim3(blocks_for(rows * h)), dim3(kThreads), 0, stream,
             static_cast<const long long*>(ids.data), view(w), view(out), rows, vocab, h,
+            tp_rank * vocab);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dw, long long tp_rank,
+                        cudaStream_t stream) {
+  long long vocab = dw.type.shape.at(0), h = dw.type.shape.at(1), rows = ids.numel();
+  check_ids(ids, rows);
+  need(dy.numel() == rows * h, "embedding backward: dy is not [rows, h]");
+  if (vocab * h == 0) return;
+  unsigned blocks = static_cast<unsigned>(vocab < 65535 ? vocab : 65535);
+  np_launch(embedding_backward_kernel, dim3(blocks), dim3(kThreads), kThreads, stream,
+            static_cast<const long long*>(ids.data), view(dy), view(dw), rows, vocab, h,
             tp_rank * vocab);
   NP_CUDA_CHECK_LAUNCH();
 }
