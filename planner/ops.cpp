@@ -124,12 +124,18 @@ const OpInfo kOps[] =
          [](const OpAttrs&, In in) -> Weights {
            return {{"weight", {cols_of(in[0])}}};
          },
-         none_types},
+         // Backward: each row's fp32 1/rms, so that the weight gradient is a deterministic
+         // column sum over rows.
+         [](const OpAttrs&, In in) -> Types { return {{{rows_of(in[0])}, Dtype::kFp32}}; }},
         {OpKind::kLayerNorm, "layernorm", 1, 1, 0b1, 0, 0b1, 0b1, false, same, norm_flops,
          [](const OpAttrs&, In in) -> Weights {
            return {{"weight", {cols_of(in[0])}}, {"bias", {cols_of(in[0])}}};
          },
-         none_types},
+         // Backward: each row's fp32 mean and 1/std (the weight gradient as RMSNorm's).
+         [](const OpAttrs&, In in) -> Types {
+           TensorType row{{rows_of(in[0])}, Dtype::kFp32};
+           return {row, row};
+         }},
         {OpKind::kAllGather, "all_gather", 1, 1, 0, 0, 0b1, 0b1, true,
          [](const OpAttrs& a, In in) -> Types {
            return {{{rows_of(in[0]) * a.group, cols_of(in[0])}, in[0].dtype}};

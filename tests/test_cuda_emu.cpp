@@ -183,10 +183,10 @@ TEST(CudaKernels, RmsNormForwardAndBackward) {
     auto xv = random_values(rows * h, 1), wv = random_values(h, 2, 0.5, 1.5),
          gv = random_values(rows * h, 3);
     DeviceTensor x({rows, h}, d), w({h}, d), y({rows, h}, d), dy({rows, h}, d), dx({rows, h}, d),
-        dw({h}, Dtype::kFp32), part({rows, h}, Dtype::kFp32);
+        dw({h}, Dtype::kFp32), rstd({rows}, Dtype::kFp32);
     x.set(xv), w.set(wv), dy.set(gv), dw.set(std::vector<double>(h, 0.0));
     rmsnorm_forward(x.t, w.t, y.t, eps, nullptr);
-    rmsnorm_backward(x.t, w.t, dy.t, dx.t, false, dw.t, part.t, eps, nullptr);
+    rmsnorm_backward(x.t, w.t, dy.t, dx.t, false, dw.t, rstd.t, eps, nullptr);
     std::vector<double> yr(rows * h), dxr(rows * h), dwr(h, 0.0);
     for (int64_t r = 0; r < rows; ++r) {
       double ss = 0, gx = 0;
@@ -463,12 +463,12 @@ TEST(CudaKernels, LayerNormAndGelu) {
     auto xv = random_values(rows * h, 61), wv = random_values(h, 62, 0.5, 1.5),
          bv = random_values(h, 63), gv = random_values(rows * h, 64);
     DeviceTensor x({rows, h}, d), w({h}, d), b({h}, d), y({rows, h}, d), dy({rows, h}, d),
-        dx({rows, h}, d), dw({h}, Dtype::kFp32), db({h}, Dtype::kFp32), part({rows, h}, Dtype::kFp32),
-        gy({rows, h}, d), gdx({rows, h}, d);
+        dx({rows, h}, d), dw({h}, Dtype::kFp32), db({h}, Dtype::kFp32), mean({rows}, Dtype::kFp32),
+        rstd({rows}, Dtype::kFp32), gy({rows, h}, d), gdx({rows, h}, d);
     x.set(xv), w.set(wv), b.set(bv), dy.set(gv), dw.set(std::vector<double>(h, 0.0)),
         db.set(std::vector<double>(h, 0.0));
     layernorm_forward(x.t, w.t, b.t, y.t, eps, nullptr);
-    layernorm_backward(x.t, w.t, dy.t, dx.t, false, dw.t, db.t, part.t, eps, nullptr);
+    layernorm_backward(x.t, w.t, dy.t, dx.t, false, dw.t, db.t, mean.t, rstd.t, eps, nullptr);
     gelu_forward(x.t, gy.t, nullptr);
     gelu_backward(x.t, dy.t, gdx.t, false, nullptr);
     std::vector<double> yr(rows * h), dxr(rows * h), dwr(h, 0.0), dbr(h, 0.0), gyr(rows * h),

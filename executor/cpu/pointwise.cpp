@@ -33,12 +33,14 @@ void rmsnorm_backward(const Env& env, const BackwardArgs& a) {
   Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "rmsnorm output gradient"));
   Mat W = load_vec(need(a.weights, 0, "rmsnorm weight"));
   int64_t T = X.rows(), h = X.cols();
+  float* rstd = env.workspace({T}, Dtype::kFp32).as<float>();  // the op table's per-row 1/rms
   Mat DX(T, h), DW(T, h);  // DW: per-row contributions, summed over rows below
   for (int64_t t = 0; t < T; ++t) {
     double ss = 0, gwx = 0;
     for (int64_t c = 0; c < h; ++c)
       ss += double(X(t, c)) * X(t, c), gwx += double(G(t, c)) * W(0, c) * X(t, c);
     double r = 1.0 / std::sqrt(ss / h + kEps);
+    rstd[t] = static_cast<float>(r);
     double k = r * r * r * gwx / h;
     for (int64_t c = 0; c < h; ++c) {
       DX(t, c) = static_cast<float>(r * G(t, c) * W(0, c) - k * X(t, c));
@@ -76,6 +78,9 @@ void layernorm_backward(const Env& env, const BackwardArgs& a) {
   Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "layernorm output gradient"));
   Mat W = load_vec(need(a.weights, 0, "layernorm weight"));
   int64_t T = X.rows(), h = X.cols();
+  // The op table's per-row statistics: mean, then 1/std.
+  float* mean = env.workspace({T}, Dtype::kFp32).as<float>();
+  float* rstd = env.workspace({T}, Dtype::kFp32).as<float>();
   Mat DX(T, h), DW(T, h);
   std::vector<double> xh(h);
   for (int64_t t = 0; t < T; ++t) {
@@ -84,6 +89,7 @@ void layernorm_backward(const Env& env, const BackwardArgs& a) {
     mu /= h;
     for (int64_t c = 0; c < h; ++c) var += (X(t, c) - mu) * (X(t, c) - mu);
     double r = 1.0 / std::sqrt(var / h + kEps), mg = 0, mgx = 0;
+    mean[t] = static_cast<float>(mu), rstd[t] = static_cast<float>(r);
     for (int64_t c = 0; c < h; ++c) {
       xh[c] = (X(t, c) - mu) * r;
       double gh = double(G(t, c)) * W(0, c);

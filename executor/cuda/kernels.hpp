@@ -13,18 +13,18 @@ using exec::Tensor;
 // y = x / sqrt(mean(x^2) + eps) * w, per row of x (rows x h); w has h elements.
 void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, float eps,
                      cudaStream_t stream);
-// dx (=, or += when accumulate) and dw += for the rows of x; `partial` is an fp32 workspace of
-// rows x h elements (per-row weight-gradient terms, summed over rows in order: deterministic).
+// dx (=, or += when accumulate) and dw += for the rows of x; rstd (fp32, one per row: the op
+// table's backward workspace) receives each row's 1/rms, and dw is its deterministic column sum.
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                      bool accumulate, const Tensor& dw, const Tensor& partial, float eps,
+                      bool accumulate, const Tensor& dw, const Tensor& rstd, float eps,
                       cudaStream_t stream);
-// LayerNorm: y = (x - mean) / sqrt(var + eps) * w + b per row; its backward as RMSNorm's, with
-// db += the column sums of dy.
+// LayerNorm: y = (x - mean) / sqrt(var + eps) * w + b per row; its backward as RMSNorm's (the
+// op table's workspaces: mean and rstd, one fp32 per row), with db += the column sums of dy.
 void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, float eps,
                        cudaStream_t stream);
 void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                        bool accumulate, const Tensor& dw, const Tensor& db,
-                        const Tensor& partial, float eps, cudaStream_t stream);
+                        bool accumulate, const Tensor& dw, const Tensor& db, const Tensor& mean,
+                        const Tensor& rstd, float eps, cudaStream_t stream);
 // dst[c] += sum over the first `rows` rows of src (rows x dst.numel()), rows in order.
 void column_sums_add(const Tensor& src, long long rows, const Tensor& dst, cudaStream_t stream);
 // GeLU (tanh approximation) and its backward (dx =, or += when accumulate).

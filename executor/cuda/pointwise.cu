@@ -17,8 +17,8 @@ __global__ void rmsnorm_forward_kernel(View x, View w, View y, long long h, floa
     st(y, row * h + c, ld(x, row * h + c) * r * ld(w, c));
 }
 
-// Per row: g = dy * w; dx = r * g - x * r^3 * mean(g * x); partial[row][c] = dy * x * r.
-__global__ void rmsnorm_backward_kernel(View x, View w, View dy, View dx, bool acc, float* partial,
+// Per row: g = dy * w; dx = r * g - x * r^3 * mean(g * x); rstd[row] = r.
+__global__ void rmsnorm_backward_kernel(View x, View w, View dy, View dx, bool acc, float* rstd,
                                         long long h, float eps) {
   long long row = blockIdx.x;
   float ss = 0, gx = 0;
@@ -31,11 +31,21 @@ __global__ void rmsnorm_backward_kernel(View x, View w, View dy, View dx, bool a
   float r = rsqrtf(ss / static_cast<float>(h) + eps), k = r * r * r * gx / static_cast<float>(h);
   for (long long c = threadIdx.x; c < h; c += kThreads) {
     long long i = row * h + c;
-    float v = ld(x, i), d = ld(dy, i), g = d * ld(w, c);
-    float out = r * g - v * k;
+    float v = ld(x, i), out = r * ld(dy, i) * ld(w, c) - v * k;
     st(dx, i, acc ? ld(dx, i) + out : out);
-    partial[i] = d * v * r;
   }
+  if (threadIdx.x == 0) rstd[row] = r;
+}
+
+// dw[c] += sum over rows of dy * (x - mean) * rstd, rows in order (mean null: RMSNorm's 0).
+__global__ void norm_weight_grad_kernel(View x, View dy, const float* mean, const float* rstd,
+                                        long long rows, long long h, View dw) {
+  long long c = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= h) return;
+  float s = 0;
+  for (long long r = 0; r < rows; ++r)
+    s += ld(dy, r * h + c) * (ld(x, r * h + c) - (mean ? mean[r] : 0.0f)) * rstd[r];
+  st(dw, c, ld(dw, c) + s);
 }
 
 // dst[c] += sum over rows of src[row][c], rows in order (deterministic).
@@ -71,9 +81,9 @@ __global__ void layernorm_forward_kernel(View x, View w, View b, View y, long lo
     st(y, row * h + c, (ld(x, row * h + c) - mu) * r * ld(w, c) + ld(b, c));
 }
 
-// dx = r (g w - mean(g w) - xh mean(g w xh)); partial[row][c] = g xh (the weight gradient terms).
+// dx = r (g w - mean(g w) - xh mean(g w xh)); mean[row] and rstd[row] for the weight gradient.
 __global__ void layernorm_backward_kernel(View x, View w, View dy, View dx, bool acc,
-                                          float* partial, long long h, float eps) {
+                                          float* mean, float* rstd, long long h, float eps) {
   long long row = blockIdx.x;
   MeanRstd m = mean_rstd(x, row, h, eps);
   float mu = m.mean, r = m.rstd, mg = 0, mgx = 0;
@@ -87,8 +97,8 @@ __global__ void layernorm_backward_kernel(View x, View w, View dy, View dx, bool
     long long i = row * h + c;
     float g = ld(dy, i), xh = (ld(x, i) - mu) * r, out = r * (g * ld(w, c) - mg - xh * mgx);
     st(dx, i, acc ? ld(dx, i) + out : out);
-    partial[i] = g * xh;
   }
+  if (threadIdx.x == 0) mean[row] = mu, rstd[row] = r;
 }
 
 // GeLU, tanh approximation (Hendrycks and Gimpel 2016), as the CPU reference computes it.
@@ -181,18 +191,21 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, float ep
 }
 
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                      bool accumulate, const Tensor& dw, const Tensor& partial, float eps,
+                      bool accumulate, const Tensor& dw, const Tensor& rstd, float eps,
                       cudaStream_t stream) {
   long long h = w.numel(), rows = h ? x.numel() / h : 0;
   need(rows * h == x.numel() && dy.numel() == x.numel() && dx.numel() == x.numel() &&
-           dw.numel() == h && partial.numel() >= x.numel() && partial.type.dtype == Dtype::kFp32,
-       "rmsnorm backward: shapes do not agree");
+           dw.numel() == h && rstd.numel() == rows && rstd.type.dtype == Dtype::kFp32,
+       "rmsnorm backward: shapes do not agree (rstd: one fp32 per row)");
   if (rows == 0) return;
   np_launch(rmsnorm_backward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
-            kReduceShared, stream, view(x), view(w), view(dy), view(dx),
-            accumulate, partial.as<float>(), h, eps);
+            kReduceShared, stream, view(x), view(w), view(dy), view(dx), accumulate,
+            rstd.as<float>(), h, eps);
   NP_CUDA_CHECK_LAUNCH();
-  column_sums_add(partial, rows, dw, stream);
+  np_launch(norm_weight_grad_kernel, dim3(blocks_for(h)), dim3(kThreads), 0, stream, view(x),
+            view(dy), static_cast<const float*>(nullptr), static_cast<const float*>(rstd.data),
+            rows, h, view(dw));
+  NP_CUDA_CHECK_LAUNCH();
 }
 
 void column_sums_add(const Tensor& src, long long rows, const Tensor& dst, cudaStream_t stream) {
@@ -216,19 +229,22 @@ void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const 
 }
 
 void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                        bool accumulate, const Tensor& dw, const Tensor& db,
-                        const Tensor& partial, float eps, cudaStream_t stream) {
+                        bool accumulate, const Tensor& dw, const Tensor& db, const Tensor& mean,
+                        const Tensor& rstd, float eps, cudaStream_t stream) {
   long long h = w.numel(), rows = h ? x.numel() / h : 0;
   need(rows * h == x.numel() && dy.numel() == x.numel() && dx.numel() == x.numel() &&
-           dw.numel() == h && db.numel() == h && partial.numel() >= x.numel() &&
-           partial.type.dtype == Dtype::kFp32,
-       "layernorm backward: shapes do not agree");
+           dw.numel() == h && db.numel() == h && mean.numel() == rows && rstd.numel() == rows &&
+           mean.type.dtype == Dtype::kFp32 && rstd.type.dtype == Dtype::kFp32,
+       "layernorm backward: shapes do not agree (mean, rstd: one fp32 per row)");
   if (rows == 0) return;
   np_launch(layernorm_backward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
             kReduceShared, stream, view(x), view(w), view(dy), view(dx), accumulate,
-            partial.as<float>(), h, eps);
+            mean.as<float>(), rstd.as<float>(), h, eps);
   NP_CUDA_CHECK_LAUNCH();
-  column_sums_add(partial, rows, dw, stream);
+  np_launch(norm_weight_grad_kernel, dim3(blocks_for(h)), dim3(kThreads), 0, stream, view(x),
+            view(dy), static_cast<const float*>(mean.data), static_cast<const float*>(rstd.data),
+            rows, h, view(dw));
+  NP_CUDA_CHECK_LAUNCH();
   column_sums_add(dy, rows, db, stream);
 }
 
