@@ -306,7 +306,7 @@ Result<Schedule> schedule_from_json(const json& j) {
     return make_error("plan: not a nanoplan schedule (its 'format' is not \"nanoplan-schedule\")");
   if (!j.contains("format_version") || j["format_version"] != kScheduleFormatVersion)
     return make_error("plan: format version " +
-                      (j.contains("format_version") ? j["format_version"].dump() : "(none)") +
+                      (j.contains("format_version") ? JsonReader::shown(j["format_version"]) : "(none)") +
                       " is not supported (this nanoplan reads version " +
                       std::to_string(kScheduleFormatVersion) + "); re-run nanoplan plan");
   if (!j.contains("model") || !j.contains("setup") || !j.contains("stages"))

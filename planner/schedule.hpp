@@ -16,7 +16,8 @@
 
 namespace np {
 
-inline constexpr int kScheduleFormatVersion = 1;
+// Version 2: the norms' backward allocates its per-row statistics (a workspace version 1 lacked).
+inline constexpr int kScheduleFormatVersion = 2;
 
 enum class Category : uint8_t { kWeight, kGradient, kOptimizer, kActivation, kTransient };
 inline constexpr int kCategories = 5;
