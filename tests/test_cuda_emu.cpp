@@ -592,5 +592,34 @@ TEST(CudaKernels, EmbeddingBackwardAcrossTilesAndChunks) {
   expect_close(dw.get(), want, 1e-6, "embedding dW over tiles and chunks");
 }
 
+// The eager path's causal softmax (rows of 37 positions, more than one warp's worth of keys only
+// late in the sequence) and its backward, against a double reference.
+TEST(CudaKernels, CausalSoftmaxForwardAndBackward) {
+  const int64_t b = 2, heads = 3, s = 37, d = 8, n = b * heads * s * s;
+  for (Dtype dt : {Dtype::kFp32, Dtype::kBf16}) {
+    auto xv = random_values(n, 101, -4, 4), gv = random_values(n, 102);
+    DeviceTensor x({b, heads, s, s}, dt), p({b, heads, s, s}, dt), g({b, heads, s, s}, dt),
+        dx({b, heads, s, s}, dt);
+    x.set(xv), g.set(gv);
+    causal_softmax_forward(x.t, p.t, d, nullptr);
+    causal_softmax_backward(p.t, g.t, dx.t, false, d, nullptr);
+    std::vector<double> pr(n, 0.0), dr(n, 0.0);
+    const double scale = 1 / std::sqrt(double(d));
+    auto pv = p.get();  // the backward reads the stored (rounded) probabilities
+    for (int64_t r = 0; r < n / s; ++r) {
+      int64_t i = r % s;
+      double m = -1e300, z = 0, dot = 0;
+      for (int64_t j = 0; j <= i; ++j) m = std::max(m, scale * xv[r * s + j]);
+      for (int64_t j = 0; j <= i; ++j) z += std::exp(scale * xv[r * s + j] - m);
+      for (int64_t j = 0; j <= i; ++j) pr[r * s + j] = std::exp(scale * xv[r * s + j] - m) / z;
+      for (int64_t j = 0; j < s; ++j) dot += pv[r * s + j] * gv[r * s + j];
+      for (int64_t j = 0; j < s; ++j) dr[r * s + j] = scale * pv[r * s + j] * (gv[r * s + j] - dot);
+    }
+    std::string name = dt == Dtype::kBf16 ? "bf16" : "fp32";
+    expect_close(pv, pr, tolerance(dt), "softmax " + name);
+    expect_close(dx.get(), dr, tolerance(dt), "softmax backward " + name);
+  }
+}
+
 }  // namespace
 }  // namespace np::cuda

@@ -188,6 +188,33 @@ __global__ void dq_to_dx_kernel(const float* dq, View dx, bool acc_in, Geo g) {
   st(dx, x, acc_in ? ld(dx, x) + dq[e] : dq[e]);
 }
 
+// Eager path: probs = causal softmax(scale * scores) per row of {b, heads, s, s} (a block per
+// row; entries above the diagonal become 0), and its backward dx = scale p (g - sum_j p g).
+__global__ void causal_softmax_kernel(View x, View out, long long s, float scale) {
+  long long row = blockIdx.x, i = row % s;
+  float m = -INFINITY;
+  for (long long j = threadIdx.x; j <= i; j += kThreads) m = fmaxf(m, scale * ld(x, row * s + j));
+  m = block_max(m);
+  float z = 0;
+  for (long long j = threadIdx.x; j <= i; j += kThreads) z += __expf(scale * ld(x, row * s + j) - m);
+  z = block_sum(z);
+  for (long long j = threadIdx.x; j < s; j += kThreads)
+    st(out, row * s + j, j <= i ? __expf(scale * ld(x, row * s + j) - m) / z : 0.0f);
+}
+
+__global__ void causal_softmax_backward_kernel(View p, View g, View dx, bool acc, long long s,
+                                               float scale) {
+  long long row = blockIdx.x;
+  float dot = 0;
+  for (long long j = threadIdx.x; j < s; j += kThreads) dot += ld(p, row * s + j) * ld(g, row * s + j);
+  dot = block_sum(dot);
+  for (long long j = threadIdx.x; j < s; j += kThreads) {
+    long long e = row * s + j;
+    float d = scale * ld(p, e) * (ld(g, e) - dot);
+    st(dx, e, acc ? ld(dx, e) + d : d);
+  }
+}
+
 Geo geometry(const AttentionShape& a, const Tensor& qkv) {
   need(a.batch > 0 && a.seq > 0 && a.q_heads > 0 && a.kv_heads > 0 && a.head_dim > 0 &&
            a.q_heads % a.kv_heads == 0 && a.head_dim <= kMaxD,
@@ -209,6 +236,32 @@ void flash_attention_forward(const AttentionShape& a, const Tensor& qkv, const T
   dim3 grid(static_cast<unsigned>((g.s + kRows - 1) / kRows), static_cast<unsigned>(g.b * g.hq));
   np_launch(flash_forward_kernel, grid, dim3(kRows), 2 * kTile * g.d * sizeof(float), stream,
             view(qkv), view(out), lse.as<float>(), g);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void causal_softmax_forward(const Tensor& scores, const Tensor& probs, long long head_dim,
+                            cudaStream_t stream) {
+  need(scores.type.shape.size() == 4 && scores.type.shape[2] == scores.type.shape[3] &&
+           probs.numel() == scores.numel() && head_dim > 0,
+       "softmax: needs {b, heads, s, s} scores and head_dim");
+  long long s = scores.type.shape[3], rows = scores.numel() / s;
+  if (rows == 0) return;
+  np_launch(causal_softmax_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), kReduceShared,
+            stream, view(scores), view(probs), s,
+            static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))));
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void causal_softmax_backward(const Tensor& probs, const Tensor& dprobs, const Tensor& dscores,
+                             bool accumulate, long long head_dim, cudaStream_t stream) {
+  need(probs.type.shape.size() == 4 && dprobs.numel() == probs.numel() &&
+           dscores.numel() == probs.numel() && head_dim > 0,
+       "softmax backward: shapes do not agree");
+  long long s = probs.type.shape[3], rows = probs.numel() / s;
+  if (rows == 0) return;
+  np_launch(causal_softmax_backward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
+            kReduceShared, stream, view(probs), view(dprobs), view(dscores), accumulate, s,
+            static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))));
   NP_CUDA_CHECK_LAUNCH();
 }
 

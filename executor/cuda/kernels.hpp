@@ -78,6 +78,12 @@ void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const 
                               bool accumulate, const Tensor& dq, const Tensor& rowsum,
                               cudaStream_t stream);
 
+// Eager attention's softmax over {b, heads, s, s} scores: probs = causal softmax(scores /
+// sqrt(head_dim)) along the last dim, 0 above the diagonal; the backward reads probs only.
+void causal_softmax_forward(const Tensor& scores, const Tensor& probs, long long head_dim,
+                            cudaStream_t stream);
+void causal_softmax_backward(const Tensor& probs, const Tensor& dprobs, const Tensor& dscores,
+                             bool accumulate, long long head_dim, cudaStream_t stream);
 // Vocabulary-parallel token embedding: out[t] = W[id - tp_rank * vocab_shard] where this rank's
 // shard holds the id, else 0.
 void embedding_forward(const Tensor& ids, const Tensor& w, const Tensor& out, long long tp_rank,
