@@ -1,0 +1,373 @@
+// The CUDA backend: op dispatch onto the kernels, with the CPU reference's allocation contract
+// (outputs in op-table order, then the op table's workspaces; an input gradient accumulated when
+// BackwardArgs holds one, else allocated as AllocRole::kGradInput).
+#include <cmath>
+#include <vector>
+
+#include "executor/cuda/cuda_backend.hpp"
+#include "executor/cuda/kernels.hpp"
+
+namespace np::cuda {
+namespace {
+
+using exec::AllocRole;
+using exec::BackwardArgs;
+using exec::OpContext;
+
+constexpr float kEps = 1e-5f;
+
+[[noreturn]] void unsupported(const OpContext& c, const char* why) {
+  throw std::runtime_error(std::string("cuda backend: ") + c.op->name + " (" +
+                           name_of(c.op->kind) + "): " + why);
+}
+
+const Tensor& need(std::span<const Tensor> ts, size_t i, const char* what) {
+  if (i >= ts.size() || !ts[i]) throw std::invalid_argument(std::string("cuda backend: missing ") + what);
+  return ts[i];
+}
+
+TensorType with_rows(TensorType t, int64_t rows) {
+  t.shape.at(0) = rows;
+  return t;
+}
+
+// Global index of the first row of a token tensor with `rows` rows (the CPU reference's rule).
+int64_t first_row(const OpContext& c, int64_t rows) {
+  return rows == c.setup->seq_len * c.setup->micro_batch ? 0 : c.token_offset;
+}
+
+class CudaBackend final : public exec::Backend {
+ public:
+  CudaBackend() { NP_CUBLAS_CHECK(cublasCreate(&blas_)); }
+  ~CudaBackend() override { cublasDestroy(blas_); }
+  const char* name() const override { return "cuda"; }
+
+  // ---- device memory ----
+  void* allocate(int64_t bytes) override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, static_cast<size_t>(bytes)) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky error: the allocator reports the refusal
+      return nullptr;
+    }
+    return p;
+  }
+  void release(void* p) override { NP_CUDA_CHECK(cudaFree(p)); }
+  void fill_bytes(void* p, uint8_t value, int64_t bytes) override {
+    NP_CUDA_CHECK(cudaMemset(p, value, static_cast<size_t>(bytes)));
+  }
+  void copy_to_host(void* dst, const Tensor& src) override {
+    NP_CUDA_CHECK(cudaMemcpy(dst, src.data, static_cast<size_t>(src.bytes()), cudaMemcpyDeviceToHost));
+  }
+  void copy_from_host(const Tensor& dst, const void* src) override {
+    NP_CUDA_CHECK(cudaMemcpy(dst.data, src, static_cast<size_t>(dst.bytes()), cudaMemcpyHostToDevice));
+  }
+
+  // ---- device operations around the ops ----
+  void fill(const Tensor& t, float value) override { cuda::fill(t, value, stream_); }
+  void copy_elements(const Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
+                     int64_t n) override {
+    cuda::copy_elements(dst, dst_offset, src, src_offset, n, stream_);
+  }
+  void optimizer_update(const exec::OptimizerUpdate& u) override {
+    if (u.kind == Optimizer::kNone) return;
+    if (u.kind == Optimizer::kSgd) return sgd_step(u.grad, u.master, u.lr, stream_);
+    adamw_step(u.grad, u.master, u.m, u.v, u.lr, u.beta1, u.beta2, u.eps, u.weight_decay, u.step,
+               stream_);
+  }
+  // In index order, in double, on the host (the loss readout: one fp32 per token).
+  double sum(const Tensor& t) override {
+    std::vector<uint8_t> host(static_cast<size_t>(t.bytes()));
+    copy_to_host(host.data(), t);
+    Tensor h{host.data(), t.type};
+    double s = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) s += exec::load(h, i);
+    return s;
+  }
+
+  // ---- ops ----
+  std::vector<Tensor> forward(const OpContext& c, std::span<const Tensor> in,
+                              std::span<const Tensor> w) override {
+    const GraphOp& op = *c.op;
+    auto out = [&](const TensorType& t) { return c.alloc(t, AllocRole::kOutput); };
+    auto ws = [&](const TensorType& t) { return c.alloc(t, AllocRole::kWorkspace); };
+    const Dtype act = Dtype::kBf16;
+    switch (op.kind) {
+      case OpKind::kEmbedding: {
+        const Tensor &ids = need(in, 0, "ids"), &W = need(w, 0, "embedding weight");
+        Tensor y = out({{ids.numel(), W.type.shape.at(1)}, act});
+        embedding_forward(ids, W, y, c.tp_rank, stream_);
+        return {y};
+      }
+      case OpKind::kPosEmbedding: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out(x.type);
+        pos_embedding_forward(x, need(w, 0, "position weight"), y,
+                              first_row(c, x.type.shape.at(0)), c.setup->micro_batch, stream_);
+        return {y};
+      }
+      case OpKind::kRmsNorm: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out(x.type);
+        rmsnorm_forward(x, need(w, 0, "weight"), y, kEps, stream_);
+        return {y};
+      }
+      case OpKind::kLayerNorm: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out(x.type);
+        layernorm_forward(x, need(w, 0, "weight"), need(w, 1, "bias"), y, kEps, stream_);
+        return {y};
+      }
+      case OpKind::kAllGather: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out(with_rows(x.type, x.type.shape.at(0) * c.comm->tp_size()));
+        c.comm->all_gather(x, y);
+        return {y};
+      }
+      case OpKind::kReduceScatter: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out(with_rows(x.type, x.type.shape.at(0) / c.comm->tp_size()));
+        c.comm->reduce_scatter(x, y);
+        return {y};
+      }
+      case OpKind::kAllReduce: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out(x.type);
+        NP_CUDA_CHECK(cudaMemcpy(y.data, x.data, static_cast<size_t>(x.bytes()), cudaMemcpyDeviceToDevice));
+        c.comm->all_reduce(y);
+        return {y};
+      }
+      case OpKind::kColumnLinear:
+      case OpKind::kRowLinear: {
+        const Tensor &x = need(in, 0, "input"), &W = need(w, 0, "weight");
+        Tensor y = out({{x.type.shape.at(0), W.type.shape.at(0)}, act});
+        bool bias = w.size() > 1 && (op.kind == OpKind::kColumnLinear || c.tp_rank == 0);
+        linear_forward(blas_, x, W, bias ? &w[1] : nullptr, y, stream_);
+        return {y};
+      }
+      case OpKind::kRope: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out(x.type);
+        rope_apply(c, x, y, 1.0f);
+        return {y};
+      }
+      case OpKind::kFlashAttention: {
+        const OpAttrs& a = op.attrs;
+        const Tensor& qkv = need(in, 0, "qkv");
+        Tensor y = out({{a.batch * a.seq, a.heads * a.head_dim}, act}),
+               lse = out({{a.batch, a.heads, a.seq}, Dtype::kFp32});
+        flash_attention_forward({a.batch, a.seq, a.heads, a.kv_heads, a.head_dim}, qkv, y, lse,
+                                stream_);
+        return {y, lse};
+      }
+      case OpKind::kSoftmax: {
+        const Tensor& x = need(in, 0, "scores");
+        Tensor y = out(x.type);
+        causal_softmax_forward(x, y, op.attrs.head_dim, stream_);
+        return {y};
+      }
+      case OpKind::kDropout: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out(x.type), mask = out({x.type.shape, Dtype::kU8});
+        const std::vector<int64_t>& sh = x.type.shape;
+        DropoutLayout l;
+        if (sh.size() == 4) {
+          l.probs = true, l.heads_local = sh[1], l.seq = sh[2], l.tp = c.setup->tp, l.tp_rank = c.tp_rank;
+        } else {
+          l.width = x.numel() / sh.at(0), l.first_row = first_row(c, sh.at(0));
+        }
+        uint64_t stream_id = exec::dropout_stream(c) ^ (static_cast<uint64_t>(c.mb) * 0x9E3779B97F4A7C15ull);
+        dropout_forward(x, y, mask, static_cast<float>(c.model->dropout), c.seed, stream_id, l, stream_);
+        return {y, mask};
+      }
+      case OpKind::kSwiGlu: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out({{x.type.shape.at(0), x.type.shape.at(1) / 2}, act});
+        swiglu_forward(x, y, stream_);
+        return {y};
+      }
+      case OpKind::kGelu: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out(x.type);
+        gelu_forward(x, y, stream_);
+        return {y};
+      }
+      case OpKind::kAdd: {
+        const Tensor& x = need(in, 0, "input a");
+        Tensor y = out(x.type);
+        add(x, need(in, 1, "input b"), y, stream_);
+        return {y};
+      }
+      case OpKind::kCrossEntropy: {
+        const Tensor &logits = need(in, 0, "logits"), &targets = need(in, 1, "targets");
+        int64_t T = logits.type.shape.at(0), V = logits.type.shape.at(1);
+        Tensor loss = out({{T}, Dtype::kFp32}), sm = out({{T, V}, Dtype::kFp32});
+        Tensor mx = ws({{T}, Dtype::kFp32}), se = ws({{T}, Dtype::kFp32}), tg = ws({{T}, Dtype::kFp32});
+        cross_entropy_max(logits, mx, stream_);
+        int64_t tp = c.comm ? c.comm->tp_size() : 1;
+        if (tp > 1) global_max(c, mx, tp);
+        cross_entropy_exp_sum(logits, targets, mx, sm, se, tg, c.tp_rank, stream_);
+        if (tp > 1) c.comm->all_reduce(se), c.comm->all_reduce(tg);
+        cross_entropy_finalize(sm, se, mx, tg, loss, stream_);
+        return {loss, sm, mx, se, tg};
+      }
+      default:
+        unsupported(c, "not written for the CUDA backend yet");
+    }
+  }
+
+  void backward(const OpContext& c, const BackwardArgs& a) override {
+    const GraphOp& op = *c.op;
+    auto ws = [&](const TensorType& t) { return c.alloc(t, AllocRole::kWorkspace); };
+    // The gradient of input k: the one already there (accumulate) or a new one of type t.
+    auto grad = [&](int k, const TensorType& t, bool& acc) -> Tensor& {
+      Tensor& dst = a.grad_inputs[static_cast<size_t>(k)];
+      acc = static_cast<bool>(dst);
+      if (!dst) dst = c.alloc(t, AllocRole::kGradInput);
+      return dst;
+    };
+    // An input gradient that equals a tensor already held (collectives, add): copied or added.
+    auto pass = [&](int k, const Tensor& g) {
+      bool acc = false;
+      Tensor& dst = grad(k, g.type, acc);
+      if (acc) accumulate(dst, g, stream_);
+      else NP_CUDA_CHECK(cudaMemcpy(dst.data, g.data, static_cast<size_t>(g.bytes()), cudaMemcpyDeviceToDevice));
+    };
+    bool acc = false;
+    switch (op.kind) {
+      case OpKind::kEmbedding:
+        return embedding_backward(need(a.inputs, 0, "ids"), need(a.grad_outputs, 0, "gradient"),
+                                  need(a.weight_grads, 0, "weight gradient"), c.tp_rank, stream_);
+      case OpKind::kPosEmbedding: {
+        const Tensor& g = need(a.grad_outputs, 0, "gradient");
+        pass(0, g);
+        return pos_embedding_backward(g, need(a.weight_grads, 0, "weight gradient"),
+                                      first_row(c, g.type.shape.at(0)), c.setup->micro_batch, stream_);
+      }
+      case OpKind::kRmsNorm: {
+        const Tensor& x = need(a.inputs, 0, "input");
+        Tensor rstd = ws({{x.type.shape.at(0)}, Dtype::kFp32});
+        Tensor& dx = grad(0, x.type, acc);
+        return rmsnorm_backward(x, need(a.weights, 0, "weight"), need(a.grad_outputs, 0, "gradient"),
+                                dx, acc, need(a.weight_grads, 0, "weight gradient"), rstd, kEps, stream_);
+      }
+      case OpKind::kLayerNorm: {
+        const Tensor& x = need(a.inputs, 0, "input");
+        Tensor mean = ws({{x.type.shape.at(0)}, Dtype::kFp32}), rstd = ws({{x.type.shape.at(0)}, Dtype::kFp32});
+        Tensor& dx = grad(0, x.type, acc);
+        return layernorm_backward(x, need(a.weights, 0, "weight"), need(a.grad_outputs, 0, "gradient"),
+                                  dx, acc, need(a.weight_grads, 0, "weight gradient"),
+                                  need(a.weight_grads, 1, "bias gradient"), mean, rstd, kEps, stream_);
+      }
+      case OpKind::kAllGather:
+      case OpKind::kReduceScatter: {
+        const Tensor& g = need(a.grad_outputs, 0, "gradient");
+        int64_t tp = c.comm->tp_size(), rows = g.type.shape.at(0);
+        TensorType t = with_rows(g.type, op.kind == OpKind::kAllGather ? rows / tp : rows * tp);
+        if (a.grad_inputs[0]) unsupported(c, "accumulating a collective's input gradient needs a planned buffer");
+        Tensor& dst = grad(0, t, acc);
+        if (op.kind == OpKind::kAllGather) c.comm->reduce_scatter(g, dst);
+        else c.comm->all_gather(g, dst);
+        return;
+      }
+      case OpKind::kAllReduce:
+        return pass(0, need(a.grad_outputs, 0, "gradient"));
+      case OpKind::kColumnLinear:
+      case OpKind::kRowLinear: {
+        const Tensor& x = need(a.inputs, 0, "input");
+        bool reduce = op.bwd_collective == "all_reduce";
+        if (reduce && a.grad_inputs[0]) unsupported(c, "accumulating an all-reduced input gradient needs a planned buffer");
+        Tensor& dx = grad(0, x.type, acc);
+        linear_backward(blas_, x, need(a.weights, 0, "weight"), need(a.grad_outputs, 0, "gradient"),
+                        &dx, acc, need(a.weight_grads, 0, "weight gradient"),
+                        a.weight_grads.size() > 1 ? &a.weight_grads[1] : nullptr, stream_);
+        if (reduce) c.comm->all_reduce(dx);  // bf16 partial sums (the CPU reduces fp32 ones)
+        return;
+      }
+      case OpKind::kRope: {
+        const Tensor& g = need(a.grad_outputs, 0, "gradient");
+        if (a.grad_inputs[0]) unsupported(c, "accumulating RoPE's input gradient needs a planned buffer");
+        Tensor& dx = grad(0, g.type, acc);
+        return rope_apply(c, g, dx, -1.0f);
+      }
+      case OpKind::kFlashAttention: {
+        const OpAttrs& s = op.attrs;
+        const Tensor& qkv = need(a.inputs, 0, "qkv");
+        Tensor dq = ws({{s.batch * s.seq, s.heads * s.head_dim}, Dtype::kFp32}),
+               rowsum = ws({{s.batch, s.heads, s.seq}, Dtype::kFp32});
+        Tensor& dx = grad(0, qkv.type, acc);
+        return flash_attention_backward({s.batch, s.seq, s.heads, s.kv_heads, s.head_dim}, qkv,
+                                        need(a.outputs, 0, "output"), need(a.outputs, 1, "logsumexp"),
+                                        need(a.grad_outputs, 0, "gradient"), dx, acc, dq, rowsum, stream_);
+      }
+      case OpKind::kSoftmax: {
+        const Tensor& p = need(a.outputs, 0, "probabilities");
+        Tensor& dx = grad(0, p.type, acc);
+        return causal_softmax_backward(p, need(a.grad_outputs, 0, "gradient"), dx, acc,
+                                       op.attrs.head_dim, stream_);
+      }
+      case OpKind::kDropout: {
+        const Tensor& g = need(a.grad_outputs, 0, "gradient");
+        Tensor& dx = grad(0, g.type, acc);
+        return dropout_backward(g, need(a.outputs, 1, "mask"), dx, acc,
+                                static_cast<float>(c.model->dropout), stream_);
+      }
+      case OpKind::kSwiGlu: {
+        const Tensor& x = need(a.inputs, 0, "input");
+        Tensor& dx = grad(0, x.type, acc);
+        return swiglu_backward(x, need(a.grad_outputs, 0, "gradient"), dx, acc, stream_);
+      }
+      case OpKind::kGelu: {
+        const Tensor& x = need(a.inputs, 0, "input");
+        Tensor& dx = grad(0, x.type, acc);
+        return gelu_backward(x, need(a.grad_outputs, 0, "gradient"), dx, acc, stream_);
+      }
+      case OpKind::kAdd: {
+        const Tensor& g = need(a.grad_outputs, 0, "gradient");
+        pass(0, g);
+        return pass(1, g);
+      }
+      case OpKind::kCrossEntropy: {
+        const Tensor& sm = need(a.outputs, 1, "softmax");
+        Dtype dt = a.inputs[0] && !a.inputs[0].type.shape.empty() ? a.inputs[0].type.dtype : Dtype::kBf16;
+        Tensor& dl = grad(0, {sm.type.shape, dt}, acc);
+        return cross_entropy_backward(sm, need(a.inputs, 1, "targets"), dl, acc, c.tp_rank,
+                                      c.loss_scale, stream_);
+      }
+      default:
+        unsupported(c, "not written for the CUDA backend yet");
+    }
+  }
+
+ private:
+  void rope_apply(const OpContext& c, const Tensor& in, const Tensor& out, float sign) {
+    int64_t tp = c.setup->tp, rows = in.type.shape.at(0);
+    rope(in, out, c.model->heads / tp, c.model->kv_heads / tp, c.model->head_dim,
+         first_row(c, rows), c.setup->micro_batch, sign, stream_);
+  }
+  // mx = the maximum over the TP group, through an all-gather of every rank's maxima (host
+  // staging outside the device model, as the CPU reference's).
+  void global_max(const OpContext& c, const Tensor& mx, int64_t tp) {
+    int64_t T = mx.numel();
+    std::vector<float> all(static_cast<size_t>(tp * T));
+    Tensor gathered{all.data(), {{tp * T}, Dtype::kFp32}};
+    c.comm->all_gather(mx, gathered);
+    std::vector<float> best(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      float v = all[static_cast<size_t>(t)];
+      for (int64_t q = 1; q < tp; ++q) v = std::max(v, all[static_cast<size_t>(q * T + t)]);
+      best[static_cast<size_t>(t)] = v;
+    }
+    copy_from_host(mx, best.data());
+  }
+
+  cublasHandle_t blas_ = nullptr;
+  cudaStream_t stream_ = nullptr;  // the default stream: kernels run in issue order
+};
+
+}  // namespace
+
+std::unique_ptr<exec::Backend> make_cuda_backend() {
+  return std::make_unique<CudaBackend>();
+}
+
+}  // namespace np::cuda

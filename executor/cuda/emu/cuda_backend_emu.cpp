@@ -1,0 +1,2 @@
+// The emulation build of executor/cuda/cuda_backend.cu.
+#include "executor/cuda/cuda_backend.cu"
