@@ -10,8 +10,9 @@ struct GpuProbe {
 };
 GpuProbe probe_gpus();
 
-// Whether the CUDA backend runs a whole training step yet (it does not: its kernels are being
-// written op family by op family; README, "The CUDA backend").
+// Whether `run --backend cuda` may use the CUDA backend (not yet: it runs dense models through the
+// emulation, but MoE, the eager attention GEMMs and the NCCL collectives are missing and it has
+// not run on a GPU; README, "The CUDA backend").
 constexpr bool kBackendComplete = false;
 
 }  // namespace np::cuda
