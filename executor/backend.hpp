@@ -93,6 +93,15 @@ class Backend : public DeviceMemory {
   virtual void backward(const OpContext& ctx, const BackwardArgs& args) = 0;
 };
 
+// The norms' epsilon (RMSNorm and LayerNorm), the same in every backend.
+inline constexpr double kNormEps = 1e-5;
+
+// Global index (within the micro-batch's s*b tokens) of the first row of a token tensor with
+// `rows` rows: 0 when it holds the full sequence, else the context's sequence-shard offset.
+inline int64_t first_token_row(const OpContext& ctx, int64_t rows) {
+  return rows == ctx.setup->seq_len * ctx.setup->micro_batch ? 0 : ctx.token_offset;
+}
+
 // Counter-based uniform random number in [0, 1) for (seed, stream, index): the same triple gives
 // the same number on every run, rank, recompute and backend (GPU kernels implement the same hash).
 float counter_uniform(uint64_t seed, uint64_t stream, uint64_t index);

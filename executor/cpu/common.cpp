@@ -24,7 +24,7 @@ Tensor Env::alloc(const TensorType& type, AllocRole role) const {
 }
 
 int64_t Env::first_row(int64_t rows) const {
-  return rows == ctx.setup->seq_len * ctx.setup->micro_batch ? 0 : ctx.token_offset;
+  return first_token_row(ctx, rows);
 }
 
 Communicator& Env::comm() const {

@@ -7,7 +7,7 @@
 namespace np::exec::cpu {
 
 namespace {
-constexpr double kEps = 1e-5;
+constexpr double kEps = kNormEps;
 }  // namespace
 
 // ---- RmsNorm: y = x * rsqrt(mean(x^2) + eps) * w ------------------------------------------------

@@ -14,7 +14,7 @@ using exec::AllocRole;
 using exec::BackwardArgs;
 using exec::OpContext;
 
-constexpr float kEps = 1e-5f;
+constexpr float kEps = static_cast<float>(exec::kNormEps);
 
 [[noreturn]] void unsupported(const OpContext& c, const char* why) {
   throw std::runtime_error(std::string("cuda backend: ") + c.op->name + " (" +
@@ -31,10 +31,7 @@ TensorType with_rows(TensorType t, int64_t rows) {
   return t;
 }
 
-// Global index of the first row of a token tensor with `rows` rows (the CPU reference's rule).
-int64_t first_row(const OpContext& c, int64_t rows) {
-  return rows == c.setup->seq_len * c.setup->micro_batch ? 0 : c.token_offset;
-}
+int64_t first_row(const OpContext& c, int64_t rows) { return exec::first_token_row(c, rows); }
 
 class CudaBackend final : public exec::Backend {
  public:
