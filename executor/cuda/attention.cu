@@ -37,10 +37,20 @@ __device__ void load_kv_tile(View qkv, const Geo& g, long long bi, long long h, 
   }
 }
 
-// Causal: the last key position any query row of this block sees.
-__device__ long long last_key(const Geo& g) {
+// Causal: every key j <= i of this thread's query row i, tile by tile through shared memory (ks,
+// vs: kTile keys and values); visit(jj) sees key j0 + jj at row jj of the tile. All threads of the
+// block take part in the loads, also those past the sequence (active false).
+template <typename Visit>
+__device__ void for_each_causal_key(View qkv, const Geo& g, long long bi, long long h, long long i,
+                                    bool active, float* ks, float* vs, Visit visit) {
   long long last = static_cast<long long>(blockIdx.x) * kRows + kRows - 1;
-  return last < g.s ? last : g.s - 1;
+  if (last >= g.s) last = g.s - 1;
+  for (long long j0 = 0; j0 <= last; j0 += kTile) {
+    load_kv_tile(qkv, g, bi, h, j0, ks, vs);
+    __syncthreads();
+    for (long long jj = 0; jj < kTile && active && j0 + jj <= i; ++jj) visit(jj);
+    __syncthreads();  // the tile is overwritten next
+  }
 }
 
 // Block (x: a tile of kRows query positions, y: batch * q head); thread: one query row.
@@ -55,23 +65,15 @@ __global__ void flash_forward_kernel(View qkv, View out, float* lse, Geo g) {
   for (long long c = 0; c < g.d; ++c) q[c] = active ? ld(qkv, ti * g.width + g.q_col(h) + c) : 0.f;
   for (long long c = 0; c < g.d; ++c) acc[c] = 0;
   float m = -INFINITY, l = 0;
-  long long last = last_key(g);
-  for (long long j0 = 0; j0 <= last; j0 += kTile) {
-    load_kv_tile(qkv, g, bi, h, j0, ks, vs);
-    __syncthreads();
-    for (long long jj = 0; jj < kTile && active; ++jj) {
-      long long j = j0 + jj;
-      if (j > i) break;
-      float sc = 0;
-      for (long long c = 0; c < g.d; ++c) sc += q[c] * ks[jj * g.d + c];
-      sc *= g.scale;
-      float m2 = fmaxf(m, sc), corr = __expf(m - m2), p = __expf(sc - m2);
-      l = l * corr + p;
-      for (long long c = 0; c < g.d; ++c) acc[c] = acc[c] * corr + p * vs[jj * g.d + c];
-      m = m2;
-    }
-    __syncthreads();  // the tile is overwritten next
-  }
+  for_each_causal_key(qkv, g, bi, h, i, active, ks, vs, [&](long long jj) {
+    float sc = 0;
+    for (long long c = 0; c < g.d; ++c) sc += q[c] * ks[jj * g.d + c];
+    sc *= g.scale;
+    float m2 = fmaxf(m, sc), corr = __expf(m - m2), p = __expf(sc - m2);
+    l = l * corr + p;
+    for (long long c = 0; c < g.d; ++c) acc[c] = acc[c] * corr + p * vs[jj * g.d + c];
+    m = m2;
+  });
   if (!active) return;
   for (long long c = 0; c < g.d; ++c) st(out, ti * g.hq * g.d + g.q_col(h) + c, acc[c] / l);
   lse[g.stat(bi, h, i)] = m + __logf(l);
@@ -106,20 +108,12 @@ __global__ void flash_dq_kernel(View qkv, View dout, const float* lse, const flo
     acc[c] = 0;
   }
   float li = active ? lse[g.stat(bi, h, i)] : 0.f, di = active ? D[g.stat(bi, h, i)] : 0.f;
-  long long last = last_key(g);
-  for (long long j0 = 0; j0 <= last; j0 += kTile) {
-    load_kv_tile(qkv, g, bi, h, j0, ks, vs);
-    __syncthreads();
-    for (long long jj = 0; jj < kTile && active; ++jj) {
-      long long j = j0 + jj;
-      if (j > i) break;
-      float sc = 0, dv = 0;
-      for (long long c = 0; c < g.d; ++c) sc += q[c] * ks[jj * g.d + c], dv += go[c] * vs[jj * g.d + c];
-      float p = __expf(g.scale * sc - li), ds = p * (dv - di);
-      for (long long c = 0; c < g.d; ++c) acc[c] += g.scale * ds * ks[jj * g.d + c];
-    }
-    __syncthreads();
-  }
+  for_each_causal_key(qkv, g, bi, h, i, active, ks, vs, [&](long long jj) {
+    float sc = 0, dv = 0;
+    for (long long c = 0; c < g.d; ++c) sc += q[c] * ks[jj * g.d + c], dv += go[c] * vs[jj * g.d + c];
+    float p = __expf(g.scale * sc - li), ds = p * (dv - di);
+    for (long long c = 0; c < g.d; ++c) acc[c] += g.scale * ds * ks[jj * g.d + c];
+  });
   if (!active) return;
   for (long long c = 0; c < g.d; ++c) dq[ti * g.hq * g.d + g.q_col(h) + c] = acc[c];
 }
