@@ -621,5 +621,62 @@ TEST(CudaKernels, CausalSoftmaxForwardAndBackward) {
   }
 }
 
+// Eager attention's GEMMs through cuBLAS (strided batches over each key-value head's group of
+// three query heads, an odd sequence length, batch 2): scores = Q K^T with 0 above the diagonal,
+// context = P V, and their backwards (dqkv written over poison for scores, accumulated onto a
+// prior value for context; dprobs 0 above the diagonal), against a direct evaluation.
+TEST(CudaKernels, EagerAttentionGemms) {
+  const int64_t b = 2, s = 37, hq = 6, hkv = 2, d = 8, width = (hq + 2 * hkv) * d, T = b * s;
+  const AttentionShape shape{b, s, hq, hkv, d};
+  cublasHandle_t blas = nullptr;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  auto lower = [&](std::vector<double> v) {  // zero above the diagonal of {b, hq, s, s}
+    for (size_t e = 0; e < v.size(); ++e)
+      if (int64_t(e) % s > (int64_t(e) / s) % s) v[e] = 0;
+    return v;
+  };
+  for (Dtype dt : {Dtype::kFp32, Dtype::kBf16}) {
+    auto xv = random_values(T * width, 51), pv = lower(random_values(b * hq * s * s, 52)),
+         gsv = lower(random_values(b * hq * s * s, 53)), gov = random_values(T * hq * d, 54),
+         prior = random_values(T * width, 55);
+    DeviceTensor qkv({T, width}, dt), sc({b, hq, s, s}, dt), dx1({T, width}, dt),
+        probs({b, hq, s, s}, dt), gs({b, hq, s, s}, dt), ctx({T, hq * d}, dt),
+        dout({T, hq * d}, dt), dp({b, hq, s, s}, dt), dx2({T, width}, dt);
+    qkv.set(xv), probs.set(pv), gs.set(gsv), dout.set(gov), dx2.set(prior);
+    attn_scores_forward(blas, shape, qkv.t, sc.t, nullptr);
+    attn_scores_backward(blas, shape, qkv.t, gs.t, dx1.t, false, nullptr);
+    attn_context_forward(blas, shape, probs.t, qkv.t, ctx.t, nullptr);
+    attn_context_backward(blas, shape, probs.t, qkv.t, dout.t, dp.t, false, dx2.t, true, nullptr);
+    std::vector<double> scr(b * hq * s * s, 0.0), dx1r(T * width, 0.0), ctxr(T * hq * d, 0.0),
+        dpr(b * hq * s * s, 0.0), dx2r = prior;
+    auto x = [&](int64_t bi, int64_t pos, int64_t col) { return xv[(pos * b + bi) * width + col]; };
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t h = 0; h < hq; ++h) {
+        int64_t qc = h * d, kc = (hq + h / (hq / hkv)) * d, vc = (hq + hkv + h / (hq / hkv)) * d;
+        for (int64_t i = 0; i < s; ++i)
+          for (int64_t j = 0; j <= i; ++j) {
+            int64_t e = ((bi * hq + h) * s + i) * s + j, ti = i * b + bi, tj = j * b + bi;
+            double dpe = 0;
+            for (int64_t c = 0; c < d; ++c) {
+              scr[e] += x(bi, i, qc + c) * x(bi, j, kc + c);
+              dx1r[ti * width + qc + c] += gsv[e] * x(bi, j, kc + c);
+              dx1r[tj * width + kc + c] += gsv[e] * x(bi, i, qc + c);
+              ctxr[ti * hq * d + qc + c] += pv[e] * x(bi, j, vc + c);
+              dpe += gov[ti * hq * d + qc + c] * x(bi, j, vc + c);
+              dx2r[tj * width + vc + c] += pv[e] * gov[ti * hq * d + qc + c];
+            }
+            dpr[e] = dpe;
+          }
+      }
+    std::string name = dt == Dtype::kBf16 ? " bf16" : " fp32";
+    expect_close(sc.get(), scr, tolerance(dt), "scores" + name);
+    expect_close(dx1.get(), dx1r, tolerance(dt), "scores dqkv" + name);
+    expect_close(ctx.get(), ctxr, tolerance(dt), "context" + name);
+    expect_close(dp.get(), dpr, tolerance(dt), "context dprobs" + name);
+    expect_close(dx2.get(), dx2r, tolerance(dt), "context dqkv (accumulated)" + name);
+  }
+  cublasDestroy(blas);
+}
+
 }  // namespace
 }  // namespace np::cuda

@@ -209,6 +209,12 @@ __global__ void causal_softmax_backward_kernel(View p, View g, View dx, bool acc
   }
 }
 
+// Entries above the diagonal of {.., s, s} matrices (n elements) become 0.
+__global__ void causal_zero_kernel(View t, long long s, long long n) {
+  long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e < n && e % s > (e / s) % s) st(t, e, 0.0f);
+}
+
 Geo geometry(const AttentionShape& a, const Tensor& qkv) {
   need(a.batch > 0 && a.seq > 0 && a.q_heads > 0 && a.kv_heads > 0 && a.head_dim > 0 &&
            a.q_heads % a.kv_heads == 0 && a.head_dim <= kMaxD,
@@ -219,7 +225,108 @@ Geo geometry(const AttentionShape& a, const Tensor& qkv) {
   return g;
 }
 
+// Element e of t (an operand of gemm_rows).
+MatArg mat(const Tensor& t, long long e, long long ld, long long stride = 0, bool trans = false) {
+  bool bf16 = t.type.dtype == Dtype::kBf16;
+  return {static_cast<char*>(t.data) + e * (bf16 ? 2 : 4), bf16, ld, stride, trans};
+}
+
+void causal_zero(const Tensor& t, long long s, cudaStream_t stream) {
+  if (t.numel() == 0) return;
+  np_launch(causal_zero_kernel, dim3(blocks_for(t.numel())), dim3(kThreads), 0, stream, view(t), s,
+            static_cast<long long>(t.numel()));
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+// The operands of one (batch, key-value head) group of eager attention: the group's first query
+// head h0 and its q_heads / kv_heads heads as a strided batch.
+struct EagerGroup {
+  const Geo& g;
+  long long bi, h0;
+  long long qkv_col(long long col) const { return g.row(bi, 0) * g.width + col; }
+  MatArg q(const Tensor& qkv, long long h, bool trans = false) const {
+    return mat(qkv, qkv_col(g.q_col(h)), g.b * g.width, g.d, trans);
+  }
+  MatArg k(const Tensor& qkv, bool trans = false) const {
+    return mat(qkv, qkv_col(g.k_col(h0)), g.b * g.width, 0, trans);
+  }
+  MatArg v(const Tensor& qkv, bool trans = false) const {
+    return mat(qkv, qkv_col(g.v_col(h0)), g.b * g.width, 0, trans);
+  }
+  MatArg scores(const Tensor& t, long long h, bool trans = false) const {
+    return mat(t, (bi * g.hq + h) * g.s * g.s, g.s, g.s * g.s, trans);
+  }
+  MatArg ctx(const Tensor& t, long long h) const {
+    return mat(t, g.row(bi, 0) * g.hq * g.d + g.q_col(h), g.b * g.hq * g.d, g.d);
+  }
+};
+
+template <typename F>
+void for_each_group(const Geo& g, F f) {
+  for (long long bi = 0; bi < g.b; ++bi)
+    for (long long kvh = 0; kvh < g.hkv; ++kvh) f(EagerGroup{g, bi, kvh * g.group()});
+}
+
 }  // namespace
+
+void attn_scores_forward(cublasHandle_t h, const AttentionShape& a, const Tensor& qkv,
+                         const Tensor& scores, cudaStream_t stream) {
+  Geo g = geometry(a, qkv);
+  need(scores.numel() == g.b * g.hq * g.s * g.s, "attn_scores: scores are not {b, heads, s, s}");
+  for_each_group(g, [&](const EagerGroup& e) {
+    gemm_rows(h, g.s, g.s, g.d, e.q(qkv, e.h0), e.k(qkv, true), e.scores(scores, e.h0), 0.0f,
+              g.group(), stream);
+  });
+  causal_zero(scores, g.s, stream);
+}
+
+// dQ_h = G_h K (a strided batch over the group); dK += G_h^T Q_h, head by head.
+void attn_scores_backward(cublasHandle_t h, const AttentionShape& a, const Tensor& qkv,
+                          const Tensor& dscores, const Tensor& dqkv, bool accumulate,
+                          cudaStream_t stream) {
+  Geo g = geometry(a, qkv);
+  need(dscores.numel() == g.b * g.hq * g.s * g.s && dqkv.numel() == qkv.numel(),
+       "attn_scores backward: shapes do not agree");
+  if (!accumulate) fill(dqkv, 0.0f, stream);
+  for_each_group(g, [&](const EagerGroup& e) {
+    gemm_rows(h, g.s, g.d, g.s, e.scores(dscores, e.h0), e.k(qkv), e.q(dqkv, e.h0), 1.0f,
+              g.group(), stream);
+    for (long long hh = e.h0; hh < e.h0 + g.group(); ++hh)
+      gemm_rows(h, g.s, g.d, g.s, e.scores(dscores, hh, true), e.q(qkv, hh), e.k(dqkv), 1.0f, 1,
+                stream);
+  });
+}
+
+void attn_context_forward(cublasHandle_t h, const AttentionShape& a, const Tensor& probs,
+                          const Tensor& qkv, const Tensor& out, cudaStream_t stream) {
+  Geo g = geometry(a, qkv);
+  need(probs.numel() == g.b * g.hq * g.s * g.s && out.numel() == g.b * g.s * g.hq * g.d,
+       "attn_context: probs are not {b, heads, s, s} or the output is not [s*b, heads*head_dim]");
+  for_each_group(g, [&](const EagerGroup& e) {
+    gemm_rows(h, g.s, g.d, g.s, e.scores(probs, e.h0), e.v(qkv), e.ctx(out, e.h0), 0.0f, g.group(),
+              stream);
+  });
+}
+
+// dP_h = dO_h V^T (a strided batch over the group), 0 above the diagonal; dV += P_h^T dO_h.
+void attn_context_backward(cublasHandle_t h, const AttentionShape& a, const Tensor& probs,
+                           const Tensor& qkv, const Tensor& dout, const Tensor& dprobs,
+                           bool accumulate_probs, const Tensor& dqkv, bool accumulate_qkv,
+                           cudaStream_t stream) {
+  Geo g = geometry(a, qkv);
+  need(probs.numel() == g.b * g.hq * g.s * g.s && dprobs.numel() == probs.numel() &&
+           dout.numel() == g.b * g.s * g.hq * g.d && dqkv.numel() == qkv.numel(),
+       "attn_context backward: shapes do not agree");
+  if (!accumulate_qkv) fill(dqkv, 0.0f, stream);
+  for_each_group(g, [&](const EagerGroup& e) {
+    gemm_rows(h, g.s, g.s, g.d, e.ctx(dout, e.h0), e.v(qkv, true), e.scores(dprobs, e.h0),
+              accumulate_probs ? 1.0f : 0.0f, g.group(), stream);
+    for (long long hh = e.h0; hh < e.h0 + g.group(); ++hh)
+      gemm_rows(h, g.s, g.d, g.s, e.scores(probs, hh, true), e.ctx(dout, hh), e.v(dqkv), 1.0f, 1,
+                stream);
+  });
+  causal_zero(dprobs, g.s, stream);
+}
 
 void flash_attention_forward(const AttentionShape& a, const Tensor& qkv, const Tensor& out,
                              const Tensor& lse, cudaStream_t stream) {

@@ -33,6 +33,10 @@ TensorType with_rows(TensorType t, int64_t rows) {
 
 int64_t first_row(const OpContext& c, int64_t rows) { return exec::first_token_row(c, rows); }
 
+AttentionShape attention_shape(const OpAttrs& a) {
+  return {a.batch, a.seq, a.heads, a.kv_heads, a.head_dim};
+}
+
 class CudaBackend final : public exec::Backend {
  public:
   CudaBackend() { NP_CUBLAS_CHECK(cublasCreate(&blas_)); }
@@ -152,9 +156,21 @@ class CudaBackend final : public exec::Backend {
         const Tensor& qkv = need(in, 0, "qkv");
         Tensor y = out({{a.batch * a.seq, a.heads * a.head_dim}, act}),
                lse = out({{a.batch, a.heads, a.seq}, Dtype::kFp32});
-        flash_attention_forward({a.batch, a.seq, a.heads, a.kv_heads, a.head_dim}, qkv, y, lse,
-                                stream_);
+        flash_attention_forward(attention_shape(a), qkv, y, lse, stream_);
         return {y, lse};
+      }
+      case OpKind::kAttnScores: {
+        const OpAttrs& a = op.attrs;
+        Tensor sc = out({{a.batch, a.heads, a.seq, a.seq}, act});
+        attn_scores_forward(blas_, attention_shape(a), need(in, 0, "qkv"), sc, stream_);
+        return {sc};
+      }
+      case OpKind::kAttnContext: {
+        const OpAttrs& a = op.attrs;
+        Tensor y = out({{a.batch * a.seq, a.heads * a.head_dim}, act});
+        attn_context_forward(blas_, attention_shape(a), need(in, 0, "probabilities"),
+                             need(in, 1, "qkv"), y, stream_);
+        return {y};
       }
       case OpKind::kSoftmax: {
         const Tensor& x = need(in, 0, "scores");
@@ -292,9 +308,24 @@ class CudaBackend final : public exec::Backend {
         Tensor dq = ws({{s.batch * s.seq, s.heads * s.head_dim}, Dtype::kFp32}),
                rowsum = ws({{s.batch, s.heads, s.seq}, Dtype::kFp32});
         Tensor& dx = grad(0, qkv.type, acc);
-        return flash_attention_backward({s.batch, s.seq, s.heads, s.kv_heads, s.head_dim}, qkv,
+        return flash_attention_backward(attention_shape(s), qkv,
                                         need(a.outputs, 0, "output"), need(a.outputs, 1, "logsumexp"),
                                         need(a.grad_outputs, 0, "gradient"), dx, acc, dq, rowsum, stream_);
+      }
+      case OpKind::kAttnScores: {
+        const Tensor& qkv = need(a.inputs, 0, "qkv");
+        Tensor& dx = grad(0, qkv.type, acc);
+        return attn_scores_backward(blas_, attention_shape(op.attrs), qkv,
+                                    need(a.grad_outputs, 0, "gradient"), dx, acc, stream_);
+      }
+      case OpKind::kAttnContext: {
+        const Tensor &p = need(a.inputs, 0, "probabilities"), &qkv = need(a.inputs, 1, "qkv");
+        bool acc_p = false, acc_q = false;
+        Tensor& dp = grad(0, p.type, acc_p);
+        Tensor& dx = grad(1, qkv.type, acc_q);
+        return attn_context_backward(blas_, attention_shape(op.attrs), p, qkv,
+                                     need(a.grad_outputs, 0, "gradient"), dp, acc_p, dx, acc_q,
+                                     stream_);
       }
       case OpKind::kSoftmax: {
         const Tensor& p = need(a.outputs, 0, "probabilities");

@@ -47,6 +47,18 @@ void linear_forward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Te
 void linear_backward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Tensor& dy,
                      const Tensor* dx, bool accumulate, const Tensor& dw, const Tensor* db,
                      cudaStream_t stream);
+// A row-major matrix operand of gemm_rows: element (r, c) of batch item i at
+// p + i * stride + r * ld + c (elements of bf16 or fp32); trans: the operand is the transpose.
+struct MatArg {
+  void* p;
+  bool bf16;
+  long long ld, stride = 0;
+  bool trans = false;
+};
+// C (m x n) = op(A) (m x k) op(B) (k x n) + beta C for `batch` items, row-major, through cuBLAS
+// (fp32 accumulation). A and B must share a dtype (cuBLAS's rule).
+void gemm_rows(cublasHandle_t h, long long m, long long n, long long k, const MatArg& a,
+               const MatArg& b, const MatArg& c, float beta, long long batch, cudaStream_t stream);
 // Rotary embedding of the q and k heads of qkv rows ([q | k | v] of this rank's heads, head_dim
 // d): position of row t is (first_row + t) / batch; sign -1 applies the inverse (the backward).
 void rope(const Tensor& in, const Tensor& out, long long q_heads, long long kv_heads,
@@ -84,6 +96,23 @@ void causal_softmax_forward(const Tensor& scores, const Tensor& probs, long long
                             cudaStream_t stream);
 void causal_softmax_backward(const Tensor& probs, const Tensor& dprobs, const Tensor& dscores,
                              bool accumulate, long long head_dim, cudaStream_t stream);
+// Eager attention's GEMMs on qkv rows (as flash attention's), per batch and key-value head
+// group through cuBLAS: scores {b, q_heads, s, s} = Q K^T, unscaled, 0 above the diagonal;
+// context [s*b, q_heads*head_dim] = P V. Backward: dqkv (=, or += when accumulate) gets the Q
+// and K columns (scores) or the V columns (context), and dprobs = dO V^T below the diagonal, 0
+// above. The gradients above the diagonal of scores and of probs are read as 0 (the causal
+// softmax writes 0 there).
+void attn_scores_forward(cublasHandle_t h, const AttentionShape& a, const Tensor& qkv,
+                         const Tensor& scores, cudaStream_t stream);
+void attn_scores_backward(cublasHandle_t h, const AttentionShape& a, const Tensor& qkv,
+                          const Tensor& dscores, const Tensor& dqkv, bool accumulate,
+                          cudaStream_t stream);
+void attn_context_forward(cublasHandle_t h, const AttentionShape& a, const Tensor& probs,
+                          const Tensor& qkv, const Tensor& out, cudaStream_t stream);
+void attn_context_backward(cublasHandle_t h, const AttentionShape& a, const Tensor& probs,
+                           const Tensor& qkv, const Tensor& dout, const Tensor& dprobs,
+                           bool accumulate_probs, const Tensor& dqkv, bool accumulate_qkv,
+                           cudaStream_t stream);
 // Vocabulary-parallel token embedding: out[t] = W[id - tp_rank * vocab_shard] where this rank's
 // shard holds the id, else 0.
 void embedding_forward(const Tensor& ids, const Tensor& w, const Tensor& out, long long tp_rank,

@@ -23,6 +23,21 @@ __global__ void add_bias_kernel(View y, View b, long long rows, long long cols) 
 
 }  // namespace
 
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B's buffer goes first.
+void gemm_rows(cublasHandle_t h, long long m, long long n, long long k, const MatArg& a,
+               const MatArg& b, const MatArg& c, float beta, long long batch,
+               cudaStream_t stream) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  float one = 1.0f;
+  NP_CUBLAS_CHECK(cublasSetStream(h, stream));
+  NP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      h, b.trans ? CUBLAS_OP_T : CUBLAS_OP_N, a.trans ? CUBLAS_OP_T : CUBLAS_OP_N,
+      dim_int(n, "n"), dim_int(m, "m"), dim_int(k, "k"), &one, b.p, b.bf16 ? CUDA_R_16BF : CUDA_R_32F,
+      dim_int(b.ld, "ldb"), b.stride, a.p, a.bf16 ? CUDA_R_16BF : CUDA_R_32F, dim_int(a.ld, "lda"),
+      a.stride, &beta, c.p, c.bf16 ? CUDA_R_16BF : CUDA_R_32F, dim_int(c.ld, "ldc"), c.stride,
+      dim_int(batch, "batch"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 void linear_forward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Tensor* bias,
                     const Tensor& y, cudaStream_t stream) {
   long long in = w.type.shape.at(1), out = w.type.shape.at(0), rows = in ? x.numel() / in : 0;

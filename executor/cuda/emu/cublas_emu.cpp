@@ -47,7 +47,10 @@ cublasStatus_t cublasGemmStridedBatchedEx(
     cudaDataType bt, int ldb, long long sb, const void* beta, void* C, cudaDataType ct, int ldc,
     long long sc, int batch, cublasComputeType_t compute, cublasGemmAlgo_t) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (compute != CUBLAS_COMPUTE_32F || !known(at) || !known(bt) || !known(ct))
+  // cuBLAS's supported type combinations for CUBLAS_COMPUTE_32F: A and B of one type; a bf16 C
+  // only with bf16 inputs.
+  if (compute != CUBLAS_COMPUTE_32F || !known(at) || !known(bt) || !known(ct) || at != bt ||
+      (ct == CUDA_R_16BF && at != CUDA_R_16BF))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   // cuBLAS's checks: sizes non-negative; leading dimensions at least the stored rows.
   int a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
