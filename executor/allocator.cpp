@@ -27,6 +27,17 @@ OutOfBudget::OutOfBudget(std::string t, int64_t b, int64_t use, int64_t bud)
 TrackingAllocator::~TrackingAllocator() {
   for (Block& b : blocks_)
     if (b.live) device_.release(b.ptr);
+  for (void* p : runtime_ptrs_) device_.release(p);
+}
+
+void* TrackingAllocator::allocate_runtime(int64_t bytes, std::string name) {
+  if (bytes < 0) throw std::logic_error("tracking allocator: negative size for " + name);
+  void* p = device_.allocate(bytes);
+  if (!p) throw OutOfBudget(std::move(name), bytes, in_use_, -1);
+  device_.fill_bytes(p, 0xFF, bytes);
+  runtime_ptrs_.push_back(p);
+  runtime_.push_back({std::move(name), bytes, Category::kTransient});
+  return p;
 }
 
 void* TrackingAllocator::allocate(int64_t bytes, std::string name, Category category,

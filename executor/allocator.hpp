@@ -47,6 +47,11 @@ class TrackingAllocator {
   // (bind() may name it later). Throws OutOfBudget.
   void* allocate(int64_t bytes, std::string name, Category category, int32_t tensor);
   void release(void* p);
+  // A runtime buffer (Backend::runtime_buffers): from the device like every byte, filled with
+  // 0xFF, held until the allocator goes, and kept out of the plan's accounting (in_use, peak,
+  // events); runtime() lists them. Throws OutOfBudget when the device refuses.
+  void* allocate_runtime(int64_t bytes, std::string name);
+  const std::vector<LiveAllocation>& runtime() const { return runtime_; }
   // Names a live allocation once its role is known (a gradient the kernel allocated).
   void bind(void* p, int32_t tensor, std::string name);
 
@@ -76,6 +81,8 @@ class TrackingAllocator {
   };
   DeviceMemory& device_;
   std::optional<int64_t> budget_;
+  std::vector<LiveAllocation> runtime_;
+  std::vector<void*> runtime_ptrs_;
   int32_t instr_ = -1;
   std::vector<Block> blocks_;  // every allocation ever made, in order
   std::vector<LogEntry> log_;  // every allocation and release, in order

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -69,12 +70,23 @@ struct OptimizerUpdate {
   int step = 0;  // 0-based: the bias corrections use step + 1
 };
 
+// A buffer a backend's runtime needs besides the plan's tensors (a cuBLAS workspace): the rank
+// allocates it through the tracking allocator, which reports it apart from the plan's accounting,
+// as the estimate lists it among the runtime overheads.
+struct RuntimeBuffer {
+  std::string name;
+  int64_t bytes = 0;
+};
+
 // A backend: the op kernels, and the device operations the runner needs around them (memory,
 // filling, element copies between dtypes, the optimizer update, a sum for the loss readout).
 class Backend : public DeviceMemory {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // The runtime buffers this backend needs, and where the rank placed buffer i (before any op).
+  virtual std::vector<RuntimeBuffer> runtime_buffers() const { return {}; }
+  virtual void use_runtime_buffer(size_t /*i*/, void* /*p*/) {}
   // t[i] = value for every element (float dtypes).
   virtual void fill(const Tensor& t, float value) = 0;
   // dst[dst_offset + i] = src[src_offset + i] for i < n, converting between float dtypes.

@@ -75,7 +75,8 @@ RunComparison compare(const Schedule& s, const RunResult& r, std::string title) 
                       sim.peak_instr >= 0 ? p.instr_name(p.instrs[sim.peak_instr]) : "",
                       {},
                       {},
-                      rr.unplanned};
+                      rr.unplanned,
+                      rr.runtime_buffers};
     // Steps after the first allocate no statics: they stay from step to step.
     std::vector<MemEvent> later;
     for (const MemEvent& e : sim.events)
@@ -123,6 +124,12 @@ std::string side_by_side(const RankComparison& r) {
   return out;
 }
 
+nlohmann::json runtime_json(const std::vector<LiveAllocation>& buffers) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const LiveAllocation& b : buffers) out.push_back({{"name", b.name}, {"bytes", b.bytes}});
+  return out;
+}
+
 std::string divergence_text(const RankComparison& r) {
   const Divergence& d = *r.divergence;
   std::string out = "    first divergence: step " + std::to_string(d.step + 1) + ", event " +
@@ -158,6 +165,11 @@ std::string comparison_table(const RunComparison& c) {
     if (r.divergence) out += divergence_text(r);
     if (r.difference() != 0 || !r.unplanned.empty()) out += side_by_side(r);
   }
+  // Runtime buffers, as rank 0 reports them (every rank of a backend allocates the same).
+  if (!c.ranks.empty())
+    for (const LiveAllocation& b : c.ranks.front().runtime_buffers)
+      out += "  runtime buffer outside the plan, per rank: " + b.name + " " + format_int(b.bytes) +
+             " B (the estimate counts it among the runtime overheads)\n";
   out += "  loss per step:";
   for (double l : c.losses) {
     char buf[32];
@@ -187,6 +199,7 @@ nlohmann::json comparison_json(const RunComparison& c) {
                         {"difference_bytes", r.difference()},
                         {"categories", cats},
                         {"unplanned", r.unplanned},
+                        {"runtime_buffers", runtime_json(r.runtime_buffers)},
                         {"events_compared", r.events}};
     if (r.divergence) {
       const Divergence& d = *r.divergence;

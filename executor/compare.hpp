@@ -34,6 +34,7 @@ struct RankComparison {
   std::vector<LiveTensor> predicted_live;     // filled when the peaks differ
   std::vector<LiveAllocation> measured_live;  // filled when the peaks differ
   std::vector<std::string> unplanned;
+  std::vector<LiveAllocation> runtime_buffers;  // outside the plan (the estimate's overheads)
   size_t events = 0;  // events compared, all steps
   std::optional<Divergence> divergence;
   int64_t difference() const { return measured - predicted; }

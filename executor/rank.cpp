@@ -29,6 +29,9 @@ class RankRunner {
         alloc_(be, opt.enforce_budget),
         params_(s, stage, tp_rank, be, comm) {
     count_lifetimes();
+    std::vector<RuntimeBuffer> buffers = be_.runtime_buffers();
+    for (size_t i = 0; i < buffers.size(); ++i)
+      be_.use_runtime_buffer(i, alloc_.allocate_runtime(buffers[i].bytes, buffers[i].name));
     for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
       if (p_.tensors[id].kind == ValueKind::kStatic)
         static_ids_.emplace(p_.static_names.at(p_.tensors[id].tensor), id);
@@ -56,6 +59,7 @@ class RankRunner {
     r.timeline = alloc_.timeline();
     r.events = alloc_.events();
     r.unplanned = alloc_.unplanned_names();
+    r.runtime_buffers = alloc_.runtime();
     return std::move(out_);
   }
 

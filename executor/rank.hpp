@@ -34,6 +34,8 @@ struct RankResult {
   std::vector<std::vector<MemEvent>> events;
   // Allocations the plan did not name (MemEvent tensor -(1 + k) is the k-th), a divergence.
   std::vector<std::string> unplanned;
+  // The backend's runtime buffers (a cuBLAS workspace), outside the plan's accounting.
+  std::vector<LiveAllocation> runtime_buffers;
 };
 
 // What one rank reports besides its memory.

@@ -222,7 +222,9 @@ const OpInfo kOps[] =
          [](const OpAttrs&, In in) -> Weights {
            return {{"weight", {1, cols_of(in[0])}}};
          },
-         none_types},
+         // Backward: each row's fp32 gate gradient, so that the weight gradient is a
+         // deterministic column sum over rows.
+         [](const OpAttrs&, In in) -> Types { return {{{rows_of(in[0])}, Dtype::kFp32}}; }},
         {OpKind::kCrossEntropy, "cross_entropy", 2, 2, 0b10, 0b10, 0b01, 0, false,
          [](const OpAttrs&, In in) -> Types {
            return {{{rows_of(in[0])}, Dtype::kFp32}, {in[0].shape, Dtype::kFp32}};

@@ -17,7 +17,8 @@
 namespace np {
 
 // Version 2: the norms' backward allocates its per-row statistics (a workspace version 1 lacked).
-inline constexpr int kScheduleFormatVersion = 2;
+// Version 3: the MoE shared gate's backward allocates its per-row gate gradient.
+inline constexpr int kScheduleFormatVersion = 3;
 
 enum class Category : uint8_t { kWeight, kGradient, kOptimizer, kActivation, kTransient };
 inline constexpr int kCategories = 5;

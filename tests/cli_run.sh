@@ -77,7 +77,7 @@ bad() {
 python3 - "$TMP/plan.json" "$TMP/v2.json" <<'PY'
 import json, sys; j = json.load(open(sys.argv[1])); j["format_version"] = 1; json.dump(j, open(sys.argv[2], "w"))
 PY
-bad "plan of another format version" "format version 1 is not supported (this nanoplan reads version 2" run "$TMP/v2.json"
+bad "plan of another format version" "format version 1 is not supported (this nanoplan reads version 3" run "$TMP/v2.json"
 bad "plan made for another model" "was made for model tiny" run "$TMP/plan.json" --model llama-3.1-8b
 sed 's/hidden_size = 24/hidden_size = 32/' "$TMP/tiny.toml" >"$TMP/tiny32.toml"
 bad "plan made for a different model of the same name" "names model tiny but is not for it: its head_dim is 6, the model's is 8" run "$TMP/plan.json" --model "$TMP/tiny32.toml"
@@ -89,7 +89,7 @@ bad "--backend cuda where it cannot run (no GPU here, or the backend incomplete)
 check "--backend auto falls back to the CPU executor" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/auto.out"'
 bad "missing plan file" "cannot read plan" run "$TMP/nope.json"
 bad "dp > 1 on the CPU executor" "dp = 1" run "${SETUP[@]}" --dp 2
-printf '{"format": "nanoplan-schedule",\n "format_version": 2,\n oops}\n' >"$TMP/broken.json"
+printf '{"format": "nanoplan-schedule",\n "format_version": 3,\n oops}\n' >"$TMP/broken.json"
 bad "malformed plan JSON names the line" "broken.json:3" run "$TMP/broken.json"
 
 # Plans that cannot lie: each edit below is refused when the plan is read (exit 2, one line naming

@@ -1,5 +1,5 @@
-// The CUDA backend end to end through the CUDA emulation: a tiny Llama across TP, SP, PP and the
-// recompute policies, with the event-exact comparison (every allocation and release as the plan
+// The CUDA backend end to end through the CUDA emulation: the tiny Llama, GPT, Qwen and MoE
+// scenarios across TP, SP, PP, eager and flash attention and the recompute policies, with the event-exact comparison (every allocation and release as the plan
 // predicts), the loss near the CPU reference's, and loss and gradients bitwise identical across
 // recompute policies (recomputation regenerates exactly what the forward produced).
 #include <gtest/gtest.h>
@@ -8,6 +8,7 @@
 
 #include "executor/compare.hpp"
 #include "executor/cpu/cpu_backend.hpp"
+#include "executor/cuda/compat.hpp"
 #include "executor/cuda/cuda_backend.hpp"
 #include "executor/runner.hpp"
 #include "test_util.hpp"
@@ -26,24 +27,33 @@ RunResult run(const Schedule& s, bool cuda) {
   return *r;
 }
 
-TEST(CudaBackend, TinyLlamaEventExactAndRecomputeInvariant) {
-  Scenario sc = testing::scenario("tiny-llama");
-  struct Case {
-    int64_t tp, pp;
-    bool sp;
-  };
-  // SP with pipeline stages; and TP without SP (the column-parallel backward's all-reduce). The
-  // emulation runs every CUDA thread as a fiber: a few setups keep the test to seconds.
-  for (Case k : {Case{2, 2, true}, Case{2, 1, false}}) {
+struct Case {
+  int64_t tp, pp;
+  bool sp;
+  AttentionImpl attention = AttentionImpl::kFlash;
+};
+
+// Each case under each policy: every allocation event as the plan predicts, the loss within 2%
+// of the CPU reference's, and loss and gradients bitwise equal to the first policy's.
+void check_scenario(const std::string& name, std::initializer_list<Case> cases,
+                    std::initializer_list<Recompute> policies) {
+  Scenario sc = testing::scenario(name);
+  for (Case k : cases) {
     std::optional<RunResult> ref;
-    for (Recompute rc : {Recompute::kNone, Recompute::kFull}) {
+    for (Recompute rc : policies) {
       TrainSpec t = sc.base;
       t.tp = k.tp, t.pp = k.pp, t.sp = k.sp, t.recompute = rc, t.pp_schedule = PpSchedule::k1F1B;
-      std::string what = describe_short(t);
+      t.attention = k.attention;
+      std::string what = name + " " + describe_short(t);
       Schedule s = build_schedule(sc.model, t);
       RunResult r = run(s, true);
       RunComparison c = compare(s, r, what);
       EXPECT_TRUE(c.all_equal) << comparison_table(c);
+      for (const RankResult& rr : r.ranks) {  // cuBLAS's workspace, through the allocator
+        ASSERT_EQ(rr.runtime_buffers.size(), 1u) << what;
+        EXPECT_EQ(rr.runtime_buffers[0].name, "cuBLAS workspace");
+        EXPECT_EQ(rr.runtime_buffers[0].bytes, RuntimeAssumptions{}.cublas_workspace_bytes);
+      }
       RunResult cpu = run(s, false);
       ASSERT_EQ(r.losses.size(), cpu.losses.size());
       for (size_t i = 0; i < r.losses.size(); ++i)
@@ -61,6 +71,59 @@ TEST(CudaBackend, TinyLlamaEventExactAndRecomputeInvariant) {
     }
   }
 }
+
+// The emulation runs every CUDA thread as a fiber: a few setups per model keep each test to
+// seconds. SP with pipeline stages; TP without SP (the column-parallel backward's all-reduce).
+TEST(CudaBackend, TinyLlamaEventExactAndRecomputeInvariant) {
+  check_scenario("tiny-llama", {{2, 2, true}, {2, 1, false}}, {Recompute::kNone, Recompute::kFull});
+}
+
+// LayerNorm, GeLU, learned positions, biases, tied embeddings, dropout (its mask regenerated bit
+// for bit by recomputation), eager attention (selective recompute drops its scores and
+// probabilities) and flash attention.
+TEST(CudaBackend, TinyGptEagerAndFlash) {
+  check_scenario("tiny-gpt", {{2, 2, true, AttentionImpl::kEager}},
+                 {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
+  check_scenario("tiny-gpt", {{2, 1, false, AttentionImpl::kFlash}}, {Recompute::kNone, Recompute::kFull});
+}
+
+// qkv bias with RoPE, eager attention without TP.
+TEST(CudaBackend, TinyQwen) {
+  check_scenario("tiny-qwen", {{1, 2, false, AttentionImpl::kEager}, {2, 1, true}},
+                 {Recompute::kNone, Recompute::kFull});
+}
+
+// Router, top-2 of 6 experts, dispatch, grouped expert GEMMs, combine and the gated shared expert,
+// under TP with SP (the routing gathered over the group).
+TEST(CudaBackend, TinyMoe) {
+  check_scenario("tiny-moe", {{2, 1, true}, {1, 2, false}}, {Recompute::kNone, Recompute::kFull});
+}
+
+#ifdef NANOPLAN_CUDA_EMULATION
+// A device without room: the run stops with the tensor that did not fit, its size and the bytes in
+// use (the emulated device holds the cuBLAS workspace and 64 KiB more).
+TEST(CudaBackend, DeviceOutOfMemoryNamesTheTensor) {
+  Scenario sc = testing::scenario("tiny-llama");
+  TrainSpec t = sc.base;
+  t.tp = 1, t.pp = 1;
+  Schedule s = build_schedule(sc.model, t);
+  size_t room = static_cast<size_t>(RuntimeAssumptions{}.cublas_workspace_bytes) + (64 << 10);
+  ::np::emu::set_device_memory(room);
+  RunOptions o;
+  auto r = run_schedule(s, [] { return cuda::make_cuda_backend(); }, o);
+  ::np::emu::set_device_memory(size_t{80} << 30);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_TRUE(r->out_of_memory.has_value());
+  const OutOfBudget& oom = *r->out_of_memory;
+  EXPECT_FALSE(oom.tensor.empty());
+  EXPECT_GT(oom.bytes, 0);
+  EXPECT_LE(oom.in_use, int64_t{64} << 10);
+  EXPECT_GT(oom.in_use + oom.bytes, (int64_t{64} << 10) - 4096);  // it did not fit
+  std::string m = oom.what();
+  EXPECT_NE(m.find("allocating " + oom.tensor + " ("), std::string::npos) << m;
+  EXPECT_NE(m.find("the device has no room"), std::string::npos) << m;
+}
+#endif
 
 }  // namespace
 }  // namespace np::exec

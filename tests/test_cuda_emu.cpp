@@ -4,6 +4,7 @@
 // cuBLAS's GEMM follows its column-major semantics.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -675,6 +676,129 @@ TEST(CudaKernels, EagerAttentionGemms) {
     expect_close(dp.get(), dpr, tolerance(dt), "context dprobs" + name);
     expect_close(dx2.get(), dx2r, tolerance(dt), "context dqkv (accumulated)" + name);
   }
+  cublasDestroy(blas);
+}
+
+// Mixture of experts on 37 tokens, 6 experts, top-2, width 29 (odd): top-k routing (and its
+// backward), the router's backward, dispatch and combine (over more than one chunk of the
+// routing scan: 74 items), the grouped expert GEMMs and the shared gate, against a direct
+// evaluation on the routing the kernels chose (itself checked against the reference top-k).
+TEST(CudaKernels, MixtureOfExperts) {
+  const int64_t T = 37, E = 6, k = 2, h = 29, F = 11, N = T * k;
+  cublasHandle_t blas = nullptr;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  const Dtype bf = Dtype::kBf16, f32 = Dtype::kFp32;
+  auto lv = random_values(T * E, 61), xv = random_values(T * h, 62), wv = random_values(E * h, 63),
+       gpv = random_values(T * k, 64), glv = random_values(T * E, 65);
+  DeviceTensor logits({T, E}, f32), probs({T, k}, f32), idx({T, k}, Dtype::kI64),
+      dprobs({T, k}, f32), dlogits({T, E}, f32);
+  logits.set(lv), dprobs.set(gpv);
+  topk_forward(logits.t, probs.t, idx.t, nullptr);
+  topk_backward(probs.t, idx.t, dprobs.t, dlogits.t, false, nullptr);
+  const int64_t* id = idx.t.as<int64_t>();
+  std::vector<double> pr(T * k), dlr(T * E, 0.0);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int64_t> order(E);
+    for (int64_t e = 0; e < E; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return lv[t * E + a] > lv[t * E + b]; });
+    double z = 0, pg = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      ASSERT_EQ(id[t * k + j], order[j]) << "token " << t << " choice " << j;
+      z += std::exp(lv[t * E + order[j]] - lv[t * E + order[0]]);
+    }
+    for (int64_t j = 0; j < k; ++j) pr[t * k + j] = std::exp(lv[t * E + order[j]] - lv[t * E + order[0]]) / z;
+    for (int64_t j = 0; j < k; ++j) pg += pr[t * k + j] * gpv[t * k + j];
+    for (int64_t j = 0; j < k; ++j) dlr[t * E + order[j]] = pr[t * k + j] * (gpv[t * k + j] - pg);
+  }
+  expect_close(probs.get(), pr, 1e-5, "topk probabilities");
+  expect_close(dlogits.get(), dlr, 1e-5, "topk backward");
+
+  // The router's backward: dx = g W (accumulated onto a prior), dW += g^T x.
+  DeviceTensor x({T, h}, bf), w({E, h}, bf), gl({T, E}, f32), dx({T, h}, bf), dw({E, h}, f32);
+  auto prior = random_values(T * h, 66), wprior = random_values(E * h, 67);
+  x.set(xv), w.set(wv), gl.set(glv), dx.set(prior), dw.set(wprior);
+  router_backward(x.t, w.t, gl.t, dx.t, true, dw.t, nullptr, nullptr);
+  std::vector<double> dxr = prior, dwr = wprior;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t c = 0; c < h; ++c) {
+        dxr[t * h + c] += glv[t * E + e] * wv[e * h + c];
+        dwr[e * h + c] += glv[t * E + e] * xv[t * h + c];
+      }
+  expect_close(dx.get(), dxr, tolerance(bf), "router dx");
+  expect_close(dw.get(), dwr, tolerance(f32), "router dW");
+
+  // Expert-major rows of the kernels' routing, as the CPU reference lays them out.
+  std::vector<int64_t> row(N), count(E + 1, 0);
+  for (int64_t i = 0; i < N; ++i) ++count[id[i] + 1];
+  for (int64_t e = 0; e < E; ++e) count[e + 1] += count[e];
+  for (int64_t i = 0; i < N; ++i) row[i] = count[id[i]]++;
+  auto yev = random_values(N * h, 68), gov = random_values(T * h, 69), dpprior = random_values(T * k, 70);
+  DeviceTensor xe({N, h}, bf), dxe({N, h}, bf), dxd({T, h}, bf), ye({N, h}, bf), comb({T, h}, bf),
+      gout({T, h}, bf), dye({N, h}, bf), dpc({T, k}, f32);
+  ye.set(yev), gout.set(gov), dxe.set(yev), dpc.set(dpprior);
+  moe_dispatch_forward(x.t, idx.t, xe.t, E, nullptr);
+  moe_dispatch_backward(dxe.t, idx.t, dxd.t, false, E, nullptr);
+  moe_combine_forward(ye.t, probs.t, idx.t, comb.t, E, nullptr);
+  moe_combine_backward(ye.t, probs.t, idx.t, gout.t, dye.t, false, dpc.t, true, E, nullptr);
+  std::vector<double> xer(N * h), dxdr(T * h, 0.0), combr(T * h, 0.0), dyer(N * h), dpcr = dpprior;
+  auto pk = probs.get();
+  for (int64_t i = 0; i < N; ++i) {
+    int64_t t = i / k, r = row[i];
+    for (int64_t c = 0; c < h; ++c) {
+      xer[r * h + c] = xv[t * h + c];
+      dxdr[t * h + c] += yev[r * h + c];
+      combr[t * h + c] += pk[i] * yev[r * h + c];
+      dyer[r * h + c] = pk[i] * gov[t * h + c];
+      dpcr[i] += yev[r * h + c] * gov[t * h + c];
+    }
+  }
+  expect_close(xe.get(), xer, tolerance(bf), "dispatch");
+  expect_close(dxd.get(), dxdr, tolerance(bf), "dispatch backward");
+  expect_close(comb.get(), combr, tolerance(bf), "combine");
+  expect_close(dye.get(), dyer, tolerance(bf), "combine backward: expert outputs");
+  expect_close(dpc.get(), dpcr, tolerance(f32), "combine backward: probabilities (accumulated)");
+
+  // The grouped expert GEMMs: out[r] = xe[r] W_e^T for the rows r of expert e; dx, dW +=.
+  auto wev = random_values(E * F * h, 71), gev = random_values(N * F, 72);
+  DeviceTensor we({E, F, h}, bf), eo({N, F}, bf), ge({N, F}, bf), dxe2({N, h}, bf), dwe({E, F, h}, f32);
+  we.set(wev), ge.set(gev), dwe.set(std::vector<double>(E * F * h, 0.0));
+  expert_forward(blas, xe.t, idx.t, we.t, eo.t, nullptr);
+  expert_backward(blas, xe.t, idx.t, we.t, ge.t, dxe2.t, false, dwe.t, nullptr);
+  std::vector<double> eor(N * F, 0.0), dxe2r(N * h, 0.0), dwer(E * F * h, 0.0);
+  for (int64_t i = 0; i < N; ++i) {
+    int64_t r = row[i], e = id[i], t = i / k;
+    for (int64_t f = 0; f < F; ++f)
+      for (int64_t c = 0; c < h; ++c) {
+        eor[r * F + f] += xv[t * h + c] * wev[(e * F + f) * h + c];
+        dxe2r[r * h + c] += gev[r * F + f] * wev[(e * F + f) * h + c];
+        dwer[(e * F + f) * h + c] += gev[r * F + f] * xv[t * h + c];
+      }
+  }
+  expect_close(eo.get(), eor, tolerance(bf), "expert GEMMs");
+  expect_close(dxe2.get(), dxe2r, tolerance(bf), "expert GEMMs backward: dx");
+  expect_close(dwe.get(), dwer, tolerance(f32), "expert GEMMs backward: dW");
+
+  // The shared gate: out = sigmoid(x . w) y; dy = s g, dx = dz w, dw += sum dz x.
+  auto gwv = random_values(h, 73, -0.3, 0.3), sy = random_values(T * F, 74), sg = random_values(T * F, 75);
+  DeviceTensor gw({1, h}, bf), y({T, F}, bf), go({T, F}, bf), gateo({T, F}, bf), gdx({T, h}, bf),
+      gdy({T, F}, bf), gdw({1, h}, f32), dz({T}, f32);
+  gw.set(gwv), y.set(sy), go.set(sg), gdw.set(std::vector<double>(h, 0.0));
+  shared_gate_forward(x.t, gw.t, y.t, gateo.t, nullptr);
+  shared_gate_backward(x.t, gw.t, y.t, go.t, gdx.t, false, gdy.t, false, gdw.t, dz.t, nullptr);
+  std::vector<double> gor(T * F), gdxr(T * h), gdyr(T * F), gdwr(h, 0.0);
+  for (int64_t t = 0; t < T; ++t) {
+    double z = 0, gy = 0;
+    for (int64_t c = 0; c < h; ++c) z += xv[t * h + c] * gwv[c];
+    for (int64_t f = 0; f < F; ++f) gy += sg[t * F + f] * sy[t * F + f];
+    double sgm = 1 / (1 + std::exp(-z)), d = gy * sgm * (1 - sgm);
+    for (int64_t f = 0; f < F; ++f) gor[t * F + f] = sgm * sy[t * F + f], gdyr[t * F + f] = sgm * sg[t * F + f];
+    for (int64_t c = 0; c < h; ++c) gdxr[t * h + c] = d * gwv[c], gdwr[c] += d * xv[t * h + c];
+  }
+  expect_close(gateo.get(), gor, tolerance(bf), "shared gate");
+  expect_close(gdy.get(), gdyr, tolerance(bf), "shared gate backward: dy");
+  expect_close(gdx.get(), gdxr, tolerance(bf), "shared gate backward: dx");
+  expect_close(gdw.get(), gdwr, tolerance(f32), "shared gate backward: dw");
   cublasDestroy(blas);
 }
 

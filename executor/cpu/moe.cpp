@@ -160,16 +160,17 @@ void shared_gate_backward(const Env& env, const BackwardArgs& a) {
   Mat G = load_mat(need(a.grad_outputs, 0, "gate gradient"));
   int64_t T = X.rows(), h = X.cols();
   Mat DX(T, h), DY(T, Y.cols()), DWr(T, h);
+  float* dzs = env.workspace({T}, Dtype::kFp32).as<float>();  // the op table's per-row dz
   for (int64_t t = 0; t < T; ++t) {
     double z = 0, gy = 0;
     for (int64_t c = 0; c < h; ++c) z += double(X(t, c)) * W(0, c);
     for (int64_t c = 0; c < Y.cols(); ++c) gy += double(G(t, c)) * Y(t, c);
     float sg = static_cast<float>(1.0 / (1.0 + std::exp(-z)));
-    float dz = static_cast<float>(gy * sg * (1.0 - sg));
+    float dz = dzs[t] = static_cast<float>(gy * sg * (1.0 - sg));
     DY.row(t) = sg * G.row(t);
     DX.row(t) = dz * W.row(0);
-    DWr.row(t) = dz * X.row(t);
   }
+  for (int64_t t = 0; t < T; ++t) DWr.row(t) = dzs[t] * X.row(t);
   grad_input(env, a, 0, x.type, DX);
   grad_input(env, a, 1, y.type, DY);
   add_mat(need(a.weight_grads, 0, "gate weight gradient"), column_sums(DWr));

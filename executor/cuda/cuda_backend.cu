@@ -33,6 +33,13 @@ TensorType with_rows(TensorType t, int64_t rows) {
 
 int64_t first_row(const OpContext& c, int64_t rows) { return exec::first_token_row(c, rows); }
 
+// The experts this rank routes to: all of them (expert parallelism needs an all-to-all the
+// communicator does not offer, as in the CPU reference).
+int64_t routed_experts(const OpContext& c) {
+  if (c.op->attrs.group > 1) unsupported(c, "expert parallelism (ep > 1) needs an all-to-all, which the communicator lacks");
+  return c.op->attrs.experts;
+}
+
 AttentionShape attention_shape(const OpAttrs& a) {
   return {a.batch, a.seq, a.heads, a.kv_heads, a.head_dim};
 }
@@ -42,6 +49,16 @@ class CudaBackend final : public exec::Backend {
   CudaBackend() { NP_CUBLAS_CHECK(cublasCreate(&blas_)); }
   ~CudaBackend() override { cublasDestroy(blas_); }
   const char* name() const override { return "cuda"; }
+
+  // cuBLAS's workspace, set explicitly so that its bytes come through the tracking allocator
+  // (never cuBLAS's own cudaMalloc): the estimate's assumed size (RuntimeAssumptions).
+  std::vector<exec::RuntimeBuffer> runtime_buffers() const override {
+    return {{"cuBLAS workspace", RuntimeAssumptions{}.cublas_workspace_bytes}};
+  }
+  void use_runtime_buffer(size_t i, void* p) override {
+    if (i != 0) throw std::logic_error("cuda backend: it has one runtime buffer");
+    NP_CUBLAS_CHECK(cublasSetWorkspace(blas_, p, static_cast<size_t>(RuntimeAssumptions{}.cublas_workspace_bytes)));
+  }
 
   // ---- device memory ----
   void* allocate(int64_t bytes) override {
@@ -210,6 +227,45 @@ class CudaBackend final : public exec::Backend {
         add(x, need(in, 1, "input b"), y, stream_);
         return {y};
       }
+      case OpKind::kRouter: {
+        const Tensor &x = need(in, 0, "input"), &W = need(w, 0, "router weight");
+        Tensor y = out({{x.type.shape.at(0), W.type.shape.at(0)}, Dtype::kFp32});
+        linear_forward(blas_, x, W, w.size() > 1 ? &w[1] : nullptr, y, stream_);
+        return {y};
+      }
+      case OpKind::kTopK: {
+        const Tensor& logits = need(in, 0, "router logits");
+        int64_t T = logits.type.shape.at(0), k = op.attrs.top_k;
+        Tensor probs = out({{T, k}, Dtype::kFp32}), idx = out({{T, k}, Dtype::kI64});
+        topk_forward(logits, probs, idx, stream_);
+        return {probs, idx};
+      }
+      case OpKind::kMoeDispatch: {
+        const Tensor &x = need(in, 0, "tokens"), &idx = need(in, 1, "routing indices");
+        Tensor xe = out({{idx.numel(), x.type.shape.at(1)}, act});
+        moe_dispatch_forward(x, idx, xe, routed_experts(c), stream_);
+        return {xe};
+      }
+      case OpKind::kExpertColumn:
+      case OpKind::kExpertRow: {
+        const Tensor &xe = need(in, 0, "expert input"), &W = need(w, 0, "expert weight");
+        routed_experts(c);
+        Tensor y = out({{xe.type.shape.at(0), W.type.shape.at(1)}, act});
+        expert_forward(blas_, xe, need(in, 1, "routing indices"), W, y, stream_);
+        return {y};
+      }
+      case OpKind::kMoeCombine: {
+        const Tensor &ye = need(in, 0, "expert outputs"), &idx = need(in, 2, "routing indices");
+        Tensor y = out({{idx.type.shape.at(0), ye.type.shape.at(1)}, act});
+        moe_combine_forward(ye, need(in, 1, "routing probabilities"), idx, y, routed_experts(c), stream_);
+        return {y};
+      }
+      case OpKind::kSharedGate: {
+        const Tensor& y = need(in, 1, "shared expert output");
+        Tensor o = out(y.type);
+        shared_gate_forward(need(in, 0, "gate input"), need(w, 0, "gate weight"), y, o, stream_);
+        return {o};
+      }
       case OpKind::kCrossEntropy: {
         const Tensor &logits = need(in, 0, "logits"), &targets = need(in, 1, "targets");
         int64_t T = logits.type.shape.at(0), V = logits.type.shape.at(1);
@@ -353,6 +409,53 @@ class CudaBackend final : public exec::Backend {
         const Tensor& g = need(a.grad_outputs, 0, "gradient");
         pass(0, g);
         return pass(1, g);
+      }
+      case OpKind::kRouter: {
+        const Tensor& x = need(a.inputs, 0, "input");
+        Tensor& dx = grad(0, x.type, acc);
+        return router_backward(x, need(a.weights, 0, "router weight"), need(a.grad_outputs, 0, "gradient"),
+                               dx, acc, need(a.weight_grads, 0, "router weight gradient"),
+                               a.weight_grads.size() > 1 ? &a.weight_grads[1] : nullptr, stream_);
+      }
+      case OpKind::kTopK: {
+        const Tensor &probs = need(a.outputs, 0, "routing probabilities"),
+                     &idx = need(a.outputs, 1, "routing indices");
+        if (!c.model->moe) unsupported(c, "top-k routing outside a MoE model");
+        Tensor& dl = grad(0, {{idx.type.shape.at(0), c.model->moe->num_experts}, Dtype::kFp32}, acc);
+        return topk_backward(probs, idx, need(a.grad_outputs, 0, "gradient"), dl, acc, stream_);
+      }
+      case OpKind::kMoeDispatch: {
+        const Tensor &g = need(a.grad_outputs, 0, "gradient"), &idx = need(a.inputs, 1, "routing indices");
+        Tensor& dx = grad(0, {{idx.type.shape.at(0), g.type.shape.at(1)}, g.type.dtype}, acc);
+        return moe_dispatch_backward(g, idx, dx, acc, routed_experts(c), stream_);
+      }
+      case OpKind::kExpertColumn:
+      case OpKind::kExpertRow: {
+        const Tensor& xe = need(a.inputs, 0, "expert input");
+        routed_experts(c);
+        Tensor& dx = grad(0, xe.type, acc);
+        return expert_backward(blas_, xe, need(a.inputs, 1, "routing indices"), need(a.weights, 0, "expert weight"),
+                               need(a.grad_outputs, 0, "gradient"), dx, acc,
+                               need(a.weight_grads, 0, "expert weight gradient"), stream_);
+      }
+      case OpKind::kMoeCombine: {
+        const Tensor &ye = need(a.inputs, 0, "expert outputs"), &probs = need(a.inputs, 1, "routing probabilities");
+        bool acc_p = false;
+        Tensor& dye = grad(0, ye.type, acc);
+        Tensor& dp = grad(1, probs.type, acc_p);
+        return moe_combine_backward(ye, probs, need(a.inputs, 2, "routing indices"),
+                                    need(a.grad_outputs, 0, "gradient"), dye, acc, dp, acc_p,
+                                    routed_experts(c), stream_);
+      }
+      case OpKind::kSharedGate: {
+        const Tensor &x = need(a.inputs, 0, "gate input"), &y = need(a.inputs, 1, "shared expert output");
+        Tensor dz = ws({{x.type.shape.at(0)}, Dtype::kFp32});
+        bool acc_y = false;
+        Tensor& dx = grad(0, x.type, acc);
+        Tensor& dy = grad(1, y.type, acc_y);
+        return shared_gate_backward(x, need(a.weights, 0, "gate weight"), y, need(a.grad_outputs, 0, "gradient"),
+                                    dx, acc, dy, acc_y, need(a.weight_grads, 0, "gate weight gradient"), dz,
+                                    stream_);
       }
       case OpKind::kCrossEntropy: {
         const Tensor& sm = need(a.outputs, 1, "softmax");

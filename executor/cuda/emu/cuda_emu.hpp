@@ -99,6 +99,7 @@ inline unsigned __ballot_sync(unsigned, int pred) {
     bits |= (np::emu::shuffle_from<int>(pred != 0, l) ? 1u : 0u) << l;
   return bits;
 }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
 inline int __all_sync(unsigned m, int pred) { return __ballot_sync(m, !pred) == 0; }
 

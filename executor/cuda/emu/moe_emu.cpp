@@ -1,0 +1,2 @@
+// The emulation build of executor/cuda/moe.cu.
+#include "executor/cuda/moe.cu"
