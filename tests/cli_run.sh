@@ -84,9 +84,9 @@ bad "plan made for a different model of the same name" "names model tiny but is 
 bad "setup flags conflict with a plan" "conflicts with a plan file" run "$TMP/plan.json" --tp 4
 bad "no source" "exactly one of" run
 bad "unknown backend" "valid: cpu, cuda, auto" run "$TMP/plan.json" --backend tpu
-bad "--backend cuda where it cannot run (no GPU here, or the backend incomplete)" "^nanoplan: error: --backend cuda: " run "$TMP/plan.json" --backend cuda
+bad "--backend cuda where it cannot run (no GPU here, or a multi-rank plan)" "^nanoplan: error: --backend cuda: " run "$TMP/plan.json" --backend cuda
 "$NP" run "$TMP/plan.json" --backend auto >"$TMP/auto.out" 2>&1; rc=$?
-check "--backend auto falls back to the CPU executor" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/auto.out"'
+check "--backend auto falls back to the CPU executor and says why" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/auto.out" && grep -q "^nanoplan: --backend auto: the CPU executor (" "$TMP/auto.out"'
 bad "missing plan file" "cannot read plan" run "$TMP/nope.json"
 bad "dp > 1 on the CPU executor" "dp = 1" run "${SETUP[@]}" --dp 2
 printf '{"format": "nanoplan-schedule",\n "format_version": 3,\n oops}\n' >"$TMP/broken.json"

@@ -12,10 +12,12 @@
 
 #include "executor/backend.hpp"
 #include "executor/cuda/kernels.hpp"
+#include "gpu_env.hpp"
 
 namespace np::cuda {
 namespace {
 
+#ifdef NANOPLAN_CUDA_EMULATION
 // ---- the emulation ------------------------------------------------------------------------------
 
 // Thread t writes t to shared memory; after the barrier, thread t reads its right neighbour's.
@@ -136,21 +138,48 @@ TEST(CudaEmulation, CublasGemmIsColumnMajorWithTransposesAndStrides) {
   cublasDestroy(h);
 }
 
+#endif  // NANOPLAN_CUDA_EMULATION
+
 // ---- kernels against a double-precision reference -----------------------------------------------
 
+// A device tensor for the tests, read and written through cudaMemcpy (so the same test runs on a
+// GPU); it starts poisoned with 0xFF bytes (NaN).
 struct DeviceTensor {
   Tensor t;
   DeviceTensor(std::vector<int64_t> shape, Dtype d) {
     t.type = {std::move(shape), d};
-    NP_CUDA_CHECK(cudaMalloc(&t.data, static_cast<size_t>(t.bytes())));  // poisoned: NaN
+    NP_CUDA_CHECK(cudaMalloc(&t.data, static_cast<size_t>(t.bytes())));
+    NP_CUDA_CHECK(cudaMemset(t.data, 0xFF, static_cast<size_t>(t.bytes())));
   }
   ~DeviceTensor() { cudaFree(t.data); }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  void set_raw(const void* p) {
+    NP_CUDA_CHECK(cudaMemcpy(t.data, p, static_cast<size_t>(t.bytes()), cudaMemcpyHostToDevice));
+  }
+  std::vector<uint8_t> raw() const {
+    std::vector<uint8_t> h(static_cast<size_t>(t.bytes()));
+    NP_CUDA_CHECK(cudaMemcpy(h.data(), t.data, h.size(), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  template <typename T>
+  std::vector<T> as() const {
+    std::vector<uint8_t> h = raw();
+    std::vector<T> v(h.size() / sizeof(T));
+    std::memcpy(v.data(), h.data(), v.size() * sizeof(T));
+    return v;
+  }
   void set(const std::vector<double>& v) {
-    for (size_t i = 0; i < v.size(); ++i) exec::store(t, static_cast<int64_t>(i), static_cast<float>(v[i]));
+    std::vector<uint8_t> h(static_cast<size_t>(t.bytes()));
+    Tensor host{h.data(), t.type};
+    for (size_t i = 0; i < v.size(); ++i) exec::store(host, static_cast<int64_t>(i), static_cast<float>(v[i]));
+    set_raw(h.data());
   }
   std::vector<double> get() const {
+    std::vector<uint8_t> h = raw();
+    Tensor host{h.data(), t.type};
     std::vector<double> v(static_cast<size_t>(t.numel()));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = exec::load(t, static_cast<int64_t>(i));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = exec::load(host, static_cast<int64_t>(i));
     return v;
   }
 };
@@ -327,15 +356,18 @@ TEST(CudaKernels, OptimizerAndCopyMatchTheCpuReferenceBitwise) {
       rw[i] -= lr * ((rm[i] / c1) / (std::sqrt(rv[i] / c2) + eps) + wd * rw[i]);
     }
   }
-  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(exec::load(w.t, i), rw[i]) << i;
+  const std::vector<double> wh = w.get();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(wh[i], rw[i]) << i;
   sgd_step(g.t, w2.t, lr, nullptr);
+  const std::vector<double> w2h = w2.get();
   for (int64_t i = 0; i < n; ++i)
-    ASSERT_EQ(exec::load(w2.t, i), static_cast<float>(wv[i]) - lr * static_cast<float>(gv[i]));
+    ASSERT_EQ(w2h[i], static_cast<float>(wv[i]) - lr * static_cast<float>(gv[i]));
   DeviceTensor b({n}, Dtype::kBf16);
   copy_elements(b.t, 3, w.t, 5, n - 7, nullptr);
+  const std::vector<double> bh = b.get();
   for (int64_t i = 0; i < n - 7; ++i)
-    ASSERT_EQ(exec::load(b.t, 3 + i), exec::bf16_to_f32(exec::f32_to_bf16(exec::load(w.t, 5 + i))));
-  EXPECT_TRUE(std::isnan(exec::load(b.t, 0))) << "elements outside the range stay untouched";
+    ASSERT_EQ(bh[3 + i], exec::bf16_to_f32(exec::f32_to_bf16(static_cast<float>(wh[5 + i]))));
+  EXPECT_TRUE(std::isnan(bh[0])) << "elements outside the range stay untouched";
   EXPECT_THROW(copy_elements(b.t, 3, w.t, 5, n, nullptr), std::invalid_argument);
 }
 
@@ -410,8 +442,8 @@ TEST(CudaKernels, EmbeddingAndCrossEntropyOnAVocabShard) {
   std::vector<int64_t> ids(rows);
   for (int64_t& x : ids) x = id(rng);
   DeviceTensor idt({rows}, Dtype::kI64), tgt({rows}, Dtype::kI64);
-  std::memcpy(idt.t.data, ids.data(), rows * sizeof(int64_t));
-  std::memcpy(tgt.t.data, ids.data(), rows * sizeof(int64_t));
+  idt.set_raw(ids.data());
+  tgt.set_raw(ids.data());
   for (Dtype d : {Dtype::kFp32, Dtype::kBf16}) {
     auto wv = random_values(v * h, 52), lv = random_values(rows * v, 53), prior = random_values(rows * v, 54);
     DeviceTensor w({v, h}, d), out({rows, h}, d), logits({rows, v}, d), mx({rows}, Dtype::kFp32),
@@ -528,6 +560,8 @@ TEST(CudaKernels, DropoutMaskIsTheCpuReferencesBitForBit) {
     dropout_forward(x.t, y.t, mask.t, p, seed, stream_id, l, nullptr);
     dropout_backward(dy.t, mask.t, dx.t, false, p, nullptr);
     int kept = 0;
+    const std::vector<uint8_t> mk = mask.as<uint8_t>();
+    const std::vector<double> yh = y.get(), dxh = dx.get();
     for (int64_t i = 0; i < n; ++i) {
       uint64_t index;
       if (probs) {
@@ -538,11 +572,11 @@ TEST(CudaKernels, DropoutMaskIsTheCpuReferencesBitForBit) {
       }
       bool keep = exec::counter_uniform(seed, stream_id, index) >= p;
       kept += keep;
-      ASSERT_EQ(mask.t.as<uint8_t>()[i], keep ? 1 : 0) << i;
+      ASSERT_EQ(mk[i], keep ? 1 : 0) << i;
       float want = keep ? static_cast<float>(xv[i]) / (1.0f - p) : 0.0f;
-      ASSERT_EQ(exec::load(y.t, i), exec::bf16_to_f32(exec::f32_to_bf16(want))) << i;
+      ASSERT_EQ(yh[i], exec::bf16_to_f32(exec::f32_to_bf16(want))) << i;
       float gwant = keep ? static_cast<float>(gv[i]) / (1.0f - p) : 0.0f;
-      ASSERT_EQ(exec::load(dx.t, i), exec::bf16_to_f32(exec::f32_to_bf16(gwant))) << i;
+      ASSERT_EQ(dxh[i], exec::bf16_to_f32(exec::f32_to_bf16(gwant))) << i;
     }
     EXPECT_GT(kept, n / 2);
     EXPECT_LT(kept, n * 9 / 10);
@@ -582,7 +616,7 @@ TEST(CudaKernels, EmbeddingBackwardAcrossTilesAndChunks) {
   std::vector<int64_t> ids(rows);
   for (int64_t t = 0; t < rows; ++t) ids[t] = (t * 7) % (v + 2);  // some ids outside the shard
   DeviceTensor idt({rows}, Dtype::kI64), dy({rows, h}, Dtype::kFp32), dw({v, h}, Dtype::kFp32);
-  std::memcpy(idt.t.data, ids.data(), rows * sizeof(int64_t));
+  idt.set_raw(ids.data());
   auto gv = random_values(rows * h, 91);
   dy.set(gv), dw.set(std::vector<double>(v * h, 0.0));
   embedding_backward(idt.t, dy.t, dw.t, 0, nullptr);
@@ -695,7 +729,8 @@ TEST(CudaKernels, MixtureOfExperts) {
   logits.set(lv), dprobs.set(gpv);
   topk_forward(logits.t, probs.t, idx.t, nullptr);
   topk_backward(probs.t, idx.t, dprobs.t, dlogits.t, false, nullptr);
-  const int64_t* id = idx.t.as<int64_t>();
+  const std::vector<int64_t> idv = idx.as<int64_t>();
+  const int64_t* id = idv.data();
   std::vector<double> pr(T * k), dlr(T * E, 0.0);
   for (int64_t t = 0; t < T; ++t) {
     std::vector<int64_t> order(E);

@@ -15,6 +15,7 @@
 #include "executor/compare.hpp"
 #include "executor/cpu/cpu_backend.hpp"
 #if defined(NANOPLAN_HAVE_CUDA)
+#include "executor/cuda/cuda_backend.hpp"
 #include "executor/cuda/device.hpp"
 #endif
 #include "executor/runner.hpp"
@@ -341,23 +342,31 @@ constexpr int kExitCheckFailed = 1;   // predicted != measured, or a scenario ch
 constexpr int kExitOutOfMemory = 3;   // --enforce-budget stopped a rank
 constexpr int kExitRunFailed = 4;     // the executor itself failed (a bug, or host memory)
 
-// --backend: cpu, cuda, or auto (cuda when a GPU is present and the CUDA backend runs whole steps).
-np::exec::BackendFactory backend_factory(const Flags& f) {
+// --backend: cpu, cuda, or auto (cuda where it can run the plan: a GPU is present and the plan has
+// one rank; else the CPU executor, said on stderr). `ranks`: the plan's tp x pp.
+np::exec::BackendFactory backend_factory(const Flags& f, int64_t ranks) {
   if (f.backend != "cpu" && f.backend != "cuda" && f.backend != "auto")
     die("invalid --backend " + np::quote_input(f.backend) + " (valid: cpu, cuda, auto)");
   if (f.backend != "cpu") {
 #if defined(NANOPLAN_HAVE_CUDA)
     np::cuda::GpuProbe gpus = np::cuda::probe_gpus();
     std::string why = gpus.count == 0 ? "no GPU: " + gpus.why
-                                      : "the CUDA backend does not run a whole step yet";
-    bool usable = gpus.count > 0 && np::cuda::kBackendComplete;
+                      : ranks > 1     ? "the plan has " + std::to_string(ranks) +
+                                        " ranks; the CUDA backend runs one-rank plans (tp 1, pp 1) "
+                                        "until a device communicator exists"
+                                      : "";
+    if (why.empty()) return [] { return np::cuda::make_cuda_backend(); };
 #else
     std::string why = "this build has no CUDA toolkit";
-    bool usable = false;
 #endif
-    if (f.backend == "cuda" && !usable) die("--backend cuda: " + why + " (valid here: cpu, auto)");
+    if (f.backend == "cuda") die("--backend cuda: " + why + " (valid here: cpu, auto)");
+    std::fprintf(stderr, "nanoplan: --backend auto: the CPU executor (%s)\n", why.c_str());
   }
   return [] { return np::exec::make_cpu_backend(); };
+}
+
+int64_t ranks_of(const np::TrainSpec& t) {
+  return t.tp * t.pp;
 }
 
 np::exec::RunOptions run_options(const Flags& f) {
@@ -387,7 +396,7 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
     return 0;
   }
   if (auto e = np::exec::check_runnable(s)) die(e->message);
-  auto r = np::exec::run_schedule(s, backend_factory(f), run_options(f));
+  auto r = np::exec::run_schedule(s, backend_factory(f, ranks_of(s.setup)), run_options(f));
   if (!r) {
     std::fprintf(stderr, "nanoplan: %s\n", r.error().message.c_str());
     return kExitRunFailed;
@@ -420,9 +429,11 @@ int run_scenario(const Flags& f) {
   np::Scenario sc = check(np::load_scenario(f.scenario, catalog));
   Flags g = f;
   if (g.steps == 1) g.steps = sc.steps;
-  for (const np::TrainSpec& t : sc.matrix)  // refuse before anything is printed or run
+  for (const np::TrainSpec& t : sc.matrix) {  // refuse before anything is printed or run
     if (auto e = np::exec::check_runnable(np::build_schedule(sc.model, t)))
       die(f.scenario + ": " + np::describe_short(t) + ": " + e->message);
+    if (f.backend != "auto") backend_factory(f, ranks_of(t));
+  }
   int failed = 0;
   nlohmann::json all = nlohmann::json::array();
   std::printf("%s",
@@ -433,7 +444,7 @@ int run_scenario(const Flags& f) {
                         .c_str());
   for (const np::TrainSpec& t : sc.matrix) {
     np::Schedule s = np::build_schedule(sc.model, t);
-    auto r = np::exec::run_schedule(s, backend_factory(g), run_options(g));
+    auto r = np::exec::run_schedule(s, backend_factory(g, ranks_of(t)), run_options(g));
     if (!r) {
       std::fprintf(stderr, "nanoplan: %s: %s\n", np::describe_short(t).c_str(),
                    r.error().message.c_str());

@@ -1,21 +1,22 @@
-// What the CUDA backend's sources include instead of the CUDA headers: with nvcc the real runtime,
-// cuBLAS and bf16 headers; with the host compiler (NANOPLAN_CUDA_EMULATION) the host emulation in
-// executor/cuda/emu/. Kernels launch through np_launch, never <<<>>>, and take shared memory only
-// through np_shared<T>() (dynamic shared memory), so one source serves both.
+// What the CUDA backend's sources include instead of the CUDA headers: the real runtime, cuBLAS
+// and bf16 headers (nvcc, and host code such as the GPU tests that links the nvcc-built library),
+// or, where NANOPLAN_CUDA_EMULATION is defined, the host emulation in executor/cuda/emu/. Kernels
+// launch through np_launch, never <<<>>>, and take shared memory only through np_shared<T>()
+// (dynamic shared memory), so one source serves both.
 #pragma once
 #include <cstddef>
 #include <stdexcept>
 #include <string>
 
-#if defined(__CUDACC__)
+#if defined(NANOPLAN_CUDA_EMULATION)
+#include "executor/cuda/emu/cublas_emu.hpp"
+#include "executor/cuda/emu/cuda_emu.hpp"
+#define NP_HD
+#else
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define NP_HD __host__ __device__
-#else
-#include "executor/cuda/emu/cublas_emu.hpp"
-#include "executor/cuda/emu/cuda_emu.hpp"
-#define NP_HD
 #endif
 
 namespace np::cuda {
@@ -24,22 +25,27 @@ namespace np::cuda {
 template <typename... Params, typename... Args>
 void np_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
                cudaStream_t stream, Args... args) {
-#if defined(__CUDACC__)
-  kernel<<<grid, block, shared, stream>>>(args...);
-#else
+#if defined(NANOPLAN_CUDA_EMULATION)
   (void)stream;
   ::np::emu::launch(grid, block, shared, [&] { kernel(args...); });
+#elif defined(__CUDACC__)
+  kernel<<<grid, block, shared, stream>>>(args...);
+#else
+  static_assert(sizeof...(Params) < 0, "kernels launch from .cu files (nvcc) or the emulation");
 #endif
 }
 
 // This block's dynamic shared memory as T[] (16-byte aligned).
 template <typename T>
 __device__ __forceinline__ T* np_shared() {
-#if defined(__CUDACC__)
+#if defined(NANOPLAN_CUDA_EMULATION)
+  return static_cast<T*>(::np::emu::dynamic_shared());
+#elif defined(__CUDACC__)
   extern __shared__ __align__(16) unsigned char np_shared_bytes[];
   return reinterpret_cast<T*>(np_shared_bytes);
 #else
-  return static_cast<T*>(::np::emu::dynamic_shared());
+  static_assert(sizeof(T) == 0, "shared memory is for kernels (.cu files, or the emulation)");
+  return nullptr;
 #endif
 }
 

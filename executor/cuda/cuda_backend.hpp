@@ -1,9 +1,9 @@
 // The CUDA backend behind the executor's Backend interface: device memory on cudaMalloc (through
 // the rank's tracking allocator, like every backend), the kernels of executor/cuda/*.cu, GEMMs
-// through cuBLAS. In progress: it runs the ops of the dense models (Llama, Qwen, GPT) through the
-// CUDA emulation in tests; MoE and the eager attention GEMMs are not written yet, and its
-// collectives use the rank's communicator on device pointers, which only the emulation (host
-// memory) supports until the NCCL communicator exists.
+// through cuBLAS (its workspace a runtime buffer from the allocator). It runs every op of the
+// dense and MoE models (ep = 1). Its collectives and pipeline transfers go through the rank's
+// communicator on device pointers, which the in-process communicator serves only in the
+// emulation (host memory): on a GPU it runs one-rank plans until a device communicator exists.
 #pragma once
 #include <memory>
 

@@ -10,9 +10,4 @@ struct GpuProbe {
 };
 GpuProbe probe_gpus();
 
-// Whether `run --backend cuda` may use the CUDA backend (not yet: it runs dense models through the
-// emulation, but MoE, the eager attention GEMMs and the NCCL collectives are missing and it has
-// not run on a GPU; README, "The CUDA backend").
-constexpr bool kBackendComplete = false;
-
 }  // namespace np::cuda

@@ -5,21 +5,24 @@
 namespace np::cuda {
 namespace {
 
-// The CPU reference's arithmetic, in the same fp32 order: m, v, then the master weight.
+// The CPU reference's arithmetic, in the same fp32 order: m, v, then the master weight. Every
+// operation rounds on its own (the _rn intrinsics), so nvcc cannot contract a multiply and an add
+// into one FMA: the result is the CPU reference's bit for bit.
 __global__ void adamw_kernel(View grad, float* master, float* m, float* v, long long n, float lr,
                              float beta1, float beta2, float eps, float weight_decay, float c1,
                              float c2) {
   long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n) return;
   float g = ld(grad, i);
-  m[i] = beta1 * m[i] + (1 - beta1) * g;
-  v[i] = beta2 * v[i] + (1 - beta2) * g * g;
-  master[i] -= lr * ((m[i] / c1) / (sqrtf(v[i] / c2) + eps) + weight_decay * master[i]);
+  m[i] = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(1 - beta1, g));
+  v[i] = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(1 - beta2, g), g));
+  float step = __fdiv_rn(__fdiv_rn(m[i], c1), __fadd_rn(__fsqrt_rn(__fdiv_rn(v[i], c2)), eps));
+  master[i] = __fsub_rn(master[i], __fmul_rn(lr, __fadd_rn(step, __fmul_rn(weight_decay, master[i]))));
 }
 
 __global__ void sgd_kernel(View grad, float* master, long long n, float lr) {
   long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
-  if (i < n) master[i] -= lr * ld(grad, i);
+  if (i < n) master[i] = __fsub_rn(master[i], __fmul_rn(lr, ld(grad, i)));
 }
 
 __global__ void copy_kernel(View dst, long long dst_offset, View src, long long src_offset,

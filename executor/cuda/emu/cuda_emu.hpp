@@ -110,6 +110,12 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned old = *p; *p = old
 inline int atomicMax(int* p, int v) { int old = *p; *p = old > v ? old : v; return old; }
 
 inline float __expf(float x) { return std::exp(x); }
+// Single-rounding arithmetic (on a GPU: never contracted into an FMA).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline float __logf(float x) { return std::log(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __fdividef(float a, float b) { return a / b; }
