@@ -6,6 +6,7 @@
 // element has one writer, so results are deterministic. (A first, functional version: the
 // tensor-core MMA path comes with the GPU benchmarks.)
 #include "executor/cuda/common.cuh"
+#include "executor/cuda/mma.cuh"
 
 namespace np::cuda {
 namespace {
@@ -77,6 +78,100 @@ __global__ void flash_forward_kernel(View qkv, View out, float* lse, Geo g) {
   if (!active) return;
   for (long long c = 0; c < g.d; ++c) st(out, ti * g.hq * g.d + g.q_col(h) + c, acc[c] / l);
   lse[g.stat(bi, h, i)] = m + __logf(l);
+}
+
+// ---- the tensor-core forward (bf16) ----
+// Block: kMmaRows query rows (one 16-row slab per warp) of one (batch, q head); key tiles of
+// kMmaKeys. S = Q K^T and O += P V run on the tensor cores (mma_16x16x16) from shared memory,
+// head_dim padded with zeros to a multiple of 16; the online softmax runs one thread per row in
+// fp32, P rounded to bf16 for the second product (as FlashAttention-2 does).
+constexpr int kMmaRows = 32, kMmaKeys = 32, kMmaWarps = kMmaRows / kMmaTile;
+
+struct MmaSmem {  // byte offsets into the block's dynamic shared memory, each 32-byte aligned
+  size_t q, k, v, p, s, o, stats, total;
+  NP_HD explicit MmaSmem(long long dp) {
+    auto up = [](size_t x) { return (x + 31) / 32 * 32; };
+    q = 0;
+    k = up(q + kMmaRows * dp * 2);
+    v = up(k + kMmaKeys * dp * 2);
+    p = up(v + kMmaKeys * dp * 2);
+    s = up(p + kMmaRows * kMmaKeys * 2);
+    o = up(s + kMmaRows * kMmaKeys * 4);
+    stats = up(o + kMmaRows * dp * 4);
+    total = up(stats + 3 * kMmaRows * 4);
+  }
+};
+
+// rows x dp bf16 tile of qkv columns col.. (rows past the sequence and columns past d: 0).
+__device__ void load_tile_bf16(View qkv, const Geo& g, long long bi, long long pos0, long long col,
+                               int rows, long long dp, __nv_bfloat16* dst) {
+  for (long long e = threadIdx.x; e < rows * dp; e += kMmaWarps * 32) {
+    long long r = e / dp, c = e % dp, pos = pos0 + r;
+    float x = pos < g.s && c < g.d ? ld(qkv, g.row(bi, pos) * g.width + col + c) : 0.0f;
+    dst[e] = __float2bfloat16(x);
+  }
+}
+
+__global__ void flash_forward_mma_kernel(View qkv, View out, float* lse, Geo g, long long dp) {
+  long long bi = blockIdx.y / g.hq, h = blockIdx.y % g.hq, i0 = static_cast<long long>(blockIdx.x) * kMmaRows;
+  unsigned char* base = np_shared<unsigned char>();
+  MmaSmem L(dp);
+  auto* qs = reinterpret_cast<__nv_bfloat16*>(base + L.q);
+  auto* ks = reinterpret_cast<__nv_bfloat16*>(base + L.k);
+  auto* vs = reinterpret_cast<__nv_bfloat16*>(base + L.v);
+  auto* ps = reinterpret_cast<__nv_bfloat16*>(base + L.p);
+  auto* ss = reinterpret_cast<float*>(base + L.s);
+  auto* os = reinterpret_cast<float*>(base + L.o);
+  float* ms = reinterpret_cast<float*>(base + L.stats);
+  float *ls = ms + kMmaRows, *corr = ls + kMmaRows;
+  int tid = threadIdx.x, warp = tid / 32;
+  const int nthreads = kMmaWarps * 32;
+  load_tile_bf16(qkv, g, bi, i0, g.q_col(h), kMmaRows, dp, qs);
+  for (long long e = tid; e < kMmaRows * dp; e += nthreads) os[e] = 0.0f;
+  if (tid < kMmaRows) ms[tid] = -INFINITY, ls[tid] = 0.0f;
+  long long last = i0 + kMmaRows - 1 < g.s ? i0 + kMmaRows - 1 : g.s - 1;
+  for (long long j0 = 0; j0 <= last; j0 += kMmaKeys) {
+    load_tile_bf16(qkv, g, bi, j0, g.k_col(h), kMmaKeys, dp, ks);
+    load_tile_bf16(qkv, g, bi, j0, g.v_col(h), kMmaKeys, dp, vs);
+    for (long long e = tid; e < kMmaRows * kMmaKeys; e += nthreads) ss[e] = 0.0f;
+    __syncthreads();
+    // S (this warp's 16 rows x kMmaKeys) = Q K^T: K row-major is K^T column-major.
+    for (int cb = 0; cb < kMmaKeys / kMmaTile; ++cb)
+      for (long long kk = 0; kk < dp; kk += kMmaTile)
+        mma_16x16x16<true>(qs + warp * kMmaTile * dp + kk, static_cast<unsigned>(dp),
+                           ks + cb * kMmaTile * dp + kk, static_cast<unsigned>(dp),
+                           ss + warp * kMmaTile * kMmaKeys + cb * kMmaTile, kMmaKeys);
+    __syncthreads();
+    if (tid < kMmaRows) {  // the online softmax of row i over this tile's keys j <= i
+      long long i = i0 + tid;
+      float m = ms[tid], mx = m;
+      for (int jj = 0; jj < kMmaKeys; ++jj)
+        if (j0 + jj <= i && i < g.s) mx = fmaxf(mx, g.scale * ss[tid * kMmaKeys + jj]);
+      float c = mx == -INFINITY ? 1.0f : __expf(m - mx), sum = 0.0f;
+      for (int jj = 0; jj < kMmaKeys; ++jj) {
+        bool live = j0 + jj <= i && i < g.s;
+        float p = live ? __expf(g.scale * ss[tid * kMmaKeys + jj] - mx) : 0.0f;
+        sum += p;
+        ps[tid * kMmaKeys + jj] = __float2bfloat16(p);
+      }
+      ms[tid] = mx, ls[tid] = ls[tid] * c + sum, corr[tid] = c;
+    }
+    __syncthreads();
+    for (long long e = tid; e < kMmaRows * dp; e += nthreads) os[e] *= corr[e / dp];
+    __syncthreads();
+    // O (this warp's 16 rows x dp) += P V, V row-major.
+    for (long long cb = 0; cb < dp; cb += kMmaTile)
+      for (int kk = 0; kk < kMmaKeys; kk += kMmaTile)
+        mma_16x16x16<false>(ps + warp * kMmaTile * kMmaKeys + kk, kMmaKeys,
+                            vs + kk * dp + cb, static_cast<unsigned>(dp),
+                            os + warp * kMmaTile * dp + cb, static_cast<unsigned>(dp));
+    __syncthreads();  // the tiles are overwritten next
+  }
+  for (long long e = tid; e < kMmaRows * g.d; e += nthreads) {
+    long long r = e / g.d, c = e % g.d, i = i0 + r;
+    if (i < g.s) st(out, g.row(bi, i) * g.hq * g.d + g.q_col(h) + c, os[r * dp + c] / ls[r]);
+  }
+  if (tid < kMmaRows && i0 + tid < g.s) lse[g.stat(bi, h, i0 + tid)] = ms[tid] + __logf(ls[tid]);
 }
 
 // D[b][h][i] = dO_i . O_i: one thread per (row, head).
@@ -334,6 +429,17 @@ void flash_attention_forward(const AttentionShape& a, const Tensor& qkv, const T
   need(out.numel() == g.b * g.s * g.hq * g.d && lse.numel() == g.b * g.hq * g.s &&
            lse.type.dtype == Dtype::kFp32,
        "attention: output or logsumexp has the wrong size");
+  if (qkv.type.dtype == Dtype::kBf16) {  // the tensor cores
+    long long dp = (g.d + kMmaTile - 1) / kMmaTile * kMmaTile;
+    size_t bytes = MmaSmem(dp).total;
+    np_allow_shared(flash_forward_mma_kernel, bytes);
+    dim3 grid(static_cast<unsigned>((g.s + kMmaRows - 1) / kMmaRows), static_cast<unsigned>(g.b * g.hq));
+    np_launch(flash_forward_mma_kernel, grid, dim3(kMmaWarps * 32), bytes, stream, view(qkv),
+              view(out), lse.as<float>(), g, dp);
+    NP_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  // fp32 tensors (tests; the tensor cores would round them to bf16): one thread per query row.
   dim3 grid(static_cast<unsigned>((g.s + kRows - 1) / kRows), static_cast<unsigned>(g.b * g.hq));
   np_launch(flash_forward_kernel, grid, dim3(kRows), 2 * kTile * g.d * sizeof(float), stream,
             view(qkv), view(out), lse.as<float>(), g);

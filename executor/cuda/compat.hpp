@@ -70,3 +70,20 @@ __device__ __forceinline__ T* np_shared() {
   } while (0)
 // A kernel launch's errors surface at the next call; this checks at once.
 #define NP_CUDA_CHECK_LAUNCH() NP_CUDA_CHECK(cudaGetLastError())
+
+namespace np::cuda {
+
+// Lets `kernel` take `bytes` of dynamic shared memory (past the default 48 KiB on a GPU).
+template <typename... Params>
+void np_allow_shared(void (*kernel)(Params...), size_t bytes) {
+#if defined(NANOPLAN_CUDA_EMULATION)
+  (void)kernel, (void)bytes;
+#elif defined(__CUDACC__)
+  NP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(bytes)));
+#else
+  static_assert(sizeof...(Params) < 0, "kernels launch from .cu files (nvcc) or the emulation");
+#endif
+}
+
+}  // namespace np::cuda

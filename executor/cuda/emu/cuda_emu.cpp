@@ -265,10 +265,26 @@ void run_block(Block& b, bool reverse_first) {
   }
   for (int phase = 0;; ++phase) {
     bool reverse = (phase % 2 == 1) != reverse_first;
+    // A warp whose lanes all wait at a warp barrier (a shuffle, a vote, __syncwarp) goes on at
+    // once, ahead of the warps not yet run in this pass: a block barrier missing between two
+    // phases that the warp synchronises within then shows up as a wrong result.
+    auto run_warp_ahead = [&](size_t w) {
+      size_t lo = w * 32, hi = std::min(n, lo + 32);
+      for (;;) {
+        for (size_t l = lo; l < hi; ++l)
+          if (b.fibers[l].wait != Wait::kWarp) return;
+        for (size_t l = lo; l < hi; ++l) b.fibers[l].wait = Wait::kNone;
+        for (size_t q = 0; q < hi - lo; ++q) {
+          to_fiber(b, static_cast<int>(reverse ? hi - 1 - q : lo + q));
+          if (b.error) std::rethrow_exception(b.error);
+        }
+      }
+    };
     for (size_t k = 0; k < n; ++k) {
       size_t i = reverse ? n - 1 - k : k;
       if (b.fibers[i].wait == Wait::kNone) to_fiber(b, static_cast<int>(i));
       if (b.error) std::rethrow_exception(b.error);
+      run_warp_ahead(i / 32);
     }
     if (!release(b)) break;
   }
