@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -11,9 +12,16 @@
 
 namespace np::testing {
 
+// The source tree: NANOPLAN_SOURCE_DIR in the environment (test binaries carried to another
+// machine, as tools/device_check does), else where this build was configured.
+inline std::string source_dir() {
+  if (const char* env = std::getenv("NANOPLAN_SOURCE_DIR")) return env;
+  return NANOPLAN_SOURCE_DIR;
+}
+
 inline const std::vector<ModelSpec>& catalog() {
   static const std::vector<ModelSpec> models = [] {
-    auto r = load_model_catalog(std::string(NANOPLAN_SOURCE_DIR) + "/models");
+    auto r = load_model_catalog(source_dir() + "/models");
     if (!r) throw std::runtime_error(r.error().message);
     return *r;
   }();
@@ -28,7 +36,7 @@ inline ModelSpec model(const std::string& name) {
 
 // A scenario of the source tree's scenarios/ folder, by name ("tiny-llama").
 inline Scenario scenario(const std::string& name) {
-  auto s = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/" + name + ".toml", catalog());
+  auto s = load_scenario(source_dir() + "/scenarios/" + name + ".toml", catalog());
   if (!s) throw std::runtime_error(s.error().message);
   return *s;
 }
