@@ -1,10 +1,11 @@
 // Causal self-attention, FlashAttention-style: the forward keeps only the output and the
 // logsumexp; the backward recomputes the probabilities. qkv rows are [q heads | k heads | v heads]
 // of this rank (GQA: hq / hkv query heads share a key-value head), row t = pos * batch + b, scale
-// 1/sqrt(head_dim). Tiles of keys (forward, dQ) or queries (dK, dV) pass through shared memory;
-// each thread owns one row and keeps its running state in registers. No atomics: every output
-// element has one writer, so results are deterministic. (A first, functional version: the
-// tensor-core MMA path comes with the GPU benchmarks.)
+// 1/sqrt(head_dim). bf16 tensors run on the tensor cores (mma.cuh): tiles of 32 queries and 32
+// keys in shared memory, head_dim padded to a multiple of 16. fp32 tensors (tests) run on the CUDA
+// cores, one thread per row with its running state in registers. No atomics: every output element
+// has one writer, so results are deterministic. Also here: the eager path (scores and context
+// through cuBLAS, the causal softmax).
 #include "executor/cuda/common.cuh"
 #include "executor/cuda/mma.cuh"
 
@@ -87,91 +88,227 @@ __global__ void flash_forward_kernel(View qkv, View out, float* lse, Geo g) {
 // fp32, P rounded to bf16 for the second product (as FlashAttention-2 does).
 constexpr int kMmaRows = 32, kMmaKeys = 32, kMmaWarps = kMmaRows / kMmaTile;
 
-struct MmaSmem {  // byte offsets into the block's dynamic shared memory, each 32-byte aligned
-  size_t q, k, v, p, s, o, stats, total;
-  NP_HD explicit MmaSmem(long long dp) {
-    auto up = [](size_t x) { return (x + 31) / 32 * 32; };
-    q = 0;
-    k = up(q + kMmaRows * dp * 2);
-    v = up(k + kMmaKeys * dp * 2);
-    p = up(v + kMmaKeys * dp * 2);
-    s = up(p + kMmaRows * kMmaKeys * 2);
-    o = up(s + kMmaRows * kMmaKeys * 4);
-    stats = up(o + kMmaRows * dp * 4);
-    total = up(stats + 3 * kMmaRows * 4);
+// Shared-memory arrays cut one after another from a base address, each 32-byte aligned (the
+// tensor-core wrapper's requirement). Built on the device from the block's shared memory, and on
+// the host from address 0 to size the launch.
+struct Carve {
+  uintptr_t base;
+  size_t at = 0;
+  template <typename T>
+  NP_HD T* take(long long n) {
+    at = (at + 31) / 32 * 32;
+    T* p = reinterpret_cast<T*>(base + at);
+    at += static_cast<size_t>(n) * sizeof(T);
+    return p;
   }
 };
 
-// rows x dp bf16 tile of qkv columns col.. (rows past the sequence and columns past d: 0).
-__device__ void load_tile_bf16(View qkv, const Geo& g, long long bi, long long pos0, long long col,
-                               int rows, long long dp, __nv_bfloat16* dst) {
+using bf16 = __nv_bfloat16;
+
+// The forward's tiles: Q, K, V (bf16, dp wide), P (bf16) and S (fp32) of the key tile, the output
+// accumulator O (fp32), and per row the running max, sum and the rescaling factor.
+struct ForwardSmem {
+  bf16 *q, *k, *v, *p;
+  float *s, *o, *m, *l, *corr;
+  size_t bytes;
+  NP_HD ForwardSmem(uintptr_t base, long long dp) {
+    Carve c{base};
+    q = c.take<bf16>(kMmaRows * dp), k = c.take<bf16>(kMmaKeys * dp), v = c.take<bf16>(kMmaKeys * dp);
+    p = c.take<bf16>(kMmaRows * kMmaKeys), s = c.take<float>(kMmaRows * kMmaKeys);
+    o = c.take<float>(kMmaRows * dp);
+    m = c.take<float>(kMmaRows), l = c.take<float>(kMmaRows), corr = c.take<float>(kMmaRows);
+    bytes = c.at;
+  }
+};
+
+// rows x dp bf16 tile of `src` (rows of `width` elements, row t = pos * batch + b) from column
+// col: positions pos0.. (past the sequence: 0), columns past d: 0.
+__device__ void load_tile_bf16(View src, long long width, const Geo& g, long long bi, long long pos0,
+                               long long col, int rows, long long dp, bf16* dst) {
   for (long long e = threadIdx.x; e < rows * dp; e += kMmaWarps * 32) {
     long long r = e / dp, c = e % dp, pos = pos0 + r;
-    float x = pos < g.s && c < g.d ? ld(qkv, g.row(bi, pos) * g.width + col + c) : 0.0f;
+    float x = pos < g.s && c < g.d ? ld(src, g.row(bi, pos) * width + col + c) : 0.0f;
     dst[e] = __float2bfloat16(x);
   }
 }
 
+// c[rows of this warp's 16-row slab] = a (16 x kd, row-major) x b (kd x n), over n / 16 column
+// tiles and kd / 16 k-steps; b column-major (b^T row-major) or row-major.
+template <bool b_col_major>
+__device__ void warp_gemm(const bf16* a, long long lda, const bf16* b, long long ldb, float* c,
+                          long long ldc, long long n, long long kd) {
+  for (long long cb = 0; cb < n; cb += kMmaTile)
+    for (long long kk = 0; kk < kd; kk += kMmaTile)
+      mma_16x16x16<b_col_major>(a + kk, static_cast<unsigned>(lda),
+                                b_col_major ? b + cb * ldb + kk : b + kk * ldb + cb,
+                                static_cast<unsigned>(ldb), c + cb, static_cast<unsigned>(ldc));
+}
+
 __global__ void flash_forward_mma_kernel(View qkv, View out, float* lse, Geo g, long long dp) {
   long long bi = blockIdx.y / g.hq, h = blockIdx.y % g.hq, i0 = static_cast<long long>(blockIdx.x) * kMmaRows;
-  unsigned char* base = np_shared<unsigned char>();
-  MmaSmem L(dp);
-  auto* qs = reinterpret_cast<__nv_bfloat16*>(base + L.q);
-  auto* ks = reinterpret_cast<__nv_bfloat16*>(base + L.k);
-  auto* vs = reinterpret_cast<__nv_bfloat16*>(base + L.v);
-  auto* ps = reinterpret_cast<__nv_bfloat16*>(base + L.p);
-  auto* ss = reinterpret_cast<float*>(base + L.s);
-  auto* os = reinterpret_cast<float*>(base + L.o);
-  float* ms = reinterpret_cast<float*>(base + L.stats);
-  float *ls = ms + kMmaRows, *corr = ls + kMmaRows;
+  ForwardSmem t(reinterpret_cast<uintptr_t>(np_shared<unsigned char>()), dp);
   int tid = threadIdx.x, warp = tid / 32;
   const int nthreads = kMmaWarps * 32;
-  load_tile_bf16(qkv, g, bi, i0, g.q_col(h), kMmaRows, dp, qs);
-  for (long long e = tid; e < kMmaRows * dp; e += nthreads) os[e] = 0.0f;
-  if (tid < kMmaRows) ms[tid] = -INFINITY, ls[tid] = 0.0f;
+  load_tile_bf16(qkv, g.width, g, bi, i0, g.q_col(h), kMmaRows, dp, t.q);
+  for (long long e = tid; e < kMmaRows * dp; e += nthreads) t.o[e] = 0.0f;
+  if (tid < kMmaRows) t.m[tid] = -INFINITY, t.l[tid] = 0.0f;
   long long last = i0 + kMmaRows - 1 < g.s ? i0 + kMmaRows - 1 : g.s - 1;
   for (long long j0 = 0; j0 <= last; j0 += kMmaKeys) {
-    load_tile_bf16(qkv, g, bi, j0, g.k_col(h), kMmaKeys, dp, ks);
-    load_tile_bf16(qkv, g, bi, j0, g.v_col(h), kMmaKeys, dp, vs);
-    for (long long e = tid; e < kMmaRows * kMmaKeys; e += nthreads) ss[e] = 0.0f;
+    load_tile_bf16(qkv, g.width, g, bi, j0, g.k_col(h), kMmaKeys, dp, t.k);
+    load_tile_bf16(qkv, g.width, g, bi, j0, g.v_col(h), kMmaKeys, dp, t.v);
+    for (long long e = tid; e < kMmaRows * kMmaKeys; e += nthreads) t.s[e] = 0.0f;
     __syncthreads();
-    // S (this warp's 16 rows x kMmaKeys) = Q K^T: K row-major is K^T column-major.
-    for (int cb = 0; cb < kMmaKeys / kMmaTile; ++cb)
-      for (long long kk = 0; kk < dp; kk += kMmaTile)
-        mma_16x16x16<true>(qs + warp * kMmaTile * dp + kk, static_cast<unsigned>(dp),
-                           ks + cb * kMmaTile * dp + kk, static_cast<unsigned>(dp),
-                           ss + warp * kMmaTile * kMmaKeys + cb * kMmaTile, kMmaKeys);
+    // S (this warp's 16 rows x the tile's keys) = Q K^T: K row-major is K^T column-major.
+    warp_gemm<true>(t.q + warp * kMmaTile * dp, dp, t.k, dp, t.s + warp * kMmaTile * kMmaKeys,
+                    kMmaKeys, kMmaKeys, dp);
     __syncthreads();
     if (tid < kMmaRows) {  // the online softmax of row i over this tile's keys j <= i
       long long i = i0 + tid;
-      float m = ms[tid], mx = m;
+      float m = t.m[tid], mx = m;
       for (int jj = 0; jj < kMmaKeys; ++jj)
-        if (j0 + jj <= i && i < g.s) mx = fmaxf(mx, g.scale * ss[tid * kMmaKeys + jj]);
+        if (j0 + jj <= i && i < g.s) mx = fmaxf(mx, g.scale * t.s[tid * kMmaKeys + jj]);
       float c = mx == -INFINITY ? 1.0f : __expf(m - mx), sum = 0.0f;
       for (int jj = 0; jj < kMmaKeys; ++jj) {
         bool live = j0 + jj <= i && i < g.s;
-        float p = live ? __expf(g.scale * ss[tid * kMmaKeys + jj] - mx) : 0.0f;
+        float p = live ? __expf(g.scale * t.s[tid * kMmaKeys + jj] - mx) : 0.0f;
         sum += p;
-        ps[tid * kMmaKeys + jj] = __float2bfloat16(p);
+        t.p[tid * kMmaKeys + jj] = __float2bfloat16(p);
       }
-      ms[tid] = mx, ls[tid] = ls[tid] * c + sum, corr[tid] = c;
+      t.m[tid] = mx, t.l[tid] = t.l[tid] * c + sum, t.corr[tid] = c;
     }
     __syncthreads();
-    for (long long e = tid; e < kMmaRows * dp; e += nthreads) os[e] *= corr[e / dp];
+    for (long long e = tid; e < kMmaRows * dp; e += nthreads) t.o[e] *= t.corr[e / dp];
     __syncthreads();
     // O (this warp's 16 rows x dp) += P V, V row-major.
-    for (long long cb = 0; cb < dp; cb += kMmaTile)
-      for (int kk = 0; kk < kMmaKeys; kk += kMmaTile)
-        mma_16x16x16<false>(ps + warp * kMmaTile * kMmaKeys + kk, kMmaKeys,
-                            vs + kk * dp + cb, static_cast<unsigned>(dp),
-                            os + warp * kMmaTile * dp + cb, static_cast<unsigned>(dp));
+    warp_gemm<false>(t.p + warp * kMmaTile * kMmaKeys, kMmaKeys, t.v, dp,
+                     t.o + warp * kMmaTile * dp, dp, dp, kMmaKeys);
     __syncthreads();  // the tiles are overwritten next
   }
   for (long long e = tid; e < kMmaRows * g.d; e += nthreads) {
     long long r = e / g.d, c = e % g.d, i = i0 + r;
-    if (i < g.s) st(out, g.row(bi, i) * g.hq * g.d + g.q_col(h) + c, os[r * dp + c] / ls[r]);
+    if (i < g.s) st(out, g.row(bi, i) * g.hq * g.d + g.q_col(h) + c, t.o[r * dp + c] / t.l[r]);
   }
-  if (tid < kMmaRows && i0 + tid < g.s) lse[g.stat(bi, h, i0 + tid)] = ms[tid] + __logf(ls[tid]);
+  if (tid < kMmaRows && i0 + tid < g.s) lse[g.stat(bi, h, i0 + tid)] = t.m[tid] + __logf(t.l[tid]);
+}
+
+// ---- the tensor-core backward (bf16), FlashAttention-2's arithmetic without its atomics ----
+// Both kernels recompute S = Q K^T and dP = dO V^T of a (query tile, key tile) pair on the tensor
+// cores, then P = exp(scale S - lse) and dS = P (dP - D) below the diagonal (fp32, rounded to bf16
+// for the next product). The key-major kernel accumulates dV += P^T dO and dK += dS^T Q over the
+// group's query heads and the query tiles; the query-major one dQ += dS K over the key tiles. Each
+// output has one writer: deterministic.
+struct BackwardSmem {
+  bf16 *q, *go, *k, *v, *p, *ds;  // p and ds: [kMmaRows x kMmaKeys], or transposed (key-major)
+  float *s, *dp, *acc0, *acc1, *lse, *D;
+  size_t bytes;
+  NP_HD BackwardSmem(uintptr_t base, long long dpad) {
+    Carve c{base};
+    q = c.take<bf16>(kMmaRows * dpad), go = c.take<bf16>(kMmaRows * dpad);
+    k = c.take<bf16>(kMmaKeys * dpad), v = c.take<bf16>(kMmaKeys * dpad);
+    p = c.take<bf16>(kMmaRows * kMmaKeys), ds = c.take<bf16>(kMmaRows * kMmaKeys);
+    s = c.take<float>(kMmaRows * kMmaKeys), dp = c.take<float>(kMmaRows * kMmaKeys);
+    acc0 = c.take<float>(kMmaKeys * dpad), acc1 = c.take<float>(kMmaKeys * dpad);
+    lse = c.take<float>(kMmaRows), D = c.take<float>(kMmaRows);
+    bytes = c.at;
+  }
+};
+
+// S and dP of query tile i0 (head h) against key tile j0, then P and dS (transposed when
+// `key_major`: element (key c, query r) at c * kMmaRows + r). Expects the four tiles and lse, D
+// loaded; returns with p and ds complete.
+__device__ void scores_and_grads(BackwardSmem& t, const Geo& g, long long i0, long long j0,
+                                 long long dp, bool key_major) {
+  int tid = threadIdx.x, warp = tid / 32;
+  const int nthreads = kMmaWarps * 32;
+  for (long long e = tid; e < kMmaRows * kMmaKeys; e += nthreads) t.s[e] = 0.0f, t.dp[e] = 0.0f;
+  __syncthreads();
+  warp_gemm<true>(t.q + warp * kMmaTile * dp, dp, t.k, dp, t.s + warp * kMmaTile * kMmaKeys,
+                  kMmaKeys, kMmaKeys, dp);
+  warp_gemm<true>(t.go + warp * kMmaTile * dp, dp, t.v, dp, t.dp + warp * kMmaTile * kMmaKeys,
+                  kMmaKeys, kMmaKeys, dp);
+  __syncthreads();
+  for (long long e = tid; e < kMmaRows * kMmaKeys; e += nthreads) {
+    long long r = e / kMmaKeys, c = e % kMmaKeys, i = i0 + r, j = j0 + c;
+    bool live = j <= i && i < g.s;
+    float p = live ? __expf(g.scale * t.s[e] - t.lse[r]) : 0.0f;
+    float ds = live ? p * (t.dp[e] - t.D[r]) : 0.0f;
+    long long at = key_major ? c * kMmaRows + r : e;
+    t.p[at] = __float2bfloat16(p);
+    t.ds[at] = __float2bfloat16(ds);
+  }
+  __syncthreads();
+}
+
+// The query tile i0 of head h: Q, dO, lse and D.
+__device__ void load_query_tile(BackwardSmem& t, View qkv, View dout, const float* lse,
+                                const float* D, const Geo& g, long long bi, long long h,
+                                long long i0, long long dp) {
+  load_tile_bf16(qkv, g.width, g, bi, i0, g.q_col(h), kMmaRows, dp, t.q);
+  load_tile_bf16(dout, g.hq * g.d, g, bi, i0, g.q_col(h), kMmaRows, dp, t.go);
+  for (long long r = threadIdx.x; r < kMmaRows; r += kMmaWarps * 32) {
+    bool in = i0 + r < g.s;
+    t.lse[r] = in ? lse[g.stat(bi, h, i0 + r)] : 0.0f;
+    t.D[r] = in ? D[g.stat(bi, h, i0 + r)] : 0.0f;
+  }
+}
+
+// Block (x: a tile of kMmaKeys key positions, y: batch * kv head).
+__global__ void flash_dkv_mma_kernel(View qkv, View dout, const float* lse, const float* D, View dx,
+                                     bool acc_in, Geo g, long long dp) {
+  long long bi = blockIdx.y / g.hkv, kvh = blockIdx.y % g.hkv, h0 = kvh * g.group();
+  long long j0 = static_cast<long long>(blockIdx.x) * kMmaKeys;
+  BackwardSmem t(reinterpret_cast<uintptr_t>(np_shared<unsigned char>()), dp);
+  int tid = threadIdx.x, warp = tid / 32;
+  const int nthreads = kMmaWarps * 32;
+  float *dk = t.acc0, *dv = t.acc1;
+  for (long long e = tid; e < kMmaKeys * dp; e += nthreads) dk[e] = 0.0f, dv[e] = 0.0f;
+  load_tile_bf16(qkv, g.width, g, bi, j0, g.k_col(h0), kMmaKeys, dp, t.k);
+  load_tile_bf16(qkv, g.width, g, bi, j0, g.v_col(h0), kMmaKeys, dp, t.v);
+  for (long long h = h0; h < h0 + g.group(); ++h)
+    for (long long i0 = j0 / kMmaRows * kMmaRows; i0 < g.s; i0 += kMmaRows) {  // causal: i >= j
+      load_query_tile(t, qkv, dout, lse, D, g, bi, h, i0, dp);
+      scores_and_grads(t, g, i0, j0, dp, true);
+      // This warp's 16 keys: dV += P^T dO, dK += dS^T Q (the scale applied at the end).
+      warp_gemm<false>(t.p + warp * kMmaTile * kMmaRows, kMmaRows, t.go, dp,
+                       dv + warp * kMmaTile * dp, dp, dp, kMmaRows);
+      warp_gemm<false>(t.ds + warp * kMmaTile * kMmaRows, kMmaRows, t.q, dp,
+                       dk + warp * kMmaTile * dp, dp, dp, kMmaRows);
+      __syncthreads();  // the query tiles are overwritten next
+    }
+  for (long long e = tid; e < kMmaKeys * g.d; e += nthreads) {
+    long long r = e / g.d, c = e % g.d, j = j0 + r;
+    if (j >= g.s) continue;
+    long long tj = g.row(bi, j), ek = tj * g.width + g.k_col(h0) + c, ev = tj * g.width + g.v_col(h0) + c;
+    float k = g.scale * dk[r * dp + c], v = dv[r * dp + c];
+    st(dx, ek, acc_in ? ld(dx, ek) + k : k);
+    st(dx, ev, acc_in ? ld(dx, ev) + v : v);
+  }
+}
+
+// Block (x: a tile of kMmaRows query positions, y: batch * q head): dQ into the fp32 workspace.
+__global__ void flash_dq_mma_kernel(View qkv, View dout, const float* lse, const float* D, float* dq,
+                                    Geo g, long long dp) {
+  long long bi = blockIdx.y / g.hq, h = blockIdx.y % g.hq, i0 = static_cast<long long>(blockIdx.x) * kMmaRows;
+  BackwardSmem t(reinterpret_cast<uintptr_t>(np_shared<unsigned char>()), dp);
+  int tid = threadIdx.x, warp = tid / 32;
+  const int nthreads = kMmaWarps * 32;
+  float* acc = t.acc0;
+  for (long long e = tid; e < kMmaRows * dp; e += nthreads) acc[e] = 0.0f;
+  load_query_tile(t, qkv, dout, lse, D, g, bi, h, i0, dp);
+  long long last = i0 + kMmaRows - 1 < g.s ? i0 + kMmaRows - 1 : g.s - 1;
+  for (long long j0 = 0; j0 <= last; j0 += kMmaKeys) {
+    load_tile_bf16(qkv, g.width, g, bi, j0, g.k_col(h), kMmaKeys, dp, t.k);
+    load_tile_bf16(qkv, g.width, g, bi, j0, g.v_col(h), kMmaKeys, dp, t.v);
+    scores_and_grads(t, g, i0, j0, dp, false);
+    // This warp's 16 queries: dQ += dS K, K row-major.
+    warp_gemm<false>(t.ds + warp * kMmaTile * kMmaKeys, kMmaKeys, t.k, dp,
+                     acc + warp * kMmaTile * dp, dp, dp, kMmaKeys);
+    __syncthreads();  // the key tiles are overwritten next
+  }
+  for (long long e = tid; e < kMmaRows * g.d; e += nthreads) {
+    long long r = e / g.d, c = e % g.d, i = i0 + r;
+    if (i < g.s) dq[g.row(bi, i) * g.hq * g.d + g.q_col(h) + c] = g.scale * acc[r * dp + c];
+  }
 }
 
 // D[b][h][i] = dO_i . O_i: one thread per (row, head).
@@ -431,7 +568,7 @@ void flash_attention_forward(const AttentionShape& a, const Tensor& qkv, const T
        "attention: output or logsumexp has the wrong size");
   if (qkv.type.dtype == Dtype::kBf16) {  // the tensor cores
     long long dp = (g.d + kMmaTile - 1) / kMmaTile * kMmaTile;
-    size_t bytes = MmaSmem(dp).total;
+    size_t bytes = ForwardSmem(0, dp).bytes;
     np_allow_shared(flash_forward_mma_kernel, bytes);
     dim3 grid(static_cast<unsigned>((g.s + kMmaRows - 1) / kMmaRows), static_cast<unsigned>(g.b * g.hq));
     np_launch(flash_forward_mma_kernel, grid, dim3(kMmaWarps * 32), bytes, stream, view(qkv),
@@ -485,16 +622,33 @@ void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const 
   np_launch(rowsum_kernel, dim3(blocks_for(g.b * g.hq * g.s)), dim3(kThreads), 0, stream,
             view(dout), view(out), rowsum.as<float>(), g);
   NP_CUDA_CHECK_LAUNCH();
-  dim3 qgrid(static_cast<unsigned>((g.s + kRows - 1) / kRows), static_cast<unsigned>(g.b * g.hq));
-  np_launch(flash_dq_kernel, qgrid, dim3(kRows), 2 * kTile * g.d * sizeof(float), stream,
-            view(qkv), view(dout), static_cast<const float*>(lse.data),
-            static_cast<const float*>(rowsum.data), dq.as<float>(), g);
-  NP_CUDA_CHECK_LAUNCH();
-  dim3 kgrid(static_cast<unsigned>((g.s + kRows - 1) / kRows), static_cast<unsigned>(g.b * g.hkv));
-  np_launch(flash_dkv_kernel, kgrid, dim3(kRows), (2 * kTile * g.d + 2 * kTile) * sizeof(float),
-            stream, view(qkv), view(dout), static_cast<const float*>(lse.data),
-            static_cast<const float*>(rowsum.data), view(dqkv), accumulate, g);
-  NP_CUDA_CHECK_LAUNCH();
+  if (qkv.type.dtype == Dtype::kBf16) {  // the tensor cores
+    long long dp = (g.d + kMmaTile - 1) / kMmaTile * kMmaTile;
+    size_t bytes = BackwardSmem(0, dp).bytes;
+    np_allow_shared(flash_dq_mma_kernel, bytes);
+    np_allow_shared(flash_dkv_mma_kernel, bytes);
+    dim3 qgrid(static_cast<unsigned>((g.s + kMmaRows - 1) / kMmaRows), static_cast<unsigned>(g.b * g.hq));
+    np_launch(flash_dq_mma_kernel, qgrid, dim3(kMmaWarps * 32), bytes, stream, view(qkv), view(dout),
+              static_cast<const float*>(lse.data), static_cast<const float*>(rowsum.data),
+              dq.as<float>(), g, dp);
+    NP_CUDA_CHECK_LAUNCH();
+    dim3 kgrid(static_cast<unsigned>((g.s + kMmaKeys - 1) / kMmaKeys), static_cast<unsigned>(g.b * g.hkv));
+    np_launch(flash_dkv_mma_kernel, kgrid, dim3(kMmaWarps * 32), bytes, stream, view(qkv),
+              view(dout), static_cast<const float*>(lse.data),
+              static_cast<const float*>(rowsum.data), view(dqkv), accumulate, g, dp);
+    NP_CUDA_CHECK_LAUNCH();
+  } else {  // fp32 tensors: one thread per query (dQ) or key (dK, dV) row
+    dim3 qgrid(static_cast<unsigned>((g.s + kRows - 1) / kRows), static_cast<unsigned>(g.b * g.hq));
+    np_launch(flash_dq_kernel, qgrid, dim3(kRows), 2 * kTile * g.d * sizeof(float), stream,
+              view(qkv), view(dout), static_cast<const float*>(lse.data),
+              static_cast<const float*>(rowsum.data), dq.as<float>(), g);
+    NP_CUDA_CHECK_LAUNCH();
+    dim3 kgrid(static_cast<unsigned>((g.s + kRows - 1) / kRows), static_cast<unsigned>(g.b * g.hkv));
+    np_launch(flash_dkv_kernel, kgrid, dim3(kRows), (2 * kTile * g.d + 2 * kTile) * sizeof(float),
+              stream, view(qkv), view(dout), static_cast<const float*>(lse.data),
+              static_cast<const float*>(rowsum.data), view(dqkv), accumulate, g);
+    NP_CUDA_CHECK_LAUNCH();
+  }
   np_launch(dq_to_dx_kernel, dim3(blocks_for(ctx)), dim3(kThreads), 0, stream,
             static_cast<const float*>(dq.data), view(dqkv), accumulate, g);
   NP_CUDA_CHECK_LAUNCH();
