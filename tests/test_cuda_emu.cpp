@@ -866,5 +866,24 @@ TEST(CudaKernels, MixtureOfExperts) {
   cublasDestroy(blas);
 }
 
+// A failed CUDA or cuBLAS call throws naming the statement, file:line, the device and the status.
+TEST(CudaKernels, CheckMacrosNameTheStatementPlaceAndDevice) {
+  cublasHandle_t blas = nullptr;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  float one = 1.0f;
+  try {
+    NP_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, -1, 1, 1, &one, nullptr, CUDA_R_32F,
+                                 1, nullptr, CUDA_R_32F, 1, &one, nullptr, CUDA_R_32F, 1,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    ADD_FAILURE() << "a GEMM with m = -1 did not fail";
+  } catch (const std::runtime_error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("cublasGemmEx(blas, CUBLAS_OP_N"), std::string::npos) << m;
+    EXPECT_NE(m.find("test_cuda_emu.cpp:"), std::string::npos) << m;
+    EXPECT_NE(m.find(" on device 0: cuBLAS status 7"), std::string::npos) << m;
+  }
+  cublasDestroy(blas);
+}
+
 }  // namespace
 }  // namespace np::cuda
