@@ -61,17 +61,7 @@ Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend,
             std::unique_ptr<Backend> be = backend();
             RankRun run = run_rank(s, stage, r, *be, world->comm(stage, r), options);
             std::lock_guard lock(mu);
-            result.ranks.push_back(std::move(run.memory));
-            if (!run.losses.empty()) result.losses = std::move(run.losses);
-            for (auto& [key, g] : run.grads) {
-              std::vector<float>& into = result.grads[key];
-              if (into.empty()) into = std::move(g);
-              for (size_t i = 0; i < g.size() && i < into.size(); ++i)
-                if (std::isnan(into[i])) into[i] = g[i];
-            }
-            if (r == 0)
-              for (auto& [key, n] : run.forward_runs) result.forward_runs[key] = n;
-            for (auto& [key, sec] : run.profile) result.profile[key] += sec;
+            merge_rank(result, std::move(run));
           } catch (const OutOfBudget& e) {
             {
               std::lock_guard lock(mu);
@@ -95,6 +85,21 @@ Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend,
   std::sort(result.ranks.begin(), result.ranks.end(),
             [](const RankResult& a, const RankResult& b) { return a.global_rank < b.global_rank; });
   return result;
+}
+
+void merge_rank(RunResult& result, RankRun&& run) {
+  bool first_of_group = run.memory.tp_rank == 0;
+  result.ranks.push_back(std::move(run.memory));
+  if (!run.losses.empty()) result.losses = std::move(run.losses);
+  for (auto& [key, g] : run.grads) {
+    std::vector<float>& into = result.grads[key];
+    if (into.empty()) into = g;
+    for (size_t i = 0; i < g.size() && i < into.size(); ++i)
+      if (std::isnan(into[i])) into[i] = g[i];
+  }
+  if (first_of_group)
+    for (auto& [key, n] : run.forward_runs) result.forward_runs[key] = n;
+  for (auto& [key, sec] : run.profile) result.profile[key] += sec;
 }
 
 }  // namespace np::exec

@@ -40,6 +40,11 @@ CommWorldFactory in_process_world();
 // Which setups the executor can run; an error names the limit and the way out.
 std::optional<Error> check_runnable(const Schedule& s);
 
+// Adds one rank's report to a run's: its memory, the loss (the last stage's TP rank 0), the
+// gradients it holds (NaN elsewhere), forward counts (TP rank 0's), profile times (summed). Ranks
+// end sorted by the caller.
+void merge_rank(RunResult& result, RankRun&& run);
+
 // Runs `options.steps` training steps. Errors other than running out of the enforced budget (which
 // is reported in RunResult::out_of_memory) come back as an Error.
 Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend,

@@ -1,6 +1,6 @@
 # Shared by the CLI test scripts, which source it with the nanoplan binary as $1. It sets NP (the
 # binary), SRC_DIR (the source tree) and TMP (a folder removed on exit), and defines ok, fail,
-# check and finish.
+# check, write_tiny_model and finish.
 set -u
 
 if [ $# -lt 1 ] || [ ! -x "$1" ]; then
@@ -21,6 +21,19 @@ ok() { cases=$((cases + 1)); echo "ok - $1"; }
 fail() { cases=$((cases + 1)); failures=$((failures + 1)); echo "FAIL - $1"; }
 # check DESC EXPR: a case that passes when the shell expression EXPR succeeds.
 check() { if eval "$2"; then ok "$1"; else fail "$1 (check: $2)"; fi; }
+# write_tiny_model FILE: a two-layer GQA model small enough to run every rank in a moment.
+write_tiny_model() {
+  cat >"$1" <<'TOML'
+name = "tiny"
+hidden_size = 24
+intermediate_size = 20
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+vocab_size = 30
+max_position_embeddings = 32
+TOML
+}
 # finish: the summary line; exits 1 when a case failed.
 finish() {
   echo "# $cases cases, $failures failed"

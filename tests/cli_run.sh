@@ -7,16 +7,7 @@
 # shellcheck source=tests/cli_lib.sh
 source "$(dirname "$0")/cli_lib.sh" "$@"
 
-cat >"$TMP/tiny.toml" <<'TOML'
-name = "tiny"
-hidden_size = 24
-intermediate_size = 20
-num_layers = 2
-num_heads = 4
-num_kv_heads = 2
-vocab_size = 30
-max_position_embeddings = 32
-TOML
+write_tiny_model "$TMP/tiny.toml"
 SETUP=(--model "$TMP/tiny.toml" --tp 2 --pp 2 --seq-len 8 --micro-batch 2 --microbatches 2 --pp-schedule 1f1b)
 
 "$NP" plan "${SETUP[@]}" --recompute full -o "$TMP/plan.json" 2>/dev/null

@@ -11,6 +11,7 @@
 #include "executor/cpu/cpu_backend.hpp"
 #include "executor/cuda/compat.hpp"
 #include "executor/cuda/cuda_backend.hpp"
+#include "executor/cuda/transfer.hpp"
 #include "executor/runner.hpp"
 #include "gpu_env.hpp"
 #include "test_util.hpp"
@@ -22,9 +23,8 @@ RunResult run(const Schedule& s, bool cuda) {
   RunOptions o;
   o.steps = 1;
   o.capture_grads = true;
-  auto r = run_schedule(s, cuda ? BackendFactory([] { return cuda::make_cuda_backend(); })
-                                : BackendFactory([] { return make_cpu_backend(); }),
-                        o);
+  auto r = cuda ? run_schedule(s, [] { return cuda::make_cuda_backend(); }, o, cuda::virtual_rank_world())
+                : run_schedule(s, [] { return make_cpu_backend(); }, o);
   if (!r) throw std::runtime_error(r.error().message);
   return *r;
 }
@@ -41,14 +41,6 @@ void check_scenario(const std::string& name, std::initializer_list<Case> cases,
                     std::initializer_list<Recompute> policies) {
   Scenario sc = testing::scenario(name);
   for (Case k : cases) {
-#ifndef NANOPLAN_CUDA_EMULATION
-    // On a GPU the in-process communicator cannot reach device memory: one-rank cases only.
-    if (k.tp * k.pp > 1) {
-      std::printf("skipping %s tp %lld pp %lld: multi-rank runs need a device communicator\n",
-                  name.c_str(), static_cast<long long>(k.tp), static_cast<long long>(k.pp));
-      continue;
-    }
-#endif
     std::optional<RunResult> ref;
     for (Recompute rc : policies) {
       TrainSpec t = sc.base;
@@ -82,8 +74,10 @@ void check_scenario(const std::string& name, std::initializer_list<Case> cases,
   }
 }
 
-// The emulation runs every CUDA thread as a fiber: a few setups per model keep each test to
-// seconds. SP with pipeline stages; TP without SP (the column-parallel backward's all-reduce).
+// Multi-rank setups run as virtual ranks sharing the device (collectives as device copies and a
+// reduction kernel). The emulation runs every CUDA thread as a fiber: a few setups per model keep
+// each test to seconds. SP with pipeline stages; TP without SP (the column-parallel backward's
+// all-reduce).
 TEST(CudaBackend, TinyLlamaEventExactAndRecomputeInvariant) {
   check_scenario("tiny-llama", {{1, 1, false}, {2, 2, true}, {2, 1, false}},
                  {Recompute::kNone, Recompute::kSelective, Recompute::kFull});

@@ -12,11 +12,16 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "executor/comm/inproc.hpp"
 #include "executor/compare.hpp"
 #include "executor/cpu/cpu_backend.hpp"
 #if defined(NANOPLAN_HAVE_CUDA)
 #include "executor/cuda/cuda_backend.hpp"
 #include "executor/cuda/device.hpp"
+#include "executor/cuda/transfer.hpp"
+#endif
+#if defined(NANOPLAN_HAVE_MPI)
+#include "executor/comm/mpi.hpp"
 #endif
 #include "executor/runner.hpp"
 #include "planner/autoplan.hpp"
@@ -54,8 +59,11 @@ struct Flags {
   int top = 10;
 };
 
+// Under mpirun: this process's rank (errors every process meets are printed by process 0 only).
+int g_mpi_rank = 0;
+
 [[noreturn]] void die(const std::string& message) {
-  std::fprintf(stderr, "nanoplan: error: %s\n", message.c_str());
+  if (g_mpi_rank == 0) std::fprintf(stderr, "nanoplan: error: %s\n", message.c_str());
   std::exit(kExitBadInput);
 }
 
@@ -342,31 +350,37 @@ constexpr int kExitCheckFailed = 1;   // predicted != measured, or a scenario ch
 constexpr int kExitOutOfMemory = 3;   // --enforce-budget stopped a rank
 constexpr int kExitRunFailed = 4;     // the executor itself failed (a bug, or host memory)
 
-// --backend: cpu, cuda, or auto (cuda where it can run the plan: a GPU is present and the plan has
-// one rank; else the CPU executor, said on stderr). `ranks`: the plan's tp x pp.
-np::exec::BackendFactory backend_factory(const Flags& f, int64_t ranks) {
+// What runs a plan: the backend of every rank, the world connecting them (ranks as threads), and
+// the transfer between the backend's memory and the host (ranks as processes).
+struct Executor {
+  np::exec::BackendFactory backend;
+  np::exec::CommWorldFactory world;
+  std::shared_ptr<np::exec::Transfer> transfer;
+};
+
+// --backend: cpu, cuda, or auto (cuda where a GPU is present, else the CPU executor, said on
+// stderr). On one GPU the ranks of a TP x PP plan run as virtual ranks sharing it.
+Executor executor_for(const Flags& f) {
   if (f.backend != "cpu" && f.backend != "cuda" && f.backend != "auto")
     die("invalid --backend " + np::quote_input(f.backend) + " (valid: cpu, cuda, auto)");
   if (f.backend != "cpu") {
 #if defined(NANOPLAN_HAVE_CUDA)
     np::cuda::GpuProbe gpus = np::cuda::probe_gpus();
-    std::string why = gpus.count == 0 ? "no GPU: " + gpus.why
-                      : ranks > 1     ? "the plan has " + std::to_string(ranks) +
-                                        " ranks; the CUDA backend runs one-rank plans (tp 1, pp 1) "
-                                        "until a device communicator exists"
-                                      : "";
-    if (why.empty()) return [] { return np::cuda::make_cuda_backend(); };
+    if (gpus.count > 0) {
+      if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"))
+        np::cuda::select_device(std::atoi(local));
+      return {[] { return np::cuda::make_cuda_backend(); }, np::cuda::virtual_rank_world(),
+              np::cuda::device_transfer()};
+    }
+    std::string why = "no GPU: " + gpus.why;
 #else
     std::string why = "this build has no CUDA toolkit";
 #endif
     if (f.backend == "cuda") die("--backend cuda: " + why + " (valid here: cpu, auto)");
     std::fprintf(stderr, "nanoplan: --backend auto: the CPU executor (%s)\n", why.c_str());
   }
-  return [] { return np::exec::make_cpu_backend(); };
-}
-
-int64_t ranks_of(const np::TrainSpec& t) {
-  return t.tp * t.pp;
+  return {[] { return np::exec::make_cpu_backend(); }, np::exec::in_process_world(),
+          np::exec::host_transfer()};
 }
 
 np::exec::RunOptions run_options(const Flags& f) {
@@ -380,6 +394,28 @@ np::exec::RunOptions run_options(const Flags& f) {
   }
   return o;
 }
+
+#if defined(NANOPLAN_HAVE_MPI)
+// Under mpirun: this process runs its rank; process 0 prints the comparison of every rank, and
+// every process exits with its verdict.
+int run_one_mpi(const np::Schedule& s, const Flags& f, const std::string& title) {
+  Executor ex = executor_for(f);
+  auto r = np::exec::mpi::run_schedule(s, ex.backend, run_options(f), ex.transfer);
+  if (!r) die(r.error().message);
+  int code = 0;
+  if (r->has_value()) {
+    np::exec::RunComparison c = np::exec::compare(
+        s, **r, title + " (" + std::to_string(s.setup.tp * s.setup.pp) + " MPI processes)");
+    if (f.format == "json")
+      std::cout << np::exec::comparison_json(c).dump(2) << "\n";
+    else
+      std::cout << np::exec::comparison_table(c);
+    std::cout.flush();
+    code = c.all_equal ? 0 : kExitCheckFailed;
+  }
+  return np::exec::mpi::broadcast_exit_code(code);
+}
+#endif
 
 // Runs one schedule and prints the comparison; returns the exit code.
 int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
@@ -395,8 +431,12 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
         s.stages.size(), n, t);
     return 0;
   }
+#if defined(NANOPLAN_HAVE_MPI)
+  if (np::exec::mpi::launched()) return run_one_mpi(s, f, title);
+#endif
   if (auto e = np::exec::check_runnable(s)) die(e->message);
-  auto r = np::exec::run_schedule(s, backend_factory(f, ranks_of(s.setup)), run_options(f));
+  Executor ex = executor_for(f);
+  auto r = np::exec::run_schedule(s, ex.backend, run_options(f), ex.world);
   if (!r) {
     std::fprintf(stderr, "nanoplan: %s\n", r.error().message.c_str());
     return kExitRunFailed;
@@ -425,6 +465,10 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
 }
 
 int run_scenario(const Flags& f) {
+#if defined(NANOPLAN_HAVE_MPI)
+  if (np::exec::mpi::launched())
+    die("--scenario runs its matrix in one process; under mpirun, run a plan or a setup");
+#endif
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   np::Scenario sc = check(np::load_scenario(f.scenario, catalog));
   Flags g = f;
@@ -432,8 +476,8 @@ int run_scenario(const Flags& f) {
   for (const np::TrainSpec& t : sc.matrix) {  // refuse before anything is printed or run
     if (auto e = np::exec::check_runnable(np::build_schedule(sc.model, t)))
       die(f.scenario + ": " + np::describe_short(t) + ": " + e->message);
-    if (f.backend != "auto") backend_factory(f, ranks_of(t));
   }
+  Executor ex = executor_for(f);
   int failed = 0;
   nlohmann::json all = nlohmann::json::array();
   std::printf("%s",
@@ -444,7 +488,7 @@ int run_scenario(const Flags& f) {
                         .c_str());
   for (const np::TrainSpec& t : sc.matrix) {
     np::Schedule s = np::build_schedule(sc.model, t);
-    auto r = np::exec::run_schedule(s, backend_factory(g, ranks_of(t)), run_options(g));
+    auto r = np::exec::run_schedule(s, ex.backend, run_options(g), ex.world);
     if (!r) {
       std::fprintf(stderr, "nanoplan: %s: %s\n", np::describe_short(t).c_str(),
                    r.error().message.c_str());
@@ -559,6 +603,13 @@ int run_sweep(const Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#if defined(NANOPLAN_HAVE_MPI)
+  if (np::exec::mpi::launched()) {  // one process per rank: only process 0 prints results
+    g_mpi_rank = np::exec::mpi::init(&argc, &argv).rank;
+    std::atexit([] { np::exec::mpi::finalize(); });
+    if (g_mpi_rank != 0 && !std::freopen("/dev/null", "w", stdout)) return kExitRunFailed;
+  }
+#endif
   CLI::App app{"nanoplan: does a training setup fit in GPU memory, and what should be recomputed"};
   app.require_subcommand(1);
   Flags f;

@@ -19,7 +19,7 @@ class InProcessComm final : public Communicator {
     check(out.bytes() == in.bytes() * w_.tp_, "all_gather: output must be tp x the input");
     publish(in.data);
     for (int64_t q = 0; q < w_.tp_; ++q)
-      std::memcpy(out.as<unsigned char>() + q * in.bytes(), group().slots[q], in.bytes());
+      w_.transfer_->copy(out.as<unsigned char>() + q * in.bytes(), group().slots[q], in.bytes());
     wait();
   }
 
@@ -27,56 +27,56 @@ class InProcessComm final : public Communicator {
     check(in.bytes() == out.bytes() * w_.tp_ && in.type.dtype == out.type.dtype,
           "reduce_scatter: input must be tp x the output");
     publish(in.data);
-    int64_t n = out.numel(), base = rank_ * n;
-    for (int64_t i = 0; i < n; ++i) store(out, i, sum_at(in, base + i));
+    w_.transfer_->sum(out, 0, group().slots, rank_ * out.numel(), out.numel());
     wait();
   }
 
   void all_reduce(const Tensor& t) override {
     publish(t.data);
-    // Phase 1: rank r sums chunk r of every buffer into its own chunk r; phase 2: copies the
-    // other chunks from their owners. No rank writes what another reads in the same phase.
+    // Phase 1: rank r sums chunk r of every buffer into its own chunk r (no rank reads another's
+    // own chunk); phase 2: copies the other chunks from their owners.
     int64_t n = t.numel(), chunk = (n + w_.tp_ - 1) / w_.tp_;
     int64_t lo = std::min(n, rank_ * chunk), hi = std::min(n, lo + chunk);
-    std::vector<float> sums(hi - lo);
-    for (int64_t i = lo; i < hi; ++i) sums[i - lo] = sum_at(t, i);
-    wait();
-    for (int64_t i = lo; i < hi; ++i) store(t, i, sums[i - lo]);
+    w_.transfer_->sum(t, lo, group().slots, lo, hi - lo);
     wait();
     int64_t elem = dtype_bytes(t.type.dtype);
     for (int64_t q = 0; q < w_.tp_; ++q) {
       if (q == rank_) continue;
       int64_t qlo = std::min(n, q * chunk), qhi = std::min(n, qlo + chunk);
-      std::memcpy(t.as<unsigned char>() + qlo * elem,
-                  static_cast<const unsigned char*>(group().slots[q]) + qlo * elem,
-                  (qhi - qlo) * elem);
+      w_.transfer_->copy(t.as<unsigned char>() + qlo * elem,
+                         static_cast<const unsigned char*>(group().slots[q]) + qlo * elem,
+                         (qhi - qlo) * elem);
     }
     wait();
   }
 
-  void send(const Tensor& t, int64_t stage) override {
-    post(std::vector<unsigned char>(t.as<unsigned char>(), t.as<unsigned char>() + t.bytes()),
-         stage);
-  }
+  // Pipeline messages travel through host memory (outside every rank's device accounting).
+  void send(const Tensor& t, int64_t stage) override { post(to_host(t), stage); }
 
   void recv(const Tensor& t, int64_t stage) override {
     std::vector<unsigned char> msg = take(stage);
     check(static_cast<int64_t>(msg.size()) == t.bytes(),
           "recv: message size differs from the receive buffer");
-    std::memcpy(t.data, msg.data(), msg.size());
+    w_.transfer_->copy(t.data, msg.data(), t.bytes());
   }
 
   void all_reduce_with(const Tensor& t, int64_t peer) override {
     send(t, peer);
-    std::vector<unsigned char> msg = take(peer);
+    std::vector<unsigned char> msg = take(peer), mine = to_host(t);
     check(static_cast<int64_t>(msg.size()) == t.bytes(),
           "all_reduce_with: the peer's tensor differs in size");
-    Tensor other{msg.data(), t.type};
-    for (int64_t i = 0; i < t.numel(); ++i) store(t, i, load(t, i) + load(other, i));
+    Tensor a{mine.data(), t.type}, b{msg.data(), t.type};
+    for (int64_t i = 0; i < t.numel(); ++i) store(a, i, load(a, i) + load(b, i));
+    w_.transfer_->copy(t.data, mine.data(), t.bytes());
   }
 
  private:
   InProcessWorld::Group& group() { return *w_.groups_[stage_]; }
+  std::vector<unsigned char> to_host(const Tensor& t) {
+    std::vector<unsigned char> h(static_cast<size_t>(t.bytes()));
+    w_.transfer_->copy(h.data(), t.data, t.bytes());
+    return h;
+  }
   void post(std::vector<unsigned char> msg, int64_t to) {
     auto& box = w_.mailbox(stage_, to, rank_);
     {
@@ -102,15 +102,6 @@ class InProcessComm final : public Communicator {
     group().sync.arrive_and_wait();
     if (w_.aborted_) throw RunAborted();
   }
-  // Sum over ranks, in rank order, of element i of each rank's published buffer (same dtype as t).
-  float sum_at(const Tensor& t, int64_t i) {
-    float s = 0;
-    for (int64_t q = 0; q < w_.tp_; ++q) {
-      Tensor peer{const_cast<void*>(group().slots[q]), t.type};
-      s += load(peer, i);
-    }
-    return s;
-  }
   static void check(bool ok, const char* what) {
     if (!ok) throw std::logic_error(what);
   }
@@ -119,7 +110,29 @@ class InProcessComm final : public Communicator {
   int64_t stage_, rank_;
 };
 
-InProcessWorld::InProcessWorld(int64_t tp, int64_t pp) : tp_(tp), pp_(pp) {
+namespace {
+class HostTransfer final : public Transfer {
+ public:
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+  }
+  void sum(const Tensor& out, int64_t out_offset, const std::vector<const void*>& ins,
+           int64_t in_offset, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) {
+      float s = 0;
+      for (const void* p : ins) s += load(Tensor{const_cast<void*>(p), out.type}, in_offset + i);
+      store(out, out_offset + i, s);
+    }
+  }
+};
+}  // namespace
+
+std::shared_ptr<Transfer> host_transfer() {
+  return std::make_shared<HostTransfer>();
+}
+
+InProcessWorld::InProcessWorld(int64_t tp, int64_t pp, std::shared_ptr<Transfer> transfer)
+    : tp_(tp), pp_(pp), transfer_(std::move(transfer)) {
   for (int64_t s = 0; s < pp; ++s) {
     groups_.push_back(std::make_unique<Group>(tp));
     for (int64_t r = 0; r < tp; ++r) comms_.push_back(std::make_unique<InProcessComm>(*this, s, r));

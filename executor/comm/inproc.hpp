@@ -1,5 +1,7 @@
 // In-process communicators: every rank is a thread of one process. A World holds, per pipeline
-// stage, the TP group's rendezvous, and the point-to-point mailboxes between stages.
+// stage, the TP group's rendezvous, and the point-to-point mailboxes between stages. Its Transfer
+// moves and sums the ranks' bytes: in host memory for the CPU executor, in device memory for
+// virtual ranks of the CUDA backend sharing one GPU (executor/cuda/transfer.hpp).
 #pragma once
 #include <atomic>
 #include <barrier>
@@ -15,9 +17,24 @@
 
 namespace np::exec {
 
+// How an in-process world moves and sums its ranks' tensor bytes.
+class Transfer {
+ public:
+  virtual ~Transfer() = default;
+  // bytes from src to dst; either may be host memory or the backend's.
+  virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
+  // out[out_offset + i] = the sum over q, in order and in fp32, of element in_offset + i of ins[q]
+  // (tensors of out's dtype), for i < n; out may be one of ins (each element read before it is
+  // written). Complete when it returns.
+  virtual void sum(const Tensor& out, int64_t out_offset, const std::vector<const void*>& ins,
+                   int64_t in_offset, int64_t n) = 0;
+};
+// Host memory: memcpy and a loop.
+std::shared_ptr<Transfer> host_transfer();
+
 class InProcessWorld final : public CommWorld {
  public:
-  InProcessWorld(int64_t tp, int64_t pp);
+  InProcessWorld(int64_t tp, int64_t pp, std::shared_ptr<Transfer> transfer = host_transfer());
   // The communicator of (stage, tp_rank); owned by the world.
   Communicator& comm(int64_t stage, int64_t tp_rank) override;
   // Releases the TP peers of `stage` from any rendezvous and wakes every receiver.
@@ -38,6 +55,7 @@ class InProcessWorld final : public CommWorld {
   Mailbox& mailbox(int64_t from, int64_t to, int64_t tp_rank);
 
   int64_t tp_, pp_;
+  std::shared_ptr<Transfer> transfer_;
   std::atomic<bool> aborted_{false};
   std::vector<std::unique_ptr<Group>> groups_;  // per stage
   std::vector<std::unique_ptr<Communicator>> comms_;

@@ -2,8 +2,7 @@
 // the rank's tracking allocator, like every backend), the kernels of executor/cuda/*.cu, GEMMs
 // through cuBLAS (its workspace a runtime buffer from the allocator). It runs every op of the
 // dense and MoE models (ep = 1). Its collectives and pipeline transfers go through the rank's
-// communicator on device pointers, which the in-process communicator serves only in the
-// emulation (host memory): on a GPU it runs one-rank plans until a device communicator exists.
+// communicator on device pointers: virtual ranks on one GPU (transfer.hpp) serve them.
 #pragma once
 #include <memory>
 

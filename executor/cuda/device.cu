@@ -11,4 +11,10 @@ GpuProbe probe_gpus() {
   return {n, n > 0 ? "" : "no CUDA device"};
 }
 
+void select_device(int local_rank) {
+  int n = 0;
+  NP_CUDA_CHECK(cudaGetDeviceCount(&n));
+  if (n > 0) NP_CUDA_CHECK(cudaSetDevice(local_rank % n));
+}
+
 }  // namespace np::cuda

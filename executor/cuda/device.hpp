@@ -9,5 +9,7 @@ struct GpuProbe {
   std::string why;  // when count is 0: what the CUDA runtime said
 };
 GpuProbe probe_gpus();
+// Makes GPU (local_rank mod the GPUs present) this process's device (one process per rank).
+void select_device(int local_rank);
 
 }  // namespace np::cuda

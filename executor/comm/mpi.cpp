@@ -1,0 +1,355 @@
+// One process per rank over MPI (mpi.hpp): the communicator, the per-process runner, and the binary
+// form in which each process's report travels to process 0.
+#include "executor/comm/mpi.hpp"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace np::exec::mpi {
+namespace {
+
+bool g_initialized = false;
+
+[[noreturn]] void fail(const std::string& what) {
+  throw std::runtime_error("MPI: " + what);
+}
+
+void ok(int rc, const char* call) {
+  if (rc != MPI_SUCCESS) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    fail(std::string(call) + " failed: " + std::string(text, static_cast<size_t>(len)));
+  }
+}
+
+int count_of(int64_t bytes) {
+  if (bytes > INT_MAX) fail("a message of " + std::to_string(bytes) + " bytes exceeds MPI's int count");
+  return static_cast<int>(bytes);
+}
+
+// Collectives as in the in-process world: every rank gathers the group's buffers (host staging,
+// outside the device accounting, as NCCL's buffers are) and sums them in rank order in fp32.
+class MpiComm final : public Communicator {
+ public:
+  MpiComm(MPI_Comm group, int64_t stage, int64_t rank, int64_t tp, std::shared_ptr<Transfer> t)
+      : group_(group), stage_(stage), rank_(rank), tp_(tp), transfer_(std::move(t)) {}
+  int64_t tp_rank() const override { return rank_; }
+  int64_t tp_size() const override { return tp_; }
+
+  void all_gather(const Tensor& in, const Tensor& out) override {
+    if (out.bytes() != in.bytes() * tp_) fail("all_gather: output must be tp x the input");
+    std::vector<unsigned char> mine = to_host(in), all(static_cast<size_t>(out.bytes()));
+    gather(mine, all);
+    transfer_->copy(out.data, all.data(), out.bytes());
+  }
+
+  void reduce_scatter(const Tensor& in, const Tensor& out) override {
+    if (in.bytes() != out.bytes() * tp_ || in.type.dtype != out.type.dtype)
+      fail("reduce_scatter: input must be tp x the output");
+    std::vector<unsigned char> mine = to_host(in), all(static_cast<size_t>(in.bytes() * tp_));
+    gather(mine, all);
+    std::vector<unsigned char> result(static_cast<size_t>(out.bytes()));
+    sum(all, in, rank_ * out.numel(), Tensor{result.data(), out.type});
+    transfer_->copy(out.data, result.data(), out.bytes());
+  }
+
+  void all_reduce(const Tensor& t) override {
+    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * tp_));
+    gather(mine, all);
+    sum(all, t, 0, Tensor{mine.data(), t.type});
+    transfer_->copy(t.data, mine.data(), t.bytes());
+  }
+
+  // Non-blocking sends of a copy (as the in-process mailboxes): both pipeline neighbours may send
+  // before either receives.
+  void send(const Tensor& t, int64_t stage) override {
+    reap();
+    pending_.emplace_back();
+    Pending& p = pending_.back();
+    p.bytes = to_host(t);
+    ok(MPI_Isend(p.bytes.data(), count_of(t.bytes()), MPI_BYTE, peer(stage), kPipelineTag,
+                 MPI_COMM_WORLD, &p.request),
+       "MPI_Isend");
+  }
+
+  void recv(const Tensor& t, int64_t stage) override {
+    std::vector<unsigned char> h(static_cast<size_t>(t.bytes()));
+    MPI_Status status;
+    ok(MPI_Recv(h.data(), count_of(t.bytes()), MPI_BYTE, peer(stage), kPipelineTag,
+                MPI_COMM_WORLD, &status),
+       "MPI_Recv");
+    int got = 0;
+    MPI_Get_count(&status, MPI_BYTE, &got);
+    if (got != t.bytes()) fail("recv: message size differs from the receive buffer");
+    transfer_->copy(t.data, h.data(), t.bytes());
+  }
+
+  void all_reduce_with(const Tensor& t, int64_t stage) override {
+    std::vector<unsigned char> mine = to_host(t), other(static_cast<size_t>(t.bytes()));
+    ok(MPI_Sendrecv(mine.data(), count_of(t.bytes()), MPI_BYTE, peer(stage), kPairTag, other.data(),
+                    count_of(t.bytes()), MPI_BYTE, peer(stage), kPairTag, MPI_COMM_WORLD,
+                    MPI_STATUS_IGNORE),
+       "MPI_Sendrecv");
+    Tensor a{mine.data(), t.type}, b{other.data(), t.type};
+    for (int64_t i = 0; i < t.numel(); ++i) store(a, i, load(a, i) + load(b, i));
+    transfer_->copy(t.data, mine.data(), t.bytes());
+  }
+
+  // Waits for the sends still in flight.
+  void finish() {
+    for (Pending& p : pending_) ok(MPI_Wait(&p.request, MPI_STATUS_IGNORE), "MPI_Wait");
+    pending_.clear();
+  }
+
+ private:
+  static constexpr int kPipelineTag = 1, kPairTag = 2;
+  struct Pending {
+    MPI_Request request;
+    std::vector<unsigned char> bytes;
+  };
+  int peer(int64_t stage) const { return static_cast<int>(stage * tp_ + rank_); }
+  std::vector<unsigned char> to_host(const Tensor& t) {
+    std::vector<unsigned char> h(static_cast<size_t>(t.bytes()));
+    transfer_->copy(h.data(), t.data, t.bytes());
+    return h;
+  }
+  void gather(const std::vector<unsigned char>& mine, std::vector<unsigned char>& all) {
+    int n = count_of(static_cast<int64_t>(mine.size()));
+    ok(MPI_Allgather(mine.data(), n, MPI_BYTE, all.data(), n, MPI_BYTE, group_), "MPI_Allgather");
+  }
+  // out[i] = sum over q in rank order of element offset + i of rank q's buffer (type of `like`).
+  void sum(const std::vector<unsigned char>& all, const Tensor& like, int64_t offset,
+           const Tensor& out) {
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      float s = 0;
+      for (int64_t q = 0; q < tp_; ++q)
+        s += load(Tensor{const_cast<unsigned char*>(all.data()) + q * like.bytes(), like.type},
+                  offset + i);
+      store(out, i, s);
+    }
+  }
+  void reap() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      int done = 0;
+      ok(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      it = done ? pending_.erase(it) : std::next(it);
+    }
+  }
+
+  MPI_Comm group_;
+  int64_t stage_, rank_, tp_;
+  std::shared_ptr<Transfer> transfer_;
+  std::list<Pending> pending_;  // a list: the requests' buffers must not move
+};
+
+// ---- a rank's report as bytes ---------------------------------------------------------------------
+
+class Writer {
+ public:
+  template <typename T>
+  void pod(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const auto* p = reinterpret_cast<const unsigned char*>(&v);
+    bytes.insert(bytes.end(), p, p + sizeof(T));
+  }
+  void str(const std::string& s) {
+    pod(static_cast<uint64_t>(s.size()));
+    bytes.insert(bytes.end(), s.begin(), s.end());
+  }
+  template <typename T>
+  void vec(const std::vector<T>& v) {
+    pod(static_cast<uint64_t>(v.size()));
+    for (const T& x : v) pod(x);
+  }
+  std::vector<unsigned char> bytes;
+};
+
+class Reader {
+ public:
+  Reader(const unsigned char* p, size_t n) : p_(p), end_(p + n) {}
+  template <typename T>
+  T pod() {
+    if (static_cast<size_t>(end_ - p_) < sizeof(T)) fail("a rank's report is truncated");
+    T v;
+    std::memcpy(&v, p_, sizeof(T));
+    p_ += sizeof(T);
+    return v;
+  }
+  std::string str() {
+    auto n = pod<uint64_t>();
+    if (static_cast<uint64_t>(end_ - p_) < n) fail("a rank's report is truncated");
+    std::string s(reinterpret_cast<const char*>(p_), n);
+    p_ += n;
+    return s;
+  }
+  template <typename T>
+  std::vector<T> vec() {
+    auto n = pod<uint64_t>();
+    if (n > static_cast<uint64_t>(end_ - p_) / sizeof(T)) fail("a rank's report is truncated");
+    std::vector<T> v(n);
+    for (T& x : v) x = pod<T>();
+    return v;
+  }
+
+ private:
+  const unsigned char* p_;
+  const unsigned char* end_;
+};
+
+void put(Writer& w, const std::vector<LiveAllocation>& v) {
+  w.pod(static_cast<uint64_t>(v.size()));
+  for (const LiveAllocation& a : v) w.str(a.name), w.pod(a.bytes), w.pod(a.category);
+}
+std::vector<LiveAllocation> get_live(Reader& r) {
+  std::vector<LiveAllocation> v(r.pod<uint64_t>());
+  for (LiveAllocation& a : v) a.name = r.str(), a.bytes = r.pod<int64_t>(), a.category = r.pod<Category>();
+  return v;
+}
+
+std::vector<unsigned char> encode(const RankRun& run) {
+  Writer w;
+  const RankResult& m = run.memory;
+  w.pod(m.stage), w.pod(m.tp_rank), w.pod(m.global_rank), w.pod(m.measured_peak);
+  w.pod(m.measured_at_peak);
+  put(w, m.live_at_peak);
+  w.vec(m.timeline);
+  w.pod(static_cast<uint64_t>(m.events.size()));
+  for (const auto& step : m.events) w.vec(step);
+  w.pod(static_cast<uint64_t>(m.unplanned.size()));
+  for (const std::string& u : m.unplanned) w.str(u);
+  put(w, m.runtime_buffers);
+  w.vec(run.losses);
+  w.pod(static_cast<uint64_t>(run.grads.size()));
+  for (const auto& [key, g] : run.grads) w.str(key), w.vec(g);
+  w.pod(static_cast<uint64_t>(run.forward_runs.size()));
+  for (const auto& [key, n] : run.forward_runs) w.pod(key), w.pod(n);
+  w.pod(static_cast<uint64_t>(run.profile.size()));
+  for (const auto& [key, sec] : run.profile) w.str(key), w.pod(sec);
+  return std::move(w.bytes);
+}
+
+RankRun decode(const unsigned char* p, size_t n) {
+  Reader r(p, n);
+  RankRun run;
+  RankResult& m = run.memory;
+  m.stage = r.pod<int64_t>(), m.tp_rank = r.pod<int64_t>(), m.global_rank = r.pod<int64_t>();
+  m.measured_peak = r.pod<int64_t>();
+  m.measured_at_peak = r.pod<std::array<int64_t, kCategories>>();
+  m.live_at_peak = get_live(r);
+  m.timeline = r.vec<int64_t>();
+  m.events.resize(r.pod<uint64_t>());
+  for (auto& step : m.events) step = r.vec<MemEvent>();
+  m.unplanned.resize(r.pod<uint64_t>());
+  for (std::string& u : m.unplanned) u = r.str();
+  m.runtime_buffers = get_live(r);
+  run.losses = r.vec<double>();
+  for (auto k = r.pod<uint64_t>(); k > 0; --k) {
+    std::string key = r.str();
+    run.grads[key] = r.vec<float>();
+  }
+  for (auto k = r.pod<uint64_t>(); k > 0; --k) {
+    auto key = r.pod<std::array<int, 3>>();
+    run.forward_runs[key] = r.pod<int>();
+  }
+  for (auto k = r.pod<uint64_t>(); k > 0; --k) {
+    std::string key = r.str();
+    run.profile[key] = r.pod<double>();
+  }
+  return run;
+}
+
+}  // namespace
+
+bool launched() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"})
+    if (const char* v = std::getenv(var)) return std::atoi(v) > 1;
+  return false;
+}
+
+Process init(int* argc, char*** argv) {
+  if (!g_initialized) {
+    int provided = 0;
+    ok(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    g_initialized = true;
+  }
+  Process p;
+  MPI_Comm_rank(MPI_COMM_WORLD, &p.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &p.size);
+  return p;
+}
+
+void finalize() {
+  if (g_initialized) MPI_Finalize();
+  g_initialized = false;
+}
+
+int broadcast_exit_code(int code) {
+  MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return code;
+}
+
+Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFactory& backend,
+                                              const RunOptions& options,
+                                              std::shared_ptr<Transfer> transfer) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const TrainSpec& t = s.setup;
+  if (size != t.tp * t.pp)
+    return make_error("this plan has tp x pp = " + std::to_string(t.tp * t.pp) +
+                      " ranks; start it with mpirun -n " + std::to_string(t.tp * t.pp) +
+                      " (got " + std::to_string(size) + " processes)");
+  if (auto e = check_runnable(s)) return *e;
+  int64_t stage = rank / t.tp, r = rank % t.tp;
+  MPI_Comm group;
+  ok(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(stage), static_cast<int>(r), &group),
+     "MPI_Comm_split");
+  RankRun run;
+  {
+    MpiComm comm(group, stage, r, t.tp, std::move(transfer));
+    try {
+      std::unique_ptr<Backend> be = backend();
+      run = run_rank(s, stage, r, *be, comm, options);
+      comm.finish();
+    } catch (const OutOfBudget& e) {
+      std::fprintf(stderr, "nanoplan: rank %d: %s\n", rank, e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 3);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "nanoplan: run failed on rank %d (pp stage %lld): %s\n", rank,
+                   static_cast<long long>(stage), e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 4);
+    }
+  }
+  MPI_Comm_free(&group);
+  // Every report to process 0.
+  std::vector<unsigned char> mine = encode(run);
+  int n = count_of(static_cast<int64_t>(mine.size()));
+  std::vector<int> sizes(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
+  ok(MPI_Gather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, MPI_COMM_WORLD), "MPI_Gather");
+  int64_t total = 0;
+  for (int p = 0; p < size; ++p) offsets[p] = count_of(total), total += sizes[p];
+  std::vector<unsigned char> all(rank == 0 ? static_cast<size_t>(total) : 0);
+  ok(MPI_Gatherv(mine.data(), n, MPI_BYTE, all.data(), sizes.data(), offsets.data(), MPI_BYTE, 0,
+                 MPI_COMM_WORLD),
+     "MPI_Gatherv");
+  if (rank != 0) return std::optional<RunResult>{};
+  RunResult result;
+  for (int p = 0; p < size; ++p)
+    merge_rank(result, decode(all.data() + offsets[p], static_cast<size_t>(sizes[p])));
+  std::sort(result.ranks.begin(), result.ranks.end(),
+            [](const RankResult& a, const RankResult& b) { return a.global_rank < b.global_rank; });
+  return std::optional<RunResult>{std::move(result)};
+}
+
+}  // namespace np::exec::mpi

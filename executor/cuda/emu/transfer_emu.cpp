@@ -1,0 +1,2 @@
+// The emulation build of executor/cuda/transfer.cu.
+#include "executor/cuda/transfer.cu"

@@ -1,0 +1,60 @@
+// Device memory for the in-process world (transfer.hpp): copies through cudaMemcpy (the kind
+// inferred from the pointers), sums through one kernel, each complete before it returns (the
+// world's host barriers order the ranks).
+#include "executor/comm/inproc.hpp"
+#include "executor/cuda/common.cuh"
+#include "executor/cuda/transfer.hpp"
+
+namespace np::cuda {
+namespace {
+
+struct Peers {
+  const void* p[kMaxVirtualRanks];
+};
+
+// out[out_offset + i] = sum over q < n_in of ins[q][in_offset + i], in order, in fp32.
+__global__ void sum_ranks_kernel(View out, long long out_offset, Peers ins, int n_in,
+                                 long long in_offset, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  float s = 0;
+  for (int q = 0; q < n_in; ++q) s += ld(View{const_cast<void*>(ins.p[q]), out.bf16}, in_offset + i);
+  st(out, out_offset + i, s);
+}
+
+class DeviceTransfer final : public exec::Transfer {
+ public:
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    if (bytes > 0) NP_CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault));
+  }
+  void sum(const Tensor& out, int64_t out_offset, const std::vector<const void*>& ins,
+           int64_t in_offset, int64_t n) override {
+    need(ins.size() <= static_cast<size_t>(kMaxVirtualRanks),
+         "virtual ranks: at most 16 ranks per TP group on one GPU");
+    if (n <= 0) return;
+    Peers peers{};
+    for (size_t q = 0; q < ins.size(); ++q) peers.p[q] = ins[q];
+    np_launch(sum_ranks_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, nullptr, view(out),
+              static_cast<long long>(out_offset), peers, static_cast<int>(ins.size()),
+              static_cast<long long>(in_offset), static_cast<long long>(n));
+    NP_CUDA_CHECK_LAUNCH();
+    NP_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<exec::Transfer> device_transfer() {
+  return std::make_shared<DeviceTransfer>();
+}
+
+exec::CommWorldFactory virtual_rank_world() {
+  std::shared_ptr<exec::Transfer> transfer = device_transfer();
+  return [transfer](int64_t tp, int64_t pp) -> std::unique_ptr<exec::CommWorld> {
+    if (tp > kMaxVirtualRanks)
+      throw std::invalid_argument("virtual ranks: at most 16 ranks per TP group on one GPU");
+    return std::make_unique<exec::InProcessWorld>(tp, pp, transfer);
+  };
+}
+
+}  // namespace np::cuda

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One process per rank: `mpirun -n N nanoplan run` on this machine (TP 2, PP 2, TP 2 x PP 2) gives
+# every rank's event-exact comparison and the same losses, to the printed digit, as the in-process
+# run (two steps, so the second loss also checks the first step's gradients and optimizer update);
+# a wrong process count and --scenario under mpirun are refused in one line (exit 2).
+# Usage: bash tests/cli_mpi.sh /path/to/nanoplan /path/to/mpirun
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "$0")/cli_lib.sh" "$1"
+MPIRUN=$2
+# Root in containers, two cores for four ranks, shared memory without ptrace (CMA) permissions.
+MPI=("$MPIRUN" --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
+export OMPI_MCA_rmaps_base_oversubscribe=1
+# OpenMPI keeps allocations until exit; the sanitizer build reports only leaks of our own code.
+export LSAN_OPTIONS="suppressions=$SRC_DIR/tests/lsan_mpi.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+
+write_tiny_model "$TMP/tiny.toml"
+BASE=(--model "$TMP/tiny.toml" --seq-len 8 --micro-batch 2 --microbatches 2 --pp-schedule 1f1b --steps 2)
+
+# same_run NAME N FLAGS...: in-process and under mpirun -n N.
+same_run() {
+  local name=$1 n=$2
+  shift 2
+  "$NP" run "${BASE[@]}" "$@" >"$TMP/$name.threads" 2>&1
+  "${MPI[@]}" -n "$n" "$NP" run "${BASE[@]}" "$@" >"$TMP/$name.mpi" 2>"$TMP/$name.err"; rc=$?
+  check "$name: mpirun -n $n exits 0" '[ $rc -eq 0 ] || { cat "$TMP/$name.err"; false; }'
+  check "$name: predicted = measured on every rank, over MPI" \
+    'grep -q "predicted = measured on every rank" "$TMP/$name.mpi" && grep -q "($n MPI processes)" "$TMP/$name.mpi"'
+  check "$name: one row per rank, printed once" \
+    '[ "$(grep -cE "^ +[0-9]+ +[0-9]+ +[0-9]+ " "$TMP/$name.mpi")" -eq "$n" ]'
+  check "$name: the same losses as the in-process run" \
+    '[ -n "$(grep "loss per step" "$TMP/$name.threads")" ] && [ "$(grep "loss per step" "$TMP/$name.mpi")" = "$(grep "loss per step" "$TMP/$name.threads")" ]'
+}
+same_run tp2 2 --tp 2 --recompute full
+same_run pp2 2 --pp 2 --recompute selective
+same_run tp2pp2 4 --tp 2 --pp 2 --recompute none
+
+"${MPI[@]}" -n 3 "$NP" run "${BASE[@]}" --tp 2 >"$TMP/bad.out" 2>"$TMP/bad.err"; rc=$?
+check "a process count other than tp x pp: exit 2, one line" \
+  '[ $rc -eq 2 ] && [ "$(grep -c "start it with mpirun -n 2 (got 3 processes)" "$TMP/bad.err")" -eq 1 ]'
+"${MPI[@]}" -n 2 "$NP" run --scenario "$SRC_DIR/scenarios/tiny-llama.toml" >"$TMP/sc.out" 2>"$TMP/sc.err"; rc=$?
+check "--scenario under mpirun: exit 2, one line" \
+  '[ $rc -eq 2 ] && [ "$(grep -c "under mpirun, run a plan or a setup" "$TMP/sc.err")" -eq 1 ]'
+finish
