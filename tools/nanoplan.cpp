@@ -23,6 +23,9 @@
 #if defined(NANOPLAN_HAVE_MPI)
 #include "executor/comm/mpi.hpp"
 #endif
+#if defined(NANOPLAN_HAVE_NCCL)
+#include "executor/cuda/nccl.hpp"
+#endif
 #include "executor/runner.hpp"
 #include "planner/autoplan.hpp"
 #include "planner/catalog.hpp"
@@ -356,6 +359,7 @@ struct Executor {
   np::exec::BackendFactory backend;
   np::exec::CommWorldFactory world;
   std::shared_ptr<np::exec::Transfer> transfer;
+  bool device = false;  // the CUDA backend
 };
 
 // --backend: cpu, cuda, or auto (cuda where a GPU is present, else the CPU executor, said on
@@ -370,7 +374,7 @@ Executor executor_for(const Flags& f) {
       if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"))
         np::cuda::select_device(std::atoi(local));
       return {[] { return np::cuda::make_cuda_backend(); }, np::cuda::virtual_rank_world(),
-              np::cuda::device_transfer()};
+              np::cuda::device_transfer(), true};
     }
     std::string why = "no GPU: " + gpus.why;
 #else
@@ -400,7 +404,14 @@ np::exec::RunOptions run_options(const Flags& f) {
 // every process exits with its verdict.
 int run_one_mpi(const np::Schedule& s, const Flags& f, const std::string& title) {
   Executor ex = executor_for(f);
-  auto r = np::exec::mpi::run_schedule(s, ex.backend, run_options(f), ex.transfer);
+  np::exec::mpi::CommWrap wrap;
+#if defined(NANOPLAN_HAVE_NCCL)
+  if (ex.device)  // the TP collectives through NCCL; pipeline transfers stay on MPI
+    wrap = [](np::exec::Communicator& mpi, const std::function<void(void*, int)>& broadcast) {
+      return np::cuda::make_nccl_comm(mpi, broadcast);
+    };
+#endif
+  auto r = np::exec::mpi::run_schedule(s, ex.backend, run_options(f), ex.transfer, wrap);
   if (!r) die(r.error().message);
   int code = 0;
   if (r->has_value()) {

@@ -299,7 +299,8 @@ int broadcast_exit_code(int code) {
 
 Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFactory& backend,
                                               const RunOptions& options,
-                                              std::shared_ptr<Transfer> transfer) {
+                                              std::shared_ptr<Transfer> transfer,
+                                              const CommWrap& wrap) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -317,8 +318,13 @@ Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFa
   {
     MpiComm comm(group, stage, r, t.tp, std::move(transfer));
     try {
+      std::unique_ptr<Communicator> wrapped;
+      if (wrap)
+        wrapped = wrap(comm, [group](void* data, int bytes) {
+          ok(MPI_Bcast(data, bytes, MPI_BYTE, 0, group), "MPI_Bcast");
+        });
       std::unique_ptr<Backend> be = backend();
-      run = run_rank(s, stage, r, *be, comm, options);
+      run = run_rank(s, stage, r, *be, wrapped ? *wrapped : comm, options);
       comm.finish();
     } catch (const OutOfBudget& e) {
       std::fprintf(stderr, "nanoplan: rank %d: %s\n", rank, e.what());

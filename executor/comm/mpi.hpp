@@ -4,6 +4,8 @@
 // the group's buffers and sums them in rank order in fp32), so losses and gradients are bitwise
 // those of the in-process run. Built when CMake finds MPI (it prints "MPI found/not found").
 #pragma once
+#include <functional>
+#include <memory>
 #include <optional>
 
 #include "executor/comm/inproc.hpp"
@@ -24,6 +26,12 @@ void finalize();
 // Process 0's exit code, on every process.
 int broadcast_exit_code(int code);
 
+// Builds the communicator a rank runs with from its MPI one (which keeps the pipeline transfers):
+// NCCL for the TP collectives, say. `broadcast(data, bytes)` sends bytes from the TP group's rank 0
+// to every rank of the group.
+using CommWrap = std::function<std::unique_ptr<Communicator>(
+    Communicator& mpi, const std::function<void(void*, int)>& broadcast)>;
+
 // Runs this process's rank. Process 0 gets the merged RunResult of every rank (sorted by global
 // rank); the others get std::nullopt. The world must have exactly tp x pp processes (an Error on
 // every process otherwise). A rank that runs out of memory or fails prints its one line and ends
@@ -31,6 +39,7 @@ int broadcast_exit_code(int code);
 // `transfer` moves bytes between the backend's memory and host staging.
 Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFactory& backend,
                                               const RunOptions& options,
-                                              std::shared_ptr<Transfer> transfer = host_transfer());
+                                              std::shared_ptr<Transfer> transfer = host_transfer(),
+                                              const CommWrap& wrap = nullptr);
 
 }  // namespace np::exec::mpi

@@ -1,0 +1,82 @@
+// The NCCL communicator (nccl.hpp). Every call enqueues on the default stream (the CUDA backend's)
+// and waits for it, as the in-process collectives complete before they return.
+#include <nccl.h>
+
+#include "executor/cuda/common.cuh"
+#include "executor/cuda/nccl.hpp"
+
+#define NP_NCCL_CHECK(stmt)                                                                  \
+  do {                                                                                       \
+    ncclResult_t np_nr_ = (stmt);                                                            \
+    if (np_nr_ != ncclSuccess)                                                               \
+      ::np::cuda::cuda_failure(#stmt, __FILE__, __LINE__, ncclGetErrorString(np_nr_));       \
+  } while (0)
+
+namespace np::cuda {
+namespace {
+
+ncclDataType_t nccl_type(const Tensor& t) {
+  switch (t.type.dtype) {
+    case Dtype::kBf16: return ncclBfloat16;
+    case Dtype::kFp32: return ncclFloat32;
+    case Dtype::kI64: return ncclInt64;
+    default: return ncclUint8;
+  }
+}
+size_t nccl_count(const Tensor& t) {
+  return nccl_type(t) == ncclUint8 ? static_cast<size_t>(t.bytes()) : static_cast<size_t>(t.numel());
+}
+
+class NcclComm final : public exec::Communicator {
+ public:
+  NcclComm(exec::Communicator& mpi, const std::function<void(void*, int)>& broadcast, NcclSetup* setup)
+      : mpi_(mpi) {
+    ncclUniqueId id;
+    if (mpi.tp_rank() == 0) NP_NCCL_CHECK(ncclGetUniqueId(&id));
+    broadcast(&id, static_cast<int>(sizeof id));
+    size_t free_before = 0, free_after = 0, total = 0;
+    NP_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+    NP_NCCL_CHECK(ncclCommInitRank(&comm_, static_cast<int>(mpi.tp_size()), id,
+                                   static_cast<int>(mpi.tp_rank())));
+    NP_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+    if (setup) setup->buffer_bytes = static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after);
+  }
+  ~NcclComm() override { ncclCommDestroy(comm_); }
+  int64_t tp_rank() const override { return mpi_.tp_rank(); }
+  int64_t tp_size() const override { return mpi_.tp_size(); }
+
+  void all_gather(const Tensor& in, const Tensor& out) override {
+    need(out.bytes() == in.bytes() * tp_size(), "nccl all_gather: output must be tp x the input");
+    NP_NCCL_CHECK(ncclAllGather(in.data, out.data, nccl_count(in), nccl_type(in), comm_, nullptr));
+    done();
+  }
+  void reduce_scatter(const Tensor& in, const Tensor& out) override {
+    need(in.bytes() == out.bytes() * tp_size() && in.type.dtype == out.type.dtype,
+         "nccl reduce_scatter: input must be tp x the output");
+    NP_NCCL_CHECK(ncclReduceScatter(in.data, out.data, nccl_count(out), nccl_type(out), ncclSum, comm_,
+                                    nullptr));
+    done();
+  }
+  void all_reduce(const Tensor& t) override {
+    NP_NCCL_CHECK(ncclAllReduce(t.data, t.data, nccl_count(t), nccl_type(t), ncclSum, comm_, nullptr));
+    done();
+  }
+  void send(const Tensor& t, int64_t stage) override { mpi_.send(t, stage); }
+  void recv(const Tensor& t, int64_t stage) override { mpi_.recv(t, stage); }
+  void all_reduce_with(const Tensor& t, int64_t peer) override { mpi_.all_reduce_with(t, peer); }
+
+ private:
+  static void done() { NP_CUDA_CHECK(cudaStreamSynchronize(nullptr)); }
+  exec::Communicator& mpi_;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<exec::Communicator> make_nccl_comm(exec::Communicator& mpi,
+                                                   const std::function<void(void*, int)>& broadcast,
+                                                   NcclSetup* setup) {
+  return std::make_unique<NcclComm>(mpi, broadcast, setup);
+}
+
+}  // namespace np::cuda
