@@ -37,7 +37,13 @@ void* TrackingAllocator::allocate_runtime(int64_t bytes, std::string name) {
   device_.fill_bytes(p, 0xFF, bytes);
   runtime_ptrs_.push_back(p);
   runtime_.push_back({std::move(name), bytes, Category::kTransient});
+  sample_device();
   return p;
+}
+
+void TrackingAllocator::sample_device() {
+  if (std::optional<int64_t> used = device_.device_used())
+    device_peak_ = std::max(device_peak_.value_or(0), *used);
 }
 
 void* TrackingAllocator::allocate(int64_t bytes, std::string name, Category category,
@@ -58,6 +64,7 @@ void* TrackingAllocator::allocate(int64_t bytes, std::string name, Category cate
     at_peak_ = current_;
   }
   timeline_.push_back(in_use_);
+  sample_device();
   return p;
 }
 

@@ -52,6 +52,9 @@ class TrackingAllocator {
   // events); runtime() lists them. Throws OutOfBudget when the device refuses.
   void* allocate_runtime(int64_t bytes, std::string name);
   const std::vector<LiveAllocation>& runtime() const { return runtime_; }
+  // The most bytes the device reported in use, sampled after every allocation (a GPU: the whole
+  // device, every rank and runtime on it); nullopt where the memory cannot say.
+  std::optional<int64_t> device_peak() const { return device_peak_; }
   // Names a live allocation once its role is known (a gradient the kernel allocated).
   void bind(void* p, int32_t tensor, std::string name);
 
@@ -83,6 +86,8 @@ class TrackingAllocator {
   std::optional<int64_t> budget_;
   std::vector<LiveAllocation> runtime_;
   std::vector<void*> runtime_ptrs_;
+  std::optional<int64_t> device_peak_;
+  void sample_device();
   int32_t instr_ = -1;
   std::vector<Block> blocks_;  // every allocation ever made, in order
   std::vector<LogEntry> log_;  // every allocation and release, in order

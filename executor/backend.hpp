@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -60,6 +61,9 @@ class DeviceMemory {
   virtual void fill_bytes(void* p, uint8_t value, int64_t bytes) = 0;
   virtual void copy_to_host(void* dst, const Tensor& src) = 0;
   virtual void copy_from_host(const Tensor& dst, const void* src) = 0;
+  // Bytes in use on the whole device now (a GPU: cudaMemGetInfo's total - free), where the
+  // memory can say; the allocator samples it after every allocation.
+  virtual std::optional<int64_t> device_used() { return std::nullopt; }
 };
 
 // One optimizer update over a flat parameter group (the runner's dense or expert group).
@@ -87,6 +91,9 @@ class Backend : public DeviceMemory {
   // The runtime buffers this backend needs, and where the rank placed buffer i (before any op).
   virtual std::vector<RuntimeBuffer> runtime_buffers() const { return {}; }
   virtual void use_runtime_buffer(size_t /*i*/, void* /*p*/) {}
+  // Device memory the backend's runtime took as it started, each measured before and after its
+  // creation (the CUDA context, the cuBLAS handle): the estimate's runtime overheads, measured.
+  virtual std::vector<RuntimeBuffer> measured_overheads() const { return {}; }
   // t[i] = value for every element (float dtypes).
   virtual void fill(const Tensor& t, float value) = 0;
   // dst[dst_offset + i] = src[src_offset + i] for i < n, converting between float dtypes.

@@ -55,10 +55,35 @@ std::optional<Divergence> first_divergence(const StageProgram& p, const RankResu
   return std::nullopt;
 }
 
+// The devices' level: ranks in groups of r.ranks_per_device share one; the fullest device counts.
+std::optional<DeviceLevel> device_level(const RunComparison& c, const RunResult& r,
+                                        const RuntimeAssumptions& rt) {
+  if (r.ranks.empty() || !r.ranks.front().measured_device_peak) return std::nullopt;
+  int64_t per = std::max<int64_t>(1, r.ranks_per_device);
+  std::optional<DeviceLevel> best;
+  for (size_t first = 0; first < c.ranks.size(); first += static_cast<size_t>(per)) {
+    DeviceLevel d;
+    size_t last = std::min(c.ranks.size(), first + static_cast<size_t>(per));
+    for (size_t i = first; i < last; ++i) {
+      d.allocator_peaks += c.ranks[i].predicted;
+      d.measured = std::max(d.measured, r.ranks[i].measured_device_peak.value_or(0));
+    }
+    int64_t n = static_cast<int64_t>(last - first);
+    d.context = rt.cuda_context_bytes;
+    d.workspaces = n * rt.cublas_workspace_bytes;
+    d.nccl = per == 1 && c.setup.tp > 1 ? rt.nccl_bytes_per_comm : 0;
+    d.predicted = d.allocator_peaks + d.context + d.workspaces + d.nccl;
+    if (!best || d.measured > best->measured) best = d;
+  }
+  best->measured_overheads = r.ranks.front().measured_overheads;
+  return best;
+}
+
 }  // namespace
 
-RunComparison compare(const Schedule& s, const RunResult& r, std::string title) {
-  RunComparison c{std::move(title), s.setup, {}, r.losses, true};
+RunComparison compare(const Schedule& s, const RunResult& r, std::string title,
+                      const RuntimeAssumptions& runtime) {
+  RunComparison c{std::move(title), s.setup, {}, r.losses, true, std::nullopt, runtime};
   std::vector<SimResult> sims;
   for (const StageProgram& p : s.stages)
     sims.push_back(simulate(p, {.live_set = true, .events = true}));
@@ -100,6 +125,7 @@ RunComparison compare(const Schedule& s, const RunResult& r, std::string title) 
     }
     c.ranks.push_back(std::move(rc));
   }
+  c.device = device_level(c, r, runtime);
   return c;
 }
 
@@ -170,6 +196,18 @@ std::string comparison_table(const RunComparison& c) {
     for (const LiveAllocation& b : c.ranks.front().runtime_buffers)
       out += "  runtime buffer outside the plan, per rank: " + b.name + " " + format_int(b.bytes) +
              " B (the estimate counts it among the runtime overheads)\n";
+  if (c.device) {
+    const DeviceLevel& d = *c.device;
+    char pct[32];
+    std::snprintf(pct, sizeof pct, "%+.2f %%", 100.0 * d.error());
+    out += "  device level (cudaMemGetInfo, the fullest device): predicted " + format_int(d.predicted) +
+           " B = allocator peaks " + format_int(d.allocator_peaks) + " + CUDA context " +
+           format_int(d.context) + " + cuBLAS workspaces " + format_int(d.workspaces) +
+           (d.nccl ? " + NCCL " + format_int(d.nccl) : std::string()) + "; measured " +
+           format_int(d.measured) + " B (" + pct + ")\n";
+    for (const LiveAllocation& o : d.measured_overheads)
+      out += "  measured at start, rank 0: " + o.name + " " + format_int(o.bytes) + " B\n";
+  }
   out += "  loss per step:";
   for (double l : c.losses) {
     char buf[32];
@@ -225,13 +263,25 @@ nlohmann::json comparison_json(const RunComparison& c) {
     }
     ranks.push_back(j);
   }
-  return {{"title", c.title},
-          {"setup", setup_to_json(c.setup)},
-          {"ranks", ranks},
-          {"loss", c.losses.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.losses.back())},
-          {"losses", c.losses},
-          {"steps", c.losses.size()},
-          {"predicted_equals_measured", c.all_equal}};
+  nlohmann::json out = {
+      {"title", c.title},
+      {"setup", setup_to_json(c.setup)},
+      {"ranks", ranks},
+      {"loss", c.losses.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.losses.back())},
+      {"losses", c.losses},
+      {"steps", c.losses.size()},
+      {"predicted_equals_measured", c.all_equal}};
+  if (c.device) {
+    const DeviceLevel& d = *c.device;
+    out["predicted_device_peak_bytes"] = d.predicted;
+    out["measured_device_peak_bytes"] = d.measured;
+    out["device_prediction_terms"] = {{"allocator_peaks", d.allocator_peaks},
+                                      {"cuda_context", d.context},
+                                      {"cublas_workspaces", d.workspaces},
+                                      {"nccl", d.nccl}};
+    out["measured_overheads"] = runtime_json(d.measured_overheads);
+  }
+  return out;
 }
 
 }  // namespace np::exec

@@ -41,15 +41,29 @@ struct RankComparison {
   bool equal() const { return !divergence && difference() == 0 && unplanned.empty(); }
 };
 
+// The device level, where the backend can read it (a GPU): the most bytes in use on a device
+// (cudaMemGetInfo) against the allocator peaks of the ranks on it plus the estimate's runtime
+// assumptions (CUDA context once per device, a cuBLAS workspace per rank, NCCL buffers per rank
+// of one process per GPU with TP). No caching-allocator slack: the executor calls cudaMalloc.
+struct DeviceLevel {
+  int64_t predicted = 0, measured = 0;
+  int64_t allocator_peaks = 0, context = 0, workspaces = 0, nccl = 0;  // the prediction's terms
+  std::vector<LiveAllocation> measured_overheads;  // as rank 0's backend measured them
+  double error() const { return predicted ? double(measured - predicted) / double(predicted) : 0; }
+};
+
 struct RunComparison {
   std::string title;
   TrainSpec setup;
   std::vector<RankComparison> ranks;
   std::vector<double> losses;
   bool all_equal = true;
+  std::optional<DeviceLevel> device;
+  RuntimeAssumptions runtime;
 };
 
-RunComparison compare(const Schedule& s, const RunResult& r, std::string title);
+RunComparison compare(const Schedule& s, const RunResult& r, std::string title,
+                      const RuntimeAssumptions& runtime = {});
 std::string comparison_table(const RunComparison& c);
 nlohmann::json comparison_json(const RunComparison& c);
 

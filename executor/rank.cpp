@@ -60,6 +60,9 @@ class RankRunner {
     r.events = alloc_.events();
     r.unplanned = alloc_.unplanned_names();
     r.runtime_buffers = alloc_.runtime();
+    r.measured_device_peak = alloc_.device_peak();
+    for (const RuntimeBuffer& b : be_.measured_overheads())
+      r.measured_overheads.push_back({b.name, b.bytes, Category::kTransient});
     return std::move(out_);
   }
 

@@ -36,6 +36,10 @@ struct RankResult {
   std::vector<std::string> unplanned;
   // The backend's runtime buffers (a cuBLAS workspace), outside the plan's accounting.
   std::vector<LiveAllocation> runtime_buffers;
+  // The device level: the most bytes the device reported in use (a GPU: cudaMemGetInfo), and
+  // the runtime's overheads as the backend measured them; absent on the CPU.
+  std::optional<int64_t> measured_device_peak;
+  std::vector<LiveAllocation> measured_overheads;
 };
 
 // What one rank reports besides its memory.

@@ -82,6 +82,7 @@ Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend,
         });
   }
   if (error) return *error;
+  result.ranks_per_device = t.tp * t.pp;
   std::sort(result.ranks.begin(), result.ranks.end(),
             [](const RankResult& a, const RankResult& b) { return a.global_rank < b.global_rank; });
   return result;

@@ -30,6 +30,9 @@ struct RunResult {
   std::map<std::string, double> profile;
   std::optional<OutOfBudget> out_of_memory;
   int64_t oom_rank = -1;
+  // Ranks sharing one device: every rank of an in-process run (virtual ranks on one GPU), 1 for
+  // one process per rank.
+  int64_t ranks_per_device = 1;
 };
 
 using BackendFactory = std::function<std::unique_ptr<Backend>()>;

@@ -4,6 +4,7 @@
 // recompute policies (recomputation regenerates exactly what the forward produced).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -107,6 +108,43 @@ TEST(CudaBackend, TinyMoe) {
 }
 
 #ifdef NANOPLAN_CUDA_EMULATION
+// The device level (cudaMemGetInfo, sampled after every allocation): with one rank alone on the
+// emulated device (no context there) its peak is the allocator's plus the cuBLAS workspace, to the
+// byte; virtual ranks share the device, so it lies between the fullest rank's and the sum. The
+// comparison predicts it from the plan and the runtime assumptions, and says so in JSON.
+TEST(CudaBackend, DeviceLevelPeak) {
+  Scenario sc = testing::scenario("tiny-llama");
+  const int64_t ws = RuntimeAssumptions{}.cublas_workspace_bytes;
+  for (int64_t tp : {1, 2}) {
+    TrainSpec t = sc.base;
+    t.tp = tp, t.pp = 1, t.sp = tp > 1;
+    Schedule s = build_schedule(sc.model, t);
+    RunResult r = run(s, true);
+    int64_t sum = 0, fullest = 0, device = 0;
+    for (const RankResult& rr : r.ranks) {
+      ASSERT_TRUE(rr.measured_device_peak.has_value());
+      sum += rr.measured_peak, fullest = std::max(fullest, rr.measured_peak);
+      device = std::max(device, *rr.measured_device_peak);
+      ASSERT_EQ(rr.measured_overheads.size(), 2u);
+      EXPECT_EQ(rr.measured_overheads[1].name, "cuBLAS handle");
+    }
+    if (tp == 1) EXPECT_EQ(device, sum + ws);
+    EXPECT_GE(device, fullest + ws);
+    EXPECT_LE(device, sum + tp * ws);
+    RuntimeAssumptions rt;
+    RunComparison c = compare(s, r, "device level", rt);
+    ASSERT_TRUE(c.device.has_value());
+    int64_t predicted = 0;
+    for (const RankComparison& rc : c.ranks) predicted += rc.predicted;
+    EXPECT_EQ(c.device->predicted, predicted + rt.cuda_context_bytes + tp * ws);
+    EXPECT_EQ(c.device->measured, device);
+    nlohmann::json j = comparison_json(c);
+    EXPECT_EQ(j["measured_device_peak_bytes"], device);
+    EXPECT_EQ(j["predicted_device_peak_bytes"], c.device->predicted);
+    EXPECT_NE(comparison_table(c).find("device level (cudaMemGetInfo"), std::string::npos);
+  }
+}
+
 // A device without room: the run stops with the tensor that did not fit, its size and the bytes in
 // use (the emulated device holds the cuBLAS workspace and 64 KiB more).
 TEST(CudaBackend, DeviceOutOfMemoryNamesTheTensor) {

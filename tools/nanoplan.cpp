@@ -416,7 +416,8 @@ int run_one_mpi(const np::Schedule& s, const Flags& f, const std::string& title)
   int code = 0;
   if (r->has_value()) {
     np::exec::RunComparison c = np::exec::compare(
-        s, **r, title + " (" + std::to_string(s.setup.tp * s.setup.pp) + " MPI processes)");
+        s, **r, title + " (" + std::to_string(s.setup.tp * s.setup.pp) + " MPI processes)",
+        make_runtime(f));
     if (f.format == "json")
       std::cout << np::exec::comparison_json(c).dump(2) << "\n";
     else
@@ -467,7 +468,7 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
                 << "\n";
     return kExitOutOfMemory;
   }
-  np::exec::RunComparison c = np::exec::compare(s, *r, title);
+  np::exec::RunComparison c = np::exec::compare(s, *r, title, make_runtime(f));
   if (f.format == "json")
     std::cout << np::exec::comparison_json(c).dump(2) << "\n";
   else
@@ -510,7 +511,8 @@ int run_scenario(const Flags& f) {
                    static_cast<long long>(r->oom_rank), r->out_of_memory->what());
       return kExitOutOfMemory;
     }
-    np::exec::RunComparison c = np::exec::compare(s, *r, sc.name + ": " + np::describe_short(t));
+    np::exec::RunComparison c =
+        np::exec::compare(s, *r, sc.name + ": " + np::describe_short(t), make_runtime(f));
     std::string why = np::scenario_failures(sc, c.all_equal, c.losses);
     bool ok = why.empty();
     failed += !ok;

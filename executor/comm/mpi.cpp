@@ -227,6 +227,8 @@ std::vector<unsigned char> encode(const RankRun& run) {
   w.pod(static_cast<uint64_t>(m.unplanned.size()));
   for (const std::string& u : m.unplanned) w.str(u);
   put(w, m.runtime_buffers);
+  w.pod(m.measured_device_peak.has_value()), w.pod(m.measured_device_peak.value_or(0));
+  put(w, m.measured_overheads);
   w.vec(run.losses);
   w.pod(static_cast<uint64_t>(run.grads.size()));
   for (const auto& [key, g] : run.grads) w.str(key), w.vec(g);
@@ -251,6 +253,10 @@ RankRun decode(const unsigned char* p, size_t n) {
   m.unplanned.resize(r.pod<uint64_t>());
   for (std::string& u : m.unplanned) u = r.str();
   m.runtime_buffers = get_live(r);
+  bool has_device = r.pod<bool>();
+  int64_t device_peak = r.pod<int64_t>();
+  if (has_device) m.measured_device_peak = device_peak;
+  m.measured_overheads = get_live(r);
   run.losses = r.vec<double>();
   for (auto k = r.pod<uint64_t>(); k > 0; --k) {
     std::string key = r.str();

@@ -46,7 +46,16 @@ AttentionShape attention_shape(const OpAttrs& a) {
 
 class CudaBackend final : public exec::Backend {
  public:
-  CudaBackend() { NP_CUBLAS_CHECK(cublasCreate(&blas_)); }
+  // The context first (cudaFree(0) creates it), then the cuBLAS handle, each measured.
+  CudaBackend() {
+    NP_CUDA_CHECK(cudaFree(nullptr));
+    int64_t at_start = used_now();
+    NP_CUBLAS_CHECK(cublasCreate(&blas_));
+    overheads_ = {{"device memory in use as this rank's backend started (the CUDA context, and "
+                   "anything else on the device)",
+                   at_start},
+                  {"cuBLAS handle", std::max<int64_t>(0, used_now() - at_start)}};
+  }
   ~CudaBackend() override { cublasDestroy(blas_); }
   const char* name() const override { return "cuda"; }
 
@@ -70,6 +79,8 @@ class CudaBackend final : public exec::Backend {
     return p;
   }
   void release(void* p) override { NP_CUDA_CHECK(cudaFree(p)); }
+  std::optional<int64_t> device_used() override { return used_now(); }
+  std::vector<exec::RuntimeBuffer> measured_overheads() const override { return overheads_; }
   void fill_bytes(void* p, uint8_t value, int64_t bytes) override {
     NP_CUDA_CHECK(cudaMemset(p, value, static_cast<size_t>(bytes)));
   }
@@ -491,8 +502,15 @@ class CudaBackend final : public exec::Backend {
     copy_from_host(mx, best.data());
   }
 
+  static int64_t used_now() {
+    size_t free_bytes = 0, total = 0;
+    NP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return static_cast<int64_t>(total - free_bytes);
+  }
+
   cublasHandle_t blas_ = nullptr;
   cudaStream_t stream_ = nullptr;  // the default stream: kernels run in issue order
+  std::vector<exec::RuntimeBuffer> overheads_;
 };
 
 }  // namespace
