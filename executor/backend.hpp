@@ -94,6 +94,8 @@ class Backend : public DeviceMemory {
   // Device memory the backend's runtime took as it started, each measured before and after its
   // creation (the CUDA context, the cuBLAS handle): the estimate's runtime overheads, measured.
   virtual std::vector<RuntimeBuffer> measured_overheads() const { return {}; }
+  // Waits for the work enqueued so far (a GPU: the device), so that a step's wall time counts it.
+  virtual void synchronize() {}
   // t[i] = value for every element (float dtypes).
   virtual void fill(const Tensor& t, float value) = 0;
   // dst[dst_offset + i] = src[src_offset + i] for i < n, converting between float dtypes.

@@ -82,7 +82,7 @@ std::optional<DeviceLevel> device_level(const RunComparison& c, const RunResult&
 }  // namespace
 
 RunComparison compare(const Schedule& s, const RunResult& r, std::string title,
-                      const RuntimeAssumptions& runtime) {
+                      const RuntimeAssumptions& runtime, const HardwareModel* hardware) {
   RunComparison c{std::move(title), s.setup, {}, r.losses, true, std::nullopt, runtime};
   std::vector<SimResult> sims;
   for (const StageProgram& p : s.stages)
@@ -126,6 +126,16 @@ RunComparison compare(const Schedule& s, const RunResult& r, std::string title,
     c.ranks.push_back(std::move(rc));
   }
   c.device = device_level(c, r, runtime);
+  for (const RankResult& rr : r.ranks)
+    for (size_t i = 0; i < rr.step_seconds.size(); ++i) {
+      if (c.step_seconds.size() <= i) c.step_seconds.push_back(0);
+      c.step_seconds[i] = std::max(c.step_seconds[i], rr.step_seconds[i]);
+    }
+  if (hardware) {
+    StepTime st = step_time(s, *hardware);
+    c.predicted_step_seconds = st.seconds, c.predicted_recompute_seconds = st.recompute_seconds;
+    c.hardware = hardware->name;
+  }
   return c;
 }
 
@@ -208,6 +218,21 @@ std::string comparison_table(const RunComparison& c) {
     for (const LiveAllocation& o : d.measured_overheads)
       out += "  measured at start, rank 0: " + o.name + " " + format_int(o.bytes) + " B\n";
   }
+  if (!c.step_seconds.empty()) {
+    out += "  step time (wall, the slowest rank):";
+    for (double t : c.step_seconds) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, " %.4f s", t);
+      out += buf;
+    }
+    if (c.predicted_step_seconds) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "; the cost model predicts %.4f s (%.4f s of it recompute) on %s",
+                    *c.predicted_step_seconds, *c.predicted_recompute_seconds, c.hardware.c_str());
+      out += buf;
+    }
+    out += "\n";
+  }
   out += "  loss per step:";
   for (double l : c.losses) {
     char buf[32];
@@ -271,6 +296,12 @@ nlohmann::json comparison_json(const RunComparison& c) {
       {"losses", c.losses},
       {"steps", c.losses.size()},
       {"predicted_equals_measured", c.all_equal}};
+  out["measured_step_seconds"] = c.step_seconds;
+  if (c.predicted_step_seconds) {
+    out["predicted_step_seconds"] = *c.predicted_step_seconds;
+    out["predicted_recompute_seconds"] = *c.predicted_recompute_seconds;
+    out["cost_model_gpu"] = c.hardware;
+  }
   if (c.device) {
     const DeviceLevel& d = *c.device;
     out["predicted_device_peak_bytes"] = d.predicted;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "executor/runner.hpp"
+#include "planner/cost.hpp"
 #include "planner/estimate.hpp"
 #include "planner/schedule.hpp"
 
@@ -60,10 +61,15 @@ struct RunComparison {
   bool all_equal = true;
   std::optional<DeviceLevel> device;
   RuntimeAssumptions runtime;
+  std::vector<double> step_seconds;  // per step, the slowest rank's wall time
+  // The cost model's step time for this plan on `hardware` (given for a GPU run): a model output.
+  std::optional<double> predicted_step_seconds, predicted_recompute_seconds;
+  std::string hardware;
 };
 
 RunComparison compare(const Schedule& s, const RunResult& r, std::string title,
-                      const RuntimeAssumptions& runtime = {});
+                      const RuntimeAssumptions& runtime = {},
+                      const HardwareModel* hardware = nullptr);
 std::string comparison_table(const RunComparison& c);
 nlohmann::json comparison_json(const RunComparison& c);
 

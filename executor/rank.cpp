@@ -39,6 +39,7 @@ class RankRunner {
 
   RankRun run() {
     for (int step = 0; step < opt_.steps; ++step) {
+      auto start = std::chrono::steady_clock::now();
       step_ = step;
       alloc_.begin_step();
       bound_.assign(p_.tensors.size(), Tensor{});
@@ -49,6 +50,9 @@ class RankRunner {
             static_cast<double>(s_.setup.seq_len * s_.setup.micro_batch * s_.setup.microbatches);
         out_.losses.push_back(loss_ / tokens);
       }
+      be_.synchronize();
+      out_.memory.step_seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     RankResult& r = out_.memory;
     r.stage = stage_, r.tp_rank = tp_rank_;

@@ -17,6 +17,8 @@ namespace np::exec {
 
 struct RunOptions {
   int steps = 1;
+  // The ranks' memory is a device's (the CUDA backend), not this host's: no host-memory check.
+  bool device_memory = false;
   uint64_t seed = 1234;
   std::optional<int64_t> enforce_budget;  // per rank, bytes
   float lr = 1e-2f;                       // AdamW
@@ -40,6 +42,7 @@ struct RankResult {
   // the runtime's overheads as the backend measured them; absent on the CPU.
   std::optional<int64_t> measured_device_peak;
   std::vector<LiveAllocation> measured_overheads;
+  std::vector<double> step_seconds;  // wall time of each step, the device's work included
 };
 
 // What one rank reports besides its memory.

@@ -18,7 +18,7 @@ CommWorldFactory in_process_world() {
   return [](int64_t tp, int64_t pp) { return std::make_unique<InProcessWorld>(tp, pp); };
 }
 
-std::optional<Error> check_runnable(const Schedule& s) {
+std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
   const TrainSpec& t = s.setup;
   if (t.dp != 1 || t.ep != 1)
     return make_error(
@@ -30,6 +30,7 @@ std::optional<Error> check_runnable(const Schedule& s) {
   if (t.tp * t.pp > 64)
     return make_error("the CPU executor runs at most 64 ranks; got tp x pp = " +
                       std::to_string(t.tp * t.pp));
+  if (!host_memory) return std::nullopt;
   // Host memory: every rank's predicted peak must fit in what this machine has free.
   double need = 0;
   for (const StageProgram& p : s.stages)
@@ -45,7 +46,7 @@ std::optional<Error> check_runnable(const Schedule& s) {
 
 Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend,
                                const RunOptions& options, const CommWorldFactory& world_factory) {
-  if (auto e = check_runnable(s)) return *e;
+  if (auto e = check_runnable(s, !options.device_memory)) return *e;
   const TrainSpec& t = s.setup;
   std::unique_ptr<CommWorld> world = world_factory(t.tp, t.pp);
   std::mutex mu;

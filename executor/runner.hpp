@@ -40,8 +40,9 @@ using BackendFactory = std::function<std::unique_ptr<Backend>()>;
 // The in-process communicators (ranks as threads).
 CommWorldFactory in_process_world();
 
-// Which setups the executor can run; an error names the limit and the way out.
-std::optional<Error> check_runnable(const Schedule& s);
+// Which setups the executor can run; an error names the limit and the way out. `host_memory`:
+// the ranks' memory is this host's (the CPU executor), which must hold every rank's peak.
+std::optional<Error> check_runnable(const Schedule& s, bool host_memory = true);
 
 // Adds one rank's report to a run's: its memory, the loss (the last stage's TP rank 0), the
 // gradients it holds (NaN elsewhere), forward counts (TP rank 0's), profile times (summed). Ranks

@@ -111,7 +111,8 @@ TEST(CudaBackend, TinyMoe) {
 // The device level (cudaMemGetInfo, sampled after every allocation): with one rank alone on the
 // emulated device (no context there) its peak is the allocator's plus the cuBLAS workspace, to the
 // byte; virtual ranks share the device, so it lies between the fullest rank's and the sum. The
-// comparison predicts it from the plan and the runtime assumptions, and says so in JSON.
+// comparison predicts it from the plan and the runtime assumptions, and says so in JSON; the
+// measured step time stands beside the cost model's.
 TEST(CudaBackend, DeviceLevelPeak) {
   Scenario sc = testing::scenario("tiny-llama");
   const int64_t ws = RuntimeAssumptions{}.cublas_workspace_bytes;
@@ -128,11 +129,19 @@ TEST(CudaBackend, DeviceLevelPeak) {
       ASSERT_EQ(rr.measured_overheads.size(), 2u);
       EXPECT_EQ(rr.measured_overheads[1].name, "cuBLAS handle");
     }
-    if (tp == 1) EXPECT_EQ(device, sum + ws);
+    if (tp == 1) {
+      EXPECT_EQ(device, sum + ws);
+    }
     EXPECT_GE(device, fullest + ws);
     EXPECT_LE(device, sum + tp * ws);
     RuntimeAssumptions rt;
-    RunComparison c = compare(s, r, "device level", rt);
+    HardwareModel hw = default_hardware();
+    RunComparison c = compare(s, r, "device level", rt, &hw);
+    ASSERT_EQ(c.step_seconds.size(), 1u);  // measured, and the cost model's beside it
+    EXPECT_GT(c.step_seconds[0], 0.0);
+    ASSERT_TRUE(c.predicted_step_seconds.has_value());
+    EXPECT_EQ(*c.predicted_step_seconds, step_time(s, hw).seconds);
+    EXPECT_NE(comparison_table(c).find("the cost model predicts"), std::string::npos);
     ASSERT_TRUE(c.device.has_value());
     int64_t predicted = 0;
     for (const RankComparison& rc : c.ranks) predicted += rc.predicted;

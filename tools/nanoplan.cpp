@@ -411,13 +411,16 @@ int run_one_mpi(const np::Schedule& s, const Flags& f, const std::string& title)
       return np::cuda::make_nccl_comm(mpi, broadcast);
     };
 #endif
-  auto r = np::exec::mpi::run_schedule(s, ex.backend, run_options(f), ex.transfer, wrap);
+  np::exec::RunOptions options = run_options(f);
+  options.device_memory = ex.device;
+  auto r = np::exec::mpi::run_schedule(s, ex.backend, options, ex.transfer, wrap);
   if (!r) die(r.error().message);
   int code = 0;
   if (r->has_value()) {
+    np::HardwareModel hw = make_hardware(f);
     np::exec::RunComparison c = np::exec::compare(
         s, **r, title + " (" + std::to_string(s.setup.tp * s.setup.pp) + " MPI processes)",
-        make_runtime(f));
+        make_runtime(f), ex.device ? &hw : nullptr);
     if (f.format == "json")
       std::cout << np::exec::comparison_json(c).dump(2) << "\n";
     else
@@ -446,9 +449,11 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
 #if defined(NANOPLAN_HAVE_MPI)
   if (np::exec::mpi::launched()) return run_one_mpi(s, f, title);
 #endif
-  if (auto e = np::exec::check_runnable(s)) die(e->message);
   Executor ex = executor_for(f);
-  auto r = np::exec::run_schedule(s, ex.backend, run_options(f), ex.world);
+  np::exec::RunOptions options = run_options(f);
+  options.device_memory = ex.device;
+  if (auto e = np::exec::check_runnable(s, !ex.device)) die(e->message);
+  auto r = np::exec::run_schedule(s, ex.backend, options, ex.world);
   if (!r) {
     std::fprintf(stderr, "nanoplan: %s\n", r.error().message.c_str());
     return kExitRunFailed;
@@ -468,7 +473,9 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
                 << "\n";
     return kExitOutOfMemory;
   }
-  np::exec::RunComparison c = np::exec::compare(s, *r, title, make_runtime(f));
+  np::HardwareModel hw = make_hardware(f);
+  np::exec::RunComparison c =
+      np::exec::compare(s, *r, title, make_runtime(f), ex.device ? &hw : nullptr);
   if (f.format == "json")
     std::cout << np::exec::comparison_json(c).dump(2) << "\n";
   else
@@ -485,11 +492,10 @@ int run_scenario(const Flags& f) {
   np::Scenario sc = check(np::load_scenario(f.scenario, catalog));
   Flags g = f;
   if (g.steps == 1) g.steps = sc.steps;
-  for (const np::TrainSpec& t : sc.matrix) {  // refuse before anything is printed or run
-    if (auto e = np::exec::check_runnable(np::build_schedule(sc.model, t)))
-      die(f.scenario + ": " + np::describe_short(t) + ": " + e->message);
-  }
   Executor ex = executor_for(f);
+  for (const np::TrainSpec& t : sc.matrix)  // refuse before anything is printed or run
+    if (auto e = np::exec::check_runnable(np::build_schedule(sc.model, t), !ex.device))
+      die(f.scenario + ": " + np::describe_short(t) + ": " + e->message);
   int failed = 0;
   nlohmann::json all = nlohmann::json::array();
   std::printf("%s",
@@ -500,7 +506,9 @@ int run_scenario(const Flags& f) {
                         .c_str());
   for (const np::TrainSpec& t : sc.matrix) {
     np::Schedule s = np::build_schedule(sc.model, t);
-    auto r = np::exec::run_schedule(s, ex.backend, run_options(g), ex.world);
+    np::exec::RunOptions options = run_options(g);
+    options.device_memory = ex.device;
+    auto r = np::exec::run_schedule(s, ex.backend, options, ex.world);
     if (!r) {
       std::fprintf(stderr, "nanoplan: %s: %s\n", np::describe_short(t).c_str(),
                    r.error().message.c_str());
@@ -511,8 +519,9 @@ int run_scenario(const Flags& f) {
                    static_cast<long long>(r->oom_rank), r->out_of_memory->what());
       return kExitOutOfMemory;
     }
-    np::exec::RunComparison c =
-        np::exec::compare(s, *r, sc.name + ": " + np::describe_short(t), make_runtime(f));
+    np::HardwareModel hw = make_hardware(f);
+    np::exec::RunComparison c = np::exec::compare(s, *r, sc.name + ": " + np::describe_short(t),
+                                                  make_runtime(f), ex.device ? &hw : nullptr);
     std::string why = np::scenario_failures(sc, c.all_equal, c.losses);
     bool ok = why.empty();
     failed += !ok;

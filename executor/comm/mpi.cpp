@@ -229,6 +229,7 @@ std::vector<unsigned char> encode(const RankRun& run) {
   put(w, m.runtime_buffers);
   w.pod(m.measured_device_peak.has_value()), w.pod(m.measured_device_peak.value_or(0));
   put(w, m.measured_overheads);
+  w.vec(m.step_seconds);
   w.vec(run.losses);
   w.pod(static_cast<uint64_t>(run.grads.size()));
   for (const auto& [key, g] : run.grads) w.str(key), w.vec(g);
@@ -257,6 +258,7 @@ RankRun decode(const unsigned char* p, size_t n) {
   int64_t device_peak = r.pod<int64_t>();
   if (has_device) m.measured_device_peak = device_peak;
   m.measured_overheads = get_live(r);
+  m.step_seconds = r.vec<double>();
   run.losses = r.vec<double>();
   for (auto k = r.pod<uint64_t>(); k > 0; --k) {
     std::string key = r.str();
@@ -315,7 +317,7 @@ Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFa
     return make_error("this plan has tp x pp = " + std::to_string(t.tp * t.pp) +
                       " ranks; start it with mpirun -n " + std::to_string(t.tp * t.pp) +
                       " (got " + std::to_string(size) + " processes)");
-  if (auto e = check_runnable(s)) return *e;
+  if (auto e = check_runnable(s, !options.device_memory)) return *e;
   int64_t stage = rank / t.tp, r = rank % t.tp;
   MPI_Comm group;
   ok(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(stage), static_cast<int>(r), &group),

@@ -81,6 +81,7 @@ class CudaBackend final : public exec::Backend {
   void release(void* p) override { NP_CUDA_CHECK(cudaFree(p)); }
   std::optional<int64_t> device_used() override { return used_now(); }
   std::vector<exec::RuntimeBuffer> measured_overheads() const override { return overheads_; }
+  void synchronize() override { NP_CUDA_CHECK(cudaDeviceSynchronize()); }
   void fill_bytes(void* p, uint8_t value, int64_t bytes) override {
     NP_CUDA_CHECK(cudaMemset(p, value, static_cast<size_t>(bytes)));
   }
