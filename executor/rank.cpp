@@ -67,6 +67,8 @@ class RankRunner {
     r.measured_device_peak = alloc_.device_peak();
     for (const RuntimeBuffer& b : be_.measured_overheads())
       r.measured_overheads.push_back({b.name, b.bytes, Category::kTransient});
+    for (const auto& [name, bytes] : comm_.measured_overheads())
+      r.measured_overheads.push_back({name, bytes, Category::kTransient});
     return std::move(out_);
   }
 

@@ -8,6 +8,9 @@
 #include <functional>
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "executor/tensor.hpp"
 
@@ -30,6 +33,8 @@ class Communicator {
   // t = t + the same tensor of the rank with this TP index on pipeline stage `peer`; both ranks
   // call it and get bitwise the same sum (tied embeddings: the first and the last stage).
   virtual void all_reduce_with(const Tensor& t, int64_t peer) = 0;
+  // Device memory the communicator took as it started, measured (NCCL's buffers): name, bytes.
+  virtual std::vector<std::pair<std::string, int64_t>> measured_overheads() const { return {}; }
 };
 
 // Thrown inside the other ranks' communication calls after one rank aborted the run.

@@ -39,7 +39,11 @@ class NcclComm final : public exec::Communicator {
     NP_NCCL_CHECK(ncclCommInitRank(&comm_, static_cast<int>(mpi.tp_size()), id,
                                    static_cast<int>(mpi.tp_rank())));
     NP_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
-    if (setup) setup->buffer_bytes = static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after);
+    buffers_ = static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after);
+    if (setup) setup->buffer_bytes = buffers_;
+  }
+  std::vector<std::pair<std::string, int64_t>> measured_overheads() const override {
+    return {{"NCCL communicator (its buffers, measured around ncclCommInitRank)", buffers_}};
   }
   ~NcclComm() override { ncclCommDestroy(comm_); }
   int64_t tp_rank() const override { return mpi_.tp_rank(); }
@@ -69,6 +73,7 @@ class NcclComm final : public exec::Communicator {
   static void done() { NP_CUDA_CHECK(cudaStreamSynchronize(nullptr)); }
   exec::Communicator& mpi_;
   ncclComm_t comm_ = nullptr;
+  int64_t buffers_ = 0;
 };
 
 }  // namespace
