@@ -55,8 +55,12 @@ class CudaBackend final : public exec::Backend {
                    "anything else on the device)",
                    at_start},
                   {"cuBLAS handle", std::max<int64_t>(0, used_now() - at_start)}};
+    NP_CUDA_CHECK(cudaStreamCreate(&stream_));
   }
-  ~CudaBackend() override { cublasDestroy(blas_); }
+  ~CudaBackend() override {
+    cublasDestroy(blas_);
+    cudaStreamDestroy(stream_);
+  }
   const char* name() const override { return "cuda"; }
 
   // cuBLAS's workspace, set explicitly so that its bytes come through the tracking allocator
@@ -510,7 +514,10 @@ class CudaBackend final : public exec::Backend {
   }
 
   cublasHandle_t blas_ = nullptr;
-  cudaStream_t stream_ = nullptr;  // the default stream: kernels run in issue order
+  // This rank's own stream, a blocking one: the synchronous copies (on the legacy default stream)
+  // and the virtual ranks' collectives wait for its work, so virtual ranks sharing a GPU each
+  // issue in order on their own stream.
+  cudaStream_t stream_ = nullptr;
   std::vector<exec::RuntimeBuffer> overheads_;
 };
 
