@@ -60,9 +60,10 @@ class InProcessComm final : public Communicator {
     w_.transfer_->copy(t.data, msg.data(), t.bytes());
   }
 
+  // Its own channel: a pipeline message still unread between the two stages is never taken for it.
   void all_reduce_with(const Tensor& t, int64_t peer) override {
-    send(t, peer);
-    std::vector<unsigned char> msg = take(peer), mine = to_host(t);
+    post(to_host(t), peer, kPairChannel);
+    std::vector<unsigned char> msg = take(peer, kPairChannel), mine = to_host(t);
     check(static_cast<int64_t>(msg.size()) == t.bytes(),
           "all_reduce_with: the peer's tensor differs in size");
     Tensor a{mine.data(), t.type}, b{msg.data(), t.type};
@@ -77,16 +78,17 @@ class InProcessComm final : public Communicator {
     w_.transfer_->copy(h.data(), t.data, t.bytes());
     return h;
   }
-  void post(std::vector<unsigned char> msg, int64_t to) {
-    auto& box = w_.mailbox(stage_, to, rank_);
+  static constexpr int64_t kPipelineChannel = 0, kPairChannel = 1;
+  void post(std::vector<unsigned char> msg, int64_t to, int64_t channel = kPipelineChannel) {
+    auto& box = w_.mailbox(stage_, to, rank_, channel);
     {
       std::lock_guard lock(box.mu);
       box.messages.push_back(std::move(msg));
     }
     box.cv.notify_all();
   }
-  std::vector<unsigned char> take(int64_t from) {
-    auto& box = w_.mailbox(from, stage_, rank_);
+  std::vector<unsigned char> take(int64_t from, int64_t channel = kPipelineChannel) {
+    auto& box = w_.mailbox(from, stage_, rank_, channel);
     std::unique_lock lock(box.mu);
     box.cv.wait(lock, [&] { return !box.messages.empty() || w_.aborted_; });
     if (box.messages.empty()) throw RunAborted();
@@ -153,9 +155,10 @@ void InProcessWorld::abort(int64_t stage) {
   }
 }
 
-InProcessWorld::Mailbox& InProcessWorld::mailbox(int64_t from, int64_t to, int64_t tp_rank) {
+InProcessWorld::Mailbox& InProcessWorld::mailbox(int64_t from, int64_t to, int64_t tp_rank,
+                                                 int64_t channel) {
   std::lock_guard lock(boxes_mu_);
-  auto& box = boxes_[{from, to, tp_rank}];
+  auto& box = boxes_[{from, to, tp_rank, channel}];
   if (!box) box = std::make_unique<Mailbox>();
   return *box;
 }

@@ -21,7 +21,7 @@ namespace np::exec {
 class Transfer {
  public:
   virtual ~Transfer() = default;
-  // bytes from src to dst; either may be host memory or the backend's.
+  // bytes from src to dst; either may be host memory or the backend's. Complete when it returns.
   virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
   // out[out_offset + i] = the sum over q, in order and in fp32, of element in_offset + i of ins[q]
   // (tensors of out's dtype), for i < n; out may be one of ins (each element read before it is
@@ -52,7 +52,8 @@ class InProcessWorld final : public CommWorld {
     std::condition_variable cv;
     std::deque<std::vector<unsigned char>> messages;
   };
-  Mailbox& mailbox(int64_t from, int64_t to, int64_t tp_rank);
+  // Messages from stage `from` to stage `to` of TP rank tp_rank on one channel (pipeline or pair).
+  Mailbox& mailbox(int64_t from, int64_t to, int64_t tp_rank, int64_t channel);
 
   int64_t tp_, pp_;
   std::shared_ptr<Transfer> transfer_;
@@ -60,7 +61,7 @@ class InProcessWorld final : public CommWorld {
   std::vector<std::unique_ptr<Group>> groups_;  // per stage
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::mutex boxes_mu_;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Mailbox>> boxes_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<Mailbox>> boxes_;
 };
 
 }  // namespace np::exec

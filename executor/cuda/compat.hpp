@@ -35,13 +35,14 @@ void np_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
 #endif
 }
 
-// This block's dynamic shared memory as T[] (16-byte aligned).
+// This block's dynamic shared memory as T[] (128-byte aligned on a GPU, as the tensor-core tiles
+// need at least 32; 16 in the emulation, whose tiles need no alignment).
 template <typename T>
 __device__ __forceinline__ T* np_shared() {
 #if defined(NANOPLAN_CUDA_EMULATION)
   return static_cast<T*>(::np::emu::dynamic_shared());
 #elif defined(__CUDACC__)
-  extern __shared__ __align__(16) unsigned char np_shared_bytes[];
+  extern __shared__ __align__(128) unsigned char np_shared_bytes[];
   return reinterpret_cast<T*>(np_shared_bytes);
 #else
   static_assert(sizeof(T) == 0, "shared memory is for kernels (.cu files, or the emulation)");

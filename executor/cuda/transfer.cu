@@ -24,8 +24,11 @@ __global__ void sum_ranks_kernel(View out, long long out_offset, Peers ins, int 
 
 class DeviceTransfer final : public exec::Transfer {
  public:
+  // Complete when it returns: a device-to-device cudaMemcpy may still run after it returns.
   void copy(void* dst, const void* src, int64_t bytes) override {
-    if (bytes > 0) NP_CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault));
+    if (bytes <= 0) return;
+    NP_CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault));
+    NP_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
   void sum(const Tensor& out, int64_t out_offset, const std::vector<const void*>& ins,
            int64_t in_offset, int64_t n) override {
