@@ -387,8 +387,9 @@ Executor executor_for(const Flags& f) {
           np::exec::host_transfer()};
 }
 
-np::exec::RunOptions run_options(const Flags& f) {
+np::exec::RunOptions run_options(const Flags& f, const Executor& ex) {
   np::exec::RunOptions o;
+  o.device_memory = ex.device;
   o.steps = f.steps;
   o.seed = static_cast<uint64_t>(f.seed);
   if (!f.enforce_budget.empty()) {
@@ -397,6 +398,24 @@ np::exec::RunOptions run_options(const Flags& f) {
     o.enforce_budget = *b;
   }
   return o;
+}
+
+// The comparison of a run, with the cost model's step time beside the measured one on a GPU.
+np::exec::RunComparison compare_run(const np::Schedule& s, const np::exec::RunResult& r,
+                                    const std::string& title, const Flags& f, const Executor& ex) {
+  std::optional<np::HardwareModel> hw;
+  if (ex.device) hw = make_hardware(f);
+  return np::exec::compare(s, r, title, make_runtime(f), hw ? &*hw : nullptr);
+}
+
+// Prints a comparison as --format says; returns the exit code of its verdict.
+int print_comparison(const np::exec::RunComparison& c, const Flags& f) {
+  if (f.format == "json")
+    std::cout << np::exec::comparison_json(c).dump(2) << "\n";
+  else
+    std::cout << np::exec::comparison_table(c);
+  std::cout.flush();
+  return c.all_equal ? 0 : kExitCheckFailed;
 }
 
 #if defined(NANOPLAN_HAVE_MPI)
@@ -411,23 +430,14 @@ int run_one_mpi(const np::Schedule& s, const Flags& f, const std::string& title)
       return np::cuda::make_nccl_comm(mpi, broadcast);
     };
 #endif
-  np::exec::RunOptions options = run_options(f);
-  options.device_memory = ex.device;
-  auto r = np::exec::mpi::run_schedule(s, ex.backend, options, ex.transfer, wrap);
+  auto r = np::exec::mpi::run_schedule(s, ex.backend, run_options(f, ex), ex.transfer, wrap);
   if (!r) die(r.error().message);
   int code = 0;
-  if (r->has_value()) {
-    np::HardwareModel hw = make_hardware(f);
-    np::exec::RunComparison c = np::exec::compare(
-        s, **r, title + " (" + std::to_string(s.setup.tp * s.setup.pp) + " MPI processes)",
-        make_runtime(f), ex.device ? &hw : nullptr);
-    if (f.format == "json")
-      std::cout << np::exec::comparison_json(c).dump(2) << "\n";
-    else
-      std::cout << np::exec::comparison_table(c);
-    std::cout.flush();
-    code = c.all_equal ? 0 : kExitCheckFailed;
-  }
+  if (r->has_value())
+    code = print_comparison(
+        compare_run(s, **r, title + " (" + std::to_string(s.setup.tp * s.setup.pp) + " MPI processes)",
+                    f, ex),
+        f);
   return np::exec::mpi::broadcast_exit_code(code);
 }
 #endif
@@ -450,10 +460,8 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
   if (np::exec::mpi::launched()) return run_one_mpi(s, f, title);
 #endif
   Executor ex = executor_for(f);
-  np::exec::RunOptions options = run_options(f);
-  options.device_memory = ex.device;
   if (auto e = np::exec::check_runnable(s, !ex.device)) die(e->message);
-  auto r = np::exec::run_schedule(s, ex.backend, options, ex.world);
+  auto r = np::exec::run_schedule(s, ex.backend, run_options(f, ex), ex.world);
   if (!r) {
     std::fprintf(stderr, "nanoplan: %s\n", r.error().message.c_str());
     return kExitRunFailed;
@@ -473,14 +481,7 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
                 << "\n";
     return kExitOutOfMemory;
   }
-  np::HardwareModel hw = make_hardware(f);
-  np::exec::RunComparison c =
-      np::exec::compare(s, *r, title, make_runtime(f), ex.device ? &hw : nullptr);
-  if (f.format == "json")
-    std::cout << np::exec::comparison_json(c).dump(2) << "\n";
-  else
-    std::cout << np::exec::comparison_table(c);
-  return c.all_equal ? 0 : kExitCheckFailed;
+  return print_comparison(compare_run(s, *r, title, f, ex), f);
 }
 
 int run_scenario(const Flags& f) {
@@ -506,9 +507,7 @@ int run_scenario(const Flags& f) {
                         .c_str());
   for (const np::TrainSpec& t : sc.matrix) {
     np::Schedule s = np::build_schedule(sc.model, t);
-    np::exec::RunOptions options = run_options(g);
-    options.device_memory = ex.device;
-    auto r = np::exec::run_schedule(s, ex.backend, options, ex.world);
+    auto r = np::exec::run_schedule(s, ex.backend, run_options(g, ex), ex.world);
     if (!r) {
       std::fprintf(stderr, "nanoplan: %s: %s\n", np::describe_short(t).c_str(),
                    r.error().message.c_str());
@@ -519,9 +518,7 @@ int run_scenario(const Flags& f) {
                    static_cast<long long>(r->oom_rank), r->out_of_memory->what());
       return kExitOutOfMemory;
     }
-    np::HardwareModel hw = make_hardware(f);
-    np::exec::RunComparison c = np::exec::compare(s, *r, sc.name + ": " + np::describe_short(t),
-                                                  make_runtime(f), ex.device ? &hw : nullptr);
+    np::exec::RunComparison c = compare_run(s, *r, sc.name + ": " + np::describe_short(t), f, ex);
     std::string why = np::scenario_failures(sc, c.all_equal, c.losses);
     bool ok = why.empty();
     failed += !ok;

@@ -66,8 +66,7 @@ class InProcessComm final : public Communicator {
     std::vector<unsigned char> msg = take(peer, kPairChannel), mine = to_host(t);
     check(static_cast<int64_t>(msg.size()) == t.bytes(),
           "all_reduce_with: the peer's tensor differs in size");
-    Tensor a{mine.data(), t.type}, b{msg.data(), t.type};
-    for (int64_t i = 0; i < t.numel(); ++i) store(a, i, load(a, i) + load(b, i));
+    add_elements(Tensor{mine.data(), t.type}, Tensor{msg.data(), t.type});
     w_.transfer_->copy(t.data, mine.data(), t.bytes());
   }
 
@@ -131,6 +130,10 @@ class HostTransfer final : public Transfer {
 
 std::shared_ptr<Transfer> host_transfer() {
   return std::make_shared<HostTransfer>();
+}
+
+void add_elements(const Tensor& into, const Tensor& other) {
+  for (int64_t i = 0; i < into.numel(); ++i) store(into, i, load(into, i) + load(other, i));
 }
 
 InProcessWorld::InProcessWorld(int64_t tp, int64_t pp, std::shared_ptr<Transfer> transfer)

@@ -31,6 +31,9 @@ class Transfer {
 };
 // Host memory: memcpy and a loop.
 std::shared_ptr<Transfer> host_transfer();
+// into[i] += other[i] in fp32, rounded to into's dtype: the pair exchange's sum, bitwise the same
+// on both sides (host memory).
+void add_elements(const Tensor& into, const Tensor& other);
 
 class InProcessWorld final : public CommWorld {
  public:

@@ -40,8 +40,8 @@ int count_of(int64_t bytes) {
 // outside the device accounting, as NCCL's buffers are) and sums them in rank order in fp32.
 class MpiComm final : public Communicator {
  public:
-  MpiComm(MPI_Comm group, int64_t stage, int64_t rank, int64_t tp, std::shared_ptr<Transfer> t)
-      : group_(group), stage_(stage), rank_(rank), tp_(tp), transfer_(std::move(t)) {}
+  MpiComm(MPI_Comm group, int64_t rank, int64_t tp, std::shared_ptr<Transfer> t)
+      : group_(group), rank_(rank), tp_(tp), transfer_(std::move(t)) {}
   int64_t tp_rank() const override { return rank_; }
   int64_t tp_size() const override { return tp_; }
 
@@ -99,8 +99,7 @@ class MpiComm final : public Communicator {
                     count_of(t.bytes()), MPI_BYTE, peer(stage), kPairTag, MPI_COMM_WORLD,
                     MPI_STATUS_IGNORE),
        "MPI_Sendrecv");
-    Tensor a{mine.data(), t.type}, b{other.data(), t.type};
-    for (int64_t i = 0; i < t.numel(); ++i) store(a, i, load(a, i) + load(b, i));
+    add_elements(Tensor{mine.data(), t.type}, Tensor{other.data(), t.type});
     transfer_->copy(t.data, mine.data(), t.bytes());
   }
 
@@ -126,16 +125,13 @@ class MpiComm final : public Communicator {
     int n = count_of(static_cast<int64_t>(mine.size()));
     ok(MPI_Allgather(mine.data(), n, MPI_BYTE, all.data(), n, MPI_BYTE, group_), "MPI_Allgather");
   }
-  // out[i] = sum over q in rank order of element offset + i of rank q's buffer (type of `like`).
+  // out[i] = the sum over q in rank order of element offset + i of rank q's buffer in `all`
+  // (each like.bytes() long): the in-process world's host arithmetic.
   void sum(const std::vector<unsigned char>& all, const Tensor& like, int64_t offset,
            const Tensor& out) {
-    for (int64_t i = 0; i < out.numel(); ++i) {
-      float s = 0;
-      for (int64_t q = 0; q < tp_; ++q)
-        s += load(Tensor{const_cast<unsigned char*>(all.data()) + q * like.bytes(), like.type},
-                  offset + i);
-      store(out, i, s);
-    }
+    std::vector<const void*> ins;
+    for (int64_t q = 0; q < tp_; ++q) ins.push_back(all.data() + q * like.bytes());
+    host_->sum(out, 0, ins, offset, out.numel());
   }
   void reap() {
     for (auto it = pending_.begin(); it != pending_.end();) {
@@ -146,8 +142,9 @@ class MpiComm final : public Communicator {
   }
 
   MPI_Comm group_;
-  int64_t stage_, rank_, tp_;
+  int64_t rank_, tp_;
   std::shared_ptr<Transfer> transfer_;
+  std::shared_ptr<Transfer> host_ = host_transfer();
   std::list<Pending> pending_;  // a list: the requests' buffers must not move
 };
 
@@ -324,7 +321,7 @@ Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFa
      "MPI_Comm_split");
   RankRun run;
   {
-    MpiComm comm(group, stage, r, t.tp, std::move(transfer));
+    MpiComm comm(group, r, t.tp, std::move(transfer));
     try {
       std::unique_ptr<Communicator> wrapped;
       if (wrap)

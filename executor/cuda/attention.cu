@@ -459,8 +459,7 @@ Geo geometry(const AttentionShape& a, const Tensor& qkv) {
 
 // Element e of t (an operand of gemm_rows).
 MatArg mat(const Tensor& t, long long e, long long ld, long long stride = 0, bool trans = false) {
-  bool bf16 = t.type.dtype == Dtype::kBf16;
-  return {static_cast<char*>(t.data) + e * (bf16 ? 2 : 4), bf16, ld, stride, trans};
+  return {slice(t, e, {}).data, t.type.dtype == Dtype::kBf16, ld, stride, trans};
 }
 
 void causal_zero(const Tensor& t, long long s, cudaStream_t stream) {

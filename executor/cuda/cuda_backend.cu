@@ -66,11 +66,11 @@ class CudaBackend final : public exec::Backend {
   // cuBLAS's workspace, set explicitly so that its bytes come through the tracking allocator
   // (never cuBLAS's own cudaMalloc): the estimate's assumed size (RuntimeAssumptions).
   std::vector<exec::RuntimeBuffer> runtime_buffers() const override {
-    return {{"cuBLAS workspace", RuntimeAssumptions{}.cublas_workspace_bytes}};
+    return {{"cuBLAS workspace", kWorkspaceBytes}};
   }
   void use_runtime_buffer(size_t i, void* p) override {
     if (i != 0) throw std::logic_error("cuda backend: it has one runtime buffer");
-    NP_CUBLAS_CHECK(cublasSetWorkspace(blas_, p, static_cast<size_t>(RuntimeAssumptions{}.cublas_workspace_bytes)));
+    NP_CUBLAS_CHECK(cublasSetWorkspace(blas_, p, static_cast<size_t>(kWorkspaceBytes)));
   }
 
   // ---- device memory ----
@@ -507,6 +507,7 @@ class CudaBackend final : public exec::Backend {
     copy_from_host(mx, best.data());
   }
 
+  static constexpr int64_t kWorkspaceBytes = RuntimeAssumptions{}.cublas_workspace_bytes;
   static int64_t used_now() {
     size_t free_bytes = 0, total = 0;
     NP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));

@@ -230,8 +230,7 @@ long long int_items(const Tensor& idx) {
 
 Tensor rows_of(const Tensor& t, long long first, long long n) {
   long long w = t.type.shape.size() > 1 ? t.numel() / t.type.shape[0] : 1;
-  size_t el = t.type.dtype == Dtype::kBf16 ? 2 : 4;
-  return {static_cast<char*>(t.data) + first * w * el, {{n, w}, t.type.dtype}};
+  return slice(t, first * w, {n, w});
 }
 
 // Rows per expert from the routing indices, on the host (cuBLAS takes its sizes from the host):
@@ -252,8 +251,7 @@ std::vector<long long> expert_starts(const Tensor& idx, long long experts, cudaS
 
 Tensor expert_weight(const Tensor& w, long long e) {
   long long F = w.type.shape.at(1), K = w.type.shape.at(2);
-  size_t el = w.type.dtype == Dtype::kBf16 ? 2 : 4;
-  return {static_cast<char*>(w.data) + e * F * K * el, {{F, K}, w.type.dtype}};
+  return slice(w, e * F * K, {F, K});
 }
 
 }  // namespace

@@ -29,8 +29,7 @@ size_t nccl_count(const Tensor& t) {
 
 class NcclComm final : public exec::Communicator {
  public:
-  NcclComm(exec::Communicator& mpi, const std::function<void(void*, int)>& broadcast, NcclSetup* setup)
-      : mpi_(mpi) {
+  NcclComm(exec::Communicator& mpi, const std::function<void(void*, int)>& broadcast) : mpi_(mpi) {
     ncclUniqueId id;
     if (mpi.tp_rank() == 0) NP_NCCL_CHECK(ncclGetUniqueId(&id));
     broadcast(&id, static_cast<int>(sizeof id));
@@ -40,7 +39,6 @@ class NcclComm final : public exec::Communicator {
                                    static_cast<int>(mpi.tp_rank())));
     NP_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
     buffers_ = static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after);
-    if (setup) setup->buffer_bytes = buffers_;
   }
   std::vector<std::pair<std::string, int64_t>> measured_overheads() const override {
     return {{"NCCL communicator (its buffers, measured around ncclCommInitRank)", buffers_}};
@@ -79,9 +77,8 @@ class NcclComm final : public exec::Communicator {
 }  // namespace
 
 std::unique_ptr<exec::Communicator> make_nccl_comm(exec::Communicator& mpi,
-                                                   const std::function<void(void*, int)>& broadcast,
-                                                   NcclSetup* setup) {
-  return std::make_unique<NcclComm>(mpi, broadcast, setup);
+                                                   const std::function<void(void*, int)>& broadcast) {
+  return std::make_unique<NcclComm>(mpi, broadcast);
 }
 
 }  // namespace np::cuda

@@ -16,14 +16,10 @@
 
 namespace np::cuda {
 
-struct NcclSetup {
-  int64_t buffer_bytes = 0;  // device memory NCCL took at its initialisation (cudaMemGetInfo)
-};
-
 // Wraps the rank's MPI communicator: `broadcast` sends bytes from the TP group's rank 0 to the
-// group (for NCCL's unique id). `setup` receives what the initialisation measured.
+// group (for NCCL's unique id). The device memory NCCL takes at its initialisation is measured
+// (cudaMemGetInfo) and reported through measured_overheads().
 std::unique_ptr<exec::Communicator> make_nccl_comm(exec::Communicator& mpi,
-                                                   const std::function<void(void*, int)>& broadcast,
-                                                   NcclSetup* setup = nullptr);
+                                                   const std::function<void(void*, int)>& broadcast);
 
 }  // namespace np::cuda
