@@ -289,10 +289,19 @@ class RankRunner {
     bound_[id] = x;
   }
 
+  // Pipeline messages go to the next model chunk (activations) or the previous one (gradients):
+  // chunk j is stage j mod pp's, so the last stage's chunk feeds the first stage's next one. The
+  // tag is the sending chunk and the direction.
+  int64_t chunk_of(const Instr& in) const {
+    return p_.blocks[in.block].chunk * s_.setup.pp + stage_;
+  }
+  static int64_t tag(int64_t sender_chunk, bool grad) { return 2 * sender_chunk + grad; }
+
   void send(const Instr& in) {
     int32_t id = p_.reads(in)[0];
     bool grad = p_.tensors[id].kind == ValueKind::kGrad;
-    comm_.send(bound(id), stage_ + (grad ? -1 : 1));
+    int64_t pp = s_.setup.pp, to = chunk_of(in) + (grad ? -1 : 1);
+    comm_.send(bound(id), to % pp, tag(chunk_of(in), grad));
   }
 
   void recv(const Instr& in) {
@@ -302,7 +311,8 @@ class RankRunner {
                              id),
              hidden_type()};
     bound_[id] = x;
-    comm_.recv(x, stage_ + (grad ? 1 : -1));
+    int64_t pp = s_.setup.pp, from = chunk_of(in) + (grad ? 1 : -1);
+    comm_.recv(x, from % pp, tag(from, grad));
   }
 
   struct Pending {

@@ -91,7 +91,7 @@ struct StageShape {
 StageShape stage_shape(const TrainSpec& t, const StageStatics& statics, int64_t s, int64_t layers) {
   StageStatics::ZeroTransients z = statics.zero_transients(static_cast<int>(s));
   return {s,
-          in_flight(t.pp_schedule, s, t.pp, t.microbatches),
+          in_flight(t.pp_schedule, s, t.pp, t.microbatches, t.virtual_stages),
           statics(static_cast<int>(s), static_cast<int>(layers)),
           layers,
           s == 0,
@@ -273,7 +273,8 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   const StageSolver solver(plan.frontier.options, embedding, head);
   const StageStatics statics(m, t);  // per-stage constants; the split is an argument
   bool searched = false;
-  if (options.search_partition && t.pp > 1 && t.stage_layers.empty())
+  if (options.search_partition && t.pp > 1 && t.stage_layers.empty() &&
+      t.pp_schedule != PpSchedule::kInterleaved)  // interleaved chunks stay balanced
     if (auto counts = search_partition(m, t, rt, budget, hw, blocks, statics, solver)) {
       t.stage_layers = *counts;
       searched = true;
@@ -284,19 +285,18 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   const TrainSpec sim = simulation_setup(t);
   const std::vector<int64_t> counts = partition_layers(m, t);
   std::vector<StageShape> shapes;
-  std::vector<int64_t> target, first_layer;
-  for (int64_t s = 0, first = 0; s < t.pp; first += counts[s++]) {
+  std::vector<int64_t> target;
+  const std::vector<std::vector<int>> stage_layers = stage_layer_lists(m, t);
+  for (int64_t s = 0; s < t.pp; ++s) {
     StageShape shape = stage_shape(t, statics, s, counts[s]);
     shapes.push_back(shape);
-    first_layer.push_back(first);
     target.push_back(allocator_budget(budget, shape.static_bytes, t, rt));
     plan.stages.push_back({static_cast<int>(s), false, 0, {}});
   }
   auto adopt = [&](size_t st, const StageChoice& c) {
     plan.stages[st].layer_option = c.layers.choice;
-    const int64_t first = first_layer[st];
     for (size_t l = 0; l < c.layers.choice.size(); ++l)
-      plan.layer_policies[first + l] = {plan.frontier.options[c.layers.choice[l]].recompute,
+      plan.layer_policies[stage_layers[st][l]] = {plan.frontier.options[c.layers.choice[l]].recompute,
                                         plan.option_names[c.layers.choice[l]]};
     if (shapes[st].embedding)
       plan.embedding_policy =

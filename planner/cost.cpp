@@ -386,12 +386,15 @@ StepTime step_time(const Schedule& s, const HardwareModel& hw) {
   r.slowest_stage = slow;
   double per_mb = r.stages[slow].microbatch();
   // Both AFAB and 1F1B finish after m + pp - 1 slots of the slowest stage's micro-batch time: the
-  // last micro-batch's forward and backward traverse the other pp - 1 stages (bubble).
-  r.bubble_seconds = (pp - 1) * per_mb;
+  // last micro-batch's forward and backward traverse the other pp - 1 stages (bubble). The
+  // interleaved schedule's slots are chunks of 1 / v of a stage: the bubble shrinks to
+  // (pp - 1) / v slots (Narayanan et al. 2021, section 2.2.2).
+  double v = t.pp_schedule == PpSchedule::kInterleaved ? static_cast<double>(t.virtual_stages) : 1;
+  r.bubble_seconds = (pp - 1) / v * per_mb;
   r.recompute_seconds = m * r.stages[slow].recompute;
   r.optimizer_seconds = r.stages[tail].optimizer;
   r.dp_comm_seconds = r.stages[tail].grad_comm;
-  r.seconds = (m + pp - 1) * per_mb + r.optimizer_seconds + r.dp_comm_seconds;
+  r.seconds = m * per_mb + r.bubble_seconds + r.optimizer_seconds + r.dp_comm_seconds;
 
   // Every TP and DP rank of a stage runs the same op table (TP shards already divided in).
   double replicas = m * static_cast<double>(t.tp * t.dp);

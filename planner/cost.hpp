@@ -7,7 +7,8 @@
 //   runs its TP collectives in line with compute; where the DP all-reduce overlaps the last
 //   backward (torch DDP buckets), the step time here is an over-estimate.
 // - Pipeline send/recv time is not counted (one hidden-state tensor per micro-batch and stage
-//   boundary; about 1 % of a stage's compute at 70B scale).
+//   boundary; about 1 % of a stage's compute at 70B scale; v times that under the interleaved
+//   schedule, whose v chunks per stage each send).
 // - Every rank of a stage runs the same program, so one rank's time is the stage's time.
 #pragma once
 #include <cstdint>
@@ -74,8 +75,9 @@ struct StepTime {
   double seconds =
       0;  // one optimizer step (all micro-batches), the slowest stage's pipeline timeline
   double recompute_seconds = 0;  // of which re-running forward ops (on the slowest stage)
-  double bubble_seconds = 0;  // pipeline bubble: (pp - 1) x (slowest stage's forward + backward per
-                              // micro-batch, backward including its recompute)
+  double bubble_seconds = 0;  // pipeline bubble: (pp - 1) / v x (slowest stage's forward +
+                              // backward per micro-batch, backward including its recompute); v = 1
+                              // unless interleaved
   double optimizer_seconds =
       0;  // optimizer step (memory bound over this rank's optimizer + grad + weight bytes)
   double dp_comm_seconds =

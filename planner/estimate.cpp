@@ -51,7 +51,10 @@ StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const Run
   e.first_rank = static_cast<int64_t>(p.stage) * t.dp * t.tp;
   e.first_layer = p.first_layer();
   e.num_layers = p.num_layers();
-  e.in_flight = in_flight(t.pp_schedule, p.stage, t.pp, t.microbatches);
+  e.layer_ranges = format_ranges(p.layers());
+  e.in_flight = in_flight(t.pp_schedule, p.stage, t.pp, t.microbatches, t.virtual_stages);
+  e.chunk_passes =
+      chunk_passes_in_flight(t.pp_schedule, p.stage, t.pp, t.microbatches, t.virtual_stages);
   e.bytes = r.at_peak;
   e.allocator_peak = r.peak_bytes;
   int64_t dynamic = r.at_peak[static_cast<int>(Category::kActivation)] +
@@ -86,6 +89,8 @@ std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
     c.pp = pp;
     c.stage_layers.clear();  // counts for the old pp no longer apply: balanced
     if (c.pp_schedule == PpSchedule::k1F1B) c.microbatches = std::max(c.microbatches, pp - 1);
+    if (c.pp_schedule == PpSchedule::kInterleaved)
+      c.microbatches = (c.microbatches + pp - 1) / pp * pp;
     c.zero = std::min(c.zero, 1);
     if (try_setup(
             c, "--pp " + std::to_string(pp),

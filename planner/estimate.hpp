@@ -36,7 +36,9 @@ struct StageEstimate {
   int stage = 0;
   int64_t first_rank = 0;  // global rank of the stage's first TP rank (order: pp, dp, tp)
   int first_layer = 0, num_layers = 0;
+  std::string layer_ranges;                  // e.g. "0-9", or "0-4,20-24" when interleaved
   int64_t in_flight = 0;                     // micro-batches whose activations are alive at once
+  int64_t chunk_passes = 0;  // interleaved: chunk passes alive at once (in_flight: per chunk)
   std::array<int64_t, kCategories> bytes{};  // by category, at the stage's peak
   int64_t allocator_peak = 0;                // sum of bytes
   std::vector<OverheadLine> overheads;

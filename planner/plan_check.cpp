@@ -35,36 +35,44 @@ std::string setup_text(const TrainSpec& t) {
 }
 
 std::string layers_text(const StageProgram& p) {
-  int first = p.first_layer(), n = p.num_layers();
-  if (n == 0) return "no decoder layers";
-  return "layers " + std::to_string(first) + ".." + std::to_string(first + n - 1);
+  if (p.num_layers() == 0) return "no decoder layers";
+  return "layers " + format_ranges(p.layers());
 }
 
 std::optional<Error> check_blocks(const Schedule& plan) {
   const TrainSpec& t = plan.setup;
-  std::vector<int64_t> counts = partition_layers(plan.model, t);
-  int first = 0;
+  const std::vector<std::vector<int>> lists = stage_layer_lists(plan.model, t);
+  const std::vector<int64_t> chunks = chunk_layers(plan.model, t);
+  const int v = static_cast<int>(chunks.size() / t.pp);
   for (int s = 0; s < static_cast<int>(plan.stages.size()); ++s) {
     const StageProgram& p = plan.stages[s];
-    std::vector<std::pair<BlockKind, int>> want;
-    if (s == 0) want.push_back({BlockKind::kEmbedding, -1});
-    for (int l = 0; l < counts[s]; ++l) want.push_back({BlockKind::kLayer, first + l});
-    if (s == t.pp - 1) want.push_back({BlockKind::kHead, -1});
+    struct Want {
+      BlockKind kind;
+      int layer, chunk;
+    };
+    std::vector<Want> want;
+    if (s == 0) want.push_back({BlockKind::kEmbedding, -1, 0});
+    for (int c = 0, k = 0; c < v; ++c)
+      for (int64_t l = 0; l < chunks[c * t.pp + s]; ++l)
+        want.push_back({BlockKind::kLayer, lists[s][k++], c});
+    if (s == t.pp - 1) want.push_back({BlockKind::kHead, -1, v - 1});
     bool same = want.size() == p.blocks.size();
     for (size_t b = 0; same && b < want.size(); ++b)
-      same = p.blocks[b].kind == want[b].first && p.blocks[b].layer == want[b].second;
+      same = p.blocks[b].kind == want[b].kind && p.blocks[b].layer == want[b].layer &&
+             p.blocks[b].chunk == want[b].chunk;
     if (!same) {
-      std::string expect = counts[s] == 0 ? "no decoder layers"
-                                          : "layers " + std::to_string(first) + ".." +
-                                                std::to_string(first + counts[s] - 1);
+      std::string expect = lists[s].empty() ? "no decoder layers"
+                                            : "layers " + format_ranges(lists[s]);
       return at("stages[" + std::to_string(s) + "].blocks",
                 layers_text(p) + " in " + std::to_string(p.blocks.size()) +
                     " blocks, but model.num_layers " + std::to_string(plan.model.layers) +
-                    " over setup.pp " + std::to_string(t.pp) + " (layers per stage " +
-                    format_partition(counts) + ") places " + expect + (s == 0 ? " after the embedding" : "") +
-                    (s == t.pp - 1 ? " and the head" : "") + " on this stage");
+                    " over setup.pp " + std::to_string(t.pp) +
+                    (v > 1 ? " x " + std::to_string(v) + " chunks" : std::string()) +
+                    " (layers per stage " + format_partition(partition_layers(plan.model, t)) +
+                    ") places " + expect + (s == 0 ? " after the embedding" : "") +
+                    (s == t.pp - 1 ? " and the head" : "") + " on this stage" +
+                    (v > 1 ? ", in chunk order" : ""));
     }
-    first += static_cast<int>(counts[s]);
   }
   return std::nullopt;
 }

@@ -97,7 +97,7 @@ Result<TrainSpec> setup_from_json(const json& j) {
     Reader r{j, "setup"};
     r.only({"tp", "pp", "dp", "ep", "sp", "zero", "micro_batch", "seq_len", "microbatches",
             "pp_schedule", "attention", "grad_accum_dtype", "optimizer", "recompute",
-            "tp_recompute_allgather", "stage_layers", "gpus"});
+            "tp_recompute_allgather", "stage_layers", "gpus", "virtual_stages"});
     TrainSpec t;
     t.tp = r.at("tp").positive(), t.pp = r.at("pp").positive(), t.dp = r.at("dp").positive();
     t.ep = r.at("ep").positive(), t.sp = r.at("sp").boolean();
@@ -105,6 +105,7 @@ Result<TrainSpec> setup_from_json(const json& j) {
     t.micro_batch = r.at("micro_batch").positive(), t.seq_len = r.at("seq_len").positive();
     t.microbatches = r.at("microbatches").positive();
     t.pp_schedule = r.at("pp_schedule").choice<PpSchedule>();
+    if (r.has("virtual_stages")) t.virtual_stages = r.at("virtual_stages").positive();
     t.attention = r.at("attention").choice<AttentionImpl>();
     t.grad_dtype = r.at("grad_accum_dtype").choice<Dtype>();
     t.optimizer = r.at("optimizer").choice<Optimizer>();
@@ -136,6 +137,7 @@ json schedule_to_json(const Schedule& s) {
                         {"recomputed_ops", recomputed},
                         {"kept_tensors", kept},
                         {"saved_bytes", b.saved.bytes}});
+      if (s.setup.pp_schedule == PpSchedule::kInterleaved) blocks.back()["chunk"] = b.chunk;
     }
     for (size_t id = 0; id < p.tensors.size(); ++id) {
       const ScheduleTensor& t = p.tensors[id];
@@ -202,14 +204,15 @@ int index_of(const Reader& r, const std::vector<T>& items, Name name) {
 
 StageBlock read_block(const Reader& r, const BlockGraphs& graphs) {
   constexpr BlockKind kinds[] = {BlockKind::kEmbedding, BlockKind::kLayer, BlockKind::kHead};
-  r.only({"kind", "layer", "policy", "recomputed_ops", "kept_tensors", "saved_bytes"});
+  r.only({"kind", "layer", "policy", "recomputed_ops", "kept_tensors", "saved_bytes", "chunk"});
   BlockKind kind = lookup(r.at("kind"), kinds);
   std::shared_ptr<const BlockGraph> g = graphs.of(kind);
   StageBlock b{kind,
                static_cast<int>(r.at("layer").integer(-1, INT32_MAX)),
                g,
                {std::vector<bool>(g->ops.size(), false), r.at("policy").text()},
-               {}};
+               {},
+               r.has("chunk") ? static_cast<int>(r.at("chunk").integer(0, 4095)) : 0};
   Reader ops = r.at("recomputed_ops");
   for (size_t i = 0; i < ops.size(); ++i)
     b.policy.recompute[index_of(ops.at(i), g->ops, [](const GraphOp& o) { return o.name; })] =

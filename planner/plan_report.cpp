@@ -19,11 +19,14 @@ std::string fmt(const char* f, double v) {
 // "layers 0-79: 44 x none+regather, 36 x full".
 std::string compress(const AutoPlan& p, const StageProgram& s) {
   std::string out;
-  int first = s.first_layer(), n = s.num_layers(), runs = 0;
+  const std::vector<int> layers = s.layers();  // several runs of indices when interleaved
+  const int n = static_cast<int>(layers.size());
+  int runs = 0;
   std::vector<std::pair<std::string, int>> counts;
   for (int l = 0; l < n; ++l) {
-    const std::string& name = p.layer_policies[first + l].name;
-    runs += l == 0 || name != p.layer_policies[first + l - 1].name;
+    const std::string& name = p.layer_policies[layers[l]].name;
+    runs += l == 0 || name != p.layer_policies[layers[l - 1]].name ||
+            layers[l] != layers[l - 1] + 1;
     auto it =
         std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == name; });
     if (it == counts.end())
@@ -34,17 +37,19 @@ std::string compress(const AutoPlan& p, const StageProgram& s) {
   if (runs > 4) {
     std::sort(counts.begin(), counts.end(),
               [](const auto& a, const auto& b) { return a.second > b.second; });
-    out = "layers " + std::to_string(first) + "-" + std::to_string(first + n - 1) + ": ";
+    out = "layers " + format_ranges(layers) + ": ";
     for (size_t i = 0; i < counts.size(); ++i)
       out += (i ? ", " : "") + std::to_string(counts[i].second) + " x " + counts[i].first;
     return out;
   }
   for (int l = 0; l < n;) {
     int r = l;
-    const std::string& name = p.layer_policies[first + l].name;
-    while (r + 1 < n && p.layer_policies[first + r + 1].name == name) ++r;
-    out += (out.empty() ? "layers " : ", ") + std::to_string(first + l) +
-           (r > l ? "-" + std::to_string(first + r) : "") + " " + name;
+    const std::string& name = p.layer_policies[layers[l]].name;
+    while (r + 1 < n && p.layer_policies[layers[r + 1]].name == name &&
+           layers[r + 1] == layers[r] + 1)
+      ++r;
+    out += (out.empty() ? "layers " : ", ") + std::to_string(layers[l]) +
+           (r > l ? "-" + std::to_string(layers[r]) : "") + " " + name;
     l = r + 1;
   }
   return out;
@@ -56,14 +61,17 @@ bool uniform(const AutoPlan& p, const std::string& a, const std::string& b = "")
   return true;
 }
 
-// Megatron's block method re-runs the first N layers of every stage in full and nothing else.
+// Megatron's block method re-runs the first N layers of every stage in full and nothing else
+// (of every chunk under the interleaved schedule: not mapped here).
 int megatron_block_layers(const AutoPlan& p) {
+  if (p.schedule.setup.pp_schedule == PpSchedule::kInterleaved) return -1;
   int n = -1;
   for (const StageProgram& s : p.schedule.stages) {
-    int first = s.first_layer(), k = 0;
-    while (k < s.num_layers() && p.layer_policies[first + k].name == "full") ++k;
+    const std::vector<int> layers = s.layers();
+    int k = 0;
+    while (k < s.num_layers() && p.layer_policies[layers[k]].name == "full") ++k;
     for (int l = k; l < s.num_layers(); ++l)
-      if (p.layer_policies[first + l].name.rfind("none", 0) != 0) return -1;
+      if (p.layer_policies[layers[l]].name.rfind("none", 0) != 0) return -1;
     if (n >= 0 && n != k) return -1;
     n = k;
   }

@@ -96,6 +96,13 @@ int StageProgram::first_layer() const {
   return -1;
 }
 
+std::vector<int> StageProgram::layers() const {
+  std::vector<int> out;
+  for (const StageBlock& b : blocks)
+    if (b.kind == BlockKind::kLayer) out.push_back(b.layer);
+  return out;
+}
+
 int StageProgram::num_layers() const {
   int n = 0;
   for (const StageBlock& b : blocks) n += b.kind == BlockKind::kLayer;

@@ -28,6 +28,7 @@ json setup_to_json(const TrainSpec& t) {
             {"tp_recompute_allgather", t.tp_recompute_allgather},
             {"gpus", t.tp * t.pp * t.dp}};
   if (!t.stage_layers.empty()) j["stage_layers"] = t.stage_layers;  // else balanced by FLOPs
+  if (t.pp_schedule == PpSchedule::kInterleaved) j["virtual_stages"] = t.virtual_stages;
   return j;
 }
 
@@ -56,7 +57,9 @@ json stage_to_json(const Estimate& e, const StageEstimate& s) {
             {"ranks_in_stage", e.setup.tp * e.setup.dp},
             {"first_layer", s.first_layer},
             {"num_layers", s.num_layers},
+            {"layer_ranges", s.layer_ranges},
             {"in_flight_microbatches", s.in_flight},
+            {"in_flight_chunk_passes", s.chunk_passes},
             {"parameter_bytes", cat(s, Category::kWeight)},
             {"gradient_bytes", cat(s, Category::kGradient)},
             {"optimizer_bytes", cat(s, Category::kOptimizer)},
@@ -118,7 +121,11 @@ std::string describe_setup(const TrainSpec& t) {
   if (t.ep > 1) s += ", ep " + std::to_string(t.ep);
   s += "; micro-batch " + std::to_string(t.micro_batch) + " x seq " + std::to_string(t.seq_len) +
        ", " + std::to_string(t.microbatches) + " micro-batch(es) per step, " +
-       name_of(t.pp_schedule) + "; " + name_of(t.attention) + " attention\n       recompute " +
+       name_of(t.pp_schedule) +
+       (t.pp_schedule == PpSchedule::kInterleaved
+            ? " (" + std::to_string(t.virtual_stages) + " chunks per stage)"
+            : std::string()) +
+       "; " + name_of(t.attention) + " attention\n       recompute " +
        name_of(t.recompute) + ", tp_recompute_allgather " +
        (t.tp_recompute_allgather ? "true" : "false") + "; grads " + name_of(t.grad_dtype) + "; " +
        name_of(t.optimizer) + ", ZeRO-" + std::to_string(t.zero);
@@ -128,9 +135,8 @@ std::string describe_setup(const TrainSpec& t) {
 std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
   std::string out;
   char title[128], head[256];
-  std::snprintf(title, sizeof title, "rank %lld (pp stage %d, layers %d-%d)",
-                static_cast<long long>(s.first_rank), s.stage, s.first_layer,
-                s.first_layer + s.num_layers - 1);
+  std::snprintf(title, sizeof title, "rank %lld (pp stage %d, layers %s)",
+                static_cast<long long>(s.first_rank), s.stage, s.layer_ranges.c_str());
   std::snprintf(head, sizeof head, "\nper-GPU memory of %-36s %13s %11s %11s\n", title, "bytes",
                 "GiB", "GB");
   out += head;
@@ -143,7 +149,10 @@ std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
                  ? "fp32 master + 2 moments" + std::string(t.zero >= 1 ? ", ZeRO shard" : "")
                  : "");
   out += row("activations (saved for backward)", cat(s, Category::kActivation),
-             std::to_string(s.in_flight) + " micro-batch(es) in flight");
+             t.pp_schedule == PpSchedule::kInterleaved
+                 ? std::to_string(s.chunk_passes) + " chunk passes in flight (" +
+                       std::to_string(t.virtual_stages) + " chunks)"
+                 : std::to_string(s.in_flight) + " micro-batch(es) in flight");
   out += row("transient at the peak", cat(s, Category::kTransient), "grads, recompute, buffers");
   for (const OverheadLine& o : s.overheads) out += row(o.name, o.bytes, o.assumption);
   out += "  " + std::string(96, '-') + "\n";
@@ -152,16 +161,21 @@ std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
 }
 
 std::string stage_table(const Estimate& e) {
-  std::string out =
-      "\nper pipeline stage (GiB):\n  stage  layers   in-flight   weights     grads     optim   "
-      "activ  transient  overhead      peak\n";
+  int w = 7;  // the layer column fits the longest range list (interleaved stages have several)
+  for (const StageEstimate& s : e.stages) w = std::max(w, static_cast<int>(s.layer_ranges.size()));
+  std::string out = "\nper pipeline stage (GiB):\n  stage  " + std::string("layers") +
+                    std::string(static_cast<size_t>(w - 6), ' ') +
+                    "   in-flight   weights     grads     optim   activ  transient  overhead      "
+                    "peak\n";
   for (const StageEstimate& s : e.stages) {
-    char buf[256];
+    char buf[512];
     auto g = [&](Category c) { return static_cast<double>(cat(s, c)) / kGiB; };
     std::snprintf(
-        buf, sizeof buf, "  %5d  %3d-%-3d %9lld %9.2f %9.2f %9.2f %7.2f %10.2f %9.2f %9.2f%s\n",
-        s.stage, s.first_layer, s.first_layer + s.num_layers - 1,
-        static_cast<long long>(s.in_flight), g(Category::kWeight), g(Category::kGradient),
+        buf, sizeof buf, "  %5d  %-*s %11lld %9.2f %9.2f %9.2f %7.2f %10.2f %9.2f %9.2f%s\n",
+        s.stage, w, s.layer_ranges.c_str(),
+        static_cast<long long>(e.setup.pp_schedule == PpSchedule::kInterleaved ? s.chunk_passes
+                                                                               : s.in_flight),
+        g(Category::kWeight), g(Category::kGradient),
         g(Category::kOptimizer), g(Category::kActivation), g(Category::kTransient),
         static_cast<double>(s.overhead_bytes) / kGiB, static_cast<double>(s.peak_bytes) / kGiB,
         s.stage == e.peak_stage ? "  <- peak" : "");

@@ -15,7 +15,8 @@ namespace {
 Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   TomlReader r(t, path, "setup.");
   r.only({"tp", "pp", "seq_len", "micro_batch", "microbatches", "sp", "tp_recompute_allgather",
-          "pp_schedule", "attention", "recompute", "optimizer", "grad_accum_dtype"});
+          "pp_schedule", "virtual_stages", "attention", "recompute", "optimizer",
+          "grad_accum_dtype"});
   TrainSpec s;
   s.tp = r.integer_in("tp", 1, 4096, s.tp), s.pp = r.integer_in("pp", 1, 4096, s.pp);
   s.seq_len = r.integer_in("seq_len", 1, int64_t{1} << 24, s.seq_len);
@@ -24,6 +25,9 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   s.sp = r.boolean("sp", s.tp > 1);
   s.tp_recompute_allgather = r.boolean("tp_recompute_allgather", true);
   s.pp_schedule = r.choice("pp_schedule", PpSchedule::kAfab);
+  // The interleaved schedule's chunks per stage (a matrix's interleaved rows take it; default 2).
+  s.virtual_stages = r.integer_in("virtual_stages", 1, 4096,
+                                  s.pp_schedule == PpSchedule::kInterleaved ? 2 : 1);
   s.attention = r.choice("attention", AttentionImpl::kFlash);
   s.recompute = r.choice("recompute", Recompute::kNone);
   s.optimizer = r.choice("optimizer", Optimizer::kAdamW);
@@ -77,6 +81,9 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
                 TrainSpec t = sc.base;
                 t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
                 t.pp_schedule = sched, t.recompute = rec, t.attention = att;
+                // setup.virtual_stages (default 2) is the interleaved rows' chunk count
+                t.virtual_stages =
+                    sched != PpSchedule::kInterleaved ? 1 : std::max<int64_t>(2, sc.base.virtual_stages);
                 if (auto e = validate_setup(sc.model, t)) {
                   skipped.push_back(describe_short(t) + ": " + e->message);
                   continue;
@@ -90,7 +97,9 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
 
 std::string describe_short(const TrainSpec& t) {
   return "tp " + std::to_string(t.tp) + " pp " + std::to_string(t.pp) + " sp " +
-         (t.sp ? "on" : "off") + " " + name_of(t.pp_schedule) + " recompute " +
+         (t.sp ? "on" : "off") + " " + name_of(t.pp_schedule) +
+         (t.pp_schedule == PpSchedule::kInterleaved ? " x" + std::to_string(t.virtual_stages) : "") +
+         " recompute " +
          name_of(t.recompute) + (t.sp && !t.tp_recompute_allgather ? " keep-gathered" : "") + " " +
          name_of(t.attention);
 }

@@ -25,28 +25,73 @@ const char* name_of(InstrKind k) {
   return n[static_cast<int>(k)];
 }
 
-std::vector<std::pair<bool, int>> pipeline_order(PpSchedule s, int64_t stage, int64_t pp,
-                                                 int64_t m) {
-  std::vector<std::pair<bool, int>> order;
-  int64_t warmup = s == PpSchedule::kAfab ? m : std::min(pp - stage - 1, m);
-  int next_f = 0, next_b = 0;
-  for (; next_f < warmup; ++next_f) order.push_back({true, next_f});
-  while (next_f < m) {
-    order.push_back({true, next_f++});
-    order.push_back({false, next_b++});
+std::vector<PipelinePass> pipeline_order(PpSchedule s, int64_t stage, int64_t pp, int64_t m,
+                                         int64_t v) {
+  std::vector<PipelinePass> order;
+  if (s != PpSchedule::kInterleaved) v = 1;
+  const int64_t total = m * v, group = pp * v;
+  auto pass = [&](bool forward, int64_t k) {
+    int64_t c = k % group / pp;
+    return PipelinePass{forward, static_cast<int>(k / group * pp + k % pp),
+                        static_cast<int>(forward ? c : v - 1 - c)};
+  };
+  int64_t warmup = s == PpSchedule::kAfab ? m
+                   : s == PpSchedule::k1F1B
+                       ? std::min(pp - stage - 1, m)
+                       : (m == pp ? total : std::min(total, 2 * (pp - stage - 1) + (v - 1) * pp));
+  int64_t next_f = 0, next_b = 0;
+  for (; next_f < warmup; ++next_f) order.push_back(pass(true, next_f));
+  while (next_f < total) {
+    order.push_back(pass(true, next_f++));
+    order.push_back(pass(false, next_b++));
   }
-  while (next_b < m) order.push_back({false, next_b++});
+  while (next_b < total) order.push_back(pass(false, next_b++));
   return order;
 }
 
-int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m) {
+namespace {
+// Walks the order: the most passes alive at once, per chunk and in all.
+std::pair<std::vector<int64_t>, int64_t> alive_passes(PpSchedule s, int64_t stage, int64_t pp,
+                                                      int64_t m, int64_t v) {
+  if (s != PpSchedule::kInterleaved) v = 1;
+  std::vector<int64_t> live(v, 0), most(v, 0);
+  int64_t all = 0, most_all = 0;
+  for (PipelinePass p : pipeline_order(s, stage, pp, m, v)) {
+    int64_t d = p.forward ? 1 : -1;
+    most[p.chunk] = std::max(most[p.chunk], live[p.chunk] += d);
+    most_all = std::max(most_all, all += d);
+  }
+  return {most, most_all};
+}
+}  // namespace
+
+int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v) {
+  if (s == PpSchedule::kInterleaved) return (alive_passes(s, stage, pp, m, v).second + v - 1) / v;
   return s == PpSchedule::kAfab ? m : std::min(m, pp - stage);
+}
+
+int64_t chunk_passes_in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v) {
+  return alive_passes(s, stage, pp, m, v).second;
 }
 
 TrainSpec simulation_setup(const TrainSpec& t) {
   TrainSpec s = t;
   if (t.pp_schedule == PpSchedule::k1F1B) s.microbatches = std::min(t.microbatches, t.pp + 1);
+  if (t.pp_schedule == PpSchedule::kInterleaved)
+    s.microbatches = std::min(t.microbatches, 3 * t.pp);
   return s;
+}
+
+std::string format_ranges(const std::vector<int>& layers) {
+  std::string s;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    s += (s.empty() ? "" : ",") + std::to_string(layers[i]) +
+         (j > i ? "-" + std::to_string(layers[j]) : "");
+    i = j + 1;
+  }
+  return s.empty() ? "none" : s;
 }
 
 std::string format_partition(const std::vector<int64_t>& counts) {
@@ -55,13 +100,15 @@ std::string format_partition(const std::vector<int64_t>& counts) {
   return s;
 }
 
-std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t) {
-  if (!t.stage_layers.empty()) return t.stage_layers;
+namespace {
+// The contiguous split of the layers into P parts balancing FLOPs (embedding in the first part,
+// head in the last).
+std::vector<int64_t> balanced_split(const ModelSpec& m, const TrainSpec& t, int64_t P) {
   BlockGraph layer = build_layer(m, t), emb = build_embedding(m, t), head = build_head(m, t);
   double c = layer.forward_flops() + layer.backward_flops();
   double first = emb.forward_flops() + emb.backward_flops();
   double last = head.forward_flops() + head.backward_flops();
-  int64_t L = m.layers, P = t.pp;
+  int64_t L = m.layers;
   auto extra = [&](int64_t s) { return (s == 0 ? first : 0.0) + (s == P - 1 ? last : 0.0); };
   auto capacity = [&](int64_t s, double bound) {
     return std::max<int64_t>(0, static_cast<int64_t>((bound - extra(s)) / c + 1e-9));
@@ -103,19 +150,52 @@ std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t) {
   return counts;
 }
 
+}  // namespace
+
+std::vector<int64_t> chunk_layers(const ModelSpec& m, const TrainSpec& t) {
+  if (t.pp_schedule != PpSchedule::kInterleaved || t.virtual_stages == 1)
+    return partition_layers(m, t);
+  return balanced_split(m, t, t.pp * t.virtual_stages);
+}
+
+std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t) {
+  if (!t.stage_layers.empty()) return t.stage_layers;
+  if (t.pp_schedule != PpSchedule::kInterleaved || t.virtual_stages == 1)
+    return balanced_split(m, t, t.pp);
+  std::vector<int64_t> chunks = chunk_layers(m, t), counts(t.pp, 0);
+  for (size_t j = 0; j < chunks.size(); ++j) counts[j % t.pp] += chunks[j];
+  return counts;
+}
+
+std::vector<std::vector<int>> stage_layer_lists(const ModelSpec& m, const TrainSpec& t) {
+  std::vector<int64_t> chunks = chunk_layers(m, t);
+  std::vector<std::vector<int>> out(t.pp);
+  int first = 0;
+  for (size_t j = 0; j < chunks.size(); ++j)
+    for (int64_t l = 0; l < chunks[j]; ++l) out[j % t.pp].push_back(first++);
+  return out;
+}
+
 namespace {
 
 class ProgramBuilder {
  public:
-  ProgramBuilder(const ModelSpec& m, const TrainSpec& t, int stage, int first_layer, int layers,
+  // `layers`: the stage's decoder layers by local chunk (one chunk unless interleaved).
+  ProgramBuilder(const ModelSpec& m, const TrainSpec& t, int stage,
+                 const std::vector<std::vector<int>>& layers,
                  std::shared_ptr<const BlockGraph> emb, std::shared_ptr<const BlockGraph> layer,
                  std::shared_ptr<const BlockGraph> head, const BlockPolicies* policies,
                  int64_t microbatches)
       : m_(m), t_(t), policies_(policies), microbatches_(microbatches) {
     p_.stage = stage;
-    if (stage == 0) add_block(BlockKind::kEmbedding, -1, emb);
-    for (int l = 0; l < layers; ++l) add_block(BlockKind::kLayer, first_layer + l, layer);
-    if (stage == t.pp - 1) add_block(BlockKind::kHead, -1, head);
+    const int chunks = static_cast<int>(layers.size());
+    for (int c = 0; c < chunks; ++c) {
+      chunk_begin_.push_back(static_cast<int>(p_.blocks.size()));
+      if (stage == 0 && c == 0) add_block(BlockKind::kEmbedding, -1, emb, c);
+      for (int l : layers[c]) add_block(BlockKind::kLayer, l, layer, c);
+      if (stage == t.pp - 1 && c == chunks - 1) add_block(BlockKind::kHead, -1, head, c);
+    }
+    chunk_begin_.push_back(static_cast<int>(p_.blocks.size()));
   }
 
   // The stage's static bytes alone (weights, gradient buffers, optimizer states).
@@ -146,8 +226,9 @@ class ProgramBuilder {
     for (const StageBlock& b : p_.blocks)
       value_offset_.push_back(value_offset_.back() + static_cast<int32_t>(b.graph->tensors.size()));
     values_.assign(static_cast<size_t>(microbatches_) * value_offset_.back(), -1);
-    for (auto [forward, mb] : pipeline_order(t_.pp_schedule, p_.stage, t_.pp, microbatches_))
-      forward ? forward_pass(mb) : backward_pass(mb);
+    for (PipelinePass pass : pipeline_order(t_.pp_schedule, p_.stage, t_.pp, microbatches_,
+                                            t_.virtual_stages))
+      pass.forward ? forward_pass(pass.mb, pass.chunk) : backward_pass(pass.mb, pass.chunk);
     begin(InstrKind::kOptimizerStep);
     for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
       if (p_.tensors[id].kind == ValueKind::kStatic) read(id);
@@ -156,12 +237,12 @@ class ProgramBuilder {
   }
 
  private:
-  void add_block(BlockKind kind, int layer, std::shared_ptr<const BlockGraph> g) {
+  void add_block(BlockKind kind, int layer, std::shared_ptr<const BlockGraph> g, int chunk) {
     if (statics_only()) {  // the static bytes need the blocks' weights only
-      p_.blocks.push_back({kind, layer, g, {}, {}});
+      p_.blocks.push_back({kind, layer, g, {}, {}, chunk});
       return;
     }
-    StageBlock b{kind, layer, g, named_policy(*g, t_), {}};
+    StageBlock b{kind, layer, g, named_policy(*g, t_), {}, chunk};
     if (policies_ && kind == BlockKind::kLayer) b.policy = policies_->layers.at(layer);
     if (policies_ && kind == BlockKind::kEmbedding && policies_->embedding)
       b.policy = *policies_->embedding;
@@ -200,8 +281,8 @@ class ProgramBuilder {
   static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
   void emit_statics();
-  void forward_pass(int mb);
-  void backward_pass(int mb);
+  void forward_pass(int mb, int chunk);
+  void backward_pass(int mb, int chunk);
   int32_t forward_block(int b, int mb, int32_t x);
   int32_t backward_block(int b, int mb, int32_t grad_out);
   void run_ops_forward(int b, int mb, InstrKind kind, bool only_recomputed);
@@ -240,6 +321,7 @@ class ProgramBuilder {
   const int64_t microbatches_;  // replayed by this stage; 0: the static bytes only (StageStatics)
   bool statics_only() const { return microbatches_ == 0; }
   StageProgram p_;
+  std::vector<int> chunk_begin_;  // chunk c's blocks: [chunk_begin_[c], chunk_begin_[c + 1])
   std::vector<int32_t> values_, value_offset_;  // see values()
   std::vector<int32_t> grads_;                  // backward_block's gradient instances
   std::vector<int64_t> block_weight_bytes_;     // per block: this rank's unsharded weight bytes
@@ -300,19 +382,19 @@ void ProgramBuilder::emit_statics() {
   }
 }
 
-void ProgramBuilder::forward_pass(int mb) {
+void ProgramBuilder::forward_pass(int mb, int chunk) {
+  const int first = chunk_begin_[chunk], end = chunk_begin_[chunk + 1];
   int32_t x = -1;
-  int first = 0;
-  if (p_.blocks.front().kind != BlockKind::kEmbedding) {
-    const BlockGraph& g = *p_.blocks.front().graph;
-    begin(InstrKind::kRecv, 0, -1, mb);
-    x = new_tensor(g.tensors[g.hidden_in].type.bytes(), 0, g.hidden_in, mb, Category::kTransient,
-                   ValueKind::kValue);
+  if (p_.blocks[first].kind != BlockKind::kEmbedding) {
+    const BlockGraph& g = *p_.blocks[first].graph;
+    begin(InstrKind::kRecv, first, -1, mb);
+    x = new_tensor(g.tensors[g.hidden_in].type.bytes(), first, g.hidden_in, mb,
+                   Category::kTransient, ValueKind::kValue);
     alloc(x);
   }
-  for (int b = first; b < static_cast<int>(p_.blocks.size()); ++b) x = forward_block(b, mb, x);
-  if (p_.blocks.back().kind != BlockKind::kHead) {
-    begin(InstrKind::kSend, static_cast<int32_t>(p_.blocks.size()) - 1, -1, mb);
+  for (int b = first; b < end; ++b) x = forward_block(b, mb, x);
+  if (p_.blocks[end - 1].kind != BlockKind::kHead) {
+    begin(InstrKind::kSend, end - 1, -1, mb);
     read(x);
   }
 }
@@ -371,19 +453,19 @@ void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_re
   }
 }
 
-void ProgramBuilder::backward_pass(int mb) {
-  int last = static_cast<int>(p_.blocks.size()) - 1;
+void ProgramBuilder::backward_pass(int mb, int chunk) {
+  const int first = chunk_begin_[chunk], last = chunk_begin_[chunk + 1] - 1;
   int32_t grad = -1;
-  if (p_.blocks.back().kind != BlockKind::kHead) {
-    const BlockGraph& g = *p_.blocks.back().graph;
+  if (p_.blocks[last].kind != BlockKind::kHead) {
+    const BlockGraph& g = *p_.blocks[last].graph;
     begin(InstrKind::kRecv, last, -1, mb);
     grad = new_tensor(g.tensors[g.hidden_out].type.bytes(), last, g.hidden_out, mb,
                       Category::kTransient, ValueKind::kGrad);
     alloc(grad);
   }
-  for (int b = last; b >= 0; --b) grad = backward_block(b, mb, grad);
-  if (p_.blocks.front().kind != BlockKind::kEmbedding) {
-    begin(InstrKind::kSend, 0, -1, mb);
+  for (int b = last; b >= first; --b) grad = backward_block(b, mb, grad);
+  if (p_.blocks[first].kind != BlockKind::kEmbedding) {
+    begin(InstrKind::kSend, first, -1, mb);
     read(grad);
   }
 }
@@ -486,12 +568,14 @@ StageStatics::StageStatics(const ModelSpec& m, const TrainSpec& t)
       head_(std::make_shared<const BlockGraph>(build_head(m, t))) {}
 
 int64_t StageStatics::operator()(int stage, int layers) const {
-  return ProgramBuilder(m_, t_, stage, 0, layers, emb_, layer_, head_, nullptr, 0).static_bytes();
+  std::vector<std::vector<int>> list(1);
+  for (int l = 0; l < layers; ++l) list[0].push_back(l);
+  return ProgramBuilder(m_, t_, stage, list, emb_, layer_, head_, nullptr, 0).static_bytes();
 }
 
 StageStatics::ZeroTransients StageStatics::zero_transients(int stage) const {
   if (t_.zero < 2) return {};  // nothing gathered or bucketed per block
-  return ProgramBuilder(m_, t_, stage, 0, 1, emb_, layer_, head_, nullptr, 0).zero_transients();
+  return ProgramBuilder(m_, t_, stage, {{0}}, emb_, layer_, head_, nullptr, 0).zero_transients();
 }
 
 Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolicies* policies,
@@ -500,15 +584,18 @@ Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolic
   auto layer = std::make_shared<const BlockGraph>(build_layer(m, t));
   auto head = std::make_shared<const BlockGraph>(build_head(m, t));
   Schedule s{m, t, {}};
-  int first = 0;
-  std::vector<int64_t> counts = partition_layers(m, t);
+  // Each stage's layers by local chunk: chunk j of the model is stage j mod pp's chunk j / pp.
+  std::vector<int64_t> counts = chunk_layers(m, t);
+  std::vector<std::vector<std::vector<int>>> layers(t.pp);
+  for (size_t j = 0, first = 0; j < counts.size(); first += counts[j++]) {
+    std::vector<int>& chunk = layers[j % t.pp].emplace_back();
+    for (int64_t l = 0; l < counts[j]; ++l) chunk.push_back(static_cast<int>(first + l));
+  }
   for (int stage = 0; stage < t.pp; ++stage) {
     int64_t mbs = t.microbatches;
     if (peak_only && t.pp_schedule == PpSchedule::k1F1B) mbs = std::min(mbs, t.pp - stage);
-    ProgramBuilder pb(m, t, stage, first, static_cast<int>(counts[stage]), emb, layer, head,
-                      policies, mbs);
+    ProgramBuilder pb(m, t, stage, layers[stage], emb, layer, head, policies, mbs);
     s.stages.push_back(pb.build());
-    first += static_cast<int>(counts[stage]);
   }
   return s;
 }

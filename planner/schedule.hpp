@@ -76,6 +76,7 @@ struct StageBlock {
   std::shared_ptr<const BlockGraph> graph;
   BlockPolicy policy;
   SavedSet saved;
+  int chunk = 0;  // the stage's model chunk holding it (interleaved schedule; else 0)
 };
 
 struct StageProgram {
@@ -96,6 +97,7 @@ struct StageProgram {
   std::string instr_name(const Instr& i) const;  // e.g. "backward L12/mb0 attn.core"
   int first_layer() const;
   int num_layers() const;
+  std::vector<int> layers() const;  // global decoder-layer indices, block order
 };
 
 struct Schedule {
@@ -104,20 +106,47 @@ struct Schedule {
   std::vector<StageProgram> stages;  // one per pipeline stage
 };
 
-// The order of forward (true) and backward (false) micro-batch passes on one stage.
-std::vector<std::pair<bool, int>> pipeline_order(PpSchedule s, int64_t stage, int64_t pp,
-                                                 int64_t m);
-// Micro-batches whose activations are alive at once on a stage: 1F1B min(m, pp - stage), AFAB m.
-int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m);
+// One pass of a micro-batch through one of a stage's model chunks (its only chunk, 0, unless the
+// schedule is interleaved).
+struct PipelinePass {
+  bool forward = true;
+  int mb = 0;
+  int chunk = 0;  // local chunk: the stage's chunk v is the model's chunk v x pp + stage
+  bool operator==(const PipelinePass&) const = default;
+};
+// The order of forward and backward passes on one stage. Interleaved (v chunks per stage, m a
+// multiple of pp): Megatron's order; forward k runs micro-batch (k / (pp v)) pp + k mod pp on
+// chunk (k mod pp v) / pp, backward k the same micro-batch on chunk v - 1 - (k mod pp v) / pp;
+// stage s warms up with 2 (pp - s - 1) + (v - 1) pp forwards (all of them when m = pp), then
+// alternates forward and backward.
+std::vector<PipelinePass> pipeline_order(PpSchedule s, int64_t stage, int64_t pp, int64_t m,
+                                         int64_t v = 1);
+// Micro-batches whose activations are alive at once on a stage: 1F1B min(m, pp - stage), AFAB m;
+// interleaved, the chunk passes alive at once over v, rounded up (whole-stage micro-batches: the
+// stage solver's bound when its chunks keep alike; the simulation checks the plan).
+int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v = 1);
+// The most chunk passes alive at once on a stage: m v under AFAB, interleaved
+// min(m v, 2 (pp - s - 1) + (v - 1) pp + 1) (Korthikanti et al. 2022, section 4.2: on the first
+// stage pp v + pp - 1 chunks of L / (pp v) layers, the activations of L (1 + (pp - 1) / (pp v))
+// layers).
+int64_t chunk_passes_in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v = 1);
 
 // The setup whose schedule has the same per-stage memory peaks with fewer micro-batches: under
-// 1F1B every micro-batch past pp + 1 repeats the steady state, so m is capped there.
+// 1F1B every micro-batch past pp + 1 repeats the steady state, so m is capped there; interleaved,
+// at 3 pp (the warm-up, then one whole period of pp v steady-state passes; tested).
 TrainSpec simulation_setup(const TrainSpec& t);
 
 // The layer count of each stage: the setup's stage_layers when given, else the contiguous
 // partition balancing forward + backward FLOPs per stage (embedding on the first stage, head on
-// the last).
+// the last). Interleaved: the sum of the stage's chunks.
 std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t);
+// The layer count of each of the model's pp x v chunks (chunk j on stage j mod pp), balanced by
+// FLOPs as above (the embedding in chunk 0, the head in the last); partition_layers when v = 1.
+std::vector<int64_t> chunk_layers(const ModelSpec& m, const TrainSpec& t);
+// The global decoder-layer indices each stage holds, in its forward (block) order.
+std::vector<std::vector<int>> stage_layer_lists(const ModelSpec& m, const TrainSpec& t);
+// Layer indices as ranges: "0-3,8-11" ("none" when empty).
+std::string format_ranges(const std::vector<int>& layers);
 // Layer counts per stage as --partition takes them: "21,20,20,19".
 std::string format_partition(const std::vector<int64_t>& counts);
 

@@ -39,7 +39,8 @@ const char* name_of(PosEmb p) {
   return p == PosEmb::kRope ? "rope" : "learned";
 }
 const char* name_of(PpSchedule s) {
-  return s == PpSchedule::k1F1B ? "1f1b" : "afab";
+  constexpr const char* k[] = {"1f1b", "afab", "interleaved"};
+  return k[static_cast<int>(s)];
 }
 const char* name_of(AttentionImpl a) {
   return a == AttentionImpl::kFlash ? "flash" : "eager";
@@ -68,7 +69,7 @@ Result<E> pick(std::string_view flag, std::string_view text, const std::array<E,
 
 template <>
 Result<PpSchedule> parse_enum(std::string_view f, std::string_view t) {
-  return pick(f, t, std::array{PpSchedule::k1F1B, PpSchedule::kAfab});
+  return pick(f, t, std::array{PpSchedule::k1F1B, PpSchedule::kAfab, PpSchedule::kInterleaved});
 }
 template <>
 Result<AttentionImpl> parse_enum(std::string_view f, std::string_view t) {
@@ -137,7 +138,8 @@ std::optional<Error> check_positive(const TrainSpec& t) {
                                                    {"--ep", t.ep},
                                                    {"--micro-batch", t.micro_batch},
                                                    {"--seq-len", t.seq_len},
-                                                   {"--microbatches", t.microbatches}};
+                                                   {"--microbatches", t.microbatches},
+                                                   {"--virtual-stages", t.virtual_stages}};
   for (auto [flag, v] : sizes)
     if (v <= 0) return fail(std::string(flag) + " must be a positive integer, got " + str(v));
   if (t.zero < 0 || t.zero > 3)
@@ -149,7 +151,7 @@ std::optional<Error> check_positive(const TrainSpec& t) {
   if (t.microbatches > 65536)
     return fail("--microbatches " + str(t.microbatches) + " is too many (valid: at most 65,536)");
   const std::pair<const char*, int64_t> degrees[] = {
-      {"--tp", t.tp}, {"--pp", t.pp}, {"--ep", t.ep}, {"--dp", t.dp}};
+      {"--tp", t.tp}, {"--pp", t.pp}, {"--ep", t.ep}, {"--dp", t.dp}, {"--virtual-stages", t.virtual_stages}};
   for (auto [flag, v] : degrees) {
     int64_t most = std::string(flag) == "--dp" ? (1 << 20) : 4096;
     if (v > most)
@@ -180,6 +182,36 @@ std::optional<Error> check_conflicts(const ModelSpec& m, const TrainSpec& t) {
                 " needs --sp on (as Megatron requires: the router works on sequence shards)");
   if (t.ep > 1 && !m.moe)
     return fail("--ep " + str(t.ep) + " needs an MoE model; " + m.name + " is dense (use --ep 1)");
+  return std::nullopt;
+}
+
+// The interleaved schedule's rules (Megatron's): v >= 2 chunks per stage over pp >= 2 stages, a
+// layer per chunk, m a multiple of pp, layers balanced over the chunks.
+std::optional<Error> check_interleaved(const ModelSpec& m, const TrainSpec& t) {
+  const int64_t v = t.virtual_stages;
+  if (t.pp_schedule != PpSchedule::kInterleaved) {
+    if (v != 1)
+      return fail("--virtual-stages " + str(v) + " needs --pp-schedule interleaved (1f1b and afab "
+                  "run one chunk per stage); use --virtual-stages 1 or --pp-schedule interleaved");
+    return std::nullopt;
+  }
+  if (t.pp < 2)
+    return fail("--pp-schedule interleaved needs --pp >= 2 (got --pp " + str(t.pp) +
+                "); use --pp-schedule 1f1b or raise --pp");
+  if (v < 2)
+    return fail("--pp-schedule interleaved needs --virtual-stages >= 2 (with 1 it is 1f1b); use "
+                "--virtual-stages 2 or more");
+  if (t.pp * v > m.layers)
+    return fail("--pp " + str(t.pp) + " x --virtual-stages " + str(v) + " = " + str(t.pp * v) +
+                " chunks exceed the " + str(m.layers) + " layers of " + m.name +
+                " (valid: pp x virtual stages <= " + str(m.layers) + ")");
+  if (t.microbatches % t.pp != 0)
+    return fail("--microbatches " + str(t.microbatches) + " is not a multiple of --pp " +
+                str(t.pp) + " under the interleaved schedule (as Megatron requires); use " +
+                str((t.microbatches + t.pp - 1) / t.pp * t.pp));
+  if (!t.stage_layers.empty())
+    return fail("--partition lists layers per stage, but the interleaved schedule splits the "
+                "layers into pp x virtual stages balanced chunks; use --partition balanced");
   return std::nullopt;
 }
 
@@ -296,6 +328,7 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
         "--microbatches " + str(t.microbatches) + " is fewer than pp - 1 = " + str(t.pp - 1) +
         " under 1F1B (nanotron requires M >= pp - 1); use --microbatches >= " + str(t.pp - 1) +
         " or --pp-schedule afab");
+  if (auto e = check_interleaved(m, t)) return e;
   if (m.position == PosEmb::kLearned && t.seq_len > m.max_positions)
     return fail("--seq-len " + str(t.seq_len) + " exceeds the " + str(m.max_positions) +
                 " learned positions of " + m.name + "; use --seq-len <= " + str(m.max_positions));

@@ -16,7 +16,7 @@ enum class Dtype { kBf16, kFp32, kU8, kI64 };
 enum class Norm { kRms, kLayer };
 enum class Activation { kSwiGlu, kGelu };
 enum class PosEmb { kRope, kLearned };
-enum class PpSchedule { k1F1B, kAfab };
+enum class PpSchedule { k1F1B, kAfab, kInterleaved };  // interleaved: 1F1B over virtual stages
 enum class AttentionImpl { kFlash, kEager };
 enum class Optimizer { kAdamW, kSgd, kNone };
 enum class Recompute { kNone, kSelective, kFull, kAuto };  // auto: chosen per layer under a budget
@@ -71,6 +71,10 @@ struct TrainSpec {
   int64_t seq_len = 4096;
   int64_t microbatches = 1;  // gradient-accumulation steps per optimizer step
   PpSchedule pp_schedule = PpSchedule::kAfab;
+  // Model chunks per pipeline stage under the interleaved schedule (Megatron's
+  // virtual_pipeline_model_parallel_size): the layers split into pp x V chunks, chunk j on stage
+  // j mod pp. 1 for the other schedules.
+  int64_t virtual_stages = 1;
   AttentionImpl attention = AttentionImpl::kFlash;
   Dtype grad_dtype = Dtype::kFp32;  // nanotron's accumulate_grad_in_fp32
   Optimizer optimizer = Optimizer::kAdamW;

@@ -133,6 +133,14 @@ bad "--seq-len not divisible by tp under SP" -m "--seq-len 4097" -m "--tp 8" -m 
 good "--seq-len 4097 --tp 8 --sp off is accepted" "${E[@]}" --seq-len 4097 --tp 8 --sp off
 bad "1f1b with fewer micro-batches than pp - 1" -m "--microbatches 2" -m "pp - 1" -- "${E[@]}" --pp 4 --pp-schedule 1f1b --microbatches 2
 bad "plan: 1f1b with fewer micro-batches than pp - 1" -m "--microbatches 2" -- "${P[@]}" --pp 4 --pp-schedule 1f1b --microbatches 2
+bad "--virtual-stages without the interleaved schedule" -m "--virtual-stages 2" -m "--pp-schedule interleaved" -- "${E[@]}" --pp 4 --virtual-stages 2
+bad "interleaved with m not a multiple of pp" -m "--microbatches 6" -m "multiple of --pp 4" -m "use 8" -- "${E[@]}" --pp 4 --pp-schedule interleaved --microbatches 6
+bad "interleaved on one stage" -m "--pp >= 2" -- "${E[@]}" --pp-schedule interleaved
+bad "interleaved with one chunk" -m "--virtual-stages >= 2" -- "${E[@]}" --pp 4 --pp-schedule interleaved --virtual-stages 1
+bad "interleaved chunks exceed the layers" -m "160 chunks" -m "80 layers" -- "${E[@]}" --pp 8 --pp-schedule interleaved --virtual-stages 20 --microbatches 8
+bad "interleaved with --partition counts" -m "--partition" -m "balanced" -- "${E[@]}" --pp 2 --pp-schedule interleaved --partition 40,40
+bad "interleaved with --partition auto" -m "--partition auto" -m "balanced" -- "${E[@]}" --pp 2 --pp-schedule interleaved --partition auto --budget 80GB
+bad "--virtual-stages 0" -m "--virtual-stages" -- "${E[@]}" --pp 2 --pp-schedule interleaved --virtual-stages 0
 bad "--partition with too few stages" -m "--partition" -m "2 stages" -m "--pp 4" -- "${E[@]}" --pp 4 --partition 40,40
 bad "--partition that does not sum to the layers" -m "--partition" -m "79 layers" -m "80" -- "${E[@]}" --pp 2 --partition 40,39
 bad "--partition with an empty stage" -m "--partition" -m "at least 1" -- "${E[@]}" --pp 2 --partition 80,0

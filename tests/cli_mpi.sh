@@ -48,4 +48,9 @@ check "a process count other than tp x pp: exit 2, one line" \
 "${MPI[@]}" -n 2 "$NP" run --scenario "$SRC_DIR/scenarios/tiny-llama.toml" >"$TMP/sc.out" 2>"$TMP/sc.err"; rc=$?
 check "--scenario under mpirun: exit 2, one line" \
   '[ $rc -eq 2 ] && [ "$(grep -c "under mpirun, run a plan or a setup" "$TMP/sc.err")" -eq 1 ]'
+# The interleaved schedule: 4 layers over pp 2 x 2 chunks (the last stage's chunk 0 feeds the
+# first stage's chunk 1: messages of both directions between one pair of processes, by tag).
+sed 's/num_layers = 2/num_layers = 4/' "$TMP/tiny.toml" >"$TMP/tiny4.toml"
+BASE=(--model "$TMP/tiny4.toml" --seq-len 8 --micro-batch 2 --microbatches 4 --pp-schedule interleaved --virtual-stages 2 --steps 2)
+same_run interleaved 2 --pp 2 --recompute selective
 finish

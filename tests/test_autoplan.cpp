@@ -35,9 +35,9 @@ void expect_bitwise_equal(const exec::RunResult& ref, const exec::RunResult& run
     EXPECT_EQ(std::memcmp(g.data(), run.grads.at(key).data(), g.size() * sizeof(float)), 0) << key;
 }
 
-TEST(AutoPlan, WithinBudgetAndMonotone) {
+void expect_within_budget_and_monotone(const TrainSpec& t) {
   ModelSpec m = testing::model("llama-3.1-8b");
-  TrainSpec t = setup8b();
+  ASSERT_FALSE(validate_setup(m, t));
   AutoPlan loose = auto_plan(m, t, {}, 1'000'000'000'000, default_hardware());
   ASSERT_TRUE(loose.fits);
   ASSERT_TRUE(loose.peak_none && loose.peak_full);
@@ -61,6 +61,18 @@ TEST(AutoPlan, WithinBudgetAndMonotone) {
   // With room for no recompute at all, no layer recomputes anything (only the LM head's all-gather,
   // kept as a shard per --tp-recompute-allgather, is re-done).
   for (const BlockPolicy& bp : loose.layer_policies) EXPECT_EQ(bp.name, "none");
+}
+
+TEST(AutoPlan, WithinBudgetAndMonotone) {
+  expect_within_budget_and_monotone(setup8b());
+}
+
+// The same under the interleaved schedule (2 chunks per stage): the stage solver bounds the
+// activations by whole-stage micro-batches, and the simulation checks every plan.
+TEST(AutoPlan, InterleavedWithinBudgetAndMonotone) {
+  TrainSpec t = setup8b();
+  t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = 2;
+  expect_within_budget_and_monotone(t);
 }
 
 // The stage model sees what the simulation sees: across ZeRO stages (ZeRO-3's gathered weights

@@ -284,6 +284,31 @@ TEST(StepTime, PipelineBubbleIsPpMinusOneMicroBatchSlots) {
   }
 }
 
+// Interleaved with v chunks per stage: the bubble is (pp - 1) / v slots (Narayanan et al. 2021,
+// section 2.2.2): llama-3.1-8b's 32 layers over pp 4 x v 2, m 4: 1.5 slots, the step 5.5.
+TEST(StepTime, InterleavedBubbleShrinksByTheChunks) {
+  ModelSpec m = model("llama-3.1-8b");
+  TrainSpec t = setup(2, 4, 4, Recompute::kFull);
+  t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = 2;
+  ASSERT_FALSE(validate_setup(m, t));
+  Schedule s = build_schedule(m, t);
+  StepTime st = step_time(s, kH100);
+  double slowest = 0;
+  for (const StageProgram& p : s.stages) {
+    double f = 0;
+    for (const StageBlock& b : p.blocks) {
+      BlockTime bt = block_seconds(*b.graph, kH100, t);
+      f += bt.forward + bt.backward + recompute_seconds(*b.graph, b.policy.recompute, kH100, t);
+    }
+    slowest = std::max(slowest, f);
+  }
+  EXPECT_NEAR(st.bubble_seconds, 1.5 * slowest, 1e-12);
+  EXPECT_NEAR(st.seconds, 5.5 * slowest + st.optimizer_seconds + st.dp_comm_seconds,
+              1e-9 * st.seconds);
+  t.pp_schedule = PpSchedule::k1F1B, t.virtual_stages = 1;
+  EXPECT_LT(st.seconds, step_time(build_schedule(m, t), kH100).seconds);
+}
+
 TEST(StepTime, DataParallelGradientTraffic) {
   ModelSpec m = model("llama-3.1-8b");
   int64_t n = count_parameters(m);

@@ -220,8 +220,8 @@ class IdentityComm final : public Communicator {
   void all_gather(const Tensor& in, const Tensor& out) override { copy(in, out); }
   void reduce_scatter(const Tensor& in, const Tensor& out) override { copy(in, out); }
   void all_reduce(const Tensor&) override { ++calls; }
-  void send(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
-  void recv(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
+  void send(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no pipeline"); }
+  void recv(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no pipeline"); }
   void all_reduce_with(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
   int calls = 0;
 
@@ -265,8 +265,8 @@ class ThreadComm final : public Communicator {
     for (int64_t i = 0; i < t.numel(); ++i) store(t, i, s[i]);
     g_.sync.arrive_and_wait();
   }
-  void send(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
-  void recv(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
+  void send(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no pipeline"); }
+  void recv(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no pipeline"); }
   void all_reduce_with(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
 
  private:

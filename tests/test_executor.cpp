@@ -27,13 +27,13 @@ TEST(InProcessComm, PairExchangeDoesNotTakeAPipelineMessage) {
   TensorType t{{3}, Dtype::kFp32};
   std::thread stage0([&] {
     Communicator& c = world.comm(0, 0);
-    c.send(Tensor{pipe.data(), t}, 1);  // not yet received by stage 1
+    c.send(Tensor{pipe.data(), t}, 1, 0);  // not yet received by stage 1
     c.all_reduce_with(Tensor{a.data(), t}, 1);
   });
   std::thread stage1([&] {
     Communicator& c = world.comm(1, 0);
     c.all_reduce_with(Tensor{b.data(), t}, 0);
-    c.recv(Tensor{got.data(), t}, 0);
+    c.recv(Tensor{got.data(), t}, 0, 0);
   });
   stage0.join();
   stage1.join();
@@ -101,13 +101,19 @@ void expect_sharding_invariant(const std::string& name) {
   Scenario sc = scenario(name);
   RunResult ref = run(sc.model, with(sc.base, 1, 1, Recompute::kNone, false));
   float worst_ratio = 0;
-  for (auto [tp, pp] : {std::pair{2, 1}, {4, 1}, {1, 2}, {1, 4}, {2, 2}, {4, 4}}) {
-    if (pp > sc.model.layers) continue;
+  // v > 1: the interleaved schedule with v chunks per stage.
+  struct Shape {
+    int tp, pp, v;
+  };
+  for (auto [tp, pp, v] : {Shape{2, 1, 1}, {4, 1, 1}, {1, 2, 1}, {1, 4, 1}, {2, 2, 1}, {4, 4, 1},
+                           {1, 2, 2}, {2, 2, 2}}) {
+    if (pp * v > sc.model.layers) continue;
     TrainSpec t = with(sc.base, tp, pp, Recompute::kNone, tp > 1);
-    if (validate_setup(sc.model, t)) continue;
+    if (v > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = v;
+    if (auto e = validate_setup(sc.model, t)) FAIL() << e->message;
     RunResult r = run(sc.model, t);
     EXPECT_NEAR(r.losses[0], ref.losses[0], 2e-3 * ref.losses[0])
-        << name << " tp " << tp << " pp " << pp;
+        << name << " tp " << tp << " pp " << pp << " v " << v;
     for (const auto& [key, g] : ref.grads) {
       const std::vector<float>& h = r.grads.at(key);
       ASSERT_EQ(h.size(), g.size()) << key;

@@ -2,6 +2,7 @@
 // predicted peak = measured peak on every rank to the byte, and the scenario's loss checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -21,6 +22,10 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
                           testing::catalog());
   ASSERT_TRUE(sc.ok()) << sc.error().message;
   ASSERT_GE(sc->matrix.size(), 8u);
+  if (GetParam() == "tiny-llama" || GetParam() == "tiny-gpt")  // 4 layers: pp 2 x 2 chunks
+    EXPECT_TRUE(std::any_of(sc->matrix.begin(), sc->matrix.end(), [](const TrainSpec& t) {
+      return t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages == 2;
+    }));
   double ln_v = std::log(static_cast<double>(sc->model.vocab));
   for (const TrainSpec& t : sc->matrix) {
     Schedule s = build_schedule(sc->model, t);

@@ -14,9 +14,9 @@ namespace {
 
 using testing::model;
 
-int64_t max_in_flight(const std::vector<std::pair<bool, int>>& order) {
+int64_t max_in_flight(const std::vector<PipelinePass>& order) {
   int64_t live = 0, most = 0;
-  for (auto [forward, mb] : order) most = std::max(most, live += forward ? 1 : -1);
+  for (PipelinePass p : order) most = std::max(most, live += p.forward ? 1 : -1);
   return most;
 }
 
@@ -34,11 +34,55 @@ TEST(Pipeline, InFlightMatchesTheSchedules) {
         EXPECT_EQ(static_cast<int64_t>(ofob.size()), 2 * m);
         // every micro-batch's forward comes before its backward
         for (int mb = 0; mb < m; ++mb) {
-          auto f = std::find(ofob.begin(), ofob.end(), std::make_pair(true, mb));
-          auto b = std::find(ofob.begin(), ofob.end(), std::make_pair(false, mb));
+          auto f = std::find(ofob.begin(), ofob.end(), PipelinePass{true, mb, 0});
+          auto b = std::find(ofob.begin(), ofob.end(), PipelinePass{false, mb, 0});
           EXPECT_LT(f, b);
         }
       }
+}
+
+// Megatron's interleaved order, checked against its definition by hand: pp 2, v 2, m 4 on stage
+// 0 warms up with 2 (2 - 0 - 1) + (2 - 1) 2 = 4 forwards (mb 0, 1 on chunk 0, then on chunk 1),
+// then alternates; its first backward is micro-batch 0 on the last chunk.
+TEST(Pipeline, InterleavedOrderByHand) {
+  using P = PipelinePass;
+  std::vector<P> want = {{true, 0, 0},  {true, 1, 0},  {true, 0, 1},  {true, 1, 1},
+                         {true, 2, 0},  {false, 0, 1}, {true, 3, 0},  {false, 1, 1},
+                         {true, 2, 1},  {false, 0, 0}, {true, 3, 1},  {false, 1, 0},
+                         {false, 2, 1}, {false, 3, 1}, {false, 2, 0}, {false, 3, 0}};
+  EXPECT_EQ(pipeline_order(PpSchedule::kInterleaved, 0, 2, 4, 2), want);
+  // The last stage warms up with (v - 1) pp = 2 forwards.
+  auto last = pipeline_order(PpSchedule::kInterleaved, 1, 2, 4, 2);
+  EXPECT_EQ(last[2], (P{true, 0, 1}));
+  EXPECT_EQ(last[3], (P{false, 0, 1}));
+  // m = pp: every forward first.
+  auto all = pipeline_order(PpSchedule::kInterleaved, 1, 2, 2, 3);
+  for (int k = 0; k < 6; ++k) EXPECT_TRUE(all[k].forward);
+}
+
+// Every (micro-batch, chunk) runs forward once and backward once, forward first; the passes alive
+// at once match Korthikanti et al. 2022 (section 4.2): 2 (pp - s - 1) + (v - 1) pp + 1 on stage
+// s (pp v + pp - 1 on the first), m v when m = pp.
+TEST(Pipeline, InterleavedPassesAndInFlight) {
+  for (int64_t pp : {2, 3, 4, 8})
+    for (int64_t v : {2, 3, 4})
+      for (int64_t m : {pp, 2 * pp, 3 * pp, 5 * pp})
+        for (int64_t s = 0; s < pp; ++s) {
+          auto order = pipeline_order(PpSchedule::kInterleaved, s, pp, m, v);
+          ASSERT_EQ(static_cast<int64_t>(order.size()), 2 * m * v);
+          for (int mb = 0; mb < m; ++mb)
+            for (int c = 0; c < v; ++c) {
+              auto f = std::find(order.begin(), order.end(), PipelinePass{true, mb, c});
+              auto b = std::find(order.begin(), order.end(), PipelinePass{false, mb, c});
+              ASSERT_NE(f, order.end());
+              ASSERT_NE(b, order.end());
+              EXPECT_LT(f, b);
+            }
+          int64_t want = m == pp ? m * v : std::min(m * v, 2 * (pp - s - 1) + (v - 1) * pp + 1);
+          EXPECT_EQ(max_in_flight(order), want) << "pp " << pp << " v " << v << " m " << m;
+          EXPECT_EQ(chunk_passes_in_flight(PpSchedule::kInterleaved, s, pp, m, v), want);
+          if (s == 0 && m > pp) EXPECT_EQ(want, pp * v + pp - 1);
+        }
 }
 
 TrainSpec small(int64_t tp, int64_t pp, Recompute r) {
@@ -80,6 +124,52 @@ TEST(Schedule, EveryProgramIsWellFormed) {
               }
             }
   }
+}
+
+// Interleaved, by hand: llama-2-7b (32 layers) over pp 4 x v 2 gives chunks of 4 layers; a
+// middle stage (no embedding, no head) holds passes x (4 layers' saved bytes) at its activation
+// high-water mark, with 2 (pp - s - 1) + (v - 1) pp + 1 passes: 9 on stage 1 and 7 on stage 2,
+// where 1F1B holds 3 and 2 micro-batches of 8 layers (24 and 16 layer-passes against 36 and 28).
+TEST(Schedule, InterleavedActivationsByHand) {
+  ModelSpec m = model("llama-2-7b");
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    TrainSpec t = small(1, 4, r);
+    t.microbatches = 8, t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = 2;
+    ASSERT_FALSE(validate_setup(m, t));
+    EXPECT_EQ(chunk_layers(m, t), std::vector<int64_t>(8, 4));
+    Schedule s = build_schedule(m, t);
+    EXPECT_EQ(s.stages[1].layers(), (std::vector<int>{4, 5, 6, 7, 20, 21, 22, 23}));
+    for (const StageProgram& p : s.stages) EXPECT_FALSE(check_program(p));
+    const int64_t layer_saved = s.stages[1].blocks[0].saved.bytes;
+    for (int stage : {1, 2}) {
+      const StageProgram& p = s.stages[stage];
+      int64_t passes = stage == 1 ? 9 : 7;
+      EXPECT_EQ(simulate(p).max_by_category[static_cast<int>(Category::kActivation)],
+                passes * 4 * layer_saved)
+          << name_of(r) << " stage " << stage;
+    }
+  }
+}
+
+// simulation_setup caps the interleaved schedule at 3 pp micro-batches: every stage's peak and
+// high-water marks are those of the full step.
+TEST(Schedule, InterleavedSimulationCapKeepsThePeaks) {
+  ModelSpec m = model("llama-2-7b");
+  for (int64_t pp : {2, 4})
+    for (int64_t v : {2, 4})
+      for (int64_t k : {4, 6}) {
+        TrainSpec t = small(2, pp, Recompute::kSelective);
+        t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = v, t.microbatches = k * pp;
+        ASSERT_FALSE(validate_setup(m, t));
+        TrainSpec capped = simulation_setup(t);
+        ASSERT_EQ(capped.microbatches, 3 * pp);
+        Schedule full = build_schedule(m, t), sim = build_schedule(m, capped);
+        for (int64_t st = 0; st < pp; ++st) {
+          SimResult a = simulate(full.stages[st]), b = simulate(sim.stages[st]);
+          EXPECT_EQ(a.peak_bytes, b.peak_bytes) << "pp " << pp << " v " << v << " stage " << st;
+          EXPECT_EQ(a.max_by_category, b.max_by_category);
+        }
+      }
 }
 
 TEST(Schedule, ZeroStagesAreWellFormed) {

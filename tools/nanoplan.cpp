@@ -48,7 +48,8 @@ struct Flags {
   std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, nccl_buffers,
       allocator_slack;
   int64_t tp = 1, pp = 1, dp = 1, ep = 1, micro_batch = 1, seq_len = 4096;
-  std::optional<int64_t> microbatches;  // default: pp
+  std::optional<int64_t> microbatches;    // default: pp
+  std::optional<int64_t> virtual_stages;  // default: 2 under interleaved, else 1
   int zero = 0;
   bool explain_peak = false;
   // run
@@ -127,8 +128,12 @@ void add_setup_flags(CLI::App* app, Flags& f, bool model_required = true) {
   add_int(app, "--microbatches", f.microbatches,
           "gradient-accumulation steps per optimizer step (default: pp)");
   app->add_option("--pp-schedule", f.pp_schedule,
-                  "pipeline schedule: 1f1b, afab (nanotron's default)")
+                  "pipeline schedule: 1f1b, afab (nanotron's default), interleaved (Megatron's "
+                  "1F1B over virtual stages)")
       ->capture_default_str();
+  add_int(app, "--virtual-stages", f.virtual_stages,
+          "model chunks per pipeline stage under --pp-schedule interleaved (Megatron's "
+          "--num-layers-per-virtual-pipeline-stage as a count; default 2 there, else 1)");
   app->add_option("--attention", f.attention, "attention implementation: flash, eager")
       ->capture_default_str();
   app->add_option("--grad-accum-dtype", f.grad_dtype,
@@ -192,6 +197,7 @@ np::TrainSpec make_setup(const Flags& f) {
     die("invalid --sp " + np::quote_input(f.sp) + " (valid: on, off, auto)");
   t.sp = f.sp == "auto" ? f.tp > 1 : f.sp == "on";
   t.pp_schedule = check(np::parse_enum<np::PpSchedule>("--pp-schedule", f.pp_schedule));
+  t.virtual_stages = f.virtual_stages.value_or(t.pp_schedule == np::PpSchedule::kInterleaved ? 2 : 1);
   t.attention = check(np::parse_enum<np::AttentionImpl>("--attention", f.attention));
   t.grad_dtype = check(np::parse_enum<np::Dtype>("--grad-accum-dtype", f.grad_dtype));
   t.optimizer = check(np::parse_enum<np::Optimizer>("--optimizer", f.optimizer));
@@ -205,6 +211,9 @@ np::TrainSpec make_setup(const Flags& f) {
   if (f.partition == "auto" && t.recompute != np::Recompute::kAuto)
     die("--partition auto searches with the recompute plan: it needs --recompute auto and a "
         "budget (--budget or --gpu)");
+  if (f.partition == "auto" && t.pp_schedule == np::PpSchedule::kInterleaved)
+    die("--partition auto searches contiguous stage splits; the interleaved schedule splits the "
+        "layers into balanced chunks (use --partition balanced, or --pp-schedule 1f1b)");
   if (f.partition != "balanced" && f.partition != "auto")
     t.stage_layers = check(np::parse_partition(f.partition));
   return t;

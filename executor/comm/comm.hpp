@@ -27,9 +27,11 @@ class Communicator {
   virtual void reduce_scatter(const Tensor& in, const Tensor& out) = 0;
   // t = sum over TP ranks of t, in place.
   virtual void all_reduce(const Tensor& t) = 0;
-  // Pipeline transfers to the rank of the same TP index on pipeline stage `stage`.
-  virtual void send(const Tensor& t, int64_t stage) = 0;
-  virtual void recv(const Tensor& t, int64_t stage) = 0;
+  // Pipeline transfers to the rank of the same TP index on pipeline stage `stage`. A receive
+  // takes the oldest message of its tag from that stage (tags >= 0: the interleaved schedule's
+  // chunks and directions share one pair of stages; each tag's messages keep their order).
+  virtual void send(const Tensor& t, int64_t stage, int64_t tag) = 0;
+  virtual void recv(const Tensor& t, int64_t stage, int64_t tag) = 0;
   // t = t + the same tensor of the rank with this TP index on pipeline stage `peer`; both ranks
   // call it and get bitwise the same sum (tied embeddings: the first and the last stage).
   virtual void all_reduce_with(const Tensor& t, int64_t peer) = 0;

@@ -51,10 +51,12 @@ class InProcessComm final : public Communicator {
   }
 
   // Pipeline messages travel through host memory (outside every rank's device accounting).
-  void send(const Tensor& t, int64_t stage) override { post(to_host(t), stage); }
+  void send(const Tensor& t, int64_t stage, int64_t tag) override {
+    post(to_host(t), stage, kPipelineChannel + tag);
+  }
 
-  void recv(const Tensor& t, int64_t stage) override {
-    std::vector<unsigned char> msg = take(stage);
+  void recv(const Tensor& t, int64_t stage, int64_t tag) override {
+    std::vector<unsigned char> msg = take(stage, kPipelineChannel + tag);
     check(static_cast<int64_t>(msg.size()) == t.bytes(),
           "recv: message size differs from the receive buffer");
     w_.transfer_->copy(t.data, msg.data(), t.bytes());
@@ -77,8 +79,8 @@ class InProcessComm final : public Communicator {
     w_.transfer_->copy(h.data(), t.data, t.bytes());
     return h;
   }
-  static constexpr int64_t kPipelineChannel = 0, kPairChannel = 1;
-  void post(std::vector<unsigned char> msg, int64_t to, int64_t channel = kPipelineChannel) {
+  static constexpr int64_t kPairChannel = 0, kPipelineChannel = 1;  // pipeline: 1 + tag
+  void post(std::vector<unsigned char> msg, int64_t to, int64_t channel) {
     auto& box = w_.mailbox(stage_, to, rank_, channel);
     {
       std::lock_guard lock(box.mu);
@@ -86,7 +88,7 @@ class InProcessComm final : public Communicator {
     }
     box.cv.notify_all();
   }
-  std::vector<unsigned char> take(int64_t from, int64_t channel = kPipelineChannel) {
+  std::vector<unsigned char> take(int64_t from, int64_t channel) {
     auto& box = w_.mailbox(from, stage_, rank_, channel);
     std::unique_lock lock(box.mu);
     box.cv.wait(lock, [&] { return !box.messages.empty() || w_.aborted_; });

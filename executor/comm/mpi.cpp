@@ -71,20 +71,20 @@ class MpiComm final : public Communicator {
 
   // Non-blocking sends of a copy (as the in-process mailboxes): both pipeline neighbours may send
   // before either receives.
-  void send(const Tensor& t, int64_t stage) override {
+  void send(const Tensor& t, int64_t stage, int64_t tag) override {
     reap();
     pending_.emplace_back();
     Pending& p = pending_.back();
     p.bytes = to_host(t);
-    ok(MPI_Isend(p.bytes.data(), count_of(t.bytes()), MPI_BYTE, peer(stage), kPipelineTag,
+    ok(MPI_Isend(p.bytes.data(), count_of(t.bytes()), MPI_BYTE, peer(stage), pipeline_tag(tag),
                  MPI_COMM_WORLD, &p.request),
        "MPI_Isend");
   }
 
-  void recv(const Tensor& t, int64_t stage) override {
+  void recv(const Tensor& t, int64_t stage, int64_t tag) override {
     std::vector<unsigned char> h(static_cast<size_t>(t.bytes()));
     MPI_Status status;
-    ok(MPI_Recv(h.data(), count_of(t.bytes()), MPI_BYTE, peer(stage), kPipelineTag,
+    ok(MPI_Recv(h.data(), count_of(t.bytes()), MPI_BYTE, peer(stage), pipeline_tag(tag),
                 MPI_COMM_WORLD, &status),
        "MPI_Recv");
     int got = 0;
@@ -110,7 +110,12 @@ class MpiComm final : public Communicator {
   }
 
  private:
-  static constexpr int kPipelineTag = 1, kPairTag = 2;
+  static constexpr int kPairTag = 1, kPipelineTag = 2;  // pipeline: 2 + the schedule's tag
+  // MPI guarantees tags up to 32767: 2 x (pp x chunks) schedule tags fit within it.
+  int pipeline_tag(int64_t tag) const {
+    if (tag < 0 || tag > 32767 - kPipelineTag) fail("pipeline tag out of MPI's range");
+    return static_cast<int>(kPipelineTag + tag);
+  }
   struct Pending {
     MPI_Request request;
     std::vector<unsigned char> bytes;
