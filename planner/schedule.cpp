@@ -78,7 +78,7 @@ TrainSpec simulation_setup(const TrainSpec& t) {
   TrainSpec s = t;
   if (t.pp_schedule == PpSchedule::k1F1B) s.microbatches = std::min(t.microbatches, t.pp + 1);
   if (t.pp_schedule == PpSchedule::kInterleaved)
-    s.microbatches = std::min(t.microbatches, 3 * t.pp);
+    s.microbatches = std::min(t.microbatches, 2 * t.pp);
   return s;
 }
 

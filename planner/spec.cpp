@@ -336,9 +336,14 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
 }
 
 Result<std::vector<int64_t>> parse_partition(std::string_view text) {
+  return parse_count_list("--partition", text, "balanced, auto, or layer counts such as 21,20,20,19");
+}
+
+Result<std::vector<int64_t>> parse_count_list(std::string_view flag, std::string_view text,
+                                              std::string_view valid) {
   auto bad = [&] {
-    return make_error("invalid --partition " + quote_input(text) +
-                      " (valid: balanced, auto, or layer counts such as 21,20,20,19)");
+    return make_error("invalid " + std::string(flag) + " " + quote_input(text) + " (valid: " +
+                      std::string(valid) + ")");
   };
   std::vector<int64_t> counts;
   size_t start = 0;

@@ -1,5 +1,5 @@
-// nanoplan sweep: every (tp, pp, dp, ZeRO stage, micro-batch) that uses the given GPUs, each with
-// its cheapest recompute plan under the budget, ranked by predicted throughput.
+// nanoplan sweep: every (tp, pp, virtual stages, dp, ZeRO stage, micro-batch) that uses the given
+// GPUs, each with its cheapest recompute plan under the budget, ranked by predicted throughput.
 #pragma once
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -18,6 +18,8 @@ struct SweepOptions {
   RuntimeAssumptions runtime;
   HardwareModel hw;
   bool search_partition = false;  // search the layers per stage of every setup too
+  // Chunks per stage to try: 1 is the base schedule, v > 1 the interleaved one (pp > 1).
+  std::vector<int64_t> virtual_stages = {1};
 };
 
 struct SweepResult {

@@ -71,5 +71,20 @@ bad sweep --model llama-3.1-8b --gpus 0 --budget 40GB
 bad sweep --model llama-3.1-8b --gpus 8
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40XB
 bad sweep --model nope --gpus 8 --budget 40GB
+bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --virtual-stages 1,0
+bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --virtual-stages two
+
+# Virtual stages: the sweep tries the interleaved schedule with 2 chunks beside 1F1B.
+"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 4096 --virtual-stages 1,2 --format json --top 1000 >"$TMP/swv.json"
+python3 - "$TMP/swv.json" "$TMP/sw.json" <<'PY' && ok "sweep --virtual-stages 1,2: interleaved rows beside 1f1b, more setups" || fail "sweep --virtual-stages"
+import json, sys
+j = json.load(open(sys.argv[1])); base = json.load(open(sys.argv[2]))
+kinds = {(t["setup"]["pp_schedule"], t["setup"].get("virtual_stages", 1)) for t in j["top"]}
+assert ("interleaved", 2) in kinds and ("1f1b", 1) in kinds, kinds
+assert j["evaluated"] > base["evaluated"]
+for t in j["top"]:
+    s = t["setup"]
+    if s["pp_schedule"] == "interleaved": assert s["pp"] > 1 and s["microbatches"] % s["pp"] == 0
+PY
 
 finish

@@ -85,17 +85,21 @@ int main() {
   struct Sweep {
     const char* model;
     int64_t gpus;
-    bool partition;  // --partition auto
+    bool partition;           // --partition auto
+    bool interleaved = false;  // --virtual-stages 1,2,4
   };
   const Sweep sweeps[] = {{"llama-3.1-70b", 64, false},
                           {"llama-3.1-405b", 256, false},
                           {"mixtral-8x7b", 16, false},
-                          {"llama-3.1-70b", 64, true}};
-  std::printf("\n%-16s %6s %10s %8s %10s\n", "sweep", "gpus", "partition", "setups", "setups/s");
+                          {"llama-3.1-70b", 64, true},
+                          {"llama-3.1-70b", 64, false, true}};
+  std::printf("\n%-16s %6s %10s %8s %8s %10s\n", "sweep", "gpus", "partition", "chunks",
+              "setups", "setups/s");
   for (const Sweep& c : sweeps) {
     np::SweepOptions o;
     o.gpus = c.gpus, o.budget = 80'000'000'000, o.hw = np::default_hardware();
     o.search_partition = c.partition;
+    if (c.interleaved) o.virtual_stages = {1, 2, 4};
     o.base.pp_schedule = np::PpSchedule::k1F1B;
     o.base.recompute = np::Recompute::kAuto;
     std::vector<double> rate;
@@ -106,8 +110,9 @@ int main() {
       rate.push_back(static_cast<double>(r.evaluated) / r.seconds);
     }
     std::sort(rate.begin(), rate.end());
-    std::printf("%-16s %6lld %10s %8zu %10.0f\n", c.model, (long long)c.gpus,
-                c.partition ? "auto" : "balanced", n, rate[rate.size() / 2]);
+    std::printf("%-16s %6lld %10s %8s %8zu %10.0f\n", c.model, (long long)c.gpus,
+                c.partition ? "auto" : "balanced", c.interleaved ? "1,2,4" : "1", n,
+                rate[rate.size() / 2]);
   }
   return 0;
 }

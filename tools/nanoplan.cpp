@@ -50,6 +50,7 @@ struct Flags {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1, micro_batch = 1, seq_len = 4096;
   std::optional<int64_t> microbatches;    // default: pp
   std::optional<int64_t> virtual_stages;  // default: 2 under interleaved, else 1
+  std::string sweep_virtual = "1";        // sweep: chunk counts to try
   int zero = 0;
   bool explain_peak = false;
   // run
@@ -612,6 +613,14 @@ int run_sweep(const Flags& f) {
   o.runtime = make_runtime(f);
   o.hw = make_hardware(f);
   o.search_partition = f.partition == "auto";
+  o.virtual_stages.clear();
+  for (int64_t v : check(np::parse_count_list("--virtual-stages", f.sweep_virtual,
+                                              "chunk counts from 1 to 64, such as 1,2,4"))) {
+    if (v < 1 || v > 64)
+      die("invalid --virtual-stages " + np::quote_input(f.sweep_virtual) +
+          " (valid: chunk counts from 1 to 64, such as 1,2,4)");
+    o.virtual_stages.push_back(v);
+  }
   bool tty = isatty(fileno(stderr)) && f.format == "table";
   auto progress = [&](size_t done, size_t total) {
     if (!tty) return;
@@ -680,6 +689,10 @@ int main(int argc, char** argv) {
   add_int(sw, "--global-batch", f.global_batch, "sequences per optimizer step (default 4 x gpus)",
           1, 1 << 30);
   sw->add_option("--pp-schedule", f.pp_schedule, "1f1b (default for sweep), afab");
+  sw->add_option("--virtual-stages", f.sweep_virtual,
+                 "chunks per pipeline stage to try, e.g. 1,2,4: 1 is --pp-schedule, more the "
+                 "interleaved schedule")
+      ->capture_default_str();
   sw->add_option("--attention", f.attention, "flash, eager")->capture_default_str();
   sw->add_option("--partition", f.partition,
                  "layers per stage: balanced (by FLOPs), auto (searched for every setup)")
