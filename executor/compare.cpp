@@ -92,6 +92,7 @@ RunComparison compare(const Schedule& s, const RunResult& r, std::string title,
     const SimResult& sim = sims[rr.stage];
     RankComparison rc{rr.global_rank,
                       rr.stage,
+                      rr.dp_rank,
                       rr.tp_rank,
                       sim.peak_bytes,
                       rr.measured_peak,
@@ -185,14 +186,14 @@ std::string divergence_text(const RankComparison& r) {
 std::string comparison_table(const RunComparison& c) {
   std::string out = c.title + "\n";
   out +=
-      "  rank  stage  tp   predicted peak B    measured peak B   difference   (weights / grads / "
-      "optim / activ / transient, measured)\n";
+      "  rank  stage  dp  tp   predicted peak B    measured peak B   difference   (weights / "
+      "grads / optim / activ / transient, measured)\n";
   for (const RankComparison& r : c.ranks) {
     char buf[512];
     const auto& m = r.measured_at_peak;
     std::snprintf(
-        buf, sizeof buf, "  %4lld  %5lld  %2lld  %17s  %17s  %11s   %s / %s / %s / %s / %s%s\n",
-        (long long)r.rank, (long long)r.stage, (long long)r.tp_rank,
+        buf, sizeof buf, "  %4lld  %5lld  %2lld  %2lld  %17s  %17s  %11s   %s / %s / %s / %s / %s%s\n",
+        (long long)r.rank, (long long)r.stage, (long long)r.dp_rank, (long long)r.tp_rank,
         format_int(r.predicted).c_str(), format_int(r.measured).c_str(),
         format_int(r.difference()).c_str(), format_int(m[0]).c_str(), format_int(m[1]).c_str(),
         format_int(m[2]).c_str(), format_int(m[3]).c_str(), format_int(m[4]).c_str(),
@@ -256,6 +257,7 @@ nlohmann::json comparison_json(const RunComparison& c) {
                                                  {"measured", r.measured_at_peak[k]}};
     nlohmann::json j = {{"rank", r.rank},
                         {"pp_stage", r.stage},
+                        {"dp_rank", r.dp_rank},
                         {"tp_rank", r.tp_rank},
                         {"predicted_peak_bytes", r.predicted},
                         {"measured_peak_bytes", r.measured},

@@ -2,6 +2,7 @@
 // copied in, updates through the backend.
 #include "executor/params.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -55,18 +56,28 @@ void ParamStore::allocate(const Allocate& alloc, uint64_t seed) {
 
 void ParamStore::allocate_group(Group& g, const std::string& name, const Allocate& alloc) {
   if (g.n == 0) return;
-  Dtype gd = s_.setup.grad_dtype;
+  const TrainSpec& t = s_.setup;
+  Dtype gd = t.grad_dtype;
   g.grad = alloc({{g.n}, gd}, "grad_buffer." + name + " (" + name_of(gd) + ")",
                  Category::kGradient);
   be_.fill(g.grad, 0.0f);
-  if (s_.setup.optimizer == Optimizer::kNone) return;
-  g.master = alloc({{g.n}, Dtype::kFp32}, "optimizer.master." + name + " (fp32)",
+  g.shard = g.n, g.lo = 0, g.hi = g.n;
+  if (t.zero >= 1) {
+    g.shard = (g.n + t.dp - 1) / t.dp;
+    g.lo = std::min(g.n, comm_.dp_rank() * g.shard), g.hi = std::min(g.n, g.lo + g.shard);
+  }
+  if (t.optimizer == Optimizer::kNone) return;
+  g.master = alloc({{g.shard}, Dtype::kFp32}, "optimizer.master." + name + " (fp32)",
                    Category::kOptimizer);
-  for (auto& [w, off] : g.members) be_.copy_elements(g.master, off, w, 0, w.numel());
-  if (s_.setup.optimizer != Optimizer::kAdamW) return;
-  g.m = alloc({{g.n}, Dtype::kFp32}, "optimizer.exp_avg." + name + " (fp32)",
+  be_.fill(g.master, 0.0f);
+  for (auto& [w, off] : g.members) {
+    int64_t a = std::max(off, g.lo), b = std::min(off + w.numel(), g.hi);
+    if (b > a) be_.copy_elements(g.master, a - g.lo, w, a - off, b - a);
+  }
+  if (t.optimizer != Optimizer::kAdamW) return;
+  g.m = alloc({{g.shard}, Dtype::kFp32}, "optimizer.exp_avg." + name + " (fp32)",
               Category::kOptimizer);
-  g.v = alloc({{g.n}, Dtype::kFp32}, "optimizer.exp_avg_sq." + name + " (fp32)",
+  g.v = alloc({{g.shard}, Dtype::kFp32}, "optimizer.exp_avg_sq." + name + " (fp32)",
               Category::kOptimizer);
   be_.fill(g.m, 0.0f);
   be_.fill(g.v, 0.0f);
@@ -92,6 +103,13 @@ void ParamStore::sync_gradients() {
     auto [b, o] = tie_owner_.at("embedding");
     comm_.all_reduce_with(wgrads_[b][o][0], stage_ == 0 ? last : 0);
   }
+  for (Group* g : {&dense_, &expert_}) {
+    if (g->n == 0) continue;
+    if (s_.setup.zero >= 1)
+      comm_.dp_reduce_scatter(g->grad, 0, g->shard);
+    else
+      comm_.dp_all_reduce(g->grad);
+  }
 }
 
 std::map<std::string, std::vector<float>> ParamStore::capture_gradients() const {
@@ -109,25 +127,45 @@ std::map<std::string, std::vector<float>> ParamStore::capture_gradients() const 
         Tensor h{host.data(), g.type};
         std::vector<float>& v = out[weight_key(p_.blocks[b], op, w)];
         v.assign(static_cast<size_t>(g.numel() * tp), std::nanf(""));
-        for (int64_t i = 0; i < g.numel(); ++i)
+        // ZeRO-1: only the part whose optimizer states this rank holds has the DP sum.
+        auto [lo, hi] = held(weights_[b][o][w]);
+        for (int64_t i = lo; i < hi; ++i)
           v[global_weight_index(op, w, i, tp, sharded ? tp_rank_ : 0)] = load(h, i);
       }
     }
   return out;
 }
 
+std::pair<int64_t, int64_t> ParamStore::held(const Tensor& w) const {
+  for (const Group* g : {&dense_, &expert_})
+    for (const auto& [member, off] : g->members)
+      if (member.data == w.data)
+        return {std::clamp(g->lo - off, int64_t{0}, w.numel()),
+                std::clamp(g->hi - off, int64_t{0}, w.numel())};
+  throw std::logic_error("weight without a gradient slot");
+}
+
 void ParamStore::optimizer_step(int step, float lr) {
   for (Group* g : {&dense_, &expert_}) {
     if (g->n == 0) continue;
     if (s_.setup.optimizer != Optimizer::kNone) {
-      be_.optimizer_update({.kind = s_.setup.optimizer,
-                            .grad = g->grad,
-                            .master = g->master,
-                            .m = g->m,
-                            .v = g->v,
-                            .lr = lr,
-                            .step = step});
-      for (auto& [w, off] : g->members) be_.copy_elements(w, 0, g->master, off, w.numel());
+      auto part = [&](const Tensor& t, int64_t first) {  // elements [lo, hi) of a flat buffer
+        return Tensor{t.as<unsigned char>() + first * dtype_bytes(t.type.dtype),
+                      {{g->hi - g->lo}, t.type.dtype}};
+      };
+      if (g->hi > g->lo)
+        be_.optimizer_update({.kind = s_.setup.optimizer,
+                              .grad = part(g->grad, g->lo),
+                              .master = part(g->master, 0),
+                              .m = g->m ? part(g->m, 0) : Tensor{},
+                              .v = g->v ? part(g->v, 0) : Tensor{},
+                              .lr = lr,
+                              .step = step});
+      for (auto& [w, off] : g->members) {
+        int64_t a = std::max(off, g->lo), b = std::min(off + w.numel(), g->hi);
+        if (b > a) be_.copy_elements(w, a - off, g->master, a - g->lo, b - a);
+        if (s_.setup.zero >= 1) comm_.dp_all_gather(w, off, g->shard);
+      }
     }
     be_.fill(g->grad, 0.0f);
   }

@@ -28,11 +28,14 @@ class ParamStore {
   const std::vector<Tensor>& weights(int block, int op) const { return weights_[block][op]; }
   const std::vector<Tensor>& weight_grads(int block, int op) const { return wgrads_[block][op]; }
 
-  // Sums partial gradients over TP and the tied embedding's over its two stages.
+  // Sums partial gradients over TP and the tied embedding's over its two stages, then over the
+  // data-parallel replicas: an all-reduce (ZeRO-0), or a reduce-scatter leaving this rank the sum
+  // of the part of the buffer whose optimizer states it holds (ZeRO-1).
   void sync_gradients();
   // This rank's gradients in the global (unsharded) layout: elements other ranks hold are NaN.
   std::map<std::string, std::vector<float>> capture_gradients() const;
-  // The optimizer update of step `step` (0-based), new bf16 weights, gradients zeroed.
+  // The optimizer update of step `step` (0-based), new bf16 weights, gradients zeroed. ZeRO-1:
+  // this rank updates its part and the replicas all-gather the new bf16 weights.
   void optimizer_step(int step, float lr);
 
  private:
@@ -40,9 +43,14 @@ class ParamStore {
     Tensor grad, master, m, v;
     std::vector<std::pair<Tensor, int64_t>> members;  // weight, element offset in the buffers
     int64_t n = 0;
+    // ZeRO-1: the optimizer states hold elements [lo, hi) of the n, in blocks of `shard` per DP
+    // rank (the planner's ceil(n / dp)); without ZeRO, all of them.
+    int64_t shard = 0, lo = 0, hi = 0;
   };
   void allocate_group(Group& g, const std::string& name, const Allocate& alloc);
   Tensor grad_view(const Tensor& w) const;
+  // The element range [lo, hi) of weight w whose optimizer states this rank holds.
+  std::pair<int64_t, int64_t> held(const Tensor& w) const;
 
   const Schedule& s_;
   const StageProgram& p_;

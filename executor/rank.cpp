@@ -17,17 +17,18 @@ namespace {
 
 class RankRunner {
  public:
-  RankRunner(const Schedule& s, int64_t stage, int64_t tp_rank, Backend& be, Communicator& comm,
+  RankRunner(const Schedule& s, int64_t stage, Backend& be, Communicator& comm,
              const RunOptions& opt)
       : s_(s),
         p_(s.stages.at(stage)),
         stage_(stage),
-        tp_rank_(tp_rank),
+        dp_rank_(comm.dp_rank()),
+        tp_rank_(comm.tp_rank()),
         opt_(opt),
         be_(be),
         comm_(comm),
         alloc_(be, opt.enforce_budget),
-        params_(s, stage, tp_rank, be, comm) {
+        params_(s, stage, comm.tp_rank(), be, comm) {
     count_lifetimes();
     std::vector<RuntimeBuffer> buffers = be_.runtime_buffers();
     for (size_t i = 0; i < buffers.size(); ++i)
@@ -45,18 +46,14 @@ class RankRunner {
       bound_.assign(p_.tensors.size(), Tensor{});
       loss_ = 0;
       for (int32_t i = 0; i < static_cast<int32_t>(p_.instrs.size()); ++i) exec(i);
-      if (stage_ == s_.setup.pp - 1 && tp_rank_ == 0) {
-        double tokens =
-            static_cast<double>(s_.setup.seq_len * s_.setup.micro_batch * s_.setup.microbatches);
-        out_.losses.push_back(loss_ / tokens);
-      }
+      if (stage_ == s_.setup.pp - 1 && tp_rank_ == 0) out_.losses.push_back(loss_ / step_tokens());
       be_.synchronize();
       out_.memory.step_seconds.push_back(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     RankResult& r = out_.memory;
-    r.stage = stage_, r.tp_rank = tp_rank_;
-    r.global_rank = stage_ * s_.setup.dp * s_.setup.tp + tp_rank_;
+    r.stage = stage_, r.dp_rank = dp_rank_, r.tp_rank = tp_rank_;
+    r.global_rank = (stage_ * s_.setup.dp + dp_rank_) * s_.setup.tp + tp_rank_;
     r.measured_peak = alloc_.peak();
     r.measured_at_peak = alloc_.at_peak();
     r.live_at_peak = alloc_.live_at_peak();
@@ -177,12 +174,20 @@ class RankRunner {
     ctx.tp_rank = tp_rank_;
     ctx.layer = blk.layer;
     ctx.op_index = in.op;
-    ctx.mb = in.mb;
+    ctx.mb = global_mb(in.mb);
     ctx.seed = opt_.seed +
                0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step_ + 1);  // new masks each step
     ctx.token_offset = t.sp ? tp_rank_ * (t.seq_len * t.micro_batch / t.tp) : 0;
-    ctx.loss_scale = 1.0f / static_cast<float>(t.seq_len * t.micro_batch * t.microbatches);
+    ctx.loss_scale = static_cast<float>(1.0 / step_tokens());
     return ctx;
+  }
+
+  // Replica d runs micro-batches d m .. d m + m - 1 of the step's dp x m: the same tokens and
+  // dropout masks as one replica running them all.
+  int global_mb(int mb) const { return static_cast<int>(dp_rank_ * s_.setup.microbatches + mb); }
+  double step_tokens() const {
+    const TrainSpec& t = s_.setup;
+    return static_cast<double>(t.seq_len * t.micro_batch * t.microbatches * t.dp);
   }
 
   // Allocation hook of one instruction (contract points 2 and 3): the k-th output the kernel
@@ -284,7 +289,7 @@ class RankRunner {
     TensorType type{{s_.setup.seq_len * s_.setup.micro_batch}, Dtype::kI64};
     Tensor x{alloc_.allocate(type.bytes(), p_.tensor_name(id), t.category, id), type};
     std::vector<int64_t> host(static_cast<size_t>(type.elements()));
-    fill_tokens(Tensor{host.data(), type}, which, in.mb, s_.model.vocab, opt_.seed);
+    fill_tokens(Tensor{host.data(), type}, which, global_mb(in.mb), s_.model.vocab, opt_.seed);
     be_.copy_from_host(x, host.data());
     bound_[id] = x;
   }
@@ -323,7 +328,7 @@ class RankRunner {
 
   const Schedule& s_;
   const StageProgram& p_;
-  int64_t stage_, tp_rank_;
+  int64_t stage_, dp_rank_, tp_rank_;
   const RunOptions& opt_;
   Backend& be_;
   Communicator& comm_;
@@ -343,9 +348,9 @@ class RankRunner {
 
 }  // namespace
 
-RankRun run_rank(const Schedule& s, int64_t stage, int64_t tp_rank, Backend& backend,
-                 Communicator& comm, const RunOptions& options) {
-  return RankRunner(s, stage, tp_rank, backend, comm, options).run();
+RankRun run_rank(const Schedule& s, int64_t stage, Backend& backend, Communicator& comm,
+                 const RunOptions& options) {
+  return RankRunner(s, stage, backend, comm, options).run();
 }
 
 }  // namespace np::exec

@@ -1,5 +1,5 @@
 // One rank of a run: the per-rank entry point. A process (or thread) that owns one device runs
-// one (pipeline stage, TP rank) of a schedule with its own backend and communicator; run_schedule
+// one (pipeline stage, DP rank, TP rank) of a schedule with its own backend and communicator; run_schedule
 // (runner.hpp) runs every rank of a schedule as threads of one process.
 #pragma once
 #include <array>
@@ -27,7 +27,7 @@ struct RunOptions {
 };
 
 struct RankResult {
-  int64_t stage = 0, tp_rank = 0, global_rank = 0;
+  int64_t stage = 0, dp_rank = 0, tp_rank = 0, global_rank = 0;
   int64_t measured_peak = 0;
   std::array<int64_t, kCategories> measured_at_peak{};
   std::vector<LiveAllocation> live_at_peak;
@@ -48,17 +48,19 @@ struct RankResult {
 // What one rank reports besides its memory.
 struct RankRun {
   RankResult memory;
-  std::vector<double> losses;  // per step; the last stage's TP rank 0 only
+  // Per step: the summed per-token losses of this replica's micro-batches over the step's tokens
+  // (all replicas'); the last stage's TP rank 0 only. The step's loss sums them over DP ranks.
+  std::vector<double> losses;
   // First step's gradients by global weight key, global layout; NaN where other ranks hold them.
   std::map<std::string, std::vector<float>> grads;
   std::map<std::array<int, 3>, int> forward_runs;  // per (stage, block, op): forward executions
   std::map<std::string, double> profile;           // seconds by "phase op-kind" (last step)
 };
 
-// Runs `options.steps` steps of rank (stage, tp_rank). Throws OutOfBudget when the enforced
-// budget or the device refuses an allocation, RunAborted when a peer gave up, and
-// std::exception for anything else.
-RankRun run_rank(const Schedule& s, int64_t stage, int64_t tp_rank, Backend& backend,
-                 Communicator& comm, const RunOptions& options);
+// Runs `options.steps` steps of rank (stage, DP rank, TP rank) (the DP and TP ranks are the
+// communicator's). Throws OutOfBudget when the enforced budget or the device refuses an
+// allocation, RunAborted when a peer gave up, and std::exception for anything else.
+RankRun run_rank(const Schedule& s, int64_t stage, Backend& backend, Communicator& comm,
+                 const RunOptions& options);
 
 }  // namespace np::exec

@@ -15,26 +15,27 @@
 namespace np::exec {
 
 CommWorldFactory in_process_world() {
-  return [](int64_t tp, int64_t pp) { return std::make_unique<InProcessWorld>(tp, pp); };
+  return [](int64_t tp, int64_t pp, int64_t dp) {
+    return std::make_unique<InProcessWorld>(tp, pp, dp);
+  };
 }
 
 std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
   const TrainSpec& t = s.setup;
-  if (t.dp != 1 || t.ep != 1)
-    return make_error(
-        "the CPU executor runs dp = 1 and ep = 1 (its ranks are TP x PP threads); got dp " +
-        std::to_string(t.dp) + ", ep " + std::to_string(t.ep) + ": use --dp 1 --ep 1");
+  if (t.ep != 1)
+    return make_error("the executor runs ep = 1 (expert parallelism is estimated, not executed); "
+                      "got --ep " + std::to_string(t.ep) + ": use --ep 1");
   if (t.zero >= 2)
-    return make_error("the CPU executor runs ZeRO 0 or 1 (dp = 1); got --zero " +
-                      std::to_string(t.zero));
-  if (t.tp * t.pp > 64)
-    return make_error("the CPU executor runs at most 64 ranks; got tp x pp = " +
-                      std::to_string(t.tp * t.pp));
+    return make_error("the executor runs ZeRO 0 or 1 (ZeRO-2/3 are estimated, not executed); got "
+                      "--zero " + std::to_string(t.zero) + ": use --zero 0 or 1");
+  if (t.tp * t.pp * t.dp > 64)
+    return make_error("the executor runs at most 64 ranks; got tp x pp x dp = " +
+                      std::to_string(t.tp * t.pp * t.dp));
   if (!host_memory) return std::nullopt;
   // Host memory: every rank's predicted peak must fit in what this machine has free.
   double need = 0;
   for (const StageProgram& p : s.stages)
-    need += static_cast<double>(simulate(p).peak_bytes) * static_cast<double>(t.tp);
+    need += static_cast<double>(simulate(p).peak_bytes) * static_cast<double>(t.tp * t.dp);
   double avail =
       static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   if (avail > 0 && need > 0.8 * avail)
@@ -48,51 +49,61 @@ Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend,
                                const RunOptions& options, const CommWorldFactory& world_factory) {
   if (auto e = check_runnable(s, !options.device_memory)) return *e;
   const TrainSpec& t = s.setup;
-  std::unique_ptr<CommWorld> world = world_factory(t.tp, t.pp);
+  std::unique_ptr<CommWorld> world = world_factory(t.tp, t.pp, t.dp);
   std::mutex mu;
   RunResult result;
   std::optional<Error> error;
   {
     std::vector<std::jthread> threads;
     for (int64_t stage = 0; stage < t.pp; ++stage)
-      for (int64_t r = 0; r < t.tp; ++r)
-        threads.emplace_back([&, stage, r] {
-          int64_t global = stage * t.dp * t.tp + r;
-          try {
-            std::unique_ptr<Backend> be = backend();
-            RankRun run = run_rank(s, stage, r, *be, world->comm(stage, r), options);
-            std::lock_guard lock(mu);
-            merge_rank(result, std::move(run));
-          } catch (const OutOfBudget& e) {
-            {
+      for (int64_t d = 0; d < t.dp; ++d)
+        for (int64_t r = 0; r < t.tp; ++r)
+          threads.emplace_back([&, stage, d, r] {
+            int64_t global = (stage * t.dp + d) * t.tp + r;
+            try {
+              std::unique_ptr<Backend> be = backend();
+              RankRun run = run_rank(s, stage, *be, world->comm(stage, d, r), options);
               std::lock_guard lock(mu);
-              if (!result.out_of_memory) result.out_of_memory = e, result.oom_rank = global;
+              merge_rank(result, std::move(run));
+            } catch (const OutOfBudget& e) {
+              {
+                std::lock_guard lock(mu);
+                if (!result.out_of_memory) result.out_of_memory = e, result.oom_rank = global;
+              }
+              world->abort(stage, d, r);
+            } catch (const RunAborted&) {
+              world->abort(stage, d, r);
+            } catch (const std::exception& e) {
+              {
+                std::lock_guard lock(mu);
+                if (!error)
+                  error = make_error("run failed on rank " + std::to_string(global) +
+                                     " (pp stage " + std::to_string(stage) + "): " + e.what());
+              }
+              world->abort(stage, d, r);
             }
-            world->abort(stage);
-          } catch (const RunAborted&) {
-            world->abort(stage);
-          } catch (const std::exception& e) {
-            {
-              std::lock_guard lock(mu);
-              if (!error)
-                error = make_error("run failed on rank " + std::to_string(global) +
-                                   " (pp stage " + std::to_string(stage) + "): " + e.what());
-            }
-            world->abort(stage);
-          }
-        });
+          });
   }
   if (error) return *error;
-  result.ranks_per_device = t.tp * t.pp;
-  std::sort(result.ranks.begin(), result.ranks.end(),
-            [](const RankResult& a, const RankResult& b) { return a.global_rank < b.global_rank; });
+  result.ranks_per_device = t.tp * t.pp * t.dp;
+  finish_merge(result);
   return result;
 }
 
+void finish_merge(RunResult& result) {
+  std::sort(result.ranks.begin(), result.ranks.end(),
+            [](const RankResult& a, const RankResult& b) { return a.global_rank < b.global_rank; });
+  result.losses.clear();
+  for (const auto& [dp_rank, part] : result.loss_parts) {  // DP order
+    result.losses.resize(std::max(result.losses.size(), part.size()), 0.0);
+    for (size_t i = 0; i < part.size(); ++i) result.losses[i] += part[i];
+  }
+}
+
 void merge_rank(RunResult& result, RankRun&& run) {
-  bool first_of_group = run.memory.tp_rank == 0;
+  bool first_of_group = run.memory.tp_rank == 0 && run.memory.dp_rank == 0;
+  if (!run.losses.empty()) result.loss_parts[run.memory.dp_rank] = std::move(run.losses);
   result.ranks.push_back(std::move(run.memory));
-  if (!run.losses.empty()) result.losses = std::move(run.losses);
   for (auto& [key, g] : run.grads) {
     std::vector<float>& into = result.grads[key];
     if (into.empty()) into = g;

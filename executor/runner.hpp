@@ -20,6 +20,8 @@ namespace np::exec {
 
 struct RunResult {
   std::vector<double> losses;  // per step: mean per-token loss over the step's micro-batches
+  // Each replica's part of the losses, by DP rank (summed in DP order by finish_merge).
+  std::map<int64_t, std::vector<double>> loss_parts;
   std::vector<RankResult> ranks;  // by global rank
   // First step's gradients by global weight key, in the global (unsharded) layout.
   std::map<std::string, std::vector<float>> grads;
@@ -44,10 +46,11 @@ CommWorldFactory in_process_world();
 // the ranks' memory is this host's (the CPU executor), which must hold every rank's peak.
 std::optional<Error> check_runnable(const Schedule& s, bool host_memory = true);
 
-// Adds one rank's report to a run's: its memory, the loss (the last stage's TP rank 0), the
-// gradients it holds (NaN elsewhere), forward counts (TP rank 0's), profile times (summed). Ranks
-// end sorted by the caller.
+// Adds one rank's report to a run's: its memory, its replica's part of the loss (the last stage's
+// TP rank 0), the gradients it holds (NaN elsewhere), forward counts (TP rank 0's of DP rank 0),
+// profile times (summed). finish_merge then sorts the ranks and sums the losses.
 void merge_rank(RunResult& result, RankRun&& run);
+void finish_merge(RunResult& result);
 
 // Runs `options.steps` training steps. Errors other than running out of the enforced budget (which
 // is reported in RunResult::out_of_memory) come back as an Error.

@@ -1,9 +1,10 @@
 // Scenario files: parsing, the setup matrix, validation of every combination.
 #include "planner/scenario.hpp"
 
-#include <cmath>
-
 #include <toml++/toml.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include "planner/catalog.hpp"
 #include "planner/read_file.hpp"
@@ -14,11 +15,13 @@ namespace {
 
 Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   TomlReader r(t, path, "setup.");
-  r.only({"tp", "pp", "seq_len", "micro_batch", "microbatches", "sp", "tp_recompute_allgather",
-          "pp_schedule", "virtual_stages", "attention", "recompute", "optimizer",
-          "grad_accum_dtype"});
+  r.only({"tp", "pp", "dp", "zero", "seq_len", "micro_batch", "microbatches", "sp",
+          "tp_recompute_allgather", "pp_schedule", "virtual_stages", "attention", "recompute",
+          "optimizer", "grad_accum_dtype"});
   TrainSpec s;
   s.tp = r.integer_in("tp", 1, 4096, s.tp), s.pp = r.integer_in("pp", 1, 4096, s.pp);
+  s.dp = r.integer_in("dp", 1, 1 << 20, s.dp);
+  s.zero = static_cast<int>(r.integer_in("zero", 0, 3, s.zero));
   s.seq_len = r.integer_in("seq_len", 1, int64_t{1} << 24, s.seq_len);
   s.micro_batch = r.integer_in("micro_batch", 1, int64_t{1} << 24, s.micro_batch);
   s.microbatches = r.integer_in("microbatches", 1, 65536, s.microbatches);
@@ -26,8 +29,8 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   s.tp_recompute_allgather = r.boolean("tp_recompute_allgather", true);
   s.pp_schedule = r.choice("pp_schedule", PpSchedule::kAfab);
   // The interleaved schedule's chunks per stage (a matrix's interleaved rows take it; default 2).
-  s.virtual_stages = r.integer_in("virtual_stages", 1, 4096,
-                                  s.pp_schedule == PpSchedule::kInterleaved ? 2 : 1);
+  s.virtual_stages =
+      r.integer_in("virtual_stages", 1, 4096, s.pp_schedule == PpSchedule::kInterleaved ? 2 : 1);
   s.attention = r.choice("attention", AttentionImpl::kFlash);
   s.recompute = r.choice("recompute", Recompute::kNone);
   s.optimizer = r.choice("optimizer", Optimizer::kAdamW);
@@ -53,10 +56,15 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
                                       std::vector<std::string>& skipped) {
   static const toml::table empty;
   TomlReader r(m ? *m : empty, sc.path, "matrix.");
-  r.only({"tp", "pp", "sp", "pp_schedule", "recompute", "attention", "tp_recompute_allgather"});
-  std::vector<int64_t> tps = r.list<int64_t>("tp", sc.base.tp), pps = r.list<int64_t>("pp", sc.base.pp);
+  r.only({"tp", "pp", "dp", "zero", "sp", "pp_schedule", "recompute", "attention",
+          "tp_recompute_allgather"});
+  std::vector<int64_t> tps = r.list<int64_t>("tp", sc.base.tp),
+                       pps = r.list<int64_t>("pp", sc.base.pp);
+  std::vector<int64_t> dps = r.list<int64_t>("dp", sc.base.dp),
+                       zeros = r.list<int64_t>("zero", sc.base.zero);
   std::vector<bool> sps = r.list<bool>("sp", sc.base.sp),
-                    regathers = r.list<bool>("tp_recompute_allgather", sc.base.tp_recompute_allgather);
+                    regathers =
+                        r.list<bool>("tp_recompute_allgather", sc.base.tp_recompute_allgather);
   if (auto e = r.error()) return *e;
   auto scheds = enums(r, "pp_schedule", sc.base.pp_schedule);
   if (!scheds) return scheds.error();
@@ -64,44 +72,50 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   if (!recs) return recs.error();
   auto atts = enums(r, "attention", sc.base.attention);
   if (!atts) return atts.error();
-  size_t combinations = tps.size() * pps.size() * sps.size() * regathers.size() * scheds->size() *
-                        recs->size() * atts->size();
+  size_t combinations = tps.size() * pps.size() * dps.size() * zeros.size() * sps.size() *
+                        regathers.size() * scheds->size() * recs->size() * atts->size();
   if (combinations > 4096)
     return make_error(sc.path + ": [matrix] spans " + std::to_string(combinations) +
                       " combinations (valid: at most 4,096)");
   std::vector<TrainSpec> out;
   for (int64_t tp : tps)
     for (int64_t pp : pps)
-      for (bool sp : sps)
-        for (PpSchedule sched : *scheds)
-          for (Recompute rec : *recs)
-            for (AttentionImpl att : *atts)
-              for (bool rg : regathers) {
-                if (!sp && !rg) continue;  // without SP there is no all-gather to keep: a duplicate
-                TrainSpec t = sc.base;
-                t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
-                t.pp_schedule = sched, t.recompute = rec, t.attention = att;
-                // setup.virtual_stages (default 2) is the interleaved rows' chunk count
-                t.virtual_stages =
-                    sched != PpSchedule::kInterleaved ? 1 : std::max<int64_t>(2, sc.base.virtual_stages);
-                if (auto e = validate_setup(sc.model, t)) {
-                  skipped.push_back(describe_short(t) + ": " + e->message);
-                  continue;
-                }
-                out.push_back(t);
-              }
+      for (int64_t dp : dps)
+        for (int64_t zero : zeros)
+          for (bool sp : sps)
+            for (PpSchedule sched : *scheds)
+              for (Recompute rec : *recs)
+                for (AttentionImpl att : *atts)
+                  for (bool rg : regathers) {
+                    if (!sp && !rg)
+                      continue;  // without SP there is no all-gather to keep: a duplicate
+                    TrainSpec t = sc.base;
+                    t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
+                    t.dp = dp, t.zero = static_cast<int>(std::clamp<int64_t>(zero, -1, 4));
+                    t.pp_schedule = sched, t.recompute = rec, t.attention = att;
+                    // setup.virtual_stages (default 2) is the interleaved rows' chunk count
+                    t.virtual_stages = sched != PpSchedule::kInterleaved
+                                           ? 1
+                                           : std::max<int64_t>(2, sc.base.virtual_stages);
+                    if (auto e = validate_setup(sc.model, t)) {
+                      skipped.push_back(describe_short(t) + ": " + e->message);
+                      continue;
+                    }
+                    out.push_back(t);
+                  }
   return out;
 }
 
 }  // namespace
 
 std::string describe_short(const TrainSpec& t) {
-  return "tp " + std::to_string(t.tp) + " pp " + std::to_string(t.pp) + " sp " +
-         (t.sp ? "on" : "off") + " " + name_of(t.pp_schedule) +
-         (t.pp_schedule == PpSchedule::kInterleaved ? " x" + std::to_string(t.virtual_stages) : "") +
-         " recompute " +
-         name_of(t.recompute) + (t.sp && !t.tp_recompute_allgather ? " keep-gathered" : "") + " " +
-         name_of(t.attention);
+  return "tp " + std::to_string(t.tp) + " pp " + std::to_string(t.pp) +
+         (t.dp > 1 ? " dp " + std::to_string(t.dp) + " zero " + std::to_string(t.zero) : "") +
+         " sp " + (t.sp ? "on" : "off") + " " + name_of(t.pp_schedule) +
+         (t.pp_schedule == PpSchedule::kInterleaved ? " x" + std::to_string(t.virtual_stages)
+                                                    : "") +
+         " recompute " + name_of(t.recompute) +
+         (t.sp && !t.tp_recompute_allgather ? " keep-gathered" : "") + " " + name_of(t.attention);
 }
 
 Result<Scenario> load_scenario(const std::string& path, const std::vector<ModelSpec>& models) {
@@ -135,8 +149,8 @@ Result<Scenario> scenario_from_text(const std::string& text, const std::string& 
     if (!m) return m.error();
     sc.model = *m;
   } else if (n) {
-    return make_error(r.where("model") + ": model: expected a catalog name or a [model] table, got " +
-                      shown(*n));
+    return make_error(r.where("model") +
+                      ": model: expected a catalog name or a [model] table, got " + shown(*n));
   } else {
     return make_error(path + ": missing 'model' (a catalog name, or an inline [model] table)");
   }
@@ -155,7 +169,8 @@ Result<Scenario> scenario_from_text(const std::string& text, const std::string& 
     if (expect->get("first_loss_rel_ln_vocab") && !(rel > 0 && rel <= 1))
       return make_error(e.where("first_loss_rel_ln_vocab") +
                         ": expect.first_loss_rel_ln_vocab: expected a fraction in (0, 1] (omit the "
-                        "key to skip the check), got " + shown(*expect->get("first_loss_rel_ln_vocab")));
+                        "key to skip the check), got " +
+                        shown(*expect->get("first_loss_rel_ln_vocab")));
   }
   auto m = expand(sc, matrix, sc.skipped);
   if (!m) return m.error();

@@ -3,6 +3,8 @@
 // enforced budget stops a run with the tensor named.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -26,12 +28,12 @@ TEST(InProcessComm, PairExchangeDoesNotTakeAPipelineMessage) {
   std::vector<float> a{1, 2, 3}, b{10, 20, 30}, pipe{7, 8, 9}, got(3, 0);
   TensorType t{{3}, Dtype::kFp32};
   std::thread stage0([&] {
-    Communicator& c = world.comm(0, 0);
+    Communicator& c = world.comm(0, 0, 0);
     c.send(Tensor{pipe.data(), t}, 1, 0);  // not yet received by stage 1
     c.all_reduce_with(Tensor{a.data(), t}, 1);
   });
   std::thread stage1([&] {
-    Communicator& c = world.comm(1, 0);
+    Communicator& c = world.comm(1, 0, 0);
     c.all_reduce_with(Tensor{b.data(), t}, 0);
     c.recv(Tensor{got.data(), t}, 0, 0);
   });
@@ -101,32 +103,62 @@ void expect_sharding_invariant(const std::string& name) {
   Scenario sc = scenario(name);
   RunResult ref = run(sc.model, with(sc.base, 1, 1, Recompute::kNone, false));
   float worst_ratio = 0;
-  // v > 1: the interleaved schedule with v chunks per stage.
+  // v > 1: the interleaved schedule with v chunks per stage; dp > 1: replicas each running
+  // m / dp of the reference's m micro-batches (the same tokens), ZeRO stage `zero`.
   struct Shape {
-    int tp, pp, v;
+    int tp, pp, v, dp = 1, zero = 0;
   };
-  for (auto [tp, pp, v] : {Shape{2, 1, 1}, {4, 1, 1}, {1, 2, 1}, {1, 4, 1}, {2, 2, 1}, {4, 4, 1},
-                           {1, 2, 2}, {2, 2, 2}}) {
-    if (pp * v > sc.model.layers) continue;
+  for (auto [tp, pp, v, dp, zero] :
+       {Shape{2, 1, 1}, {4, 1, 1}, {1, 2, 1}, {1, 4, 1}, {2, 2, 1}, {4, 4, 1}, {1, 2, 2}, {2, 2, 2},
+        {1, 1, 1, 2, 0}, {1, 1, 1, 2, 1}, {2, 2, 1, 2, 1}, {1, 2, 2, 2, 1}}) {
+    if (pp * v > sc.model.layers || sc.base.microbatches % dp != 0) continue;
     TrainSpec t = with(sc.base, tp, pp, Recompute::kNone, tp > 1);
     if (v > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = v;
+    t.dp = dp, t.zero = zero, t.microbatches = sc.base.microbatches / dp;
     if (auto e = validate_setup(sc.model, t)) FAIL() << e->message;
     RunResult r = run(sc.model, t);
     EXPECT_NEAR(r.losses[0], ref.losses[0], 2e-3 * ref.losses[0])
-        << name << " tp " << tp << " pp " << pp << " v " << v;
+        << name << " tp " << tp << " pp " << pp << " v " << v << " dp " << dp;
     for (const auto& [key, g] : ref.grads) {
       const std::vector<float>& h = r.grads.at(key);
       ASSERT_EQ(h.size(), g.size()) << key;
       float scale = 0, worst = 0;
+      EXPECT_EQ(std::count_if(h.begin(), h.end(), [](float x) { return std::isnan(x); }), 0)
+          << key << ": an element no rank reported";
       for (size_t i = 0; i < g.size(); ++i) scale = std::max(scale, std::abs(g[i]));
       for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(h[i] - g[i]));
-      EXPECT_LE(worst, 5e-2f * scale + 1e-9f) << name << " " << key << " tp " << tp << " pp " << pp;
+      EXPECT_LE(worst, 5e-2f * scale + 1e-9f)
+          << name << " " << key << " tp " << tp << " pp " << pp << " dp " << dp;
       EXPECT_GT(scale, 0) << key << ": a gradient that is all zeros tests nothing";
       worst_ratio = std::max(worst_ratio, worst / scale);
     }
   }
   std::cout << "[ info ] " << name << ": worst gradient difference " << worst_ratio
             << " of the tensor's largest element\n";
+}
+
+// ZeRO-1 sums the gradients as ZeRO-0 does (a reduce-scatter and an all-gather over the same
+// blocks) and updates each element once, on its owner: three steps' losses and the first step's
+// gradients bitwise equal, at dp 2 and at dp 4 (whose last shard is padded), with TP and PP.
+TEST(Zero, OneIsBitwiseZero) {
+  Scenario sc = scenario("tiny-llama");
+  for (auto [tp, pp, dp] : {std::tuple{1, 1, 2}, {1, 1, 4}, {2, 2, 2}}) {
+    TrainSpec t = with(sc.base, tp, pp, Recompute::kNone, tp > 1);
+    t.dp = dp, t.microbatches = sc.base.microbatches / dp, t.pp_schedule = PpSchedule::k1F1B;
+    RunResult zero0 = run(sc.model, t, 3);
+    t.zero = 1;
+    ASSERT_FALSE(validate_setup(sc.model, t));
+    RunResult zero1 = run(sc.model, t, 3);
+    ASSERT_EQ(zero0.losses.size(), 3u);
+    EXPECT_EQ(std::memcmp(zero0.losses.data(), zero1.losses.data(), 3 * sizeof(double)), 0)
+        << "tp " << tp << " pp " << pp << " dp " << dp;
+    for (const auto& [key, g] : zero0.grads)
+      EXPECT_EQ(std::memcmp(g.data(), zero1.grads.at(key).data(), g.size() * sizeof(float)), 0)
+          << key;
+    // ZeRO-1 holds a 1 / dp share of the optimizer states, rounded up.
+    EXPECT_LT(zero1.ranks[0].measured_at_peak[static_cast<int>(Category::kOptimizer)],
+              zero0.ranks[0].measured_at_peak[static_cast<int>(Category::kOptimizer)] / dp + 64);
+  }
 }
 
 TEST(Sharding, ChangesNothingBeyondRoundingLlama) {

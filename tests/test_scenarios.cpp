@@ -22,6 +22,11 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
                           testing::catalog());
   ASSERT_TRUE(sc.ok()) << sc.error().message;
   ASSERT_GE(sc->matrix.size(), 8u);
+  if (GetParam() == "tiny-llama-dp")
+    for (int zero : {0, 1})
+      EXPECT_TRUE(std::any_of(sc->matrix.begin(), sc->matrix.end(), [&](const TrainSpec& t) {
+        return t.dp == 4 && t.zero == zero && t.tp == 2 && t.pp == 2;
+      }));
   if (GetParam() == "tiny-llama" || GetParam() == "tiny-gpt")  // 4 layers: pp 2 x 2 chunks
     EXPECT_TRUE(std::any_of(sc->matrix.begin(), sc->matrix.end(), [](const TrainSpec& t) {
       return t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages == 2;
@@ -35,7 +40,7 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
         s, [] { return make_cpu_backend(); }, o);
     ASSERT_TRUE(r.ok()) << r.error().message;
     RunComparison c = compare(s, *r, describe_short(t));
-    ASSERT_EQ(c.ranks.size(), static_cast<size_t>(t.tp * t.pp));
+    ASSERT_EQ(c.ranks.size(), static_cast<size_t>(t.tp * t.pp * t.dp));
     if (sc->expect.predicted_equals_measured) {
       EXPECT_TRUE(c.all_equal) << comparison_table(c);
       for (const RankComparison& rc : c.ranks)
@@ -52,7 +57,8 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Scenarios,
-                         ::testing::Values("tiny-llama", "tiny-qwen", "tiny-moe", "tiny-gpt"),
+                         ::testing::Values("tiny-llama", "tiny-qwen", "tiny-moe", "tiny-gpt",
+                                           "tiny-llama-dp"),
                          testing::ParamName());
 
 }  // namespace

@@ -93,16 +93,18 @@ template <typename T>
 CLI::Option* add_int(CLI::App* app, const std::string& name, T& target, const std::string& desc,
                      int64_t lo = -kNoBound - 1, int64_t hi = kNoBound) {
   auto set = [&target, name, lo, hi](const std::string& v) {
-    std::string valid = lo == 1 && hi == kNoBound ? "a positive whole number"
+    std::string valid = lo == 1 && hi == kNoBound   ? "a positive whole number"
                         : lo == 0 && hi == kNoBound ? "a whole number >= 0"
                         : lo <= -kNoBound           ? "a whole number"
-                                         : np::format_int(lo) + " to " + np::format_int(hi);
+                                          : np::format_int(lo) + " to " + np::format_int(hi);
     if (lo >= 0 && hi < kNoBound && hi - lo >= 1 && hi - lo <= 4) {  // a few values: list them
       valid.clear();
       for (int64_t k = lo; k <= hi; ++k) valid += (k > lo ? ", " : "") + std::to_string(k);
     }
     np::Result<int64_t> r = np::parse_integer(v);
-    if (!r) die("invalid " + name + " " + np::quote_input(v) + ": " + r.error().message + " (valid: " + valid + ")");
+    if (!r)
+      die("invalid " + name + " " + np::quote_input(v) + ": " + r.error().message +
+          " (valid: " + valid + ")");
     if (*r < lo || *r > hi) die("invalid " + name + " " + v + " (valid: " + valid + ")");
     target = static_cast<T>(*r);
   };
@@ -198,7 +200,8 @@ np::TrainSpec make_setup(const Flags& f) {
     die("invalid --sp " + np::quote_input(f.sp) + " (valid: on, off, auto)");
   t.sp = f.sp == "auto" ? f.tp > 1 : f.sp == "on";
   t.pp_schedule = check(np::parse_enum<np::PpSchedule>("--pp-schedule", f.pp_schedule));
-  t.virtual_stages = f.virtual_stages.value_or(t.pp_schedule == np::PpSchedule::kInterleaved ? 2 : 1);
+  t.virtual_stages =
+      f.virtual_stages.value_or(t.pp_schedule == np::PpSchedule::kInterleaved ? 2 : 1);
   t.attention = check(np::parse_enum<np::AttentionImpl>("--attention", f.attention));
   t.grad_dtype = check(np::parse_enum<np::Dtype>("--grad-accum-dtype", f.grad_dtype));
   t.optimizer = check(np::parse_enum<np::Optimizer>("--optimizer", f.optimizer));
@@ -359,9 +362,9 @@ int run_gpus(const Flags& f) {
   return 0;
 }
 
-constexpr int kExitCheckFailed = 1;   // predicted != measured, or a scenario check failed
-constexpr int kExitOutOfMemory = 3;   // --enforce-budget stopped a rank
-constexpr int kExitRunFailed = 4;     // the executor itself failed (a bug, or host memory)
+constexpr int kExitCheckFailed = 1;  // predicted != measured, or a scenario check failed
+constexpr int kExitOutOfMemory = 3;  // --enforce-budget stopped a rank
+constexpr int kExitRunFailed = 4;    // the executor itself failed (a bug, or host memory)
 
 // What runs a plan: the backend of every rank, the world connecting them (ranks as threads), and
 // the transfer between the backend's memory and the host (ranks as processes).
@@ -445,8 +448,10 @@ int run_one_mpi(const np::Schedule& s, const Flags& f, const std::string& title)
   int code = 0;
   if (r->has_value())
     code = print_comparison(
-        compare_run(s, **r, title + " (" + std::to_string(s.setup.tp * s.setup.pp) + " MPI processes)",
-                    f, ex),
+        compare_run(
+            s, **r,
+            title + " (" + std::to_string(s.setup.tp * s.setup.pp * s.setup.dp) + " MPI processes)",
+            f, ex),
         f);
   return np::exec::mpi::broadcast_exit_code(code);
 }

@@ -1,5 +1,5 @@
-// The communicator interface of one rank: collectives over its TP group and point-to-point
-// transfers to its pipeline neighbours. Implementations: in-process threads (comm/inproc.hpp);
+// The communicator interface of one rank: collectives over its TP group and its data-parallel
+// group, and point-to-point transfers to its pipeline neighbours. Implementations: in-process threads (comm/inproc.hpp);
 // NCCL later. Collectives are deterministic: reductions sum in rank order, in fp32, and every rank
 // gets bitwise the same result. None of them allocates device memory: they write into the tensors
 // they are given (staging of their own, like NCCL's buffers, is on the estimate's NCCL line).
@@ -35,6 +35,26 @@ class Communicator {
   // t = t + the same tensor of the rank with this TP index on pipeline stage `peer`; both ranks
   // call it and get bitwise the same sum (tied embeddings: the first and the last stage).
   virtual void all_reduce_with(const Tensor& t, int64_t peer) = 0;
+
+  // The data-parallel group: the ranks of this pipeline stage and TP index, one per replica.
+  // Element i of t stands at index first + i of a flat buffer split over the group in blocks of
+  // `shard` elements, block q owned by DP rank q (ZeRO's partition of the gradient buffer).
+  virtual int64_t dp_rank() const = 0;
+  virtual int64_t dp_size() const = 0;
+  // The elements this rank owns become their sum over the group (fp32, in rank order); the
+  // others keep their values (a reduce-scatter in place).
+  virtual void dp_reduce_scatter(const Tensor& t, int64_t first, int64_t shard) = 0;
+  // Every rank's owned elements are copied to the same elements of every other rank (an
+  // all-gather in place).
+  virtual void dp_all_gather(const Tensor& t, int64_t first, int64_t shard) = 0;
+  // t = its sum over the group: the reduce-scatter and the all-gather over blocks of
+  // ceil(n / dp) elements, so ZeRO-0 and ZeRO-1 sum bitwise alike.
+  void dp_all_reduce(const Tensor& t) {
+    if (dp_size() == 1) return;
+    int64_t shard = (t.numel() + dp_size() - 1) / dp_size();
+    dp_reduce_scatter(t, 0, shard);
+    dp_all_gather(t, 0, shard);
+  }
   // Device memory the communicator took as it started, measured (NCCL's buffers): name, bytes.
   virtual std::vector<std::pair<std::string, int64_t>> measured_overheads() const { return {}; }
 };
@@ -44,16 +64,17 @@ struct RunAborted : std::runtime_error {
   RunAborted() : std::runtime_error("run aborted by another rank") {}
 };
 
-// The communicators of one run, one per (pipeline stage, TP rank).
+// The communicators of one run, one per (pipeline stage, DP rank, TP rank).
 class CommWorld {
  public:
   virtual ~CommWorld() = default;
-  virtual Communicator& comm(int64_t stage, int64_t tp_rank) = 0;
-  // Called by a failing rank of `stage`: releases its peers from any collective or receive; their
-  // calls then throw RunAborted.
-  virtual void abort(int64_t stage) = 0;
+  virtual Communicator& comm(int64_t stage, int64_t dp_rank, int64_t tp_rank) = 0;
+  // Called by a failing rank: releases its peers from any collective or receive; their calls
+  // then throw RunAborted.
+  virtual void abort(int64_t stage, int64_t dp_rank, int64_t tp_rank) = 0;
 };
 
-using CommWorldFactory = std::function<std::unique_ptr<CommWorld>(int64_t tp, int64_t pp)>;
+using CommWorldFactory =
+    std::function<std::unique_ptr<CommWorld>(int64_t tp, int64_t pp, int64_t dp)>;
 
 }  // namespace np::exec

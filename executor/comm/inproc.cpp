@@ -3,6 +3,7 @@
 // on every rank); nothing is allocated except the p2p message copies.
 #include "executor/comm/inproc.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -10,10 +11,34 @@ namespace np::exec {
 
 class InProcessComm final : public Communicator {
  public:
-  InProcessComm(InProcessWorld& w, int64_t stage, int64_t rank)
-      : w_(w), stage_(stage), rank_(rank) {}
+  InProcessComm(InProcessWorld& w, int64_t stage, int64_t dp_rank, int64_t rank)
+      : w_(w), stage_(stage), dp_rank_(dp_rank), rank_(rank) {}
   int64_t tp_rank() const override { return rank_; }
   int64_t tp_size() const override { return w_.tp_; }
+  int64_t dp_rank() const override { return dp_rank_; }
+  int64_t dp_size() const override { return w_.dp_; }
+
+  void dp_reduce_scatter(const Tensor& t, int64_t first, int64_t shard) override {
+    if (w_.dp_ == 1) return;
+    publish_dp(t.data);
+    auto [lo, hi] = owned(t, first, shard, dp_rank_);
+    if (hi > lo) w_.transfer_->sum(t, lo, dp_group().slots, lo, hi - lo);
+    wait_dp();
+  }
+
+  void dp_all_gather(const Tensor& t, int64_t first, int64_t shard) override {
+    if (w_.dp_ == 1) return;
+    publish_dp(t.data);
+    int64_t elem = dtype_bytes(t.type.dtype);
+    for (int64_t q = 0; q < w_.dp_; ++q) {
+      auto [lo, hi] = owned(t, first, shard, q);
+      if (q == dp_rank_ || hi <= lo) continue;
+      w_.transfer_->copy(t.as<unsigned char>() + lo * elem,
+                         static_cast<const unsigned char*>(dp_group().slots[q]) + lo * elem,
+                         (hi - lo) * elem);
+    }
+    wait_dp();
+  }
 
   void all_gather(const Tensor& in, const Tensor& out) override {
     check(out.bytes() == in.bytes() * w_.tp_, "all_gather: output must be tp x the input");
@@ -73,7 +98,23 @@ class InProcessComm final : public Communicator {
   }
 
  private:
-  InProcessWorld::Group& group() { return *w_.groups_[stage_]; }
+  InProcessWorld::Group& group() { return *w_.groups_[stage_ * w_.dp_ + dp_rank_]; }
+  InProcessWorld::Group& dp_group() { return *w_.dp_groups_[stage_ * w_.tp_ + rank_]; }
+  // The local element range [lo, hi) of t that DP rank q owns.
+  static std::pair<int64_t, int64_t> owned(const Tensor& t, int64_t first, int64_t shard,
+                                           int64_t q) {
+    int64_t lo = std::clamp(q * shard - first, int64_t{0}, t.numel());
+    int64_t hi = std::clamp((q + 1) * shard - first, int64_t{0}, t.numel());
+    return {lo, hi};
+  }
+  void publish_dp(const void* p) {
+    dp_group().slots[dp_rank_] = p;
+    wait_dp();
+  }
+  void wait_dp() {
+    dp_group().sync.arrive_and_wait();
+    if (w_.aborted_) throw RunAborted();
+  }
   std::vector<unsigned char> to_host(const Tensor& t) {
     std::vector<unsigned char> h(static_cast<size_t>(t.bytes()));
     w_.transfer_->copy(h.data(), t.data, t.bytes());
@@ -81,7 +122,7 @@ class InProcessComm final : public Communicator {
   }
   static constexpr int64_t kPairChannel = 0, kPipelineChannel = 1;  // pipeline: 1 + tag
   void post(std::vector<unsigned char> msg, int64_t to, int64_t channel) {
-    auto& box = w_.mailbox(stage_, to, rank_, channel);
+    auto& box = w_.mailbox(stage_, to, dp_rank_ * w_.tp_ + rank_, channel);
     {
       std::lock_guard lock(box.mu);
       box.messages.push_back(std::move(msg));
@@ -89,7 +130,7 @@ class InProcessComm final : public Communicator {
     box.cv.notify_all();
   }
   std::vector<unsigned char> take(int64_t from, int64_t channel) {
-    auto& box = w_.mailbox(from, stage_, rank_, channel);
+    auto& box = w_.mailbox(from, stage_, dp_rank_ * w_.tp_ + rank_, channel);
     std::unique_lock lock(box.mu);
     box.cv.wait(lock, [&] { return !box.messages.empty() || w_.aborted_; });
     if (box.messages.empty()) throw RunAborted();
@@ -110,7 +151,7 @@ class InProcessComm final : public Communicator {
   }
 
   InProcessWorld& w_;
-  int64_t stage_, rank_;
+  int64_t stage_, dp_rank_, rank_;
 };
 
 namespace {
@@ -138,21 +179,27 @@ void add_elements(const Tensor& into, const Tensor& other) {
   for (int64_t i = 0; i < into.numel(); ++i) store(into, i, load(into, i) + load(other, i));
 }
 
-InProcessWorld::InProcessWorld(int64_t tp, int64_t pp, std::shared_ptr<Transfer> transfer)
-    : tp_(tp), pp_(pp), transfer_(std::move(transfer)) {
+InProcessWorld::InProcessWorld(int64_t tp, int64_t pp, int64_t dp,
+                               std::shared_ptr<Transfer> transfer)
+    : tp_(tp), pp_(pp), dp_(dp), transfer_(std::move(transfer)) {
   for (int64_t s = 0; s < pp; ++s) {
-    groups_.push_back(std::make_unique<Group>(tp));
-    for (int64_t r = 0; r < tp; ++r) comms_.push_back(std::make_unique<InProcessComm>(*this, s, r));
+    for (int64_t d = 0; d < dp; ++d) {
+      groups_.push_back(std::make_unique<Group>(tp));
+      for (int64_t r = 0; r < tp; ++r)
+        comms_.push_back(std::make_unique<InProcessComm>(*this, s, d, r));
+    }
+    for (int64_t r = 0; r < tp; ++r) dp_groups_.push_back(std::make_unique<Group>(dp));
   }
 }
 
-Communicator& InProcessWorld::comm(int64_t stage, int64_t tp_rank) {
-  return *comms_.at(stage * tp_ + tp_rank);
+Communicator& InProcessWorld::comm(int64_t stage, int64_t dp_rank, int64_t tp_rank) {
+  return *comms_.at((stage * dp_ + dp_rank) * tp_ + tp_rank);
 }
 
-void InProcessWorld::abort(int64_t stage) {
+void InProcessWorld::abort(int64_t stage, int64_t dp_rank, int64_t tp_rank) {
   aborted_ = true;
-  groups_.at(stage)->sync.arrive_and_drop();
+  groups_.at(stage * dp_ + dp_rank)->sync.arrive_and_drop();
+  dp_groups_.at(stage * tp_ + tp_rank)->sync.arrive_and_drop();
   std::lock_guard lock(boxes_mu_);
   for (auto& [key, box] : boxes_) {
     std::lock_guard box_lock(box->mu);
@@ -160,10 +207,10 @@ void InProcessWorld::abort(int64_t stage) {
   }
 }
 
-InProcessWorld::Mailbox& InProcessWorld::mailbox(int64_t from, int64_t to, int64_t tp_rank,
+InProcessWorld::Mailbox& InProcessWorld::mailbox(int64_t from, int64_t to, int64_t rank,
                                                  int64_t channel) {
   std::lock_guard lock(boxes_mu_);
-  auto& box = boxes_[{from, to, tp_rank, channel}];
+  auto& box = boxes_[{from, to, rank, channel}];
   if (!box) box = std::make_unique<Mailbox>();
   return *box;
 }

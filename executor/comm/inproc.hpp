@@ -37,11 +37,12 @@ void add_elements(const Tensor& into, const Tensor& other);
 
 class InProcessWorld final : public CommWorld {
  public:
-  InProcessWorld(int64_t tp, int64_t pp, std::shared_ptr<Transfer> transfer = host_transfer());
-  // The communicator of (stage, tp_rank); owned by the world.
-  Communicator& comm(int64_t stage, int64_t tp_rank) override;
-  // Releases the TP peers of `stage` from any rendezvous and wakes every receiver.
-  void abort(int64_t stage) override;
+  InProcessWorld(int64_t tp, int64_t pp, int64_t dp = 1,
+                 std::shared_ptr<Transfer> transfer = host_transfer());
+  // The communicator of (stage, dp_rank, tp_rank); owned by the world.
+  Communicator& comm(int64_t stage, int64_t dp_rank, int64_t tp_rank) override;
+  // Releases the rank's TP and DP peers from any rendezvous and wakes every receiver.
+  void abort(int64_t stage, int64_t dp_rank, int64_t tp_rank) override;
 
  private:
   friend class InProcessComm;
@@ -55,13 +56,15 @@ class InProcessWorld final : public CommWorld {
     std::condition_variable cv;
     std::deque<std::vector<unsigned char>> messages;
   };
-  // Messages from stage `from` to stage `to` of TP rank tp_rank on one channel (pipeline or pair).
-  Mailbox& mailbox(int64_t from, int64_t to, int64_t tp_rank, int64_t channel);
+  // Messages from stage `from` to stage `to` of replica rank `rank` (dp_rank x tp + tp_rank) on
+  // one channel (pair, or pipeline + tag).
+  Mailbox& mailbox(int64_t from, int64_t to, int64_t rank, int64_t channel);
 
-  int64_t tp_, pp_;
+  int64_t tp_, pp_, dp_;
   std::shared_ptr<Transfer> transfer_;
   std::atomic<bool> aborted_{false};
-  std::vector<std::unique_ptr<Group>> groups_;  // per stage
+  std::vector<std::unique_ptr<Group>> groups_;     // TP groups: per (stage, dp rank)
+  std::vector<std::unique_ptr<Group>> dp_groups_;  // DP groups: per (stage, tp rank)
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::mutex boxes_mu_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<Mailbox>> boxes_;

@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -40,10 +41,47 @@ int count_of(int64_t bytes) {
 // outside the device accounting, as NCCL's buffers are) and sums them in rank order in fp32.
 class MpiComm final : public Communicator {
  public:
-  MpiComm(MPI_Comm group, int64_t rank, int64_t tp, std::shared_ptr<Transfer> t)
-      : group_(group), rank_(rank), tp_(tp), transfer_(std::move(t)) {}
+  MpiComm(MPI_Comm group, MPI_Comm dp_group, int64_t rank, int64_t tp, int64_t dp_rank,
+          int64_t dp, std::shared_ptr<Transfer> t)
+      : group_(group),
+        dp_group_(dp_group),
+        rank_(rank),
+        tp_(tp),
+        dp_rank_(dp_rank),
+        dp_(dp),
+        transfer_(std::move(t)) {}
   int64_t tp_rank() const override { return rank_; }
   int64_t tp_size() const override { return tp_; }
+  int64_t dp_rank() const override { return dp_rank_; }
+  int64_t dp_size() const override { return dp_; }
+
+  // The DP collectives gather the whole tensor from every replica (host staging) and keep the
+  // in-process world's arithmetic on the owned ranges.
+  void dp_reduce_scatter(const Tensor& t, int64_t first, int64_t shard) override {
+    if (dp_ == 1) return;
+    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * dp_));
+    dp_gather(mine, all);
+    auto [lo, hi] = owned(t, first, shard, dp_rank_);
+    if (hi <= lo) return;
+    std::vector<const void*> ins;
+    for (int64_t q = 0; q < dp_; ++q) ins.push_back(all.data() + q * t.bytes());
+    host_->sum(Tensor{mine.data(), t.type}, lo, ins, lo, hi - lo);
+    int64_t elem = dtype_bytes(t.type.dtype);
+    transfer_->copy(t.as<unsigned char>() + lo * elem, mine.data() + lo * elem, (hi - lo) * elem);
+  }
+
+  void dp_all_gather(const Tensor& t, int64_t first, int64_t shard) override {
+    if (dp_ == 1) return;
+    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * dp_));
+    dp_gather(mine, all);
+    int64_t elem = dtype_bytes(t.type.dtype);
+    for (int64_t q = 0; q < dp_; ++q) {
+      auto [lo, hi] = owned(t, first, shard, q);
+      if (q == dp_rank_ || hi <= lo) continue;
+      transfer_->copy(t.as<unsigned char>() + lo * elem, all.data() + q * t.bytes() + lo * elem,
+                      (hi - lo) * elem);
+    }
+  }
 
   void all_gather(const Tensor& in, const Tensor& out) override {
     if (out.bytes() != in.bytes() * tp_) fail("all_gather: output must be tp x the input");
@@ -120,7 +158,17 @@ class MpiComm final : public Communicator {
     MPI_Request request;
     std::vector<unsigned char> bytes;
   };
-  int peer(int64_t stage) const { return static_cast<int>(stage * tp_ + rank_); }
+  int peer(int64_t stage) const { return static_cast<int>((stage * dp_ + dp_rank_) * tp_ + rank_); }
+  static std::pair<int64_t, int64_t> owned(const Tensor& t, int64_t first, int64_t shard,
+                                           int64_t q) {
+    return {std::clamp(q * shard - first, int64_t{0}, t.numel()),
+            std::clamp((q + 1) * shard - first, int64_t{0}, t.numel())};
+  }
+  void dp_gather(const std::vector<unsigned char>& mine, std::vector<unsigned char>& all) {
+    int n = count_of(static_cast<int64_t>(mine.size()));
+    ok(MPI_Allgather(mine.data(), n, MPI_BYTE, all.data(), n, MPI_BYTE, dp_group_),
+       "MPI_Allgather");
+  }
   std::vector<unsigned char> to_host(const Tensor& t) {
     std::vector<unsigned char> h(static_cast<size_t>(t.bytes()));
     transfer_->copy(h.data(), t.data, t.bytes());
@@ -146,8 +194,8 @@ class MpiComm final : public Communicator {
     }
   }
 
-  MPI_Comm group_;
-  int64_t rank_, tp_;
+  MPI_Comm group_, dp_group_;
+  int64_t rank_, tp_, dp_rank_, dp_;
   std::shared_ptr<Transfer> transfer_;
   std::shared_ptr<Transfer> host_ = host_transfer();
   std::list<Pending> pending_;  // a list: the requests' buffers must not move
@@ -220,7 +268,8 @@ std::vector<LiveAllocation> get_live(Reader& r) {
 std::vector<unsigned char> encode(const RankRun& run) {
   Writer w;
   const RankResult& m = run.memory;
-  w.pod(m.stage), w.pod(m.tp_rank), w.pod(m.global_rank), w.pod(m.measured_peak);
+  w.pod(m.stage), w.pod(m.dp_rank), w.pod(m.tp_rank), w.pod(m.global_rank),
+      w.pod(m.measured_peak);
   w.pod(m.measured_at_peak);
   put(w, m.live_at_peak);
   w.vec(m.timeline);
@@ -246,7 +295,8 @@ RankRun decode(const unsigned char* p, size_t n) {
   Reader r(p, n);
   RankRun run;
   RankResult& m = run.memory;
-  m.stage = r.pod<int64_t>(), m.tp_rank = r.pod<int64_t>(), m.global_rank = r.pod<int64_t>();
+  m.stage = r.pod<int64_t>(), m.dp_rank = r.pod<int64_t>(), m.tp_rank = r.pod<int64_t>();
+  m.global_rank = r.pod<int64_t>();
   m.measured_peak = r.pod<int64_t>();
   m.measured_at_peak = r.pod<std::array<int64_t, kCategories>>();
   m.live_at_peak = get_live(r);
@@ -315,18 +365,24 @@ Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFa
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const TrainSpec& t = s.setup;
-  if (size != t.tp * t.pp)
-    return make_error("this plan has tp x pp = " + std::to_string(t.tp * t.pp) +
-                      " ranks; start it with mpirun -n " + std::to_string(t.tp * t.pp) +
-                      " (got " + std::to_string(size) + " processes)");
+  const int64_t ranks = t.tp * t.pp * t.dp;
+  if (size != ranks)
+    return make_error("this plan has tp x pp x dp = " + std::to_string(ranks) +
+                      " ranks; start it with mpirun -n " + std::to_string(ranks) + " (got " +
+                      std::to_string(size) + " processes)");
   if (auto e = check_runnable(s, !options.device_memory)) return *e;
-  int64_t stage = rank / t.tp, r = rank % t.tp;
-  MPI_Comm group;
-  ok(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(stage), static_cast<int>(r), &group),
+  // Process p: stage p / (dp tp), DP rank (p / tp) mod dp, TP rank p mod tp.
+  int64_t stage = rank / (t.dp * t.tp), d = rank / t.tp % t.dp, r = rank % t.tp;
+  MPI_Comm group, dp_group;
+  ok(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(stage * t.dp + d), static_cast<int>(r),
+                    &group),
+     "MPI_Comm_split");
+  ok(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(stage * t.tp + r), static_cast<int>(d),
+                    &dp_group),
      "MPI_Comm_split");
   RankRun run;
   {
-    MpiComm comm(group, r, t.tp, std::move(transfer));
+    MpiComm comm(group, dp_group, r, t.tp, d, t.dp, std::move(transfer));
     try {
       std::unique_ptr<Communicator> wrapped;
       if (wrap)
@@ -334,7 +390,7 @@ Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFa
           ok(MPI_Bcast(data, bytes, MPI_BYTE, 0, group), "MPI_Bcast");
         });
       std::unique_ptr<Backend> be = backend();
-      run = run_rank(s, stage, r, *be, wrapped ? *wrapped : comm, options);
+      run = run_rank(s, stage, *be, wrapped ? *wrapped : comm, options);
       comm.finish();
     } catch (const OutOfBudget& e) {
       std::fprintf(stderr, "nanoplan: rank %d: %s\n", rank, e.what());
@@ -348,6 +404,7 @@ Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFa
     }
   }
   MPI_Comm_free(&group);
+  MPI_Comm_free(&dp_group);
   // Every report to process 0.
   std::vector<unsigned char> mine = encode(run);
   int n = count_of(static_cast<int64_t>(mine.size()));
@@ -363,8 +420,7 @@ Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFa
   RunResult result;
   for (int p = 0; p < size; ++p)
     merge_rank(result, decode(all.data() + offsets[p], static_cast<size_t>(sizes[p])));
-  std::sort(result.ranks.begin(), result.ranks.end(),
-            [](const RankResult& a, const RankResult& b) { return a.global_rank < b.global_rank; });
+  finish_merge(result);
   return std::optional<RunResult>{std::move(result)};
 }
 

@@ -1,6 +1,6 @@
-// One process per rank: `mpirun -n N nanoplan run ...` runs rank p (pipeline stage p / tp, TP rank
-// p % tp) in process p, on an MPI communicator, and gathers every rank's report to process 0,
-// which compares and prints. Collectives keep the in-process world's arithmetic (each rank gathers
+// One process per rank: `mpirun -n N nanoplan run ...` runs rank p (pipeline stage p / (dp tp), DP
+// rank p / tp mod dp, TP rank p mod tp) in process p, on an MPI communicator, and gathers every
+// rank's report to process 0, which compares and prints. Collectives keep the in-process world's arithmetic (each rank gathers
 // the group's buffers and sums them in rank order in fp32), so losses and gradients are bitwise
 // those of the in-process run. Built when CMake finds MPI (it prints "MPI found/not found").
 #pragma once
@@ -33,7 +33,7 @@ using CommWrap = std::function<std::unique_ptr<Communicator>(
     Communicator& mpi, const std::function<void(void*, int)>& broadcast)>;
 
 // Runs this process's rank. Process 0 gets the merged RunResult of every rank (sorted by global
-// rank); the others get std::nullopt. The world must have exactly tp x pp processes (an Error on
+// rank); the others get std::nullopt. The world must have exactly tp x pp x dp processes (an Error on
 // every process otherwise). A rank that runs out of memory or fails prints its one line and ends
 // the job (MPI_Abort with exit code 3 or 4): its peers may wait in a collective for it.
 // `transfer` moves bytes between the backend's memory and host staging.
