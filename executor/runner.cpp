@@ -22,6 +22,9 @@ CommWorldFactory in_process_world() {
 
 std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
   const TrainSpec& t = s.setup;
+  if (t.cp != 1)
+    return make_error("the executor runs cp = 1 (context parallelism is estimated, not executed); "
+                      "got --cp " + std::to_string(t.cp) + ": use --cp 1");
   if (t.ep != 1)
     return make_error("the executor runs ep = 1 (expert parallelism is estimated, not executed); "
                       "got --ep " + std::to_string(t.ep) + ": use --ep 1");

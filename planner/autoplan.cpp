@@ -35,13 +35,15 @@ std::string option_name(const BlockGraph& g, const std::vector<bool>& mask) {
   std::string ops;
   for (size_t o = 0; o < mask.size(); ++o)
     if (mask[o]) ops += (ops.empty() ? "" : ", ") + g.ops[o].name;
+  // Under context parallelism the named policies exchange K/V again; re-running nothing keeps it.
+  if (ops.empty()) return "keep-all (the gathered K/V kept)";
   return "custom: re-runs " + ops;
 }
 
 namespace {
 
 int64_t fixed_overheads(const TrainSpec& t, const RuntimeAssumptions& rt) {
-  int comms = (t.tp > 1) + (t.dp > 1) + (t.pp > 1) + (t.ep > 1);
+  int comms = t.communicators();
   return rt.cuda_context_bytes + rt.cublas_workspace_bytes + comms * rt.nccl_bytes_per_comm;
 }
 

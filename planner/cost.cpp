@@ -60,7 +60,9 @@ OpClass op_class(OpKind k) {
     case OpKind::kAttnContext:
       return OpClass::kGemm;
     case OpKind::kFlashAttention:
+    case OpKind::kFlashAttentionCp:
       return OpClass::kFlash;
+    case OpKind::kCpGatherKv:
     case OpKind::kAllGather:
     case OpKind::kReduceScatter:
     case OpKind::kAllReduce:
@@ -160,7 +162,8 @@ double collective_bytes(const BlockGraph& g, const GraphOp& op) {
 }
 
 // Time of the collective the op runs in this direction. TP collectives span tp consecutive ranks;
-// EP all-to-alls span tp x ep (ranks are numbered in (pp, dp, tp) order, ep inside dp).
+// EP all-to-alls span tp x ep, CP's K/V exchange tp x cp (ranks are numbered in (pp, dp, cp, tp)
+// order, ep inside dp).
 double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const HardwareModel& hw,
                              const TrainSpec& t, bool backward) {
   const std::string& kind = backward ? op.bwd_collective : op.fwd_collective;
@@ -169,7 +172,8 @@ double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const Hardw
     int64_t group = op_class(op.kind) == OpClass::kCollective || is_ep_collective(op.kind)
                         ? op.attrs.group
                         : t.tp;
-    int64_t span = is_ep_collective(op.kind) ? group * t.tp : group;
+    int64_t span =
+        is_ep_collective(op.kind) || op.kind == OpKind::kCpGatherKv ? group * t.tp : group;
     s += collective_seconds(kind, collective_bytes(g, op), group, span <= hw.gpus_per_node, hw);
   }
   // Vocab-parallel cross entropy all-reduces three fp32 values per token over TP in forward (the
@@ -304,25 +308,29 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
     per_block.push_back({bd, be});
   }
   double gb = static_cast<double>(dtype_bytes(t.grad_dtype));
-  int64_t expert_dp = std::max<int64_t>(1, t.dp / t.ep);
+  // Gradients are summed over the data-parallel replicas and the CP ranks (which hold the same
+  // weights and see other tokens): dp cp of them (dense), dp cp / ep (experts).
+  const int64_t dense_dp = t.dp * t.cp;
+  int64_t expert_dp = std::max<int64_t>(1, dense_dp / t.ep);
 
   // AdamW reads and writes fp32 master, exp_avg and exp_avg_sq (12 B each way), SGD the fp32 master
   // (4 B); each updated element also reads its gradient and writes its bf16 weight.
   double state = t.optimizer == Optimizer::kAdamW ? 12 : t.optimizer == Optimizer::kSgd ? 4 : 0;
   if (state > 0) {
-    int64_t n = t.zero >= 1 ? ceil_div(dense, t.dp) + ceil_div(expert, expert_dp) : dense + expert;
+    int64_t n =
+        t.zero >= 1 ? ceil_div(dense, dense_dp) + ceil_div(expert, expert_dp) : dense + expert;
     st.optimizer = static_cast<double>(n) * (2 * state + gb + 2) / hw.hbm_bytes_per_s;
   }
 
   // Data-parallel replicas of a parameter: dp of them (dense) or dp / ep (experts), all within the
   // tp x dp consecutive ranks of one pipeline stage.
-  bool intra = t.tp * t.dp <= hw.gpus_per_node;
+  bool intra = t.tp * t.cp * t.dp <= hw.gpus_per_node;
   double m = static_cast<double>(t.microbatches);
   auto coll = [&](const char* kind, double bytes, int64_t group) {
     return collective_seconds(kind, bytes, group, intra, hw);
   };
   double c = 0;
-  for (auto [n, group] : {std::pair{dense, t.dp}, std::pair{expert, expert_dp}}) {
+  for (auto [n, group] : {std::pair{dense, dense_dp}, std::pair{expert, expert_dp}}) {
     if (n == 0 || group <= 1) continue;
     double nn = static_cast<double>(n);
     if (t.zero == 0) c += coll("all_reduce", nn * gb, group);  // after the last backward
@@ -335,7 +343,7 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   // reduce_grads and gather_params instructions).
   if (t.zero >= 2)
     for (auto [bd, be] : per_block)
-      for (auto [n, group] : {std::pair{bd, t.dp}, std::pair{be, expert_dp}}) {
+      for (auto [n, group] : {std::pair{bd, dense_dp}, std::pair{be, expert_dp}}) {
         if (n == 0 || group <= 1) continue;
         double nn = static_cast<double>(n);
         c += m * coll("reduce_scatter", nn * gb, group);
@@ -396,11 +404,12 @@ StepTime step_time(const Schedule& s, const HardwareModel& hw) {
   r.dp_comm_seconds = r.stages[tail].grad_comm;
   r.seconds = m * per_mb + r.bubble_seconds + r.optimizer_seconds + r.dp_comm_seconds;
 
-  // Every TP and DP rank of a stage runs the same op table (TP shards already divided in).
-  double replicas = m * static_cast<double>(t.tp * t.dp);
+  // Every TP, CP and DP rank of a stage runs the same op table (TP and CP shards already divided
+  // in).
+  double replicas = m * static_cast<double>(t.tp * t.cp * t.dp);
   r.model_flops = flops * replicas;
   r.hardware_flops = (flops + recompute_flops) * replicas;
-  double gpus = static_cast<double>(t.tp * t.pp * t.dp);
+  double gpus = static_cast<double>(t.gpus());
   if (r.seconds > 0) {
     r.mfu = r.model_flops / (r.seconds * hw.peak_flops * gpus);
     r.hfu = r.hardware_flops / (r.seconds * hw.peak_flops * gpus);

@@ -12,7 +12,7 @@ namespace {
 
 std::vector<OverheadLine> overheads(const TrainSpec& t, const RuntimeAssumptions& rt,
                                     int64_t dynamic_peak) {
-  int comms = (t.tp > 1) + (t.dp > 1) + (t.pp > 1) + (t.ep > 1);
+  int comms = t.communicators();
   auto slack =
       static_cast<int64_t>(std::llround(rt.allocator_slack * static_cast<double>(dynamic_peak)));
   char pct[32];
@@ -25,7 +25,7 @@ std::vector<OverheadLine> overheads(const TrainSpec& t, const RuntimeAssumptions
        "one compute stream, " + format_binary(rt.cublas_workspace_bytes) +
            " (PyTorch's sm_90 default; --cublas-workspace)"},
       {"NCCL buffers", comms * rt.nccl_bytes_per_comm,
-       std::to_string(comms) + " communicator(s) (tp/dp/pp/ep > 1) x " +
+       std::to_string(comms) + " communicator(s) (tp/cp/dp/pp/ep > 1) x " +
            format_binary(rt.nccl_bytes_per_comm) + " (--nccl-buffers)"},
       {"allocator slack", slack,
        std::string(pct) + " of the activation + transient peak for caching-allocator fragmentation "
@@ -48,7 +48,7 @@ StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const Run
   SimResult r = simulate(p, {.live_set = explain});
   StageEstimate e;
   e.stage = p.stage;
-  e.first_rank = static_cast<int64_t>(p.stage) * t.dp * t.tp;
+  e.first_rank = static_cast<int64_t>(p.stage) * t.dp * t.cp * t.tp;
   e.first_layer = p.first_layer();
   e.num_layers = p.num_layers();
   e.layer_ranges = format_ranges(p.layers());
@@ -94,7 +94,8 @@ std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
     c.zero = std::min(c.zero, 1);
     if (try_setup(
             c, "--pp " + std::to_string(pp),
-            std::to_string(pp * t.tp * t.dp) + " GPUs (pp x " + std::to_string(pp / t.pp) + ")"))
+            std::to_string(pp * t.tp * t.cp * t.dp) + " GPUs (pp x " + std::to_string(pp / t.pp) +
+                ")"))
       break;
   }
   for (int64_t dp = t.dp * 2; dp <= 4096; dp *= 2) {
@@ -106,6 +107,15 @@ std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
     if (try_setup(c, change,
                   "optimizer states sharded over dp " + std::to_string(dp) + "; global batch x " +
                       std::to_string(dp / t.dp)))
+      break;
+  }
+  // Long sequences: context parallelism splits every sequence (flash attention only).
+  for (int64_t cp = t.cp * 2; t.seq_len >= 8192 && cp <= 64; cp *= 2) {
+    TrainSpec c = t;
+    c.cp = cp;
+    if (try_setup(c, "--cp " + std::to_string(cp),
+                  std::to_string(c.gpus()) + " GPUs (each sequence split over " +
+                      std::to_string(cp) + " ranks)"))
       break;
   }
   if (t.recompute != Recompute::kFull && t.recompute != Recompute::kAuto) {

@@ -97,8 +97,10 @@ class Builder {
     return op1(m_.norm == Norm::kRms ? OpKind::kRmsNorm : OpKind::kLayerNorm, name, {}, {x});
   }
 
-  int64_t local_tokens() const { return t_.seq_len * t_.micro_batch / (t_.sp ? t_.tp : 1); }
-  int64_t tokens() const { return t_.seq_len * t_.micro_batch; }
+  // This rank's tokens of a micro-batch: 1 / cp of each sequence (context parallelism), then
+  // 1 / tp of those between the TP regions (sequence parallelism).
+  int64_t local_tokens() const { return tokens() / (t_.sp ? t_.tp : 1); }
+  int64_t tokens() const { return t_.seq_len / t_.cp * t_.micro_batch; }
   BlockGraph finish(int in, int out) {
     g_.hidden_in = in;
     g_.hidden_out = out;
@@ -126,6 +128,7 @@ class Builder {
   void set_collectives(GraphOp& o) const {
     switch (o.kind) {
       case OpKind::kAllGather:
+      case OpKind::kCpGatherKv:
         o.fwd_collective = "all_gather", o.bwd_collective = "reduce_scatter";
         break;
       case OpKind::kReduceScatter:
@@ -157,7 +160,12 @@ int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   OpAttrs core{
       .batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
   int ctx;
-  if (t.attention == AttentionImpl::kFlash) {
+  if (t.cp > 1) {  // validate_setup: flash attention only
+    OpAttrs cp = core;
+    cp.group = t.cp;
+    int kv = b.op1(OpKind::kCpGatherKv, "attn.cp_gather_kv", cp, {qkv});
+    ctx = b.op(OpKind::kFlashAttentionCp, "attn.core", cp, {qkv, kv}, {"out", "lse"})[0];
+  } else if (t.attention == AttentionImpl::kFlash) {
     ctx = b.op(OpKind::kFlashAttention, "attn.core", core, {qkv}, {"out", "lse"})[0];
   } else {
     int s = b.op1(OpKind::kAttnScores, "attn.scores", core, {qkv});

@@ -235,6 +235,24 @@ const OpInfo kOps[] =
            TensorType row{{rows_of(in[0])}, Dtype::kFp32};
            return {row, row, row};
          }},
+        {OpKind::kCpGatherKv, "cp_gather_kv", 1, 1, 0, 0, 0b1, 0b1, true,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]) * a.group, 2 * a.kv_heads * a.head_dim}, in[0].dtype}};
+         },
+         zero_flops, no_weights, none_types},
+        {OpKind::kFlashAttentionCp, "flash_attention_cp", 2, 2, 0b11, 0b11, 0b11, 0b01, false,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]), a.heads * a.head_dim}, kAct},
+                   {{a.batch, a.heads, a.seq / a.group}, Dtype::kFp32}};
+         },
+         // This rank's 1 / cp of the queries against every key: 1 / cp of the attention FLOPs
+         // (the load-balanced chunks give every rank the same share of the causal triangle).
+         [](const OpAttrs& a, In in) { return 2.0 * attn_matmul(a, in) / a.group; }, no_weights,
+         // As flash attention's: the fp32 dQ accumulator and rowsum(dO * O) of the local queries.
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]), a.heads * a.head_dim}, Dtype::kFp32},
+                   {{a.batch, a.heads, a.seq / a.group}, Dtype::kFp32}};
+         }},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");
@@ -256,7 +274,7 @@ std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& att
 double backward_flops(const OpInfo& info, const OpAttrs& attrs, std::span<const TensorType> in) {
   double f = info.flops(attrs, in);
   bool matmul = info.kind == OpKind::kFlashAttention || info.kind == OpKind::kAttnScores ||
-                info.kind == OpKind::kAttnContext;
+                info.kind == OpKind::kAttnContext || info.kind == OpKind::kFlashAttentionCp;
   return matmul || !info.weights(attrs, in).empty() ? 2.0 * f : f;
 }
 

@@ -45,6 +45,13 @@ enum class OpKind {
   kMoeCombine,    // un-permute (+ all-to-all back) and weight by the router probabilities
   kSharedGate,    // sigmoid(Linear(h, 1)(x)) * shared expert output
   kCrossEntropy,  // vocab-parallel, fp32 softmax kept for backward
+  // Context parallelism: the K/V columns of this rank's qkv all-gathered over the CP group (all
+  // the sequence's keys and values, in rank order of the load-balanced chunks); backward
+  // reduce-scatters their gradient into the K/V columns of the qkv gradient.
+  kCpGatherKv,
+  // Flash attention of this rank's queries against the gathered K/V (causal by the chunks' global
+  // positions); keeps output and logsumexp.
+  kFlashAttentionCp,
   kCount
 };
 

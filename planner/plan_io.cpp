@@ -97,10 +97,11 @@ Result<TrainSpec> setup_from_json(const json& j) {
     Reader r{j, "setup"};
     r.only({"tp", "pp", "dp", "ep", "sp", "zero", "micro_batch", "seq_len", "microbatches",
             "pp_schedule", "attention", "grad_accum_dtype", "optimizer", "recompute",
-            "tp_recompute_allgather", "stage_layers", "gpus", "virtual_stages"});
+            "tp_recompute_allgather", "stage_layers", "gpus", "virtual_stages", "cp"});
     TrainSpec t;
     t.tp = r.at("tp").positive(), t.pp = r.at("pp").positive(), t.dp = r.at("dp").positive();
     t.ep = r.at("ep").positive(), t.sp = r.at("sp").boolean();
+    if (r.has("cp")) t.cp = r.at("cp").positive();
     t.zero = static_cast<int>(r.at("zero").integer(0, 3));
     t.micro_batch = r.at("micro_batch").positive(), t.seq_len = r.at("seq_len").positive();
     t.microbatches = r.at("microbatches").positive();

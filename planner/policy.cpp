@@ -12,6 +12,9 @@ BlockPolicy named_policy(const BlockGraph& g, const TrainSpec& t) {
     if (layer && t.recompute == Recompute::kFull) p.recompute[i] = true;
     if (layer && t.recompute == Recompute::kSelective && op.attention_core) p.recompute[i] = true;
     if (regather && op.kind == OpKind::kAllGather) p.recompute[i] = true;
+    // Context parallelism keeps only this rank's K/V and exchanges them again in backward (as
+    // Megatron's ring and all-gather forms do); the auto planner may keep the gathered K/V.
+    if (op.kind == OpKind::kCpGatherKv) p.recompute[i] = true;
   }
   if (!layer) p.name = "none";
   if (regather && !(layer && t.recompute == Recompute::kFull)) p.name += "+regather";

@@ -14,6 +14,7 @@ json setup_to_json(const TrainSpec& t) {
   json j = {{"tp", t.tp},
             {"pp", t.pp},
             {"dp", t.dp},
+            {"cp", t.cp},
             {"ep", t.ep},
             {"sp", t.sp},
             {"zero", t.zero},
@@ -26,7 +27,7 @@ json setup_to_json(const TrainSpec& t) {
             {"optimizer", name_of(t.optimizer)},
             {"recompute", name_of(t.recompute)},
             {"tp_recompute_allgather", t.tp_recompute_allgather},
-            {"gpus", t.tp * t.pp * t.dp}};
+            {"gpus", t.gpus()}};
   if (!t.stage_layers.empty()) j["stage_layers"] = t.stage_layers;  // else balanced by FLOPs
   if (t.pp_schedule == PpSchedule::kInterleaved) j["virtual_stages"] = t.virtual_stages;
   return j;
@@ -115,9 +116,10 @@ std::string row(const std::string& label, int64_t bytes, const std::string& note
 }
 
 std::string describe_setup(const TrainSpec& t) {
-  std::string s = "tp " + std::to_string(t.tp) + (t.sp ? " (sp on)" : " (sp off)") + " x pp " +
+  std::string s = "tp " + std::to_string(t.tp) + (t.sp ? " (sp on)" : " (sp off)") +
+                  (t.cp > 1 ? " x cp " + std::to_string(t.cp) : "") + " x pp " +
                   std::to_string(t.pp) + " x dp " + std::to_string(t.dp) + " = " +
-                  std::to_string(t.tp * t.pp * t.dp) + " GPUs";
+                  std::to_string(t.gpus()) + " GPUs";
   if (t.ep > 1) s += ", ep " + std::to_string(t.ep);
   s += "; micro-batch " + std::to_string(t.micro_batch) + " x seq " + std::to_string(t.seq_len) +
        ", " + std::to_string(t.microbatches) + " micro-batch(es) per step, " +

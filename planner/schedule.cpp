@@ -358,12 +358,13 @@ void ProgramBuilder::emit_statics() {
       }
     }
   }
-  // ZeRO shards over the data-parallel replicas of each parameter: dp for dense, dp/ep for experts.
+  // ZeRO shards over the data-parallel replicas of each parameter, CP ranks included (Megatron's
+  // data-parallel + CP group): dp cp for dense, dp cp / ep for experts.
   struct Group {
     const char* name;
     int64_t n, shards;
   };
-  for (Group g : {Group{"dense", dense, t_.dp}, Group{"expert", expert, t_.dp / t_.ep}}) {
+  for (Group g : {Group{"dense", dense, t_.dp * t_.cp}, Group{"expert", expert, t_.dp * t_.cp / t_.ep}}) {
     if (g.n == 0) continue;
     std::string s = g.name;
     if (t_.zero >= 3)

@@ -136,6 +136,7 @@ std::optional<Error> check_positive(const TrainSpec& t) {
                                                    {"--pp", t.pp},
                                                    {"--dp", t.dp},
                                                    {"--ep", t.ep},
+                                                   {"--cp", t.cp},
                                                    {"--micro-batch", t.micro_batch},
                                                    {"--seq-len", t.seq_len},
                                                    {"--microbatches", t.microbatches},
@@ -151,7 +152,8 @@ std::optional<Error> check_positive(const TrainSpec& t) {
   if (t.microbatches > 65536)
     return fail("--microbatches " + str(t.microbatches) + " is too many (valid: at most 65,536)");
   const std::pair<const char*, int64_t> degrees[] = {
-      {"--tp", t.tp}, {"--pp", t.pp}, {"--ep", t.ep}, {"--dp", t.dp}, {"--virtual-stages", t.virtual_stages}};
+      {"--tp", t.tp}, {"--pp", t.pp}, {"--ep", t.ep}, {"--dp", t.dp}, {"--cp", t.cp},
+      {"--virtual-stages", t.virtual_stages}};
   for (auto [flag, v] : degrees) {
     int64_t most = std::string(flag) == "--dp" ? (1 << 20) : 4096;
     if (v > most)
@@ -170,9 +172,10 @@ std::optional<Error> check_conflicts(const ModelSpec& m, const TrainSpec& t) {
     return fail("--zero " + str(t.zero) + " conflicts with --pp " + str(t.pp) +
                 " (ZeRO-2/3 shard gradients that pipeline micro-batches keep accumulating); use "
                 "--zero 0 or 1 with pp > 1");
-  if (t.zero >= 1 && t.dp == 1 && t.optimizer != Optimizer::kNone)
+  if (t.zero >= 1 && t.dp * t.cp == 1 && t.optimizer != Optimizer::kNone)
     return fail("--zero " + str(t.zero) +
-                " shards over data parallelism and needs --dp > 1 (use --zero 0 with --dp 1)");
+                " shards over data parallelism (and context parallelism) and needs --dp > 1 or "
+                "--cp > 1 (use --zero 0 with --dp 1)");
   if (t.zero >= 1 && t.optimizer == Optimizer::kNone)
     return fail("--zero " + str(t.zero) +
                 " conflicts with --optimizer none (no optimizer states to shard); use --zero 0 or "
@@ -320,9 +323,18 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (t.pp > m.layers)
     return fail("--pp " + str(t.pp) + " exceeds the " + str(m.layers) + " layers of " + m.name +
                 "; use --pp <= " + str(m.layers));
-  if (t.sp && t.seq_len % t.tp != 0)
-    return fail("--seq-len " + str(t.seq_len) + " is not divisible by --tp " + str(t.tp) +
-                " under sequence parallelism; use a multiple of " + str(t.tp) + " or --sp off");
+  if (t.cp > 1 && t.seq_len % (2 * t.cp) != 0)
+    return fail("--seq-len " + str(t.seq_len) + " is not divisible by 2 x --cp " + str(t.cp) +
+                " (context parallelism splits each sequence into 2 cp load-balanced chunks); use a "
+                "multiple of " + str(2 * t.cp));
+  if (t.cp > 1 && t.attention != AttentionImpl::kFlash)
+    return fail("--cp " + str(t.cp) + " needs --attention flash (context parallelism exchanges "
+                "K/V inside the fused attention kernel, as Megatron's does)");
+  if (t.sp && (t.seq_len / t.cp) % t.tp != 0)
+    return fail("--seq-len " + str(t.seq_len) + (t.cp > 1 ? " / --cp " + str(t.cp) : "") +
+                " is not divisible by --tp " + str(t.tp) +
+                " under sequence parallelism; use a multiple of " + str(t.tp * t.cp) +
+                " or --sp off");
   if (t.pp_schedule == PpSchedule::k1F1B && t.microbatches < t.pp - 1)
     return fail(
         "--microbatches " + str(t.microbatches) + " is fewer than pp - 1 = " + str(t.pp - 1) +

@@ -65,8 +65,15 @@ struct ModelSpec {
 
 struct TrainSpec {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1;
+  // Context parallelism (Megatron's): each sequence split over cp ranks in 2 cp load-balanced
+  // causal chunks (rank r holds chunks r and 2 cp - 1 - r), K/V all-gathered for attention and
+  // their gradients reduce-scattered back, weights replicated over cp. Ranks: tp, cp, dp, pp.
+  int64_t cp = 1;
   bool sp = false;          // sequence parallelism (nanotron's REDUCE_SCATTER mode)
-  int zero = 0;             // ZeRO stage 0..3 over dp
+  int zero = 0;             // ZeRO stage 0..3 over dp x cp (Megatron's data-parallel + CP group)
+  int64_t gpus() const { return tp * cp * pp * dp; }
+  // NCCL communicators a rank is in: one per parallel dimension above 1.
+  int communicators() const { return (tp > 1) + (cp > 1) + (dp > 1) + (pp > 1) + (ep > 1); }
   int64_t micro_batch = 1;  // sequences per micro-batch
   int64_t seq_len = 4096;
   int64_t microbatches = 1;  // gradient-accumulation steps per optimizer step

@@ -21,30 +21,32 @@ std::vector<TrainSpec> candidates(const ModelSpec& m, const SweepOptions& o, siz
   std::vector<TrainSpec> out;
   int64_t batch = o.global_batch > 0 ? o.global_batch : 4 * o.gpus;
   for (int64_t tp = 1; tp <= std::min<int64_t>(o.gpus, o.hw.gpus_per_node); tp *= 2)
-    for (int64_t pp = 1; pp <= std::min(o.gpus / tp, m.layers); ++pp) {
-      if (o.gpus % (tp * pp) != 0) continue;
-      int64_t dp = o.gpus / (tp * pp);
-      for (int zero : {0, 1, 2, 3})
-        for (int64_t mbs : {1, 2, 4})
-          for (int64_t v : o.virtual_stages) {
-            if (zero >= 1 && dp == 1) continue;  // nothing to shard
-            if (batch % (dp * mbs) != 0) continue;
-            // Virtual stages: v = 1 runs the base schedule; v > 1 the interleaved one with v
-            // chunks per stage (pp > 1 only).
-            if (v > 1 && pp == 1) continue;
-            TrainSpec t = o.base;
-            t.tp = tp, t.pp = pp, t.dp = dp, t.zero = zero, t.micro_batch = mbs, t.sp = tp > 1;
-            t.microbatches = batch / (dp * mbs);
-            t.recompute = Recompute::kAuto;
-            if (v > 1) t.pp_schedule = PpSchedule::kInterleaved;
-            t.virtual_stages = v;
-            if (validate_setup(m, t)) {
-              ++invalid;
-              continue;
+    for (int64_t cp : o.context_parallel)
+      for (int64_t pp = 1; pp <= std::min(o.gpus / (tp * cp), m.layers); ++pp) {
+        if (o.gpus % (tp * cp * pp) != 0) continue;
+        int64_t dp = o.gpus / (tp * cp * pp);
+        for (int zero : {0, 1, 2, 3})
+          for (int64_t mbs : {1, 2, 4})
+            for (int64_t v : o.virtual_stages) {
+              if (zero >= 1 && dp * cp == 1) continue;  // nothing to shard
+              if (batch % (dp * mbs) != 0) continue;
+              // Virtual stages: v = 1 runs the base schedule; v > 1 the interleaved one with v
+              // chunks per stage (pp > 1 only).
+              if (v > 1 && pp == 1) continue;
+              TrainSpec t = o.base;
+              t.tp = tp, t.cp = cp, t.pp = pp, t.dp = dp, t.zero = zero, t.micro_batch = mbs;
+              t.sp = tp > 1;
+              t.microbatches = batch / (dp * mbs);
+              t.recompute = Recompute::kAuto;
+              if (v > 1) t.pp_schedule = PpSchedule::kInterleaved;
+              t.virtual_stages = v;
+              if (validate_setup(m, t)) {
+                ++invalid;
+                continue;
+              }
+              out.push_back(t);
             }
-            out.push_back(t);
-          }
-    }
+      }
   return out;
 }
 
@@ -134,23 +136,23 @@ std::string sweep_table(const SweepReport& r, const ModelSpec& m, const SweepOpt
   std::string out = line;
   if (r.fitting.empty())
     return out + "no setup fits: try more GPUs, a shorter sequence or a larger budget\n";
-  std::snprintf(line, sizeof line, "%4s %4s %4s %2s %4s %5s %4s %5s %10s %11s %6s %10s  %s\n",
-                "rank", "tp", "pp", "v", "dp", "zero", "mbs", "m", "step s", "tokens/s", "MFU",
-                "peak GiB", "recompute plan");
+  std::snprintf(line, sizeof line, "%4s %4s %3s %4s %2s %4s %5s %4s %5s %10s %11s %6s %10s  %s\n",
+                "rank", "tp", "cp", "pp", "v", "dp", "zero", "mbs", "m", "step s", "tokens/s",
+                "MFU", "peak GiB", "recompute plan");
   out += line;
   for (size_t i = 0; i < r.fitting.size() && i < top; ++i) {
     const SweepResult& x = r.fitting[i];
     std::string plan = x.plan;
     if (!x.setup.stage_layers.empty())
       plan = "layers per stage " + format_partition(x.setup.stage_layers) + "; " + plan;
-    std::snprintf(line, sizeof line,
-                  "%4zu %4lld %4lld %2lld %4lld %5d %4lld %5lld %10.3f %11.0f %5.1f%% %10.2f  ",
-                  i + 1, static_cast<long long>(x.setup.tp), static_cast<long long>(x.setup.pp),
-                  static_cast<long long>(x.setup.virtual_stages),
-                  static_cast<long long>(x.setup.dp), x.setup.zero,
-                  static_cast<long long>(x.setup.micro_batch),
-                  static_cast<long long>(x.setup.microbatches), x.step_seconds, x.tokens_per_second,
-                  100 * x.mfu, static_cast<double>(x.peak_bytes) / kGiB);
+    std::snprintf(
+        line, sizeof line,
+        "%4zu %4lld %3lld %4lld %2lld %4lld %5d %4lld %5lld %10.3f %11.0f %5.1f%% %10.2f  ", i + 1,
+        static_cast<long long>(x.setup.tp), static_cast<long long>(x.setup.cp),
+        static_cast<long long>(x.setup.pp), static_cast<long long>(x.setup.virtual_stages),
+        static_cast<long long>(x.setup.dp), x.setup.zero,
+        static_cast<long long>(x.setup.micro_batch), static_cast<long long>(x.setup.microbatches),
+        x.step_seconds, x.tokens_per_second, 100 * x.mfu, static_cast<double>(x.peak_bytes) / kGiB);
     out += line + plan + "\n";
   }
   return out;

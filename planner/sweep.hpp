@@ -1,4 +1,4 @@
-// nanoplan sweep: every (tp, pp, virtual stages, dp, ZeRO stage, micro-batch) that uses the given
+// nanoplan sweep: every (tp, cp, pp, virtual stages, dp, ZeRO stage, micro-batch) that uses the given
 // GPUs, each with its cheapest recompute plan under the budget, ranked by predicted throughput.
 #pragma once
 #include <functional>
@@ -20,6 +20,8 @@ struct SweepOptions {
   bool search_partition = false;  // search the layers per stage of every setup too
   // Chunks per stage to try: 1 is the base schedule, v > 1 the interleaved one (pp > 1).
   std::vector<int64_t> virtual_stages = {1};
+  // Context-parallel degrees to try (each sequence split over cp ranks).
+  std::vector<int64_t> context_parallel = {1};
 };
 
 struct SweepResult {

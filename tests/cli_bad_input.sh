@@ -133,6 +133,10 @@ bad "--seq-len not divisible by tp under SP" -m "--seq-len 4097" -m "--tp 8" -m 
 good "--seq-len 4097 --tp 8 --sp off is accepted" "${E[@]}" --seq-len 4097 --tp 8 --sp off
 bad "1f1b with fewer micro-batches than pp - 1" -m "--microbatches 2" -m "pp - 1" -- "${E[@]}" --pp 4 --pp-schedule 1f1b --microbatches 2
 bad "plan: 1f1b with fewer micro-batches than pp - 1" -m "--microbatches 2" -- "${P[@]}" --pp 4 --pp-schedule 1f1b --microbatches 2
+bad "--cp that does not split the sequence in 2 cp chunks" -m "--seq-len 4096" -m "2 x --cp 3" -m "multiple of 6" -- "${E[@]}" --cp 3
+bad "--cp with eager attention" -m "--cp 2" -m "--attention flash" -- "${E[@]}" --cp 2 --attention eager
+bad "--cp 0" -m "--cp" -- "${E[@]}" --cp 0
+bad "sweep --cp with a zero" -m "--cp" -m "1,2,4" -- sweep --model llama-3.1-8b --gpus 8 --budget 80GB --cp 1,0
 bad "--virtual-stages without the interleaved schedule" -m "--virtual-stages 2" -m "--pp-schedule interleaved" -- "${E[@]}" --pp 4 --virtual-stages 2
 bad "interleaved with m not a multiple of pp" -m "--microbatches 6" -m "multiple of --pp 4" -m "use 8" -- "${E[@]}" --pp 4 --pp-schedule interleaved --microbatches 6
 bad "interleaved on one stage" -m "--pp >= 2" -- "${E[@]}" --pp-schedule interleaved

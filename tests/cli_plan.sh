@@ -74,6 +74,28 @@ bad sweep --model nope --gpus 8 --budget 40GB
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --virtual-stages 1,0
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --virtual-stages two
 
+# Context parallelism: estimate halves a layer's activations at cp 2 and counts the GPUs; the
+# sweep tries cp 1 and 2.
+"$NP" estimate --model llama-3.1-8b --tp 2 --seq-len 16384 --format json >"$TMP/cp1.json"
+"$NP" estimate --model llama-3.1-8b --tp 2 --cp 2 --seq-len 16384 --format json >"$TMP/cp2.json"
+python3 - "$TMP/cp1.json" "$TMP/cp2.json" <<'PY' && ok "estimate --cp 2: half the activations, 4 GPUs" || fail "estimate --cp 2"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert b["setup"]["cp"] == 2 and b["setup"]["gpus"] == 4 and a["setup"]["gpus"] == 2
+ra, rb = a["ranks"][0], b["ranks"][0]
+assert 2 * rb["activation_bytes"] == ra["activation_bytes"], (ra["activation_bytes"], rb["activation_bytes"])
+assert rb["parameter_bytes"] == ra["parameter_bytes"]
+PY
+"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 16384 --cp 1,2 --format json --top 1000 >"$TMP/swcp.json"
+python3 - "$TMP/swcp.json" <<'PY' && ok "sweep --cp 1,2: both degrees, GPUs add up" || fail "sweep --cp"
+import json, sys
+j = json.load(open(sys.argv[1]))
+cps = {t["setup"]["cp"] for t in j["top"]}
+assert cps == {1, 2}, cps
+for t in j["top"]:
+    s = t["setup"]; assert s["tp"] * s["cp"] * s["pp"] * s["dp"] == 8
+PY
+
 # Virtual stages: the sweep tries the interleaved schedule with 2 chunks beside 1F1B.
 "$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 4096 --virtual-stages 1,2 --format json --top 1000 >"$TMP/swv.json"
 python3 - "$TMP/swv.json" "$TMP/sw.json" <<'PY' && ok "sweep --virtual-stages 1,2: interleaved rows beside 1f1b, more setups" || fail "sweep --virtual-stages"

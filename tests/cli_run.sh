@@ -111,6 +111,7 @@ bad "--backend cuda where it cannot run (no GPU here, or a multi-rank plan)" "^n
 "$NP" run "$TMP/plan.json" --backend auto >"$TMP/auto.out" 2>&1; rc=$?
 check "--backend auto falls back to the CPU executor and says why" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/auto.out" && grep -q "^nanoplan: --backend auto: the CPU executor (" "$TMP/auto.out"'
 bad "missing plan file" "cannot read plan" run "$TMP/nope.json"
+bad "context parallelism in the executor" "cp = 1" run --model "$TMP/tiny.toml" --seq-len 8 --micro-batch 2 --cp 2
 bad "ZeRO-2 in the executor" "ZeRO 0 or 1" run --model "$TMP/tiny.toml" --seq-len 8 --micro-batch 2 --dp 2 --zero 2
 printf '{"format": "nanoplan-schedule",\n "format_version": 3,\n oops}\n' >"$TMP/broken.json"
 bad "malformed plan JSON names the line" "broken.json:3" run "$TMP/broken.json"

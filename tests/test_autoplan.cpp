@@ -75,6 +75,34 @@ TEST(AutoPlan, InterleavedWithinBudgetAndMonotone) {
   expect_within_budget_and_monotone(t);
 }
 
+// Context parallelism: the auto planner decides around the K/V exchange. With room, it keeps the
+// gathered K/V (re-running nothing: the named policies exchange it again); tighter, it re-runs the
+// exchange before it re-runs anything that costs compute. Every plan within its budget.
+TEST(AutoPlan, ContextParallelKeepsOrRegathersTheKv) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = setup8b();
+  t.pp = 1, t.microbatches = 1, t.cp = 2, t.seq_len = 16384;
+  ASSERT_FALSE(validate_setup(m, t));
+  auto regathers = [](const AutoPlan& p) {
+    const BlockGraph& g = *p.schedule.stages[0].blocks[1].graph;
+    int n = 0;
+    for (const BlockPolicy& bp : p.layer_policies)
+      for (size_t o = 0; o < g.ops.size(); ++o)
+        n += g.ops[o].kind == OpKind::kCpGatherKv && bp.recompute[o];
+    return n;
+  };
+  AutoPlan loose = auto_plan(m, t, {}, 1'000'000'000'000, default_hardware());
+  ASSERT_TRUE(loose.fits);
+  EXPECT_EQ(regathers(loose), 0);
+  EXPECT_EQ(loose.time.recompute_seconds, 0);
+  ASSERT_TRUE(loose.peak_none);
+  // Just below keeping everything: some layers exchange K/V again, and fit.
+  AutoPlan tight = auto_plan(m, t, {}, loose.estimate.peak_bytes - (256LL << 20), default_hardware());
+  ASSERT_TRUE(tight.fits);
+  EXPECT_GT(regathers(tight), 0);
+  EXPECT_LE(tight.estimate.peak_bytes, loose.estimate.peak_bytes - (256LL << 20));
+}
+
 // The stage model sees what the simulation sees: across ZeRO stages (ZeRO-3's gathered weights
 // and ZeRO-2/3's gradient buckets live through every block's backward), both pipeline schedules
 // and budgets from tight to loose, every plan that fits was verified by its first simulation.

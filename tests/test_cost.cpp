@@ -309,6 +309,23 @@ TEST(StepTime, InterleavedBubbleShrinksByTheChunks) {
   EXPECT_LT(st.seconds, step_time(build_schedule(m, t), kH100).seconds);
 }
 
+// Context parallelism divides each rank's tokens and its share of the attention by cp: the
+// model FLOPs of a step over all GPUs are those of cp = 1 (to rounding), and the per-rank time
+// falls.
+TEST(StepTime, ContextParallelSplitsTheWork) {
+  ModelSpec m = model("llama-3.1-8b");
+  TrainSpec t = setup(2, 1, 1, Recompute::kNone);
+  t.seq_len = 16384;
+  TrainSpec c = t;
+  c.cp = 2;
+  ASSERT_FALSE(validate_setup(m, c));
+  StepTime a = step_time(build_schedule(m, t), kH100), b = step_time(build_schedule(m, c), kH100);
+  EXPECT_NEAR(b.model_flops, a.model_flops, 1e-9 * a.model_flops);
+  EXPECT_LT(b.seconds, a.seconds);
+  EXPECT_GT(b.seconds, a.seconds / 2);  // the K/V exchange is not free
+  EXPECT_NEAR(b.tokens_per_second * b.seconds, a.tokens_per_second * a.seconds, 1e-6);
+}
+
 TEST(StepTime, DataParallelGradientTraffic) {
   ModelSpec m = model("llama-3.1-8b");
   int64_t n = count_parameters(m);

@@ -284,6 +284,40 @@ TEST(Zero, ShardingArithmetic) {
   EXPECT_EQ(shard, 2'246'138'539);  // 6,738,415,616 / 3 = 2,246,138,538.67, rounded up
 }
 
+// Context parallelism, by hand (llama-2-7b: 32 query and kv heads of 128, hidden 4096; tp 2 with
+// SP, seq 8192): each rank holds 1 / cp of every sequence, so every tensor a layer keeps for
+// backward halves at cp 2, under every named policy (the gathered K/V is exchanged again in
+// backward, not kept); the exchange gathers all 8,192 tokens' K/V of the rank's 16 heads, 8,192 x
+// 2 x 16 x 128 x 2 B = 64 MiB; ZeRO-1 shards over dp x cp.
+TEST(ContextParallel, HalvesWhatALayerKeeps) {
+  ModelSpec m = model("llama-2-7b");
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    TrainSpec t = small(2, 1, r);
+    t.seq_len = 8192;
+    TrainSpec c = t;
+    c.cp = 2;
+    ASSERT_FALSE(validate_setup(m, c));
+    Schedule one = build_schedule(m, t), two = build_schedule(m, c);
+    const StageBlock &l1 = one.stages[0].blocks[1], &l2 = two.stages[0].blocks[1];
+    ASSERT_EQ(l1.kind, BlockKind::kLayer);
+    EXPECT_EQ(2 * l2.saved.bytes, l1.saved.bytes) << name_of(r);
+    EXPECT_EQ(2 * stage_saved(two.stages[0]), stage_saved(one.stages[0])) << name_of(r);
+    const BlockGraph& g = *l2.graph;
+    auto kv = std::find_if(g.ops.begin(), g.ops.end(),
+                           [](const GraphOp& o) { return o.kind == OpKind::kCpGatherKv; });
+    ASSERT_NE(kv, g.ops.end());
+    EXPECT_EQ(g.tensors[kv->outputs[0]].type.bytes(), int64_t{8192} * 2 * 16 * 128 * 2);
+    EXPECT_FALSE(l2.saved.saved[kv->outputs[0]]);
+    EXPECT_FALSE(check_program(two.stages[0]));
+  }
+  const int64_t N = 6'738'415'616;
+  TrainSpec z = small(1, 1, Recompute::kNone);
+  z.seq_len = 8192, z.dp = 2, z.cp = 2, z.zero = 1;
+  ASSERT_FALSE(validate_setup(m, z));
+  EXPECT_EQ(static_bytes(build_schedule(m, z).stages[0], Category::kOptimizer),
+            12 * ((N + 3) / 4));
+}
+
 // Optimizer and gradient dtypes: SGD keeps fp32 master weights only (4 B/param), no optimizer
 // keeps nothing, bf16 gradient accumulation halves the gradient buffer (2 B/param).
 TEST(Zero, OptimizerAndGradientDtypes) {

@@ -47,10 +47,11 @@ struct Flags {
   std::string partition = "balanced";
   std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, nccl_buffers,
       allocator_slack;
-  int64_t tp = 1, pp = 1, dp = 1, ep = 1, micro_batch = 1, seq_len = 4096;
+  int64_t tp = 1, pp = 1, dp = 1, ep = 1, cp = 1, micro_batch = 1, seq_len = 4096;
   std::optional<int64_t> microbatches;    // default: pp
   std::optional<int64_t> virtual_stages;  // default: 2 under interleaved, else 1
   std::string sweep_virtual = "1";        // sweep: chunk counts to try
+  std::string sweep_cp = "1";             // sweep: context-parallel degrees to try
   int zero = 0;
   bool explain_peak = false;
   // run
@@ -122,6 +123,9 @@ void add_setup_flags(CLI::App* app, Flags& f, bool model_required = true) {
   add_int(app, "--pp", f.pp, "pipeline-parallel degree");
   add_int(app, "--dp", f.dp, "data-parallel degree");
   add_int(app, "--ep", f.ep, "expert-parallel degree (MoE; carved out of dp)");
+  add_int(app, "--cp", f.cp,
+          "context-parallel degree: each sequence split over cp ranks (Megatron's "
+          "--context-parallel-size; flash attention)");
   app->add_option("--sp", f.sp,
                   "sequence parallelism: on, off, auto (on when tp > 1, nanotron's REDUCE_SCATTER)")
       ->capture_default_str();
@@ -193,7 +197,7 @@ bool parse_bool(const std::string& flag, const std::string& v) {
 
 np::TrainSpec make_setup(const Flags& f) {
   np::TrainSpec t;
-  t.tp = f.tp, t.pp = f.pp, t.dp = f.dp, t.ep = f.ep, t.zero = f.zero;
+  t.tp = f.tp, t.pp = f.pp, t.dp = f.dp, t.ep = f.ep, t.cp = f.cp, t.zero = f.zero;
   t.micro_batch = f.micro_batch, t.seq_len = f.seq_len;
   t.microbatches = f.microbatches.value_or(std::max<int64_t>(1, f.pp));
   if (f.sp != "auto" && f.sp != "on" && f.sp != "off")
@@ -626,6 +630,14 @@ int run_sweep(const Flags& f) {
           " (valid: chunk counts from 1 to 64, such as 1,2,4)");
     o.virtual_stages.push_back(v);
   }
+  o.context_parallel.clear();
+  for (int64_t cp : check(np::parse_count_list(
+           "--cp", f.sweep_cp, "context-parallel degrees from 1 to 64, such as 1,2,4"))) {
+    if (cp < 1 || cp > 64)
+      die("invalid --cp " + np::quote_input(f.sweep_cp) +
+          " (valid: context-parallel degrees from 1 to 64, such as 1,2,4)");
+    o.context_parallel.push_back(cp);
+  }
   bool tty = isatty(fileno(stderr)) && f.format == "table";
   auto progress = [&](size_t done, size_t total) {
     if (!tty) return;
@@ -694,6 +706,10 @@ int main(int argc, char** argv) {
   add_int(sw, "--global-batch", f.global_batch, "sequences per optimizer step (default 4 x gpus)",
           1, 1 << 30);
   sw->add_option("--pp-schedule", f.pp_schedule, "1f1b (default for sweep), afab");
+  sw->add_option("--cp", f.sweep_cp,
+                 "context-parallel degrees to try, e.g. 1,2,4 (long sequences: each sequence split "
+                 "over cp ranks)")
+      ->capture_default_str();
   sw->add_option("--virtual-stages", f.sweep_virtual,
                  "chunks per pipeline stage to try, e.g. 1,2,4: 1 is --pp-schedule, more the "
                  "interleaved schedule")

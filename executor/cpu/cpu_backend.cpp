@@ -34,6 +34,9 @@ class CpuBackend final : public Backend {
       fail(std::string(info.name) + ": wrong number of weights");
     Env env{ctx, act_};
     switch (ctx.op->kind) {
+      case OpKind::kCpGatherKv:
+      case OpKind::kFlashAttentionCp:
+        fail("context parallelism (--cp > 1) is estimated, not executed");
       case OpKind::kEmbedding:
         return embedding_forward(env, in, w);
       case OpKind::kPosEmbedding:
@@ -108,6 +111,9 @@ class CpuBackend final : public Backend {
       fail(std::string(info.name) + ": backward needs the weights and their gradients");
     Env env{ctx, act_};
     switch (ctx.op->kind) {
+      case OpKind::kCpGatherKv:
+      case OpKind::kFlashAttentionCp:
+        fail("context parallelism (--cp > 1) is estimated, not executed");
       case OpKind::kEmbedding:
         return embedding_backward(env, a);
       case OpKind::kPosEmbedding:
