@@ -1,5 +1,5 @@
 // Parameters of a rank: statics in the contract's order, initial values staged on the host and
-// copied in, updates through the backend.
+// copied in, ZeRO's buckets and gathered buffers, updates through the backend.
 #include "executor/params.hpp"
 
 #include <algorithm>
@@ -16,9 +16,17 @@ ParamStore::ParamStore(const Schedule& s, int64_t stage, int64_t tp_rank, Backen
     : s_(s), p_(s.stages.at(stage)), stage_(stage), tp_rank_(tp_rank), be_(be), comm_(comm) {}
 
 void ParamStore::allocate(const Allocate& alloc, uint64_t seed) {
+  const int zero = s_.setup.zero;
   weights_.assign(p_.blocks.size(), {});
   wgrads_.assign(p_.blocks.size(), {});
   std::vector<uint16_t> host;
+  auto init = [&](const Member& m) {  // the member's global initial values, on the host
+    const StageBlock& blk = p_.blocks[m.block];
+    const GraphOp& op = blk.graph->ops[m.op];
+    TensorType type{op.weights[m.w].shape, Dtype::kBf16};
+    host.assign(static_cast<size_t>(type.elements()), 0);
+    init_weight(Tensor{host.data(), type}, blk, op, m.w, s_.setup.tp, tp_rank_, seed);
+  };
   for (size_t b = 0; b < p_.blocks.size(); ++b) {
     const StageBlock& blk = p_.blocks[b];
     weights_[b].resize(blk.graph->ops.size());
@@ -28,19 +36,36 @@ void ParamStore::allocate(const Allocate& alloc, uint64_t seed) {
       if (!op.attrs.tie.empty()) tie_owner_[op.attrs.tie] = {b, o};
       for (size_t w = 0; w < op.weights.size(); ++w) {
         TensorType type{op.weights[w].shape, Dtype::kBf16};
-        Tensor t = alloc(type, static_weight_name(blk, op, w), Category::kWeight);
-        host.assign(static_cast<size_t>(type.elements()), 0);
-        init_weight(Tensor{host.data(), type}, blk, op, w, s_.setup.tp, tp_rank_, seed);
-        be_.copy_from_host(t, host.data());
-        weights_[b][o].push_back(t);
         Group& g = op.expert_weights ? expert_ : dense_;
-        g.members.push_back({t, g.n});
-        g.n += t.numel();
+        Member m{static_cast<int>(b), static_cast<int>(o), static_cast<int>(w), g.n,
+                 type.elements(), {}};
+        if (zero < 3) {
+          m.weight = alloc(type, static_weight_name(blk, op, w), Category::kWeight);
+          init(m);
+          be_.copy_from_host(m.weight, host.data());
+        }
+        weights_[b][o].push_back(m.weight);  // ZeRO-3: bound to the gathered buffer later
+        g.members.push_back(m);
+        g.n += m.n;
       }
     }
   }
   allocate_group(dense_, "dense", alloc);
   allocate_group(expert_, "expert", alloc);
+  for (Group* g : {&dense_, &expert_})
+    for (const Member& m : g->members) {
+      auto [a, z] = held(*g, m);
+      if (z <= a) continue;
+      if (zero == 3) {  // this rank's part of the weight, from the same global initial values
+        init(m);
+        Tensor part{g->shard_weights.as<unsigned char>() + (m.off + a - g->lo) * 2,
+                    {{z - a}, Dtype::kBf16}};
+        be_.copy_from_host(part, host.data() + a);
+      }
+      if (g->master)  // fp32 master weights of the owned elements
+        be_.copy_elements(g->master, m.off + a - g->lo, zero == 3 ? g->shard_weights : m.weight,
+                          zero == 3 ? m.off + a - g->lo : a, z - a);
+    }
   for (size_t b = 0; b < p_.blocks.size(); ++b) {
     wgrads_[b].resize(weights_[b].size());
     for (size_t o = 0; o < weights_[b].size(); ++o) {
@@ -49,31 +74,43 @@ void ParamStore::allocate(const Allocate& alloc, uint64_t seed) {
         auto [ob, oo] = tie_owner_.at(op.attrs.tie);
         weights_[b][o] = weights_[ob][oo];
       }
-      for (const Tensor& w : weights_[b][o]) wgrads_[b][o].push_back(grad_view(w));
+      wgrads_[b][o].assign(weights_[b][o].size(), Tensor{});
     }
   }
+  if (zero >= 2) return;  // gradients go to the blocks' buckets (bind_bucket)
+  for (const Group* g : {&dense_, &expert_})
+    for (const Member& m : g->members) {
+      Tensor view{g->grad.as<unsigned char>() + m.off * dtype_bytes(g->grad.type.dtype),
+                  {m.weight.type.shape, g->grad.type.dtype}};
+      for (size_t b = 0; b < p_.blocks.size(); ++b)  // the owner, and its tied copies
+        for (size_t o = 0; o < weights_[b].size(); ++o)
+          if (static_cast<size_t>(m.w) < weights_[b][o].size() &&
+              weights_[b][o][m.w].data == m.weight.data)
+            wgrads_[b][o][m.w] = view;
+    }
 }
 
 void ParamStore::allocate_group(Group& g, const std::string& name, const Allocate& alloc) {
   if (g.n == 0) return;
   const TrainSpec& t = s_.setup;
   Dtype gd = t.grad_dtype;
-  g.grad = alloc({{g.n}, gd}, "grad_buffer." + name + " (" + name_of(gd) + ")",
-                 Category::kGradient);
-  be_.fill(g.grad, 0.0f);
   g.shard = g.n, g.lo = 0, g.hi = g.n;
   if (t.zero >= 1) {
     g.shard = (g.n + t.dp - 1) / t.dp;
     g.lo = std::min(g.n, comm_.dp_rank() * g.shard), g.hi = std::min(g.n, g.lo + g.shard);
   }
+  if (t.zero >= 3) {
+    g.shard_weights = alloc({{g.shard}, Dtype::kBf16}, "weights." + name + " (ZeRO-3 shard, bf16)",
+                            Category::kWeight);
+    be_.fill(g.shard_weights, 0.0f);
+  }
+  g.grad = alloc({{t.zero >= 2 ? g.shard : g.n}, gd},
+                 "grad_buffer." + name + " (" + name_of(gd) + ")", Category::kGradient);
+  be_.fill(g.grad, 0.0f);
   if (t.optimizer == Optimizer::kNone) return;
   g.master = alloc({{g.shard}, Dtype::kFp32}, "optimizer.master." + name + " (fp32)",
                    Category::kOptimizer);
   be_.fill(g.master, 0.0f);
-  for (auto& [w, off] : g.members) {
-    int64_t a = std::max(off, g.lo), b = std::min(off + w.numel(), g.hi);
-    if (b > a) be_.copy_elements(g.master, a - g.lo, w, a - off, b - a);
-  }
   if (t.optimizer != Optimizer::kAdamW) return;
   g.m = alloc({{g.shard}, Dtype::kFp32}, "optimizer.exp_avg." + name + " (fp32)",
               Category::kOptimizer);
@@ -83,16 +120,75 @@ void ParamStore::allocate_group(Group& g, const std::string& name, const Allocat
   be_.fill(g.v, 0.0f);
 }
 
-Tensor ParamStore::grad_view(const Tensor& w) const {
-  for (const Group* g : {&dense_, &expert_})
-    for (const auto& [member, off] : g->members)
-      if (member.data == w.data)
-        return Tensor{g->grad.as<unsigned char>() + off * dtype_bytes(g->grad.type.dtype),
-                      {w.type.shape, g->grad.type.dtype}};
-  throw std::logic_error("weight without a gradient slot");
+std::pair<int64_t, int64_t> ParamStore::held(const Group& g, const Member& m) {
+  return {std::clamp(g.lo - m.off, int64_t{0}, m.n), std::clamp(g.hi - m.off, int64_t{0}, m.n)};
+}
+
+std::pair<int64_t, int64_t> ParamStore::block_range(const Group& g, int block) const {
+  int64_t first = -1, n = 0;
+  for (const Member& m : g.members)
+    if (m.block == block) {
+      if (first < 0) first = m.off;
+      n += m.n;
+    }
+  return {std::max<int64_t>(first, 0), n};
+}
+
+int64_t ParamStore::block_elements(int block) const {
+  return block_range(dense_, block).second + block_range(expert_, block).second;
+}
+
+Tensor ParamStore::block_part(const Tensor& buffer, int block, const Group& g) const {
+  int64_t before = &g == &expert_ ? block_range(dense_, block).second : 0;
+  return Tensor{buffer.as<unsigned char>() + before * dtype_bytes(buffer.type.dtype),
+                {{block_range(g, block).second}, buffer.type.dtype}};
+}
+
+void ParamStore::bind_views(int block, const Tensor& buffer, bool grads) {
+  for (const Group* g : {&dense_, &expert_}) {
+    Tensor part = block_part(buffer, block, *g);
+    int64_t first = block_range(*g, block).first;
+    for (const Member& m : g->members) {
+      if (m.block != block) continue;
+      const GraphOp& op = p_.blocks[block].graph->ops[m.op];
+      Tensor view{part.as<unsigned char>() + (m.off - first) * dtype_bytes(part.type.dtype),
+                  {op.weights[m.w].shape, part.type.dtype}};
+      (grads ? wgrads_ : weights_)[block][m.op][m.w] = view;
+    }
+  }
+}
+
+void ParamStore::bind_bucket(int block, const Tensor& bucket) {
+  be_.fill(bucket, 0.0f);
+  bind_views(block, bucket, true);
+}
+
+void ParamStore::reduce_bucket(int block, const Tensor& bucket) {
+  // Replicated weights applied to sequence shards have partial gradients per TP rank: summed over
+  // TP in the bucket first (every TP rank holds them at the same place).
+  for (size_t o = 0; o < p_.blocks[block].graph->ops.size(); ++o)
+    if (p_.blocks[block].graph->ops[o].tp_partial_weight_grads)
+      for (const Tensor& g : wgrads_[block][o]) comm_.all_reduce(g);
+  for (const Group* g : {&dense_, &expert_}) {
+    auto [first, n] = block_range(*g, block);
+    if (n > 0) comm_.dp_reduce_scatter_into(block_part(bucket, block, *g), first, g->shard, g->grad);
+  }
+}
+
+void ParamStore::gather_block(int block, const Tensor& gathered) {
+  for (const Group* g : {&dense_, &expert_}) {
+    auto [first, n] = block_range(*g, block);
+    if (n == 0) continue;
+    Tensor part = block_part(gathered, block, *g);
+    int64_t a = std::max(first, g->lo), z = std::min(first + n, g->hi);
+    if (z > a) be_.copy_elements(part, a - first, g->shard_weights, a - g->lo, z - a);
+    comm_.dp_all_gather(part, first, g->shard);
+  }
+  bind_views(block, gathered, false);
 }
 
 void ParamStore::sync_gradients() {
+  if (s_.setup.zero >= 2) return;  // every bucket was reduced after its block's backward
   for (size_t b = 0; b < p_.blocks.size(); ++b)
     for (size_t o = 0; o < p_.blocks[b].graph->ops.size(); ++o)
       if (p_.blocks[b].graph->ops[o].tp_partial_weight_grads)
@@ -115,37 +211,30 @@ void ParamStore::sync_gradients() {
 std::map<std::string, std::vector<float>> ParamStore::capture_gradients() const {
   std::map<std::string, std::vector<float>> out;
   std::vector<unsigned char> host;
-  for (size_t b = 0; b < p_.blocks.size(); ++b)
-    for (size_t o = 0; o < p_.blocks[b].graph->ops.size(); ++o) {
-      const GraphOp& op = p_.blocks[b].graph->ops[o];
-      for (size_t w = 0; w < wgrads_[b][o].size(); ++w) {
-        const Tensor& g = wgrads_[b][o][w];
-        bool sharded = weight_shard(op.kind, op.weights[w].suffix) != Shard::kReplicated;
-        int64_t tp = sharded ? s_.setup.tp : 1;
-        host.resize(static_cast<size_t>(g.bytes()));
-        be_.copy_to_host(host.data(), g);
-        Tensor h{host.data(), g.type};
-        std::vector<float>& v = out[weight_key(p_.blocks[b], op, w)];
-        v.assign(static_cast<size_t>(g.numel() * tp), std::nanf(""));
-        // ZeRO-1: only the part whose optimizer states this rank holds has the DP sum.
-        auto [lo, hi] = held(weights_[b][o][w]);
-        for (int64_t i = lo; i < hi; ++i)
-          v[global_weight_index(op, w, i, tp, sharded ? tp_rank_ : 0)] = load(h, i);
-      }
+  for (const Group* g : {&dense_, &expert_}) {
+    if (g->n == 0) continue;
+    // ZeRO-1/2/3: only the part whose optimizer states this rank holds has the DP sum.
+    const bool sharded_buffer = s_.setup.zero >= 2;
+    host.resize(static_cast<size_t>(g->grad.bytes()));
+    be_.copy_to_host(host.data(), g->grad);
+    Tensor h{host.data(), g->grad.type};
+    for (const Member& m : g->members) {
+      const GraphOp& op = p_.blocks[m.block].graph->ops[m.op];
+      bool sharded = weight_shard(op.kind, op.weights[m.w].suffix) != Shard::kReplicated;
+      int64_t tp = sharded ? s_.setup.tp : 1;
+      std::vector<float>& v = out[weight_key(p_.blocks[m.block], op, m.w)];
+      v.assign(static_cast<size_t>(m.n * tp), std::nanf(""));
+      auto [a, z] = held(*g, m);
+      for (int64_t i = a; i < z; ++i)
+        v[global_weight_index(op, m.w, i, tp, sharded ? tp_rank_ : 0)] =
+            load(h, (sharded_buffer ? m.off - g->lo : m.off) + i);
     }
+  }
   return out;
 }
 
-std::pair<int64_t, int64_t> ParamStore::held(const Tensor& w) const {
-  for (const Group* g : {&dense_, &expert_})
-    for (const auto& [member, off] : g->members)
-      if (member.data == w.data)
-        return {std::clamp(g->lo - off, int64_t{0}, w.numel()),
-                std::clamp(g->hi - off, int64_t{0}, w.numel())};
-  throw std::logic_error("weight without a gradient slot");
-}
-
 void ParamStore::optimizer_step(int step, float lr) {
+  const int zero = s_.setup.zero;
   for (Group* g : {&dense_, &expert_}) {
     if (g->n == 0) continue;
     if (s_.setup.optimizer != Optimizer::kNone) {
@@ -155,16 +244,20 @@ void ParamStore::optimizer_step(int step, float lr) {
       };
       if (g->hi > g->lo)
         be_.optimizer_update({.kind = s_.setup.optimizer,
-                              .grad = part(g->grad, g->lo),
+                              .grad = part(g->grad, zero >= 2 ? 0 : g->lo),
                               .master = part(g->master, 0),
                               .m = g->m ? part(g->m, 0) : Tensor{},
                               .v = g->v ? part(g->v, 0) : Tensor{},
                               .lr = lr,
                               .step = step});
-      for (auto& [w, off] : g->members) {
-        int64_t a = std::max(off, g->lo), b = std::min(off + w.numel(), g->hi);
-        if (b > a) be_.copy_elements(w, a - off, g->master, a - g->lo, b - a);
-        if (s_.setup.zero >= 1) comm_.dp_all_gather(w, off, g->shard);
+      if (zero == 3) {
+        if (g->hi > g->lo) be_.copy_elements(g->shard_weights, 0, g->master, 0, g->hi - g->lo);
+      } else {
+        for (const Member& m : g->members) {
+          auto [a, z] = held(*g, m);
+          if (z > a) be_.copy_elements(m.weight, a, g->master, m.off + a - g->lo, z - a);
+          if (zero >= 1) comm_.dp_all_gather(m.weight, m.off, g->shard);
+        }
       }
     }
     be_.fill(g->grad, 0.0f);

@@ -1,8 +1,19 @@
 // A rank's parameters: its bf16 weights, the flat gradient buffers they accumulate into, and the
-// optimizer states, as the contract's statics (planner/contract.hpp, point 1). Initial values,
-// gradient synchronisation, the optimizer step and gradient capture all go through the backend
-// and the communicator: nothing here touches device memory directly.
+// optimizer states, as the contract's statics (planner/contract.hpp, point 1), sharded over the
+// data-parallel group as the setup's ZeRO stage says. Initial values, gradient synchronisation,
+// the optimizer step and gradient capture all go through the backend and the communicator:
+// nothing here touches device memory directly.
+//
+// Each parameter group (dense, expert) is one flat index space: the block's weights in forward
+// order, op-table order within a block. ZeRO splits it over the DP group in blocks of
+// ceil(n / dp) elements, block q owned by DP rank q: the optimizer states (ZeRO-1), the gradient
+// buffer (ZeRO-2) and the bf16 weights (ZeRO-3) hold only the owned block. Under ZeRO-2/3 a
+// block's weight gradients go to a per-block bucket ([dense | expert] of the block), reduce-
+// scattered into the sharded gradient buffer after the block's backward; under ZeRO-3 a block's
+// weights are all-gathered into a per-block buffer of the same layout before its forward and its
+// backward. Buckets and gathered buffers are the plan's transients; the runner allocates them.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -24,33 +35,55 @@ class ParamStore {
 
   // Allocates and initialises every static tensor of the stage, in the contract's order.
   void allocate(const Allocate& alloc, uint64_t seed);
-  // The weights and their gradient views of op `op` of block `block`, in op-table order.
+  // The weights and their gradient views of op `op` of block `block`, in op-table order (ZeRO-3:
+  // views into the block's gathered buffer; ZeRO-2/3: gradients into its bucket).
   const std::vector<Tensor>& weights(int block, int op) const { return weights_[block][op]; }
   const std::vector<Tensor>& weight_grads(int block, int op) const { return wgrads_[block][op]; }
 
+  // Bytes of block b's bucket or gathered buffer: its weights' elements x the dtype's size.
+  int64_t block_elements(int block) const;
+  // ZeRO-2/3: the block's weight gradients go to `bucket` (zeroed here) until reduce_bucket.
+  void bind_bucket(int block, const Tensor& bucket);
+  // ZeRO-2/3: the bucket's sum over the DP group, this rank's part added to the gradient buffer.
+  void reduce_bucket(int block, const Tensor& bucket);
+  // ZeRO-3: the block's weights all-gathered into `gathered`, its weight views bound there.
+  void gather_block(int block, const Tensor& gathered);
+
   // Sums partial gradients over TP and the tied embedding's over its two stages, then over the
   // data-parallel replicas: an all-reduce (ZeRO-0), or a reduce-scatter leaving this rank the sum
-  // of the part of the buffer whose optimizer states it holds (ZeRO-1).
+  // of the part of the buffer whose optimizer states it holds (ZeRO-1); under ZeRO-2/3 the
+  // buckets were reduced already.
   void sync_gradients();
   // This rank's gradients in the global (unsharded) layout: elements other ranks hold are NaN.
   std::map<std::string, std::vector<float>> capture_gradients() const;
-  // The optimizer update of step `step` (0-based), new bf16 weights, gradients zeroed. ZeRO-1:
-  // this rank updates its part and the replicas all-gather the new bf16 weights.
+  // The optimizer update of step `step` (0-based), new bf16 weights, gradients zeroed. ZeRO-1/2:
+  // this rank updates its part and the replicas all-gather the new bf16 weights; ZeRO-3: its
+  // part of the weights is all it keeps.
   void optimizer_step(int step, float lr);
 
  private:
+  struct Member {
+    int block, op, w;
+    int64_t off, n;  // element offset in the group's flat space, elements
+    Tensor weight;   // the static weight (ZeRO-0..2); unset under ZeRO-3
+  };
   struct Group {
-    Tensor grad, master, m, v;
-    std::vector<std::pair<Tensor, int64_t>> members;  // weight, element offset in the buffers
+    Tensor grad, master, m, v, shard_weights;  // shard_weights: ZeRO-3's bf16 weights
+    std::vector<Member> members;
     int64_t n = 0;
-    // ZeRO-1: the optimizer states hold elements [lo, hi) of the n, in blocks of `shard` per DP
-    // rank (the planner's ceil(n / dp)); without ZeRO, all of them.
+    // The owned elements [lo, hi) of the n, in blocks of `shard` per DP rank (the planner's
+    // ceil(n / dp)); without ZeRO, all of them.
     int64_t shard = 0, lo = 0, hi = 0;
   };
   void allocate_group(Group& g, const std::string& name, const Allocate& alloc);
-  Tensor grad_view(const Tensor& w) const;
-  // The element range [lo, hi) of weight w whose optimizer states this rank holds.
-  std::pair<int64_t, int64_t> held(const Tensor& w) const;
+  // Block b's range in a group's flat space: first element, count.
+  std::pair<int64_t, int64_t> block_range(const Group& g, int block) const;
+  // Block b's part of a bucket or gathered buffer for group g (dense first, then expert).
+  Tensor block_part(const Tensor& buffer, int block, const Group& g) const;
+  // The element range [lo, hi) of a member whose optimizer states this rank holds.
+  static std::pair<int64_t, int64_t> held(const Group& g, const Member& m);
+  // Points the block's weight (or gradient) views into a [dense | expert] buffer.
+  void bind_views(int block, const Tensor& buffer, bool grads);
 
   const Schedule& s_;
   const StageProgram& p_;

@@ -110,8 +110,10 @@ class RankRunner {
   void dispatch(const Instr& in) {
     switch (in.kind) {
       case InstrKind::kAlloc:
-        if (in.block >= 0)
-          throw std::logic_error("ZeRO-2/3 gradient buckets are not supported by this executor");
+        if (in.block >= 0) {  // ZeRO-2/3: the block's gradient bucket
+          params_.bind_bucket(in.block, allocate_block_buffer(in, s_.setup.grad_dtype));
+          break;
+        }
         if (step_ == 0)
           params_.allocate([this](const TensorType& type, const std::string& name,
                                   Category c) { return allocate_static(type, name, c); },
@@ -141,12 +143,28 @@ class RankRunner {
         if (step_ == 0 && opt_.capture_grads) out_.grads = params_.capture_gradients();
         params_.optimizer_step(step_, opt_.lr);
         break;
-      case InstrKind::kGatherParams:
+      case InstrKind::kGatherParams:  // ZeRO-3: the block's weights, gathered
+        params_.gather_block(in.block, allocate_block_buffer(in, Dtype::kBf16));
+        break;
       case InstrKind::kReduceGrads:
-        throw std::logic_error("ZeRO-2/3 instructions are not supported by this executor");
+        params_.reduce_bucket(in.block, bound(p_.reads(in)[0]));
+        break;
       case InstrKind::kFree:
         break;
     }
+  }
+
+  // A ZeRO bucket or gathered buffer: the block's weight elements in `dtype`, bound to the plan's
+  // tensor the instruction allocates.
+  Tensor allocate_block_buffer(const Instr& in, Dtype dtype) {
+    int32_t id = p_.allocs(in).empty() ? -1 : p_.allocs(in)[0];
+    TensorType type{{params_.block_elements(in.block)}, dtype};
+    std::string name = id >= 0 ? p_.tensor_name(id) : "ZeRO buffer of " + p_.instr_name(in);
+    Tensor t{alloc_.allocate(type.bytes(), name, id >= 0 ? p_.tensors[id].category
+                                                         : Category::kTransient, id),
+             type};
+    if (id >= 0) bound_[id] = t;
+    return t;
   }
 
   // Statics are bound to the plan's ids by name (contract point 1).

@@ -28,9 +28,10 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
   if (t.ep != 1)
     return make_error("the executor runs ep = 1 (expert parallelism is estimated, not executed); "
                       "got --ep " + std::to_string(t.ep) + ": use --ep 1");
-  if (t.zero >= 2)
-    return make_error("the executor runs ZeRO 0 or 1 (ZeRO-2/3 are estimated, not executed); got "
-                      "--zero " + std::to_string(t.zero) + ": use --zero 0 or 1");
+  if (t.zero >= 2 && s.model.tie_embeddings)
+    return make_error("the executor runs ZeRO-2/3 without tied embeddings (the LM head's tied "
+                      "weight has no bucket of its own); got --zero " + std::to_string(t.zero) +
+                      " with " + s.model.name + ": use --zero 0 or 1");
   if (t.tp * t.pp * t.dp > 64)
     return make_error("the executor runs at most 64 ranks; got tp x pp x dp = " +
                       std::to_string(t.tp * t.pp * t.dp));

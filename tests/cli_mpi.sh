@@ -40,6 +40,7 @@ same_run tp2pp2 4 --tp 2 --pp 2 --recompute none
 # Data-parallel replicas as processes: the DP group's reduce-scatter and all-gather over MPI.
 same_run dp2zero1 2 --dp 2 --zero 1 --recompute selective
 same_run tp2dp2zero0 4 --tp 2 --dp 2 --recompute full
+same_run tp2dp2zero3 4 --tp 2 --dp 2 --zero 3 --recompute none
 
 "${MPI[@]}" -n 4 "$GRADS" >"$TMP/grads.out" 2>&1; rc=$?
 check "tp 2 x pp 2 over MPI: losses and every gradient bitwise the in-process run's" \

@@ -62,11 +62,13 @@ check "estimate JSON: chunk passes in flight (2 (pp - 1) + (v - 1) pp + 1 = 5 on
 # Data parallelism: replicas as threads; each runs its share of the micro-batches (the same tokens
 # as one replica running them all), gradients all-reduced (ZeRO-0) or reduce-scattered with the
 # optimizer states sharded and the new weights all-gathered (ZeRO-1).
-DP=(--model "$TMP/tiny.toml" --pp 2 --seq-len 8 --micro-batch 2 --pp-schedule 1f1b --steps 3)
-"$NP" run "${DP[@]}" --microbatches 4 >"$TMP/dp1" 2>&1
-for z in 0 1; do
-  "$NP" run "${DP[@]}" --microbatches 2 --dp 2 --zero $z >"$TMP/dp2z$z" 2>&1; rc=$?
-  check "run --dp 2 --zero $z: predicted = measured on 4 ranks" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/dp2z$z" && [ "$(grep -cE "^ +[0-3] +[01] +[01] +0 " "$TMP/dp2z$z")" -eq 4 ]'
+DP=(--model "$TMP/tiny.toml" --seq-len 8 --micro-batch 2 --pp-schedule 1f1b --steps 3)
+"$NP" run "${DP[@]}" --pp 2 --microbatches 4 >"$TMP/dp1" 2>&1
+for z in 0 1 2 3; do
+  pp=2
+  [ $z -ge 2 ] && pp=1  # ZeRO-2/3 without pipelining
+  "$NP" run "${DP[@]}" --pp $pp --microbatches 2 --dp 2 --zero $z >"$TMP/dp2z$z" 2>&1; rc=$?
+  check "run --dp 2 --zero $z: predicted = measured on $((2 * pp)) ranks" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/dp2z$z" && [ "$(grep -cE "^ +[0-3] +[01] +[01] +0 " "$TMP/dp2z$z")" -eq $((2 * pp)) ]'
   check "run --dp 2 --zero $z: the losses of one replica with twice the micro-batches" \
     'python3 - "$TMP/dp1" "$TMP/dp2z$z" <<PY
 import re, sys
@@ -112,7 +114,8 @@ bad "--backend cuda where it cannot run (no GPU here, or a multi-rank plan)" "^n
 check "--backend auto falls back to the CPU executor and says why" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/auto.out" && grep -q "^nanoplan: --backend auto: the CPU executor (" "$TMP/auto.out"'
 bad "missing plan file" "cannot read plan" run "$TMP/nope.json"
 bad "context parallelism in the executor" "cp = 1" run --model "$TMP/tiny.toml" --seq-len 8 --micro-batch 2 --cp 2
-bad "ZeRO-2 in the executor" "ZeRO 0 or 1" run --model "$TMP/tiny.toml" --seq-len 8 --micro-batch 2 --dp 2 --zero 2
+{ cat "$TMP/tiny.toml"; echo "tie_word_embeddings = true"; } >"$TMP/tied.toml"
+bad "ZeRO-2 with tied embeddings in the executor" "without tied embeddings" run --model "$TMP/tied.toml" --seq-len 8 --micro-batch 2 --dp 2 --zero 2
 printf '{"format": "nanoplan-schedule",\n "format_version": 3,\n oops}\n' >"$TMP/broken.json"
 bad "malformed plan JSON names the line" "broken.json:3" run "$TMP/broken.json"
 

@@ -227,6 +227,9 @@ class IdentityComm final : public Communicator {
   int64_t dp_size() const override { return 1; }
   void dp_reduce_scatter(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no dp"); }
   void dp_all_gather(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no dp"); }
+  void dp_reduce_scatter_into(const Tensor&, int64_t, int64_t, const Tensor&) override {
+    throw std::logic_error("no dp");
+  }
   int calls = 0;
 
  private:
@@ -276,6 +279,9 @@ class ThreadComm final : public Communicator {
   int64_t dp_size() const override { return 1; }
   void dp_reduce_scatter(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no dp"); }
   void dp_all_gather(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no dp"); }
+  void dp_reduce_scatter_into(const Tensor&, int64_t, int64_t, const Tensor&) override {
+    throw std::logic_error("no dp");
+  }
 
  private:
   void publish(const void* p) {

@@ -23,10 +23,14 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
   ASSERT_TRUE(sc.ok()) << sc.error().message;
   ASSERT_GE(sc->matrix.size(), 8u);
   if (GetParam() == "tiny-llama-dp")
-    for (int zero : {0, 1})
+    for (int zero : {0, 1, 2, 3})
       EXPECT_TRUE(std::any_of(sc->matrix.begin(), sc->matrix.end(), [&](const TrainSpec& t) {
-        return t.dp == 4 && t.zero == zero && t.tp == 2 && t.pp == 2;
+        return t.dp == 4 && t.zero == zero && t.tp == 2 && t.pp == (zero >= 2 ? 1 : 2);
       }));
+  if (GetParam() == "tiny-moe")  // ZeRO-3 over the dense and the expert groups, with TP
+    EXPECT_TRUE(std::any_of(sc->matrix.begin(), sc->matrix.end(), [](const TrainSpec& t) {
+      return t.dp == 2 && t.zero == 3 && t.tp == 2;
+    }));
   if (GetParam() == "tiny-llama" || GetParam() == "tiny-gpt")  // 4 layers: pp 2 x 2 chunks
     EXPECT_TRUE(std::any_of(sc->matrix.begin(), sc->matrix.end(), [](const TrainSpec& t) {
       return t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages == 2;

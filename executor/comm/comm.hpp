@@ -44,6 +44,11 @@ class Communicator {
   // The elements this rank owns become their sum over the group (fp32, in rank order); the
   // others keep their values (a reduce-scatter in place).
   virtual void dp_reduce_scatter(const Tensor& t, int64_t first, int64_t shard) = 0;
+  // ZeRO-2/3's bucket reduction: `into` holds this rank's block of the flat buffer (elements
+  // dp_rank x shard onwards); each owned element of t is summed over the group (fp32: into's
+  // value first, then the ranks in order) into its place in `into`. t is left as it was.
+  virtual void dp_reduce_scatter_into(const Tensor& t, int64_t first, int64_t shard,
+                                      const Tensor& into) = 0;
   // Every rank's owned elements are copied to the same elements of every other rank (an
   // all-gather in place).
   virtual void dp_all_gather(const Tensor& t, int64_t first, int64_t shard) = 0;

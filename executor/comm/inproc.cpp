@@ -26,6 +26,19 @@ class InProcessComm final : public Communicator {
     wait_dp();
   }
 
+  void dp_reduce_scatter_into(const Tensor& t, int64_t first, int64_t shard,
+                              const Tensor& into) override {
+    publish_dp(t.data);
+    auto [lo, hi] = owned(t, first, shard, dp_rank_);
+    if (hi > lo) {
+      int64_t e = dtype_bytes(t.type.dtype), at = first + lo - dp_rank_ * shard;
+      std::vector<const void*> ins{into.as<unsigned char>() + at * e};
+      for (const void* p : dp_group().slots) ins.push_back(static_cast<const unsigned char*>(p) + lo * e);
+      w_.transfer_->sum(into, at, ins, 0, hi - lo);
+    }
+    wait_dp();
+  }
+
   void dp_all_gather(const Tensor& t, int64_t first, int64_t shard) override {
     if (w_.dp_ == 1) return;
     publish_dp(t.data);

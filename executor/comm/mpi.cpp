@@ -70,6 +70,20 @@ class MpiComm final : public Communicator {
     transfer_->copy(t.as<unsigned char>() + lo * elem, mine.data() + lo * elem, (hi - lo) * elem);
   }
 
+  void dp_reduce_scatter_into(const Tensor& t, int64_t first, int64_t shard,
+                              const Tensor& into) override {
+    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * dp_));
+    dp_gather(mine, all);
+    auto [lo, hi] = owned(t, first, shard, dp_rank_);
+    if (hi <= lo) return;
+    int64_t e = dtype_bytes(t.type.dtype), at = first + lo - dp_rank_ * shard;
+    std::vector<unsigned char> acc = to_host(into);
+    std::vector<const void*> ins{acc.data() + at * e};
+    for (int64_t q = 0; q < dp_; ++q) ins.push_back(all.data() + q * t.bytes() + lo * e);
+    host_->sum(Tensor{acc.data(), into.type}, at, ins, 0, hi - lo);
+    transfer_->copy(into.as<unsigned char>() + at * e, acc.data() + at * e, (hi - lo) * e);
+  }
+
   void dp_all_gather(const Tensor& t, int64_t first, int64_t shard) override {
     if (dp_ == 1) return;
     std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * dp_));

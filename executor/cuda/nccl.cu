@@ -75,6 +75,10 @@ class NcclComm final : public exec::Communicator {
   void dp_all_gather(const Tensor& t, int64_t first, int64_t shard) override {
     mpi_.dp_all_gather(t, first, shard);
   }
+  void dp_reduce_scatter_into(const Tensor& t, int64_t first, int64_t shard,
+                              const Tensor& into) override {
+    mpi_.dp_reduce_scatter_into(t, first, shard, into);
+  }
 
  private:
   static void done() { NP_CUDA_CHECK(cudaStreamSynchronize(nullptr)); }
