@@ -33,6 +33,7 @@ struct OpContext {
   // Global index (within the micro-batch's s*b tokens, order pos*b + batch) of the first local row
   // of a sequence-sharded tensor: tp_rank * s*b/tp under SP, else 0.
   int64_t token_offset = 0;
+  int64_t cp_rank = 0;  // context parallelism: which two chunks of each sequence this rank holds
   float loss_scale = 1.0f;  // d(step loss)/d(per-token loss): 1 / (tokens x micro-batches)
   // Allocates device-model memory through the rank's tracking allocator.
   std::function<Tensor(const TensorType&, AllocRole)> alloc;
@@ -120,7 +121,19 @@ inline constexpr double kNormEps = 1e-5;
 // Global index (within the micro-batch's s*b tokens) of the first row of a token tensor with
 // `rows` rows: 0 when it holds the full sequence, else the context's sequence-shard offset.
 inline int64_t first_token_row(const OpContext& ctx, int64_t rows) {
-  return rows == ctx.setup->seq_len * ctx.setup->micro_batch ? 0 : ctx.token_offset;
+  return rows == ctx.setup->seq_len / ctx.setup->cp * ctx.setup->micro_batch ? 0
+                                                                            : ctx.token_offset;
+}
+
+// The row of the whole micro-batch (order pos*b + batch) that local token row `row` is: the row
+// itself without context parallelism; else local position u of CP rank c is in chunk c (u below
+// half a chunk pair) or chunk 2 cp - 1 - c of the 2 cp chunks of s / (2 cp) positions.
+inline int64_t global_token_row(const OpContext& ctx, int64_t row) {
+  const TrainSpec& t = *ctx.setup;
+  if (t.cp == 1) return row;
+  int64_t b = t.micro_batch, u = row / b, half = t.seq_len / (2 * t.cp);
+  int64_t chunk = u < half ? ctx.cp_rank : 2 * t.cp - 1 - ctx.cp_rank;
+  return (chunk * half + u % half) * b + row % b;
 }
 
 // Counter-based uniform random number in [0, 1) for (seed, stream, index): the same triple gives

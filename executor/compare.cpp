@@ -15,8 +15,8 @@ namespace {
 
 std::string describe(const StageProgram& p, const RankResult& r, const MemEvent* e) {
   if (!e) return "nothing";
-  std::string name = e->tensor >= 0 ? p.tensor_name(e->tensor)
-                                    : "unplanned " + r.unplanned.at(-e->tensor - 1);
+  std::string name =
+      e->tensor >= 0 ? p.tensor_name(e->tensor) : "unplanned " + r.unplanned.at(-e->tensor - 1);
   return std::string(e->alloc ? "alloc " : "free ") + name + " (" + format_int(e->bytes) + " B)";
 }
 
@@ -44,8 +44,8 @@ std::optional<Divergence> first_divergence(const StageProgram& p, const RankResu
     d.predicted = describe(p, r, pe);
     d.measured = describe(p, r, me);
     for (auto [id, bytes] : live) {
-      d.live.push_back({id >= 0 ? p.tensor_name(id) : "unplanned " + r.unplanned.at(-id - 1),
-                        bytes, id >= 0 ? p.tensors[id].category : Category::kTransient});
+      d.live.push_back({id >= 0 ? p.tensor_name(id) : "unplanned " + r.unplanned.at(-id - 1), bytes,
+                        id >= 0 ? p.tensors[id].category : Category::kTransient});
       d.live_bytes += bytes;
     }
     std::stable_sort(d.live.begin(), d.live.end(),
@@ -93,6 +93,7 @@ RunComparison compare(const Schedule& s, const RunResult& r, std::string title,
     RankComparison rc{rr.global_rank,
                       rr.stage,
                       rr.dp_rank,
+                      rr.cp_rank,
                       rr.tp_rank,
                       sim.peak_bytes,
                       rr.measured_peak,
@@ -110,8 +111,8 @@ RunComparison compare(const Schedule& s, const RunResult& r, std::string title,
     std::map<int32_t, int64_t> live;
     for (size_t step = 0; step < rr.events.size() && !rc.divergence; ++step) {
       const std::vector<MemEvent>& predicted = step == 0 ? sim.events : later;
-      rc.divergence = first_divergence(p, rr, static_cast<int>(step), predicted,
-                                       rr.events[step], live);
+      rc.divergence =
+          first_divergence(p, rr, static_cast<int>(step), predicted, rr.events[step], live);
       rc.events += rc.divergence ? rc.divergence->event : predicted.size();
     }
     if (rr.events.empty()) rc.divergence = Divergence{.predicted = "events", .measured = "none"};
@@ -170,8 +171,8 @@ nlohmann::json runtime_json(const std::vector<LiveAllocation>& buffers) {
 std::string divergence_text(const RankComparison& r) {
   const Divergence& d = *r.divergence;
   std::string out = "    first divergence: step " + std::to_string(d.step + 1) + ", event " +
-                    std::to_string(d.event) + ", instruction " + std::to_string(d.instr) +
-                    " '" + d.instr_name + "'\n      predicted: " + d.predicted +
+                    std::to_string(d.event) + ", instruction " + std::to_string(d.instr) + " '" +
+                    d.instr_name + "'\n      predicted: " + d.predicted +
                     "\n      measured:  " + d.measured + "\n      live before it (measured, " +
                     std::to_string(d.live.size()) + " tensors, " + format_int(d.live_bytes) +
                     " B):";
@@ -185,16 +186,20 @@ std::string divergence_text(const RankComparison& r) {
 
 std::string comparison_table(const RunComparison& c) {
   std::string out = c.title + "\n";
-  out +=
-      "  rank  stage  dp  tp   predicted peak B    measured peak B   difference   (weights / "
-      "grads / optim / activ / transient, measured)\n";
+  const bool cp = c.setup.cp > 1;  // a CP column only where there is context parallelism
+  out += std::string("  rank  stage  dp  ") + (cp ? "cp  " : "") +
+         "tp   predicted peak B    measured peak B   difference   (weights / grads / optim / "
+         "activ / transient, measured)\n";
   for (const RankComparison& r : c.ranks) {
     char buf[512];
     const auto& m = r.measured_at_peak;
     std::snprintf(
-        buf, sizeof buf, "  %4lld  %5lld  %2lld  %2lld  %17s  %17s  %11s   %s / %s / %s / %s / %s%s\n",
-        (long long)r.rank, (long long)r.stage, (long long)r.dp_rank, (long long)r.tp_rank,
-        format_int(r.predicted).c_str(), format_int(r.measured).c_str(),
+        buf, sizeof buf,
+        "  %4lld  %5lld  %2lld  %s%2lld  %17s  %17s  %11s   %s / %s / %s / %s / %s%s\n",
+        (long long)r.rank, (long long)r.stage, (long long)r.dp_rank,
+        cp ? (std::string(r.cp_rank < 10 ? " " : "") + std::to_string(r.cp_rank) + "  ").c_str()
+           : "",
+        (long long)r.tp_rank, format_int(r.predicted).c_str(), format_int(r.measured).c_str(),
         format_int(r.difference()).c_str(), format_int(m[0]).c_str(), format_int(m[1]).c_str(),
         format_int(m[2]).c_str(), format_int(m[3]).c_str(), format_int(m[4]).c_str(),
         r.predicted_at_peak == r.measured_at_peak ? "" : "  (categories differ)");
@@ -211,11 +216,11 @@ std::string comparison_table(const RunComparison& c) {
     const DeviceLevel& d = *c.device;
     char pct[32];
     std::snprintf(pct, sizeof pct, "%+.2f %%", 100.0 * d.error());
-    out += "  device level (cudaMemGetInfo, the fullest device): predicted " + format_int(d.predicted) +
-           " B = allocator peaks " + format_int(d.allocator_peaks) + " + CUDA context " +
-           format_int(d.context) + " + cuBLAS workspaces " + format_int(d.workspaces) +
-           (d.nccl ? " + NCCL " + format_int(d.nccl) : std::string()) + "; measured " +
-           format_int(d.measured) + " B (" + pct + ")\n";
+    out += "  device level (cudaMemGetInfo, the fullest device): predicted " +
+           format_int(d.predicted) + " B = allocator peaks " + format_int(d.allocator_peaks) +
+           " + CUDA context " + format_int(d.context) + " + cuBLAS workspaces " +
+           format_int(d.workspaces) + (d.nccl ? " + NCCL " + format_int(d.nccl) : std::string()) +
+           "; measured " + format_int(d.measured) + " B (" + pct + ")\n";
     for (const LiveAllocation& o : d.measured_overheads)
       out += "  measured at start, rank 0: " + o.name + " " + format_int(o.bytes) + " B\n";
   }
@@ -228,7 +233,8 @@ std::string comparison_table(const RunComparison& c) {
     }
     if (c.predicted_step_seconds) {
       char buf[160];
-      std::snprintf(buf, sizeof buf, "; the cost model predicts %.4f s (%.4f s of it recompute) on %s",
+      std::snprintf(buf, sizeof buf,
+                    "; the cost model predicts %.4f s (%.4f s of it recompute) on %s",
                     *c.predicted_step_seconds, *c.predicted_recompute_seconds, c.hardware.c_str());
       out += buf;
     }
@@ -258,6 +264,7 @@ nlohmann::json comparison_json(const RunComparison& c) {
     nlohmann::json j = {{"rank", r.rank},
                         {"pp_stage", r.stage},
                         {"dp_rank", r.dp_rank},
+                        {"cp_rank", r.cp_rank},
                         {"tp_rank", r.tp_rank},
                         {"predicted_peak_bytes", r.predicted},
                         {"measured_peak_bytes", r.measured},

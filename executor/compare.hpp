@@ -28,7 +28,7 @@ struct Divergence {
 };
 
 struct RankComparison {
-  int64_t rank = 0, stage = 0, dp_rank = 0, tp_rank = 0;
+  int64_t rank = 0, stage = 0, dp_rank = 0, cp_rank = 0, tp_rank = 0;
   int64_t predicted = 0, measured = 0;
   std::array<int64_t, kCategories> predicted_at_peak{}, measured_at_peak{};
   std::string predicted_peak_at;

@@ -96,7 +96,7 @@ void ParamStore::allocate_group(Group& g, const std::string& name, const Allocat
   Dtype gd = t.grad_dtype;
   g.shard = g.n, g.lo = 0, g.hi = g.n;
   if (t.zero >= 1) {
-    g.shard = (g.n + t.dp - 1) / t.dp;
+    g.shard = (g.n + comm_.dp_size() - 1) / comm_.dp_size();  // dp x cp ranks, as the planner
     g.lo = std::min(g.n, comm_.dp_rank() * g.shard), g.hi = std::min(g.n, g.lo + g.shard);
   }
   if (t.zero >= 3) {

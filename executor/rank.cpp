@@ -22,7 +22,8 @@ class RankRunner {
       : s_(s),
         p_(s.stages.at(stage)),
         stage_(stage),
-        dp_rank_(comm.dp_rank()),
+        dp_rank_(comm.dp_rank() / comm.cp_size()),
+        cp_rank_(comm.cp_rank()),
         tp_rank_(comm.tp_rank()),
         opt_(opt),
         be_(be),
@@ -52,8 +53,9 @@ class RankRunner {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     RankResult& r = out_.memory;
-    r.stage = stage_, r.dp_rank = dp_rank_, r.tp_rank = tp_rank_;
-    r.global_rank = (stage_ * s_.setup.dp + dp_rank_) * s_.setup.tp + tp_rank_;
+    const TrainSpec& t = s_.setup;
+    r.stage = stage_, r.dp_rank = dp_rank_, r.cp_rank = cp_rank_, r.tp_rank = tp_rank_;
+    r.global_rank = ((stage_ * t.dp + dp_rank_) * t.cp + cp_rank_) * t.tp + tp_rank_;
     r.measured_peak = alloc_.peak();
     r.measured_at_peak = alloc_.at_peak();
     r.live_at_peak = alloc_.live_at_peak();
@@ -195,7 +197,8 @@ class RankRunner {
     ctx.mb = global_mb(in.mb);
     ctx.seed = opt_.seed +
                0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step_ + 1);  // new masks each step
-    ctx.token_offset = t.sp ? tp_rank_ * (t.seq_len * t.micro_batch / t.tp) : 0;
+    ctx.token_offset = t.sp ? tp_rank_ * (t.seq_len / t.cp * t.micro_batch / t.tp) : 0;
+    ctx.cp_rank = cp_rank_;
     ctx.loss_scale = static_cast<float>(1.0 / step_tokens());
     return ctx;
   }
@@ -296,7 +299,7 @@ class RankRunner {
 
   TensorType hidden_type() const {
     const TrainSpec& t = s_.setup;
-    return {{t.seq_len * t.micro_batch / (t.sp ? t.tp : 1), s_.model.hidden}, Dtype::kBf16};
+    return {{t.seq_len / t.cp * t.micro_batch / (t.sp ? t.tp : 1), s_.model.hidden}, Dtype::kBf16};
   }
 
   // Token ids or targets: generated on the host, copied to the device.
@@ -304,10 +307,19 @@ class RankRunner {
     int32_t id = p_.allocs(in)[0];
     const ScheduleTensor& t = p_.tensors[id];
     const std::string& which = p_.blocks[t.block].graph->tensors[t.tensor].name;
-    TensorType type{{s_.setup.seq_len * s_.setup.micro_batch}, Dtype::kI64};
+    const TrainSpec& st = s_.setup;
+    TensorType all{{st.seq_len * st.micro_batch}, Dtype::kI64},
+        type{{st.seq_len / st.cp * st.micro_batch}, Dtype::kI64};
     Tensor x{alloc_.allocate(type.bytes(), p_.tensor_name(id), t.category, id), type};
-    std::vector<int64_t> host(static_cast<size_t>(type.elements()));
-    fill_tokens(Tensor{host.data(), type}, which, global_mb(in.mb), s_.model.vocab, opt_.seed);
+    std::vector<int64_t> host(static_cast<size_t>(all.elements()));
+    fill_tokens(Tensor{host.data(), all}, which, global_mb(in.mb), s_.model.vocab, opt_.seed);
+    if (st.cp > 1) {  // this CP rank's rows of the sequence (its two load-balanced chunks)
+      OpContext pos;
+      pos.setup = &st, pos.cp_rank = cp_rank_;
+      std::vector<int64_t> mine(static_cast<size_t>(type.elements()));
+      for (int64_t i = 0; i < type.elements(); ++i) mine[i] = host[global_token_row(pos, i)];
+      host = std::move(mine);
+    }
     be_.copy_from_host(x, host.data());
     bound_[id] = x;
   }
@@ -346,7 +358,7 @@ class RankRunner {
 
   const Schedule& s_;
   const StageProgram& p_;
-  int64_t stage_, dp_rank_, tp_rank_;
+  int64_t stage_, dp_rank_, cp_rank_, tp_rank_;
   const RunOptions& opt_;
   Backend& be_;
   Communicator& comm_;

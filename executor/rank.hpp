@@ -27,7 +27,7 @@ struct RunOptions {
 };
 
 struct RankResult {
-  int64_t stage = 0, dp_rank = 0, tp_rank = 0, global_rank = 0;
+  int64_t stage = 0, dp_rank = 0, cp_rank = 0, tp_rank = 0, global_rank = 0;  // dp: replica
   int64_t measured_peak = 0;
   std::array<int64_t, kCategories> measured_at_peak{};
   std::vector<LiveAllocation> live_at_peak;

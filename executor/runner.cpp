@@ -15,16 +15,16 @@
 namespace np::exec {
 
 CommWorldFactory in_process_world() {
-  return [](int64_t tp, int64_t pp, int64_t dp) {
-    return std::make_unique<InProcessWorld>(tp, pp, dp);
+  return [](int64_t tp, int64_t pp, int64_t dp, int64_t cp) {
+    return std::make_unique<InProcessWorld>(tp, pp, dp, cp);
   };
 }
 
 std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
   const TrainSpec& t = s.setup;
-  if (t.cp != 1)
-    return make_error("the executor runs cp = 1 (context parallelism is estimated, not executed); "
-                      "got --cp " + std::to_string(t.cp) + ": use --cp 1");
+  if (t.cp != 1 && !host_memory)
+    return make_error("the CUDA backend runs cp = 1 (context parallelism runs on the CPU "
+                      "executor); got --cp " + std::to_string(t.cp) + ": use --cp 1 or --backend cpu");
   if (t.ep != 1)
     return make_error("the executor runs ep = 1 (expert parallelism is estimated, not executed); "
                       "got --ep " + std::to_string(t.ep) + ": use --ep 1");
@@ -32,14 +32,14 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
     return make_error("the executor runs ZeRO-2/3 without tied embeddings (the LM head's tied "
                       "weight has no bucket of its own); got --zero " + std::to_string(t.zero) +
                       " with " + s.model.name + ": use --zero 0 or 1");
-  if (t.tp * t.pp * t.dp > 64)
-    return make_error("the executor runs at most 64 ranks; got tp x pp x dp = " +
-                      std::to_string(t.tp * t.pp * t.dp));
+  if (t.gpus() > 64)
+    return make_error("the executor runs at most 64 ranks; got tp x cp x pp x dp = " +
+                      std::to_string(t.gpus()));
   if (!host_memory) return std::nullopt;
   // Host memory: every rank's predicted peak must fit in what this machine has free.
   double need = 0;
   for (const StageProgram& p : s.stages)
-    need += static_cast<double>(simulate(p).peak_bytes) * static_cast<double>(t.tp * t.dp);
+    need += static_cast<double>(simulate(p).peak_bytes) * static_cast<double>(t.tp * t.cp * t.dp);
   double avail =
       static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   if (avail > 0 && need > 0.8 * avail)
@@ -53,17 +53,17 @@ Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend,
                                const RunOptions& options, const CommWorldFactory& world_factory) {
   if (auto e = check_runnable(s, !options.device_memory)) return *e;
   const TrainSpec& t = s.setup;
-  std::unique_ptr<CommWorld> world = world_factory(t.tp, t.pp, t.dp);
+  std::unique_ptr<CommWorld> world = world_factory(t.tp, t.pp, t.dp, t.cp);
   std::mutex mu;
   RunResult result;
   std::optional<Error> error;
   {
     std::vector<std::jthread> threads;
     for (int64_t stage = 0; stage < t.pp; ++stage)
-      for (int64_t d = 0; d < t.dp; ++d)
+      for (int64_t d = 0; d < t.dp * t.cp; ++d)  // DP rank: replica x cp + CP rank
         for (int64_t r = 0; r < t.tp; ++r)
           threads.emplace_back([&, stage, d, r] {
-            int64_t global = (stage * t.dp + d) * t.tp + r;
+            int64_t global = (stage * t.dp * t.cp + d) * t.tp + r;
             try {
               std::unique_ptr<Backend> be = backend();
               RankRun run = run_rank(s, stage, *be, world->comm(stage, d, r), options);
@@ -89,7 +89,7 @@ Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend,
           });
   }
   if (error) return *error;
-  result.ranks_per_device = t.tp * t.pp * t.dp;
+  result.ranks_per_device = t.gpus();
   finish_merge(result);
   return result;
 }
@@ -98,15 +98,16 @@ void finish_merge(RunResult& result) {
   std::sort(result.ranks.begin(), result.ranks.end(),
             [](const RankResult& a, const RankResult& b) { return a.global_rank < b.global_rank; });
   result.losses.clear();
-  for (const auto& [dp_rank, part] : result.loss_parts) {  // DP order
+  for (const auto& [rank, part] : result.loss_parts) {  // global rank order: DP, then CP
     result.losses.resize(std::max(result.losses.size(), part.size()), 0.0);
     for (size_t i = 0; i < part.size(); ++i) result.losses[i] += part[i];
   }
 }
 
 void merge_rank(RunResult& result, RankRun&& run) {
-  bool first_of_group = run.memory.tp_rank == 0 && run.memory.dp_rank == 0;
-  if (!run.losses.empty()) result.loss_parts[run.memory.dp_rank] = std::move(run.losses);
+  bool first_of_group =
+      run.memory.tp_rank == 0 && run.memory.dp_rank == 0 && run.memory.cp_rank == 0;
+  if (!run.losses.empty()) result.loss_parts[run.memory.global_rank] = std::move(run.losses);
   result.ranks.push_back(std::move(run.memory));
   for (auto& [key, g] : run.grads) {
     std::vector<float>& into = result.grads[key];

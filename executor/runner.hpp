@@ -20,7 +20,8 @@ namespace np::exec {
 
 struct RunResult {
   std::vector<double> losses;  // per step: mean per-token loss over the step's micro-batches
-  // Each replica's part of the losses, by DP rank (summed in DP order by finish_merge).
+  // Each replica's (and CP rank's) part of the losses, by global rank (summed in that order by
+  // finish_merge).
   std::map<int64_t, std::vector<double>> loss_parts;
   std::vector<RankResult> ranks;  // by global rank
   // First step's gradients by global weight key, in the global (unsharded) layout.

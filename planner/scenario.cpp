@@ -15,12 +15,13 @@ namespace {
 
 Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   TomlReader r(t, path, "setup.");
-  r.only({"tp", "pp", "dp", "zero", "seq_len", "micro_batch", "microbatches", "sp",
+  r.only({"tp", "pp", "dp", "cp", "zero", "seq_len", "micro_batch", "microbatches", "sp",
           "tp_recompute_allgather", "pp_schedule", "virtual_stages", "attention", "recompute",
           "optimizer", "grad_accum_dtype"});
   TrainSpec s;
   s.tp = r.integer_in("tp", 1, 4096, s.tp), s.pp = r.integer_in("pp", 1, 4096, s.pp);
   s.dp = r.integer_in("dp", 1, 1 << 20, s.dp);
+  s.cp = r.integer_in("cp", 1, 4096, s.cp);
   s.zero = static_cast<int>(r.integer_in("zero", 0, 3, s.zero));
   s.seq_len = r.integer_in("seq_len", 1, int64_t{1} << 24, s.seq_len);
   s.micro_batch = r.integer_in("micro_batch", 1, int64_t{1} << 24, s.micro_batch);
@@ -56,12 +57,13 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
                                       std::vector<std::string>& skipped) {
   static const toml::table empty;
   TomlReader r(m ? *m : empty, sc.path, "matrix.");
-  r.only({"tp", "pp", "dp", "zero", "sp", "pp_schedule", "recompute", "attention",
+  r.only({"tp", "pp", "dp", "cp", "zero", "sp", "pp_schedule", "recompute", "attention",
           "tp_recompute_allgather"});
   std::vector<int64_t> tps = r.list<int64_t>("tp", sc.base.tp),
                        pps = r.list<int64_t>("pp", sc.base.pp);
   std::vector<int64_t> dps = r.list<int64_t>("dp", sc.base.dp),
-                       zeros = r.list<int64_t>("zero", sc.base.zero);
+                       zeros = r.list<int64_t>("zero", sc.base.zero),
+                       cps = r.list<int64_t>("cp", sc.base.cp);
   std::vector<bool> sps = r.list<bool>("sp", sc.base.sp),
                     regathers =
                         r.list<bool>("tp_recompute_allgather", sc.base.tp_recompute_allgather);
@@ -72,8 +74,9 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   if (!recs) return recs.error();
   auto atts = enums(r, "attention", sc.base.attention);
   if (!atts) return atts.error();
-  size_t combinations = tps.size() * pps.size() * dps.size() * zeros.size() * sps.size() *
-                        regathers.size() * scheds->size() * recs->size() * atts->size();
+  size_t combinations = tps.size() * pps.size() * dps.size() * cps.size() * zeros.size() *
+                        sps.size() * regathers.size() * scheds->size() * recs->size() *
+                        atts->size();
   if (combinations > 4096)
     return make_error(sc.path + ": [matrix] spans " + std::to_string(combinations) +
                       " combinations (valid: at most 4,096)");
@@ -81,35 +84,38 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   for (int64_t tp : tps)
     for (int64_t pp : pps)
       for (int64_t dp : dps)
-        for (int64_t zero : zeros)
-          for (bool sp : sps)
-            for (PpSchedule sched : *scheds)
-              for (Recompute rec : *recs)
-                for (AttentionImpl att : *atts)
-                  for (bool rg : regathers) {
-                    if (!sp && !rg)
-                      continue;  // without SP there is no all-gather to keep: a duplicate
-                    TrainSpec t = sc.base;
-                    t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
-                    t.dp = dp, t.zero = static_cast<int>(std::clamp<int64_t>(zero, -1, 4));
-                    t.pp_schedule = sched, t.recompute = rec, t.attention = att;
-                    // setup.virtual_stages (default 2) is the interleaved rows' chunk count
-                    t.virtual_stages = sched != PpSchedule::kInterleaved
-                                           ? 1
-                                           : std::max<int64_t>(2, sc.base.virtual_stages);
-                    if (auto e = validate_setup(sc.model, t)) {
-                      skipped.push_back(describe_short(t) + ": " + e->message);
-                      continue;
+        for (int64_t cp : cps)
+          for (int64_t zero : zeros)
+            for (bool sp : sps)
+              for (PpSchedule sched : *scheds)
+                for (Recompute rec : *recs)
+                  for (AttentionImpl att : *atts)
+                    for (bool rg : regathers) {
+                      if (!sp && !rg)
+                        continue;  // without SP there is no all-gather to keep: a duplicate
+                      TrainSpec t = sc.base;
+                      t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
+                      t.dp = dp, t.cp = cp;
+                      t.zero = static_cast<int>(std::clamp<int64_t>(zero, -1, 4));
+                      t.pp_schedule = sched, t.recompute = rec, t.attention = att;
+                      // setup.virtual_stages (default 2) is the interleaved rows' chunk count
+                      t.virtual_stages = sched != PpSchedule::kInterleaved
+                                             ? 1
+                                             : std::max<int64_t>(2, sc.base.virtual_stages);
+                      if (auto e = validate_setup(sc.model, t)) {
+                        skipped.push_back(describe_short(t) + ": " + e->message);
+                        continue;
+                      }
+                      out.push_back(t);
                     }
-                    out.push_back(t);
-                  }
   return out;
 }
 
 }  // namespace
 
 std::string describe_short(const TrainSpec& t) {
-  return "tp " + std::to_string(t.tp) + " pp " + std::to_string(t.pp) +
+  return "tp " + std::to_string(t.tp) + (t.cp > 1 ? " cp " + std::to_string(t.cp) : "") + " pp " +
+         std::to_string(t.pp) +
          (t.dp > 1 ? " dp " + std::to_string(t.dp) + " zero " + std::to_string(t.zero) : "") +
          " sp " + (t.sp ? "on" : "off") + " " + name_of(t.pp_schedule) +
          (t.pp_schedule == PpSchedule::kInterleaved ? " x" + std::to_string(t.virtual_stages)

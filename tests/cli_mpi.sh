@@ -41,6 +41,9 @@ same_run tp2pp2 4 --tp 2 --pp 2 --recompute none
 same_run dp2zero1 2 --dp 2 --zero 1 --recompute selective
 same_run tp2dp2zero0 4 --tp 2 --dp 2 --recompute full
 same_run tp2dp2zero3 4 --tp 2 --dp 2 --zero 3 --recompute none
+# Context parallelism: the K/V exchange over each replica's CP group, gradients over dp x cp.
+same_run cp2 2 --cp 2 --recompute selective
+same_run tp2cp2dp2 8 --tp 2 --cp 2 --dp 2 --zero 1 --recompute none
 
 "${MPI[@]}" -n 4 "$GRADS" >"$TMP/grads.out" 2>&1; rc=$?
 check "tp 2 x pp 2 over MPI: losses and every gradient bitwise the in-process run's" \

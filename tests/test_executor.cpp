@@ -104,23 +104,25 @@ void expect_sharding_invariant(const std::string& name) {
   RunResult ref = run(sc.model, with(sc.base, 1, 1, Recompute::kNone, false));
   float worst_ratio = 0;
   // v > 1: the interleaved schedule with v chunks per stage; dp > 1: replicas each running
-  // m / dp of the reference's m micro-batches (the same tokens), ZeRO stage `zero`.
+  // m / dp of the reference's m micro-batches (the same tokens), ZeRO stage `zero`; cp > 1:
+  // context parallelism (each sequence over cp ranks).
   struct Shape {
-    int tp, pp, v, dp = 1, zero = 0;
+    int tp, pp, v, dp = 1, zero = 0, cp = 1;
   };
-  for (auto [tp, pp, v, dp, zero] :
+  for (auto [tp, pp, v, dp, zero, cp] :
        {Shape{2, 1, 1}, {4, 1, 1}, {1, 2, 1}, {1, 4, 1}, {2, 2, 1}, {4, 4, 1}, {1, 2, 2}, {2, 2, 2},
         {1, 1, 1, 2, 0}, {1, 1, 1, 2, 1}, {2, 2, 1, 2, 1}, {1, 2, 2, 2, 1}, {1, 1, 1, 2, 2},
-        {2, 1, 1, 2, 3}, {1, 1, 1, 4, 3}}) {
+        {2, 1, 1, 2, 3}, {1, 1, 1, 4, 3}, {1, 1, 1, 1, 0, 2}, {2, 2, 1, 1, 0, 2},
+        {2, 1, 1, 2, 1, 2}, {1, 2, 2, 1, 0, 2}}) {
     if (pp * v > sc.model.layers || sc.base.microbatches % dp != 0) continue;
     if (zero >= 2 && sc.model.tie_embeddings) continue;  // the executor refuses it (runner.hpp)
     TrainSpec t = with(sc.base, tp, pp, Recompute::kNone, tp > 1);
     if (v > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = v;
-    t.dp = dp, t.zero = zero, t.microbatches = sc.base.microbatches / dp;
+    t.dp = dp, t.zero = zero, t.cp = cp, t.microbatches = sc.base.microbatches / dp;
     if (auto e = validate_setup(sc.model, t)) FAIL() << e->message;
     RunResult r = run(sc.model, t);
     EXPECT_NEAR(r.losses[0], ref.losses[0], 2e-3 * ref.losses[0])
-        << name << " tp " << tp << " pp " << pp << " v " << v << " dp " << dp;
+        << name << " tp " << tp << " pp " << pp << " v " << v << " dp " << dp << " cp " << cp;
     for (const auto& [key, g] : ref.grads) {
       const std::vector<float>& h = r.grads.at(key);
       ASSERT_EQ(h.size(), g.size()) << key;

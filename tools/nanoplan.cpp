@@ -454,7 +454,7 @@ int run_one_mpi(const np::Schedule& s, const Flags& f, const std::string& title)
     code = print_comparison(
         compare_run(
             s, **r,
-            title + " (" + std::to_string(s.setup.tp * s.setup.pp * s.setup.dp) + " MPI processes)",
+            title + " (" + std::to_string(s.setup.gpus()) + " MPI processes)",
             f, ex),
         f);
   return np::exec::mpi::broadcast_exit_code(code);

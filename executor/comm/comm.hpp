@@ -5,6 +5,7 @@
 // they are given (staging of their own, like NCCL's buffers, is on the estimate's NCCL line).
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -36,7 +37,18 @@ class Communicator {
   // call it and get bitwise the same sum (tied embeddings: the first and the last stage).
   virtual void all_reduce_with(const Tensor& t, int64_t peer) = 0;
 
-  // The data-parallel group: the ranks of this pipeline stage and TP index, one per replica.
+  // The context-parallel group: the ranks of this stage, data replica and TP index, one per
+  // sequence part (rank c holds chunks c and 2 cp - 1 - c). Along dim 0, in CP rank order:
+  // out = the concatenation of every rank's in; out = this rank's block of the sum (fp32, in
+  // rank order) of every rank's in.
+  virtual int64_t cp_rank() const { return 0; }
+  virtual int64_t cp_size() const { return 1; }
+  virtual void cp_all_gather(const Tensor& in, const Tensor& out);
+  virtual void cp_reduce_scatter(const Tensor& in, const Tensor& out);
+
+  // The data-parallel group: the ranks of this pipeline stage and TP index, one per replica and
+  // CP rank (dp x cp of them: gradients are summed and ZeRO shards over all of them; DP rank
+  // d x cp + c).
   // Element i of t stands at index first + i of a flat buffer split over the group in blocks of
   // `shard` elements, block q owned by DP rank q (ZeRO's partition of the gradient buffer).
   virtual int64_t dp_rank() const = 0;
@@ -64,6 +76,16 @@ class Communicator {
   virtual std::vector<std::pair<std::string, int64_t>> measured_overheads() const { return {}; }
 };
 
+// Without context parallelism (one CP rank) the CP collectives are copies.
+inline void Communicator::cp_all_gather(const Tensor& in, const Tensor& out) {
+  if (cp_size() != 1 || in.bytes() != out.bytes())
+    throw std::logic_error("cp_all_gather: this communicator has no context-parallel group");
+  std::memcpy(out.data, in.data, static_cast<size_t>(in.bytes()));
+}
+inline void Communicator::cp_reduce_scatter(const Tensor& in, const Tensor& out) {
+  cp_all_gather(in, out);
+}
+
 // Thrown inside the other ranks' communication calls after one rank aborted the run.
 struct RunAborted : std::runtime_error {
   RunAborted() : std::runtime_error("run aborted by another rank") {}
@@ -79,7 +101,8 @@ class CommWorld {
   virtual void abort(int64_t stage, int64_t dp_rank, int64_t tp_rank) = 0;
 };
 
+// dp: data replicas; the world's DP groups have dp x cp ranks (comm()'s dp_rank: d x cp + c).
 using CommWorldFactory =
-    std::function<std::unique_ptr<CommWorld>(int64_t tp, int64_t pp, int64_t dp)>;
+    std::function<std::unique_ptr<CommWorld>(int64_t tp, int64_t pp, int64_t dp, int64_t cp)>;
 
 }  // namespace np::exec

@@ -17,6 +17,24 @@ class InProcessComm final : public Communicator {
   int64_t tp_size() const override { return w_.tp_; }
   int64_t dp_rank() const override { return dp_rank_; }
   int64_t dp_size() const override { return w_.dp_; }
+  int64_t cp_rank() const override { return dp_rank_ % w_.cp_; }
+  int64_t cp_size() const override { return w_.cp_; }
+
+  void cp_all_gather(const Tensor& in, const Tensor& out) override {
+    check(out.bytes() == in.bytes() * w_.cp_, "cp_all_gather: output must be cp x the input");
+    publish_to(cp_group(), in.data);
+    for (int64_t q = 0; q < w_.cp_; ++q)
+      w_.transfer_->copy(out.as<unsigned char>() + q * in.bytes(), cp_group().slots[q], in.bytes());
+    wait_on(cp_group());
+  }
+
+  void cp_reduce_scatter(const Tensor& in, const Tensor& out) override {
+    check(in.bytes() == out.bytes() * w_.cp_ && in.type.dtype == out.type.dtype,
+          "cp_reduce_scatter: input must be cp x the output");
+    publish_to(cp_group(), in.data);
+    w_.transfer_->sum(out, 0, cp_group().slots, cp_rank() * out.numel(), out.numel());
+    wait_on(cp_group());
+  }
 
   void dp_reduce_scatter(const Tensor& t, int64_t first, int64_t shard) override {
     if (w_.dp_ == 1) return;
@@ -113,6 +131,17 @@ class InProcessComm final : public Communicator {
  private:
   InProcessWorld::Group& group() { return *w_.groups_[stage_ * w_.dp_ + dp_rank_]; }
   InProcessWorld::Group& dp_group() { return *w_.dp_groups_[stage_ * w_.tp_ + rank_]; }
+  InProcessWorld::Group& cp_group() {
+    return *w_.cp_groups_[(stage_ * (w_.dp_ / w_.cp_) + dp_rank_ / w_.cp_) * w_.tp_ + rank_];
+  }
+  void publish_to(InProcessWorld::Group& g, const void* p) {
+    g.slots[dp_rank_ % static_cast<int64_t>(g.slots.size())] = p;
+    wait_on(g);
+  }
+  void wait_on(InProcessWorld::Group& g) {
+    g.sync.arrive_and_wait();
+    if (w_.aborted_) throw RunAborted();
+  }
   // The local element range [lo, hi) of t that DP rank q owns.
   static std::pair<int64_t, int64_t> owned(const Tensor& t, int64_t first, int64_t shard,
                                            int64_t q) {
@@ -192,16 +221,17 @@ void add_elements(const Tensor& into, const Tensor& other) {
   for (int64_t i = 0; i < into.numel(); ++i) store(into, i, load(into, i) + load(other, i));
 }
 
-InProcessWorld::InProcessWorld(int64_t tp, int64_t pp, int64_t dp,
+InProcessWorld::InProcessWorld(int64_t tp, int64_t pp, int64_t dp, int64_t cp,
                                std::shared_ptr<Transfer> transfer)
-    : tp_(tp), pp_(pp), dp_(dp), transfer_(std::move(transfer)) {
+    : tp_(tp), pp_(pp), dp_(dp * cp), cp_(cp), transfer_(std::move(transfer)) {
   for (int64_t s = 0; s < pp; ++s) {
-    for (int64_t d = 0; d < dp; ++d) {
+    for (int64_t d = 0; d < dp_; ++d) {
       groups_.push_back(std::make_unique<Group>(tp));
       for (int64_t r = 0; r < tp; ++r)
         comms_.push_back(std::make_unique<InProcessComm>(*this, s, d, r));
     }
-    for (int64_t r = 0; r < tp; ++r) dp_groups_.push_back(std::make_unique<Group>(dp));
+    for (int64_t r = 0; r < tp; ++r) dp_groups_.push_back(std::make_unique<Group>(dp_));
+    for (int64_t k = 0; k < dp * tp; ++k) cp_groups_.push_back(std::make_unique<Group>(cp));
   }
 }
 
@@ -213,6 +243,7 @@ void InProcessWorld::abort(int64_t stage, int64_t dp_rank, int64_t tp_rank) {
   aborted_ = true;
   groups_.at(stage * dp_ + dp_rank)->sync.arrive_and_drop();
   dp_groups_.at(stage * tp_ + tp_rank)->sync.arrive_and_drop();
+  cp_groups_.at((stage * (dp_ / cp_) + dp_rank / cp_) * tp_ + tp_rank)->sync.arrive_and_drop();
   std::lock_guard lock(boxes_mu_);
   for (auto& [key, box] : boxes_) {
     std::lock_guard box_lock(box->mu);

@@ -41,19 +41,43 @@ int count_of(int64_t bytes) {
 // outside the device accounting, as NCCL's buffers are) and sums them in rank order in fp32.
 class MpiComm final : public Communicator {
  public:
-  MpiComm(MPI_Comm group, MPI_Comm dp_group, int64_t rank, int64_t tp, int64_t dp_rank,
-          int64_t dp, std::shared_ptr<Transfer> t)
+  // dp_rank, dp: in the DP group of dp x cp ranks (replica x cp + CP rank).
+  MpiComm(MPI_Comm group, MPI_Comm dp_group, MPI_Comm cp_group, int64_t rank, int64_t tp,
+          int64_t dp_rank, int64_t dp, int64_t cp, std::shared_ptr<Transfer> t)
       : group_(group),
         dp_group_(dp_group),
+        cp_group_(cp_group),
         rank_(rank),
         tp_(tp),
         dp_rank_(dp_rank),
         dp_(dp),
+        cp_(cp),
         transfer_(std::move(t)) {}
   int64_t tp_rank() const override { return rank_; }
   int64_t tp_size() const override { return tp_; }
   int64_t dp_rank() const override { return dp_rank_; }
   int64_t dp_size() const override { return dp_; }
+  int64_t cp_rank() const override { return dp_rank_ % cp_; }
+  int64_t cp_size() const override { return cp_; }
+
+  void cp_all_gather(const Tensor& in, const Tensor& out) override {
+    if (out.bytes() != in.bytes() * cp_) fail("cp_all_gather: output must be cp x the input");
+    std::vector<unsigned char> mine = to_host(in), all(static_cast<size_t>(out.bytes()));
+    gather_on(cp_group_, mine, all);
+    transfer_->copy(out.data, all.data(), out.bytes());
+  }
+
+  void cp_reduce_scatter(const Tensor& in, const Tensor& out) override {
+    if (in.bytes() != out.bytes() * cp_ || in.type.dtype != out.type.dtype)
+      fail("cp_reduce_scatter: input must be cp x the output");
+    std::vector<unsigned char> mine = to_host(in), all(static_cast<size_t>(in.bytes() * cp_));
+    gather_on(cp_group_, mine, all);
+    std::vector<const void*> ins;
+    for (int64_t q = 0; q < cp_; ++q) ins.push_back(all.data() + q * in.bytes());
+    std::vector<unsigned char> result(static_cast<size_t>(out.bytes()));
+    host_->sum(Tensor{result.data(), out.type}, 0, ins, cp_rank() * out.numel(), out.numel());
+    transfer_->copy(out.data, result.data(), out.bytes());
+  }
 
   // The DP collectives gather the whole tensor from every replica (host staging) and keep the
   // in-process world's arithmetic on the owned ranges.
@@ -172,16 +196,21 @@ class MpiComm final : public Communicator {
     MPI_Request request;
     std::vector<unsigned char> bytes;
   };
-  int peer(int64_t stage) const { return static_cast<int>((stage * dp_ + dp_rank_) * tp_ + rank_); }
+  int peer(int64_t stage) const {
+    return static_cast<int>((stage * dp_ + dp_rank_) * tp_ + rank_);  // dp_: dp x cp ranks
+  }
   static std::pair<int64_t, int64_t> owned(const Tensor& t, int64_t first, int64_t shard,
                                            int64_t q) {
     return {std::clamp(q * shard - first, int64_t{0}, t.numel()),
             std::clamp((q + 1) * shard - first, int64_t{0}, t.numel())};
   }
   void dp_gather(const std::vector<unsigned char>& mine, std::vector<unsigned char>& all) {
+    gather_on(dp_group_, mine, all);
+  }
+  static void gather_on(MPI_Comm comm, const std::vector<unsigned char>& mine,
+                        std::vector<unsigned char>& all) {
     int n = count_of(static_cast<int64_t>(mine.size()));
-    ok(MPI_Allgather(mine.data(), n, MPI_BYTE, all.data(), n, MPI_BYTE, dp_group_),
-       "MPI_Allgather");
+    ok(MPI_Allgather(mine.data(), n, MPI_BYTE, all.data(), n, MPI_BYTE, comm), "MPI_Allgather");
   }
   std::vector<unsigned char> to_host(const Tensor& t) {
     std::vector<unsigned char> h(static_cast<size_t>(t.bytes()));
@@ -208,8 +237,8 @@ class MpiComm final : public Communicator {
     }
   }
 
-  MPI_Comm group_, dp_group_;
-  int64_t rank_, tp_, dp_rank_, dp_;
+  MPI_Comm group_, dp_group_, cp_group_;
+  int64_t rank_, tp_, dp_rank_, dp_, cp_;
   std::shared_ptr<Transfer> transfer_;
   std::shared_ptr<Transfer> host_ = host_transfer();
   std::list<Pending> pending_;  // a list: the requests' buffers must not move
@@ -282,7 +311,7 @@ std::vector<LiveAllocation> get_live(Reader& r) {
 std::vector<unsigned char> encode(const RankRun& run) {
   Writer w;
   const RankResult& m = run.memory;
-  w.pod(m.stage), w.pod(m.dp_rank), w.pod(m.tp_rank), w.pod(m.global_rank),
+  w.pod(m.stage), w.pod(m.dp_rank), w.pod(m.cp_rank), w.pod(m.tp_rank), w.pod(m.global_rank),
       w.pod(m.measured_peak);
   w.pod(m.measured_at_peak);
   put(w, m.live_at_peak);
@@ -309,7 +338,8 @@ RankRun decode(const unsigned char* p, size_t n) {
   Reader r(p, n);
   RankRun run;
   RankResult& m = run.memory;
-  m.stage = r.pod<int64_t>(), m.dp_rank = r.pod<int64_t>(), m.tp_rank = r.pod<int64_t>();
+  m.stage = r.pod<int64_t>(), m.dp_rank = r.pod<int64_t>(), m.cp_rank = r.pod<int64_t>();
+  m.tp_rank = r.pod<int64_t>();
   m.global_rank = r.pod<int64_t>();
   m.measured_peak = r.pod<int64_t>();
   m.measured_at_peak = r.pod<std::array<int64_t, kCategories>>();
@@ -379,24 +409,29 @@ Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFa
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const TrainSpec& t = s.setup;
-  const int64_t ranks = t.tp * t.pp * t.dp;
+  const int64_t ranks = t.gpus();
   if (size != ranks)
-    return make_error("this plan has tp x pp x dp = " + std::to_string(ranks) +
+    return make_error("this plan has tp x cp x pp x dp = " + std::to_string(ranks) +
                       " ranks; start it with mpirun -n " + std::to_string(ranks) + " (got " +
                       std::to_string(size) + " processes)");
   if (auto e = check_runnable(s, !options.device_memory)) return *e;
-  // Process p: stage p / (dp tp), DP rank (p / tp) mod dp, TP rank p mod tp.
-  int64_t stage = rank / (t.dp * t.tp), d = rank / t.tp % t.dp, r = rank % t.tp;
-  MPI_Comm group, dp_group;
-  ok(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(stage * t.dp + d), static_cast<int>(r),
+  // Process p: stage p / (dp cp tp), DP rank d = (p / tp) mod (dp cp) (replica d / cp, CP rank
+  // d mod cp), TP rank p mod tp.
+  const int64_t replicas = t.dp * t.cp;
+  int64_t stage = rank / (replicas * t.tp), d = rank / t.tp % replicas, r = rank % t.tp;
+  MPI_Comm group, dp_group, cp_group;
+  ok(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(stage * replicas + d), static_cast<int>(r),
                     &group),
      "MPI_Comm_split");
   ok(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(stage * t.tp + r), static_cast<int>(d),
                     &dp_group),
      "MPI_Comm_split");
+  ok(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>((stage * t.dp + d / t.cp) * t.tp + r),
+                    static_cast<int>(d % t.cp), &cp_group),
+     "MPI_Comm_split");
   RankRun run;
   {
-    MpiComm comm(group, dp_group, r, t.tp, d, t.dp, std::move(transfer));
+    MpiComm comm(group, dp_group, cp_group, r, t.tp, d, replicas, t.cp, std::move(transfer));
     try {
       std::unique_ptr<Communicator> wrapped;
       if (wrap)
@@ -419,6 +454,7 @@ Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFa
   }
   MPI_Comm_free(&group);
   MPI_Comm_free(&dp_group);
+  MPI_Comm_free(&cp_group);
   // Every report to process 0.
   std::vector<unsigned char> mine = encode(run);
   int n = count_of(static_cast<int64_t>(mine.size()));

@@ -49,74 +49,149 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 
 // ---- FlashAttention
 // ------------------------------------------------------------------------------
+// One implementation for the full sequence and for context parallelism: queries are rows
+// u*b + bi of X (q heads at columns h*d), keys and values rows of K (the full-sequence kernel: X
+// itself, K/V after the q heads; under CP: the gathered K/V), visited in global position order
+// through key_row; a query at global position i sees keys 0..i.
 
-Outs flash_attention_forward(const Env& env, Ins in, Ins) {
-  const Tensor& qkv = need(in, 0, "attention qkv");
-  Geo g(env, qkv);
-  Mat X = load_mat(qkv), O = Mat::Zero(g.b * g.s, g.hq * g.d);
-  Tensor out = env.output({g.b * g.s, g.hq * g.d}, env.act),
-         lse = env.output({g.b, g.hq, g.s}, Dtype::kFp32);
-  std::vector<float> sc(g.s);
-  for (int64_t bi = 0; bi < g.b; ++bi)
-    for (int64_t h = 0; h < g.hq; ++h)
-      for (int64_t i = 0; i < g.s; ++i) {
-        int64_t ti = g.row(bi, i);
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j <= i; ++j) {
-          sc[j] = g.scale * dot(&X(ti, g.q_col(h)), &X(g.row(bi, j), g.k_col(h)), g.d);
-          m = std::max(m, sc[j]);
+namespace {
+struct Flash {
+  int64_t b, s, sl, hq, hkv, d;  // sl: this rank's positions per sequence (s / cp)
+  int64_t kv_off;                // column of the first K head in K's rows
+  float scale;
+  std::vector<int64_t> key_row;  // global position p -> K's row for batch 0 (add bi)
+  std::vector<int64_t> q_pos;    // local position u -> its global position
+  Flash(const Env& env, const Tensor& qkv, const Tensor* kv) {
+    const OpAttrs& a = env.attrs();
+    int64_t cp = kv ? a.group : 1;
+    b = a.batch, s = a.seq, hq = a.heads, hkv = a.kv_heads, d = a.head_dim;
+    check(b > 0 && s > 0 && hq > 0 && hkv > 0 && d > 0 && hq % hkv == 0 && cp > 0 &&
+              (cp == 1 || s % (2 * cp) == 0),
+          "attention: bad batch/seq/heads/head_dim/group attrs");
+    sl = s / cp;
+    check(dim(qkv, 0) == b * sl && row_width(qkv) == (hq + 2 * hkv) * d,
+          "attention: qkv is not {s/cp*b, (heads + 2 kv_heads) head_dim}");
+    check(!kv || (dim(*kv, 0) == b * s && row_width(*kv) == 2 * hkv * d),
+          "attention: the gathered kv is not {s*b, 2 kv_heads head_dim}");
+    kv_off = kv ? 0 : hq * d;
+    scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+    key_row.assign(static_cast<size_t>(s), 0);
+    q_pos.assign(static_cast<size_t>(sl), 0);
+    OpContext pos = env.ctx;
+    for (int64_t c = 0; c < cp; ++c) {
+      pos.cp_rank = c;
+      for (int64_t u = 0; u < sl; ++u)
+        key_row[global_token_row(pos, u * b) / b] = c * b * sl + u * b;
+    }
+    for (int64_t u = 0; u < sl; ++u) q_pos[u] = kv ? global_token_row(env.ctx, u * b) / b : u;
+  }
+  int64_t k_col(int64_t h) const { return kv_off + (h / (hq / hkv)) * d; }
+  int64_t v_col(int64_t h) const { return kv_off + (hkv + h / (hq / hkv)) * d; }
+  int64_t stat(int64_t bi, int64_t h, int64_t u) const { return (bi * hq + h) * sl + u; }
+
+  void forward(const Mat& X, const Mat& K, Mat& O, float* lse) const {
+    std::vector<float> sc(s);
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t h = 0; h < hq; ++h)
+        for (int64_t u = 0; u < sl; ++u) {
+          int64_t ti = u * b + bi, i = q_pos[u];
+          float m = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j <= i; ++j) {
+            sc[j] = scale * dot(&X(ti, h * d), &K(key_row[j] + bi, k_col(h)), d);
+            m = std::max(m, sc[j]);
+          }
+          double l = 0;
+          for (int64_t j = 0; j <= i; ++j) l += sc[j] = std::exp(sc[j] - m);
+          float inv = static_cast<float>(1.0 / l);
+          for (int64_t j = 0; j <= i; ++j)
+            axpy(sc[j] * inv, &K(key_row[j] + bi, v_col(h)), &O(ti, h * d), d);
+          lse[stat(bi, h, u)] = m + static_cast<float>(std::log(l));
         }
-        double l = 0;
-        for (int64_t j = 0; j <= i; ++j) l += sc[j] = std::exp(sc[j] - m);
-        float inv = static_cast<float>(1.0 / l);
-        for (int64_t j = 0; j <= i; ++j)
-          axpy(sc[j] * inv, &X(g.row(bi, j), g.v_col(h)), &O(ti, g.q_col(h)), g.d);
-        lse.as<float>()[g.stat(bi, h, i)] = m + static_cast<float>(std::log(l));
+  }
+
+  // FlashAttention-2 backward: D = rowsum(dO * O); P = exp(scale q.k - lse); dV += P dO;
+  // dS = P (dO.v - D); dQ += scale dS k (fp32 workspace dQ); dK += scale dS q. dK has K's shape.
+  void backward(const Mat& X, const Mat& K, const Mat& O, const Mat& dO, const float* lse,
+                float* dQ, float* D, Mat& dK) const {
+    int64_t T = b * sl;
+    std::fill(dQ, dQ + T * hq * d, 0.0f);
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t h = 0; h < hq; ++h) {
+        for (int64_t u = 0; u < sl; ++u) {
+          int64_t ti = u * b + bi;
+          D[stat(bi, h, u)] = dot(&dO(ti, h * d), &O(ti, h * d), d);
+        }
+        for (int64_t u = 0; u < sl; ++u) {
+          int64_t ti = u * b + bi, i = q_pos[u];
+          const float* q = &X(ti, h * d);
+          const float* go = &dO(ti, h * d);
+          float* dq_i = dQ + ti * hq * d + h * d;
+          for (int64_t j = 0; j <= i; ++j) {
+            int64_t tj = key_row[j] + bi;
+            const float* k = &K(tj, k_col(h));
+            float p = std::exp(scale * dot(q, k, d) - lse[stat(bi, h, u)]);
+            axpy(p, go, &dK(tj, v_col(h)), d);
+            float ds = p * (dot(go, &K(tj, v_col(h)), d) - D[stat(bi, h, u)]);
+            axpy(scale * ds, k, dq_i, d);
+            axpy(scale * ds, q, &dK(tj, k_col(h)), d);
+          }
+        }
       }
+  }
+};
+
+Outs flash_forward(const Env& env, const Tensor& qkv, const Tensor* kv) {
+  Flash f(env, qkv, kv);
+  Mat X = load_mat(qkv), O = Mat::Zero(f.b * f.sl, f.hq * f.d);
+  Tensor out = env.output({f.b * f.sl, f.hq * f.d}, env.act),
+         lse = env.output({f.b, f.hq, f.sl}, Dtype::kFp32);
+  if (kv)
+    f.forward(X, load_mat(*kv), O, lse.as<float>());
+  else
+    f.forward(X, X, O, lse.as<float>());
   store_mat(out, O);
   return {out, lse};
 }
 
-// FlashAttention-2 backward: D = rowsum(dO * O); P = exp(scale q.k - lse); dV += P dO;
-// dS = P (dO.v - D); dQ += scale dS k (fp32 workspace); dK += scale dS q.
-void flash_attention_backward(const Env& env, const BackwardArgs& a) {
+void flash_backward(const Env& env, const BackwardArgs& a, bool cp) {
   const Tensor& qkv = need(a.inputs, 0, "attention qkv");
-  Geo g(env, qkv);
+  const Tensor* kv = cp ? &need(a.inputs, 1, "gathered kv") : nullptr;
+  Flash f(env, qkv, kv);
   Mat X = load_mat(qkv), O = load_mat(need(a.outputs, 0, "attention output"));
   Mat dO = load_mat(need(a.grad_outputs, 0, "attention output gradient"));
+  Mat K = kv ? load_mat(*kv) : Mat();
   const float* lse = need(a.outputs, 1, "attention logsumexp").as<float>();
-  int64_t T = g.b * g.s;
-  Tensor dq = env.workspace({T, g.hq * g.d}, Dtype::kFp32),
-         rs = env.workspace({g.b, g.hq, g.s}, Dtype::kFp32);
-  float* dQ = dq.as<float>();
-  float* D = rs.as<float>();
-  std::fill(dQ, dQ + T * g.hq * g.d, 0.0f);
-  Mat dX = Mat::Zero(T, g.width);  // k and v columns accumulate here; q columns from dQ at the end
-  for (int64_t bi = 0; bi < g.b; ++bi)
-    for (int64_t h = 0; h < g.hq; ++h) {
-      for (int64_t i = 0; i < g.s; ++i) {
-        int64_t ti = g.row(bi, i);
-        D[g.stat(bi, h, i)] = dot(&dO(ti, g.q_col(h)), &O(ti, g.q_col(h)), g.d);
-      }
-      for (int64_t i = 0; i < g.s; ++i) {
-        int64_t ti = g.row(bi, i);
-        const float* q = &X(ti, g.q_col(h));
-        const float* go = &dO(ti, g.q_col(h));
-        float* dq_i = dQ + ti * g.hq * g.d + g.q_col(h);
-        for (int64_t j = 0; j <= i; ++j) {
-          int64_t tj = g.row(bi, j);
-          const float* k = &X(tj, g.k_col(h));
-          float p = std::exp(g.scale * dot(q, k, g.d) - lse[g.stat(bi, h, i)]);
-          axpy(p, go, &dX(tj, g.v_col(h)), g.d);
-          float ds = p * (dot(go, &X(tj, g.v_col(h)), g.d) - D[g.stat(bi, h, i)]);
-          axpy(g.scale * ds, k, dq_i, g.d);
-          axpy(g.scale * ds, q, &dX(tj, g.k_col(h)), g.d);
-        }
-      }
-    }
+  int64_t T = f.b * f.sl;
+  Tensor dq = env.workspace({T, f.hq * f.d}, Dtype::kFp32),
+         rs = env.workspace({f.b, f.hq, f.sl}, Dtype::kFp32);
+  // Full sequence: the K/V columns of the qkv gradient accumulate in dK = dX; under CP they go to
+  // the gathered K/V's gradient and dX keeps the Q columns only.
+  Mat dK = Mat::Zero(kv ? K.rows() : T, kv ? K.cols() : X.cols());
+  f.backward(X, kv ? K : X, O, dO, lse, dq.as<float>(), rs.as<float>(), dK);
+  Mat dX = kv ? Mat::Zero(T, X.cols()) : std::move(dK);
+  const float* dQ = dq.as<float>();
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < g.hq * g.d; ++c) dX(t, c) = dQ[t * g.hq * g.d + c];
+    for (int64_t c = 0; c < f.hq * f.d; ++c) dX(t, c) = dQ[t * f.hq * f.d + c];
   grad_input(env, a, 0, qkv.type, dX);
+  if (kv) grad_input(env, a, 1, kv->type, dK);
+}
+
+}  // namespace
+
+Outs flash_attention_forward(const Env& env, Ins in, Ins) {
+  return flash_forward(env, need(in, 0, "attention qkv"), nullptr);
+}
+void flash_attention_backward(const Env& env, const BackwardArgs& a) {
+  flash_backward(env, a, false);
+}
+
+// Context parallelism: this rank's queries (global positions from global_token_row) against the
+// K/V of every CP rank (rank-major rows, each rank's in its local order).
+Outs flash_attention_cp_forward(const Env& env, Ins in, Ins) {
+  return flash_forward(env, need(in, 0, "attention qkv"), &need(in, 1, "gathered kv"));
+}
+void flash_attention_cp_backward(const Env& env, const BackwardArgs& a) {
+  flash_backward(env, a, true);
 }
 
 // ---- Eager: scores = Q K^T (unscaled; entries above the diagonal are 0 and carry no gradient)

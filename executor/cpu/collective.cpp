@@ -33,6 +33,36 @@ void collective_grad_input(const Env& env, const BackwardArgs& a, const TensorTy
 
 }  // namespace
 
+// Context parallelism's K/V exchange: the K/V columns of this rank's qkv rows, all-gathered over
+// the CP group (rank order); backward reduce-scatters their gradient and adds it to the K/V
+// columns of the qkv gradient (the attention core wrote the Q columns).
+Outs cp_gather_kv_forward(const Env& env, Ins in, Ins) {
+  const Tensor& qkv = need(in, 0, "cp_gather_kv qkv");
+  const OpAttrs& a = env.attrs();
+  int64_t T = dim(qkv, 0), q = a.heads * a.head_dim, kv = 2 * a.kv_heads * a.head_dim;
+  check(row_width(qkv) == q + kv, "cp_gather_kv: qkv is not [q | k | v] of the attrs' heads");
+  Scratch mine({{T, kv}, qkv.type.dtype});
+  int64_t e = dtype_bytes(qkv.type.dtype);
+  for (int64_t t = 0; t < T; ++t)
+    std::memcpy(mine.t.as<unsigned char>() + t * kv * e,
+                qkv.as<unsigned char>() + (t * (q + kv) + q) * e, static_cast<size_t>(kv * e));
+  Tensor out = env.output({T * env.comm().cp_size(), kv}, qkv.type.dtype);
+  env.comm().cp_all_gather(mine.t, out);
+  return {out};
+}
+
+void cp_gather_kv_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& g = need(a.grad_outputs, 0, "cp_gather_kv output gradient");
+  const OpAttrs& at = env.attrs();
+  int64_t cp = env.comm().cp_size(), T = dim(g, 0) / cp, q = at.heads * at.head_dim,
+          kv = 2 * at.kv_heads * at.head_dim;
+  Scratch part({{T, kv}, g.type.dtype});
+  env.comm().cp_reduce_scatter(g, part.t);
+  Mat P = load_mat(part.t), dX = Mat::Zero(T, q + kv);
+  dX.rightCols(kv) = P;
+  grad_input(env, a, 0, {{T, q + kv}, env.act}, dX);
+}
+
 Outs all_gather_forward(const Env& env, Ins in, Ins) {
   const Tensor& x = need(in, 0, "all_gather input");
   Tensor out = env.alloc(with_rows(x.type, dim(x, 0) * env.comm().tp_size()), AllocRole::kOutput);

@@ -35,8 +35,9 @@ class CpuBackend final : public Backend {
     Env env{ctx, act_};
     switch (ctx.op->kind) {
       case OpKind::kCpGatherKv:
+        return cp_gather_kv_forward(env, in, w);
       case OpKind::kFlashAttentionCp:
-        fail("context parallelism (--cp > 1) is estimated, not executed");
+        return flash_attention_cp_forward(env, in, w);
       case OpKind::kEmbedding:
         return embedding_forward(env, in, w);
       case OpKind::kPosEmbedding:
@@ -112,8 +113,9 @@ class CpuBackend final : public Backend {
     Env env{ctx, act_};
     switch (ctx.op->kind) {
       case OpKind::kCpGatherKv:
+        return cp_gather_kv_backward(env, a);
       case OpKind::kFlashAttentionCp:
-        fail("context parallelism (--cp > 1) is estimated, not executed");
+        return flash_attention_cp_backward(env, a);
       case OpKind::kEmbedding:
         return embedding_backward(env, a);
       case OpKind::kPosEmbedding:

@@ -78,6 +78,8 @@ Routing routing(const Tensor& idx, int64_t experts);
   Outs fn##_forward(const Env& env, Ins in, Ins weights); \
   void fn##_backward(const Env& env, const BackwardArgs& args);
 
+// attention.cpp (the others are declared below)
+NP_CPU_OP(flash_attention_cp)
 // vocab.cpp
 NP_CPU_OP(embedding)
 NP_CPU_OP(pos_embedding)
@@ -91,6 +93,7 @@ NP_CPU_OP(swiglu)
 NP_CPU_OP(gelu)
 NP_CPU_OP(add)
 // collective.cpp
+NP_CPU_OP(cp_gather_kv)
 NP_CPU_OP(all_gather)
 NP_CPU_OP(reduce_scatter)
 NP_CPU_OP(all_reduce)

@@ -121,7 +121,7 @@ Mat rope_apply(const Env& env, const Mat& X, double sign) {
   Mat Y = X;
   std::vector<float> cs(half), sn(half);
   for (int64_t t = 0; t < T; ++t) {
-    double pos = static_cast<double>((first + t) / b);
+    double pos = static_cast<double>(global_token_row(env.ctx, first + t) / b);
     for (int64_t i = 0; i < half; ++i) {
       double ang = pos * std::pow(10000.0, -2.0 * i / d);
       cs[i] = static_cast<float>(std::cos(ang)), sn[i] = static_cast<float>(sign * std::sin(ang));
@@ -171,7 +171,7 @@ Outs dropout_forward(const Env& env, Ins in, Ins) {
       return static_cast<uint64_t>(((bi * H + ctx.tp_rank * hl + h) * s + row) * s + j);
     }
     int64_t f = row_width(x);
-    return static_cast<uint64_t>((env.first_row(sh[0]) + i / f) * f + i % f);
+    return static_cast<uint64_t>(global_token_row(ctx, env.first_row(sh[0]) + i / f) * f + i % f);
   };
   for (int64_t i = 0; i < x.numel(); ++i) {
     bool keep = counter_uniform(ctx.seed, stream, index(i)) >= p;

@@ -57,7 +57,7 @@ Outs pos_embedding_forward(const Env& env, Ins in, Ins w) {
   check(dim(W, 1) == h, "pos_embedding: weight width differs from the hidden size");
   Tensor out = env.output({T, h}, x.type.dtype);
   for (int64_t t = 0; t < T; ++t) {
-    int64_t pos = (first + t) / b;
+    int64_t pos = global_token_row(env.ctx, first + t) / b;
     check(pos < dim(W, 0), "pos_embedding: position beyond the table");
     for (int64_t c = 0; c < h; ++c)
       store(out, t * h + c, load(x, t * h + c) + load(W, pos * h + c));
@@ -74,9 +74,9 @@ void pos_embedding_backward(const Env& env, const BackwardArgs& a) {
   // Rows of one position are consecutive (t = pos*b + bi): sum them, then round once.
   std::vector<float> sum(h);
   for (int64_t t = 0; t < T;) {
-    int64_t pos = (first + t) / b;
+    int64_t pos = global_token_row(env.ctx, first + t) / b;
     std::fill(sum.begin(), sum.end(), 0.0f);
-    for (; t < T && (first + t) / b == pos; ++t)
+    for (; t < T && global_token_row(env.ctx, first + t) / b == pos; ++t)
       for (int64_t c = 0; c < h; ++c) sum[c] += G(t, c);
     for (int64_t c = 0; c < h; ++c) accumulate(dW, pos * h + c, sum[c]);
   }

@@ -66,7 +66,14 @@ class NcclComm final : public exec::Communicator {
   void send(const Tensor& t, int64_t stage, int64_t tag) override { mpi_.send(t, stage, tag); }
   void recv(const Tensor& t, int64_t stage, int64_t tag) override { mpi_.recv(t, stage, tag); }
   void all_reduce_with(const Tensor& t, int64_t peer) override { mpi_.all_reduce_with(t, peer); }
-  // The data-parallel collectives stay on MPI (host staging, the in-process arithmetic).
+  // The data- and context-parallel collectives stay on MPI (host staging, the in-process
+  // arithmetic).
+  int64_t cp_rank() const override { return mpi_.cp_rank(); }
+  int64_t cp_size() const override { return mpi_.cp_size(); }
+  void cp_all_gather(const Tensor& in, const Tensor& out) override { mpi_.cp_all_gather(in, out); }
+  void cp_reduce_scatter(const Tensor& in, const Tensor& out) override {
+    mpi_.cp_reduce_scatter(in, out);
+  }
   int64_t dp_rank() const override { return mpi_.dp_rank(); }
   int64_t dp_size() const override { return mpi_.dp_size(); }
   void dp_reduce_scatter(const Tensor& t, int64_t first, int64_t shard) override {
