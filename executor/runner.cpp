@@ -29,8 +29,8 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
     return make_error("the executor runs ep = 1 (expert parallelism is estimated, not executed); "
                       "got --ep " + std::to_string(t.ep) + ": use --ep 1");
   if (t.zero >= 2 && s.model.tie_embeddings)
-    return make_error("the executor runs ZeRO-2/3 without tied embeddings (the LM head's tied "
-                      "weight has no bucket of its own); got --zero " + std::to_string(t.zero) +
+    return make_error("the executor runs ZeRO-2/3 without tied embeddings (it does not yet gather "
+                      "or bucket the LM head's tied table); got --zero " + std::to_string(t.zero) +
                       " with " + s.model.name + ": use --zero 0 or 1");
   if (t.gpus() > 64)
     return make_error("the executor runs at most 64 ranks; got tp x cp x pp x dp = " +

@@ -343,15 +343,19 @@ void ProgramBuilder::emit_statics() {
   for (size_t b = 0; b < p_.blocks.size(); ++b) {
     const StageBlock& blk = p_.blocks[b];
     for (const GraphOp& op : blk.graph->ops) {
+      // A tied weight is held once, but every block using it gathers it (ZeRO-3) and buckets
+      // its gradient (ZeRO-2/3): the LM head needs the embedding table, and produces its
+      // gradient, as the embedding does.
+      bool again = false;
       if (!op.attrs.tie.empty()) {
-        if (std::find(tied_seen.begin(), tied_seen.end(), op.attrs.tie) != tied_seen.end())
-          continue;
-        tied_seen.push_back(op.attrs.tie);
+        again = std::find(tied_seen.begin(), tied_seen.end(), op.attrs.tie) != tied_seen.end();
+        if (!again) tied_seen.push_back(op.attrs.tie);
       }
       for (size_t w = 0; w < op.weights.size(); ++w) {
         int64_t n = op.weights[w].elements();
-        (op.expert_weights ? expert : dense) += n;
         block_weight_bytes_[b] += n * 2;
+        if (again) continue;
+        (op.expert_weights ? expert : dense) += n;
         if (t_.zero < 3)
           new_static(statics_only() ? std::string() : static_weight_name(blk, op, w), n * 2,
                      Category::kWeight);

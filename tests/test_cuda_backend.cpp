@@ -34,6 +34,9 @@ struct Case {
   int64_t tp, pp;
   bool sp;
   AttentionImpl attention = AttentionImpl::kFlash;
+  int64_t dp = 1;  // replicas, each running microbatches / dp of the scenario's micro-batches
+  int zero = 0;
+  int64_t chunks = 1;  // > 1: the interleaved schedule with this many chunks per stage
 };
 
 // Each case under each policy: every allocation event as the plan predicts, the loss within 2%
@@ -47,6 +50,9 @@ void check_scenario(const std::string& name, std::initializer_list<Case> cases,
       TrainSpec t = sc.base;
       t.tp = k.tp, t.pp = k.pp, t.sp = k.sp, t.recompute = rc, t.pp_schedule = PpSchedule::k1F1B;
       t.attention = k.attention;
+      t.dp = k.dp, t.zero = k.zero, t.microbatches = sc.base.microbatches / k.dp;
+      if (k.chunks > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = k.chunks;
+      ASSERT_FALSE(validate_setup(sc.model, t)) << name;
       std::string what = name + " " + describe_short(t);
       Schedule s = build_schedule(sc.model, t);
       RunResult r = run(s, true);
@@ -91,6 +97,18 @@ TEST(CudaBackend, TinyGptEagerAndFlash) {
   check_scenario("tiny-gpt", {{2, 2, true, AttentionImpl::kEager}},
                  {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
   check_scenario("tiny-gpt", {{2, 1, false, AttentionImpl::kFlash}, {1, 1, false, AttentionImpl::kEager}},
+                 {Recompute::kNone, Recompute::kFull});
+}
+
+// Data-parallel replicas as virtual ranks (ZeRO-1: sharded update and weight all-gather; ZeRO-2:
+// per-block buckets reduce-scattered on the device; ZeRO-3: per-block weight all-gathers) and the
+// interleaved pipeline (messages between chunks tagged): the same comparison.
+TEST(CudaBackend, TinyLlamaDataParallelAndInterleaved) {
+  check_scenario("tiny-llama",
+                 {{1, 2, false, AttentionImpl::kFlash, 1, 0, 2},
+                  {1, 1, false, AttentionImpl::kFlash, 2, 1},
+                  {1, 1, false, AttentionImpl::kFlash, 2, 2},
+                  {2, 1, true, AttentionImpl::kFlash, 2, 3}},
                  {Recompute::kNone, Recompute::kFull});
 }
 

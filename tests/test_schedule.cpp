@@ -359,6 +359,28 @@ TEST(Zero, BucketsAndGatheredWeightsAreTransients) {
   }
 }
 
+// Tied embeddings under ZeRO-2/3 (gpt-22b, pp 1): the table is held once, but the LM head
+// gathers it (ZeRO-3) and buckets its gradient (ZeRO-2/3) as the embedding does: the head's
+// transients hold 51,200 x 6,144 table elements besides the final norm's weight and bias.
+TEST(Zero, TiedTableIsGatheredAndBucketedByTheHeadToo) {
+  ModelSpec m = model("gpt-22b");
+  const int64_t table = 51200LL * 6144, norm = 2 * 6144;
+  for (int zero : {2, 3}) {
+    TrainSpec t = small(1, 1, Recompute::kNone);
+    t.dp = 2, t.zero = zero;
+    const StageProgram p = build_schedule(m, t).stages[0];
+    int64_t bucket = 0, gather = 0;
+    for (const ScheduleTensor& x : p.tensors)
+      if (x.block >= 0 && p.blocks[x.block].kind == BlockKind::kHead) {
+        if (x.kind == ValueKind::kGradBucket) bucket = x.bytes;
+        if (x.kind == ValueKind::kParamGather) gather = x.bytes;
+      }
+    EXPECT_EQ(bucket, 4 * (table + norm)) << "zero " << zero;
+    EXPECT_EQ(gather, zero == 3 ? 2 * (table + norm) : 0);
+    EXPECT_FALSE(check_program(p));
+  }
+}
+
 // Experts are replicated over dp / ep ranks, so their states shard over dp / ep, not dp.
 TEST(Zero, ExpertStatesShardOverDpOverEp) {
   ModelSpec m = model("mixtral-8x7b");
