@@ -25,7 +25,7 @@ std::vector<OverheadLine> overheads(const TrainSpec& t, const RuntimeAssumptions
        "one compute stream, " + format_binary(rt.cublas_workspace_bytes) +
            " (PyTorch's sm_90 default; --cublas-workspace)"},
       {"NCCL buffers", comms * rt.nccl_bytes_per_comm,
-       std::to_string(comms) + " communicator(s) (tp/cp/dp/pp/ep > 1) x " +
+       count_noun(comms, "communicator") + " (tp/cp/dp/pp/ep > 1) x " +
            format_binary(rt.nccl_bytes_per_comm) + " (--nccl-buffers)"},
       {"allocator slack", slack,
        std::string(pct) + " of the activation + transient peak for caching-allocator fragmentation "
@@ -94,7 +94,7 @@ std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
     c.zero = std::min(c.zero, 1);
     if (try_setup(
             c, "--pp " + std::to_string(pp),
-            std::to_string(pp * t.tp * t.cp * t.dp) + " GPUs (pp x " + std::to_string(pp / t.pp) +
+            count_noun(pp * t.tp * t.cp * t.dp, "GPU") + " (pp x " + std::to_string(pp / t.pp) +
                 ")"))
       break;
   }
@@ -114,7 +114,7 @@ std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
     TrainSpec c = t;
     c.cp = cp;
     if (try_setup(c, "--cp " + std::to_string(cp),
-                  std::to_string(c.gpus()) + " GPUs (each sequence split over " +
+                  count_noun(c.gpus(), "GPU") + " (each sequence split over " +
                       std::to_string(cp) + " ranks)"))
       break;
   }

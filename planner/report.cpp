@@ -119,10 +119,10 @@ std::string describe_setup(const TrainSpec& t) {
   std::string s = "tp " + std::to_string(t.tp) + (t.sp ? " (sp on)" : " (sp off)") +
                   (t.cp > 1 ? " x cp " + std::to_string(t.cp) : "") + " x pp " +
                   std::to_string(t.pp) + " x dp " + std::to_string(t.dp) + " = " +
-                  std::to_string(t.gpus()) + " GPUs";
+                  count_noun(t.gpus(), "GPU");
   if (t.ep > 1) s += ", ep " + std::to_string(t.ep);
   s += "; micro-batch " + std::to_string(t.micro_batch) + " x seq " + std::to_string(t.seq_len) +
-       ", " + std::to_string(t.microbatches) + " micro-batch(es) per step, " +
+       ", " + count_noun(t.microbatches, "micro-batch") + " per step, " +
        name_of(t.pp_schedule) +
        (t.pp_schedule == PpSchedule::kInterleaved
             ? " (" + std::to_string(t.virtual_stages) + " chunks per stage)"
@@ -154,7 +154,7 @@ std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
              t.pp_schedule == PpSchedule::kInterleaved
                  ? std::to_string(s.chunk_passes) + " chunk passes in flight (" +
                        std::to_string(t.virtual_stages) + " chunks)"
-                 : std::to_string(s.in_flight) + " micro-batch(es) in flight");
+                 : count_noun(s.in_flight, "micro-batch") + " in flight");
   out += row("transient at the peak", cat(s, Category::kTransient), "grads, recompute, buffers");
   for (const OverheadLine& o : s.overheads) out += row(o.name, o.bytes, o.assumption);
   out += "  " + std::string(96, '-') + "\n";

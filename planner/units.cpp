@@ -158,4 +158,13 @@ std::string format_int(int64_t value) {
   return value < 0 ? "-" + out : out;
 }
 
+std::string count_noun(int64_t n, std::string_view noun) {
+  std::string out = std::to_string(n) + " " + std::string(noun);
+  if (n == 1) return out;
+  auto ends = [&](std::string_view e) {
+    return noun.size() >= e.size() && noun.substr(noun.size() - e.size()) == e;
+  };
+  return out + (ends("ch") || ends("sh") || ends("s") || ends("x") ? "es" : "s");
+}
+
 }  // namespace np

@@ -31,4 +31,8 @@ std::string format_int(int64_t value);     // "70,553,706,496"
 std::string format_binary(int64_t bytes);  // "512 MiB", "1.50 GiB": the largest fitting IEC unit
 std::string format_signed_gib(int64_t bytes);  // "+1.25 GiB" / "-0.50 GiB"
 
+// "1 micro-batch", "4 micro-batches", "8 GPUs": a count with its noun, plural unless 1 (nouns
+// ending in ch, sh, s or x take "es").
+std::string count_noun(int64_t n, std::string_view noun);
+
 }  // namespace np

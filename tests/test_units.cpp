@@ -104,3 +104,17 @@ TEST(Format, IntegersAndUnits) {
 
 }  // namespace
 }  // namespace np
+
+namespace np {
+namespace {
+// Counts read as English: singular for one, "es" after ch, sh, s and x.
+TEST(Units, CountNoun) {
+  EXPECT_EQ(count_noun(1, "micro-batch"), "1 micro-batch");
+  EXPECT_EQ(count_noun(4, "micro-batch"), "4 micro-batches");
+  EXPECT_EQ(count_noun(1, "GPU"), "1 GPU");
+  EXPECT_EQ(count_noun(0, "GPU"), "0 GPUs");
+  EXPECT_EQ(count_noun(2, "stage program"), "2 stage programs");
+  EXPECT_EQ(count_noun(3, "box"), "3 boxes");
+}
+}  // namespace
+}  // namespace np

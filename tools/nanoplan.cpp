@@ -335,8 +335,9 @@ int run_plan(const Flags& f) {
   }
   if (auto e = np::write_plan(s, f.output)) die(e->message);
   np::Estimate e = np::estimate_schedule(s, rt, {.budget = budget, .suggestions = false});
-  std::fprintf(stderr, "nanoplan: wrote %s (%zu stage program(s)); peak %s on rank %lld\n",
-               f.output.c_str(), s.stages.size(), np::format_human(e.peak_bytes).c_str(),
+  std::fprintf(stderr, "nanoplan: wrote %s (%s); peak %s on rank %lld\n", f.output.c_str(),
+               np::count_noun(static_cast<int64_t>(s.stages.size()), "stage program").c_str(),
+               np::format_human(e.peak_bytes).c_str(),
                static_cast<long long>(e.peak_rank));
   return 0;
 }
@@ -469,10 +470,10 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
     size_t n = 0, t = 0;
     for (const np::StageProgram& p : s.stages) n += p.instrs.size(), t += p.tensors.size();
     std::printf(
-        "plan OK: %zu stage program(s), %zu instructions, %zu tensors; every byte count matches "
-        "its shape, every instruction but the frees matches the setup's schedule, every backward "
-        "read is kept or recomputed\n",
-        s.stages.size(), n, t);
+        "plan OK: %s, %zu instructions, %zu tensors; every byte count matches its shape, every "
+        "instruction but the frees matches the setup's schedule, every backward read is kept or "
+        "recomputed\n",
+        np::count_noun(static_cast<int64_t>(s.stages.size()), "stage program").c_str(), n, t);
     return 0;
   }
 #if defined(NANOPLAN_HAVE_MPI)
