@@ -50,6 +50,14 @@ void ParamStore::allocate(const Allocate& alloc, uint64_t seed) {
       }
     }
   }
+  for (Group* g : {&dense_, &expert_}) {
+    g->blocks.assign(p_.blocks.size(), {0, 0});
+    for (const Member& m : g->members) {
+      auto& [first, n] = g->blocks[static_cast<size_t>(m.block)];
+      if (n == 0) first = m.off;
+      n += m.n;
+    }
+  }
   allocate_group(dense_, "dense", alloc);
   allocate_group(expert_, "expert", alloc);
   for (Group* g : {&dense_, &expert_})
@@ -58,9 +66,7 @@ void ParamStore::allocate(const Allocate& alloc, uint64_t seed) {
       if (z <= a) continue;
       if (zero == 3) {  // this rank's part of the weight, from the same global initial values
         init(m);
-        Tensor part{g->shard_weights.as<unsigned char>() + (m.off + a - g->lo) * 2,
-                    {{z - a}, Dtype::kBf16}};
-        be_.copy_from_host(part, host.data() + a);
+        be_.copy_from_host(slice(g->shard_weights, m.off + a - g->lo, {z - a}), host.data() + a);
       }
       if (g->master)  // fp32 master weights of the owned elements
         be_.copy_elements(g->master, m.off + a - g->lo, zero == 3 ? g->shard_weights : m.weight,
@@ -80,8 +86,7 @@ void ParamStore::allocate(const Allocate& alloc, uint64_t seed) {
   if (zero >= 2) return;  // gradients go to the blocks' buckets (bind_bucket)
   for (const Group* g : {&dense_, &expert_})
     for (const Member& m : g->members) {
-      Tensor view{g->grad.as<unsigned char>() + m.off * dtype_bytes(g->grad.type.dtype),
-                  {m.weight.type.shape, g->grad.type.dtype}};
+      Tensor view = slice(g->grad, m.off, m.weight.type.shape);
       for (size_t b = 0; b < p_.blocks.size(); ++b)  // the owner, and its tied copies
         for (size_t o = 0; o < weights_[b].size(); ++o)
           if (static_cast<size_t>(m.w) < weights_[b][o].size() &&
@@ -124,24 +129,13 @@ std::pair<int64_t, int64_t> ParamStore::held(const Group& g, const Member& m) {
   return {std::clamp(g.lo - m.off, int64_t{0}, m.n), std::clamp(g.hi - m.off, int64_t{0}, m.n)};
 }
 
-std::pair<int64_t, int64_t> ParamStore::block_range(const Group& g, int block) const {
-  int64_t first = -1, n = 0;
-  for (const Member& m : g.members)
-    if (m.block == block) {
-      if (first < 0) first = m.off;
-      n += m.n;
-    }
-  return {std::max<int64_t>(first, 0), n};
-}
-
 int64_t ParamStore::block_elements(int block) const {
   return block_range(dense_, block).second + block_range(expert_, block).second;
 }
 
 Tensor ParamStore::block_part(const Tensor& buffer, int block, const Group& g) const {
   int64_t before = &g == &expert_ ? block_range(dense_, block).second : 0;
-  return Tensor{buffer.as<unsigned char>() + before * dtype_bytes(buffer.type.dtype),
-                {{block_range(g, block).second}, buffer.type.dtype}};
+  return slice(buffer, before, {block_range(g, block).second});
 }
 
 void ParamStore::bind_views(int block, const Tensor& buffer, bool grads) {
@@ -151,9 +145,8 @@ void ParamStore::bind_views(int block, const Tensor& buffer, bool grads) {
     for (const Member& m : g->members) {
       if (m.block != block) continue;
       const GraphOp& op = p_.blocks[block].graph->ops[m.op];
-      Tensor view{part.as<unsigned char>() + (m.off - first) * dtype_bytes(part.type.dtype),
-                  {op.weights[m.w].shape, part.type.dtype}};
-      (grads ? wgrads_ : weights_)[block][m.op][m.w] = view;
+      (grads ? wgrads_ : weights_)[block][m.op][m.w] =
+          slice(part, m.off - first, op.weights[m.w].shape);
     }
   }
 }
@@ -239,8 +232,7 @@ void ParamStore::optimizer_step(int step, float lr) {
     if (g->n == 0) continue;
     if (s_.setup.optimizer != Optimizer::kNone) {
       auto part = [&](const Tensor& t, int64_t first) {  // elements [lo, hi) of a flat buffer
-        return Tensor{t.as<unsigned char>() + first * dtype_bytes(t.type.dtype),
-                      {{g->hi - g->lo}, t.type.dtype}};
+        return slice(t, first, {g->hi - g->lo});
       };
       if (g->hi > g->lo)
         be_.optimizer_update({.kind = s_.setup.optimizer,

@@ -74,10 +74,14 @@ class ParamStore {
     // The owned elements [lo, hi) of the n, in blocks of `shard` per DP rank (the planner's
     // ceil(n / dp)); without ZeRO, all of them.
     int64_t shard = 0, lo = 0, hi = 0;
+    // Per block: its range in the flat space, first element and count (blocks are contiguous).
+    std::vector<std::pair<int64_t, int64_t>> blocks;
   };
   void allocate_group(Group& g, const std::string& name, const Allocate& alloc);
   // Block b's range in a group's flat space: first element, count.
-  std::pair<int64_t, int64_t> block_range(const Group& g, int block) const;
+  static std::pair<int64_t, int64_t> block_range(const Group& g, int block) {
+    return g.blocks[static_cast<size_t>(block)];
+  }
   // Block b's part of a bucket or gathered buffer for group g (dense first, then expert).
   Tensor block_part(const Tensor& buffer, int block, const Group& g) const;
   // The element range [lo, hi) of a member whose optimizer states this rank holds.

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "executor/bf16.hpp"
 #include "planner/ops.hpp"
@@ -20,6 +22,12 @@ struct Tensor {
     return static_cast<T*>(data);
   }
 };
+
+// The contiguous part of t from element `first` on, viewed with `shape` (t's dtype).
+inline Tensor slice(const Tensor& t, int64_t first, std::vector<int64_t> shape) {
+  return {static_cast<char*>(t.data) + first * dtype_bytes(t.type.dtype),
+          {std::move(shape), t.type.dtype}};
+}
 
 // bf16 <-> fp32, round to nearest even (NaN stays NaN).
 inline float bf16_to_f32(uint16_t b) { return bf16_bits_to_f32(b); }

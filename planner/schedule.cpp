@@ -49,29 +49,16 @@ std::vector<PipelinePass> pipeline_order(PpSchedule s, int64_t stage, int64_t pp
   return order;
 }
 
-namespace {
-// Walks the order: the most passes alive at once, per chunk and in all.
-std::pair<std::vector<int64_t>, int64_t> alive_passes(PpSchedule s, int64_t stage, int64_t pp,
-                                                      int64_t m, int64_t v) {
-  if (s != PpSchedule::kInterleaved) v = 1;
-  std::vector<int64_t> live(v, 0), most(v, 0);
-  int64_t all = 0, most_all = 0;
-  for (PipelinePass p : pipeline_order(s, stage, pp, m, v)) {
-    int64_t d = p.forward ? 1 : -1;
-    most[p.chunk] = std::max(most[p.chunk], live[p.chunk] += d);
-    most_all = std::max(most_all, all += d);
-  }
-  return {most, most_all};
+int64_t chunk_passes_in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v) {
+  if (s != PpSchedule::kInterleaved) return in_flight(s, stage, pp, m);
+  // The warm-up's forwards and the first steady-state one (all of them when m = pp).
+  return m == pp ? m * v : std::min(m * v, 2 * (pp - stage - 1) + (v - 1) * pp + 1);
 }
-}  // namespace
 
 int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v) {
-  if (s == PpSchedule::kInterleaved) return (alive_passes(s, stage, pp, m, v).second + v - 1) / v;
+  if (s == PpSchedule::kInterleaved)
+    return (chunk_passes_in_flight(s, stage, pp, m, v) + v - 1) / v;
   return s == PpSchedule::kAfab ? m : std::min(m, pp - stage);
-}
-
-int64_t chunk_passes_in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v) {
-  return alive_passes(s, stage, pp, m, v).second;
 }
 
 TrainSpec simulation_setup(const TrainSpec& t) {

@@ -223,13 +223,6 @@ class IdentityComm final : public Communicator {
   void send(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no pipeline"); }
   void recv(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no pipeline"); }
   void all_reduce_with(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
-  int64_t dp_rank() const override { return 0; }
-  int64_t dp_size() const override { return 1; }
-  void dp_reduce_scatter(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no dp"); }
-  void dp_all_gather(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no dp"); }
-  void dp_reduce_scatter_into(const Tensor&, int64_t, int64_t, const Tensor&) override {
-    throw std::logic_error("no dp");
-  }
   int calls = 0;
 
  private:
@@ -275,13 +268,6 @@ class ThreadComm final : public Communicator {
   void send(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no pipeline"); }
   void recv(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no pipeline"); }
   void all_reduce_with(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
-  int64_t dp_rank() const override { return 0; }
-  int64_t dp_size() const override { return 1; }
-  void dp_reduce_scatter(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no dp"); }
-  void dp_all_gather(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no dp"); }
-  void dp_reduce_scatter_into(const Tensor&, int64_t, int64_t, const Tensor&) override {
-    throw std::logic_error("no dp");
-  }
 
  private:
   void publish(const void* p) {

@@ -51,19 +51,20 @@ class Communicator {
   // d x cp + c).
   // Element i of t stands at index first + i of a flat buffer split over the group in blocks of
   // `shard` elements, block q owned by DP rank q (ZeRO's partition of the gradient buffer).
-  virtual int64_t dp_rank() const = 0;
-  virtual int64_t dp_size() const = 0;
+  // Defaults: one replica (no data-parallel group), where the DP collectives leave t as it is.
+  virtual int64_t dp_rank() const { return 0; }
+  virtual int64_t dp_size() const { return 1; }
   // The elements this rank owns become their sum over the group (fp32, in rank order); the
   // others keep their values (a reduce-scatter in place).
-  virtual void dp_reduce_scatter(const Tensor& t, int64_t first, int64_t shard) = 0;
+  virtual void dp_reduce_scatter(const Tensor& t, int64_t first, int64_t shard);
   // ZeRO-2/3's bucket reduction: `into` holds this rank's block of the flat buffer (elements
   // dp_rank x shard onwards); each owned element of t is summed over the group (fp32: into's
   // value first, then the ranks in order) into its place in `into`. t is left as it was.
   virtual void dp_reduce_scatter_into(const Tensor& t, int64_t first, int64_t shard,
-                                      const Tensor& into) = 0;
+                                      const Tensor& into);
   // Every rank's owned elements are copied to the same elements of every other rank (an
   // all-gather in place).
-  virtual void dp_all_gather(const Tensor& t, int64_t first, int64_t shard) = 0;
+  virtual void dp_all_gather(const Tensor& t, int64_t first, int64_t shard);
   // t = its sum over the group: the reduce-scatter and the all-gather over blocks of
   // ceil(n / dp) elements, so ZeRO-0 and ZeRO-1 sum bitwise alike.
   void dp_all_reduce(const Tensor& t) {
@@ -75,6 +76,28 @@ class Communicator {
   // Device memory the communicator took as it started, measured (NCCL's buffers): name, bytes.
   virtual std::vector<std::pair<std::string, int64_t>> measured_overheads() const { return {}; }
 };
+
+// The local element range [lo, hi) of t that DP rank q owns (t's element i is element first + i
+// of the flat buffer, split in blocks of `shard` elements).
+inline std::pair<int64_t, int64_t> dp_owned(const Tensor& t, int64_t first, int64_t shard,
+                                            int64_t q) {
+  auto clamp = [&](int64_t x) { return x < 0 ? 0 : x > t.numel() ? t.numel() : x; };
+  return {clamp(q * shard - first), clamp((q + 1) * shard - first)};
+}
+
+// One replica: the reduce-scatter and the all-gather leave t as it is; the bucket reduction has
+// no group to sum over and needs the implementation's arithmetic.
+inline void Communicator::dp_reduce_scatter(const Tensor&, int64_t, int64_t) {
+  if (dp_size() != 1)
+    throw std::logic_error("dp_reduce_scatter: this communicator has no data-parallel group");
+}
+inline void Communicator::dp_all_gather(const Tensor&, int64_t, int64_t) {
+  if (dp_size() != 1)
+    throw std::logic_error("dp_all_gather: this communicator has no data-parallel group");
+}
+inline void Communicator::dp_reduce_scatter_into(const Tensor&, int64_t, int64_t, const Tensor&) {
+  throw std::logic_error("dp_reduce_scatter_into: this communicator has no data-parallel group");
+}
 
 // Without context parallelism (one CP rank) the CP collectives are copies.
 inline void Communicator::cp_all_gather(const Tensor& in, const Tensor& out) {

@@ -22,7 +22,7 @@ class InProcessComm final : public Communicator {
 
   void cp_all_gather(const Tensor& in, const Tensor& out) override {
     check(out.bytes() == in.bytes() * w_.cp_, "cp_all_gather: output must be cp x the input");
-    publish_to(cp_group(), in.data);
+    publish_to(cp_group(), cp_rank(), in.data);
     for (int64_t q = 0; q < w_.cp_; ++q)
       w_.transfer_->copy(out.as<unsigned char>() + q * in.bytes(), cp_group().slots[q], in.bytes());
     wait_on(cp_group());
@@ -31,44 +31,44 @@ class InProcessComm final : public Communicator {
   void cp_reduce_scatter(const Tensor& in, const Tensor& out) override {
     check(in.bytes() == out.bytes() * w_.cp_ && in.type.dtype == out.type.dtype,
           "cp_reduce_scatter: input must be cp x the output");
-    publish_to(cp_group(), in.data);
+    publish_to(cp_group(), cp_rank(), in.data);
     w_.transfer_->sum(out, 0, cp_group().slots, cp_rank() * out.numel(), out.numel());
     wait_on(cp_group());
   }
 
   void dp_reduce_scatter(const Tensor& t, int64_t first, int64_t shard) override {
     if (w_.dp_ == 1) return;
-    publish_dp(t.data);
-    auto [lo, hi] = owned(t, first, shard, dp_rank_);
+    publish_to(dp_group(), dp_rank_, t.data);
+    auto [lo, hi] = dp_owned(t, first, shard, dp_rank_);
     if (hi > lo) w_.transfer_->sum(t, lo, dp_group().slots, lo, hi - lo);
-    wait_dp();
+    wait_on(dp_group());
   }
 
   void dp_reduce_scatter_into(const Tensor& t, int64_t first, int64_t shard,
                               const Tensor& into) override {
-    publish_dp(t.data);
-    auto [lo, hi] = owned(t, first, shard, dp_rank_);
+    publish_to(dp_group(), dp_rank_, t.data);
+    auto [lo, hi] = dp_owned(t, first, shard, dp_rank_);
     if (hi > lo) {
       int64_t e = dtype_bytes(t.type.dtype), at = first + lo - dp_rank_ * shard;
       std::vector<const void*> ins{into.as<unsigned char>() + at * e};
       for (const void* p : dp_group().slots) ins.push_back(static_cast<const unsigned char*>(p) + lo * e);
       w_.transfer_->sum(into, at, ins, 0, hi - lo);
     }
-    wait_dp();
+    wait_on(dp_group());
   }
 
   void dp_all_gather(const Tensor& t, int64_t first, int64_t shard) override {
     if (w_.dp_ == 1) return;
-    publish_dp(t.data);
+    publish_to(dp_group(), dp_rank_, t.data);
     int64_t elem = dtype_bytes(t.type.dtype);
     for (int64_t q = 0; q < w_.dp_; ++q) {
-      auto [lo, hi] = owned(t, first, shard, q);
+      auto [lo, hi] = dp_owned(t, first, shard, q);
       if (q == dp_rank_ || hi <= lo) continue;
       w_.transfer_->copy(t.as<unsigned char>() + lo * elem,
                          static_cast<const unsigned char*>(dp_group().slots[q]) + lo * elem,
                          (hi - lo) * elem);
     }
-    wait_dp();
+    wait_on(dp_group());
   }
 
   void all_gather(const Tensor& in, const Tensor& out) override {
@@ -134,27 +134,13 @@ class InProcessComm final : public Communicator {
   InProcessWorld::Group& cp_group() {
     return *w_.cp_groups_[(stage_ * (w_.dp_ / w_.cp_) + dp_rank_ / w_.cp_) * w_.tp_ + rank_];
   }
-  void publish_to(InProcessWorld::Group& g, const void* p) {
-    g.slots[dp_rank_ % static_cast<int64_t>(g.slots.size())] = p;
+  // Rendezvous of a DP or CP group: this rank's pointer in its slot, then the group's barrier.
+  void publish_to(InProcessWorld::Group& g, int64_t slot, const void* p) {
+    g.slots[slot] = p;
     wait_on(g);
   }
   void wait_on(InProcessWorld::Group& g) {
     g.sync.arrive_and_wait();
-    if (w_.aborted_) throw RunAborted();
-  }
-  // The local element range [lo, hi) of t that DP rank q owns.
-  static std::pair<int64_t, int64_t> owned(const Tensor& t, int64_t first, int64_t shard,
-                                           int64_t q) {
-    int64_t lo = std::clamp(q * shard - first, int64_t{0}, t.numel());
-    int64_t hi = std::clamp((q + 1) * shard - first, int64_t{0}, t.numel());
-    return {lo, hi};
-  }
-  void publish_dp(const void* p) {
-    dp_group().slots[dp_rank_] = p;
-    wait_dp();
-  }
-  void wait_dp() {
-    dp_group().sync.arrive_and_wait();
     if (w_.aborted_) throw RunAborted();
   }
   std::vector<unsigned char> to_host(const Tensor& t) {

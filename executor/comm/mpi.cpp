@@ -85,7 +85,7 @@ class MpiComm final : public Communicator {
     if (dp_ == 1) return;
     std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * dp_));
     dp_gather(mine, all);
-    auto [lo, hi] = owned(t, first, shard, dp_rank_);
+    auto [lo, hi] = dp_owned(t, first, shard, dp_rank_);
     if (hi <= lo) return;
     std::vector<const void*> ins;
     for (int64_t q = 0; q < dp_; ++q) ins.push_back(all.data() + q * t.bytes());
@@ -98,7 +98,7 @@ class MpiComm final : public Communicator {
                               const Tensor& into) override {
     std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * dp_));
     dp_gather(mine, all);
-    auto [lo, hi] = owned(t, first, shard, dp_rank_);
+    auto [lo, hi] = dp_owned(t, first, shard, dp_rank_);
     if (hi <= lo) return;
     int64_t e = dtype_bytes(t.type.dtype), at = first + lo - dp_rank_ * shard;
     std::vector<unsigned char> acc = to_host(into);
@@ -114,7 +114,7 @@ class MpiComm final : public Communicator {
     dp_gather(mine, all);
     int64_t elem = dtype_bytes(t.type.dtype);
     for (int64_t q = 0; q < dp_; ++q) {
-      auto [lo, hi] = owned(t, first, shard, q);
+      auto [lo, hi] = dp_owned(t, first, shard, q);
       if (q == dp_rank_ || hi <= lo) continue;
       transfer_->copy(t.as<unsigned char>() + lo * elem, all.data() + q * t.bytes() + lo * elem,
                       (hi - lo) * elem);
@@ -198,11 +198,6 @@ class MpiComm final : public Communicator {
   };
   int peer(int64_t stage) const {
     return static_cast<int>((stage * dp_ + dp_rank_) * tp_ + rank_);  // dp_: dp x cp ranks
-  }
-  static std::pair<int64_t, int64_t> owned(const Tensor& t, int64_t first, int64_t shard,
-                                           int64_t q) {
-    return {std::clamp(q * shard - first, int64_t{0}, t.numel()),
-            std::clamp((q + 1) * shard - first, int64_t{0}, t.numel())};
   }
   void dp_gather(const std::vector<unsigned char>& mine, std::vector<unsigned char>& all) {
     gather_on(dp_group_, mine, all);

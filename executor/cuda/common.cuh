@@ -51,11 +51,7 @@ __device__ inline float block_reduce(float v, Op op) {
 __device__ inline float block_sum(float v) { return block_reduce(v, SumOp{}); }
 __device__ inline float block_max(float v) { return block_reduce(v, MaxOp{}); }
 
-// The contiguous part of t from element `first` on, viewed with `shape`.
-inline Tensor slice(const Tensor& t, long long first, std::vector<int64_t> shape) {
-  return {static_cast<char*>(t.data) + first * dtype_bytes(t.type.dtype),
-          {std::move(shape), t.type.dtype}};
-}
+using exec::slice;  // sub-tensor views (executor/tensor.hpp)
 
 inline unsigned blocks_for(long long n) {
   return static_cast<unsigned>((n + kThreads - 1) / kThreads);
