@@ -175,6 +175,9 @@ double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const Hardw
     int64_t span =
         is_ep_collective(op.kind) || op.kind == OpKind::kCpGatherKv ? group * t.tp : group;
     s += collective_seconds(kind, collective_bytes(g, op), group, span <= hw.gpus_per_node, hw);
+    // The combine's backward exchanges the expert outputs again (for the probabilities'
+    // gradient) before it sends the gradient back: two all-to-alls.
+    if (backward && op.kind == OpKind::kMoeCombine) s *= 2;
   }
   // Vocab-parallel cross entropy all-reduces three fp32 values per token over TP in forward (the
   // logit max, the target logit and the sum of exponentials, as Megatron's).

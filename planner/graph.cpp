@@ -3,6 +3,7 @@
 
 #include <boost/graph/adjacency_list.hpp>
 #include <boost/graph/topological_sort.hpp>
+#include <cmath>
 #include <iterator>
 
 namespace np {
@@ -198,6 +199,14 @@ int dense_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int x, const s
                {a});
 }
 
+// Megatron's capacity per expert over one source rank's tokens: ceil(tokens x top_k x factor /
+// experts); 0 without a factor (dropless).
+int64_t expert_capacity(int64_t tokens, const MoeSpec& e, double factor) {
+  if (factor <= 0) return 0;
+  return static_cast<int64_t>(std::ceil(static_cast<double>(tokens * e.top_k) * factor /
+                                        static_cast<double>(e.num_experts)));
+}
+
 // MoE under TP requires SP (as Megatron): the router sees this rank's sequence shard, and the
 // routing decisions are gathered with the tokens, so no gradient is counted once per TP rank.
 int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int shard) {
@@ -210,6 +219,7 @@ int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int shard) {
                   .group = t.ep,
                   .experts = e.num_experts / t.ep,
                   .top_k = e.top_k,
+                  .capacity = expert_capacity(b.tokens(), e, t.moe_capacity_factor),
                   .sections = {e.expert_ffn / t.tp, e.expert_ffn / t.tp}};
   int xe = b.op1(OpKind::kMoeDispatch, "moe.dispatch", experts, {x, idx});
   int gu = b.op1(OpKind::kExpertColumn, "moe.experts.gate_up", experts, {xe, idx});

@@ -69,6 +69,17 @@ Types same(const OpAttrs&, In in) {
 Types none_types(const OpAttrs&, In) {
   return {};
 }
+// The dispatched tokens: experts x ep x capacity rows with a capacity factor, else tokens x top_k.
+int64_t dispatched_rows(const OpAttrs& a, const TensorType& x) {
+  return a.capacity > 0 ? a.experts * a.group * a.capacity : rows_of(x) * a.top_k;
+}
+Types dispatched(const OpAttrs& a, In in) {
+  return {{{dispatched_rows(a, in[0]), cols_of(in[0])}, kAct}};
+}
+Types exchange_buffer(const OpAttrs& a, In in) {
+  if (a.group == 1) return {};
+  return {{{dispatched_rows(a, in[0]), cols_of(in[0])}, kAct}};
+}
 double zero_flops(const OpAttrs&, In) {
   return 0;
 }
@@ -196,11 +207,10 @@ const OpInfo kOps[] =
                    {{rows_of(in[0]), a.top_k}, Dtype::kI64}};
          },
          elementwise, no_weights, none_types},
-        {OpKind::kMoeDispatch, "moe_dispatch", 2, 1, 0b10, 0, 0b01, 0b1, true,
-         [](const OpAttrs& a, In in) -> Types {
-           return {{{rows_of(in[0]) * a.top_k, cols_of(in[0])}, kAct}};
-         },
-         zero_flops, no_weights, none_types},
+        // Under ep > 1 the all-to-all's other side is a workspace of the exchanged tensor's size:
+        // the send buffer in forward, the received gradient in backward.
+        {OpKind::kMoeDispatch, "moe_dispatch", 2, 1, 0b10, 0, 0b01, 0b1, true, dispatched,
+         zero_flops, no_weights, exchange_buffer, exchange_buffer},
         {OpKind::kExpertColumn, "expert_column", 2, 1, 0b11, 0, 0b01, 0b1, false, linear_out,
          linear_flops,
          [](const OpAttrs& a,
@@ -211,11 +221,15 @@ const OpInfo kOps[] =
          [](const OpAttrs& a,
             In in) -> Weights { return {{"weight", {a.experts, a.features, cols_of(in[0])}}}; },
          none_types},
+        // Under ep > 1: the expert outputs received back from the experts' ranks (forward; backward
+        // exchanges them again for the probability gradient, then sends the gradient from it).
         {OpKind::kMoeCombine, "moe_combine", 3, 1, 0b111, 0, 0b011, 0b1, true,
          [](const OpAttrs&, In in) -> Types {
            return {{{rows_of(in[1]), cols_of(in[0])}, kAct}};
          },
-         [](const OpAttrs&, In in) { return 2.0 * in[0].elements(); }, no_weights, none_types},
+         [](const OpAttrs&, In in) { return 2.0 * in[0].elements(); }, no_weights,
+         [](const OpAttrs& a, In in) -> Types { return a.group > 1 ? Types{in[0]} : Types{}; },
+         [](const OpAttrs& a, In in) -> Types { return a.group > 1 ? Types{in[0]} : Types{}; }},
         {OpKind::kSharedGate, "shared_gate", 2, 1, 0b11, 0, 0b11, 0b1, false,
          [](const OpAttrs&, In in) -> Types { return {in[1]}; },
          [](const OpAttrs&, In in) { return 3.0 * in[0].elements(); },

@@ -39,8 +39,8 @@ enum class OpKind {
   kAdd,           // residual add
   kRouter,        // MoE router linear, fp32 logits
   kTopK,          // top-k of the router logits, softmax over the k
-  kMoeDispatch,   // permute tokens to experts (+ all-to-all over ep), balanced routing
-  kExpertColumn,  // grouped GEMM over the local experts (rows grouped by the routing indices)
+  kMoeDispatch,   // permute tokens to experts (+ all-to-all over ep): capacity slots, or balanced
+  kExpertColumn,  // grouped GEMM over the local experts (rows grouped by expert)
   kExpertRow,     // grouped GEMM over the local experts, partial sum over tp
   kMoeCombine,    // un-permute (+ all-to-all back) and weight by the router probabilities
   kSharedGate,    // sigmoid(Linear(h, 1)(x)) * shared expert output
@@ -70,6 +70,10 @@ struct OpAttrs {
   int64_t batch = 0, seq = 0;  // micro-batch and full sequence (attention)
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // this rank's heads
   int64_t experts = 0, top_k = 0;                 // local experts, routed experts per token
+  // MoE with a capacity factor: token slots per expert per source rank (the dispatched tensor is
+  // experts x group x capacity rows, each local expert's slots contiguous per source rank);
+  // 0: dropless, tokens x top_k rows grouped by expert.
+  int64_t capacity = 0;
   bool bias = false;                              // linears: add a bias; LayerNorm always has one
   // Column-parallel outputs that fuse several sharded matrices ([q | k | v], [gate | up]): this
   // rank's width of each, in order. Empty: one matrix.

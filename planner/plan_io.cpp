@@ -97,7 +97,8 @@ Result<TrainSpec> setup_from_json(const json& j) {
     Reader r{j, "setup"};
     r.only({"tp", "pp", "dp", "ep", "sp", "zero", "micro_batch", "seq_len", "microbatches",
             "pp_schedule", "attention", "grad_accum_dtype", "optimizer", "recompute",
-            "tp_recompute_allgather", "stage_layers", "gpus", "virtual_stages", "cp"});
+            "tp_recompute_allgather", "stage_layers", "gpus", "virtual_stages", "cp",
+            "moe_capacity_factor"});
     TrainSpec t;
     t.tp = r.at("tp").positive(), t.pp = r.at("pp").positive(), t.dp = r.at("dp").positive();
     t.ep = r.at("ep").positive(), t.sp = r.at("sp").boolean();
@@ -107,6 +108,7 @@ Result<TrainSpec> setup_from_json(const json& j) {
     t.microbatches = r.at("microbatches").positive();
     t.pp_schedule = r.at("pp_schedule").choice<PpSchedule>();
     if (r.has("virtual_stages")) t.virtual_stages = r.at("virtual_stages").positive();
+    if (r.has("moe_capacity_factor")) t.moe_capacity_factor = r.at("moe_capacity_factor").number();
     t.attention = r.at("attention").choice<AttentionImpl>();
     t.grad_dtype = r.at("grad_accum_dtype").choice<Dtype>();
     t.optimizer = r.at("optimizer").choice<Optimizer>();

@@ -30,6 +30,7 @@ json setup_to_json(const TrainSpec& t) {
             {"gpus", t.gpus()}};
   if (!t.stage_layers.empty()) j["stage_layers"] = t.stage_layers;  // else balanced by FLOPs
   if (t.pp_schedule == PpSchedule::kInterleaved) j["virtual_stages"] = t.virtual_stages;
+  if (t.moe_capacity_factor > 0) j["moe_capacity_factor"] = t.moe_capacity_factor;
   return j;
 }
 
@@ -121,6 +122,11 @@ std::string describe_setup(const TrainSpec& t) {
                   std::to_string(t.pp) + " x dp " + std::to_string(t.dp) + " = " +
                   count_noun(t.gpus(), "GPU");
   if (t.ep > 1) s += ", ep " + std::to_string(t.ep);
+  if (t.moe_capacity_factor > 0) {
+    char cf[48];
+    std::snprintf(cf, sizeof cf, ", expert capacity factor %g", t.moe_capacity_factor);
+    s += cf;
+  }
   s += "; micro-batch " + std::to_string(t.micro_batch) + " x seq " + std::to_string(t.seq_len) +
        ", " + count_noun(t.microbatches, "micro-batch") + " per step, " +
        name_of(t.pp_schedule) +

@@ -15,13 +15,15 @@ namespace {
 
 Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   TomlReader r(t, path, "setup.");
-  r.only({"tp", "pp", "dp", "cp", "zero", "seq_len", "micro_batch", "microbatches", "sp",
+  r.only({"tp", "pp", "dp", "cp", "ep", "zero", "seq_len", "micro_batch", "microbatches", "sp",
           "tp_recompute_allgather", "pp_schedule", "virtual_stages", "attention", "recompute",
-          "optimizer", "grad_accum_dtype"});
+          "optimizer", "grad_accum_dtype", "moe_capacity_factor"});
   TrainSpec s;
   s.tp = r.integer_in("tp", 1, 4096, s.tp), s.pp = r.integer_in("pp", 1, 4096, s.pp);
   s.dp = r.integer_in("dp", 1, 1 << 20, s.dp);
   s.cp = r.integer_in("cp", 1, 4096, s.cp);
+  s.ep = r.integer_in("ep", 1, 4096, s.ep);
+  s.moe_capacity_factor = r.number("moe_capacity_factor", 0.0);
   s.zero = static_cast<int>(r.integer_in("zero", 0, 3, s.zero));
   s.seq_len = r.integer_in("seq_len", 1, int64_t{1} << 24, s.seq_len);
   s.micro_batch = r.integer_in("micro_batch", 1, int64_t{1} << 24, s.micro_batch);
@@ -57,13 +59,14 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
                                       std::vector<std::string>& skipped) {
   static const toml::table empty;
   TomlReader r(m ? *m : empty, sc.path, "matrix.");
-  r.only({"tp", "pp", "dp", "cp", "zero", "sp", "pp_schedule", "recompute", "attention",
+  r.only({"tp", "pp", "dp", "cp", "ep", "zero", "sp", "pp_schedule", "recompute", "attention",
           "tp_recompute_allgather"});
   std::vector<int64_t> tps = r.list<int64_t>("tp", sc.base.tp),
                        pps = r.list<int64_t>("pp", sc.base.pp);
   std::vector<int64_t> dps = r.list<int64_t>("dp", sc.base.dp),
                        zeros = r.list<int64_t>("zero", sc.base.zero),
-                       cps = r.list<int64_t>("cp", sc.base.cp);
+                       cps = r.list<int64_t>("cp", sc.base.cp),
+                       eps = r.list<int64_t>("ep", sc.base.ep);
   std::vector<bool> sps = r.list<bool>("sp", sc.base.sp),
                     regathers =
                         r.list<bool>("tp_recompute_allgather", sc.base.tp_recompute_allgather);
@@ -74,7 +77,8 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   if (!recs) return recs.error();
   auto atts = enums(r, "attention", sc.base.attention);
   if (!atts) return atts.error();
-  size_t combinations = tps.size() * pps.size() * dps.size() * cps.size() * zeros.size() *
+  size_t combinations = tps.size() * pps.size() * dps.size() * cps.size() * eps.size() *
+                        zeros.size() *
                         sps.size() * regathers.size() * scheds->size() * recs->size() *
                         atts->size();
   if (combinations > 4096)
@@ -85,6 +89,7 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
     for (int64_t pp : pps)
       for (int64_t dp : dps)
         for (int64_t cp : cps)
+          for (int64_t ep : eps)
           for (int64_t zero : zeros)
             for (bool sp : sps)
               for (PpSchedule sched : *scheds)
@@ -95,7 +100,7 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
                         continue;  // without SP there is no all-gather to keep: a duplicate
                       TrainSpec t = sc.base;
                       t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
-                      t.dp = dp, t.cp = cp;
+                      t.dp = dp, t.cp = cp, t.ep = ep;
                       t.zero = static_cast<int>(std::clamp<int64_t>(zero, -1, 4));
                       t.pp_schedule = sched, t.recompute = rec, t.attention = att;
                       // setup.virtual_stages (default 2) is the interleaved rows' chunk count
@@ -117,6 +122,7 @@ std::string describe_short(const TrainSpec& t) {
   return "tp " + std::to_string(t.tp) + (t.cp > 1 ? " cp " + std::to_string(t.cp) : "") + " pp " +
          std::to_string(t.pp) +
          (t.dp > 1 ? " dp " + std::to_string(t.dp) + " zero " + std::to_string(t.zero) : "") +
+         (t.ep > 1 ? " ep " + std::to_string(t.ep) : "") +
          " sp " + (t.sp ? "on" : "off") + " " + name_of(t.pp_schedule) +
          (t.pp_schedule == PpSchedule::kInterleaved ? " x" + std::to_string(t.virtual_stages)
                                                     : "") +

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <array>
 #include <iterator>
 #include <utility>
@@ -106,6 +107,12 @@ namespace {
 std::string str(int64_t v) {
   return std::to_string(v);
 }
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+constexpr double kMaxCapacityFactor = 64;
 
 std::optional<Error> fail(std::string message) {
   return make_error(std::move(message));
@@ -219,6 +226,13 @@ std::optional<Error> check_interleaved(const ModelSpec& m, const TrainSpec& t) {
 }
 
 std::optional<Error> check_moe(const ModelSpec& m, const TrainSpec& t) {
+  const double cf = t.moe_capacity_factor;
+  if (!(cf == 0 || (cf > 0 && cf <= kMaxCapacityFactor)))
+    return fail("--moe-capacity-factor " + num(cf) +
+                " is invalid (valid: 0 for dropless routing, or a factor in (0, 64])");
+  if (cf > 0 && !m.moe)
+    return fail("--moe-capacity-factor needs an MoE model; " + m.name +
+                " is dense (leave it at 0)");
   if (!m.moe) return std::nullopt;
   if (m.moe->num_experts % t.ep != 0)
     return fail("--ep " + str(t.ep) + " does not divide the " + str(m.moe->num_experts) +

@@ -71,6 +71,11 @@ struct TrainSpec {
   int64_t cp = 1;
   bool sp = false;          // sequence parallelism (nanotron's REDUCE_SCATTER mode)
   int zero = 0;             // ZeRO stage 0..3 over dp x cp (Megatron's data-parallel + CP group)
+  // MoE token capacity (Megatron's --moe-expert-capacity-factor with --moe-pad-expert-input-to-
+  // capacity): each expert takes ceil(tokens x top_k x factor / experts) slots of every source
+  // rank's micro-batch tokens, padded to that count; assignments beyond it are dropped in token
+  // order (--moe-token-drop-policy position). 0: dropless (balanced routing is assumed).
+  double moe_capacity_factor = 0;
   int64_t gpus() const { return tp * cp * pp * dp; }
   // NCCL communicators a rank is in: one per parallel dimension above 1.
   int communicators() const { return (tp > 1) + (cp > 1) + (dp > 1) + (pp > 1) + (ep > 1); }

@@ -155,6 +155,9 @@ bad "sweep: --partition with counts" -m "--partition" -m "balanced, auto" -- swe
 good "--partition 41,39 is accepted" "${E[@]}" --pp 2 --partition 41,39
 bad "--ep that does not divide the experts" -m "--ep 3" -m "experts" -- estimate --model mixtral-8x7b --ep 3 --dp 3
 bad "--ep that does not divide --dp" -m "--ep 2" -m "--dp 1" -- estimate --model mixtral-8x7b --ep 2
+bad "--moe-capacity-factor that is not a number" -m "--moe-capacity-factor" -m "valid: 0 for dropless" -- estimate --model mixtral-8x7b --moe-capacity-factor lots
+bad "--moe-capacity-factor above 64" -m "--moe-capacity-factor" -m "(0, 64]" -- estimate --model mixtral-8x7b --moe-capacity-factor 100
+bad "--moe-capacity-factor on a dense model" -m "needs an MoE model" -- "${E[@]}" --moe-capacity-factor 1.25
 
 # ---- sizes -------------------------------------------------------------------------------------
 bad "--micro-batch 0" -m "--micro-batch" -m "positive" -- "${E[@]}" --micro-batch 0

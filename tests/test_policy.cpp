@@ -2,6 +2,9 @@
 // attention (the default) and on MoE layers.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+#include <tuple>
+
 #include "planner/policy.hpp"
 #include "test_util.hpp"
 
@@ -105,6 +108,52 @@ TEST(Policy, MoeKeepsRoutedTokens) {
   for (size_t i = 0; i < c.graph.tensors.size(); ++i) {
     if (c.graph.tensors[i].name != "moe.dispatch") continue;
     EXPECT_EQ(c.graph.tensors[i].type.bytes(), 256 * 2 * 4096 * 2);  // tokens * top-2 * h * bf16
+  }
+}
+
+// With a capacity factor every expert gets ceil(T k f / E) slots of every source rank's tokens
+// (Megatron's --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity): mixtral
+// (8 experts, top-2), 256 tokens: f 1.25 gives ceil(80) = 80 slots, 8 x 80 rows; f 1 gives 64,
+// T x k rows as dropless. Under ep 4 this rank holds 2 experts x 4 source ranks x 80 slots, the
+// same rows, and the all-to-all's other side is a buffer of that size in the dispatch's forward
+// and backward and in the combine's.
+TEST(Policy, MoeCapacityPadsEverySourceRanksSlots) {
+  TrainSpec t;
+  t.seq_len = 256;
+  const int64_t h = 4096;
+  auto op_of = [](const BlockGraph& g, const std::string& name) -> const GraphOp& {
+    for (const GraphOp& op : g.ops)
+      if (op.name == name) return op;
+    throw std::runtime_error("no op " + name);
+  };
+  auto bytes = [](const BlockGraph& g, int tensor) { return g.tensors[tensor].type.bytes(); };
+  for (auto [ep, factor, slots] :
+       {std::tuple{1, 1.25, 80}, std::tuple{1, 1.0, 64}, std::tuple{4, 1.25, 80},
+        std::tuple{4, 0.5, 32}}) {
+    t.ep = ep, t.dp = ep, t.moe_capacity_factor = factor;
+    BlockGraph g = build_layer(model("mixtral-8x7b"), t);
+    const GraphOp& d = op_of(g, "moe.dispatch");
+    EXPECT_EQ(d.attrs.capacity, slots);
+    EXPECT_EQ(bytes(g, d.outputs[0]), 8 * slots * h * 2) << "ep " << ep << " f " << factor;
+    std::vector<TensorType> in;
+    for (int i : d.inputs) in.push_back(g.tensors[i].type);
+    const OpInfo& info = op_info(OpKind::kMoeDispatch);
+    std::vector<TensorType> fwd = forward_workspace(info, d.attrs, in),
+                            bwd = info.bwd_workspace(d.attrs, in);
+    ASSERT_EQ(fwd.size(), ep > 1 ? 1u : 0u);
+    ASSERT_EQ(bwd.size(), fwd.size());
+    if (ep > 1) {
+      EXPECT_EQ(fwd[0].bytes(), 8 * slots * h * 2);
+    }
+    const GraphOp& c = op_of(g, "moe.combine");
+    EXPECT_EQ(bytes(g, c.outputs[0]), 256 * h * 2);
+    std::vector<TensorType> cin;
+    for (int i : c.inputs) cin.push_back(g.tensors[i].type);
+    const OpInfo& cinfo = op_info(OpKind::kMoeCombine);
+    ASSERT_EQ(forward_workspace(cinfo, c.attrs, cin).size(), ep > 1 ? 1u : 0u);
+    if (ep > 1) {
+      EXPECT_EQ(cinfo.bwd_workspace(c.attrs, cin)[0].bytes(), 8 * slots * h * 2);
+    }
   }
 }
 

@@ -81,7 +81,9 @@ TEST(Pipeline, InterleavedPassesAndInFlight) {
           int64_t want = m == pp ? m * v : std::min(m * v, 2 * (pp - s - 1) + (v - 1) * pp + 1);
           EXPECT_EQ(max_in_flight(order), want) << "pp " << pp << " v " << v << " m " << m;
           EXPECT_EQ(chunk_passes_in_flight(PpSchedule::kInterleaved, s, pp, m, v), want);
-          if (s == 0 && m > pp) EXPECT_EQ(want, pp * v + pp - 1);
+          if (s == 0 && m > pp) {
+            EXPECT_EQ(want, pp * v + pp - 1);
+          }
         }
 }
 

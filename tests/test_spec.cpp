@@ -3,6 +3,8 @@
 // setup gets one message naming the problem and the valid choices.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "planner/spec.hpp"
 #include "test_util.hpp"
 
@@ -151,6 +153,19 @@ TEST(Validate, ExpertParallelism) {
   EXPECT_NE(error_of(m, t).find("does not divide --dp 2"), std::string::npos);
   t.dp = 8;
   EXPECT_FALSE(validate_setup(m, t));
+}
+
+TEST(Validate, CapacityFactor) {
+  ModelSpec m = model("mixtral-8x7b");
+  TrainSpec t;
+  for (double bad : {-1.0, 65.0, std::nan("")}) {
+    t.moe_capacity_factor = bad;
+    EXPECT_NE(error_of(m, t).find("--moe-capacity-factor"), std::string::npos) << bad;
+    EXPECT_NE(error_of(m, t).find("valid: 0 for dropless routing"), std::string::npos) << bad;
+  }
+  t.moe_capacity_factor = 1.25;
+  EXPECT_FALSE(validate_setup(m, t));
+  EXPECT_NE(error_of(model("llama-2-7b"), t).find("needs an MoE model"), std::string::npos);
 }
 
 TEST(ParseEnum, ListsValidChoices) {

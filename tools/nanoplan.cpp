@@ -46,7 +46,7 @@ struct Flags {
   std::string optimizer = "adamw", recompute, regather = "true", format = "table";
   std::string partition = "balanced";
   std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, nccl_buffers,
-      allocator_slack;
+      allocator_slack, capacity_factor;
   int64_t tp = 1, pp = 1, dp = 1, ep = 1, cp = 1, micro_batch = 1, seq_len = 4096;
   std::optional<int64_t> microbatches;    // default: pp
   std::optional<int64_t> virtual_stages;  // default: 2 under interleaved, else 1
@@ -123,6 +123,9 @@ void add_setup_flags(CLI::App* app, Flags& f, bool model_required = true) {
   add_int(app, "--pp", f.pp, "pipeline-parallel degree");
   add_int(app, "--dp", f.dp, "data-parallel degree");
   add_int(app, "--ep", f.ep, "expert-parallel degree (MoE; carved out of dp)");
+  app->add_option("--moe-capacity-factor", f.capacity_factor,
+                  "MoE expert capacity factor (Megatron's --moe-expert-capacity-factor, padded to "
+                  "capacity, overflow dropped in token order); 0 or unset: dropless");
   add_int(app, "--cp", f.cp,
           "context-parallel degree: each sequence split over cp ranks (Megatron's "
           "--context-parallel-size; flash attention)");
@@ -195,10 +198,23 @@ bool parse_bool(const std::string& flag, const std::string& v) {
   die("invalid " + flag + " " + np::quote_input(v) + " (valid: true, false)");
 }
 
+// A real number in [0, most] for a flag, or the one-line error naming the valid values.
+double parse_real(const std::string& flag, const std::string& text, double most,
+                  const std::string& valid) {
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !(v >= 0 && v <= most))
+    die("invalid " + flag + " " + np::quote_input(text) + " (valid: " + valid + ")");
+  return v;
+}
+
 np::TrainSpec make_setup(const Flags& f) {
   np::TrainSpec t;
   t.tp = f.tp, t.pp = f.pp, t.dp = f.dp, t.ep = f.ep, t.cp = f.cp, t.zero = f.zero;
   t.micro_batch = f.micro_batch, t.seq_len = f.seq_len;
+  if (!f.capacity_factor.empty())
+    t.moe_capacity_factor = parse_real("--moe-capacity-factor", f.capacity_factor, 64,
+                                       "0 for dropless routing, or a factor in (0, 64] such as 1.25");
   t.microbatches = f.microbatches.value_or(std::max<int64_t>(1, f.pp));
   if (f.sp != "auto" && f.sp != "on" && f.sp != "off")
     die("invalid --sp " + np::quote_input(f.sp) + " (valid: on, off, auto)");
@@ -243,14 +259,9 @@ np::RuntimeAssumptions make_runtime(const Flags& f) {
   bytes("--cuda-context", f.cuda_context, rt.cuda_context_bytes);
   bytes("--cublas-workspace", f.cublas_workspace, rt.cublas_workspace_bytes);
   bytes("--nccl-buffers", f.nccl_buffers, rt.nccl_bytes_per_comm);
-  if (!f.allocator_slack.empty()) {
-    char* end = nullptr;
-    double v = std::strtod(f.allocator_slack.c_str(), &end);
-    if (end == f.allocator_slack.c_str() || *end != '\0' || !(v >= 0 && v <= 1))
-      die("invalid --allocator-slack " + np::quote_input(f.allocator_slack) +
-          " (valid: a fraction in [0, 1], e.g. 0.05)");
-    rt.allocator_slack = v;
-  }
+  if (!f.allocator_slack.empty())
+    rt.allocator_slack = parse_real("--allocator-slack", f.allocator_slack, 1,
+                                    "a fraction in [0, 1], e.g. 0.05");
   return rt;
 }
 
@@ -582,9 +593,10 @@ int run_run(const Flags& f, CLI::App* app) {
     return run_one(s, f, "run: " + r.model.name + ", " + np::describe_short(r.setup));
   }
   for (const char* flag :
-       {"--tp", "--pp", "--dp", "--ep", "--sp", "--zero", "--micro-batch", "--seq-len",
-        "--microbatches", "--pp-schedule", "--attention", "--grad-accum-dtype", "--optimizer",
-        "--recompute", "--tp-recompute-allgather", "--partition"})
+       {"--tp", "--pp", "--dp", "--ep", "--cp", "--sp", "--zero", "--micro-batch", "--seq-len",
+        "--microbatches", "--pp-schedule", "--virtual-stages", "--attention", "--grad-accum-dtype",
+        "--optimizer", "--recompute", "--tp-recompute-allgather", "--partition",
+        "--moe-capacity-factor"})
     if (app->count(flag) > 0)
       die(std::string(flag) +
           " conflicts with a plan file: the setup comes from the plan (re-run nanoplan plan to "
