@@ -38,9 +38,12 @@ std::string weight_key(const StageBlock& block, const GraphOp& op, size_t w) {
   return prefix + op.name + "." + suffix;
 }
 
-int64_t global_weight_index(const GraphOp& op, size_t w, int64_t i, int64_t tp, int64_t tp_rank) {
+int64_t global_weight_index(const GraphOp& op, size_t w, int64_t i, const RankShards& at) {
   const WeightShape& ws = op.weights.at(w);
   const std::vector<int64_t>& shape = ws.shape;
+  const int64_t tp = at.tp, tp_rank = at.tp_rank;
+  // Experts: the rank's local experts follow those of the EP ranks before it.
+  const int64_t expert_base = at.ep_rank * (shape.size() == 3 ? shape[0] : 0);
   switch (weight_shard(op.kind, ws.suffix)) {
     case Shard::kReplicated:
       return i;
@@ -58,19 +61,21 @@ int64_t global_weight_index(const GraphOp& op, size_t w, int64_t i, int64_t tp, 
       return (i / in) * in * tp + tp_rank * in + i % in;
     }
     case Shard::kExpertSectionRows: {
-      int64_t rows = shape[1], in = shape[2], e = i / (rows * in), r = (i / in) % rows;
+      int64_t rows = shape[1], in = shape[2], e = expert_base + i / (rows * in),
+              r = (i / in) % rows;
       return (e * rows * tp + column_row(op.attrs, r, tp, tp_rank)) * in + i % in;
     }
     case Shard::kExpertColumns: {
-      int64_t rows = shape[1], in = shape[2], e = i / (rows * in), r = (i / in) % rows;
+      int64_t rows = shape[1], in = shape[2], e = expert_base + i / (rows * in),
+              r = (i / in) % rows;
       return (e * rows + r) * in * tp + tp_rank * in + i % in;
     }
   }
   return i;
 }
 
-void init_weight(const Tensor& t, const StageBlock& block, const GraphOp& op, size_t w, int64_t tp,
-                 int64_t tp_rank, uint64_t seed) {
+void init_weight(const Tensor& t, const StageBlock& block, const GraphOp& op, size_t w,
+                 const RankShards& at, uint64_t seed) {
   bool norm = op.kind == OpKind::kRmsNorm || op.kind == OpKind::kLayerNorm;
   bool bias = std::string(op.weights.at(w).suffix) == "bias";
   if (norm) {
@@ -79,7 +84,7 @@ void init_weight(const Tensor& t, const StageBlock& block, const GraphOp& op, si
   }
   uint64_t stream = hash_string(weight_key(block, op, w));
   for (int64_t i = 0; i < t.numel(); ++i) {
-    uint64_t g = static_cast<uint64_t>(global_weight_index(op, w, i, tp, tp_rank));
+    uint64_t g = static_cast<uint64_t>(global_weight_index(op, w, i, at));
     float u1 = counter_uniform(seed, stream, 2 * g) + 1e-7f,
           u2 = counter_uniform(seed, stream, 2 * g + 1);
     float normal = std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);

@@ -15,12 +15,18 @@ namespace np::exec {
 // for the (possibly tied) token embedding table.
 std::string weight_key(const StageBlock& block, const GraphOp& op, size_t w);
 
-// Global flat index of local element i of weight w of op on TP rank tp_rank.
-int64_t global_weight_index(const GraphOp& op, size_t w, int64_t i, int64_t tp, int64_t tp_rank);
+// Where a rank's weights sit in the global ones: its TP rank of tp (sharded weights), and its EP
+// rank (experts: local expert e is global expert ep_rank x local experts + e).
+struct RankShards {
+  int64_t tp = 1, tp_rank = 0, ep_rank = 0;
+};
+
+// Global flat index of local element i of weight w of op on the rank.
+int64_t global_weight_index(const GraphOp& op, size_t w, int64_t i, const RankShards& at);
 
 // Fills a bf16 weight: norms' weights 1 and biases 0, everything else N(0, 0.02^2).
-void init_weight(const Tensor& t, const StageBlock& block, const GraphOp& op, size_t w, int64_t tp,
-                 int64_t tp_rank, uint64_t seed);
+void init_weight(const Tensor& t, const StageBlock& block, const GraphOp& op, size_t w,
+                 const RankShards& at, uint64_t seed);
 
 // Token ids or targets of micro-batch mb: uniform over the vocabulary, the same every step.
 void fill_tokens(const Tensor& t, const std::string& which, int mb, int64_t vocab, uint64_t seed);

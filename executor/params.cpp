@@ -25,7 +25,8 @@ void ParamStore::allocate(const Allocate& alloc, uint64_t seed) {
     const GraphOp& op = blk.graph->ops[m.op];
     TensorType type{op.weights[m.w].shape, Dtype::kBf16};
     host.assign(static_cast<size_t>(type.elements()), 0);
-    init_weight(Tensor{host.data(), type}, blk, op, m.w, s_.setup.tp, tp_rank_, seed);
+    init_weight(Tensor{host.data(), type}, blk, op, m.w, {s_.setup.tp, tp_rank_, comm_.ep_rank()},
+                seed);
   };
   for (size_t b = 0; b < p_.blocks.size(); ++b) {
     const StageBlock& blk = p_.blocks[b];
@@ -101,8 +102,9 @@ void ParamStore::allocate_group(Group& g, const std::string& name, const Allocat
   Dtype gd = t.grad_dtype;
   g.shard = g.n, g.lo = 0, g.hi = g.n;
   if (t.zero >= 1) {
-    g.shard = (g.n + comm_.dp_size() - 1) / comm_.dp_size();  // dp x cp ranks, as the planner
-    g.lo = std::min(g.n, comm_.dp_rank() * g.shard), g.hi = std::min(g.n, g.lo + g.shard);
+    // dp x cp ranks (dense) or dp x cp / ep (experts), as the planner
+    g.shard = (g.n + comm_.group_size(g.dp) - 1) / comm_.group_size(g.dp);
+    g.lo = std::min(g.n, comm_.group_rank(g.dp) * g.shard), g.hi = std::min(g.n, g.lo + g.shard);
   }
   if (t.zero >= 3) {
     g.shard_weights = alloc({{g.shard}, Dtype::kBf16}, "weights." + name + " (ZeRO-3 shard, bf16)",
@@ -164,7 +166,7 @@ void ParamStore::reduce_bucket(int block, const Tensor& bucket) {
       for (const Tensor& g : wgrads_[block][o]) comm_.all_reduce(g);
   for (const Group* g : {&dense_, &expert_}) {
     auto [first, n] = block_range(*g, block);
-    if (n > 0) comm_.dp_reduce_scatter_into(block_part(bucket, block, *g), first, g->shard, g->grad);
+    if (n > 0) comm_.dp_reduce_scatter_into(g->dp, block_part(bucket, block, *g), first, g->shard, g->grad);
   }
 }
 
@@ -175,7 +177,7 @@ void ParamStore::gather_block(int block, const Tensor& gathered) {
     Tensor part = block_part(gathered, block, *g);
     int64_t a = std::max(first, g->lo), z = std::min(first + n, g->hi);
     if (z > a) be_.copy_elements(part, a - first, g->shard_weights, a - g->lo, z - a);
-    comm_.dp_all_gather(part, first, g->shard);
+    comm_.dp_all_gather(g->dp, part, first, g->shard);
   }
   bind_views(block, gathered, false);
 }
@@ -195,9 +197,9 @@ void ParamStore::sync_gradients() {
   for (Group* g : {&dense_, &expert_}) {
     if (g->n == 0) continue;
     if (s_.setup.zero >= 1)
-      comm_.dp_reduce_scatter(g->grad, 0, g->shard);
+      comm_.dp_reduce_scatter(g->dp, g->grad, 0, g->shard);
     else
-      comm_.dp_all_reduce(g->grad);
+      comm_.dp_all_reduce(g->dp, g->grad);
   }
 }
 
@@ -214,12 +216,13 @@ std::map<std::string, std::vector<float>> ParamStore::capture_gradients() const 
     for (const Member& m : g->members) {
       const GraphOp& op = p_.blocks[m.block].graph->ops[m.op];
       bool sharded = weight_shard(op.kind, op.weights[m.w].suffix) != Shard::kReplicated;
-      int64_t tp = sharded ? s_.setup.tp : 1;
+      RankShards at{sharded ? s_.setup.tp : 1, sharded ? tp_rank_ : 0, comm_.ep_rank()};
       std::vector<float>& v = out[weight_key(p_.blocks[m.block], op, m.w)];
-      v.assign(static_cast<size_t>(m.n * tp), std::nanf(""));
+      v.assign(static_cast<size_t>(m.n * at.tp * (op.expert_weights ? s_.setup.ep : 1)),
+               std::nanf(""));
       auto [a, z] = held(*g, m);
       for (int64_t i = a; i < z; ++i)
-        v[global_weight_index(op, m.w, i, tp, sharded ? tp_rank_ : 0)] =
+        v[global_weight_index(op, m.w, i, at)] =
             load(h, (sharded_buffer ? m.off - g->lo : m.off) + i);
     }
   }
@@ -248,7 +251,7 @@ void ParamStore::optimizer_step(int step, float lr) {
         for (const Member& m : g->members) {
           auto [a, z] = held(*g, m);
           if (z > a) be_.copy_elements(m.weight, a, g->master, m.off + a - g->lo, z - a);
-          if (zero >= 1) comm_.dp_all_gather(m.weight, m.off, g->shard);
+          if (zero >= 1) comm_.dp_all_gather(g->dp, m.weight, m.off, g->shard);
         }
       }
     }

@@ -68,6 +68,7 @@ class ParamStore {
     Tensor weight;   // the static weight (ZeRO-0..2); unset under ZeRO-3
   };
   struct Group {
+    DpGroup dp;  // the ranks its gradients are summed and its states sharded over
     Tensor grad, master, m, v, shard_weights;  // shard_weights: ZeRO-3's bf16 weights
     std::vector<Member> members;
     int64_t n = 0;
@@ -96,7 +97,7 @@ class ParamStore {
   Communicator& comm_;
   std::vector<std::vector<std::vector<Tensor>>> weights_, wgrads_;  // [block][op][weight]
   std::map<std::string, std::pair<size_t, size_t>> tie_owner_;    // tie name -> (block, op)
-  Group dense_, expert_;
+  Group dense_{DpGroup::kDense}, expert_{DpGroup::kExpert};
 };
 
 }  // namespace np::exec

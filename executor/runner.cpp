@@ -15,8 +15,8 @@
 namespace np::exec {
 
 CommWorldFactory in_process_world() {
-  return [](int64_t tp, int64_t pp, int64_t dp, int64_t cp) {
-    return std::make_unique<InProcessWorld>(tp, pp, dp, cp);
+  return [](int64_t tp, int64_t pp, int64_t dp, int64_t cp, int64_t ep) {
+    return std::make_unique<InProcessWorld>(tp, pp, dp, cp, ep);
   };
 }
 
@@ -25,9 +25,14 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
   if (t.cp != 1 && !host_memory)
     return make_error("the CUDA backend runs cp = 1 (context parallelism runs on the CPU "
                       "executor); got --cp " + std::to_string(t.cp) + ": use --cp 1 or --backend cpu");
-  if (t.ep != 1)
-    return make_error("the executor runs ep = 1 (expert parallelism is estimated, not executed); "
-                      "got --ep " + std::to_string(t.ep) + ": use --ep 1");
+  if (t.ep != 1 && t.moe_capacity_factor <= 0)
+    return make_error("the executor runs expert parallelism with a capacity factor (static "
+                      "all-to-all sizes; dropless ep > 1 is estimated for balanced routing only); "
+                      "got --ep " + std::to_string(t.ep) +
+                      " without one: add --moe-capacity-factor (e.g. 1.25) or use --ep 1");
+  if (!host_memory && (t.ep != 1 || t.moe_capacity_factor > 0))
+    return make_error("the CUDA backend runs dropless routing at ep = 1 (capacity and expert "
+                      "parallelism run on the CPU executor); use --backend cpu");
   if (t.zero >= 2 && s.model.tie_embeddings)
     return make_error("the executor runs ZeRO-2/3 without tied embeddings (it does not yet gather "
                       "or bucket the LM head's tied table); got --zero " + std::to_string(t.zero) +
@@ -53,7 +58,7 @@ Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend,
                                const RunOptions& options, const CommWorldFactory& world_factory) {
   if (auto e = check_runnable(s, !options.device_memory)) return *e;
   const TrainSpec& t = s.setup;
-  std::unique_ptr<CommWorld> world = world_factory(t.tp, t.pp, t.dp, t.cp);
+  std::unique_ptr<CommWorld> world = world_factory(t.tp, t.pp, t.dp, t.cp, t.ep);
   std::mutex mu;
   RunResult result;
   std::optional<Error> error;

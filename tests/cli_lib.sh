@@ -1,6 +1,6 @@
 # Shared by the CLI test scripts, which source it with the nanoplan binary as $1. It sets NP (the
 # binary), SRC_DIR (the source tree) and TMP (a folder removed on exit), and defines ok, fail,
-# check, write_tiny_model and finish.
+# check, write_tiny_model, write_tiny_moe and finish.
 set -u
 
 if [ $# -lt 1 ] || [ ! -x "$1" ]; then
@@ -32,6 +32,17 @@ num_heads = 4
 num_kv_heads = 2
 vocab_size = 30
 max_position_embeddings = 32
+TOML
+}
+# write_tiny_moe FILE: the tiny model with 4 routed experts (top-2) in every layer.
+write_tiny_moe() {
+  write_tiny_model "$1"
+  cat >>"$1" <<'TOML'
+
+[moe]
+num_experts = 4
+top_k = 2
+expert_intermediate_size = 12
 TOML
 }
 # finish: the summary line; exits 1 when a case failed.

@@ -44,6 +44,13 @@ same_run tp2dp2zero3 4 --tp 2 --dp 2 --zero 3 --recompute none
 # Context parallelism: the K/V exchange over each replica's CP group, gradients over dp x cp.
 same_run cp2 2 --cp 2 --recompute selective
 same_run tp2cp2dp2 8 --tp 2 --cp 2 --dp 2 --zero 1 --recompute none
+# Expert parallelism: the dispatch and combine all-to-alls over each EP group, the experts'
+# gradients and ZeRO shards over dp / ep.
+write_tiny_moe "$TMP/moe.toml"
+BASE[1]="$TMP/moe.toml"
+same_run ep2 2 --dp 2 --ep 2 --moe-capacity-factor 1 --zero 1 --recompute selective
+same_run tp2dp4ep2 8 --tp 2 --dp 4 --ep 2 --moe-capacity-factor 1.5 --zero 3 --recompute none
+BASE[1]="$TMP/tiny.toml"
 
 "${MPI[@]}" -n 4 "$GRADS" >"$TMP/grads.out" 2>&1; rc=$?
 check "tp 2 x pp 2 over MPI: losses and every gradient bitwise the in-process run's" \

@@ -25,15 +25,17 @@ TrainSpec tp_pp(TrainSpec t, int64_t tp, int64_t pp) {
   return t;
 }
 
-// Every weight of every block: the TP ranks' local elements, mapped through the one sharding
-// statement (weight_shard, read by global_weight_index), cover the tp = 1 weight exactly once,
-// and a weight is replicated exactly when its shape does not shrink with tp.
+// Every weight of every block: the TP (and, for experts, EP) ranks' local elements, mapped
+// through the one sharding statement (weight_shard, read by global_weight_index), cover the
+// tp = ep = 1 weight exactly once, and a weight is replicated exactly when its shape does not
+// shrink with tp.
 TEST(Sharding, EveryWeightIsAPermutationOfTheGlobalOne) {
   int checked = 0;
   for (const char* name : {"tiny-llama", "tiny-gpt", "tiny-moe", "tiny-qwen"}) {
     Scenario sc = scenario(name);
-    for (int64_t tp : {2, 4}) {
+    for (auto [tp, ep] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{1, 2}, std::pair{2, 3}}) {
       TrainSpec t = tp_pp(sc.base, tp, 1), one = tp_pp(sc.base, 1, 1);
+      t.ep = ep, t.dp = ep;
       if (validate_setup(sc.model, t)) continue;
       for (BlockKind kind : {BlockKind::kEmbedding, BlockKind::kLayer, BlockKind::kHead}) {
         BlockGraphs sharded(sc.model, t), global(sc.model, one);
@@ -50,19 +52,21 @@ TEST(Sharding, EveryWeightIsAPermutationOfTheGlobalOne) {
             if (shard == Shard::kReplicated) {
               EXPECT_EQ(local, n) << what;
               for (int64_t i = 0; i < local; ++i)
-                ASSERT_EQ(global_weight_index(op, w, i, tp, 1), i) << what;
+                ASSERT_EQ(global_weight_index(op, w, i, {tp, 1, 1}), i) << what;
               ++checked;
               continue;
             }
-            ASSERT_EQ(local * tp, n) << what;
+            const int64_t eps = op.expert_weights ? ep : 1;
+            ASSERT_EQ(local * tp * eps, n) << what << " ep " << ep;
             std::vector<int> hits(static_cast<size_t>(n), 0);
-            for (int64_t r = 0; r < tp; ++r)
-              for (int64_t i = 0; i < local; ++i) {
-                int64_t gi = global_weight_index(op, w, i, tp, r);
-                ASSERT_GE(gi, 0) << what;
-                ASSERT_LT(gi, n) << what;
-                ++hits[static_cast<size_t>(gi)];
-              }
+            for (int64_t e = 0; e < eps; ++e)
+              for (int64_t r = 0; r < tp; ++r)
+                for (int64_t i = 0; i < local; ++i) {
+                  int64_t gi = global_weight_index(op, w, i, {tp, r, e});
+                  ASSERT_GE(gi, 0) << what;
+                  ASSERT_LT(gi, n) << what;
+                  ++hits[static_cast<size_t>(gi)];
+                }
             EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }))
                 << what << ": some global element is held by no rank or by two";
             ++checked;

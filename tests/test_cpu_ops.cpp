@@ -510,6 +510,16 @@ std::vector<Case> all_cases() {
   down.features = H;
   add("expert_row", OpKind::kExpertRow, down, {act({T * K, F}), idx});
   add("moe_combine", OpKind::kMoeCombine, down, {act({T * K, H}), probs, idx});
+  // With a capacity of 5 slots per expert: 30 choices over experts {0, 1, 2, 4} overflow (about
+  // 7.5 each), so choices are dropped; 25 rows, expert 3's and the unfilled slots padding.
+  constexpr int64_t C = 5;
+  OpAttrs capped = moe;
+  capped.capacity = C;
+  add("moe_dispatch_capacity", OpKind::kMoeDispatch, capped, {act({T, H}), idx});
+  add("expert_column_capacity", OpKind::kExpertColumn, capped, {act({E * C, H}), idx});
+  capped.features = H;
+  add("expert_row_capacity", OpKind::kExpertRow, capped, {act({E * C, F}), idx});
+  add("moe_combine_capacity", OpKind::kMoeCombine, capped, {act({E * C, H}), probs, idx});
   add("shared_gate", OpKind::kSharedGate, {}, {act({T, H}), act({T, H})});
   add("cross_entropy", OpKind::kCrossEntropy, {}, {act({T, V}, -2, 2), integers(rng, {T}, V)});
   return cs;
@@ -523,14 +533,30 @@ const std::vector<Case>& cases() {
 // ---- naive double-precision references of the forward outputs
 // ------------------------------------
 
-// The dispatched order of (token, slot): experts ascending, then (t, j) ascending.
-std::vector<std::pair<int64_t, int64_t>> dispatch_order(const Val& idx) {
-  std::vector<std::pair<int64_t, int64_t>> o;
-  for (int64_t e = 0; e < E; ++e)
-    for (int64_t t = 0; t < idx.type.shape[0]; ++t)
-      for (int64_t j = 0; j < K; ++j)
-        if (idx.v[t * K + j] == e) o.emplace_back(t, j);
-  return o;
+// The rows of the dispatched tensor: each row's expert and its (token, choice), t = -1 for a
+// padding slot. Dropless: experts ascending, then (t, j) ascending. Capacity C: expert e's C slots
+// at rows e C .., filled by its choices in token order, the rest dropped.
+struct DispatchRow {
+  int64_t expert, t = -1, j = -1;
+};
+std::vector<DispatchRow> dispatch_rows(const Val& idx, int64_t capacity) {
+  std::vector<DispatchRow> rows;
+  const int64_t tokens = idx.type.shape[0];
+  if (capacity == 0) {
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t j = 0; j < K; ++j)
+          if (idx.v[t * K + j] == e) rows.push_back({e, t, j});
+    return rows;
+  }
+  for (int64_t r = 0; r < E * capacity; ++r) rows.push_back({r / capacity});
+  std::vector<int64_t> used(E, 0);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      auto e = static_cast<int64_t>(idx.v[t * K + j]);
+      if (used[e] < capacity) rows[e * capacity + used[e]++] = {e, t, j};
+    }
+  return rows;
 }
 
 Vec linear_ref(const Vec& x, int64_t rows, int64_t in, const Vec& w, int64_t out, const Vec* bias) {
@@ -718,26 +744,27 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
     case OpKind::kExpertRow:
     case OpKind::kMoeCombine: {
       const Val& idx = c.kind == OpKind::kMoeCombine ? in[2] : in[1];
-      auto order = dispatch_order(idx);
+      auto rows = dispatch_rows(idx, c.attrs.capacity);
       int64_t n = in[0].type.shape[1];
       if (c.kind == OpKind::kMoeDispatch) {
         Vec o;
-        for (auto [t, j] : order)
-          for (int64_t d = 0; d < n; ++d) o.push_back(x(0)[t * n + d]);
+        for (auto [e, t, j] : rows)
+          for (int64_t d = 0; d < n; ++d) o.push_back(t < 0 ? 0.0 : x(0)[t * n + d]);
         return {o};
       }
       if (c.kind == OpKind::kMoeCombine) {
         Vec o(T * n, 0.0);
-        for (size_t r = 0; r < order.size(); ++r) {
-          auto [t, j] = order[r];
+        for (size_t r = 0; r < rows.size(); ++r) {
+          auto [e, t, j] = rows[r];
+          if (t < 0) continue;
           for (int64_t d = 0; d < n; ++d) o[t * n + d] += x(1)[t * K + j] * x(0)[r * n + d];
         }
         return {o};
       }
       int64_t out = c.attrs.features;
-      Vec o(order.size() * out);
-      for (size_t r = 0; r < order.size(); ++r) {
-        int64_t e = int64_t(idx.v[order[r].first * K + order[r].second]);
+      Vec o(rows.size() * out);
+      for (size_t r = 0; r < rows.size(); ++r) {
+        int64_t e = rows[r].expert;
         for (int64_t f = 0; f < out; ++f) {
           double s = 0;
           for (int64_t d = 0; d < n; ++d) s += x(0)[r * n + d] * w[0].v[(e * out + f) * n + d];
@@ -1158,6 +1185,37 @@ TEST(CpuMoe, TopKTiesPickTheLowerExpert) {
   auto f = ex.forward(in, {});
   EXPECT_EQ(read(f->outs[1]), (Vec{1, 2, 0, 2}));
   EXPECT_EQ(read(f->outs[0]), (Vec{0.5, 0.5, 0.5, 0.5}));
+}
+
+// The capacity cases drop choices (else their references test no dropping), and a token whose
+// choices were all dropped gets no expert output: the combine's row is zero.
+TEST(CpuMoe, CapacityDropsChoicesBeyondItInTokenOrder) {
+  const Case& c = *std::find_if(cases().begin(), cases().end(),
+                                [](const Case& x) { return x.label == "moe_combine_capacity"; });
+  auto rows = dispatch_rows(c.inputs[2], c.attrs.capacity);
+  int64_t kept = std::count_if(rows.begin(), rows.end(), [](const DispatchRow& r) { return r.t >= 0; });
+  EXPECT_LT(kept, T * K);
+  EXPECT_GT(kept, 0);
+  // The first choices in token order are the ones kept: every expert's slots are full or all of
+  // its choices fit.
+  std::vector<int64_t> last_kept(E, -1);
+  for (const DispatchRow& r : rows)
+    if (r.t >= 0) last_kept[r.expert] = std::max(last_kept[r.expert], r.t * K + r.j);
+  for (int64_t i = 0; i < T * K; ++i) {
+    auto e = static_cast<int64_t>(c.inputs[2].v[i]);
+    bool is_kept = std::any_of(rows.begin(), rows.end(), [&](const DispatchRow& r) {
+      return r.t * K + r.j == i && r.t >= 0;
+    });
+    EXPECT_EQ(is_kept, i <= last_kept[e]) << "choice " << i;
+  }
+  Exec ex(c, false);
+  auto in = ex.tensors(c.inputs);
+  Vec out = read(ex.forward(in, {})->outs[0]);
+  for (int64_t t = 0; t < T; ++t) {
+    bool any = std::any_of(rows.begin(), rows.end(), [&](const DispatchRow& r) { return r.t == t; });
+    if (any) continue;
+    for (int64_t d = 0; d < H; ++d) EXPECT_EQ(out[t * H + d], 0.0) << "token " << t;
+  }
 }
 
 // Vocab-parallel embedding: each rank writes the rows of its shard and zeros elsewhere; the ranks'

@@ -99,30 +99,39 @@ TEST(Recompute, ChangesNothingMoe) {
 // Sharding changes the order of sums and where bf16 rounding happens (a row-parallel partial sum
 // is rounded to bf16 before the reduction), not the math. Tolerance for bf16 activations: the
 // loss within 2e-3 relative, every gradient tensor within 5e-2 of its largest element.
-void expect_sharding_invariant(const std::string& name) {
+// capacity > 0: MoE with that capacity factor (the reference too), and expert parallelism.
+void expect_sharding_invariant(const std::string& name, double capacity = 0) {
   Scenario sc = scenario(name);
+  sc.base.moe_capacity_factor = capacity;
   RunResult ref = run(sc.model, with(sc.base, 1, 1, Recompute::kNone, false));
   float worst_ratio = 0;
   // v > 1: the interleaved schedule with v chunks per stage; dp > 1: replicas each running
   // m / dp of the reference's m micro-batches (the same tokens), ZeRO stage `zero`; cp > 1:
-  // context parallelism (each sequence over cp ranks).
+  // context parallelism (each sequence over cp ranks); ep > 1: expert parallelism over the
+  // replicas.
   struct Shape {
-    int tp, pp, v, dp = 1, zero = 0, cp = 1;
+    int tp, pp, v, dp = 1, zero = 0, cp = 1, ep = 1;
   };
-  for (auto [tp, pp, v, dp, zero, cp] :
+  for (auto [tp, pp, v, dp, zero, cp, ep] :
        {Shape{2, 1, 1}, {4, 1, 1}, {1, 2, 1}, {1, 4, 1}, {2, 2, 1}, {4, 4, 1}, {1, 2, 2}, {2, 2, 2},
         {1, 1, 1, 2, 0}, {1, 1, 1, 2, 1}, {2, 2, 1, 2, 1}, {1, 2, 2, 2, 1}, {1, 1, 1, 2, 2},
         {2, 1, 1, 2, 3}, {1, 1, 1, 4, 3}, {1, 1, 1, 1, 0, 2}, {2, 2, 1, 1, 0, 2},
-        {2, 1, 1, 2, 1, 2}, {1, 2, 2, 1, 0, 2}}) {
+        {2, 1, 1, 2, 1, 2}, {1, 2, 2, 1, 0, 2}, {1, 1, 1, 2, 0, 1, 2}, {2, 1, 1, 2, 1, 1, 2},
+        {1, 2, 1, 2, 1, 1, 2}, {2, 1, 1, 2, 3, 1, 2}, {1, 1, 1, 2, 2, 1, 2}}) {
     if (pp * v > sc.model.layers || sc.base.microbatches % dp != 0) continue;
+    if (ep > 1 && capacity == 0) continue;  // the executor runs ep > 1 with a capacity only
+    // A capacity is per source rank's tokens: cp > 1 splits each sequence's tokens over ranks,
+    // so other choices are dropped than with all of them on one rank (as in Megatron).
+    if (cp > 1 && capacity > 0) continue;
     if (zero >= 2 && sc.model.tie_embeddings) continue;  // the executor refuses it (runner.hpp)
     TrainSpec t = with(sc.base, tp, pp, Recompute::kNone, tp > 1);
     if (v > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = v;
-    t.dp = dp, t.zero = zero, t.cp = cp, t.microbatches = sc.base.microbatches / dp;
+    t.dp = dp, t.zero = zero, t.cp = cp, t.ep = ep, t.microbatches = sc.base.microbatches / dp;
     if (auto e = validate_setup(sc.model, t)) FAIL() << e->message;
     RunResult r = run(sc.model, t);
     EXPECT_NEAR(r.losses[0], ref.losses[0], 2e-3 * ref.losses[0])
-        << name << " tp " << tp << " pp " << pp << " v " << v << " dp " << dp << " cp " << cp;
+        << name << " tp " << tp << " pp " << pp << " v " << v << " dp " << dp << " cp " << cp
+        << " ep " << ep;
     for (const auto& [key, g] : ref.grads) {
       const std::vector<float>& h = r.grads.at(key);
       ASSERT_EQ(h.size(), g.size()) << key;
@@ -132,7 +141,8 @@ void expect_sharding_invariant(const std::string& name) {
       for (size_t i = 0; i < g.size(); ++i) scale = std::max(scale, std::abs(g[i]));
       for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(h[i] - g[i]));
       EXPECT_LE(worst, 5e-2f * scale + 1e-9f)
-          << name << " " << key << " tp " << tp << " pp " << pp << " dp " << dp;
+          << name << " " << key << " tp " << tp << " pp " << pp << " dp " << dp << " cp " << cp
+          << " ep " << ep;
       EXPECT_GT(scale, 0) << key << ": a gradient that is all zeros tests nothing";
       worst_ratio = std::max(worst_ratio, worst / scale);
     }
@@ -173,6 +183,41 @@ TEST(Sharding, ChangesNothingBeyondRoundingGpt) {
 }
 TEST(Sharding, ChangesNothingBeyondRoundingMoe) {
   expect_sharding_invariant("tiny-moe");
+}
+// Capacity factor 1: 8 slots per expert for 24 tokens x top-2 over 6 experts, so choices are
+// dropped, and ep 2 drops the same ones as one rank (the capacity is per source rank's tokens).
+TEST(Sharding, ChangesNothingBeyondRoundingMoeExpertParallel) {
+  expect_sharding_invariant("tiny-moe", 1.0);
+  // Choices are dropped: the experts' gradients differ from dropless routing's.
+  Scenario sc = scenario("tiny-moe");
+  RunResult dropless = run(sc.model, with(sc.base, 1, 1, Recompute::kNone, false));
+  sc.base.moe_capacity_factor = 1.0;
+  RunResult capped = run(sc.model, with(sc.base, 1, 1, Recompute::kNone, false));
+  const std::vector<float>& a = dropless.grads.at("L0/moe.experts.down.weight");
+  EXPECT_NE(std::memcmp(a.data(), capped.grads.at("L0/moe.experts.down.weight").data(),
+                        a.size() * sizeof(float)),
+            0);
+}
+
+// The executor runs ep > 1 only with a capacity factor (static all-to-all sizes), and the CUDA
+// backend neither (its MoE kernels route dropless at ep = 1): refused before any rank starts.
+TEST(Runnable, ExpertParallelismNeedsACapacityAndTheCpuExecutor) {
+  Scenario sc = scenario("tiny-moe");
+  TrainSpec t = sc.base;
+  t.dp = 2, t.ep = 2, t.microbatches = 1;
+  ASSERT_FALSE(validate_setup(sc.model, t));
+  auto e = check_runnable(build_schedule(sc.model, t), true);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("add --moe-capacity-factor"), std::string::npos) << e->message;
+  t.moe_capacity_factor = 1.25;
+  EXPECT_FALSE(check_runnable(build_schedule(sc.model, t), true));
+  auto cuda = check_runnable(build_schedule(sc.model, t), false);
+  ASSERT_TRUE(cuda);
+  EXPECT_NE(cuda->message.find("use --backend cpu"), std::string::npos) << cuda->message;
+  t.ep = 1;
+  EXPECT_TRUE(check_runnable(build_schedule(sc.model, t), false));
+  t.moe_capacity_factor = 0;
+  EXPECT_FALSE(check_runnable(build_schedule(sc.model, t), false));
 }
 
 // Each forward op of a recomputed segment runs exactly twice per micro-batch, every other once.

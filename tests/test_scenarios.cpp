@@ -40,6 +40,12 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
   if (name == "tiny-moe") {  // ZeRO-3 over the dense and the expert groups, with TP
     EXPECT_TRUE(has([](const TrainSpec& t) { return t.dp == 2 && t.zero == 3 && t.tp == 2; }));
   }
+  if (name == "tiny-moe-ep") {  // EP with TP, a pipeline, and ZeRO-3 over the expert group
+    for (int zero : {1, 3})
+      EXPECT_TRUE(has([&](const TrainSpec& t) {
+        return t.ep == 2 && t.tp == 2 && t.zero == zero && t.pp == (zero == 3 ? 1 : 2);
+      }));
+  }
   if (name == "tiny-llama" || name == "tiny-gpt") {  // 4 layers: pp 2 x 2 chunks
     EXPECT_TRUE(has([](const TrainSpec& t) {
       return t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages == 2;
@@ -72,7 +78,7 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
 
 INSTANTIATE_TEST_SUITE_P(All, Scenarios,
                          ::testing::Values("tiny-llama", "tiny-qwen", "tiny-moe", "tiny-gpt",
-                                           "tiny-llama-dp", "tiny-gpt-cp"),
+                                           "tiny-llama-dp", "tiny-gpt-cp", "tiny-moe-ep"),
                          testing::ParamName());
 
 }  // namespace

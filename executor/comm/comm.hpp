@@ -17,6 +17,11 @@
 
 namespace np::exec {
 
+// The data-parallel group a parameter group's gradients and ZeRO shards span: the dense weights'
+// (every replica and CP rank: dp x cp ranks) or the experts' (the ranks holding the same experts:
+// dp x cp / ep).
+enum class DpGroup { kDense, kExpert };
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -49,30 +54,47 @@ class Communicator {
   // The data-parallel group: the ranks of this pipeline stage and TP index, one per replica and
   // CP rank (dp x cp of them: gradients are summed and ZeRO shards over all of them; DP rank
   // d x cp + c).
+  // The expert group (DpGroup::kExpert) is its ranks of the same EP rank: dp x cp / ep of them,
+  // rank (d / ep) x cp + c for replica d and CP rank c; with ep = 1 the DP group itself.
   // Element i of t stands at index first + i of a flat buffer split over the group in blocks of
-  // `shard` elements, block q owned by DP rank q (ZeRO's partition of the gradient buffer).
+  // `shard` elements, block q owned by group rank q (ZeRO's partition of the gradient buffer).
   // Defaults: one replica (no data-parallel group), where the DP collectives leave t as it is.
   virtual int64_t dp_rank() const { return 0; }
   virtual int64_t dp_size() const { return 1; }
+  int64_t group_rank(DpGroup g) const {
+    return g == DpGroup::kDense ? dp_rank()
+                                : dp_rank() / cp_size() / ep_size() * cp_size() + cp_rank();
+  }
+  int64_t group_size(DpGroup g) const {
+    return g == DpGroup::kDense ? dp_size() : dp_size() / ep_size();
+  }
   // The elements this rank owns become their sum over the group (fp32, in rank order); the
   // others keep their values (a reduce-scatter in place).
-  virtual void dp_reduce_scatter(const Tensor& t, int64_t first, int64_t shard);
+  virtual void dp_reduce_scatter(DpGroup g, const Tensor& t, int64_t first, int64_t shard);
   // ZeRO-2/3's bucket reduction: `into` holds this rank's block of the flat buffer (elements
-  // dp_rank x shard onwards); each owned element of t is summed over the group (fp32: into's
+  // group_rank x shard onwards); each owned element of t is summed over the group (fp32: into's
   // value first, then the ranks in order) into its place in `into`. t is left as it was.
-  virtual void dp_reduce_scatter_into(const Tensor& t, int64_t first, int64_t shard,
+  virtual void dp_reduce_scatter_into(DpGroup g, const Tensor& t, int64_t first, int64_t shard,
                                       const Tensor& into);
   // Every rank's owned elements are copied to the same elements of every other rank (an
   // all-gather in place).
-  virtual void dp_all_gather(const Tensor& t, int64_t first, int64_t shard);
+  virtual void dp_all_gather(DpGroup g, const Tensor& t, int64_t first, int64_t shard);
   // t = its sum over the group: the reduce-scatter and the all-gather over blocks of
-  // ceil(n / dp) elements, so ZeRO-0 and ZeRO-1 sum bitwise alike.
-  void dp_all_reduce(const Tensor& t) {
-    if (dp_size() == 1) return;
-    int64_t shard = (t.numel() + dp_size() - 1) / dp_size();
-    dp_reduce_scatter(t, 0, shard);
-    dp_all_gather(t, 0, shard);
+  // ceil(n / size) elements, so ZeRO-0 and ZeRO-1 sum bitwise alike.
+  void dp_all_reduce(DpGroup g, const Tensor& t) {
+    if (group_size(g) == 1) return;
+    int64_t shard = (t.numel() + group_size(g) - 1) / group_size(g);
+    dp_reduce_scatter(g, t, 0, shard);
+    dp_all_gather(g, t, 0, shard);
   }
+
+  // The expert-parallel group: the ep replicas (d / ep) x ep .. + ep - 1 of this stage, CP rank
+  // and TP index; EP rank d mod ep holds experts [ep_rank x E / ep, (ep_rank + 1) x E / ep).
+  // all_to_all: in and out are ep equal row blocks; out's block q is block ep_rank() of rank q's
+  // in (the MoE dispatch and combine). Default: one EP rank, a copy.
+  virtual int64_t ep_rank() const { return 0; }
+  virtual int64_t ep_size() const { return 1; }
+  virtual void ep_all_to_all(const Tensor& in, const Tensor& out);
   // Device memory the communicator took as it started, measured (NCCL's buffers): name, bytes.
   virtual std::vector<std::pair<std::string, int64_t>> measured_overheads() const { return {}; }
 };
@@ -87,16 +109,22 @@ inline std::pair<int64_t, int64_t> dp_owned(const Tensor& t, int64_t first, int6
 
 // One replica: the reduce-scatter and the all-gather leave t as it is; the bucket reduction has
 // no group to sum over and needs the implementation's arithmetic.
-inline void Communicator::dp_reduce_scatter(const Tensor&, int64_t, int64_t) {
-  if (dp_size() != 1)
+inline void Communicator::dp_reduce_scatter(DpGroup g, const Tensor&, int64_t, int64_t) {
+  if (group_size(g) != 1)
     throw std::logic_error("dp_reduce_scatter: this communicator has no data-parallel group");
 }
-inline void Communicator::dp_all_gather(const Tensor&, int64_t, int64_t) {
-  if (dp_size() != 1)
+inline void Communicator::dp_all_gather(DpGroup g, const Tensor&, int64_t, int64_t) {
+  if (group_size(g) != 1)
     throw std::logic_error("dp_all_gather: this communicator has no data-parallel group");
 }
-inline void Communicator::dp_reduce_scatter_into(const Tensor&, int64_t, int64_t, const Tensor&) {
+inline void Communicator::dp_reduce_scatter_into(DpGroup, const Tensor&, int64_t, int64_t,
+                                                 const Tensor&) {
   throw std::logic_error("dp_reduce_scatter_into: this communicator has no data-parallel group");
+}
+inline void Communicator::ep_all_to_all(const Tensor& in, const Tensor& out) {
+  if (ep_size() != 1 || in.bytes() != out.bytes())
+    throw std::logic_error("ep_all_to_all: this communicator has no expert-parallel group");
+  std::memcpy(out.data, in.data, static_cast<size_t>(in.bytes()));
 }
 
 // Without context parallelism (one CP rank) the CP collectives are copies.
@@ -124,8 +152,9 @@ class CommWorld {
   virtual void abort(int64_t stage, int64_t dp_rank, int64_t tp_rank) = 0;
 };
 
-// dp: data replicas; the world's DP groups have dp x cp ranks (comm()'s dp_rank: d x cp + c).
-using CommWorldFactory =
-    std::function<std::unique_ptr<CommWorld>(int64_t tp, int64_t pp, int64_t dp, int64_t cp)>;
+// dp: data replicas; the world's DP groups have dp x cp ranks (comm()'s dp_rank: d x cp + c);
+// ep divides dp (EP rank d mod ep).
+using CommWorldFactory = std::function<std::unique_ptr<CommWorld>(int64_t tp, int64_t pp,
+                                                                  int64_t dp, int64_t cp, int64_t ep)>;
 
 }  // namespace np::exec

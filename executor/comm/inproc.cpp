@@ -36,39 +36,56 @@ class InProcessComm final : public Communicator {
     wait_on(cp_group());
   }
 
-  void dp_reduce_scatter(const Tensor& t, int64_t first, int64_t shard) override {
-    if (w_.dp_ == 1) return;
-    publish_to(dp_group(), dp_rank_, t.data);
-    auto [lo, hi] = dp_owned(t, first, shard, dp_rank_);
-    if (hi > lo) w_.transfer_->sum(t, lo, dp_group().slots, lo, hi - lo);
-    wait_on(dp_group());
+  void dp_reduce_scatter(DpGroup which, const Tensor& t, int64_t first, int64_t shard) override {
+    Member m = member(which);
+    if (m.size == 1) return;
+    publish_to(m.group, m.rank, t.data);
+    auto [lo, hi] = dp_owned(t, first, shard, m.rank);
+    if (hi > lo) w_.transfer_->sum(t, lo, m.group.slots, lo, hi - lo);
+    wait_on(m.group);
   }
 
-  void dp_reduce_scatter_into(const Tensor& t, int64_t first, int64_t shard,
+  void dp_reduce_scatter_into(DpGroup which, const Tensor& t, int64_t first, int64_t shard,
                               const Tensor& into) override {
-    publish_to(dp_group(), dp_rank_, t.data);
-    auto [lo, hi] = dp_owned(t, first, shard, dp_rank_);
+    Member m = member(which);
+    publish_to(m.group, m.rank, t.data);
+    auto [lo, hi] = dp_owned(t, first, shard, m.rank);
     if (hi > lo) {
-      int64_t e = dtype_bytes(t.type.dtype), at = first + lo - dp_rank_ * shard;
+      int64_t e = dtype_bytes(t.type.dtype), at = first + lo - m.rank * shard;
       std::vector<const void*> ins{into.as<unsigned char>() + at * e};
-      for (const void* p : dp_group().slots) ins.push_back(static_cast<const unsigned char*>(p) + lo * e);
+      for (const void* p : m.group.slots) ins.push_back(static_cast<const unsigned char*>(p) + lo * e);
       w_.transfer_->sum(into, at, ins, 0, hi - lo);
     }
-    wait_on(dp_group());
+    wait_on(m.group);
   }
 
-  void dp_all_gather(const Tensor& t, int64_t first, int64_t shard) override {
-    if (w_.dp_ == 1) return;
-    publish_to(dp_group(), dp_rank_, t.data);
+  void dp_all_gather(DpGroup which, const Tensor& t, int64_t first, int64_t shard) override {
+    Member m = member(which);
+    if (m.size == 1) return;
+    publish_to(m.group, m.rank, t.data);
     int64_t elem = dtype_bytes(t.type.dtype);
-    for (int64_t q = 0; q < w_.dp_; ++q) {
+    for (int64_t q = 0; q < m.size; ++q) {
       auto [lo, hi] = dp_owned(t, first, shard, q);
-      if (q == dp_rank_ || hi <= lo) continue;
+      if (q == m.rank || hi <= lo) continue;
       w_.transfer_->copy(t.as<unsigned char>() + lo * elem,
-                         static_cast<const unsigned char*>(dp_group().slots[q]) + lo * elem,
+                         static_cast<const unsigned char*>(m.group.slots[q]) + lo * elem,
                          (hi - lo) * elem);
     }
-    wait_on(dp_group());
+    wait_on(m.group);
+  }
+
+  int64_t ep_rank() const override { return dp_rank_ / w_.cp_ % w_.ep_; }
+  int64_t ep_size() const override { return w_.ep_; }
+
+  void ep_all_to_all(const Tensor& in, const Tensor& out) override {
+    check(in.bytes() == out.bytes() && in.bytes() % w_.ep_ == 0,
+          "ep_all_to_all: input and output must be the same ep row blocks");
+    int64_t block = in.bytes() / w_.ep_, me = ep_rank();
+    publish_to(ep_group(), me, in.data);
+    for (int64_t q = 0; q < w_.ep_; ++q)
+      w_.transfer_->copy(out.as<unsigned char>() + q * block,
+                         static_cast<const unsigned char*>(ep_group().slots[q]) + me * block, block);
+    wait_on(ep_group());
   }
 
   void all_gather(const Tensor& in, const Tensor& out) override {
@@ -131,6 +148,18 @@ class InProcessComm final : public Communicator {
  private:
   InProcessWorld::Group& group() { return *w_.groups_[stage_ * w_.dp_ + dp_rank_]; }
   InProcessWorld::Group& dp_group() { return *w_.dp_groups_[stage_ * w_.tp_ + rank_]; }
+  // A parameter group's DP group (its rendezvous, this rank's place, its size); with ep = 1 the
+  // experts' is the dense one.
+  struct Member {
+    InProcessWorld::Group& group;
+    int64_t rank, size;
+  };
+  Member member(DpGroup which) {
+    if (which == DpGroup::kDense || w_.ep_ == 1) return {dp_group(), dp_rank_, w_.dp_};
+    return {*w_.expert_groups_[(stage_ * w_.tp_ + rank_) * w_.ep_ + ep_rank()], group_rank(which),
+            w_.dp_ / w_.ep_};
+  }
+  InProcessWorld::Group& ep_group() { return *w_.ep_groups_[w_.ep_group_index(stage_, dp_rank_, rank_)]; }
   InProcessWorld::Group& cp_group() {
     return *w_.cp_groups_[(stage_ * (w_.dp_ / w_.cp_) + dp_rank_ / w_.cp_) * w_.tp_ + rank_];
   }
@@ -207,9 +236,10 @@ void add_elements(const Tensor& into, const Tensor& other) {
   for (int64_t i = 0; i < into.numel(); ++i) store(into, i, load(into, i) + load(other, i));
 }
 
-InProcessWorld::InProcessWorld(int64_t tp, int64_t pp, int64_t dp, int64_t cp,
+InProcessWorld::InProcessWorld(int64_t tp, int64_t pp, int64_t dp, int64_t cp, int64_t ep,
                                std::shared_ptr<Transfer> transfer)
-    : tp_(tp), pp_(pp), dp_(dp * cp), cp_(cp), transfer_(std::move(transfer)) {
+    : tp_(tp), pp_(pp), dp_(dp * cp), cp_(cp), ep_(ep), transfer_(std::move(transfer)) {
+  if (ep < 1 || dp % ep != 0) throw std::invalid_argument("InProcessWorld: ep must divide dp");
   for (int64_t s = 0; s < pp; ++s) {
     for (int64_t d = 0; d < dp_; ++d) {
       groups_.push_back(std::make_unique<Group>(tp));
@@ -218,6 +248,8 @@ InProcessWorld::InProcessWorld(int64_t tp, int64_t pp, int64_t dp, int64_t cp,
     }
     for (int64_t r = 0; r < tp; ++r) dp_groups_.push_back(std::make_unique<Group>(dp_));
     for (int64_t k = 0; k < dp * tp; ++k) cp_groups_.push_back(std::make_unique<Group>(cp));
+    for (int64_t k = 0; k < tp * ep; ++k) expert_groups_.push_back(std::make_unique<Group>(dp_ / ep));
+    for (int64_t k = 0; k < dp_ / ep * tp; ++k) ep_groups_.push_back(std::make_unique<Group>(ep));
   }
 }
 
@@ -230,11 +262,18 @@ void InProcessWorld::abort(int64_t stage, int64_t dp_rank, int64_t tp_rank) {
   groups_.at(stage * dp_ + dp_rank)->sync.arrive_and_drop();
   dp_groups_.at(stage * tp_ + tp_rank)->sync.arrive_and_drop();
   cp_groups_.at((stage * (dp_ / cp_) + dp_rank / cp_) * tp_ + tp_rank)->sync.arrive_and_drop();
+  expert_groups_.at((stage * tp_ + tp_rank) * ep_ + dp_rank / cp_ % ep_)->sync.arrive_and_drop();
+  ep_groups_.at(ep_group_index(stage, dp_rank, tp_rank))->sync.arrive_and_drop();
   std::lock_guard lock(boxes_mu_);
   for (auto& [key, box] : boxes_) {
     std::lock_guard box_lock(box->mu);
     box->cv.notify_all();
   }
+}
+
+int64_t InProcessWorld::ep_group_index(int64_t stage, int64_t dp_rank, int64_t tp_rank) const {
+  int64_t replica = dp_rank / cp_, blocks = dp_ / cp_ / ep_;  // EP groups per stage and CP rank
+  return ((stage * blocks + replica / ep_) * cp_ + dp_rank % cp_) * tp_ + tp_rank;
 }
 
 InProcessWorld::Mailbox& InProcessWorld::mailbox(int64_t from, int64_t to, int64_t rank,

@@ -37,8 +37,8 @@ void add_elements(const Tensor& into, const Tensor& other);
 
 class InProcessWorld final : public CommWorld {
  public:
-  // dp x cp replicas per stage (DP rank d x cp + c), each a TP group.
-  InProcessWorld(int64_t tp, int64_t pp, int64_t dp = 1, int64_t cp = 1,
+  // dp x cp replicas per stage (DP rank d x cp + c), each a TP group; ep divides dp.
+  InProcessWorld(int64_t tp, int64_t pp, int64_t dp = 1, int64_t cp = 1, int64_t ep = 1,
                  std::shared_ptr<Transfer> transfer = host_transfer());
   // The communicator of (stage, dp_rank, tp_rank); owned by the world.
   Communicator& comm(int64_t stage, int64_t dp_rank, int64_t tp_rank) override;
@@ -61,12 +61,17 @@ class InProcessWorld final : public CommWorld {
   // one channel (pair, or pipeline + tag).
   Mailbox& mailbox(int64_t from, int64_t to, int64_t rank, int64_t channel);
 
-  int64_t tp_, pp_, dp_, cp_;  // dp_: dp x cp ranks per DP group
+  // The EP group of a rank: per (stage, block of ep replicas, CP rank, TP rank).
+  int64_t ep_group_index(int64_t stage, int64_t dp_rank, int64_t tp_rank) const;
+
+  int64_t tp_, pp_, dp_, cp_, ep_;  // dp_: dp x cp ranks per DP group
   std::shared_ptr<Transfer> transfer_;
   std::atomic<bool> aborted_{false};
   std::vector<std::unique_ptr<Group>> groups_;     // TP groups: per (stage, dp rank)
   std::vector<std::unique_ptr<Group>> dp_groups_;  // DP groups: per (stage, tp rank)
   std::vector<std::unique_ptr<Group>> cp_groups_;  // CP groups: per (stage, replica, tp rank)
+  std::vector<std::unique_ptr<Group>> expert_groups_;  // expert DP: per (stage, tp rank, EP rank)
+  std::vector<std::unique_ptr<Group>> ep_groups_;      // EP: ep_group_index
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::mutex boxes_mu_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<Mailbox>> boxes_;

@@ -42,16 +42,22 @@ int count_of(int64_t bytes) {
 class MpiComm final : public Communicator {
  public:
   // dp_rank, dp: in the DP group of dp x cp ranks (replica x cp + CP rank).
-  MpiComm(MPI_Comm group, MPI_Comm dp_group, MPI_Comm cp_group, int64_t rank, int64_t tp,
-          int64_t dp_rank, int64_t dp, int64_t cp, std::shared_ptr<Transfer> t)
-      : group_(group),
-        dp_group_(dp_group),
-        cp_group_(cp_group),
+  struct Groups {
+    MPI_Comm tp, dp, cp, expert_dp, ep;
+  };
+  MpiComm(Groups groups, int64_t rank, int64_t tp, int64_t dp_rank, int64_t dp, int64_t cp,
+          int64_t ep, std::shared_ptr<Transfer> t)
+      : group_(groups.tp),
+        dp_group_(groups.dp),
+        cp_group_(groups.cp),
+        expert_dp_group_(groups.expert_dp),
+        ep_group_(groups.ep),
         rank_(rank),
         tp_(tp),
         dp_rank_(dp_rank),
         dp_(dp),
         cp_(cp),
+        ep_(ep),
         transfer_(std::move(t)) {}
   int64_t tp_rank() const override { return rank_; }
   int64_t tp_size() const override { return tp_; }
@@ -59,6 +65,17 @@ class MpiComm final : public Communicator {
   int64_t dp_size() const override { return dp_; }
   int64_t cp_rank() const override { return dp_rank_ % cp_; }
   int64_t cp_size() const override { return cp_; }
+  int64_t ep_rank() const override { return dp_rank_ / cp_ % ep_; }
+  int64_t ep_size() const override { return ep_; }
+
+  void ep_all_to_all(const Tensor& in, const Tensor& out) override {
+    if (in.bytes() != out.bytes() || in.bytes() % ep_ != 0)
+      fail("ep_all_to_all: input and output must be the same ep row blocks");
+    std::vector<unsigned char> mine = to_host(in), got(static_cast<size_t>(in.bytes()));
+    int n = count_of(in.bytes() / ep_);
+    ok(MPI_Alltoall(mine.data(), n, MPI_BYTE, got.data(), n, MPI_BYTE, ep_group_), "MPI_Alltoall");
+    transfer_->copy(out.data, got.data(), out.bytes());
+  }
 
   void cp_all_gather(const Tensor& in, const Tensor& out) override {
     if (out.bytes() != in.bytes() * cp_) fail("cp_all_gather: output must be cp x the input");
@@ -81,41 +98,44 @@ class MpiComm final : public Communicator {
 
   // The DP collectives gather the whole tensor from every replica (host staging) and keep the
   // in-process world's arithmetic on the owned ranges.
-  void dp_reduce_scatter(const Tensor& t, int64_t first, int64_t shard) override {
-    if (dp_ == 1) return;
-    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * dp_));
-    dp_gather(mine, all);
-    auto [lo, hi] = dp_owned(t, first, shard, dp_rank_);
+  void dp_reduce_scatter(DpGroup g, const Tensor& t, int64_t first, int64_t shard) override {
+    const int64_t size = group_size(g), me = group_rank(g);
+    if (size == 1) return;
+    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * size));
+    gather_on(dp_comm(g), mine, all);
+    auto [lo, hi] = dp_owned(t, first, shard, me);
     if (hi <= lo) return;
     std::vector<const void*> ins;
-    for (int64_t q = 0; q < dp_; ++q) ins.push_back(all.data() + q * t.bytes());
+    for (int64_t q = 0; q < size; ++q) ins.push_back(all.data() + q * t.bytes());
     host_->sum(Tensor{mine.data(), t.type}, lo, ins, lo, hi - lo);
     int64_t elem = dtype_bytes(t.type.dtype);
     transfer_->copy(t.as<unsigned char>() + lo * elem, mine.data() + lo * elem, (hi - lo) * elem);
   }
 
-  void dp_reduce_scatter_into(const Tensor& t, int64_t first, int64_t shard,
+  void dp_reduce_scatter_into(DpGroup g, const Tensor& t, int64_t first, int64_t shard,
                               const Tensor& into) override {
-    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * dp_));
-    dp_gather(mine, all);
-    auto [lo, hi] = dp_owned(t, first, shard, dp_rank_);
+    const int64_t size = group_size(g), me = group_rank(g);
+    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * size));
+    gather_on(dp_comm(g), mine, all);
+    auto [lo, hi] = dp_owned(t, first, shard, me);
     if (hi <= lo) return;
-    int64_t e = dtype_bytes(t.type.dtype), at = first + lo - dp_rank_ * shard;
+    int64_t e = dtype_bytes(t.type.dtype), at = first + lo - me * shard;
     std::vector<unsigned char> acc = to_host(into);
     std::vector<const void*> ins{acc.data() + at * e};
-    for (int64_t q = 0; q < dp_; ++q) ins.push_back(all.data() + q * t.bytes() + lo * e);
+    for (int64_t q = 0; q < size; ++q) ins.push_back(all.data() + q * t.bytes() + lo * e);
     host_->sum(Tensor{acc.data(), into.type}, at, ins, 0, hi - lo);
     transfer_->copy(into.as<unsigned char>() + at * e, acc.data() + at * e, (hi - lo) * e);
   }
 
-  void dp_all_gather(const Tensor& t, int64_t first, int64_t shard) override {
-    if (dp_ == 1) return;
-    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * dp_));
-    dp_gather(mine, all);
+  void dp_all_gather(DpGroup g, const Tensor& t, int64_t first, int64_t shard) override {
+    const int64_t size = group_size(g), me = group_rank(g);
+    if (size == 1) return;
+    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * size));
+    gather_on(dp_comm(g), mine, all);
     int64_t elem = dtype_bytes(t.type.dtype);
-    for (int64_t q = 0; q < dp_; ++q) {
+    for (int64_t q = 0; q < size; ++q) {
       auto [lo, hi] = dp_owned(t, first, shard, q);
-      if (q == dp_rank_ || hi <= lo) continue;
+      if (q == me || hi <= lo) continue;
       transfer_->copy(t.as<unsigned char>() + lo * elem, all.data() + q * t.bytes() + lo * elem,
                       (hi - lo) * elem);
     }
@@ -199,8 +219,8 @@ class MpiComm final : public Communicator {
   int peer(int64_t stage) const {
     return static_cast<int>((stage * dp_ + dp_rank_) * tp_ + rank_);  // dp_: dp x cp ranks
   }
-  void dp_gather(const std::vector<unsigned char>& mine, std::vector<unsigned char>& all) {
-    gather_on(dp_group_, mine, all);
+  MPI_Comm dp_comm(DpGroup g) const {
+    return g == DpGroup::kDense || ep_ == 1 ? dp_group_ : expert_dp_group_;
   }
   static void gather_on(MPI_Comm comm, const std::vector<unsigned char>& mine,
                         std::vector<unsigned char>& all) {
@@ -232,8 +252,8 @@ class MpiComm final : public Communicator {
     }
   }
 
-  MPI_Comm group_, dp_group_, cp_group_;
-  int64_t rank_, tp_, dp_rank_, dp_, cp_;
+  MPI_Comm group_, dp_group_, cp_group_, expert_dp_group_, ep_group_;
+  int64_t rank_, tp_, dp_rank_, dp_, cp_, ep_;
   std::shared_ptr<Transfer> transfer_;
   std::shared_ptr<Transfer> host_ = host_transfer();
   std::list<Pending> pending_;  // a list: the requests' buffers must not move
@@ -414,19 +434,23 @@ Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFa
   // d mod cp), TP rank p mod tp.
   const int64_t replicas = t.dp * t.cp;
   int64_t stage = rank / (replicas * t.tp), d = rank / t.tp % replicas, r = rank % t.tp;
-  MPI_Comm group, dp_group, cp_group;
-  ok(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(stage * replicas + d), static_cast<int>(r),
-                    &group),
-     "MPI_Comm_split");
-  ok(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(stage * t.tp + r), static_cast<int>(d),
-                    &dp_group),
-     "MPI_Comm_split");
-  ok(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>((stage * t.dp + d / t.cp) * t.tp + r),
-                    static_cast<int>(d % t.cp), &cp_group),
-     "MPI_Comm_split");
+  // The expert DP group: the same EP rank (replica mod ep) of every block of ep replicas, ranked
+  // (replica / ep) x cp + CP rank; the EP group: one block's ep replicas of a CP rank.
+  const int64_t replica = d / t.cp, c = d % t.cp;
+  auto split = [](int64_t color, int64_t key, MPI_Comm* out) {
+    ok(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(color), static_cast<int>(key), out),
+       "MPI_Comm_split");
+  };
+  MpiComm::Groups g{};
+  split(stage * replicas + d, r, &g.tp);
+  split(stage * t.tp + r, d, &g.dp);
+  split((stage * t.dp + replica) * t.tp + r, c, &g.cp);
+  split((stage * t.tp + r) * t.ep + replica % t.ep, replica / t.ep * t.cp + c, &g.expert_dp);
+  split(((stage * (t.dp / t.ep) + replica / t.ep) * t.cp + c) * t.tp + r, replica % t.ep, &g.ep);
+  MPI_Comm group = g.tp;
   RankRun run;
   {
-    MpiComm comm(group, dp_group, cp_group, r, t.tp, d, replicas, t.cp, std::move(transfer));
+    MpiComm comm(g, r, t.tp, d, replicas, t.cp, t.ep, std::move(transfer));
     try {
       std::unique_ptr<Communicator> wrapped;
       if (wrap)
@@ -447,9 +471,7 @@ Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFa
       MPI_Abort(MPI_COMM_WORLD, 4);
     }
   }
-  MPI_Comm_free(&group);
-  MPI_Comm_free(&dp_group);
-  MPI_Comm_free(&cp_group);
+  for (MPI_Comm* each : {&g.tp, &g.dp, &g.cp, &g.expert_dp, &g.ep}) MPI_Comm_free(each);
   // Every report to process 0.
   std::vector<unsigned char> mine = encode(run);
   int n = count_of(static_cast<int64_t>(mine.size()));

@@ -127,21 +127,38 @@ void grad_input_tensor(const Env& env, const BackwardArgs& args, int k, const Te
 Scratch::Scratch(const TensorType& type)
     : mem((type.bytes() + 7) / 8 + 1, 0), t{mem.data(), type} {}
 
-Routing routing(const Tensor& idx, int64_t experts) {
+Routing routing(const Env& env, const Tensor& idx) {
   check(idx.type.dtype == Dtype::kI64, "routing indices must be i64");
+  const OpAttrs& a = env.attrs();
+  const int64_t local = a.experts, ep = a.group, all = local * ep, C = a.capacity;
   Routing r;
-  r.tokens = dim(idx, 0), r.k = dim(idx, 1), r.experts = experts;
+  r.tokens = dim(idx, 0), r.k = dim(idx, 1);
   const int64_t* id = idx.as<int64_t>();
-  int64_t n = r.tokens * r.k;
-  std::vector<int64_t> count(experts, 0);
+  const int64_t n = r.tokens * r.k;
+  std::vector<int64_t> count(static_cast<size_t>(all), 0);
   for (int64_t i = 0; i < n; ++i) {
-    if (id[i] < 0 || id[i] >= experts) fail("a routing index is outside the experts");
+    if (id[i] < 0 || id[i] >= all) fail("a routing index is outside the experts");
     ++count[id[i]];
   }
-  r.start.assign(experts + 1, 0);
-  for (int64_t e = 0; e < experts; ++e) r.start[e + 1] = r.start[e] + count[e];
-  std::vector<int64_t> next(r.start.begin(), r.start.end() - 1);
-  r.row.resize(n);
+  r.row.resize(static_cast<size_t>(n));
+  if (C > 0) {
+    std::vector<int64_t> used(static_cast<size_t>(all), 0);
+    for (int64_t i = 0; i < n; ++i)  // token order: (t, j) ascending
+      r.row[i] = used[id[i]] < C ? id[i] * C + used[id[i]]++ : -1;
+    r.rows = all * C;
+    for (int64_t s = 0; s < ep; ++s)
+      for (int64_t e = 0; e < local; ++e) r.segments.push_back({e, (s * local + e) * C, C});
+    return r;
+  }
+  if (ep > 1)
+    fail("dropless routing over ep > 1 ranks has data-dependent all-to-all sizes; expert "
+         "parallelism runs with a capacity factor");
+  std::vector<int64_t> next(static_cast<size_t>(all), 0);
+  for (int64_t e = 0; e < all; ++e) {
+    next[e] = r.rows;
+    r.segments.push_back({e, r.rows, count[e]});
+    r.rows += count[e];
+  }
   for (int64_t i = 0; i < n; ++i) r.row[i] = next[id[i]]++;  // (t, j) ascending within an expert
   return r;
 }

@@ -65,14 +65,21 @@ struct Scratch {
   explicit Scratch(const TensorType& type);
 };
 
-// The expert-major permutation of MoE rows: for token t and slot j, row[t*k + j] is its row in the
-// dispatched tensor; start[e] .. start[e+1] is expert e's block (experts ascending; within an
-// expert, (t, j) ascending).
+// Where an MoE micro-batch's routed tokens go (the attrs of the dispatch, expert and combine ops):
+//  - dropless (capacity 0, ep 1): expert-major, expert e's rows in (t, j) order;
+//  - capacity C: token t's j-th choice e takes slot e C + (its place among e's choices in token
+//    order), or is dropped (row -1) past C; the send layout is the E experts' C slots each, so
+//    EP rank q's experts are block q; after the all-to-all, block s holds source s's slots for
+//    this rank's experts (local expert e at rows (s x local + e) C).
 struct Routing {
-  int64_t tokens = 0, k = 0, experts = 0;
-  std::vector<int64_t> row, start;
+  struct Segment {
+    int64_t expert, first, rows;  // a local expert's block of rows of the dispatched tensor
+  };
+  int64_t tokens = 0, k = 0, rows = 0;  // rows: of the dispatched tensor
+  std::vector<int64_t> row;             // tokens x k: the row of (t, j) in the send layout, or -1
+  std::vector<Segment> segments;        // the dispatched tensor's rows as this rank holds them
 };
-Routing routing(const Tensor& idx, int64_t experts);
+Routing routing(const Env& env, const Tensor& idx);
 
 #define NP_CPU_OP(fn)                                     \
   Outs fn##_forward(const Env& env, Ins in, Ins weights); \

@@ -40,27 +40,20 @@ void linear_backward(const Env& env, const BackwardArgs& a) {
     add_mat(need(a.weight_grads, 1, "linear bias gradient"), column_sums(G));
 }
 
-// The local experts of a grouped GEMM: every expert is local (expert parallelism would need an
-// all-to-all, which the communicator does not offer).
-int64_t local_experts(const Env& env) {
-  if (env.attrs().group > 1)
-    fail("expert parallelism (ep > 1) needs an all-to-all, which the Communicator lacks");
-  return env.attrs().experts;
-}
-
+// Grouped GEMMs over the local experts' row segments of the dispatched tensor (padding slots
+// are zero rows: zero outputs, zero weight-gradient terms).
 Outs expert_forward(const Env& env, Ins in, Ins w) {
   const Tensor& xe = need(in, 0, "expert input");
   const Tensor& W = need(w, 0, "expert weight");
-  int64_t E = local_experts(env), N = dim(xe, 0), K = dim(xe, 1), F = dim(W, 1);
+  int64_t E = env.attrs().experts, N = dim(xe, 0), K = dim(xe, 1), F = dim(W, 1);
   check(dim(W, 0) == E && dim(W, 2) == K, "expert: weight is not {experts, out, in}");
-  Routing r = routing(need(in, 1, "routing indices"), E);
-  check(r.start[E] == N, "expert: input rows differ from tokens x top_k");
+  Routing r = routing(env, need(in, 1, "routing indices"));
+  check(r.rows == N, "expert: input rows differ from the dispatched rows");
   Tensor out = env.output({N, F}, env.act);
-  for (int64_t e = 0; e < E; ++e) {
-    int64_t n = r.start[e + 1] - r.start[e];
-    if (n == 0) continue;
-    Mat Y = load_rows(xe, n, K, r.start[e] * K) * load_rows(W, F, K, e * F * K).transpose();
-    store_mat(out, Y, r.start[e] * F);
+  for (const Routing::Segment& s : r.segments) {
+    if (s.rows == 0) continue;
+    Mat Y = load_rows(xe, s.rows, K, s.first * K) * load_rows(W, F, K, s.expert * F * K).transpose();
+    store_mat(out, Y, s.first * F);
   }
   return {out};
 }
@@ -70,17 +63,16 @@ void expert_backward(const Env& env, const BackwardArgs& a) {
   const Tensor& g = need(a.grad_outputs, 0, "expert output gradient");
   const Tensor& W = need(a.weights, 0, "expert weight");
   const Tensor& dW = need(a.weight_grads, 0, "expert weight gradient");
-  int64_t E = local_experts(env), N = dim(xe, 0), K = dim(xe, 1), F = dim(W, 1);
-  Routing r = routing(need(a.inputs, 1, "routing indices"), E);
-  check(r.start[E] == N, "expert: input rows differ from tokens x top_k");
+  int64_t N = dim(xe, 0), K = dim(xe, 1), F = dim(W, 1);
+  Routing r = routing(env, need(a.inputs, 1, "routing indices"));
+  check(r.rows == N, "expert: input rows differ from the dispatched rows");
   Mat DX = Mat::Zero(N, K);
-  for (int64_t e = 0; e < E; ++e) {
-    int64_t n = r.start[e + 1] - r.start[e];
-    if (n == 0) continue;
-    Mat Ge = load_rows(g, n, F, r.start[e] * F), We = load_rows(W, F, K, e * F * K);
-    DX.middleRows(r.start[e], n) = Ge * We;
-    Mat DWe = Ge.transpose() * load_rows(xe, n, K, r.start[e] * K);
-    add_mat(dW, DWe, e * F * K);
+  for (const Routing::Segment& s : r.segments) {
+    if (s.rows == 0) continue;
+    Mat Ge = load_rows(g, s.rows, F, s.first * F), We = load_rows(W, F, K, s.expert * F * K);
+    DX.middleRows(s.first, s.rows) = Ge * We;
+    Mat DWe = Ge.transpose() * load_rows(xe, s.rows, K, s.first * K);
+    add_mat(dW, DWe, s.expert * F * K);
   }
   grad_input(env, a, 0, xe.type, DX);
 }

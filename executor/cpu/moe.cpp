@@ -8,16 +8,6 @@
 
 namespace np::exec::cpu {
 
-namespace {
-
-// All experts (ep = 1; ep > 1 would need an all-to-all the communicator does not offer).
-int64_t routed_experts(const Env& env) {
-  if (env.attrs().group > 1)
-    fail("expert parallelism (ep > 1) needs an all-to-all, which the Communicator lacks");
-  return env.attrs().experts;
-}
-
-}  // namespace
 
 // ---- TopK: per row the top_k logits (ties: lower expert first), softmax over the selected -------
 
@@ -70,66 +60,105 @@ void topk_backward(const Env& env, const BackwardArgs& a) {
   grad_input(env, a, 0, {{T, E}, Dtype::kFp32}, D);
 }
 
-// ---- MoeDispatch: xe[row(t,j)] = x[t], rows grouped by expert
-// ------------------------------------
+// ---- MoeDispatch: send[row(t,j)] = x[t] (unused slots zero), then over ep > 1 the all-to-all
+// (the send buffer is the op's workspace) -----------------------------------------------------
 
 Outs moe_dispatch_forward(const Env& env, Ins in, Ins) {
   const Tensor& x = need(in, 0, "dispatch tokens");
-  Routing r = routing(need(in, 1, "routing indices"), routed_experts(env));
+  Routing r = routing(env, need(in, 1, "routing indices"));
   int64_t T = dim(x, 0), h = dim(x, 1);
   check(r.tokens == T, "dispatch: tokens and routing indices differ in rows");
-  Mat X = load_mat(x), Y(T * r.k, h);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < r.k; ++j) Y.row(r.row[t * r.k + j]) = X.row(t);
-  Tensor out = env.output({T * r.k, h}, env.act);
-  store_mat(out, Y);
-  return {out};
+  Mat X = load_mat(x), Y = Mat::Zero(r.rows, h);
+  for (int64_t i = 0; i < T * r.k; ++i)
+    if (r.row[i] >= 0) Y.row(r.row[i]) = X.row(i / r.k);
+  Tensor out = env.output({r.rows, h}, env.act);
+  if (env.attrs().group == 1) {
+    store_mat(out, Y);
+    return {out};
+  }
+  Tensor send = env.workspace({r.rows, h}, env.act);
+  store_mat(send, Y);
+  env.comm().ep_all_to_all(send, out);
+  return {out, send};
 }
 
-// grad_x[t] = sum_j grad_xe[row(t,j)], j ascending.
+// grad_x[t] = sum_j grad_send[row(t,j)], j ascending (over ep > 1 the gradient comes back through
+// the all-to-all into the op's workspace first).
 void moe_dispatch_backward(const Env& env, const BackwardArgs& a) {
   const Tensor& g = need(a.grad_outputs, 0, "dispatch gradient");
-  Routing r = routing(need(a.inputs, 1, "routing indices"), routed_experts(env));
-  Mat G = load_mat(g), D = Mat::Zero(r.tokens, G.cols());
-  for (int64_t t = 0; t < r.tokens; ++t)
-    for (int64_t j = 0; j < r.k; ++j) D.row(t) += G.row(r.row[t * r.k + j]);
+  Routing r = routing(env, need(a.inputs, 1, "routing indices"));
+  Tensor back = g;
+  if (env.attrs().group > 1) {
+    back = env.workspace(g.type.shape, g.type.dtype);
+    env.comm().ep_all_to_all(g, back);
+  }
+  Mat G = load_mat(back), D = Mat::Zero(r.tokens, G.cols());
+  for (int64_t i = 0; i < r.tokens * r.k; ++i)
+    if (r.row[i] >= 0) D.row(i / r.k) += G.row(r.row[i]);
   grad_input(env, a, 0, {{r.tokens, G.cols()}, g.type.dtype}, D);
 }
 
-// ---- MoeCombine: y[t] = sum_j probs[t,j] ye[row(t,j)]
-// ---------------------------------------------
+// ---- MoeCombine: y[t] = sum_j probs[t,j] ye[row(t,j)] over the kept choices (over ep > 1 the
+// expert outputs come back through the all-to-all into the op's workspace first) ---------------
+
+namespace {
+// The expert outputs in the send layout: ye itself, or received from the experts' ranks.
+Tensor outputs_back(const Env& env, const Tensor& ye) {
+  if (env.attrs().group == 1) return ye;
+  Tensor back = env.workspace(ye.type.shape, ye.type.dtype);
+  env.comm().ep_all_to_all(ye, back);
+  return back;
+}
+}  // namespace
 
 Outs moe_combine_forward(const Env& env, Ins in, Ins) {
   const Tensor& ye = need(in, 0, "expert outputs");
   Mat P = load_mat(need(in, 1, "routing probs"));
-  Routing r = routing(need(in, 2, "routing indices"), routed_experts(env));
-  check(P.rows() == r.tokens && P.cols() == r.k && dim(ye, 0) == r.tokens * r.k,
-        "combine: shapes differ from tokens x top_k");
-  Mat Y = load_mat(ye), O = Mat::Zero(r.tokens, Y.cols());
-  for (int64_t t = 0; t < r.tokens; ++t)
-    for (int64_t j = 0; j < r.k; ++j) O.row(t) += P(t, j) * Y.row(r.row[t * r.k + j]);
+  Routing r = routing(env, need(in, 2, "routing indices"));
+  check(P.rows() == r.tokens && P.cols() == r.k && dim(ye, 0) == r.rows,
+        "combine: shapes differ from the routing");
+  Tensor back = outputs_back(env, ye);
+  Mat Y = load_mat(back), O = Mat::Zero(r.tokens, Y.cols());
+  for (int64_t i = 0; i < r.tokens * r.k; ++i)
+    if (r.row[i] >= 0) O.row(i / r.k) += P(i / r.k, i % r.k) * Y.row(r.row[i]);
   Tensor out = env.output({r.tokens, Y.cols()}, env.act);
   store_mat(out, O);
-  return {out};
+  if (back.data == ye.data) return {out};
+  return {out, back};
 }
 
-// grad_ye[row(t,j)] = probs[t,j] g[t]; grad_probs[t,j] = <ye[row(t,j)], g[t]>.
+// grad_send[row(t,j)] = probs[t,j] g[t]; grad_probs[t,j] = <ye[row(t,j)], g[t]> (0 if dropped).
+// Over ep > 1 the expert outputs are exchanged again, and the gradient goes to the experts' ranks
+// through the all-to-all from the same workspace.
 void moe_combine_backward(const Env& env, const BackwardArgs& a) {
   const Tensor& ye = need(a.inputs, 0, "expert outputs");
   const Tensor& probs = need(a.inputs, 1, "routing probs");
-  Mat P = load_mat(probs), Y = load_mat(ye),
+  Routing r = routing(env, need(a.inputs, 2, "routing indices"));
+  Tensor back = outputs_back(env, ye);
+  Mat P = load_mat(probs), Y = load_mat(back),
       G = load_mat(need(a.grad_outputs, 0, "combine gradient"));
-  Routing r = routing(need(a.inputs, 2, "routing indices"), routed_experts(env));
-  Mat DY(Y.rows(), Y.cols()), DP(r.tokens, r.k);
-  for (int64_t t = 0; t < r.tokens; ++t)
-    for (int64_t j = 0; j < r.k; ++j) {
-      int64_t row = r.row[t * r.k + j];
-      DY.row(row) = P(t, j) * G.row(t);
-      double acc = 0;
-      for (int64_t c = 0; c < Y.cols(); ++c) acc += double(Y(row, c)) * G(t, c);
-      DP(t, j) = static_cast<float>(acc);
-    }
-  grad_input(env, a, 0, ye.type, DY);
+  Mat DY = Mat::Zero(Y.rows(), Y.cols()), DP = Mat::Zero(r.tokens, r.k);
+  for (int64_t i = 0; i < r.tokens * r.k; ++i) {
+    int64_t t = i / r.k, j = i % r.k, row = r.row[i];
+    if (row < 0) continue;
+    DY.row(row) = P(t, j) * G.row(t);
+    double acc = 0;
+    for (int64_t c = 0; c < Y.cols(); ++c) acc += double(Y(row, c)) * G(t, c);
+    DP(t, j) = static_cast<float>(acc);
+  }
+  // Input gradients in input order (the contract's allocation order).
+  if (back.data == ye.data) {
+    grad_input(env, a, 0, ye.type, DY);
+  } else if (Tensor& dst = a.grad_inputs[0]; !dst) {
+    store_mat(back, DY);
+    dst = env.alloc(ye.type, AllocRole::kGradInput);
+    env.comm().ep_all_to_all(back, dst);
+  } else {
+    store_mat(back, DY);
+    Scratch received(ye.type);  // an existing gradient: received into staging, then added
+    env.comm().ep_all_to_all(back, received.t);
+    grad_input_tensor(env, a, 0, received.t);
+  }
   grad_input(env, a, 1, probs.type, DP);
 }
 

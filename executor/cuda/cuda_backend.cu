@@ -33,10 +33,12 @@ TensorType with_rows(TensorType t, int64_t rows) {
 
 int64_t first_row(const OpContext& c, int64_t rows) { return exec::first_token_row(c, rows); }
 
-// The experts this rank routes to: all of them (expert parallelism needs an all-to-all the
-// communicator does not offer, as in the CPU reference).
+// The experts this rank routes to: all of them. Dropless routing only: the capacity layout and
+// expert parallelism (its all-to-all) run on the CPU executor.
 int64_t routed_experts(const OpContext& c) {
-  if (c.op->attrs.group > 1) unsupported(c, "expert parallelism (ep > 1) needs an all-to-all, which the communicator lacks");
+  if (c.op->attrs.group > 1 || c.op->attrs.capacity > 0)
+    unsupported(c, "expert capacity and expert parallelism (ep > 1) run on the CPU executor; this "
+                   "backend routes dropless at ep = 1");
   return c.op->attrs.experts;
 }
 

@@ -76,16 +76,19 @@ class NcclComm final : public exec::Communicator {
   }
   int64_t dp_rank() const override { return mpi_.dp_rank(); }
   int64_t dp_size() const override { return mpi_.dp_size(); }
-  void dp_reduce_scatter(const Tensor& t, int64_t first, int64_t shard) override {
-    mpi_.dp_reduce_scatter(t, first, shard);
+  void dp_reduce_scatter(exec::DpGroup g, const Tensor& t, int64_t first, int64_t shard) override {
+    mpi_.dp_reduce_scatter(g, t, first, shard);
   }
-  void dp_all_gather(const Tensor& t, int64_t first, int64_t shard) override {
-    mpi_.dp_all_gather(t, first, shard);
+  void dp_all_gather(exec::DpGroup g, const Tensor& t, int64_t first, int64_t shard) override {
+    mpi_.dp_all_gather(g, t, first, shard);
   }
-  void dp_reduce_scatter_into(const Tensor& t, int64_t first, int64_t shard,
+  void dp_reduce_scatter_into(exec::DpGroup g, const Tensor& t, int64_t first, int64_t shard,
                               const Tensor& into) override {
-    mpi_.dp_reduce_scatter_into(t, first, shard, into);
+    mpi_.dp_reduce_scatter_into(g, t, first, shard, into);
   }
+  int64_t ep_rank() const override { return mpi_.ep_rank(); }
+  int64_t ep_size() const override { return mpi_.ep_size(); }
+  void ep_all_to_all(const Tensor& in, const Tensor& out) override { mpi_.ep_all_to_all(in, out); }
 
  private:
   static void done() { NP_CUDA_CHECK(cudaStreamSynchronize(nullptr)); }

@@ -53,12 +53,12 @@ std::shared_ptr<exec::Transfer> device_transfer() {
 
 exec::CommWorldFactory virtual_rank_world() {
   std::shared_ptr<exec::Transfer> transfer = device_transfer();
-  return [transfer](int64_t tp, int64_t pp, int64_t dp,
-                    int64_t cp) -> std::unique_ptr<exec::CommWorld> {
+  return [transfer](int64_t tp, int64_t pp, int64_t dp, int64_t cp,
+                    int64_t ep) -> std::unique_ptr<exec::CommWorld> {
     if (tp > kMaxVirtualRanks || dp * cp > kMaxVirtualRanks)
       throw std::invalid_argument(
           "virtual ranks: at most 16 ranks per TP or DP group on one GPU");
-    return std::make_unique<exec::InProcessWorld>(tp, pp, dp, cp, transfer);
+    return std::make_unique<exec::InProcessWorld>(tp, pp, dp, cp, ep, transfer);
   };
 }
 
