@@ -104,6 +104,15 @@ std::string equivalents(const AutoPlan& p, int64_t budget) {
     out += "  layers per stage " + format_partition(p.schedule.setup.stage_layers) +
            ": not expressible; nanotron balances its stages by compute\n";
   out += "Megatron-LM (closest):\n  ";
+  // Megatron's sequence-parallel linears keep the sequence shard and all-gather again in backward,
+  // always: a plan keeping gathered tensors runs there with every all-gather re-done.
+  const std::string regather_note =
+      p.gathers > 0 && p.regathered < p.gathers
+          ? "  not expressible: the plan keeps " + std::to_string(p.gathers - p.regathered) +
+                " of " + std::to_string(p.gathers) +
+                " all-gathered tensors; Megatron's sequence-parallel layers always all-gather "
+                "again in backward (more time, less memory than the plan)\n"
+          : "";
   int block = megatron_block_layers(p);
   if (uniform(p, "none", "none+regather"))
     out += "(no recompute flags)\n";
@@ -118,6 +127,7 @@ std::string equivalents(const AutoPlan& p, int64_t budget) {
         "expressible: Megatron's knobs are uniform per stage; full recompute of every layer "
         "costs " +
         fmt("%.3f", slower) + " s more per step\n";
+  out += regather_note;
   const std::vector<int64_t>& split = p.schedule.setup.stage_layers;
   if (!split.empty()) {  // a searched partition
     bool middle_even = true;
@@ -169,15 +179,22 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
          ", recompute on the slowest stage " + fmt("%.3f s", p.time.recompute_seconds) + " (" +
          fmt("%.1f%%", 100 * overhead) + " of the step), MFU " + fmt("%.1f%%", 100 * p.time.mfu) +
          ", HFU " + fmt("%.1f%%", 100 * p.time.hfu) + "\n";
-  if (p.time_none)
-    out += "  no recompute:              " + fmt("%.3f s", p.time_none->seconds) + ", peak " +
-           format_gib(*p.peak_none) + (*p.peak_none <= budget ? " (fits)\n" : " (does not fit)\n");
-  if (p.time_full)
-    out += "  recompute_layer: true:     " + fmt("%.3f s", p.time_full->seconds) + ", peak " +
-           format_gib(*p.peak_full) + (*p.peak_full <= budget ? " (fits)" : " (does not fit)") +
-           "; the plan is " +
-           fmt("%.1f%%", 100 * (p.time_full->seconds - p.time.seconds) / p.time_full->seconds) +
-           " faster\n";
+  // The uniform nanotron settings, each named by its flags (the setup's all-gather flag: under SP
+  // it decides what "no recompute" keeps).
+  const TrainSpec& t = p.schedule.setup;
+  const std::string regather =
+      t.sp ? std::string(", tp_recompute_allgather: ") + (t.tp_recompute_allgather ? "true" : "false")
+           : "";
+  auto compared = [&](const char* layer, const StepTime& time, int64_t peak) {
+    double gain = time.seconds > 0 ? 100 * (time.seconds - p.time.seconds) / time.seconds : 0;
+    std::string line = "  vs recompute_layer: " + std::string(layer) + regather + ": " +
+                       fmt("%.3f s", time.seconds) + ", peak " + format_gib(peak) +
+                       (peak <= budget ? " (fits)" : " (does not fit)");
+    if (gain >= 0.05) line += "; the plan is " + fmt("%.1f%%", gain) + " faster";
+    return line + "\n";
+  };
+  if (p.time_none) out += compared("false", *p.time_none, *p.peak_none);
+  if (p.time_full) out += compared("true", *p.time_full, *p.peak_full);
   out += equivalents(p, budget);
   out +=
       "\nlayer options: " + std::to_string(p.frontier.options.size()) + " on the frontier of " +

@@ -133,9 +133,12 @@ std::string describe_setup(const TrainSpec& t) {
        (t.pp_schedule == PpSchedule::kInterleaved
             ? " (" + std::to_string(t.virtual_stages) + " chunks per stage)"
             : std::string()) +
-       "; " + name_of(t.attention) + " attention\n       recompute " +
-       name_of(t.recompute) + ", tp_recompute_allgather " +
-       (t.tp_recompute_allgather ? "true" : "false") + "; grads " + name_of(t.grad_dtype) + "; " +
+       "; " + name_of(t.attention) + " attention\n       recompute " + name_of(t.recompute) +
+       (t.recompute == Recompute::kAuto
+            ? std::string(" (per layer, and per all-gather whether to gather again in backward)")
+            : std::string(", tp_recompute_allgather ") +
+                  (t.tp_recompute_allgather ? "true" : "false")) +
+       "; grads " + name_of(t.grad_dtype) + "; " +
        name_of(t.optimizer) + ", ZeRO-" + std::to_string(t.zero);
   return s;
 }

@@ -19,7 +19,14 @@ check "auto is the default with a budget" 'grep -q "recompute plan (--recompute 
 check "the plan fits and says so" 'grep -q "FITS" "$TMP/auto.txt" && ! grep -q "DOES NOT FIT" "$TMP/auto.txt"'
 check "per-stage plan lines" '[ $(grep -cE "^  stage [01]: layers" "$TMP/auto.txt") -eq 2 ]'
 check "nanotron and Megatron equivalents" 'grep -q "recompute_layer:" "$TMP/auto.txt" && grep -q "Megatron-LM (closest)" "$TMP/auto.txt"'
-check "time against recompute_layer: true" 'grep -qE "recompute_layer: true: .* the plan is [0-9.]+% faster" "$TMP/auto.txt"'
+check "time against recompute_layer: true" 'grep -qE "^  vs recompute_layer: true(, tp_recompute_allgather: (true|false))?: .* the plan is [0-9.]+% faster" "$TMP/auto.txt"'
+check "each comparison names its flags" '[ "$(grep -c "^  vs recompute_layer: " "$TMP/auto.txt")" -eq 2 ]'
+check "auto's setup line does not claim one all-gather flag" 'grep -q "recompute auto (per layer, and per all-gather" "$TMP/auto.txt" && ! grep -q "recompute auto, tp_recompute_allgather" "$TMP/auto.txt"'
+# A plan keeping gathered tensors (70B, tp 8, 80 GB: everything kept) is not Megatron's: its SP
+# layers always all-gather again.
+"$NP" estimate --model llama-3.1-70b --tp 8 --pp 4 --dp 4 --zero 1 --budget 80GB >"$TMP/keep.txt" 2>&1
+check "Megatron: kept all-gathers are named not expressible" 'grep -q "not expressible: the plan keeps 161 of 161 all-gathered tensors" "$TMP/keep.txt"'
+check "nanotron: the kept all-gathers are tp_recompute_allgather: false" 'grep -q "tp_recompute_allgather: false" "$TMP/keep.txt"'
 check "named policies placed on the frontier" 'grep -q "full (nanotron recompute_layer): dominated by option" "$TMP/auto.txt"'
 
 "$NP" estimate "${S[@]}" --budget "$mid" --format json >"$TMP/auto.json"
