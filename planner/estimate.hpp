@@ -62,7 +62,8 @@ struct Estimate {
   int64_t parameters = 0;
   TrainSpec setup;
   RuntimeAssumptions runtime;
-  std::optional<int64_t> budget;
+  std::optional<int64_t> budget;  // what the peak must fit: the budget given less the headroom
+  int64_t headroom = 0;           // bytes kept free of the budget given (--headroom)
   bool fits = true;
   int64_t peak_bytes = 0;
   int peak_stage = 0;

@@ -97,7 +97,9 @@ json estimate_to_json(const Estimate& e) {
   return {{"nanoplan_version", 1},
           {"model", model_to_json(e.model, e.parameters)},
           {"setup", setup_to_json(e.setup)},
-          {"budget_bytes", e.budget ? json(*e.budget) : json(nullptr)},
+          {"budget_bytes", e.budget ? json(*e.budget + e.headroom) : json(nullptr)},
+          {"headroom_bytes", e.budget ? json(e.headroom) : json(nullptr)},
+          {"usable_bytes", e.budget ? json(*e.budget) : json(nullptr)},
           {"fits", e.fits},
           {"peak_bytes", e.peak_bytes},
           {"peak_rank", e.peak_rank},
@@ -197,8 +199,12 @@ std::string stage_table(const Estimate& e) {
 
 std::string verdict(const Estimate& e) {
   if (!e.budget) return "\nno budget given (--budget or --gpu): nothing to compare against\n";
-  int64_t b = *e.budget;
-  std::string out = "\nbudget " + format_int(b) + " bytes = " + format_human(b) + ": ";
+  int64_t b = *e.budget, given = b + e.headroom;
+  std::string out = "\nbudget " + format_int(given) + " bytes = " + format_human(given);
+  if (e.headroom > 0)
+    out += ", less headroom " + format_gib(e.headroom) + " (--headroom) = " + format_gib(b) +
+           " usable";
+  out += ": ";
   if (e.fits) return out + "FITS, " + format_gib(b - e.peak_bytes) + " to spare\n";
   out += "DOES NOT FIT: the peak rank " + std::to_string(e.peak_rank) + " needs " +
          format_gib(e.peak_bytes - b) + " more\n";

@@ -121,6 +121,10 @@ bad "budget with a fraction of a byte" -m "--budget" -m "whole number" -- "${E[@
 bad "plan: unparsable budget" -m "--budget" -m "abc" -- "${P[@]}" --budget abc
 bad "ambiguous --cuda-context unit" -m "--cuda-context" -m "ambiguous" -- "${E[@]}" --cuda-context 5G
 bad "--allocator-slack above 1" -m "--allocator-slack" -- "${E[@]}" --allocator-slack 2
+bad "--headroom above 50%" -m "--headroom" -m "[0, 50]" -- "${E[@]}" --budget 80GB --headroom 51%
+bad "--headroom as a bare number with %" -m "--headroom" -- "${E[@]}" --budget 80GB --headroom %
+bad "--headroom of the whole budget" -m "--headroom" -m "leave nothing" -- "${E[@]}" --budget 80GB --headroom 80GB
+bad "--headroom in an unknown unit" -m "--headroom" -- "${E[@]}" --budget 80GB --headroom 2XB
 bad "--allocator-slack below 0" -m "--allocator-slack" -- "${E[@]}" --allocator-slack=-0.5
 
 # ---- parallelism against the model -------------------------------------------------------------

@@ -80,6 +80,38 @@ bad sweep --model llama-3.1-8b --gpus 8 --budget 40XB
 bad sweep --model nope --gpus 8 --budget 40GB
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --virtual-stages 1,0
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --virtual-stages two
+bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --pp-schedule interleaved
+bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --pp-schedule afab,2f2b
+bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --format xml
+bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --headroom 60%
+
+# Every row carries the estimate command that reproduces it: the same schedule, plan, step time
+# and peak (sweep and estimate share their defaults; the command names every swept flag).
+"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 4096 --pp-schedule afab,1f1b --top 3 >"$TMP/swc.txt"
+check "sweep table: a schedule column and one command per row" \
+  '[ "$(grep -c "^       nanoplan estimate --model llama-3.1-8b " "$TMP/swc.txt")" -eq 3 ] && grep -qE "^ *rank +tp +cp +pp +sched " "$TMP/swc.txt"'
+check "sweep header: the headroom taken from the budget" 'grep -q "budget 37.25 GiB (40.00 GB) less headroom 1.12 GiB = 36.14 GiB" "$TMP/swc.txt"'
+first_cmd=$(grep -m1 "^       nanoplan estimate" "$TMP/swc.txt" | sed 's/^ *nanoplan //')
+first_row=$(grep -m1 -E "^ +1 " "$TMP/swc.txt")
+# shellcheck disable=SC2086
+"$NP" $first_cmd >"$TMP/again.txt" 2>&1
+row_step=$(echo "$first_row" | awk '{print $10}')
+check "the first row's command gives its step time ($row_step s)" 'grep -q "predicted step time $row_step s" "$TMP/again.txt"'
+"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 4096 --pp-schedule afab,1f1b --top 5 --format csv >"$TMP/sw.csv"
+python3 - "$TMP/sw.csv" "$TMP/sw.json" <<'PY' && ok "sweep CSV: header, 5 rows, both schedules searched, commands" || fail "sweep CSV"
+import csv, json, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert len(rows) == 5, len(rows)
+for r in rows:
+    assert r["command"].startswith("nanoplan estimate --model llama-3.1-8b"), r["command"]
+    assert int(r["tp"]) * int(r["cp"]) * int(r["pp"]) * int(r["dp"]) == 8
+    assert r["recompute"] and float(r["step_seconds"]) > 0
+tps = [float(r["tokens_per_second"]) for r in rows]
+assert tps == sorted(tps, reverse=True)
+j = json.load(open(sys.argv[2]))
+assert j["budget_bytes"] == 40000000000 and j["headroom_bytes"] == 1200000000 and j["usable_bytes"] == 38800000000
+assert {t["setup"]["pp_schedule"] for t in j["top"] if t["setup"]["pp"] > 1} <= {"afab"}  # the default: estimate's
+PY
 
 # Context parallelism: estimate halves a layer's activations at cp 2 and counts the GPUs; the
 # sweep tries cp 1 and 2.
@@ -93,7 +125,7 @@ ra, rb = a["ranks"][0], b["ranks"][0]
 assert 2 * rb["activation_bytes"] == ra["activation_bytes"], (ra["activation_bytes"], rb["activation_bytes"])
 assert rb["parameter_bytes"] == ra["parameter_bytes"]
 PY
-"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 16384 --cp 1,2 --format json --top 1000 >"$TMP/swcp.json"
+"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 16384 --pp-schedule 1f1b --cp 1,2 --format json --top 1000 >"$TMP/swcp.json"
 python3 - "$TMP/swcp.json" <<'PY' && ok "sweep --cp 1,2: both degrees, GPUs add up" || fail "sweep --cp"
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -104,7 +136,7 @@ for t in j["top"]:
 PY
 
 # Virtual stages: the sweep tries the interleaved schedule with 2 chunks beside 1F1B.
-"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 4096 --virtual-stages 1,2 --format json --top 1000 >"$TMP/swv.json"
+"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 4096 --pp-schedule 1f1b --virtual-stages 1,2 --format json --top 1000 >"$TMP/swv.json"
 python3 - "$TMP/swv.json" "$TMP/sw.json" <<'PY' && ok "sweep --virtual-stages 1,2: interleaved rows beside 1f1b, more setups" || fail "sweep --virtual-stages"
 import json, sys
 j = json.load(open(sys.argv[1])); base = json.load(open(sys.argv[2]))

@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -47,6 +49,7 @@ struct Flags {
   std::string partition = "balanced";
   std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, nccl_buffers,
       allocator_slack, capacity_factor;
+  std::string headroom = "3%";  // of the budget, or bytes
   int64_t tp = 1, pp = 1, dp = 1, ep = 1, cp = 1, micro_batch = 1, seq_len = 4096;
   std::optional<int64_t> microbatches;    // default: pp
   std::optional<int64_t> virtual_stages;  // default: 2 under interleaved, else 1
@@ -114,6 +117,15 @@ CLI::Option* add_int(CLI::App* app, const std::string& name, T& target, const st
   return o;
 }
 
+void add_headroom_flag(CLI::App* app, Flags& f) {
+  app->add_option("--headroom", f.headroom,
+                  "bytes of the budget kept free, as bytes (2GiB) or a percentage of the budget "
+                  "(0% plans to the last byte). Default 3%: the runtime and allocator overheads "
+                  "are estimated, but the driver's own reservations, buffers created lazily and "
+                  "the caching allocator's rounding vary by a few percent between runs")
+      ->capture_default_str();
+}
+
 void add_setup_flags(CLI::App* app, Flags& f, bool model_required = true) {
   auto* model =
       app->add_option("--model", f.model,
@@ -164,6 +176,7 @@ void add_setup_flags(CLI::App* app, Flags& f, bool model_required = true) {
       ->capture_default_str();
   app->add_option("--budget", f.budget,
                   "bytes per GPU: 80GB (10^9), 80GiB (2^30), 85899345920, \"80 GB\"");
+  add_headroom_flag(app, f);
   app->add_option(
       "--gpu", f.gpu,
       "GPU whose memory is the budget (nanoplan gpus): h100, h200, a100-80gb, b200, ...");
@@ -265,7 +278,8 @@ np::RuntimeAssumptions make_runtime(const Flags& f) {
   return rt;
 }
 
-std::optional<int64_t> make_budget(const Flags& f) {
+// The budget as given (--budget, or --gpu's memory).
+std::optional<int64_t> given_budget(const Flags& f) {
   if (!f.budget.empty()) {
     np::Result<int64_t> r = np::parse_bytes(f.budget);
     if (!r) die("--budget: " + r.error().message);
@@ -274,6 +288,41 @@ std::optional<int64_t> make_budget(const Flags& f) {
   if (f.gpu.empty()) return std::nullopt;
   auto gpus = check(np::load_gpu_catalog(models_dir(f) + "/gpus/gpus.toml"));
   return check(np::resolve_gpu(gpus, f.gpu)).memory_bytes;
+}
+
+// Bytes of the budget kept free (--headroom): a percentage of it or bytes, below the budget.
+int64_t headroom_bytes(const Flags& f, int64_t budget) {
+  const std::string valid = "a percentage of the budget in [0, 50] such as 3%, or bytes below "
+                            "the budget such as 2GiB";
+  const std::string& h = f.headroom;
+  if (!h.empty() && h.back() == '%') {
+    char* end = nullptr;
+    std::string number = h.substr(0, h.size() - 1);
+    double pct = std::strtod(number.c_str(), &end);
+    if (number.empty() || *end != '\0' || !(pct >= 0 && pct <= 50))
+      die("invalid --headroom " + np::quote_input(h) + " (valid: " + valid + ")");
+    return static_cast<int64_t>(static_cast<double>(budget) * pct / 100);
+  }
+  np::Result<int64_t> r = np::parse_bytes(h, /*allow_zero=*/true);
+  if (!r) die("--headroom: " + r.error().message);
+  if (*r >= budget)
+    die("invalid --headroom " + np::quote_input(h) + ": " + np::format_int(*r) +
+        " bytes leave nothing of the budget of " + np::format_int(budget) + " (valid: " + valid +
+        ")");
+  return *r;
+}
+
+// The bytes a plan must fit: the budget less the headroom.
+std::optional<int64_t> make_budget(const Flags& f) {
+  std::optional<int64_t> b = given_budget(f);
+  if (!b) return b;
+  return *b - headroom_bytes(f, *b);
+}
+
+// The headroom taken from the budget, 0 without one (for the reports).
+int64_t headroom_of(const Flags& f) {
+  std::optional<int64_t> b = given_budget(f);
+  return b ? headroom_bytes(f, *b) : 0;
 }
 
 np::HardwareModel make_hardware(const Flags& f) {
@@ -307,6 +356,7 @@ int run_estimate_auto(const Flags& f, const Resolved& r, int64_t budget) {
     plan.estimate = np::estimate_schedule(
         plan.schedule, rt, {.budget = budget, .suggestions = false, .explain_peak = true});
   plan.estimate.fits = plan.fits;
+  plan.estimate.headroom = headroom_of(f);
   if (!plan.fits)
     plan.estimate.suggestions = np::auto_suggestions(r.model, r.setup, rt, budget, hw);
   if (f.format == "json") {
@@ -325,6 +375,7 @@ int run_estimate(const Flags& f) {
   np::EstimateOptions opt{
       .budget = make_budget(f), .suggestions = true, .explain_peak = f.explain_peak};
   np::Estimate e = np::estimate(r.model, r.setup, make_runtime(f), opt);
+  e.headroom = headroom_of(f);
   if (f.format == "json")
     std::cout << np::estimate_to_json(e).dump(2) << "\n";
   else
@@ -617,10 +668,21 @@ int run_run(const Flags& f, CLI::App* app) {
       s, f, "run: " + f.plan_path + " (" + s.model.name + ", " + np::describe_short(s.setup) + ")");
 }
 
+// A word as a POSIX shell reads it back: as is when plain, else in single quotes.
+std::string shell_word(const std::string& w) {
+  bool plain = !w.empty() && std::all_of(w.begin(), w.end(), [](unsigned char c) {
+    return std::isalnum(c) || std::strchr("._-/%+:=,", c);
+  });
+  if (plain) return w;
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 int run_sweep(const Flags& f) {
   if (f.budget.empty() && f.gpu.empty()) die("sweep needs a budget: give --budget or --gpu");
-  if (f.format != "table" && f.format != "json")
-    die("invalid --format " + np::quote_input(f.format) + " (valid: table, json)");
+  if (f.format != "table" && f.format != "json" && f.format != "csv")
+    die("invalid --format " + np::quote_input(f.format) + " (valid: table, json, csv)");
   if (f.partition != "balanced" && f.partition != "auto")
     die("invalid --partition " + np::quote_input(f.partition) +
         " for sweep (valid: balanced, auto; layer counts depend on pp)");
@@ -629,8 +691,26 @@ int run_sweep(const Flags& f) {
   Flags g = f;
   g.recompute = "auto";
   g.partition = "balanced";  // the sweep searches per setup when asked
+  // --pp-schedule: one schedule or a list (afab,1f1b); estimate's default, afab, when not given.
+  std::vector<np::PpSchedule> schedules;
+  for (size_t at = 0; at <= f.pp_schedule.size();) {
+    size_t comma = std::min(f.pp_schedule.find(',', at), f.pp_schedule.size());
+    np::PpSchedule s =
+        check(np::parse_enum<np::PpSchedule>("--pp-schedule", f.pp_schedule.substr(at, comma - at)));
+    if (s == np::PpSchedule::kInterleaved)
+      die("invalid --pp-schedule interleaved for sweep (valid: afab, 1f1b, or both as afab,1f1b; "
+          "--virtual-stages 1,2,4 adds the interleaved schedule)");
+    if (std::find(schedules.begin(), schedules.end(), s) == schedules.end()) schedules.push_back(s);
+    at = comma + 1;
+  }
+  g.pp_schedule = np::name_of(schedules.front());
   np::SweepOptions o;
+  o.schedules = schedules;
   o.gpus = f.gpus, o.budget = *make_budget(f), o.global_batch = f.global_batch.value_or(0);
+  o.headroom = headroom_of(f);
+  o.model_arg = shell_word(f.model);
+  o.budget_flags = f.gpu.empty() ? "--budget " + shell_word(f.budget) : "--gpu " + shell_word(f.gpu);
+  if (f.headroom != "3%") o.budget_flags += " --headroom " + shell_word(f.headroom);
   o.base = make_setup(g);
   o.runtime = make_runtime(f);
   o.hw = make_hardware(f);
@@ -662,6 +742,8 @@ int run_sweep(const Flags& f) {
   np::SweepReport r = np::sweep(m, o, progress);
   if (f.format == "json")
     std::cout << np::sweep_json(r, m, o, static_cast<size_t>(f.top)).dump(2) << "\n";
+  else if (f.format == "csv")
+    std::cout << np::sweep_csv(r, o, static_cast<size_t>(f.top));
   else
     std::cout << np::sweep_table(r, m, o, static_cast<size_t>(f.top));
   return 0;
@@ -715,10 +797,13 @@ int main(int argc, char** argv) {
   add_int(sw, "--gpus", f.gpus, "GPUs to use (tp x pp x dp)", 1, 1 << 20)->required();
   sw->add_option("--budget", f.budget, "bytes per GPU: 80GB, 80GiB, ...");
   sw->add_option("--gpu", f.gpu, "GPU (nanoplan gpus): sets the budget and the cost model");
+  add_headroom_flag(sw, f);
   add_int(sw, "--seq-len", f.seq_len, "sequence length");
   add_int(sw, "--global-batch", f.global_batch, "sequences per optimizer step (default 4 x gpus)",
           1, 1 << 30);
-  sw->add_option("--pp-schedule", f.pp_schedule, "1f1b (default for sweep), afab");
+  sw->add_option("--pp-schedule", f.pp_schedule,
+                 "schedules to try: afab (the default, as estimate's), 1f1b, or afab,1f1b")
+      ->capture_default_str();
   sw->add_option("--cp", f.sweep_cp,
                  "context-parallel degrees to try, e.g. 1,2,4 (long sequences: each sequence split "
                  "over cp ranks)")
@@ -732,7 +817,7 @@ int main(int argc, char** argv) {
                  "layers per stage: balanced (by FLOPs), auto (searched for every setup)")
       ->capture_default_str();
   add_int(sw, "--top", f.top, "setups to show", 1, 1'000'000);
-  sw->add_option("--format", f.format, "table, json")->capture_default_str();
+  sw->add_option("--format", f.format, "table, json, csv")->capture_default_str();
   sw->add_option("--models-dir", f.models_dir, "model catalog folder");
   CLI::App* models = app.add_subcommand("models", "list the model catalog with parameter counts");
   models->add_option("--models-dir", f.models_dir, "model catalog folder");
@@ -755,10 +840,7 @@ int main(int argc, char** argv) {
     if (est->parsed()) return run_estimate(f);
     if (plan->parsed()) return run_plan(f);
     if (run->parsed()) return run_run(f, run);
-    if (sw->parsed()) {
-      if (sw->count("--pp-schedule") == 0) f.pp_schedule = "1f1b";
-      return run_sweep(f);
-    }
+    if (sw->parsed()) return run_sweep(f);
     if (models->parsed()) return run_models(f);
     return run_gpus(f);
   } catch (const std::overflow_error& e) {
