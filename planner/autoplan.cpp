@@ -406,4 +406,12 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   return plan;
 }
 
+StepTime named_step_time(const ModelSpec& m, const TrainSpec& t, const HardwareModel& hw) {
+  // The simulation's micro-batches give the schedule (peaks repeat past them); the time counts
+  // all of the setup's.
+  Schedule s = build_schedule(m, simulation_setup(t), nullptr, /*peak_only=*/true);
+  s.setup.microbatches = t.microbatches;
+  return step_time(s, hw);
+}
+
 }  // namespace np

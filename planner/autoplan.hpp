@@ -91,7 +91,13 @@ std::vector<Suggestion> auto_suggestions(const ModelSpec& m, const TrainSpec& t,
                                          const HardwareModel& hw);
 
 // The human summary (plan per stage, time, nanotron and Megatron equivalents) and the JSON "plan".
-std::string auto_plan_table(const AutoPlan& p, int64_t budget);
+// The step time of a setup under its named recompute policy (none, selective, full): the cost
+// model over its schedule, every micro-batch counted.
+StepTime named_step_time(const ModelSpec& m, const TrainSpec& t, const HardwareModel& hw);
+// "predicted step time (cost model) 1.013 s, recompute ... MFU ..., HFU ...\n"
+std::string step_time_line(const StepTime& t);
+// `verbose`: also the layer options the plan was chosen from (the frontier).
+std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose = false);
 nlohmann::json auto_plan_json(const AutoPlan& p);
 
 }  // namespace np

@@ -2,6 +2,7 @@
 // overhead against uniform settings; the nanotron and Megatron settings that come closest.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "planner/autoplan.hpp"
 #include "planner/units.hpp"
@@ -15,17 +16,33 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// "layers 0-3 full, 4-9 none+regather", or by count when the runs are many:
+// Short labels of the plan's custom options: "c1", "c2", ... in order of first use (the legend
+// spells them out); named policies keep their names.
+using Labels = std::map<std::string, std::string>;
+Labels custom_labels(const AutoPlan& p) {
+  Labels labels;
+  for (const BlockPolicy& b : p.layer_policies)
+    if (b.name.rfind("custom", 0) == 0 && !labels.count(b.name))
+      labels.emplace(b.name, "c" + std::to_string(labels.size() + 1));
+  return labels;
+}
+
+// "layers 0-3 full, 4-9 none+regather, 10 c1", or by count when the runs are many:
 // "layers 0-79: 44 x none+regather, 36 x full".
-std::string compress(const AutoPlan& p, const StageProgram& s) {
+std::string compress(const AutoPlan& p, const StageProgram& s, const Labels& labels) {
   std::string out;
   const std::vector<int> layers = s.layers();  // several runs of indices when interleaved
   const int n = static_cast<int>(layers.size());
+  auto label = [&](int layer) -> const std::string& {
+    const std::string& name = p.layer_policies[layer].name;
+    auto it = labels.find(name);
+    return it == labels.end() ? name : it->second;
+  };
   int runs = 0;
   std::vector<std::pair<std::string, int>> counts;
   for (int l = 0; l < n; ++l) {
-    const std::string& name = p.layer_policies[layers[l]].name;
-    runs += l == 0 || name != p.layer_policies[layers[l - 1]].name ||
+    const std::string& name = label(layers[l]);
+    runs += l == 0 || name != label(layers[l - 1]) ||
             layers[l] != layers[l - 1] + 1;
     auto it =
         std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == name; });
@@ -44,8 +61,8 @@ std::string compress(const AutoPlan& p, const StageProgram& s) {
   }
   for (int l = 0; l < n;) {
     int r = l;
-    const std::string& name = p.layer_policies[layers[l]].name;
-    while (r + 1 < n && p.layer_policies[layers[r + 1]].name == name &&
+    const std::string& name = label(layers[l]);
+    while (r + 1 < n && label(layers[r + 1]) == name &&
            layers[r + 1] == layers[r] + 1)
       ++r;
     out += (out.empty() ? "layers " : ", ") + std::to_string(layers[l]) +
@@ -148,13 +165,22 @@ std::string equivalents(const AutoPlan& p, int64_t budget) {
 
 }  // namespace
 
-std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
+std::string step_time_line(const StepTime& t) {
+  double overhead = t.seconds > 0 ? t.recompute_seconds / t.seconds : 0;
+  return "predicted step time (cost model) " + fmt("%.3f s", t.seconds) +
+         ", recompute on the slowest stage " + fmt("%.3f s", t.recompute_seconds) + " (" +
+         fmt("%.1f%%", 100 * overhead) + " of the step), MFU " + fmt("%.1f%%", 100 * t.mfu) +
+         ", HFU " + fmt("%.1f%%", 100 * t.hfu) + "\n";
+}
+
+std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
   std::string out =
       "\nrecompute plan (--recompute auto, cheapest that fits " + format_human(budget) + "):\n";
+  const Labels labels = custom_labels(p);
   for (size_t i = 0; i < p.schedule.stages.size(); ++i) {
     const StageProgram& s = p.schedule.stages[i];
     const StagePlan& sp = p.stages[i];
-    out += "  stage " + std::to_string(s.stage) + ": " + compress(p, s);
+    out += "  stage " + std::to_string(s.stage) + ": " + compress(p, s, labels);
     for (const StageBlock& b : s.blocks)
       if (b.kind == BlockKind::kHead) out += "; LM head " + b.policy.name;
     out += sp.feasible ? "; peak " + format_binary(p.estimate.stages[i].peak_bytes) + "\n"
@@ -164,6 +190,18 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
   if (p.gathers > 0)
     out += "  " + std::to_string(p.regathered) + " of " + std::to_string(p.gathers) +
            " all-gathers re-done in backward\n";
+  // The legend: what each short label re-runs, and the policy names' suffix.
+  std::vector<std::pair<std::string, std::string>> legend(labels.size());
+  for (const auto& [name, label] : labels)
+    legend[std::stoul(label.substr(1)) - 1] = {label, name.substr(name.find(':') + 2)};
+  bool any_regather =
+      std::any_of(p.layer_policies.begin(), p.layer_policies.end(),
+                  [](const BlockPolicy& b) { return b.name.find("+regather") != std::string::npos; });
+  if (!legend.empty() || any_regather) out += "  legend:\n";
+  for (const auto& [label, what] : legend) out += "    " + label + " = " + what + "\n";
+  if (any_regather)
+    out += "    +regather = the layer's all-gathers are done again in backward (the sequence shard "
+           "is kept)\n";
   if (!p.schedule.setup.stage_layers.empty()) {
     TrainSpec balanced = p.schedule.setup;
     balanced.stage_layers.clear();
@@ -174,11 +212,7 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
              : " (--partition; balanced by FLOPs: ") +
         format_partition(partition_layers(p.schedule.model, balanced)) + ")\n";
   }
-  double overhead = p.time.seconds > 0 ? p.time.recompute_seconds / p.time.seconds : 0;
-  out += "\npredicted step time " + fmt("%.3f s", p.time.seconds) +
-         ", recompute on the slowest stage " + fmt("%.3f s", p.time.recompute_seconds) + " (" +
-         fmt("%.1f%%", 100 * overhead) + " of the step), MFU " + fmt("%.1f%%", 100 * p.time.mfu) +
-         ", HFU " + fmt("%.1f%%", 100 * p.time.hfu) + "\n";
+  out += "\n" + step_time_line(p.time);
   // The uniform nanotron settings, each named by its flags (the setup's all-gather flag: under SP
   // it decides what "no recompute" keeps).
   const TrainSpec& t = p.schedule.setup;
@@ -196,6 +230,8 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget) {
   if (p.time_none) out += compared("false", *p.time_none, *p.peak_none);
   if (p.time_full) out += compared("true", *p.time_full, *p.peak_full);
   out += equivalents(p, budget);
+  if (!verbose)
+    return out + "\n(--verbose: the layer options the planner chose from, bytes and time)\n";
   out +=
       "\nlayer options: " + std::to_string(p.frontier.options.size()) + " on the frontier of " +
       std::to_string(p.frontier.evaluated) +

@@ -233,7 +233,70 @@ std::string verdict(const Estimate& e) {
 
 }  // namespace
 
-std::string estimate_to_table(const Estimate& e, const std::string& requested) {
+// The block a live tensor belongs to: "L12/mb0" for a layer's tensors of micro-batch 0, "L12"
+// for its weights, "head/mb0", or the tensor's own name for the stage's flat buffers.
+std::string block_of(const std::string& name) {
+  size_t colon = name.find(':'), slash = name.find('/');
+  size_t start = colon != std::string::npos && (slash == std::string::npos || colon < slash) ? colon + 1 : 0;
+  size_t first = name.find('/', start);
+  if (first == std::string::npos) return name.substr(start);
+  size_t second = name.find('/', first + 1);
+  bool mb = name.compare(first + 1, 2, "mb") == 0 && second != std::string::npos;
+  return name.substr(start, (mb ? second : first) - start);
+}
+
+// Live tensors at the peak grouped by category, then by block, largest first; every tensor with
+// `verbose`.
+std::string live_at_peak_table(const Estimate& e, const StageEstimate& s, bool verbose) {
+  std::string out = "\nlive at the peak of rank " + std::to_string(e.peak_rank) + " (" +
+                    s.peak_at + "): " + count_noun(static_cast<int64_t>(s.live_at_peak.size()), "tensor") +
+                    ", by category and block, largest first" +
+                    (verbose ? "" : " (--verbose lists every tensor)") + ":\n";
+  struct Group {
+    int64_t bytes = 0, tensors = 0;
+    std::vector<std::pair<std::string, int64_t>> blocks;  // block, bytes
+  };
+  std::vector<Group> groups(kCategories);
+  for (const LiveTensor& t : s.live_at_peak) {
+    Group& g = groups[static_cast<int>(t.category)];
+    g.bytes += t.bytes, ++g.tensors;
+    std::string b = block_of(t.name);
+    auto it = std::find_if(g.blocks.begin(), g.blocks.end(), [&](const auto& x) { return x.first == b; });
+    if (it == g.blocks.end())
+      g.blocks.push_back({b, t.bytes});
+    else
+      it->second += t.bytes;
+  }
+  std::vector<int> order;
+  for (int c = 0; c < kCategories; ++c)
+    if (groups[c].tensors > 0) order.push_back(c);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return groups[a].bytes > groups[b].bytes; });
+  constexpr size_t kShown = 4;
+  for (int c : order) {
+    Group& g = groups[c];
+    std::stable_sort(g.blocks.begin(), g.blocks.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "  %-12s %11s  %s in %s: ", name_of(static_cast<Category>(c)),
+                  format_binary(g.bytes).c_str(), count_noun(g.tensors, "tensor").c_str(),
+                  count_noun(static_cast<int64_t>(g.blocks.size()), "block").c_str());
+    out += buf;
+    for (size_t i = 0; i < g.blocks.size() && i < kShown; ++i)
+      out += (i ? ", " : "") + g.blocks[i].first + " " + format_binary(g.blocks[i].second);
+    if (g.blocks.size() > kShown) out += ", " + std::to_string(g.blocks.size() - kShown) + " more";
+    out += "\n";
+  }
+  if (!verbose) return out;
+  out += "  every tensor, largest first:\n";
+  for (const LiveTensor& t : s.live_at_peak) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "    %-12s %20s  %s\n", name_of(t.category),
+                  format_int(t.bytes).c_str(), t.name.c_str());
+    out += buf;
+  }
+  return out;
+}
+
+std::string estimate_to_table(const Estimate& e, const std::string& requested, bool verbose) {
   std::string out = "nanoplan estimate: " + e.model.display_name + " (" + e.model.name;
   if (!requested.empty() && requested != e.model.name) out += ", resolved from '" + requested + "'";
   out += "), " + format_int(e.parameters) + " parameters\nsetup: " + describe_setup(e.setup) + "\n";
@@ -246,16 +309,7 @@ std::string estimate_to_table(const Estimate& e, const std::string& requested) {
            format_gb(s.layers.front().saved_bytes) + "; layer " +
            std::to_string(s.layers.front().index) + ", policy " + s.layers.front().policy + ")\n";
   out += verdict(e);
-  if (!s.live_at_peak.empty()) {
-    out += "\nlive tensors at the peak of rank " + std::to_string(e.peak_rank) + " (" + s.peak_at +
-           "), largest first:\n";
-    for (const LiveTensor& t : s.live_at_peak) {
-      char buf[512];
-      std::snprintf(buf, sizeof buf, "  %-12s %20s  %s\n", name_of(t.category),
-                    format_int(t.bytes).c_str(), t.name.c_str());
-      out += buf;
-    }
-  }
+  if (!s.live_at_peak.empty()) out += live_at_peak_table(e, s, verbose);
   return out;
 }
 

@@ -13,6 +13,8 @@ nlohmann::json setup_to_json(const TrainSpec& t);
 nlohmann::json model_to_json(const ModelSpec& m, int64_t parameters);
 nlohmann::json estimate_to_json(const Estimate& e);
 // `requested` is the model name the user typed (shown when it was an alias).
-std::string estimate_to_table(const Estimate& e, const std::string& requested);
+// `verbose`: every live tensor at the peak (with --explain-peak), not only their groups.
+std::string estimate_to_table(const Estimate& e, const std::string& requested,
+                              bool verbose = false);
 
 }  // namespace np

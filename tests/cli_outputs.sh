@@ -284,7 +284,13 @@ if [ "$RC" -eq 0 ] && cmp -s "$TMP/plan.json" "$TMP/plandash.out"; then ok "plan
 # ---- --explain-peak ----------------------------------------------------------------------------
 run explain estimate --model llama-70b --tp 8 --budget 80GB --explain-peak
 expect_rc0 "--explain-peak: exit 0" explain
-contains "--explain-peak lists the live tensors" "$TMP/explain.out" "live tensors at the peak"
+contains "--explain-peak groups the live tensors" "$TMP/explain.out" "by category and block, largest first"
+# Grouped: one line per category (at most 5), not one per tensor; --verbose adds every tensor.
+groups=$(sed -n '/^live at the peak/,/^$/p' "$TMP/explain.out" | grep -cE "^  (weights|gradients|optimizer|activations|transient) ")
+if [ "$groups" -ge 3 ] && [ "$groups" -le 5 ]; then ok "--explain-peak: $groups category lines"; else fail "--explain-peak: $groups category lines (want 3-5)"; fi
+if grep -qF "every tensor, largest first" "$TMP/explain.out"; then fail "--explain-peak without --verbose lists every tensor"; else ok "--explain-peak without --verbose: groups only"; fi
+run explainv estimate --model llama-70b --tp 8 --budget 80GB --explain-peak --verbose
+if [ "$(grep -c "^    weights " "$TMP/explainv.out")" -gt 100 ]; then ok "--explain-peak --verbose lists every tensor"; else fail "--explain-peak --verbose lists every tensor"; fi
 run explainj estimate --model llama-70b --tp 8 --budget 80GB --explain-peak --format json
 pycheck "--explain-peak JSON has live_at_peak on the peak rank" "$TMP/explainj.out" '
 r = [x for x in j["ranks"] if x["pp_stage"] == j["peak_stage"]][0]
@@ -293,7 +299,7 @@ need(len(live) > 0, "no live_at_peak entries")
 need(all(t["bytes"] > 0 and t["name"] for t in live), "live tensor without bytes or name")
 '
 run noexplain estimate --model llama-70b --tp 8 --budget 80GB
-if grep -qF "live tensors at the peak" "$TMP/noexplain.out"; then fail "without --explain-peak no live tensor list"; else ok "without --explain-peak no live tensor list"; fi
+if grep -qF "live at the peak" "$TMP/noexplain.out"; then fail "without --explain-peak no live tensor list"; else ok "without --explain-peak no live tensor list"; fi
 
 # ---- model sources -----------------------------------------------------------------------------
 mkdir -p "$TMP/catalog"

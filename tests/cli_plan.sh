@@ -27,7 +27,9 @@ check "auto's setup line does not claim one all-gather flag" 'grep -q "recompute
 "$NP" estimate --model llama-3.1-70b --tp 8 --pp 4 --dp 4 --zero 1 --budget 80GB >"$TMP/keep.txt" 2>&1
 check "Megatron: kept all-gathers are named not expressible" 'grep -q "not expressible: the plan keeps 161 of 161 all-gathered tensors" "$TMP/keep.txt"'
 check "nanotron: the kept all-gathers are tp_recompute_allgather: false" 'grep -q "tp_recompute_allgather: false" "$TMP/keep.txt"'
-check "named policies placed on the frontier" 'grep -q "full (nanotron recompute_layer): dominated by option" "$TMP/auto.txt"'
+check "no planner jargon by default" '! grep -q "minimum cut" "$TMP/auto.txt" && grep -q "(--verbose: the layer options" "$TMP/auto.txt"'
+"$NP" estimate "${S[@]}" --budget "$mid" --verbose >"$TMP/autov.txt" 2>&1
+check "--verbose: named policies placed on the frontier" 'grep -q "full (nanotron recompute_layer): dominated by option" "$TMP/autov.txt"'
 
 "$NP" estimate "${S[@]}" --budget "$mid" --format json >"$TMP/auto.json"
 python3 - "$TMP/auto.json" "$mid" <<'PY' && ok "auto JSON plan keys, peaks within budget, faster than full" || fail "auto JSON plan keys"
@@ -56,6 +58,25 @@ PY
 
 "$NP" estimate "${S[@]}" --recompute auto >"$TMP/o" 2>"$TMP/e"; rc=$?
 check "auto without a budget is bad input" '[ $rc -eq 2 ] && grep -q "needs a budget" "$TMP/e"'
+
+# Step time for every policy, labelled as the model's; in JSON with its source.
+for r in none selective full; do
+  "$NP" estimate "${S[@]}" --recompute $r >"$TMP/named.txt" 2>&1
+  check "estimate --recompute $r prints its predicted step time" 'grep -qE "^predicted step time \(cost model\) [0-9.]+ s" "$TMP/named.txt" && grep -qF "  on h100-sxm-80gb (the default; --gpu picks another)" "$TMP/named.txt"'
+done
+"$NP" estimate "${S[@]}" --recompute full --gpu a100 --format json >"$TMP/named.json"
+python3 - "$TMP/named.json" <<'PY' && ok "estimate JSON: step_time with its hardware and source" || fail "estimate JSON step_time"
+import json, sys
+t = json.load(open(sys.argv[1]))["step_time"]
+assert t["seconds"] > 0 and 0 < t["mfu"] < t["hfu"] < 1 and t["recompute_seconds"] > 0, t
+assert t["hardware"] == "a100-80gb" and "cost model" in t["source"], t
+PY
+
+# A plan with many custom options (405B, tp 8 pp 16): short per-stage lines, options spelled out
+# once in a legend.
+"$NP" estimate --model llama-3.1-405b --tp 8 --pp 16 --gpu h100 --microbatches 32 --pp-schedule 1f1b >"$TMP/405.txt" 2>&1
+check "405B plan: 16 stage lines, none over 100 characters" '[ "$(grep -cE "^  stage [0-9]+: layers" "$TMP/405.txt")" -eq 16 ] && [ "$(grep -E "^  stage [0-9]+: layers" "$TMP/405.txt" | awk "length > 100" | wc -l)" -eq 0 ]'
+check "405B plan: a legend of the custom options" 'grep -q "^  legend:" "$TMP/405.txt" && grep -qE "^    c1 = re-runs (attn|mlp)\." "$TMP/405.txt"'
 
 # Sweep.
 "$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 4096 >"$TMP/sw.txt" 2>"$TMP/sw.err"; rc=$?
@@ -96,7 +117,7 @@ first_row=$(grep -m1 -E "^ +1 " "$TMP/swc.txt")
 # shellcheck disable=SC2086
 "$NP" $first_cmd >"$TMP/again.txt" 2>&1
 row_step=$(echo "$first_row" | awk '{print $10}')
-check "the first row's command gives its step time ($row_step s)" 'grep -q "predicted step time $row_step s" "$TMP/again.txt"'
+check "the first row's command gives its step time ($row_step s)" 'grep -q "predicted step time (cost model) $row_step s" "$TMP/again.txt"'
 "$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 4096 --pp-schedule afab,1f1b --top 5 --format csv >"$TMP/sw.csv"
 python3 - "$TMP/sw.csv" "$TMP/sw.json" <<'PY' && ok "sweep CSV: header, 5 rows, both schedules searched, commands" || fail "sweep CSV"
 import csv, json, sys

@@ -56,7 +56,7 @@ struct Flags {
   std::string sweep_virtual = "1";        // sweep: chunk counts to try
   std::string sweep_cp = "1";             // sweep: context-parallel degrees to try
   int zero = 0;
-  bool explain_peak = false;
+  bool explain_peak = false, verbose = false;
   // run
   std::string plan_path, scenario, backend = "cpu", enforce_budget;
   int steps = 1;
@@ -181,7 +181,10 @@ void add_setup_flags(CLI::App* app, Flags& f, bool model_required = true) {
       "--gpu", f.gpu,
       "GPU whose memory is the budget (nanoplan gpus): h100, h200, a100-80gb, b200, ...");
   app->add_option("--format", f.format, "table, json")->capture_default_str();
-  app->add_flag("--explain-peak", f.explain_peak, "list the live tensors at the peak");
+  app->add_flag("--explain-peak", f.explain_peak,
+                "the live tensors at the peak, by category and block");
+  app->add_flag("--verbose", f.verbose,
+                "details: every live tensor with --explain-peak, the layer options of an auto plan");
   app->add_option("--cuda-context", f.cuda_context,
                   "assumed CUDA context bytes per GPU (default 512MiB)");
   app->add_option("--cublas-workspace", f.cublas_workspace,
@@ -364,7 +367,8 @@ int run_estimate_auto(const Flags& f, const Resolved& r, int64_t budget) {
     j["plan"] = np::auto_plan_json(plan);
     std::cout << j.dump(2) << "\n";
   } else {
-    std::cout << np::estimate_to_table(plan.estimate, f.model) << np::auto_plan_table(plan, budget);
+    std::cout << np::estimate_to_table(plan.estimate, f.model, f.verbose)
+              << np::auto_plan_table(plan, budget, f.verbose);
   }
   return 0;
 }
@@ -376,10 +380,23 @@ int run_estimate(const Flags& f) {
       .budget = make_budget(f), .suggestions = true, .explain_peak = f.explain_peak};
   np::Estimate e = np::estimate(r.model, r.setup, make_runtime(f), opt);
   e.headroom = headroom_of(f);
-  if (f.format == "json")
-    std::cout << np::estimate_to_json(e).dump(2) << "\n";
-  else
-    std::cout << np::estimate_to_table(e, f.model);
+  np::HardwareModel hw = make_hardware(f);
+  np::StepTime time = np::named_step_time(r.model, r.setup, hw);
+  if (f.format == "json") {
+    nlohmann::json j = np::estimate_to_json(e);
+    j["step_time"] = {{"seconds", time.seconds},
+                      {"recompute_seconds", time.recompute_seconds},
+                      {"mfu", time.mfu},
+                      {"hfu", time.hfu},
+                      {"tokens_per_second", time.tokens_per_second},
+                      {"hardware", hw.name},
+                      {"source", "cost model (planner/cost.hpp), not a measurement"}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << np::estimate_to_table(e, f.model, f.verbose) << "\n"
+              << np::step_time_line(time) << "  on " << hw.name
+              << (f.gpu.empty() ? " (the default; --gpu picks another)" : "") << "\n";
+  }
   return 0;
 }
 
