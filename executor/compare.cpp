@@ -188,8 +188,8 @@ std::string comparison_table(const RunComparison& c) {
   std::string out = c.title + "\n";
   const bool cp = c.setup.cp > 1;  // a CP column only where there is context parallelism
   out += std::string("  rank  stage  dp  ") + (cp ? "cp  " : "") +
-         "tp   predicted peak B    measured peak B   difference   (weights / grads / optim / "
-         "activ / transient, measured)\n";
+         "tp   predicted peak B    measured peak B   difference   (the plan's tensors, no runtime "
+         "overheads; weights / grads / optim / activ / transient, measured)\n";
   for (const RankComparison& r : c.ranks) {
     char buf[512];
     const auto& m = r.measured_at_peak;

@@ -46,7 +46,9 @@ assert p["step_seconds"] < p["step_seconds_recompute_layer"]
 assert p["recompute_seconds"] > 0
 PY
 
-"$NP" plan "${S[@]}" --budget "$mid" -o "$TMP/plan.json" 2>/dev/null
+"$NP" plan "${S[@]}" --budget "$mid" -o "$TMP/plan.json" 2>"$TMP/plan.err"
+check "plan names its two peaks: per GPU, and the plan's tensors that run compares" \
+  'grep -qE "peak per GPU .* on rank [0-9]+: the plan.s tensors [0-9.]+ [GM]iB \(what run compares\) \+ runtime overheads [0-9.]+ [GM]iB" "$TMP/plan.err"'
 python3 - "$TMP/plan.json" <<'PY' && ok "plan file carries every layer's option" || fail "plan file carries every layer's option"
 import json, sys
 j = json.load(open(sys.argv[1]))

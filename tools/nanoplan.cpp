@@ -414,10 +414,18 @@ int run_plan(const Flags& f) {
   }
   if (auto e = np::write_plan(s, f.output)) die(e->message);
   np::Estimate e = np::estimate_schedule(s, rt, {.budget = budget, .suggestions = false});
-  std::fprintf(stderr, "nanoplan: wrote %s (%s); peak %s on rank %lld\n", f.output.c_str(),
+  // Two peaks, said apart: the GPU's (the estimate's, with the runtime overheads) and the
+  // allocator tensors' alone (what `run` measures and compares).
+  int64_t overheads = 0;
+  for (const np::OverheadLine& o : e.stages[e.peak_stage].overheads) overheads += o.bytes;
+  std::fprintf(stderr,
+               "nanoplan: wrote %s (%s); peak per GPU %s on rank %lld: the plan's tensors %s "
+               "(what run compares) + runtime overheads %s\n",
+               f.output.c_str(),
                np::count_noun(static_cast<int64_t>(s.stages.size()), "stage program").c_str(),
-               np::format_human(e.peak_bytes).c_str(),
-               static_cast<long long>(e.peak_rank));
+               np::format_human(e.peak_bytes).c_str(), static_cast<long long>(e.peak_rank),
+               np::format_binary(e.peak_bytes - overheads).c_str(),
+               np::format_binary(overheads).c_str());
   return 0;
 }
 
