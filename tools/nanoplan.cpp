@@ -8,6 +8,7 @@
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -82,9 +83,19 @@ T check(np::Result<T> r) {
   return std::move(*r);
 }
 
+// The model catalog: --models-dir, $NANOPLAN_MODELS_DIR, the installed catalog beside the binary
+// (<prefix>/bin/nanoplan -> <prefix>/share/nanoplan/models, cmake --install), else the source
+// tree's models/.
 std::string models_dir(const Flags& f) {
   if (!f.models_dir.empty()) return f.models_dir;
   if (const char* env = std::getenv("NANOPLAN_MODELS_DIR")) return env;
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec && exe.parent_path().filename() == NANOPLAN_INSTALL_BINDIR) {
+    std::filesystem::path installed =
+        exe.parent_path().parent_path() / NANOPLAN_INSTALL_DATADIR / "nanoplan" / "models";
+    if (std::filesystem::is_directory(installed, ec)) return installed.string();
+  }
   return std::string(NANOPLAN_SOURCE_DIR) + "/models";
 }
 
