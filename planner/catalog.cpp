@@ -133,8 +133,12 @@ Result<ModelSpec> hf_config_from_text(const std::string& text, const std::string
   if (!j) return j.error();
   if (!j->is_object())
     return make_error(path + ":1: a Hugging Face config.json must be a JSON object");
+  return hf_config_from_json(*j, path);
+}
+
+Result<ModelSpec> hf_config_from_json(const nlohmann::json& j, const std::string& path) {
   try {
-    return hf_model(*j, path);
+    return hf_model(j, path);
   } catch (const std::invalid_argument& e) {
     return make_error(path + ": " + e.what());
   }

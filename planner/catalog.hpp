@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "planner/result.hpp"
 #include "planner/spec.hpp"
 
@@ -25,6 +27,8 @@ Result<ModelSpec> load_hf_config(const std::string& path);
 // The same from text already read (`path` names it in errors): what the fuzz targets call.
 Result<ModelSpec> model_toml_from_text(const std::string& text, const std::string& path);
 Result<ModelSpec> hf_config_from_text(const std::string& text, const std::string& path);
+// The same from a parsed object (a nanotron config's model_config; `path` names it in errors).
+Result<ModelSpec> hf_config_from_json(const nlohmann::json& j, const std::string& path);
 Result<std::vector<ModelSpec>> load_model_catalog(const std::string& dir);  // sorted by name
 Result<std::vector<GpuSpec>> load_gpu_catalog(const std::string& path);
 

@@ -307,7 +307,10 @@ std::string estimate_to_table(const Estimate& e, const std::string& requested, b
     out += "\nsaved for backward per layer per micro-batch: " +
            format_binary(s.layers.front().saved_bytes) + " (" +
            format_gb(s.layers.front().saved_bytes) + "; layer " +
-           std::to_string(s.layers.front().index) + ", policy " + s.layers.front().policy + ")\n";
+           std::to_string(s.layers.front().index) + ", policy " +
+           (s.layers.front().policy.rfind("custom", 0) == 0 ? std::string("custom, see the plan")
+                                                             : s.layers.front().policy) +
+           ")\n";
   out += verdict(e);
   if (!s.live_at_peak.empty()) out += live_at_peak_table(e, s, verbose);
   return out;

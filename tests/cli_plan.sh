@@ -80,6 +80,20 @@ PY
 check "405B plan: 16 stage lines, none over 100 characters" '[ "$(grep -cE "^  stage [0-9]+: layers" "$TMP/405.txt")" -eq 16 ] && [ "$(grep -E "^  stage [0-9]+: layers" "$TMP/405.txt" | awk "length > 100" | wc -l)" -eq 0 ]'
 check "405B plan: a legend of the custom options" 'grep -q "^  legend:" "$TMP/405.txt" && grep -qE "^    c1 = re-runs (attn|mlp)\." "$TMP/405.txt"'
 
+# Configs in and out: a nanotron config (flags given too override it), Megatron-LM arguments, and
+# the plan's closest config emitted.
+CFG="$SRC_DIR/tests/data/nanotron_llama3_8b.yaml"
+"$NP" estimate --nanotron-config "$CFG" --gpu h100 >"$TMP/cfg.txt" 2>&1; rc=$?
+check "--nanotron-config: the config's setup" '[ $rc -eq 0 ] && grep -q "^setup: tp 2 (sp on) x pp 2 x dp 4 = 16 GPUs; micro-batch 2 x seq 8192, 8 micro-batches per step, 1f1b" "$TMP/cfg.txt" && grep -q "recompute none, tp_recompute_allgather true; grads fp32; adamw, ZeRO-1" "$TMP/cfg.txt"'
+"$NP" estimate --nanotron-config "$CFG" --gpu h100 --tp 4 --recompute full >"$TMP/cfg4.txt" 2>&1
+check "--nanotron-config: flags given override it" 'grep -q "^setup: tp 4 (sp on) x pp 2 x dp 4 = 32 GPUs" "$TMP/cfg4.txt" && grep -q "recompute full" "$TMP/cfg4.txt"'
+"$NP" estimate --nanotron-config "$CFG" --gpu h100 --recompute auto --emit nanotron >"$TMP/emit.yaml" 2>&1; rc=$?
+check "--emit nanotron: a YAML fragment of the plan" '[ $rc -eq 0 ] && grep -q "^  recompute_layer: " "$TMP/emit.yaml" && grep -q "^  batch_accumulation_per_replica: 8$" "$TMP/emit.yaml" && ! grep -q "per-GPU memory" "$TMP/emit.yaml"'
+"$NP" estimate --model llama-3.1-70b --dp 8 --gpu h100 --megatron-args "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --sequence-parallel --micro-batch-size 1 --global-batch-size 512 --seq-length 4096 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --use-distributed-optimizer" >"$TMP/meg.txt" 2>&1; rc=$?
+check "--megatron-args: the arguments' setup" '[ $rc -eq 0 ] && grep -q "^setup: tp 8 (sp on) x pp 4 x dp 8 = 256 GPUs; micro-batch 1 x seq 4096, 64 micro-batches per step, 1f1b" "$TMP/meg.txt" && grep -q "recompute full" "$TMP/meg.txt" && grep -q "ZeRO-1" "$TMP/meg.txt"'
+"$NP" estimate --model llama-3.1-70b --dp 8 --gpu h100 --megatron-args "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --sequence-parallel --micro-batch-size 1 --global-batch-size 512 --seq-length 4096" --recompute auto --emit megatron >"$TMP/emit.flags" 2>&1; rc=$?
+check "--emit megatron: one line of flags, then comments" '[ $rc -eq 0 ] && head -1 "$TMP/emit.flags" | grep -q "^--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --sequence-parallel --micro-batch-size 1 --global-batch-size 512 --seq-length 4096" && [ "$(grep -vc "^#" "$TMP/emit.flags")" -eq 1 ]'
+
 # Sweep.
 "$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 4096 >"$TMP/sw.txt" 2>"$TMP/sw.err"; rc=$?
 check "sweep exits 0" '[ $rc -eq 0 ]'
@@ -96,7 +110,7 @@ for t in top:
     s = t["setup"]
     assert s["tp"] * s["pp"] * s["dp"] == 8 and t["peak_bytes"] <= j["budget_bytes"] and s["recompute"] == "auto"
 PY
-bad() { "$NP" "$@" >"$TMP/bo" 2>"$TMP/be"; local rc=$?; if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/be")" -eq 1 ]; then ok "bad sweep input: $*"; else fail "bad sweep input: $* (rc $rc: $(cat "$TMP/be"))"; fi; }
+bad() { "$NP" "$@" >"$TMP/bo" 2>"$TMP/be"; local rc=$?; if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/be")" -eq 1 ]; then ok "bad input: $*"; else fail "bad input: $* (rc $rc: $(cat "$TMP/be"))"; fi; }
 bad sweep --model llama-3.1-8b --gpus 0 --budget 40GB
 bad sweep --model llama-3.1-8b --gpus 8
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40XB
@@ -107,6 +121,10 @@ bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --pp-schedule interleaved
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --pp-schedule afab,2f2b
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --format xml
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --headroom 60%
+bad estimate --nanotron-config "$CFG" --model llama-3.1-8b
+bad estimate --nanotron-config "$TMP/missing.yaml"
+bad estimate --nanotron-config "$CFG" --emit deepspeed
+bad estimate --model llama-3.1-70b --megatron-args "--num-layers 81"
 
 # Every row carries the estimate command that reproduces it: the same schedule, plan, step time
 # and peak (sweep and estimate share their defaults; the command names every swept flag).

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -31,6 +32,8 @@
 #endif
 #include "executor/runner.hpp"
 #include "planner/autoplan.hpp"
+#include "planner/configs.hpp"
+#include "planner/read_file.hpp"
 #include "planner/catalog.hpp"
 #include "planner/estimate.hpp"
 #include "planner/graph.hpp"
@@ -51,6 +54,8 @@ struct Flags {
   std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, nccl_buffers,
       allocator_slack, capacity_factor;
   std::string headroom = "3%";  // of the budget, or bytes
+  std::string nanotron_config, megatron_args, emit;
+  std::set<std::string> given;  // the options given on the command line ("--tp", ...)
   int64_t tp = 1, pp = 1, dp = 1, ep = 1, cp = 1, micro_batch = 1, seq_len = 4096;
   std::optional<int64_t> microbatches;    // default: pp
   std::optional<int64_t> virtual_stages;  // default: 2 under interleaved, else 1
@@ -137,11 +142,21 @@ void add_headroom_flag(CLI::App* app, Flags& f) {
       ->capture_default_str();
 }
 
-void add_setup_flags(CLI::App* app, Flags& f, bool model_required = true) {
-  auto* model =
-      app->add_option("--model", f.model,
-                      "model name or alias (nanoplan models), or a path to a .toml or config.json");
-  if (model_required) model->required();
+// The setup flags of estimate, plan and run (--model is checked by resolve: a config may name the
+// model instead).
+void add_setup_flags(CLI::App* app, Flags& f) {
+  app->add_option("--model", f.model,
+                  "model name or alias (nanoplan models), or a path to a .toml or config.json");
+  app->add_option("--nanotron-config", f.nanotron_config,
+                  "a nanotron training config (YAML): the model (model.model_config), "
+                  "parallelism, tokens and optimizer settings; flags given too override it");
+  app->add_option("--megatron-args", f.megatron_args,
+                  "Megatron-LM arguments, quoted: parallel sizes, batch, --seq-length, recompute "
+                  "flags (the model comes from --model; shape flags are checked against it; "
+                  "--dp gives the data-parallel degree the global batch is over)");
+  app->add_option("--emit", f.emit,
+                  "print the plan's closest config instead of the report: nanotron (a YAML "
+                  "fragment) or megatron (flags)");
   add_int(app, "--tp", f.tp, "tensor-parallel degree");
   add_int(app, "--pp", f.pp, "pipeline-parallel degree");
   add_int(app, "--dp", f.dp, "data-parallel degree");
@@ -350,16 +365,77 @@ struct Resolved {
   np::TrainSpec setup;
 };
 
+// A setup read from a config, with every setup flag given on the command line applied over it.
+np::TrainSpec override_with_flags(const np::ConfigSetup& c, const Flags& f) {
+  np::TrainSpec t = c.setup;
+  const np::TrainSpec flags = make_setup(f);
+  auto given = [&](const char* flag) { return f.given.count(flag) > 0; };
+  if (given("--tp")) t.tp = flags.tp;
+  if (given("--pp")) t.pp = flags.pp;
+  if (given("--dp")) t.dp = flags.dp;
+  if (given("--ep")) t.ep = flags.ep;
+  if (given("--cp")) t.cp = flags.cp;
+  if (given("--sp")) t.sp = flags.sp;
+  if (given("--zero")) t.zero = flags.zero;
+  if (given("--micro-batch")) t.micro_batch = flags.micro_batch;
+  if (given("--seq-len")) t.seq_len = flags.seq_len;
+  if (given("--microbatches")) t.microbatches = flags.microbatches;
+  if (given("--pp-schedule") || given("--virtual-stages"))
+    t.pp_schedule = flags.pp_schedule, t.virtual_stages = flags.virtual_stages;
+  if (given("--attention")) t.attention = flags.attention;
+  if (given("--grad-accum-dtype")) t.grad_dtype = flags.grad_dtype;
+  if (given("--optimizer")) t.optimizer = flags.optimizer;
+  if (given("--tp-recompute-allgather")) t.tp_recompute_allgather = flags.tp_recompute_allgather;
+  if (given("--partition")) t.stage_layers = flags.stage_layers;
+  if (given("--moe-capacity-factor")) t.moe_capacity_factor = flags.moe_capacity_factor;
+  // The recompute policy: the flag, else the config's, else the flags' default (auto with a
+  // budget).
+  if (given("--recompute") || !c.given.count("--recompute")) t.recompute = flags.recompute;
+  if (t.tp == 1) t.sp = false;
+  return t;
+}
+
 Resolved resolve(const Flags& f) {
   if (!f.budget.empty() && !f.gpu.empty())
     die("--budget and --gpu both set the budget; give one of them");
   if (f.format != "table" && f.format != "json")
     die("invalid --format " + np::quote_input(f.format) + " (valid: table, json)");
+  if (!f.emit.empty() && f.emit != "nanotron" && f.emit != "megatron")
+    die("invalid --emit " + np::quote_input(f.emit) + " (valid: nanotron, megatron)");
+  if (!f.nanotron_config.empty() && !f.megatron_args.empty())
+    die("--nanotron-config and --megatron-args both give the setup; give one of them");
+  if (!f.nanotron_config.empty()) {
+    if (!f.model.empty())
+      die("--model and --nanotron-config both name the model (the config's model.model_config); "
+          "give one of them");
+    std::string text = check(np::read_text_file(f.nanotron_config, "nanotron config"));
+    np::ConfigSetup c = check(np::nanotron_config(text, f.nanotron_config));
+    np::ModelSpec m = *c.model;
+    m.name = std::filesystem::path(f.nanotron_config).stem().string();
+    if (!np::is_model_name(m.name)) m.name = "nanotron-config";
+    m.display_name = "nanotron config " + std::filesystem::path(f.nanotron_config).filename().string();
+    np::TrainSpec t = override_with_flags(c, f);
+    if (auto e = np::validate_setup(m, t)) die(f.nanotron_config + ": " + e->message);
+    return {m, t};
+  }
+  if (f.model.empty())
+    die("--model is required (a catalog name or alias, a .toml or config.json path), or give "
+        "--nanotron-config FILE");
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   np::ModelSpec m = check(np::resolve_model(catalog, f.model));
   np::TrainSpec t = make_setup(f);
+  if (!f.megatron_args.empty())
+    t = override_with_flags(check(np::megatron_args(f.megatron_args, m, f.dp)), f);
   if (auto e = np::validate_setup(m, t)) die(e->message);
   return {m, t};
+}
+
+// --emit: the plan's closest nanotron YAML or Megatron flags, on stdout.
+int emit_config(const Flags& f, const Resolved& r) {
+  np::Schedule s = np::schedule_for_setup(r.model, r.setup, make_runtime(f), make_budget(f),
+                                          make_hardware(f), plan_options(f));
+  std::cout << (f.emit == "nanotron" ? np::emit_nanotron(s) : np::emit_megatron(s));
+  return 0;
 }
 
 int run_estimate_auto(const Flags& f, const Resolved& r, int64_t budget) {
@@ -386,6 +462,7 @@ int run_estimate_auto(const Flags& f, const Resolved& r, int64_t budget) {
 
 int run_estimate(const Flags& f) {
   Resolved r = resolve(f);
+  if (!f.emit.empty()) return emit_config(f, r);
   if (r.setup.recompute == np::Recompute::kAuto) return run_estimate_auto(f, r, *make_budget(f));
   np::EstimateOptions opt{
       .budget = make_budget(f), .suggestions = true, .explain_peak = f.explain_peak};
@@ -413,6 +490,7 @@ int run_estimate(const Flags& f) {
 
 int run_plan(const Flags& f) {
   Resolved r = resolve(f);
+  if (!f.emit.empty()) return emit_config(f, r);
   std::optional<int64_t> budget = make_budget(f);
   np::RuntimeAssumptions rt = make_runtime(f);
   np::Schedule s =
@@ -812,7 +890,7 @@ int main(int argc, char** argv) {
   CLI::App* run = app.add_subcommand(
       "run",
       "execute a plan (or a setup, or a scenario) and compare predicted with measured peak memory");
-  add_setup_flags(run, f, false);
+  add_setup_flags(run, f);
   run->add_option("plan", f.plan_path, "plan file written by nanoplan plan");
   run->add_option("--scenario", f.scenario,
                   "scenario file (scenarios/*.toml): run its whole setup matrix");
@@ -871,7 +949,11 @@ int main(int argc, char** argv) {
       what += " (valid: estimate, plan, run, sweep, models, gpus)";
     die(what + "; see nanoplan --help");
   }
-  for (CLI::App* sub : app.get_subcommands()) refuse_empty_values(sub);
+  for (CLI::App* sub : app.get_subcommands()) {
+    refuse_empty_values(sub);
+    for (const CLI::Option* o : sub->get_options())
+      if (o->count() > 0) f.given.insert(o->get_name());
+  }
   try {
     if (est->parsed()) return run_estimate(f);
     if (plan->parsed()) return run_plan(f);

@@ -1,0 +1,531 @@
+// nanotron YAML and Megatron-LM arguments in, the closest of each out (configs.hpp).
+#include "planner/configs.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "planner/catalog.hpp"
+#include "planner/units.hpp"
+
+namespace np {
+namespace {
+
+// yaml-cpp's messages may quote a byte of the input: one printable line, bounded.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (char c : s.substr(0, 200))
+    out += static_cast<unsigned char>(c) >= 0x20 && static_cast<unsigned char>(c) < 0x7f ? c : '?';
+  return out;
+}
+
+struct ConfigError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// yaml-cpp parses nesting recursively: deeper input than any config has is refused before it
+// parses (flow brackets, and block indentation with its "- " and "? " markers).
+constexpr int kMaxNesting = 64;
+bool too_deep(const std::string& text) {
+  int flow = 0;
+  bool line_start = true;
+  int column = 0;
+  for (char ch : text) {
+    if (ch == '\n') {
+      line_start = true, column = 0;
+      continue;
+    }
+    if (line_start && (ch == ' ' || ch == '-' || ch == '?' || ch == '\t')) {
+      if (++column > 2 * kMaxNesting) return true;
+      continue;
+    }
+    line_start = false;
+    if (ch == '[' || ch == '{') {
+      if (++flow > kMaxNesting) return true;
+    } else if ((ch == ']' || ch == '}') && flow > 0) {
+      --flow;
+    }
+  }
+  return false;
+}
+
+// A YAML scalar or tree as JSON (numbers, booleans and null by their YAML spelling); `budget`
+// bounds the nodes visited (aliases could repeat a subtree exponentially).
+nlohmann::json to_json(const YAML::Node& n, int& budget) {
+  if (--budget < 0) throw ConfigError("too many nodes (aliases repeat a subtree?)");
+  if (n.IsMap()) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& kv : n) {
+      if (!kv.first.IsScalar()) throw ConfigError("a mapping key that is not a string");
+      j[kv.first.Scalar()] = to_json(kv.second, budget);
+    }
+    return j;
+  }
+  if (n.IsSequence()) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& v : n) j.push_back(to_json(v, budget));
+    return j;
+  }
+  if (!n.IsScalar()) return nullptr;
+  if (n.Tag() == "!") return n.Scalar();  // quoted: a string whatever it spells
+  const std::string& s = n.Scalar();
+  if (s == "null" || s == "~" || s.empty()) return nullptr;
+  if (s == "true" || s == "True") return true;
+  if (s == "false" || s == "False") return false;
+  try {
+    size_t used = 0;
+    long long i = std::stoll(s, &used);
+    if (used == s.size()) return i;
+    double d = std::stod(s, &used);
+    if (used == s.size()) return d;
+  } catch (const std::exception&) {
+  }
+  return s;
+}
+
+// Reads typed values of one YAML map, naming the key in errors ("parallelism.tp").
+class YamlSection {
+ public:
+  YamlSection(const YAML::Node& root, std::string name) : name_(std::move(name)) {
+    n_ = root[name_];
+    if (n_ && !n_.IsNull() && !n_.IsMap()) throw ConfigError(name_ + ": expected a mapping");
+  }
+  bool has(const char* key) const { return n_ && n_.IsMap() && n_[key] && !n_[key].IsNull(); }
+  YAML::Node node(const char* key) const { return n_[key]; }
+  int64_t integer(const char* key, int64_t lo, int64_t hi) const {
+    if (!n_[key].IsScalar())
+      throw ConfigError(name_ + "." + key + ": expected a whole number, got a " +
+                        (n_[key].IsMap() ? "mapping" : "sequence"));
+    int budget = 1;
+    nlohmann::json v = to_json(n_[key], budget);
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+      throw ConfigError(name_ + "." + key + ": expected a whole number from " + format_int(lo) +
+                        " to " + format_int(hi) + ", got " + quote_input(n_[key].Scalar()));
+    return v.get<int64_t>();
+  }
+  bool boolean(const char* key) const {
+    if (!n_[key].IsScalar())
+      throw ConfigError(name_ + "." + key + ": expected true or false, got a " +
+                        (n_[key].IsMap() ? "mapping" : "sequence"));
+    int budget = 1;
+    nlohmann::json v = to_json(n_[key], budget);
+    if (!v.is_boolean())
+      throw ConfigError(name_ + "." + key + ": expected true or false, got " +
+                        quote_input(n_[key].Scalar()));
+    return v.get<bool>();
+  }
+  std::string text(const char* key) const {
+    if (!n_[key].IsScalar()) throw ConfigError(name_ + "." + key + ": expected a string");
+    return n_[key].Scalar();
+  }
+
+ private:
+  std::string name_;
+  YAML::Node n_;
+};
+
+}  // namespace
+
+Result<ConfigSetup> nanotron_config(const std::string& text, const std::string& path) {
+  if (too_deep(text))
+    return make_error(path + ": nested deeper than " + std::to_string(kMaxNesting) +
+                      " levels (a nanotron config nests 4)");
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return make_error(path + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " +
+                      printable(e.msg));
+  }
+  if (!root.IsMap()) return make_error(path + ": a nanotron config must be a YAML mapping");
+  ConfigSetup c;
+  TrainSpec& t = c.setup;
+  try {
+    // The model: model.model_config holds the Hugging Face keys.
+    YAML::Node mc = root["model"] && root["model"].IsMap() ? root["model"]["model_config"] : YAML::Node();
+    if (!mc || !mc.IsMap())
+      throw ConfigError("model.model_config: missing (the model's sizes: hidden_size, "
+                        "num_hidden_layers, ...)");
+    int budget = 100000;
+    nlohmann::json hf = to_json(mc, budget);
+    if (hf.contains("is_qwen2_config") && hf["is_qwen2_config"] == true)
+      hf["model_type"] = hf.contains("moe_config") && !hf["moe_config"].is_null() ? "qwen2_moe" : "qwen2";
+    hf.erase("is_llama_config"), hf.erase("is_qwen2_config");
+    Result<ModelSpec> m = hf_config_from_json(hf, path + ": model.model_config");
+    if (!m) return m.error();
+    c.model = *m;
+    if (root["model"]["dtype"] && root["model"]["dtype"].IsScalar() &&
+        root["model"]["dtype"].Scalar() != "bfloat16")
+      throw ConfigError("model.dtype: " + quote_input(root["model"]["dtype"].Scalar()) +
+                        " (valid: bfloat16; nanoplan counts bf16 weights and activations)");
+
+    YamlSection p(root, "parallelism");
+    auto set = [&](const char* flag) { c.given.insert(flag); };
+    if (p.has("dp")) t.dp = p.integer("dp", 1, 1 << 20), set("--dp");
+    if (p.has("tp")) t.tp = p.integer("tp", 1, 4096), set("--tp");
+    if (p.has("pp")) t.pp = p.integer("pp", 1, 4096), set("--pp");
+    if (p.has("expert_parallel_size")) t.ep = p.integer("expert_parallel_size", 1, 4096), set("--ep");
+    if (p.has("pp_engine")) {
+      std::string e = p.text("pp_engine");
+      if (e == "1f1b" || e == "OneForwardOneBackward")
+        t.pp_schedule = PpSchedule::k1F1B;
+      else if (e == "afab" || e == "AllForwardAllBackward")
+        t.pp_schedule = PpSchedule::kAfab;
+      else
+        throw ConfigError("parallelism.pp_engine: " + quote_input(e) + " (valid: 1f1b, afab)");
+      set("--pp-schedule");
+    }
+    t.sp = t.tp > 1;  // nanotron's default tp_mode is REDUCE_SCATTER
+    if (p.has("tp_mode")) {
+      std::string mode = p.text("tp_mode");
+      if (mode != "REDUCE_SCATTER" && mode != "ALL_REDUCE")
+        throw ConfigError("parallelism.tp_mode: " + quote_input(mode) +
+                          " (valid: REDUCE_SCATTER, ALL_REDUCE)");
+      t.sp = mode == "REDUCE_SCATTER" && t.tp > 1;
+    }
+    set("--sp");
+    if (p.has("recompute_layer"))
+      t.recompute = p.boolean("recompute_layer") ? Recompute::kFull : Recompute::kNone,
+      set("--recompute");
+    if (p.has("tp_recompute_allgather"))
+      t.tp_recompute_allgather = p.boolean("tp_recompute_allgather"), set("--tp-recompute-allgather");
+
+    YamlSection k(root, "tokens");
+    if (k.has("micro_batch_size"))
+      t.micro_batch = k.integer("micro_batch_size", 1, 1 << 24), set("--micro-batch");
+    if (k.has("sequence_length"))
+      t.seq_len = k.integer("sequence_length", 1, 1 << 24), set("--seq-len");
+    if (k.has("batch_accumulation_per_replica"))
+      t.microbatches = k.integer("batch_accumulation_per_replica", 1, 65536), set("--microbatches");
+
+    YamlSection o(root, "optimizer");
+    if (o.has("zero_stage")) t.zero = static_cast<int>(o.integer("zero_stage", 0, 3)), set("--zero");
+    if (o.has("accumulate_grad_in_fp32"))
+      t.grad_dtype = o.boolean("accumulate_grad_in_fp32") ? Dtype::kFp32 : Dtype::kBf16,
+      set("--grad-accum-dtype");
+    if (o.has("optimizer_factory")) {
+      YAML::Node name = root["optimizer"]["optimizer_factory"]["name"];
+      if (name && name.IsScalar()) {
+        std::string n = name.Scalar();
+        if (n == "adamW" || n == "adamw" || n == "adam")
+          t.optimizer = Optimizer::kAdamW;
+        else if (n == "sgd" || n == "SGD")
+          t.optimizer = Optimizer::kSgd;
+        else
+          throw ConfigError("optimizer.optimizer_factory.name: " + quote_input(n) +
+                            " (valid: adamW, sgd)");
+        set("--optimizer");
+      }
+    }
+  } catch (const ConfigError& e) {
+    return make_error(path + ": " + e.what());
+  } catch (const YAML::Exception& e) {
+    return make_error(path + ": " + printable(e.msg));
+  }
+  return c;
+}
+
+Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, int64_t dp) {
+  std::vector<std::string> words;
+  std::istringstream in(args);
+  for (std::string w; in >> w;) words.push_back(w);
+  ConfigSetup c;
+  TrainSpec& t = c.setup;
+  t.dp = dp;
+  int64_t global_batch = 0, vpp_layers = 0, recompute_layers = 0;
+  std::string granularity, method;
+  auto fail = [](const std::string& what) { return make_error("--megatron-args: " + what); };
+  // The model's shape flags, checked against m.
+  const std::map<std::string, int64_t> shape = {{"--num-layers", m.layers},
+                                                {"--hidden-size", m.hidden},
+                                                {"--ffn-hidden-size", m.ffn},
+                                                {"--num-attention-heads", m.heads},
+                                                {"--num-query-groups", m.kv_heads},
+                                                {"--kv-channels", m.head_dim}};
+  const std::set<std::string> switches = {"--sequence-parallel", "--use-distributed-optimizer",
+                                          "--moe-pad-expert-input-to-capacity",
+                                          "--group-query-attention", "--use-flash-attn",
+                                          "--swiglu", "--untie-embeddings-and-output-weights",
+                                          "--disable-bias-linear", "--bf16"};
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (switches.count(w)) {
+      if (w == "--sequence-parallel") t.sp = true, c.given.insert("--sp");
+      if (w == "--use-distributed-optimizer") t.zero = std::max(t.zero, 1), c.given.insert("--zero");
+      if (w == "--use-flash-attn") t.attention = AttentionImpl::kFlash, c.given.insert("--attention");
+      continue;
+    }
+    if (w.rfind("--", 0) != 0) return fail("unexpected " + quote_input(w) + " (flags start with --)");
+    if (i + 1 >= words.size()) return fail(quote_input(w) + " needs a value");
+    if (w == "--recompute-modules") {  // a list: the words up to the next flag
+      std::set<std::string> modules;
+      while (i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0) modules.insert(words[++i]);
+      if (modules != std::set<std::string>{"core_attn"})
+        return fail("--recompute-modules: nanoplan reads core_attn (selective recompute); other "
+                    "modules are per-module plans, which --recompute auto chooses itself");
+      continue;
+    }
+    const std::string& v = words[++i];
+    auto number = [&](int64_t lo, int64_t hi) -> std::optional<int64_t> {
+      Result<int64_t> r = parse_integer(v);
+      if (!r || *r < lo || *r > hi) return std::nullopt;
+      return *r;
+    };
+    auto count_of = [&](const char* flag, int64_t& into, const char* nanoplan_flag) -> bool {
+      if (w != flag) return false;
+      std::optional<int64_t> n = number(1, 1 << 24);
+      if (!n) throw std::invalid_argument(w + " " + quote_input(v) + ": expected a positive whole number");
+      into = *n;
+      if (nanoplan_flag[0]) c.given.insert(nanoplan_flag);
+      return true;
+    };
+    try {
+      if (auto it = shape.find(w); it != shape.end()) {
+        std::optional<int64_t> n = number(1, int64_t{1} << 40);
+        if (!n || *n != it->second)
+          return fail(w + " " + quote_input(v) + " differs from the model " + m.name + " (" +
+                      std::to_string(it->second) + ")");
+        continue;
+      }
+      if (count_of("--tensor-model-parallel-size", t.tp, "--tp") ||
+          count_of("--pipeline-model-parallel-size", t.pp, "--pp") ||
+          count_of("--context-parallel-size", t.cp, "--cp") ||
+          count_of("--expert-model-parallel-size", t.ep, "--ep") ||
+          count_of("--micro-batch-size", t.micro_batch, "--micro-batch") ||
+          count_of("--seq-length", t.seq_len, "--seq-len") ||
+          count_of("--global-batch-size", global_batch, "") ||
+          count_of("--num-layers-per-virtual-pipeline-stage", vpp_layers, "") ||
+          count_of("--recompute-num-layers", recompute_layers, ""))
+        continue;
+    } catch (const std::invalid_argument& e) {
+      return fail(e.what());
+    }
+    if (w == "--recompute-granularity") {
+      if (v != "full" && v != "selective")
+        return fail("--recompute-granularity " + quote_input(v) + " (valid: full, selective)");
+      granularity = v;
+    } else if (w == "--recompute-method") {
+      if (v != "uniform" && v != "block")
+        return fail("--recompute-method " + quote_input(v) + " (valid: uniform, block)");
+      method = v;
+    } else if (w == "--moe-expert-capacity-factor") {
+      char* end = nullptr;
+      double f = std::strtod(v.c_str(), &end);
+      if (*end != '\0' || !(f > 0 && f <= 64))
+        return fail("--moe-expert-capacity-factor " + quote_input(v) + " (valid: (0, 64])");
+      t.moe_capacity_factor = f, c.given.insert("--moe-capacity-factor");
+    } else if (w == "--max-position-embeddings" || w == "--position-embedding-type" ||
+               w == "--normalization" || w == "--tokenizer-type" || w == "--seed" ||
+               w == "--train-iters" || w == "--lr") {
+      // Known; no byte depends on them here.
+    } else {
+      return fail("unknown Megatron-LM argument " + quote_input(w) +
+                  " (read: parallel sizes, --micro-batch-size, --global-batch-size, "
+                  "--seq-length, --sequence-parallel, --use-distributed-optimizer, "
+                  "--recompute-granularity/-method/-num-layers, "
+                  "--num-layers-per-virtual-pipeline-stage, --moe-expert-capacity-factor, "
+                  "and the model's shape flags)");
+    }
+  }
+  t.sp = t.sp && t.tp > 1;
+  if (global_batch > 0) {
+    if (global_batch % (t.micro_batch * dp) != 0)
+      return fail("--global-batch-size " + std::to_string(global_batch) +
+                  " is not a multiple of --micro-batch-size x dp = " +
+                  std::to_string(t.micro_batch * dp));
+    t.microbatches = global_batch / (t.micro_batch * dp);
+    c.given.insert("--microbatches");
+  } else {
+    t.microbatches = std::max<int64_t>(1, t.pp);
+  }
+  t.pp_schedule = t.pp > 1 ? PpSchedule::k1F1B : PpSchedule::kAfab;  // Megatron runs 1F1B
+  c.given.insert("--pp-schedule");
+  if (vpp_layers > 0) {
+    if (m.layers % (vpp_layers * t.pp) != 0)
+      return fail("--num-layers-per-virtual-pipeline-stage " + std::to_string(vpp_layers) +
+                  " does not split " + std::to_string(m.layers) + " layers over pp " +
+                  std::to_string(t.pp));
+    t.virtual_stages = m.layers / (vpp_layers * t.pp);
+    if (t.virtual_stages > 1) t.pp_schedule = PpSchedule::kInterleaved;
+    c.given.insert("--virtual-stages");
+  }
+  if (granularity == "selective") t.recompute = Recompute::kSelective;
+  if (granularity == "full") {
+    // uniform with 1 layer per group, or block over every layer of a stage: every layer; fewer
+    // blocks are per-layer choices the auto planner makes (--recompute auto).
+    int64_t per_stage = m.layers / t.pp;
+    if (method == "block" && recompute_layers > 0 && recompute_layers < per_stage)
+      return fail("--recompute-method block --recompute-num-layers " +
+                  std::to_string(recompute_layers) + " recomputes some layers of each stage; "
+                  "nanoplan reads full recompute of every layer (use --recompute auto for "
+                  "per-layer plans)");
+    t.recompute = Recompute::kFull;
+  }
+  c.given.insert("--recompute");
+  // Megatron's sequence-parallel layers gather again in backward, always.
+  t.tp_recompute_allgather = true;
+  c.given.insert("--tp-recompute-allgather");
+  return c;
+}
+
+namespace {
+
+// A layer block's policy as the set of ops it re-runs.
+std::vector<std::string> recomputed_ops(const StageBlock& b) {
+  std::vector<std::string> out;
+  for (size_t o = 0; o < b.graph->ops.size(); ++o)
+    if (b.policy.recompute[o]) out.push_back(b.graph->ops[o].name);
+  return out;
+}
+
+bool is_gather(const GraphOp& op) {
+  return op.kind == OpKind::kAllGather;
+}
+
+// Megatron's --recompute-modules name of an op of a layer, "" for ops no module covers.
+std::string module_of(const GraphOp& op) {
+  const std::string& n = op.name;
+  if (op.kind == OpKind::kFlashAttention || op.kind == OpKind::kFlashAttentionCp ||
+      op.attention_core)
+    return "core_attn";
+  if (op.kind == OpKind::kRmsNorm || op.kind == OpKind::kLayerNorm) return "layernorm";
+  if (n == "moe.experts.swiglu") return "moe_act";
+  if (n.rfind("moe.", 0) == 0) return "moe";
+  if (n.rfind("mlp.", 0) == 0 && op.kind != OpKind::kReduceScatter &&
+      op.kind != OpKind::kAllReduce && op.kind != OpKind::kDropout && op.kind != OpKind::kAdd)
+    return "mlp";
+  return "";
+}
+
+struct LayerPlans {
+  std::vector<const StageBlock*> layers;
+  bool any_recompute = false, uniform = true, any_regather = false, any_kept_gather = false;
+};
+
+LayerPlans layer_plans(const Schedule& s) {
+  LayerPlans p;
+  for (const StageProgram& st : s.stages)
+    for (const StageBlock& b : st.blocks) {
+      if (b.kind != BlockKind::kLayer) continue;
+      p.layers.push_back(&b);
+      bool gather_only = true;
+      for (size_t o = 0; o < b.graph->ops.size(); ++o) {
+        const GraphOp& op = b.graph->ops[o];
+        if (is_gather(op)) {
+          (b.policy.recompute[o] ? p.any_regather : p.any_kept_gather) = true;
+        } else if (b.policy.recompute[o]) {
+          gather_only = false;
+        }
+      }
+      p.any_recompute |= !gather_only;
+      p.uniform &= recomputed_ops(b) == recomputed_ops(*p.layers.front());
+    }
+  return p;
+}
+
+}  // namespace
+
+std::string emit_nanotron(const Schedule& s) {
+  const TrainSpec& t = s.setup;
+  LayerPlans p = layer_plans(s);
+  std::string out = "# nanotron settings closest to nanoplan's plan for " + s.model.name + "\n";
+  out += "parallelism:\n";
+  out += "  dp: " + std::to_string(t.dp) + "\n  tp: " + std::to_string(t.tp) +
+         "\n  pp: " + std::to_string(t.pp) + "\n";
+  out += std::string("  pp_engine: ") + (t.pp_schedule == PpSchedule::kAfab ? "afab" : "1f1b") + "\n";
+  out += std::string("  tp_mode: ") + (t.sp ? "REDUCE_SCATTER" : "ALL_REDUCE") + "\n";
+  out += "  expert_parallel_size: " + std::to_string(t.ep) + "\n";
+  out += std::string("  recompute_layer: ") + (p.any_recompute ? "true" : "false") + "\n";
+  out += std::string("  tp_recompute_allgather: ") +
+         (p.any_regather || !t.sp || p.any_recompute ? "true" : "false") + "\n";
+  out += "tokens:\n  micro_batch_size: " + std::to_string(t.micro_batch) +
+         "\n  sequence_length: " + std::to_string(t.seq_len) +
+         "\n  batch_accumulation_per_replica: " + std::to_string(t.microbatches) + "\n";
+  out += "optimizer:\n  zero_stage: " + std::to_string(t.zero) +
+         std::string("\n  accumulate_grad_in_fp32: ") + (t.grad_dtype == Dtype::kFp32 ? "true" : "false") + "\n";
+  if (p.any_recompute && !(p.uniform && t.recompute == Recompute::kFull))
+    out += "# not expressible: the plan recomputes parts of some layers; recompute_layer: true "
+           "recomputes every layer in full (more time, less memory)\n";
+  if (p.any_regather && p.any_kept_gather)
+    out += "# not expressible: the plan gathers again in backward for some all-gathers only; "
+           "tp_recompute_allgather is all or none\n";
+  if (t.pp_schedule == PpSchedule::kInterleaved)
+    out += "# not expressible: nanotron has no interleaved schedule (1f1b holds more activations)\n";
+  if (t.cp > 1) out += "# not expressible: nanotron has no context parallelism (cp " + std::to_string(t.cp) + ")\n";
+  if (!t.stage_layers.empty())
+    out += "# not expressible: layers per stage " + format_partition(t.stage_layers) +
+           "; nanotron balances its stages by compute\n";
+  return out;
+}
+
+std::string emit_megatron(const Schedule& s) {
+  const TrainSpec& t = s.setup;
+  LayerPlans p = layer_plans(s);
+  std::string flags = "--tensor-model-parallel-size " + std::to_string(t.tp) +
+                      " --pipeline-model-parallel-size " + std::to_string(t.pp);
+  if (t.sp) flags += " --sequence-parallel";
+  if (t.cp > 1) flags += " --context-parallel-size " + std::to_string(t.cp);
+  if (t.ep > 1) flags += " --expert-model-parallel-size " + std::to_string(t.ep);
+  if (t.pp_schedule == PpSchedule::kInterleaved)
+    flags += " --num-layers-per-virtual-pipeline-stage " +
+             std::to_string(s.model.layers / (t.pp * t.virtual_stages));
+  flags += " --micro-batch-size " + std::to_string(t.micro_batch) + " --global-batch-size " +
+           std::to_string(t.micro_batch * t.microbatches * t.dp) + " --seq-length " +
+           std::to_string(t.seq_len);
+  if (t.zero >= 1) flags += " --use-distributed-optimizer";
+  if (t.moe_capacity_factor > 0) {
+    char f[32];
+    std::snprintf(f, sizeof f, "%g", t.moe_capacity_factor);
+    flags += std::string(" --moe-expert-capacity-factor ") + f +
+             " --moe-pad-expert-input-to-capacity --moe-token-drop-policy position";
+  }
+  if (!t.stage_layers.empty() && t.stage_layers.size() >= 2)
+    flags += " --decoder-first-pipeline-num-layers " + std::to_string(t.stage_layers.front()) +
+             " --decoder-last-pipeline-num-layers " + std::to_string(t.stage_layers.back());
+  std::vector<std::string> notes;
+  if (p.any_recompute) {
+    // The modules the plan re-runs any op of, over every layer; exact when it re-runs all of
+    // each such module's ops in every layer, and nothing outside the modules.
+    std::set<std::string> modules;
+    bool outside = false, partial = !p.uniform;
+    for (const StageBlock* b : p.layers)
+      for (size_t o = 0; o < b->graph->ops.size(); ++o) {
+        const GraphOp& op = b->graph->ops[o];
+        if (!b->policy.recompute[o] || is_gather(op)) continue;
+        std::string mod = module_of(op);
+        if (mod.empty())
+          outside = true;
+        else
+          modules.insert(mod);
+      }
+    for (const StageBlock* b : p.layers)
+      for (size_t o = 0; o < b->graph->ops.size(); ++o)
+        if (modules.count(module_of(b->graph->ops[o])) && !b->policy.recompute[o]) partial = true;
+    if (outside || modules.empty()) {
+      flags += " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1";
+      if (!(p.uniform && t.recompute == Recompute::kFull))
+        notes.push_back("not expressible by module: the plan re-runs ops outside Megatron's "
+                        "recompute modules; full recompute of every layer is the closest that "
+                        "fits (more time)");
+    } else {
+      flags += " --recompute-granularity selective --recompute-modules";
+      for (const std::string& mod : modules) flags += " " + mod;
+      if (partial)
+        notes.push_back("recomputes more than the plan: whole modules in every layer, where the "
+                        "plan re-runs parts of them or only in some layers");
+    }
+  }
+  if (p.any_kept_gather && t.sp)
+    notes.push_back("not expressible: the plan keeps some all-gathered tensors; Megatron's "
+                    "sequence-parallel layers always gather again in backward (more time, less "
+                    "memory)");
+  std::string out = flags + "\n";
+  for (const std::string& n : notes) out += "# " + n + "\n";
+  return out;
+}
+
+}  // namespace np

@@ -1,0 +1,157 @@
+// Configs in and out (planner/configs.hpp): a nanotron YAML config and Megatron-LM arguments read
+// into a model and a setup, bad ones refused with the key named, and the emitted nanotron YAML
+// and Megatron flags read back into the same setup where they express the plan.
+#include <gtest/gtest.h>
+
+#include "planner/configs.hpp"
+#include "planner/read_file.hpp"
+#include "test_util.hpp"
+
+namespace np {
+namespace {
+
+const std::string kConfig = testing::source_dir() + "/tests/data/nanotron_llama3_8b.yaml";
+
+std::string config_text() {
+  return *read_text_file(kConfig);
+}
+
+TEST(NanotronConfig, ReadsModelParallelismTokensAndOptimizer) {
+  Result<ConfigSetup> c = nanotron_config(config_text(), kConfig);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const ModelSpec& m = *c->model;
+  EXPECT_EQ(m.hidden, 4096);
+  EXPECT_EQ(m.ffn, 14336);
+  EXPECT_EQ(m.layers, 32);
+  EXPECT_EQ(m.kv_heads, 8);
+  EXPECT_EQ(m.vocab, 128256);
+  EXPECT_EQ(count_parameters(m), count_parameters(testing::model("llama-3.1-8b")));
+  const TrainSpec& t = c->setup;
+  EXPECT_EQ(t.dp, 4);
+  EXPECT_EQ(t.tp, 2);
+  EXPECT_EQ(t.pp, 2);
+  EXPECT_TRUE(t.sp);  // tp_mode: REDUCE_SCATTER
+  EXPECT_EQ(t.pp_schedule, PpSchedule::k1F1B);
+  EXPECT_EQ(t.micro_batch, 2);
+  EXPECT_EQ(t.seq_len, 8192);
+  EXPECT_EQ(t.microbatches, 8);
+  EXPECT_EQ(t.zero, 1);
+  EXPECT_EQ(t.grad_dtype, Dtype::kFp32);
+  EXPECT_EQ(t.recompute, Recompute::kNone);
+  EXPECT_TRUE(t.tp_recompute_allgather);
+  EXPECT_TRUE(c->given.count("--recompute"));
+  EXPECT_FALSE(validate_setup(m, t));
+}
+
+std::string edited(const std::string& from, const std::string& to) {
+  std::string s = config_text();
+  size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return s.replace(at, from.size(), to);
+}
+
+TEST(NanotronConfig, RefusesBadInputNamingTheKey) {
+  struct Bad {
+    std::string from, to, says;
+  };
+  for (const Bad& b : {Bad{"  tp: 2\n", "  tp: two\n", "parallelism.tp"},
+                       {"  pp_engine: 1f1b\n", "  pp_engine: interleaved\n", "valid: 1f1b, afab"},
+                       {"  tp_mode: REDUCE_SCATTER\n", "  tp_mode: SCATTER\n", "REDUCE_SCATTER, ALL_REDUCE"},
+                       {"  dtype: bfloat16\n", "  dtype: float32\n", "model.dtype"},
+                       {"  zero_stage: 1\n", "  zero_stage: 4\n", "optimizer.zero_stage"},
+                       {"  recompute_layer: false\n", "  recompute_layer: maybe\n", "true or false"},
+                       {"    hidden_act: silu\n", "    hidden_act: relu\n", "hidden_act"},
+                       {"  model_config:\n", "  model_cfg:\n", "model.model_config: missing"},
+                       {"tokens:\n", "tokens: [\n", "not valid YAML"}}) {
+    Result<ConfigSetup> c = nanotron_config(edited(b.from, b.to), kConfig);
+    ASSERT_FALSE(c.ok()) << b.to;
+    EXPECT_NE(c.error().message.find(b.says), std::string::npos) << c.error().message;
+    EXPECT_EQ(c.error().message.rfind(kConfig, 0), 0u) << c.error().message;
+  }
+}
+
+TEST(MegatronArgs, ReadsParallelismBatchAndRecompute) {
+  ModelSpec m = testing::model("llama-3.1-70b");
+  Result<ConfigSetup> c = megatron_args(
+      "--num-layers 80 --hidden-size 8192 --num-attention-heads 64 --tensor-model-parallel-size 8 "
+      "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 5 "
+      "--sequence-parallel --micro-batch-size 1 --global-batch-size 512 --seq-length 4096 "
+      "--recompute-granularity selective --use-distributed-optimizer --bf16",
+      m, 8);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const TrainSpec& t = c->setup;
+  EXPECT_EQ(t.tp, 8);
+  EXPECT_EQ(t.pp, 4);
+  EXPECT_EQ(t.dp, 8);
+  EXPECT_TRUE(t.sp);
+  EXPECT_EQ(t.pp_schedule, PpSchedule::kInterleaved);
+  EXPECT_EQ(t.virtual_stages, 4);  // 80 layers / (4 stages x 5 layers per chunk)
+  EXPECT_EQ(t.microbatches, 64);   // 512 / (1 x 8)
+  EXPECT_EQ(t.zero, 1);
+  EXPECT_EQ(t.recompute, Recompute::kSelective);
+  EXPECT_FALSE(validate_setup(m, t));
+  for (auto [args, says] :
+       {std::pair{"--num-layers 81", "differs from the model"},
+        {"--tensor-model-parallel-size", "needs a value"},
+        {"--frobnicate 3", "unknown Megatron-LM argument"},
+        {"--micro-batch-size 3 --global-batch-size 512", "not a multiple"},
+        {"--recompute-granularity partial", "valid: full, selective"},
+        {"--recompute-granularity full --recompute-method block --recompute-num-layers 2 "
+         "--pipeline-model-parallel-size 4",
+         "recomputes some layers"}}) {
+    Result<ConfigSetup> bad = megatron_args(args, m, 8);
+    ASSERT_FALSE(bad.ok()) << args;
+    EXPECT_NE(bad.error().message.find(says), std::string::npos) << bad.error().message;
+  }
+}
+
+// What a named policy emits reads back into the same setup: nanotron's YAML (with the config's
+// model section) and Megatron's flags.
+TEST(EmitConfig, NamedPoliciesRoundTrip) {
+  Result<ConfigSetup> c = nanotron_config(config_text(), kConfig);
+  ASSERT_TRUE(c.ok());
+  const std::string model = config_text().substr(0, config_text().find("optimizer:"));
+  for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+    TrainSpec t = c->setup;
+    t.recompute = r;
+    Schedule s = build_schedule(*c->model, t);
+    std::string yaml = emit_nanotron(s);
+    Result<ConfigSetup> back = nanotron_config(model + yaml, "emitted");
+    ASSERT_TRUE(back.ok()) << back.error().message << "\n" << yaml;
+    const TrainSpec& b = back->setup;
+    EXPECT_EQ(b.tp, t.tp);
+    EXPECT_EQ(b.pp, t.pp);
+    EXPECT_EQ(b.dp, t.dp);
+    EXPECT_EQ(b.sp, t.sp);
+    EXPECT_EQ(b.micro_batch, t.micro_batch);
+    EXPECT_EQ(b.microbatches, t.microbatches);
+    EXPECT_EQ(b.seq_len, t.seq_len);
+    EXPECT_EQ(b.zero, t.zero);
+    EXPECT_EQ(b.recompute, r);
+    EXPECT_EQ(b.pp_schedule, t.pp_schedule);
+    EXPECT_EQ(yaml.find("not expressible"), std::string::npos) << yaml;
+  }
+  ModelSpec m = testing::model("llama-3.1-70b");
+  for (Recompute r : {Recompute::kFull, Recompute::kSelective}) {
+    TrainSpec t;
+    t.tp = 8, t.sp = true, t.pp = 4, t.dp = 2, t.zero = 1, t.microbatches = 8;
+    t.pp_schedule = PpSchedule::k1F1B, t.recompute = r;
+    t.attention = AttentionImpl::kEager;  // with flash attention, selective keeps the same as none
+    std::string flags = emit_megatron(build_schedule(m, t));
+    std::string line = flags.substr(0, flags.find('\n'));
+    Result<ConfigSetup> back = megatron_args(line, m, 2);
+    ASSERT_TRUE(back.ok()) << back.error().message << "\n" << flags;
+    EXPECT_EQ(back->setup.recompute, r) << flags;
+    EXPECT_EQ(back->setup.microbatches, 8);
+    EXPECT_EQ(back->setup.zero, 1);
+    if (r == Recompute::kSelective) {
+      EXPECT_NE(flags.find("--recompute-granularity selective --recompute-modules core_attn\n"),
+                std::string::npos)
+          << flags;
+      EXPECT_EQ(flags.find("recomputes more"), std::string::npos) << flags;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace np
