@@ -118,32 +118,6 @@ std::string row(const std::string& label, int64_t bytes, const std::string& note
   return buf;
 }
 
-std::string describe_setup(const TrainSpec& t) {
-  std::string s = "tp " + std::to_string(t.tp) + (t.sp ? " (sp on)" : " (sp off)") +
-                  (t.cp > 1 ? " x cp " + std::to_string(t.cp) : "") + " x pp " +
-                  std::to_string(t.pp) + " x dp " + std::to_string(t.dp) + " = " +
-                  count_noun(t.gpus(), "GPU");
-  if (t.ep > 1) s += ", ep " + std::to_string(t.ep);
-  if (t.moe_capacity_factor > 0) {
-    char cf[48];
-    std::snprintf(cf, sizeof cf, ", expert capacity factor %g", t.moe_capacity_factor);
-    s += cf;
-  }
-  s += "; micro-batch " + std::to_string(t.micro_batch) + " x seq " + std::to_string(t.seq_len) +
-       ", " + count_noun(t.microbatches, "micro-batch") + " per step, " +
-       name_of(t.pp_schedule) +
-       (t.pp_schedule == PpSchedule::kInterleaved
-            ? " (" + std::to_string(t.virtual_stages) + " chunks per stage)"
-            : std::string()) +
-       "; " + name_of(t.attention) + " attention\n       recompute " + name_of(t.recompute) +
-       (t.recompute == Recompute::kAuto
-            ? std::string(" (per layer, and per all-gather whether to gather again in backward)")
-            : std::string(", tp_recompute_allgather ") +
-                  (t.tp_recompute_allgather ? "true" : "false")) +
-       "; grads " + name_of(t.grad_dtype) + "; " +
-       name_of(t.optimizer) + ", ZeRO-" + std::to_string(t.zero);
-  return s;
-}
 
 std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
   std::string out;
@@ -294,6 +268,33 @@ std::string live_at_peak_table(const Estimate& e, const StageEstimate& s, bool v
     out += buf;
   }
   return out;
+}
+
+std::string describe_setup(const TrainSpec& t) {
+  std::string s = "tp " + std::to_string(t.tp) + (t.sp ? " (sp on)" : " (sp off)") +
+                  (t.cp > 1 ? " x cp " + std::to_string(t.cp) : "") + " x pp " +
+                  std::to_string(t.pp) + " x dp " + std::to_string(t.dp) + " = " +
+                  count_noun(t.gpus(), "GPU");
+  if (t.ep > 1) s += ", ep " + std::to_string(t.ep);
+  if (t.moe_capacity_factor > 0) {
+    char cf[48];
+    std::snprintf(cf, sizeof cf, ", expert capacity factor %g", t.moe_capacity_factor);
+    s += cf;
+  }
+  s += "; micro-batch " + std::to_string(t.micro_batch) + " x seq " + std::to_string(t.seq_len) +
+       ", " + count_noun(t.microbatches, "micro-batch") + " per step, " +
+       name_of(t.pp_schedule) +
+       (t.pp_schedule == PpSchedule::kInterleaved
+            ? " (" + std::to_string(t.virtual_stages) + " chunks per stage)"
+            : std::string()) +
+       "; " + name_of(t.attention) + " attention\n       recompute " + name_of(t.recompute) +
+       (t.recompute == Recompute::kAuto
+            ? std::string(" (per layer, and per all-gather whether to gather again in backward)")
+            : std::string(", tp_recompute_allgather ") +
+                  (t.tp_recompute_allgather ? "true" : "false")) +
+       "; grads " + name_of(t.grad_dtype) + "; " +
+       name_of(t.optimizer) + ", ZeRO-" + std::to_string(t.zero);
+  return s;
 }
 
 std::string estimate_to_table(const Estimate& e, const std::string& requested, bool verbose) {

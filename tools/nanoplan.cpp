@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <iostream>
 #include <limits>
@@ -33,6 +34,7 @@
 #include "executor/runner.hpp"
 #include "planner/autoplan.hpp"
 #include "planner/configs.hpp"
+#include "planner/html_report.hpp"
 #include "planner/read_file.hpp"
 #include "planner/catalog.hpp"
 #include "planner/estimate.hpp"
@@ -56,6 +58,10 @@ struct Flags {
   std::string headroom = "3%";  // of the budget, or bytes
   std::string nanotron_config, megatron_args, emit;
   std::set<std::string> given;  // the options given on the command line ("--tp", ...)
+  // report
+  bool report_run = false;
+  int64_t sweep_gpus = 0;
+  std::string command_line;
   int64_t tp = 1, pp = 1, dp = 1, ep = 1, cp = 1, micro_batch = 1, seq_len = 4096;
   std::optional<int64_t> microbatches;    // default: pp
   std::optional<int64_t> virtual_stages;  // default: 2 under interleaved, else 1
@@ -793,15 +799,8 @@ std::string shell_word(const std::string& w) {
   return q + "'";
 }
 
-int run_sweep(const Flags& f) {
-  if (f.budget.empty() && f.gpu.empty()) die("sweep needs a budget: give --budget or --gpu");
-  if (f.format != "table" && f.format != "json" && f.format != "csv")
-    die("invalid --format " + np::quote_input(f.format) + " (valid: table, json, csv)");
-  if (f.partition != "balanced" && f.partition != "auto")
-    die("invalid --partition " + np::quote_input(f.partition) +
-        " for sweep (valid: balanced, auto; layer counts depend on pp)");
-  auto catalog = check(np::load_model_catalog(models_dir(f)));
-  np::ModelSpec m = check(np::resolve_model(catalog, f.model));
+// The sweep's options from the flags (sweep, and report --sweep-gpus).
+np::SweepOptions make_sweep_options(const Flags& f) {
   Flags g = f;
   g.recompute = "auto";
   g.partition = "balanced";  // the sweep searches per setup when asked
@@ -845,6 +844,19 @@ int run_sweep(const Flags& f) {
           " (valid: context-parallel degrees from 1 to 64, such as 1,2,4)");
     o.context_parallel.push_back(cp);
   }
+  return o;
+}
+
+int run_sweep(const Flags& f) {
+  if (f.budget.empty() && f.gpu.empty()) die("sweep needs a budget: give --budget or --gpu");
+  if (f.format != "table" && f.format != "json" && f.format != "csv")
+    die("invalid --format " + np::quote_input(f.format) + " (valid: table, json, csv)");
+  if (f.partition != "balanced" && f.partition != "auto")
+    die("invalid --partition " + np::quote_input(f.partition) +
+        " for sweep (valid: balanced, auto; layer counts depend on pp)");
+  auto catalog = check(np::load_model_catalog(models_dir(f)));
+  np::ModelSpec m = check(np::resolve_model(catalog, f.model));
+  np::SweepOptions o = make_sweep_options(f);
   bool tty = isatty(fileno(stderr)) && f.format == "table";
   auto progress = [&](size_t done, size_t total) {
     if (!tty) return;
@@ -863,6 +875,58 @@ int run_sweep(const Flags& f) {
   return 0;
 }
 
+// report: the HTML file of a setup's plan (html_report.hpp), written whole or not at all.
+int run_report(const Flags& f) {
+  if (f.output.empty() || f.output == "-")
+    die("report needs -o FILE.html (one self-contained file)");
+  Resolved r = resolve(f);
+  std::optional<int64_t> budget = make_budget(f);
+  np::RuntimeAssumptions rt = make_runtime(f);
+  np::HardwareModel hw = make_hardware(f);
+  np::ReportInput in;
+  in.command = f.command_line;
+  in.schedule = np::schedule_for_setup(r.model, r.setup, rt, budget, hw, plan_options(f));
+  in.estimate = np::estimate_schedule(in.schedule, rt, {.budget = budget, .suggestions = false});
+  in.estimate.headroom = headroom_of(f);
+  if (r.setup.recompute == np::Recompute::kAuto) {
+    in.plan = np::auto_plan(r.model, r.setup, rt, *budget, hw, plan_options(f));
+    in.estimate.fits = in.plan->fits;
+  }
+  if (f.report_run) {
+    Executor ex = executor_for(f);
+    if (auto e = np::exec::check_runnable(in.schedule, !ex.device)) die("--run: " + e->message);
+    np::exec::RunOptions o = run_options(f, ex);
+    o.steps = 1;
+    auto run = np::exec::run_schedule(in.schedule, ex.backend, o, ex.world);
+    if (!run) die("--run: " + run.error().message);
+    in.measured.resize(in.schedule.stages.size());
+    for (const np::exec::RankResult& rr : run->ranks)
+      if (rr.tp_rank == 0 && rr.dp_rank == 0 && rr.cp_rank == 0 && !rr.events.empty())
+        in.measured.at(static_cast<size_t>(rr.stage)) = rr.events.front();
+    in.measured_by = ex.device ? "the CUDA executor" : "the CPU executor";
+  }
+  if (f.sweep_gpus > 0) {
+    if (!budget) die("report --sweep-gpus needs a budget: give --budget or --gpu");
+    Flags g = f;
+    g.gpus = f.sweep_gpus, g.model = r.model.name;
+    in.sweep_options = make_sweep_options(g);
+    in.sweep = np::sweep(r.model, in.sweep_options);
+  }
+  std::string html = np::html_report(in);
+  std::string tmp = f.output + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << html;
+    if (!out.flush()) die("cannot write " + f.output + " (" + tmp + ")");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, f.output, ec);
+  if (ec) die("cannot write " + f.output + ": " + ec.message());
+  std::fprintf(stderr, "nanoplan: wrote %s (%s)\n", f.output.c_str(),
+               np::format_binary(static_cast<int64_t>(html.size())).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -876,17 +940,28 @@ int main(int argc, char** argv) {
   CLI::App app{"nanoplan: does a training setup fit in GPU memory, and what should be recomputed"};
   app.require_subcommand(1);
   Flags f;
-  const std::string commands[] = {"estimate", "plan", "run", "sweep", "models", "gpus"};
+  const std::string commands[] = {"estimate", "plan", "run", "sweep", "report", "models", "gpus"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(std::begin(commands), std::end(commands), argv[1]) == std::end(commands))
     die("unknown subcommand " + np::quote_input(argv[1]) +
-        " (valid: estimate, plan, run, sweep, models, gpus)");
+        " (valid: estimate, plan, run, sweep, report, models, gpus)");
+  for (int i = 0; i < argc; ++i)
+    f.command_line += (i ? " " : "") + shell_word(i == 0 ? std::string("nanoplan") : argv[i]);
   CLI::App* est = app.add_subcommand("estimate", "per-GPU memory breakdown of a training setup");
   add_setup_flags(est, f);
   CLI::App* plan =
       app.add_subcommand("plan", "write the schedule (what to keep, drop, recompute) as JSON");
   add_setup_flags(plan, f);
   plan->add_option("-o,--output", f.output, "output file (default: stdout)");
+  CLI::App* rep = app.add_subcommand(
+      "report", "write one self-contained HTML file: memory over the step, the plan per layer, "
+                "the layer options, the sweep");
+  add_setup_flags(rep, f);
+  rep->add_option("-o,--output", f.output, "the HTML file to write")->required();
+  rep->add_flag("--run", f.report_run,
+                "run the plan on the CPU executor and draw the measured memory too (small models)");
+  add_int(rep, "--sweep-gpus", f.sweep_gpus, "also sweep setups on this many GPUs", 1, 1 << 20);
+  rep->add_option("--backend", f.backend, "cpu (the --run executor)")->capture_default_str();
   CLI::App* run = app.add_subcommand(
       "run",
       "execute a plan (or a setup, or a scenario) and compare predicted with measured peak memory");
@@ -946,7 +1021,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::string what = e.what();
     if (what.find("subcommand") != std::string::npos)
-      what += " (valid: estimate, plan, run, sweep, models, gpus)";
+      what += " (valid: estimate, plan, run, sweep, report, models, gpus)";
     die(what + "; see nanoplan --help");
   }
   for (CLI::App* sub : app.get_subcommands()) {
@@ -957,6 +1032,7 @@ int main(int argc, char** argv) {
   try {
     if (est->parsed()) return run_estimate(f);
     if (plan->parsed()) return run_plan(f);
+    if (rep->parsed()) return run_report(f);
     if (run->parsed()) return run_run(f, run);
     if (sw->parsed()) return run_sweep(f);
     if (models->parsed()) return run_models(f);
