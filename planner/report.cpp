@@ -301,6 +301,11 @@ std::string estimate_to_table(const Estimate& e, const std::string& requested, b
   std::string out = "nanoplan estimate: " + e.model.display_name + " (" + e.model.name;
   if (!requested.empty() && requested != e.model.name) out += ", resolved from '" + requested + "'";
   out += "), " + format_int(e.parameters) + " parameters\nsetup: " + describe_setup(e.setup) + "\n";
+  // The verdict first, in one line; the breakdown and the details follow.
+  if (e.budget)
+    out += std::string("verdict: ") + (e.fits ? "FITS" : "DOES NOT FIT") + ", peak " +
+           format_gib(e.peak_bytes) + " per GPU (rank " + std::to_string(e.peak_rank) + ") of " +
+           format_gib(*e.budget) + " usable\n";
   out += stage_breakdown(e, e.stages[e.peak_stage]);
   if (e.stages.size() > 1) out += stage_table(e);
   const StageEstimate& s = e.stages[e.peak_stage];

@@ -17,6 +17,7 @@ mid=$(( (pn + pf) / 2 ))
 check "auto estimate exits 0" '[ $rc -eq 0 ]'
 check "auto is the default with a budget" 'grep -q "recompute plan (--recompute auto" "$TMP/auto.txt" && grep -q "recompute auto" "$TMP/auto.txt"'
 check "the plan fits and says so" 'grep -q "FITS" "$TMP/auto.txt" && ! grep -q "DOES NOT FIT" "$TMP/auto.txt"'
+check "the verdict comes first, right after the setup" '[ "$(grep -n "^verdict: FITS, peak .* per GPU (rank [0-9]*) of .* usable$" "$TMP/auto.txt" | cut -d: -f1)" -lt "$(grep -n "^per-GPU memory" "$TMP/auto.txt" | cut -d: -f1)" ]'
 check "per-stage plan lines" '[ $(grep -cE "^  stage [01]: layers" "$TMP/auto.txt") -eq 2 ]'
 check "nanotron and Megatron equivalents" 'grep -q "recompute_layer:" "$TMP/auto.txt" && grep -q "Megatron-LM (closest)" "$TMP/auto.txt"'
 check "time against recompute_layer: true" 'grep -qE "^  vs recompute_layer: true(, tp_recompute_allgather: (true|false))?: .* the plan is [0-9.]+% faster" "$TMP/auto.txt"'
