@@ -123,9 +123,21 @@ bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --pp-schedule afab,2f2b
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --format xml
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --headroom 60%
 bad estimate --nanotron-config "$CFG" --model llama-3.1-8b
+# The config's setup runs: a tiny model in the same file layout, executed and compared.
+sed -e 's/hidden_size: 4096/hidden_size: 24/; s/intermediate_size: 14336/intermediate_size: 20/' \
+    -e 's/num_hidden_layers: 32/num_hidden_layers: 2/; s/num_attention_heads: 32/num_attention_heads: 4/' \
+    -e 's/num_key_value_heads: 8/num_key_value_heads: 2/; s/vocab_size: 128256/vocab_size: 30/' \
+    -e 's/max_position_embeddings: 8192/max_position_embeddings: 64/; s/sequence_length: 8192/sequence_length: 8/' \
+    -e 's/  dp: 4/  dp: 2/; s/batch_accumulation_per_replica: 8/batch_accumulation_per_replica: 2/' \
+    "$CFG" >"$TMP/tiny-nanotron.yaml"
+"$NP" run --nanotron-config "$TMP/tiny-nanotron.yaml" >"$TMP/cfgrun.txt" 2>&1; rc=$?
+check "run --nanotron-config: the config's tp 2 x pp 2 x dp 2 ZeRO-1 setup executes, event-exact" \
+  '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/cfgrun.txt" && [ "$(grep -cE "^ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ " "$TMP/cfgrun.txt")" -eq 8 ]'
 bad estimate --nanotron-config "$TMP/missing.yaml"
 bad estimate --nanotron-config "$CFG" --emit deepspeed
 bad estimate --model llama-3.1-70b --megatron-args "--num-layers 81"
+bad run --model llama-3.1-8b --emit nanotron
+bad report --model llama-3.1-8b --emit megatron -o "$TMP/x.html"
 
 # Every row carries the estimate command that reproduces it: the same schedule, plan, step time
 # and peak (sweep and estimate share their defaults; the command names every swept flag).

@@ -752,10 +752,12 @@ int run_scenario(const Flags& f) {
 }
 
 int run_run(const Flags& f, CLI::App* app) {
-  int sources =
-      !f.plan_path.empty() + !f.scenario.empty() + (!f.model.empty() && f.plan_path.empty());
+  if (!f.emit.empty()) die("--emit is for estimate and plan (run executes the plan)");
+  bool setup = (!f.model.empty() || !f.nanotron_config.empty()) && f.plan_path.empty();
+  int sources = !f.plan_path.empty() + !f.scenario.empty() + setup;
   if (sources != 1)
-    die("run needs exactly one of: a plan file, --model with setup flags, or --scenario FILE");
+    die("run needs exactly one of: a plan file, --model (or --nanotron-config) with setup flags, "
+        "or --scenario FILE");
   if (!f.scenario.empty()) return run_scenario(f);
   if (f.plan_path.empty()) {
     Resolved r = resolve(f);
@@ -767,7 +769,7 @@ int run_run(const Flags& f, CLI::App* app) {
        {"--tp", "--pp", "--dp", "--ep", "--cp", "--sp", "--zero", "--micro-batch", "--seq-len",
         "--microbatches", "--pp-schedule", "--virtual-stages", "--attention", "--grad-accum-dtype",
         "--optimizer", "--recompute", "--tp-recompute-allgather", "--partition",
-        "--moe-capacity-factor"})
+        "--moe-capacity-factor", "--nanotron-config", "--megatron-args"})
     if (app->count(flag) > 0)
       die(std::string(flag) +
           " conflicts with a plan file: the setup comes from the plan (re-run nanoplan plan to "
@@ -877,6 +879,7 @@ int run_sweep(const Flags& f) {
 
 // report: the HTML file of a setup's plan (html_report.hpp), written whole or not at all.
 int run_report(const Flags& f) {
+  if (!f.emit.empty()) die("--emit is for estimate and plan (report writes the HTML file)");
   if (f.output.empty() || f.output == "-")
     die("report needs -o FILE.html (one self-contained file)");
   Resolved r = resolve(f);
