@@ -30,9 +30,9 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
                       "all-to-all sizes; dropless ep > 1 is estimated for balanced routing only); "
                       "got --ep " + std::to_string(t.ep) +
                       " without one: add --moe-capacity-factor (e.g. 1.25) or use --ep 1");
-  if (!host_memory && (t.ep != 1 || t.moe_capacity_factor > 0))
-    return make_error("the CUDA backend runs dropless routing at ep = 1 (capacity and expert "
-                      "parallelism run on the CPU executor); use --backend cpu");
+  if (!host_memory && t.ep != 1)
+    return make_error("the CUDA backend runs ep = 1 (expert parallelism runs on the CPU "
+                      "executor); got --ep " + std::to_string(t.ep) + ": use --backend cpu");
   if (t.zero >= 2 && s.model.tie_embeddings)
     return make_error("the executor runs ZeRO-2/3 without tied embeddings (it does not yet gather "
                       "or bucket the LM head's tied table); got --zero " + std::to_string(t.zero) +

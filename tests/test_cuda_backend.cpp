@@ -125,6 +125,13 @@ TEST(CudaBackend, TinyMoe) {
                  {Recompute::kNone, Recompute::kFull});
 }
 
+// With an expert capacity (tiny-moe-ep's factor 1: choices dropped), at ep 1 over 2 replicas.
+TEST(CudaBackend, TinyMoeWithCapacity) {
+  check_scenario("tiny-moe-ep",
+                 {{2, 1, true, AttentionImpl::kFlash, 2, 0}, {1, 2, false, AttentionImpl::kFlash, 2, 1}},
+                 {Recompute::kNone, Recompute::kFull});
+}
+
 #ifdef NANOPLAN_CUDA_EMULATION
 // The device level (cudaMemGetInfo, sampled after every allocation): with one rank alone on the
 // emulated device (no context there) its peak is the allocator's plus the cuBLAS workspace, to the

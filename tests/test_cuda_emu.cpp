@@ -801,34 +801,47 @@ TEST(CudaKernels, MixtureOfExperts) {
   DeviceTensor xe({N, h}, bf), dxe({N, h}, bf), dxd({T, h}, bf), ye({N, h}, bf), comb({T, h}, bf),
       gout({T, h}, bf), dye({N, h}, bf), dpc({T, k}, f32);
   ye.set(yev), gout.set(gov), dxe.set(yev), dpc.set(dpprior);
-  moe_dispatch_forward(x.t, idx.t, xe.t, E, nullptr);
-  moe_dispatch_backward(dxe.t, idx.t, dxd.t, false, E, nullptr);
-  moe_combine_forward(ye.t, probs.t, idx.t, comb.t, E, nullptr);
-  moe_combine_backward(ye.t, probs.t, idx.t, gout.t, dye.t, false, dpc.t, true, E, nullptr);
-  std::vector<double> xer(N * h), dxdr(T * h, 0.0), combr(T * h, 0.0), dyer(N * h), dpcr = dpprior;
+  moe_dispatch_forward(x.t, idx.t, xe.t, E, 0, nullptr);
+  moe_dispatch_backward(dxe.t, idx.t, dxd.t, false, E, 0, nullptr);
+  moe_combine_forward(ye.t, probs.t, idx.t, comb.t, E, 0, nullptr);
+  moe_combine_backward(ye.t, probs.t, idx.t, gout.t, dye.t, false, dpc.t, true, E, 0, nullptr);
   auto pk = probs.get();
-  for (int64_t i = 0; i < N; ++i) {
-    int64_t t = i / k, r = row[i];
-    for (int64_t c = 0; c < h; ++c) {
-      xer[r * h + c] = xv[t * h + c];
-      dxdr[t * h + c] += yev[r * h + c];
-      combr[t * h + c] += pk[i] * yev[r * h + c];
-      dyer[r * h + c] = pk[i] * gov[t * h + c];
-      dpcr[i] += yev[r * h + c] * gov[t * h + c];
+  // The double references of dispatch, its backward, combine and its backward for a layout: the
+  // row of each choice (-1: dropped) over `rows` rows, y the expert outputs (and the dispatch's
+  // gradient), dp0 what the probabilities' gradient starts from.
+  struct Routed {
+    std::vector<double> xe, dx, comb, dye, dp;
+  };
+  auto routed = [&](const std::vector<int64_t>& at, int64_t rows, const std::vector<double>& yv,
+                    const std::vector<double>& dp0) {
+    Routed r{std::vector<double>(rows * h, 0.0), std::vector<double>(T * h, 0.0),
+             std::vector<double>(T * h, 0.0), std::vector<double>(rows * h, 0.0), dp0};
+    for (int64_t i = 0; i < N; ++i) {
+      int64_t t = i / k, q = at[i];
+      if (q < 0) continue;
+      for (int64_t c = 0; c < h; ++c) {
+        r.xe[q * h + c] = xv[t * h + c];
+        r.dx[t * h + c] += yv[q * h + c];
+        r.comb[t * h + c] += pk[i] * yv[q * h + c];
+        r.dye[q * h + c] = pk[i] * gov[t * h + c];
+        r.dp[i] += yv[q * h + c] * gov[t * h + c];
+      }
     }
-  }
-  expect_close(xe.get(), xer, tolerance(bf), "dispatch");
-  expect_close(dxd.get(), dxdr, tolerance(bf), "dispatch backward");
-  expect_close(comb.get(), combr, tolerance(bf), "combine");
-  expect_close(dye.get(), dyer, tolerance(bf), "combine backward: expert outputs");
-  expect_close(dpc.get(), dpcr, tolerance(f32), "combine backward: probabilities (accumulated)");
+    return r;
+  };
+  Routed ref = routed(row, N, yev, dpprior);
+  expect_close(xe.get(), ref.xe, tolerance(bf), "dispatch");
+  expect_close(dxd.get(), ref.dx, tolerance(bf), "dispatch backward");
+  expect_close(comb.get(), ref.comb, tolerance(bf), "combine");
+  expect_close(dye.get(), ref.dye, tolerance(bf), "combine backward: expert outputs");
+  expect_close(dpc.get(), ref.dp, tolerance(f32), "combine backward: probabilities (accumulated)");
 
   // The grouped expert GEMMs: out[r] = xe[r] W_e^T for the rows r of expert e; dx, dW +=.
   auto wev = random_values(E * F * h, 71), gev = random_values(N * F, 72);
   DeviceTensor we({E, F, h}, bf), eo({N, F}, bf), ge({N, F}, bf), dxe2({N, h}, bf), dwe({E, F, h}, f32);
   we.set(wev), ge.set(gev), dwe.set(std::vector<double>(E * F * h, 0.0));
-  expert_forward(blas, xe.t, idx.t, we.t, eo.t, nullptr);
-  expert_backward(blas, xe.t, idx.t, we.t, ge.t, dxe2.t, false, dwe.t, nullptr);
+  expert_forward(blas, xe.t, idx.t, we.t, eo.t, 0, nullptr);
+  expert_backward(blas, xe.t, idx.t, we.t, ge.t, dxe2.t, false, dwe.t, 0, nullptr);
   std::vector<double> eor(N * F, 0.0), dxe2r(N * h, 0.0), dwer(E * F * h, 0.0);
   for (int64_t i = 0; i < N; ++i) {
     int64_t r = row[i], e = id[i], t = i / k;
@@ -842,6 +855,51 @@ TEST(CudaKernels, MixtureOfExperts) {
   expect_close(eo.get(), eor, tolerance(bf), "expert GEMMs");
   expect_close(dxe2.get(), dxe2r, tolerance(bf), "expert GEMMs backward: dx");
   expect_close(dwe.get(), dwer, tolerance(f32), "expert GEMMs backward: dW");
+
+  // With a capacity of C = 5 slots per expert (74 choices over 6 experts: many dropped): choice i
+  // takes slot e C + (its rank among e's choices) while that is below C; every other slot is zero,
+  // as are the gradients of dropped choices. Buffers start as garbage (prior values).
+  const int64_t C = 5, R = E * C;
+  std::vector<int64_t> slot(N, -1), used(E, 0);
+  for (int64_t i = 0; i < N; ++i)
+    if (used[id[i]] < C) slot[i] = id[i] * C + used[id[i]]++;
+  ASSERT_LT(std::count(slot.begin(), slot.end(), -1), N);
+  ASSERT_GT(std::count(slot.begin(), slot.end(), -1), 0);
+  auto cyv = random_values(R * h, 76);
+  DeviceTensor cxe({R, h}, bf), cdxe({R, h}, bf), cdx({T, h}, bf), cye({R, h}, bf), ccomb({T, h}, bf),
+      cdye({R, h}, bf), cdp({T, k}, f32);
+  cxe.set(cyv), cdxe.set(cyv), cdx.set(prior), cye.set(cyv), ccomb.set(prior), cdye.set(cyv),
+      cdp.set(dpprior);
+  moe_dispatch_forward(x.t, idx.t, cxe.t, E, C, nullptr);
+  moe_dispatch_backward(cdxe.t, idx.t, cdx.t, false, E, C, nullptr);
+  moe_combine_forward(cye.t, probs.t, idx.t, ccomb.t, E, C, nullptr);
+  moe_combine_backward(cye.t, probs.t, idx.t, gout.t, cdye.t, false, cdp.t, false, E, C, nullptr);
+  Routed cref = routed(slot, R, cyv, std::vector<double>(T * k, 0.0));
+  const std::vector<double>& cxer = cref.xe;
+  expect_close(cxe.get(), cxer, tolerance(bf), "capacity: dispatch");
+  expect_close(cdx.get(), cref.dx, tolerance(bf), "capacity: dispatch backward");
+  expect_close(ccomb.get(), cref.comb, tolerance(bf), "capacity: combine");
+  expect_close(cdye.get(), cref.dye, tolerance(bf), "capacity: combine backward, expert outputs");
+  expect_close(cdp.get(), cref.dp, tolerance(f32), "capacity: combine backward, probabilities");
+  // The grouped GEMMs over C rows per expert.
+  auto cgev = random_values(R * F, 77);
+  DeviceTensor ceo({R, F}, bf), cge({R, F}, bf), cdxe2({R, h}, bf), cdwe({E, F, h}, f32);
+  cge.set(cgev), cdwe.set(std::vector<double>(E * F * h, 0.0));
+  expert_forward(blas, cxe.t, idx.t, we.t, ceo.t, C, nullptr);
+  expert_backward(blas, cxe.t, idx.t, we.t, cge.t, cdxe2.t, false, cdwe.t, C, nullptr);
+  std::vector<double> ceor(R * F, 0.0), cdxe2r(R * h, 0.0), cdwer(E * F * h, 0.0);
+  for (int64_t r = 0; r < R; ++r) {
+    int64_t e = r / C;
+    for (int64_t f = 0; f < F; ++f)
+      for (int64_t c = 0; c < h; ++c) {
+        ceor[r * F + f] += cxer[r * h + c] * wev[(e * F + f) * h + c];
+        cdxe2r[r * h + c] += cgev[r * F + f] * wev[(e * F + f) * h + c];
+        cdwer[(e * F + f) * h + c] += cgev[r * F + f] * cxer[r * h + c];
+      }
+  }
+  expect_close(ceo.get(), ceor, tolerance(bf), "capacity: expert GEMMs");
+  expect_close(cdxe2.get(), cdxe2r, tolerance(bf), "capacity: expert GEMMs backward, dx");
+  expect_close(cdwe.get(), cdwer, tolerance(f32), "capacity: expert GEMMs backward, dW");
 
   // The shared gate: out = sigmoid(x . w) y; dy = s g, dx = dz w, dw += sum dz x.
   auto gwv = random_values(h, 73, -0.3, 0.3), sy = random_values(T * F, 74), sg = random_values(T * F, 75);

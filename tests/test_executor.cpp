@@ -200,7 +200,7 @@ TEST(Sharding, ChangesNothingBeyondRoundingMoeExpertParallel) {
 }
 
 // The executor runs ep > 1 only with a capacity factor (static all-to-all sizes), and the CUDA
-// backend neither (its MoE kernels route dropless at ep = 1): refused before any rank starts.
+// backend at ep = 1 only (dropless or with a capacity): refused before any rank starts.
 TEST(Runnable, ExpertParallelismNeedsACapacityAndTheCpuExecutor) {
   Scenario sc = scenario("tiny-moe");
   TrainSpec t = sc.base;
@@ -215,7 +215,7 @@ TEST(Runnable, ExpertParallelismNeedsACapacityAndTheCpuExecutor) {
   ASSERT_TRUE(cuda);
   EXPECT_NE(cuda->message.find("use --backend cpu"), std::string::npos) << cuda->message;
   t.ep = 1;
-  EXPECT_TRUE(check_runnable(build_schedule(sc.model, t), false));
+  EXPECT_FALSE(check_runnable(build_schedule(sc.model, t), false));
   t.moe_capacity_factor = 0;
   EXPECT_FALSE(check_runnable(build_schedule(sc.model, t), false));
 }

@@ -33,12 +33,12 @@ TensorType with_rows(TensorType t, int64_t rows) {
 
 int64_t first_row(const OpContext& c, int64_t rows) { return exec::first_token_row(c, rows); }
 
-// The experts this rank routes to: all of them. Dropless routing only: the capacity layout and
-// expert parallelism (its all-to-all) run on the CPU executor.
+// The experts this rank routes to: all of them (expert parallelism, its all-to-all, runs on the
+// CPU executor).
 int64_t routed_experts(const OpContext& c) {
-  if (c.op->attrs.group > 1 || c.op->attrs.capacity > 0)
-    unsupported(c, "expert capacity and expert parallelism (ep > 1) run on the CPU executor; this "
-                   "backend routes dropless at ep = 1");
+  if (c.op->attrs.group > 1)
+    unsupported(c, "expert parallelism (ep > 1) runs on the CPU executor; this backend routes at "
+                   "ep = 1");
   return c.op->attrs.experts;
 }
 
@@ -260,8 +260,9 @@ class CudaBackend final : public exec::Backend {
       }
       case OpKind::kMoeDispatch: {
         const Tensor &x = need(in, 0, "tokens"), &idx = need(in, 1, "routing indices");
-        Tensor xe = out({{idx.numel(), x.type.shape.at(1)}, act});
-        moe_dispatch_forward(x, idx, xe, routed_experts(c), stream_);
+        const int64_t E = routed_experts(c), C = op.attrs.capacity;
+        Tensor xe = out({{C > 0 ? E * C : idx.numel(), x.type.shape.at(1)}, act});
+        moe_dispatch_forward(x, idx, xe, E, C, stream_);
         return {xe};
       }
       case OpKind::kExpertColumn:
@@ -269,13 +270,14 @@ class CudaBackend final : public exec::Backend {
         const Tensor &xe = need(in, 0, "expert input"), &W = need(w, 0, "expert weight");
         routed_experts(c);
         Tensor y = out({{xe.type.shape.at(0), W.type.shape.at(1)}, act});
-        expert_forward(blas_, xe, need(in, 1, "routing indices"), W, y, stream_);
+        expert_forward(blas_, xe, need(in, 1, "routing indices"), W, y, op.attrs.capacity, stream_);
         return {y};
       }
       case OpKind::kMoeCombine: {
         const Tensor &ye = need(in, 0, "expert outputs"), &idx = need(in, 2, "routing indices");
         Tensor y = out({{idx.type.shape.at(0), ye.type.shape.at(1)}, act});
-        moe_combine_forward(ye, need(in, 1, "routing probabilities"), idx, y, routed_experts(c), stream_);
+        moe_combine_forward(ye, need(in, 1, "routing probabilities"), idx, y, routed_experts(c),
+                            op.attrs.capacity, stream_);
         return {y};
       }
       case OpKind::kSharedGate: {
@@ -445,7 +447,7 @@ class CudaBackend final : public exec::Backend {
       case OpKind::kMoeDispatch: {
         const Tensor &g = need(a.grad_outputs, 0, "gradient"), &idx = need(a.inputs, 1, "routing indices");
         Tensor& dx = grad(0, {{idx.type.shape.at(0), g.type.shape.at(1)}, g.type.dtype}, acc);
-        return moe_dispatch_backward(g, idx, dx, acc, routed_experts(c), stream_);
+        return moe_dispatch_backward(g, idx, dx, acc, routed_experts(c), c.op->attrs.capacity, stream_);
       }
       case OpKind::kExpertColumn:
       case OpKind::kExpertRow: {
@@ -454,7 +456,8 @@ class CudaBackend final : public exec::Backend {
         Tensor& dx = grad(0, xe.type, acc);
         return expert_backward(blas_, xe, need(a.inputs, 1, "routing indices"), need(a.weights, 0, "expert weight"),
                                need(a.grad_outputs, 0, "gradient"), dx, acc,
-                               need(a.weight_grads, 0, "expert weight gradient"), stream_);
+                               need(a.weight_grads, 0, "expert weight gradient"),
+                               c.op->attrs.capacity, stream_);
       }
       case OpKind::kMoeCombine: {
         const Tensor &ye = need(a.inputs, 0, "expert outputs"), &probs = need(a.inputs, 1, "routing probabilities");
@@ -463,7 +466,7 @@ class CudaBackend final : public exec::Backend {
         Tensor& dp = grad(1, probs.type, acc_p);
         return moe_combine_backward(ye, probs, need(a.inputs, 2, "routing indices"),
                                     need(a.grad_outputs, 0, "gradient"), dye, acc, dp, acc_p,
-                                    routed_experts(c), stream_);
+                                    routed_experts(c), c.op->attrs.capacity, stream_);
       }
       case OpKind::kSharedGate: {
         const Tensor &x = need(a.inputs, 0, "gate input"), &y = need(a.inputs, 1, "shared expert output");

@@ -170,26 +170,29 @@ void topk_backward(const Tensor& probs, const Tensor& idx, const Tensor& dprobs,
 // input types): dx (=, or +=) = dy W, dW += dy^T x, db += column sums.
 void router_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                      bool accumulate, const Tensor& dw, const Tensor* db, cudaStream_t stream);
+// The routing layouts (moe.cu): dropless (capacity 0), rows grouped by expert; with a capacity C
+// per expert, C slots each (choices past them dropped, unused slots zero).
 // xe[row(t, j)] = x[t]; the backward dx[t] (=, or +=) sum_j dxe[row(t, j)], j ascending.
 void moe_dispatch_forward(const Tensor& x, const Tensor& idx, const Tensor& xe, long long experts,
-                          cudaStream_t stream);
+                          long long capacity, cudaStream_t stream);
 void moe_dispatch_backward(const Tensor& dxe, const Tensor& idx, const Tensor& dx, bool accumulate,
-                           long long experts, cudaStream_t stream);
+                           long long experts, long long capacity, cudaStream_t stream);
 // out[t] = sum_j probs[t, j] ye[row(t, j)], j ascending; the backward: dye[row(t, j)] = probs[t,
 // j] dout[t] and dprobs[t, j] = ye[row(t, j)] . dout[t] (each =, or += when accumulating).
 void moe_combine_forward(const Tensor& ye, const Tensor& probs, const Tensor& idx, const Tensor& out,
-                         long long experts, cudaStream_t stream);
+                         long long experts, long long capacity, cudaStream_t stream);
 void moe_combine_backward(const Tensor& ye, const Tensor& probs, const Tensor& idx, const Tensor& dout,
                           const Tensor& dye, bool accumulate_ye, const Tensor& dprobs,
-                          bool accumulate_probs, long long experts, cudaStream_t stream);
+                          bool accumulate_probs, long long experts, long long capacity,
+                          cudaStream_t stream);
 // The grouped expert GEMMs, one cuBLAS GEMM per expert over its rows (sizes from the routing
 // indices, copied to the host): out = xe W_e^T with W {experts, out, in}; the backward dx (=, or
 // +=) and dW_e +=.
 void expert_forward(cublasHandle_t h, const Tensor& xe, const Tensor& idx, const Tensor& w,
-                    const Tensor& out, cudaStream_t stream);
+                    const Tensor& out, long long capacity, cudaStream_t stream);
 void expert_backward(cublasHandle_t h, const Tensor& xe, const Tensor& idx, const Tensor& w,
                      const Tensor& dy, const Tensor& dx, bool accumulate, const Tensor& dw,
-                     cudaStream_t stream);
+                     long long capacity, cudaStream_t stream);
 // The shared expert's gate: out = sigmoid(x . w) y per row; the backward dy = s g, dx = dz w with
 // dz = (g . y) s (1 - s) kept per row in the fp32 workspace dz (the op table's), dw += sum_t dz x.
 void shared_gate_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& out,

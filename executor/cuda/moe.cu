@@ -1,9 +1,10 @@
 // Mixture-of-experts: the router's backward, top-k routing, the expert-major dispatch of token
 // rows and the probability-weighted combine, the grouped expert GEMMs (cuBLAS, one per expert),
 // and the shared expert's sigmoid gate. Item i = t * top_k + j of the routing indices goes to
-// row start[e] + (its rank among the items of expert e, ascending), e = idx[i]: the CPU
-// reference's layout (executor/cpu/common.cpp, routing). No atomics: every output element has one
-// writer, and sums run in a fixed order.
+// row start[e] + (its rank among the items of expert e, ascending), e = idx[i]; with a capacity C,
+// to row e C + rank while the rank is below C (dropped past it; the other slots stay zero): the
+// CPU reference's layouts (executor/cpu/common.cpp, routing). No atomics: every output element has
+// one writer, and sums run in a fixed order.
 #include "executor/cuda/common.cuh"
 
 namespace np::cuda {
@@ -28,15 +29,21 @@ __device__ int block_count(int v, int* slots) {
 
 // Block e walks the items routed to expert e in ascending order, kThreads at a time: after each
 // chunk, chunk(items, rows, count) runs on every thread of the block with the chunk's items and
-// their expert-major rows in shared memory. The first pass counts the items of experts before e.
+// their expert-major rows in shared memory. Dropless (capacity 0), the first pass counts the
+// items of experts before e; with a capacity, expert e's rows start at e x capacity and the walk
+// stops at capacity items.
 template <typename Chunk>
-__device__ void for_each_routed(const long long* idx, long long n, long long e, Chunk chunk) {
+__device__ void for_each_routed(const long long* idx, long long n, long long e, long long capacity,
+                                Chunk chunk) {
   long long* items = np_shared<long long>();
   long long* rows = items + kThreads;
   int* slots = reinterpret_cast<int*>(rows + kThreads);
-  int before = 0;
-  for (long long i = threadIdx.x; i < n; i += kThreads) before += idx[i] < e;
-  long long row = block_count(before, slots);
+  long long row = e * capacity, first = row;
+  if (capacity == 0) {  // uniform over the block: every thread takes the same branch
+    int before = 0;
+    for (long long i = threadIdx.x; i < n; i += kThreads) before += idx[i] < e;
+    row = block_count(before, slots);
+  }
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (long long base = 0; base < n; base += kThreads) {
     long long i = base + threadIdx.x;
@@ -51,9 +58,11 @@ __device__ void for_each_routed(const long long* idx, long long n, long long e, 
       items[at] = i, rows[at] = row + at;
     }
     __syncthreads();
+    if (capacity > 0 && count > first + capacity - row) count = static_cast<int>(first + capacity - row);
     chunk(items, rows, count);
     __syncthreads();  // items, rows and slots are rewritten by the next chunk
     row += count;
+    if (capacity > 0 && row == first + capacity) break;  // the same on every thread
   }
 }
 
@@ -118,8 +127,8 @@ __global__ void router_dw_kernel(const float* g, View x, View dw, long long T, l
 
 // xe[row(t, j)] = x[t]: block e copies its chunk's rows cooperatively.
 __global__ void dispatch_kernel(View x, const long long* idx, View xe, long long n, int k,
-                                long long h) {
-  for_each_routed(idx, n, blockIdx.x, [&](const long long* items, const long long* rows, int count) {
+                                long long h, long long capacity) {
+  for_each_routed(idx, n, blockIdx.x, capacity, [&](const long long* items, const long long* rows, int count) {
     for (long long p = threadIdx.x; p < count * h; p += kThreads) {
       long long q = p / h, c = p % h;
       st(xe, rows[q] * h + c, ld(x, items[q] / k * h + c));
@@ -132,8 +141,9 @@ __global__ void dispatch_kernel(View x, const long long* idx, View xe, long long
 // scale(t, j) * rows_src[row(t, j)], with scale the routing probability (combine) or 1
 // (the dispatch's backward).
 __global__ void gather_pass_kernel(View src, const long long* idx, const float* probs, View out,
-                                   bool assign, long long n, int k, int j, long long h) {
-  for_each_routed(idx, n, blockIdx.x, [&](const long long* items, const long long* rows, int count) {
+                                   bool assign, long long n, int k, int j, long long h,
+                                   long long capacity) {
+  for_each_routed(idx, n, blockIdx.x, capacity, [&](const long long* items, const long long* rows, int count) {
     for (long long p = threadIdx.x; p < count * h; p += kThreads) {
       long long q = p / h, c = p % h, i = items[q];
       if (i % k != j) continue;
@@ -147,9 +157,9 @@ __global__ void gather_pass_kernel(View src, const long long* idx, const float* 
 // The combine's backward: dye[row] (=, or +=) p[t,j] g[t]; dp[t,j] (=, or +=) ye[row] . g[t].
 __global__ void combine_backward_kernel(View ye, const float* probs, const long long* idx, View g,
                                         View dye, bool acc_ye, float* dp, bool acc_p, long long n,
-                                        int k, long long h) {
+                                        int k, long long h, long long capacity) {
   float* red = reinterpret_cast<float*>(np_shared<unsigned char>() + kRoutedShared);
-  for_each_routed(idx, n, blockIdx.x, [&](const long long* items, const long long* rows, int count) {
+  for_each_routed(idx, n, blockIdx.x, capacity, [&](const long long* items, const long long* rows, int count) {
     for (int q = 0; q < count; ++q) {
       long long i = items[q], t = i / k, r = rows[q];
       float dot = 0;
@@ -234,8 +244,14 @@ Tensor rows_of(const Tensor& t, long long first, long long n) {
 }
 
 // Rows per expert from the routing indices, on the host (cuBLAS takes its sizes from the host):
-// start[e] .. start[e + 1] are expert e's rows.
-std::vector<long long> expert_starts(const Tensor& idx, long long experts, cudaStream_t stream) {
+// start[e] .. start[e + 1] are expert e's rows (with a capacity, e C .. (e + 1) C).
+std::vector<long long> expert_starts(const Tensor& idx, long long experts, long long capacity,
+                                     cudaStream_t stream) {
+  if (capacity > 0) {
+    std::vector<long long> start(static_cast<size_t>(experts + 1));
+    for (long long e = 0; e <= experts; ++e) start[static_cast<size_t>(e)] = e * capacity;
+    return start;
+  }
   std::vector<long long> host(static_cast<size_t>(idx.numel()));
   NP_CUDA_CHECK(cudaStreamSynchronize(stream));
   NP_CUDA_CHECK(cudaMemcpy(host.data(), idx.data, host.size() * sizeof(long long),
@@ -302,64 +318,79 @@ void router_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
 }
 
 void moe_dispatch_forward(const Tensor& x, const Tensor& idx, const Tensor& xe, long long experts,
-                          cudaStream_t stream) {
+                          long long capacity, cudaStream_t stream) {
   long long n = int_items(idx), h = idx.type.shape.at(0) ? x.numel() / idx.type.shape[0] : 0;
-  need(x.numel() == idx.type.shape[0] * h && xe.numel() == n * h, "moe dispatch: shapes do not agree");
+  long long rows = capacity > 0 ? experts * capacity : n;
+  need(x.numel() == idx.type.shape[0] * h && xe.numel() == rows * h,
+       "moe dispatch: shapes do not agree");
+  if (capacity > 0) NP_CUDA_CHECK(cudaMemsetAsync(xe.data, 0, static_cast<size_t>(xe.bytes()), stream));
   if (n == 0 || experts == 0) return;
   np_launch(dispatch_kernel, dim3(static_cast<unsigned>(experts)), dim3(kThreads), kRoutedShared,
-            stream, view(x), indices(idx), view(xe), n, top_k_of(idx), h);
+            stream, view(x), indices(idx), view(xe), n, top_k_of(idx), h, capacity);
   NP_CUDA_CHECK_LAUNCH();
 }
 
+// With a capacity, dropped choices write nothing: the output starts at zero and every pass adds.
 void moe_dispatch_backward(const Tensor& dxe, const Tensor& idx, const Tensor& dx, bool accumulate,
-                           long long experts, cudaStream_t stream) {
-  long long n = int_items(idx), h = n ? dxe.numel() / n : 0;
+                           long long experts, long long capacity, cudaStream_t stream) {
+  long long n = int_items(idx), h = dxe.type.shape.at(1);
   need(dx.numel() == idx.type.shape.at(0) * h, "moe dispatch backward: shapes do not agree");
+  if (capacity > 0 && !accumulate) {
+    NP_CUDA_CHECK(cudaMemsetAsync(dx.data, 0, static_cast<size_t>(dx.bytes()), stream));
+    accumulate = true;
+  }
   if (n == 0 || experts == 0) return;
   for (int j = 0, k = top_k_of(idx); j < k; ++j) {
     np_launch(gather_pass_kernel, dim3(static_cast<unsigned>(experts)), dim3(kThreads),
               kRoutedShared, stream, view(dxe), indices(idx), static_cast<const float*>(nullptr),
-              view(dx), j == 0 && !accumulate, n, k, j, h);
+              view(dx), j == 0 && !accumulate, n, k, j, h, capacity);
     NP_CUDA_CHECK_LAUNCH();
   }
 }
 
 void moe_combine_forward(const Tensor& ye, const Tensor& probs, const Tensor& idx, const Tensor& out,
-                         long long experts, cudaStream_t stream) {
-  long long n = int_items(idx), h = n ? ye.numel() / n : 0;
+                         long long experts, long long capacity, cudaStream_t stream) {
+  long long n = int_items(idx), h = ye.type.shape.at(1);
   need(probs.type.dtype == Dtype::kFp32 && probs.numel() == n &&
            out.numel() == idx.type.shape.at(0) * h,
        "moe combine: shapes do not agree (probabilities are fp32 [tokens, top_k])");
+  if (capacity > 0) NP_CUDA_CHECK(cudaMemsetAsync(out.data, 0, static_cast<size_t>(out.bytes()), stream));
   if (n == 0 || experts == 0) return;
   for (int j = 0, k = top_k_of(idx); j < k; ++j) {
     np_launch(gather_pass_kernel, dim3(static_cast<unsigned>(experts)), dim3(kThreads),
               kRoutedShared, stream, view(ye), indices(idx), static_cast<const float*>(probs.data),
-              view(out), j == 0, n, k, j, h);
+              view(out), j == 0 && capacity == 0, n, k, j, h, capacity);
     NP_CUDA_CHECK_LAUNCH();
   }
 }
 
 void moe_combine_backward(const Tensor& ye, const Tensor& probs, const Tensor& idx, const Tensor& dout,
                           const Tensor& dye, bool accumulate_ye, const Tensor& dprobs,
-                          bool accumulate_probs, long long experts, cudaStream_t stream) {
-  long long n = int_items(idx), h = n ? ye.numel() / n : 0;
+                          bool accumulate_probs, long long experts, long long capacity,
+                          cudaStream_t stream) {
+  long long n = int_items(idx), h = ye.type.shape.at(1);
   need(probs.type.dtype == Dtype::kFp32 && dprobs.type.dtype == Dtype::kFp32 &&
            dprobs.numel() == n && dye.numel() == ye.numel() &&
            dout.numel() == idx.type.shape.at(0) * h,
        "moe combine backward: shapes do not agree");
+  if (capacity > 0) {  // dropped choices and padding slots get zero
+    if (!accumulate_ye) NP_CUDA_CHECK(cudaMemsetAsync(dye.data, 0, static_cast<size_t>(dye.bytes()), stream));
+    if (!accumulate_probs)
+      NP_CUDA_CHECK(cudaMemsetAsync(dprobs.data, 0, static_cast<size_t>(dprobs.bytes()), stream));
+  }
   if (n == 0 || experts == 0) return;
   np_launch(combine_backward_kernel, dim3(static_cast<unsigned>(experts)), dim3(kThreads),
             kRoutedShared + kWarps * sizeof(float), stream, view(ye),
             static_cast<const float*>(probs.data), indices(idx), view(dout), view(dye), accumulate_ye,
-            dprobs.as<float>(), accumulate_probs, n, top_k_of(idx), h);
+            dprobs.as<float>(), accumulate_probs, n, top_k_of(idx), h, capacity);
   NP_CUDA_CHECK_LAUNCH();
 }
 
 void expert_forward(cublasHandle_t h, const Tensor& xe, const Tensor& idx, const Tensor& w,
-                    const Tensor& out, cudaStream_t stream) {
+                    const Tensor& out, long long capacity, cudaStream_t stream) {
   long long E = w.type.shape.at(0);
-  std::vector<long long> start = expert_starts(idx, E, stream);
-  need(start.back() == xe.type.shape.at(0), "expert: input rows differ from tokens x top_k");
+  std::vector<long long> start = expert_starts(idx, E, capacity, stream);
+  need(start.back() == xe.type.shape.at(0), "expert: input rows differ from the dispatched rows");
   for (long long e = 0; e < E; ++e) {
     long long n = start[e + 1] - start[e];
     if (n > 0)
@@ -370,10 +401,10 @@ void expert_forward(cublasHandle_t h, const Tensor& xe, const Tensor& idx, const
 
 void expert_backward(cublasHandle_t h, const Tensor& xe, const Tensor& idx, const Tensor& w,
                      const Tensor& dy, const Tensor& dx, bool accumulate, const Tensor& dw,
-                     cudaStream_t stream) {
+                     long long capacity, cudaStream_t stream) {
   long long E = w.type.shape.at(0);
-  std::vector<long long> start = expert_starts(idx, E, stream);
-  need(start.back() == xe.type.shape.at(0), "expert: input rows differ from tokens x top_k");
+  std::vector<long long> start = expert_starts(idx, E, capacity, stream);
+  need(start.back() == xe.type.shape.at(0), "expert: input rows differ from the dispatched rows");
   for (long long e = 0; e < E; ++e) {
     long long n = start[e + 1] - start[e];
     if (n == 0) continue;
