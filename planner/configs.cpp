@@ -95,7 +95,6 @@ class YamlSection {
     if (n_ && !n_.IsNull() && !n_.IsMap()) throw ConfigError(name_ + ": expected a mapping");
   }
   bool has(const char* key) const { return n_ && n_.IsMap() && n_[key] && !n_[key].IsNull(); }
-  YAML::Node node(const char* key) const { return n_[key]; }
   int64_t integer(const char* key, int64_t lo, int64_t hi) const {
     if (!n_[key].IsScalar())
       throw ConfigError(name_ + "." + key + ": expected a whole number, got a " +

@@ -80,6 +80,10 @@ Types exchange_buffer(const OpAttrs& a, In in) {
   if (a.group == 1) return {};
   return {{{dispatched_rows(a, in[0]), cols_of(in[0])}, kAct}};
 }
+// The combine's: the expert outputs (its input 0) received back over ep > 1.
+Types outputs_exchanged(const OpAttrs& a, In in) {
+  return a.group > 1 ? Types{in[0]} : Types{};
+}
 double zero_flops(const OpAttrs&, In) {
   return 0;
 }
@@ -228,8 +232,7 @@ const OpInfo kOps[] =
            return {{{rows_of(in[1]), cols_of(in[0])}, kAct}};
          },
          [](const OpAttrs&, In in) { return 2.0 * in[0].elements(); }, no_weights,
-         [](const OpAttrs& a, In in) -> Types { return a.group > 1 ? Types{in[0]} : Types{}; },
-         [](const OpAttrs& a, In in) -> Types { return a.group > 1 ? Types{in[0]} : Types{}; }},
+         outputs_exchanged, outputs_exchanged},
         {OpKind::kSharedGate, "shared_gate", 2, 1, 0b11, 0, 0b11, 0b1, false,
          [](const OpAttrs&, In in) -> Types { return {in[1]}; },
          [](const OpAttrs&, In in) { return 3.0 * in[0].elements(); },

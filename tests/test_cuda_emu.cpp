@@ -842,19 +842,33 @@ TEST(CudaKernels, MixtureOfExperts) {
   we.set(wev), ge.set(gev), dwe.set(std::vector<double>(E * F * h, 0.0));
   expert_forward(blas, xe.t, idx.t, we.t, eo.t, 0, nullptr);
   expert_backward(blas, xe.t, idx.t, we.t, ge.t, dxe2.t, false, dwe.t, 0, nullptr);
-  std::vector<double> eor(N * F, 0.0), dxe2r(N * h, 0.0), dwer(E * F * h, 0.0);
-  for (int64_t i = 0; i < N; ++i) {
-    int64_t r = row[i], e = id[i], t = i / k;
-    for (int64_t f = 0; f < F; ++f)
-      for (int64_t c = 0; c < h; ++c) {
-        eor[r * F + f] += xv[t * h + c] * wev[(e * F + f) * h + c];
-        dxe2r[r * h + c] += gev[r * F + f] * wev[(e * F + f) * h + c];
-        dwer[(e * F + f) * h + c] += gev[r * F + f] * xv[t * h + c];
-      }
-  }
-  expect_close(eo.get(), eor, tolerance(bf), "expert GEMMs");
-  expect_close(dxe2.get(), dxe2r, tolerance(bf), "expert GEMMs backward: dx");
-  expect_close(dwe.get(), dwer, tolerance(f32), "expert GEMMs backward: dW");
+  // The double references of the grouped GEMMs: row r of the dispatched rows xr belongs to
+  // expert expert_of[r]; g the output gradient.
+  struct Grouped {
+    std::vector<double> out, dx, dw;
+  };
+  auto grouped = [&](const std::vector<int64_t>& expert_of, const std::vector<double>& xr,
+                     const std::vector<double>& g) {
+    const int64_t rows = static_cast<int64_t>(expert_of.size());
+    Grouped r{std::vector<double>(rows * F, 0.0), std::vector<double>(rows * h, 0.0),
+              std::vector<double>(E * F * h, 0.0)};
+    for (int64_t q = 0; q < rows; ++q) {
+      int64_t e = expert_of[q];
+      for (int64_t f = 0; f < F; ++f)
+        for (int64_t c = 0; c < h; ++c) {
+          r.out[q * F + f] += xr[q * h + c] * wev[(e * F + f) * h + c];
+          r.dx[q * h + c] += g[q * F + f] * wev[(e * F + f) * h + c];
+          r.dw[(e * F + f) * h + c] += g[q * F + f] * xr[q * h + c];
+        }
+    }
+    return r;
+  };
+  std::vector<int64_t> expert_of_row(N);
+  for (int64_t i = 0; i < N; ++i) expert_of_row[row[i]] = id[i];
+  Grouped gref = grouped(expert_of_row, ref.xe, gev);
+  expect_close(eo.get(), gref.out, tolerance(bf), "expert GEMMs");
+  expect_close(dxe2.get(), gref.dx, tolerance(bf), "expert GEMMs backward: dx");
+  expect_close(dwe.get(), gref.dw, tolerance(f32), "expert GEMMs backward: dW");
 
   // With a capacity of C = 5 slots per expert (74 choices over 6 experts: many dropped): choice i
   // takes slot e C + (its rank among e's choices) while that is below C; every other slot is zero,
@@ -875,8 +889,7 @@ TEST(CudaKernels, MixtureOfExperts) {
   moe_combine_forward(cye.t, probs.t, idx.t, ccomb.t, E, C, nullptr);
   moe_combine_backward(cye.t, probs.t, idx.t, gout.t, cdye.t, false, cdp.t, false, E, C, nullptr);
   Routed cref = routed(slot, R, cyv, std::vector<double>(T * k, 0.0));
-  const std::vector<double>& cxer = cref.xe;
-  expect_close(cxe.get(), cxer, tolerance(bf), "capacity: dispatch");
+  expect_close(cxe.get(), cref.xe, tolerance(bf), "capacity: dispatch");
   expect_close(cdx.get(), cref.dx, tolerance(bf), "capacity: dispatch backward");
   expect_close(ccomb.get(), cref.comb, tolerance(bf), "capacity: combine");
   expect_close(cdye.get(), cref.dye, tolerance(bf), "capacity: combine backward, expert outputs");
@@ -887,19 +900,12 @@ TEST(CudaKernels, MixtureOfExperts) {
   cge.set(cgev), cdwe.set(std::vector<double>(E * F * h, 0.0));
   expert_forward(blas, cxe.t, idx.t, we.t, ceo.t, C, nullptr);
   expert_backward(blas, cxe.t, idx.t, we.t, cge.t, cdxe2.t, false, cdwe.t, C, nullptr);
-  std::vector<double> ceor(R * F, 0.0), cdxe2r(R * h, 0.0), cdwer(E * F * h, 0.0);
-  for (int64_t r = 0; r < R; ++r) {
-    int64_t e = r / C;
-    for (int64_t f = 0; f < F; ++f)
-      for (int64_t c = 0; c < h; ++c) {
-        ceor[r * F + f] += cxer[r * h + c] * wev[(e * F + f) * h + c];
-        cdxe2r[r * h + c] += cgev[r * F + f] * wev[(e * F + f) * h + c];
-        cdwer[(e * F + f) * h + c] += cgev[r * F + f] * cxer[r * h + c];
-      }
-  }
-  expect_close(ceo.get(), ceor, tolerance(bf), "capacity: expert GEMMs");
-  expect_close(cdxe2.get(), cdxe2r, tolerance(bf), "capacity: expert GEMMs backward, dx");
-  expect_close(cdwe.get(), cdwer, tolerance(f32), "capacity: expert GEMMs backward, dW");
+  std::vector<int64_t> expert_of_slot(R);
+  for (int64_t q = 0; q < R; ++q) expert_of_slot[q] = q / C;
+  Grouped cg = grouped(expert_of_slot, cref.xe, cgev);
+  expect_close(ceo.get(), cg.out, tolerance(bf), "capacity: expert GEMMs");
+  expect_close(cdxe2.get(), cg.dx, tolerance(bf), "capacity: expert GEMMs backward, dx");
+  expect_close(cdwe.get(), cg.dw, tolerance(f32), "capacity: expert GEMMs backward, dW");
 
   // The shared gate: out = sigmoid(x . w) y; dy = s g, dx = dz w, dw += sum dz x.
   auto gwv = random_values(h, 73, -0.3, 0.3), sy = random_values(T * F, 74), sg = random_values(T * F, 75);

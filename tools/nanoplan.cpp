@@ -888,13 +888,15 @@ int run_report(const Flags& f) {
   np::HardwareModel hw = make_hardware(f);
   np::ReportInput in;
   in.command = f.command_line;
-  in.schedule = np::schedule_for_setup(r.model, r.setup, rt, budget, hw, plan_options(f));
+  if (r.setup.recompute == np::Recompute::kAuto) {  // planned once: its schedule and frontier
+    in.plan = np::auto_plan(r.model, r.setup, rt, *budget, hw, plan_options(f));
+    in.schedule = in.plan->schedule;
+  } else {
+    in.schedule = np::build_schedule(r.model, r.setup);
+  }
   in.estimate = np::estimate_schedule(in.schedule, rt, {.budget = budget, .suggestions = false});
   in.estimate.headroom = headroom_of(f);
-  if (r.setup.recompute == np::Recompute::kAuto) {
-    in.plan = np::auto_plan(r.model, r.setup, rt, *budget, hw, plan_options(f));
-    in.estimate.fits = in.plan->fits;
-  }
+  if (in.plan) in.estimate.fits = in.plan->fits;
   if (f.report_run) {
     Executor ex = executor_for(f);
     if (auto e = np::exec::check_runnable(in.schedule, !ex.device)) die("--run: " + e->message);

@@ -92,7 +92,7 @@ class Communicator {
   // and TP index; EP rank d mod ep holds experts [ep_rank x E / ep, (ep_rank + 1) x E / ep).
   // all_to_all: in and out are ep equal row blocks; out's block q is block ep_rank() of rank q's
   // in (the MoE dispatch and combine). Default: one EP rank, a copy.
-  virtual int64_t ep_rank() const { return 0; }
+  int64_t ep_rank() const { return dp_rank() / cp_size() % ep_size(); }
   virtual int64_t ep_size() const { return 1; }
   virtual void ep_all_to_all(const Tensor& in, const Tensor& out);
   // Device memory the communicator took as it started, measured (NCCL's buffers): name, bytes.

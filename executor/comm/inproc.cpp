@@ -74,7 +74,6 @@ class InProcessComm final : public Communicator {
     wait_on(m.group);
   }
 
-  int64_t ep_rank() const override { return dp_rank_ / w_.cp_ % w_.ep_; }
   int64_t ep_size() const override { return w_.ep_; }
 
   void ep_all_to_all(const Tensor& in, const Tensor& out) override {

@@ -65,7 +65,6 @@ class MpiComm final : public Communicator {
   int64_t dp_size() const override { return dp_; }
   int64_t cp_rank() const override { return dp_rank_ % cp_; }
   int64_t cp_size() const override { return cp_; }
-  int64_t ep_rank() const override { return dp_rank_ / cp_ % ep_; }
   int64_t ep_size() const override { return ep_; }
 
   void ep_all_to_all(const Tensor& in, const Tensor& out) override {

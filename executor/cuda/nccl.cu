@@ -86,7 +86,6 @@ class NcclComm final : public exec::Communicator {
                               const Tensor& into) override {
     mpi_.dp_reduce_scatter_into(g, t, first, shard, into);
   }
-  int64_t ep_rank() const override { return mpi_.ep_rank(); }
   int64_t ep_size() const override { return mpi_.ep_size(); }
   void ep_all_to_all(const Tensor& in, const Tensor& out) override { mpi_.ep_all_to_all(in, out); }
 
