@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <stdexcept>
 #include <tuple>
 
@@ -88,19 +89,36 @@ struct StageShape {
   // ZeRO's transient while a block runs, per block kind: the gathered bf16 weights (ZeRO-3) and
   // the unsharded gradient bucket (ZeRO-2/3), both live through the block's backward.
   int64_t layer_zero = 0, embedding_zero = 0, head_zero = 0;
+  // Interleaved: the layers of each local chunk and the steps that may set the peak (the
+  // embedding in chunk 0 of the first stage, the head in the last chunk of the last); empty
+  // otherwise (one chunk, `in_flight` micro-batches).
+  std::vector<int64_t> chunk_layers;
+  std::vector<ChunkLoad> loads;
 };
 
-StageShape stage_shape(const TrainSpec& t, const StageStatics& statics, int64_t s, int64_t layers) {
+StageShape stage_shape(const ModelSpec& m, const TrainSpec& t, const StageStatics& statics,
+                       int64_t s, int64_t layers) {
   StageStatics::ZeroTransients z = statics.zero_transients(static_cast<int>(s));
-  return {s,
-          in_flight(t.pp_schedule, s, t.pp, t.microbatches, t.virtual_stages),
-          statics(static_cast<int>(s), static_cast<int>(layers)),
-          layers,
-          s == 0,
-          s == t.pp - 1,
-          z.layer,
-          z.embedding,
-          z.head};
+  StageShape shape{s,
+                   in_flight(t.pp_schedule, s, t.pp, t.microbatches, t.virtual_stages),
+                   statics(static_cast<int>(s), static_cast<int>(layers)),
+                   layers,
+                   s == 0,
+                   s == t.pp - 1,
+                   z.layer,
+                   z.embedding,
+                   z.head,
+                   {},
+                   {}};
+  if (t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages > 1) {
+    std::vector<int64_t> chunks = chunk_layers(m, t);
+    for (size_t j = static_cast<size_t>(s); j < chunks.size(); j += static_cast<size_t>(t.pp))
+      shape.chunk_layers.push_back(chunks[j]);
+    // The simulation's micro-batches: the same peaks (simulation_setup).
+    shape.loads =
+        chunk_loads(t.pp_schedule, s, t.pp, simulation_setup(t).microbatches, t.virtual_stages);
+  }
+  return shape;
 }
 
 // A stage's plan: the layers' choice and the option of its embedding and head blocks.
@@ -113,8 +131,8 @@ struct StageChoice {
 class StageSolver {
  public:
   StageSolver(const std::vector<LayerOption>& layer, const EdgeOptions& embedding,
-              const EdgeOptions& head)
-      : embedding_(embedding), head_(head) {
+              const EdgeOptions& head, FrontierCache::Entry& entry)
+      : embedding_(embedding), head_(head), entry_(entry) {
     for (const LayerOption& o : layer) layer_.push_back({o.kept_bytes, o.working_bytes, o.cost});
   }
 
@@ -122,6 +140,16 @@ class StageSolver {
   // embedding and head blocks; layers.feasible is false when none fits.
   StageChoice cheapest(const StageShape& s, int64_t target) const {
     StageChoice best;
+    if (!s.loads.empty()) {
+      each_chunked(s, target, [&](const ChunkedStageProblem& p, int e, int h) {
+        double edge = edge_cost(s, e, h);
+        if (edge >= best.cost) return;
+        ChunkedSolution sol = solve_chunked_stage(p, best.cost - edge);
+        if (sol.feasible && sol.cost + edge < best.cost)
+          best = {flatten(sol), e, h, sol.cost + edge};
+      });
+      return best;
+    }
     each(s, target, [&](StageProblem& p, int e, int h) {
       double edge = edge_cost(s, e, h);
       if (edge >= best.cost) return;  // the layers cost something or nothing: no better
@@ -135,6 +163,17 @@ class StageSolver {
   // The plan with the smallest model peak (for stages where nothing fits).
   StageChoice closest(const StageShape& s) const {
     StageChoice best;
+    if (!s.loads.empty()) {
+      each_chunked(
+          s, std::numeric_limits<int64_t>::max() / 4,
+          [&](const ChunkedStageProblem& p, int e, int h) {
+            StageSolution sol = flatten(min_peak_chunked_solution(p));
+            if (best.cost == std::numeric_limits<double>::infinity() || sol.peak < best.layers.peak)
+              best = {std::move(sol), e, h, 0.0};
+          });
+      best.cost = best.layers.cost + edge_cost(s, best.embedding, best.head);
+      return best;
+    }
     each(s, std::numeric_limits<int64_t>::max() / 4, [&](StageProblem& p, int e, int h) {
       StageSolution sol = min_peak_solution(p);
       if (best.cost == std::numeric_limits<double>::infinity() || sol.peak < best.layers.peak)
@@ -149,10 +188,9 @@ class StageSolver {
     return (s.embedding ? embedding_.options[e].cost : 0) + (s.head ? head_.options[h].cost : 0);
   }
 
-  // Calls f(problem, e, h) for every option pair of the stage's embedding and head, the pair
-  // with the least time first (the setup's named options first among equals).
-  template <typename F>
-  void each(const StageShape& s, int64_t target, F f) const {
+  // Every option pair of the stage's embedding and head, the pair with the least time first (the
+  // setup's named options first among equals).
+  std::vector<std::pair<int, int>> edge_pairs(const StageShape& s) const {
     const int ne = s.embedding ? static_cast<int>(embedding_.options.size()) : 1;
     const int nh = s.head ? static_cast<int>(head_.options.size()) : 1;
     std::vector<std::pair<int, int>> pairs;
@@ -161,7 +199,14 @@ class StageSolver {
     std::stable_sort(pairs.begin(), pairs.end(), [&](auto a, auto b) {
       return edge_cost(s, a.first, a.second) < edge_cost(s, b.first, b.second);
     });
-    for (auto [e, h] : pairs) {
+    return pairs;
+  }
+
+  // Calls f(problem, e, h) for every option pair of the stage's embedding and head, in that
+  // order.
+  template <typename F>
+  void each(const StageShape& s, int64_t target, F f) const {
+    for (auto [e, h] : edge_pairs(s)) {
       StageProblem p;
       p.in_flight = s.in_flight;
       p.base = s.static_bytes;
@@ -181,8 +226,61 @@ class StageSolver {
     }
   }
 
+  // The chunks' choices one after another: the stage's layers in block order.
+  static StageSolution flatten(const ChunkedSolution& c) {
+    StageSolution s{c.feasible, c.cost, {}, c.peak};
+    for (const std::vector<int>& chunk : c.choice)
+      s.choice.insert(s.choice.end(), chunk.begin(), chunk.end());
+    return s;
+  }
+
+  // As `each`, for a stage of several chunks: the embedding block before the layers of the first
+  // stage's chunk 0, the head block after those of the last stage's last chunk.
+  template <typename F>
+  void each_chunked(const StageShape& s, int64_t target, F f) const {
+    std::vector<StageOption> opts = layer_;
+    for (StageOption& o : opts) o.working += s.layer_zero;
+    for (auto [e, h] : edge_pairs(s)) {
+      ChunkedStageProblem p;
+      p.budget = target;
+      p.base = s.static_bytes;
+      p.loads = s.loads;
+      for (int64_t n : s.chunk_layers)
+        p.chunks.push_back(
+            {{}, {}, std::vector(n, opts), choices(n, s, opts, target - s.static_bytes)});
+      if (s.embedding) {
+        const LayerOption& o = embedding_.options[e];
+        p.chunks.front().before = {o.kept_bytes, o.working_bytes + s.embedding_zero, o.cost};
+      }
+      if (s.head) {
+        const LayerOption& o = head_.options[h];
+        p.chunks.back().after = {o.kept_bytes, o.working_bytes + s.head_zero, o.cost};
+      }
+      f(p, e, h);
+    }
+  }
+
+  // The Pareto choices of a chunk of n layers whose kept plus transient bytes fit `cap` (a
+  // chunk's pass runs with at least itself alive, so no other can fit), computed once per
+  // frontier for the largest cap asked for (a sweep shares them; the solver filters for a
+  // smaller cap).
+  std::shared_ptr<const std::vector<ParetoChoice>> choices(int64_t n, const StageShape& s,
+                                                           const std::vector<StageOption>& opts,
+                                                           int64_t cap) const {
+    std::lock_guard lock(entry_.chunk_mu);
+    FrontierCache::Entry::ChunkChoices& known = entry_.chunk_choices[{n, s.layer_zero}];
+    if (!known.choices || cap > known.cap) {
+      StageProblem alone;
+      alone.layers.assign(n, opts);
+      alone.budget = cap;
+      known = {cap, std::make_shared<const std::vector<ParetoChoice>>(pareto_choices(alone))};
+    }
+    return known.choices;
+  }
+
   std::vector<StageOption> layer_;
   const EdgeOptions &embedding_, &head_;
+  FrontierCache::Entry& entry_;
 };
 
 // The partition search: layers per stage minimising the slowest stage's time per micro-batch
@@ -211,7 +309,7 @@ std::optional<std::vector<int64_t>> search_partition(const ModelSpec& m, const T
                head_s = seconds(blocks.head);
   const int64_t pp = t.pp;
   auto stage_time = [&](int64_t s, int64_t n) {
-    StageShape shape = stage_shape(t, statics, s, n);
+    StageShape shape = stage_shape(m, t, statics, s, n);
     StageChoice c = solver.cheapest(shape, allocator_budget(budget, shape.static_bytes, t, rt));
     if (!c.layers.feasible) return std::numeric_limits<double>::infinity();
     return static_cast<double>(n) * layer_s + (shape.embedding ? emb_s : 0) +
@@ -272,7 +370,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   plan.frontier = entry->frontier, plan.option_names = entry->names;
   const EdgeOptions embedding = edge_options(blocks.embedding, t, hw),
                     head = edge_options(blocks.head, t, hw);
-  const StageSolver solver(plan.frontier.options, embedding, head);
+  const StageSolver solver(plan.frontier.options, embedding, head, *entry);
   const StageStatics statics(m, t);  // per-stage constants; the split is an argument
   bool searched = false;
   if (options.search_partition && t.pp > 1 && t.stage_layers.empty() &&
@@ -290,7 +388,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   std::vector<int64_t> target;
   const std::vector<std::vector<int>> stage_layers = stage_layer_lists(m, t);
   for (int64_t s = 0; s < t.pp; ++s) {
-    StageShape shape = stage_shape(t, statics, s, counts[s]);
+    StageShape shape = stage_shape(m, t, statics, s, counts[s]);
     shapes.push_back(shape);
     target.push_back(allocator_budget(budget, shape.static_bytes, t, rt));
     plan.stages.push_back({static_cast<int>(s), false, 0, {}});
@@ -298,8 +396,9 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   auto adopt = [&](size_t st, const StageChoice& c) {
     plan.stages[st].layer_option = c.layers.choice;
     for (size_t l = 0; l < c.layers.choice.size(); ++l)
-      plan.layer_policies[stage_layers[st][l]] = {plan.frontier.options[c.layers.choice[l]].recompute,
-                                        plan.option_names[c.layers.choice[l]]};
+      plan.layer_policies[stage_layers[st][l]] = {
+          plan.frontier.options[c.layers.choice[l]].recompute,
+          plan.option_names[c.layers.choice[l]]};
     if (shapes[st].embedding)
       plan.embedding_policy =
           BlockPolicy{embedding.options[c.embedding].recompute, embedding.names[c.embedding]};

@@ -9,11 +9,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "planner/cost.hpp"
 #include "planner/estimate.hpp"
 #include "planner/frontier.hpp"
+#include "planner/solve.hpp"
 
 namespace np {
 
@@ -49,6 +51,14 @@ struct FrontierCache {
     std::once_flag once;  // computed by the first thread that needs it; others wait
     LayerFrontier frontier;
     std::vector<std::string> names;
+    // Interleaved stages: the Pareto choices of a chunk's layers with kept + transient bytes
+    // within a cap (the largest asked for so far), by (layer count, ZeRO transient per layer).
+    struct ChunkChoices {
+      int64_t cap = -1;
+      std::shared_ptr<const std::vector<ParetoChoice>> choices;
+    };
+    std::mutex chunk_mu;
+    std::map<std::pair<int64_t, int64_t>, ChunkChoices> chunk_choices;
   };
   std::mutex mu;  // guards the map only: different keys are computed in parallel
   std::map<std::string, std::shared_ptr<Entry>> entries;

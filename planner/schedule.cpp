@@ -2,10 +2,11 @@
 // forward / recompute / backward instructions per op, and frees at each tensor's last use.
 #include "planner/schedule.hpp"
 
-#include "planner/contract.hpp"
-
 #include <algorithm>
 #include <limits>
+#include <tuple>
+
+#include "planner/contract.hpp"
 
 namespace np {
 
@@ -59,6 +60,54 @@ int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v)
   if (s == PpSchedule::kInterleaved)
     return (chunk_passes_in_flight(s, stage, pp, m, v) + v - 1) / v;
   return s == PpSchedule::kAfab ? m : std::min(m, pp - stage);
+}
+
+namespace {
+
+// Whether `x` is at or under a point of the segment between a and b (every component).
+bool under_segment(const std::vector<int64_t>& x, const std::vector<int64_t>& a,
+                   const std::vector<int64_t>& b) {
+  // x_c <= b_c + l (a_c - b_c) for some l in [0, 1]: each component bounds l from one side.
+  double lo = 0, hi = 1;
+  for (size_t c = 0; c < x.size(); ++c) {
+    double slope = static_cast<double>(a[c] - b[c]), need = static_cast<double>(x[c] - b[c]);
+    if (slope > 0)
+      lo = std::max(lo, need / slope);
+    else if (slope < 0)
+      hi = std::min(hi, need / slope);
+    else if (need > 0)
+      return false;
+  }
+  return lo <= hi + 1e-12;
+}
+
+}  // namespace
+
+std::vector<ChunkLoad> chunk_loads(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v) {
+  if (s != PpSchedule::kInterleaved) return {{{in_flight(s, stage, pp, m)}, 0}};
+  std::vector<ChunkLoad> steps;
+  std::vector<int64_t> alive(v, 0);
+  for (PipelinePass p : pipeline_order(s, stage, pp, m, v)) {
+    if (p.forward) ++alive[p.chunk];
+    steps.push_back({alive, p.chunk});
+    if (!p.forward) --alive[p.chunk];
+  }
+  std::sort(steps.begin(), steps.end(), [](const ChunkLoad& a, const ChunkLoad& b) {
+    return std::tie(a.running, a.alive) < std::tie(b.running, b.alive);
+  });
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  // One at a time, against the steps still kept (each left out is bounded by those that stay).
+  for (size_t i = steps.size(); i-- > 0;) {
+    bool redundant = false;
+    for (size_t a = 0; a < steps.size() && !redundant; ++a) {
+      if (a == i || steps[a].running != steps[i].running) continue;
+      for (size_t b = a; b < steps.size() && !redundant; ++b)
+        redundant = b != i && steps[b].running == steps[i].running &&
+                    under_segment(steps[i].alive, steps[a].alive, steps[b].alive);
+    }
+    if (redundant) steps.erase(steps.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  return steps;
 }
 
 TrainSpec simulation_setup(const TrainSpec& t) {
@@ -169,10 +218,9 @@ class ProgramBuilder {
  public:
   // `layers`: the stage's decoder layers by local chunk (one chunk unless interleaved).
   ProgramBuilder(const ModelSpec& m, const TrainSpec& t, int stage,
-                 const std::vector<std::vector<int>>& layers,
-                 std::shared_ptr<const BlockGraph> emb, std::shared_ptr<const BlockGraph> layer,
-                 std::shared_ptr<const BlockGraph> head, const BlockPolicies* policies,
-                 int64_t microbatches)
+                 const std::vector<std::vector<int>>& layers, std::shared_ptr<const BlockGraph> emb,
+                 std::shared_ptr<const BlockGraph> layer, std::shared_ptr<const BlockGraph> head,
+                 const BlockPolicies* policies, int64_t microbatches)
       : m_(m), t_(t), policies_(policies), microbatches_(microbatches) {
     p_.stage = stage;
     const int chunks = static_cast<int>(layers.size());
@@ -213,8 +261,8 @@ class ProgramBuilder {
     for (const StageBlock& b : p_.blocks)
       value_offset_.push_back(value_offset_.back() + static_cast<int32_t>(b.graph->tensors.size()));
     values_.assign(static_cast<size_t>(microbatches_) * value_offset_.back(), -1);
-    for (PipelinePass pass : pipeline_order(t_.pp_schedule, p_.stage, t_.pp, microbatches_,
-                                            t_.virtual_stages))
+    for (PipelinePass pass :
+         pipeline_order(t_.pp_schedule, p_.stage, t_.pp, microbatches_, t_.virtual_stages))
       pass.forward ? forward_pass(pass.mb, pass.chunk) : backward_pass(pass.mb, pass.chunk);
     begin(InstrKind::kOptimizerStep);
     for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
@@ -355,7 +403,8 @@ void ProgramBuilder::emit_statics() {
     const char* name;
     int64_t n, shards;
   };
-  for (Group g : {Group{"dense", dense, t_.dp * t_.cp}, Group{"expert", expert, t_.dp * t_.cp / t_.ep}}) {
+  for (Group g :
+       {Group{"dense", dense, t_.dp * t_.cp}, Group{"expert", expert, t_.dp * t_.cp / t_.ep}}) {
     if (g.n == 0) continue;
     std::string s = g.name;
     if (t_.zero >= 3)

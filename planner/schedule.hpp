@@ -122,14 +122,28 @@ struct PipelinePass {
 std::vector<PipelinePass> pipeline_order(PpSchedule s, int64_t stage, int64_t pp, int64_t m,
                                          int64_t v = 1);
 // Micro-batches whose activations are alive at once on a stage: 1F1B min(m, pp - stage), AFAB m;
-// interleaved, the chunk passes alive at once over v, rounded up (whole-stage micro-batches: the
-// stage solver's bound when its chunks keep alike; the simulation checks the plan).
+// interleaved, the chunk passes alive at once over v, rounded up (whole-stage micro-batches, as
+// reports show it; the stage solver takes each chunk's count at each step, chunk_loads).
 int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v = 1);
 // The most chunk passes alive at once on a stage: m v under AFAB, interleaved
 // min(m v, 2 (pp - s - 1) + (v - 1) pp + 1) (Korthikanti et al. 2022, section 4.2: on the first
 // stage pp v + pp - 1 chunks of L / (pp v) layers, the activations of L (1 + (pp - 1) / (pp v))
 // layers).
 int64_t chunk_passes_in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v = 1);
+
+// The chunk passes alive on a stage at a step of its schedule that may set its peak: per local
+// chunk, the passes whose forward has begun and whose backward has not ended, and the chunk whose
+// pass runs then. A step's memory is linear in these counts (each chunk's kept bytes times its
+// count, plus the running pass's transient), so a step is left out when another with the same
+// running chunk has at least its counts, or when its counts lie at or under a segment between two
+// others' (its peak is at most the larger of theirs). AFAB and 1F1B: the one step {in_flight}.
+struct ChunkLoad {
+  std::vector<int64_t> alive;  // per local chunk
+  int running = 0;
+  bool operator==(const ChunkLoad&) const = default;
+};
+std::vector<ChunkLoad> chunk_loads(PpSchedule s, int64_t stage, int64_t pp, int64_t m,
+                                   int64_t v = 1);
 
 // The setup whose schedule has the same per-stage memory peaks with fewer micro-batches: under
 // 1F1B every micro-batch past pp + 1 repeats the steady state, so m is capped there; interleaved,

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <tuple>
 
 namespace np {
 
@@ -92,6 +93,126 @@ std::vector<int> choice_of(const std::vector<std::vector<State>>& levels, int be
 }
 
 }  // namespace
+
+namespace {
+
+bool uniform(const StageProblem& p);
+
+// A staircase of (M ascending, cost descending): false when some step has no larger M and no
+// larger cost than (m, cost); else the point goes in and the steps it beats go out.
+bool stair_admits(std::vector<std::pair<int64_t, double>>& stair, int64_t m, double cost) {
+  auto by_m = [](const auto& x, const auto& y) { return x.first < y.first; };
+  auto it = std::upper_bound(stair.begin(), stair.end(), std::pair{m, cost}, by_m);
+  if (it != stair.begin() && std::prev(it)->second <= cost) return false;
+  auto lo = std::lower_bound(stair.begin(), stair.end(), std::pair{m, cost}, by_m);
+  auto hi = lo;
+  while (hi != stair.end() && hi->second >= cost) ++hi;
+  stair.insert(stair.erase(lo, hi), {m, cost});
+  return true;
+}
+
+// Keeps the choices no other beats on (kept, kept + transient, cost): the transient term enters
+// every peak with the kept bytes of its own chunk's pass (f K + E = (f - 1) K + (K + E), f >= 1),
+// so that order is the one every step's sum grows with.
+std::vector<ParetoChoice> keep_least(std::vector<ParetoChoice> in) {
+  std::sort(in.begin(), in.end(), [](const ParetoChoice& a, const ParetoChoice& b) {
+    int64_t ma = a.kept + a.transient, mb = b.kept + b.transient;
+    return std::tie(a.kept, ma, a.cost) < std::tie(b.kept, mb, b.cost);
+  });
+  std::vector<ParetoChoice> out;
+  std::map<int64_t, double> stair;  // kept + transient -> cost, cost strictly falling
+  for (ParetoChoice& c : in) {
+    int64_t m = c.kept + c.transient;
+    auto it = stair.upper_bound(m);
+    if (it != stair.begin() && std::prev(it)->second <= c.cost) continue;
+    auto lo = stair.lower_bound(m);
+    while (lo != stair.end() && lo->second >= c.cost) lo = stair.erase(lo);
+    stair[m] = c.cost;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// Layers sharing one option list: only how many take each option matters (the order with the
+// larger transient first is the best one, see GroupProgramme), so the programme runs over the
+// options in that order adding one copy at a time; a state is (layers placed j, kept bytes P,
+// M = the largest P_l + w_l so far, cost), and one no other of the same j beats on all of
+// (P, M, cost) is kept; a state whose f P + extra or (f - 1) P + M leaves the budget is dropped.
+// A chunk's choice then has kept P and transient max(extra, M - P).
+std::vector<ParetoChoice> group_choices(const StageProblem& p) {
+  const std::vector<StageOption>& opts = p.layers.front();
+  const int64_t L = static_cast<int64_t>(p.layers.size()), f = p.in_flight,
+                room = p.budget - p.base;
+  std::vector<int> order(opts.size());
+  for (size_t o = 0; o < opts.size(); ++o) order[o] = static_cast<int>(o);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return opts[a].working - opts[a].kept > opts[b].working - opts[b].kept;
+  });
+  struct St {
+    int64_t P, M;
+    double cost;
+    int node;
+  };
+  struct Node {
+    int parent, option;
+  };
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::min() / 4;
+  std::vector<Node> nodes;
+  std::vector<std::vector<St>> at(L + 1);
+  at[0].push_back({0, kNone, 0.0, -1});
+  std::vector<St> shifted, merged;
+  std::vector<std::pair<int64_t, double>> stair;  // M ascending, cost descending
+  for (int o : order) {
+    const StageOption& op = opts[o];
+    for (int64_t j = 0; j < L; ++j) {
+      shifted.clear();
+      for (const St& s : at[j]) {
+        St n{s.P + op.kept, std::max(s.M, s.P + op.working), s.cost + op.cost, s.node};
+        if (f * n.P + p.extra > room || (f - 1) * n.P + n.M > room) continue;
+        shifted.push_back(n);
+      }
+      if (shifted.empty()) continue;
+      for (St& s : shifted) {
+        nodes.push_back({s.node, o});
+        s.node = static_cast<int>(nodes.size()) - 1;
+      }
+      merged.clear();
+      std::merge(at[j + 1].begin(), at[j + 1].end(), shifted.begin(), shifted.end(),
+                 std::back_inserter(merged), [](const St& x, const St& y) {
+                   return std::tie(x.P, x.M, x.cost) < std::tie(y.P, y.M, y.cost);
+                 });
+      std::vector<St>& out = at[j + 1];
+      out.clear();
+      stair.clear();
+      for (const St& s : merged)
+        if (stair_admits(stair, s.M, s.cost)) out.push_back(s);
+    }
+  }
+  std::vector<ParetoChoice> out;
+  for (const St& s : at[L]) {
+    ParetoChoice c{s.P, std::max(p.extra, s.M - s.P), 0.0, {}};
+    for (int n = s.node; n >= 0; n = nodes[n].parent) c.choice.push_back(nodes[n].option);
+    std::reverse(c.choice.begin(), c.choice.end());
+    for (int o : c.choice) c.cost += opts[o].cost;  // summed in layer order
+    if (p.base + f * c.kept + c.transient <= p.budget) out.push_back(std::move(c));
+  }
+  return keep_least(std::move(out));
+}
+
+}  // namespace
+
+std::vector<ParetoChoice> pareto_choices(const StageProblem& p) {
+  if (p.layers.empty()) return {{0, p.extra, 0.0, {}}};
+  if (uniform(p)) return group_choices(p);
+  std::vector<std::vector<State>> levels = layer_levels(p);
+  if (levels.empty()) return {};
+  std::vector<ParetoChoice> out;
+  for (size_t i = 0; i < levels.back().size(); ++i) {
+    const State& st = levels.back()[i];
+    out.push_back({st.q, st.e, st.cost, choice_of(levels, static_cast<int>(i))});
+  }
+  return keep_least(std::move(out));
+}
 
 StageSolution solve_stage_programme(const StageProblem& p) {
   std::vector<std::vector<State>> levels = layer_levels(p);
@@ -306,17 +427,8 @@ class GroupProgramme {
     }
     std::vector<std::pair<int64_t, double>>& stair = scratch_;  // M ascending, cost descending
     stair.clear();
-    for (const State& s : in) {
-      auto it = std::upper_bound(stair.begin(), stair.end(), std::pair{s.m, s.cost},
-                                 [](const auto& x, const auto& y) { return x.first < y.first; });
-      if (it != stair.begin() && std::prev(it)->second <= s.cost) continue;  // dominated
-      out.push_back(s);
-      auto lo = std::lower_bound(stair.begin(), stair.end(), std::pair{s.m, s.cost},
-                                 [](const auto& x, const auto& y) { return x.first < y.first; });
-      auto hi = lo;
-      while (hi != stair.end() && hi->second >= s.cost) ++hi;
-      stair.insert(stair.erase(lo, hi), {s.m, s.cost});
-    }
+    for (const State& s : in)
+      if (stair_admits(stair, s.m, s.cost)) out.push_back(s);
   }
 
   // A lower bound on the cost of `rest` more layers on groups g and later, after kept bytes P

@@ -10,12 +10,15 @@
 // forward for the newest): the other f - 1 micro-batches keep everything, this one still keeps
 // the layers before l, and layer l holds its working set. `base` is the static bytes plus the
 // non-layer kept bytes; `extra` covers the embedding and head working sets.
+// Stages of several model chunks (the interleaved schedule) take ChunkedStageProblem below.
 #pragma once
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "planner/frontier.hpp"
+#include "planner/schedule.hpp"
 
 namespace np {
 
@@ -52,5 +55,57 @@ StageSolution brute_force_stage(const StageProblem& p);
 // The smallest achievable model peak (for "nothing fits" reports), and a choice reaching it.
 int64_t min_stage_peak(const StageProblem& p);
 StageSolution min_peak_solution(const StageProblem& p);
+
+// Every choice of a stage's layers that no other beats on all of (kept bytes K, transient term
+// E = max(extra, max_l (w_l - k_l - Q_{l+1})), cost), and that keeps base + f K + E within the
+// budget; K counts the layers only.
+struct ParetoChoice {
+  int64_t kept = 0, transient = 0;
+  double cost = 0;
+  std::vector<int> choice;  // option index per layer
+};
+std::vector<ParetoChoice> pareto_choices(const StageProblem& p);
+
+// A stage whose layers form several model chunks (the interleaved schedule). Chunk c runs its
+// blocks in order: the embedding (first stage, chunk 0), its layers, the head (last stage, last
+// chunk). Per pass it keeps K_c, its blocks' kept bytes, and while one of its passes runs it
+// adds E_c = max over its blocks b of (w_b - k_b - Q_b), Q_b the kept bytes of the blocks after
+// b (freed before b's backward; the running pass's forward reaches the same sum). At each step
+// of the schedule that may set the peak (chunk_loads), with a_c passes of chunk c alive and
+// chunk r running,
+//   peak = base + sum_c a_c K_c + E_r,
+// and the stage's peak is the largest over those steps. One chunk without an embedding, a head
+// of kept 0 and working `extra`, and one step {f} is StageProblem's model.
+struct ChunkedStageProblem {
+  struct Chunk {
+    StageOption before, after;  // the embedding's and the head's kept and working bytes (or 0)
+    std::vector<std::vector<StageOption>> layers;  // per layer in forward order: its options
+    // Optional: pareto_choices of `layers` alone (no budget, extra 0), when already known (chunks
+    // of equal layers share them); computed when null.
+    std::shared_ptr<const std::vector<ParetoChoice>> choices;
+  };
+  int64_t budget = 0;  // bytes for the whole stage
+  int64_t base = 0;    // static bytes
+  std::vector<Chunk> chunks;
+  std::vector<ChunkLoad> loads;
+};
+
+struct ChunkedSolution {
+  bool feasible = false;
+  double cost = 0;
+  std::vector<std::vector<int>> choice;  // per chunk, option index per layer
+  int64_t peak = 0;                      // model peak of the choice
+};
+
+int64_t model_peak(const ChunkedStageProblem& p, const std::vector<std::vector<int>>& choice);
+// The cheapest choice within the budget, exactly: each chunk's Pareto choices, then a depth-first
+// search over the chunks, cut by each step's least completion and by a Lagrangian bound on cost.
+// With `below`, only a choice costing less than it is wanted.
+ChunkedSolution solve_chunked_stage(const ChunkedStageProblem& p,
+                                    double below = std::numeric_limits<double>::infinity());
+// Exhaustive search (the test oracle; small instances only).
+ChunkedSolution brute_force_chunked_stage(const ChunkedStageProblem& p);
+// The smallest achievable model peak, and a choice reaching it.
+ChunkedSolution min_peak_chunked_solution(const ChunkedStageProblem& p);
 
 }  // namespace np

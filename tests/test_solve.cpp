@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
+#include <tuple>
 
 #include "planner/frontier.hpp"
 #include "planner/mincut.hpp"
@@ -194,6 +196,158 @@ TEST(Solver, MinimumPeakIsTheFirstFeasibleBudget) {
     EXPECT_TRUE(solve_stage(p).feasible);
     p.budget = m - 1;
     EXPECT_FALSE(brute_force_stage(p).feasible);
+  }
+}
+
+// A random stage of 2-3 chunks, 1-2 layers each (at most 5), on the steps of a real interleaved
+// order (pp 2-4, a random stage, m = 2 pp): an embedding block before chunk 0's layers or a
+// head block after the last chunk's, sometimes; layers sharing one option list, sometimes.
+ChunkedStageProblem random_chunked(std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> chunks(2, 3), layers(1, 2), options(2, 4), pp(2, 4);
+  ChunkedStageProblem p;
+  int v = chunks(rng), stages = pp(rng);
+  int stage = std::uniform_int_distribution<int>(0, stages - 1)(rng);
+  p.loads = chunk_loads(PpSchedule::kInterleaved, stage, stages, 2 * stages, v);
+  p.base = std::uniform_int_distribution<int>(0, 50)(rng);
+  std::vector<StageOption> shared = random_options(rng, options(rng), 40, 60, 20);
+  bool alike = rng() % 2;
+  int total = 0;
+  for (int c = 0; c < v; ++c) {
+    ChunkedStageProblem::Chunk ch;
+    int n = std::min(layers(rng), 5 - total - (v - c - 1));
+    total += n;
+    for (int l = 0; l < n; ++l)
+      ch.layers.push_back(alike ? shared : random_options(rng, options(rng), 40, 60, 20));
+    p.chunks.push_back(std::move(ch));
+  }
+  int edge = std::uniform_int_distribution<int>(0, 2)(rng);  // none, embedding, head
+  if (edge > 0) {
+    int64_t kept = std::uniform_int_distribution<int>(1, 30)(rng);
+    StageOption block{kept, kept + std::uniform_int_distribution<int>(0, 80)(rng), 0};
+    (edge == 1 ? p.chunks.front().before : p.chunks.back().after) = block;
+  }
+  int64_t most = 0;
+  for (const ChunkLoad& l : p.loads) {
+    int64_t passes = 0;
+    for (int64_t a : l.alive) passes += a;
+    most = std::max(most, passes);
+  }
+  p.budget = std::uniform_int_distribution<int64_t>(p.base, p.base + most * 40 * 2 + 150)(rng);
+  return p;
+}
+
+// pareto_choices against every choice: the (kept, kept + transient, cost) triples it returns are
+// exactly those of the choices no other beats on all three (within the budget), for stages of
+// alike layers (the programme over option groups) and of different ones (over layers), each
+// triple's choice giving it.
+TEST(Solver, ParetoChoicesAreEveryUnbeatenChoice) {
+  std::mt19937_64 rng(404);
+  int alike = 0;
+  for (int i = 0; i < 400; ++i) {
+    StageProblem p = random_problem(rng);
+    if (i % 2) {
+      std::vector<StageOption> front = p.layers.front();
+      p.layers.assign(std::uniform_int_distribution<int>(1, 5)(rng), front);
+      ++alike;
+    }
+    if (i % 3 == 0) p.budget = std::numeric_limits<int64_t>::max() / 8;
+    using T = std::tuple<int64_t, int64_t, double>;
+    std::vector<T> every;
+    std::vector<int> c(p.layers.size(), 0);
+    while (true) {
+      int64_t kept = 0, e = p.extra, q = 0;
+      double cost = 0;
+      for (size_t l = 0; l < c.size(); ++l)
+        kept += p.layers[l][c[l]].kept, cost += p.layers[l][c[l]].cost;
+      for (size_t l = c.size(); l-- > 0;) {
+        e = std::max(e, p.layers[l][c[l]].working - p.layers[l][c[l]].kept - q);
+        q += p.layers[l][c[l]].kept;
+      }
+      if (p.base + p.in_flight * kept + e <= p.budget) every.push_back({kept, kept + e, cost});
+      size_t l = 0;
+      while (l < c.size() && ++c[l] == static_cast<int>(p.layers[l].size())) c[l++] = 0;
+      if (l == c.size()) break;
+    }
+    std::set<T> want;
+    for (const T& x : every) {
+      bool beaten = false;
+      for (const T& y : every)
+        beaten = beaten || (y != x && std::get<0>(y) <= std::get<0>(x) &&
+                            std::get<1>(y) <= std::get<1>(x) && std::get<2>(y) <= std::get<2>(x));
+      if (!beaten) want.insert(x);
+    }
+    std::set<T> got;
+    for (const ParetoChoice& pc : pareto_choices(p)) {
+      got.insert({pc.kept, pc.kept + pc.transient, pc.cost});
+      // The choice behind it has those numbers.
+      ChunkedStageProblem one;
+      one.base = 0, one.budget = 0;
+      one.chunks.push_back({{}, {0, p.extra, 0}, p.layers, nullptr});
+      one.loads = {{{1}, 0}};
+      EXPECT_EQ(model_peak(one, {pc.choice}), pc.kept + pc.transient) << "instance " << i;
+    }
+    EXPECT_EQ(got, want) << "instance " << i;
+  }
+  EXPECT_GT(alike, 150);
+}
+
+// The least model peak over every choice.
+int64_t brute_force_min_peak(const ChunkedStageProblem& p) {
+  std::vector<std::vector<int>> c;
+  for (const auto& ch : p.chunks) c.emplace_back(ch.layers.size(), 0);
+  int64_t least = std::numeric_limits<int64_t>::max();
+  while (true) {
+    least = std::min(least, model_peak(p, c));
+    size_t k = 0, l = 0;  // the next choice, odometer-wise over (chunk, layer)
+    for (; k < c.size(); ++k, l = 0) {
+      for (; l < c[k].size(); ++l) {
+        if (++c[k][l] < static_cast<int>(p.chunks[k].layers[l].size())) break;
+        c[k][l] = 0;
+      }
+      if (l < c[k].size()) break;
+    }
+    if (k == c.size()) return least;
+  }
+}
+
+// The interleaved stage solver against exhaustive search: the same feasibility and optimal cost
+// (integer costs: zero gap), the model peak within the budget, the least peak found exactly, and
+// a bound below the optimum leaving nothing.
+TEST(Solver, ChunkedMatchesExhaustiveSearch) {
+  std::mt19937_64 rng(2026);
+  int feasible = 0;
+  for (int i = 0; i < 800; ++i) {
+    ChunkedStageProblem p = random_chunked(rng);
+    ChunkedSolution dp = solve_chunked_stage(p), bf = brute_force_chunked_stage(p);
+    ASSERT_EQ(dp.feasible, bf.feasible) << "instance " << i;
+    if (i % 8 == 0) {
+      EXPECT_EQ(min_peak_chunked_solution(p).peak, brute_force_min_peak(p)) << "instance " << i;
+    }
+    if (!bf.feasible) continue;
+    ++feasible;
+    EXPECT_EQ(dp.cost, bf.cost) << "instance " << i;
+    EXPECT_LE(dp.peak, p.budget);
+    EXPECT_EQ(dp.peak, model_peak(p, dp.choice));
+    EXPECT_FALSE(solve_chunked_stage(p, bf.cost).feasible) << "instance " << i;
+  }
+  EXPECT_GT(feasible, 300);
+}
+
+// One chunk on one step {f} is the stage model: the same optimum as solve_stage.
+TEST(Solver, OneChunkIsTheStageModel) {
+  std::mt19937_64 rng(77);
+  for (int i = 0; i < 300; ++i) {
+    StageProblem p = random_problem(rng);
+    ChunkedStageProblem q;
+    q.budget = p.budget, q.base = p.base;
+    q.chunks.push_back({{}, {0, p.extra, 0}, p.layers, nullptr});
+    q.loads = {{{p.in_flight}, 0}};
+    StageSolution a = solve_stage(p);
+    ChunkedSolution b = solve_chunked_stage(q);
+    ASSERT_EQ(a.feasible, b.feasible) << "instance " << i;
+    if (!a.feasible) continue;
+    EXPECT_EQ(a.cost, b.cost) << "instance " << i;
+    EXPECT_EQ(a.peak, model_peak(q, b.choice));
   }
 }
 
