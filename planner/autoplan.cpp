@@ -126,6 +126,11 @@ struct StageChoice {
   StageSolution layers;
   int embedding = 0, head = 0;
   double cost = std::numeric_limits<double>::infinity();  // per micro-batch, all blocks
+  // Interleaved stages whose search stopped at its branch limit: no plan costs less than `lower`
+  // (else `lower` = cost, proven cheapest). For the least peak: none peaks under `lower_peak`.
+  bool proven = true;
+  double lower = 0;
+  int64_t lower_peak = 0;
 };
 
 class StageSolver {
@@ -141,13 +146,19 @@ class StageSolver {
   StageChoice cheapest(const StageShape& s, int64_t target) const {
     StageChoice best;
     if (!s.loads.empty()) {
+      // The least any unfinished search proves (a finished one proves its own best).
+      double lower = std::numeric_limits<double>::infinity();
+      bool proven = true;
       each_chunked(s, target, [&](const ChunkedStageProblem& p, int e, int h) {
         double edge = edge_cost(s, e, h);
         if (edge >= best.cost) return;
         ChunkedSolution sol = solve_chunked_stage(p, best.cost - edge);
+        if (!sol.proven) proven = false, lower = std::min(lower, sol.lower + edge);
         if (sol.feasible && sol.cost + edge < best.cost)
           best = {flatten(sol), e, h, sol.cost + edge};
       });
+      best.proven = proven;
+      best.lower = std::min(lower, best.cost);
       return best;
     }
     each(s, target, [&](StageProblem& p, int e, int h) {
@@ -164,14 +175,21 @@ class StageSolver {
   StageChoice closest(const StageShape& s) const {
     StageChoice best;
     if (!s.loads.empty()) {
+      int64_t lower = std::numeric_limits<int64_t>::max();
+      bool proven = true;
       each_chunked(
           s, std::numeric_limits<int64_t>::max() / 4,
           [&](const ChunkedStageProblem& p, int e, int h) {
-            StageSolution sol = flatten(min_peak_chunked_solution(p));
+            ChunkedSolution c = min_peak_chunked_solution(p);
+            proven = proven && c.proven;
+            lower = std::min(lower, c.lower_peak);
+            StageSolution sol = flatten(c);
             if (best.cost == std::numeric_limits<double>::infinity() || sol.peak < best.layers.peak)
               best = {std::move(sol), e, h, 0.0};
           });
       best.cost = best.layers.cost + edge_cost(s, best.embedding, best.head);
+      best.proven = proven;
+      best.lower_peak = std::min(lower, best.layers.peak);
       return best;
     }
     each(s, std::numeric_limits<int64_t>::max() / 4, [&](StageProblem& p, int e, int h) {
@@ -391,10 +409,13 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
     StageShape shape = stage_shape(m, t, statics, s, counts[s]);
     shapes.push_back(shape);
     target.push_back(allocator_budget(budget, shape.static_bytes, t, rt));
-    plan.stages.push_back({static_cast<int>(s), false, 0, {}});
+    plan.stages.push_back({static_cast<int>(s), false, 0, {}, true, 0, 0});
   }
   auto adopt = [&](size_t st, const StageChoice& c) {
     plan.stages[st].layer_option = c.layers.choice;
+    plan.stages[st].proven = c.proven;
+    plan.stages[st].recompute = c.cost;
+    plan.stages[st].recompute_lower = c.proven ? c.cost : c.lower;
     for (size_t l = 0; l < c.layers.choice.size(); ++l)
       plan.layer_policies[stage_layers[st][l]] = {
           plan.frontier.options[c.layers.choice[l]].recompute,

@@ -24,6 +24,12 @@ struct StagePlan {
   bool feasible = false;
   int64_t min_peak = 0;  // smallest achievable peak (bytes, with overheads) when not feasible
   std::vector<int> layer_option;  // index into AutoPlan::frontier.options, per layer of the stage
+  // Interleaved stages: false when the solver's search stopped at its branch limit
+  // (kChunkSearchBranches) before proving the plan cheapest (or, not feasible, its peak least);
+  // then no plan re-runs less than `recompute_lower` seconds per micro-batch, where this one
+  // re-runs `recompute` seconds.
+  bool proven = true;
+  double recompute = 0, recompute_lower = 0;
 };
 
 struct AutoPlan {

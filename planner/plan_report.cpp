@@ -42,8 +42,7 @@ std::string compress(const AutoPlan& p, const StageProgram& s, const Labels& lab
   std::vector<std::pair<std::string, int>> counts;
   for (int l = 0; l < n; ++l) {
     const std::string& name = label(layers[l]);
-    runs += l == 0 || name != label(layers[l - 1]) ||
-            layers[l] != layers[l - 1] + 1;
+    runs += l == 0 || name != label(layers[l - 1]) || layers[l] != layers[l - 1] + 1;
     auto it =
         std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == name; });
     if (it == counts.end())
@@ -62,9 +61,7 @@ std::string compress(const AutoPlan& p, const StageProgram& s, const Labels& lab
   for (int l = 0; l < n;) {
     int r = l;
     const std::string& name = label(layers[l]);
-    while (r + 1 < n && label(layers[r + 1]) == name &&
-           layers[r + 1] == layers[r] + 1)
-      ++r;
+    while (r + 1 < n && label(layers[r + 1]) == name && layers[r + 1] == layers[r] + 1) ++r;
     out += (out.empty() ? "layers " : ", ") + std::to_string(layers[l]) +
            (r > l ? "-" + std::to_string(layers[r]) : "") + " " + name;
     l = r + 1;
@@ -177,16 +174,34 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
   std::string out =
       "\nrecompute plan (--recompute auto, cheapest that fits " + format_human(budget) + "):\n";
   const Labels labels = custom_labels(p);
+  bool unproven = false;  // some interleaved stage's search stopped at its branch limit
+  double worst_gap = 0;   // the largest share of such a stage's recompute it may save
   for (size_t i = 0; i < p.schedule.stages.size(); ++i) {
     const StageProgram& s = p.schedule.stages[i];
     const StagePlan& sp = p.stages[i];
     out += "  stage " + std::to_string(s.stage) + ": " + compress(p, s, labels);
     for (const StageBlock& b : s.blocks)
       if (b.kind == BlockKind::kHead) out += "; LM head " + b.policy.name;
-    out += sp.feasible ? "; peak " + format_binary(p.estimate.stages[i].peak_bytes) + "\n"
-                       : "; DOES NOT FIT: the smallest achievable peak is " +
-                             format_binary(sp.min_peak) + " (" + format_gb(sp.min_peak) + ")\n";
+    if (sp.feasible) {
+      out += "; peak " + format_binary(p.estimate.stages[i].peak_bytes) + (sp.proven ? "" : " *");
+      if (!sp.proven && sp.recompute > 0)
+        worst_gap = std::max(worst_gap, (sp.recompute - sp.recompute_lower) / sp.recompute);
+      unproven = unproven || !sp.proven;
+      out += "\n";
+    } else {
+      out += std::string("; DOES NOT FIT: the smallest ") + (sp.proven ? "achievable" : "found") +
+             " peak is " + format_binary(sp.min_peak) + " (" + format_gb(sp.min_peak) + ")" +
+             (sp.proven ? "\n" : " *\n");
+      unproven = unproven || !sp.proven;
+    }
   }
+  if (unproven)
+    out += "  * the solver's search stopped at " + format_int(kChunkSearchBranches) +
+           " branches before proving these stages best" +
+           (worst_gap > 0 ? "; a cheaper plan would re-run at most " +
+                                fmt("%.1f%%", 100 * worst_gap) + " less (per micro-batch)"
+                          : "") +
+           "\n";
   if (p.gathers > 0)
     out += "  " + std::to_string(p.regathered) + " of " + std::to_string(p.gathers) +
            " all-gathers re-done in backward\n";
@@ -194,14 +209,15 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
   std::vector<std::pair<std::string, std::string>> legend(labels.size());
   for (const auto& [name, label] : labels)
     legend[std::stoul(label.substr(1)) - 1] = {label, name.substr(name.find(':') + 2)};
-  bool any_regather =
-      std::any_of(p.layer_policies.begin(), p.layer_policies.end(),
-                  [](const BlockPolicy& b) { return b.name.find("+regather") != std::string::npos; });
+  bool any_regather = std::any_of(
+      p.layer_policies.begin(), p.layer_policies.end(),
+      [](const BlockPolicy& b) { return b.name.find("+regather") != std::string::npos; });
   if (!legend.empty() || any_regather) out += "  legend:\n";
   for (const auto& [label, what] : legend) out += "    " + label + " = " + what + "\n";
   if (any_regather)
-    out += "    +regather = the layer's all-gathers are done again in backward (the sequence shard "
-           "is kept)\n";
+    out +=
+        "    +regather = the layer's all-gathers are done again in backward (the sequence shard "
+        "is kept)\n";
   if (!p.schedule.setup.stage_layers.empty()) {
     TrainSpec balanced = p.schedule.setup;
     balanced.stage_layers.clear();
@@ -216,9 +232,9 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
   // The uniform nanotron settings, each named by its flags (the setup's all-gather flag: under SP
   // it decides what "no recompute" keeps).
   const TrainSpec& t = p.schedule.setup;
-  const std::string regather =
-      t.sp ? std::string(", tp_recompute_allgather: ") + (t.tp_recompute_allgather ? "true" : "false")
-           : "";
+  const std::string regather = t.sp ? std::string(", tp_recompute_allgather: ") +
+                                          (t.tp_recompute_allgather ? "true" : "false")
+                                    : "";
   auto compared = [&](const char* layer, const StepTime& time, int64_t peak) {
     double gain = time.seconds > 0 ? 100 * (time.seconds - p.time.seconds) / time.seconds : 0;
     std::string line = "  vs recompute_layer: " + std::string(layer) + regather + ": " +
@@ -280,6 +296,11 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
       if (b.kind != BlockKind::kLayer)
         st[b.kind == BlockKind::kHead ? "head_option" : "embedding_option"] = b.policy.name;
     if (!p.stages[i].feasible) st["min_peak_bytes"] = p.stages[i].min_peak;
+    st["proven"] = p.stages[i].proven;
+    if (!p.stages[i].proven && p.stages[i].feasible) {
+      st["recompute_seconds_per_microbatch"] = p.stages[i].recompute;
+      st["recompute_seconds_lower_bound"] = p.stages[i].recompute_lower;
+    }
     stages.push_back(st);
   }
   nlohmann::json frontier = nlohmann::json::array();

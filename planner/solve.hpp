@@ -95,17 +95,29 @@ struct ChunkedSolution {
   double cost = 0;
   std::vector<std::vector<int>> choice;  // per chunk, option index per layer
   int64_t peak = 0;                      // model peak of the choice
+  // False when the search stopped at its branch limit: the choice is then the best found, and
+  // no choice within the budget costs less than `lower` (the least peak: none peaks lower than
+  // `lower_peak`).
+  bool proven = true;
+  double lower = 0;
+  int64_t lower_peak = 0;
 };
+
+// Branches the chunk search visits before it stops with the best choice found (about 0.1 s);
+// stages of many small chunks (10 chunks of one layer) can need more to prove the optimum.
+constexpr int64_t kChunkSearchBranches = 200'000;
 
 int64_t model_peak(const ChunkedStageProblem& p, const std::vector<std::vector<int>>& choice);
 // The cheapest choice within the budget, exactly: each chunk's Pareto choices, then a depth-first
 // search over the chunks, cut by each step's least completion and by a Lagrangian bound on cost.
 // With `below`, only a choice costing less than it is wanted.
 ChunkedSolution solve_chunked_stage(const ChunkedStageProblem& p,
-                                    double below = std::numeric_limits<double>::infinity());
+                                    double below = std::numeric_limits<double>::infinity(),
+                                    int64_t branches = kChunkSearchBranches);
 // Exhaustive search (the test oracle; small instances only).
 ChunkedSolution brute_force_chunked_stage(const ChunkedStageProblem& p);
 // The smallest achievable model peak, and a choice reaching it.
-ChunkedSolution min_peak_chunked_solution(const ChunkedStageProblem& p);
+ChunkedSolution min_peak_chunked_solution(const ChunkedStageProblem& p,
+                                          int64_t branches = kChunkSearchBranches);
 
 }  // namespace np

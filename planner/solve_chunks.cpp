@@ -62,8 +62,12 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 class ChunkProgramme {
  public:
-  explicit ChunkProgramme(const ChunkedStageProblem& p)
-      : p_(p), C_(p.chunks.size()), S_(p.loads.size()), room_(p.budget - p.base) {}
+  ChunkProgramme(const ChunkedStageProblem& p, int64_t branches)
+      : p_(p),
+        C_(p.chunks.size()),
+        S_(p.loads.size()),
+        room_(p.budget - p.base),
+        branches_(branches) {}
 
   // The cheapest choice within the budget and below `below`.
   ChunkedSolution cheapest(double below) {
@@ -78,7 +82,11 @@ class ChunkProgramme {
       index_last();
       search_cost(0, P, 0.0);
     }
-    return incumbent_;
+    ChunkedSolution sol = incumbent_;
+    sol.proven = !stopped_;
+    // Unproven: every choice costs at least the Lagrangian bound and each chunk's cheapest.
+    sol.lower = stopped_ ? std::min(upper_, std::max(dual_, rest_cost_[0])) : sol.cost;
+    return sol;
   }
 
   // The choice with the least model peak.
@@ -95,6 +103,11 @@ class ChunkProgramme {
     for (size_t c = 0; c < C_; ++c) sol.choice.push_back(items_[c][best_pick_[c]].choice);
     sol.cost = summed_cost(sol.choice);
     sol.peak = model_peak(p_, sol.choice);
+    sol.proven = !stopped_;
+    // Unproven: no choice peaks under any step's least sum.
+    int64_t floor = 0;
+    for (size_t s = 0; s < S_; ++s) floor = std::max(floor, rest_min_[0][s]);
+    sol.lower_peak = stopped_ ? p_.base + floor : sol.peak;
     return sol;
   }
 
@@ -263,7 +276,7 @@ class ChunkProgramme {
     for (size_t c = 0; c < C_; ++c)
       for (const Item& it : items_[c]) scale = std::max(scale, it.cost);
     scale *= static_cast<double>(C_);
-    for (int iter = 0; iter < 60; ++iter) {
+    for (int iter = 0; iter < 300 && theta > 1.0 / 1024; ++iter) {
       std::vector<size_t> pick(C_);
       double dual = 0;
       std::fill(g.begin(), g.end(), -static_cast<double>(room_));
@@ -302,7 +315,15 @@ class ChunkProgramme {
 
   // Depth-first over chunks 0 .. C - 2 (their items by reduced cost, so the Lagrangian bound only
   // grows along a loop), the last chunk by its cheapest item that fits.
+  // Counts a branch; false once past the limit (the search then unwinds with what it has).
+  bool branch() {
+    if (++visited_ <= branches_) return true;
+    stopped_ = true;
+    return false;
+  }
+
   void search_cost(size_t c, std::vector<int64_t>& P, double cost) {
+    if (!branch()) return;
     if (c + 1 == C_) {  // the last chunk's cheapest item that fits: a new best
       std::optional<size_t> i = cheapest_fit(P, cost);
       if (i) {
@@ -324,6 +345,7 @@ class ChunkProgramme {
       if (!completes(c + 1, next)) continue;
       pick_[c] = i;
       search_cost(c + 1, next, with);
+      if (stopped_) return;
     }
   }
 
@@ -465,6 +487,7 @@ class ChunkProgramme {
   }
 
   void search_peak(size_t c, std::vector<int64_t>& P) {
+    if (!branch()) return;
     std::vector<int64_t> next(S_);
     for (size_t i = 0; i < items_[c].size(); ++i) {
       const Item& it = items_[c][i];
@@ -480,6 +503,7 @@ class ChunkProgramme {
         continue;
       }
       search_peak(c + 1, next);
+      if (stopped_) return;
     }
   }
 
@@ -496,19 +520,25 @@ class ChunkProgramme {
   double upper_ = kInf, dual_ = -kInf;             // the best known cost; the best Lagrangian bound
   int64_t least_ = std::numeric_limits<int64_t>::max();
   ChunkedSolution incumbent_;
+  const int64_t branches_;
+  int64_t visited_ = 0;
+  bool stopped_ = false;
 };
 
 }  // namespace
 
-ChunkedSolution solve_chunked_stage(const ChunkedStageProblem& p, double below) {
+ChunkedSolution solve_chunked_stage(const ChunkedStageProblem& p, double below, int64_t branches) {
   if (p.chunks.empty() || p.loads.empty()) return {};
-  ChunkedSolution sol = ChunkProgramme(p).cheapest(below);
-  return sol.feasible && sol.peak <= p.budget && sol.cost < below ? sol : ChunkedSolution{};
+  ChunkedSolution sol = ChunkProgramme(p, branches).cheapest(below);
+  if (sol.feasible && sol.peak <= p.budget && sol.cost < below) return sol;
+  ChunkedSolution none;
+  none.proven = sol.proven, none.lower = sol.proven ? below : sol.lower;
+  return none;
 }
 
-ChunkedSolution min_peak_chunked_solution(const ChunkedStageProblem& p) {
+ChunkedSolution min_peak_chunked_solution(const ChunkedStageProblem& p, int64_t branches) {
   if (p.chunks.empty() || p.loads.empty()) return {};
-  ChunkedSolution sol = ChunkProgramme(p).least_peak();
+  ChunkedSolution sol = ChunkProgramme(p, branches).least_peak();
   sol.feasible = sol.feasible && sol.peak <= p.budget;
   return sol;
 }

@@ -132,14 +132,21 @@ TEST(AutoPlan, StageModelNeedsNoTightening) {
   EXPECT_GT(plans, 20);
 }
 
-// Between the peaks of recompute_layer: true and of no recompute, the plan beats nanotron's
-// all-or-nothing flag on time.
-TEST(AutoPlan, BeatsUniformFullRecompute) {
+// The 8B plan halfway between the peaks of recompute_layer: true and of no recompute (its budget
+// in `budget`).
+AutoPlan halfway8b(int64_t* budget = nullptr) {
   ModelSpec m = testing::model("llama-3.1-8b");
   TrainSpec t = setup8b();
   AutoPlan loose = auto_plan(m, t, {}, 1'000'000'000'000, default_hardware());
   int64_t b = (*loose.peak_full + *loose.peak_none) / 2;
-  AutoPlan p = auto_plan(m, t, {}, b, default_hardware());
+  if (budget) *budget = b;
+  return auto_plan(m, t, {}, b, default_hardware());
+}
+
+// Between the peaks of recompute_layer: true and of no recompute, the plan beats nanotron's
+// all-or-nothing flag on time.
+TEST(AutoPlan, BeatsUniformFullRecompute) {
+  AutoPlan p = halfway8b();
   ASSERT_TRUE(p.fits);
   ASSERT_TRUE(p.time_full);
   EXPECT_LT(p.time.seconds, p.time_full->seconds);
@@ -148,10 +155,7 @@ TEST(AutoPlan, BeatsUniformFullRecompute) {
 
 // The plan file carries every layer's chosen option, and reading it back gives the same program.
 TEST(AutoPlan, ScheduleCarriesEveryLayerOption) {
-  ModelSpec m = testing::model("llama-3.1-8b");
-  TrainSpec t = setup8b();
-  AutoPlan loose = auto_plan(m, t, {}, 1'000'000'000'000, default_hardware());
-  AutoPlan p = auto_plan(m, t, {}, (*loose.peak_full + *loose.peak_none) / 2, default_hardware());
+  AutoPlan p = halfway8b();
   nlohmann::json j = schedule_to_json(p.schedule);
   int layers = 0;
   for (const auto& st : j["stages"])
@@ -171,6 +175,30 @@ TEST(AutoPlan, ScheduleCarriesEveryLayerOption) {
       EXPECT_EQ(b.policy.recompute, p.layer_policies[l].recompute) << "layer " << l;
     }
   }
+}
+
+// A stage whose interleaved search stopped at its branch limit is marked in the table, with the
+// most a cheaper plan could save, and in the JSON with its recompute time and the lower bound.
+TEST(AutoPlan, UnprovenStagesAreMarked) {
+  int64_t b = 0;
+  AutoPlan p = halfway8b(&b);
+  ASSERT_TRUE(p.fits);
+  std::string proven = auto_plan_table(p, b);
+  EXPECT_EQ(proven.find(" *\n"), std::string::npos);
+  EXPECT_EQ(proven.find("search stopped"), std::string::npos);
+  for (const auto& st : auto_plan_json(p)["per_stage"]) EXPECT_TRUE(st["proven"].get<bool>());
+  p.stages[1].proven = false;
+  p.stages[1].recompute = 0.004, p.stages[1].recompute_lower = 0.003;
+  std::string table = auto_plan_table(p, b);
+  EXPECT_NE(table.find(" *\n"), std::string::npos) << table;
+  EXPECT_NE(table.find("search stopped at 200,000 branches before proving these stages best; a "
+                       "cheaper plan would re-run at most 25.0% less"),
+            std::string::npos)
+      << table;
+  nlohmann::json j = auto_plan_json(p)["per_stage"][1];
+  EXPECT_FALSE(j["proven"].get<bool>());
+  EXPECT_EQ(j["recompute_seconds_per_microbatch"].get<double>(), 0.004);
+  EXPECT_EQ(j["recompute_seconds_lower_bound"].get<double>(), 0.003);
 }
 
 // A mixed plan on the CPU executor: predicted = measured on every rank, and recomputation changes

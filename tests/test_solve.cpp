@@ -333,6 +333,47 @@ TEST(Solver, ChunkedMatchesExhaustiveSearch) {
   EXPECT_GT(feasible, 300);
 }
 
+// Stopped at a branch limit, the search still answers soundly: a choice within the budget (or
+// none) that costs no less than the optimum, a lower bound no greater than it, and proven only
+// when it is the optimum; the least peak likewise.
+TEST(Solver, ChunkedSearchStopsSoundlyAtItsBranchLimit) {
+  std::mt19937_64 rng(515);
+  int stopped = 0, stopped_peak = 0;
+  for (int i = 0; i < 600; ++i) {
+    ChunkedStageProblem p = random_chunked(rng);
+    ChunkedSolution bf = brute_force_chunked_stage(p);
+    ChunkedSolution cut = solve_chunked_stage(p, std::numeric_limits<double>::infinity(), 1);
+    if (cut.feasible) {
+      ASSERT_TRUE(bf.feasible) << "instance " << i;
+      EXPECT_LE(cut.peak, p.budget);
+      EXPECT_EQ(cut.peak, model_peak(p, cut.choice));
+      EXPECT_GE(cut.cost, bf.cost) << "instance " << i;
+    }
+    if (cut.proven) {
+      EXPECT_EQ(cut.feasible, bf.feasible) << "instance " << i;
+      if (bf.feasible) {
+        EXPECT_EQ(cut.cost, bf.cost) << "instance " << i;
+      }
+    } else {
+      ++stopped;
+      if (bf.feasible) {
+        EXPECT_LE(cut.lower, bf.cost * (1 + 1e-12)) << "instance " << i;
+      }
+    }
+    ChunkedSolution least = min_peak_chunked_solution(p, 1);
+    const int64_t truth = brute_force_min_peak(p);
+    EXPECT_GE(least.peak, truth);
+    EXPECT_LE(least.lower_peak, truth);
+    if (least.proven) {
+      EXPECT_EQ(least.peak, truth) << "instance " << i;
+    } else {
+      ++stopped_peak;
+    }
+  }
+  EXPECT_GT(stopped, 30);
+  EXPECT_GT(stopped_peak, 30);
+}
+
 // One chunk on one step {f} is the stage model: the same optimum as solve_stage.
 TEST(Solver, OneChunkIsTheStageModel) {
   std::mt19937_64 rng(77);
