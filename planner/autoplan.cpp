@@ -127,10 +127,9 @@ struct StageChoice {
   int embedding = 0, head = 0;
   double cost = std::numeric_limits<double>::infinity();  // per micro-batch, all blocks
   // Interleaved stages whose search stopped at its branch limit: no plan costs less than `lower`
-  // (else `lower` = cost, proven cheapest). For the least peak: none peaks under `lower_peak`.
+  // (else `lower` = cost, proven cheapest); for the least peak, `proven` alone.
   bool proven = true;
   double lower = 0;
-  int64_t lower_peak = 0;
 };
 
 class StageSolver {
@@ -157,7 +156,8 @@ class StageSolver {
         if (sol.feasible && sol.cost + edge < best.cost)
           best = {flatten(sol), e, h, sol.cost + edge};
       });
-      best.proven = proven;
+      // Proven when no unfinished search could still beat the plan.
+      best.proven = proven || !(lower < best.cost * (1 - 1e-12));
       best.lower = std::min(lower, best.cost);
       return best;
     }
@@ -176,20 +176,19 @@ class StageSolver {
     StageChoice best;
     if (!s.loads.empty()) {
       int64_t lower = std::numeric_limits<int64_t>::max();
-      bool proven = true;
       each_chunked(
           s, std::numeric_limits<int64_t>::max() / 4,
           [&](const ChunkedStageProblem& p, int e, int h) {
             ChunkedSolution c = min_peak_chunked_solution(p);
-            proven = proven && c.proven;
+            if (c.choice.empty()) return;  // some chunk has no choice at all
             lower = std::min(lower, c.lower_peak);
             StageSolution sol = flatten(c);
             if (best.cost == std::numeric_limits<double>::infinity() || sol.peak < best.layers.peak)
               best = {std::move(sol), e, h, 0.0};
           });
       best.cost = best.layers.cost + edge_cost(s, best.embedding, best.head);
-      best.proven = proven;
-      best.lower_peak = std::min(lower, best.layers.peak);
+      // Proven when no unfinished search could still peak lower.
+      best.proven = lower >= best.layers.peak;
       return best;
     }
     each(s, std::numeric_limits<int64_t>::max() / 4, [&](StageProblem& p, int e, int h) {

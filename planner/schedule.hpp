@@ -147,10 +147,10 @@ std::vector<ChunkLoad> chunk_loads(PpSchedule s, int64_t stage, int64_t pp, int6
 
 // The setup whose schedule has the same per-stage memory peaks with fewer micro-batches: under
 // 1F1B every micro-batch past pp + 1 repeats the steady state, so m is capped there; interleaved,
-// at 2 pp: the chunks of a middle stage are alike, so its steady states are too; the last stage
-// sees a whole period (pp v) of them; on the first, the embedding's chunk has the most passes
-// alive (and its backward runs) after (v - 1) pp steady-state pairs, within 2 pp micro-batches
-// (tested against 3, 4 and 6 pp).
+// at 2 pp: each step of a longer order has at most the passes of every chunk alive that some
+// step within 2 pp micro-batches has, with the same chunk running (the steady state repeats with
+// a period of pp v passes; tested for 3 and 4 pp, so any per-chunk plan peaks alike), and the
+// schedules' simulated peaks agree (tested against 3, 4 and 6 pp).
 TrainSpec simulation_setup(const TrainSpec& t);
 
 // The layer count of each stage: the setup's stage_layers when given, else the contiguous

@@ -56,9 +56,11 @@ StageSolution brute_force_stage(const StageProblem& p);
 int64_t min_stage_peak(const StageProblem& p);
 StageSolution min_peak_solution(const StageProblem& p);
 
-// Every choice of a stage's layers that no other beats on all of (kept bytes K, transient term
-// E = max(extra, max_l (w_l - k_l - Q_{l+1})), cost), and that keeps base + f K + E within the
-// budget; K counts the layers only.
+// Every choice of a stage's layers that no other beats on all of (kept bytes K, K + E, cost),
+// E = max(extra, max_l (w_l - k_l - Q_{l+1})) the transient term, and that keeps base + f K + E
+// within the budget; K counts the layers only. (K + E, not E: a chunk's E enters a step's peak
+// only while the chunk runs, with at least its own pass alive, so each step grows with K and
+// K + E.)
 struct ParetoChoice {
   int64_t kept = 0, transient = 0;
   double cost = 0;
@@ -74,14 +76,16 @@ std::vector<ParetoChoice> pareto_choices(const StageProblem& p);
 // of the schedule that may set the peak (chunk_loads), with a_c passes of chunk c alive and
 // chunk r running,
 //   peak = base + sum_c a_c K_c + E_r,
-// and the stage's peak is the largest over those steps. One chunk without an embedding, a head
-// of kept 0 and working `extra`, and one step {f} is StageProblem's model.
+// and the stage's peak is the largest over those steps. Every step has at least one pass of its
+// running chunk alive. One chunk without an embedding, a head of kept 0 and working `extra`, and
+// one step {f} is StageProblem's model.
 struct ChunkedStageProblem {
   struct Chunk {
     StageOption before, after;  // the embedding's and the head's kept and working bytes (or 0)
     std::vector<std::vector<StageOption>> layers;  // per layer in forward order: its options
-    // Optional: pareto_choices of `layers` alone (no budget, extra 0), when already known (chunks
-    // of equal layers share them); computed when null.
+    // Optional: pareto_choices of `layers` alone (extra 0, one pass, a budget no smaller than
+    // the room base leaves), when already known (chunks of equal layers share them); computed
+    // when null.
     std::shared_ptr<const std::vector<ParetoChoice>> choices;
   };
   int64_t budget = 0;  // bytes for the whole stage

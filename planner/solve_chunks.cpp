@@ -1,7 +1,7 @@
 // The stage solver for stages of several model chunks (the interleaved schedule), exact under the
 // model in solve.hpp:
 //
-// 1. Each chunk's choices that no other beats on (K, E, cost) (pareto_choices); a choice whose
+// 1. Each chunk's choices that no other beats on (K, K + E, cost) (pareto_choices); a choice whose
 //    own terms already break some step's budget, with every other chunk at its least, is left
 //    out. Choice i of chunk c adds a_{c,i,s} = alive_s[c] K + [running_s = c] E to step s.
 // 2. A depth-first search over the chunks in order, each chunk's choices cheapest first, with P_s
@@ -47,7 +47,7 @@ int64_t model_peak(const ChunkedStageProblem& p, const std::vector<std::vector<i
     }
     std::tie(K[c], E[c]) = chunk_terms(ch, q, e);
   }
-  int64_t peak = std::numeric_limits<int64_t>::min();
+  int64_t peak = p.loads.empty() ? 0 : std::numeric_limits<int64_t>::min();
   for (const ChunkLoad& s : p.loads) {
     int64_t at = E[s.running];
     for (size_t c = 0; c < K.size(); ++c) at += s.alive[c] * K[c];
@@ -531,6 +531,13 @@ ChunkedSolution solve_chunked_stage(const ChunkedStageProblem& p, double below, 
   if (p.chunks.empty() || p.loads.empty()) return {};
   ChunkedSolution sol = ChunkProgramme(p, branches).cheapest(below);
   if (sol.feasible && sol.peak <= p.budget && sol.cost < below) return sol;
+  if (!sol.proven) {  // stopped with nothing found: the least peak may still fit
+    ChunkedSolution least = ChunkProgramme(p, branches).least_peak();
+    if (least.feasible && least.peak <= p.budget && least.cost < below) {
+      least.proven = false, least.lower = sol.lower;
+      return least;
+    }
+  }
   ChunkedSolution none;
   none.proven = sol.proven, none.lower = sol.proven ? below : sol.lower;
   return none;

@@ -67,8 +67,8 @@ TEST(AutoPlan, WithinBudgetAndMonotone) {
   expect_within_budget_and_monotone(setup8b());
 }
 
-// The same under the interleaved schedule (2 chunks per stage): the stage solver bounds the
-// activations by whole-stage micro-batches, and the simulation checks every plan.
+// The same under the interleaved schedule (2 chunks per stage; the stage solver takes each
+// chunk's passes alive at each step, and the simulation checks every plan).
 TEST(AutoPlan, InterleavedWithinBudgetAndMonotone) {
   TrainSpec t = setup8b();
   t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = 2;
@@ -133,10 +133,9 @@ TEST(AutoPlan, StageModelNeedsNoTightening) {
 }
 
 // The 8B plan halfway between the peaks of recompute_layer: true and of no recompute (its budget
-// in `budget`).
-AutoPlan halfway8b(int64_t* budget = nullptr) {
+// in `budget`), of setup8b or another setup.
+AutoPlan halfway8b(int64_t* budget = nullptr, TrainSpec t = setup8b()) {
   ModelSpec m = testing::model("llama-3.1-8b");
-  TrainSpec t = setup8b();
   AutoPlan loose = auto_plan(m, t, {}, 1'000'000'000'000, default_hardware());
   int64_t b = (*loose.peak_full + *loose.peak_none) / 2;
   if (budget) *budget = b;
@@ -181,12 +180,16 @@ TEST(AutoPlan, ScheduleCarriesEveryLayerOption) {
 // most a cheaper plan could save, and in the JSON with its recompute time and the lower bound.
 TEST(AutoPlan, UnprovenStagesAreMarked) {
   int64_t b = 0;
-  AutoPlan p = halfway8b(&b);
+  TrainSpec t = setup8b();
+  t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = 2;
+  AutoPlan p = halfway8b(&b, t);
   ASSERT_TRUE(p.fits);
-  std::string proven = auto_plan_table(p, b);
+  std::string proven = auto_plan_table(p, b);  // two chunks per stage: the search finishes
   EXPECT_EQ(proven.find(" *\n"), std::string::npos);
   EXPECT_EQ(proven.find("search stopped"), std::string::npos);
-  for (const auto& st : auto_plan_json(p)["per_stage"]) EXPECT_TRUE(st["proven"].get<bool>());
+  const nlohmann::json stages = auto_plan_json(p)["per_stage"];
+  ASSERT_EQ(stages.size(), 2u);
+  for (const auto& st : stages) EXPECT_TRUE(st["proven"].get<bool>());
   p.stages[1].proven = false;
   p.stages[1].recompute = 0.004, p.stages[1].recompute_lower = 0.003;
   std::string table = auto_plan_table(p, b);

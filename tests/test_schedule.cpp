@@ -116,6 +116,18 @@ TEST(Pipeline, ChunkLoadsBoundEveryStep) {
             if (!p.forward) --alive[p.chunk];
           }
           fewer += kept.size() < all.size();
+          // Longer orders: every step is bounded by the kept steps of 2 pp micro-batches (what
+          // the solver and the simulation take, simulation_setup).
+          std::vector<ChunkLoad> longer;
+          if (m == 2 * pp)
+            for (int64_t more : {3 * pp, 4 * pp}) {
+              std::fill(alive.begin(), alive.end(), 0);
+              for (PipelinePass p : pipeline_order(PpSchedule::kInterleaved, s, pp, more, v)) {
+                if (p.forward) ++alive[p.chunk];
+                longer.push_back({alive, p.chunk});
+                if (!p.forward) --alive[p.chunk];
+              }
+            }
           for (int trial = 0; trial < 20; ++trial) {
             std::vector<int64_t> K(v), E(v);
             for (auto& k : K) k = std::uniform_int_distribution<int64_t>(0, 1000)(rng);
@@ -130,6 +142,9 @@ TEST(Pipeline, ChunkLoadsBoundEveryStep) {
               return most;
             };
             ASSERT_EQ(peak(kept), peak(all)) << "pp " << pp << " v " << v << " m " << m;
+            if (!longer.empty()) {
+              ASSERT_EQ(peak(kept), peak(longer)) << "pp " << pp << " v " << v << " past 2 pp";
+            }
           }
         }
   EXPECT_GT(fewer, 100);
