@@ -236,8 +236,12 @@ class StageSolver {
         p.base += s.in_flight * head_.options[h].kept_bytes;
         p.extra = std::max(p.extra, head_.options[h].extra_bytes() + s.head_zero);
       }
+      // The head runs after the layers, so a layer's forward and backward see this pass's head
+      // tensors not yet made or already freed: its transient term is less by their bytes (as
+      // the chunk model's, solve.hpp).
+      const int64_t after = s.head ? head_.options[h].kept_bytes : 0;
       std::vector<StageOption> opts = layer_;
-      for (StageOption& o : opts) o.working += s.layer_zero;
+      for (StageOption& o : opts) o.working += s.layer_zero - after;
       p.layers.assign(s.layers, opts);
       f(p, e, h);
     }
@@ -284,15 +288,20 @@ class StageSolver {
   std::shared_ptr<const std::vector<ParetoChoice>> choices(int64_t n, const StageShape& s,
                                                            const std::vector<StageOption>& opts,
                                                            int64_t cap) const {
-    std::lock_guard lock(entry_.chunk_mu);
-    FrontierCache::Entry::ChunkChoices& known = entry_.chunk_choices[{n, s.layer_zero}];
-    if (!known.choices || cap > known.cap) {
+    FrontierCache::Entry::ChunkChoices* known;
+    {
+      std::lock_guard lock(entry_.chunk_mu);  // map nodes never move
+      known = &entry_.chunk_choices[{n, s.layer_zero}];
+    }
+    std::lock_guard lock(known->mu);
+    if (!known->choices || cap > known->cap) {
       StageProblem alone;
       alone.layers.assign(n, opts);
       alone.budget = cap;
-      known = {cap, std::make_shared<const std::vector<ParetoChoice>>(pareto_choices(alone))};
+      known->choices = std::make_shared<const std::vector<ParetoChoice>>(pareto_choices(alone));
+      known->cap = cap;
     }
-    return known.choices;
+    return known->choices;
   }
 
   std::vector<StageOption> layer_;

@@ -60,10 +60,11 @@ struct FrontierCache {
     // Interleaved stages: the Pareto choices of a chunk's layers with kept + transient bytes
     // within a cap (the largest asked for so far), by (layer count, ZeRO transient per layer).
     struct ChunkChoices {
+      std::mutex mu;  // held while they are computed: other keys go on in parallel
       int64_t cap = -1;
       std::shared_ptr<const std::vector<ParetoChoice>> choices;
     };
-    std::mutex chunk_mu;
+    std::mutex chunk_mu;  // guards the map only
     std::map<std::pair<int64_t, int64_t>, ChunkChoices> chunk_choices;
   };
   std::mutex mu;  // guards the map only: different keys are computed in parallel

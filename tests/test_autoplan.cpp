@@ -357,14 +357,13 @@ TEST(AutoPlan, PartitionSearchMatchesEverySplit) {
   EXPECT_GT(kept_searched, 0) << "some budget should move layers off the balanced split";
 }
 
-// Under the interleaved schedule the stage solver is exact: on a tiny Llama with one layer per
-// chunk (pp 2 and 3, 2 chunks per stage, 2 pp micro-batches; the first stage holds 2 pp - 1
-// passes of its first chunk and pp of its second at its peak), every stage's layer choice costs
-// no more than the cheapest of all its layers' frontier choices that the schedule simulation
-// finds within the budget (the embedding's and head's options as the plan chose them), from
-// tight budgets to loose. The plan's model peak is the simulated one, so one simulation verifies
-// every plan.
-TEST(AutoPlan, InterleavedMatchesEveryLayerChoice) {
+// The stage solver is exact: on a tiny Llama with two layers per stage (pp 2 and 3, 2 pp
+// micro-batches; interleaved with one layer per chunk, where the first stage holds 2 pp - 1
+// passes of its first chunk and pp of its second at its peak, and 1F1B), every stage's layer
+// choice costs no more than the cheapest of all its layers' frontier choices that the schedule
+// simulation finds within the budget (the embedding's and head's options as the plan chose
+// them), from tight budgets to loose. One simulation verifies every plan.
+TEST(AutoPlan, StageSolverMatchesEveryLayerChoice) {
   auto sc = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/tiny-llama.toml",
                           testing::catalog());
   ASSERT_TRUE(sc.ok()) << sc.error().message;
@@ -372,59 +371,61 @@ TEST(AutoPlan, InterleavedMatchesEveryLayerChoice) {
   rt.cuda_context_bytes = rt.cublas_workspace_bytes = rt.nccl_bytes_per_comm = 0;
   rt.allocator_slack = 0;
   int compared = 0, recomputing = 0;
-  for (int64_t pp : {2, 3}) {
-    ModelSpec m = sc->model;
-    m.layers = 2 * pp;
-    TrainSpec t = sc->base;
-    t.tp = 2, t.sp = true, t.pp = pp, t.microbatches = 2 * pp;
-    t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = 2;
-    t.recompute = Recompute::kAuto;
-    ASSERT_FALSE(validate_setup(m, t));
-    AutoPlan loose = auto_plan(m, t, rt, 1LL << 40, default_hardware());
-    ASSERT_TRUE(loose.peak_full && loose.peak_none);
-    const std::vector<std::vector<int>> layers = stage_layer_lists(m, t);
-    for (double at : {0.05, 0.2, 0.4, 0.6, 0.8}) {
-      int64_t b =
-          *loose.peak_full +
-          static_cast<int64_t>(at * static_cast<double>(*loose.peak_none - *loose.peak_full));
-      AutoPlan p = auto_plan(m, t, rt, b, default_hardware(), {.compare_uniform = false});
-      if (!p.fits) continue;
-      EXPECT_EQ(p.simulations, 1) << "pp " << pp << " budget " << b;
-      const std::vector<LayerOption>& opts = p.frontier.options;
-      for (int64_t st = 0; st < pp; ++st) {
-        double chosen = 0;
-        for (int o : p.stages[st].layer_option) chosen += opts[o].cost;
-        recomputing += chosen > 0;
-        // Every choice of the stage's two layers, cheapest first; the first that fits is the
-        // oracle's optimum.
-        std::vector<std::pair<double, std::pair<int, int>>> pairs;
-        for (size_t x = 0; x < opts.size(); ++x)
-          for (size_t y = 0; y < opts.size(); ++y)
-            pairs.push_back(
-                {opts[x].cost + opts[y].cost, {static_cast<int>(x), static_cast<int>(y)}});
-        std::stable_sort(pairs.begin(), pairs.end(),
-                         [](const auto& u, const auto& v) { return u.first < v.first; });
-        double oracle = std::numeric_limits<double>::infinity();
-        for (const auto& [cost, xy] : pairs) {
-          if (cost >= chosen * (1 + 1e-9) + 1e-15) break;  // no cheaper choice than the plan's
-          BlockPolicies pol{p.layer_policies, p.embedding_policy, p.head_policy};
-          pol.layers[layers[st][0]] = {opts[xy.first].recompute, "x"};
-          pol.layers[layers[st][1]] = {opts[xy.second].recompute, "y"};
-          Schedule s = build_schedule(m, simulation_setup(t), &pol, /*peak_only=*/true);
-          if (estimate_schedule(s, rt, {.budget = b, .suggestions = false}).stages[st].peak_bytes <=
-              b) {
-            oracle = cost;
-            break;
+  for (int64_t pp : {2, 3})
+    for (PpSchedule sched : {PpSchedule::kInterleaved, PpSchedule::k1F1B}) {
+      ModelSpec m = sc->model;
+      m.layers = 2 * pp;
+      TrainSpec t = sc->base;
+      t.tp = 2, t.sp = true, t.pp = pp, t.microbatches = 2 * pp;
+      t.pp_schedule = sched, t.virtual_stages = sched == PpSchedule::kInterleaved ? 2 : 1;
+      t.recompute = Recompute::kAuto;
+      ASSERT_FALSE(validate_setup(m, t));
+      AutoPlan loose = auto_plan(m, t, rt, 1LL << 40, default_hardware());
+      ASSERT_TRUE(loose.peak_full && loose.peak_none);
+      const std::vector<std::vector<int>> layers = stage_layer_lists(m, t);
+      for (double at : {0.05, 0.2, 0.4, 0.6, 0.8}) {
+        int64_t b =
+            *loose.peak_full +
+            static_cast<int64_t>(at * static_cast<double>(*loose.peak_none - *loose.peak_full));
+        AutoPlan p = auto_plan(m, t, rt, b, default_hardware(), {.compare_uniform = false});
+        if (!p.fits) continue;
+        EXPECT_EQ(p.simulations, 1) << name_of(sched) << " pp " << pp << " budget " << b;
+        const std::vector<LayerOption>& opts = p.frontier.options;
+        for (int64_t st = 0; st < pp; ++st) {
+          double chosen = 0;
+          for (int o : p.stages[st].layer_option) chosen += opts[o].cost;
+          recomputing += chosen > 0;
+          // Every choice of the stage's two layers, cheapest first; the first that fits is the
+          // oracle's optimum.
+          std::vector<std::pair<double, std::pair<int, int>>> pairs;
+          for (size_t x = 0; x < opts.size(); ++x)
+            for (size_t y = 0; y < opts.size(); ++y)
+              pairs.push_back(
+                  {opts[x].cost + opts[y].cost, {static_cast<int>(x), static_cast<int>(y)}});
+          std::stable_sort(pairs.begin(), pairs.end(),
+                           [](const auto& u, const auto& v) { return u.first < v.first; });
+          double oracle = std::numeric_limits<double>::infinity();
+          for (const auto& [cost, xy] : pairs) {
+            if (cost >= chosen * (1 + 1e-9) + 1e-15) break;  // no cheaper choice than the plan's
+            BlockPolicies pol{p.layer_policies, p.embedding_policy, p.head_policy};
+            pol.layers[layers[st][0]] = {opts[xy.first].recompute, "x"};
+            pol.layers[layers[st][1]] = {opts[xy.second].recompute, "y"};
+            Schedule s = build_schedule(m, simulation_setup(t), &pol, /*peak_only=*/true);
+            if (estimate_schedule(s, rt, {.budget = b, .suggestions = false})
+                    .stages[st]
+                    .peak_bytes <= b) {
+              oracle = cost;
+              break;
+            }
           }
+          // Nothing cheaper than the plan's choice fits (the plan's own choice fits: p.fits).
+          EXPECT_FALSE(oracle < chosen * (1 - 1e-9))
+              << name_of(sched) << " pp " << pp << " stage " << st << " budget " << b
+              << ": a choice costing " << oracle << " s fits, the plan's costs " << chosen << " s";
+          ++compared;
         }
-        // Nothing cheaper than the plan's choice fits (the plan's own choice fits: p.fits).
-        EXPECT_FALSE(oracle < chosen * (1 - 1e-9))
-            << "pp " << pp << " stage " << st << " budget " << b << ": a choice costing " << oracle
-            << " s fits, the plan's costs " << chosen << " s";
-        ++compared;
       }
     }
-  }
   EXPECT_GT(compared, 12);
   EXPECT_GT(recomputing, 4);
 }
