@@ -12,23 +12,41 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <tuple>
+#include <utility>
 
 namespace np {
 
-int64_t model_peak(const StageProblem& p, const std::vector<int>& choice) {
-  int64_t K = 0, q = 0, e = p.extra;
-  for (size_t l = 0; l < p.layers.size(); ++l) K += p.layers[l][choice[l]].kept;
-  for (size_t i = p.layers.size(); i-- > 0;) {
-    const StageOption& o = p.layers[i][choice[i]];
+std::pair<int64_t, int64_t> layer_terms(const std::vector<std::vector<StageOption>>& layers,
+                                        const std::vector<int>& choice, int64_t extra) {
+  int64_t q = 0, e = extra;
+  for (size_t i = layers.size(); i-- > 0;) {
+    const StageOption& o = layers[i][choice[i]];
     e = std::max(e, o.working - o.kept - q);
     q += o.kept;
   }
+  return {q, e};
+}
+
+int64_t model_peak(const StageProblem& p, const std::vector<int>& choice) {
+  auto [K, e] = layer_terms(p.layers, choice, p.extra);
   return p.base + p.in_flight * K + e;
 }
 
 namespace {
+
+// A staircase of (M ascending, cost descending): false when some step has no larger M and no
+// larger cost than (m, cost); else the point goes in and the steps it beats go out.
+bool stair_admits(std::vector<std::pair<int64_t, double>>& stair, int64_t m, double cost) {
+  auto by_m = [](const auto& x, const auto& y) { return x.first < y.first; };
+  auto it = std::upper_bound(stair.begin(), stair.end(), std::pair{m, cost}, by_m);
+  if (it != stair.begin() && std::prev(it)->second <= cost) return false;
+  auto lo = std::lower_bound(stair.begin(), stair.end(), std::pair{m, cost}, by_m);
+  auto hi = lo;
+  while (hi != stair.end() && hi->second >= cost) ++hi;
+  stair.insert(stair.erase(lo, hi), {m, cost});
+  return true;
+}
 
 struct State {
   int64_t q, e;
@@ -44,15 +62,9 @@ std::vector<State> prune(std::vector<State> s) {
     return a.cost < b.cost;
   });
   std::vector<State> out;
-  std::map<int64_t, double> stair;  // e -> cost, e ascending, cost strictly descending
-  for (const State& st : s) {
-    auto it = stair.upper_bound(st.e);
-    if (it != stair.begin() && std::prev(it)->second <= st.cost) continue;
-    out.push_back(st);
-    auto lo = stair.lower_bound(st.e);
-    while (lo != stair.end() && lo->second >= st.cost) lo = stair.erase(lo);
-    stair[st.e] = st.cost;
-  }
+  std::vector<std::pair<int64_t, double>> stair;  // e ascending, cost descending
+  for (const State& st : s)
+    if (stair_admits(stair, st.e, st.cost)) out.push_back(st);
   return out;
 }
 
@@ -98,19 +110,6 @@ namespace {
 
 bool uniform(const StageProblem& p);
 
-// A staircase of (M ascending, cost descending): false when some step has no larger M and no
-// larger cost than (m, cost); else the point goes in and the steps it beats go out.
-bool stair_admits(std::vector<std::pair<int64_t, double>>& stair, int64_t m, double cost) {
-  auto by_m = [](const auto& x, const auto& y) { return x.first < y.first; };
-  auto it = std::upper_bound(stair.begin(), stair.end(), std::pair{m, cost}, by_m);
-  if (it != stair.begin() && std::prev(it)->second <= cost) return false;
-  auto lo = std::lower_bound(stair.begin(), stair.end(), std::pair{m, cost}, by_m);
-  auto hi = lo;
-  while (hi != stair.end() && hi->second >= cost) ++hi;
-  stair.insert(stair.erase(lo, hi), {m, cost});
-  return true;
-}
-
 // Keeps the choices no other beats on (kept, kept + transient, cost): the transient term enters
 // every peak with the kept bytes of its own chunk's pass (f K + E = (f - 1) K + (K + E), f >= 1),
 // so that order is the one every step's sum grows with.
@@ -120,16 +119,9 @@ std::vector<ParetoChoice> keep_least(std::vector<ParetoChoice> in) {
     return std::tie(a.kept, ma, a.cost) < std::tie(b.kept, mb, b.cost);
   });
   std::vector<ParetoChoice> out;
-  std::map<int64_t, double> stair;  // kept + transient -> cost, cost strictly falling
-  for (ParetoChoice& c : in) {
-    int64_t m = c.kept + c.transient;
-    auto it = stair.upper_bound(m);
-    if (it != stair.begin() && std::prev(it)->second <= c.cost) continue;
-    auto lo = stair.lower_bound(m);
-    while (lo != stair.end() && lo->second >= c.cost) lo = stair.erase(lo);
-    stair[m] = c.cost;
-    out.push_back(std::move(c));
-  }
+  std::vector<std::pair<int64_t, double>> stair;  // kept + transient ascending, cost descending
+  for (ParetoChoice& c : in)
+    if (stair_admits(stair, c.kept + c.transient, c.cost)) out.push_back(std::move(c));
   return out;
 }
 

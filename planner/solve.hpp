@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "planner/frontier.hpp"
@@ -43,6 +44,9 @@ struct StageSolution {
 };
 
 int64_t model_peak(const StageProblem& p, const std::vector<int>& choice);
+// A choice's kept bytes K and transient term E = max(extra, max_l (w_l - k_l - Q_{l+1})).
+std::pair<int64_t, int64_t> layer_terms(const std::vector<std::vector<StageOption>>& layers,
+                                        const std::vector<int>& choice, int64_t extra);
 // The cheapest choice within the budget. With `below`, only a choice costing less than it is
 // wanted: the result is infeasible when there is none (a caller's bound that prunes the search).
 StageSolution solve_stage(const StageProblem& p,

@@ -4,7 +4,7 @@
 // 1. Each chunk's choices that no other beats on (K, K + E, cost) (pareto_choices); a choice whose
 //    own terms already break some step's budget, with every other chunk at its least, is left
 //    out. Choice i of chunk c adds a_{c,i,s} = alive_s[c] K + [running_s = c] E to step s.
-// 2. A depth-first search over the chunks in order, each chunk's choices cheapest first, with P_s
+// 2. A depth-first search over the chunks in order, each chunk's choices by reduced cost, with P_s
 //    the partial sum of step s: a branch is cut when some step cannot stay within the room even
 //    with the later chunks at their least, or when its cost plus a lower bound on the later
 //    chunks' reaches the best complete choice known. The bound is Lagrangian: for multipliers
@@ -39,12 +39,7 @@ int64_t model_peak(const ChunkedStageProblem& p, const std::vector<std::vector<i
   std::vector<int64_t> K(p.chunks.size()), E(p.chunks.size());
   for (size_t c = 0; c < p.chunks.size(); ++c) {
     const ChunkedStageProblem::Chunk& ch = p.chunks[c];
-    int64_t q = 0, e = 0;
-    for (size_t l = ch.layers.size(); l-- > 0;) {
-      const StageOption& o = ch.layers[l][choice[c][l]];
-      e = std::max(e, o.working - o.kept - q);
-      q += o.kept;
-    }
+    auto [q, e] = layer_terms(ch.layers, choice[c], 0);
     std::tie(K[c], E[c]) = chunk_terms(ch, q, e);
   }
   int64_t peak = p.loads.empty() ? 0 : std::numeric_limits<int64_t>::min();
@@ -118,8 +113,28 @@ class ChunkProgramme {
     std::vector<int> choice;
   };
 
-  int64_t a(size_t c, const Item& it, size_t s) const {
-    return p_.loads[s].alive[c] * it.K + (p_.loads[s].running == static_cast<int>(c) ? it.E : 0);
+  // What chunk c keeping K and adding E while it runs puts on step s.
+  int64_t a(size_t c, int64_t K, int64_t E, size_t s) const {
+    return p_.loads[s].alive[c] * K + (p_.loads[s].running == static_cast<int>(c) ? E : 0);
+  }
+  int64_t a(size_t c, const Item& it, size_t s) const { return a(c, it.K, it.E, s); }
+
+  // Whether chunk c keeping K and adding E fits every step on top of partial sums P.
+  bool fits(size_t c, int64_t K, int64_t E, const std::vector<int64_t>& P) const {
+    for (size_t s = 0; s < S_; ++s)
+      if (P[s] + a(c, K, E, s) > room_) return false;
+    return true;
+  }
+
+  // Every step's sum over the chunks' picked items, chunks `skip` left out.
+  std::vector<int64_t> sums(const std::vector<size_t>& pick,
+                            std::initializer_list<size_t> skip = {}) const {
+    std::vector<int64_t> P(S_, 0);
+    for (size_t c = 0; c < C_; ++c) {
+      if (std::find(skip.begin(), skip.end(), c) != skip.end()) continue;
+      for (size_t s = 0; s < S_; ++s) P[s] += a(c, items_[c][pick[c]], s);
+    }
+    return P;
   }
 
   // The cost summed in chunk and layer order (as exhaustive search sums it).
@@ -132,13 +147,8 @@ class ChunkProgramme {
   }
 
   int64_t peak_of(const std::vector<size_t>& pick) const {
-    int64_t worst = std::numeric_limits<int64_t>::min();
-    for (size_t s = 0; s < S_; ++s) {
-      int64_t at = 0;
-      for (size_t c = 0; c < C_; ++c) at += a(c, items_[c][pick[c]], s);
-      worst = std::max(worst, at);
-    }
-    return worst;
+    std::vector<int64_t> P = sums(pick);
+    return *std::max_element(P.begin(), P.end());
   }
 
   // Each chunk's Pareto choices (with its embedding or head block), those that cannot fit with
@@ -159,6 +169,12 @@ class ChunkProgramme {
       kmin[c] = chunk_terms(ch, q, 0).first;
       emin[c] = ch.after.working - ch.after.kept;
     }
+    // Per chunk: each step's sum with every other chunk at its least.
+    std::vector<std::vector<int64_t>> least_others(C_, std::vector<int64_t>(S_, 0));
+    for (size_t c = 0; c < C_; ++c)
+      for (size_t o = 0; o < C_; ++o)
+        if (o != c)
+          for (size_t s = 0; s < S_; ++s) least_others[c][s] += a(o, kmin[o], emin[o], s);
     for (size_t c = 0; c < C_; ++c) {
       const ChunkedStageProblem::Chunk& ch = p_.chunks[c];
       std::shared_ptr<const std::vector<ParetoChoice>> choices = ch.choices;
@@ -171,16 +187,7 @@ class ChunkProgramme {
       for (const ParetoChoice& pc : *choices) {
         auto [K, E] = chunk_terms(ch, pc.kept, pc.transient);
         Item it{K, E, pc.cost, pc.choice};
-        bool fits = true;
-        for (size_t s = 0; s < S_ && fits; ++s) {
-          int64_t at = a(c, it, s);
-          for (size_t o = 0; o < C_; ++o)
-            if (o != c)
-              at += p_.loads[s].alive[o] * kmin[o] +
-                    (p_.loads[s].running == static_cast<int>(o) ? emin[o] : 0);
-          fits = at <= room_;
-        }
-        if (fits) items_[c].push_back(std::move(it));
+        if (fits(c, it.K, it.E, least_others[c])) items_[c].push_back(std::move(it));
       }
       if (items_[c].empty()) return false;
       if (by_cost) {
@@ -229,28 +236,27 @@ class ChunkProgramme {
     return pick;
   }
 
-  // The cheapest item of chunk c under multipliers l: its index and cost + l . a.
+  // Item i of chunk c priced under multipliers l: cost + l . a.
+  double priced(size_t c, size_t i, const std::vector<double>& l) const {
+    double v = items_[c][i].cost;
+    for (size_t s = 0; s < S_; ++s) v += l[s] * static_cast<double>(a(c, items_[c][i], s));
+    return v;
+  }
+  // The cheapest item of chunk c under multipliers l: its index and priced value.
   std::pair<size_t, double> priced(size_t c, const std::vector<double>& l) const {
     size_t best = 0;
     double value = kInf;
-    for (size_t i = 0; i < items_[c].size(); ++i) {
-      double v = items_[c][i].cost;
-      for (size_t s = 0; s < S_; ++s) v += l[s] * static_cast<double>(a(c, items_[c][i], s));
-      if (v < value) value = v, best = i;
-    }
+    for (size_t i = 0; i < items_[c].size(); ++i)
+      if (double v = priced(c, i, l); v < value) value = v, best = i;
     return {best, value};
   }
 
   // Takes one item per chunk as the best known when it fits and is cheaper.
   void offer(const std::vector<size_t>& pick) {
-    std::vector<int64_t> P(S_, 0);
     double cost = 0;
-    for (size_t c = 0; c < C_; ++c) {
-      cost += items_[c][pick[c]].cost;
-      for (size_t s = 0; s < S_; ++s) P[s] += a(c, items_[c][pick[c]], s);
-    }
-    for (size_t s = 0; s < S_; ++s)
-      if (P[s] > room_) return;
+    for (size_t c = 0; c < C_; ++c) cost += items_[c][pick[c]].cost;
+    for (int64_t at : sums(pick))
+      if (at > room_) return;
     if (cost >= upper_) return;
     upper_ = cost;
     best_pick_ = pick;
@@ -313,8 +319,6 @@ class ChunkProgramme {
     return true;
   }
 
-  // Depth-first over chunks 0 .. C - 2 (their items by reduced cost, so the Lagrangian bound only
-  // grows along a loop), the last chunk by its cheapest item that fits.
   // Counts a branch; false once past the limit (the search then unwinds with what it has).
   bool branch() {
     if (++visited_ <= branches_) return true;
@@ -322,6 +326,8 @@ class ChunkProgramme {
     return false;
   }
 
+  // Depth-first over chunks 0 .. C - 2 (their items by reduced cost, so the Lagrangian bound only
+  // grows along a loop), the last chunk by its cheapest item that fits.
   void search_cost(size_t c, std::vector<int64_t>& P, double cost) {
     if (!branch()) return;
     if (c + 1 == C_) {  // the last chunk's cheapest item that fits: a new best
@@ -355,23 +361,13 @@ class ChunkProgramme {
   void improve() {
     if (!incumbent_.feasible || best_pick_.size() != C_) return;
     std::vector<size_t> pick = best_pick_;
-    auto others = [&](std::initializer_list<size_t> skip) {
-      std::vector<int64_t> P(S_, 0);
-      for (size_t c = 0; c < C_; ++c) {
-        if (std::find(skip.begin(), skip.end(), c) != skip.end()) continue;
-        for (size_t s = 0; s < S_; ++s) P[s] += a(c, items_[c][pick[c]], s);
-      }
-      return P;
-    };
     auto fits_with = [&](size_t c, size_t i, const std::vector<int64_t>& P) {
-      for (size_t s = 0; s < S_; ++s)
-        if (P[s] + a(c, items_[c][i], s) > room_) return false;
-      return true;
+      return fits(c, items_[c][i].K, items_[c][i].E, P);
     };
     for (int round = 0; round < 8; ++round) {
       double before = upper_;
       for (size_t c = 0; c < C_; ++c) {  // items are cheapest first: the first that fits
-        std::vector<int64_t> P = others({c});
+        std::vector<int64_t> P = sums(pick, {c});
         for (size_t i = 0; i < items_[c].size() && items_[c][i].cost < items_[c][pick[c]].cost; ++i)
           if (fits_with(c, i, P)) {
             pick[c] = i;
@@ -382,7 +378,7 @@ class ChunkProgramme {
       for (size_t x = 0; x < C_; ++x)
         for (size_t y = 0; y < C_; ++y) {
           if (x == y) continue;
-          std::vector<int64_t> P = others({x, y});
+          std::vector<int64_t> P = sums(pick, {x, y});
           const double fixed = upper_ - items_[x][pick[x]].cost - items_[y][pick[y]].cost;
           size_t tries = 0;
           for (size_t i = 0; i < items_[x].size() && tries < 64; ++i) {
@@ -395,7 +391,7 @@ class ChunkProgramme {
               if (fits_with(y, j, Q)) {
                 pick[x] = i, pick[y] = j;
                 offer(pick);
-                P = others({x, y});
+                P = sums(pick, {x, y});
                 break;
               }
             }
@@ -416,9 +412,7 @@ class ChunkProgramme {
       std::vector<std::pair<double, size_t>> order;
       double least = kInf;
       for (size_t i = 0; i < items_[c].size(); ++i) {
-        double r = items_[c][i].cost;
-        for (size_t s = 0; s < S_; ++s)
-          r += lambda_[s] * static_cast<double>(a(c, items_[c][i], s));
+        double r = priced(c, i, lambda_);
         order.push_back({r, i});
         least = std::min(least, r);
       }
@@ -455,17 +449,6 @@ class ChunkProgramme {
                   std::min(tree_[2 * n].second, tree_[2 * n + 1].second)};
   }
 
-  // Whether a last-chunk item of kept bytes K and transient E could fit after P: the steps that
-  // do not run the last chunk bound K, those that do bound E by a line falling with K.
-  bool may_fit(const std::vector<int64_t>& P, int64_t K, int64_t E) const {
-    const size_t c = C_ - 1;
-    for (size_t s = 0; s < S_; ++s) {
-      int64_t at = p_.loads[s].alive[c] * K + (p_.loads[s].running == static_cast<int>(c) ? E : 0);
-      if (P[s] + at > room_) return false;
-    }
-    return true;
-  }
-
   std::optional<size_t> cheapest_fit(const std::vector<int64_t>& P, double cost) const {
     const std::vector<Item>& items = items_[C_ - 1];
     // Only items that keep the total under the best known.
@@ -474,10 +457,11 @@ class ChunkProgramme {
                                              [](const Item& it, double v) { return it.cost < v; }) -
                             items.begin());
     // A node whose least K and least E together cannot fit holds no item that fits (each step's
-    // sum only grows with K and E).
+    // sum only grows with K and E; the steps not running the last chunk bound K, those that do
+    // bound E by a line falling with K).
     std::function<std::optional<size_t>(size_t, size_t, size_t)> first =
         [&](size_t node, size_t lo, size_t hi) -> std::optional<size_t> {
-      if (lo >= end || !may_fit(P, tree_[node].first, tree_[node].second)) return std::nullopt;
+      if (lo >= end || !fits(C_ - 1, tree_[node].first, tree_[node].second, P)) return std::nullopt;
       if (hi - lo == 1) return lo;
       size_t mid = (lo + hi) / 2;
       if (auto i = first(2 * node, lo, mid)) return i;

@@ -108,26 +108,22 @@ TEST(Pipeline, ChunkLoadsBoundEveryStep) {
       for (int64_t m : {pp, 2 * pp, 3 * pp})
         for (int64_t s = 0; s < pp; ++s) {
           std::vector<ChunkLoad> kept = chunk_loads(PpSchedule::kInterleaved, s, pp, m, v);
-          std::vector<int64_t> alive(v, 0);
+          auto every_step = [&](int64_t mbs, std::vector<ChunkLoad>& into) {
+            std::vector<int64_t> alive(v, 0);
+            for (PipelinePass p : pipeline_order(PpSchedule::kInterleaved, s, pp, mbs, v)) {
+              if (p.forward) ++alive[p.chunk];
+              into.push_back({alive, p.chunk});
+              if (!p.forward) --alive[p.chunk];
+            }
+          };
           std::vector<ChunkLoad> all;
-          for (PipelinePass p : pipeline_order(PpSchedule::kInterleaved, s, pp, m, v)) {
-            if (p.forward) ++alive[p.chunk];
-            all.push_back({alive, p.chunk});
-            if (!p.forward) --alive[p.chunk];
-          }
+          every_step(m, all);
           fewer += kept.size() < all.size();
           // Longer orders: every step is bounded by the kept steps of 2 pp micro-batches (what
           // the solver and the simulation take, simulation_setup).
           std::vector<ChunkLoad> longer;
           if (m == 2 * pp)
-            for (int64_t more : {3 * pp, 4 * pp}) {
-              std::fill(alive.begin(), alive.end(), 0);
-              for (PipelinePass p : pipeline_order(PpSchedule::kInterleaved, s, pp, more, v)) {
-                if (p.forward) ++alive[p.chunk];
-                longer.push_back({alive, p.chunk});
-                if (!p.forward) --alive[p.chunk];
-              }
-            }
+            for (int64_t more : {3 * pp, 4 * pp}) every_step(more, longer);
           for (int trial = 0; trial < 20; ++trial) {
             std::vector<int64_t> K(v), E(v);
             for (auto& k : K) k = std::uniform_int_distribution<int64_t>(0, 1000)(rng);
