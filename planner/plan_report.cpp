@@ -182,18 +182,16 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
     out += "  stage " + std::to_string(s.stage) + ": " + compress(p, s, labels);
     for (const StageBlock& b : s.blocks)
       if (b.kind == BlockKind::kHead) out += "; LM head " + b.policy.name;
+    unproven = unproven || !sp.proven;
     if (sp.feasible) {
-      out += "; peak " + format_binary(p.estimate.stages[i].peak_bytes) + (sp.proven ? "" : " *");
+      out += "; peak " + format_binary(p.estimate.stages[i].peak_bytes);
       if (!sp.proven && sp.recompute > 0)
         worst_gap = std::max(worst_gap, (sp.recompute - sp.recompute_lower) / sp.recompute);
-      unproven = unproven || !sp.proven;
-      out += "\n";
     } else {
       out += std::string("; DOES NOT FIT: the smallest ") + (sp.proven ? "achievable" : "found") +
-             " peak is " + format_binary(sp.min_peak) + " (" + format_gb(sp.min_peak) + ")" +
-             (sp.proven ? "\n" : " *\n");
-      unproven = unproven || !sp.proven;
+             " peak is " + format_binary(sp.min_peak) + " (" + format_gb(sp.min_peak) + ")";
     }
+    out += sp.proven ? "\n" : " *\n";
   }
   if (unproven)
     out += "  * the solver's search stopped at " + format_int(kChunkSearchBranches) +
