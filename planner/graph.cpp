@@ -122,7 +122,8 @@ class Builder {
       if (weight_shard(o.kind, w.suffix) != Shard::kReplicated) return false;
     bool on_shard = o.kind == OpKind::kRmsNorm || o.kind == OpKind::kLayerNorm ||
                     o.kind == OpKind::kPosEmbedding || o.kind == OpKind::kRouter;
-    return !o.weights.empty() && ((t_.sp && on_shard) || (t_.tp > 1 && o.kind == OpKind::kSharedGate));
+    return !o.weights.empty() &&
+           ((t_.sp && on_shard) || (t_.tp > 1 && o.kind == OpKind::kSharedGate));
   }
 
   // The collectives of an op, forward and backward (the TP ones are conjugate pairs).

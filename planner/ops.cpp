@@ -18,8 +18,8 @@ int64_t WeightShape::elements() const {
 }
 
 const char* name_of(Shard s) {
-  constexpr const char* n[] = {"replicated", "rows",          "section_rows",
-                               "columns",    "expert_section_rows", "expert_columns"};
+  constexpr const char* n[] = {"replicated",          "rows",          "section_rows", "columns",
+                               "expert_section_rows", "expert_columns"};
   return n[static_cast<int>(s)];
 }
 
@@ -141,7 +141,9 @@ const OpInfo kOps[] =
          },
          // Backward: each row's fp32 1/rms, so that the weight gradient is a deterministic
          // column sum over rows.
-         [](const OpAttrs&, In in) -> Types { return {{{rows_of(in[0])}, Dtype::kFp32}}; }},
+         [](const OpAttrs&, In in) -> Types {
+           return {{{rows_of(in[0])}, Dtype::kFp32}};
+         }},
         {OpKind::kLayerNorm, "layernorm", 1, 1, 0b1, 0, 0b1, 0b1, false, same, norm_flops,
          [](const OpAttrs&, In in) -> Weights {
            return {{"weight", {cols_of(in[0])}}, {"bias", {cols_of(in[0])}}};
@@ -241,7 +243,9 @@ const OpInfo kOps[] =
          },
          // Backward: each row's fp32 gate gradient, so that the weight gradient is a
          // deterministic column sum over rows.
-         [](const OpAttrs&, In in) -> Types { return {{{rows_of(in[0])}, Dtype::kFp32}}; }},
+         [](const OpAttrs&, In in) -> Types {
+           return {{{rows_of(in[0])}, Dtype::kFp32}};
+         }},
         {OpKind::kCrossEntropy, "cross_entropy", 2, 2, 0b10, 0b10, 0b01, 0, false,
          [](const OpAttrs&, In in) -> Types {
            return {{{rows_of(in[0])}, Dtype::kFp32}, {in[0].shape, Dtype::kFp32}};

@@ -78,9 +78,8 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   auto atts = enums(r, "attention", sc.base.attention);
   if (!atts) return atts.error();
   size_t combinations = tps.size() * pps.size() * dps.size() * cps.size() * eps.size() *
-                        zeros.size() *
-                        sps.size() * regathers.size() * scheds->size() * recs->size() *
-                        atts->size();
+                        zeros.size() * sps.size() * regathers.size() * scheds->size() *
+                        recs->size() * atts->size();
   if (combinations > 4096)
     return make_error(sc.path + ": [matrix] spans " + std::to_string(combinations) +
                       " combinations (valid: at most 4,096)");
@@ -90,29 +89,29 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
       for (int64_t dp : dps)
         for (int64_t cp : cps)
           for (int64_t ep : eps)
-          for (int64_t zero : zeros)
-            for (bool sp : sps)
-              for (PpSchedule sched : *scheds)
-                for (Recompute rec : *recs)
-                  for (AttentionImpl att : *atts)
-                    for (bool rg : regathers) {
-                      if (!sp && !rg)
-                        continue;  // without SP there is no all-gather to keep: a duplicate
-                      TrainSpec t = sc.base;
-                      t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
-                      t.dp = dp, t.cp = cp, t.ep = ep;
-                      t.zero = static_cast<int>(std::clamp<int64_t>(zero, -1, 4));
-                      t.pp_schedule = sched, t.recompute = rec, t.attention = att;
-                      // setup.virtual_stages (default 2) is the interleaved rows' chunk count
-                      t.virtual_stages = sched != PpSchedule::kInterleaved
-                                             ? 1
-                                             : std::max<int64_t>(2, sc.base.virtual_stages);
-                      if (auto e = validate_setup(sc.model, t)) {
-                        skipped.push_back(describe_short(t) + ": " + e->message);
-                        continue;
+            for (int64_t zero : zeros)
+              for (bool sp : sps)
+                for (PpSchedule sched : *scheds)
+                  for (Recompute rec : *recs)
+                    for (AttentionImpl att : *atts)
+                      for (bool rg : regathers) {
+                        if (!sp && !rg)
+                          continue;  // without SP there is no all-gather to keep: a duplicate
+                        TrainSpec t = sc.base;
+                        t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
+                        t.dp = dp, t.cp = cp, t.ep = ep;
+                        t.zero = static_cast<int>(std::clamp<int64_t>(zero, -1, 4));
+                        t.pp_schedule = sched, t.recompute = rec, t.attention = att;
+                        // setup.virtual_stages (default 2) is the interleaved rows' chunk count
+                        t.virtual_stages = sched != PpSchedule::kInterleaved
+                                               ? 1
+                                               : std::max<int64_t>(2, sc.base.virtual_stages);
+                        if (auto e = validate_setup(sc.model, t)) {
+                          skipped.push_back(describe_short(t) + ": " + e->message);
+                          continue;
+                        }
+                        out.push_back(t);
                       }
-                      out.push_back(t);
-                    }
   return out;
 }
 
@@ -122,8 +121,8 @@ std::string describe_short(const TrainSpec& t) {
   return "tp " + std::to_string(t.tp) + (t.cp > 1 ? " cp " + std::to_string(t.cp) : "") + " pp " +
          std::to_string(t.pp) +
          (t.dp > 1 ? " dp " + std::to_string(t.dp) + " zero " + std::to_string(t.zero) : "") +
-         (t.ep > 1 ? " ep " + std::to_string(t.ep) : "") +
-         " sp " + (t.sp ? "on" : "off") + " " + name_of(t.pp_schedule) +
+         (t.ep > 1 ? " ep " + std::to_string(t.ep) : "") + " sp " + (t.sp ? "on" : "off") + " " +
+         name_of(t.pp_schedule) +
          (t.pp_schedule == PpSchedule::kInterleaved ? " x" + std::to_string(t.virtual_stages)
                                                     : "") +
          " recompute " + name_of(t.recompute) +

@@ -2,9 +2,9 @@
 #include "planner/spec.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdio>
-#include <array>
 #include <iterator>
 #include <utility>
 
@@ -159,8 +159,8 @@ std::optional<Error> check_positive(const TrainSpec& t) {
   if (t.microbatches > 65536)
     return fail("--microbatches " + str(t.microbatches) + " is too many (valid: at most 65,536)");
   const std::pair<const char*, int64_t> degrees[] = {
-      {"--tp", t.tp}, {"--pp", t.pp}, {"--ep", t.ep}, {"--dp", t.dp}, {"--cp", t.cp},
-      {"--virtual-stages", t.virtual_stages}};
+      {"--tp", t.tp}, {"--pp", t.pp}, {"--ep", t.ep},
+      {"--dp", t.dp}, {"--cp", t.cp}, {"--virtual-stages", t.virtual_stages}};
   for (auto [flag, v] : degrees) {
     int64_t most = std::string(flag) == "--dp" ? (1 << 20) : 4096;
     if (v > most)
@@ -201,7 +201,8 @@ std::optional<Error> check_interleaved(const ModelSpec& m, const TrainSpec& t) {
   const int64_t v = t.virtual_stages;
   if (t.pp_schedule != PpSchedule::kInterleaved) {
     if (v != 1)
-      return fail("--virtual-stages " + str(v) + " needs --pp-schedule interleaved (1f1b and afab "
+      return fail("--virtual-stages " + str(v) +
+                  " needs --pp-schedule interleaved (1f1b and afab "
                   "run one chunk per stage); use --virtual-stages 1 or --pp-schedule interleaved");
     return std::nullopt;
   }
@@ -209,8 +210,9 @@ std::optional<Error> check_interleaved(const ModelSpec& m, const TrainSpec& t) {
     return fail("--pp-schedule interleaved needs --pp >= 2 (got --pp " + str(t.pp) +
                 "); use --pp-schedule 1f1b or raise --pp");
   if (v < 2)
-    return fail("--pp-schedule interleaved needs --virtual-stages >= 2 (with 1 it is 1f1b); use "
-                "--virtual-stages 2 or more");
+    return fail(
+        "--pp-schedule interleaved needs --virtual-stages >= 2 (with 1 it is 1f1b); use "
+        "--virtual-stages 2 or more");
   if (t.pp * v > m.layers)
     return fail("--pp " + str(t.pp) + " x --virtual-stages " + str(v) + " = " + str(t.pp * v) +
                 " chunks exceed the " + str(m.layers) + " layers of " + m.name +
@@ -220,8 +222,9 @@ std::optional<Error> check_interleaved(const ModelSpec& m, const TrainSpec& t) {
                 str(t.pp) + " under the interleaved schedule (as Megatron requires); use " +
                 str((t.microbatches + t.pp - 1) / t.pp * t.pp));
   if (!t.stage_layers.empty())
-    return fail("--partition lists layers per stage, but the interleaved schedule splits the "
-                "layers into pp x virtual stages balanced chunks; use --partition balanced");
+    return fail(
+        "--partition lists layers per stage, but the interleaved schedule splits the "
+        "layers into pp x virtual stages balanced chunks; use --partition balanced");
   return std::nullopt;
 }
 
@@ -248,8 +251,8 @@ std::optional<Error> check_moe(const ModelSpec& m, const TrainSpec& t) {
 bool is_model_name(std::string_view name) {
   if (name.empty() || name.size() > 128) return false;
   for (char c : name)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-' && c != '+' &&
-        c != '/')
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-' &&
+        c != '+' && c != '/')
       return false;
   return true;
 }
@@ -340,9 +343,11 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (t.cp > 1 && t.seq_len % (2 * t.cp) != 0)
     return fail("--seq-len " + str(t.seq_len) + " is not divisible by 2 x --cp " + str(t.cp) +
                 " (context parallelism splits each sequence into 2 cp load-balanced chunks); use a "
-                "multiple of " + str(2 * t.cp));
+                "multiple of " +
+                str(2 * t.cp));
   if (t.cp > 1 && t.attention != AttentionImpl::kFlash)
-    return fail("--cp " + str(t.cp) + " needs --attention flash (context parallelism exchanges "
+    return fail("--cp " + str(t.cp) +
+                " needs --attention flash (context parallelism exchanges "
                 "K/V inside the fused attention kernel, as Megatron's does)");
   if (t.sp && (t.seq_len / t.cp) % t.tp != 0)
     return fail("--seq-len " + str(t.seq_len) + (t.cp > 1 ? " / --cp " + str(t.cp) : "") +
@@ -362,14 +367,15 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
 }
 
 Result<std::vector<int64_t>> parse_partition(std::string_view text) {
-  return parse_count_list("--partition", text, "balanced, auto, or layer counts such as 21,20,20,19");
+  return parse_count_list("--partition", text,
+                          "balanced, auto, or layer counts such as 21,20,20,19");
 }
 
 Result<std::vector<int64_t>> parse_count_list(std::string_view flag, std::string_view text,
                                               std::string_view valid) {
   auto bad = [&] {
-    return make_error("invalid " + std::string(flag) + " " + quote_input(text) + " (valid: " +
-                      std::string(valid) + ")");
+    return make_error("invalid " + std::string(flag) + " " + quote_input(text) +
+                      " (valid: " + std::string(valid) + ")");
   };
   std::vector<int64_t> counts;
   size_t start = 0;

@@ -1193,7 +1193,8 @@ TEST(CpuMoe, CapacityDropsChoicesBeyondItInTokenOrder) {
   const Case& c = *std::find_if(cases().begin(), cases().end(),
                                 [](const Case& x) { return x.label == "moe_combine_capacity"; });
   auto rows = dispatch_rows(c.inputs[2], c.attrs.capacity);
-  int64_t kept = std::count_if(rows.begin(), rows.end(), [](const DispatchRow& r) { return r.t >= 0; });
+  int64_t kept =
+      std::count_if(rows.begin(), rows.end(), [](const DispatchRow& r) { return r.t >= 0; });
   EXPECT_LT(kept, T * K);
   EXPECT_GT(kept, 0);
   // The first choices in token order are the ones kept: every expert's slots are full or all of
@@ -1212,7 +1213,8 @@ TEST(CpuMoe, CapacityDropsChoicesBeyondItInTokenOrder) {
   auto in = ex.tensors(c.inputs);
   Vec out = read(ex.forward(in, {})->outs[0]);
   for (int64_t t = 0; t < T; ++t) {
-    bool any = std::any_of(rows.begin(), rows.end(), [&](const DispatchRow& r) { return r.t == t; });
+    bool any =
+        std::any_of(rows.begin(), rows.end(), [&](const DispatchRow& r) { return r.t == t; });
     if (any) continue;
     for (int64_t d = 0; d < H; ++d) EXPECT_EQ(out[t * H + d], 0.0) << "token " << t;
   }

@@ -53,8 +53,10 @@ __global__ void other_warp(int* out, bool block_sync) {
   int* s = np_shared<int>();
   int t = threadIdx.x, n = blockDim.x;
   s[t] = t;
-  if (block_sync) __syncthreads();
-  else __syncwarp();
+  if (block_sync)
+    __syncthreads();
+  else
+    __syncwarp();
   out[t] = s[(t + 32) % n];
 }
 
@@ -145,8 +147,8 @@ TEST(CudaEmulation, CublasGemmIsColumnMajorWithTransposesAndStrides) {
   ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
   float alpha = 1.5f, beta = 0.0f;
   ASSERT_EQ(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, A.data(),
-                                       CUDA_R_32F, lda, lda * m, B.data(), CUDA_R_32F, ldb,
-                                       ldb * n, &beta, C.data(), CUDA_R_32F, ldc, ldc * n, batch,
+                                       CUDA_R_32F, lda, lda * m, B.data(), CUDA_R_32F, ldb, ldb * n,
+                                       &beta, C.data(), CUDA_R_32F, ldc, ldc * n, batch,
                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             CUBLAS_STATUS_SUCCESS);
   for (int b = 0; b < batch; ++b)
@@ -157,8 +159,8 @@ TEST(CudaEmulation, CublasGemmIsColumnMajorWithTransposesAndStrides) {
           want += double(A[b * lda * m + i * lda + p]) * B[b * ldb * n + j * ldb + p];
         EXPECT_NEAR(C[b * ldc * n + j * ldc + i], 1.5 * want, 1e-5) << b << " " << i << " " << j;
       }
-  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, A.data(), CUDA_R_32F,
-                         m - 1, B.data(), CUDA_R_32F, ldb, &beta, C.data(), CUDA_R_32F, ldc,
+  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, A.data(), CUDA_R_32F, m - 1,
+                         B.data(), CUDA_R_32F, ldb, &beta, C.data(), CUDA_R_32F, ldc,
                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             CUBLAS_STATUS_INVALID_VALUE)
       << "lda < m is refused, as cuBLAS does";
@@ -199,7 +201,8 @@ struct DeviceTensor {
   void set(const std::vector<double>& v) {
     std::vector<uint8_t> h(static_cast<size_t>(t.bytes()));
     Tensor host{h.data(), t.type};
-    for (size_t i = 0; i < v.size(); ++i) exec::store(host, static_cast<int64_t>(i), static_cast<float>(v[i]));
+    for (size_t i = 0; i < v.size(); ++i)
+      exec::store(host, static_cast<int64_t>(i), static_cast<float>(v[i]));
     set_raw(h.data());
   }
   std::vector<double> get() const {
@@ -215,7 +218,8 @@ std::vector<double> random_values(size_t n, uint32_t seed, double lo = -2, doubl
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> u(lo, hi);
   std::vector<double> v(n);
-  for (double& x : v) x = static_cast<double>(exec::bf16_to_f32(exec::f32_to_bf16(static_cast<float>(u(rng)))));
+  for (double& x : v)
+    x = static_cast<double>(exec::bf16_to_f32(exec::f32_to_bf16(static_cast<float>(u(rng)))));
   return v;
 }
 
@@ -231,7 +235,9 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
   EXPECT_LE(std::sqrt(num / std::max(den, 1e-300)), tol) << what;
 }
 
-double tolerance(Dtype d) { return d == Dtype::kBf16 ? 1e-2 : 1e-5; }
+double tolerance(Dtype d) {
+  return d == Dtype::kBf16 ? 1e-2 : 1e-5;
+}
 
 TEST(CudaKernels, RmsNormForwardAndBackward) {
   const int64_t rows = 71, h = 229;
@@ -338,8 +344,7 @@ TEST(CudaKernels, LinearThroughCublas) {
 // RoPE on [q | k | v] rows with GQA (3 q heads, 1 kv head here), odd row count, sequence-sharded
 // rows (first_row > 0); the inverse rotation (sign -1) undoes it.
 TEST(CudaKernels, RopeRotatesQAndKAndIsInvertible) {
-  const int64_t rows = 71, hq = 3, hkv = 1, d = 8, width = (hq + 2 * hkv) * d, batch = 2,
-                first = 6;
+  const int64_t rows = 71, hq = 3, hkv = 1, d = 8, width = (hq + 2 * hkv) * d, batch = 2, first = 6;
   auto xv = random_values(rows * width, 21);
   DeviceTensor x({rows, width}, Dtype::kFp32), y({rows, width}, Dtype::kFp32),
       back({rows, width}, Dtype::kFp32);
@@ -404,62 +409,65 @@ TEST(CudaKernels, OptimizerAndCopyMatchTheCpuReferenceBitwise) {
 // one and three k-steps), fp32 the CUDA-core one.
 TEST(CudaKernels, FlashAttentionForwardAndBackward) {
   for (auto [s, d] : {std::pair<int64_t, int64_t>{37, 8}, {71, 40}})
-  for (Dtype dt : {Dtype::kFp32, Dtype::kBf16}) {
-    const int64_t b = 2, hq = 6, hkv = 2, width = (hq + 2 * hkv) * d, T = b * s;
-    const AttentionShape shape{b, s, hq, hkv, d};
-    auto xv = random_values(T * width, 41), gv = random_values(T * hq * d, 42),
-         prior = random_values(T * width, 43);
-    DeviceTensor qkv({T, width}, dt), out({T, hq * d}, dt), lse({b, hq, s}, Dtype::kFp32),
-        dout({T, hq * d}, dt), dx({T, width}, dt), dq({T, hq * d}, Dtype::kFp32),
-        rowsum({b, hq, s}, Dtype::kFp32);
-    qkv.set(xv), dout.set(gv), dx.set(prior);
-    flash_attention_forward(shape, qkv.t, out.t, lse.t, nullptr);
-    flash_attention_backward(shape, qkv.t, out.t, lse.t, dout.t, dx.t, true, dq.t, rowsum.t,
-                             nullptr);
-    std::vector<double> outr(T * hq * d, 0.0), lser(b * hq * s), dxr = prior;
-    const double scale = 1.0 / std::sqrt(double(d));
-    auto at = [&](int64_t bi, int64_t pos, int64_t col) { return xv[(pos * b + bi) * width + col]; };
-    for (int64_t bi = 0; bi < b; ++bi)
-      for (int64_t h = 0; h < hq; ++h) {
-        int64_t kc = (hq + h / (hq / hkv)) * d, vc = (hq + hkv + h / (hq / hkv)) * d, qc = h * d;
-        for (int64_t i = 0; i < s; ++i) {
-          std::vector<double> p(i + 1);
-          double m = -1e300, z = 0;
-          for (int64_t j = 0; j <= i; ++j) {
-            double sc = 0;
-            for (int64_t c = 0; c < d; ++c) sc += at(bi, i, qc + c) * at(bi, j, kc + c);
-            p[j] = sc * scale, m = std::max(m, p[j]);
-          }
-          for (int64_t j = 0; j <= i; ++j) z += p[j] = std::exp(p[j] - m);
-          for (int64_t j = 0; j <= i; ++j) p[j] /= z;
-          lser[(bi * hq + h) * s + i] = m + std::log(z);
-          int64_t ti = i * b + bi;
-          double D = 0;
-          std::vector<double> o(d, 0.0);
-          for (int64_t j = 0; j <= i; ++j)
-            for (int64_t c = 0; c < d; ++c) o[c] += p[j] * at(bi, j, vc + c);
-          for (int64_t c = 0; c < d; ++c) {
-            outr[ti * hq * d + qc + c] = o[c];
-            D += gv[ti * hq * d + qc + c] * o[c];
-          }
-          for (int64_t j = 0; j <= i; ++j) {
-            int64_t tj = j * b + bi;
-            double dov = 0;
-            for (int64_t c = 0; c < d; ++c) dov += gv[ti * hq * d + qc + c] * at(bi, j, vc + c);
-            double ds = p[j] * (dov - D);
+    for (Dtype dt : {Dtype::kFp32, Dtype::kBf16}) {
+      const int64_t b = 2, hq = 6, hkv = 2, width = (hq + 2 * hkv) * d, T = b * s;
+      const AttentionShape shape{b, s, hq, hkv, d};
+      auto xv = random_values(T * width, 41), gv = random_values(T * hq * d, 42),
+           prior = random_values(T * width, 43);
+      DeviceTensor qkv({T, width}, dt), out({T, hq * d}, dt), lse({b, hq, s}, Dtype::kFp32),
+          dout({T, hq * d}, dt), dx({T, width}, dt), dq({T, hq * d}, Dtype::kFp32),
+          rowsum({b, hq, s}, Dtype::kFp32);
+      qkv.set(xv), dout.set(gv), dx.set(prior);
+      flash_attention_forward(shape, qkv.t, out.t, lse.t, nullptr);
+      flash_attention_backward(shape, qkv.t, out.t, lse.t, dout.t, dx.t, true, dq.t, rowsum.t,
+                               nullptr);
+      std::vector<double> outr(T * hq * d, 0.0), lser(b * hq * s), dxr = prior;
+      const double scale = 1.0 / std::sqrt(double(d));
+      auto at = [&](int64_t bi, int64_t pos, int64_t col) {
+        return xv[(pos * b + bi) * width + col];
+      };
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t h = 0; h < hq; ++h) {
+          int64_t kc = (hq + h / (hq / hkv)) * d, vc = (hq + hkv + h / (hq / hkv)) * d, qc = h * d;
+          for (int64_t i = 0; i < s; ++i) {
+            std::vector<double> p(i + 1);
+            double m = -1e300, z = 0;
+            for (int64_t j = 0; j <= i; ++j) {
+              double sc = 0;
+              for (int64_t c = 0; c < d; ++c) sc += at(bi, i, qc + c) * at(bi, j, kc + c);
+              p[j] = sc * scale, m = std::max(m, p[j]);
+            }
+            for (int64_t j = 0; j <= i; ++j) z += p[j] = std::exp(p[j] - m);
+            for (int64_t j = 0; j <= i; ++j) p[j] /= z;
+            lser[(bi * hq + h) * s + i] = m + std::log(z);
+            int64_t ti = i * b + bi;
+            double D = 0;
+            std::vector<double> o(d, 0.0);
+            for (int64_t j = 0; j <= i; ++j)
+              for (int64_t c = 0; c < d; ++c) o[c] += p[j] * at(bi, j, vc + c);
             for (int64_t c = 0; c < d; ++c) {
-              dxr[tj * width + vc + c] += p[j] * gv[ti * hq * d + qc + c];
-              dxr[ti * width + qc + c] += scale * ds * at(bi, j, kc + c);
-              dxr[tj * width + kc + c] += scale * ds * at(bi, i, qc + c);
+              outr[ti * hq * d + qc + c] = o[c];
+              D += gv[ti * hq * d + qc + c] * o[c];
+            }
+            for (int64_t j = 0; j <= i; ++j) {
+              int64_t tj = j * b + bi;
+              double dov = 0;
+              for (int64_t c = 0; c < d; ++c) dov += gv[ti * hq * d + qc + c] * at(bi, j, vc + c);
+              double ds = p[j] * (dov - D);
+              for (int64_t c = 0; c < d; ++c) {
+                dxr[tj * width + vc + c] += p[j] * gv[ti * hq * d + qc + c];
+                dxr[ti * width + qc + c] += scale * ds * at(bi, j, kc + c);
+                dxr[tj * width + kc + c] += scale * ds * at(bi, i, qc + c);
+              }
             }
           }
         }
-      }
-    std::string name = (dt == Dtype::kBf16 ? "bf16" : "fp32") + std::string(" d ") + std::to_string(d);
-    expect_close(out.get(), outr, tolerance(dt), "attention output " + name);
-    expect_close(lse.get(), lser, 1e-5, "attention logsumexp " + name);
-    expect_close(dx.get(), dxr, tolerance(dt), "attention dqkv (accumulated) " + name);
-  }
+      std::string name =
+          (dt == Dtype::kBf16 ? "bf16" : "fp32") + std::string(" d ") + std::to_string(d);
+      expect_close(out.get(), outr, tolerance(dt), "attention output " + name);
+      expect_close(lse.get(), lser, 1e-5, "attention logsumexp " + name);
+      expect_close(dx.get(), dxr, tolerance(dt), "attention dqkv (accumulated) " + name);
+    }
 }
 
 // The vocabulary-parallel embedding and cross-entropy on the shard of TP rank 1 of 2 (ids outside
@@ -474,7 +482,8 @@ TEST(CudaKernels, EmbeddingAndCrossEntropyOnAVocabShard) {
   idt.set_raw(ids.data());
   tgt.set_raw(ids.data());
   for (Dtype d : {Dtype::kFp32, Dtype::kBf16}) {
-    auto wv = random_values(v * h, 52), lv = random_values(rows * v, 53), prior = random_values(rows * v, 54);
+    auto wv = random_values(v * h, 52), lv = random_values(rows * v, 53),
+         prior = random_values(rows * v, 54);
     DeviceTensor w({v, h}, d), out({rows, h}, d), logits({rows, v}, d), mx({rows}, Dtype::kFp32),
         sm({rows, v}, Dtype::kFp32), se({rows}, Dtype::kFp32), tg({rows}, Dtype::kFp32),
         loss({rows}, Dtype::kFp32), dl({rows, v}, d);
@@ -490,7 +499,8 @@ TEST(CudaKernels, EmbeddingAndCrossEntropyOnAVocabShard) {
       if (r >= 0 && r < v)
         for (int64_t c = 0; c < h; ++c) dwr[r * h + c] += ev[t * h + c];
     }
-    expect_close(dwt.get(), dwr, 1e-6, std::string("embedding dW ") + (d == Dtype::kBf16 ? "bf16" : "fp32"));
+    expect_close(dwt.get(), dwr, 1e-6,
+                 std::string("embedding dW ") + (d == Dtype::kBf16 ? "bf16" : "fp32"));
     cross_entropy_max(logits.t, mx.t, nullptr);
     cross_entropy_exp_sum(logits.t, tgt.t, mx.t, sm.t, se.t, tg.t, rank, nullptr);
     cross_entropy_finalize(sm.t, se.t, mx.t, tg.t, loss.t, nullptr);
@@ -764,13 +774,15 @@ TEST(CudaKernels, MixtureOfExperts) {
   for (int64_t t = 0; t < T; ++t) {
     std::vector<int64_t> order(E);
     for (int64_t e = 0; e < E; ++e) order[e] = e;
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return lv[t * E + a] > lv[t * E + b]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return lv[t * E + a] > lv[t * E + b]; });
     double z = 0, pg = 0;
     for (int64_t j = 0; j < k; ++j) {
       ASSERT_EQ(id[t * k + j], order[j]) << "token " << t << " choice " << j;
       z += std::exp(lv[t * E + order[j]] - lv[t * E + order[0]]);
     }
-    for (int64_t j = 0; j < k; ++j) pr[t * k + j] = std::exp(lv[t * E + order[j]] - lv[t * E + order[0]]) / z;
+    for (int64_t j = 0; j < k; ++j)
+      pr[t * k + j] = std::exp(lv[t * E + order[j]] - lv[t * E + order[0]]) / z;
     for (int64_t j = 0; j < k; ++j) pg += pr[t * k + j] * gpv[t * k + j];
     for (int64_t j = 0; j < k; ++j) dlr[t * E + order[j]] = pr[t * k + j] * (gpv[t * k + j] - pg);
   }
@@ -797,7 +809,8 @@ TEST(CudaKernels, MixtureOfExperts) {
   for (int64_t i = 0; i < N; ++i) ++count[id[i] + 1];
   for (int64_t e = 0; e < E; ++e) count[e + 1] += count[e];
   for (int64_t i = 0; i < N; ++i) row[i] = count[id[i]]++;
-  auto yev = random_values(N * h, 68), gov = random_values(T * h, 69), dpprior = random_values(T * k, 70);
+  auto yev = random_values(N * h, 68), gov = random_values(T * h, 69),
+       dpprior = random_values(T * k, 70);
   DeviceTensor xe({N, h}, bf), dxe({N, h}, bf), dxd({T, h}, bf), ye({N, h}, bf), comb({T, h}, bf),
       gout({T, h}, bf), dye({N, h}, bf), dpc({T, k}, f32);
   ye.set(yev), gout.set(gov), dxe.set(yev), dpc.set(dpprior);
@@ -838,7 +851,8 @@ TEST(CudaKernels, MixtureOfExperts) {
 
   // The grouped expert GEMMs: out[r] = xe[r] W_e^T for the rows r of expert e; dx, dW +=.
   auto wev = random_values(E * F * h, 71), gev = random_values(N * F, 72);
-  DeviceTensor we({E, F, h}, bf), eo({N, F}, bf), ge({N, F}, bf), dxe2({N, h}, bf), dwe({E, F, h}, f32);
+  DeviceTensor we({E, F, h}, bf), eo({N, F}, bf), ge({N, F}, bf), dxe2({N, h}, bf),
+      dwe({E, F, h}, f32);
   we.set(wev), ge.set(gev), dwe.set(std::vector<double>(E * F * h, 0.0));
   expert_forward(blas, xe.t, idx.t, we.t, eo.t, 0, nullptr);
   expert_backward(blas, xe.t, idx.t, we.t, ge.t, dxe2.t, false, dwe.t, 0, nullptr);
@@ -880,8 +894,8 @@ TEST(CudaKernels, MixtureOfExperts) {
   ASSERT_LT(std::count(slot.begin(), slot.end(), -1), N);
   ASSERT_GT(std::count(slot.begin(), slot.end(), -1), 0);
   auto cyv = random_values(R * h, 76);
-  DeviceTensor cxe({R, h}, bf), cdxe({R, h}, bf), cdx({T, h}, bf), cye({R, h}, bf), ccomb({T, h}, bf),
-      cdye({R, h}, bf), cdp({T, k}, f32);
+  DeviceTensor cxe({R, h}, bf), cdxe({R, h}, bf), cdx({T, h}, bf), cye({R, h}, bf),
+      ccomb({T, h}, bf), cdye({R, h}, bf), cdp({T, k}, f32);
   cxe.set(cyv), cdxe.set(cyv), cdx.set(prior), cye.set(cyv), ccomb.set(prior), cdye.set(cyv),
       cdp.set(dpprior);
   moe_dispatch_forward(x.t, idx.t, cxe.t, E, C, nullptr);
@@ -908,7 +922,8 @@ TEST(CudaKernels, MixtureOfExperts) {
   expect_close(cdwe.get(), cg.dw, tolerance(f32), "capacity: expert GEMMs backward, dW");
 
   // The shared gate: out = sigmoid(x . w) y; dy = s g, dx = dz w, dw += sum dz x.
-  auto gwv = random_values(h, 73, -0.3, 0.3), sy = random_values(T * F, 74), sg = random_values(T * F, 75);
+  auto gwv = random_values(h, 73, -0.3, 0.3), sy = random_values(T * F, 74),
+       sg = random_values(T * F, 75);
   DeviceTensor gw({1, h}, bf), y({T, F}, bf), go({T, F}, bf), gateo({T, F}, bf), gdx({T, h}, bf),
       gdy({T, F}, bf), gdw({1, h}, f32), dz({T}, f32);
   gw.set(gwv), y.set(sy), go.set(sg), gdw.set(std::vector<double>(h, 0.0));
@@ -920,7 +935,8 @@ TEST(CudaKernels, MixtureOfExperts) {
     for (int64_t c = 0; c < h; ++c) z += xv[t * h + c] * gwv[c];
     for (int64_t f = 0; f < F; ++f) gy += sg[t * F + f] * sy[t * F + f];
     double sgm = 1 / (1 + std::exp(-z)), d = gy * sgm * (1 - sgm);
-    for (int64_t f = 0; f < F; ++f) gor[t * F + f] = sgm * sy[t * F + f], gdyr[t * F + f] = sgm * sg[t * F + f];
+    for (int64_t f = 0; f < F; ++f)
+      gor[t * F + f] = sgm * sy[t * F + f], gdyr[t * F + f] = sgm * sg[t * F + f];
     for (int64_t c = 0; c < h; ++c) gdxr[t * h + c] = d * gwv[c], gdwr[c] += d * xv[t * h + c];
   }
   expect_close(gateo.get(), gor, tolerance(bf), "shared gate");
@@ -936,9 +952,9 @@ TEST(CudaKernels, CheckMacrosNameTheStatementPlaceAndDevice) {
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
   float one = 1.0f;
   try {
-    NP_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, -1, 1, 1, &one, nullptr, CUDA_R_32F,
-                                 1, nullptr, CUDA_R_32F, 1, &one, nullptr, CUDA_R_32F, 1,
-                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    NP_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, -1, 1, 1, &one, nullptr,
+                                 CUDA_R_32F, 1, nullptr, CUDA_R_32F, 1, &one, nullptr, CUDA_R_32F,
+                                 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     ADD_FAILURE() << "a GEMM with m = -1 did not fail";
   } catch (const std::runtime_error& e) {
     std::string m = e.what();
