@@ -76,7 +76,7 @@ int64_t global_weight_index(const GraphOp& op, size_t w, int64_t i, const RankSh
 
 void init_weight(const Tensor& t, const StageBlock& block, const GraphOp& op, size_t w,
                  const RankShards& at, uint64_t seed) {
-  bool norm = op.kind == OpKind::kRmsNorm || op.kind == OpKind::kLayerNorm;
+  bool norm = is_norm(op.kind);
   bool bias = std::string(op.weights.at(w).suffix) == "bias";
   if (norm) {
     for (int64_t i = 0; i < t.numel(); ++i) store(t, i, bias ? 0.0f : 1.0f);

@@ -375,7 +375,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   std::string key = hw.name + "/" + std::to_string(t.tp) + "/" + std::to_string(t.sp) + "/" +
                     std::to_string(t.ep) + "/" + std::to_string(t.tp_recompute_allgather) + "/" +
                     std::to_string(t.seq_len) + "/" + std::to_string(t.micro_batch) + "/" +
-                    name_of(t.attention);
+                    name_of(t.attention) + "/" + name_of(t.impl);
   // The layer frontier, computed once per key by the first thread that needs it (a sweep shares
   // the cache; a single plan keeps its own, which the balanced comparison below reuses).
   FrontierCache own;

@@ -235,6 +235,8 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
   ConfigSetup c;
   TrainSpec& t = c.setup;
   t.dp = dp;
+  t.impl = Impl::kMegatron;  // Megatron's fused kernels (--impl overrides)
+  c.given.insert("--impl");
   int64_t global_batch = 0, vpp_layers = 0, recompute_layers = 0;
   std::string granularity, method;
   auto fail = [](const std::string& what) { return make_error("--megatron-args: " + what); };
@@ -391,8 +393,10 @@ std::string module_of(const GraphOp& op) {
   if (op.kind == OpKind::kFlashAttention || op.kind == OpKind::kFlashAttentionCp ||
       op.attention_core)
     return "core_attn";
-  if (op.kind == OpKind::kRmsNorm || op.kind == OpKind::kLayerNorm) return "layernorm";
-  if (n == "moe.experts.swiglu") return "moe_act";
+  if (is_norm(op.kind)) return "layernorm";
+  if (n.rfind("moe.experts.", 0) == 0 &&
+      (op.kind == OpKind::kSwiGlu || op.kind == OpKind::kGluAct || op.kind == OpKind::kGluMul))
+    return "moe_act";
   if (n.rfind("moe.", 0) == 0) return "moe";
   if (n.rfind("mlp.", 0) == 0 && op.kind != OpKind::kReduceScatter &&
       op.kind != OpKind::kAllReduce && op.kind != OpKind::kDropout && op.kind != OpKind::kAdd)

@@ -96,6 +96,7 @@ class OptionEvaluator {
       if (!rec[o]) continue;
       ++i;
       for (int t : g_.ops[o].inputs) use(i, value(t));
+      if (fwd_ws_[o]) ws(i, fwd_ws_[o]);  // a re-run op allocates its forward scratch again
       for (int t : g_.ops[o].outputs) alloc(i, n_ + t);
     }
     has_grad_.assign(n_, 0);

@@ -57,7 +57,9 @@ class Builder {
     int index = static_cast<int>(g_.ops.size());
     std::vector<TensorType> outs = info.infer(attrs, in);
     for (size_t j = 0; j < outs.size(); ++j) {
-      std::string tname = j < out_names.size() ? name + "." + out_names[j] : name;
+      // Named outputs are "op.name"; an empty name (or none given) is the op's own name.
+      std::string tname =
+          j < out_names.size() && !out_names[j].empty() ? name + "." + out_names[j] : name;
       o.outputs.push_back(add_tensor(tname, outs[j], index));
     }
     for (int i : inputs) g_.tensors[i].consumers.push_back(index);
@@ -94,8 +96,20 @@ class Builder {
     if (m_.dropout <= 0.0) return x;
     return op(OpKind::kDropout, name, {}, {x}, {"out", "mask"})[0];
   }
+  // The profile's norm: statistics recomputed in backward (fused) or kept as extra outputs.
   int norm(int x, const std::string& name) {
-    return op1(m_.norm == Norm::kRms ? OpKind::kRmsNorm : OpKind::kLayerNorm, name, {}, {x});
+    bool rms = m_.norm == Norm::kRms;
+    if (t_.impl == Impl::kFused)
+      return op1(rms ? OpKind::kRmsNorm : OpKind::kLayerNorm, name, {}, {x});
+    return op(rms ? OpKind::kRmsNormStats : OpKind::kLayerNormStats, name, {}, {x},
+              rms ? std::vector<std::string>{"", "rstd"}
+                  : std::vector<std::string>{"", "mean", "rstd"})[0];
+  }
+  // silu(gate) * up of [gate | up]: one fused op, or (nanotron) act(gate) kept, then the product.
+  int glu(int gu, const std::string& name) {
+    if (t_.impl != Impl::kNanotron) return op1(OpKind::kSwiGlu, name + ".swiglu", {}, {gu});
+    int a = op1(OpKind::kGluAct, name + ".silu", {}, {gu});
+    return op1(OpKind::kGluMul, name + ".swiglu", {}, {a, gu});
   }
 
   // This rank's tokens of a micro-batch: 1 / cp of each sequence (context parallelism), then
@@ -120,8 +134,7 @@ class Builder {
   bool partial_weight_grads(const GraphOp& o) const {
     for (const WeightShape& w : o.weights)
       if (weight_shard(o.kind, w.suffix) != Shard::kReplicated) return false;
-    bool on_shard = o.kind == OpKind::kRmsNorm || o.kind == OpKind::kLayerNorm ||
-                    o.kind == OpKind::kPosEmbedding || o.kind == OpKind::kRouter;
+    bool on_shard = is_norm(o.kind) || o.kind == OpKind::kPosEmbedding || o.kind == OpKind::kRouter;
     return !o.weights.empty() &&
            ((t_.sp && on_shard) || (t_.tp > 1 && o.kind == OpKind::kSharedGate));
   }
@@ -190,7 +203,7 @@ int dense_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int x, const s
   if (m.activation == Activation::kSwiGlu) {
     int gu =
         b.column(x, name + ".gate_up", 2 * ffn / t.tp, m.linear_bias, {ffn / t.tp, ffn / t.tp});
-    int a = b.op1(OpKind::kSwiGlu, name + ".swiglu", {}, {gu});
+    int a = b.glu(gu, name);
     return b.op1(OpKind::kRowLinear, name + ".down", {.features = m.hidden, .bias = m.linear_bias},
                  {a});
   }
@@ -225,7 +238,7 @@ int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int shard) {
   int xe = b.op1(OpKind::kMoeDispatch, "moe.dispatch", experts, {x, idx});
   int gu = b.op1(OpKind::kExpertColumn, "moe.experts.gate_up", experts, {xe, idx});
   b.last().expert_weights = true;
-  int a = b.op1(OpKind::kSwiGlu, "moe.experts.swiglu", {}, {gu});
+  int a = b.glu(gu, "moe.experts");
   experts.features = m.hidden;
   experts.sections.clear();
   int ye = b.op1(OpKind::kExpertRow, "moe.experts.down", experts, {a, idx});
@@ -268,7 +281,8 @@ BlockGraph build_head(const ModelSpec& m, const TrainSpec& t) {
   int logits = b.column(n, "lm_head", m.vocab / t.tp, false);
   if (m.tie_embeddings) b.last().attrs.tie = "embedding";
   int targets = b.input("targets", {{b.tokens()}, Dtype::kI64});
-  b.op(OpKind::kCrossEntropy, "loss", {}, {logits, targets}, {"per_token", "softmax"});
+  b.op(OpKind::kCrossEntropy, "loss", {.fp32_copy = t.impl == Impl::kNanotron}, {logits, targets},
+       {"per_token", "softmax"});
   return b.finish(x, -1);
 }
 

@@ -153,6 +153,25 @@ const OpInfo kOps[] =
            TensorType row{{rows_of(in[0])}, Dtype::kFp32};
            return {row, row};
          }},
+        {OpKind::kRmsNormStats, "rmsnorm_stats", 1, 2, 0b1, 0b10, 0b1, 0b01, false,
+         [](const OpAttrs&, In in) -> Types {
+           return {in[0], {{rows_of(in[0])}, Dtype::kFp32}};
+         },
+         norm_flops,
+         [](const OpAttrs&, In in) -> Weights {
+           return {{"weight", {cols_of(in[0])}}};
+         },
+         none_types},
+        {OpKind::kLayerNormStats, "layernorm_stats", 1, 3, 0b1, 0b110, 0b1, 0b001, false,
+         [](const OpAttrs&, In in) -> Types {
+           TensorType row{{rows_of(in[0])}, Dtype::kFp32};
+           return {in[0], row, row};
+         },
+         norm_flops,
+         [](const OpAttrs&, In in) -> Weights {
+           return {{"weight", {cols_of(in[0])}}, {"bias", {cols_of(in[0])}}};
+         },
+         none_types},
         {OpKind::kAllGather, "all_gather", 1, 1, 0, 0, 0b1, 0b1, true,
          [](const OpAttrs& a, In in) -> Types {
            return {{{rows_of(in[0]) * a.group, cols_of(in[0])}, in[0].dtype}};
@@ -198,6 +217,14 @@ const OpInfo kOps[] =
            return {{{rows_of(in[0]), cols_of(in[0]) / 2}, kAct}};
          },
          [](const OpAttrs&, In in) { return 4.0 * in[0].elements(); }, no_weights, none_types},
+        {OpKind::kGluAct, "glu_act", 1, 1, 0b1, 0, 0b1, 0b1, false,
+         [](const OpAttrs&, In in) -> Types {
+           return {{{rows_of(in[0]), cols_of(in[0]) / 2}, kAct}};
+         },
+         [](const OpAttrs&, In in) { return 2.0 * in[0].elements(); }, no_weights, none_types},
+        {OpKind::kGluMul, "glu_mul", 2, 1, 0b11, 0, 0b11, 0b1, false,
+         [](const OpAttrs&, In in) -> Types { return {in[0]}; }, elementwise, no_weights,
+         none_types},
         {OpKind::kGelu, "gelu", 1, 1, 0b1, 0, 0b1, 0b1, false, same,
          [](const OpAttrs&, In in) { return 8.0 * in[0].elements(); }, no_weights, none_types},
         {OpKind::kAdd, "add", 2, 1, 0, 0, 0b11, 0b1, false, same, elementwise, no_weights,
@@ -251,9 +278,11 @@ const OpInfo kOps[] =
            return {{{rows_of(in[0])}, Dtype::kFp32}, {in[0].shape, Dtype::kFp32}};
          },
          [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights, none_types,
-         // Vocab-parallel reductions: per-token max, sum of exponentials and target logit (fp32).
-         [](const OpAttrs&, In in) -> Types {
+         // The fp32 copy of the logits (fp32_copy), then the vocab-parallel reductions: per-token
+         // max, sum of exponentials and target logit (fp32).
+         [](const OpAttrs& a, In in) -> Types {
            TensorType row{{rows_of(in[0])}, Dtype::kFp32};
+           if (a.fp32_copy) return {{in[0].shape, Dtype::kFp32}, row, row, row};
            return {row, row, row};
          }},
         {OpKind::kCpGatherKv, "cp_gather_kv", 1, 1, 0, 0, 0b1, 0b1, true,
@@ -282,6 +311,10 @@ static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCou
 
 const OpInfo& op_info(OpKind kind) {
   return kOps[static_cast<int>(kind)];
+}
+bool is_norm(OpKind kind) {
+  return kind == OpKind::kRmsNorm || kind == OpKind::kLayerNorm || kind == OpKind::kRmsNormStats ||
+         kind == OpKind::kLayerNormStats;
 }
 const char* name_of(OpKind kind) {
   return op_info(kind).name;

@@ -21,8 +21,12 @@ namespace np {
 enum class OpKind {
   kEmbedding,     // vocab-parallel lookup: ids -> partial hidden (rows of this TP rank only)
   kPosEmbedding,  // learned absolute positions added to the hidden states
-  kRmsNorm,
-  kLayerNorm,
+  kRmsNorm,    // statistics recomputed in backward (a per-row fp32 workspace there)
+  kLayerNorm,  // as kRmsNorm; with a bias
+  // The norms that keep their per-row fp32 statistics for backward as extra outputs (flash-attn's
+  // and apex's fused norms): 1/rms; mean and 1/std.
+  kRmsNormStats,
+  kLayerNormStats,
   kAllGather,      // TP group, along the token dim (sequence parallelism)
   kReduceScatter,  // TP group, along the token dim
   kAllReduce,      // TP group
@@ -34,7 +38,11 @@ enum class OpKind {
   kSoftmax,         // eager: scaled, causal-masked softmax; backward needs its output only
   kAttnContext,     // eager: probs V
   kDropout,         // keeps a 1-byte mask
-  kSwiGlu,          // silu(gate) * up, input is [gate | up]
+  kSwiGlu,          // silu(gate) * up, input is [gate | up]; keeps its input only
+  // The unfused GLU (act(gate) * up as two PyTorch ops): silu of the gate half of [gate | up],
+  // kept for the product's backward, then the product with the up half.
+  kGluAct,
+  kGluMul,
   kGelu,
   kAdd,           // residual add
   kRouter,        // MoE router linear, fp32 logits
@@ -79,6 +87,9 @@ struct OpAttrs {
   // rank's width of each, in order. Empty: one matrix.
   std::vector<int64_t> sections;
   std::string tie;  // weights shared with another op of that name (tied embeddings)
+  // Cross-entropy: the logits are first cast to an fp32 copy (a forward workspace) and the
+  // softmax is computed out of place from it (nanotron's sharded cross-entropy).
+  bool fp32_copy = false;
 };
 
 struct WeightShape {
@@ -129,6 +140,7 @@ std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& att
                                           std::span<const TensorType> in);
 
 const OpInfo& op_info(OpKind kind);
+bool is_norm(OpKind kind);  // the four norm kinds
 const char* name_of(OpKind kind);
 // Backward FLOPs: twice the forward for ops with weights (input and weight gradients) and for the
 // attention matmuls (two GEMMs each), once otherwise (Korthikanti et al.'s 3x forward convention).

@@ -96,7 +96,7 @@ Result<TrainSpec> setup_from_json(const json& j) {
   try {
     Reader r{j, "setup"};
     r.only({"tp", "pp", "dp", "ep", "sp", "zero", "micro_batch", "seq_len", "microbatches",
-            "pp_schedule", "attention", "grad_accum_dtype", "optimizer", "recompute",
+            "pp_schedule", "attention", "impl", "grad_accum_dtype", "optimizer", "recompute",
             "tp_recompute_allgather", "stage_layers", "gpus", "virtual_stages", "cp",
             "moe_capacity_factor"});
     TrainSpec t;
@@ -110,6 +110,7 @@ Result<TrainSpec> setup_from_json(const json& j) {
     if (r.has("virtual_stages")) t.virtual_stages = r.at("virtual_stages").positive();
     if (r.has("moe_capacity_factor")) t.moe_capacity_factor = r.at("moe_capacity_factor").number();
     t.attention = r.at("attention").choice<AttentionImpl>();
+    t.impl = r.at("impl").choice<Impl>();
     t.grad_dtype = r.at("grad_accum_dtype").choice<Dtype>();
     t.optimizer = r.at("optimizer").choice<Optimizer>();
     t.recompute = r.at("recompute").choice<Recompute>();

@@ -23,6 +23,7 @@ json setup_to_json(const TrainSpec& t) {
             {"microbatches", t.microbatches},
             {"pp_schedule", name_of(t.pp_schedule)},
             {"attention", name_of(t.attention)},
+            {"impl", name_of(t.impl)},
             {"grad_accum_dtype", name_of(t.grad_dtype)},
             {"optimizer", name_of(t.optimizer)},
             {"recompute", name_of(t.recompute)},
@@ -287,7 +288,7 @@ std::string describe_setup(const TrainSpec& t) {
        (t.pp_schedule == PpSchedule::kInterleaved
             ? " (" + std::to_string(t.virtual_stages) + " chunks per stage)"
             : std::string()) +
-       "; " + name_of(t.attention) + " attention\n       recompute " + name_of(t.recompute) +
+       "; " + name_of(t.attention) + " attention, " + name_of(t.impl) + " kernels\n       recompute " + name_of(t.recompute) +
        (t.recompute == Recompute::kAuto
             ? std::string(" (per layer, and per all-gather whether to gather again in backward)")
             : std::string(", tp_recompute_allgather ") +

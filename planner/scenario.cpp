@@ -16,8 +16,8 @@ namespace {
 Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   TomlReader r(t, path, "setup.");
   r.only({"tp", "pp", "dp", "cp", "ep", "zero", "seq_len", "micro_batch", "microbatches", "sp",
-          "tp_recompute_allgather", "pp_schedule", "virtual_stages", "attention", "recompute",
-          "optimizer", "grad_accum_dtype", "moe_capacity_factor"});
+          "tp_recompute_allgather", "pp_schedule", "virtual_stages", "attention", "impl",
+          "recompute", "optimizer", "grad_accum_dtype", "moe_capacity_factor"});
   TrainSpec s;
   s.tp = r.integer_in("tp", 1, 4096, s.tp), s.pp = r.integer_in("pp", 1, 4096, s.pp);
   s.dp = r.integer_in("dp", 1, 1 << 20, s.dp);
@@ -35,6 +35,7 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   s.virtual_stages =
       r.integer_in("virtual_stages", 1, 4096, s.pp_schedule == PpSchedule::kInterleaved ? 2 : 1);
   s.attention = r.choice("attention", AttentionImpl::kFlash);
+  s.impl = r.choice("impl", Impl::kNanotron);
   s.recompute = r.choice("recompute", Recompute::kNone);
   s.optimizer = r.choice("optimizer", Optimizer::kAdamW);
   s.grad_dtype = r.choice("grad_accum_dtype", Dtype::kFp32);
@@ -60,7 +61,7 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   static const toml::table empty;
   TomlReader r(m ? *m : empty, sc.path, "matrix.");
   r.only({"tp", "pp", "dp", "cp", "ep", "zero", "sp", "pp_schedule", "recompute", "attention",
-          "tp_recompute_allgather"});
+          "impl", "tp_recompute_allgather"});
   std::vector<int64_t> tps = r.list<int64_t>("tp", sc.base.tp),
                        pps = r.list<int64_t>("pp", sc.base.pp);
   std::vector<int64_t> dps = r.list<int64_t>("dp", sc.base.dp),
@@ -77,9 +78,11 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   if (!recs) return recs.error();
   auto atts = enums(r, "attention", sc.base.attention);
   if (!atts) return atts.error();
+  auto impls = enums(r, "impl", sc.base.impl);
+  if (!impls) return impls.error();
   size_t combinations = tps.size() * pps.size() * dps.size() * cps.size() * eps.size() *
                         zeros.size() * sps.size() * regathers.size() * scheds->size() *
-                        recs->size() * atts->size();
+                        recs->size() * atts->size() * impls->size();
   if (combinations > 4096)
     return make_error(sc.path + ": [matrix] spans " + std::to_string(combinations) +
                       " combinations (valid: at most 4,096)");
@@ -94,24 +97,26 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
                 for (PpSchedule sched : *scheds)
                   for (Recompute rec : *recs)
                     for (AttentionImpl att : *atts)
-                      for (bool rg : regathers) {
-                        if (!sp && !rg)
-                          continue;  // without SP there is no all-gather to keep: a duplicate
-                        TrainSpec t = sc.base;
-                        t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
-                        t.dp = dp, t.cp = cp, t.ep = ep;
-                        t.zero = static_cast<int>(std::clamp<int64_t>(zero, -1, 4));
-                        t.pp_schedule = sched, t.recompute = rec, t.attention = att;
-                        // setup.virtual_stages (default 2) is the interleaved rows' chunk count
-                        t.virtual_stages = sched != PpSchedule::kInterleaved
-                                               ? 1
-                                               : std::max<int64_t>(2, sc.base.virtual_stages);
-                        if (auto e = validate_setup(sc.model, t)) {
-                          skipped.push_back(describe_short(t) + ": " + e->message);
-                          continue;
+                      for (Impl impl : *impls)
+                        for (bool rg : regathers) {
+                          if (!sp && !rg)
+                            continue;  // without SP there is no all-gather to keep: a duplicate
+                          TrainSpec t = sc.base;
+                          t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
+                          t.dp = dp, t.cp = cp, t.ep = ep;
+                          t.zero = static_cast<int>(std::clamp<int64_t>(zero, -1, 4));
+                          t.pp_schedule = sched, t.recompute = rec, t.attention = att;
+                          t.impl = impl;
+                          // setup.virtual_stages (default 2) is the interleaved rows' chunk count
+                          t.virtual_stages = sched != PpSchedule::kInterleaved
+                                                 ? 1
+                                                 : std::max<int64_t>(2, sc.base.virtual_stages);
+                          if (auto e = validate_setup(sc.model, t)) {
+                            skipped.push_back(describe_short(t) + ": " + e->message);
+                            continue;
+                          }
+                          out.push_back(t);
                         }
-                        out.push_back(t);
-                      }
   return out;
 }
 
@@ -126,7 +131,8 @@ std::string describe_short(const TrainSpec& t) {
          (t.pp_schedule == PpSchedule::kInterleaved ? " x" + std::to_string(t.virtual_stages)
                                                     : "") +
          " recompute " + name_of(t.recompute) +
-         (t.sp && !t.tp_recompute_allgather ? " keep-gathered" : "") + " " + name_of(t.attention);
+         (t.sp && !t.tp_recompute_allgather ? " keep-gathered" : "") + " " + name_of(t.attention) +
+         (t.impl != Impl::kNanotron ? std::string(" ") + name_of(t.impl) : "");
 }
 
 Result<Scenario> load_scenario(const std::string& path, const std::vector<ModelSpec>& models) {

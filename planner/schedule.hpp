@@ -18,7 +18,7 @@ namespace np {
 
 // Version 2: the norms' backward allocates its per-row statistics (a workspace version 1 lacked).
 // Version 3: the MoE shared gate's backward allocates its per-row gate gradient.
-inline constexpr int kScheduleFormatVersion = 3;
+inline constexpr int kScheduleFormatVersion = 4;
 
 enum class Category : uint8_t { kWeight, kGradient, kOptimizer, kActivation, kTransient };
 inline constexpr int kCategories = 5;

@@ -46,6 +46,10 @@ const char* name_of(PpSchedule s) {
 const char* name_of(AttentionImpl a) {
   return a == AttentionImpl::kFlash ? "flash" : "eager";
 }
+const char* name_of(Impl i) {
+  constexpr const char* k[] = {"nanotron", "megatron", "fused"};
+  return k[static_cast<int>(i)];
+}
 const char* name_of(Optimizer o) {
   constexpr const char* k[] = {"adamw", "sgd", "none"};
   return k[static_cast<int>(o)];
@@ -75,6 +79,10 @@ Result<PpSchedule> parse_enum(std::string_view f, std::string_view t) {
 template <>
 Result<AttentionImpl> parse_enum(std::string_view f, std::string_view t) {
   return pick(f, t, std::array{AttentionImpl::kFlash, AttentionImpl::kEager});
+}
+template <>
+Result<Impl> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{Impl::kNanotron, Impl::kMegatron, Impl::kFused});
 }
 template <>
 Result<Optimizer> parse_enum(std::string_view f, std::string_view t) {

@@ -18,6 +18,16 @@ enum class Activation { kSwiGlu, kGelu };
 enum class PosEmb { kRope, kLearned };
 enum class PpSchedule { k1F1B, kAfab, kInterleaved };  // interleaved: 1F1B over virtual stages
 enum class AttentionImpl { kFlash, kEager };
+// What a training framework's kernels keep for backward and allocate around the ops it fuses or
+// not (the op table's variants; planner/graph.cpp builds each profile's layer):
+//   nanotron: norms keep their fp32 per-row statistics (flash-attn's fused RMSNorm/LayerNorm),
+//             the GLU is unfused (silu(gate) is kept), the loss casts the logits to an fp32 copy
+//             and subtracts the row maxima out of place (a second fp32 buffer).
+//   megatron: norms keep their statistics (apex / Transformer Engine), fused SwiGLU, the loss
+//             works in place on one fp32 buffer.
+//   fused:    norms recompute their statistics in backward, fused SwiGLU, the in-place loss: the
+//             least a framework can keep.
+enum class Impl { kNanotron, kMegatron, kFused };
 enum class Optimizer { kAdamW, kSgd, kNone };
 enum class Recompute { kNone, kSelective, kFull, kAuto };  // auto: chosen per layer under a budget
 
@@ -28,6 +38,7 @@ const char* name_of(Activation a);
 const char* name_of(PosEmb p);
 const char* name_of(PpSchedule s);
 const char* name_of(AttentionImpl a);
+const char* name_of(Impl i);
 const char* name_of(Optimizer o);
 const char* name_of(Recompute r);
 
@@ -88,6 +99,7 @@ struct TrainSpec {
   // j mod pp. 1 for the other schedules.
   int64_t virtual_stages = 1;
   AttentionImpl attention = AttentionImpl::kFlash;
+  Impl impl = Impl::kNanotron;  // whose kernels the layer is built from (--impl)
   Dtype grad_dtype = Dtype::kFp32;  // nanotron's accumulate_grad_in_fp32
   Optimizer optimizer = Optimizer::kAdamW;
   Recompute recompute = Recompute::kNone;

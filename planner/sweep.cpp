@@ -164,6 +164,7 @@ std::string estimate_command(const SweepResult& x, const SweepOptions& o) {
   if (t.pp_schedule == PpSchedule::kInterleaved) c += flag("--virtual-stages", t.virtual_stages);
   if (!t.stage_layers.empty()) c += " --partition " + format_partition(t.stage_layers);
   if (t.attention != AttentionImpl::kFlash) c += std::string(" --attention ") + name_of(t.attention);
+  if (t.impl != Impl::kNanotron) c += std::string(" --impl ") + name_of(t.impl);
   return c + (o.budget_flags.empty() ? "" : " " + o.budget_flags);
 }
 

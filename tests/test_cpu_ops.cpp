@@ -457,6 +457,8 @@ std::vector<Case> all_cases() {
   add("pos_embedding", OpKind::kPosEmbedding, {.features = H, .rows = 8}, {act({T, H})});
   add("rmsnorm", OpKind::kRmsNorm, {}, {act({T, H})}, 0.5, 1.5);
   add("layernorm", OpKind::kLayerNorm, {}, {act({T, H})}, 0.5, 1.5);
+  add("rmsnorm_stats", OpKind::kRmsNormStats, {}, {act({T, H})}, 0.5, 1.5);
+  add("layernorm_stats", OpKind::kLayerNormStats, {}, {act({T, H})}, 0.5, 1.5);
   add("all_gather", OpKind::kAllGather, {.group = 1}, {act({T, H})});
   add("all_gather_fp32", OpKind::kAllGather, {.group = 1}, {rng.floats({{T, K}, Dtype::kFp32})});
   add("reduce_scatter", OpKind::kReduceScatter, {.group = 1}, {act({T, H})});
@@ -489,6 +491,8 @@ std::vector<Case> all_cases() {
   add("dropout", OpKind::kDropout, {}, {act({T, H})});
   add("dropout_probs", OpKind::kDropout, core, {act({B, HQ, S, S}, 0, 1)});
   add("swiglu", OpKind::kSwiGlu, {}, {act({T, 2 * F}, -2, 2)});
+  add("glu_act", OpKind::kGluAct, {}, {act({T, 2 * F}, -2, 2)});
+  add("glu_mul", OpKind::kGluMul, {}, {act({T, F}, -1, 1), act({T, 2 * F}, -2, 2)});
   add("gelu", OpKind::kGelu, {}, {act({T, F}, -3, 3)});
   add("add", OpKind::kAdd, {}, {act({T, H}), act({T, H})});
   add("router", OpKind::kRouter, {.features = E}, {act({T, H})});
@@ -522,6 +526,8 @@ std::vector<Case> all_cases() {
   add("moe_combine_capacity", OpKind::kMoeCombine, capped, {act({E * C, H}), probs, idx});
   add("shared_gate", OpKind::kSharedGate, {}, {act({T, H}), act({T, H})});
   add("cross_entropy", OpKind::kCrossEntropy, {}, {act({T, V}, -2, 2), integers(rng, {T}, V)});
+  add("cross_entropy_fp32_copy", OpKind::kCrossEntropy, {.fp32_copy = true},
+      {act({T, V}, -2, 2), integers(rng, {T}, V)});
   return cs;
 }
 
@@ -603,17 +609,21 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
       return {o};
     }
     case OpKind::kRmsNorm:
-    case OpKind::kLayerNorm: {
-      Vec o(T * H);
-      bool ln = c.kind == OpKind::kLayerNorm;
+    case OpKind::kLayerNorm:
+    case OpKind::kRmsNormStats:
+    case OpKind::kLayerNormStats: {
+      Vec o(T * H), mean(T), rstd(T);
+      bool ln = c.kind == OpKind::kLayerNorm || c.kind == OpKind::kLayerNormStats;
       for (int64_t t = 0; t < T; ++t) {
         double mu = 0, var = 0;
         for (int64_t d = 0; d < H; ++d) mu += ln ? x(0)[t * H + d] / H : 0.0;
         for (int64_t d = 0; d < H; ++d) var += (x(0)[t * H + d] - mu) * (x(0)[t * H + d] - mu) / H;
+        mean[t] = mu, rstd[t] = 1.0 / std::sqrt(var + 1e-5);
         for (int64_t d = 0; d < H; ++d)
-          o[t * H + d] =
-              (x(0)[t * H + d] - mu) / std::sqrt(var + 1e-5) * w[0].v[d] + (ln ? w[1].v[d] : 0.0);
+          o[t * H + d] = (x(0)[t * H + d] - mu) * rstd[t] * w[0].v[d] + (ln ? w[1].v[d] : 0.0);
       }
+      if (c.kind == OpKind::kRmsNormStats) return {o, rstd};
+      if (c.kind == OpKind::kLayerNormStats) return {o, mean, rstd};
       return {o};
     }
     case OpKind::kAllGather:
@@ -709,6 +719,21 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
           double g = x(0)[t * 2 * F + f];
           o[t * F + f] = g * sigmoid(g) * x(0)[t * 2 * F + F + f];
         }
+      return {o};
+    }
+    case OpKind::kGluAct: {
+      Vec o(T * F);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t f = 0; f < F; ++f) {
+          double g = x(0)[t * 2 * F + f];
+          o[t * F + f] = g * sigmoid(g);
+        }
+      return {o};
+    }
+    case OpKind::kGluMul: {
+      Vec o(T * F);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t f = 0; f < F; ++f) o[t * F + f] = x(0)[t * F + f] * x(1)[t * 2 * F + F + f];
       return {o};
     }
     case OpKind::kGelu: {

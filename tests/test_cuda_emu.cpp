@@ -248,8 +248,8 @@ TEST(CudaKernels, RmsNormForwardAndBackward) {
     DeviceTensor x({rows, h}, d), w({h}, d), y({rows, h}, d), dy({rows, h}, d), dx({rows, h}, d),
         dw({h}, Dtype::kFp32), rstd({rows}, Dtype::kFp32);
     x.set(xv), w.set(wv), dy.set(gv), dw.set(std::vector<double>(h, 0.0));
-    rmsnorm_forward(x.t, w.t, y.t, eps, nullptr);
-    rmsnorm_backward(x.t, w.t, dy.t, dx.t, false, dw.t, rstd.t, eps, nullptr);
+    rmsnorm_forward(x.t, w.t, y.t, nullptr, eps, nullptr);
+    rmsnorm_backward(x.t, w.t, dy.t, dx.t, false, dw.t, rstd.t, false, eps, nullptr);
     std::vector<double> yr(rows * h), dxr(rows * h), dwr(h, 0.0);
     for (int64_t r = 0; r < rows; ++r) {
       double ss = 0, gx = 0;
@@ -266,6 +266,70 @@ TEST(CudaKernels, RmsNormForwardAndBackward) {
     expect_close(y.get(), yr, tolerance(d), "rmsnorm forward " + name);
     expect_close(dx.get(), dxr, tolerance(d), "rmsnorm dx " + name);
     expect_close(dw.get(), dwr, 1e-5, "rmsnorm dw " + name);
+  }
+}
+
+// The profiles' variants: norms that keep their statistics give the recomputing kernels' results
+// (the backward reads them instead); act(gate) then the product gives the fused SwiGLU's.
+TEST(CudaKernels, KeptNormStatisticsAndUnfusedGlu) {
+  const int64_t rows = 37, h = 131, f = 97;
+  const float eps = 1e-5f;
+  for (Dtype d : {Dtype::kFp32, Dtype::kBf16}) {
+    std::string name = d == Dtype::kBf16 ? "bf16" : "fp32";
+    auto xv = random_values(rows * h, 11), wv = random_values(h, 12, 0.5, 1.5),
+         bv = random_values(h, 13), gv = random_values(rows * h, 14);
+    DeviceTensor x({rows, h}, d), w({h}, d), b({h}, d), dy({rows, h}, d);
+    x.set(xv), w.set(wv), b.set(bv), dy.set(gv);
+    for (bool ln : {false, true}) {
+      std::string what = std::string(ln ? "layernorm" : "rmsnorm") + " " + name;
+      DeviceTensor y1({rows, h}, d), y2({rows, h}, d), dx1({rows, h}, d), dx2({rows, h}, d),
+          dw1({h}, Dtype::kFp32), dw2({h}, Dtype::kFp32), db1({h}, Dtype::kFp32),
+          db2({h}, Dtype::kFp32), m1({rows}, Dtype::kFp32), r1({rows}, Dtype::kFp32),
+          m2({rows}, Dtype::kFp32), r2({rows}, Dtype::kFp32);
+      for (DeviceTensor* t : {&dw1, &dw2, &db1, &db2}) t->set(std::vector<double>(h, 0.0));
+      if (ln) {
+        layernorm_forward(x.t, w.t, b.t, y1.t, nullptr, nullptr, eps, nullptr);
+        layernorm_backward(x.t, w.t, dy.t, dx1.t, false, dw1.t, db1.t, m1.t, r1.t, false, eps,
+                           nullptr);
+        layernorm_forward(x.t, w.t, b.t, y2.t, &m2.t, &r2.t, eps, nullptr);
+        expect_close(m2.get(), m1.get(), 1e-6, what + " kept mean");
+        layernorm_backward(x.t, w.t, dy.t, dx2.t, false, dw2.t, db2.t, m2.t, r2.t, true, eps,
+                           nullptr);
+      } else {
+        rmsnorm_forward(x.t, w.t, y1.t, nullptr, eps, nullptr);
+        rmsnorm_backward(x.t, w.t, dy.t, dx1.t, false, dw1.t, r1.t, false, eps, nullptr);
+        rmsnorm_forward(x.t, w.t, y2.t, &r2.t, eps, nullptr);
+        rmsnorm_backward(x.t, w.t, dy.t, dx2.t, false, dw2.t, r2.t, true, eps, nullptr);
+      }
+      expect_close(r2.get(), r1.get(), 1e-6, what + " kept rstd");
+      expect_close(y2.get(), y1.get(), 1e-6, what + " forward");
+      expect_close(dx2.get(), dx1.get(), 1e-6, what + " dx from the kept statistics");
+      expect_close(dw2.get(), dw1.get(), 1e-6, what + " dw from the kept statistics");
+    }
+    // Unfused GLU against the fused kernel: the act is rounded to the dtype once in between.
+    auto uv = random_values(rows * 2 * f, 15), ev = random_values(rows * f, 16);
+    DeviceTensor gu({rows, 2 * f}, d), fused({rows, f}, d), act({rows, f}, d), prod({rows, f}, d),
+        g({rows, f}, d), dfused({rows, 2 * f}, d), dact({rows, f}, d), dgu({rows, 2 * f}, d);
+    gu.set(uv), g.set(ev);
+    swiglu_forward(gu.t, fused.t, nullptr);
+    swiglu_backward(gu.t, g.t, dfused.t, false, nullptr);
+    glu_act_forward(gu.t, act.t, nullptr);
+    glu_mul_forward(act.t, gu.t, prod.t, nullptr);
+    dgu.set(std::vector<double>(rows * 2 * f, std::nan("")));  // every element must be written
+    glu_mul_backward(act.t, gu.t, g.t, dact.t, false, dgu.t, false, nullptr);
+    glu_act_backward(gu.t, dact.t, dgu.t, true, nullptr);
+    expect_close(prod.get(), fused.get(), tolerance(d), "glu act x up " + name);
+    expect_close(dgu.get(), dfused.get(), tolerance(d), "glu gradient " + name);
+    // glu_act alone writes the gate half and zeroes the up half.
+    DeviceTensor only({rows, 2 * f}, d);
+    only.set(std::vector<double>(rows * 2 * f, std::nan("")));
+    glu_act_backward(gu.t, dact.t, only.t, false, nullptr);
+    std::vector<double> o = only.get();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < f; ++c) {
+        ASSERT_FALSE(std::isnan(o[r * 2 * f + c])) << "gate half " << r << "," << c;
+        ASSERT_EQ(o[r * 2 * f + f + c], 0.0) << "up half " << r << "," << c;
+      }
   }
 }
 
@@ -539,8 +603,9 @@ TEST(CudaKernels, LayerNormAndGelu) {
         rstd({rows}, Dtype::kFp32), gy({rows, h}, d), gdx({rows, h}, d);
     x.set(xv), w.set(wv), b.set(bv), dy.set(gv), dw.set(std::vector<double>(h, 0.0)),
         db.set(std::vector<double>(h, 0.0));
-    layernorm_forward(x.t, w.t, b.t, y.t, eps, nullptr);
-    layernorm_backward(x.t, w.t, dy.t, dx.t, false, dw.t, db.t, mean.t, rstd.t, eps, nullptr);
+    layernorm_forward(x.t, w.t, b.t, y.t, nullptr, nullptr, eps, nullptr);
+    layernorm_backward(x.t, w.t, dy.t, dx.t, false, dw.t, db.t, mean.t, rstd.t, false, eps,
+                       nullptr);
     gelu_forward(x.t, gy.t, nullptr);
     gelu_backward(x.t, dy.t, gdx.t, false, nullptr);
     std::vector<double> yr(rows * h), dxr(rows * h), dwr(h, 0.0), dbr(h, 0.0), gyr(rows * h),

@@ -86,6 +86,9 @@ int64_t saved(const ModelSpec& m, int64_t tp, bool sp, Recompute r, int64_t s = 
   TrainSpec t;
   t.tp = tp, t.sp = sp, t.recompute = r, t.seq_len = s, t.micro_batch = b;
   t.attention = AttentionImpl::kEager;
+  // The paper counts what the layer's activations keep and leaves out the LayerNorms' per-row
+  // statistics (8 B per token, each): the fused profile's layer.
+  t.impl = Impl::kFused;
   t.tp_recompute_allgather = true;  // the paper keeps the sequence shard under SP
   BlockGraph g = build_layer(m, t);
   return saved_set(g, named_policy(g, t)).bytes;

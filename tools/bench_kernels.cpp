@@ -116,10 +116,10 @@ int main(int argc, char** argv) {
     Buffer x({r, h}, Dtype::kBf16, 10), w({h}, Dtype::kBf16, 11), y({r, h}, Dtype::kBf16, 12),
         dy({r, h}, Dtype::kBf16, 13), dx({r, h}, Dtype::kBf16, 14), dw({h}, Dtype::kFp32, 15),
         rstd({r}, Dtype::kFp32, 16);
-    double ms = time_ms([&] { np::cuda::rmsnorm_forward(x.t, w.t, y.t, 1e-5f, nullptr); });
+    double ms = time_ms([&] { np::cuda::rmsnorm_forward(x.t, w.t, y.t, nullptr, 1e-5f, nullptr); });
     rows.push_back({"rmsnorm forward", "32768 x 4096", "GB/s", ms, gbs(2.0 * x.t.bytes(), ms), copy_ceiling});
     ms = time_ms([&] {
-      np::cuda::rmsnorm_backward(x.t, w.t, dy.t, dx.t, false, dw.t, rstd.t, 1e-5f, nullptr);
+      np::cuda::rmsnorm_backward(x.t, w.t, dy.t, dx.t, false, dw.t, rstd.t, false, 1e-5f, nullptr);
     });
     rows.push_back({"rmsnorm backward", "32768 x 4096", "GB/s", ms, gbs(3.0 * x.t.bytes(), ms), copy_ceiling});
   }

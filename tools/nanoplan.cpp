@@ -51,6 +51,7 @@ constexpr int kExitBadInput = 2;
 
 struct Flags {
   std::string model, sp = "auto", pp_schedule = "afab", attention = "flash", grad_dtype = "fp32";
+  std::string impl = "nanotron";
   std::string optimizer = "adamw", recompute, regather = "true", format = "table";
   std::string partition = "balanced";
   std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, nccl_buffers,
@@ -190,6 +191,10 @@ void add_setup_flags(CLI::App* app, Flags& f) {
           "--num-layers-per-virtual-pipeline-stage as a count; default 2 there, else 1)");
   app->add_option("--attention", f.attention, "attention implementation: flash, eager")
       ->capture_default_str();
+  app->add_option("--impl", f.impl,
+                  "whose kernels: nanotron (norm statistics kept, unfused GLU, fp32 logits copy), "
+                  "megatron (statistics kept, fused SwiGLU, in-place loss), fused (the least kept)")
+      ->capture_default_str();
   app->add_option("--grad-accum-dtype", f.grad_dtype,
                   "gradient accumulation dtype: fp32 (nanotron's accumulate_grad_in_fp32), bf16")
       ->capture_default_str();
@@ -271,6 +276,7 @@ np::TrainSpec make_setup(const Flags& f) {
   t.virtual_stages =
       f.virtual_stages.value_or(t.pp_schedule == np::PpSchedule::kInterleaved ? 2 : 1);
   t.attention = check(np::parse_enum<np::AttentionImpl>("--attention", f.attention));
+  t.impl = check(np::parse_enum<np::Impl>("--impl", f.impl));
   t.grad_dtype = check(np::parse_enum<np::Dtype>("--grad-accum-dtype", f.grad_dtype));
   t.optimizer = check(np::parse_enum<np::Optimizer>("--optimizer", f.optimizer));
   bool budgeted = !f.budget.empty() || !f.gpu.empty();
@@ -389,6 +395,7 @@ np::TrainSpec override_with_flags(const np::ConfigSetup& c, const Flags& f) {
   if (given("--pp-schedule") || given("--virtual-stages"))
     t.pp_schedule = flags.pp_schedule, t.virtual_stages = flags.virtual_stages;
   if (given("--attention")) t.attention = flags.attention;
+  if (given("--impl")) t.impl = flags.impl;
   if (given("--grad-accum-dtype")) t.grad_dtype = flags.grad_dtype;
   if (given("--optimizer")) t.optimizer = flags.optimizer;
   if (given("--tp-recompute-allgather")) t.tp_recompute_allgather = flags.tp_recompute_allgather;
@@ -767,8 +774,8 @@ int run_run(const Flags& f, CLI::App* app) {
   }
   for (const char* flag :
        {"--tp", "--pp", "--dp", "--ep", "--cp", "--sp", "--zero", "--micro-batch", "--seq-len",
-        "--microbatches", "--pp-schedule", "--virtual-stages", "--attention", "--grad-accum-dtype",
-        "--optimizer", "--recompute", "--tp-recompute-allgather", "--partition",
+        "--microbatches", "--pp-schedule", "--virtual-stages", "--attention", "--impl",
+        "--grad-accum-dtype", "--optimizer", "--recompute", "--tp-recompute-allgather", "--partition",
         "--moe-capacity-factor", "--nanotron-config", "--megatron-args"})
     if (app->count(flag) > 0)
       die(std::string(flag) +
@@ -1007,6 +1014,7 @@ int main(int argc, char** argv) {
                  "interleaved schedule")
       ->capture_default_str();
   sw->add_option("--attention", f.attention, "flash, eager")->capture_default_str();
+  sw->add_option("--impl", f.impl, "nanotron, megatron, fused")->capture_default_str();
   sw->add_option("--partition", f.partition,
                  "layers per stage: balanced (by FLOPs), auto (searched for every setup)")
       ->capture_default_str();

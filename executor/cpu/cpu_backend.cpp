@@ -43,8 +43,10 @@ class CpuBackend final : public Backend {
       case OpKind::kPosEmbedding:
         return pos_embedding_forward(env, in, w);
       case OpKind::kRmsNorm:
+      case OpKind::kRmsNormStats:
         return rmsnorm_forward(env, in, w);
       case OpKind::kLayerNorm:
+      case OpKind::kLayerNormStats:
         return layernorm_forward(env, in, w);
       case OpKind::kAllGather:
         return all_gather_forward(env, in, w);
@@ -70,6 +72,10 @@ class CpuBackend final : public Backend {
         return dropout_forward(env, in, w);
       case OpKind::kSwiGlu:
         return swiglu_forward(env, in, w);
+      case OpKind::kGluAct:
+        return glu_act_forward(env, in, w);
+      case OpKind::kGluMul:
+        return glu_mul_forward(env, in, w);
       case OpKind::kGelu:
         return gelu_forward(env, in, w);
       case OpKind::kAdd:
@@ -121,8 +127,10 @@ class CpuBackend final : public Backend {
       case OpKind::kPosEmbedding:
         return pos_embedding_backward(env, a);
       case OpKind::kRmsNorm:
+      case OpKind::kRmsNormStats:
         return rmsnorm_backward(env, a);
       case OpKind::kLayerNorm:
+      case OpKind::kLayerNormStats:
         return layernorm_backward(env, a);
       case OpKind::kAllGather:
         return all_gather_backward(env, a);
@@ -148,6 +156,10 @@ class CpuBackend final : public Backend {
         return dropout_backward(env, a);
       case OpKind::kSwiGlu:
         return swiglu_backward(env, a);
+      case OpKind::kGluAct:
+        return glu_act_backward(env, a);
+      case OpKind::kGluMul:
+        return glu_mul_backward(env, a);
       case OpKind::kGelu:
         return gelu_backward(env, a);
       case OpKind::kAdd:

@@ -97,6 +97,8 @@ NP_CPU_OP(layernorm)
 NP_CPU_OP(rope)
 NP_CPU_OP(dropout)
 NP_CPU_OP(swiglu)
+NP_CPU_OP(glu_act)
+NP_CPU_OP(glu_mul)
 NP_CPU_OP(gelu)
 NP_CPU_OP(add)
 // collective.cpp

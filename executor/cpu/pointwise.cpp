@@ -1,5 +1,6 @@
-// Row-wise and element-wise ops: RmsNorm and LayerNorm (statistics recomputed in backward), RoPE,
-// dropout (counter-based mask), SwiGLU, GeLU (tanh) and the residual add.
+// Row-wise and element-wise ops: RmsNorm and LayerNorm (statistics kept as outputs or recomputed in
+// backward), RoPE, dropout (counter-based mask), SwiGLU (fused, or act and product), GeLU (tanh)
+// and the residual add.
 #include <cmath>
 
 #include "executor/cpu/kernels.hpp"
@@ -8,24 +9,34 @@ namespace np::exec::cpu {
 
 namespace {
 constexpr double kEps = kNormEps;
+// The norm kinds that keep their statistics as outputs (the profile's variant).
+bool keeps_stats(const Env& env) {
+  return env.ctx.op->kind == OpKind::kRmsNormStats || env.ctx.op->kind == OpKind::kLayerNormStats;
+}
 }  // namespace
 
 // ---- RmsNorm: y = x * rsqrt(mean(x^2) + eps) * w ------------------------------------------------
+// kRmsNormStats keeps each row's fp32 1/rms as a second output, which its backward reads; kRmsNorm
+// recomputes it there (into the op table's backward workspace).
 
 Outs rmsnorm_forward(const Env& env, Ins in, Ins w) {
   const Tensor& x = need(in, 0, "rmsnorm input");
   Mat X = load_mat(x), W = load_vec(need(w, 0, "rmsnorm weight"));
   int64_t T = X.rows(), h = X.cols();
-  Mat Y(T, h);
+  Mat Y(T, h), R(T, 1);
   for (int64_t t = 0; t < T; ++t) {
     double ss = 0;
     for (int64_t c = 0; c < h; ++c) ss += double(X(t, c)) * X(t, c);
     float r = static_cast<float>(1.0 / std::sqrt(ss / h + kEps));
+    R(t, 0) = r;
     for (int64_t c = 0; c < h; ++c) Y(t, c) = X(t, c) * r * W(0, c);
   }
   Tensor out = env.output(x.type.shape, x.type.dtype);
   store_mat(out, Y);
-  return {out};
+  if (!keeps_stats(env)) return {out};
+  Tensor rstd = env.output({T}, Dtype::kFp32);
+  store_mat(rstd, R);
+  return {out, rstd};
 }
 
 void rmsnorm_backward(const Env& env, const BackwardArgs& a) {
@@ -33,13 +44,16 @@ void rmsnorm_backward(const Env& env, const BackwardArgs& a) {
   Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "rmsnorm output gradient"));
   Mat W = load_vec(need(a.weights, 0, "rmsnorm weight"));
   int64_t T = X.rows(), h = X.cols();
-  float* rstd = env.workspace({T}, Dtype::kFp32).as<float>();  // the op table's per-row 1/rms
+  // The per-row 1/rms: kept by the forward, or recomputed into the op table's workspace.
+  bool kept = keeps_stats(env);
+  float* rstd = kept ? need(a.outputs, 1, "rmsnorm rstd").as<float>()
+                     : env.workspace({T}, Dtype::kFp32).as<float>();
   Mat DX(T, h), DW(T, h);  // DW: per-row contributions, summed over rows below
   for (int64_t t = 0; t < T; ++t) {
     double ss = 0, gwx = 0;
     for (int64_t c = 0; c < h; ++c)
       ss += double(X(t, c)) * X(t, c), gwx += double(G(t, c)) * W(0, c) * X(t, c);
-    double r = 1.0 / std::sqrt(ss / h + kEps);
+    double r = kept ? double(rstd[t]) : 1.0 / std::sqrt(ss / h + kEps);
     rstd[t] = static_cast<float>(r);
     double k = r * r * r * gwx / h;
     for (int64_t c = 0; c < h; ++c) {
@@ -58,19 +72,24 @@ Outs layernorm_forward(const Env& env, Ins in, Ins w) {
   Mat X = load_mat(x), W = load_vec(need(w, 0, "layernorm weight")),
       B = load_vec(need(w, 1, "layernorm bias"));
   int64_t T = X.rows(), h = X.cols();
-  Mat Y(T, h);
+  Mat Y(T, h), M(T, 1), R(T, 1);
   for (int64_t t = 0; t < T; ++t) {
     double mu = 0, var = 0;
     for (int64_t c = 0; c < h; ++c) mu += X(t, c);
     mu /= h;
     for (int64_t c = 0; c < h; ++c) var += (X(t, c) - mu) * (X(t, c) - mu);
     double r = 1.0 / std::sqrt(var / h + kEps);
+    M(t, 0) = static_cast<float>(mu), R(t, 0) = static_cast<float>(r);
     for (int64_t c = 0; c < h; ++c)
       Y(t, c) = static_cast<float>((X(t, c) - mu) * r) * W(0, c) + B(0, c);
   }
   Tensor out = env.output(x.type.shape, x.type.dtype);
   store_mat(out, Y);
-  return {out};
+  if (!keeps_stats(env)) return {out};
+  Tensor mean = env.output({T}, Dtype::kFp32), rstd = env.output({T}, Dtype::kFp32);
+  store_mat(mean, M);
+  store_mat(rstd, R);
+  return {out, mean, rstd};
 }
 
 void layernorm_backward(const Env& env, const BackwardArgs& a) {
@@ -78,9 +97,13 @@ void layernorm_backward(const Env& env, const BackwardArgs& a) {
   Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "layernorm output gradient"));
   Mat W = load_vec(need(a.weights, 0, "layernorm weight"));
   int64_t T = X.rows(), h = X.cols();
-  // The op table's per-row statistics: mean, then 1/std.
-  float* mean = env.workspace({T}, Dtype::kFp32).as<float>();
-  float* rstd = env.workspace({T}, Dtype::kFp32).as<float>();
+  // The per-row statistics, mean then 1/std: kept by the forward, or recomputed into the op
+  // table's workspaces.
+  bool kept = keeps_stats(env);
+  float* mean = kept ? need(a.outputs, 1, "layernorm mean").as<float>()
+                     : env.workspace({T}, Dtype::kFp32).as<float>();
+  float* rstd = kept ? need(a.outputs, 2, "layernorm rstd").as<float>()
+                     : env.workspace({T}, Dtype::kFp32).as<float>();
   Mat DX(T, h), DW(T, h);
   std::vector<double> xh(h);
   for (int64_t t = 0; t < T; ++t) {
@@ -89,6 +112,7 @@ void layernorm_backward(const Env& env, const BackwardArgs& a) {
     mu /= h;
     for (int64_t c = 0; c < h; ++c) var += (X(t, c) - mu) * (X(t, c) - mu);
     double r = 1.0 / std::sqrt(var / h + kEps), mg = 0, mgx = 0;
+    if (kept) mu = mean[t], r = rstd[t];
     mean[t] = static_cast<float>(mu), rstd[t] = static_cast<float>(r);
     for (int64_t c = 0; c < h; ++c) {
       xh[c] = (X(t, c) - mu) * r;
@@ -223,6 +247,63 @@ void swiglu_backward(const Env& env, const BackwardArgs& a) {
       D(t, f + c) = G(t, c) * gt * sg;
     }
   grad_input(env, a, 0, x.type, D);
+}
+
+// ---- The unfused GLU: a = silu(gate) of x = [gate | up], kept; then y = a * up ---------------
+
+Outs glu_act_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "glu_act input");
+  Mat X = load_mat(x);
+  int64_t T = X.rows(), f = X.cols() / 2;
+  check(X.cols() == 2 * f, "glu_act: the input width must be even");
+  Mat Y(T, f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < f; ++c) {
+      float gt = X(t, c);
+      Y(t, c) = gt / (1.0f + std::exp(-gt));
+    }
+  Tensor out = env.output({T, f}, env.act);
+  store_mat(out, Y);
+  return {out};
+}
+
+// The gate half of dx only; the up half's gradient comes from the product (0 here).
+void glu_act_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& x = need(a.inputs, 0, "glu_act input");
+  Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "glu_act output gradient"));
+  int64_t T = X.rows(), f = X.cols() / 2;
+  Mat D = Mat::Zero(T, 2 * f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < f; ++c) {
+      float gt = X(t, c), sg = 1.0f / (1.0f + std::exp(-gt));
+      D(t, c) = G(t, c) * (sg + gt * sg * (1.0f - sg));
+    }
+  grad_input(env, a, 0, x.type, D);
+}
+
+Outs glu_mul_forward(const Env& env, Ins in, Ins) {
+  const Tensor& act = need(in, 0, "glu_mul activation");
+  const Tensor& x = need(in, 1, "glu_mul input");
+  Mat A = load_mat(act), X = load_mat(x);
+  int64_t T = A.rows(), f = A.cols();
+  check(X.rows() == T && X.cols() == 2 * f, "glu_mul: the input is not [gate | up] of the act");
+  Mat Y = A.array() * X.rightCols(f).array();
+  Tensor out = env.output({T, f}, env.act);
+  store_mat(out, Y);
+  return {out};
+}
+
+void glu_mul_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& act = need(a.inputs, 0, "glu_mul activation");
+  const Tensor& x = need(a.inputs, 1, "glu_mul input");
+  Mat A = load_mat(act), X = load_mat(x),
+      G = load_mat(need(a.grad_outputs, 0, "glu_mul output gradient"));
+  int64_t T = A.rows(), f = A.cols();
+  Mat DA = G.array() * X.rightCols(f).array();
+  Mat DX = Mat::Zero(T, 2 * f);
+  DX.rightCols(f) = G.array() * A.array();
+  grad_input(env, a, 0, act.type, DA);
+  grad_input(env, a, 1, x.type, DX);
 }
 
 // ---- GeLU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))

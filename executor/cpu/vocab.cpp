@@ -92,9 +92,12 @@ Outs cross_entropy_forward(const Env& env, Ins in, Ins) {
   int64_t T = dim(logits, 0), V = dim(logits, 1), tp = env.tp_size(), lo = env.ctx.tp_rank * V;
   check(dim(targets, 0) == T, "cross_entropy: targets and logits differ in tokens");
   Tensor loss = env.output({T}, Dtype::kFp32), sm = env.output({T, V}, Dtype::kFp32);
+  // fp32_copy: the logits cast to an fp32 tensor first, the loss computed from the copy.
+  Tensor copy = env.ctx.op->attrs.fp32_copy ? env.workspace({T, V}, Dtype::kFp32) : Tensor{};
   Tensor mx = env.workspace({T}, Dtype::kFp32), se = env.workspace({T}, Dtype::kFp32),
          tg = env.workspace({T}, Dtype::kFp32);
-  Mat L = load_mat(logits);
+  if (copy) store_mat(copy, load_mat(logits));
+  Mat L = load_mat(copy ? copy : logits);
   float* m = mx.as<float>();
   for (int64_t t = 0; t < T; ++t) {
     float v = -std::numeric_limits<float>::infinity();
@@ -135,6 +138,7 @@ Outs cross_entropy_forward(const Env& env, Ins in, Ins) {
     out[t] = std::log(s[t]) + m[t] - x[t];
     for (int64_t j = 0; j < V; ++j) S[t * V + j] /= s[t];
   }
+  if (copy) return {loss, sm, copy, mx, se, tg};
   return {loss, sm, mx, se, tg};
 }
 

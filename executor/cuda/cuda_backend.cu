@@ -144,14 +144,29 @@ class CudaBackend final : public exec::Backend {
       case OpKind::kRmsNorm: {
         const Tensor& x = need(in, 0, "input");
         Tensor y = out(x.type);
-        rmsnorm_forward(x, need(w, 0, "weight"), y, kEps, stream_);
+        rmsnorm_forward(x, need(w, 0, "weight"), y, nullptr, kEps, stream_);
         return {y};
+      }
+      case OpKind::kRmsNormStats: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out(x.type), rstd = out({{x.type.shape.at(0)}, Dtype::kFp32});
+        rmsnorm_forward(x, need(w, 0, "weight"), y, &rstd, kEps, stream_);
+        return {y, rstd};
       }
       case OpKind::kLayerNorm: {
         const Tensor& x = need(in, 0, "input");
         Tensor y = out(x.type);
-        layernorm_forward(x, need(w, 0, "weight"), need(w, 1, "bias"), y, kEps, stream_);
+        layernorm_forward(x, need(w, 0, "weight"), need(w, 1, "bias"), y, nullptr, nullptr, kEps,
+                          stream_);
         return {y};
+      }
+      case OpKind::kLayerNormStats: {
+        const Tensor& x = need(in, 0, "input");
+        TensorType row{{x.type.shape.at(0)}, Dtype::kFp32};
+        Tensor y = out(x.type), mean = out(row), rstd = out(row);
+        layernorm_forward(x, need(w, 0, "weight"), need(w, 1, "bias"), y, &mean, &rstd, kEps,
+                          stream_);
+        return {y, mean, rstd};
       }
       case OpKind::kAllGather: {
         const Tensor& x = need(in, 0, "input");
@@ -233,6 +248,18 @@ class CudaBackend final : public exec::Backend {
         swiglu_forward(x, y, stream_);
         return {y};
       }
+      case OpKind::kGluAct: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out({{x.type.shape.at(0), x.type.shape.at(1) / 2}, act});
+        glu_act_forward(x, y, stream_);
+        return {y};
+      }
+      case OpKind::kGluMul: {
+        const Tensor& a = need(in, 0, "activation");
+        Tensor y = out(a.type);
+        glu_mul_forward(a, need(in, 1, "input"), y, stream_);
+        return {y};
+      }
       case OpKind::kGelu: {
         const Tensor& x = need(in, 0, "input");
         Tensor y = out(x.type);
@@ -290,13 +317,18 @@ class CudaBackend final : public exec::Backend {
         const Tensor &logits = need(in, 0, "logits"), &targets = need(in, 1, "targets");
         int64_t T = logits.type.shape.at(0), V = logits.type.shape.at(1);
         Tensor loss = out({{T}, Dtype::kFp32}), sm = out({{T, V}, Dtype::kFp32});
+        // fp32_copy: the logits cast to an fp32 tensor first, the loss computed from the copy.
+        Tensor copy = op.attrs.fp32_copy ? ws({{T, V}, Dtype::kFp32}) : Tensor{};
         Tensor mx = ws({{T}, Dtype::kFp32}), se = ws({{T}, Dtype::kFp32}), tg = ws({{T}, Dtype::kFp32});
-        cross_entropy_max(logits, mx, stream_);
+        if (copy) cuda::copy_elements(copy, 0, logits, 0, T * V, stream_);
+        const Tensor& l = copy ? copy : logits;
+        cross_entropy_max(l, mx, stream_);
         int64_t tp = c.comm ? c.comm->tp_size() : 1;
         if (tp > 1) global_max(c, mx, tp);
-        cross_entropy_exp_sum(logits, targets, mx, sm, se, tg, c.tp_rank, stream_);
+        cross_entropy_exp_sum(l, targets, mx, sm, se, tg, c.tp_rank, stream_);
         if (tp > 1) c.comm->all_reduce(se), c.comm->all_reduce(tg);
         cross_entropy_finalize(sm, se, mx, tg, loss, stream_);
+        if (copy) return {loss, sm, copy, mx, se, tg};
         return {loss, sm, mx, se, tg};
       }
       default:
@@ -332,20 +364,29 @@ class CudaBackend final : public exec::Backend {
         return pos_embedding_backward(g, need(a.weight_grads, 0, "weight gradient"),
                                       first_row(c, g.type.shape.at(0)), c.setup->micro_batch, stream_);
       }
-      case OpKind::kRmsNorm: {
+      case OpKind::kRmsNorm:
+      case OpKind::kRmsNormStats: {
         const Tensor& x = need(a.inputs, 0, "input");
-        Tensor rstd = ws({{x.type.shape.at(0)}, Dtype::kFp32});
+        // The per-row 1/rms: kept by the forward, or recomputed into the op table's workspace.
+        bool saved = op.kind == OpKind::kRmsNormStats;
+        Tensor rstd = saved ? need(a.outputs, 1, "rstd") : ws({{x.type.shape.at(0)}, Dtype::kFp32});
         Tensor& dx = grad(0, x.type, acc);
         return rmsnorm_backward(x, need(a.weights, 0, "weight"), need(a.grad_outputs, 0, "gradient"),
-                                dx, acc, need(a.weight_grads, 0, "weight gradient"), rstd, kEps, stream_);
+                                dx, acc, need(a.weight_grads, 0, "weight gradient"), rstd, saved, kEps,
+                                stream_);
       }
-      case OpKind::kLayerNorm: {
+      case OpKind::kLayerNorm:
+      case OpKind::kLayerNormStats: {
         const Tensor& x = need(a.inputs, 0, "input");
-        Tensor mean = ws({{x.type.shape.at(0)}, Dtype::kFp32}), rstd = ws({{x.type.shape.at(0)}, Dtype::kFp32});
+        bool saved = op.kind == OpKind::kLayerNormStats;
+        TensorType row{{x.type.shape.at(0)}, Dtype::kFp32};
+        Tensor mean = saved ? need(a.outputs, 1, "mean") : ws(row);
+        Tensor rstd = saved ? need(a.outputs, 2, "rstd") : ws(row);
         Tensor& dx = grad(0, x.type, acc);
         return layernorm_backward(x, need(a.weights, 0, "weight"), need(a.grad_outputs, 0, "gradient"),
                                   dx, acc, need(a.weight_grads, 0, "weight gradient"),
-                                  need(a.weight_grads, 1, "bias gradient"), mean, rstd, kEps, stream_);
+                                  need(a.weight_grads, 1, "bias gradient"), mean, rstd, saved, kEps,
+                                  stream_);
       }
       case OpKind::kAllGather:
       case OpKind::kReduceScatter: {
@@ -419,6 +460,19 @@ class CudaBackend final : public exec::Backend {
         const Tensor& x = need(a.inputs, 0, "input");
         Tensor& dx = grad(0, x.type, acc);
         return swiglu_backward(x, need(a.grad_outputs, 0, "gradient"), dx, acc, stream_);
+      }
+      case OpKind::kGluAct: {
+        const Tensor& x = need(a.inputs, 0, "input");
+        Tensor& dx = grad(0, x.type, acc);
+        return glu_act_backward(x, need(a.grad_outputs, 0, "gradient"), dx, acc, stream_);
+      }
+      case OpKind::kGluMul: {
+        const Tensor &act_in = need(a.inputs, 0, "activation"), &x = need(a.inputs, 1, "input");
+        bool acc_x = false;
+        Tensor& da = grad(0, act_in.type, acc);
+        Tensor& dx = grad(1, x.type, acc_x);
+        return glu_mul_backward(act_in, x, need(a.grad_outputs, 0, "gradient"), da, acc, dx, acc_x,
+                                stream_);
       }
       case OpKind::kGelu: {
         const Tensor& x = need(a.inputs, 0, "input");

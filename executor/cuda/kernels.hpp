@@ -10,21 +10,23 @@ namespace np::cuda {
 
 using exec::Tensor;
 
-// y = x / sqrt(mean(x^2) + eps) * w, per row of x (rows x h); w has h elements.
-void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, float eps,
-                     cudaStream_t stream);
-// dx (=, or += when accumulate) and dw += for the rows of x; rstd (fp32, one per row: the op
-// table's backward workspace) receives each row's 1/rms, and dw is its deterministic column sum.
+// y = x / sqrt(mean(x^2) + eps) * w, per row of x (rows x h); w has h elements. rstd (fp32, one
+// per row; null: not kept) receives each row's 1/rms (kRmsNormStats' second output).
+void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor* rstd,
+                     float eps, cudaStream_t stream);
+// dx (=, or += when accumulate) and dw += for the rows of x, dw a deterministic column sum. rstd
+// (fp32, one per row) holds each row's 1/rms when the forward kept it (saved); else it is the op
+// table's backward workspace and receives the recomputed values.
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                      bool accumulate, const Tensor& dw, const Tensor& rstd, float eps,
-                      cudaStream_t stream);
-// LayerNorm: y = (x - mean) / sqrt(var + eps) * w + b per row; its backward as RMSNorm's (the
-// op table's workspaces: mean and rstd, one fp32 per row), with db += the column sums of dy.
-void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, float eps,
-                       cudaStream_t stream);
+                      bool accumulate, const Tensor& dw, const Tensor& rstd, bool saved,
+                      float eps, cudaStream_t stream);
+// LayerNorm: y = (x - mean) / sqrt(var + eps) * w + b per row, mean and rstd kept as RMSNorm's
+// rstd (both null: not kept); its backward as RMSNorm's, with db += the column sums of dy.
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                       const Tensor* mean, const Tensor* rstd, float eps, cudaStream_t stream);
 void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                         bool accumulate, const Tensor& dw, const Tensor& db, const Tensor& mean,
-                        const Tensor& rstd, float eps, cudaStream_t stream);
+                        const Tensor& rstd, bool saved, float eps, cudaStream_t stream);
 // dst[c] += sum over the first `rows` rows of src (rows x dst.numel()), rows in order.
 void column_sums_add(const Tensor& src, long long rows, const Tensor& dst, cudaStream_t stream);
 // GeLU (tanh approximation) and its backward (dx =, or += when accumulate).
@@ -40,6 +42,15 @@ void swiglu_forward(const Tensor& x, const Tensor& y, cudaStream_t stream);
 // dx (=, or += when accumulate) for dy.
 void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
                      cudaStream_t stream);
+// The unfused GLU on x = [gate | up] (rows x 2f): a = silu(gate) (rows x f); its backward writes
+// (or, when accumulate, adds to) the gate half of dx, and zeroes the up half when it writes.
+void glu_act_forward(const Tensor& x, const Tensor& y, cudaStream_t stream);
+void glu_act_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
+                      cudaStream_t stream);
+// y = a * up; da = dy * up and the up half of dx = dy * a (its gate half zeroed when it writes).
+void glu_mul_forward(const Tensor& a, const Tensor& x, const Tensor& y, cudaStream_t stream);
+void glu_mul_backward(const Tensor& a, const Tensor& x, const Tensor& dy, const Tensor& da,
+                      bool accumulate_a, const Tensor& dx, bool accumulate_x, cudaStream_t stream);
 // y = x W^T (+ bias) through cuBLAS; x [rows, in], W [out, in], y [rows, out].
 void linear_forward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Tensor* bias,
                     const Tensor& y, cudaStream_t stream);

@@ -1,11 +1,13 @@
 // Pointwise and per-row kernels: RMSNorm (a block per row, warp-shuffle and shared-memory
-// reduction), LayerNorm, add, accumulate, SwiGLU, GeLU, RoPE, fill, column sums.
+// reduction), LayerNorm, add, accumulate, SwiGLU (fused, or act and product), GeLU, RoPE, fill,
+// column sums.
 #include "executor/cuda/common.cuh"
 
 namespace np::cuda {
 namespace {
 
-__global__ void rmsnorm_forward_kernel(View x, View w, View y, long long h, float eps) {
+// rstd (null: not kept) receives each row's 1/rms.
+__global__ void rmsnorm_forward_kernel(View x, View w, View y, float* rstd, long long h, float eps) {
   long long row = blockIdx.x;
   float ss = 0;
   for (long long c = threadIdx.x; c < h; c += kThreads) {
@@ -15,11 +17,13 @@ __global__ void rmsnorm_forward_kernel(View x, View w, View y, long long h, floa
   float r = rsqrtf(block_sum(ss) / static_cast<float>(h) + eps);
   for (long long c = threadIdx.x; c < h; c += kThreads)
     st(y, row * h + c, ld(x, row * h + c) * r * ld(w, c));
+  if (rstd && threadIdx.x == 0) rstd[row] = r;
 }
 
-// Per row: g = dy * w; dx = r * g - x * r^3 * mean(g * x); rstd[row] = r.
+// Per row: g = dy * w; dx = r * g - x * r^3 * mean(g * x); r is rstd[row] when the forward kept
+// it (saved), else recomputed and written there.
 __global__ void rmsnorm_backward_kernel(View x, View w, View dy, View dx, bool acc, float* rstd,
-                                        long long h, float eps) {
+                                        bool saved, long long h, float eps) {
   long long row = blockIdx.x;
   float ss = 0, gx = 0;
   for (long long c = threadIdx.x; c < h; c += kThreads) {
@@ -28,13 +32,14 @@ __global__ void rmsnorm_backward_kernel(View x, View w, View dy, View dx, bool a
   }
   ss = block_sum(ss);
   gx = block_sum(gx);
-  float r = rsqrtf(ss / static_cast<float>(h) + eps), k = r * r * r * gx / static_cast<float>(h);
+  float r = saved ? rstd[row] : rsqrtf(ss / static_cast<float>(h) + eps);
+  float k = r * r * r * gx / static_cast<float>(h);
   for (long long c = threadIdx.x; c < h; c += kThreads) {
     long long i = row * h + c;
     float v = ld(x, i), out = r * ld(dy, i) * ld(w, c) - v * k;
     st(dx, i, acc ? ld(dx, i) + out : out);
   }
-  if (threadIdx.x == 0) rstd[row] = r;
+  if (!saved && threadIdx.x == 0) rstd[row] = r;
 }
 
 // dw[c] += sum over rows of dy * (x - mean) * rstd, rows in order (mean null: RMSNorm's 0).
@@ -72,20 +77,25 @@ __device__ MeanRstd mean_rstd(View x, long long row, long long h, float eps) {
   return {mu, rsqrtf(block_sum(var) / static_cast<float>(h) + eps)};
 }
 
-// LayerNorm per row (a block per row): y = (x - mean) * rstd * w + b.
-__global__ void layernorm_forward_kernel(View x, View w, View b, View y, long long h, float eps) {
+// LayerNorm per row (a block per row): y = (x - mean) * rstd * w + b; mean and rstd (null: not
+// kept) receive the row's statistics.
+__global__ void layernorm_forward_kernel(View x, View w, View b, View y, float* mean, float* rstd,
+                                         long long h, float eps) {
   long long row = blockIdx.x;
   MeanRstd m = mean_rstd(x, row, h, eps);
   float mu = m.mean, r = m.rstd;
   for (long long c = threadIdx.x; c < h; c += kThreads)
     st(y, row * h + c, (ld(x, row * h + c) - mu) * r * ld(w, c) + ld(b, c));
+  if (mean && threadIdx.x == 0) mean[row] = mu, rstd[row] = r;
 }
 
-// dx = r (g w - mean(g w) - xh mean(g w xh)); mean[row] and rstd[row] for the weight gradient.
+// dx = r (g w - mean(g w) - xh mean(g w xh)); mean[row] and rstd[row] (kept by the forward when
+// saved, else recomputed and written there) for the weight gradient.
 __global__ void layernorm_backward_kernel(View x, View w, View dy, View dx, bool acc,
-                                          float* mean, float* rstd, long long h, float eps) {
+                                          float* mean, float* rstd, bool saved, long long h,
+                                          float eps) {
   long long row = blockIdx.x;
-  MeanRstd m = mean_rstd(x, row, h, eps);
+  MeanRstd m = saved ? MeanRstd{mean[row], rstd[row]} : mean_rstd(x, row, h, eps);
   float mu = m.mean, r = m.rstd, mg = 0, mgx = 0;
   for (long long c = threadIdx.x; c < h; c += kThreads) {
     float gh = ld(dy, row * h + c) * ld(w, c), xh = (ld(x, row * h + c) - mu) * r;
@@ -98,7 +108,7 @@ __global__ void layernorm_backward_kernel(View x, View w, View dy, View dx, bool
     float g = ld(dy, i), xh = (ld(x, i) - mu) * r, out = r * (g * ld(w, c) - mg - xh * mgx);
     st(dx, i, acc ? ld(dx, i) + out : out);
   }
-  if (threadIdx.x == 0) mean[row] = mu, rstd[row] = r;
+  if (!saved && threadIdx.x == 0) mean[row] = mu, rstd[row] = r;
 }
 
 // GeLU, tanh approximation (Hendrycks and Gimpel 2016), as the CPU reference computes it.
@@ -154,6 +164,39 @@ __global__ void swiglu_backward_kernel(View x, View dy, View dx, bool acc, long 
   st(dx, ui, acc ? ld(dx, ui) + du : du);
 }
 
+// The unfused GLU: a = silu(gate); its backward writes (or adds) the gate half of dx only.
+__global__ void glu_act_forward_kernel(View x, View y, long long rows, long long f) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rows * f) return;
+  float g = ld(x, i / f * 2 * f + i % f);
+  st(y, i, g * sigmoid(g));
+}
+__global__ void glu_act_backward_kernel(View x, View dy, View dx, bool acc, long long rows,
+                                        long long f) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rows * f) return;
+  long long gi = i / f * 2 * f + i % f;
+  float g = ld(x, gi), s = sigmoid(g), dg = ld(dy, i) * s * (1.0f + g * (1.0f - s));
+  st(dx, gi, acc ? ld(dx, gi) + dg : dg);
+  if (!acc) st(dx, gi + f, 0.0f);
+}
+// y = a * up; da = dy * up, and the up half of dx = dy * a (its gate half 0 or left as it is).
+__global__ void glu_mul_forward_kernel(View a, View x, View y, long long rows, long long f) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rows * f) return;
+  st(y, i, ld(a, i) * ld(x, i / f * 2 * f + f + i % f));
+}
+__global__ void glu_mul_backward_kernel(View a, View x, View dy, View da, bool acc_a, View dx,
+                                        bool acc_x, long long rows, long long f) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rows * f) return;
+  long long ui = i / f * 2 * f + f + i % f;
+  float d = ld(dy, i), oa = d * ld(x, ui), ou = d * ld(a, i);
+  st(da, i, acc_a ? ld(da, i) + oa : oa);
+  st(dx, ui, acc_x ? ld(dx, ui) + ou : ou);
+  if (!acc_x) st(dx, ui - f, 0.0f);
+}
+
 // One thread per (row, rotated head, i < d/2): (x0, x1) = (c0, c0 + d/2) rotated by the angle
 // pos * 10000^(-2i/d), computed in double as the CPU reference does; v heads are copied.
 __global__ void rope_kernel(View in, View out, long long rows, long long q_heads,
@@ -180,19 +223,22 @@ __global__ void rope_kernel(View in, View out, long long rows, long long q_heads
 
 }  // namespace
 
-void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, float eps,
-                     cudaStream_t stream) {
+void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor* rstd,
+                     float eps, cudaStream_t stream) {
   long long h = w.numel(), rows = h ? x.numel() / h : 0;
-  need(rows * h == x.numel() && y.numel() == x.numel(), "rmsnorm: x, w and y do not agree");
+  need(rows * h == x.numel() && y.numel() == x.numel() &&
+           (!rstd || (rstd->numel() == rows && rstd->type.dtype == Dtype::kFp32)),
+       "rmsnorm: x, w, y and rstd do not agree");
   if (rows == 0) return;
   np_launch(rmsnorm_forward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
-            kReduceShared, stream, view(x), view(w), view(y), h, eps);
+            kReduceShared, stream, view(x), view(w), view(y),
+            rstd ? rstd->as<float>() : static_cast<float*>(nullptr), h, eps);
   NP_CUDA_CHECK_LAUNCH();
 }
 
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                      bool accumulate, const Tensor& dw, const Tensor& rstd, float eps,
-                      cudaStream_t stream) {
+                      bool accumulate, const Tensor& dw, const Tensor& rstd, bool saved,
+                      float eps, cudaStream_t stream) {
   long long h = w.numel(), rows = h ? x.numel() / h : 0;
   need(rows * h == x.numel() && dy.numel() == x.numel() && dx.numel() == x.numel() &&
            dw.numel() == h && rstd.numel() == rows && rstd.type.dtype == Dtype::kFp32,
@@ -200,7 +246,7 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const 
   if (rows == 0) return;
   np_launch(rmsnorm_backward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
             kReduceShared, stream, view(x), view(w), view(dy), view(dx), accumulate,
-            rstd.as<float>(), h, eps);
+            rstd.as<float>(), saved, h, eps);
   NP_CUDA_CHECK_LAUNCH();
   np_launch(norm_weight_grad_kernel, dim3(blocks_for(h)), dim3(kThreads), 0, stream, view(x),
             view(dy), static_cast<const float*>(nullptr), static_cast<const float*>(rstd.data),
@@ -217,20 +263,26 @@ void column_sums_add(const Tensor& src, long long rows, const Tensor& dst, cudaS
   NP_CUDA_CHECK_LAUNCH();
 }
 
-void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, float eps,
-                       cudaStream_t stream) {
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                       const Tensor* mean, const Tensor* rstd, float eps, cudaStream_t stream) {
   long long h = w.numel(), rows = h ? x.numel() / h : 0;
-  need(rows * h == x.numel() && y.numel() == x.numel() && b.numel() == h,
-       "layernorm: x, w, b and y do not agree");
+  auto row_stat = [&](const Tensor* t) {
+    return t && t->numel() == rows && t->type.dtype == Dtype::kFp32;
+  };
+  need(rows * h == x.numel() && y.numel() == x.numel() && b.numel() == h &&
+           ((!mean && !rstd) || (row_stat(mean) && row_stat(rstd))),
+       "layernorm: x, w, b, y, mean and rstd do not agree");
   if (rows == 0) return;
   np_launch(layernorm_forward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
-            kReduceShared, stream, view(x), view(w), view(b), view(y), h, eps);
+            kReduceShared, stream, view(x), view(w), view(b), view(y),
+            mean ? mean->as<float>() : static_cast<float*>(nullptr),
+            rstd ? rstd->as<float>() : static_cast<float*>(nullptr), h, eps);
   NP_CUDA_CHECK_LAUNCH();
 }
 
 void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                         bool accumulate, const Tensor& dw, const Tensor& db, const Tensor& mean,
-                        const Tensor& rstd, float eps, cudaStream_t stream) {
+                        const Tensor& rstd, bool saved, float eps, cudaStream_t stream) {
   long long h = w.numel(), rows = h ? x.numel() / h : 0;
   need(rows * h == x.numel() && dy.numel() == x.numel() && dx.numel() == x.numel() &&
            dw.numel() == h && db.numel() == h && mean.numel() == rows && rstd.numel() == rows &&
@@ -239,7 +291,7 @@ void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, cons
   if (rows == 0) return;
   np_launch(layernorm_backward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
             kReduceShared, stream, view(x), view(w), view(dy), view(dx), accumulate,
-            mean.as<float>(), rstd.as<float>(), h, eps);
+            mean.as<float>(), rstd.as<float>(), saved, h, eps);
   NP_CUDA_CHECK_LAUNCH();
   np_launch(norm_weight_grad_kernel, dim3(blocks_for(h)), dim3(kThreads), 0, stream, view(x),
             view(dy), static_cast<const float*>(mean.data), static_cast<const float*>(rstd.data),
@@ -309,6 +361,52 @@ void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool a
   if (n == 0) return;
   np_launch(swiglu_backward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x),
             view(dy), view(dx), accumulate, rows, f);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void glu_act_forward(const Tensor& x, const Tensor& y, cudaStream_t stream) {
+  long long n = y.numel();
+  need(x.numel() == 2 * n && !y.type.shape.empty(), "glu_act: x must be [rows, 2f], y [rows, f]");
+  long long f = y.type.shape.back(), rows = f ? n / f : 0;
+  if (n == 0) return;
+  np_launch(glu_act_forward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x),
+            view(y), rows, f);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void glu_act_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
+                      cudaStream_t stream) {
+  long long n = dy.numel();
+  need(x.numel() == 2 * n && dx.numel() == x.numel() && !dy.type.shape.empty(),
+       "glu_act backward: shapes do not agree");
+  long long f = dy.type.shape.back(), rows = f ? n / f : 0;
+  if (n == 0) return;
+  np_launch(glu_act_backward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x),
+            view(dy), view(dx), accumulate, rows, f);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void glu_mul_forward(const Tensor& a, const Tensor& x, const Tensor& y, cudaStream_t stream) {
+  long long n = y.numel();
+  need(a.numel() == n && x.numel() == 2 * n && !y.type.shape.empty(),
+       "glu_mul: a and y must be [rows, f], x [rows, 2f]");
+  long long f = y.type.shape.back(), rows = f ? n / f : 0;
+  if (n == 0) return;
+  np_launch(glu_mul_forward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(a),
+            view(x), view(y), rows, f);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void glu_mul_backward(const Tensor& a, const Tensor& x, const Tensor& dy, const Tensor& da,
+                      bool accumulate_a, const Tensor& dx, bool accumulate_x, cudaStream_t stream) {
+  long long n = dy.numel();
+  need(a.numel() == n && da.numel() == n && x.numel() == 2 * n && dx.numel() == x.numel() &&
+           !dy.type.shape.empty(),
+       "glu_mul backward: shapes do not agree");
+  long long f = dy.type.shape.back(), rows = f ? n / f : 0;
+  if (n == 0) return;
+  np_launch(glu_mul_backward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(a),
+            view(x), view(dy), view(da), accumulate_a, view(dx), accumulate_x, rows, f);
   NP_CUDA_CHECK_LAUNCH();
 }
 
