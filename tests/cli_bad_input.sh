@@ -187,6 +187,7 @@ bad "invalid --recompute lists the choices" -m "--recompute" -m "sometimes" -m "
 bad "plan: invalid --recompute" -m "--recompute" -m "none, selective, full" -- "${P[@]}" --recompute sometimes
 bad "invalid --pp-schedule" -m "--pp-schedule" -m "gpipe" -m "1f1b" -m "afab" -- "${E[@]}" --pp-schedule gpipe
 bad "invalid --attention" -m "--attention" -m "sdpa" -m "flash" -m "eager" -- "${E[@]}" --attention sdpa
+bad "invalid --impl" -m "--impl" -m "hf" -m "nanotron, megatron, fused" -- "${E[@]}" --impl hf
 bad "invalid --format" -m "--format" -m "yaml" -m "table" -m "json" -- "${E[@]}" --format yaml
 bad "invalid --grad-accum-dtype" -m "--grad-accum-dtype" -m "fp16" -m "fp32" -m "bf16" -- "${E[@]}" --grad-accum-dtype fp16
 bad "invalid --optimizer" -m "--optimizer" -m "lion" -m "adamw" -- "${E[@]}" --optimizer lion

@@ -37,6 +37,7 @@ struct Case {
   int64_t dp = 1;  // replicas, each running microbatches / dp of the scenario's micro-batches
   int zero = 0;
   int64_t chunks = 1;  // > 1: the interleaved schedule with this many chunks per stage
+  Impl impl = Impl::kNanotron;
 };
 
 // Each case under each policy: every allocation event as the plan predicts, the loss within 2%
@@ -49,7 +50,7 @@ void check_scenario(const std::string& name, std::initializer_list<Case> cases,
     for (Recompute rc : policies) {
       TrainSpec t = sc.base;
       t.tp = k.tp, t.pp = k.pp, t.sp = k.sp, t.recompute = rc, t.pp_schedule = PpSchedule::k1F1B;
-      t.attention = k.attention;
+      t.attention = k.attention, t.impl = k.impl;
       t.dp = k.dp, t.zero = k.zero, t.microbatches = sc.base.microbatches / k.dp;
       if (k.chunks > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = k.chunks;
       ASSERT_FALSE(validate_setup(sc.model, t)) << name;
@@ -88,6 +89,11 @@ void check_scenario(const std::string& name, std::initializer_list<Case> cases,
 TEST(CudaBackend, TinyLlamaEventExactAndRecomputeInvariant) {
   check_scenario("tiny-llama", {{1, 1, false}, {2, 2, true}, {2, 1, false}},
                  {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
+  // The other profiles: statistics recomputed and fused SwiGLU; statistics kept, fused SwiGLU.
+  check_scenario("tiny-llama",
+                 {{2, 1, true, AttentionImpl::kFlash, 1, 0, 1, Impl::kFused},
+                  {1, 2, false, AttentionImpl::kFlash, 1, 0, 1, Impl::kMegatron}},
+                 {Recompute::kNone, Recompute::kFull});
 }
 
 // LayerNorm, GeLU, learned positions, biases, tied embeddings, dropout (its mask regenerated bit
@@ -96,7 +102,8 @@ TEST(CudaBackend, TinyLlamaEventExactAndRecomputeInvariant) {
 TEST(CudaBackend, TinyGptEagerAndFlash) {
   check_scenario("tiny-gpt", {{2, 2, true, AttentionImpl::kEager}},
                  {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
-  check_scenario("tiny-gpt", {{2, 1, false, AttentionImpl::kFlash}, {1, 1, false, AttentionImpl::kEager}},
+  check_scenario("tiny-gpt", {{2, 1, false, AttentionImpl::kFlash}, {1, 1, false, AttentionImpl::kEager},
+                              {2, 1, true, AttentionImpl::kEager, 1, 0, 1, Impl::kFused}},
                  {Recompute::kNone, Recompute::kFull});
 }
 
@@ -121,7 +128,8 @@ TEST(CudaBackend, TinyQwen) {
 // Router, top-2 of 6 experts, dispatch, grouped expert GEMMs, combine and the gated shared expert,
 // under TP with SP (the routing gathered over the group).
 TEST(CudaBackend, TinyMoe) {
-  check_scenario("tiny-moe", {{2, 1, true}, {1, 2, false}, {1, 1, false}},
+  check_scenario("tiny-moe", {{2, 1, true}, {1, 2, false}, {1, 1, false},
+                              {1, 1, false, AttentionImpl::kFlash, 1, 0, 1, Impl::kFused}},
                  {Recompute::kNone, Recompute::kFull});
 }
 

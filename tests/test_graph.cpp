@@ -94,6 +94,64 @@ int64_t saved(const ModelSpec& m, int64_t tp, bool sp, Recompute r, int64_t s = 
   return saved_set(g, named_policy(g, t)).bytes;
 }
 
+// ---- implementation profiles
+// The layer the check in tools/torch_check.py builds (README, "Implementation profiles"): bf16,
+// h 1024, 16 query and 4 KV heads of 64, ffn 2816, vocab 32000, 512 tokens x 2 sequences, tp 1.
+ModelSpec check_model() {
+  ModelSpec m;
+  m.name = "torch-check";
+  m.hidden = 1024, m.ffn = 2816, m.layers = 2, m.heads = 16, m.kv_heads = 4, m.head_dim = 64;
+  m.vocab = 32000, m.max_positions = 4096;
+  return m;
+}
+
+int64_t profile_saved(const ModelSpec& m, Impl impl, TrainSpec t = {}) {
+  t.seq_len = 512, t.micro_batch = 2, t.impl = impl;
+  BlockGraph g = build_layer(m, t);
+  EXPECT_FALSE(check_graph(g)) << name_of(impl);
+  return saved_set(g, named_policy(g, t)).bytes;
+}
+
+// What each profile's layer keeps beyond the fused one's: the norms' fp32 statistics (Megatron's
+// apex and Transformer Engine norms, flash-attn's in nanotron: 4 B per row each) and, unfused,
+// silu(gate) (T x ffn x 2 B). The totals are PyTorch's own count of nanotron's and of the fused
+// layer (saved_tensors_hooks, tools/torch_check.py): 36,773,888 and 30,998,528 bytes.
+TEST(Profiles, WhatEachLayerKeeps) {
+  ModelSpec m = check_model();
+  const int64_t T = 1024, stats = 2 * T * 4, silu = T * 2816 * 2;
+  int64_t fused = profile_saved(m, Impl::kFused), megatron = profile_saved(m, Impl::kMegatron),
+          nanotron = profile_saved(m, Impl::kNanotron);
+  EXPECT_EQ(fused, 30'998'528);
+  EXPECT_EQ(megatron - fused, stats);
+  EXPECT_EQ(nanotron - fused, stats + silu);
+  EXPECT_EQ(nanotron, 36'773'888);
+  // LayerNorm keeps the mean too; under SP the statistics are of the local rows only.
+  m.norm = Norm::kLayer;
+  TrainSpec sp;
+  sp.tp = 2, sp.sp = true;
+  EXPECT_EQ(profile_saved(m, Impl::kMegatron, sp) - profile_saved(m, Impl::kFused, sp),
+            2 * (T / 2) * 8);
+}
+
+// The loss: nanotron casts the logits to an fp32 copy first (a forward workspace of T x V x 4 B,
+// beside the bf16 logits and the fp32 softmax); Megatron and fused work on one fp32 buffer.
+TEST(Profiles, TheLossBuffers) {
+  ModelSpec m = check_model();
+  for (Impl impl : {Impl::kNanotron, Impl::kMegatron, Impl::kFused}) {
+    TrainSpec t;
+    t.seq_len = 512, t.micro_batch = 2, t.impl = impl;
+    BlockGraph g = build_head(m, t);
+    const GraphOp& loss = g.ops.back();
+    ASSERT_EQ(loss.kind, OpKind::kCrossEntropy);
+    std::vector<TensorType> in;
+    for (int i : loss.inputs) in.push_back(g.tensors[i].type);
+    int64_t ws = 0;
+    for (const TensorType& w : forward_workspace(op_info(loss.kind), loss.attrs, in)) ws += w.bytes();
+    int64_t rows = 3 * 1024 * 4;  // the vocab-parallel reductions
+    EXPECT_EQ(ws, (impl == Impl::kNanotron ? int64_t{1024} * 32000 * 4 : 0) + rows) << name_of(impl);
+  }
+}
+
 class Table2 : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(Table2, NoParallelism) {
