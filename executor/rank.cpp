@@ -265,7 +265,7 @@ class RankRunner {
     inputs.resize(op.inputs.size());
     std::vector<Tensor> outs = be_.forward(ctx, inputs, params_.weights(in.block, in.op));
     if (step_ == 0) ++out_.forward_runs[{static_cast<int>(stage_), in.block, in.op}];
-    if (op.kind == OpKind::kCrossEntropy && !recompute) loss_ += be_.sum(outs[0]);
+    if (is_loss(op.kind) && !recompute) loss_ += be_.sum(outs[0]);
   }
 
   void backward(const Instr& in) {

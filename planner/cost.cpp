@@ -181,7 +181,7 @@ double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const Hardw
   }
   // Vocab-parallel cross entropy all-reduces three fp32 values per token over TP in forward (the
   // logit max, the target logit and the sum of exponentials, as Megatron's).
-  if (op.kind == OpKind::kCrossEntropy && !backward && t.tp > 1) {
+  if (is_loss(op.kind) && !backward && t.tp > 1) {
     double row = 4.0 * static_cast<double>(g.tensors[op.inputs[0]].type.shape.at(0));
     s += 3 * collective_seconds("all_reduce", row, t.tp, t.tp <= hw.gpus_per_node, hw);
   }

@@ -99,15 +99,19 @@ class Builder {
   // The profile's norm: statistics recomputed in backward (fused) or kept as extra outputs.
   int norm(int x, const std::string& name) {
     bool rms = m_.norm == Norm::kRms;
+    if (rms && t_.impl == Impl::kHf)
+      return op(OpKind::kRmsNormHf, name, {}, {x}, {"", "fp32_input", "rstd", "normalized"})[0];
     if (t_.impl == Impl::kFused)
       return op1(rms ? OpKind::kRmsNorm : OpKind::kLayerNorm, name, {}, {x});
     return op(rms ? OpKind::kRmsNormStats : OpKind::kLayerNormStats, name, {}, {x},
               rms ? std::vector<std::string>{"", "rstd"}
                   : std::vector<std::string>{"", "mean", "rstd"})[0];
   }
-  // silu(gate) * up of [gate | up]: one fused op, or (nanotron) act(gate) kept, then the product.
+  // silu(gate) * up of [gate | up]: one fused op, or (nanotron, hf) act(gate) kept, then the
+  // product.
   int glu(int gu, const std::string& name) {
-    if (t_.impl != Impl::kNanotron) return op1(OpKind::kSwiGlu, name + ".swiglu", {}, {gu});
+    if (t_.impl != Impl::kNanotron && t_.impl != Impl::kHf)
+      return op1(OpKind::kSwiGlu, name + ".swiglu", {}, {gu});
     int a = op1(OpKind::kGluAct, name + ".silu", {}, {gu});
     return op1(OpKind::kGluMul, name + ".swiglu", {}, {a, gu});
   }
@@ -174,6 +178,12 @@ int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   if (m.position == PosEmb::kRope) qkv = b.op1(OpKind::kRope, "attn.rope", {}, {qkv});
   OpAttrs core{
       .batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
+  // Hugging Face's attention (eager and sdpa) materialises K and V repeated to every query head.
+  bool hf = t.impl == Impl::kHf && t.cp == 1;
+  if (hf && hkv < hq) {
+    qkv = b.op1(OpKind::kRepeatKv, "attn.repeat_kv", core, {qkv});
+    core.kv_heads = hq;
+  }
   int ctx;
   if (t.cp > 1) {  // validate_setup: flash attention only
     OpAttrs cp = core;
@@ -185,7 +195,8 @@ int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   } else {
     int s = b.op1(OpKind::kAttnScores, "attn.scores", core, {qkv});
     b.last().attention_core = true;
-    int p = b.op1(OpKind::kSoftmax, "attn.softmax", core, {s});
+    int p = hf ? b.op(OpKind::kSoftmaxFp32, "attn.softmax", core, {s}, {"", "fp32"})[0]
+               : b.op1(OpKind::kSoftmax, "attn.softmax", core, {s});
     b.last().attention_core = true;
     int pd = b.dropout(p, "attn.probs_dropout");
     if (pd != p) b.last().attention_core = true;
@@ -281,8 +292,14 @@ BlockGraph build_head(const ModelSpec& m, const TrainSpec& t) {
   int logits = b.column(n, "lm_head", m.vocab / t.tp, false);
   if (m.tie_embeddings) b.last().attrs.tie = "embedding";
   int targets = b.input("targets", {{b.tokens()}, Dtype::kI64});
-  b.op(OpKind::kCrossEntropy, "loss", {.fp32_copy = t.impl == Impl::kNanotron}, {logits, targets},
-       {"per_token", "softmax"});
+  if (t.impl == Impl::kHf) {
+    int fp32 = b.op1(OpKind::kCastFp32, "loss.cast", {}, {logits});
+    b.op(OpKind::kLogSoftmaxLoss, "loss", {}, {fp32, targets, logits},
+         {"per_token", "log_softmax"});
+  } else {
+    b.op(OpKind::kCrossEntropy, "loss", {.fp32_copy = t.impl == Impl::kNanotron}, {logits, targets},
+         {"per_token", "softmax"});
+  }
   return b.finish(x, -1);
 }
 

@@ -162,6 +162,22 @@ const OpInfo kOps[] =
            return {{"weight", {cols_of(in[0])}}};
          },
          none_types},
+        {OpKind::kRmsNormHf, "rmsnorm_hf", 1, 4, 0, 0b1110, 0b1, 0b0001, false,
+         [](const OpAttrs&, In in) -> Types {
+           TensorType fp32{in[0].shape, Dtype::kFp32};
+           return {in[0], fp32, {{rows_of(in[0])}, Dtype::kFp32}, in[0]};
+         },
+         norm_flops,
+         [](const OpAttrs&, In in) -> Weights {
+           return {{"weight", {cols_of(in[0])}}};
+         },
+         [](const OpAttrs&, In in) -> Types {
+           TensorType fp32{in[0].shape, Dtype::kFp32};
+           return {fp32, fp32};
+         },
+         [](const OpAttrs&, In in) -> Types {
+           return {{in[0].shape, Dtype::kFp32}};
+         }},
         {OpKind::kLayerNormStats, "layernorm_stats", 1, 3, 0b1, 0b110, 0b1, 0b001, false,
          [](const OpAttrs&, In in) -> Types {
            TensorType row{{rows_of(in[0])}, Dtype::kFp32};
@@ -205,6 +221,19 @@ const OpInfo kOps[] =
          none_types},
         {OpKind::kSoftmax, "softmax", 1, 1, 0, 0b1, 0b1, 0b1, false, same,
          [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights, none_types},
+        {OpKind::kSoftmaxFp32, "softmax_fp32", 1, 2, 0, 0b10, 0b1, 0b01, false,
+         [](const OpAttrs&, In in) -> Types {
+           return {in[0], {in[0].shape, Dtype::kFp32}};
+         },
+         [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights,
+         [](const OpAttrs&, In in) -> Types {
+           return {{in[0].shape, Dtype::kFp32}};
+         }},
+        {OpKind::kRepeatKv, "repeat_kv", 1, 1, 0, 0, 0b1, 0b1, false,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]), 3 * a.heads * a.head_dim}, in[0].dtype}};
+         },
+         zero_flops, no_weights, none_types},
         {OpKind::kAttnContext, "attn_context", 2, 1, 0b11, 0, 0b11, 0b1, false, attn_ctx,
          attn_matmul, no_weights, none_types},
         {OpKind::kDropout, "dropout", 1, 2, 0, 0b10, 0b1, 0b01, false,
@@ -303,6 +332,24 @@ const OpInfo kOps[] =
            return {{{rows_of(in[0]), a.heads * a.head_dim}, Dtype::kFp32},
                    {{a.batch, a.heads, a.seq / a.group}, Dtype::kFp32}};
          }},
+        {OpKind::kCastFp32, "cast_fp32", 1, 1, 0, 0, 0b1, 0b1, false,
+         [](const OpAttrs&, In in) -> Types {
+           return {{in[0].shape, Dtype::kFp32}};
+         },
+         elementwise, no_weights, none_types},
+        {OpKind::kLogSoftmaxLoss, "log_softmax_loss", 3, 2, 0b010, 0b10, 0b001, 0, false,
+         [](const OpAttrs&, In in) -> Types {
+           return {{{rows_of(in[0])}, Dtype::kFp32}, {in[0].shape, Dtype::kFp32}};
+         },
+         [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights,
+         [](const OpAttrs&, In in) -> Types {
+           return {{in[0].shape, Dtype::kFp32}};
+         },
+         // As cross_entropy's: per-token max, sum of exponentials and target logit.
+         [](const OpAttrs&, In in) -> Types {
+           TensorType row{{rows_of(in[0])}, Dtype::kFp32};
+           return {row, row, row};
+         }},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");
@@ -314,7 +361,10 @@ const OpInfo& op_info(OpKind kind) {
 }
 bool is_norm(OpKind kind) {
   return kind == OpKind::kRmsNorm || kind == OpKind::kLayerNorm || kind == OpKind::kRmsNormStats ||
-         kind == OpKind::kLayerNormStats;
+         kind == OpKind::kLayerNormStats || kind == OpKind::kRmsNormHf;
+}
+bool is_loss(OpKind kind) {
+  return kind == OpKind::kCrossEntropy || kind == OpKind::kLogSoftmaxLoss;
 }
 const char* name_of(OpKind kind) {
   return op_info(kind).name;

@@ -26,6 +26,10 @@ enum class OpKind {
   // The norms that keep their per-row fp32 statistics for backward as extra outputs (flash-attn's
   // and apex's fused norms): 1/rms; mean and 1/std.
   kRmsNormStats,
+  // RMSNorm as PyTorch ops (Hugging Face's): x cast to fp32 (kept), its 1/rms (kept), the fp32
+  // product (forward scratch), its bf16 cast (kept), times the weight; the backward's fp32
+  // gradients of the product and of the fp32 input are its workspaces.
+  kRmsNormHf,
   kLayerNormStats,
   kAllGather,      // TP group, along the token dim (sequence parallelism)
   kReduceScatter,  // TP group, along the token dim
@@ -36,6 +40,12 @@ enum class OpKind {
   kFlashAttention,  // keeps output and logsumexp; recomputes scores in backward
   kAttnScores,      // eager: Q K^T
   kSoftmax,         // eager: scaled, causal-masked softmax; backward needs its output only
+  // The softmax computed in fp32 and kept, then cast to bf16 for the context (Hugging Face's
+  // eager attention); its backward casts the incoming gradient to fp32 (a workspace).
+  kSoftmaxFp32,
+  // Hugging Face's repeat_kv: [q | k | v] rows with the K and V heads repeated to one per query
+  // head, materialised (hq + 2 hq columns of head_dim); backward sums the repeats.
+  kRepeatKv,
   kAttnContext,     // eager: probs V
   kDropout,         // keeps a 1-byte mask
   kSwiGlu,          // silu(gate) * up, input is [gate | up]; keeps its input only
@@ -60,6 +70,13 @@ enum class OpKind {
   // Flash attention of this rank's queries against the gathered K/V (causal by the chunks' global
   // positions); keeps output and logsumexp.
   kFlashAttentionCp,
+  // Hugging Face's loss, PyTorch's F.cross_entropy of logits.float(): the cast as its own op
+  // (backward: the fp32 gradient cast back), then the log-softmax (kept, fp32) and the per-token
+  // NLL of the fp32 logits (input 0) and targets (input 1). Input 2 is the bf16 logits, which the
+  // loss outlives (LlamaForCausalLM holds them while it runs) and which nothing reads. Its
+  // backward's workspace is the fp32 NLL gradient per logit; the fp32 logits' gradient follows.
+  kCastFp32,
+  kLogSoftmaxLoss,
   kCount
 };
 
@@ -140,7 +157,8 @@ std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& att
                                           std::span<const TensorType> in);
 
 const OpInfo& op_info(OpKind kind);
-bool is_norm(OpKind kind);  // the four norm kinds
+bool is_norm(OpKind kind);  // the norm kinds (every profile's)
+bool is_loss(OpKind kind);  // the loss kinds: the block's root, their output 0 the per-token loss
 const char* name_of(OpKind kind);
 // Backward FLOPs: twice the forward for ops with weights (input and weight gradients) and for the
 // attention matmuls (two GEMMs each), once otherwise (Korthikanti et al.'s 3x forward convention).

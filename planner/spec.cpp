@@ -47,7 +47,7 @@ const char* name_of(AttentionImpl a) {
   return a == AttentionImpl::kFlash ? "flash" : "eager";
 }
 const char* name_of(Impl i) {
-  constexpr const char* k[] = {"nanotron", "megatron", "fused"};
+  constexpr const char* k[] = {"nanotron", "megatron", "fused", "hf"};
   return k[static_cast<int>(i)];
 }
 const char* name_of(Optimizer o) {
@@ -82,7 +82,7 @@ Result<AttentionImpl> parse_enum(std::string_view f, std::string_view t) {
 }
 template <>
 Result<Impl> parse_enum(std::string_view f, std::string_view t) {
-  return pick(f, t, std::array{Impl::kNanotron, Impl::kMegatron, Impl::kFused});
+  return pick(f, t, std::array{Impl::kNanotron, Impl::kMegatron, Impl::kFused, Impl::kHf});
 }
 template <>
 Result<Optimizer> parse_enum(std::string_view f, std::string_view t) {
@@ -353,6 +353,10 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
                 " (context parallelism splits each sequence into 2 cp load-balanced chunks); use a "
                 "multiple of " +
                 str(2 * t.cp));
+  if (t.cp > 1 && t.impl == Impl::kHf)
+    return fail("--cp " + str(t.cp) +
+                " needs --impl nanotron, megatron or fused (Hugging Face's Llama has no context "
+                "parallelism)");
   if (t.cp > 1 && t.attention != AttentionImpl::kFlash)
     return fail("--cp " + str(t.cp) +
                 " needs --attention flash (context parallelism exchanges "

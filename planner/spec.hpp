@@ -27,7 +27,11 @@ enum class AttentionImpl { kFlash, kEager };
 //             works in place on one fp32 buffer.
 //   fused:    norms recompute their statistics in backward, fused SwiGLU, the in-place loss: the
 //             least a framework can keep.
-enum class Impl { kNanotron, kMegatron, kFused };
+//   hf:       Hugging Face transformers' Llama: RMSNorm in PyTorch ops (keeps an fp32 copy of its
+//             input, the fp32 1/rms and the bf16 normalized tensor), unfused GLU, repeat_kv's
+//             expanded K/V materialised (eager and sdpa), eager softmax in fp32 kept with its bf16
+//             cast, and the loss as an fp32 copy of the logits and a kept fp32 log-softmax.
+enum class Impl { kNanotron, kMegatron, kFused, kHf };
 enum class Optimizer { kAdamW, kSgd, kNone };
 enum class Recompute { kNone, kSelective, kFull, kAuto };  // auto: chosen per layer under a budget
 

@@ -139,6 +139,7 @@ bad "1f1b with fewer micro-batches than pp - 1" -m "--microbatches 2" -m "pp - 1
 bad "plan: 1f1b with fewer micro-batches than pp - 1" -m "--microbatches 2" -- "${P[@]}" --pp 4 --pp-schedule 1f1b --microbatches 2
 bad "--cp that does not split the sequence in 2 cp chunks" -m "--seq-len 4096" -m "2 x --cp 3" -m "multiple of 6" -- "${E[@]}" --cp 3
 bad "--cp with eager attention" -m "--cp 2" -m "--attention flash" -- "${E[@]}" --cp 2 --attention eager
+bad "--cp with the hf profile" -m "--cp 2" -m "--impl nanotron, megatron or fused" -- "${E[@]}" --cp 2 --impl hf
 bad "--cp 0" -m "--cp" -- "${E[@]}" --cp 0
 bad "sweep --cp with a zero" -m "--cp" -m "1,2,4" -- sweep --model llama-3.1-8b --gpus 8 --budget 80GB --cp 1,0
 bad "--virtual-stages without the interleaved schedule" -m "--virtual-stages 2" -m "--pp-schedule interleaved" -- "${E[@]}" --pp 4 --virtual-stages 2
@@ -187,7 +188,7 @@ bad "invalid --recompute lists the choices" -m "--recompute" -m "sometimes" -m "
 bad "plan: invalid --recompute" -m "--recompute" -m "none, selective, full" -- "${P[@]}" --recompute sometimes
 bad "invalid --pp-schedule" -m "--pp-schedule" -m "gpipe" -m "1f1b" -m "afab" -- "${E[@]}" --pp-schedule gpipe
 bad "invalid --attention" -m "--attention" -m "sdpa" -m "flash" -m "eager" -- "${E[@]}" --attention sdpa
-bad "invalid --impl" -m "--impl" -m "hf" -m "nanotron, megatron, fused" -- "${E[@]}" --impl hf
+bad "invalid --impl" -m "--impl" -m "deepspeed" -m "nanotron, megatron, fused, hf" -- "${E[@]}" --impl deepspeed
 bad "invalid --format" -m "--format" -m "yaml" -m "table" -m "json" -- "${E[@]}" --format yaml
 bad "invalid --grad-accum-dtype" -m "--grad-accum-dtype" -m "fp16" -m "fp32" -m "bf16" -- "${E[@]}" --grad-accum-dtype fp16
 bad "invalid --optimizer" -m "--optimizer" -m "lion" -m "adamw" -- "${E[@]}" --optimizer lion

@@ -459,6 +459,7 @@ std::vector<Case> all_cases() {
   add("layernorm", OpKind::kLayerNorm, {}, {act({T, H})}, 0.5, 1.5);
   add("rmsnorm_stats", OpKind::kRmsNormStats, {}, {act({T, H})}, 0.5, 1.5);
   add("layernorm_stats", OpKind::kLayerNormStats, {}, {act({T, H})}, 0.5, 1.5);
+  add("rmsnorm_hf", OpKind::kRmsNormHf, {}, {act({T, H})}, 0.5, 1.5);
   add("all_gather", OpKind::kAllGather, {.group = 1}, {act({T, H})});
   add("all_gather_fp32", OpKind::kAllGather, {.group = 1}, {rng.floats({{T, K}, Dtype::kFp32})});
   add("reduce_scatter", OpKind::kReduceScatter, {.group = 1}, {act({T, H})});
@@ -487,6 +488,8 @@ std::vector<Case> all_cases() {
       {act({B, 4, S, S}, 0, 1), act({T, (4 + 2 * 2) * 4})});
   add("attn_scores", OpKind::kAttnScores, core, {act({T, QKV})});
   add("softmax", OpKind::kSoftmax, core, {act({B, HQ, S, S}, -2, 2)});
+  add("softmax_fp32", OpKind::kSoftmaxFp32, core, {act({B, HQ, S, S}, -2, 2)});
+  add("repeat_kv_gqa2", OpKind::kRepeatKv, gqa2, {act({T, (4 + 2 * 2) * 4})});
   add("attn_context", OpKind::kAttnContext, core, {act({B, HQ, S, S}, 0, 1), act({T, QKV})});
   add("dropout", OpKind::kDropout, {}, {act({T, H})});
   add("dropout_probs", OpKind::kDropout, core, {act({B, HQ, S, S}, 0, 1)});
@@ -528,6 +531,9 @@ std::vector<Case> all_cases() {
   add("cross_entropy", OpKind::kCrossEntropy, {}, {act({T, V}, -2, 2), integers(rng, {T}, V)});
   add("cross_entropy_fp32_copy", OpKind::kCrossEntropy, {.fp32_copy = true},
       {act({T, V}, -2, 2), integers(rng, {T}, V)});
+  add("cast_fp32", OpKind::kCastFp32, {}, {act({T, V}, -2, 2)});
+  add("log_softmax_loss", OpKind::kLogSoftmaxLoss, {},
+      {rng.floats({{T, V}, Dtype::kFp32}, -2, 2), integers(rng, {T}, V), act({T, V}, -2, 2)});
   return cs;
 }
 
@@ -611,7 +617,8 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
     case OpKind::kRmsNorm:
     case OpKind::kLayerNorm:
     case OpKind::kRmsNormStats:
-    case OpKind::kLayerNormStats: {
+    case OpKind::kLayerNormStats:
+    case OpKind::kRmsNormHf: {
       Vec o(T * H), mean(T), rstd(T);
       bool ln = c.kind == OpKind::kLayerNorm || c.kind == OpKind::kLayerNormStats;
       for (int64_t t = 0; t < T; ++t) {
@@ -623,6 +630,12 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
           o[t * H + d] = (x(0)[t * H + d] - mu) * rstd[t] * w[0].v[d] + (ln ? w[1].v[d] : 0.0);
       }
       if (c.kind == OpKind::kRmsNormStats) return {o, rstd};
+      if (c.kind == OpKind::kRmsNormHf) {  // y, fp32(x), 1/rms, the normalized x
+        Vec n(T * H);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t d = 0; d < H; ++d) n[t * H + d] = x(0)[t * H + d] * rstd[t];
+        return {o, x(0), rstd, n};
+      }
       if (c.kind == OpKind::kLayerNormStats) return {o, mean, rstd};
       return {o};
     }
@@ -669,6 +682,7 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
     case OpKind::kFlashAttention:
     case OpKind::kAttnScores:
     case OpKind::kSoftmax:
+    case OpKind::kSoftmaxFp32:
     case OpKind::kAttnContext: {
       const Vec& a = c.kind == OpKind::kAttnContext ? x(1) : x(0);
       Vec ctx(T * hq * hd, 0.0), lse(B * hq * S), sc(B * hq * S * S, 0.0), pr(B * hq * S * S, 0.0);
@@ -676,7 +690,7 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
         for (int64_t h = 0; h < hq; ++h)
           for (int64_t i = 0; i < S; ++i) {
             int64_t row = (bi * hq + h) * S + i;
-            if (c.kind == OpKind::kSoftmax) {
+            if (c.kind == OpKind::kSoftmax || c.kind == OpKind::kSoftmaxFp32) {
               for (int64_t j = 0; j <= i; ++j) sc[row * S + j] = x(0)[row * S + j];
             } else {
               for (int64_t j = 0; j <= i; ++j)
@@ -698,7 +712,19 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
       if (c.kind == OpKind::kFlashAttention) return {ctx, lse};
       if (c.kind == OpKind::kAttnScores) return {sc};
       if (c.kind == OpKind::kSoftmax) return {pr};
+      if (c.kind == OpKind::kSoftmaxFp32) return {pr, pr};
       return {ctx};
+    }
+    case OpKind::kRepeatKv: {
+      Vec o(T * 3 * hq * hd);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < hq; ++h)
+          for (int64_t d = 0; d < hd; ++d) {
+            o[t * 3 * hq * hd + h * hd + d] = q(x(0), t, h, d);
+            o[t * 3 * hq * hd + (hq + h) * hd + d] = k_(x(0), t, h, d);
+            o[t * 3 * hq * hd + (2 * hq + h) * hd + d] = v_(x(0), t, h, d);
+          }
+      return {o};
     }
     case OpKind::kDropout: {  // at tp = 1 without SP the global index is the flat index
       Arena a;
@@ -807,7 +833,10 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
       }
       return {o};
     }
-    case OpKind::kCrossEntropy: {
+    case OpKind::kCastFp32:
+      return {x(0)};
+    case OpKind::kCrossEntropy:
+    case OpKind::kLogSoftmaxLoss: {
       int64_t v = in[0].type.shape[1];
       Vec loss(T), sm(T * v);
       for (int64_t t = 0; t < T; ++t) {
@@ -817,6 +846,8 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
         loss[t] = std::log(z) + m - x(0)[t * v + int64_t(x(1)[t])];
         for (int64_t j = 0; j < v; ++j) sm[t * v + j] = std::exp(x(0)[t * v + j] - m) / z;
       }
+      if (c.kind == OpKind::kLogSoftmaxLoss)
+        for (size_t e = 0; e < sm.size(); ++e) sm[e] = std::log(sm[e]);
       return {loss, sm};
     }
     case OpKind::kCount:
@@ -963,6 +994,15 @@ TEST_P(CpuOp, Bf16RoundsOnceAllocatesTheTableAndIsDeterministic) {
     EXPECT_TRUE(same(fb->arena.log[j].type, t) && fb->arena.log[j].role == role)
         << "allocation " << j;
     expect_written(fb->outs[j], "forward result " + std::to_string(j));
+    if (c.kind == OpKind::kRmsNormHf && j == 0) {
+      // PyTorch's order rounds twice, as Hugging Face's norm does: y = round(w x round(x r)).
+      Vec cst = read(fb->outs[3]), wv = read(w_b[0]), y = read(fb->outs[0]);
+      for (size_t e = 0; e < y.size(); ++e)
+        ASSERT_EQ(y[e], bf16_bits_to_f32(
+                            f32_to_bf16_bits(static_cast<float>(wv[e % wv.size()] * cst[e]))))
+            << "rmsnorm_hf output " << e;
+      continue;
+    }
     expect_rounded(fb->outs[j], ff->outs[j], "forward result " + std::to_string(j));
   }
   auto fb2 = hb.forward(in_b, w_b);

@@ -94,6 +94,12 @@ TEST(CudaBackend, TinyLlamaEventExactAndRecomputeInvariant) {
                  {{2, 1, true, AttentionImpl::kFlash, 1, 0, 1, Impl::kFused},
                   {1, 2, false, AttentionImpl::kFlash, 1, 0, 1, Impl::kMegatron}},
                  {Recompute::kNone, Recompute::kFull});
+  // Hugging Face's: repeat_kv's expanded K/V under eager and flash (sdpa) attention, the fp32
+  // softmax, PyTorch's RMSNorm and the log-softmax loss.
+  check_scenario("tiny-llama",
+                 {{2, 1, true, AttentionImpl::kEager, 1, 0, 1, Impl::kHf},
+                  {1, 2, false, AttentionImpl::kFlash, 1, 0, 1, Impl::kHf}},
+                 {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
 }
 
 // LayerNorm, GeLU, learned positions, biases, tied embeddings, dropout (its mask regenerated bit

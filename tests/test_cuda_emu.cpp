@@ -567,9 +567,9 @@ TEST(CudaKernels, EmbeddingAndCrossEntropyOnAVocabShard) {
                  std::string("embedding dW ") + (d == Dtype::kBf16 ? "bf16" : "fp32"));
     cross_entropy_max(logits.t, mx.t, nullptr);
     cross_entropy_exp_sum(logits.t, tgt.t, mx.t, sm.t, se.t, tg.t, rank, nullptr);
-    cross_entropy_finalize(sm.t, se.t, mx.t, tg.t, loss.t, nullptr);
+    cross_entropy_finalize(sm.t, se.t, mx.t, tg.t, loss.t, nullptr, nullptr);
     const float scale = 0.125f;
-    cross_entropy_backward(sm.t, tgt.t, dl.t, true, rank, scale, nullptr);
+    cross_entropy_backward(sm.t, tgt.t, dl.t, true, rank, scale, nullptr, nullptr);
     std::vector<double> outr(rows * h, 0.0), lossr(rows), smr(rows * v), dlr = prior;
     for (int64_t t = 0; t < rows; ++t) {
       int64_t r = ids[t] - rank * v;

@@ -133,22 +133,56 @@ TEST(Profiles, WhatEachLayerKeeps) {
             2 * (T / 2) * 8);
 }
 
+// Hugging Face's layer in PyTorch ops, eager: each norm keeps an fp32 copy of its input, the fp32
+// 1/rms, the bf16 normalized tensor and its output (4h + 4 + 2h + 2h bytes per token), but not its
+// input; attention keeps q with K and V repeated to all 16 heads (3 x 1024 columns), the fp32
+// softmax and its bf16 cast (b x 16 x s^2 x 6 B) and the context; the MLP 4 x ffn. PyTorch's
+// count of the same layer (tools/torch_check.py) is 262,144 B more: the rotary tables, which
+// every layer's RoPE keeps and which are made once per step. Under flash (sdpa after repeat_kv)
+// the probabilities give way to the output's fp32 log-sum-exp.
+TEST(Profiles, HuggingFaceLayer) {
+  ModelSpec m = check_model();
+  const int64_t T = 1024, h = 1024, probs = int64_t{2} * 16 * 512 * 512;
+  const int64_t norms = 2 * T * (4 * h + 4 + 2 * h + 2 * h), mlp = T * 2816 * 2 * 4;
+  TrainSpec t;
+  t.attention = AttentionImpl::kEager;
+  EXPECT_EQ(profile_saved(m, Impl::kHf, t), norms + T * 3072 * 2 + probs * 6 + T * h * 2 + mlp);
+  EXPECT_EQ(profile_saved(m, Impl::kHf, t), 98'574'336);
+  t.attention = AttentionImpl::kFlash;
+  EXPECT_EQ(profile_saved(m, Impl::kHf, t),
+            norms + T * 3072 * 2 + T * h * 2 + int64_t{2} * 16 * 512 * 4 + mlp);
+}
+
 // The loss: nanotron casts the logits to an fp32 copy first (a forward workspace of T x V x 4 B,
 // beside the bf16 logits and the fp32 softmax); Megatron and fused work on one fp32 buffer.
 TEST(Profiles, TheLossBuffers) {
   ModelSpec m = check_model();
-  for (Impl impl : {Impl::kNanotron, Impl::kMegatron, Impl::kFused}) {
+  for (Impl impl : {Impl::kNanotron, Impl::kMegatron, Impl::kFused, Impl::kHf}) {
     TrainSpec t;
     t.seq_len = 512, t.micro_batch = 2, t.impl = impl;
     BlockGraph g = build_head(m, t);
     const GraphOp& loss = g.ops.back();
-    ASSERT_EQ(loss.kind, OpKind::kCrossEntropy);
+    ASSERT_EQ(loss.kind, impl == Impl::kHf ? OpKind::kLogSoftmaxLoss : OpKind::kCrossEntropy);
     std::vector<TensorType> in;
     for (int i : loss.inputs) in.push_back(g.tensors[i].type);
     int64_t ws = 0;
-    for (const TensorType& w : forward_workspace(op_info(loss.kind), loss.attrs, in)) ws += w.bytes();
+    for (const TensorType& w : forward_workspace(op_info(loss.kind), loss.attrs, in))
+      ws += w.bytes();
     int64_t rows = 3 * 1024 * 4;  // the vocab-parallel reductions
-    EXPECT_EQ(ws, (impl == Impl::kNanotron ? int64_t{1024} * 32000 * 4 : 0) + rows) << name_of(impl);
+    const int64_t logits32 = int64_t{1024} * 32000 * 4;
+    EXPECT_EQ(ws, (impl == Impl::kNanotron ? logits32 : 0) + rows) << name_of(impl);
+    // Hugging Face's (PyTorch's): the cast is an op of its own, whose fp32 output the loss reads
+    // while the bf16 logits stay alive (its third input); its backward holds the NLL's fp32
+    // gradient per logit beside the fp32 logits' gradient.
+    int64_t bws = 0;
+    for (const TensorType& w : op_info(loss.kind).bwd_workspace(loss.attrs, in)) bws += w.bytes();
+    EXPECT_EQ(bws, impl == Impl::kHf ? logits32 : 0) << name_of(impl);
+    if (impl == Impl::kHf) {
+      ASSERT_EQ(loss.inputs.size(), 3u);
+      EXPECT_EQ(g.tensors[loss.inputs[0]].type.bytes(), logits32);
+      EXPECT_EQ(g.tensors[loss.inputs[2]].type.bytes(), logits32 / 2);
+      EXPECT_EQ(g.ops[g.tensors[loss.inputs[0]].producer].kind, OpKind::kCastFp32);
+    }
   }
 }
 

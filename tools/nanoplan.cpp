@@ -193,7 +193,9 @@ void add_setup_flags(CLI::App* app, Flags& f) {
       ->capture_default_str();
   app->add_option("--impl", f.impl,
                   "whose kernels: nanotron (norm statistics kept, unfused GLU, fp32 logits copy), "
-                  "megatron (statistics kept, fused SwiGLU, in-place loss), fused (the least kept)")
+                  "megatron (statistics kept, fused SwiGLU, in-place loss), fused (the least kept), "
+                  "hf (Hugging Face transformers' Llama in PyTorch ops: fp32 norm copies, repeated "
+                  "K/V, fp32 softmax and log-softmax)")
       ->capture_default_str();
   app->add_option("--grad-accum-dtype", f.grad_dtype,
                   "gradient accumulation dtype: fp32 (nanotron's accumulate_grad_in_fp32), bf16")
@@ -1014,7 +1016,7 @@ int main(int argc, char** argv) {
                  "interleaved schedule")
       ->capture_default_str();
   sw->add_option("--attention", f.attention, "flash, eager")->capture_default_str();
-  sw->add_option("--impl", f.impl, "nanotron, megatron, fused")->capture_default_str();
+  sw->add_option("--impl", f.impl, "nanotron, megatron, fused, hf")->capture_default_str();
   sw->add_option("--partition", f.partition,
                  "layers per stage: balanced (by FLOPs), auto (searched for every setup)")
       ->capture_default_str();

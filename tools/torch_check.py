@@ -20,6 +20,9 @@ apex's FusedRMSNormAffineFunction and the fused SwiGLU for Megatron):
   megatron  as nanotron's norms and attention; fused SwiGLU keeps gate_up only; the loss works in
             place on one fp32 copy of the logits.
   fused     norms keep x only (statistics recomputed in backward); fused SwiGLU; in-place loss.
+  hf        Hugging Face transformers' Llama as its source writes it, in PyTorch's own ops
+            (LlamaRMSNorm, rotate-half RoPE, repeat_kv, eager attention with the fp32 softmax,
+            act_fn(gate_proj(x)) * up_proj(x), logits.float() and F.cross_entropy); eager only.
 Weight gradients are accumulated into preallocated buffers inside the backward (Megatron's
 gradient-accumulation fusion; nanoplan's executor does the same), so no weight gradient is a
 transient.
@@ -41,7 +44,7 @@ except ImportError:
              "python3 -m pip install torch)")
 
 DT = torch.bfloat16
-PROFILES = ("nanotron", "megatron", "fused")
+PROFILES = ("nanotron", "megatron", "fused", "hf")
 
 
 # ---- the ops, as each framework's kernels save them -------------------------------------------
@@ -247,15 +250,61 @@ class Model:
                 f"{l}.gate_up": p(2 * f, h), f"{l}.down": p(h, f)})
         self.grads = {k: torch.zeros_like(w) for k, w in self.params.items()}
         self.cos, self.sin = rope_tables(a.seq_len, d)
+        if impl == "hf":  # the norms' weights are leaves, so that w * x keeps x (as nn.Parameter)
+            for k, w in self.params.items():
+                if k.endswith("norm"):
+                    w.requires_grad_()
 
     def lin(self, x, name):
         return Linear.apply(x, self.params[name], self.grads[name])
 
     def norm(self, x, name):
+        if self.impl == "hf":  # LlamaRMSNorm.forward
+            hidden = x.to(torch.float32)
+            variance = hidden.pow(2).mean(-1, keepdim=True)
+            hidden = hidden * torch.rsqrt(variance + 1e-5)
+            return self.params[name] * hidden.to(x.dtype)
         return RmsNorm.apply(x, self.params[name], self.grads[name], self.stats)
+
+    def hf_attention(self, x, l):
+        """LlamaAttention with eager_attention_forward; rows b-major."""
+        a, d = self.a, self.d
+        b, s = a.micro_batch, a.seq_len
+        w = self.params[f"{l}.qkv"]
+        hq, hkv = a.heads, a.kv_heads
+        g = self.grads[f"{l}.qkv"]
+        q = Linear.apply(x, w[: hq * d], g[: hq * d]).view(b, s, hq, d).transpose(1, 2)
+        k = Linear.apply(x, w[hq * d : (hq + hkv) * d], g[hq * d : (hq + hkv) * d])
+        v = Linear.apply(x, w[(hq + hkv) * d :], g[(hq + hkv) * d :])
+        k = k.view(b, s, hkv, d).transpose(1, 2)
+        v = v.view(b, s, hkv, d).transpose(1, 2)
+        cos, sin = self.hf_cos[:, None], self.hf_sin[:, None]
+
+        def rotate_half(t):
+            return torch.cat((-t[..., d // 2 :], t[..., : d // 2]), dim=-1)
+
+        q = (q * cos) + (rotate_half(q) * sin)
+        k = (k * cos) + (rotate_half(k) * sin)
+
+        def repeat_kv(t):
+            return t[:, :, None, :, :].expand(b, hkv, hq // hkv, s, d).reshape(b, hq, s, d)
+
+        k, v = repeat_kv(k), repeat_kv(v)
+        weights = torch.matmul(q, k.transpose(2, 3)) * d**-0.5
+        weights = weights + self.hf_mask
+        weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(q.dtype)
+        weights = F.dropout(weights, p=0.0, training=True)
+        out = torch.matmul(weights, v).transpose(1, 2).contiguous().reshape(b * s, hq * d)
+        return self.lin(out, f"{l}.out")
 
     def layer(self, x, l):
         a, d = self.a, self.d
+        if self.impl == "hf":  # LlamaDecoderLayer with LlamaMLP (gate_proj and up_proj apart)
+            x1 = x + self.hf_attention(self.norm(x, f"{l}.attn_norm"), l)
+            n = self.norm(x1, f"{l}.mlp_norm")
+            w, g, f = self.params[f"{l}.gate_up"], self.grads[f"{l}.gate_up"], a.ffn
+            gate, up = Linear.apply(n, w[:f], g[:f]), Linear.apply(n, w[f:], g[f:])
+            return x1 + self.lin(F.silu(gate) * up, f"{l}.down")
         qkv = self.lin(self.norm(x, f"{l}.attn_norm"), f"{l}.qkv")
         qkv = Rope.apply(qkv, self.cos, self.sin, a.heads + a.kv_heads, a.micro_batch, d)
         ctx = FlashAttention.apply(qkv, a.heads, a.kv_heads, d, a.micro_batch)
@@ -270,6 +319,8 @@ class Model:
 
     def head(self, x, target):
         logits = self.lin(self.norm(x, "final_norm"), "lm_head")
+        if self.impl == "hf":  # ForCausalLMLoss: an fp32 copy, then F.cross_entropy
+            return F.cross_entropy(logits.float(), target, reduction="mean")
         fp32 = logits.float()  # both casts keep the bf16 logits alive until the loss returns
         loss = ShardedCrossEntropy.apply(fp32, target, self.impl != "nanotron")
         return loss.mean()
@@ -301,15 +352,29 @@ def measure(a, impl):
             out = fn()
         return out, sum(seen.values())
 
+    if impl == "hf":  # LlamaModel's rotary tables (b, s, d) and 4-D causal mask, made per forward
+        pos = torch.arange(s, dtype=torch.float32)
+        inv = 1.0 / (10000.0 ** (torch.arange(0, m.d, 2, dtype=torch.float32) / m.d))
+        emb = torch.cat([pos[:, None] * inv[None, :]] * 2, dim=-1)
+        mask = torch.full((s, s), torch.finfo(DT).min, dtype=DT).triu(1)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        if impl == "hf":
+            m.hf_cos = emb.cos().to(DT).expand(b, s, m.d).contiguous()
+            m.hf_sin = emb.sin().to(DT).expand(b, s, m.d).contiguous()
+            m.hf_mask = mask.expand(b, 1, s, s).contiguous()
         x = Embedding.apply(ids, m.params["embed"], m.grads["embed"])
         x.requires_grad_()
         for l in range(a.layers):
             x, n = saved_bytes(lambda: m.layer(x, l))
             per_layer.append(n)
+        if impl == "hf":  # LlamaModel.forward returns: its tables and mask go
+            del m.hf_mask
         loss = m.head(x, target)
+        del x  # the model's output goes with its forward (only what autograd saved stays)
         loss.backward()
-        del x, loss
+        del loss
+        if impl == "hf":
+            del m.hf_cos, m.hf_sin
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
                     if e.name() == "[memory]")
     live = peak = 0
@@ -330,6 +395,7 @@ def estimate(a, impl, nanoplan):
                     'norm = "rmsnorm"\nactivation = "swiglu"\nposition_embedding = "rope"\n')
         cmd = [nanoplan, "estimate", "--model", path, "--micro-batch", str(a.micro_batch),
                "--seq-len", str(a.seq_len), "--impl", impl, "--optimizer", "none",
+               "--attention", "eager" if impl == "hf" else "flash",
                "--grad-accum-dtype", "bf16", "--format", "json"]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     r = json.loads(out)["ranks"][0]

@@ -234,8 +234,9 @@ void attn_scores_backward(const Env& env, const BackwardArgs& a) {
 // ---- Eager: probs = causal softmax(scale * scores) along the last dim
 // -----------------------------
 
-Outs softmax_forward(const Env& env, Ins in, Ins) {
-  const Tensor& x = need(in, 0, "softmax input");
+namespace {
+// The causal softmax of scale * scores, one row of P per (batch, head, query), in fp32.
+Mat causal_softmax(const Env& env, const Tensor& x) {
   int64_t s = dim(x, 3), d = env.attrs().head_dim;
   check(d > 0 && dim(x, 2) == s, "softmax: needs {b, heads, s, s} scores and head_dim");
   float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
@@ -249,6 +250,23 @@ Outs softmax_forward(const Env& env, Ins in, Ins) {
     float inv = static_cast<float>(1.0 / z);
     for (int64_t j = 0; j < s; ++j) P(r, j) = j <= i ? P(r, j) * inv : 0.0f;
   }
+  return P;
+}
+// G becomes the scores' gradient: scale * p * (g - sum_j p g), per row.
+void softmax_grad(const Mat& P, Mat& G, const Env& env) {
+  float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(env.attrs().head_dim)));
+  for (int64_t r = 0; r < P.rows(); ++r) {
+    double dotpg = 0;
+    for (int64_t j = 0; j < P.cols(); ++j) dotpg += double(P(r, j)) * G(r, j);
+    for (int64_t j = 0; j < P.cols(); ++j)
+      G(r, j) = scale * P(r, j) * (G(r, j) - static_cast<float>(dotpg));
+  }
+}
+}  // namespace
+
+Outs softmax_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "softmax input");
+  Mat P = causal_softmax(env, x);
   Tensor out = env.output(x.type.shape, x.type.dtype);
   store_mat(out, P);
   return {out};
@@ -258,16 +276,72 @@ Outs softmax_forward(const Env& env, Ins in, Ins) {
 void softmax_backward(const Env& env, const BackwardArgs& a) {
   const Tensor& p = need(a.outputs, 0, "softmax output");
   int64_t s = dim(p, 3);
-  float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(env.attrs().head_dim)));
   Mat P = load_rows(p, p.numel() / s, s),
       G = load_rows(need(a.grad_outputs, 0, "softmax gradient"), p.numel() / s, s);
-  for (int64_t r = 0; r < P.rows(); ++r) {
-    double dotpg = 0;
-    for (int64_t j = 0; j < s; ++j) dotpg += double(P(r, j)) * G(r, j);
-    for (int64_t j = 0; j < s; ++j)
-      G(r, j) = scale * P(r, j) * (G(r, j) - static_cast<float>(dotpg));
-  }
+  softmax_grad(P, G, env);
   grad_input(env, a, 0, p.type, G);
+}
+
+// ---- Eager, Hugging Face's: the softmax in fp32 (kept), then its cast (the context's input)
+// ------
+
+Outs softmax_fp32_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "softmax input");
+  Mat P = causal_softmax(env, x);
+  Tensor cast = env.output(x.type.shape, x.type.dtype), f = env.output(x.type.shape, Dtype::kFp32);
+  store_mat(f, P);
+  store_mat(cast, P);  // one rounding of the fp32 probabilities
+  return {cast, f};
+}
+
+// dx = scale * p * (g - sum_j p g) from the kept fp32 p and the gradient cast to fp32.
+void softmax_fp32_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& p = need(a.outputs, 1, "softmax fp32 output");
+  int64_t s = dim(p, 3);
+  const Tensor& gin = need(a.grad_outputs, 0, "softmax gradient");
+  Tensor g32 = env.workspace(p.type.shape, Dtype::kFp32);
+  store_mat(g32, load_rows(gin, p.numel() / s, s));
+  Mat P = load_rows(p, p.numel() / s, s), G = load_rows(g32, p.numel() / s, s);
+  softmax_grad(P, G, env);
+  grad_input(env, a, 0, gin.type, G);
+}
+
+// ---- Hugging Face's repeat_kv: [q | k | v] -> [q | k repeated | v repeated] per query head -----
+
+Outs repeat_kv_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "repeat_kv input");
+  const OpAttrs& at = env.attrs();
+  int64_t hq = at.heads, hkv = at.kv_heads, d = at.head_dim, T = dim(x, 0);
+  check(hq > 0 && hkv > 0 && hq % hkv == 0 && row_width(x) == (hq + 2 * hkv) * d,
+        "repeat_kv: the rows are not [q | k | v] of the attrs' heads");
+  Mat X = load_mat(x), Y(T, 3 * hq * d);
+  for (int64_t t = 0; t < T; ++t) {
+    Y.row(t).head(hq * d) = X.row(t).head(hq * d);
+    for (int64_t h = 0; h < hq; ++h) {
+      int64_t g = h / (hq / hkv);
+      Y.row(t).segment((hq + h) * d, d) = X.row(t).segment((hq + g) * d, d);
+      Y.row(t).segment((2 * hq + h) * d, d) = X.row(t).segment((hq + hkv + g) * d, d);
+    }
+  }
+  Tensor y = env.output({T, 3 * hq * d}, x.type.dtype);
+  store_mat(y, Y);
+  return {y};
+}
+
+void repeat_kv_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& gy = need(a.grad_outputs, 0, "repeat_kv gradient");
+  const OpAttrs& at = env.attrs();
+  int64_t hq = at.heads, hkv = at.kv_heads, d = at.head_dim, T = dim(gy, 0);
+  Mat G = load_mat(gy), D = Mat::Zero(T, (hq + 2 * hkv) * d);
+  for (int64_t t = 0; t < T; ++t) {
+    D.row(t).head(hq * d) = G.row(t).head(hq * d);
+    for (int64_t h = 0; h < hq; ++h) {  // the repeats summed in head order
+      int64_t g = h / (hq / hkv);
+      D.row(t).segment((hq + g) * d, d) += G.row(t).segment((hq + h) * d, d);
+      D.row(t).segment((hq + hkv + g) * d, d) += G.row(t).segment((2 * hq + h) * d, d);
+    }
+  }
+  grad_input(env, a, 0, {{T, (hq + 2 * hkv) * d}, gy.type.dtype}, D);
 }
 
 // ---- Eager: context = probs V over j <= i (probs above the diagonal are not read)

@@ -48,6 +48,12 @@ class CpuBackend final : public Backend {
       case OpKind::kLayerNorm:
       case OpKind::kLayerNormStats:
         return layernorm_forward(env, in, w);
+      case OpKind::kRmsNormHf:
+        return rmsnorm_hf_forward(env, in, w);
+      case OpKind::kSoftmaxFp32:
+        return softmax_fp32_forward(env, in, w);
+      case OpKind::kRepeatKv:
+        return repeat_kv_forward(env, in, w);
       case OpKind::kAllGather:
         return all_gather_forward(env, in, w);
       case OpKind::kReduceScatter:
@@ -96,6 +102,10 @@ class CpuBackend final : public Backend {
         return shared_gate_forward(env, in, w);
       case OpKind::kCrossEntropy:
         return cross_entropy_forward(env, in, w);
+      case OpKind::kCastFp32:
+        return cast_fp32_forward(env, in, w);
+      case OpKind::kLogSoftmaxLoss:
+        return log_softmax_loss_forward(env, in, w);
       case OpKind::kCount:
         break;
     }
@@ -132,6 +142,12 @@ class CpuBackend final : public Backend {
       case OpKind::kLayerNorm:
       case OpKind::kLayerNormStats:
         return layernorm_backward(env, a);
+      case OpKind::kRmsNormHf:
+        return rmsnorm_hf_backward(env, a);
+      case OpKind::kSoftmaxFp32:
+        return softmax_fp32_backward(env, a);
+      case OpKind::kRepeatKv:
+        return repeat_kv_backward(env, a);
       case OpKind::kAllGather:
         return all_gather_backward(env, a);
       case OpKind::kReduceScatter:
@@ -180,6 +196,10 @@ class CpuBackend final : public Backend {
         return shared_gate_backward(env, a);
       case OpKind::kCrossEntropy:
         return cross_entropy_backward(env, a);
+      case OpKind::kCastFp32:
+        return cast_fp32_backward(env, a);
+      case OpKind::kLogSoftmaxLoss:
+        return log_softmax_loss_backward(env, a);
       case OpKind::kCount:
         break;
     }

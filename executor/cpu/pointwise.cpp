@@ -65,6 +65,59 @@ void rmsnorm_backward(const Env& env, const BackwardArgs& a) {
   add_mat(need(a.weight_grads, 0, "rmsnorm weight gradient"), column_sums(DW));
 }
 
+// ---- RmsNorm as PyTorch ops (Hugging Face's LlamaRMSNorm)
+// ------------------------------------------ a = fp32(x) (kept), r = rsqrt(mean(a^2) + eps) (kept),
+// b = a * r (fp32 scratch), c = bf16(b) (kept), y = w * c. Backward: dc = dy * w, db = fp32(dc) and
+// da = db * r - a r^3 mean(db * a) in the two fp32 workspaces, dx = da; dw = column sums of dy * c.
+
+Outs rmsnorm_hf_forward(const Env& env, Ins in, Ins w) {
+  const Tensor& x = need(in, 0, "rmsnorm input");
+  Mat X = load_mat(x), W = load_vec(need(w, 0, "rmsnorm weight"));
+  int64_t T = X.rows(), h = X.cols();
+  Tensor y = env.output(x.type.shape, x.type.dtype), a = env.output(x.type.shape, Dtype::kFp32),
+         r = env.output({T}, Dtype::kFp32), c = env.output(x.type.shape, x.type.dtype);
+  Tensor b = env.workspace(x.type.shape, Dtype::kFp32);
+  store_mat(a, X);
+  Mat R(T, 1);
+  for (int64_t t = 0; t < T; ++t) {
+    double ss = 0;
+    for (int64_t k = 0; k < h; ++k) ss += double(X(t, k)) * X(t, k);
+    R(t, 0) = static_cast<float>(1.0 / std::sqrt(ss / h + kEps));
+  }
+  store_mat(r, R);
+  Mat B = X.array().colwise() * R.col(0).array();
+  store_mat(b, B);
+  store_mat(c, B);  // rounded to the activation dtype once
+  Mat C = load_mat(c);
+  Mat Y = C.array().rowwise() * W.row(0).array();
+  store_mat(y, Y);
+  return {y, a, r, c, b};
+}
+
+void rmsnorm_hf_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& at = need(a.outputs, 1, "rmsnorm fp32 input");
+  Mat A = load_mat(at), R = load_rows(need(a.outputs, 2, "rmsnorm rstd"), dim(at, 0), 1),
+      C = load_mat(need(a.outputs, 3, "rmsnorm normalized"));
+  Mat G = load_mat(need(a.grad_outputs, 0, "rmsnorm output gradient"));
+  Mat W = load_vec(need(a.weights, 0, "rmsnorm weight"));
+  int64_t T = A.rows(), h = A.cols();
+  Tensor db = env.workspace(at.type.shape, Dtype::kFp32),
+         da = env.workspace(at.type.shape, Dtype::kFp32);
+  Mat DB = G.array().rowwise() * W.row(0).array();
+  store_mat(db, DB);
+  Mat DA(T, h);
+  for (int64_t t = 0; t < T; ++t) {
+    double dot = 0;
+    for (int64_t k = 0; k < h; ++k) dot += double(DB(t, k)) * A(t, k);
+    double r = R(t, 0), k3 = r * r * r * dot / h;
+    for (int64_t k = 0; k < h; ++k) DA(t, k) = static_cast<float>(DB(t, k) * r - A(t, k) * k3);
+  }
+  store_mat(da, DA);
+  grad_input(env, a, 0, {at.type.shape, need(a.outputs, 3, "rmsnorm normalized").type.dtype}, DA);
+  add_mat(need(a.weight_grads, 0, "rmsnorm weight gradient"),
+          column_sums(Mat(G.array() * C.array())));
+}
+
 // ---- LayerNorm: y = (x - mu) * rsqrt(var + eps) * w + bias --------------------------------------
 
 Outs layernorm_forward(const Env& env, Ins in, Ins w) {

@@ -83,7 +83,8 @@ void pos_embedding_backward(const Env& env, const BackwardArgs& a) {
 }
 
 // ---- CrossEntropy over the vocab shard [tp_rank*V, (tp_rank+1)*V) -------------------------------
-// loss[t] = log(sum_v exp(l - max)) + max - l[target]; softmax kept in fp32 for the backward.
+// loss[t] = log(sum_v exp(l - max)) + max - l[target]; softmax kept in fp32 for the backward
+// (log_softmax_loss: the log-probabilities l - max - log(sum) instead).
 
 Outs cross_entropy_forward(const Env& env, Ins in, Ins) {
   const Tensor& logits = need(in, 0, "cross_entropy logits");
@@ -134,9 +135,12 @@ Outs cross_entropy_forward(const Env& env, Ins in, Ins) {
     env.comm().all_reduce(tg);
   }
   float* out = loss.as<float>();
+  bool log_probs = env.ctx.op->kind == OpKind::kLogSoftmaxLoss;
   for (int64_t t = 0; t < T; ++t) {
     out[t] = std::log(s[t]) + m[t] - x[t];
-    for (int64_t j = 0; j < V; ++j) S[t * V + j] /= s[t];
+    float ls = std::log(s[t]);
+    for (int64_t j = 0; j < V; ++j)
+      S[t * V + j] = log_probs ? L(t, j) - m[t] - ls : S[t * V + j] / s[t];
   }
   if (copy) return {loss, sm, copy, mx, se, tg};
   return {loss, sm, mx, se, tg};
@@ -149,12 +153,52 @@ void cross_entropy_backward(const Env& env, const BackwardArgs& a) {
   float scale = env.ctx.loss_scale;
   Mat G = load_mat(sm);
   const int64_t* tgt = targets.as<int64_t>();
-  for (int64_t t = 0; t < T; ++t) {
-    int64_t r = tgt[t] - lo;
-    for (int64_t j = 0; j < V; ++j) G(t, j) = (G(t, j) - (j == r ? 1.0f : 0.0f)) * scale;
+  bool log_probs = env.ctx.op->kind == OpKind::kLogSoftmaxLoss;
+  if (log_probs) {
+    // As PyTorch's: the NLL's gradient per logit (-scale at the target, a workspace), then the
+    // log-softmax's input gradient g - exp(log p) sum(g), sum(g) = -scale over the vocabulary.
+    float* nll = env.workspace({T, V}, Dtype::kFp32).as<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      int64_t r = tgt[t] - lo;
+      for (int64_t j = 0; j < V; ++j) {
+        nll[t * V + j] = j == r ? -scale : 0.0f;
+        G(t, j) = nll[t * V + j] + std::exp(G(t, j)) * scale;
+      }
+    }
+  } else {
+    for (int64_t t = 0; t < T; ++t) {
+      int64_t r = tgt[t] - lo;
+      for (int64_t j = 0; j < V; ++j) G(t, j) = (G(t, j) - (j == r ? 1.0f : 0.0f)) * scale;
+    }
   }
-  Dtype dt = a.inputs[0] && !a.inputs[0].type.shape.empty() ? a.inputs[0].type.dtype : env.act;
+  Dtype dt = log_probs                                        ? Dtype::kFp32
+             : a.inputs[0] && !a.inputs[0].type.shape.empty() ? a.inputs[0].type.dtype
+                                                              : env.act;
   grad_input(env, a, 0, {{T, V}, dt}, G);
+}
+
+// ---- Hugging Face's loss: logits.float() as its own op ------------------------------------------
+
+Outs cast_fp32_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "cast input");
+  Tensor y = env.output(x.type.shape, Dtype::kFp32);
+  store_mat(y, load_mat(x));
+  return {y};
+}
+
+// The gradient cast back to the input's dtype (the activation dtype: the logits).
+void cast_fp32_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& g = need(a.grad_outputs, 0, "cast gradient");
+  grad_input(env, a, 0, {g.type.shape, env.act}, load_mat(g));
+}
+
+Outs log_softmax_loss_forward(const Env& env, Ins in, Ins w) {
+  need(in, 2, "the bf16 logits the loss outlives");
+  return cross_entropy_forward(env, in.first(2), w);
+}
+
+void log_softmax_loss_backward(const Env& env, const BackwardArgs& a) {
+  cross_entropy_backward(env, a);
 }
 
 }  // namespace np::exec::cpu

@@ -160,6 +160,27 @@ class CudaBackend final : public exec::Backend {
                           stream_);
         return {y};
       }
+      case OpKind::kRmsNormHf: {
+        const Tensor& x = need(in, 0, "input");
+        TensorType fp32{x.type.shape, Dtype::kFp32};
+        Tensor y = out(x.type), a = out(fp32), r = out({{x.type.shape.at(0)}, Dtype::kFp32}),
+               cst = out(x.type), b = ws(fp32);
+        rmsnorm_hf_forward(x, need(w, 0, "weight"), y, a, r, b, cst, kEps, stream_);
+        return {y, a, r, cst, b};
+      }
+      case OpKind::kRepeatKv: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out({{x.type.shape.at(0), 3 * op.attrs.heads * op.attrs.head_dim}, x.type.dtype});
+        repeat_kv_forward(x, y, op.attrs.heads, op.attrs.kv_heads, op.attrs.head_dim, stream_);
+        return {y};
+      }
+      case OpKind::kSoftmaxFp32: {
+        const Tensor& x = need(in, 0, "scores");
+        Tensor cast = out(x.type), f = out({x.type.shape, Dtype::kFp32});
+        causal_softmax_forward(x, f, op.attrs.head_dim, stream_);
+        cuda::copy_elements(cast, 0, f, 0, f.numel(), stream_);
+        return {cast, f};
+      }
       case OpKind::kLayerNormStats: {
         const Tensor& x = need(in, 0, "input");
         TensorType row{{x.type.shape.at(0)}, Dtype::kFp32};
@@ -313,6 +334,15 @@ class CudaBackend final : public exec::Backend {
         shared_gate_forward(need(in, 0, "gate input"), need(w, 0, "gate weight"), y, o, stream_);
         return {o};
       }
+      case OpKind::kCastFp32: {
+        const Tensor& x = need(in, 0, "input");
+        Tensor y = out({x.type.shape, Dtype::kFp32});
+        cuda::copy_elements(y, 0, x, 0, x.numel(), stream_);
+        return {y};
+      }
+      case OpKind::kLogSoftmaxLoss:
+        need(in, 2, "the bf16 logits the loss outlives");
+        [[fallthrough]];
       case OpKind::kCrossEntropy: {
         const Tensor &logits = need(in, 0, "logits"), &targets = need(in, 1, "targets");
         int64_t T = logits.type.shape.at(0), V = logits.type.shape.at(1);
@@ -327,7 +357,8 @@ class CudaBackend final : public exec::Backend {
         if (tp > 1) global_max(c, mx, tp);
         cross_entropy_exp_sum(l, targets, mx, sm, se, tg, c.tp_rank, stream_);
         if (tp > 1) c.comm->all_reduce(se), c.comm->all_reduce(tg);
-        cross_entropy_finalize(sm, se, mx, tg, loss, stream_);
+        bool log_probs = op.kind == OpKind::kLogSoftmaxLoss;
+        cross_entropy_finalize(sm, se, mx, tg, loss, log_probs ? &l : nullptr, stream_);
         if (copy) return {loss, sm, copy, mx, se, tg};
         return {loss, sm, mx, se, tg};
       }
@@ -374,6 +405,27 @@ class CudaBackend final : public exec::Backend {
         return rmsnorm_backward(x, need(a.weights, 0, "weight"), need(a.grad_outputs, 0, "gradient"),
                                 dx, acc, need(a.weight_grads, 0, "weight gradient"), rstd, saved, kEps,
                                 stream_);
+      }
+      case OpKind::kRmsNormHf: {
+        const Tensor &fp32 = need(a.outputs, 1, "fp32 input"), &cst = need(a.outputs, 3, "normalized");
+        Tensor db = ws(fp32.type), da = ws(fp32.type);
+        Tensor& dx = grad(0, cst.type, acc);
+        return rmsnorm_hf_backward(fp32, need(a.outputs, 2, "rstd"), cst, need(a.weights, 0, "weight"),
+                                   need(a.grad_outputs, 0, "gradient"), db, da, dx, acc,
+                                   need(a.weight_grads, 0, "weight gradient"), stream_);
+      }
+      case OpKind::kRepeatKv: {
+        const Tensor& g = need(a.grad_outputs, 0, "gradient");
+        const OpAttrs& at = op.attrs;
+        Tensor& dx = grad(0, {{g.type.shape.at(0), (at.heads + 2 * at.kv_heads) * at.head_dim}, g.type.dtype}, acc);
+        return repeat_kv_backward(g, dx, acc, at.heads, at.kv_heads, at.head_dim, stream_);
+      }
+      case OpKind::kSoftmaxFp32: {
+        const Tensor &f = need(a.outputs, 1, "fp32 probabilities"), &g = need(a.grad_outputs, 0, "gradient");
+        Tensor g32 = ws(f.type);
+        cuda::copy_elements(g32, 0, g, 0, g.numel(), stream_);
+        Tensor& dx = grad(0, g.type, acc);
+        return causal_softmax_backward(f, g32, dx, acc, op.attrs.head_dim, stream_);
       }
       case OpKind::kLayerNorm:
       case OpKind::kLayerNormStats: {
@@ -532,12 +584,25 @@ class CudaBackend final : public exec::Backend {
                                     dx, acc, dy, acc_y, need(a.weight_grads, 0, "gate weight gradient"), dz,
                                     stream_);
       }
-      case OpKind::kCrossEntropy: {
+      case OpKind::kCastFp32: {
+        const Tensor& g = need(a.grad_outputs, 0, "gradient");
+        Tensor& dx = grad(0, {g.type.shape, Dtype::kBf16}, acc);
+        if (acc) unsupported(c, "accumulating the cast's input gradient needs a planned buffer");
+        cuda::copy_elements(dx, 0, g, 0, g.numel(), stream_);
+        return;
+      }
+      case OpKind::kCrossEntropy:
+      case OpKind::kLogSoftmaxLoss: {
         const Tensor& sm = need(a.outputs, 1, "softmax");
-        Dtype dt = a.inputs[0] && !a.inputs[0].type.shape.empty() ? a.inputs[0].type.dtype : Dtype::kBf16;
+        bool log_probs = op.kind == OpKind::kLogSoftmaxLoss;
+        Dtype dt = log_probs ? Dtype::kFp32
+                   : a.inputs[0] && !a.inputs[0].type.shape.empty() ? a.inputs[0].type.dtype
+                                                                    : Dtype::kBf16;
+        // The log-softmax loss: the NLL's fp32 gradient per logit first (a workspace).
+        Tensor nll = log_probs ? ws(sm.type) : Tensor{};
         Tensor& dl = grad(0, {sm.type.shape, dt}, acc);
         return cross_entropy_backward(sm, need(a.inputs, 1, "targets"), dl, acc, c.tp_rank,
-                                      c.loss_scale, stream_);
+                                      c.loss_scale, nll ? &nll : nullptr, stream_);
       }
       default:
         unsupported(c, "not written for the CUDA backend yet");

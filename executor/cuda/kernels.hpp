@@ -42,6 +42,22 @@ void swiglu_forward(const Tensor& x, const Tensor& y, cudaStream_t stream);
 // dx (=, or += when accumulate) for dy.
 void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
                      cudaStream_t stream);
+// RMSNorm as PyTorch ops (Hugging Face's): a = fp32(x), r = 1/rms per row, b = a * r (fp32
+// scratch), c = b rounded to y's dtype, y = w * c. Backward from a, r, c: db = dy * w, da =
+// db * r - a r^3 mean(db * a) (both fp32 workspaces), dx (=, or +=) = da, dw += sum_rows dy * c.
+void rmsnorm_hf_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& a,
+                        const Tensor& r, const Tensor& b, const Tensor& c, float eps,
+                        cudaStream_t stream);
+void rmsnorm_hf_backward(const Tensor& a, const Tensor& r, const Tensor& c, const Tensor& w,
+                         const Tensor& dy, const Tensor& db, const Tensor& da, const Tensor& dx,
+                         bool accumulate, const Tensor& dw, cudaStream_t stream);
+// Hugging Face's repeat_kv on rows [q | k | v] (q_heads + 2 kv_heads heads of head_dim): y =
+// [q | k | v] with each K and V head repeated for its q_heads / kv_heads query heads. Backward:
+// dx (=, or +=) = dy's q part and the sums of the repeats, in head order.
+void repeat_kv_forward(const Tensor& x, const Tensor& y, long long q_heads, long long kv_heads,
+                       long long head_dim, cudaStream_t stream);
+void repeat_kv_backward(const Tensor& dy, const Tensor& dx, bool accumulate, long long q_heads,
+                        long long kv_heads, long long head_dim, cudaStream_t stream);
 // The unfused GLU on x = [gate | up] (rows x 2f): a = silu(gate) (rows x f); its backward writes
 // (or, when accumulate, adds to) the gate half of dx, and zeroes the up half when it writes.
 void glu_act_forward(const Tensor& x, const Tensor& y, cudaStream_t stream);
@@ -142,17 +158,21 @@ void pos_embedding_backward(const Tensor& dy, const Tensor& dw, long long first_
 // over the TP group, then sums sum and target_logit over it:
 //   max:      mx[t] = max_j logits[t][j] (this rank's shard)
 //   exp_sum:  softmax[t][j] = exp(logits - mx), sum[t] = its row sum, target_logit[t] on the owner
-//   finalize: softmax /= sum, loss[t] = log(sum) + mx - target_logit
+//   finalize: softmax /= sum, loss[t] = log(sum) + mx - target_logit; with log_probs_of (the
+//             logits): softmax = logits - mx - log(sum), the log-probabilities, instead
 void cross_entropy_max(const Tensor& logits, const Tensor& mx, cudaStream_t stream);
 void cross_entropy_exp_sum(const Tensor& logits, const Tensor& targets, const Tensor& mx,
                            const Tensor& softmax, const Tensor& sum, const Tensor& target_logit,
                            long long tp_rank, cudaStream_t stream);
 void cross_entropy_finalize(const Tensor& softmax, const Tensor& sum, const Tensor& mx,
-                            const Tensor& target_logit, const Tensor& loss, cudaStream_t stream);
-// dlogits (=, or +=) = (softmax - onehot(target)) * loss_scale.
+                            const Tensor& target_logit, const Tensor& loss,
+                            const Tensor* log_probs_of, cudaStream_t stream);
+// dlogits (=, or +=) = (softmax - onehot(target)) * loss_scale. With nll_grad (fp32, PyTorch's
+// log-softmax backward): softmax holds log-probabilities, nll_grad receives -loss_scale at the
+// target and dlogits nll_grad + exp(log p) * loss_scale.
 void cross_entropy_backward(const Tensor& softmax, const Tensor& targets, const Tensor& dlogits,
                             bool accumulate, long long tp_rank, float loss_scale,
-                            cudaStream_t stream);
+                            const Tensor* nll_grad, cudaStream_t stream);
 
 // How dropout numbers an element globally (executor/rng.cpp's index): rows of `width` starting
 // at global row `first_row`, or attention probabilities {b, heads_local, s, s} of TP rank

@@ -197,6 +197,74 @@ __global__ void glu_mul_backward_kernel(View a, View x, View dy, View da, bool a
   if (!acc_x) st(dx, ui - f, 0.0f);
 }
 
+// RMSNorm as PyTorch ops, a block per row.
+__global__ void rmsnorm_hf_forward_kernel(View x, View w, View y, float* a, float* r, float* b,
+                                          View c, long long h, float eps) {
+  long long row = blockIdx.x;
+  float ss = 0;
+  for (long long k = threadIdx.x; k < h; k += kThreads) {
+    float v = ld(x, row * h + k);
+    a[row * h + k] = v;
+    ss += v * v;
+  }
+  float rr = rsqrtf(block_sum(ss) / static_cast<float>(h) + eps);
+  if (threadIdx.x == 0) r[row] = rr;
+  for (long long k = threadIdx.x; k < h; k += kThreads) {
+    long long i = row * h + k;
+    b[i] = a[i] * rr;
+    st(c, i, b[i]);
+    st(y, i, ld(w, k) * ld(c, i));
+  }
+}
+__global__ void rmsnorm_hf_backward_kernel(const float* a, const float* r, View w, View dy,
+                                           float* db, float* da, View dx, bool acc, long long h) {
+  long long row = blockIdx.x;
+  float dot = 0;
+  for (long long k = threadIdx.x; k < h; k += kThreads) {
+    long long i = row * h + k;
+    db[i] = ld(dy, i) * ld(w, k);
+    dot += db[i] * a[i];
+  }
+  float rr = r[row], k3 = rr * rr * rr * block_sum(dot) / static_cast<float>(h);
+  for (long long k = threadIdx.x; k < h; k += kThreads) {
+    long long i = row * h + k;
+    da[i] = db[i] * rr - a[i] * k3;
+    st(dx, i, acc ? ld(dx, i) + da[i] : da[i]);
+  }
+}
+// db = dy * c elementwise (the weight gradient's rows, summed by column_sums_add).
+__global__ void mul_kernel(View p, View q, float* out, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) out[i] = ld(p, i) * ld(q, i);
+}
+
+// repeat_kv: a thread per output element (forward) or per input element (backward).
+__global__ void repeat_kv_forward_kernel(View x, View y, long long rows, long long hq,
+                                         long long hkv, long long d) {
+  long long wy = 3 * hq * d, wx = (hq + 2 * hkv) * d;
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rows * wy) return;
+  long long t = i / wy, c = i % wy, part = c / (hq * d), h = (c % (hq * d)) / d, j = c % d;
+  long long src = part == 0 ? c : (hq + (part == 2 ? hkv : 0) + h / (hq / hkv)) * d + j;
+  st(y, i, ld(x, t * wx + src));
+}
+__global__ void repeat_kv_backward_kernel(View dy, View dx, bool acc, long long rows, long long hq,
+                                          long long hkv, long long d) {
+  long long wy = 3 * hq * d, wx = (hq + 2 * hkv) * d, rep = hq / hkv;
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rows * wx) return;
+  long long t = i / wx, c = i % wx;
+  float s;
+  if (c < hq * d) {
+    s = ld(dy, t * wy + c);
+  } else {
+    long long v = c >= (hq + hkv) * d, g = (c - (hq + v * hkv) * d) / d, j = c % d;
+    s = 0;
+    for (long long h = g * rep; h < (g + 1) * rep; ++h) s += ld(dy, t * wy + ((1 + v) * hq + h) * d + j);
+  }
+  st(dx, i, acc ? ld(dx, i) + s : s);
+}
+
 // One thread per (row, rotated head, i < d/2): (x0, x1) = (c0, c0 + d/2) rotated by the angle
 // pos * 10000^(-2i/d), computed in double as the CPU reference does; v heads are copied.
 __global__ void rope_kernel(View in, View out, long long rows, long long q_heads,
@@ -361,6 +429,66 @@ void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool a
   if (n == 0) return;
   np_launch(swiglu_backward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x),
             view(dy), view(dx), accumulate, rows, f);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_hf_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& a,
+                        const Tensor& r, const Tensor& b, const Tensor& c, float eps,
+                        cudaStream_t stream) {
+  long long h = w.numel(), rows = h ? x.numel() / h : 0, n = x.numel();
+  need(rows * h == n && y.numel() == n && a.numel() == n && b.numel() == n && c.numel() == n &&
+           r.numel() == rows && a.type.dtype == Dtype::kFp32 && b.type.dtype == Dtype::kFp32 &&
+           r.type.dtype == Dtype::kFp32,
+       "rmsnorm (PyTorch ops): x, w, y, a, r, b and c do not agree");
+  if (rows == 0) return;
+  np_launch(rmsnorm_hf_forward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
+            kReduceShared, stream, view(x), view(w), view(y), a.as<float>(), r.as<float>(),
+            b.as<float>(), view(c), h, eps);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_hf_backward(const Tensor& a, const Tensor& r, const Tensor& c, const Tensor& w,
+                         const Tensor& dy, const Tensor& db, const Tensor& da, const Tensor& dx,
+                         bool accumulate, const Tensor& dw, cudaStream_t stream) {
+  long long h = w.numel(), rows = h ? a.numel() / h : 0, n = a.numel();
+  need(rows * h == n && r.numel() == rows && c.numel() == n && dy.numel() == n &&
+           db.numel() == n && da.numel() == n && dx.numel() == n && dw.numel() == h &&
+           db.type.dtype == Dtype::kFp32 && da.type.dtype == Dtype::kFp32,
+       "rmsnorm backward (PyTorch ops): shapes do not agree");
+  if (rows == 0) return;
+  // The weight gradient first, its rows in db (overwritten below).
+  np_launch(mul_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(dy), view(c),
+            db.as<float>(), n);
+  NP_CUDA_CHECK_LAUNCH();
+  column_sums_add(db, rows, dw, stream);
+  np_launch(rmsnorm_hf_backward_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
+            kReduceShared, stream, static_cast<const float*>(a.data),
+            static_cast<const float*>(r.data), view(w), view(dy), db.as<float>(), da.as<float>(),
+            view(dx), accumulate, h);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void repeat_kv_forward(const Tensor& x, const Tensor& y, long long q_heads, long long kv_heads,
+                       long long head_dim, cudaStream_t stream) {
+  long long wx = (q_heads + 2 * kv_heads) * head_dim, rows = wx ? x.numel() / wx : 0;
+  need(kv_heads > 0 && q_heads % kv_heads == 0 && rows * wx == x.numel() &&
+           y.numel() == rows * 3 * q_heads * head_dim,
+       "repeat_kv: x must be [rows, (hq + 2 hkv) d], y [rows, 3 hq d]");
+  if (y.numel() == 0) return;
+  np_launch(repeat_kv_forward_kernel, dim3(blocks_for(y.numel())), dim3(kThreads), 0, stream,
+            view(x), view(y), rows, q_heads, kv_heads, head_dim);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void repeat_kv_backward(const Tensor& dy, const Tensor& dx, bool accumulate, long long q_heads,
+                        long long kv_heads, long long head_dim, cudaStream_t stream) {
+  long long wx = (q_heads + 2 * kv_heads) * head_dim, rows = wx ? dx.numel() / wx : 0;
+  need(kv_heads > 0 && q_heads % kv_heads == 0 && rows * wx == dx.numel() &&
+           dy.numel() == rows * 3 * q_heads * head_dim,
+       "repeat_kv backward: dx must be [rows, (hq + 2 hkv) d], dy [rows, 3 hq d]");
+  if (dx.numel() == 0) return;
+  np_launch(repeat_kv_backward_kernel, dim3(blocks_for(dx.numel())), dim3(kThreads), 0, stream,
+            view(dy), view(dx), accumulate, rows, q_heads, kv_heads, head_dim);
   NP_CUDA_CHECK_LAUNCH();
 }
 

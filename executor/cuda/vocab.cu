@@ -100,21 +100,32 @@ __global__ void exp_sum_kernel(View logits, const long long* targets, const floa
   }
 }
 
+// S becomes the softmax, or (log_probs) logits - mx - log(sum).
 __global__ void finalize_kernel(float* S, const float* se, const float* mx, const float* tg,
-                                float* loss, long long rows, long long v) {
+                                float* loss, long long rows, long long v, View logits,
+                                bool log_probs) {
   long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   if (e >= rows * v) return;
   long long t = e / v;
-  S[e] /= se[t];
+  S[e] = log_probs ? ld(logits, e) - mx[t] - __logf(se[t]) : S[e] / se[t];
   if (e % v == 0) loss[t] = __logf(se[t]) + mx[t] - tg[t];
 }
 
+// From the softmax S: (S - onehot) * scale. From log-probabilities (nll non-null): the NLL's
+// gradient per logit nll = -scale at the target, then nll + exp(S) * scale, as PyTorch's.
 __global__ void ce_grad_kernel(const float* S, const long long* targets, View dlogits, bool acc,
-                               long long rows, long long v, long long lo, float scale) {
+                               long long rows, long long v, long long lo, float scale,
+                               float* nll) {
   long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   if (e >= rows * v) return;
   long long t = e / v, j = e % v;
-  float g = (S[e] - (j == targets[t] - lo ? 1.0f : 0.0f)) * scale;
+  float hot = j == targets[t] - lo ? 1.0f : 0.0f, g;
+  if (nll) {
+    nll[e] = -hot * scale;
+    g = nll[e] + __expf(S[e]) * scale;
+  } else {
+    g = (S[e] - hot) * scale;
+  }
   st(dlogits, e, acc ? ld(dlogits, e) + g : g);
 }
 
@@ -197,26 +208,34 @@ void cross_entropy_exp_sum(const Tensor& logits, const Tensor& targets, const Te
 }
 
 void cross_entropy_finalize(const Tensor& softmax, const Tensor& sum, const Tensor& mx,
-                            const Tensor& target_logit, const Tensor& loss, cudaStream_t stream) {
+                            const Tensor& target_logit, const Tensor& loss,
+                            const Tensor* log_probs_of, cudaStream_t stream) {
   long long rows = loss.numel(), v = rows ? softmax.numel() / rows : 0;
+  need(!log_probs_of || log_probs_of->numel() == softmax.numel(),
+       "cross-entropy: the logits and the softmax differ in size");
   if (rows * v == 0) return;
   np_launch(finalize_kernel, dim3(blocks_for(rows * v)), dim3(kThreads), 0, stream,
             softmax.as<float>(), static_cast<const float*>(sum.data),
             static_cast<const float*>(mx.data), static_cast<const float*>(target_logit.data),
-            loss.as<float>(), rows, v);
+            loss.as<float>(), rows, v, log_probs_of ? view(*log_probs_of) : view(softmax),
+            log_probs_of != nullptr);
   NP_CUDA_CHECK_LAUNCH();
 }
 
 void cross_entropy_backward(const Tensor& softmax, const Tensor& targets, const Tensor& dlogits,
                             bool accumulate, long long tp_rank, float loss_scale,
-                            cudaStream_t stream) {
+                            const Tensor* nll_grad, cudaStream_t stream) {
   long long rows = targets.numel(), v = rows ? softmax.numel() / rows : 0;
   check_ids(targets, rows);
-  need(dlogits.numel() == softmax.numel(), "cross-entropy backward: shapes");
+  need(dlogits.numel() == softmax.numel() &&
+           (!nll_grad || (nll_grad->numel() == softmax.numel() &&
+                          nll_grad->type.dtype == Dtype::kFp32)),
+       "cross-entropy backward: shapes");
   if (rows * v == 0) return;
   np_launch(ce_grad_kernel, dim3(blocks_for(rows * v)), dim3(kThreads), 0, stream,
             static_cast<const float*>(softmax.data), static_cast<const long long*>(targets.data),
-            view(dlogits), accumulate, rows, v, tp_rank * v, loss_scale);
+            view(dlogits), accumulate, rows, v, tp_rank * v, loss_scale,
+            nll_grad ? nll_grad->as<float>() : static_cast<float*>(nullptr));
   NP_CUDA_CHECK_LAUNCH();
 }
 
