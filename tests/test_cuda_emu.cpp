@@ -592,6 +592,92 @@ TEST(CudaKernels, EmbeddingAndCrossEntropyOnAVocabShard) {
   }
 }
 
+// The hf profile's kernels against direct evaluations: PyTorch's RMSNorm order (fp32 copy, 1/rms,
+// normalized, times w; backward from those), repeat_kv (GQA 6 query heads over 2 KV heads) and
+// the log-softmax loss (log-probabilities kept; backward through the NLL's fp32 gradient).
+TEST(CudaKernels, HuggingFaceKernels) {
+  const int64_t rows = 37, h = 131, hq = 6, hkv = 2, d = 8, v = 97;
+  const float eps = 1e-5f;
+  auto xv = random_values(rows * h, 81), wv = random_values(h, 82, 0.5, 1.5),
+       gv = random_values(rows * h, 83);
+  DeviceTensor x({rows, h}, Dtype::kFp32), w({h}, Dtype::kFp32), y({rows, h}, Dtype::kFp32),
+      a({rows, h}, Dtype::kFp32), r({rows}, Dtype::kFp32), b({rows, h}, Dtype::kFp32),
+      c({rows, h}, Dtype::kFp32), dy({rows, h}, Dtype::kFp32), db({rows, h}, Dtype::kFp32),
+      da({rows, h}, Dtype::kFp32), dx({rows, h}, Dtype::kFp32), dw({h}, Dtype::kFp32);
+  x.set(xv), w.set(wv), dy.set(gv), dw.set(std::vector<double>(h, 0.0));
+  rmsnorm_hf_forward(x.t, w.t, y.t, a.t, r.t, b.t, c.t, eps, nullptr);
+  rmsnorm_hf_backward(a.t, r.t, c.t, w.t, dy.t, db.t, da.t, dx.t, false, dw.t, nullptr);
+  std::vector<double> yr(rows * h), rr(rows), dxr(rows * h), dwr(h, 0.0);
+  for (int64_t t = 0; t < rows; ++t) {
+    double ss = 0, dot = 0;
+    for (int64_t k = 0; k < h; ++k) ss += xv[t * h + k] * xv[t * h + k];
+    rr[t] = 1.0 / std::sqrt(ss / h + eps);
+    for (int64_t k = 0; k < h; ++k) {
+      yr[t * h + k] = wv[k] * xv[t * h + k] * rr[t];
+      dot += gv[t * h + k] * wv[k] * xv[t * h + k];
+      dwr[k] += gv[t * h + k] * xv[t * h + k] * rr[t];
+    }
+    for (int64_t k = 0; k < h; ++k)
+      dxr[t * h + k] =
+          gv[t * h + k] * wv[k] * rr[t] - xv[t * h + k] * rr[t] * rr[t] * rr[t] * dot / h;
+  }
+  expect_close(y.get(), yr, 1e-5, "rmsnorm_hf forward");
+  expect_close(a.get(), xv, 0, "rmsnorm_hf fp32 input");
+  expect_close(r.get(), rr, 1e-6, "rmsnorm_hf rstd");
+  expect_close(dx.get(), dxr, 1e-5, "rmsnorm_hf dx");
+  expect_close(dw.get(), dwr, 1e-5, "rmsnorm_hf dw");
+
+  const int64_t wx = (hq + 2 * hkv) * d, wy = 3 * hq * d;
+  auto qv = random_values(rows * wx, 84), ev = random_values(rows * wy, 85);
+  DeviceTensor qkv({rows, wx}, Dtype::kBf16), rep({rows, wy}, Dtype::kBf16),
+      g({rows, wy}, Dtype::kFp32), dq({rows, wx}, Dtype::kFp32);
+  qkv.set(qv), g.set(ev);
+  repeat_kv_forward(qkv.t, rep.t, hq, hkv, d, nullptr);
+  repeat_kv_backward(g.t, dq.t, false, hq, hkv, d, nullptr);
+  std::vector<double> q16 = qkv.get(), repr(rows * wy), dqr(rows * wx, 0.0);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t hh = 0; hh < hq; ++hh)
+      for (int64_t j = 0; j < d; ++j) {
+        int64_t kv = hh / (hq / hkv);
+        repr[t * wy + hh * d + j] = q16[t * wx + hh * d + j];
+        repr[t * wy + (hq + hh) * d + j] = q16[t * wx + (hq + kv) * d + j];
+        repr[t * wy + (2 * hq + hh) * d + j] = q16[t * wx + (hq + hkv + kv) * d + j];
+        dqr[t * wx + hh * d + j] = ev[t * wy + hh * d + j];
+        dqr[t * wx + (hq + kv) * d + j] += ev[t * wy + (hq + hh) * d + j];
+        dqr[t * wx + (hq + hkv + kv) * d + j] += ev[t * wy + (2 * hq + hh) * d + j];
+      }
+  expect_close(rep.get(), repr, 0, "repeat_kv forward");
+  expect_close(dq.get(), dqr, 1e-6, "repeat_kv backward");
+
+  std::mt19937 ids_rng(86);
+  std::vector<int64_t> ids(rows);
+  for (int64_t& i : ids) i = std::uniform_int_distribution<int64_t>(0, v - 1)(ids_rng);
+  auto lv = random_values(rows * v, 87);
+  DeviceTensor logits({rows, v}, Dtype::kFp32), tgt({rows}, Dtype::kI64), mx({rows}, Dtype::kFp32),
+      sm({rows, v}, Dtype::kFp32), se({rows}, Dtype::kFp32), tg({rows}, Dtype::kFp32),
+      loss({rows}, Dtype::kFp32), nll({rows, v}, Dtype::kFp32), dl({rows, v}, Dtype::kFp32);
+  logits.set(lv), tgt.set_raw(ids.data());
+  cross_entropy_max(logits.t, mx.t, nullptr);
+  cross_entropy_exp_sum(logits.t, tgt.t, mx.t, sm.t, se.t, tg.t, 0, nullptr);
+  cross_entropy_finalize(sm.t, se.t, mx.t, tg.t, loss.t, &logits.t, nullptr);
+  const float scale = 0.25f;
+  cross_entropy_backward(sm.t, tgt.t, dl.t, false, 0, scale, &nll.t, nullptr);
+  std::vector<double> lpr(rows * v), nllr(rows * v, 0.0), dlr(rows * v);
+  for (int64_t t = 0; t < rows; ++t) {
+    double m = -1e300, z = 0;
+    for (int64_t j = 0; j < v; ++j) m = std::max(m, lv[t * v + j]);
+    for (int64_t j = 0; j < v; ++j) z += std::exp(lv[t * v + j] - m);
+    nllr[t * v + ids[t]] = -scale;
+    for (int64_t j = 0; j < v; ++j) {
+      lpr[t * v + j] = lv[t * v + j] - m - std::log(z);
+      dlr[t * v + j] = nllr[t * v + j] + std::exp(lpr[t * v + j]) * scale;
+    }
+  }
+  expect_close(sm.get(), lpr, 1e-5, "log-softmax loss: log-probabilities");
+  expect_close(nll.get(), nllr, 0, "log-softmax loss: the NLL's gradient");
+  expect_close(dl.get(), dlr, 1e-5, "log-softmax loss: dlogits");
+}
+
 TEST(CudaKernels, LayerNormAndGelu) {
   const int64_t rows = 71, h = 229;
   const float eps = 1e-5f;
