@@ -39,14 +39,17 @@ TEST(Graph, EveryCatalogModelAndSetupIsWellFormed) {
     for (int64_t tp : {1, 2}) {
       for (bool sp : {false, true}) {
         if (sp && tp == 1) continue;
-        for (AttentionImpl att : {AttentionImpl::kFlash, AttentionImpl::kEager}) {
-          TrainSpec t;
-          t.tp = tp, t.sp = sp, t.attention = att, t.seq_len = 64;
-          for (const BlockGraph& g : {build_embedding(m, t), build_layer(m, t), build_head(m, t)}) {
-            auto e = check_graph(g);
-            EXPECT_FALSE(e) << m.name << " " << name_of(g.kind) << ": " << (e ? e->message : "");
+        for (AttentionImpl att : {AttentionImpl::kFlash, AttentionImpl::kEager})
+          for (Impl impl : {Impl::kNanotron, Impl::kMegatron, Impl::kFused, Impl::kHf}) {
+            TrainSpec t;
+            t.tp = tp, t.sp = sp, t.attention = att, t.seq_len = 64, t.impl = impl;
+            for (const BlockGraph& g :
+                 {build_embedding(m, t), build_layer(m, t), build_head(m, t)}) {
+              auto e = check_graph(g);
+              EXPECT_FALSE(e) << m.name << " " << name_of(impl) << " " << name_of(g.kind) << ": "
+                              << (e ? e->message : "");
+            }
           }
-        }
       }
     }
   }
