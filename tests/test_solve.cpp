@@ -420,6 +420,24 @@ TEST(Frontier, MatchesBruteForceOverEverySubset) {
         }
       }
   EXPECT_EQ(checked, 12);
+  // The profiles' layers (kept statistics, the unfused GLU, Hugging Face's norm, repeat_kv and
+  // fp32 softmax): the same equality.
+  for (Impl impl : {Impl::kNanotron, Impl::kHf})
+    for (AttentionImpl att : {AttentionImpl::kFlash, AttentionImpl::kEager}) {
+      TrainSpec t;
+      t.tp = 2, t.sp = true, t.seq_len = 256, t.attention = att, t.impl = impl;
+      BlockGraph g = build_layer(testing::model("llama-3.1-8b"), t);
+      ASSERT_LE(g.ops.size(), 19u) << name_of(impl) << ": too many ops for the 2^ops oracle";
+      std::vector<double> c = flops_cost(g);
+      auto fast = pareto_frontier(enumerate_options(g, c)),
+           slow = pareto_frontier(enumerate_all_subsets(g, c));
+      ASSERT_EQ(fast.size(), slow.size()) << name_of(impl);
+      for (size_t i = 0; i < fast.size(); ++i) {
+        EXPECT_EQ(fast[i].kept_bytes, slow[i].kept_bytes) << name_of(impl) << " point " << i;
+        EXPECT_EQ(fast[i].working_bytes, slow[i].working_bytes) << name_of(impl) << " point " << i;
+        EXPECT_EQ(fast[i].cost, slow[i].cost) << name_of(impl) << " point " << i;
+      }
+    }
 }
 
 // Lower convex hull of (kept, cost) over a set of options: the vertices, kept descending.
