@@ -119,6 +119,12 @@ TensorType scores_type(const OpAttrs& a) {
   return {{a.batch, a.heads, a.seq, a.seq}, kAct};
 }
 
+// The vocab-parallel loss's per-token fp32 reductions: max, sum of exponentials, target logit.
+Types vocab_reductions(const OpAttrs&, In in) {
+  TensorType row{{rows_of(in[0])}, Dtype::kFp32};
+  return {row, row, row};
+}
+
 const OpInfo kOps[] =
     {
         {OpKind::kEmbedding, "embedding", 1, 1, 0b1, 0, 0, 0b1, false,
@@ -310,9 +316,9 @@ const OpInfo kOps[] =
          // The fp32 copy of the logits (fp32_copy), then the vocab-parallel reductions: per-token
          // max, sum of exponentials and target logit (fp32).
          [](const OpAttrs& a, In in) -> Types {
-           TensorType row{{rows_of(in[0])}, Dtype::kFp32};
-           if (a.fp32_copy) return {{in[0].shape, Dtype::kFp32}, row, row, row};
-           return {row, row, row};
+           Types ws = vocab_reductions(a, in);
+           if (a.fp32_copy) ws.insert(ws.begin(), {in[0].shape, Dtype::kFp32});
+           return ws;
          }},
         {OpKind::kCpGatherKv, "cp_gather_kv", 1, 1, 0, 0, 0b1, 0b1, true,
          [](const OpAttrs& a, In in) -> Types {
@@ -345,11 +351,7 @@ const OpInfo kOps[] =
          [](const OpAttrs&, In in) -> Types {
            return {{in[0].shape, Dtype::kFp32}};
          },
-         // As cross_entropy's: per-token max, sum of exponentials and target logit.
-         [](const OpAttrs&, In in) -> Types {
-           TensorType row{{rows_of(in[0])}, Dtype::kFp32};
-           return {row, row, row};
-         }},
+         vocab_reductions},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");

@@ -138,6 +138,16 @@ class Rope(torch.autograd.Function):
         return Rope.apply_(g, cos, sin, heads, batch, d, -1.0), None, None, None, None, None
 
 
+def split_qkv(qkv, hq, hkv, d, batch):
+    """q, and k and v repeated to the hq query heads, of [q | k | v] rows (b-major), as (b, h, s, d)."""
+    t = qkv.shape[0]
+    x = qkv.view(batch, t // batch, hq + 2 * hkv, d)
+    q = x[:, :, :hq].permute(0, 2, 1, 3)
+    k = x[:, :, hq : hq + hkv].repeat_interleave(hq // hkv, 2).permute(0, 2, 1, 3)
+    v = x[:, :, hq + hkv :].repeat_interleave(hq // hkv, 2).permute(0, 2, 1, 3)
+    return q, k, v
+
+
 class FlashAttention(torch.autograd.Function):
     """Causal GQA attention that keeps what flash-attn keeps: q, k, v (here one [q | k | v]
     tensor), the output and the fp32 log-sum-exp; the backward recomputes the scores per
@@ -147,7 +157,7 @@ class FlashAttention(torch.autograd.Function):
     def forward(ctx, qkv, hq, hkv, d, batch):
         t = qkv.shape[0]
         s = t // batch
-        q, k, v = Flash.split(qkv, hq, hkv, d, batch)
+        q, k, v = split_qkv(qkv, hq, hkv, d, batch)
         scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(d)
         mask = torch.ones(s, s, dtype=torch.bool).triu(1)
         scores.masked_fill_(mask, float("-inf"))
@@ -165,7 +175,7 @@ class FlashAttention(torch.autograd.Function):
         hq, hkv, d, batch = ctx.meta
         with torch.enable_grad():
             x = qkv.detach().requires_grad_()
-            q, k, v = Flash.split(x, hq, hkv, d, batch)
+            q, k, v = split_qkv(x, hq, hkv, d, batch)
             s = q.shape[2]
             scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(d)
             scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
@@ -173,17 +183,6 @@ class FlashAttention(torch.autograd.Function):
             o = o.permute(0, 2, 1, 3).reshape(qkv.shape[0], hq * d)
             (dx,) = torch.autograd.grad(o, x, g)
         return dx, None, None, None, None
-
-
-class Flash:
-    @staticmethod
-    def split(qkv, hq, hkv, d, batch):
-        t = qkv.shape[0]
-        x = qkv.view(batch, t // batch, hq + 2 * hkv, d)
-        q = x[:, :, :hq].permute(0, 2, 1, 3)
-        k = x[:, :, hq : hq + hkv].repeat_interleave(hq // hkv, 2).permute(0, 2, 1, 3)
-        v = x[:, :, hq + hkv :].repeat_interleave(hq // hkv, 2).permute(0, 2, 1, 3)
-        return q, k, v
 
 
 class FusedSwiGlu(torch.autograd.Function):

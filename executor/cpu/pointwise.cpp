@@ -272,66 +272,62 @@ void dropout_backward(const Env& env, const BackwardArgs& a) {
 // ---- SwiGLU: input [gate | up], out = silu(gate) * up
 // ---------------------------------------------
 
-Outs swiglu_forward(const Env& env, Ins in, Ins) {
-  const Tensor& x = need(in, 0, "swiglu input");
-  Mat X = load_mat(x);
+namespace {
+// silu(gate) * up of each row of x = [gate | up], or (times_up false) silu(gate) alone.
+Mat silu_gate(const Mat& X, bool times_up) {
   int64_t T = X.rows(), f = X.cols() / 2;
   check(X.cols() == 2 * f, "swiglu: the input width must be even");
   Mat Y(T, f);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t c = 0; c < f; ++c) {
       float gt = X(t, c), sg = 1.0f / (1.0f + std::exp(-gt));
-      Y(t, c) = gt * sg * X(t, f + c);
+      Y(t, c) = gt * sg * (times_up ? X(t, f + c) : 1.0f);
     }
-  Tensor out = env.output({T, f}, env.act);
+  return Y;
+}
+// Its gradient with respect to x for the output gradient G: the gate half, and the up half
+// (0 when times_up is false: the product's backward gives it).
+Mat silu_gate_grad(const Mat& X, const Mat& G, bool times_up) {
+  int64_t T = X.rows(), f = X.cols() / 2;
+  Mat D = Mat::Zero(T, 2 * f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < f; ++c) {
+      float gt = X(t, c), up = times_up ? X(t, f + c) : 1.0f, sg = 1.0f / (1.0f + std::exp(-gt));
+      D(t, c) = G(t, c) * up * (sg + gt * sg * (1.0f - sg));
+      if (times_up) D(t, f + c) = G(t, c) * gt * sg;
+    }
+  return D;
+}
+Outs silu_gate_forward(const Env& env, Ins in, bool times_up) {
+  Mat Y = silu_gate(load_mat(need(in, 0, times_up ? "swiglu input" : "glu_act input")), times_up);
+  Tensor out = env.output({Y.rows(), Y.cols()}, env.act);
   store_mat(out, Y);
   return {out};
 }
+void silu_gate_backward(const Env& env, const BackwardArgs& a, bool times_up) {
+  const Tensor& x = need(a.inputs, 0, times_up ? "swiglu input" : "glu_act input");
+  Mat G = load_mat(need(a.grad_outputs, 0, "swiglu output gradient"));
+  grad_input(env, a, 0, x.type, silu_gate_grad(load_mat(x), G, times_up));
+}
+}  // namespace
+
+Outs swiglu_forward(const Env& env, Ins in, Ins) {
+  return silu_gate_forward(env, in, true);
+}
 
 void swiglu_backward(const Env& env, const BackwardArgs& a) {
-  const Tensor& x = need(a.inputs, 0, "swiglu input");
-  Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "swiglu output gradient"));
-  int64_t T = X.rows(), f = X.cols() / 2;
-  Mat D(T, 2 * f);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < f; ++c) {
-      float gt = X(t, c), up = X(t, f + c), sg = 1.0f / (1.0f + std::exp(-gt));
-      D(t, c) = G(t, c) * up * (sg + gt * sg * (1.0f - sg));
-      D(t, f + c) = G(t, c) * gt * sg;
-    }
-  grad_input(env, a, 0, x.type, D);
+  silu_gate_backward(env, a, true);
 }
 
 // ---- The unfused GLU: a = silu(gate) of x = [gate | up], kept; then y = a * up ---------------
 
 Outs glu_act_forward(const Env& env, Ins in, Ins) {
-  const Tensor& x = need(in, 0, "glu_act input");
-  Mat X = load_mat(x);
-  int64_t T = X.rows(), f = X.cols() / 2;
-  check(X.cols() == 2 * f, "glu_act: the input width must be even");
-  Mat Y(T, f);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < f; ++c) {
-      float gt = X(t, c);
-      Y(t, c) = gt / (1.0f + std::exp(-gt));
-    }
-  Tensor out = env.output({T, f}, env.act);
-  store_mat(out, Y);
-  return {out};
+  return silu_gate_forward(env, in, false);
 }
 
 // The gate half of dx only; the up half's gradient comes from the product (0 here).
 void glu_act_backward(const Env& env, const BackwardArgs& a) {
-  const Tensor& x = need(a.inputs, 0, "glu_act input");
-  Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "glu_act output gradient"));
-  int64_t T = X.rows(), f = X.cols() / 2;
-  Mat D = Mat::Zero(T, 2 * f);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < f; ++c) {
-      float gt = X(t, c), sg = 1.0f / (1.0f + std::exp(-gt));
-      D(t, c) = G(t, c) * (sg + gt * sg * (1.0f - sg));
-    }
-  grad_input(env, a, 0, x.type, D);
+  silu_gate_backward(env, a, false);
 }
 
 Outs glu_mul_forward(const Env& env, Ins in, Ins) {

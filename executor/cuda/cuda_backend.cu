@@ -263,16 +263,12 @@ class CudaBackend final : public exec::Backend {
         dropout_forward(x, y, mask, static_cast<float>(c.model->dropout), c.seed, stream_id, l, stream_);
         return {y, mask};
       }
-      case OpKind::kSwiGlu: {
-        const Tensor& x = need(in, 0, "input");
-        Tensor y = out({{x.type.shape.at(0), x.type.shape.at(1) / 2}, act});
-        swiglu_forward(x, y, stream_);
-        return {y};
-      }
+      case OpKind::kSwiGlu:
       case OpKind::kGluAct: {
         const Tensor& x = need(in, 0, "input");
         Tensor y = out({{x.type.shape.at(0), x.type.shape.at(1) / 2}, act});
-        glu_act_forward(x, y, stream_);
+        if (op.kind == OpKind::kSwiGlu) swiglu_forward(x, y, stream_);
+        else glu_act_forward(x, y, stream_);
         return {y};
       }
       case OpKind::kGluMul: {
@@ -508,15 +504,12 @@ class CudaBackend final : public exec::Backend {
         return dropout_backward(g, need(a.outputs, 1, "mask"), dx, acc,
                                 static_cast<float>(c.model->dropout), stream_);
       }
-      case OpKind::kSwiGlu: {
-        const Tensor& x = need(a.inputs, 0, "input");
-        Tensor& dx = grad(0, x.type, acc);
-        return swiglu_backward(x, need(a.grad_outputs, 0, "gradient"), dx, acc, stream_);
-      }
+      case OpKind::kSwiGlu:
       case OpKind::kGluAct: {
-        const Tensor& x = need(a.inputs, 0, "input");
+        const Tensor &x = need(a.inputs, 0, "input"), &g = need(a.grad_outputs, 0, "gradient");
         Tensor& dx = grad(0, x.type, acc);
-        return glu_act_backward(x, need(a.grad_outputs, 0, "gradient"), dx, acc, stream_);
+        if (op.kind == OpKind::kSwiGlu) return swiglu_backward(x, g, dx, acc, stream_);
+        return glu_act_backward(x, g, dx, acc, stream_);
       }
       case OpKind::kGluMul: {
         const Tensor &act_in = need(a.inputs, 0, "activation"), &x = need(a.inputs, 1, "input");

@@ -145,41 +145,27 @@ __global__ void fill_kernel(View t, float value, long long n) {
 
 __device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + __expf(-z)); }
 
-__global__ void swiglu_forward_kernel(View x, View y, long long rows, long long f) {
+// silu(gate) * up of x = [gate | up], or (times_up false: the unfused GLU's act) silu(gate) alone,
+// whose backward writes (or adds) the gate half of dx and zeroes the up half when it writes.
+__global__ void swiglu_forward_kernel(View x, View y, long long rows, long long f, bool times_up) {
   long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= rows * f) return;
   long long r = i / f, c = i % f;
-  float g = ld(x, r * 2 * f + c), u = ld(x, r * 2 * f + f + c);
+  float g = ld(x, r * 2 * f + c), u = times_up ? ld(x, r * 2 * f + f + c) : 1.0f;
   st(y, i, g * sigmoid(g) * u);
 }
-
 __global__ void swiglu_backward_kernel(View x, View dy, View dx, bool acc, long long rows,
-                                       long long f) {
+                                       long long f, bool times_up) {
   long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= rows * f) return;
   long long r = i / f, c = i % f, gi = r * 2 * f + c, ui = gi + f;
-  float g = ld(x, gi), u = ld(x, ui), d = ld(dy, i), s = sigmoid(g);
+  float g = ld(x, gi), u = times_up ? ld(x, ui) : 1.0f, d = ld(dy, i), s = sigmoid(g);
   float dg = d * u * s * (1.0f + g * (1.0f - s)), du = d * g * s;
   st(dx, gi, acc ? ld(dx, gi) + dg : dg);
-  st(dx, ui, acc ? ld(dx, ui) + du : du);
+  if (times_up) st(dx, ui, acc ? ld(dx, ui) + du : du);
+  else if (!acc) st(dx, ui, 0.0f);
 }
 
-// The unfused GLU: a = silu(gate); its backward writes (or adds) the gate half of dx only.
-__global__ void glu_act_forward_kernel(View x, View y, long long rows, long long f) {
-  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
-  if (i >= rows * f) return;
-  float g = ld(x, i / f * 2 * f + i % f);
-  st(y, i, g * sigmoid(g));
-}
-__global__ void glu_act_backward_kernel(View x, View dy, View dx, bool acc, long long rows,
-                                        long long f) {
-  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
-  if (i >= rows * f) return;
-  long long gi = i / f * 2 * f + i % f;
-  float g = ld(x, gi), s = sigmoid(g), dg = ld(dy, i) * s * (1.0f + g * (1.0f - s));
-  st(dx, gi, acc ? ld(dx, gi) + dg : dg);
-  if (!acc) st(dx, gi + f, 0.0f);
-}
 // y = a * up; da = dy * up, and the up half of dx = dy * a (its gate half 0 or left as it is).
 __global__ void glu_mul_forward_kernel(View a, View x, View y, long long rows, long long f) {
   long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
@@ -410,26 +396,45 @@ void fill(const Tensor& t, float value, cudaStream_t stream) {
   NP_CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_forward(const Tensor& x, const Tensor& y, cudaStream_t stream) {
+namespace {
+// The fused SwiGLU (times_up) and the unfused GLU's act share these kernels.
+void glu_forward(const Tensor& x, const Tensor& y, bool times_up, cudaStream_t stream) {
   long long n = y.numel();
-  need(x.numel() == 2 * n && !y.type.shape.empty(), "swiglu: x must be [rows, 2f], y [rows, f]");
+  need(x.numel() == 2 * n && !y.type.shape.empty(),
+       times_up ? "swiglu: x must be [rows, 2f], y [rows, f]"
+                : "glu_act: x must be [rows, 2f], y [rows, f]");
   long long f = y.type.shape.back(), rows = f ? n / f : 0;
   if (n == 0) return;
   np_launch(swiglu_forward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x),
-            view(y), rows, f);
+            view(y), rows, f, times_up);
   NP_CUDA_CHECK_LAUNCH();
 }
-
-void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
-                     cudaStream_t stream) {
+void glu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
+                  bool times_up, cudaStream_t stream) {
   long long n = dy.numel();
   need(x.numel() == 2 * n && dx.numel() == x.numel() && !dy.type.shape.empty(),
-       "swiglu backward: shapes do not agree");
+       times_up ? "swiglu backward: shapes do not agree" : "glu_act backward: shapes do not agree");
   long long f = dy.type.shape.back(), rows = f ? n / f : 0;
   if (n == 0) return;
   np_launch(swiglu_backward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x),
-            view(dy), view(dx), accumulate, rows, f);
+            view(dy), view(dx), accumulate, rows, f, times_up);
   NP_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void swiglu_forward(const Tensor& x, const Tensor& y, cudaStream_t stream) {
+  glu_forward(x, y, true, stream);
+}
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
+                     cudaStream_t stream) {
+  glu_backward(x, dy, dx, accumulate, true, stream);
+}
+void glu_act_forward(const Tensor& x, const Tensor& y, cudaStream_t stream) {
+  glu_forward(x, y, false, stream);
+}
+void glu_act_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
+                      cudaStream_t stream) {
+  glu_backward(x, dy, dx, accumulate, false, stream);
 }
 
 void rmsnorm_hf_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& a,
@@ -489,28 +494,6 @@ void repeat_kv_backward(const Tensor& dy, const Tensor& dx, bool accumulate, lon
   if (dx.numel() == 0) return;
   np_launch(repeat_kv_backward_kernel, dim3(blocks_for(dx.numel())), dim3(kThreads), 0, stream,
             view(dy), view(dx), accumulate, rows, q_heads, kv_heads, head_dim);
-  NP_CUDA_CHECK_LAUNCH();
-}
-
-void glu_act_forward(const Tensor& x, const Tensor& y, cudaStream_t stream) {
-  long long n = y.numel();
-  need(x.numel() == 2 * n && !y.type.shape.empty(), "glu_act: x must be [rows, 2f], y [rows, f]");
-  long long f = y.type.shape.back(), rows = f ? n / f : 0;
-  if (n == 0) return;
-  np_launch(glu_act_forward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x),
-            view(y), rows, f);
-  NP_CUDA_CHECK_LAUNCH();
-}
-
-void glu_act_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
-                      cudaStream_t stream) {
-  long long n = dy.numel();
-  need(x.numel() == 2 * n && dx.numel() == x.numel() && !dy.type.shape.empty(),
-       "glu_act backward: shapes do not agree");
-  long long f = dy.type.shape.back(), rows = f ? n / f : 0;
-  if (n == 0) return;
-  np_launch(glu_act_backward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x),
-            view(dy), view(dx), accumulate, rows, f);
   NP_CUDA_CHECK_LAUNCH();
 }
 
