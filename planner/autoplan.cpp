@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "planner/runtime_terms.hpp"
 #include "planner/simulate.hpp"
 #include "planner/solve.hpp"
 
@@ -42,15 +43,11 @@ std::string option_name(const BlockGraph& g, const std::vector<bool>& mask) {
 
 namespace {
 
-int64_t fixed_overheads(const TrainSpec& t, const RuntimeAssumptions& rt) {
-  int comms = t.communicators();
-  return rt.cuda_context_bytes + rt.cublas_workspace_bytes + comms * rt.nccl_bytes_per_comm;
-}
-
-// The allocator-level budget that keeps static + (1 + slack) x dynamic + fixed <= budget.
-int64_t allocator_budget(int64_t budget, int64_t static_bytes, const TrainSpec& t,
+// The allocator-level budget that keeps static + (1 + slack) x dynamic + fixed <= budget, `fixed`
+// being the stage's runtime and framework lines (slack apart).
+int64_t allocator_budget(int64_t budget, int64_t fixed, int64_t static_bytes,
                          const RuntimeAssumptions& rt) {
-  double room = static_cast<double>(budget - fixed_overheads(t, rt) - static_bytes);
+  double room = static_cast<double>(budget - fixed - static_bytes);
   if (room < 0) return static_bytes + static_cast<int64_t>(room);
   return static_bytes + static_cast<int64_t>(std::floor(room / (1.0 + rt.allocator_slack)));
 }
@@ -81,10 +78,16 @@ EdgeOptions edge_options(const BlockGraph& g, const TrainSpec& t, const Hardware
   return e;
 }
 
+// The blocks of a model under one setup.
+struct Blocks {
+  BlockGraph layer, embedding, head;
+};
+
 // A stage as the solver sees it: what it holds besides the decoder layers' options.
 struct StageShape {
   int64_t stage = 0, in_flight = 1, static_bytes = 0, layers = 0;
   bool embedding = false, head = false;
+  int64_t fixed = 0;  // the runtime and framework lines (runtime_terms.hpp), slack apart
   // ZeRO's transient while a block runs, per block kind: the gathered bf16 weights (ZeRO-3) and
   // the unsharded gradient bucket (ZeRO-2/3), both live through the block's backward.
   int64_t layer_zero = 0, embedding_zero = 0, head_zero = 0;
@@ -95,8 +98,9 @@ struct StageShape {
   std::vector<ChunkLoad> loads;
 };
 
-StageShape stage_shape(const ModelSpec& m, const TrainSpec& t, const StageStatics& statics,
-                       int64_t s, int64_t layers) {
+StageShape stage_shape(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                       const Blocks& blocks, const StageStatics& statics, int64_t s,
+                       int64_t layers) {
   StageStatics::ZeroTransients z = statics.zero_transients(static_cast<int>(s));
   StageShape shape{s,
                    in_flight(t.pp_schedule, s, t.pp, t.microbatches, t.virtual_stages),
@@ -104,11 +108,16 @@ StageShape stage_shape(const ModelSpec& m, const TrainSpec& t, const StageStatic
                    layers,
                    s == 0,
                    s == t.pp - 1,
+                   0,
                    z.layer,
                    z.embedding,
                    z.head,
                    {},
                    {}};
+  shape.fixed = fixed_overhead_bytes(
+      m, t, rt,
+      {layers > 0 ? &blocks.layer : nullptr, shape.head ? &blocks.head : nullptr,
+       t.pp_schedule == PpSchedule::kInterleaved ? t.virtual_stages : 1});
   if (t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages > 1) {
     std::vector<int64_t> chunks = chunk_layers(m, t);
     for (size_t j = static_cast<size_t>(s); j < chunks.size(); j += static_cast<size_t>(t.pp))
@@ -316,10 +325,6 @@ class StageSolver {
 // is least reaches the least possible maximum (it takes the values of the merged sorted
 // sequences in order). nullopt when some stage fits no layers at all, or when the balanced split
 // is as fast.
-// The blocks of a model under one setup.
-struct Blocks {
-  BlockGraph layer, embedding, head;
-};
 
 std::optional<std::vector<int64_t>> search_partition(const ModelSpec& m, const TrainSpec& t,
                                                      const RuntimeAssumptions& rt, int64_t budget,
@@ -334,8 +339,8 @@ std::optional<std::vector<int64_t>> search_partition(const ModelSpec& m, const T
                head_s = seconds(blocks.head);
   const int64_t pp = t.pp;
   auto stage_time = [&](int64_t s, int64_t n) {
-    StageShape shape = stage_shape(m, t, statics, s, n);
-    StageChoice c = solver.cheapest(shape, allocator_budget(budget, shape.static_bytes, t, rt));
+    StageShape shape = stage_shape(m, t, rt, blocks, statics, s, n);
+    StageChoice c = solver.cheapest(shape, allocator_budget(budget, shape.fixed, shape.static_bytes, rt));
     if (!c.layers.feasible) return std::numeric_limits<double>::infinity();
     return static_cast<double>(n) * layer_s + (shape.embedding ? emb_s : 0) +
            (shape.head ? head_s : 0) + c.cost;
@@ -413,9 +418,9 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   std::vector<int64_t> target;
   const std::vector<std::vector<int>> stage_layers = stage_layer_lists(m, t);
   for (int64_t s = 0; s < t.pp; ++s) {
-    StageShape shape = stage_shape(m, t, statics, s, counts[s]);
+    StageShape shape = stage_shape(m, t, rt, blocks, statics, s, counts[s]);
     shapes.push_back(shape);
-    target.push_back(allocator_budget(budget, shape.static_bytes, t, rt));
+    target.push_back(allocator_budget(budget, shape.fixed, shape.static_bytes, rt));
     plan.stages.push_back({static_cast<int>(s), false, 0, {}, true, 0, 0});
   }
   auto adopt = [&](size_t st, const StageChoice& c) {
@@ -481,7 +486,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
     changed_after_verify = true;
     adopt(st, closest);
     plan.stages[st].min_peak =
-        least + fixed_overheads(t, rt) +
+        least + shapes[st].fixed +
         static_cast<int64_t>(rt.allocator_slack *
                              static_cast<double>(least - shapes[st].static_bytes));
   }

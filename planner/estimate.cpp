@@ -10,29 +10,6 @@
 namespace np {
 namespace {
 
-std::vector<OverheadLine> overheads(const TrainSpec& t, const RuntimeAssumptions& rt,
-                                    int64_t dynamic_peak) {
-  int comms = t.communicators();
-  auto slack =
-      static_cast<int64_t>(std::llround(rt.allocator_slack * static_cast<double>(dynamic_peak)));
-  char pct[32];
-  std::snprintf(pct, sizeof pct, "%.1f%%", rt.allocator_slack * 100);
-  return {
-      {"CUDA context", rt.cuda_context_bytes,
-       "context + loaded module images, assumed " + format_binary(rt.cuda_context_bytes) +
-           " (--cuda-context)"},
-      {"cuBLAS workspace", rt.cublas_workspace_bytes,
-       "one compute stream, " + format_binary(rt.cublas_workspace_bytes) +
-           " (PyTorch's sm_90 default; --cublas-workspace)"},
-      {"NCCL buffers", comms * rt.nccl_bytes_per_comm,
-       count_noun(comms, "communicator") + " (tp/cp/dp/pp/ep > 1) x " +
-           format_binary(rt.nccl_bytes_per_comm) + " (--nccl-buffers)"},
-      {"allocator slack", slack,
-       std::string(pct) + " of the activation + transient peak for caching-allocator fragmentation "
-                          "(--allocator-slack)"},
-  };
-}
-
 std::vector<LiveTensor> live_tensors(const StageProgram& p, const SimResult& r) {
   std::vector<LiveTensor> out;
   for (int32_t id : r.live_at_peak)
@@ -40,6 +17,18 @@ std::vector<LiveTensor> live_tensors(const StageProgram& p, const SimResult& r) 
   std::stable_sort(out.begin(), out.end(),
                    [](const LiveTensor& a, const LiveTensor& b) { return a.bytes > b.bytes; });
   return out;
+}
+
+StageBlocks stage_blocks(const StageProgram& p) {
+  StageBlocks b;
+  int chunk = -1;
+  for (const StageBlock& blk : p.blocks) {
+    if (blk.kind == BlockKind::kLayer) b.layer = blk.graph.get();
+    if (blk.kind == BlockKind::kHead) b.head = blk.graph.get();
+    chunk = std::max(chunk, blk.chunk);
+  }
+  b.chunks = chunk + 1;
+  return b;
 }
 
 StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const RuntimeAssumptions& rt,
@@ -59,8 +48,12 @@ StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const Run
   e.allocator_peak = r.peak_bytes;
   int64_t dynamic = r.at_peak[static_cast<int>(Category::kActivation)] +
                     r.at_peak[static_cast<int>(Category::kTransient)];
-  e.overheads = overheads(t, rt, dynamic);
-  for (const OverheadLine& o : e.overheads) e.overhead_bytes += o.bytes;
+  e.overheads = stage_overheads(s.model, t, rt, dynamic, stage_blocks(p));
+  e.allocated_peak = e.allocator_peak;
+  for (const OverheadLine& o : e.overheads) {
+    e.overhead_bytes += o.bytes;
+    if (o.allocator) e.allocated_peak += o.bytes;
+  }
   e.peak_bytes = e.allocator_peak + e.overhead_bytes;
   e.peak_at = r.peak_instr >= 0 ? p.instr_name(p.instrs[r.peak_instr]) : "";
   for (const StageBlock& b : p.blocks) {
@@ -149,6 +142,11 @@ Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt,
       e.peak_bytes = st.peak_bytes;
       e.peak_stage = st.stage;
       e.peak_rank = st.first_rank;
+    }
+  for (const StageEstimate& st : e.stages)
+    if (st.allocated_peak > e.allocated_peak_bytes) {
+      e.allocated_peak_bytes = st.allocated_peak;
+      e.allocated_peak_stage = st.stage;
     }
   e.fits = !options.budget || e.peak_bytes <= *options.budget;
   if (!e.fits && options.suggestions)

@@ -9,16 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "planner/runtime_terms.hpp"
 #include "planner/schedule.hpp"
 #include "planner/spec.hpp"
 
 namespace np {
-
-struct OverheadLine {
-  std::string name;
-  int64_t bytes = 0;
-  std::string assumption;
-};
 
 struct LayerSaved {
   int index = 0;
@@ -43,7 +38,10 @@ struct StageEstimate {
   int64_t allocator_peak = 0;                // sum of bytes
   std::vector<OverheadLine> overheads;
   int64_t overhead_bytes = 0;
-  int64_t peak_bytes = 0;  // allocator_peak + overhead_bytes
+  int64_t peak_bytes = 0;  // allocator_peak + overhead_bytes: device memory in use
+  // What torch.cuda.max_memory_allocated() reports: the schedule's tensors plus the overhead
+  // lines held in PyTorch's caching allocator (workspaces, the framework's buffers).
+  int64_t allocated_peak = 0;
   std::string peak_at;     // the instruction at the peak
   std::vector<LayerSaved> layers;
   int64_t embedding_saved = 0, head_saved = 0;  // per micro-batch
@@ -65,9 +63,11 @@ struct Estimate {
   std::optional<int64_t> budget;  // what the peak must fit: the budget given less the headroom
   int64_t headroom = 0;           // bytes kept free of the budget given (--headroom)
   bool fits = true;
-  int64_t peak_bytes = 0;
+  int64_t peak_bytes = 0;  // device memory in use on the peak rank
   int peak_stage = 0;
   int64_t peak_rank = 0;
+  int64_t allocated_peak_bytes = 0;  // the most any rank's caching allocator holds
+  int allocated_peak_stage = 0;
   std::vector<StageEstimate> stages;
   std::vector<Suggestion> suggestions;
 };

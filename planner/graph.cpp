@@ -277,7 +277,7 @@ BlockGraph build_embedding(const ModelSpec& m, const TrainSpec& t) {
   Builder b(BlockKind::kEmbedding, m, t);
   int ids = b.input("input_ids", {{b.tokens()}, Dtype::kI64});
   int e = b.op1(OpKind::kEmbedding, "embed.tokens",
-                {.features = m.hidden, .rows = m.vocab / t.tp, .tie = "embedding"}, {ids});
+                {.features = m.hidden, .rows = padded_vocab(m, t) / t.tp, .tie = "embedding"}, {ids});
   e = b.reduce(e, "embed");
   if (m.position == PosEmb::kLearned)
     e = b.op1(OpKind::kPosEmbedding, "embed.positions",
@@ -289,13 +289,15 @@ BlockGraph build_head(const ModelSpec& m, const TrainSpec& t) {
   Builder b(BlockKind::kHead, m, t);
   int x = b.input("x", {{b.local_tokens(), m.hidden}, Dtype::kBf16});
   int n = b.gather(b.norm(x, "final_norm"), "lm_head");
-  int logits = b.column(n, "lm_head", m.vocab / t.tp, false);
+  int logits = b.column(n, "lm_head", padded_vocab(m, t) / t.tp, false);
   if (m.tie_embeddings) b.last().attrs.tie = "embedding";
   int targets = b.input("targets", {{b.tokens()}, Dtype::kI64});
   if (t.impl == Impl::kHf) {
     int fp32 = b.op1(OpKind::kCastFp32, "loss.cast", {}, {logits});
     b.op(OpKind::kLogSoftmaxLoss, "loss", {}, {fp32, targets, logits},
          {"per_token", "log_softmax"});
+  } else if (t.impl == Impl::kMegatron && t.loss_fusion == LossFusion::kTe) {
+    b.op(OpKind::kCrossEntropyTe, "loss", {}, {logits, targets}, {"per_token", "row_stats"});
   } else {
     b.op(OpKind::kCrossEntropy, "loss", {.fp32_copy = t.impl == Impl::kNanotron}, {logits, targets},
          {"per_token", "softmax"});

@@ -352,6 +352,12 @@ const OpInfo kOps[] =
            return {{in[0].shape, Dtype::kFp32}};
          },
          vocab_reductions},
+        {OpKind::kCrossEntropyTe, "cross_entropy_te", 2, 2, 0b11, 0b10, 0b01, 0, false,
+         [](const OpAttrs&, In in) -> Types {
+           return {{{rows_of(in[0])}, Dtype::kFp32}, {{rows_of(in[0]), 2}, Dtype::kFp32}};
+         },
+         [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights, none_types,
+         vocab_reductions},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");
@@ -366,7 +372,8 @@ bool is_norm(OpKind kind) {
          kind == OpKind::kLayerNormStats || kind == OpKind::kRmsNormHf;
 }
 bool is_loss(OpKind kind) {
-  return kind == OpKind::kCrossEntropy || kind == OpKind::kLogSoftmaxLoss;
+  return kind == OpKind::kCrossEntropy || kind == OpKind::kLogSoftmaxLoss ||
+         kind == OpKind::kCrossEntropyTe;
 }
 const char* name_of(OpKind kind) {
   return op_info(kind).name;

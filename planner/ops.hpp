@@ -77,6 +77,12 @@ enum class OpKind {
   // backward's workspace is the fp32 NLL gradient per logit; the fp32 logits' gradient follows.
   kCastFp32,
   kLogSoftmaxLoss,
+  // Transformer Engine's parallel_cross_entropy (Megatron's --cross-entropy-loss-fusion
+  // --cross-entropy-fusion-impl te): no fp32 copy and no kept softmax. Backward reads the bf16
+  // logits (TE overwrites them with their gradient in forward and keeps them) and the targets;
+  // output 1 is each row's fp32 max and log-sum-exp, which the executors keep to form the
+  // gradient. Its forward scratch is TE's [3 x rows] fp32 (max, sum, target logit).
+  kCrossEntropyTe,
   kCount
 };
 

@@ -190,7 +190,7 @@ std::optional<Error> check_sizes(const ModelSpec& m, const TrainSpec& t) {
     return Error{"seq_len x micro_batch overflows 64 bits"};
   // The widest per-token row of any tensor (fp32, doubled for fused sections) and the largest
   // weight: every tensor and weight of the graphs is at most one of these.
-  int64_t width = std::max({m.hidden, 2 * m.ffn, m.vocab, (m.heads + 2 * m.kv_heads) * m.head_dim});
+  int64_t width = std::max({m.hidden, 2 * m.ffn, padded_vocab(m, t), (m.heads + 2 * m.kv_heads) * m.head_dim});
   int64_t scores = 0, weight = 0;
   if (__builtin_mul_overflow(m.heads, t.seq_len, &scores)) scores = -1;
   if (m.moe) {
@@ -200,7 +200,7 @@ std::optional<Error> check_sizes(const ModelSpec& m, const TrainSpec& t) {
       return Error{"the expert sizes overflow 64 bits"};
     width = std::max({width, e, m.moe->num_experts});
   }
-  weight = std::max({weight, m.vocab, 3 * m.ffn, width});
+  weight = std::max({weight, padded_vocab(m, t), 3 * m.ffn, width});
   int64_t bytes = 0;
   bool overflow = scores < 0 || __builtin_mul_overflow(tokens, std::max(width, scores), &bytes) ||
                   __builtin_mul_overflow(bytes, int64_t{8}, &bytes) ||

@@ -98,7 +98,7 @@ Result<TrainSpec> setup_from_json(const json& j) {
     r.only({"tp", "pp", "dp", "ep", "sp", "zero", "micro_batch", "seq_len", "microbatches",
             "pp_schedule", "attention", "impl", "grad_accum_dtype", "optimizer", "recompute",
             "tp_recompute_allgather", "stage_layers", "gpus", "virtual_stages", "cp",
-            "moe_capacity_factor"});
+            "moe_capacity_factor", "cross_entropy_fusion"});
     TrainSpec t;
     t.tp = r.at("tp").positive(), t.pp = r.at("pp").positive(), t.dp = r.at("dp").positive();
     t.ep = r.at("ep").positive(), t.sp = r.at("sp").boolean();
@@ -111,6 +111,8 @@ Result<TrainSpec> setup_from_json(const json& j) {
     if (r.has("moe_capacity_factor")) t.moe_capacity_factor = r.at("moe_capacity_factor").number();
     t.attention = r.at("attention").choice<AttentionImpl>();
     t.impl = r.at("impl").choice<Impl>();
+    if (r.has("cross_entropy_fusion"))
+      t.loss_fusion = r.at("cross_entropy_fusion").choice<LossFusion>();
     t.grad_dtype = r.at("grad_accum_dtype").choice<Dtype>();
     t.optimizer = r.at("optimizer").choice<Optimizer>();
     t.recompute = r.at("recompute").choice<Recompute>();

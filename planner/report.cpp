@@ -24,6 +24,7 @@ json setup_to_json(const TrainSpec& t) {
             {"pp_schedule", name_of(t.pp_schedule)},
             {"attention", name_of(t.attention)},
             {"impl", name_of(t.impl)},
+            {"cross_entropy_fusion", name_of(t.loss_fusion)},
             {"grad_accum_dtype", name_of(t.grad_dtype)},
             {"optimizer", name_of(t.optimizer)},
             {"recompute", name_of(t.recompute)},
@@ -51,7 +52,10 @@ int64_t cat(const StageEstimate& s, Category c) {
 json stage_to_json(const Estimate& e, const StageEstimate& s) {
   json overheads = json::array();
   for (const OverheadLine& o : s.overheads)
-    overheads.push_back({{"name", o.name}, {"bytes", o.bytes}, {"assumption", o.assumption}});
+    overheads.push_back({{"name", o.name},
+                         {"bytes", o.bytes},
+                         {"assumption", o.assumption},
+                         {"in_allocator", o.allocator}});
   json layers = json::array();
   for (const LayerSaved& l : s.layers)
     layers.push_back({{"index", l.index}, {"policy", l.policy}, {"saved_bytes", l.saved_bytes}});
@@ -72,6 +76,7 @@ json stage_to_json(const Estimate& e, const StageEstimate& s) {
             {"overhead_bytes", s.overhead_bytes},
             {"overheads", overheads},
             {"peak_bytes", s.peak_bytes},
+            {"allocated_peak_bytes", s.allocated_peak},
             {"peak_at", s.peak_at},
             {"embedding_saved_bytes", s.embedding_saved},
             {"head_saved_bytes", s.head_saved},
@@ -102,9 +107,18 @@ json estimate_to_json(const Estimate& e) {
           {"headroom_bytes", e.budget ? json(e.headroom) : json(nullptr)},
           {"usable_bytes", e.budget ? json(*e.budget) : json(nullptr)},
           {"fits", e.fits},
+          {"quantities",
+           {{"peak_bytes",
+             "device memory in use at the peak (what nvidia-smi shows): the allocator's bytes, "
+             "the CUDA context, NCCL's buffers and the caching allocator's slack"},
+            {"allocated_peak_bytes",
+             "what torch.cuda.max_memory_allocated() reports: the schedule's tensors and the "
+             "overhead lines with in_allocator true; without the CUDA context"}}},
           {"peak_bytes", e.peak_bytes},
           {"peak_rank", e.peak_rank},
           {"peak_stage", e.peak_stage},
+          {"allocated_peak_bytes", e.allocated_peak_bytes},
+          {"allocated_peak_stage", e.allocated_peak_stage},
           {"suggestions", suggestions},
           {"ranks", ranks}};
 }
@@ -142,9 +156,12 @@ std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
                        std::to_string(t.virtual_stages) + " chunks)"
                  : count_noun(s.in_flight, "micro-batch") + " in flight");
   out += row("transient at the peak", cat(s, Category::kTransient), "grads, recompute, buffers");
-  for (const OverheadLine& o : s.overheads) out += row(o.name, o.bytes, o.assumption);
+  for (const OverheadLine& o : s.overheads)
+    out += row(o.name + (o.allocator ? " +" : ""), o.bytes, o.assumption);
   out += "  " + std::string(96, '-') + "\n";
-  out += row("peak", s.peak_bytes, "at " + s.peak_at);
+  out += row("peak, device memory in use", s.peak_bytes, "at " + s.peak_at);
+  out += row("peak allocated (PyTorch)", s.allocated_peak,
+             "torch.cuda.max_memory_allocated(): the tensors above and the lines marked +");
   return out;
 }
 

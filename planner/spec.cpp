@@ -54,6 +54,10 @@ const char* name_of(Optimizer o) {
   constexpr const char* k[] = {"adamw", "sgd", "none"};
   return k[static_cast<int>(o)];
 }
+const char* name_of(LossFusion l) {
+  constexpr const char* k[] = {"none", "native", "te"};
+  return k[static_cast<int>(l)];
+}
 const char* name_of(Recompute r) {
   constexpr const char* k[] = {"none", "selective", "full", "auto"};
   return k[static_cast<int>(r)];
@@ -83,6 +87,10 @@ Result<AttentionImpl> parse_enum(std::string_view f, std::string_view t) {
 template <>
 Result<Impl> parse_enum(std::string_view f, std::string_view t) {
   return pick(f, t, std::array{Impl::kNanotron, Impl::kMegatron, Impl::kFused, Impl::kHf});
+}
+template <>
+Result<LossFusion> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{LossFusion::kNone, LossFusion::kNative, LossFusion::kTe});
 }
 template <>
 Result<Optimizer> parse_enum(std::string_view f, std::string_view t) {
@@ -143,8 +151,19 @@ std::optional<Error> check_tp(const ModelSpec& m, const TrainSpec& t) {
     if (auto e = divides(m.moe->expert_ffn, "expert FFN size")) return e;
     if (auto e = divides(m.moe->shared_ffn, "shared-expert FFN size")) return e;
   }
+  if (t.impl == Impl::kMegatron) return std::nullopt;  // padded to a multiple of 128 tp
   return divides(m.vocab, "vocab size");
 }
+
+}  // namespace
+
+int64_t padded_vocab(const ModelSpec& m, const TrainSpec& t) {
+  if (t.impl != Impl::kMegatron) return m.vocab;
+  int64_t multiple = 128 * t.tp;
+  return (m.vocab + multiple - 1) / multiple * multiple;
+}
+
+namespace {
 
 std::optional<Error> check_positive(const TrainSpec& t) {
   const std::pair<const char*, int64_t> sizes[] = {{"--tp", t.tp},
@@ -353,6 +372,9 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
                 " (context parallelism splits each sequence into 2 cp load-balanced chunks); use a "
                 "multiple of " +
                 str(2 * t.cp));
+  if (t.loss_fusion != LossFusion::kNone && t.impl != Impl::kMegatron)
+    return fail(std::string("--cross-entropy-fusion ") + name_of(t.loss_fusion) +
+                " is Megatron's and needs --impl megatron; use --cross-entropy-fusion none");
   if (t.cp > 1 && t.impl == Impl::kHf)
     return fail("--cp " + str(t.cp) +
                 " needs --impl nanotron, megatron or fused (Hugging Face's Llama has no context "

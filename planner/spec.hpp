@@ -32,6 +32,11 @@ enum class AttentionImpl { kFlash, kEager };
 //             expanded K/V materialised (eager and sdpa), eager softmax in fp32 kept with its bf16
 //             cast, and the loss as an fp32 copy of the logits and a kept fp32 log-softmax.
 enum class Impl { kNanotron, kMegatron, kFused, kHf };
+// Megatron's cross-entropy (--impl megatron): none, vocab_parallel_cross_entropy; native, its
+// fused form (--cross-entropy-loss-fusion), which keeps the same fp32 softmax; te, Transformer
+// Engine's parallel_cross_entropy (--cross-entropy-fusion-impl te), which keeps only the bf16
+// logits, holding their gradient.
+enum class LossFusion { kNone, kNative, kTe };
 enum class Optimizer { kAdamW, kSgd, kNone };
 enum class Recompute { kNone, kSelective, kFull, kAuto };  // auto: chosen per layer under a budget
 
@@ -44,6 +49,7 @@ const char* name_of(PpSchedule s);
 const char* name_of(AttentionImpl a);
 const char* name_of(Impl i);
 const char* name_of(Optimizer o);
+const char* name_of(LossFusion l);
 const char* name_of(Recompute r);
 
 struct MoeSpec {
@@ -104,6 +110,7 @@ struct TrainSpec {
   int64_t virtual_stages = 1;
   AttentionImpl attention = AttentionImpl::kFlash;
   Impl impl = Impl::kNanotron;  // whose kernels the layer is built from (--impl)
+  LossFusion loss_fusion = LossFusion::kNone;  // megatron only (--cross-entropy-fusion)
   Dtype grad_dtype = Dtype::kFp32;  // nanotron's accumulate_grad_in_fp32
   Optimizer optimizer = Optimizer::kAdamW;
   Recompute recompute = Recompute::kNone;
@@ -113,13 +120,23 @@ struct TrainSpec {
   std::vector<int64_t> stage_layers;
 };
 
-// Per-GPU runtime costs outside the allocator's tensors; each is printed on its own line.
+// Per-GPU runtime costs outside the schedule's tensors; each is printed on its own line
+// (planner/runtime_terms.hpp).
 struct RuntimeAssumptions {
   int64_t cuda_context_bytes = 512LL << 20;     // CUDA context + module images on Hopper
   int64_t cublas_workspace_bytes = 32LL << 20;  // one compute stream, PyTorch's sm_90 default
+  // Transformer Engine's cuBLAS workspace (the megatron profile): 32 MiB + 1 KiB from compute
+  // capability 9.0 on (Hopper, Blackwell), 4 MiB before.
+  int64_t te_workspace_bytes = (32LL << 20) + 1024;
   int64_t nccl_bytes_per_comm = 64LL << 20;     // NCCL channel buffers per communicator
   double allocator_slack = 0.05;                // caching-allocator fragmentation, x dynamic peak
 };
+
+// The vocabulary rows the embedding and the LM head hold over all TP ranks. The megatron profile
+// pads the tokenizer's vocabulary to a multiple of --make-vocab-size-divisible-by (default 128)
+// x tp (Megatron-LM core_r0.14.0, megatron/training/tokenizer/tokenizer.py,
+// _vocab_size_with_padding, L115-130); the other profiles hold it as it is (tp divides it).
+int64_t padded_vocab(const ModelSpec& m, const TrainSpec& t);
 
 // Checks the model against itself and the setup against the model: nanotron's checks plus the
 // ones a user expects. Returns the first problem.

@@ -531,6 +531,7 @@ std::vector<Case> all_cases() {
   add("cross_entropy", OpKind::kCrossEntropy, {}, {act({T, V}, -2, 2), integers(rng, {T}, V)});
   add("cross_entropy_fp32_copy", OpKind::kCrossEntropy, {.fp32_copy = true},
       {act({T, V}, -2, 2), integers(rng, {T}, V)});
+  add("cross_entropy_te", OpKind::kCrossEntropyTe, {}, {act({T, V}, -2, 2), integers(rng, {T}, V)});
   add("cast_fp32", OpKind::kCastFp32, {}, {act({T, V}, -2, 2)});
   add("log_softmax_loss", OpKind::kLogSoftmaxLoss, {},
       {rng.floats({{T, V}, Dtype::kFp32}, -2, 2), integers(rng, {T}, V), act({T, V}, -2, 2)});
@@ -849,6 +850,18 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
       if (c.kind == OpKind::kLogSoftmaxLoss)
         for (size_t e = 0; e < sm.size(); ++e) sm[e] = std::log(sm[e]);
       return {loss, sm};
+    }
+    case OpKind::kCrossEntropyTe: {  // the loss and each row's max and log-sum-exp
+      int64_t v = in[0].type.shape[1];
+      Vec loss(T), stats(2 * T);
+      for (int64_t t = 0; t < T; ++t) {
+        double m = -1e300, z = 0;
+        for (int64_t j = 0; j < v; ++j) m = std::max(m, x(0)[t * v + j]);
+        for (int64_t j = 0; j < v; ++j) z += std::exp(x(0)[t * v + j] - m);
+        loss[t] = std::log(z) + m - x(0)[t * v + int64_t(x(1)[t])];
+        stats[2 * t] = m, stats[2 * t + 1] = std::log(z);
+      }
+      return {loss, stats};
     }
     case OpKind::kCount:
       break;

@@ -52,9 +52,11 @@ constexpr int kExitBadInput = 2;
 struct Flags {
   std::string model, sp = "auto", pp_schedule = "afab", attention = "flash", grad_dtype = "fp32";
   std::string impl = "nanotron";
+  std::string loss_fusion = "none";
   std::string optimizer = "adamw", recompute, regather = "true", format = "table";
   std::string partition = "balanced";
-  std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, nccl_buffers,
+  std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, te_workspace,
+      nccl_buffers,
       allocator_slack, capacity_factor;
   std::string headroom = "3%";  // of the budget, or bytes
   std::string nanotron_config, megatron_args, emit;
@@ -197,6 +199,11 @@ void add_setup_flags(CLI::App* app, Flags& f) {
                   "hf (Hugging Face transformers' Llama in PyTorch ops: fp32 norm copies, repeated "
                   "K/V, fp32 softmax and log-softmax)")
       ->capture_default_str();
+  app->add_option("--cross-entropy-fusion", f.loss_fusion,
+                  "Megatron's loss under --impl megatron: none (vocab_parallel_cross_entropy, "
+                  "fp32 softmax kept), native (--cross-entropy-loss-fusion, the same memory), te "
+                  "(--cross-entropy-fusion-impl te: only the bf16 logits kept)")
+      ->capture_default_str();
   app->add_option("--grad-accum-dtype", f.grad_dtype,
                   "gradient accumulation dtype: fp32 (nanotron's accumulate_grad_in_fp32), bf16")
       ->capture_default_str();
@@ -227,7 +234,10 @@ void add_setup_flags(CLI::App* app, Flags& f) {
   app->add_option("--cuda-context", f.cuda_context,
                   "assumed CUDA context bytes per GPU (default 512MiB)");
   app->add_option("--cublas-workspace", f.cublas_workspace,
-                  "assumed cuBLAS workspace bytes (default 32MiB)");
+                  "assumed cuBLAS workspace bytes of PyTorch (default 32MiB)");
+  app->add_option("--te-workspace", f.te_workspace,
+                  "Transformer Engine's cuBLAS workspace bytes, --impl megatron (default "
+                  "32MiB + 1KiB: sm_90 and later; 4MiB before)");
   app->add_option("--nccl-buffers", f.nccl_buffers,
                   "assumed NCCL buffer bytes per communicator (default 64MiB)");
   app->add_option("--allocator-slack", f.allocator_slack,
@@ -279,6 +289,7 @@ np::TrainSpec make_setup(const Flags& f) {
       f.virtual_stages.value_or(t.pp_schedule == np::PpSchedule::kInterleaved ? 2 : 1);
   t.attention = check(np::parse_enum<np::AttentionImpl>("--attention", f.attention));
   t.impl = check(np::parse_enum<np::Impl>("--impl", f.impl));
+  t.loss_fusion = check(np::parse_enum<np::LossFusion>("--cross-entropy-fusion", f.loss_fusion));
   t.grad_dtype = check(np::parse_enum<np::Dtype>("--grad-accum-dtype", f.grad_dtype));
   t.optimizer = check(np::parse_enum<np::Optimizer>("--optimizer", f.optimizer));
   bool budgeted = !f.budget.empty() || !f.gpu.empty();
@@ -314,6 +325,7 @@ np::RuntimeAssumptions make_runtime(const Flags& f) {
   };
   bytes("--cuda-context", f.cuda_context, rt.cuda_context_bytes);
   bytes("--cublas-workspace", f.cublas_workspace, rt.cublas_workspace_bytes);
+  bytes("--te-workspace", f.te_workspace, rt.te_workspace_bytes);
   bytes("--nccl-buffers", f.nccl_buffers, rt.nccl_bytes_per_comm);
   if (!f.allocator_slack.empty())
     rt.allocator_slack = parse_real("--allocator-slack", f.allocator_slack, 1,
@@ -398,6 +410,7 @@ np::TrainSpec override_with_flags(const np::ConfigSetup& c, const Flags& f) {
     t.pp_schedule = flags.pp_schedule, t.virtual_stages = flags.virtual_stages;
   if (given("--attention")) t.attention = flags.attention;
   if (given("--impl")) t.impl = flags.impl;
+  if (given("--cross-entropy-fusion")) t.loss_fusion = flags.loss_fusion;
   if (given("--grad-accum-dtype")) t.grad_dtype = flags.grad_dtype;
   if (given("--optimizer")) t.optimizer = flags.optimizer;
   if (given("--tp-recompute-allgather")) t.tp_recompute_allgather = flags.tp_recompute_allgather;
@@ -777,7 +790,7 @@ int run_run(const Flags& f, CLI::App* app) {
   for (const char* flag :
        {"--tp", "--pp", "--dp", "--ep", "--cp", "--sp", "--zero", "--micro-batch", "--seq-len",
         "--microbatches", "--pp-schedule", "--virtual-stages", "--attention", "--impl",
-        "--grad-accum-dtype", "--optimizer", "--recompute", "--tp-recompute-allgather", "--partition",
+        "--cross-entropy-fusion", "--grad-accum-dtype", "--optimizer", "--recompute", "--tp-recompute-allgather", "--partition",
         "--moe-capacity-factor", "--nanotron-config", "--megatron-args"})
     if (app->count(flag) > 0)
       die(std::string(flag) +

@@ -106,6 +106,8 @@ class CpuBackend final : public Backend {
         return cast_fp32_forward(env, in, w);
       case OpKind::kLogSoftmaxLoss:
         return log_softmax_loss_forward(env, in, w);
+      case OpKind::kCrossEntropyTe:
+        return cross_entropy_te_forward(env, in, w);
       case OpKind::kCount:
         break;
     }
@@ -200,6 +202,8 @@ class CpuBackend final : public Backend {
         return cast_fp32_backward(env, a);
       case OpKind::kLogSoftmaxLoss:
         return log_softmax_loss_backward(env, a);
+      case OpKind::kCrossEntropyTe:
+        return cross_entropy_te_backward(env, a);
       case OpKind::kCount:
         break;
     }

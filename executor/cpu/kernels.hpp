@@ -91,6 +91,7 @@ NP_CPU_OP(flash_attention_cp)
 NP_CPU_OP(embedding)
 NP_CPU_OP(pos_embedding)
 NP_CPU_OP(cross_entropy)
+NP_CPU_OP(cross_entropy_te)
 NP_CPU_OP(cast_fp32)
 NP_CPU_OP(log_softmax_loss)
 // pointwise.cpp

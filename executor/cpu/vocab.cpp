@@ -86,6 +86,29 @@ void pos_embedding_backward(const Env& env, const BackwardArgs& a) {
 // loss[t] = log(sum_v exp(l - max)) + max - l[target]; softmax kept in fp32 for the backward
 // (log_softmax_loss: the log-probabilities l - max - log(sum) instead).
 
+// Each row's max over the whole vocabulary into mx: this shard's, then over the TP ranks (an
+// all-gather of the per-rank maxima, outside the device model).
+static float* row_max(const Env& env, const Mat& L, const Tensor& mx) {
+  int64_t T = L.rows(), V = L.cols(), tp = env.tp_size();
+  float* m = mx.as<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    float v = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < V; ++j) v = std::max(v, L(t, j));
+    m[t] = v;
+  }
+  if (tp > 1) {
+    Scratch all(TensorType{{tp * T}, Dtype::kFp32});
+    env.comm().all_gather(mx, all.t);
+    const float* p = all.t.as<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      float v = p[t];
+      for (int64_t q = 1; q < tp; ++q) v = std::max(v, p[q * T + t]);
+      m[t] = v;
+    }
+  }
+  return m;
+}
+
 Outs cross_entropy_forward(const Env& env, Ins in, Ins) {
   const Tensor& logits = need(in, 0, "cross_entropy logits");
   const Tensor& targets = need(in, 1, "cross_entropy targets");
@@ -99,22 +122,7 @@ Outs cross_entropy_forward(const Env& env, Ins in, Ins) {
          tg = env.workspace({T}, Dtype::kFp32);
   if (copy) store_mat(copy, load_mat(logits));
   Mat L = load_mat(copy ? copy : logits);
-  float* m = mx.as<float>();
-  for (int64_t t = 0; t < T; ++t) {
-    float v = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < V; ++j) v = std::max(v, L(t, j));
-    m[t] = v;
-  }
-  if (tp > 1) {  // the max over ranks: all-gather the per-rank maxima (outside the device model)
-    Scratch all(TensorType{{tp * T}, Dtype::kFp32});
-    env.comm().all_gather(mx, all.t);
-    const float* p = all.t.as<float>();
-    for (int64_t t = 0; t < T; ++t) {
-      float v = p[t];
-      for (int64_t q = 1; q < tp; ++q) v = std::max(v, p[q * T + t]);
-      m[t] = v;
-    }
-  }
+  float* m = row_max(env, L, mx);
   float* s = se.as<float>();
   float* x = tg.as<float>();
   const int64_t* tgt = targets.as<int64_t>();
@@ -175,6 +183,61 @@ void cross_entropy_backward(const Env& env, const BackwardArgs& a) {
              : a.inputs[0] && !a.inputs[0].type.shape.empty() ? a.inputs[0].type.dtype
                                                               : env.act;
   grad_input(env, a, 0, {{T, V}, dt}, G);
+}
+
+// ---- Transformer Engine's parallel cross-entropy ------------------------------------------------
+// No softmax is stored: each row's fp32 max and log-sum-exp (output 1) and the bf16 logits, which
+// backward reads, give the gradient softmax - onehot. TE writes that gradient into the logits in
+// forward; the memory is the same.
+
+Outs cross_entropy_te_forward(const Env& env, Ins in, Ins) {
+  const Tensor& logits = need(in, 0, "cross_entropy_te logits");
+  const Tensor& targets = need(in, 1, "cross_entropy_te targets");
+  check(targets.type.dtype == Dtype::kI64, "cross_entropy_te targets must be i64");
+  int64_t T = dim(logits, 0), V = dim(logits, 1), tp = env.tp_size(), lo = env.ctx.tp_rank * V;
+  check(dim(targets, 0) == T, "cross_entropy_te: targets and logits differ in tokens");
+  Tensor loss = env.output({T}, Dtype::kFp32), stats = env.output({T, 2}, Dtype::kFp32);
+  Tensor mx = env.workspace({T}, Dtype::kFp32), se = env.workspace({T}, Dtype::kFp32),
+         tg = env.workspace({T}, Dtype::kFp32);
+  Mat L = load_mat(logits);
+  float* m = row_max(env, L, mx);
+  float *s = se.as<float>(), *x = tg.as<float>();
+  const int64_t* tgt = targets.as<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    double acc = 0;
+    for (int64_t j = 0; j < V; ++j) acc += std::exp(L(t, j) - m[t]);
+    s[t] = static_cast<float>(acc);
+    int64_t r = tgt[t] - lo;
+    x[t] = r >= 0 && r < V ? L(t, r) : 0.0f;
+  }
+  if (tp > 1) {
+    env.comm().all_reduce(se);
+    env.comm().all_reduce(tg);
+  }
+  float *out = loss.as<float>(), *st = stats.as<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    out[t] = std::log(s[t]) + m[t] - x[t];
+    st[2 * t] = m[t];
+    st[2 * t + 1] = std::log(s[t]);
+  }
+  return {loss, stats, mx, se, tg};
+}
+
+void cross_entropy_te_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& logits = need(a.inputs, 0, "cross_entropy_te logits");
+  const Tensor& targets = need(a.inputs, 1, "cross_entropy_te targets");
+  const Tensor& stats = need(a.outputs, 1, "cross_entropy_te row statistics");
+  int64_t T = dim(logits, 0), V = dim(logits, 1), lo = env.ctx.tp_rank * V;
+  float scale = env.ctx.loss_scale;
+  Mat G = load_mat(logits);
+  const float* st = stats.as<float>();
+  const int64_t* tgt = targets.as<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t r = tgt[t] - lo;
+    for (int64_t j = 0; j < V; ++j)
+      G(t, j) = (std::exp(G(t, j) - st[2 * t] - st[2 * t + 1]) - (j == r ? 1.0f : 0.0f)) * scale;
+  }
+  grad_input(env, a, 0, {{T, V}, logits.type.dtype}, G);
 }
 
 // ---- Hugging Face's loss: logits.float() as its own op ------------------------------------------

@@ -1,0 +1,120 @@
+// The runtime's overheads and the framework terms of the estimate (runtime_terms.hpp).
+//
+// Megatron's terms follow Megatron-LM core_r0.14.0 (commit 23e00ed0963c35382dfe8a5a94fb3cda4d21e133)
+// with Transformer Engine 2.11 (commit c188b533c); paths below are in those trees.
+#include "planner/runtime_terms.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <utility>
+
+#include "planner/units.hpp"
+
+namespace np {
+namespace {
+
+// The 2-D weight shapes of the GEMMs whose weight gradient Megatron accumulates straight into its
+// fp32 main_grad (gradient-accumulation fusion, on by default): Transformer Engine's linears in
+// the layer (qkv, proj, fc1, fc2) and Megatron's own output layer.
+void fused_wgrad_shapes(const BlockGraph& g, std::vector<std::pair<int64_t, int64_t>>& shapes) {
+  for (const GraphOp& op : g.ops) {
+    if (op.kind != OpKind::kColumnLinear && op.kind != OpKind::kRowLinear) continue;
+    for (const WeightShape& w : op.weights)
+      if (w.shape.size() == 2 && std::string_view(w.suffix) == "weight")
+        shapes.emplace_back(w.shape[0], w.shape[1]);
+  }
+}
+
+}  // namespace
+
+std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t,
+                                          const RuntimeAssumptions& rt, const StageBlocks& b) {
+  std::vector<OverheadLine> out;
+  if (t.impl != Impl::kMegatron) return out;
+  // Transformer Engine's dummy weight gradients. With gradient-accumulation fusion the weight
+  // gradient GEMM adds into main_grad, and autograd is handed a placeholder: TE's
+  // get_dummy_wgrad (transformer_engine/pytorch/module/base.py, _dummy_wgrads, L64-92) creates
+  // one bf16 tensor per distinct (rows, cols, dtype) with torch.empty and keeps it for the rest
+  // of the run. Its linears return it (module/layernorm_linear.py L1002-1008, module/linear.py
+  // L953-959), and so does Megatron's output layer when TE is installed
+  // (megatron/core/tensor_parallel/layers.py L52, L580-600). Layers of one shape share them.
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  if (b.layer) fused_wgrad_shapes(*b.layer, shapes);
+  if (b.head) fused_wgrad_shapes(*b.head, shapes);
+  std::sort(shapes.begin(), shapes.end());
+  shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
+  int64_t dummy = 0;
+  for (auto [rows, cols] : shapes) dummy += rows * cols * 2;
+  if (dummy > 0)
+    out.push_back({"TE dummy weight gradients", dummy,
+                   count_noun(static_cast<int64_t>(shapes.size()), "distinct weight shape") +
+                       " x 1 bf16 placeholder each, kept for the run (Transformer Engine's "
+                       "get_dummy_wgrad under gradient-accumulation fusion)",
+                   true});
+  // TE's cuBLAS workspace: one uint8 torch.empty per device, cached for the run
+  // (transformer_engine/pytorch/cpp_extensions/gemm.py L31-46: 32 MiB + 1 KiB from compute
+  // capability 9.0 on, 4 MiB before).
+  out.push_back({"TE cuBLAS workspace", rt.te_workspace_bytes,
+                 format_binary(rt.te_workspace_bytes) +
+                     " (Transformer Engine's, sm_90 and later; --te-workspace)",
+                 true});
+  // The output layer's sequence-parallel all-gather goes into Megatron's global memory buffer
+  // (megatron/core/tensor_parallel/layers.py L474 and L511, GlobalMemoryBuffer in
+  // megatron/core/utils.py), which is kept and only grows: bf16 [s / cp, b, h].
+  if (b.head && t.sp && t.tp > 1)
+    out.push_back({"SP all-gather buffer", t.seq_len / t.cp * t.micro_batch * m.hidden * 2,
+                   "Megatron's global memory buffer for the output layer's sequence-parallel "
+                   "all-gather, bf16 [s/cp, b, h], kept",
+                   true});
+  // RotaryEmbedding.forward is lru_cache'd (megatron/core/models/common/embeddings/
+  // rotary_pos_embedding.py L150): fp32 [s / cp, 1, 1, head_dim] per model chunk, kept.
+  if (m.position == PosEmb::kRope)
+    out.push_back({"RoPE frequency cache", b.chunks * t.seq_len / t.cp * m.head_dim * 4,
+                   count_noun(b.chunks, "model chunk") +
+                       " x fp32 [s/cp, head_dim] (Megatron's lru_cache'd rotary table)",
+                   true});
+  return out;
+}
+
+std::vector<OverheadLine> stage_overheads(const ModelSpec& m, const TrainSpec& t,
+                                          const RuntimeAssumptions& rt, int64_t dynamic_peak,
+                                          const StageBlocks& b) {
+  int comms = t.communicators();
+  auto slack =
+      static_cast<int64_t>(std::llround(rt.allocator_slack * static_cast<double>(dynamic_peak)));
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.1f%%", rt.allocator_slack * 100);
+  std::vector<OverheadLine> out{
+      {"CUDA context", rt.cuda_context_bytes,
+       "context + loaded module images, assumed " + format_binary(rt.cuda_context_bytes) +
+           " (--cuda-context)",
+       false},
+      // PyTorch allocates its cuBLAS workspace through the caching allocator
+      // (aten/src/ATen/cuda/CublasHandlePool.cpp, getNewWorkspace), so it is counted.
+      {"cuBLAS workspace", rt.cublas_workspace_bytes,
+       "PyTorch's, one compute stream, " + format_binary(rt.cublas_workspace_bytes) +
+           " (its sm_90 default; --cublas-workspace)",
+       true},
+      {"NCCL buffers", comms * rt.nccl_bytes_per_comm,
+       count_noun(comms, "communicator") + " (tp/cp/dp/pp/ep > 1) x " +
+           format_binary(rt.nccl_bytes_per_comm) + " (--nccl-buffers)",
+       false},
+  };
+  for (OverheadLine& f : framework_lines(m, t, rt, b)) out.push_back(std::move(f));
+  out.push_back({"allocator slack", slack,
+                 std::string(pct) +
+                     " of the activation + transient peak for caching-allocator fragmentation "
+                     "(--allocator-slack)",
+                 false});
+  return out;
+}
+
+int64_t fixed_overhead_bytes(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                             const StageBlocks& b) {
+  int64_t n = 0;
+  for (const OverheadLine& o : stage_overheads(m, t, rt, 0, b)) n += o.bytes;
+  return n;
+}
+
+}  // namespace np

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""nanoplan's peak memory against peak memory others measured on real GPUs.
+
+Reads tests/data/measured_memory.toml, runs `nanoplan estimate <args> --format json` for every
+expressible case, and compares the predicted quantity the case measured (allocated_peak_bytes:
+torch.cuda.max_memory_allocated()) with each measured rank, through the rank's pipeline stage
+(Megatron's rank order: tp fastest, then cp, dp, pp).
+
+  tools/accuracy.py [--nanoplan BIN] [--check] [--markdown]
+
+--markdown prints the table docs/accuracy.md shows; --check exits 1 unless every rank of every
+expressible case is within [-0.5 %, +2 %] and the mean |error| over the cases' stages is at most
+1 %. Python's standard library only.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tomllib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UNITS = {"bytes": 1, "MiB": 2**20, "GiB": 2**30}
+LOW, HIGH, MEAN = -0.5, 2.0, 1.0  # the bound, in percent
+
+
+def predict(nanoplan, case):
+    cmd = [nanoplan, "estimate", "--model", os.path.join(ROOT, case["model"])]
+    cmd += shlex.split(case["args"]) + ["--format", "json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if out.returncode != 0:
+        sys.exit(f"accuracy: {case['id']}: nanoplan estimate failed: {out.stderr.strip()}")
+    return json.loads(out.stdout)
+
+
+def rows(nanoplan):
+    with open(os.path.join(ROOT, "tests/data/measured_memory.toml"), "rb") as f:
+        cases = tomllib.load(f)["case"]
+    done, skipped = [], []
+    for c in cases:
+        if not c.get("expressible", True):
+            skipped.append(c)
+            continue
+        e = predict(nanoplan, c)
+        s = e["setup"]
+        per_stage = s["tp"] * s["cp"] * s["dp"]
+        unit = UNITS[c["unit"]]
+        stages = {}
+        for rank, value in c["measured"]:
+            stages.setdefault(rank // per_stage, []).append((rank, value * unit))
+        for stage, measured in sorted(stages.items()):
+            predicted = e["ranks"][stage]["allocated_peak_bytes"]
+            errors = [100.0 * (predicted - m) / m for _, m in measured]
+            worst = max(measured, key=lambda rm: rm[1])
+            done.append({
+                "id": c["id"], "stage": stage, "ranks": len(measured),
+                "measured": worst[1], "predicted": predicted,
+                "error": 100.0 * (predicted - worst[1]) / worst[1],
+                "low": min(errors), "high": max(errors),
+                "peak_at": e["ranks"][stage]["peak_at"],
+            })
+    return done, skipped
+
+
+def markdown(done, skipped):
+    gib = 2**30
+    out = ["| case | pp stage | ranks | measured max allocated (GiB) | predicted (GiB) | error | "
+           "nanoplan's peak at |", "|---|---:|---:|---:|---:|---:|---|"]
+    for r in done:
+        out.append(f"| {r['id']} | {r['stage']} | {r['ranks']} | {r['measured'] / gib:.2f} | "
+                   f"{r['predicted'] / gib:.2f} | {r['error']:+.2f} % | {r['peak_at']} |")
+    mean = sum(abs(r["error"]) for r in done) / len(done)
+    out.append("")
+    out.append(f"{len(done)} stages of {len({r['id'] for r in done})} runs; mean |error| "
+               f"{mean:.2f} %, from {min(r['low'] for r in done):+.2f} % to "
+               f"{max(r['high'] for r in done):+.2f} % over every measured rank.")
+    out.append("")
+    out.append("Not expressed yet:")
+    out.append("")
+    for c in skipped:
+        out.append(f"- {c['id']}: {c['reason']}")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nanoplan", default=os.path.join(ROOT, "build/tools/nanoplan"))
+    p.add_argument("--check", action="store_true")
+    p.add_argument("--markdown", action="store_true")
+    a = p.parse_args()
+    done, skipped = rows(a.nanoplan)
+    print(markdown(done, skipped), end="")
+    if not a.check:
+        return 0
+    bad = [r for r in done if r["low"] < LOW or r["high"] > HIGH]
+    mean = sum(abs(r["error"]) for r in done) / len(done)
+    for r in bad:
+        print(f"FAIL {r['id']} stage {r['stage']}: {r['low']:+.2f} % .. {r['high']:+.2f} % "
+              f"outside [{LOW:+.1f} %, {HIGH:+.1f} %]")
+    if mean > MEAN:
+        print(f"FAIL mean |error| {mean:.2f} % > {MEAN} %")
+    return 1 if bad or mean > MEAN else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
