@@ -38,6 +38,7 @@ struct Case {
   int zero = 0;
   int64_t chunks = 1;  // > 1: the interleaved schedule with this many chunks per stage
   Impl impl = Impl::kNanotron;
+  LossFusion loss = LossFusion::kNone;  // megatron: Transformer Engine's loss with kTe
 };
 
 // Each case under each policy: every allocation event as the plan predicts, the loss within 2%
@@ -50,7 +51,7 @@ void check_scenario(const std::string& name, std::initializer_list<Case> cases,
     for (Recompute rc : policies) {
       TrainSpec t = sc.base;
       t.tp = k.tp, t.pp = k.pp, t.sp = k.sp, t.recompute = rc, t.pp_schedule = PpSchedule::k1F1B;
-      t.attention = k.attention, t.impl = k.impl;
+      t.attention = k.attention, t.impl = k.impl, t.loss_fusion = k.loss;
       t.dp = k.dp, t.zero = k.zero, t.microbatches = sc.base.microbatches / k.dp;
       if (k.chunks > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = k.chunks;
       ASSERT_FALSE(validate_setup(sc.model, t)) << name;
@@ -94,6 +95,12 @@ TEST(CudaBackend, TinyLlamaEventExactAndRecomputeInvariant) {
                  {{2, 1, true, AttentionImpl::kFlash, 1, 0, 1, Impl::kFused},
                   {1, 2, false, AttentionImpl::kFlash, 1, 0, 1, Impl::kMegatron}},
                  {Recompute::kNone, Recompute::kFull});
+  // Megatron with Transformer Engine's loss (no softmax kept; the logits' gradient from them and
+  // the row statistics), under TP with SP and across pipeline stages.
+  check_scenario("tiny-llama",
+                 {{2, 1, true, AttentionImpl::kFlash, 1, 0, 1, Impl::kMegatron, LossFusion::kTe},
+                  {1, 2, false, AttentionImpl::kFlash, 1, 0, 1, Impl::kMegatron, LossFusion::kTe}},
+                 {Recompute::kNone});
   // Hugging Face's: repeat_kv's expanded K/V under eager and flash (sdpa) attention, the fp32
   // softmax, PyTorch's RMSNorm and the log-softmax loss.
   check_scenario("tiny-llama",

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "planner/estimate.hpp"
+#include "planner/graph.hpp"
 #include "planner/simulate.hpp"
 #include "test_util.hpp"
 
@@ -52,6 +53,73 @@ TEST(Estimate, PeakIsTheSumOfItsLines) {
   EXPECT_EQ(e.peak_bytes, s.peak_bytes);
   EXPECT_TRUE(e.fits);  // no budget: nothing to exceed
   EXPECT_TRUE(e.suggestions.empty());
+}
+
+// Megatron-core with Transformer Engine (--impl megatron) on Llama-3.1-8B, tp 2 with SP, two
+// pipeline stages: the vocabulary padded to 128 x tp, and the framework's lines derived by hand
+// from the model's sizes. TE's dummy weight gradients: one bf16 tensor per distinct weight shape,
+// qkv [(4096 + 2 x 8 x 128) / 2, 4096], proj [4096, 2048], fc1 [2 x 14336 / 2, 4096],
+// fc2 [4096, 7168], and on the last stage the output layer's [128256 / 2, 4096] (padded: 128256
+// is already a multiple of 256). The SP all-gather buffer only where the output layer is.
+TEST(Estimate, MegatronFrameworkLines) {
+  TrainSpec t;
+  t.tp = 2, t.sp = true, t.pp = 2, t.microbatches = 2, t.pp_schedule = PpSchedule::k1F1B;
+  t.impl = Impl::kMegatron;
+  const ModelSpec m = model("llama-3.1-8b");
+  Estimate e = estimate(m, t, {}, {});
+  ASSERT_EQ(e.stages.size(), 2u);
+  auto line = [](const StageEstimate& s, const std::string& name) -> const OverheadLine* {
+    for (const OverheadLine& o : s.overheads)
+      if (o.name == name) return &o;
+    return nullptr;
+  };
+  const int64_t layer = 2 * (3072LL * 4096 + 4096LL * 2048 + 14336LL * 4096 + 4096LL * 7168);
+  ASSERT_NE(line(e.stages[0], "TE dummy weight gradients"), nullptr);
+  EXPECT_EQ(line(e.stages[0], "TE dummy weight gradients")->bytes, layer);
+  EXPECT_EQ(line(e.stages[1], "TE dummy weight gradients")->bytes, layer + 2 * 64128LL * 4096);
+  EXPECT_EQ(line(e.stages[0], "SP all-gather buffer"), nullptr);
+  ASSERT_NE(line(e.stages[1], "SP all-gather buffer"), nullptr);
+  EXPECT_EQ(line(e.stages[1], "SP all-gather buffer")->bytes, 2 * 4096LL * 4096);
+  EXPECT_EQ(line(e.stages[0], "TE cuBLAS workspace")->bytes, (32LL << 20) + 1024);
+  EXPECT_EQ(line(e.stages[0], "RoPE frequency cache")->bytes, 4 * 4096LL * 128);
+  for (const StageEstimate& s : e.stages) {  // allocated: the tensors and the allocator's lines
+    int64_t allocator = 0, all = 0;
+    for (const OverheadLine& o : s.overheads) (o.allocator ? allocator : all) += o.bytes;
+    EXPECT_EQ(s.allocated_peak, s.allocator_peak + allocator);
+    EXPECT_EQ(s.peak_bytes, s.allocated_peak + all);
+    EXPECT_FALSE(line(s, "CUDA context")->allocator);
+    EXPECT_TRUE(line(s, "cuBLAS workspace")->allocator);
+  }
+  EXPECT_EQ(e.allocated_peak_bytes,
+            std::max(e.stages[0].allocated_peak, e.stages[1].allocated_peak));
+  // Other profiles have no framework lines.
+  t.impl = Impl::kNanotron;
+  Estimate n = estimate(m, t, {}, {});
+  EXPECT_EQ(line(n.stages[1], "TE dummy weight gradients"), nullptr);
+  EXPECT_EQ(n.stages[1].overheads.size(), 4u);
+}
+
+// Megatron pads the vocabulary to a multiple of 128 x tp (_vocab_size_with_padding); the other
+// profiles hold it as it is.
+TEST(Estimate, MegatronPadsTheVocabulary) {
+  ModelSpec m = model("llama-3.1-8b");
+  TrainSpec t;
+  t.tp = 8, t.impl = Impl::kMegatron;
+  EXPECT_EQ(padded_vocab(m, t), 129024);  // 128256 = 125.25 x 1024
+  t.tp = 2;
+  EXPECT_EQ(padded_vocab(m, t), 128256);  // = 501 x 256
+  m.vocab = 128257;                       // NullTokenizer's + 1 (EOD)
+  EXPECT_EQ(padded_vocab(m, t), 128512);
+  t.impl = Impl::kNanotron;
+  EXPECT_EQ(padded_vocab(m, t), 128257);
+  // The LM head holds the padded rows.
+  t.impl = Impl::kMegatron, t.tp = 8;
+  m.vocab = 128256;
+  BlockGraph head = build_head(m, t);
+  int64_t rows = 0;
+  for (const GraphOp& op : head.ops)
+    if (op.name == "lm_head") rows = op.weights[0].shape[0];
+  EXPECT_EQ(rows, 129024 / 8);
 }
 
 TEST(Estimate, OverheadAssumptionsAreOverridable) {

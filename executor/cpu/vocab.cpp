@@ -109,11 +109,35 @@ static float* row_max(const Env& env, const Mat& L, const Tensor& mx) {
   return m;
 }
 
+// Each row's sum of exp(logit - max) into se (and each exp into S unless null) and the target's
+// logit into tg on the rank whose shard holds it, both then summed over the TP ranks.
+static void exp_sums(const Env& env, const Mat& L, const float* m, const Tensor& targets,
+                     const Tensor& se, const Tensor& tg, float* S) {
+  int64_t T = L.rows(), V = L.cols(), lo = env.ctx.tp_rank * V;
+  float *s = se.as<float>(), *x = tg.as<float>();
+  const int64_t* tgt = targets.as<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    double acc = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      float e = std::exp(L(t, j) - m[t]);
+      if (S) S[t * V + j] = e;
+      acc += e;
+    }
+    s[t] = static_cast<float>(acc);
+    int64_t r = tgt[t] - lo;
+    x[t] = r >= 0 && r < V ? L(t, r) : 0.0f;
+  }
+  if (env.tp_size() > 1) {
+    env.comm().all_reduce(se);
+    env.comm().all_reduce(tg);
+  }
+}
+
 Outs cross_entropy_forward(const Env& env, Ins in, Ins) {
   const Tensor& logits = need(in, 0, "cross_entropy logits");
   const Tensor& targets = need(in, 1, "cross_entropy targets");
   check(targets.type.dtype == Dtype::kI64, "cross_entropy targets must be i64");
-  int64_t T = dim(logits, 0), V = dim(logits, 1), tp = env.tp_size(), lo = env.ctx.tp_rank * V;
+  int64_t T = dim(logits, 0), V = dim(logits, 1);
   check(dim(targets, 0) == T, "cross_entropy: targets and logits differ in tokens");
   Tensor loss = env.output({T}, Dtype::kFp32), sm = env.output({T, V}, Dtype::kFp32);
   // fp32_copy: the logits cast to an fp32 tensor first, the loss computed from the copy.
@@ -123,25 +147,9 @@ Outs cross_entropy_forward(const Env& env, Ins in, Ins) {
   if (copy) store_mat(copy, load_mat(logits));
   Mat L = load_mat(copy ? copy : logits);
   float* m = row_max(env, L, mx);
-  float* s = se.as<float>();
-  float* x = tg.as<float>();
-  const int64_t* tgt = targets.as<int64_t>();
   float* S = sm.as<float>();
-  for (int64_t t = 0; t < T; ++t) {
-    double acc = 0;
-    for (int64_t j = 0; j < V; ++j) {
-      float e = std::exp(L(t, j) - m[t]);
-      S[t * V + j] = e;
-      acc += e;
-    }
-    s[t] = static_cast<float>(acc);
-    int64_t r = tgt[t] - lo;
-    x[t] = r >= 0 && r < V ? L(t, r) : 0.0f;
-  }
-  if (tp > 1) {
-    env.comm().all_reduce(se);
-    env.comm().all_reduce(tg);
-  }
+  exp_sums(env, L, m, targets, se, tg, S);
+  const float *s = se.as<float>(), *x = tg.as<float>();
   float* out = loss.as<float>();
   bool log_probs = env.ctx.op->kind == OpKind::kLogSoftmaxLoss;
   for (int64_t t = 0; t < T; ++t) {
@@ -194,26 +202,15 @@ Outs cross_entropy_te_forward(const Env& env, Ins in, Ins) {
   const Tensor& logits = need(in, 0, "cross_entropy_te logits");
   const Tensor& targets = need(in, 1, "cross_entropy_te targets");
   check(targets.type.dtype == Dtype::kI64, "cross_entropy_te targets must be i64");
-  int64_t T = dim(logits, 0), V = dim(logits, 1), tp = env.tp_size(), lo = env.ctx.tp_rank * V;
+  int64_t T = dim(logits, 0);
   check(dim(targets, 0) == T, "cross_entropy_te: targets and logits differ in tokens");
   Tensor loss = env.output({T}, Dtype::kFp32), stats = env.output({T, 2}, Dtype::kFp32);
   Tensor mx = env.workspace({T}, Dtype::kFp32), se = env.workspace({T}, Dtype::kFp32),
          tg = env.workspace({T}, Dtype::kFp32);
   Mat L = load_mat(logits);
   float* m = row_max(env, L, mx);
-  float *s = se.as<float>(), *x = tg.as<float>();
-  const int64_t* tgt = targets.as<int64_t>();
-  for (int64_t t = 0; t < T; ++t) {
-    double acc = 0;
-    for (int64_t j = 0; j < V; ++j) acc += std::exp(L(t, j) - m[t]);
-    s[t] = static_cast<float>(acc);
-    int64_t r = tgt[t] - lo;
-    x[t] = r >= 0 && r < V ? L(t, r) : 0.0f;
-  }
-  if (tp > 1) {
-    env.comm().all_reduce(se);
-    env.comm().all_reduce(tg);
-  }
+  exp_sums(env, L, m, targets, se, tg, nullptr);
+  const float *s = se.as<float>(), *x = tg.as<float>();
   float *out = loss.as<float>(), *st = stats.as<float>();
   for (int64_t t = 0; t < T; ++t) {
     out[t] = std::log(s[t]) + m[t] - x[t];

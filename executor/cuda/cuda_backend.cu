@@ -358,6 +358,19 @@ class CudaBackend final : public exec::Backend {
         if (copy) return {loss, sm, copy, mx, se, tg};
         return {loss, sm, mx, se, tg};
       }
+      case OpKind::kCrossEntropyTe: {
+        const Tensor &logits = need(in, 0, "logits"), &targets = need(in, 1, "targets");
+        int64_t T = logits.type.shape.at(0);
+        Tensor loss = out({{T}, Dtype::kFp32}), stats = out({{T, 2}, Dtype::kFp32});
+        Tensor mx = ws({{T}, Dtype::kFp32}), se = ws({{T}, Dtype::kFp32}), tg = ws({{T}, Dtype::kFp32});
+        cross_entropy_max(logits, mx, stream_);
+        int64_t tp = c.comm ? c.comm->tp_size() : 1;
+        if (tp > 1) global_max(c, mx, tp);
+        cross_entropy_exp_sum(logits, targets, mx, Tensor{}, se, tg, c.tp_rank, stream_);
+        if (tp > 1) c.comm->all_reduce(se), c.comm->all_reduce(tg);
+        cross_entropy_te_finalize(se, mx, tg, loss, stats, stream_);
+        return {loss, stats, mx, se, tg};
+      }
       default:
         unsupported(c, "not written for the CUDA backend yet");
     }
@@ -583,6 +596,13 @@ class CudaBackend final : public exec::Backend {
         if (acc) unsupported(c, "accumulating the cast's input gradient needs a planned buffer");
         cuda::copy_elements(dx, 0, g, 0, g.numel(), stream_);
         return;
+      }
+      case OpKind::kCrossEntropyTe: {
+        const Tensor& logits = need(a.inputs, 0, "logits");
+        Tensor& dl = grad(0, logits.type, acc);
+        return cross_entropy_te_backward(logits, need(a.outputs, 1, "row statistics"),
+                                         need(a.inputs, 1, "targets"), dl, acc, c.tp_rank,
+                                         c.loss_scale, stream_);
       }
       case OpKind::kCrossEntropy:
       case OpKind::kLogSoftmaxLoss: {

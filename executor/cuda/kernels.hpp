@@ -167,6 +167,14 @@ void cross_entropy_exp_sum(const Tensor& logits, const Tensor& targets, const Te
 void cross_entropy_finalize(const Tensor& softmax, const Tensor& sum, const Tensor& mx,
                             const Tensor& target_logit, const Tensor& loss,
                             const Tensor* log_probs_of, cudaStream_t stream);
+// Transformer Engine's loss keeps no softmax (exp_sum with an empty softmax tensor): te_finalize
+// writes loss[t] and stats[t] = {mx, log(sum)}; te_backward forms dlogits (=, or +=) =
+// (exp(logits - mx - log(sum)) - onehot(target)) * loss_scale from the logits and the stats.
+void cross_entropy_te_finalize(const Tensor& sum, const Tensor& mx, const Tensor& target_logit,
+                               const Tensor& loss, const Tensor& stats, cudaStream_t stream);
+void cross_entropy_te_backward(const Tensor& logits, const Tensor& stats, const Tensor& targets,
+                               const Tensor& dlogits, bool accumulate, long long tp_rank,
+                               float loss_scale, cudaStream_t stream);
 // dlogits (=, or +=) = (softmax - onehot(target)) * loss_scale. With nll_grad (fp32, PyTorch's
 // log-softmax backward): softmax holds log-probabilities, nll_grad receives -loss_scale at the
 // target and dlogits nll_grad + exp(log p) * loss_scale.

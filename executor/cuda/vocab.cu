@@ -82,14 +82,15 @@ __global__ void row_max_kernel(View logits, float* mx, long long v) {
   if (threadIdx.x == 0) mx[t] = m;
 }
 
-// A block per row: S = exp(logit - max), its sum, and the target's logit on the owning rank.
+// A block per row: S = exp(logit - max) (unless S is null: Transformer Engine's loss keeps no
+// softmax), its sum, and the target's logit on the owning rank.
 __global__ void exp_sum_kernel(View logits, const long long* targets, const float* mx, float* S,
                                float* se, float* tg, long long v, long long lo) {
   long long t = blockIdx.x;
   float acc = 0;
   for (long long j = threadIdx.x; j < v; j += kThreads) {
     float e = __expf(ld(logits, t * v + j) - mx[t]);
-    S[t * v + j] = e;
+    if (S) S[t * v + j] = e;
     acc += e;
   }
   acc = block_sum(acc);
@@ -126,6 +127,29 @@ __global__ void ce_grad_kernel(const float* S, const long long* targets, View dl
   } else {
     g = (S[e] - hot) * scale;
   }
+  st(dlogits, e, acc ? ld(dlogits, e) + g : g);
+}
+
+// A thread per row: the loss and the row's statistics {max, log sum} (Transformer Engine's loss).
+__global__ void te_finalize_kernel(const float* se, const float* mx, const float* tg, float* loss,
+                                   float* stats, long long rows) {
+  long long t = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= rows) return;
+  float lse = __logf(se[t]);
+  loss[t] = lse + mx[t] - tg[t];
+  stats[2 * t] = mx[t];
+  stats[2 * t + 1] = lse;
+}
+
+// From the logits and the row statistics: (exp(logit - max - log sum) - onehot) * scale.
+__global__ void te_grad_kernel(View logits, const float* stats, const long long* targets,
+                               View dlogits, bool acc, long long rows, long long v, long long lo,
+                               float scale) {
+  long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= rows * v) return;
+  long long t = e / v, j = e % v;
+  float hot = j == targets[t] - lo ? 1.0f : 0.0f;
+  float g = (__expf(ld(logits, e) - stats[2 * t] - stats[2 * t + 1]) - hot) * scale;
   st(dlogits, e, acc ? ld(dlogits, e) + g : g);
 }
 
@@ -197,12 +221,14 @@ void cross_entropy_exp_sum(const Tensor& logits, const Tensor& targets, const Te
                            long long tp_rank, cudaStream_t stream) {
   long long rows = mx.numel(), v = rows ? logits.numel() / rows : 0;
   check_ids(targets, rows);
-  need(softmax.numel() == logits.numel() && sum.numel() == rows && target_logit.numel() == rows,
+  need((!softmax.data || softmax.numel() == logits.numel()) && sum.numel() == rows &&
+           target_logit.numel() == rows,
        "cross-entropy: shapes");
   if (rows == 0) return;
   np_launch(exp_sum_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), kReduceShared,
             stream, view(logits), static_cast<const long long*>(targets.data),
-            static_cast<const float*>(mx.data), softmax.as<float>(), sum.as<float>(),
+            static_cast<const float*>(mx.data),
+            softmax.data ? softmax.as<float>() : static_cast<float*>(nullptr), sum.as<float>(),
             target_logit.as<float>(), v, tp_rank * v);
   NP_CUDA_CHECK_LAUNCH();
 }
@@ -219,6 +245,34 @@ void cross_entropy_finalize(const Tensor& softmax, const Tensor& sum, const Tens
             static_cast<const float*>(mx.data), static_cast<const float*>(target_logit.data),
             loss.as<float>(), rows, v, log_probs_of ? view(*log_probs_of) : view(softmax),
             log_probs_of != nullptr);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_te_finalize(const Tensor& sum, const Tensor& mx, const Tensor& target_logit,
+                               const Tensor& loss, const Tensor& stats, cudaStream_t stream) {
+  long long rows = loss.numel();
+  need(sum.numel() == rows && mx.numel() == rows && target_logit.numel() == rows &&
+           stats.numel() == 2 * rows && stats.type.dtype == Dtype::kFp32,
+       "cross-entropy (TE): shapes");
+  if (rows == 0) return;
+  np_launch(te_finalize_kernel, dim3(blocks_for(rows)), dim3(kThreads), 0, stream,
+            static_cast<const float*>(sum.data), static_cast<const float*>(mx.data),
+            static_cast<const float*>(target_logit.data), loss.as<float>(), stats.as<float>(),
+            rows);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_te_backward(const Tensor& logits, const Tensor& stats, const Tensor& targets,
+                               const Tensor& dlogits, bool accumulate, long long tp_rank,
+                               float loss_scale, cudaStream_t stream) {
+  long long rows = targets.numel(), v = rows ? logits.numel() / rows : 0;
+  check_ids(targets, rows);
+  need(dlogits.numel() == logits.numel() && stats.numel() == 2 * rows,
+       "cross-entropy (TE) backward: shapes");
+  if (rows * v == 0) return;
+  np_launch(te_grad_kernel, dim3(blocks_for(rows * v)), dim3(kThreads), 0, stream, view(logits),
+            static_cast<const float*>(stats.data), static_cast<const long long*>(targets.data),
+            view(dlogits), accumulate, rows, v, tp_rank * v, loss_scale);
   NP_CUDA_CHECK_LAUNCH();
 }
 
