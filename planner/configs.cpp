@@ -237,8 +237,10 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
   t.dp = dp;
   t.impl = Impl::kMegatron;  // Megatron's fused kernels (--impl overrides)
   c.given.insert("--impl");
-  int64_t global_batch = 0, vpp_layers = 0, recompute_layers = 0;
-  std::string granularity, method;
+  int64_t global_batch = 0, vpp_layers = 0, recompute_layers = -1, first_layers = 0,
+          last_layers = 0;
+  std::string granularity, method, ce_impl = "native";
+  bool ce_fusion = false;
   auto fail = [](const std::string& what) { return make_error("--megatron-args: " + what); };
   // The model's shape flags, checked against m.
   const std::map<std::string, int64_t> shape = {{"--num-layers", m.layers},
@@ -251,13 +253,22 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                                           "--moe-pad-expert-input-to-capacity",
                                           "--group-query-attention", "--use-flash-attn",
                                           "--swiglu", "--untie-embeddings-and-output-weights",
-                                          "--disable-bias-linear", "--bf16"};
+                                          "--disable-bias-linear", "--bf16",
+                                          "--cross-entropy-loss-fusion", "--grad-reduce-in-bf16",
+                                          // Known; no byte depends on them here.
+                                          "--use-mcore-models", "--no-bias-dropout-fusion",
+                                          "--attention-softmax-in-fp32",
+                                          "--no-masked-softmax-fusion",
+                                          "--accumulate-allreduce-grads-in-fp32",
+                                          "--no-position-embedding", "--mock-data"};
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& w = words[i];
     if (switches.count(w)) {
       if (w == "--sequence-parallel") t.sp = true, c.given.insert("--sp");
       if (w == "--use-distributed-optimizer") t.zero = std::max(t.zero, 1), c.given.insert("--zero");
       if (w == "--use-flash-attn") t.attention = AttentionImpl::kFlash, c.given.insert("--attention");
+      if (w == "--cross-entropy-loss-fusion") ce_fusion = true;
+      if (w == "--grad-reduce-in-bf16") t.grad_dtype = Dtype::kBf16, c.given.insert("--grad-accum-dtype");
       continue;
     }
     if (w.rfind("--", 0) != 0) return fail("unexpected " + quote_input(w) + " (flags start with --)");
@@ -300,8 +311,15 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
           count_of("--seq-length", t.seq_len, "--seq-len") ||
           count_of("--global-batch-size", global_batch, "") ||
           count_of("--num-layers-per-virtual-pipeline-stage", vpp_layers, "") ||
-          count_of("--recompute-num-layers", recompute_layers, ""))
+          count_of("--decoder-first-pipeline-num-layers", first_layers, "--partition") ||
+          count_of("--decoder-last-pipeline-num-layers", last_layers, "--partition"))
         continue;
+      if (w == "--recompute-num-layers") {  // 0: no layer recomputed
+        std::optional<int64_t> n = number(0, 1 << 24);
+        if (!n) return fail(w + " " + quote_input(v) + ": expected a whole number >= 0");
+        recompute_layers = *n;
+        continue;
+      }
     } catch (const std::invalid_argument& e) {
       return fail(e.what());
     }
@@ -319,9 +337,30 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
       if (*end != '\0' || !(f > 0 && f <= 64))
         return fail("--moe-expert-capacity-factor " + quote_input(v) + " (valid: (0, 64])");
       t.moe_capacity_factor = f, c.given.insert("--moe-capacity-factor");
+    } else if (w == "--cross-entropy-fusion-impl") {
+      if (v != "native" && v != "te")
+        return fail("--cross-entropy-fusion-impl " + quote_input(v) + " (valid: native, te)");
+      ce_impl = v;
+    } else if (w == "--transformer-impl") {
+      if (v != "transformer_engine")
+        return fail("--transformer-impl " + quote_input(v) +
+                    ": the megatron profile follows Transformer Engine's layers (valid: "
+                    "transformer_engine)");
+    } else if (w == "--make-vocab-size-divisible-by") {
+      if (v != "128")
+        return fail("--make-vocab-size-divisible-by " + quote_input(v) +
+                    ": nanoplan pads the vocabulary as Megatron's default does (valid: 128)");
+    } else if (w == "--hidden-dropout" || w == "--attention-dropout") {
+      char* end = nullptr;
+      double p = std::strtod(v.c_str(), &end);
+      if (*end != '\0' || p != m.dropout)
+        return fail(w + " " + quote_input(v) + " differs from the model " + m.name +
+                    "'s dropout (" + std::to_string(m.dropout) + ")");
     } else if (w == "--max-position-embeddings" || w == "--position-embedding-type" ||
                w == "--normalization" || w == "--tokenizer-type" || w == "--seed" ||
-               w == "--train-iters" || w == "--lr") {
+               w == "--train-iters" || w == "--lr" || w == "--norm-epsilon" ||
+               w == "--vocab-size") {
+      // --vocab-size: the model's vocab_size counts (as the tokenizer reports it).
       // Known; no byte depends on them here.
     } else {
       return fail("unknown Megatron-LM argument " + quote_input(w) +
@@ -333,6 +372,9 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
     }
   }
   t.sp = t.sp && t.tp > 1;
+  // The distributed optimizer over one data-parallel rank shards nothing: the same bytes as
+  // ZeRO-0 (bf16 weights, fp32 gradients, fp32 master weights and moments).
+  if (dp * t.cp == 1) t.zero = 0;
   if (global_batch > 0) {
     if (global_batch % (t.micro_batch * dp) != 0)
       return fail("--global-batch-size " + std::to_string(global_batch) +
@@ -343,8 +385,12 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
   } else {
     t.microbatches = std::max<int64_t>(1, t.pp);
   }
-  t.pp_schedule = t.pp > 1 ? PpSchedule::k1F1B : PpSchedule::kAfab;  // Megatron runs 1F1B
+  // Megatron runs 1F1B; without pipelining (forward_backward_no_pipelining) each micro-batch's
+  // forward is followed by its backward, one in flight: 1F1B at pp 1.
+  t.pp_schedule = PpSchedule::k1F1B;
   c.given.insert("--pp-schedule");
+  if (ce_fusion) t.loss_fusion = ce_impl == "te" ? LossFusion::kTe : LossFusion::kNative;
+  c.given.insert("--cross-entropy-fusion");
   if (vpp_layers > 0) {
     if (m.layers % (vpp_layers * t.pp) != 0)
       return fail("--num-layers-per-virtual-pipeline-stage " + std::to_string(vpp_layers) +
@@ -354,6 +400,24 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
     if (t.virtual_stages > 1) t.pp_schedule = PpSchedule::kInterleaved;
     c.given.insert("--virtual-stages");
   }
+  if (vpp_layers == 0 && t.pp > 1) {
+    // Megatron splits the layers evenly over the stages, the first and the last stage's counts
+    // given apart (--decoder-first/last-pipeline-num-layers).
+    int64_t rest = m.layers - first_layers - last_layers;
+    int64_t middle = t.pp - (first_layers > 0) - (last_layers > 0);
+    if (rest < 0 || (middle == 0 ? rest != 0 : rest % middle != 0 || rest / middle == 0))
+      return fail(std::to_string(m.layers) + " layers do not split evenly over pp " +
+                  std::to_string(t.pp) +
+                  (first_layers || last_layers
+                       ? " with the first and last stages' counts given"
+                       : "; give --decoder-first-pipeline-num-layers and/or "
+                         "--decoder-last-pipeline-num-layers"));
+    t.stage_layers.assign(t.pp, middle ? rest / middle : 0);
+    if (first_layers > 0) t.stage_layers.front() = first_layers;
+    if (last_layers > 0) t.stage_layers.back() = last_layers;
+    c.given.insert("--partition");
+  }
+  if (granularity == "full" && recompute_layers == 0) granularity.clear();  // no layer
   if (granularity == "selective") t.recompute = Recompute::kSelective;
   if (granularity == "full") {
     // uniform with 1 layer per group, or block over every layer of a stage: every layer; fewer
@@ -480,6 +544,10 @@ std::string emit_megatron(const Schedule& s) {
            std::to_string(t.micro_batch * t.microbatches * t.dp) + " --seq-length " +
            std::to_string(t.seq_len);
   if (t.zero >= 1) flags += " --use-distributed-optimizer";
+  if (t.grad_dtype == Dtype::kBf16) flags += " --grad-reduce-in-bf16";
+  if (t.loss_fusion != LossFusion::kNone)
+    flags += std::string(" --cross-entropy-loss-fusion --cross-entropy-fusion-impl ") +
+             (t.loss_fusion == LossFusion::kTe ? "te" : "native");
   if (t.moe_capacity_factor > 0) {
     char f[32];
     std::snprintf(f, sizeof f, "%g", t.moe_capacity_factor);

@@ -105,6 +105,59 @@ TEST(MegatronArgs, ReadsParallelismBatchAndRecompute) {
   }
 }
 
+// What Megatron-LM does with its own arguments: no pipelining holds one micro-batch (1F1B at
+// pp 1), layers split evenly over the stages (the first and last counts given apart), the
+// cross-entropy fusion and its implementation, --recompute-num-layers 0 recomputing nothing, the
+// distributed optimizer over one rank sharding nothing, bf16 gradient reduction.
+TEST(MegatronArgs, ReadsWhatMegatronDoes) {
+  ModelSpec m = testing::model("llama-3.1-8b");  // 32 layers
+  auto read = [&](const std::string& args, int64_t dp) {
+    Result<ConfigSetup> c = megatron_args(args, m, dp);
+    EXPECT_TRUE(c.ok()) << args << ": " << c.error().message;
+    return c.ok() ? c->setup : TrainSpec{};
+  };
+  TrainSpec t = read("--micro-batch-size 1 --global-batch-size 64 --use-distributed-optimizer", 8);
+  EXPECT_EQ(t.pp_schedule, PpSchedule::k1F1B);
+  EXPECT_EQ(t.microbatches, 8);
+  EXPECT_EQ(in_flight(t.pp_schedule, 0, t.pp, t.microbatches, t.virtual_stages), 1);
+  EXPECT_EQ(t.zero, 1);
+  EXPECT_EQ(read("--pipeline-model-parallel-size 4", 2).stage_layers,
+            (std::vector<int64_t>{8, 8, 8, 8}));
+  EXPECT_EQ(read("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 5 "
+                 "--decoder-last-pipeline-num-layers 9",
+                 2)
+                .stage_layers,
+            (std::vector<int64_t>{5, 9, 9, 9}));
+  EXPECT_EQ(read("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te", 2).loss_fusion,
+            LossFusion::kTe);
+  EXPECT_EQ(read("--cross-entropy-loss-fusion", 2).loss_fusion, LossFusion::kNative);
+  EXPECT_EQ(read("--cross-entropy-fusion-impl te", 2).loss_fusion, LossFusion::kNone);
+  EXPECT_EQ(read("--recompute-granularity full --recompute-method block --recompute-num-layers 0",
+                 2)
+                .recompute,
+            Recompute::kNone);
+  EXPECT_EQ(read("--use-distributed-optimizer", 1).zero, 0);
+  EXPECT_EQ(read("--grad-reduce-in-bf16", 2).grad_dtype, Dtype::kBf16);
+  EXPECT_EQ(read("--hidden-dropout 0.0 --transformer-impl transformer_engine "
+                 "--make-vocab-size-divisible-by 128 --mock-data --use-mcore-models",
+                 2)
+                .impl,
+            Impl::kMegatron);
+  for (auto [args, says] :
+       {std::pair{"--pipeline-model-parallel-size 3", "do not split evenly over pp 3"},
+        {"--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 31",
+         "do not split evenly"},
+        {"--cross-entropy-fusion-impl triton", "valid: native, te"},
+        {"--transformer-impl local", "valid: transformer_engine"},
+        {"--make-vocab-size-divisible-by 64", "valid: 128"},
+        {"--hidden-dropout 0.1", "differs from the model"},
+        {"--recompute-num-layers -1", "expected a whole number >= 0"}}) {
+    Result<ConfigSetup> bad = megatron_args(args, m, 2);
+    ASSERT_FALSE(bad.ok()) << args;
+    EXPECT_NE(bad.error().message.find(says), std::string::npos) << bad.error().message;
+  }
+}
+
 // What a named policy emits reads back into the same setup: nanotron's YAML (with the config's
 // model section) and Megatron's flags.
 TEST(EmitConfig, NamedPoliciesRoundTrip) {
@@ -144,6 +197,7 @@ TEST(EmitConfig, NamedPoliciesRoundTrip) {
     EXPECT_EQ(back->setup.recompute, r) << flags;
     EXPECT_EQ(back->setup.microbatches, 8);
     EXPECT_EQ(back->setup.zero, 1);
+    EXPECT_EQ(back->setup.stage_layers, (std::vector<int64_t>{20, 20, 20, 20}));
     if (r == Recompute::kSelective) {
       EXPECT_NE(flags.find("--recompute-granularity selective --recompute-modules core_attn\n"),
                 std::string::npos)
