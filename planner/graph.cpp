@@ -277,7 +277,10 @@ BlockGraph build_embedding(const ModelSpec& m, const TrainSpec& t) {
   Builder b(BlockKind::kEmbedding, m, t);
   int ids = b.input("input_ids", {{b.tokens()}, Dtype::kI64});
   int e = b.op1(OpKind::kEmbedding, "embed.tokens",
-                {.features = m.hidden, .rows = padded_vocab(m, t) / t.tp, .tie = "embedding"}, {ids});
+                {.features = m.hidden, .rows = padded_vocab(m, t) / t.tp,
+                 .tie = "embedding",
+                 .dense_wgrad = t.impl == Impl::kMegatron},
+                {ids});
   e = b.reduce(e, "embed");
   if (m.position == PosEmb::kLearned)
     e = b.op1(OpKind::kPosEmbedding, "embed.positions",

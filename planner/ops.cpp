@@ -135,7 +135,10 @@ const OpInfo kOps[] =
          [](const OpAttrs& a, In) -> Weights {
            return {{"weight", {a.rows, a.features}}};
          },
-         none_types},
+         [](const OpAttrs& a, In) -> Types {
+           if (!a.dense_wgrad) return {};
+           return {{{a.rows, a.features}, kAct}};
+         }},
         {OpKind::kPosEmbedding, "pos_embedding", 1, 1, 0, 0, 0b1, 0b1, false, same, elementwise,
          [](const OpAttrs& a, In) -> Weights {
            return {{"weight", {a.rows, a.features}}};

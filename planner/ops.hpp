@@ -113,6 +113,12 @@ struct OpAttrs {
   // Cross-entropy: the logits are first cast to an fp32 copy (a forward workspace) and the
   // softmax is computed out of place from it (nanotron's sharded cross-entropy).
   bool fp32_copy = false;
+  // Embedding: the weight gradient made whole in bf16 (a backward workspace of the table's
+  // shape) before it is added into the gradient buffer. PyTorch's embedding backward returns a
+  // dense [rows, features] gradient; Megatron's DDP hook adds it into main_grad and drops it
+  // (Megatron-LM 23e00ed, megatron/core/distributed/distributed_data_parallel.py,
+  // _make_backward_post_hook).
+  bool dense_wgrad = false;
 };
 
 struct WeightShape {

@@ -2,6 +2,7 @@
 // the vocab-parallel cross-entropy loss (max, sum of exp and target logit reduced over TP).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -38,14 +39,20 @@ void embedding_backward(const Env& env, const BackwardArgs& a) {
   for (int64_t t = 0; t < T; ++t)
     if (id[t] - lo >= 0 && id[t] - lo < V) hits.emplace_back(id[t] - lo, t);
   std::sort(hits.begin(), hits.end());
+  // dense_wgrad: the whole table's gradient in bf16 first, then added into the buffer.
+  Tensor dense = env.ctx.op->attrs.dense_wgrad ? env.workspace({V, h}, env.act) : Tensor{};
+  const Tensor& into = dense ? dense : dW;
+  if (dense) std::memset(dense.data, 0, static_cast<size_t>(dense.bytes()));
   std::vector<float> sum(h);
   for (size_t i = 0; i < hits.size();) {
     int64_t r = hits[i].first;
     std::fill(sum.begin(), sum.end(), 0.0f);
     for (; i < hits.size() && hits[i].first == r; ++i)
       for (int64_t c = 0; c < h; ++c) sum[c] += load(g, hits[i].second * h + c);
-    for (int64_t c = 0; c < h; ++c) accumulate(dW, r * h + c, sum[c]);
+    for (int64_t c = 0; c < h; ++c) accumulate(into, r * h + c, sum[c]);
   }
+  if (dense)
+    for (int64_t e = 0; e < V * h; ++e) accumulate(dW, e, load(dense, e));
 }
 
 // ---- PosEmbedding: out[t] = x[t] + W[(first_row + t) / b] ---------------------------------------

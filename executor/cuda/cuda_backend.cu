@@ -395,9 +395,16 @@ class CudaBackend final : public exec::Backend {
     };
     bool acc = false;
     switch (op.kind) {
-      case OpKind::kEmbedding:
-        return embedding_backward(need(a.inputs, 0, "ids"), need(a.grad_outputs, 0, "gradient"),
-                                  need(a.weight_grads, 0, "weight gradient"), c.tp_rank, stream_);
+      case OpKind::kEmbedding: {
+        const Tensor& dw = need(a.weight_grads, 0, "weight gradient");
+        // dense_wgrad: the table's gradient whole in bf16 first, then added into the buffer.
+        Tensor dense = op.attrs.dense_wgrad ? ws({dw.type.shape, Dtype::kBf16}) : Tensor{};
+        if (dense) cuda::fill(dense, 0.0f, stream_);
+        embedding_backward(need(a.inputs, 0, "ids"), need(a.grad_outputs, 0, "gradient"),
+                           dense ? dense : dw, c.tp_rank, stream_);
+        if (dense) cuda::accumulate(dw, dense, stream_);
+        return;
+      }
       case OpKind::kPosEmbedding: {
         const Tensor& g = need(a.grad_outputs, 0, "gradient");
         pass(0, g);
