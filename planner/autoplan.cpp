@@ -117,7 +117,7 @@ StageShape stage_shape(const ModelSpec& m, const TrainSpec& t, const RuntimeAssu
   shape.fixed = fixed_overhead_bytes(
       m, t, rt,
       {layers > 0 ? &blocks.layer : nullptr, shape.head ? &blocks.head : nullptr,
-       t.pp_schedule == PpSchedule::kInterleaved ? t.virtual_stages : 1});
+       t.pp_schedule == PpSchedule::kInterleaved ? t.virtual_stages : 1, layers});
   if (t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages > 1) {
     std::vector<int64_t> chunks = chunk_layers(m, t);
     for (size_t j = static_cast<size_t>(s); j < chunks.size(); j += static_cast<size_t>(t.pp))

@@ -23,7 +23,7 @@ StageBlocks stage_blocks(const StageProgram& p) {
   StageBlocks b;
   int chunk = -1;
   for (const StageBlock& blk : p.blocks) {
-    if (blk.kind == BlockKind::kLayer) b.layer = blk.graph.get();
+    if (blk.kind == BlockKind::kLayer) b.layer = blk.graph.get(), ++b.layers;
     if (blk.kind == BlockKind::kHead) b.head = blk.graph.get();
     chunk = std::max(chunk, blk.chunk);
   }

@@ -28,8 +28,36 @@ void fused_wgrad_shapes(const BlockGraph& g, std::vector<std::pair<int64_t, int6
 
 }  // namespace
 
+// nanotron's, at commit 2411b022a75fb7f7561a1bb4166706da5e1b76de with flash-attn 2.6.3 (nanotron
+// pins flash-attn >= 2.5, < 2.7).
+std::vector<OverheadLine> nanotron_lines(const ModelSpec& m, const TrainSpec& t,
+                                         const StageBlocks& b) {
+  std::vector<OverheadLine> out;
+  // Sequence parallelism with tp_recompute_allgather: the column-parallel linears all-gather
+  // their input into one process-wide MemoryBuffer (src/nanotron/parallel/utils.py L13-27; used
+  // by src/nanotron/parallel/tensor_parallel/functional.py L271-274, L392-408, L486-498), which
+  // only grows and is never freed: bf16 [s, b, h], shared by qkv, gate_up and the LM head. The
+  // schedule's gathered tensors still count while they are in use (over by one such buffer at
+  // those instants: the safe side).
+  if (t.sp && t.tp > 1 && t.tp_recompute_allgather && (b.layer || b.head))
+    out.push_back({"TP all-gather buffer", t.seq_len / t.cp * t.micro_batch * m.hidden * 2,
+                   "nanotron's MemoryBuffer for the column-parallel all-gathers (tp_recompute_"
+                   "allgather), bf16 [s, b, h], kept",
+                   true});
+  // flash-attn's RotaryEmbedding, one per attention layer (src/nanotron/models/llama.py
+  // L414-416), keeps its cos and sin tables, bf16 [s, head_dim / 2] each, as attributes for the
+  // run (flash_attn/layers/rotary.py L356-401).
+  if (m.position == PosEmb::kRope && b.layers > 0)
+    out.push_back({"RoPE cos/sin caches", b.layers * t.seq_len * m.head_dim * 2,
+                   count_noun(b.layers, "layer") +
+                       " x bf16 cos and sin [s, head_dim/2] (flash-attn's RotaryEmbedding)",
+                   true});
+  return out;
+}
+
 std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t,
                                           const RuntimeAssumptions& rt, const StageBlocks& b) {
+  if (t.impl == Impl::kNanotron) return nanotron_lines(m, t, b);
   std::vector<OverheadLine> out;
   if (t.impl != Impl::kMegatron) return out;
   // Transformer Engine's dummy weight gradients. With gradient-accumulation fusion the weight

@@ -27,10 +27,11 @@ struct StageBlocks {
   const BlockGraph* layer = nullptr;  // the decoder layer's graph, when the stage has layers
   const BlockGraph* head = nullptr;   // the head block's graph, on the last stage
   int64_t chunks = 1;                 // model chunks on the stage (interleaved: virtual stages)
+  int64_t layers = 0;                 // decoder layers on the stage
 };
 
-// The framework's own allocations on a stage under the setup's implementation profile (empty but
-// for megatron): see runtime_terms.cpp for each term's source.
+// The framework's own allocations on a stage under the setup's implementation profile (megatron's
+// and nanotron's): see runtime_terms.cpp for each term's source.
 std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t,
                                           const RuntimeAssumptions& rt, const StageBlocks& b);
 

@@ -46,9 +46,16 @@ TEST(Estimate, PeakIsTheSumOfItsLines) {
   EXPECT_EQ(sum, s.allocator_peak);
   int64_t overhead = 0;
   for (const OverheadLine& o : s.overheads) overhead += o.bytes;
-  ASSERT_EQ(s.overheads.size(), 4u);
+  // The runtime's lines, nanotron's MemoryBuffer and rotary tables (80 layers x 2 s head_dim),
+  // the slack last.
+  ASSERT_EQ(s.overheads.size(), 6u);
   EXPECT_EQ(s.overheads[0].name, "CUDA context");
   EXPECT_EQ(s.overheads[2].bytes, 64LL << 20);  // one communicator (tp) x 64 MiB
+  EXPECT_EQ(s.overheads[3].name, "TP all-gather buffer");
+  EXPECT_EQ(s.overheads[3].bytes, 2 * 4096LL * 8192);
+  EXPECT_EQ(s.overheads[4].name, "RoPE cos/sin caches");
+  EXPECT_EQ(s.overheads[4].bytes, 80 * 2 * 4096LL * 128);
+  EXPECT_EQ(s.overheads.back().name, "allocator slack");
   EXPECT_EQ(s.peak_bytes, s.allocator_peak + overhead);
   EXPECT_EQ(e.peak_bytes, s.peak_bytes);
   EXPECT_TRUE(e.fits);  // no budget: nothing to exceed
@@ -92,11 +99,13 @@ TEST(Estimate, MegatronFrameworkLines) {
   }
   EXPECT_EQ(e.allocated_peak_bytes,
             std::max(e.stages[0].allocated_peak, e.stages[1].allocated_peak));
-  // Other profiles have no framework lines.
+  // Each profile its own lines: nanotron's MemoryBuffer, none under the fused profile.
   t.impl = Impl::kNanotron;
   Estimate n = estimate(m, t, {}, {});
   EXPECT_EQ(line(n.stages[1], "TE dummy weight gradients"), nullptr);
-  EXPECT_EQ(n.stages[1].overheads.size(), 4u);
+  EXPECT_NE(line(n.stages[1], "TP all-gather buffer"), nullptr);
+  t.impl = Impl::kFused;
+  EXPECT_EQ(estimate(m, t, {}, {}).stages[1].overheads.size(), 4u);
 }
 
 // Megatron pads the vocabulary to a multiple of 128 x tp (_vocab_size_with_padding); the other
@@ -128,7 +137,8 @@ TEST(Estimate, OverheadAssumptionsAreOverridable) {
   rt.allocator_slack = 0;
   Estimate e = estimate(model("llama-70b"), main_example(), rt, {});
   EXPECT_EQ(e.stages[0].overheads[0].bytes, 1LL << 30);
-  EXPECT_EQ(e.stages[0].overheads[3].bytes, 0);
+  EXPECT_EQ(e.stages[0].overheads.back().name, "allocator slack");
+  EXPECT_EQ(e.stages[0].overheads.back().bytes, 0);
 }
 
 TEST(Estimate, ExplainPeakListsExactlyTheLiveBytes) {
