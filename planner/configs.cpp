@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -358,10 +359,16 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                     "'s dropout (" + std::to_string(m.dropout) + ")");
     } else if (w == "--max-position-embeddings" || w == "--position-embedding-type" ||
                w == "--normalization" || w == "--tokenizer-type" || w == "--seed" ||
-               w == "--train-iters" || w == "--lr" || w == "--norm-epsilon" ||
-               w == "--vocab-size") {
-      // --vocab-size: the model's vocab_size counts (as the tokenizer reports it).
+               w == "--train-iters" || w == "--lr" || w == "--norm-epsilon") {
       // Known; no byte depends on them here.
+    } else if (w == "--vocab-size") {
+      // The model's vocab_size is the tokenizer's: --vocab-size itself, or one more where
+      // Megatron's NullTokenizer appends its EOD token (core_r0.14.0).
+      std::optional<int64_t> n = number(1, int64_t{1} << 40);
+      if (!n || (*n != m.vocab && *n + 1 != m.vocab))
+        return fail("--vocab-size " + quote_input(v) + " differs from the model " + m.name +
+                    "'s vocab_size " + std::to_string(m.vocab) +
+                    " (or that less NullTokenizer's EOD token)");
     } else {
       return fail("unknown Megatron-LM argument " + quote_input(w) +
                   " (read: parallel sizes, --micro-batch-size, --global-batch-size, "
@@ -400,6 +407,9 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
     if (t.virtual_stages > 1) t.pp_schedule = PpSchedule::kInterleaved;
     c.given.insert("--virtual-stages");
   }
+  if ((first_layers > 0 || last_layers > 0) && (t.pp == 1 || vpp_layers > 0))
+    return fail("--decoder-first/last-pipeline-num-layers need --pipeline-model-parallel-size > 1 "
+                "without --num-layers-per-virtual-pipeline-stage");
   if (vpp_layers == 0 && t.pp > 1) {
     // Megatron splits the layers evenly over the stages, the first and the last stage's counts
     // given apart (--decoder-first/last-pipeline-num-layers).
@@ -422,7 +432,9 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
   if (granularity == "full") {
     // uniform with 1 layer per group, or block over every layer of a stage: every layer; fewer
     // blocks are per-layer choices the auto planner makes (--recompute auto).
-    int64_t per_stage = m.layers / t.pp;
+    int64_t per_stage = t.stage_layers.empty()
+                            ? m.layers / t.pp
+                            : *std::max_element(t.stage_layers.begin(), t.stage_layers.end());
     if (method == "block" && recompute_layers > 0 && recompute_layers < per_stage)
       return fail("--recompute-method block --recompute-num-layers " +
                   std::to_string(recompute_layers) + " recomputes some layers of each stage; "
@@ -558,6 +570,11 @@ std::string emit_megatron(const Schedule& s) {
     flags += " --decoder-first-pipeline-num-layers " + std::to_string(t.stage_layers.front()) +
              " --decoder-last-pipeline-num-layers " + std::to_string(t.stage_layers.back());
   std::vector<std::string> notes;
+  if (t.stage_layers.size() > 2 &&
+      std::adjacent_find(t.stage_layers.begin() + 1, t.stage_layers.end() - 1,
+                         std::not_equal_to<>()) != t.stage_layers.end() - 1)
+    notes.push_back("not expressible: the middle stages hold different layer counts; Megatron "
+                    "splits the layers between the first and last stage evenly");
   if (p.any_recompute) {
     // The modules the plan re-runs any op of, over every layer; exact when it re-runs all of
     // each such module's ops in every layer, and nothing outside the modules.

@@ -305,7 +305,11 @@ std::string describe_setup(const TrainSpec& t) {
        (t.pp_schedule == PpSchedule::kInterleaved
             ? " (" + std::to_string(t.virtual_stages) + " chunks per stage)"
             : std::string()) +
-       "; " + name_of(t.attention) + " attention, " + name_of(t.impl) + " kernels\n       recompute " + name_of(t.recompute) +
+       "; " + name_of(t.attention) + " attention, " + name_of(t.impl) + " kernels" +
+       (t.loss_fusion != LossFusion::kNone
+            ? std::string(" (cross-entropy fusion ") + name_of(t.loss_fusion) + ")"
+            : std::string()) +
+       "\n       recompute " + name_of(t.recompute) +
        (t.recompute == Recompute::kAuto
             ? std::string(" (per layer, and per all-gather whether to gather again in backward)")
             : std::string(", tp_recompute_allgather ") +

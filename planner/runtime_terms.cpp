@@ -16,7 +16,9 @@ namespace {
 
 // The 2-D weight shapes of the GEMMs whose weight gradient Megatron accumulates straight into its
 // fp32 main_grad (gradient-accumulation fusion, on by default): Transformer Engine's linears in
-// the layer (qkv, proj, fc1, fc2) and Megatron's own output layer.
+// the layer (qkv, proj, fc1, fc2) and Megatron's own output layer. The experts' grouped linears
+// (transformer_engine/pytorch/module/grouped_linear.py L488-494) get them too; they are not
+// counted here yet.
 void fused_wgrad_shapes(const BlockGraph& g, std::vector<std::pair<int64_t, int64_t>>& shapes) {
   for (const GraphOp& op : g.ops) {
     if (op.kind != OpKind::kColumnLinear && op.kind != OpKind::kRowLinear) continue;
@@ -25,8 +27,6 @@ void fused_wgrad_shapes(const BlockGraph& g, std::vector<std::pair<int64_t, int6
         shapes.emplace_back(w.shape[0], w.shape[1]);
   }
 }
-
-}  // namespace
 
 // nanotron's, at commit 2411b022a75fb7f7561a1bb4166706da5e1b76de with flash-attn 2.6.3 (nanotron
 // pins flash-attn >= 2.5, < 2.7).
@@ -54,6 +54,7 @@ std::vector<OverheadLine> nanotron_lines(const ModelSpec& m, const TrainSpec& t,
                    true});
   return out;
 }
+}  // namespace
 
 std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t,
                                           const RuntimeAssumptions& rt, const StageBlocks& b) {

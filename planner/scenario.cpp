@@ -198,10 +198,10 @@ Result<Scenario> scenario_from_text(const std::string& text, const std::string& 
   return sc;
 }
 
-std::string scenario_failures(const Scenario& sc, bool predicted_equals_measured,
-                              const std::vector<double>& losses) {
+std::string scenario_failures(const Scenario& sc, const TrainSpec& t,
+                              bool predicted_equals_measured, const std::vector<double>& losses) {
   std::string why;
-  double ln_v = std::log(static_cast<double>(sc.model.vocab));
+  double ln_v = std::log(static_cast<double>(padded_vocab(sc.model, t)));
   if (sc.expect.predicted_equals_measured && !predicted_equals_measured)
     why += "predicted != measured; ";
   if (sc.expect.first_loss_rel_ln_vocab > 0 && !losses.empty() &&

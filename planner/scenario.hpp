@@ -26,11 +26,12 @@ struct Scenario {
   std::vector<std::string> skipped;  // why each dropped combination is invalid
 };
 
-// Why one run of a scenario's matrix fails its [expect] checks, given whether predicted equalled
-// measured on every rank and the losses per step: "" when it passes, else the failed checks,
-// each ending in "; ".
-std::string scenario_failures(const Scenario& sc, bool predicted_equals_measured,
-                              const std::vector<double>& losses);
+// Why one run `t` of a scenario's matrix fails its [expect] checks, given whether predicted
+// equalled measured on every rank and the losses per step: "" when it passes, else the failed
+// checks, each ending in "; ". The first loss is held to ln of the vocabulary the LM head holds
+// (padded_vocab: megatron pads it to 128 x tp).
+std::string scenario_failures(const Scenario& sc, const TrainSpec& t,
+                              bool predicted_equals_measured, const std::vector<double>& losses);
 
 // `models` resolves `model = "name"`; an inline [model] table uses the catalog schema.
 Result<Scenario> load_scenario(const std::string& path, const std::vector<ModelSpec>& models);

@@ -18,7 +18,10 @@ namespace np {
 
 // Version 2: the norms' backward allocates its per-row statistics (a workspace version 1 lacked).
 // Version 3: the MoE shared gate's backward allocates its per-row gate gradient.
-inline constexpr int kScheduleFormatVersion = 4;
+// Version 4: the setup's implementation profile (impl).
+// Version 5: the setup's cross_entropy_fusion; under megatron the padded vocabulary, the
+// embedding's bf16 gradient workspace and Transformer Engine's loss (cross_entropy_te).
+inline constexpr int kScheduleFormatVersion = 5;
 
 enum class Category : uint8_t { kWeight, kGradient, kOptimizer, kActivation, kTransient };
 inline constexpr int kCategories = 5;

@@ -165,6 +165,8 @@ std::string estimate_command(const SweepResult& x, const SweepOptions& o) {
   if (!t.stage_layers.empty()) c += " --partition " + format_partition(t.stage_layers);
   if (t.attention != AttentionImpl::kFlash) c += std::string(" --attention ") + name_of(t.attention);
   if (t.impl != Impl::kNanotron) c += std::string(" --impl ") + name_of(t.impl);
+  if (t.loss_fusion != LossFusion::kNone)
+    c += std::string(" --cross-entropy-fusion ") + name_of(t.loss_fusion);
   return c + (o.budget_flags.empty() ? "" : " " + o.budget_flags);
 }
 

@@ -37,4 +37,10 @@ check "--cross-entropy-fusion te without --impl megatron: exit 2, one line" \
 rc=$?
 check "--cross-entropy-fusion fused: exit 2 naming the choices" \
   '[ $rc -eq 2 ] && grep -q "none" "$TMP/out.txt" && grep -q "te" "$TMP/out.txt"'
+# Setup flags over --megatron-args: a different pp drops the arguments' even split.
+"$NP" estimate --model llama-3.1-8b --dp 2 \
+  --megatron-args "--pipeline-model-parallel-size 2 --micro-batch-size 1" --pp 4 --microbatches 4 \
+  >"$TMP/out.txt" 2>&1
+rc=$?
+check "--pp over --megatron-args' split: exit 0, 4 stages" '[ $rc -eq 0 ] && grep -q "x pp 4" "$TMP/out.txt"'
 finish

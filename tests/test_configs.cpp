@@ -137,6 +137,9 @@ TEST(MegatronArgs, ReadsWhatMegatronDoes) {
                 .recompute,
             Recompute::kNone);
   EXPECT_EQ(read("--use-distributed-optimizer", 1).zero, 0);
+  // The tokenizer's size, or one less where NullTokenizer appends EOD (the model's 128256).
+  EXPECT_EQ(read("--vocab-size 128256", 2).impl, Impl::kMegatron);
+  EXPECT_EQ(read("--vocab-size 128255", 2).impl, Impl::kMegatron);
   EXPECT_EQ(read("--grad-reduce-in-bf16", 2).grad_dtype, Dtype::kBf16);
   EXPECT_EQ(read("--hidden-dropout 0.0 --transformer-impl transformer_engine "
                  "--make-vocab-size-divisible-by 128 --mock-data --use-mcore-models",
@@ -151,7 +154,13 @@ TEST(MegatronArgs, ReadsWhatMegatronDoes) {
         {"--transformer-impl local", "valid: transformer_engine"},
         {"--make-vocab-size-divisible-by 64", "valid: 128"},
         {"--hidden-dropout 0.1", "differs from the model"},
-        {"--recompute-num-layers -1", "expected a whole number >= 0"}}) {
+        {"--recompute-num-layers -1", "expected a whole number >= 0"},
+        {"--decoder-first-pipeline-num-layers 4", "need --pipeline-model-parallel-size > 1"},
+        {"--vocab-size 128000", "differs from the model"},
+        {"--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 5 "
+         "--decoder-last-pipeline-num-layers 9 --recompute-granularity full --recompute-method "
+         "block --recompute-num-layers 8",
+         "recomputes some layers"}}) {
     Result<ConfigSetup> bad = megatron_args(args, m, 2);
     ASSERT_FALSE(bad.ok()) << args;
     EXPECT_NE(bad.error().message.find(says), std::string::npos) << bad.error().message;

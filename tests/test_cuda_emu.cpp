@@ -589,6 +589,31 @@ TEST(CudaKernels, EmbeddingAndCrossEntropyOnAVocabShard) {
     expect_close(loss.get(), lossr, 1e-5, "cross-entropy loss (this shard) " + name);
     expect_close(sm.get(), smr, 1e-5, "cross-entropy softmax " + name);
     expect_close(dl.get(), dlr, tolerance(d), "cross-entropy dlogits (accumulated) " + name);
+    // Transformer Engine's loss: no softmax stored; the loss and each row's {max, log sum}, then
+    // the gradient from the logits and those (accumulated onto the same prior).
+    DeviceTensor mx2({rows}, Dtype::kFp32), se2({rows}, Dtype::kFp32), tg2({rows}, Dtype::kFp32),
+        loss2({rows}, Dtype::kFp32), stats({rows, 2}, Dtype::kFp32), dl2({rows, v}, d);
+    dl2.set(prior);
+    cross_entropy_max(logits.t, mx2.t, nullptr);
+    cross_entropy_exp_sum(logits.t, tgt.t, mx2.t, Tensor{}, se2.t, tg2.t, rank, nullptr);
+    cross_entropy_te_finalize(se2.t, mx2.t, tg2.t, loss2.t, stats.t, nullptr);
+    cross_entropy_te_backward(logits.t, stats.t, tgt.t, dl2.t, true, rank, scale, nullptr);
+    std::vector<double> statsr(2 * rows);
+    for (int64_t t = 0; t < rows; ++t) {
+      double m = -1e300, z = 0;
+      for (int64_t j = 0; j < v; ++j) m = std::max(m, lv[t * v + j]);
+      for (int64_t j = 0; j < v; ++j) z += std::exp(lv[t * v + j] - m);
+      statsr[2 * t] = m, statsr[2 * t + 1] = std::log(z);
+    }
+    expect_close(loss2.get(), lossr, 1e-5, "TE cross-entropy loss " + name);
+    expect_close(stats.get(), statsr, 1e-5, "TE cross-entropy row statistics " + name);
+    expect_close(dl2.get(), dlr, tolerance(d), "TE cross-entropy dlogits (accumulated) " + name);
+    // Megatron's embedding gradient: whole in bf16 first, then added into the fp32 buffer.
+    DeviceTensor dense({v, h}, Dtype::kBf16), dwt2({v, h}, Dtype::kFp32);
+    dense.set(std::vector<double>(v * h, 0.0)), dwt2.set(std::vector<double>(v * h, 0.0));
+    embedding_backward(idt.t, dout.t, dense.t, rank, nullptr);
+    accumulate(dwt2.t, dense.t, nullptr);
+    expect_close(dwt2.get(), dwr, tolerance(Dtype::kBf16), "embedding dW through bf16 " + name);
   }
 }
 

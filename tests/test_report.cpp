@@ -205,14 +205,14 @@ TEST(ScenarioVerdict, NamesEachFailedCheck) {
   sc.expect = {.predicted_equals_measured = true, .first_loss_rel_ln_vocab = 0.05,
                .loss_decreases = true};
   double ln_v = std::log(static_cast<double>(sc.model.vocab));
-  EXPECT_EQ(scenario_failures(sc, true, {ln_v, ln_v - 0.1}), "");
-  EXPECT_EQ(scenario_failures(sc, false, {ln_v, ln_v - 0.1}), "predicted != measured; ");
-  EXPECT_NE(scenario_failures(sc, true, {1.2 * ln_v, ln_v}).find("first loss"),
+  EXPECT_EQ(scenario_failures(sc, sc.base, true, {ln_v, ln_v - 0.1}), "");
+  EXPECT_EQ(scenario_failures(sc, sc.base, false, {ln_v, ln_v - 0.1}), "predicted != measured; ");
+  EXPECT_NE(scenario_failures(sc, sc.base, true, {1.2 * ln_v, ln_v}).find("first loss"),
             std::string::npos);
-  EXPECT_EQ(scenario_failures(sc, true, {ln_v, ln_v}), "loss did not decrease; ");
+  EXPECT_EQ(scenario_failures(sc, sc.base, true, {ln_v, ln_v}), "loss did not decrease; ");
   sc.expect = {.predicted_equals_measured = false, .first_loss_rel_ln_vocab = 0,
                .loss_decreases = false};
-  EXPECT_EQ(scenario_failures(sc, false, {2 * ln_v, 3 * ln_v}), "");
+  EXPECT_EQ(scenario_failures(sc, sc.base, false, {2 * ln_v, 3 * ln_v}), "");
 }
 
 }  // namespace

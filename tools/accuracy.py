@@ -6,11 +6,12 @@ expressible case, and compares the predicted quantity the case measured (allocat
 torch.cuda.max_memory_allocated()) with each measured rank, through the rank's pipeline stage
 (Megatron's rank order: tp fastest, then cp, dp, pp).
 
-  tools/accuracy.py [--nanoplan BIN] [--check] [--markdown]
+  tools/accuracy.py [--nanoplan BIN] [--check]
 
---markdown prints the table docs/accuracy.md shows; --check exits 1 unless every rank of every
+It prints the table docs/accuracy.md shows; --check exits 1 unless every rank of every
 expressible case is within [-0.5 %, +2 %] and the mean |error| over the cases' stages is at most
-1 %. Python's standard library only.
+1 %. A case whose counter is not max_memory_allocated, or whose measured ranks fall outside the
+setup's GPUs, is an error. Python's standard library only.
 """
 import argparse
 import json
@@ -42,12 +43,18 @@ def rows(nanoplan):
         if not c.get("expressible", True):
             skipped.append(c)
             continue
+        if c["counter"] != "max_memory_allocated":
+            sys.exit(f"accuracy: {c['id']}: counter {c['counter']!r}: only max_memory_allocated "
+                     "is predicted (allocated_peak_bytes)")
         e = predict(nanoplan, c)
         s = e["setup"]
         per_stage = s["tp"] * s["cp"] * s["dp"]
         unit = UNITS[c["unit"]]
         stages = {}
         for rank, value in c["measured"]:
+            if not 0 <= rank < per_stage * s["pp"]:
+                sys.exit(f"accuracy: {c['id']}: rank {rank} is outside the setup's "
+                         f"{per_stage * s['pp']} GPUs")
             stages.setdefault(rank // per_stage, []).append((rank, value * unit))
         for stage, measured in sorted(stages.items()):
             predicted = e["ranks"][stage]["allocated_peak_bytes"]
@@ -87,9 +94,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nanoplan", default=os.path.join(ROOT, "build/tools/nanoplan"))
     p.add_argument("--check", action="store_true")
-    p.add_argument("--markdown", action="store_true")
     a = p.parse_args()
     done, skipped = rows(a.nanoplan)
+    if not done:
+        sys.exit("accuracy: no expressible case in tests/data/measured_memory.toml")
     print(markdown(done, skipped), end="")
     if not a.check:
         return 0

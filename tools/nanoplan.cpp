@@ -414,7 +414,11 @@ np::TrainSpec override_with_flags(const np::ConfigSetup& c, const Flags& f) {
   if (given("--grad-accum-dtype")) t.grad_dtype = flags.grad_dtype;
   if (given("--optimizer")) t.optimizer = flags.optimizer;
   if (given("--tp-recompute-allgather")) t.tp_recompute_allgather = flags.tp_recompute_allgather;
-  if (given("--partition")) t.stage_layers = flags.stage_layers;
+  if (given("--partition")) {
+    t.stage_layers = flags.stage_layers;
+  } else if (given("--pp") || given("--pp-schedule") || given("--virtual-stages")) {
+    t.stage_layers.clear();  // the config's split was for its own pp and schedule: balanced
+  }
   if (given("--moe-capacity-factor")) t.moe_capacity_factor = flags.moe_capacity_factor;
   // The recompute policy: the flag, else the config's, else the flags' default (auto with a
   // budget).
@@ -743,7 +747,7 @@ int run_scenario(const Flags& f) {
       return kExitOutOfMemory;
     }
     np::exec::RunComparison c = compare_run(s, *r, sc.name + ": " + np::describe_short(t), f, ex);
-    std::string why = np::scenario_failures(sc, c.all_equal, c.losses);
+    std::string why = np::scenario_failures(sc, t, c.all_equal, c.losses);
     bool ok = why.empty();
     failed += !ok;
     if (f.format == "json") {

@@ -203,7 +203,8 @@ void cross_entropy_backward(const Env& env, const BackwardArgs& a) {
 // ---- Transformer Engine's parallel cross-entropy ------------------------------------------------
 // No softmax is stored: each row's fp32 max and log-sum-exp (output 1) and the bf16 logits, which
 // backward reads, give the gradient softmax - onehot. TE writes that gradient into the logits in
-// forward; the memory is the same.
+// forward and returns them as it; here the gradient is a new tensor, so the backward holds one
+// more bf16 [rows, V] than TE's (docs/accuracy.md).
 
 Outs cross_entropy_te_forward(const Env& env, Ins in, Ins) {
   const Tensor& logits = need(in, 0, "cross_entropy_te logits");
