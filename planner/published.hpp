@@ -1,7 +1,7 @@
 // The cost model checked against published measurements: per-layer forward and backward times
 // and iteration times of Korthikanti et al. 2022 (arXiv:2205.05198, Tables 4 and 5) and the
 // per-GPU throughput of Narayanan et al. 2021 (arXiv:2104.04473, Table 1), all on A100 80GB
-// (Selene). `tools/cost_check` prints them as the README's table; tests/test_cost.cpp holds the
+// (Selene). `tools/cost_check` prints them as the table in docs/planning.md; tests/test_cost.cpp holds the
 // model to them.
 #pragma once
 #include <string>

@@ -407,8 +407,8 @@ namespace np {
 namespace {
 
 // The cost model against the published measurements of planner/published.hpp (Korthikanti et al.
-// 2022 Tables 4 and 5, Narayanan et al. 2021 Table 1; the README's table). The bounds are the
-// errors the README states: the per-layer times and iteration times of Korthikanti et al. within
+// 2022 Tables 4 and 5, Narayanan et al. 2021 Table 1; the table in docs/planning.md). The bounds are the
+// errors docs/planning.md states: the per-layer times and iteration times of Korthikanti et al. within
 // 11 %, the throughputs of Narayanan et al. within 15 % (their micro-batch size and chunk count are
 // not published), 7 % on average. And the model reproduces what the papers conclude: full
 // recompute costs most of the backward, selective recompute a few percent, sequence

@@ -98,7 +98,7 @@ int64_t saved(const ModelSpec& m, int64_t tp, bool sp, Recompute r, int64_t s = 
 }
 
 // ---- implementation profiles
-// The layer the check in tools/torch_check.py builds (README, "Implementation profiles"): bf16,
+// The layer the check in tools/torch_check.py builds (docs/estimate.md, "Implementation profiles"): bf16,
 // h 1024, 16 query and 4 KV heads of 64, ffn 2816, vocab 32000, 512 tokens x 2 sequences, tp 1.
 ModelSpec check_model() {
   ModelSpec m;

@@ -8,7 +8,7 @@ loss) in PyTorch on the CPU, bf16, the way that profile's framework builds it, a
   - the step peak: the most bytes allocated at once during forward and backward above what was
     allocated before (parameters and gradient buffers), from the profiler's memory events.
 It runs `nanoplan estimate --format json` on the same model and setup and prints both, with the
-differences. Optional: nothing else in the repository needs PyTorch (README, "Implementation
+differences. Optional: nothing else in the repository needs PyTorch (docs/estimate.md, "Implementation
 profiles", gives the install command and the last table).
 
 What the frameworks' CUDA kernels keep, reproduced here with autograd Functions that save the
@@ -40,7 +40,7 @@ try:
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
 except ImportError:
-    sys.exit("torch_check: PyTorch is not installed (README, \"Implementation profiles\": "
+    sys.exit("torch_check: PyTorch is not installed (docs/estimate.md, \"Implementation profiles\": "
              "python3 -m pip install torch)")
 
 DT = torch.bfloat16
