@@ -229,6 +229,16 @@ Result<ConfigSetup> nanotron_config(const std::string& text, const std::string& 
   return c;
 }
 
+// Megatron-LM arguments with a value that no byte depends on here: training hyperparameters,
+// logging, checkpointing and data paths.
+const std::set<std::string> kNoBytes = {
+    "--lr-decay-iters", "--lr-decay-style", "--min-lr", "--weight-decay", "--clip-grad",
+    "--lr-warmup-fraction", "--lr-warmup-iters", "--adam-beta1", "--adam-beta2", "--adam-eps",
+    "--init-method-std", "--log-interval", "--save-interval", "--eval-interval", "--eval-iters",
+    "--exit-interval", "--timing-log-level", "--tensorboard-dir", "--save", "--load",
+    "--data-path", "--vocab-file", "--merge-file", "--split", "--data-cache-path",
+    "--distributed-backend", "--ckpt-format", "--dist-ckpt-strictness"};
+
 Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, int64_t dp) {
   std::vector<std::string> words;
   std::istringstream in(args);
@@ -261,7 +271,20 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                                           "--attention-softmax-in-fp32",
                                           "--no-masked-softmax-fusion",
                                           "--accumulate-allreduce-grads-in-fp32",
-                                          "--no-position-embedding", "--mock-data"};
+                                          "--no-position-embedding", "--mock-data",
+                                          "--no-gradient-accumulation-fusion",
+                                          "--no-create-attention-mask-in-dataloader",
+                                          // Known; no byte depends on them here: the bucketed
+                                          // all-reduce and all-gather work in place in the
+                                          // gradient and parameter buffers.
+                                          "--overlap-grad-reduce", "--overlap-param-gather",
+                                          "--deterministic-mode", "--log-memory-to-tensorboard",
+                                          "--log-throughput", "--log-params-norm",
+                                          "--log-num-zeros-in-grad",
+                                          "--log-validation-ppl-to-tensorboard",
+                                          "--log-timers-to-tensorboard", "--async-save",
+                                          "--use-persistent-ckpt-worker", "--verify-integrity",
+                                          "--use-checkpoint-opt_param-scheduler"};
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& w = words[i];
     if (switches.count(w)) {
@@ -270,6 +293,10 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
       if (w == "--use-flash-attn") t.attention = AttentionImpl::kFlash, c.given.insert("--attention");
       if (w == "--cross-entropy-loss-fusion") ce_fusion = true;
       if (w == "--grad-reduce-in-bf16") t.grad_dtype = Dtype::kBf16, c.given.insert("--grad-accum-dtype");
+      if (w == "--no-gradient-accumulation-fusion")
+        t.grad_accum_fusion = false, c.given.insert("--gradient-accumulation-fusion");
+      if (w == "--no-create-attention-mask-in-dataloader")
+        t.dataloader_mask = false, c.given.insert("--dataloader-attention-mask");
       continue;
     }
     if (w.rfind("--", 0) != 0) return fail("unexpected " + quote_input(w) + " (flags start with --)");
@@ -359,7 +386,8 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                     "'s dropout (" + std::to_string(m.dropout) + ")");
     } else if (w == "--max-position-embeddings" || w == "--position-embedding-type" ||
                w == "--normalization" || w == "--tokenizer-type" || w == "--seed" ||
-               w == "--train-iters" || w == "--lr" || w == "--norm-epsilon") {
+               w == "--train-iters" || w == "--lr" || w == "--norm-epsilon" ||
+               kNoBytes.count(w)) {
       // Known; no byte depends on them here.
     } else if (w == "--vocab-size") {
       // The model's vocab_size is the tokenizer's: --vocab-size itself, or one more where
@@ -560,6 +588,8 @@ std::string emit_megatron(const Schedule& s) {
   if (t.loss_fusion != LossFusion::kNone)
     flags += std::string(" --cross-entropy-loss-fusion --cross-entropy-fusion-impl ") +
              (t.loss_fusion == LossFusion::kTe ? "te" : "native");
+  if (!t.grad_accum_fusion) flags += " --no-gradient-accumulation-fusion";
+  if (!t.dataloader_mask) flags += " --no-create-attention-mask-in-dataloader";
   if (t.moe_capacity_factor > 0) {
     char f[32];
     std::snprintf(f, sizeof f, "%g", t.moe_capacity_factor);

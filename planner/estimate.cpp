@@ -25,6 +25,7 @@ StageBlocks stage_blocks(const StageProgram& p) {
   for (const StageBlock& blk : p.blocks) {
     if (blk.kind == BlockKind::kLayer) b.layer = blk.graph.get(), ++b.layers;
     if (blk.kind == BlockKind::kHead) b.head = blk.graph.get();
+    if (blk.kind == BlockKind::kEmbedding) b.embedding = true;
     chunk = std::max(chunk, blk.chunk);
   }
   b.chunks = chunk + 1;

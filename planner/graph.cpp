@@ -51,6 +51,13 @@ class Builder {
     const OpInfo& info = op_info(kind);
     std::vector<TensorType> in;
     for (int i : inputs) in.push_back(g_.tensors[i].type);
+    // Megatron without gradient-accumulation fusion: each linear's weight gradient whole in bf16
+    // before the DDP hook adds it into the fp32 buffer (the LM head's too: Megatron's own
+    // ColumnParallelLinear, megatron/core/tensor_parallel/layers.py,
+    // LinearWithGradAccumulationAndAsyncCommunication.backward).
+    if ((kind == OpKind::kColumnLinear || kind == OpKind::kRowLinear) &&
+        t_.impl == Impl::kMegatron && !t_.grad_accum_fusion)
+      attrs.dense_wgrad = true;
     GraphOp o{kind, name, attrs, inputs, {}, info.weights(attrs, in)};
     o.flops = info.flops(attrs, in);
     o.bwd_flops = backward_flops(info, attrs, in);
@@ -302,8 +309,10 @@ BlockGraph build_head(const ModelSpec& m, const TrainSpec& t) {
   } else if (t.impl == Impl::kMegatron && t.loss_fusion == LossFusion::kTe) {
     b.op(OpKind::kCrossEntropyTe, "loss", {}, {logits, targets}, {"per_token", "row_stats"});
   } else {
-    b.op(OpKind::kCrossEntropy, "loss", {.fp32_copy = t.impl == Impl::kNanotron}, {logits, targets},
-         {"per_token", "softmax"});
+    b.op(OpKind::kCrossEntropy, "loss",
+         {.fp32_copy = t.impl == Impl::kNanotron,
+          .fp32_grad = t.impl == Impl::kMegatron && t.loss_fusion == LossFusion::kNative},
+         {logits, targets}, {"per_token", "softmax"});
   }
   return b.finish(x, -1);
 }

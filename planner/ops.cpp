@@ -109,6 +109,12 @@ double linear_flops(const OpAttrs& a, In in) {
   return 2.0 * rows_of(in[0]) * cols_of(in[0]) * a.features;
 }
 
+// dense_wgrad: the weight gradient whole in bf16, a backward workspace of the weight's shape.
+Types dense_weight_grad(const OpAttrs& a, In in) {
+  if (!a.dense_wgrad) return {};
+  return {{{a.features, cols_of(in[0])}, kAct}};
+}
+
 Types attn_ctx(const OpAttrs& a, In in) {
   return {{{rows_of(in.back()), a.heads * a.head_dim}, kAct}};
 }
@@ -210,9 +216,9 @@ const OpInfo kOps[] =
         {OpKind::kAllReduce, "all_reduce", 1, 1, 0, 0, 0b1, 0b1, true, same, elementwise,
          no_weights, none_types},
         {OpKind::kColumnLinear, "column_linear", 1, 1, 0b1, 0, 0b1, 0b1, false, linear_out,
-         linear_flops, linear_weights, none_types},
+         linear_flops, linear_weights, dense_weight_grad},
         {OpKind::kRowLinear, "row_linear", 1, 1, 0b1, 0, 0b1, 0b1, false, linear_out, linear_flops,
-         linear_weights, none_types},
+         linear_weights, dense_weight_grad},
         {OpKind::kRope, "rope", 1, 1, 0, 0, 0b1, 0b1, false, same, elementwise, no_weights,
          none_types},
         {OpKind::kFlashAttention, "flash_attention", 1, 2, 0b1, 0b11, 0b1, 0b01, false,
@@ -315,7 +321,11 @@ const OpInfo kOps[] =
          [](const OpAttrs&, In in) -> Types {
            return {{{rows_of(in[0])}, Dtype::kFp32}, {in[0].shape, Dtype::kFp32}};
          },
-         [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights, none_types,
+         [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights,
+         [](const OpAttrs& a, In in) -> Types {
+           if (!a.fp32_grad) return {};
+           return {{in[0].shape, Dtype::kFp32}};
+         },
          // The fp32 copy of the logits (fp32_copy), then the vocab-parallel reductions: per-token
          // max, sum of exponentials and target logit (fp32).
          [](const OpAttrs& a, In in) -> Types {

@@ -113,11 +113,20 @@ struct OpAttrs {
   // Cross-entropy: the logits are first cast to an fp32 copy (a forward workspace) and the
   // softmax is computed out of place from it (nanotron's sharded cross-entropy).
   bool fp32_copy = false;
-  // Embedding: the weight gradient made whole in bf16 (a backward workspace of the table's
-  // shape) before it is added into the gradient buffer. PyTorch's embedding backward returns a
-  // dense [rows, features] gradient; Megatron's DDP hook adds it into main_grad and drops it
+  // Cross-entropy: the backward forms the logits' gradient in a fresh fp32 buffer (a backward
+  // workspace of the logits' shape) before casting it. Megatron's native fused loss
+  // (--cross-entropy-loss-fusion): its calculate_gradients is torch.compile'd (Megatron-LM
+  // 23e00ed, megatron/core/fusions/fused_cross_entropy.py L63-84; jit_fuser in
+  // megatron/core/jit.py), and inductor's code for it (PyTorch 2.15, TORCH_LOGS=output_code)
+  // does the target update out of place into an fp32 [tokens, V/tp] buffer beside the kept
+  // softmax, then writes the bf16 gradient.
+  bool fp32_grad = false;
+  // Embedding and linears: the weight gradient made whole in bf16 (a backward workspace of the
+  // weight's shape) before it is added into the gradient buffer. PyTorch's embedding backward
+  // returns a dense [rows, features] gradient, and so do the linears without Megatron's
+  // gradient-accumulation fusion; Megatron's DDP hook adds it into main_grad and drops it
   // (Megatron-LM 23e00ed, megatron/core/distributed/distributed_data_parallel.py,
-  // _make_backward_post_hook).
+  // _make_backward_post_hook). The bias gradient, also returned whole, is not counted.
   bool dense_wgrad = false;
 };
 

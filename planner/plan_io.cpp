@@ -98,7 +98,8 @@ Result<TrainSpec> setup_from_json(const json& j) {
     r.only({"tp", "pp", "dp", "ep", "sp", "zero", "micro_batch", "seq_len", "microbatches",
             "pp_schedule", "attention", "impl", "grad_accum_dtype", "optimizer", "recompute",
             "tp_recompute_allgather", "stage_layers", "gpus", "virtual_stages", "cp",
-            "moe_capacity_factor", "cross_entropy_fusion"});
+            "moe_capacity_factor", "cross_entropy_fusion", "gradient_accumulation_fusion",
+            "dataloader_attention_mask"});
     TrainSpec t;
     t.tp = r.at("tp").positive(), t.pp = r.at("pp").positive(), t.dp = r.at("dp").positive();
     t.ep = r.at("ep").positive(), t.sp = r.at("sp").boolean();
@@ -113,6 +114,10 @@ Result<TrainSpec> setup_from_json(const json& j) {
     t.impl = r.at("impl").choice<Impl>();
     if (r.has("cross_entropy_fusion"))
       t.loss_fusion = r.at("cross_entropy_fusion").choice<LossFusion>();
+    if (r.has("gradient_accumulation_fusion"))
+      t.grad_accum_fusion = r.at("gradient_accumulation_fusion").boolean();
+    if (r.has("dataloader_attention_mask"))
+      t.dataloader_mask = r.at("dataloader_attention_mask").boolean();
     t.grad_dtype = r.at("grad_accum_dtype").choice<Dtype>();
     t.optimizer = r.at("optimizer").choice<Optimizer>();
     t.recompute = r.at("recompute").choice<Recompute>();

@@ -25,6 +25,8 @@ json setup_to_json(const TrainSpec& t) {
             {"attention", name_of(t.attention)},
             {"impl", name_of(t.impl)},
             {"cross_entropy_fusion", name_of(t.loss_fusion)},
+            {"gradient_accumulation_fusion", t.grad_accum_fusion},
+            {"dataloader_attention_mask", t.dataloader_mask},
             {"grad_accum_dtype", name_of(t.grad_dtype)},
             {"optimizer", name_of(t.optimizer)},
             {"recompute", name_of(t.recompute)},
@@ -309,6 +311,7 @@ std::string describe_setup(const TrainSpec& t) {
        (t.loss_fusion != LossFusion::kNone
             ? std::string(" (cross-entropy fusion ") + name_of(t.loss_fusion) + ")"
             : std::string()) +
+       (t.grad_accum_fusion ? std::string() : std::string(", no gradient-accumulation fusion")) +
        "\n       recompute " + name_of(t.recompute) +
        (t.recompute == Recompute::kAuto
             ? std::string(" (per layer, and per all-gather whether to gather again in backward)")

@@ -68,9 +68,11 @@ std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t
   // of the run. Its linears return it (module/layernorm_linear.py L1002-1008, module/linear.py
   // L953-959), and so does Megatron's output layer when TE is installed
   // (megatron/core/tensor_parallel/layers.py L52, L580-600). Layers of one shape share them.
+  // Without the fusion (--gradient-accumulation-fusion off) TE returns the real gradient, which
+  // the op table holds as each linear's backward workspace (dense_wgrad), and makes no dummy.
   std::vector<std::pair<int64_t, int64_t>> shapes;
-  if (b.layer) fused_wgrad_shapes(*b.layer, shapes);
-  if (b.head) fused_wgrad_shapes(*b.head, shapes);
+  if (b.layer && t.grad_accum_fusion) fused_wgrad_shapes(*b.layer, shapes);
+  if (b.head && t.grad_accum_fusion) fused_wgrad_shapes(*b.head, shapes);
   std::sort(shapes.begin(), shapes.end());
   shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
   int64_t dummy = 0;
@@ -96,6 +98,15 @@ std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t
                    "Megatron's global memory buffer for the output layer's sequence-parallel "
                    "all-gather, bf16 [s/cp, b, h], kept",
                    true});
+  // The dataloader's causal mask (TrainSpec::dataloader_mask), alive during each micro-batch's
+  // forward on the stages that load a batch. Counted at the peak: over by its size when the peak
+  // falls in a backward (the safe side).
+  if (t.dataloader_mask && (b.embedding || b.head))
+    out.push_back({"dataloader attention mask", t.micro_batch * (t.seq_len / t.cp) * t.seq_len,
+                   "bool [b, 1, s/cp, s] on the first and last stages during each forward "
+                   "(Megatron's --create-attention-mask-in-dataloader, its default; "
+                   "--dataloader-attention-mask off)",
+                   true});
   // RotaryEmbedding.forward is lru_cache'd (megatron/core/models/common/embeddings/
   // rotary_pos_embedding.py L150): fp32 [s / cp, 1, 1, head_dim] per model chunk, kept.
   if (m.position == PosEmb::kRope)
@@ -119,11 +130,16 @@ std::vector<OverheadLine> stage_overheads(const ModelSpec& m, const TrainSpec& t
        "context + loaded module images, assumed " + format_binary(rt.cuda_context_bytes) +
            " (--cuda-context)",
        false},
-      // PyTorch allocates its cuBLAS workspace through the caching allocator
-      // (aten/src/ATen/cuda/CublasHandlePool.cpp, getNewWorkspace), so it is counted.
-      {"cuBLAS workspace", rt.cublas_workspace_bytes,
-       "PyTorch's, one compute stream, " + format_binary(rt.cublas_workspace_bytes) +
-           " (its sm_90 default; --cublas-workspace)",
+      // PyTorch allocates its cuBLAS workspaces through the caching allocator, one per (cuBLAS
+      // handle, stream), and takes handles from a thread-local pool (pytorch/pytorch
+      // 26a39059ec580351411f180816c47e2ef5134ae1, aten/src/ATen/cuda/CublasHandlePool.cpp,
+      // setWorkspaceForHandle and getNewWorkspace). The forward's GEMMs run on the Python
+      // thread and the backward's on the autograd engine's worker thread for the device
+      // (torch/csrc/autograd/engine.cpp, Note [Allocating GPUs to autograd threads]): two
+      // handles on one stream, two workspaces, kept for the run.
+      {"cuBLAS workspaces", 2 * rt.cublas_workspace_bytes,
+       "PyTorch's: forward and autograd threads x 1 compute stream x " +
+           format_binary(rt.cublas_workspace_bytes) + " (its sm_90 default; --cublas-workspace)",
        true},
       {"NCCL buffers", comms * rt.nccl_bytes_per_comm,
        count_noun(comms, "communicator") + " (tp/cp/dp/pp/ep > 1) x " +

@@ -26,6 +26,7 @@ struct OverheadLine {
 struct StageBlocks {
   const BlockGraph* layer = nullptr;  // the decoder layer's graph, when the stage has layers
   const BlockGraph* head = nullptr;   // the head block's graph, on the last stage
+  bool embedding = false;             // the stage holds the embedding (the first stage)
   int64_t chunks = 1;                 // model chunks on the stage (interleaved: virtual stages)
   int64_t layers = 0;                 // decoder layers on the stage
 };

@@ -17,7 +17,8 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   TomlReader r(t, path, "setup.");
   r.only({"tp", "pp", "dp", "cp", "ep", "zero", "seq_len", "micro_batch", "microbatches", "sp",
           "tp_recompute_allgather", "pp_schedule", "virtual_stages", "attention", "impl",
-          "recompute", "optimizer", "grad_accum_dtype", "moe_capacity_factor"});
+          "recompute", "optimizer", "grad_accum_dtype", "moe_capacity_factor",
+          "cross_entropy_fusion", "gradient_accumulation_fusion"});
   TrainSpec s;
   s.tp = r.integer_in("tp", 1, 4096, s.tp), s.pp = r.integer_in("pp", 1, 4096, s.pp);
   s.dp = r.integer_in("dp", 1, 1 << 20, s.dp);
@@ -39,6 +40,8 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   s.recompute = r.choice("recompute", Recompute::kNone);
   s.optimizer = r.choice("optimizer", Optimizer::kAdamW);
   s.grad_dtype = r.choice("grad_accum_dtype", Dtype::kFp32);
+  s.loss_fusion = r.choice("cross_entropy_fusion", LossFusion::kNone);
+  s.grad_accum_fusion = r.boolean("gradient_accumulation_fusion", true);
   if (auto e = r.error()) return *e;
   return s;
 }

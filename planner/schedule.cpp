@@ -39,7 +39,7 @@ std::vector<PipelinePass> pipeline_order(PpSchedule s, int64_t stage, int64_t pp
   int64_t warmup = s == PpSchedule::kAfab ? m
                    : s == PpSchedule::k1F1B
                        ? std::min(pp - stage - 1, m)
-                       : (m == pp ? total : std::min(total, 2 * (pp - stage - 1) + (v - 1) * pp));
+                       : std::min(total, 2 * (pp - stage - 1) + (v - 1) * pp);
   int64_t next_f = 0, next_b = 0;
   for (; next_f < warmup; ++next_f) order.push_back(pass(true, next_f));
   while (next_f < total) {
@@ -52,8 +52,8 @@ std::vector<PipelinePass> pipeline_order(PpSchedule s, int64_t stage, int64_t pp
 
 int64_t chunk_passes_in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v) {
   if (s != PpSchedule::kInterleaved) return in_flight(s, stage, pp, m);
-  // The warm-up's forwards and the first steady-state one (all of them when m = pp).
-  return m == pp ? m * v : std::min(m * v, 2 * (pp - stage - 1) + (v - 1) * pp + 1);
+  // The warm-up's forwards and the first steady-state one.
+  return std::min(m * v, 2 * (pp - stage - 1) + (v - 1) * pp + 1);
 }
 
 int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v) {

@@ -21,7 +21,10 @@ namespace np {
 // Version 4: the setup's implementation profile (impl).
 // Version 5: the setup's cross_entropy_fusion; under megatron the padded vocabulary, the
 // embedding's bf16 gradient workspace and Transformer Engine's loss (cross_entropy_te).
-inline constexpr int kScheduleFormatVersion = 5;
+// Version 6: the setup's gradient_accumulation_fusion and dataloader_attention_mask; under
+// megatron without the fusion each linear's backward allocates its bf16 weight gradient, and the
+// native fused loss's backward an fp32 gradient buffer; Megatron's interleaved warm-up when m = pp.
+inline constexpr int kScheduleFormatVersion = 6;
 
 enum class Category : uint8_t { kWeight, kGradient, kOptimizer, kActivation, kTransient };
 inline constexpr int kCategories = 5;
@@ -120,8 +123,10 @@ struct PipelinePass {
 // The order of forward and backward passes on one stage. Interleaved (v chunks per stage, m a
 // multiple of pp): Megatron's order; forward k runs micro-batch (k / (pp v)) pp + k mod pp on
 // chunk (k mod pp v) / pp, backward k the same micro-batch on chunk v - 1 - (k mod pp v) / pp;
-// stage s warms up with 2 (pp - s - 1) + (v - 1) pp forwards (all of them when m = pp), then
-// alternates forward and backward.
+// stage s warms up with 2 (pp - s - 1) + (v - 1) pp forwards (at most all m v), then alternates
+// forward and backward (Megatron-LM 23e00ed, megatron/core/pipeline_parallel/schedules.py,
+// get_pp_rank_microbatches, L718-747, with microbatch_group_size_per_vp_stage = pp, its default;
+// Megatron before mid-2024 warmed every forward up when m = pp, and no longer does).
 std::vector<PipelinePass> pipeline_order(PpSchedule s, int64_t stage, int64_t pp, int64_t m,
                                          int64_t v = 1);
 // Micro-batches whose activations are alive at once on a stage: 1F1B min(m, pp - stage), AFAB m;

@@ -375,6 +375,12 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (t.loss_fusion != LossFusion::kNone && t.impl != Impl::kMegatron)
     return fail(std::string("--cross-entropy-fusion ") + name_of(t.loss_fusion) +
                 " is Megatron's and needs --impl megatron; use --cross-entropy-fusion none");
+  if (!t.dataloader_mask && t.impl != Impl::kMegatron)
+    return fail("--dataloader-attention-mask off is Megatron's and needs --impl megatron; use "
+                "--dataloader-attention-mask on");
+  if (!t.grad_accum_fusion && t.impl != Impl::kMegatron)
+    return fail("--gradient-accumulation-fusion off is Megatron's and needs --impl megatron; use "
+                "--gradient-accumulation-fusion on");
   if (t.cp > 1 && t.impl == Impl::kHf)
     return fail("--cp " + str(t.cp) +
                 " needs --impl nanotron, megatron or fused (Hugging Face's Llama has no context "

@@ -111,6 +111,21 @@ struct TrainSpec {
   AttentionImpl attention = AttentionImpl::kFlash;
   Impl impl = Impl::kNanotron;  // whose kernels the layer is built from (--impl)
   LossFusion loss_fusion = LossFusion::kNone;  // megatron only (--cross-entropy-fusion)
+  // Megatron's gradient-accumulation fusion (megatron only; on by default, off with its
+  // --no-gradient-accumulation-fusion): on, each weight-gradient GEMM adds into the fp32 main_grad
+  // buffer and Transformer Engine hands autograd a kept placeholder per weight shape; off, each
+  // linear's weight gradient is first a whole bf16 tensor, which the DDP hook adds into main_grad
+  // and drops (Megatron-LM 23e00ed, megatron/core/distributed/distributed_data_parallel.py,
+  // _make_backward_post_hook).
+  bool grad_accum_fusion = true;
+  // Megatron's dataloader attention mask (megatron only; on by default, off with its
+  // --no-create-attention-mask-in-dataloader): a bool [b, 1, s, s] causal mask that get_batch
+  // puts on the GPU of every TP rank of the first and last pipeline stages for each micro-batch's
+  // forward, sliced to [b, 1, s / cp, s] under CP (Megatron-LM 23e00ed,
+  // megatron/core/datasets/gpt_dataset.py L221-225 and L653-692, megatron/training/utils.py
+  // get_batch_on_this_tp_rank and get_batch_on_this_cp_rank, pretrain_gpt.py get_batch and
+  // forward_step).
+  bool dataloader_mask = true;
   Dtype grad_dtype = Dtype::kFp32;  // nanotron's accumulate_grad_in_fp32
   Optimizer optimizer = Optimizer::kAdamW;
   Recompute recompute = Recompute::kNone;

@@ -167,6 +167,8 @@ std::string estimate_command(const SweepResult& x, const SweepOptions& o) {
   if (t.impl != Impl::kNanotron) c += std::string(" --impl ") + name_of(t.impl);
   if (t.loss_fusion != LossFusion::kNone)
     c += std::string(" --cross-entropy-fusion ") + name_of(t.loss_fusion);
+  if (!t.grad_accum_fusion) c += " --gradient-accumulation-fusion off";
+  if (!t.dataloader_mask) c += " --dataloader-attention-mask off";
   return c + (o.budget_flags.empty() ? "" : " " + o.budget_flags);
 }
 

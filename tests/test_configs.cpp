@@ -141,6 +141,18 @@ TEST(MegatronArgs, ReadsWhatMegatronDoes) {
   EXPECT_EQ(read("--vocab-size 128256", 2).impl, Impl::kMegatron);
   EXPECT_EQ(read("--vocab-size 128255", 2).impl, Impl::kMegatron);
   EXPECT_EQ(read("--grad-reduce-in-bf16", 2).grad_dtype, Dtype::kBf16);
+  // Gradient-accumulation fusion and the dataloader's mask: on unless switched off, as Megatron.
+  EXPECT_TRUE(read("--use-distributed-optimizer", 2).grad_accum_fusion);
+  EXPECT_FALSE(read("--no-gradient-accumulation-fusion", 2).grad_accum_fusion);
+  EXPECT_TRUE(read("--mock-data", 2).dataloader_mask);
+  EXPECT_FALSE(read("--no-create-attention-mask-in-dataloader", 2).dataloader_mask);
+  // Flags no byte depends on here: the overlapped reductions work in the buffers in place.
+  TrainSpec quiet = read("--overlap-grad-reduce --overlap-param-gather --deterministic-mode "
+                         "--lr-decay-iters 320000 --ckpt-format torch_dist "
+                         "--log-memory-to-tensorboard --eval-iters 10",
+                         2);
+  EXPECT_EQ(quiet.zero, 0);
+  EXPECT_TRUE(quiet.grad_accum_fusion);
   EXPECT_EQ(read("--hidden-dropout 0.0 --transformer-impl transformer_engine "
                  "--make-vocab-size-divisible-by 128 --mock-data --use-mcore-models",
                  2)
@@ -199,6 +211,9 @@ TEST(EmitConfig, NamedPoliciesRoundTrip) {
     t.tp = 8, t.sp = true, t.pp = 4, t.dp = 2, t.zero = 1, t.microbatches = 8;
     t.pp_schedule = PpSchedule::k1F1B, t.recompute = r;
     t.attention = AttentionImpl::kEager;  // with flash attention, selective keeps the same as none
+    t.impl = Impl::kMegatron;
+    t.grad_accum_fusion = r == Recompute::kFull;  // off is emitted, and read back
+    t.dataloader_mask = r == Recompute::kSelective;
     std::string flags = emit_megatron(build_schedule(m, t));
     std::string line = flags.substr(0, flags.find('\n'));
     Result<ConfigSetup> back = megatron_args(line, m, 2);
@@ -207,6 +222,8 @@ TEST(EmitConfig, NamedPoliciesRoundTrip) {
     EXPECT_EQ(back->setup.microbatches, 8);
     EXPECT_EQ(back->setup.zero, 1);
     EXPECT_EQ(back->setup.stage_layers, (std::vector<int64_t>{20, 20, 20, 20}));
+    EXPECT_EQ(back->setup.grad_accum_fusion, t.grad_accum_fusion) << flags;
+    EXPECT_EQ(back->setup.dataloader_mask, t.dataloader_mask) << flags;
     if (r == Recompute::kSelective) {
       EXPECT_NE(flags.find("--recompute-granularity selective --recompute-modules core_attn\n"),
                 std::string::npos)

@@ -471,6 +471,12 @@ std::vector<Case> all_cases() {
   add("column_linear_all_reduce", OpKind::kColumnLinear, {.features = F}, {act({T, H})}, -0.5, 0.5,
       "all_reduce");
   add("row_linear", OpKind::kRowLinear, {.features = H, .bias = true}, {act({T, F})});
+  // Megatron without gradient-accumulation fusion: the weight gradient whole in bf16 (a
+  // workspace), then added into the buffer; the bias gradient straight into its buffer.
+  add("column_linear_dense_wgrad", OpKind::kColumnLinear,
+      {.features = F, .bias = true, .dense_wgrad = true}, {act({T, H})});
+  add("row_linear_dense_wgrad", OpKind::kRowLinear, {.features = H, .dense_wgrad = true},
+      {act({T, F})});
   add("rope", OpKind::kRope, {}, {act({T, QKV})});
   add("flash_attention", OpKind::kFlashAttention, core, {act({T, QKV})});
   OpAttrs gqa2{.batch = B,
@@ -533,6 +539,9 @@ std::vector<Case> all_cases() {
   add("shared_gate", OpKind::kSharedGate, {}, {act({T, H}), act({T, H})});
   add("cross_entropy", OpKind::kCrossEntropy, {}, {act({T, V}, -2, 2), integers(rng, {T}, V)});
   add("cross_entropy_fp32_copy", OpKind::kCrossEntropy, {.fp32_copy = true},
+      {act({T, V}, -2, 2), integers(rng, {T}, V)});
+  // Megatron's native fused loss: the gradient formed in an fp32 workspace, then cast.
+  add("cross_entropy_fp32_grad", OpKind::kCrossEntropy, {.fp32_grad = true},
       {act({T, V}, -2, 2), integers(rng, {T}, V)});
   add("cross_entropy_te", OpKind::kCrossEntropyTe, {}, {act({T, V}, -2, 2), integers(rng, {T}, V)});
   add("cast_fp32", OpKind::kCastFp32, {}, {act({T, V}, -2, 2)});
@@ -1062,7 +1071,7 @@ TEST_P(CpuOp, Bf16RoundsOnceAllocatesTheTableAndIsDeterministic) {
   }
   for (size_t m = 0; m < wg_b.size(); ++m) {
     expect_bitwise(wg_b[m], wg_b2[m], "recomputed weight gradient");
-    if (!c.attrs.dense_wgrad) {
+    if (!c.attrs.dense_wgrad || m > 0) {  // m > 0: a linear's bias, added straight in
       expect_bitwise(wg_b[m], wg_f[m], "weight gradient (fp32 buffer)");
       continue;
     }

@@ -39,6 +39,7 @@ struct Case {
   int64_t chunks = 1;  // > 1: the interleaved schedule with this many chunks per stage
   Impl impl = Impl::kNanotron;
   LossFusion loss = LossFusion::kNone;  // megatron: Transformer Engine's loss with kTe
+  bool grad_fusion = true;  // megatron: false, each linear's weight gradient whole in bf16 first
 };
 
 // Each case under each policy: every allocation event as the plan predicts, the loss within 2%
@@ -52,6 +53,7 @@ void check_scenario(const std::string& name, std::initializer_list<Case> cases,
       TrainSpec t = sc.base;
       t.tp = k.tp, t.pp = k.pp, t.sp = k.sp, t.recompute = rc, t.pp_schedule = PpSchedule::k1F1B;
       t.attention = k.attention, t.impl = k.impl, t.loss_fusion = k.loss;
+      t.grad_accum_fusion = k.grad_fusion;
       t.dp = k.dp, t.zero = k.zero, t.microbatches = sc.base.microbatches / k.dp;
       if (k.chunks > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = k.chunks;
       ASSERT_FALSE(validate_setup(sc.model, t)) << name;
@@ -117,6 +119,16 @@ TEST(CudaBackend, TinyGptEagerAndFlash) {
                  {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
   check_scenario("tiny-gpt", {{2, 1, false, AttentionImpl::kFlash}, {1, 1, false, AttentionImpl::kEager},
                               {2, 1, true, AttentionImpl::kEager, 1, 0, 1, Impl::kFused}},
+                 {Recompute::kNone, Recompute::kFull});
+  // Megatron as its functional tests run it: no gradient-accumulation fusion (each linear's
+  // bf16 weight gradient, then added into the buffer) and the native fused loss (its fp32
+  // gradient buffer), under TP with SP, TP without SP (the all-reduced input gradients) and a
+  // pipeline.
+  check_scenario("tiny-gpt",
+                 {{2, 1, true, AttentionImpl::kFlash, 1, 0, 1, Impl::kMegatron, LossFusion::kNative,
+                   false},
+                  {2, 2, false, AttentionImpl::kFlash, 1, 0, 1, Impl::kMegatron, LossFusion::kNative,
+                   false}},
                  {Recompute::kNone, Recompute::kFull});
 }
 

@@ -95,10 +95,24 @@ TEST(Estimate, MegatronFrameworkLines) {
     EXPECT_EQ(s.allocated_peak, s.allocator_peak + allocator);
     EXPECT_EQ(s.peak_bytes, s.allocated_peak + all);
     EXPECT_FALSE(line(s, "CUDA context")->allocator);
-    EXPECT_TRUE(line(s, "cuBLAS workspace")->allocator);
+    EXPECT_TRUE(line(s, "cuBLAS workspaces")->allocator);
+    // PyTorch's: the forward's thread and the autograd engine's device thread, 32 MiB each.
+    EXPECT_EQ(line(s, "cuBLAS workspaces")->bytes, 2 * (32LL << 20));
   }
   EXPECT_EQ(e.allocated_peak_bytes,
             std::max(e.stages[0].allocated_peak, e.stages[1].allocated_peak));
+  // The dataloader's bool [b, 1, s, s] mask where a batch is loaded (first and last stages).
+  ASSERT_NE(line(e.stages[0], "dataloader attention mask"), nullptr);
+  EXPECT_EQ(line(e.stages[0], "dataloader attention mask")->bytes, 4096LL * 4096);
+  EXPECT_TRUE(line(e.stages[1], "dataloader attention mask")->allocator);
+  t.pp = 3, t.microbatches = 3;  // a middle stage loads none
+  Estimate three = estimate(m, t, {}, {});
+  EXPECT_EQ(line(three.stages[1], "dataloader attention mask"), nullptr);
+  EXPECT_NE(line(three.stages[2], "dataloader attention mask"), nullptr);
+  t.pp = 2, t.microbatches = 2;
+  t.dataloader_mask = false;
+  EXPECT_EQ(line(estimate(m, t, {}, {}).stages[0], "dataloader attention mask"), nullptr);
+  t.dataloader_mask = true;
   // Each profile its own lines: nanotron's MemoryBuffer, none under the fused profile.
   t.impl = Impl::kNanotron;
   Estimate n = estimate(m, t, {}, {});
@@ -110,6 +124,54 @@ TEST(Estimate, MegatronFrameworkLines) {
 
 // Megatron pads the vocabulary to a multiple of 128 x tp (_vocab_size_with_padding); the other
 // profiles hold it as it is.
+// Without gradient-accumulation fusion (Megatron's --no-gradient-accumulation-fusion) each
+// linear's backward holds its weight gradient whole in bf16 (a workspace of the weight's shape),
+// the LM head's included, and Transformer Engine makes no dummy gradients. The native fused loss
+// forms the logits' gradient in an fp32 buffer; Transformer Engine's loss and the unfused one do
+// not.
+TEST(Estimate, MegatronWithoutGradientAccumulationFusion) {
+  TrainSpec t;
+  t.tp = 2, t.sp = true, t.pp = 2, t.microbatches = 2, t.pp_schedule = PpSchedule::k1F1B;
+  t.impl = Impl::kMegatron, t.grad_accum_fusion = false, t.loss_fusion = LossFusion::kNative;
+  const ModelSpec m = model("llama-3.1-8b");
+  EXPECT_FALSE(validate_setup(m, t));
+  BlockGraphs g(m, t);
+  int linears = 0;
+  for (const BlockGraph* b : {g.layer.get(), g.head.get()})
+    for (const GraphOp& op : b->ops) {
+      std::vector<TensorType> in;
+      for (int i : op.inputs) in.push_back(b->tensors[i].type);
+      std::vector<TensorType> ws = op_info(op.kind).bwd_workspace(op.attrs, in);
+      if (op.kind == OpKind::kColumnLinear || op.kind == OpKind::kRowLinear) {
+        ++linears;
+        ASSERT_EQ(ws.size(), 1u) << op.name;
+        EXPECT_EQ(ws[0].dtype, Dtype::kBf16);
+        EXPECT_EQ(ws[0].shape, op.weights[0].shape) << op.name;
+      }
+      if (op.kind == OpKind::kCrossEntropy) {
+        ASSERT_EQ(ws.size(), 1u);
+        EXPECT_EQ(ws[0].shape, (std::vector<int64_t>{4096, 128256 / 2}));
+        EXPECT_EQ(ws[0].dtype, Dtype::kFp32);
+      }
+    }
+  EXPECT_EQ(linears, 5);  // qkv, proj, fc1, fc2, the LM head
+  Estimate off = estimate(m, t, {}, {});
+  for (const StageEstimate& s : off.stages)
+    for (const OverheadLine& o : s.overheads) EXPECT_NE(o.name, "TE dummy weight gradients");
+  // The fused path's dummies and no workspaces; Transformer Engine's loss without the buffer.
+  t.grad_accum_fusion = true, t.loss_fusion = LossFusion::kTe;
+  BlockGraphs on(m, t);
+  for (const GraphOp& op : on.layer->ops) EXPECT_FALSE(op.attrs.dense_wgrad) << op.name;
+  for (const GraphOp& op : on.head->ops) EXPECT_FALSE(op.attrs.dense_wgrad || op.attrs.fp32_grad);
+  // Megatron's only: another profile is told so.
+  t.impl = Impl::kNanotron, t.loss_fusion = LossFusion::kNone, t.grad_accum_fusion = false;
+  auto e = validate_setup(m, t);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("--gradient-accumulation-fusion off is Megatron's"), std::string::npos);
+  t.grad_accum_fusion = true, t.dataloader_mask = false;
+  ASSERT_TRUE(validate_setup(m, t));
+}
+
 TEST(Estimate, MegatronPadsTheVocabulary) {
   ModelSpec m = model("llama-3.1-8b");
   TrainSpec t;

@@ -46,6 +46,12 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
         return t.ep == 2 && t.tp == 2 && t.zero == zero && t.pp == (zero == 3 ? 1 : 2);
       }));
   }
+  if (name == "tiny-gpt-megatron") {  // the Megatron variants of the op table, through the runs
+    EXPECT_TRUE(has([](const TrainSpec& t) {
+      return t.impl == Impl::kMegatron && !t.grad_accum_fusion &&
+             t.loss_fusion == LossFusion::kNative && t.tp == 2 && t.pp == 2 && t.sp;
+    }));
+  }
   if (name == "tiny-llama" || name == "tiny-gpt") {  // 4 layers: pp 2 x 2 chunks
     EXPECT_TRUE(has([](const TrainSpec& t) {
       return t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages == 2;
@@ -80,7 +86,8 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
 
 INSTANTIATE_TEST_SUITE_P(All, Scenarios,
                          ::testing::Values("tiny-llama", "tiny-qwen", "tiny-moe", "tiny-gpt",
-                                           "tiny-llama-dp", "tiny-gpt-cp", "tiny-moe-ep"),
+                                           "tiny-llama-dp", "tiny-gpt-cp", "tiny-moe-ep",
+                                           "tiny-gpt-megatron"),
                          testing::ParamName());
 
 }  // namespace

@@ -52,7 +52,7 @@ constexpr int kExitBadInput = 2;
 struct Flags {
   std::string model, sp = "auto", pp_schedule = "afab", attention = "flash", grad_dtype = "fp32";
   std::string impl = "nanotron";
-  std::string loss_fusion = "none";
+  std::string loss_fusion = "none", grad_fusion = "on", dataloader_mask = "on";
   std::string optimizer = "adamw", recompute, regather = "true", format = "table";
   std::string partition = "balanced";
   std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, te_workspace,
@@ -204,6 +204,17 @@ void add_setup_flags(CLI::App* app, Flags& f) {
                   "fp32 softmax kept), native (--cross-entropy-loss-fusion, the same memory), te "
                   "(--cross-entropy-fusion-impl te: only the bf16 logits kept)")
       ->capture_default_str();
+  app->add_option("--gradient-accumulation-fusion", f.grad_fusion,
+                  "Megatron's under --impl megatron: on (weight gradients added into the fp32 "
+                  "buffer by the GEMM; Transformer Engine keeps a placeholder per weight shape), "
+                  "off (--no-gradient-accumulation-fusion: each weight gradient whole in bf16 "
+                  "first)")
+      ->capture_default_str();
+  app->add_option("--dataloader-attention-mask", f.dataloader_mask,
+                  "Megatron's under --impl megatron: on (its default: a bool [b, 1, s, s] causal "
+                  "mask on the first and last stages during each forward), off "
+                  "(--no-create-attention-mask-in-dataloader)")
+      ->capture_default_str();
   app->add_option("--grad-accum-dtype", f.grad_dtype,
                   "gradient accumulation dtype: fp32 (nanotron's accumulate_grad_in_fp32), bf16")
       ->capture_default_str();
@@ -290,6 +301,14 @@ np::TrainSpec make_setup(const Flags& f) {
   t.attention = check(np::parse_enum<np::AttentionImpl>("--attention", f.attention));
   t.impl = check(np::parse_enum<np::Impl>("--impl", f.impl));
   t.loss_fusion = check(np::parse_enum<np::LossFusion>("--cross-entropy-fusion", f.loss_fusion));
+  if (f.grad_fusion != "on" && f.grad_fusion != "off")
+    die("invalid --gradient-accumulation-fusion " + np::quote_input(f.grad_fusion) +
+        " (valid: on, off)");
+  t.grad_accum_fusion = f.grad_fusion == "on";
+  if (f.dataloader_mask != "on" && f.dataloader_mask != "off")
+    die("invalid --dataloader-attention-mask " + np::quote_input(f.dataloader_mask) +
+        " (valid: on, off)");
+  t.dataloader_mask = f.dataloader_mask == "on";
   t.grad_dtype = check(np::parse_enum<np::Dtype>("--grad-accum-dtype", f.grad_dtype));
   t.optimizer = check(np::parse_enum<np::Optimizer>("--optimizer", f.optimizer));
   bool budgeted = !f.budget.empty() || !f.gpu.empty();
@@ -411,6 +430,8 @@ np::TrainSpec override_with_flags(const np::ConfigSetup& c, const Flags& f) {
   if (given("--attention")) t.attention = flags.attention;
   if (given("--impl")) t.impl = flags.impl;
   if (given("--cross-entropy-fusion")) t.loss_fusion = flags.loss_fusion;
+  if (given("--gradient-accumulation-fusion")) t.grad_accum_fusion = flags.grad_accum_fusion;
+  if (given("--dataloader-attention-mask")) t.dataloader_mask = flags.dataloader_mask;
   if (given("--grad-accum-dtype")) t.grad_dtype = flags.grad_dtype;
   if (given("--optimizer")) t.optimizer = flags.optimizer;
   if (given("--tp-recompute-allgather")) t.tp_recompute_allgather = flags.tp_recompute_allgather;
@@ -794,7 +815,7 @@ int run_run(const Flags& f, CLI::App* app) {
   for (const char* flag :
        {"--tp", "--pp", "--dp", "--ep", "--cp", "--sp", "--zero", "--micro-batch", "--seq-len",
         "--microbatches", "--pp-schedule", "--virtual-stages", "--attention", "--impl",
-        "--cross-entropy-fusion", "--grad-accum-dtype", "--optimizer", "--recompute", "--tp-recompute-allgather", "--partition",
+        "--cross-entropy-fusion", "--gradient-accumulation-fusion", "--dataloader-attention-mask", "--grad-accum-dtype", "--optimizer", "--recompute", "--tp-recompute-allgather", "--partition",
         "--moe-capacity-factor", "--nanotron-config", "--megatron-args"})
     if (app->count(flag) > 0)
       die(std::string(flag) +

@@ -23,11 +23,14 @@ Outs linear_forward(const Env& env, Ins in, Ins w, Dtype out_dtype, bool add_bia
 }
 
 // dX = G W (all-reduced over TP first when the op's backward collective says so: Megatron's f),
-// dW += G^T X, db += sum over rows of G.
+// dW += G^T X, db += sum over rows of G. dense_wgrad: G^T X whole in bf16 first (a workspace
+// taken before the input gradient, in the op table's order), then added into dW.
 void linear_backward(const Env& env, const BackwardArgs& a) {
   const Tensor& x = need(a.inputs, 0, "linear input");
   Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "linear output gradient"));
-  Mat W = load_mat(need(a.weights, 0, "linear weight"));
+  const Tensor& w = need(a.weights, 0, "linear weight");
+  Mat W = load_mat(w);
+  Tensor dense = env.ctx.op->attrs.dense_wgrad ? env.workspace(w.type.shape, env.act) : Tensor{};
   Mat DX = G * W;
   if (env.ctx.op->bwd_collective == "all_reduce") {
     Tensor view{DX.data(), {{DX.rows(), DX.cols()}, Dtype::kFp32}};
@@ -35,6 +38,10 @@ void linear_backward(const Env& env, const BackwardArgs& a) {
   }
   grad_input(env, a, 0, x.type, DX);
   Mat DW = G.transpose() * X;
+  if (dense) {
+    store_mat(dense, DW);
+    DW = load_mat(dense);
+  }
   add_mat(need(a.weight_grads, 0, "linear weight gradient"), DW);
   if (a.weight_grads.size() > 1)
     add_mat(need(a.weight_grads, 1, "linear bias gradient"), column_sums(G));

@@ -197,6 +197,13 @@ void cross_entropy_backward(const Env& env, const BackwardArgs& a) {
   Dtype dt = log_probs                                        ? Dtype::kFp32
              : a.inputs[0] && !a.inputs[0].type.shape.empty() ? a.inputs[0].type.dtype
                                                               : env.act;
+  // fp32_grad: the gradient in a fresh fp32 buffer first (before the input gradient, in the op
+  // table's order), then cast from it.
+  if (env.ctx.op->attrs.fp32_grad) {
+    Tensor fp32 = env.workspace({T, V}, Dtype::kFp32);
+    store_mat(fp32, G);
+    G = load_mat(fp32);
+  }
   grad_input(env, a, 0, {{T, V}, dt}, G);
 }
 

@@ -474,10 +474,15 @@ class CudaBackend final : public exec::Backend {
         const Tensor& x = need(a.inputs, 0, "input");
         bool reduce = op.bwd_collective == "all_reduce";
         if (reduce && a.grad_inputs[0]) unsupported(c, "accumulating an all-reduced input gradient needs a planned buffer");
+        const Tensor& w = need(a.weights, 0, "weight");
+        // dense_wgrad: the weight gradient whole in bf16 first (taken before dx, as the op
+        // table orders a backward's workspaces and input gradients), then added into the buffer.
+        Tensor dense = op.attrs.dense_wgrad ? ws({w.type.shape, Dtype::kBf16}) : Tensor{};
         Tensor& dx = grad(0, x.type, acc);
-        linear_backward(blas_, x, need(a.weights, 0, "weight"), need(a.grad_outputs, 0, "gradient"),
-                        &dx, acc, need(a.weight_grads, 0, "weight gradient"),
-                        a.weight_grads.size() > 1 ? &a.weight_grads[1] : nullptr, stream_);
+        linear_backward(blas_, x, w, need(a.grad_outputs, 0, "gradient"), &dx, acc,
+                        need(a.weight_grads, 0, "weight gradient"),
+                        a.weight_grads.size() > 1 ? &a.weight_grads[1] : nullptr, stream_,
+                        dense ? &dense : nullptr);
         if (reduce) c.comm->all_reduce(dx);  // bf16 partial sums (the CPU reduces fp32 ones)
         return;
       }
@@ -620,7 +625,15 @@ class CudaBackend final : public exec::Backend {
                                                                     : Dtype::kBf16;
         // The log-softmax loss: the NLL's fp32 gradient per logit first (a workspace).
         Tensor nll = log_probs ? ws(sm.type) : Tensor{};
+        // fp32_grad: the gradient formed in a fresh fp32 buffer, then cast into dl.
+        Tensor fp32 = op.attrs.fp32_grad ? ws(sm.type) : Tensor{};
         Tensor& dl = grad(0, {sm.type.shape, dt}, acc);
+        if (fp32) {
+          cross_entropy_backward(sm, need(a.inputs, 1, "targets"), fp32, false, c.tp_rank,
+                                 c.loss_scale, nullptr, stream_);
+          if (acc) return cuda::accumulate(dl, fp32, stream_);
+          return cuda::copy_elements(dl, 0, fp32, 0, fp32.numel(), stream_);
+        }
         return cross_entropy_backward(sm, need(a.inputs, 1, "targets"), dl, acc, c.tp_rank,
                                       c.loss_scale, nll ? &nll : nullptr, stream_);
       }

@@ -70,10 +70,12 @@ void glu_mul_backward(const Tensor& a, const Tensor& x, const Tensor& dy, const 
 // y = x W^T (+ bias) through cuBLAS; x [rows, in], W [out, in], y [rows, out].
 void linear_forward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Tensor* bias,
                     const Tensor& y, cudaStream_t stream);
-// dx (=, or += when accumulate; none when dx is null) = dy W, dW += dy^T x, db += column sums.
+// dx (=, or += when add_dx; none when dx is null) = dy W, dW += dy^T x, db += column sums.
+// dense (bf16, W's shape): dy^T x is written there first, then added into dW (Megatron without
+// gradient-accumulation fusion).
 void linear_backward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Tensor& dy,
-                     const Tensor* dx, bool accumulate, const Tensor& dw, const Tensor* db,
-                     cudaStream_t stream);
+                     const Tensor* dx, bool add_dx, const Tensor& dw, const Tensor* db,
+                     cudaStream_t stream, const Tensor* dense = nullptr);
 // A row-major matrix operand of gemm_rows: element (r, c) of batch item i at
 // p + i * stride + r * ld + c (elements of bf16 or fp32); trans: the operand is the transpose.
 struct MatArg {

@@ -58,8 +58,8 @@ void linear_forward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Te
 }
 
 void linear_backward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Tensor& dy,
-                     const Tensor* dx, bool accumulate, const Tensor& dw, const Tensor* db,
-                     cudaStream_t stream) {
+                     const Tensor* dx, bool add_dx, const Tensor& dw, const Tensor* db,
+                     cudaStream_t stream, const Tensor* dense) {
   long long in = w.type.shape.at(1), out = w.type.shape.at(0), rows = in ? x.numel() / in : 0;
   if (dy.numel() != rows * out || dw.numel() != w.numel() || (dx && dx->numel() != x.numel()))
     throw std::invalid_argument("linear backward: shapes do not agree");
@@ -69,15 +69,20 @@ void linear_backward(cublasHandle_t h, const Tensor& x, const Tensor& w, const T
     NP_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, dim_int(in, "in"),
                                  dim_int(rows, "rows"), dim_int(out, "out"), &one, w.data,
                                  type_of(w), dim_int(in, "in"), dy.data, type_of(dy),
-                                 dim_int(out, "out"), accumulate ? &one : &zero, dx->data,
+                                 dim_int(out, "out"), add_dx ? &one : &zero, dx->data,
                                  type_of(*dx), dim_int(in, "in"), CUBLAS_COMPUTE_32F,
                                  CUBLAS_GEMM_DEFAULT));
-  // dW^T (in x out) += x^T (in x rows) dy (rows x out)
+  // dW^T (in x out) += x^T (in x rows) dy (rows x out); with dense, into it (bf16), then added.
+  const Tensor& into = dense ? *dense : dw;
+  if (dense && dense->numel() != dw.numel())
+    throw std::invalid_argument("linear backward: the dense weight gradient's size differs");
   NP_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, dim_int(in, "in"),
                                dim_int(out, "out"), dim_int(rows, "rows"), &one, x.data,
                                type_of(x), dim_int(in, "in"), dy.data, type_of(dy),
-                               dim_int(out, "out"), &one, dw.data, type_of(dw), dim_int(in, "in"),
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                               dim_int(out, "out"), dense ? &zero : &one, into.data,
+                               type_of(into), dim_int(in, "in"), CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT));
+  if (dense) accumulate(dw, *dense, stream);
   if (db) column_sums_add(dy, rows, *db, stream);
 }
 
