@@ -237,7 +237,8 @@ const std::set<std::string> kNoBytes = {
     "--init-method-std", "--log-interval", "--save-interval", "--eval-interval", "--eval-iters",
     "--exit-interval", "--timing-log-level", "--tensorboard-dir", "--save", "--load",
     "--data-path", "--vocab-file", "--merge-file", "--split", "--data-cache-path",
-    "--distributed-backend", "--ckpt-format", "--dist-ckpt-strictness"};
+    "--distributed-backend", "--ckpt-format", "--dist-ckpt-strictness", "--decoupled-lr",
+    "--decoupled-min-lr"};
 
 Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, int64_t dp) {
   std::vector<std::string> words;
@@ -284,7 +285,8 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                                           "--log-validation-ppl-to-tensorboard",
                                           "--log-timers-to-tensorboard", "--async-save",
                                           "--use-persistent-ckpt-worker", "--verify-integrity",
-                                          "--use-checkpoint-opt_param-scheduler"};
+                                          "--use-checkpoint-opt_param-scheduler",
+                                          "--no-ckpt-fully-parallel-save", "--add-qkv-bias"};
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& w = words[i];
     if (switches.count(w)) {
@@ -297,6 +299,24 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
         t.grad_accum_fusion = false, c.given.insert("--gradient-accumulation-fusion");
       if (w == "--no-create-attention-mask-in-dataloader")
         t.dataloader_mask = false, c.given.insert("--dataloader-attention-mask");
+      // The architecture switches, checked against the model (absent: the model decides).
+      auto arch = [&](bool agrees, const std::string& model_has) -> std::optional<Error> {
+        if (agrees) return std::nullopt;
+        return fail(w + " differs from the model " + m.name + ", which has " + model_has);
+      };
+      std::optional<Error> bad;
+      if (w == "--swiglu")
+        bad = arch(m.activation == Activation::kSwiGlu, std::string(name_of(m.activation)));
+      if (w == "--disable-bias-linear")
+        bad = arch(!m.linear_bias && !m.qkv_bias, "biases on its linears");
+      if (w == "--add-qkv-bias") bad = arch(m.qkv_bias, "no qkv bias");
+      if (w == "--untie-embeddings-and-output-weights")
+        bad = arch(!m.tie_embeddings, "tied embeddings");
+      if (w == "--no-position-embedding")
+        bad = arch(m.position != PosEmb::kLearned, "learned position embeddings");
+      if (w == "--group-query-attention")
+        bad = arch(m.kv_heads < m.heads, "as many key/value heads as query heads");
+      if (bad) return *bad;
       continue;
     }
     if (w.rfind("--", 0) != 0) return fail("unexpected " + quote_input(w) + " (flags start with --)");
@@ -384,8 +404,21 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
       if (*end != '\0' || p != m.dropout)
         return fail(w + " " + quote_input(v) + " differs from the model " + m.name +
                     "'s dropout (" + std::to_string(m.dropout) + ")");
-    } else if (w == "--max-position-embeddings" || w == "--position-embedding-type" ||
-               w == "--normalization" || w == "--tokenizer-type" || w == "--seed" ||
+    } else if (w == "--normalization") {
+      if (v != "LayerNorm" && v != "RMSNorm")
+        return fail("--normalization " + quote_input(v) + " (valid: LayerNorm, RMSNorm)");
+      if ((v == "RMSNorm") != (m.norm == Norm::kRms))
+        return fail("--normalization " + v + " differs from the model " + m.name + ", which has " +
+                    name_of(m.norm));
+    } else if (w == "--position-embedding-type") {
+      if (v != "learned_absolute" && v != "rope")
+        return fail("--position-embedding-type " + quote_input(v) +
+                    " (valid: learned_absolute, rope)");
+      if ((v == "rope") != (m.position == PosEmb::kRope))
+        return fail("--position-embedding-type " + v + " differs from the model " + m.name +
+                    ", which has " + name_of(m.position) + " positions");
+    } else if (w == "--max-position-embeddings" ||
+               w == "--tokenizer-type" || w == "--seed" ||
                w == "--train-iters" || w == "--lr" || w == "--norm-epsilon" ||
                kNoBytes.count(w)) {
       // Known; no byte depends on them here.

@@ -152,6 +152,12 @@ TEST(MegatronArgs, ReadsWhatMegatronDoes) {
                          "--log-memory-to-tensorboard --eval-iters 10",
                          2);
   EXPECT_EQ(quiet.zero, 0);
+  EXPECT_EQ(read("--swiglu --normalization RMSNorm --position-embedding-type rope "
+                 "--disable-bias-linear --untie-embeddings-and-output-weights "
+                 "--group-query-attention --no-position-embedding",
+                 2)
+                .impl,
+            Impl::kMegatron);
   EXPECT_TRUE(quiet.grad_accum_fusion);
   EXPECT_EQ(read("--hidden-dropout 0.0 --transformer-impl transformer_engine "
                  "--make-vocab-size-divisible-by 128 --mock-data --use-mcore-models",
@@ -169,6 +175,11 @@ TEST(MegatronArgs, ReadsWhatMegatronDoes) {
         {"--recompute-num-layers -1", "expected a whole number >= 0"},
         {"--decoder-first-pipeline-num-layers 4", "need --pipeline-model-parallel-size > 1"},
         {"--vocab-size 128000", "differs from the model"},
+        // Architecture flags given must be the model's (absent ones: the model decides).
+        {"--normalization LayerNorm", "differs from the model"},
+        {"--position-embedding-type learned_absolute", "differs from the model"},
+        {"--position-embedding-type alibi", "valid: learned_absolute, rope"},
+        {"--add-qkv-bias", "differs from the model"},
         {"--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 5 "
          "--decoder-last-pipeline-num-layers 9 --recompute-granularity full --recompute-method "
          "block --recompute-num-layers 8",
