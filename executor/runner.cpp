@@ -40,8 +40,12 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
   if (t.gpus() > 64)
     return make_error("the executor runs at most 64 ranks; got tp x cp x pp x dp = " +
                       std::to_string(t.gpus()));
-  if (!host_memory) return std::nullopt;
-  // Host memory: every rank's predicted peak must fit in what this machine has free.
+  return std::nullopt;
+}
+
+std::optional<Error> check_host_memory(const Schedule& s) {
+  const TrainSpec& t = s.setup;
+  // Every rank's predicted peak must fit in what this machine has free.
   double need = 0;
   for (const StageProgram& p : s.stages)
     need += static_cast<double>(simulate(p).peak_bytes) * static_cast<double>(t.tp * t.cp * t.dp);
@@ -57,6 +61,8 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
 Result<RunResult> run_schedule(const Schedule& s, const BackendFactory& backend,
                                const RunOptions& options, const CommWorldFactory& world_factory) {
   if (auto e = check_runnable(s, !options.device_memory)) return *e;
+  if (!options.device_memory)
+    if (auto e = check_host_memory(s)) return *e;
   const TrainSpec& t = s.setup;
   std::unique_ptr<CommWorld> world = world_factory(t.tp, t.pp, t.dp, t.cp, t.ep);
   std::mutex mu;

@@ -43,9 +43,12 @@ using BackendFactory = std::function<std::unique_ptr<Backend>()>;
 // The in-process communicators (ranks as threads).
 CommWorldFactory in_process_world();
 
-// Which setups the executor can run; an error names the limit and the way out. `host_memory`:
-// the ranks' memory is this host's (the CPU executor), which must hold every rank's peak.
+// Which setups the executor can run; an error names the limit and the way out (bad input).
+// `host_memory`: the ranks' memory is this host's (the CPU executor).
 std::optional<Error> check_runnable(const Schedule& s, bool host_memory = true);
+// Whether this host has the free memory for every rank's predicted peak (the CPU executor); a
+// refusal is the executor's failure (exit 4), checked by run_schedule.
+std::optional<Error> check_host_memory(const Schedule& s);
 
 // Adds one rank's report to a run's: its memory, its replica's part of the loss (the last stage's
 // TP rank 0), the gradients it holds (NaN elsewhere), forward counts (TP rank 0's of DP rank 0),

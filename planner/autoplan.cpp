@@ -377,10 +377,10 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   TrainSpec t = setup;  // with the searched partition, when asked for
   const Blocks blocks{build_layer(m, t), build_embedding(m, t), build_head(m, t)};
   const BlockGraph& layer = blocks.layer;
-  std::string key = hw.name + "/" + std::to_string(t.tp) + "/" + std::to_string(t.sp) + "/" +
-                    std::to_string(t.ep) + "/" + std::to_string(t.tp_recompute_allgather) + "/" +
-                    std::to_string(t.seq_len) + "/" + std::to_string(t.micro_batch) + "/" +
-                    name_of(t.attention) + "/" + name_of(t.impl);
+  // The frontier depends on the layer graph, the hardware's times and whether all-gathers may be
+  // kept.
+  std::string key = hw.name + "/" + layer_graph_key(t) + "/regather" +
+                    std::to_string(t.tp_recompute_allgather);
   // The layer frontier, computed once per key by the first thread that needs it (a sweep shares
   // the cache; a single plan keeps its own, which the balanced comparison below reuses).
   FrontierCache own;

@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -197,14 +198,18 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
   m.tie_embeddings = flag("tie_word_embeddings", false);
   m.qkv_bias = flag("attention_bias", type == "qwen2" || type == "qwen2_moe");
   m.linear_bias = flag("mlp_bias", false);
+  // Every architecture read here has the gated MLP (gate_proj, up_proj, down_proj:
+  // transformers' LlamaMLP, MistralMLP, Qwen2MLP and the MoE experts), whatever hidden_act is:
+  // the activation does not decide the weights. A GeLU activation makes it GeGLU, whose weights
+  // and saved tensors are SwiGLU's (nanoplan's executors compute SiLU there).
   std::string act = text("hidden_act", "silu");
-  if (act == "silu" || act == "swiglu")
-    m.activation = Activation::kSwiGlu;
-  else if (act == "gelu" || act == "gelu_new" || act == "gelu_pytorch_tanh")
-    m.activation = Activation::kGelu;
-  else
+  const std::vector<std::string> acts = {"silu", "swiglu", "gelu", "gelu_new", "gelu_pytorch_tanh",
+                                         "gelu_fast", "relu"};
+  if (std::find(acts.begin(), acts.end(), act) == acts.end())
     return make_error(path + ": hidden_act " + quote_input(act, '"') +
-                      " is not supported (valid: silu, swiglu, gelu, gelu_new, gelu_pytorch_tanh)");
+                      " is not supported (valid: silu, swiglu, gelu, gelu_new, gelu_pytorch_tanh, "
+                      "gelu_fast, relu)");
+  m.activation = Activation::kSwiGlu;
   int64_t experts = given("num_local_experts") ? count("num_local_experts", 0)
                                                : count("num_experts", 0);
   if (experts > 0) {
@@ -310,8 +315,22 @@ Result<ModelSpec> resolve_model(const std::vector<ModelSpec>& catalog, std::stri
   std::string s(name);
   if (s.ends_with(".toml")) return load_model_toml(s);
   if (s.ends_with(".json")) return load_hf_config(s);
-  return find_named(catalog, name, "model",
-                    "'nanoplan models' lists them all, or pass a .toml or config.json path");
+  Result<ModelSpec> found = find_named(catalog, name, "model",
+                                       "'nanoplan models' lists them all, or pass a .toml or "
+                                       "config.json path");
+  if (found) return found;
+  // A fine-tuned variant of a catalog model (-Instruct, -Chat, ...) has the base model's shapes:
+  // resolved to it, and its display name says so.
+  for (const char* suffix : {"-instruct", "-chat", "-it", "-base", "-hf", "-sft", "-dpo"}) {
+    std::string key = lower(name);
+    if (!key.ends_with(suffix) || key.size() == std::strlen(suffix)) continue;
+    Result<ModelSpec> base = find_named(catalog, name.substr(0, name.size() - std::strlen(suffix)),
+                                        "model", "");
+    if (!base) continue;
+    base->display_name += " (the base model of " + std::string(name) + ": the same weights' shapes)";
+    return base;
+  }
+  return found;
 }
 
 Result<GpuSpec> resolve_gpu(const std::vector<GpuSpec>& catalog, std::string_view name) {

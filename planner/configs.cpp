@@ -203,7 +203,16 @@ Result<ConfigSetup> nanotron_config(const std::string& text, const std::string& 
       t.microbatches = k.integer("batch_accumulation_per_replica", 1, 65536), set("--microbatches");
 
     YamlSection o(root, "optimizer");
-    if (o.has("zero_stage")) t.zero = static_cast<int>(o.integer("zero_stage", 0, 3)), set("--zero");
+    // Any zero_stage above 0 builds nanotron's ZeroDistributedOptimizer, which shards the
+    // optimizer states only (src/nanotron/helpers.py L409, nanotron 2411b022): ZeRO-1.
+    if (o.has("zero_stage")) {
+      int64_t stage = o.integer("zero_stage", 0, 3);
+      t.zero = stage > 0 ? 1 : 0, set("--zero");
+      if (stage > 1)
+        c.notes.push_back(path + ": optimizer.zero_stage " + std::to_string(stage) +
+                          " is ZeRO-1 in nanotron (its ZeroDistributedOptimizer shards the "
+                          "optimizer states only)");
+    }
     if (o.has("accumulate_grad_in_fp32"))
       t.grad_dtype = o.boolean("accumulate_grad_in_fp32") ? Dtype::kFp32 : Dtype::kBf16,
       set("--grad-accum-dtype");
@@ -238,18 +247,51 @@ const std::set<std::string> kNoBytes = {
     "--exit-interval", "--timing-log-level", "--tensorboard-dir", "--save", "--load",
     "--data-path", "--vocab-file", "--merge-file", "--split", "--data-cache-path",
     "--distributed-backend", "--ckpt-format", "--dist-ckpt-strictness", "--decoupled-lr",
-    "--decoupled-min-lr"};
+    "--decoupled-min-lr", "--train-samples", "--lr-decay-samples", "--lr-warmup-samples",
+    "--exit-duration-in-mins", "--distributed-timeout-minutes", "--rotary-base", "--rotary-percent",
+    "--profile-step-start", "--profile-step-end", "--empty-unused-memory-level", "--seed",
+    "--tokenizer-model", "--num-workers", "--log-throughput-interval",
+    "--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-token-dispatcher-type",
+    "--moe-z-loss-coeff", "--tiktoken-pattern"};
+
+// Megatron-LM arguments that change the memory in ways nanoplan does not model yet: refused by
+// name, with what they do.
+const std::map<std::string, std::string> kNotModelled = {
+    {"--fp8-format", "fp8 training (nanoplan models bf16)"},
+    {"--fp8-param-gather", "fp8 parameters (nanoplan models bf16)"},
+    {"--fp4-format", "fp4 training (nanoplan models bf16)"},
+    {"--use-megatron-fsdp", "Megatron-FSDP (for fully sharded states use --zero 3)"},
+    {"--use-torch-fsdp2", "PyTorch FSDP2 (for fully sharded states use --zero 3)"},
+    {"--defer-embedding-wgrad-compute", "the output layer's deferred weight gradients"},
+    {"--tp-comm-overlap", "Transformer Engine's userbuffers for overlapped TP communication"},
+    {"--cpu-offloading", "activation offloading to the host"},
+    {"--multi-latent-attention", "multi-head latent attention"},
+    {"--mtp-num-layers", "multi-token prediction layers"},
+    {"--pipeline-model-parallel-layout", "a per-stage layer layout"},
+    {"--account-for-embedding-in-pipeline-split", "a pipeline split that counts the embedding"},
+    {"--account-for-loss-in-pipeline-split", "a pipeline split that counts the loss"},
+    {"--qk-layernorm", "layer norms on q and k"},
+    {"--use-precision-aware-optimizer", "the precision-aware optimizer's reduced-precision states"}};
 
 Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, int64_t dp) {
+  // Words as a launch line has them; --flag=value is --flag value.
   std::vector<std::string> words;
   std::istringstream in(args);
-  for (std::string w; in >> w;) words.push_back(w);
+  for (std::string w; in >> w;) {
+    size_t eq = w.find('=');
+    if (w.rfind("--", 0) == 0 && eq != std::string::npos) {
+      words.push_back(w.substr(0, eq));
+      words.push_back(w.substr(eq + 1));
+    } else {
+      words.push_back(w);
+    }
+  }
   ConfigSetup c;
   TrainSpec& t = c.setup;
   t.dp = dp;
   t.impl = Impl::kMegatron;  // Megatron's fused kernels (--impl overrides)
   c.given.insert("--impl");
-  int64_t global_batch = 0, vpp_layers = 0, recompute_layers = -1, first_layers = 0,
+  int64_t global_batch = 0, vpp_layers = 0, vpp_chunks = 0, recompute_layers = -1, first_layers = 0,
           last_layers = 0;
   std::string granularity, method, ce_impl = "native";
   bool ce_fusion = false;
@@ -260,40 +302,64 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                                                 {"--ffn-hidden-size", m.ffn},
                                                 {"--num-attention-heads", m.heads},
                                                 {"--num-query-groups", m.kv_heads},
-                                                {"--kv-channels", m.head_dim}};
+                                                {"--kv-channels", m.head_dim},
+                                                {"--num-experts", m.moe ? m.moe->num_experts : 0},
+                                                {"--moe-router-topk", m.moe ? m.moe->top_k : 0},
+                                                {"--moe-ffn-hidden-size",
+                                                 m.moe ? m.moe->expert_ffn : 0},
+                                                {"--moe-shared-expert-intermediate-size",
+                                                 m.moe ? m.moe->shared_ffn : 0}};
   const std::set<std::string> switches = {"--sequence-parallel", "--use-distributed-optimizer",
                                           "--moe-pad-expert-input-to-capacity",
                                           "--group-query-attention", "--use-flash-attn",
                                           "--swiglu", "--untie-embeddings-and-output-weights",
                                           "--disable-bias-linear", "--bf16",
                                           "--cross-entropy-loss-fusion", "--grad-reduce-in-bf16",
-                                          // Known; no byte depends on them here.
-                                          "--use-mcore-models", "--no-bias-dropout-fusion",
-                                          "--attention-softmax-in-fp32",
-                                          "--no-masked-softmax-fusion",
-                                          "--accumulate-allreduce-grads-in-fp32",
-                                          "--no-position-embedding", "--mock-data",
+                                          "--no-position-embedding",
                                           "--no-gradient-accumulation-fusion",
                                           "--no-create-attention-mask-in-dataloader",
-                                          // Known; no byte depends on them here: the bucketed
-                                          // all-reduce and all-gather work in place in the
-                                          // gradient and parameter buffers.
-                                          "--overlap-grad-reduce", "--overlap-param-gather",
-                                          "--deterministic-mode", "--log-memory-to-tensorboard",
-                                          "--log-throughput", "--log-params-norm",
-                                          "--log-num-zeros-in-grad",
-                                          "--log-validation-ppl-to-tensorboard",
-                                          "--log-timers-to-tensorboard", "--async-save",
-                                          "--use-persistent-ckpt-worker", "--verify-integrity",
-                                          "--use-checkpoint-opt_param-scheduler",
-                                          "--no-ckpt-fully-parallel-save", "--add-qkv-bias"};
+                                          "--add-qkv-bias", "--recompute-activations"};
+  // Known, and no byte depends on them here (the overlapped reductions work in place in the
+  // gradient and parameter buffers, and the cost model does not overlap them): ignored, and
+  // listed once.
+  const std::set<std::string> quiet = {"--use-mcore-models", "--no-bias-dropout-fusion",
+                                       "--attention-softmax-in-fp32", "--no-masked-softmax-fusion",
+                                       "--accumulate-allreduce-grads-in-fp32", "--mock-data",
+                                       "--overlap-grad-reduce", "--overlap-param-gather",
+                                       "--deterministic-mode", "--log-memory-to-tensorboard",
+                                       "--log-throughput", "--log-params-norm",
+                                       "--log-num-zeros-in-grad",
+                                       "--log-validation-ppl-to-tensorboard",
+                                       "--log-timers-to-tensorboard", "--async-save",
+                                       "--use-persistent-ckpt-worker", "--verify-integrity",
+                                       "--use-checkpoint-opt_param-scheduler",
+                                       "--no-ckpt-fully-parallel-save", "--fp16",
+                                       "--calculate-per-token-loss", "--manual-gc", "--profile",
+                                       "--apply-layernorm-1p", "--use-pytorch-profiler",
+                                       "--no-load-optim", "--no-load-rng", "--exit-on-missing-checkpoint",
+                                       "--moe-grouped-gemm", "--moe-permute-fusion",
+                                       "--no-mmap-bin-files"};
+  std::vector<std::string> ignored;
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& w = words[i];
+    if (quiet.count(w)) {
+      ignored.push_back(w);
+      continue;
+    }
+    if (auto it = kNotModelled.find(w); it != kNotModelled.end())
+      return fail(w + " changes the memory in a way nanoplan does not model yet: " + it->second);
+    if (w == "--rampup-batch-size") {  // start, increment, samples: the peak is at the full batch
+      for (int k = 0; k < 3 && i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0; ++k) ++i;
+      ignored.push_back(w);
+      continue;
+    }
     if (switches.count(w)) {
       if (w == "--sequence-parallel") t.sp = true, c.given.insert("--sp");
       if (w == "--use-distributed-optimizer") t.zero = std::max(t.zero, 1), c.given.insert("--zero");
       if (w == "--use-flash-attn") t.attention = AttentionImpl::kFlash, c.given.insert("--attention");
       if (w == "--cross-entropy-loss-fusion") ce_fusion = true;
+      // Megatron: --recompute-activations is --recompute-granularity selective.
+      if (w == "--recompute-activations") granularity = "selective";
       if (w == "--grad-reduce-in-bf16") t.grad_dtype = Dtype::kBf16, c.given.insert("--grad-accum-dtype");
       if (w == "--no-gradient-accumulation-fusion")
         t.grad_accum_fusion = false, c.given.insert("--gradient-accumulation-fusion");
@@ -320,7 +386,8 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
       continue;
     }
     if (w.rfind("--", 0) != 0) return fail("unexpected " + quote_input(w) + " (flags start with --)");
-    if (i + 1 >= words.size()) return fail(quote_input(w) + " needs a value");
+    if (i + 1 >= words.size() || words[i + 1].rfind("--", 0) == 0)
+      return fail(quote_input(w) + " needs a value");
     if (w == "--recompute-modules") {  // a list: the words up to the next flag
       std::set<std::string> modules;
       while (i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0) modules.insert(words[++i]);
@@ -359,6 +426,7 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
           count_of("--seq-length", t.seq_len, "--seq-len") ||
           count_of("--global-batch-size", global_batch, "") ||
           count_of("--num-layers-per-virtual-pipeline-stage", vpp_layers, "") ||
+          count_of("--num-virtual-stages-per-pipeline-rank", vpp_chunks, "") ||
           count_of("--decoder-first-pipeline-num-layers", first_layers, "--partition") ||
           count_of("--decoder-last-pipeline-num-layers", last_layers, "--partition"))
         continue;
@@ -395,15 +463,36 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                     ": the megatron profile follows Transformer Engine's layers (valid: "
                     "transformer_engine)");
     } else if (w == "--make-vocab-size-divisible-by") {
-      if (v != "128")
+      std::optional<int64_t> n = number(1, 1 << 20);
+      if (!n)
         return fail("--make-vocab-size-divisible-by " + quote_input(v) +
-                    ": nanoplan pads the vocabulary as Megatron's default does (valid: 128)");
+                    ": expected a whole number from 1 to 1,048,576");
+      t.vocab_multiple = *n;
+      c.given.insert("--make-vocab-size-divisible-by");
     } else if (w == "--hidden-dropout" || w == "--attention-dropout") {
       char* end = nullptr;
       double p = std::strtod(v.c_str(), &end);
       if (*end != '\0' || p != m.dropout)
         return fail(w + " " + quote_input(v) + " differs from the model " + m.name +
                     "'s dropout (" + std::to_string(m.dropout) + ")");
+    } else if (w == "--attention-backend") {  // TE's choice; the fused ones keep flash's set
+      if (v == "flash" || v == "fused" || v == "auto")
+        t.attention = AttentionImpl::kFlash;
+      else if (v == "unfused" || v == "local")
+        t.attention = AttentionImpl::kEager;
+      else
+        return fail("--attention-backend " + quote_input(v) +
+                    " (valid: flash, fused, auto, unfused, local)");
+      c.given.insert("--attention");
+    } else if (w == "--moe-token-drop-policy") {  // nanoplan drops by position
+      if (v != "position")
+        return fail("--moe-token-drop-policy " + quote_input(v) +
+                    " is not modelled yet (valid: position)");
+    } else if (w == "--cp-comm-type") {  // nanoplan's CP: the all-gather / ring forms
+      if (v != "p2p" && v != "all_gather")
+        return fail("--cp-comm-type " + quote_input(v) +
+                    " changes the memory in a way nanoplan does not model yet (valid: p2p, "
+                    "all_gather; a2a is Ulysses-style)");
     } else if (w == "--normalization") {
       if (v != "LayerNorm" && v != "RMSNorm")
         return fail("--normalization " + quote_input(v) + " (valid: LayerNorm, RMSNorm)");
@@ -421,7 +510,7 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                w == "--tokenizer-type" || w == "--seed" ||
                w == "--train-iters" || w == "--lr" || w == "--norm-epsilon" ||
                kNoBytes.count(w)) {
-      // Known; no byte depends on them here.
+      ignored.push_back(w);  // known; no byte depends on them here
     } else if (w == "--vocab-size") {
       // The model's vocab_size is the tokenizer's: --vocab-size itself, or one more where
       // Megatron's NullTokenizer appends its EOD token (core_r0.14.0).
@@ -459,6 +548,16 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
   c.given.insert("--pp-schedule");
   if (ce_fusion) t.loss_fusion = ce_impl == "te" ? LossFusion::kTe : LossFusion::kNative;
   c.given.insert("--cross-entropy-fusion");
+  if (vpp_chunks > 0) {  // the chunk count; nanoplan reads the even split only
+    if (vpp_layers > 0)
+      return fail("--num-virtual-stages-per-pipeline-rank and "
+                  "--num-layers-per-virtual-pipeline-stage exclude each other (as in Megatron)");
+    if (m.layers % (vpp_chunks * t.pp) != 0 || first_layers > 0 || last_layers > 0)
+      return fail("--num-virtual-stages-per-pipeline-rank " + std::to_string(vpp_chunks) + ": " +
+                  std::to_string(m.layers) + " layers in pp x " + std::to_string(vpp_chunks) +
+                  " unequal chunks are not modelled (valid: a count that splits them evenly)");
+    vpp_layers = m.layers / (vpp_chunks * t.pp);
+  }
   if (vpp_layers > 0) {
     if (m.layers % (vpp_layers * t.pp) != 0)
       return fail("--num-layers-per-virtual-pipeline-stage " + std::to_string(vpp_layers) +
@@ -507,6 +606,13 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
   // Megatron's sequence-parallel layers gather again in backward, always.
   t.tp_recompute_allgather = true;
   c.given.insert("--tp-recompute-allgather");
+  if (!ignored.empty()) {
+    std::string list;
+    for (const std::string& w : ignored)
+      if (list.find(w + ",") == std::string::npos && !list.ends_with(w))
+        list += (list.empty() ? "" : ", ") + w;
+    c.notes.push_back("--megatron-args: ignored, as no byte depends on them here: " + list);
+  }
   return c;
 }
 
@@ -585,7 +691,7 @@ std::string emit_nanotron(const Schedule& s) {
   out += "tokens:\n  micro_batch_size: " + std::to_string(t.micro_batch) +
          "\n  sequence_length: " + std::to_string(t.seq_len) +
          "\n  batch_accumulation_per_replica: " + std::to_string(t.microbatches) + "\n";
-  out += "optimizer:\n  zero_stage: " + std::to_string(t.zero) +
+  out += "optimizer:\n  zero_stage: " + std::to_string(std::min(t.zero, 1)) +
          std::string("\n  accumulate_grad_in_fp32: ") + (t.grad_dtype == Dtype::kFp32 ? "true" : "false") + "\n";
   if (p.any_recompute && !(p.uniform && t.recompute == Recompute::kFull))
     out += "# not expressible: the plan recomputes parts of some layers; recompute_layer: true "
@@ -596,6 +702,11 @@ std::string emit_nanotron(const Schedule& s) {
   if (t.pp_schedule == PpSchedule::kInterleaved)
     out += "# not expressible: nanotron has no interleaved schedule (1f1b holds more activations)\n";
   if (t.cp > 1) out += "# not expressible: nanotron has no context parallelism (cp " + std::to_string(t.cp) + ")\n";
+  if (t.zero > 1)
+    out += "# not expressible: ZeRO-" + std::to_string(t.zero) +
+           "; nanotron's zero_stage shards the optimizer states only (ZeRO-1 for any stage above "
+           "0), so each rank keeps the whole gradients" +
+           (t.zero > 2 ? std::string(" and weights") : std::string()) + " (more memory)\n";
   if (!t.stage_layers.empty())
     out += "# not expressible: layers per stage " + format_partition(t.stage_layers) +
            "; nanotron balances its stages by compute\n";
@@ -610,32 +721,56 @@ std::string emit_megatron(const Schedule& s) {
   if (t.sp) flags += " --sequence-parallel";
   if (t.cp > 1) flags += " --context-parallel-size " + std::to_string(t.cp);
   if (t.ep > 1) flags += " --expert-model-parallel-size " + std::to_string(t.ep);
-  if (t.pp_schedule == PpSchedule::kInterleaved)
+  // Megatron's interleaved chunks hold equal layer counts: --num-layers-per-virtual-pipeline-stage
+  // where the layers split so, else the chunk count (--num-virtual-stages-per-pipeline-rank,
+  // whose uneven split Megatron takes from the first and last stage's layer flags).
+  std::vector<std::string> notes;
+  const bool even_chunks = s.model.layers % (t.pp * t.virtual_stages) == 0 && t.stage_layers.empty();
+  if (t.pp_schedule == PpSchedule::kInterleaved && even_chunks)
     flags += " --num-layers-per-virtual-pipeline-stage " +
              std::to_string(s.model.layers / (t.pp * t.virtual_stages));
+  else if (t.pp_schedule == PpSchedule::kInterleaved)
+    flags += " --num-virtual-stages-per-pipeline-rank " + std::to_string(t.virtual_stages);
+  if (t.pp_schedule == PpSchedule::kInterleaved && !even_chunks)
+    notes.push_back("not expressible: the plan's " + std::to_string(s.model.layers) +
+                    " layers in pp x " + std::to_string(t.virtual_stages) +
+                    " chunks are not all equal; Megatron's chunks of one stage are (its uneven "
+                    "split differs from the plan's)");
   flags += " --micro-batch-size " + std::to_string(t.micro_batch) + " --global-batch-size " +
            std::to_string(t.micro_batch * t.microbatches * t.dp) + " --seq-length " +
            std::to_string(t.seq_len);
   if (t.zero >= 1) flags += " --use-distributed-optimizer";
+  if (t.zero > 1)
+    notes.push_back("not expressible: ZeRO-" + std::to_string(t.zero) +
+                    "; Megatron's distributed optimizer shards the optimizer states only "
+                    "(ZeRO-1), so each rank keeps the whole gradient buffer" +
+                    (t.zero > 2 ? std::string(" and weights") : std::string()) + " (more memory)");
   if (t.grad_dtype == Dtype::kBf16) flags += " --grad-reduce-in-bf16";
   if (t.loss_fusion != LossFusion::kNone)
     flags += std::string(" --cross-entropy-loss-fusion --cross-entropy-fusion-impl ") +
              (t.loss_fusion == LossFusion::kTe ? "te" : "native");
   if (!t.grad_accum_fusion) flags += " --no-gradient-accumulation-fusion";
   if (!t.dataloader_mask) flags += " --no-create-attention-mask-in-dataloader";
+  if (t.vocab_multiple != 128)
+    flags += " --make-vocab-size-divisible-by " + std::to_string(t.vocab_multiple);
   if (t.moe_capacity_factor > 0) {
     char f[32];
     std::snprintf(f, sizeof f, "%g", t.moe_capacity_factor);
     flags += std::string(" --moe-expert-capacity-factor ") + f +
              " --moe-pad-expert-input-to-capacity --moe-token-drop-policy position";
   }
-  if (!t.stage_layers.empty() && t.stage_layers.size() >= 2)
-    flags += " --decoder-first-pipeline-num-layers " + std::to_string(t.stage_layers.front()) +
-             " --decoder-last-pipeline-num-layers " + std::to_string(t.stage_layers.back());
-  std::vector<std::string> notes;
-  if (t.stage_layers.size() > 2 &&
-      std::adjacent_find(t.stage_layers.begin() + 1, t.stage_layers.end() - 1,
-                         std::not_equal_to<>()) != t.stage_layers.end() - 1)
+  // The plan's layers per stage (a given split, or nanoplan's balanced one): Megatron splits
+  // evenly, the first and the last stage's counts given apart.
+  std::vector<int64_t> split;
+  if (t.pp_schedule != PpSchedule::kInterleaved)
+    for (const StageProgram& st : s.stages) split.push_back(st.num_layers());
+  bool even = std::adjacent_find(split.begin(), split.end(), std::not_equal_to<>()) == split.end();
+  if (split.size() >= 2 && !even)
+    flags += " --decoder-first-pipeline-num-layers " + std::to_string(split.front()) +
+             " --decoder-last-pipeline-num-layers " + std::to_string(split.back());
+  if (split.size() > 2 && !even &&
+      std::adjacent_find(split.begin() + 1, split.end() - 1, std::not_equal_to<>()) !=
+          split.end() - 1)
     notes.push_back("not expressible: the middle stages hold different layer counts; Megatron "
                     "splits the layers between the first and last stage evenly");
   if (p.any_recompute) {

@@ -17,6 +17,9 @@ struct ConfigSetup {
   std::optional<ModelSpec> model;  // nanotron: model.model_config; Megatron: none (no vocab)
   TrainSpec setup;
   std::set<std::string> given;  // the nanoplan flags the config set: "--tp", "--recompute", ...
+  // What the reading decided that the user should hear (flags ignored, a key read with the
+  // framework's meaning): one line each, for stderr.
+  std::vector<std::string> notes;
 };
 
 // nanotron's config (the YAML of `nanotron/config`): model.model_config (the Hugging Face keys;

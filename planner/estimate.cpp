@@ -78,6 +78,45 @@ std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
     out.push_back({std::move(change), std::move(note), c, *peak});
     return true;
   };
+  // First the single changes that keep the GPUs and the global batch: a higher ZeRO stage over
+  // the same replicas, more TP in place of data parallelism, full recompute, a smaller
+  // micro-batch.
+  for (int zero = t.zero + 1; zero <= 3 && t.dp * t.cp > 1; ++zero) {
+    TrainSpec c = t;
+    c.zero = zero;
+    if (try_setup(c, "--zero " + std::to_string(zero),
+                  std::string(zero == 1   ? "optimizer states"
+                              : zero == 2 ? "optimizer states and gradients"
+                                          : "optimizer states, gradients and weights") +
+                      " sharded over the same dp " + std::to_string(t.dp * t.cp)))
+      break;
+  }
+  for (int64_t tp = t.tp * 2, dp = t.dp / 2; dp >= 1 && t.dp % 2 == 0 && tp <= 64;
+       tp *= 2, dp /= 2) {
+    TrainSpec c = t;
+    c.tp = tp, c.dp = dp, c.sp = t.sp || t.tp == 1;
+    c.microbatches = t.microbatches * (t.dp / dp);
+    if (c.dp * c.cp == 1) c.zero = 0;
+    if (try_setup(c, "--tp " + std::to_string(tp) + " --dp " + std::to_string(dp) +
+                         " --microbatches " + std::to_string(c.microbatches),
+                  "the same GPUs and global batch, more tensor parallelism"))
+      break;
+    if (dp == 1) break;
+  }
+  if (t.recompute != Recompute::kFull && t.recompute != Recompute::kAuto) {
+    TrainSpec c = t;
+    c.recompute = Recompute::kFull;
+    try_setup(c, "--recompute full", "nanotron recompute_layer: true; one extra forward per layer");
+  }
+  for (int64_t mbs = t.micro_batch / 2; mbs >= 1; mbs /= 2) {
+    TrainSpec c = t;
+    c.micro_batch = mbs;
+    c.microbatches = t.microbatches * (t.micro_batch / mbs);
+    if (try_setup(c, "--micro-batch " + std::to_string(mbs),
+                  "--microbatches " + std::to_string(c.microbatches) + " keeps the global batch"))
+      break;
+  }
+  // Then the ones that take more GPUs or change the global batch.
   for (int64_t pp = t.pp * 2; pp <= m.layers; pp *= 2) {
     TrainSpec c = t;
     c.pp = pp;
@@ -110,19 +149,6 @@ std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
     if (try_setup(c, "--cp " + std::to_string(cp),
                   count_noun(c.gpus(), "GPU") + " (each sequence split over " +
                       std::to_string(cp) + " ranks)"))
-      break;
-  }
-  if (t.recompute != Recompute::kFull && t.recompute != Recompute::kAuto) {
-    TrainSpec c = t;
-    c.recompute = Recompute::kFull;
-    try_setup(c, "--recompute full", "nanotron recompute_layer: true; one extra forward per layer");
-  }
-  for (int64_t mbs = t.micro_batch / 2; mbs >= 1; mbs /= 2) {
-    TrainSpec c = t;
-    c.micro_batch = mbs;
-    c.microbatches = t.microbatches * (t.micro_batch / mbs);
-    if (try_setup(c, "--micro-batch " + std::to_string(mbs),
-                  "--microbatches " + std::to_string(c.microbatches) + " keeps the global batch"))
       break;
   }
   return out;

@@ -78,8 +78,10 @@ struct EstimateOptions {
   bool explain_peak = false;      // list the live tensors at each stage's peak
 };
 
-// The nearest setups that fit, one per family (more pp, ZeRO-1 over more dp, full recompute, a
-// smaller micro-batch), each found by asking `fits` (a peak when it fits).
+// The nearest setups that fit, one per family, each found by asking `fits` (a peak when it fits):
+// first those that keep the GPUs and the global batch (a higher ZeRO stage over the same
+// replicas, more TP in place of DP, full recompute, a smaller micro-batch), then those that take
+// more GPUs or a larger global batch (more pp, ZeRO-1 over more dp, context parallelism).
 using PeakIfFits = std::function<std::optional<int64_t>(const TrainSpec&)>;
 std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
                                        const PeakIfFits& fits);

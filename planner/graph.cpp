@@ -4,6 +4,7 @@
 #include <boost/graph/adjacency_list.hpp>
 #include <boost/graph/topological_sort.hpp>
 #include <cmath>
+#include <cstdio>
 #include <iterator>
 
 namespace np {
@@ -269,6 +270,15 @@ int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int shard) {
 }
 
 }  // namespace
+
+std::string layer_graph_key(const TrainSpec& t) {
+  char cf[32];
+  std::snprintf(cf, sizeof cf, "%.17g", t.moe_capacity_factor);
+  return "tp" + std::to_string(t.tp) + "/sp" + std::to_string(t.sp) + "/cp" +
+         std::to_string(t.cp) + "/ep" + std::to_string(t.ep) + "/s" + std::to_string(t.seq_len) +
+         "/b" + std::to_string(t.micro_batch) + "/" + name_of(t.attention) + "/" +
+         name_of(t.impl) + "/cf" + cf + "/gaf" + std::to_string(t.grad_accum_fusion);
+}
 
 BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t) {
   Builder b(BlockKind::kLayer, m, t);

@@ -57,6 +57,10 @@ struct BlockGraph {
 BlockGraph build_embedding(const ModelSpec& m, const TrainSpec& t);
 BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t);
 BlockGraph build_head(const ModelSpec& m, const TrainSpec& t);
+// Every setup field build_layer reads, as a string: two setups of one model with the same key
+// build the same layer (the auto planner's frontier cache is keyed on it). Kept beside
+// build_layer so that the two cannot drift apart.
+std::string layer_graph_key(const TrainSpec& t);
 
 // The three block graphs of one setup, built once and shared by every block of that kind.
 struct BlockGraphs {

@@ -13,6 +13,19 @@
 namespace np {
 namespace {
 
+// The binary unit whose figures suit a largest value: KiB, MiB or GiB (the memory of a tiny model
+// on a GiB axis reads 0.0 everywhere).
+struct AxisUnit {
+  double bytes;
+  const char* name;
+};
+AxisUnit axis_unit(double largest) {
+  if (largest >= 4.0 * (1 << 30)) return {1.0 * (1 << 30), "GiB"};
+  if (largest >= 4.0 * (1 << 20)) return {1.0 * (1 << 20), "MiB"};
+  return {1024.0, "KiB"};
+}
+
+
 std::string esc(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -129,14 +142,15 @@ std::string memory_figure(const StageProgram& p, const StageEstimate& est,
          num(py) + "\" r=\"3\"/><text x=\"" + num(std::min(px + 4, W - 200)) + "\" y=\"" +
          num(py + 12) + "\">peak " + esc(format_gib(static_cast<int64_t>(pred.peak))) + " at " +
          esc(est.peak_at) + "</text>\n";
-  for (int k = 0; k <= 4; ++k) {  // y axis in GiB
+  const AxisUnit u = axis_unit(ymax);
+  for (int k = 0; k <= 4; ++k) {  // y axis in the unit that suits the data
     double v = ymax * k / 4;
     svg += "<text x=\"" + num(L - 6) + "\" y=\"" + num(Y(v) + 4) + "\" text-anchor=\"end\">" +
-           num(v / kGiB) + "</text><line x1=\"" + num(L) + "\" x2=\"" + num(W - 10) + "\" y1=\"" +
+           num(v / u.bytes) + "</text><line x1=\"" + num(L) + "\" x2=\"" + num(W - 10) + "\" y1=\"" +
            num(Y(v)) + "\" y2=\"" + num(Y(v)) + "\" stroke=\"#ddd\"/>\n";
   }
   svg += "<text x=\"12\" y=\"" + num(H / 2) + "\" transform=\"rotate(-90 12 " + num(H / 2) +
-         ")\" text-anchor=\"middle\">GiB</text><text x=\"" + num((W + L) / 2) + "\" y=\"" +
+         ")\" text-anchor=\"middle\">" + u.name + "</text><text x=\"" + num((W + L) / 2) + "\" y=\"" +
          num(H - 6) + "\" text-anchor=\"middle\">allocations and releases of one step (" +
          std::to_string(pred.events) + " events)</text>\n</svg>\n";
   return svg;
@@ -209,15 +223,19 @@ std::string frontier_figure(const AutoPlan& p) {
            (used[i] ? "#e15759" : "#4e79a7") + "\"><title>option " + std::to_string(i) + ": " +
            esc(p.option_names[i]) + "; keeps " + esc(format_binary(opts[i].kept_bytes)) + ", re-runs " +
            num(1e3 * opts[i].cost, "%.3f") + " ms</title></circle>\n";
+  const AxisUnit u = axis_unit(xmax * 1.05);
+  // Time in ms, or in microseconds for layers that re-run in under a tenth of a millisecond.
+  const bool us = ymax * 1.1 < 1e-4;
   for (int k = 0; k <= 4; ++k) {
     double v = ymax * 1.1 * k / 4, b = xmax * 1.05 * k / 4;
     svg += "<text x=\"" + num(L - 6) + "\" y=\"" + num(Y(v) + 4) + "\" text-anchor=\"end\">" +
-           num(1e3 * v, "%.2f") + "</text><text x=\"" + num(X(b)) + "\" y=\"" + num(H - 18) +
-           "\" text-anchor=\"middle\">" + num(b / (1 << 20), "%.0f") + "</text>\n";
+           num((us ? 1e6 : 1e3) * v, "%.2f") + "</text><text x=\"" + num(X(b)) + "\" y=\"" +
+           num(H - 18) + "\" text-anchor=\"middle\">" + num(b / u.bytes, "%.1f") + "</text>\n";
   }
-  svg += "<text x=\"14\" y=\"150\" transform=\"rotate(-90 14 150)\" text-anchor=\"middle\">recompute ms per "
-         "layer and micro-batch</text><text x=\"515\" y=\"296\" text-anchor=\"middle\">kept MiB per layer "
-         "and micro-batch (red: chosen)</text>\n</svg>\n";
+  svg += "<text x=\"14\" y=\"150\" transform=\"rotate(-90 14 150)\" text-anchor=\"middle\">recompute " +
+         std::string(us ? "us" : "ms") +
+         " per layer and micro-batch</text><text x=\"515\" y=\"296\" text-anchor=\"middle\">kept " +
+         u.name + " per layer and micro-batch (red: chosen)</text>\n</svg>\n";
   return svg;
 }
 

@@ -99,7 +99,7 @@ Result<TrainSpec> setup_from_json(const json& j) {
             "pp_schedule", "attention", "impl", "grad_accum_dtype", "optimizer", "recompute",
             "tp_recompute_allgather", "stage_layers", "gpus", "virtual_stages", "cp",
             "moe_capacity_factor", "cross_entropy_fusion", "gradient_accumulation_fusion",
-            "dataloader_attention_mask"});
+            "dataloader_attention_mask", "make_vocab_size_divisible_by"});
     TrainSpec t;
     t.tp = r.at("tp").positive(), t.pp = r.at("pp").positive(), t.dp = r.at("dp").positive();
     t.ep = r.at("ep").positive(), t.sp = r.at("sp").boolean();
@@ -118,6 +118,8 @@ Result<TrainSpec> setup_from_json(const json& j) {
       t.grad_accum_fusion = r.at("gradient_accumulation_fusion").boolean();
     if (r.has("dataloader_attention_mask"))
       t.dataloader_mask = r.at("dataloader_attention_mask").boolean();
+    if (r.has("make_vocab_size_divisible_by"))
+      t.vocab_multiple = r.at("make_vocab_size_divisible_by").integer(1, 1 << 20);
     t.grad_dtype = r.at("grad_accum_dtype").choice<Dtype>();
     t.optimizer = r.at("optimizer").choice<Optimizer>();
     t.recompute = r.at("recompute").choice<Recompute>();

@@ -27,6 +27,7 @@ json setup_to_json(const TrainSpec& t) {
             {"cross_entropy_fusion", name_of(t.loss_fusion)},
             {"gradient_accumulation_fusion", t.grad_accum_fusion},
             {"dataloader_attention_mask", t.dataloader_mask},
+            {"make_vocab_size_divisible_by", t.vocab_multiple},
             {"grad_accum_dtype", name_of(t.grad_dtype)},
             {"optimizer", name_of(t.optimizer)},
             {"recompute", name_of(t.recompute)},
@@ -147,10 +148,11 @@ std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
   const TrainSpec& t = e.setup;
   out += row("weights (bf16)", cat(s, Category::kWeight), t.zero >= 3 ? "ZeRO-3 shard" : "");
   out += row(std::string("gradients (") + name_of(t.grad_dtype) + ")", cat(s, Category::kGradient),
-             t.zero >= 2 ? "ZeRO-2 shard" : "");
+             t.zero >= 2 ? "ZeRO-" + std::to_string(t.zero) + " shard" : "");
   out += row(std::string("optimizer (") + name_of(t.optimizer) + ")", cat(s, Category::kOptimizer),
              t.optimizer == Optimizer::kAdamW
-                 ? "fp32 master + 2 moments" + std::string(t.zero >= 1 ? ", ZeRO shard" : "")
+                 ? "fp32 master + 2 moments" +
+                       (t.zero >= 1 ? ", ZeRO-" + std::to_string(t.zero) + " shard" : std::string())
                  : "");
   out += row("activations (saved for backward)", cat(s, Category::kActivation),
              t.pp_schedule == PpSchedule::kInterleaved
@@ -213,8 +215,8 @@ std::string verdict(const Estimate& e) {
   out += "\n";
   if (e.suggestions.empty())
     return out +
-           "  no nearby setup fits (tried more pp, ZeRO-1 over more dp, full recompute, smaller "
-           "micro-batch)\n";
+           "  no nearby setup fits (tried a higher ZeRO stage, more tp in place of dp, full "
+           "recompute, a smaller micro-batch, more pp, ZeRO-1 over more dp)\n";
   out += "  nearest setups that fit (each estimated):\n";
   for (const Suggestion& sg : e.suggestions) {
     char buf[512];
@@ -313,10 +315,17 @@ std::string describe_setup(const TrainSpec& t) {
             : std::string()) +
        (t.grad_accum_fusion ? std::string() : std::string(", no gradient-accumulation fusion")) +
        "\n       recompute " + name_of(t.recompute) +
+       (t.recompute == Recompute::kSelective && t.attention == AttentionImpl::kFlash
+            ? std::string(" (under flash attention it keeps what none keeps: the attention "
+                          "scores are never stored)")
+            : std::string()) +
        (t.recompute == Recompute::kAuto
             ? std::string(" (per layer, and per all-gather whether to gather again in backward)")
             : std::string(", tp_recompute_allgather ") +
-                  (t.tp_recompute_allgather ? "true" : "false")) +
+                  (t.tp_recompute_allgather ? "true" : "false") +
+                  (t.recompute == Recompute::kNone && t.sp && t.tp > 1 && t.tp_recompute_allgather
+                       ? " (the all-gathers re-done in backward are the recompute time below)"
+                       : "")) +
        "; grads " + name_of(t.grad_dtype) + "; " +
        name_of(t.optimizer) + ", ZeRO-" + std::to_string(t.zero);
   return s;

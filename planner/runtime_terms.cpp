@@ -139,7 +139,8 @@ std::vector<OverheadLine> stage_overheads(const ModelSpec& m, const TrainSpec& t
       // handles on one stream, two workspaces, kept for the run.
       {"cuBLAS workspaces", 2 * rt.cublas_workspace_bytes,
        "PyTorch's: forward and autograd threads x 1 compute stream x " +
-           format_binary(rt.cublas_workspace_bytes) + " (its sm_90 default; --cublas-workspace)",
+           format_binary(rt.cublas_workspace_bytes) +
+           " (its Hopper default, 8.125 MiB on other GPUs; --cublas-workspace)",
        true},
       {"NCCL buffers", comms * rt.nccl_bytes_per_comm,
        count_noun(comms, "communicator") + " (tp/cp/dp/pp/ep > 1) x " +

@@ -159,7 +159,7 @@ std::optional<Error> check_tp(const ModelSpec& m, const TrainSpec& t) {
 
 int64_t padded_vocab(const ModelSpec& m, const TrainSpec& t) {
   if (t.impl != Impl::kMegatron) return m.vocab;
-  int64_t multiple = 128 * t.tp;
+  int64_t multiple = t.vocab_multiple * t.tp;
   return (m.vocab + multiple - 1) / multiple * multiple;
 }
 
@@ -375,6 +375,12 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (t.loss_fusion != LossFusion::kNone && t.impl != Impl::kMegatron)
     return fail(std::string("--cross-entropy-fusion ") + name_of(t.loss_fusion) +
                 " is Megatron's and needs --impl megatron; use --cross-entropy-fusion none");
+  if (t.vocab_multiple < 1 || t.vocab_multiple > (1 << 20))
+    return fail("--make-vocab-size-divisible-by " + str(t.vocab_multiple) +
+                " is out of range (valid: 1 to 1,048,576)");
+  if (t.vocab_multiple != 128 && t.impl != Impl::kMegatron)
+    return fail("--make-vocab-size-divisible-by is Megatron's and needs --impl megatron (the other "
+                "profiles hold the vocabulary unpadded)");
   if (!t.dataloader_mask && t.impl != Impl::kMegatron)
     return fail("--dataloader-attention-mask off is Megatron's and needs --impl megatron; use "
                 "--dataloader-attention-mask on");

@@ -126,6 +126,9 @@ struct TrainSpec {
   // get_batch_on_this_tp_rank and get_batch_on_this_cp_rank, pretrain_gpt.py get_batch and
   // forward_step).
   bool dataloader_mask = true;
+  // Megatron's --make-vocab-size-divisible-by (megatron only): the vocabulary is padded to a
+  // multiple of this x tp.
+  int64_t vocab_multiple = 128;
   Dtype grad_dtype = Dtype::kFp32;  // nanotron's accumulate_grad_in_fp32
   Optimizer optimizer = Optimizer::kAdamW;
   Recompute recompute = Recompute::kNone;
@@ -148,8 +151,8 @@ struct RuntimeAssumptions {
 };
 
 // The vocabulary rows the embedding and the LM head hold over all TP ranks. The megatron profile
-// pads the tokenizer's vocabulary to a multiple of --make-vocab-size-divisible-by (default 128)
-// x tp (Megatron-LM core_r0.14.0, megatron/training/tokenizer/tokenizer.py,
+// pads the tokenizer's vocabulary to a multiple of --make-vocab-size-divisible-by
+// (TrainSpec::vocab_multiple, default 128) x tp (Megatron-LM core_r0.14.0, megatron/training/tokenizer/tokenizer.py,
 // _vocab_size_with_padding, L115-130); the other profiles hold it as it is (tp divides it).
 int64_t padded_vocab(const ModelSpec& m, const TrainSpec& t);
 

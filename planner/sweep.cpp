@@ -22,6 +22,12 @@ std::vector<TrainSpec> candidates(const ModelSpec& m, const SweepOptions& o, siz
   int64_t batch = o.global_batch > 0 ? o.global_batch : 4 * o.gpus;
   const std::vector<PpSchedule> schedules =
       o.schedules.empty() ? std::vector<PpSchedule>{o.base.pp_schedule} : o.schedules;
+  std::vector<int64_t> eps = o.expert_parallel;
+  if (eps.empty()) {
+    eps.push_back(1);
+    for (int64_t ep = 2; m.moe && ep <= std::min(o.gpus, m.moe->num_experts); ep *= 2)
+      if (m.moe->num_experts % ep == 0) eps.push_back(ep);
+  }
   for (int64_t tp = 1; tp <= std::min<int64_t>(o.gpus, o.hw.gpus_per_node); tp *= 2)
     for (int64_t cp : o.context_parallel)
       for (int64_t pp = 1; pp <= std::min(o.gpus / (tp * cp), m.layers); ++pp) {
@@ -30,6 +36,7 @@ std::vector<TrainSpec> candidates(const ModelSpec& m, const SweepOptions& o, siz
         for (int zero : {0, 1, 2, 3})
           for (int64_t mbs : {1, 2, 4})
             for (int64_t v : o.virtual_stages)
+              for (int64_t ep : eps)
               for (PpSchedule sched : schedules) {
               if (zero >= 1 && dp * cp == 1) continue;  // nothing to shard
               if (batch % (dp * mbs) != 0) continue;
@@ -39,6 +46,7 @@ std::vector<TrainSpec> candidates(const ModelSpec& m, const SweepOptions& o, siz
               if ((pp == 1 || v > 1) && sched != schedules.front()) continue;
               TrainSpec t = o.base;
               t.tp = tp, t.cp = cp, t.pp = pp, t.dp = dp, t.zero = zero, t.micro_batch = mbs;
+              t.ep = ep;
               t.sp = tp > 1;
               t.microbatches = batch / (dp * mbs);
               t.recompute = Recompute::kAuto;
@@ -157,6 +165,12 @@ std::string estimate_command(const SweepResult& x, const SweepOptions& o) {
   std::string c = "nanoplan estimate --model " + o.model_arg + flag("--tp", t.tp);
   if (t.cp > 1) c += flag("--cp", t.cp);
   c += flag("--pp", t.pp) + flag("--dp", t.dp);
+  if (t.ep > 1) c += flag("--ep", t.ep);
+  if (t.moe_capacity_factor > 0) {
+    char cf[32];
+    std::snprintf(cf, sizeof cf, "%g", t.moe_capacity_factor);
+    c += std::string(" --moe-capacity-factor ") + cf;
+  }
   if (t.zero > 0) c += flag("--zero", t.zero);
   c += flag("--micro-batch", t.micro_batch) + flag("--microbatches", t.microbatches) +
        flag("--seq-len", t.seq_len);
@@ -169,6 +183,7 @@ std::string estimate_command(const SweepResult& x, const SweepOptions& o) {
     c += std::string(" --cross-entropy-fusion ") + name_of(t.loss_fusion);
   if (!t.grad_accum_fusion) c += " --gradient-accumulation-fusion off";
   if (!t.dataloader_mask) c += " --dataloader-attention-mask off";
+  if (t.vocab_multiple != 128) c += flag("--make-vocab-size-divisible-by", t.vocab_multiple);
   return c + (o.budget_flags.empty() ? "" : " " + o.budget_flags);
 }
 
@@ -187,19 +202,23 @@ std::string sweep_table(const SweepReport& r, const ModelSpec& m, const SweepOpt
   if (r.fitting.empty())
     return out + "no setup fits: try more GPUs, a shorter sequence or a larger budget\n";
   out += "step times are the cost model's predictions; each row's command re-runs its estimate\n";
-  std::snprintf(line, sizeof line, "%4s %3s %3s %3s %-6s %4s %4s %3s %5s %8s %9s %6s %8s  %s\n",
-                "rank", "tp", "cp", "pp", "sched", "dp", "zero", "mbs", "m", "step s", "tokens/s",
+  std::snprintf(line, sizeof line,
+                "%4s %3s %3s %3s %-6s %4s %3s %4s %3s %5s %6s %8s %9s %6s %8s  %s\n", "rank", "tp",
+                "cp", "pp", "sched", "dp", "ep", "zero", "mbs", "m", "gbs", "step s", "tokens/s",
                 "MFU", "peak GiB", "recompute");
   out += line;
   for (size_t i = 0; i < r.fitting.size() && i < top; ++i) {
     const SweepResult& x = r.fitting[i];
     std::snprintf(line, sizeof line,
-                  "%4zu %3lld %3lld %3lld %-6s %4lld %4d %3lld %5lld %8.3f %9.0f %5.1f%% %8.2f  %s\n",
+                  "%4zu %3lld %3lld %3lld %-6s %4lld %3lld %4d %3lld %5lld %6lld %8.3f %9.0f %5.1f%% "
+                  "%8.2f  %s\n",
                   i + 1, static_cast<long long>(x.setup.tp), static_cast<long long>(x.setup.cp),
                   static_cast<long long>(x.setup.pp), schedule_name(x.setup).c_str(),
-                  static_cast<long long>(x.setup.dp), x.setup.zero,
-                  static_cast<long long>(x.setup.micro_batch),
-                  static_cast<long long>(x.setup.microbatches), x.step_seconds,
+                  static_cast<long long>(x.setup.dp), static_cast<long long>(x.setup.ep),
+                  x.setup.zero, static_cast<long long>(x.setup.micro_batch),
+                  static_cast<long long>(x.setup.microbatches),
+                  static_cast<long long>(x.setup.micro_batch * x.setup.microbatches * x.setup.dp),
+                  x.step_seconds,
                   x.tokens_per_second, 100 * x.mfu, static_cast<double>(x.peak_bytes) / kGiB,
                   x.recompute.c_str());
     out += line;
@@ -210,17 +229,20 @@ std::string sweep_table(const SweepReport& r, const ModelSpec& m, const SweepOpt
 
 std::string sweep_csv(const SweepReport& r, const SweepOptions& o, size_t top) {
   std::string out =
-      "rank,tp,cp,pp,pp_schedule,virtual_stages,dp,zero,micro_batch,microbatches,step_seconds,"
-      "tokens_per_second,mfu,peak_bytes,recompute,command\n";
+      "rank,tp,cp,pp,pp_schedule,virtual_stages,dp,ep,zero,micro_batch,microbatches,global_batch,"
+      "step_seconds,tokens_per_second,mfu,peak_bytes,recompute,command\n";
   char line[256];
   for (size_t i = 0; i < r.fitting.size() && i < top; ++i) {
     const SweepResult& x = r.fitting[i];
     const TrainSpec& t = x.setup;
-    std::snprintf(line, sizeof line, "%zu,%lld,%lld,%lld,%s,%lld,%lld,%d,%lld,%lld,%.6f,%.1f,%.4f,%lld,",
+    std::snprintf(line, sizeof line,
+                  "%zu,%lld,%lld,%lld,%s,%lld,%lld,%lld,%d,%lld,%lld,%lld,%.6f,%.1f,%.4f,%lld,",
                   i + 1, static_cast<long long>(t.tp), static_cast<long long>(t.cp),
                   static_cast<long long>(t.pp), name_of(t.pp_schedule),
-                  static_cast<long long>(t.virtual_stages), static_cast<long long>(t.dp), t.zero,
-                  static_cast<long long>(t.micro_batch), static_cast<long long>(t.microbatches),
+                  static_cast<long long>(t.virtual_stages), static_cast<long long>(t.dp),
+                  static_cast<long long>(t.ep), t.zero, static_cast<long long>(t.micro_batch),
+                  static_cast<long long>(t.microbatches),
+                  static_cast<long long>(t.micro_batch * t.microbatches * t.dp),
                   x.step_seconds, x.tokens_per_second, x.mfu,
                   static_cast<long long>(x.peak_bytes));
     // Quoted fields (RFC 4180): the summary and the command contain commas or spaces.
@@ -240,6 +262,7 @@ nlohmann::json sweep_json(const SweepReport& r, const ModelSpec& m, const SweepO
   for (size_t i = 0; i < r.fitting.size() && i < top; ++i) {
     const SweepResult& x = r.fitting[i];
     best.push_back({{"setup", setup_to_json(x.setup)},
+                    {"global_batch", x.setup.micro_batch * x.setup.microbatches * x.setup.dp},
                     {"step_seconds", x.step_seconds},
                     {"tokens_per_second", x.tokens_per_second},
                     {"mfu", x.mfu},

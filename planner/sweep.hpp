@@ -26,6 +26,9 @@ struct SweepOptions {
   std::vector<int64_t> virtual_stages = {1};
   // Context-parallel degrees to try (each sequence split over cp ranks).
   std::vector<int64_t> context_parallel = {1};
+  // Expert-parallel degrees to try (MoE; each within the data-parallel replicas); empty: every
+  // power of two that divides the experts, for an MoE model, else 1.
+  std::vector<int64_t> expert_parallel;
   // Pipeline schedules to try for pp > 1 (v > 1 adds the interleaved one); base.pp_schedule when
   // empty.
   std::vector<PpSchedule> schedules;

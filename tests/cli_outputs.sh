@@ -63,6 +63,9 @@ json_value() {
 run help --help
 expect_rc0 "nanoplan --help exits 0" help
 contains "nanoplan --help lists the subcommands" "$TMP/help.out" estimate plan models gpus
+run version --version
+expect_rc0 "nanoplan --version exits 0" version
+contains "nanoplan --version names the version and the plan format" "$TMP/version.out" "nanoplan 0." "plan format"
 run esthelp estimate --help
 expect_rc0 "nanoplan estimate --help exits 0" esthelp
 contains "nanoplan estimate --help mentions --budget and --model" "$TMP/esthelp.out" --budget --model --gpu
@@ -366,4 +369,15 @@ run hfplan plan --model "$TMP/Llama-2-7b-hf/config.json" --tp 2
 expect_rc0 "plan from a Hugging Face config.json: exit 0" hfplan
 pycheck "plan from a config.json is valid JSON" "$TMP/hfplan.out" 'need(j["model"]["parameters"] == 6738415616, "parameters %r" % j["model"]["parameters"])'
 
+# ---- the README's example output is what the command prints --------------------------------------
+python3 - "$SRC_DIR/README.md" >"$TMP/readme_example.txt" <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+start = text.index("$ tools/nanoplan estimate --model llama-70b --tp 8 --budget 80GB\n")
+body = text[text.index("\n", start) + 1:]
+print(body[:body.index("```")], end="")
+PY
+"$NP" estimate --model llama-70b --tp 8 --budget 80GB >"$TMP/example.txt" 2>&1
+check "the README's example output is the command's (regenerate it when this fails)" \
+  'cmp -s "$TMP/readme_example.txt" "$TMP/example.txt"'
 finish

@@ -85,7 +85,7 @@ check "405B plan: a legend of the custom options" 'grep -q "^  legend:" "$TMP/40
 # the plan's closest config emitted.
 CFG="$SRC_DIR/tests/data/nanotron_llama3_8b.yaml"
 "$NP" estimate --nanotron-config "$CFG" --gpu h100 >"$TMP/cfg.txt" 2>&1; rc=$?
-check "--nanotron-config: the config's setup" '[ $rc -eq 0 ] && grep -q "^setup: tp 2 (sp on) x pp 2 x dp 4 = 16 GPUs; micro-batch 2 x seq 8192, 8 micro-batches per step, 1f1b" "$TMP/cfg.txt" && grep -q "recompute none, tp_recompute_allgather true; grads fp32; adamw, ZeRO-1" "$TMP/cfg.txt"'
+check "--nanotron-config: the config's setup" '[ $rc -eq 0 ] && grep -q "^setup: tp 2 (sp on) x pp 2 x dp 4 = 16 GPUs; micro-batch 2 x seq 8192, 8 micro-batches per step, 1f1b" "$TMP/cfg.txt" && grep -q "recompute none, tp_recompute_allgather true (the all-gathers re-done in backward are the recompute time below); grads fp32; adamw, ZeRO-1" "$TMP/cfg.txt"'
 "$NP" estimate --nanotron-config "$CFG" --gpu h100 --tp 4 --recompute full >"$TMP/cfg4.txt" 2>&1
 check "--nanotron-config: flags given override it" 'grep -q "^setup: tp 4 (sp on) x pp 2 x dp 4 = 32 GPUs" "$TMP/cfg4.txt" && grep -q "recompute full" "$TMP/cfg4.txt"'
 "$NP" estimate --nanotron-config "$CFG" --gpu h100 --recompute auto --emit nanotron >"$TMP/emit.yaml" 2>&1; rc=$?
@@ -110,6 +110,23 @@ assert tps == sorted(tps, reverse=True)
 for t in top:
     s = t["setup"]
     assert s["tp"] * s["pp"] * s["dp"] == 8 and t["peak_bytes"] <= j["budget_bytes"] and s["recompute"] == "auto"
+PY
+# A sweep over expert and context parallelism: every row's command reproduces the row's peak
+# and step time (the layer frontier is cached by the layer graph's key, ep and cp in it).
+write_tiny_moe "$TMP/moe.toml"
+"$NP" sweep --model "$TMP/moe.toml" --gpus 8 --budget 1GiB --seq-len 64 --cp 1,2 --format json \
+  --top 40 >"$TMP/swmoe.json" 2>/dev/null
+python3 - "$TMP/swmoe.json" "$NP" <<'PY' && ok "sweep over ep and cp: every row's command reproduces its peak and step time, global batch shown" || fail "sweep over ep and cp"
+import json, shlex, subprocess, sys
+j = json.load(open(sys.argv[1])); top = j["top"]
+assert {t["setup"]["ep"] for t in top} >= {1, 2} and {t["setup"]["cp"] for t in top} >= {1, 2}, top
+for t in top:
+    s = t["setup"]
+    assert t["global_batch"] == s["micro_batch"] * s["microbatches"] * s["dp"]
+    cmd = shlex.split(t["command"])[1:] + ["--format", "json"]
+    e = json.loads(subprocess.run([sys.argv[2]] + cmd, capture_output=True, text=True, check=True).stdout)
+    assert e["peak_bytes"] == t["peak_bytes"], (t["command"], e["peak_bytes"], t["peak_bytes"])
+    assert abs(e["plan"]["step_seconds"] - t["step_seconds"]) <= 1e-9 * t["step_seconds"], t["command"]
 PY
 bad() { "$NP" "$@" >"$TMP/bo" 2>"$TMP/be"; local rc=$?; if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/be")" -eq 1 ]; then ok "bad input: $*"; else fail "bad input: $* (rc $rc: $(cat "$TMP/be"))"; fi; }
 bad sweep --model llama-3.1-8b --gpus 0 --budget 40GB
@@ -149,7 +166,7 @@ first_cmd=$(grep -m1 "^       nanoplan estimate" "$TMP/swc.txt" | sed 's/^ *nano
 first_row=$(grep -m1 -E "^ +1 " "$TMP/swc.txt")
 # shellcheck disable=SC2086
 "$NP" $first_cmd >"$TMP/again.txt" 2>&1
-row_step=$(echo "$first_row" | awk '{print $10}')
+row_step=$(echo "$first_row" | awk '{print $12}')
 check "the first row's command gives its step time ($row_step s)" 'grep -q "predicted step time (cost model) $row_step s" "$TMP/again.txt"'
 "$NP" sweep --model llama-3.1-8b --gpus 8 --budget 40GB --seq-len 4096 --pp-schedule afab,1f1b --top 5 --format csv >"$TMP/sw.csv"
 python3 - "$TMP/sw.csv" "$TMP/sw.json" <<'PY' && ok "sweep CSV: header, 5 rows, both schedules searched, commands" || fail "sweep CSV"

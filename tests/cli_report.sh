@@ -22,6 +22,9 @@ write_tiny_model "$TMP/tiny.toml"
   --budget 1MiB --run -o "$TMP/run.html" 2>"$TMP/run.err"; rc=$?
 check "report --run draws the measured memory of every stage" \
   '[ $rc -eq 0 ] && [ "$(grep -c "class=\"measured\"" "$TMP/run.html")" -eq 2 ]'
+check "a tiny model's memory axis in KiB, not a flat GiB one" \
+  'grep -q "text-anchor=\"middle\">KiB</text>" "$TMP/run.html" && ! grep -q "text-anchor=\"middle\">GiB</text>" "$TMP/run.html"'
+check "a large model's memory axis in GiB" 'grep -q "text-anchor=\"middle\">GiB</text>" "$TMP/r.html"'
 
 "$NP" report --model llama-3.1-8b >"$TMP/no.out" 2>"$TMP/no.err"; rc=$?
 check "report without -o: exit 2, one line" '[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/no.err")" -eq 1 ]'

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <set>
 
 #include "executor/compare.hpp"
@@ -61,6 +62,71 @@ void expect_within_budget_and_monotone(const TrainSpec& t) {
   // With room for no recompute at all, no layer recomputes anything (only the LM head's all-gather,
   // kept as a shard per --tp-recompute-allgather, is re-done).
   for (const BlockPolicy& bp : loose.layer_policies) EXPECT_EQ(bp.name, "none");
+}
+
+// The frontier cache's key is the layer graph's: every field build_layer reads changes it, and
+// setups that differ only elsewhere build the same layer (sweeps mixing cp, ep, the capacity
+// factor, the profile and the attention form reused one frontier for all before).
+TEST(AutoPlan, LayerGraphKeyCoversWhatTheLayerReads) {
+  const ModelSpec m = testing::model("mixtral-8x7b");
+  TrainSpec t;
+  t.tp = 2, t.sp = true, t.dp = 4, t.ep = 2, t.moe_capacity_factor = 1.0;
+  t.impl = Impl::kMegatron;
+  ASSERT_FALSE(validate_setup(m, t));
+  auto same_layer = [&](const TrainSpec& a, const TrainSpec& b) {
+    BlockGraph x = build_layer(m, a), y = build_layer(m, b);
+    if (x.tensors.size() != y.tensors.size() || x.ops.size() != y.ops.size()) return false;
+    for (size_t i = 0; i < x.tensors.size(); ++i)
+      if (x.tensors[i].type.shape != y.tensors[i].type.shape ||
+          x.tensors[i].type.dtype != y.tensors[i].type.dtype)
+        return false;
+    for (size_t i = 0; i < x.ops.size(); ++i) {
+      if (x.ops[i].kind != y.ops[i].kind || x.ops[i].attrs.dense_wgrad != y.ops[i].attrs.dense_wgrad ||
+          x.ops[i].attrs.capacity != y.ops[i].attrs.capacity ||
+          x.ops[i].weights.size() != y.ops[i].weights.size())
+        return false;
+      for (size_t w = 0; w < x.ops[i].weights.size(); ++w)
+        if (x.ops[i].weights[w].shape != y.ops[i].weights[w].shape) return false;
+    }
+    return true;
+  };
+  std::vector<std::function<void(TrainSpec&)>> in_key = {
+      [](TrainSpec& c) { c.tp = 4; },
+      [](TrainSpec& c) { c.cp = 2; },
+      [](TrainSpec& c) { c.ep = 4; },
+      [](TrainSpec& c) { c.seq_len = 2048; },
+      [](TrainSpec& c) { c.micro_batch = 2; },
+      [](TrainSpec& c) { c.attention = AttentionImpl::kEager; },
+      [](TrainSpec& c) { c.impl = Impl::kFused; },
+      [](TrainSpec& c) { c.moe_capacity_factor = 1.5; },
+      [](TrainSpec& c) { c.grad_accum_fusion = false; }};
+  for (size_t i = 0; i < in_key.size(); ++i) {
+    TrainSpec c = t;
+    in_key[i](c);
+    EXPECT_NE(layer_graph_key(c), layer_graph_key(t)) << "field " << i;
+    EXPECT_FALSE(same_layer(c, t)) << "field " << i << " changes no layer: drop it from the key";
+  }
+  std::vector<std::function<void(TrainSpec&)>> outside = {
+      [](TrainSpec& c) { c.pp = 2, c.microbatches = 2; },
+      [](TrainSpec& c) { c.dp = 8; },
+      [](TrainSpec& c) { c.zero = 1; },
+      [](TrainSpec& c) { c.recompute = Recompute::kFull; },
+      [](TrainSpec& c) { c.loss_fusion = LossFusion::kTe; },
+      [](TrainSpec& c) { c.dataloader_mask = false; },
+      [](TrainSpec& c) { c.vocab_multiple = 64; },
+      [](TrainSpec& c) { c.grad_dtype = Dtype::kBf16; }};
+  for (size_t i = 0; i < outside.size(); ++i) {
+    TrainSpec c = t;
+    outside[i](c);
+    EXPECT_EQ(layer_graph_key(c), layer_graph_key(t)) << "field " << i;
+    EXPECT_TRUE(same_layer(c, t)) << "field " << i << " changes the layer: add it to the key";
+  }
+  // Sequence parallelism (a dense model: MoE under TP needs it).
+  TrainSpec d;
+  d.tp = 2, d.sp = true;
+  TrainSpec e = d;
+  e.sp = false;
+  EXPECT_NE(layer_graph_key(d), layer_graph_key(e));
 }
 
 TEST(AutoPlan, WithinBudgetAndMonotone) {

@@ -63,6 +63,19 @@ TEST(Resolve, AliasesAreCaseInsensitive) {
   EXPECT_EQ(model("meta-llama/Llama-3.1-70B").name, "llama-3.1-70b");
 }
 
+// A fine-tuned variant's name resolves to its base model, and the display name says so.
+TEST(Resolve, FineTunedSuffixResolvesToTheBaseModel) {
+  for (const char* name : {"meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b-chat"}) {
+    auto r = resolve_model(catalog(), name);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->name, "llama-3.1-8b");
+    EXPECT_NE(r->display_name.find(std::string("the base model of ") + name), std::string::npos)
+        << r->display_name;
+  }
+  EXPECT_FALSE(resolve_model(catalog(), "-instruct").ok());
+  EXPECT_FALSE(resolve_model(catalog(), "no-such-model-instruct").ok());
+}
+
 TEST(Resolve, UnknownModelSuggestsClosest) {
   auto r = resolve_model(catalog(), "llama-3.1-7b");
   ASSERT_FALSE(r.ok());
@@ -131,6 +144,31 @@ TEST(LoadHfConfig, Llama2Counts) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->name, "Llama-2-7b-hf");
   EXPECT_EQ(count_parameters(*r), 6'738'415'616);
+}
+
+// The architecture decides whether the MLP is gated, not the activation: Llama-3.2-1B's shape
+// (https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json, 1,235,814,400
+// parameters) with a GeLU activation keeps its gate, up and down projections.
+TEST(LoadHfConfig, GeluLlamaKeepsItsGatedMlp) {
+  for (const char* act : {"silu", "gelu_pytorch_tanh", "gelu"}) {
+    std::string path = testing::temp_path(std::string("llama32_1b_") + act + ".json");
+    write(path, std::string(R"({"model_type": "llama", "hidden_size": 2048,
+      "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+      "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
+      "max_position_embeddings": 131072, "tie_word_embeddings": true, "hidden_act": ")") +
+                    act + "\"}");
+    auto r = load_hf_config(path);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->activation, Activation::kSwiGlu) << act;
+    EXPECT_EQ(count_parameters(*r), 1'235'814'400) << act;
+  }
+  std::string path = testing::temp_path("llama_tanh.json");
+  write(path, R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+    "max_position_embeddings": 64, "hidden_act": "tanh"})");
+  auto bad = load_hf_config(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("valid: silu"), std::string::npos) << bad.error().message;
 }
 
 TEST(LoadHfConfig, MoeAndQwenBias) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "planner/configs.hpp"
+#include "planner/estimate.hpp"
 #include "planner/read_file.hpp"
 #include "test_util.hpp"
 
@@ -50,6 +51,21 @@ std::string edited(const std::string& from, const std::string& to) {
   return s.replace(at, from.size(), to);
 }
 
+// nanotron's zero_stage above 0 builds its ZeroDistributedOptimizer (ZeRO-1): read so, and said.
+TEST(NanotronConfig, ZeroStageAboveOneIsZeroOne) {
+  for (int stage : {2, 3}) {
+    Result<ConfigSetup> c = nanotron_config(
+        edited("  zero_stage: 1\n", "  zero_stage: " + std::to_string(stage) + "\n"), kConfig);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_EQ(c->setup.zero, 1);
+    ASSERT_EQ(c->notes.size(), 1u);
+    EXPECT_NE(c->notes[0].find("is ZeRO-1 in nanotron"), std::string::npos) << c->notes[0];
+  }
+  Result<ConfigSetup> one = nanotron_config(config_text(), kConfig);
+  ASSERT_TRUE(one.ok());
+  EXPECT_TRUE(one->notes.empty());
+}
+
 TEST(NanotronConfig, RefusesBadInputNamingTheKey) {
   struct Bad {
     std::string from, to, says;
@@ -60,7 +76,7 @@ TEST(NanotronConfig, RefusesBadInputNamingTheKey) {
                        {"  dtype: bfloat16\n", "  dtype: float32\n", "model.dtype"},
                        {"  zero_stage: 1\n", "  zero_stage: 4\n", "optimizer.zero_stage"},
                        {"  recompute_layer: false\n", "  recompute_layer: maybe\n", "true or false"},
-                       {"    hidden_act: silu\n", "    hidden_act: relu\n", "hidden_act"},
+                       {"    hidden_act: silu\n", "    hidden_act: tanh\n", "hidden_act"},
                        {"  model_config:\n", "  model_cfg:\n", "model.model_config: missing"},
                        {"tokens:\n", "tokens: [\n", "not valid YAML"}}) {
     Result<ConfigSetup> c = nanotron_config(edited(b.from, b.to), kConfig);
@@ -170,7 +186,7 @@ TEST(MegatronArgs, ReadsWhatMegatronDoes) {
          "do not split evenly"},
         {"--cross-entropy-fusion-impl triton", "valid: native, te"},
         {"--transformer-impl local", "valid: transformer_engine"},
-        {"--make-vocab-size-divisible-by 64", "valid: 128"},
+        {"--make-vocab-size-divisible-by 0", "expected a whole number from 1"},
         {"--hidden-dropout 0.1", "differs from the model"},
         {"--recompute-num-layers -1", "expected a whole number >= 0"},
         {"--decoder-first-pipeline-num-layers 4", "need --pipeline-model-parallel-size > 1"},
@@ -221,6 +237,7 @@ TEST(EmitConfig, NamedPoliciesRoundTrip) {
     TrainSpec t;
     t.tp = 8, t.sp = true, t.pp = 4, t.dp = 2, t.zero = 1, t.microbatches = 8;
     t.pp_schedule = PpSchedule::k1F1B, t.recompute = r;
+    t.stage_layers = {20, 20, 20, 20};  // Megatron's even split (nanoplan's balanced one is not)
     t.attention = AttentionImpl::kEager;  // with flash attention, selective keeps the same as none
     t.impl = Impl::kMegatron;
     t.grad_accum_fusion = r == Recompute::kFull;  // off is emitted, and read back
@@ -241,6 +258,58 @@ TEST(EmitConfig, NamedPoliciesRoundTrip) {
           << flags;
       EXPECT_EQ(flags.find("recomputes more"), std::string::npos) << flags;
     }
+  }
+}
+
+// Every emitted Megatron config reads back into the same setup and the same peak, or says in a
+// comment what differs: across pp, virtual stages, ZeRO, recompute and splits.
+TEST(EmitConfig, MegatronRoundTripsOrSaysWhatDiffers) {
+  ModelSpec m = testing::model("llama-3.1-8b");  // 32 layers
+  struct Case {
+    int64_t pp, chunks;
+    int zero;
+    Recompute rc;
+    std::vector<int64_t> split;
+    const char* differs;  // the comment expected, "" when it must read back exactly
+  };
+  for (const Case& k : {Case{2, 1, 1, Recompute::kNone, {}, ""},
+                        Case{4, 2, 1, Recompute::kFull, {}, ""},
+                        Case{4, 4, 0, Recompute::kNone, {}, ""},
+                        Case{4, 3, 1, Recompute::kNone, {}, "are not all equal"},
+                        Case{4, 1, 1, Recompute::kNone, {7, 9, 9, 7}, ""},
+                        Case{4, 1, 1, Recompute::kNone, {8, 7, 9, 8}, "middle stages"},
+                        Case{1, 1, 3, Recompute::kNone, {}, "ZeRO-3"},
+                        Case{1, 1, 2, Recompute::kFull, {}, "ZeRO-2"}}) {
+    TrainSpec t;
+    t.tp = 2, t.sp = true, t.pp = k.pp, t.dp = 2, t.zero = k.zero, t.microbatches = 2 * k.pp;
+    if (k.pp == 1) t.pp_schedule = PpSchedule::k1F1B;
+    t.impl = Impl::kMegatron, t.recompute = k.rc, t.stage_layers = k.split;
+    t.pp_schedule = k.chunks > 1 ? PpSchedule::kInterleaved : PpSchedule::k1F1B;
+    t.virtual_stages = k.chunks;
+    if (auto e = validate_setup(m, t)) FAIL() << e->message;
+    Schedule s = build_schedule(m, t);
+    std::string flags = emit_megatron(s);
+    std::string line = flags.substr(0, flags.find('\n'));
+    std::string what = "pp " + std::to_string(k.pp) + " v " + std::to_string(k.chunks) + ": " + flags;
+    if (*k.differs) {
+      EXPECT_NE(flags.find("# not expressible"), std::string::npos) << what;
+      EXPECT_NE(flags.find(k.differs), std::string::npos) << what;
+      continue;
+    }
+    EXPECT_EQ(flags.find("# "), std::string::npos) << what;
+    Result<ConfigSetup> back = megatron_args(line, m, t.dp);
+    ASSERT_TRUE(back.ok()) << back.error().message << "\n" << what;
+    const TrainSpec& b = back->setup;
+    EXPECT_EQ(b.pp, t.pp) << what;
+    EXPECT_EQ(b.pp_schedule, t.pp_schedule) << what;
+    EXPECT_EQ(b.virtual_stages, t.virtual_stages) << what;
+    EXPECT_EQ(b.zero, t.zero) << what;
+    EXPECT_EQ(b.recompute, t.recompute) << what;
+    EXPECT_EQ(b.microbatches, t.microbatches) << what;
+    if (!t.stage_layers.empty()) EXPECT_EQ(b.stage_layers, t.stage_layers) << what;
+    TrainSpec again = b;
+    again.tp = t.tp, again.sp = t.sp;  // emitted too; the peak must agree
+    EXPECT_EQ(estimate(m, again, {}, {}).peak_bytes, estimate(m, t, {}, {}).peak_bytes) << what;
   }
 }
 

@@ -213,6 +213,27 @@ TEST(Estimate, ExplainPeakListsExactlyTheLiveBytes) {
   EXPECT_FALSE(e.stages[0].peak_at.empty());
 }
 
+// The plain fix first: Llama-3.1-8B at tp 2, dp 4 under 60 GB fits with ZeRO-1 over the same
+// replicas, which keeps the GPUs and the global batch; the ones that take more GPUs come after.
+TEST(Estimate, SuggestionsTryTheSingleChangesFirst) {
+  TrainSpec t;
+  t.tp = 2, t.sp = true, t.dp = 4, t.microbatches = 1;
+  Estimate e = estimate(model("llama-3.1-8b"), t, {}, {.budget = 60'000'000'000});
+  ASSERT_FALSE(e.fits);
+  ASSERT_FALSE(e.suggestions.empty());
+  EXPECT_EQ(e.suggestions[0].change, "--zero 1");
+  EXPECT_EQ(e.suggestions[0].setup.gpus(), t.gpus());
+  bool more_gpus_after = true, seen_more = false;
+  for (const Suggestion& s : e.suggestions) {
+    bool more = s.setup.gpus() > t.gpus() ||
+                s.setup.micro_batch * s.setup.microbatches * s.setup.dp >
+                    t.micro_batch * t.microbatches * t.dp;
+    if (seen_more && !more) more_gpus_after = false;
+    seen_more |= more;
+  }
+  EXPECT_TRUE(more_gpus_after);
+}
+
 TEST(Estimate, SuggestionsFitWhenEstimated) {
   Estimate e = estimate(model("llama-70b"), main_example(), {}, {.budget = 80'000'000'000});
   ASSERT_FALSE(e.suggestions.empty());

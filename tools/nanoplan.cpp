@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <sstream>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -66,10 +67,12 @@ struct Flags {
   int64_t sweep_gpus = 0;
   std::string command_line;
   int64_t tp = 1, pp = 1, dp = 1, ep = 1, cp = 1, micro_batch = 1, seq_len = 4096;
+  int64_t vocab_multiple = 128;  // Megatron's --make-vocab-size-divisible-by
   std::optional<int64_t> microbatches;    // default: pp
   std::optional<int64_t> virtual_stages;  // default: 2 under interleaved, else 1
   std::string sweep_virtual = "1";        // sweep: chunk counts to try
   std::string sweep_cp = "1";             // sweep: context-parallel degrees to try
+  std::string sweep_ep;                   // sweep: expert-parallel degrees ("": MoE's all)
   int zero = 0;
   bool explain_peak = false, verbose = false;
   // run
@@ -153,7 +156,10 @@ void add_headroom_flag(CLI::App* app, Flags& f) {
 
 // The setup flags of estimate, plan and run (--model is checked by resolve: a config may name the
 // model instead).
+// The setup flags every setup subcommand takes, and the output flags of those that use them
+// (--emit: estimate and plan; --format: estimate and run; --explain-peak, --verbose: estimate).
 void add_setup_flags(CLI::App* app, Flags& f) {
+  const std::string cmd = app->get_name();
   app->add_option("--model", f.model,
                   "model name or alias (nanoplan models), or a path to a .toml or config.json");
   app->add_option("--nanotron-config", f.nanotron_config,
@@ -163,9 +169,10 @@ void add_setup_flags(CLI::App* app, Flags& f) {
                   "Megatron-LM arguments, quoted: parallel sizes, batch, --seq-length, recompute "
                   "flags (the model comes from --model; shape flags are checked against it; "
                   "--dp gives the data-parallel degree the global batch is over)");
-  app->add_option("--emit", f.emit,
-                  "print the plan's closest config instead of the report: nanotron (a YAML "
-                  "fragment) or megatron (flags)");
+  if (cmd == "estimate" || cmd == "plan")
+    app->add_option("--emit", f.emit,
+                    "print the plan's closest config instead of the report: nanotron (a YAML "
+                    "fragment) or megatron (flags)");
   add_int(app, "--tp", f.tp, "tensor-parallel degree");
   add_int(app, "--pp", f.pp, "pipeline-parallel degree");
   add_int(app, "--dp", f.dp, "data-parallel degree");
@@ -215,6 +222,9 @@ void add_setup_flags(CLI::App* app, Flags& f) {
                   "mask on the first and last stages during each forward), off "
                   "(--no-create-attention-mask-in-dataloader)")
       ->capture_default_str();
+  add_int(app, "--make-vocab-size-divisible-by", f.vocab_multiple,
+          "Megatron's under --impl megatron: the vocabulary padded to a multiple of this x tp",
+          1, 1 << 20);
   app->add_option("--grad-accum-dtype", f.grad_dtype,
                   "gradient accumulation dtype: fp32 (nanotron's accumulate_grad_in_fp32), bf16")
       ->capture_default_str();
@@ -236,12 +246,17 @@ void add_setup_flags(CLI::App* app, Flags& f) {
   add_headroom_flag(app, f);
   app->add_option(
       "--gpu", f.gpu,
-      "GPU whose memory is the budget (nanoplan gpus): h100, h200, a100-80gb, b200, ...");
-  app->add_option("--format", f.format, "table, json")->capture_default_str();
-  app->add_flag("--explain-peak", f.explain_peak,
-                "the live tensors at the peak, by category and block");
-  app->add_flag("--verbose", f.verbose,
-                "details: every live tensor with --explain-peak, the layer options of an auto plan");
+      "GPU (nanoplan gpus): h100, h200, a100-80gb, b200, ...; its cost model, and its memory as "
+      "the budget unless --budget gives one");
+  if (cmd == "estimate" || cmd == "run")
+    app->add_option("--format", f.format, "table, json")->capture_default_str();
+  if (cmd == "estimate") {
+    app->add_flag("--explain-peak", f.explain_peak,
+                  "the live tensors at the peak, by category and block");
+    app->add_flag("--verbose", f.verbose,
+                  "details: every live tensor with --explain-peak, the layer options of an auto "
+                  "plan");
+  }
   app->add_option("--cuda-context", f.cuda_context,
                   "assumed CUDA context bytes per GPU (default 512MiB)");
   app->add_option("--cublas-workspace", f.cublas_workspace,
@@ -309,6 +324,7 @@ np::TrainSpec make_setup(const Flags& f) {
     die("invalid --dataloader-attention-mask " + np::quote_input(f.dataloader_mask) +
         " (valid: on, off)");
   t.dataloader_mask = f.dataloader_mask == "on";
+  t.vocab_multiple = f.vocab_multiple;
   t.grad_dtype = check(np::parse_enum<np::Dtype>("--grad-accum-dtype", f.grad_dtype));
   t.optimizer = check(np::parse_enum<np::Optimizer>("--optimizer", f.optimizer));
   bool budgeted = !f.budget.empty() || !f.gpu.empty();
@@ -357,6 +373,10 @@ std::optional<int64_t> given_budget(const Flags& f) {
   if (!f.budget.empty()) {
     np::Result<int64_t> r = np::parse_bytes(f.budget);
     if (!r) die("--budget: " + r.error().message);
+    // A number without a unit is bytes; no GPU has under 1 MiB, so such a budget lost its unit.
+    if (*r < (int64_t{1} << 20))
+      die("invalid --budget " + np::quote_input(f.budget) + ": " + np::format_int(*r) +
+          " bytes is under 1 MiB; give a unit (valid: such as 80GB, 80GiB or 85899345920)");
     return *r;
   }
   if (f.gpu.empty()) return std::nullopt;
@@ -377,6 +397,9 @@ int64_t headroom_bytes(const Flags& f, int64_t budget) {
       die("invalid --headroom " + np::quote_input(h) + " (valid: " + valid + ")");
     return static_cast<int64_t>(static_cast<double>(budget) * pct / 100);
   }
+  // A bare number is ambiguous (bytes, or a percentage without its sign): a unit or % is needed.
+  if (!h.empty() && h.find_first_not_of("0123456789.") == std::string::npos && h != "0")
+    die("invalid --headroom " + np::quote_input(h) + ": give a unit or % (valid: " + valid + ")");
   np::Result<int64_t> r = np::parse_bytes(h, /*allow_zero=*/true);
   if (!r) die("--headroom: " + r.error().message);
   if (*r >= budget)
@@ -432,6 +455,7 @@ np::TrainSpec override_with_flags(const np::ConfigSetup& c, const Flags& f) {
   if (given("--cross-entropy-fusion")) t.loss_fusion = flags.loss_fusion;
   if (given("--gradient-accumulation-fusion")) t.grad_accum_fusion = flags.grad_accum_fusion;
   if (given("--dataloader-attention-mask")) t.dataloader_mask = flags.dataloader_mask;
+  if (given("--make-vocab-size-divisible-by")) t.vocab_multiple = flags.vocab_multiple;
   if (given("--grad-accum-dtype")) t.grad_dtype = flags.grad_dtype;
   if (given("--optimizer")) t.optimizer = flags.optimizer;
   if (given("--tp-recompute-allgather")) t.tp_recompute_allgather = flags.tp_recompute_allgather;
@@ -449,8 +473,6 @@ np::TrainSpec override_with_flags(const np::ConfigSetup& c, const Flags& f) {
 }
 
 Resolved resolve(const Flags& f) {
-  if (!f.budget.empty() && !f.gpu.empty())
-    die("--budget and --gpu both set the budget; give one of them");
   if (f.format != "table" && f.format != "json")
     die("invalid --format " + np::quote_input(f.format) + " (valid: table, json)");
   if (!f.emit.empty() && f.emit != "nanotron" && f.emit != "megatron")
@@ -463,6 +485,7 @@ Resolved resolve(const Flags& f) {
           "give one of them");
     std::string text = check(np::read_text_file(f.nanotron_config, "nanotron config"));
     np::ConfigSetup c = check(np::nanotron_config(text, f.nanotron_config));
+    for (const std::string& n : c.notes) std::cerr << "nanoplan: " << n << "\n";
     np::ModelSpec m = *c.model;
     m.name = std::filesystem::path(f.nanotron_config).stem().string();
     if (!np::is_model_name(m.name)) m.name = "nanotron-config";
@@ -477,17 +500,39 @@ Resolved resolve(const Flags& f) {
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   np::ModelSpec m = check(np::resolve_model(catalog, f.model));
   np::TrainSpec t = make_setup(f);
-  if (!f.megatron_args.empty())
-    t = override_with_flags(check(np::megatron_args(f.megatron_args, m, f.dp)), f);
+  if (!f.megatron_args.empty()) {
+    np::ConfigSetup c = check(np::megatron_args(f.megatron_args, m, f.dp));
+    for (const std::string& n : c.notes) std::cerr << "nanoplan: " << n << "\n";
+    t = override_with_flags(c, f);
+  }
   if (auto e = np::validate_setup(m, t)) die(e->message);
+  // RoPE runs past the trained positions (learned ones cannot: validate_setup refuses them).
+  if (m.max_positions > 0 && t.seq_len > m.max_positions)
+    std::cerr << "nanoplan: warning: --seq-len " << t.seq_len << " is beyond " << m.name
+              << "'s max_position_embeddings " << m.max_positions
+              << " (the bytes are estimated; the model was not trained that long)\n";
   return {m, t};
 }
 
-// --emit: the plan's closest nanotron YAML or Megatron flags, on stdout.
+// --emit: the plan's closest nanotron YAML or Megatron flags, on stdout. Under a budget the plan
+// is estimated first: a config for a setup that does not fit says so in its first line, and the
+// command says so on stderr.
 int emit_config(const Flags& f, const Resolved& r) {
-  np::Schedule s = np::schedule_for_setup(r.model, r.setup, make_runtime(f), make_budget(f),
-                                          make_hardware(f), plan_options(f));
+  np::RuntimeAssumptions rt = make_runtime(f);
+  std::optional<int64_t> budget = make_budget(f);
+  np::Schedule s = np::schedule_for_setup(r.model, r.setup, rt, budget, make_hardware(f),
+                                          plan_options(f));
+  std::string warning;
+  if (budget) {
+    np::Estimate e = np::estimate_schedule(s, rt, {.budget = budget, .suggestions = false});
+    if (!e.fits)
+      warning = "DOES NOT FIT: the smallest peak nanoplan finds is " + np::format_gib(e.peak_bytes) +
+                " (rank " + std::to_string(e.peak_rank) + ") of " + np::format_gib(*budget) +
+                " usable; this config runs out of memory";
+  }
+  if (!warning.empty()) std::cout << "# " << warning << "\n";
   std::cout << (f.emit == "nanotron" ? np::emit_nanotron(s) : np::emit_megatron(s));
+  if (!warning.empty()) std::cerr << "nanoplan: the emitted config " << warning << "\n";
   return 0;
 }
 
@@ -710,6 +755,11 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
 #endif
   Executor ex = executor_for(f);
   if (auto e = np::exec::check_runnable(s, !ex.device)) die(e->message);
+  if (!ex.device)
+    if (auto e = np::exec::check_host_memory(s)) {  // the executor's limit: exit 4
+      std::fprintf(stderr, "nanoplan: error: %s\n", e->message.c_str());
+      return kExitRunFailed;
+    }
   auto r = np::exec::run_schedule(s, ex.backend, run_options(f, ex), ex.world);
   if (!r) {
     std::fprintf(stderr, "nanoplan: %s\n", r.error().message.c_str());
@@ -739,13 +789,38 @@ int run_scenario(const Flags& f) {
     die("--scenario runs its matrix in one process; under mpirun, run a plan or a setup");
 #endif
   auto catalog = check(np::load_model_catalog(models_dir(f)));
-  np::Scenario sc = check(np::load_scenario(f.scenario, catalog));
+  // A scenario is a file, or named like a model: the scenarios/ beside the model catalog.
+  std::string path = f.scenario;
+  std::error_code ec;
+  if (!path.ends_with(".toml") && path.find('/') == std::string::npos) {
+    std::filesystem::path dir = std::filesystem::path(models_dir(f)).parent_path() / "scenarios";
+    if (!std::filesystem::exists(dir / (path + ".toml"), ec)) {
+      std::vector<std::string> found;
+      for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+        if (e.path().extension() == ".toml") found.push_back(e.path().stem().string());
+      std::sort(found.begin(), found.end());
+      std::string names;
+      for (const std::string& n : found) names += (names.empty() ? "" : ", ") + n;
+      die("unknown scenario " + np::quote_input(path) + " (valid: " +
+          (names.empty() ? std::string("a scenario file") : names) + ", or a path to a .toml)");
+    }
+    path = (dir / (path + ".toml")).string();
+  }
+  np::Scenario sc = check(np::load_scenario(path, catalog));
   Flags g = f;
   if (g.steps == 1) g.steps = sc.steps;
   Executor ex = executor_for(f);
-  for (const np::TrainSpec& t : sc.matrix)  // refuse before anything is printed or run
-    if (auto e = np::exec::check_runnable(np::build_schedule(sc.model, t), !ex.device))
+  for (const np::TrainSpec& t : sc.matrix) {  // refuse before anything is printed or run
+    np::Schedule s = np::build_schedule(sc.model, t);
+    if (auto e = np::exec::check_runnable(s, !ex.device))
       die(f.scenario + ": " + np::describe_short(t) + ": " + e->message);
+    if (!ex.device)
+      if (auto e = np::exec::check_host_memory(s)) {  // the executor's limit: exit 4
+        std::fprintf(stderr, "nanoplan: error: %s: %s: %s\n", f.scenario.c_str(),
+                     np::describe_short(t).c_str(), e->message.c_str());
+        return kExitRunFailed;
+      }
+  }
   int failed = 0;
   nlohmann::json all = nlohmann::json::array();
   std::printf("%s",
@@ -815,7 +890,7 @@ int run_run(const Flags& f, CLI::App* app) {
   for (const char* flag :
        {"--tp", "--pp", "--dp", "--ep", "--cp", "--sp", "--zero", "--micro-batch", "--seq-len",
         "--microbatches", "--pp-schedule", "--virtual-stages", "--attention", "--impl",
-        "--cross-entropy-fusion", "--gradient-accumulation-fusion", "--dataloader-attention-mask", "--grad-accum-dtype", "--optimizer", "--recompute", "--tp-recompute-allgather", "--partition",
+        "--cross-entropy-fusion", "--gradient-accumulation-fusion", "--dataloader-attention-mask", "--make-vocab-size-divisible-by", "--grad-accum-dtype", "--optimizer", "--recompute", "--tp-recompute-allgather", "--partition",
         "--moe-capacity-factor", "--nanotron-config", "--megatron-args"})
     if (app->count(flag) > 0)
       die(std::string(flag) +
@@ -871,28 +946,29 @@ np::SweepOptions make_sweep_options(const Flags& f) {
   o.gpus = f.gpus, o.budget = *make_budget(f), o.global_batch = f.global_batch.value_or(0);
   o.headroom = headroom_of(f);
   o.model_arg = shell_word(f.model);
-  o.budget_flags = f.gpu.empty() ? "--budget " + shell_word(f.budget) : "--gpu " + shell_word(f.gpu);
+  // --budget sets the budget; --gpu the cost model, and the budget when --budget is not given.
+  o.budget_flags = (f.budget.empty() ? std::string() : "--budget " + shell_word(f.budget)) +
+                   (f.gpu.empty() || f.budget.empty() ? "" : " ") +
+                   (f.gpu.empty() ? std::string() : "--gpu " + shell_word(f.gpu));
   if (f.headroom != "3%") o.budget_flags += " --headroom " + shell_word(f.headroom);
   o.base = make_setup(g);
   o.runtime = make_runtime(f);
   o.hw = make_hardware(f);
   o.search_partition = f.partition == "auto";
-  o.virtual_stages.clear();
-  for (int64_t v : check(np::parse_count_list("--virtual-stages", f.sweep_virtual,
-                                              "chunk counts from 1 to 64, such as 1,2,4"))) {
-    if (v < 1 || v > 64)
-      die("invalid --virtual-stages " + np::quote_input(f.sweep_virtual) +
-          " (valid: chunk counts from 1 to 64, such as 1,2,4)");
-    o.virtual_stages.push_back(v);
-  }
-  o.context_parallel.clear();
-  for (int64_t cp : check(np::parse_count_list(
-           "--cp", f.sweep_cp, "context-parallel degrees from 1 to 64, such as 1,2,4"))) {
-    if (cp < 1 || cp > 64)
-      die("invalid --cp " + np::quote_input(f.sweep_cp) +
-          " (valid: context-parallel degrees from 1 to 64, such as 1,2,4)");
-    o.context_parallel.push_back(cp);
-  }
+  // A comma-separated list of degrees from 1 to `most`, or the one-line error naming the flag.
+  auto degrees = [](const char* flag, const std::string& text, const std::string& what,
+                    int64_t most) {
+    const std::string valid = what + " from 1 to " + std::to_string(most) + ", such as 1,2,4";
+    std::vector<int64_t> out = check(np::parse_count_list(flag, text, valid));
+    for (int64_t d : out)
+      if (d < 1 || d > most)
+        die(std::string("invalid ") + flag + " " + np::quote_input(text) + " (valid: " + valid + ")");
+    return out;
+  };
+  o.virtual_stages = degrees("--virtual-stages", f.sweep_virtual, "chunk counts", 64);
+  o.context_parallel = degrees("--cp", f.sweep_cp, "context-parallel degrees", 64);
+  if (!f.sweep_ep.empty())
+    o.expert_parallel = degrees("--ep", f.sweep_ep, "expert-parallel degrees", 1024);
   return o;
 }
 
@@ -991,6 +1067,8 @@ int main(int argc, char** argv) {
 #endif
   CLI::App app{"nanoplan: does a training setup fit in GPU memory, and what should be recomputed"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("nanoplan ") + NANOPLAN_VERSION + " (plan format " +
+                                        std::to_string(np::kScheduleFormatVersion) + ")");
   Flags f;
   const std::string commands[] = {"estimate", "plan", "run", "sweep", "report", "models", "gpus"};
   if (argc > 1 && argv[1][0] != '-' &&
@@ -1037,7 +1115,8 @@ int main(int argc, char** argv) {
   sw->add_option("--model", f.model, "model name or alias, or a path")->required();
   add_int(sw, "--gpus", f.gpus, "GPUs to use (tp x pp x dp)", 1, 1 << 20)->required();
   sw->add_option("--budget", f.budget, "bytes per GPU: 80GB, 80GiB, ...");
-  sw->add_option("--gpu", f.gpu, "GPU (nanoplan gpus): sets the budget and the cost model");
+  sw->add_option("--gpu", f.gpu,
+                 "GPU (nanoplan gpus): the cost model, and the budget unless --budget gives one");
   add_headroom_flag(sw, f);
   add_int(sw, "--seq-len", f.seq_len, "sequence length");
   add_int(sw, "--global-batch", f.global_batch, "sequences per optimizer step (default 4 x gpus)",
@@ -1045,6 +1124,9 @@ int main(int argc, char** argv) {
   sw->add_option("--pp-schedule", f.pp_schedule,
                  "schedules to try: afab (the default, as estimate's), 1f1b, or afab,1f1b")
       ->capture_default_str();
+  sw->add_option("--ep", f.sweep_ep,
+                 "expert-parallel degrees to try for an MoE model, e.g. 1,2,4 (default: every power "
+                 "of two that divides its experts)");
   sw->add_option("--cp", f.sweep_cp,
                  "context-parallel degrees to try, e.g. 1,2,4 (long sequences: each sequence split "
                  "over cp ranks)")
@@ -1071,11 +1153,30 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::string what = e.what();
-    if (what.find("subcommand") != std::string::npos)
-      what += " (valid: estimate, plan, run, sweep, report, models, gpus)";
-    die(what + "; see nanoplan --help");
+    // CLI11's own words, said as nanoplan says things: the arguments it did not expect (it lists
+    // them last first), a second subcommand, a missing required option.
+    std::string what = e.what(), cmd = "nanoplan";
+    for (CLI::App* sub : app.get_subcommands()) cmd += " " + sub->get_name();
+    for (const char* lead : {"The following arguments were not expected: ",
+                             "The following argument was not expected: "})
+      if (what.rfind(lead, 0) == 0) {
+        std::vector<std::string> words;
+        std::istringstream in(what.substr(std::strlen(lead)));
+        for (std::string w; in >> w;) words.insert(words.begin(), w);
+        std::string list;
+        for (const std::string& w : words) list += (list.empty() ? "" : " ") + w;
+        die("unexpected argument" + std::string(words.size() > 1 ? "s" : "") + " for " + cmd +
+            ": " + np::quote_input(list) + "; see " + cmd + " --help");
+      }
+    if (what.find("subcommand") != std::string::npos || what.find("At Most 1") != std::string::npos)
+      die("give one subcommand (valid: estimate, plan, run, sweep, report, models, gpus); see "
+          "nanoplan --help");
+    if (what.find(" is required") != std::string::npos)
+      die(what + " for " + cmd + "; see " + cmd + " --help");
+    die(what + "; see " + cmd + " --help");
   }
   for (CLI::App* sub : app.get_subcommands()) {
     refuse_empty_values(sub);

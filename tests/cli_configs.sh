@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Configs in and out. Emitted configs say first when the setup does not fit. Real launch lines
+# through --megatron-args: the argument arrays of two of Megatron-LM's own
+# launch scripts (tests/data/launch/, each with its source), expanded by bash as the script's
+# torchrun line expands them, and read as Megatron reads them: --flag=value, the switches, the
+# flags no byte depends on (ignored and listed once on stderr), and the flags that change the
+# memory in a way nanoplan does not model (refused by name).
+source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh" "$@"
+
+# launch_args SCRIPT [SED-EXPRESSION ...]: the words the script's torchrun line passes to
+# pretrain_gpt.py, after the edits a user would make to its settings (sed expressions).
+launch_args() {
+  local script=$1
+  shift
+  local -a edits=(-e '')
+  for e in "$@"; do edits+=(-e "$e"); done
+  sed "${edits[@]}" "$script" >"$TMP/launch.sh"
+  bash -c 'f=$1; shift
+           eval "$(cat "$f")"
+           echo ${GPT_MODEL_ARGS[@]:-} ${MODEL_ARGS[@]:-} ${TRAINING_ARGS[@]:-} ${DTYPE_ARGS[@]:-} \
+                ${MODEL_PARALLEL_ARGS[@]:-} ${DATA_ARGS[@]:-} ${DATA_ARGS_LIST[@]:-} \
+                ${EVAL_AND_LOGGING_ARGS[@]:-}' _ "$TMP/launch.sh"
+}
+
+# GPT-3 175B (examples/gpt3): tp 8 x pp 16, fp16, a batch ramp-up, the attention backend.
+args=$(launch_args "$SRC_DIR/tests/data/launch/megatron-gpt3-175b.sh" \
+  's#^CHECKPOINT_PATH=$1#CHECKPOINT_PATH=/ckpt#' 's#^TENSORBOARD_LOGS_PATH=$2#TENSORBOARD_LOGS_PATH=/tb#' \
+  's#^VOCAB_FILE=$3#VOCAB_FILE=/gpt2-vocab.json#' 's#^MERGE_FILE=$4#MERGE_FILE=/gpt2-merges.txt#' \
+  's#^DATA_PATH=$5#DATA_PATH=/data_text_document#')
+check "gpt3 script expands to its arguments" 'echo "$args" | grep -q -- "--num-layers 96" && echo "$args" | grep -q -- "--rampup-batch-size 16 16 5859375"'
+"$NP" estimate --model gpt3-175b --dp 1 --megatron-args "$args" --format json >"$TMP/gpt3.json" 2>"$TMP/gpt3.err"
+rc=$?
+check "gpt3 script: exit 0" '[ $rc -eq 0 ]'
+check "gpt3 script: tp 8, pp 16, 1536 micro-batches, megatron's 1F1B" \
+  'python3 -c "import json,sys; s=json.load(open(sys.argv[1]))[\"setup\"]; sys.exit(0 if (s[\"tp\"], s[\"pp\"], s[\"microbatches\"], s[\"pp_schedule\"], s[\"impl\"]) == (8, 16, 1536, \"1f1b\", \"megatron\") else 1)" "$TMP/gpt3.json"'
+check "gpt3 script: the ignored flags listed once, on one stderr line" \
+  '[ "$(wc -l <"$TMP/gpt3.err")" -eq 1 ] && grep -q "ignored, as no byte depends on them here: .*--rampup-batch-size" "$TMP/gpt3.err" && grep -q -- "--fp16" "$TMP/gpt3.err" && [ "$(grep -o -- "--lr," "$TMP/gpt3.err" | wc -l)" -eq 1 ]'
+
+# Llama 3 8B (examples/llama): its default dtype is fp8, which nanoplan does not model: refused by
+# name. With bf16 it reads: SP, the distributed optimizer, bf16 gradients, the native fused loss,
+# the dataloader without its mask, and flags given as --flag=value.
+args=$(launch_args "$SRC_DIR/tests/data/launch/megatron-llama3-8b.sh")
+"$NP" estimate --model llama-3.1-8b --dp 8 --megatron-args "$args" >"$TMP/out.txt" 2>&1
+rc=$?
+check "llama3 script as published (fp8): exit 2, one line naming --fp8-format" \
+  '[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/out.txt")" -eq 1 ] && grep -q -- "--fp8-format changes the memory in a way nanoplan does not model yet" "$TMP/out.txt"'
+args=$(launch_args "$SRC_DIR/tests/data/launch/megatron-llama3-8b.sh" 's/^DTYPE="fp8"/DTYPE="bf16"/' 's/^TP_SIZE=1 */TP_SIZE=2/')
+"$NP" estimate --model llama-3.1-8b --dp 4 --megatron-args "$args" --format json >"$TMP/llama.json" 2>"$TMP/llama.err"
+rc=$?
+check "llama3 script in bf16 at tp 2: exit 0" '[ $rc -eq 0 ]'
+check "llama3 script: SP, ZeRO-1, bf16 gradients, native loss, no mask, 32 micro-batches" \
+  'python3 -c "import json,sys; s=json.load(open(sys.argv[1]))[\"setup\"]; sys.exit(0 if (s[\"tp\"], s[\"sp\"], s[\"zero\"], s[\"grad_accum_dtype\"], s[\"cross_entropy_fusion\"], s[\"dataloader_attention_mask\"], s[\"microbatches\"]) == (2, True, 1, \"bf16\", \"native\", False, 32) else 1)" "$TMP/llama.json"'
+eq_args=$(echo "$args" | sed 's/--tensor-model-parallel-size 2/--tensor-model-parallel-size=2/; s/--seq-length 8192/--seq-length=8192/')
+"$NP" estimate --model llama-3.1-8b --dp 4 --megatron-args "$eq_args" --format json >"$TMP/eq.json" 2>/dev/null
+check "--flag=value reads as --flag value" \
+  'python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); sys.exit(0 if a[\"peak_bytes\"] == b[\"peak_bytes\"] and a[\"setup\"] == b[\"setup\"] else 1)" "$TMP/llama.json" "$TMP/eq.json"'
+
+# A value flag followed by another flag, and an unknown flag: bad input, named.
+"$NP" estimate --model llama-3.1-8b --megatron-args "--save --load /x" >"$TMP/out.txt" 2>&1
+rc=$?
+check "a value flag without its value: exit 2 naming it" '[ $rc -eq 2 ] && grep -q -- "--save'"'"' needs a value" "$TMP/out.txt"'
+"$NP" estimate --model llama-3.1-8b --megatron-args "--cp-comm-type a2a" >"$TMP/out.txt" 2>&1
+rc=$?
+check "Ulysses CP: exit 2 naming the valid forms" '[ $rc -eq 2 ] && grep -q "valid: p2p, all_gather" "$TMP/out.txt"'
+# --make-vocab-size-divisible-by 1000 at tp 2 pads 128256 to 130000 (a multiple of 2000) where 128
+# keeps it: 1744 more rows, 872 per rank, in the embedding and the untied LM head, bf16.
+for n in 128 1000; do
+  "$NP" estimate --model llama-3.1-8b --dp 1 --format json \
+    --megatron-args "--make-vocab-size-divisible-by=$n --tensor-model-parallel-size 2" >"$TMP/vocab$n.json" 2>/dev/null
+done
+check "--make-vocab-size-divisible-by pads as Megatron: 872 x 4096 x 2 x 2 more weight bytes per rank" \
+  'python3 -c "import json,sys; a,b=(json.load(open(p))[\"ranks\"][0][\"parameter_bytes\"] for p in sys.argv[1:]); sys.exit(0 if b - a == 872 * 4096 * 2 * 2 else 1)" "$TMP/vocab128.json" "$TMP/vocab1000.json"'
+# --emit for a setup that fits nowhere: the config's first line and stderr say so; exit 0.
+for emit in megatron nanotron; do
+  "$NP" estimate --model llama-70b --tp 8 --budget 80GB --emit $emit >"$TMP/emit.txt" 2>"$TMP/emit.err"
+  rc=$?
+  check "--emit $emit of a setup that does not fit: exit 0, first line and stderr say so" \
+    '[ $rc -eq 0 ] && head -1 "$TMP/emit.txt" | grep -q "^# DOES NOT FIT: the smallest peak nanoplan finds is" && grep -q "the emitted config DOES NOT FIT" "$TMP/emit.err"'
+done
+"$NP" estimate --model llama-3.1-8b --tp 2 --budget 80GB --emit megatron >"$TMP/emit.txt" 2>"$TMP/emit.err"
+check "--emit of a setup that fits: no such line, nothing on stderr" \
+  '! grep -q "DOES NOT FIT" "$TMP/emit.txt" && [ ! -s "$TMP/emit.err" ]'
+
+# --gpu with --budget: the budget given, the GPU's cost model.
+for gpu in h100 b200; do
+  "$NP" estimate --model llama-3.1-8b --tp 2 --gpu $gpu --budget 80GB --format json >"$TMP/$gpu.json" 2>/dev/null
+done
+check "--gpu with --budget: the given budget, each GPU's step time" \
+  'python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); sys.exit(0 if a[\"budget_bytes\"] == b[\"budget_bytes\"] == 80000000000 and a[\"plan\"][\"step_seconds\"] != b[\"plan\"][\"step_seconds\"] else 1)" "$TMP/h100.json" "$TMP/b200.json"'
+
+# A sequence beyond the model's max_position_embeddings (RoPE): estimated, with a warning.
+write_tiny_model "$TMP/tiny.toml"
+"$NP" estimate --model "$TMP/tiny.toml" --seq-len 64 >"$TMP/out.txt" 2>"$TMP/err.txt"
+rc=$?
+check "--seq-len beyond max_position_embeddings: exit 0, a warning on stderr" \
+  '[ $rc -eq 0 ] && grep -q "warning: --seq-len 64 is beyond tiny.s max_position_embeddings 32" "$TMP/err.txt"'
+finish
