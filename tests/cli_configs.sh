@@ -88,6 +88,19 @@ done
 check "--gpu with --budget: the given budget, each GPU's step time" \
   'python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); sys.exit(0 if a[\"budget_bytes\"] == b[\"budget_bytes\"] == 80000000000 and a[\"plan\"][\"step_seconds\"] != b[\"plan\"][\"step_seconds\"] else 1)" "$TMP/h100.json" "$TMP/b200.json"'
 
+# Labels that say what the setup does.
+"$NP" estimate --model llama-3.1-8b --dp 2 --zero 3 >"$TMP/z3.txt" 2>&1
+check "ZeRO-3: the gradient and optimizer lines say ZeRO-3" \
+  'grep -q "^  gradients (fp32) .*ZeRO-3 shard" "$TMP/z3.txt" && grep -q "^  optimizer (adamw) .*ZeRO-3 shard" "$TMP/z3.txt"'
+check "the cuBLAS line names no one GPU's compute capability" \
+  'grep -q "cuBLAS workspaces" "$TMP/z3.txt" && ! grep -q "sm_90" "$TMP/z3.txt"'
+"$NP" estimate --model llama-3.1-8b --tp 2 --recompute none >"$TMP/none.txt" 2>&1
+check "recompute none under SP: its recompute time is the all-gathers'" \
+  'grep -q "recompute none, tp_recompute_allgather true (the all-gathers re-done in backward are the recompute time below)" "$TMP/none.txt"'
+"$NP" estimate --model llama-3.1-8b --recompute selective >"$TMP/sel.txt" 2>&1
+check "selective under flash attention: keeps what none keeps, said without --verbose" \
+  'grep -q "recompute selective (under flash attention it keeps what none keeps" "$TMP/sel.txt"'
+
 # A sequence beyond the model's max_position_embeddings (RoPE): estimated, with a warning.
 write_tiny_model "$TMP/tiny.toml"
 "$NP" estimate --model "$TMP/tiny.toml" --seq-len 64 >"$TMP/out.txt" 2>"$TMP/err.txt"

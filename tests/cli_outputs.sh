@@ -66,6 +66,11 @@ contains "nanoplan --help lists the subcommands" "$TMP/help.out" estimate plan m
 run version --version
 expect_rc0 "nanoplan --version exits 0" version
 contains "nanoplan --version names the version and the plan format" "$TMP/version.out" "nanoplan 0." "plan format"
+# Each subcommand's help lists the options it takes, and only those.
+for sub in plan run report; do run "help_$sub" $sub --help; done
+check "plan --help: --emit, no --format" 'grep -q -- "--emit" "$TMP/help_plan.out" && ! grep -q -- "--format" "$TMP/help_plan.out"'
+check "run --help: --format, no --emit" 'grep -q -- "--format" "$TMP/help_run.out" && ! grep -q -- "--emit" "$TMP/help_run.out"'
+check "report --help: neither --format nor --emit" '! grep -qE -- "--format|--emit" "$TMP/help_report.out"'
 run esthelp estimate --help
 expect_rc0 "nanoplan estimate --help exits 0" esthelp
 contains "nanoplan estimate --help mentions --budget and --model" "$TMP/esthelp.out" --budget --model --gpu

@@ -51,6 +51,16 @@ std::string edited(const std::string& from, const std::string& to) {
   return s.replace(at, from.size(), to);
 }
 
+// nanotron's zero_stage above 0 builds its ZeroDistributedOptimizer (ZeRO-1): emitted as 1 with
+// a comment for a ZeRO-3 plan.
+TEST(EmitConfig, NanotronZeroAboveOneSaysWhatDiffers) {
+  TrainSpec t;
+  t.dp = 4, t.zero = 3;
+  std::string yaml = emit_nanotron(build_schedule(testing::model("llama-3.1-8b"), t));
+  EXPECT_NE(yaml.find("  zero_stage: 1\n"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("# not expressible: ZeRO-3"), std::string::npos) << yaml;
+}
+
 // nanotron's zero_stage above 0 builds its ZeroDistributedOptimizer (ZeRO-1): read so, and said.
 TEST(NanotronConfig, ZeroStageAboveOneIsZeroOne) {
   for (int stage : {2, 3}) {
