@@ -1,5 +1,6 @@
-// nanoplan CLI: estimate, plan, models, gpus. A thin layer over the planner library: it parses
-// flags, resolves names, prints results, and maps errors to exit code 2 (bad input).
+// nanoplan CLI: estimate, plan, sweep, report, run, models, gpus. It parses flags, resolves names,
+// reads configs, runs the planner (and, for run, the executor), prints results, and maps errors to
+// the exit codes the README states (2 for bad input).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
