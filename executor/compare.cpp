@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <map>
 
-#include "planner/report.hpp"
+#include "planner/plan_io.hpp"
 #include "planner/simulate.hpp"
 #include "planner/units.hpp"
 

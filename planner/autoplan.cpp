@@ -546,4 +546,14 @@ StepTime named_step_time(const ModelSpec& m, const TrainSpec& t, const HardwareM
   return step_time(s, hw);
 }
 
+std::vector<Suggestion> auto_suggestions(const ModelSpec& m, const TrainSpec& t,
+                                         const RuntimeAssumptions& rt, int64_t budget,
+                                         const HardwareModel& hw) {
+  return nearest_setups(m, t, [&](const TrainSpec& c) -> std::optional<int64_t> {
+    AutoPlan p = auto_plan(m, c, rt, budget, hw,
+                           {.closest_when_infeasible = false, .compare_uniform = false});
+    return p.fits ? std::optional<int64_t>(p.estimate.peak_bytes) : std::nullopt;
+  });
+}
+
 }  // namespace np

@@ -101,20 +101,14 @@ std::string option_name(const BlockGraph& g, const std::vector<bool>& mask);
 
 namespace np {
 
-// The nearest setups for which the auto planner fits (more pp, ZeRO-1 over more dp, a smaller
-// micro-batch), each found by planning it.
+// The nearest setups for which the auto planner fits (nearest_setups' families), each found by
+// planning it.
 std::vector<Suggestion> auto_suggestions(const ModelSpec& m, const TrainSpec& t,
                                          const RuntimeAssumptions& rt, int64_t budget,
                                          const HardwareModel& hw);
 
-// The human summary (plan per stage, time, nanotron and Megatron equivalents) and the JSON "plan".
 // The step time of a setup under its named recompute policy (none, selective, full): the cost
 // model over its schedule, every micro-batch counted.
 StepTime named_step_time(const ModelSpec& m, const TrainSpec& t, const HardwareModel& hw);
-// "predicted step time (cost model) 1.013 s, recompute ... MFU ..., HFU ...\n"
-std::string step_time_line(const StepTime& t);
-// `verbose`: also the layer options the plan was chosen from (the frontier).
-std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose = false);
-nlohmann::json auto_plan_json(const AutoPlan& p);
 
 }  // namespace np

@@ -8,7 +8,6 @@
 
 #include "planner/json_reader.hpp"
 #include "planner/read_file.hpp"
-#include "planner/report.hpp"
 #include "planner/units.hpp"
 
 namespace np {
@@ -43,6 +42,36 @@ json model_spec_to_json(const ModelSpec& m) {
                 {"shared_expert_gate", m.moe->shared_gate}};
   return j;
 }
+
+json setup_to_json(const TrainSpec& t) {
+  json j = {{"tp", t.tp},
+            {"pp", t.pp},
+            {"dp", t.dp},
+            {"cp", t.cp},
+            {"ep", t.ep},
+            {"sp", t.sp},
+            {"zero", t.zero},
+            {"micro_batch", t.micro_batch},
+            {"seq_len", t.seq_len},
+            {"microbatches", t.microbatches},
+            {"pp_schedule", name_of(t.pp_schedule)},
+            {"attention", name_of(t.attention)},
+            {"impl", name_of(t.impl)},
+            {"cross_entropy_fusion", name_of(t.loss_fusion)},
+            {"gradient_accumulation_fusion", t.grad_accum_fusion},
+            {"dataloader_attention_mask", t.dataloader_mask},
+            {"make_vocab_size_divisible_by", t.vocab_multiple},
+            {"grad_accum_dtype", name_of(t.grad_dtype)},
+            {"optimizer", name_of(t.optimizer)},
+            {"recompute", name_of(t.recompute)},
+            {"tp_recompute_allgather", t.tp_recompute_allgather},
+            {"gpus", t.gpus()}};
+  if (!t.stage_layers.empty()) j["stage_layers"] = t.stage_layers;  // else balanced by FLOPs
+  if (t.pp_schedule == PpSchedule::kInterleaved) j["virtual_stages"] = t.virtual_stages;
+  if (t.moe_capacity_factor > 0) j["moe_capacity_factor"] = t.moe_capacity_factor;
+  return j;
+}
+
 
 using Reader = JsonReader;
 

@@ -12,6 +12,7 @@ namespace np {
 
 nlohmann::json model_spec_to_json(const ModelSpec& m);
 Result<ModelSpec> model_spec_from_json(const nlohmann::json& j);
+nlohmann::json setup_to_json(const TrainSpec& t);
 Result<TrainSpec> setup_from_json(const nlohmann::json& j);
 
 nlohmann::json schedule_to_json(const Schedule& s);

@@ -1,10 +1,11 @@
 // What the user sees of an auto plan: the plan per stage, compressed; step time and recompute
 // overhead against uniform settings; the nanotron and Megatron settings that come closest.
+#include "planner/plan_report.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
 
-#include "planner/autoplan.hpp"
 #include "planner/units.hpp"
 
 namespace np {
@@ -322,16 +323,6 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
   if (p.time_none) j["step_seconds_no_recompute"] = p.time_none->seconds;
   if (p.time_full) j["step_seconds_recompute_layer"] = p.time_full->seconds;
   return j;
-}
-
-std::vector<Suggestion> auto_suggestions(const ModelSpec& m, const TrainSpec& t,
-                                         const RuntimeAssumptions& rt, int64_t budget,
-                                         const HardwareModel& hw) {
-  return nearest_setups(m, t, [&](const TrainSpec& c) -> std::optional<int64_t> {
-    AutoPlan p = auto_plan(m, c, rt, budget, hw,
-                           {.closest_when_infeasible = false, .compare_uniform = false});
-    return p.fits ? std::optional<int64_t>(p.estimate.peak_bytes) : std::nullopt;
-  });
 }
 
 }  // namespace np

@@ -4,46 +4,22 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "planner/plan_io.hpp"
 #include "planner/units.hpp"
 
 namespace np {
 
 using nlohmann::json;
 
-json setup_to_json(const TrainSpec& t) {
-  json j = {{"tp", t.tp},
-            {"pp", t.pp},
-            {"dp", t.dp},
-            {"cp", t.cp},
-            {"ep", t.ep},
-            {"sp", t.sp},
-            {"zero", t.zero},
-            {"micro_batch", t.micro_batch},
-            {"seq_len", t.seq_len},
-            {"microbatches", t.microbatches},
-            {"pp_schedule", name_of(t.pp_schedule)},
-            {"attention", name_of(t.attention)},
-            {"impl", name_of(t.impl)},
-            {"cross_entropy_fusion", name_of(t.loss_fusion)},
-            {"gradient_accumulation_fusion", t.grad_accum_fusion},
-            {"dataloader_attention_mask", t.dataloader_mask},
-            {"make_vocab_size_divisible_by", t.vocab_multiple},
-            {"grad_accum_dtype", name_of(t.grad_dtype)},
-            {"optimizer", name_of(t.optimizer)},
-            {"recompute", name_of(t.recompute)},
-            {"tp_recompute_allgather", t.tp_recompute_allgather},
-            {"gpus", t.gpus()}};
-  if (!t.stage_layers.empty()) j["stage_layers"] = t.stage_layers;  // else balanced by FLOPs
-  if (t.pp_schedule == PpSchedule::kInterleaved) j["virtual_stages"] = t.virtual_stages;
-  if (t.moe_capacity_factor > 0) j["moe_capacity_factor"] = t.moe_capacity_factor;
-  return j;
-}
-
+// The estimate's summary of the model: keys of the plan file's spec (one writer of a model's
+// JSON, model_spec_to_json), with the parameter count the estimate made.
 json model_to_json(const ModelSpec& m, int64_t parameters) {
-  json j = {{"name", m.name},       {"display_name", m.display_name}, {"parameters", parameters},
-            {"source", m.source},   {"hidden_size", m.hidden},        {"num_layers", m.layers},
-            {"num_heads", m.heads}, {"num_kv_heads", m.kv_heads},     {"vocab_size", m.vocab}};
-  if (m.moe) j["moe"] = {{"num_experts", m.moe->num_experts}, {"top_k", m.moe->top_k}};
+  const json spec = model_spec_to_json(m);
+  json j = {{"parameters", parameters}};
+  for (const char* key : {"name", "display_name", "source", "hidden_size", "num_layers",
+                          "num_heads", "num_kv_heads", "vocab_size"})
+    j[key] = spec.at(key);
+  if (m.moe) j["moe"] = {{"num_experts", spec["moe"]["num_experts"]}, {"top_k", spec["moe"]["top_k"]}};
   return j;
 }
 

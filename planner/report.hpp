@@ -9,7 +9,6 @@
 
 namespace np {
 
-nlohmann::json setup_to_json(const TrainSpec& t);
 nlohmann::json model_to_json(const ModelSpec& m, int64_t parameters);
 nlohmann::json estimate_to_json(const Estimate& e);
 // `requested` is the model name the user typed (shown when it was an alias).

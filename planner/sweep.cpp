@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "planner/report.hpp"
+#include "planner/plan_io.hpp"
 #include "planner/schedule.hpp"
 #include "planner/units.hpp"
 

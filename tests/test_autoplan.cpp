@@ -12,6 +12,7 @@
 #include "executor/cpu/cpu_backend.hpp"
 #include "executor/runner.hpp"
 #include "planner/autoplan.hpp"
+#include "planner/plan_report.hpp"
 #include "planner/plan_io.hpp"
 #include "planner/scenario.hpp"
 #include "test_util.hpp"

@@ -35,6 +35,7 @@
 #endif
 #include "executor/runner.hpp"
 #include "planner/autoplan.hpp"
+#include "planner/plan_report.hpp"
 #include "planner/configs.hpp"
 #include "planner/html_report.hpp"
 #include "planner/read_file.hpp"
