@@ -245,14 +245,33 @@ const std::set<std::string> kNoBytes = {
     "--lr-warmup-fraction", "--lr-warmup-iters", "--adam-beta1", "--adam-beta2", "--adam-eps",
     "--init-method-std", "--log-interval", "--save-interval", "--eval-interval", "--eval-iters",
     "--exit-interval", "--timing-log-level", "--tensorboard-dir", "--save", "--load",
-    "--data-path", "--vocab-file", "--merge-file", "--split", "--data-cache-path",
+    "--vocab-file", "--merge-file", "--split", "--data-cache-path",
     "--distributed-backend", "--ckpt-format", "--dist-ckpt-strictness", "--decoupled-lr",
     "--decoupled-min-lr", "--train-samples", "--lr-decay-samples", "--lr-warmup-samples",
     "--exit-duration-in-mins", "--distributed-timeout-minutes", "--rotary-base", "--rotary-percent",
     "--profile-step-start", "--profile-step-end", "--empty-unused-memory-level", "--seed",
     "--tokenizer-model", "--num-workers", "--log-throughput-interval",
-    "--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-token-dispatcher-type",
-    "--moe-z-loss-coeff", "--tiktoken-pattern"};
+    "--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-z-loss-coeff",
+    "--tiktoken-pattern"};
+
+// The value flags megatron_args reads itself (the model's shape flags and kNoBytes aside).
+const std::set<std::string> kValueFlags = {
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+    "--expert-model-parallel-size", "--micro-batch-size", "--seq-length", "--global-batch-size",
+    "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--recompute-num-layers", "--recompute-granularity", "--recompute-method",
+    "--recompute-modules", "--moe-expert-capacity-factor", "--cross-entropy-fusion-impl",
+    "--transformer-impl", "--make-vocab-size-divisible-by", "--hidden-dropout",
+    "--attention-dropout", "--attention-backend", "--moe-token-drop-policy",
+    "--moe-token-dispatcher-type", "--cp-comm-type", "--normalization",
+    "--position-embedding-type", "--max-position-embeddings", "--tokenizer-type", "--train-iters",
+    "--lr", "--norm-epsilon", "--vocab-size", "--data-path"};
+const char* const kRead =
+    "read: parallel sizes, --micro-batch-size, --global-batch-size, --seq-length, "
+    "--sequence-parallel, --use-distributed-optimizer, --recompute-granularity/-method/-num-layers, "
+    "virtual stages, the loss and gradient fusions, the MoE capacity, the model's shape and "
+    "architecture flags, and flags no byte depends on";
 
 // Megatron-LM arguments that change the memory in ways nanoplan does not model yet: refused by
 // name, with what they do.
@@ -294,7 +313,7 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
   int64_t global_batch = 0, vpp_layers = 0, vpp_chunks = 0, recompute_layers = -1, first_layers = 0,
           last_layers = 0;
   std::string granularity, method, ce_impl = "native";
-  bool ce_fusion = false;
+  bool ce_fusion = false, recompute_activations = false, disable_bias = false, add_qkv_bias = false;
   auto fail = [](const std::string& what) { return make_error("--megatron-args: " + what); };
   // The model's shape flags, checked against m.
   const std::map<std::string, int64_t> shape = {{"--num-layers", m.layers},
@@ -358,8 +377,11 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
       if (w == "--use-distributed-optimizer") t.zero = std::max(t.zero, 1), c.given.insert("--zero");
       if (w == "--use-flash-attn") t.attention = AttentionImpl::kFlash, c.given.insert("--attention");
       if (w == "--cross-entropy-loss-fusion") ce_fusion = true;
-      // Megatron: --recompute-activations is --recompute-granularity selective.
-      if (w == "--recompute-activations") granularity = "selective";
+      // Megatron: --recompute-activations is --recompute-granularity selective, whatever the
+      // order (applied after the loop).
+      if (w == "--recompute-activations") recompute_activations = true;
+      if (w == "--disable-bias-linear") disable_bias = true;
+      if (w == "--add-qkv-bias") add_qkv_bias = true;
       if (w == "--grad-reduce-in-bf16") t.grad_dtype = Dtype::kBf16, c.given.insert("--grad-accum-dtype");
       if (w == "--no-gradient-accumulation-fusion")
         t.grad_accum_fusion = false, c.given.insert("--gradient-accumulation-fusion");
@@ -373,9 +395,7 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
       std::optional<Error> bad;
       if (w == "--swiglu")
         bad = arch(m.activation == Activation::kSwiGlu, std::string(name_of(m.activation)));
-      if (w == "--disable-bias-linear")
-        bad = arch(!m.linear_bias && !m.qkv_bias, "biases on its linears");
-      if (w == "--add-qkv-bias") bad = arch(m.qkv_bias, "no qkv bias");
+      if (w == "--disable-bias-linear") bad = arch(!m.linear_bias, "biases on its linears");
       if (w == "--untie-embeddings-and-output-weights")
         bad = arch(!m.tie_embeddings, "tied embeddings");
       if (w == "--no-position-embedding")
@@ -386,8 +406,16 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
       continue;
     }
     if (w.rfind("--", 0) != 0) return fail("unexpected " + quote_input(w) + " (flags start with --)");
-    if (i + 1 >= words.size() || words[i + 1].rfind("--", 0) == 0)
+    if (i + 1 >= words.size() || words[i + 1].rfind("--", 0) == 0) {
+      if (!shape.count(w) && !kNoBytes.count(w) && !kValueFlags.count(w))
+        return fail("unknown Megatron-LM argument " + quote_input(w) + " (" + kRead + ")");
       return fail(quote_input(w) + " needs a value");
+    }
+    if (w == "--data-path") {  // weights and prefixes of a blend: the words up to the next flag
+      while (i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0) ++i;
+      ignored.push_back(w);
+      continue;
+    }
     if (w == "--recompute-modules") {  // a list: the words up to the next flag
       std::set<std::string> modules;
       while (i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0) modules.insert(words[++i]);
@@ -484,6 +512,10 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
         return fail("--attention-backend " + quote_input(v) +
                     " (valid: flash, fused, auto, unfused, local)");
       c.given.insert("--attention");
+    } else if (w == "--moe-token-dispatcher-type") {  // nanoplan's dispatch: an all-to-all
+      if (v != "alltoall")
+        return fail("--moe-token-dispatcher-type " + quote_input(v) +
+                    " changes the memory in a way nanoplan does not model yet (valid: alltoall)");
     } else if (w == "--moe-token-drop-policy") {  // nanoplan drops by position
       if (v != "position")
         return fail("--moe-token-drop-policy " + quote_input(v) +
@@ -520,12 +552,7 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                     "'s vocab_size " + std::to_string(m.vocab) +
                     " (or that less NullTokenizer's EOD token)");
     } else {
-      return fail("unknown Megatron-LM argument " + quote_input(w) +
-                  " (read: parallel sizes, --micro-batch-size, --global-batch-size, "
-                  "--seq-length, --sequence-parallel, --use-distributed-optimizer, "
-                  "--recompute-granularity/-method/-num-layers, "
-                  "--num-layers-per-virtual-pipeline-stage, --moe-expert-capacity-factor, "
-                  "and the model's shape flags)");
+      return fail("unknown Megatron-LM argument " + quote_input(w) + " (" + kRead + ")");
     }
   }
   t.sp = t.sp && t.tp > 1;
@@ -552,10 +579,13 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
     if (vpp_layers > 0)
       return fail("--num-virtual-stages-per-pipeline-rank and "
                   "--num-layers-per-virtual-pipeline-stage exclude each other (as in Megatron)");
-    if (m.layers % (vpp_chunks * t.pp) != 0 || first_layers > 0 || last_layers > 0)
+    if (first_layers > 0 || last_layers > 0)
+      return fail("--num-virtual-stages-per-pipeline-rank with --decoder-first/last-pipeline-num-"
+                  "layers (Megatron's uneven interleaved split) is not modelled yet");
+    if (m.layers % (vpp_chunks * t.pp) != 0)
       return fail("--num-virtual-stages-per-pipeline-rank " + std::to_string(vpp_chunks) + ": " +
-                  std::to_string(m.layers) + " layers in pp x " + std::to_string(vpp_chunks) +
-                  " unequal chunks are not modelled (valid: a count that splits them evenly)");
+                  std::to_string(m.layers) + " layers do not split into pp x " +
+                  std::to_string(vpp_chunks) + " equal chunks (valid: a count that does)");
     vpp_layers = m.layers / (vpp_chunks * t.pp);
   }
   if (vpp_layers > 0) {
@@ -587,6 +617,12 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
     if (last_layers > 0) t.stage_layers.back() = last_layers;
     c.given.insert("--partition");
   }
+  if (recompute_activations) granularity = "selective";  // Megatron's validate_args, any order
+  // Megatron's q, k, v bias: add_bias_linear or add_qkv_bias.
+  if ((disable_bias || add_qkv_bias) && m.qkv_bias != (!disable_bias || add_qkv_bias))
+    return fail(std::string(add_qkv_bias ? "--add-qkv-bias" : "--disable-bias-linear") +
+                " differs from the model " + m.name + ", which has " +
+                (m.qkv_bias ? "a qkv bias" : "no qkv bias"));
   if (granularity == "full" && recompute_layers == 0) granularity.clear();  // no layer
   if (granularity == "selective") t.recompute = Recompute::kSelective;
   if (granularity == "full") {
@@ -729,17 +765,20 @@ std::string emit_megatron(const Schedule& s) {
   if (t.pp_schedule == PpSchedule::kInterleaved && even_chunks)
     flags += " --num-layers-per-virtual-pipeline-stage " +
              std::to_string(s.model.layers / (t.pp * t.virtual_stages));
-  else if (t.pp_schedule == PpSchedule::kInterleaved)
-    flags += " --num-virtual-stages-per-pipeline-rank " + std::to_string(t.virtual_stages);
   if (t.pp_schedule == PpSchedule::kInterleaved && !even_chunks)
     notes.push_back("not expressible: the plan's " + std::to_string(s.model.layers) +
                     " layers in pp x " + std::to_string(t.virtual_stages) +
-                    " chunks are not all equal; Megatron's chunks of one stage are (its uneven "
-                    "split differs from the plan's)");
+                    " chunks are not all equal; Megatron's interleaved chunks of a stage are, so "
+                    "these flags run 1F1B without virtual stages (more activations)");
   flags += " --micro-batch-size " + std::to_string(t.micro_batch) + " --global-batch-size " +
            std::to_string(t.micro_batch * t.microbatches * t.dp) + " --seq-length " +
            std::to_string(t.seq_len);
   if (t.zero >= 1) flags += " --use-distributed-optimizer";
+  if (t.attention == AttentionImpl::kEager) flags += " --attention-backend unfused";
+  if (t.impl != Impl::kMegatron)
+    notes.push_back(std::string("the plan is for the ") + name_of(t.impl) +
+                    " profile's kernels; Megatron's keep what --impl megatron keeps (a different "
+                    "peak)");
   if (t.zero > 1)
     notes.push_back("not expressible: ZeRO-" + std::to_string(t.zero) +
                     "; Megatron's distributed optimizer shards the optimizer states only "

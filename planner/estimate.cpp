@@ -91,17 +91,15 @@ std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
                       " sharded over the same dp " + std::to_string(t.dp * t.cp)))
       break;
   }
-  for (int64_t tp = t.tp * 2, dp = t.dp / 2; dp >= 1 && t.dp % 2 == 0 && tp <= 64;
-       tp *= 2, dp /= 2) {
+  for (int64_t k = 2; t.dp % k == 0 && t.tp * k <= 64; k *= 2) {  // tp x k, dp / k
     TrainSpec c = t;
-    c.tp = tp, c.dp = dp, c.sp = t.sp || t.tp == 1;
-    c.microbatches = t.microbatches * (t.dp / dp);
+    c.tp = t.tp * k, c.dp = t.dp / k, c.sp = t.sp || t.tp == 1;
+    c.microbatches = t.microbatches * k;
     if (c.dp * c.cp == 1) c.zero = 0;
-    if (try_setup(c, "--tp " + std::to_string(tp) + " --dp " + std::to_string(dp) +
+    if (try_setup(c, "--tp " + std::to_string(c.tp) + " --dp " + std::to_string(c.dp) +
                          " --microbatches " + std::to_string(c.microbatches),
                   "the same GPUs and global batch, more tensor parallelism"))
       break;
-    if (dp == 1) break;
   }
   if (t.recompute != Recompute::kFull && t.recompute != Recompute::kAuto) {
     TrainSpec c = t;

@@ -178,6 +178,21 @@ TEST(MegatronArgs, ReadsWhatMegatronDoes) {
                          "--log-memory-to-tensorboard --eval-iters 10",
                          2);
   EXPECT_EQ(quiet.zero, 0);
+  // A blended --data-path takes its words up to the next flag; --recompute-activations wins over
+  // a granularity given after it, as in Megatron.
+  EXPECT_EQ(read("--data-path 0.3 /a 0.7 /b --micro-batch-size 2", 2).micro_batch, 2);
+  EXPECT_EQ(read("--recompute-activations --recompute-granularity full", 2).recompute,
+            Recompute::kSelective);
+  // Qwen2's biases as Megatron spells them: no linear bias, a qkv bias.
+  {
+    ModelSpec qwen = testing::model("qwen2.5-7b");
+    Result<ConfigSetup> ok = megatron_args("--disable-bias-linear --add-qkv-bias", qwen, 2);
+    EXPECT_TRUE(ok.ok()) << ok.error().message;
+    Result<ConfigSetup> no_qkv = megatron_args("--disable-bias-linear", qwen, 2);
+    ASSERT_FALSE(no_qkv.ok());
+    EXPECT_NE(no_qkv.error().message.find("which has a qkv bias"), std::string::npos)
+        << no_qkv.error().message;
+  }
   EXPECT_EQ(read("--swiglu --normalization RMSNorm --position-embedding-type rope "
                  "--disable-bias-linear --untie-embeddings-and-output-weights "
                  "--group-query-attention --no-position-embedding",
@@ -201,6 +216,9 @@ TEST(MegatronArgs, ReadsWhatMegatronDoes) {
         {"--recompute-num-layers -1", "expected a whole number >= 0"},
         {"--decoder-first-pipeline-num-layers 4", "need --pipeline-model-parallel-size > 1"},
         {"--vocab-size 128000", "differs from the model"},
+        // A switch nanoplan does not know, followed by a flag: unknown, not "needs a value".
+        {"--use-te-rng-tracker --bf16", "unknown Megatron-LM argument '--use-te-rng-tracker'"},
+        {"--moe-token-dispatcher-type allgather", "valid: alltoall"},
         // Architecture flags given must be the model's (absent ones: the model decides).
         {"--normalization LayerNorm", "differs from the model"},
         {"--position-embedding-type learned_absolute", "differs from the model"},

@@ -234,6 +234,26 @@ TEST(Estimate, SuggestionsTryTheSingleChangesFirst) {
   EXPECT_TRUE(more_gpus_after);
 }
 
+// More TP in place of DP keeps the GPUs for any dp, 6 included (tp x 2, dp 3; not tp x 4, dp 1).
+TEST(Estimate, MoreTpInPlaceOfDpKeepsTheGpus) {
+  TrainSpec t;
+  t.dp = 6, t.zero = 0, t.microbatches = 2;
+  const ModelSpec m = model("llama-3.1-8b");
+  std::vector<Suggestion> s = nearest_setups(m, t, [](const TrainSpec&) {
+    return std::optional<int64_t>(1);
+  });
+  bool seen = false;
+  for (const Suggestion& x : s)
+    if (x.change.rfind("--tp ", 0) == 0) {
+      seen = true;
+      EXPECT_EQ(x.setup.gpus(), t.gpus()) << x.change;
+      EXPECT_EQ(x.setup.micro_batch * x.setup.microbatches * x.setup.dp,
+                t.micro_batch * t.microbatches * t.dp)
+          << x.change;
+    }
+  EXPECT_TRUE(seen);
+}
+
 TEST(Estimate, SuggestionsFitWhenEstimated) {
   Estimate e = estimate(model("llama-70b"), main_example(), {}, {.budget = 80'000'000'000});
   ASSERT_FALSE(e.suggestions.empty());

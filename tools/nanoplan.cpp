@@ -528,7 +528,10 @@ int emit_config(const Flags& f, const Resolved& r) {
   if (budget) {
     np::Estimate e = np::estimate_schedule(s, rt, {.budget = budget, .suggestions = false});
     if (!e.fits)
-      warning = "DOES NOT FIT: the smallest peak nanoplan finds is " + np::format_gib(e.peak_bytes) +
+      warning = std::string("DOES NOT FIT: ") +
+                (r.setup.recompute == np::Recompute::kAuto ? "the smallest peak nanoplan finds is "
+                                                          : "the peak of this setup is ") +
+                np::format_gib(e.peak_bytes) +
                 " (rank " + std::to_string(e.peak_rank) + ") of " + np::format_gib(*budget) +
                 " usable; this config runs out of memory";
   }

@@ -429,6 +429,8 @@ Result<std::optional<RunResult>> run_schedule(const Schedule& s, const BackendFa
                       " ranks; start it with mpirun -n " + std::to_string(ranks) + " (got " +
                       std::to_string(size) + " processes)");
   if (auto e = check_runnable(s, !options.device_memory)) return *e;
+  if (!options.device_memory)
+    if (auto e = check_host_memory(s)) return *e;
   // Process p: stage p / (dp cp tp), DP rank d = (p / tp) mod (dp cp) (replica d / cp, CP rank
   // d mod cp), TP rank p mod tp.
   const int64_t replicas = t.dp * t.cp;
