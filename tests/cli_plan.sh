@@ -138,6 +138,7 @@ bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --virtual-stages two
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --pp-schedule interleaved
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --pp-schedule afab,2f2b
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --format xml
+bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --ep 1,2
 bad sweep --model llama-3.1-8b --gpus 8 --budget 40GB --headroom 60%
 bad estimate --nanotron-config "$CFG" --model llama-3.1-8b
 # The config's setup runs: a tiny model in the same file layout, executed and compared.

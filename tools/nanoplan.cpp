@@ -474,6 +474,14 @@ np::TrainSpec override_with_flags(const np::ConfigSetup& c, const Flags& f) {
   return t;
 }
 
+// RoPE runs past the trained positions (learned ones cannot: validate_setup refuses them): said.
+void warn_past_positions(const np::ModelSpec& m, const np::TrainSpec& t) {
+  if (m.max_positions > 0 && t.seq_len > m.max_positions)
+    std::cerr << "nanoplan: warning: --seq-len " << t.seq_len << " is beyond " << m.name
+              << "'s max_position_embeddings " << m.max_positions
+              << " (the bytes are estimated; the model was not trained that long)\n";
+}
+
 Resolved resolve(const Flags& f) {
   if (f.format != "table" && f.format != "json")
     die("invalid --format " + np::quote_input(f.format) + " (valid: table, json)");
@@ -494,6 +502,7 @@ Resolved resolve(const Flags& f) {
     m.display_name = "nanotron config " + std::filesystem::path(f.nanotron_config).filename().string();
     np::TrainSpec t = override_with_flags(c, f);
     if (auto e = np::validate_setup(m, t)) die(f.nanotron_config + ": " + e->message);
+    warn_past_positions(m, t);
     return {m, t};
   }
   if (f.model.empty())
@@ -508,11 +517,7 @@ Resolved resolve(const Flags& f) {
     t = override_with_flags(c, f);
   }
   if (auto e = np::validate_setup(m, t)) die(e->message);
-  // RoPE runs past the trained positions (learned ones cannot: validate_setup refuses them).
-  if (m.max_positions > 0 && t.seq_len > m.max_positions)
-    std::cerr << "nanoplan: warning: --seq-len " << t.seq_len << " is beyond " << m.name
-              << "'s max_position_embeddings " << m.max_positions
-              << " (the bytes are estimated; the model was not trained that long)\n";
+  warn_past_positions(m, t);
   return {m, t};
 }
 
@@ -798,7 +803,9 @@ int run_scenario(const Flags& f) {
   std::string path = f.scenario;
   std::error_code ec;
   if (!path.ends_with(".toml") && path.find('/') == std::string::npos) {
-    std::filesystem::path dir = std::filesystem::path(models_dir(f)).parent_path() / "scenarios";
+    std::filesystem::path models = std::filesystem::path(models_dir(f));
+    if (!models.has_filename()) models = models.parent_path();  // "dir/models/"
+    std::filesystem::path dir = models.parent_path() / "scenarios";
     if (!std::filesystem::exists(dir / (path + ".toml"), ec)) {
       std::vector<std::string> found;
       for (const auto& e : std::filesystem::directory_iterator(dir, ec))
@@ -987,6 +994,10 @@ int run_sweep(const Flags& f) {
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   np::ModelSpec m = check(np::resolve_model(catalog, f.model));
   np::SweepOptions o = make_sweep_options(f);
+  for (int64_t ep : o.expert_parallel)
+    if (ep > 1 && !m.moe)
+      die("invalid --ep " + np::quote_input(f.sweep_ep) + ": " + m.name +
+          " has no experts (valid: 1, or an MoE model)");
   bool tty = isatty(fileno(stderr)) && f.format == "table";
   auto progress = [&](size_t done, size_t total) {
     if (!tty) return;
