@@ -886,7 +886,6 @@ int run_scenario(const Flags& f) {
 }
 
 int run_run(const Flags& f, CLI::App* app) {
-  if (!f.emit.empty()) die("--emit is for estimate and plan (run executes the plan)");
   bool setup = (!f.model.empty() || !f.nanotron_config.empty()) && f.plan_path.empty();
   int sources = !f.plan_path.empty() + !f.scenario.empty() + setup;
   if (sources != 1)
@@ -1018,7 +1017,6 @@ int run_sweep(const Flags& f) {
 
 // report: the HTML file of a setup's plan (html_report.hpp), written whole or not at all.
 int run_report(const Flags& f) {
-  if (!f.emit.empty()) die("--emit is for estimate and plan (report writes the HTML file)");
   if (f.output.empty() || f.output == "-")
     die("report needs -o FILE.html (one self-contained file)");
   Resolved r = resolve(f);
