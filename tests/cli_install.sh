@@ -22,4 +22,16 @@ check "the installed binary reads the installed catalog (after a move)" '[ $rc -
 check "the build tree's binary reads the source tree's catalog" '[ $rc -eq 2 ]'
 "$TMP/moved/bin/nanoplan" estimate --model llama-70b --tp 8 --budget 80GB >"$TMP/main.txt" 2>&1; rc=$?
 check "the main job runs from the installed tree" '[ $rc -eq 0 ] && grep -q "^budget 80,000,000,000 bytes" "$TMP/main.txt"'
+check "the executor is installed beside the binary" '[ -x "$TMP/moved/bin/nanoplan-executor" ]'
+write_tiny_model "$TMP/tiny.toml"
+"$TMP/moved/bin/nanoplan" run --model "$TMP/tiny.toml" --seq-len 8 >"$TMP/run.txt" 2>&1; rc=$?
+check "run from the installed tree hands over to the installed executor" \
+  '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/run.txt"'
+if grep -q "^NANOPLAN_HAVE_CUDA_MODULE:INTERNAL=ON" "$BUILD/CMakeCache.txt"; then
+  check "the CUDA backend module is installed where the executor looks" \
+    '[ -n "$(find "$TMP/moved" -path "*/nanoplan/libnanoplan_cuda.so")" ]'
+  "$TMP/moved/bin/nanoplan" run --model "$TMP/tiny.toml" --seq-len 8 --backend cuda >"$TMP/cuda.txt" 2>&1; rc=$?
+  check "the installed executor opens the installed module (no GPU here: it says so, exit 2)" \
+    '[ $rc -eq 0 ] || { [ $rc -eq 2 ] && grep -q "no GPU" "$TMP/cuda.txt"; }'
+fi
 finish

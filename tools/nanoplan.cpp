@@ -1,6 +1,13 @@
 // nanoplan CLI: estimate, plan, sweep, report, run, models, gpus. It parses flags, resolves names,
-// reads configs, runs the planner (and, for run, the executor), prints results, and maps errors to
-// the exit codes the README states (2 for bad input).
+// reads configs, runs the planner, prints results, and maps errors to the exit codes the README
+// states (2 for bad input).
+//
+// Built twice (tools/CMakeLists.txt): `nanoplan`, the planner and this CLI only, which starts in
+// milliseconds and loads no CUDA, MPI or executor library; and `nanoplan-executor`
+// (NANOPLAN_EXECUTOR), the same CLI with the executor. `nanoplan run` and `nanoplan report --run`
+// hand their whole command line over to nanoplan-executor beside the binary (exec_executor), which
+// parses it again and runs it; it opens the CUDA backend module only for --backend cuda|auto.
+#include <malloc.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -19,21 +26,16 @@
 #include <stdexcept>
 #include <type_traits>
 
+#if defined(NANOPLAN_EXECUTOR)  // nanoplan-executor: the CLI with the executor (tools/CMakeLists.txt)
 #include "executor/comm/inproc.hpp"
 #include "executor/compare.hpp"
 #include "executor/cpu/cpu_backend.hpp"
-#if defined(NANOPLAN_HAVE_CUDA)
-#include "executor/cuda/cuda_backend.hpp"
-#include "executor/cuda/device.hpp"
-#include "executor/cuda/transfer.hpp"
-#endif
+#include "executor/cuda/module.hpp"
+#include "executor/runner.hpp"
 #if defined(NANOPLAN_HAVE_MPI)
 #include "executor/comm/mpi.hpp"
 #endif
-#if defined(NANOPLAN_HAVE_NCCL)
-#include "executor/cuda/nccl.hpp"
 #endif
-#include "executor/runner.hpp"
 #include "planner/autoplan.hpp"
 #include "planner/plan_report.hpp"
 #include "planner/configs.hpp"
@@ -51,6 +53,9 @@
 namespace {
 
 constexpr int kExitBadInput = 2;
+constexpr int kExitCheckFailed = 1;  // predicted != measured, or a scenario check failed
+constexpr int kExitOutOfMemory = 3;  // --enforce-budget stopped a rank
+constexpr int kExitRunFailed = 4;    // the executor itself failed (a bug, or host memory)
 
 struct Flags {
   std::string model, sp = "auto", pp_schedule = "afab", attention = "flash", grad_dtype = "fp32";
@@ -651,10 +656,8 @@ int run_gpus(const Flags& f) {
   return 0;
 }
 
-constexpr int kExitCheckFailed = 1;  // predicted != measured, or a scenario check failed
-constexpr int kExitOutOfMemory = 3;  // --enforce-budget stopped a rank
-constexpr int kExitRunFailed = 4;    // the executor itself failed (a bug, or host memory)
 
+#if defined(NANOPLAN_EXECUTOR)
 // What runs a plan: the backend of every rank, the world connecting them (ranks as threads), and
 // the transfer between the backend's memory and the host (ranks as processes).
 struct Executor {
@@ -662,6 +665,7 @@ struct Executor {
   np::exec::CommWorldFactory world;
   std::shared_ptr<np::exec::Transfer> transfer;
   bool device = false;  // the CUDA backend
+  const np::cuda::Module* cuda = nullptr;  // its module, when device
 };
 
 // --backend: cpu, cuda, or auto (cuda where a GPU is present, else the CPU executor, said on
@@ -670,18 +674,21 @@ Executor executor_for(const Flags& f) {
   if (f.backend != "cpu" && f.backend != "cuda" && f.backend != "auto")
     die("invalid --backend " + np::quote_input(f.backend) + " (valid: cpu, cuda, auto)");
   if (f.backend != "cpu") {
-#if defined(NANOPLAN_HAVE_CUDA)
-    np::cuda::GpuProbe gpus = np::cuda::probe_gpus();
-    if (gpus.count > 0) {
-      if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"))
-        np::cuda::select_device(std::atoi(local));
-      return {[] { return np::cuda::make_cuda_backend(); }, np::cuda::virtual_rank_world(),
-              np::cuda::device_transfer(), true};
+    // The CUDA backend is a module opened here (executor/cuda/module.hpp), not linked.
+    np::Result<const np::cuda::Module*> cuda = np::cuda::load_module();
+    std::string why;
+    if (cuda) {
+      const np::cuda::Module& m = **cuda;
+      np::cuda::GpuProbe gpus = m.probe_gpus();
+      if (gpus.count > 0) {
+        if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"))
+          m.select_device(std::atoi(local));
+        return {m.make_backend, m.virtual_rank_world(), m.device_transfer(), true, &m};
+      }
+      why = "no GPU: " + gpus.why;
+    } else {
+      why = cuda.error().message;
     }
-    std::string why = "no GPU: " + gpus.why;
-#else
-    std::string why = "this build has no CUDA toolkit";
-#endif
     if (f.backend == "cuda") die("--backend cuda: " + why + " (valid here: cpu, auto)");
     std::fprintf(stderr, "nanoplan: --backend auto: the CPU executor (%s)\n", why.c_str());
   }
@@ -726,12 +733,8 @@ int print_comparison(const np::exec::RunComparison& c, const Flags& f) {
 int run_one_mpi(const np::Schedule& s, const Flags& f, const std::string& title) {
   Executor ex = executor_for(f);
   np::exec::mpi::CommWrap wrap;
-#if defined(NANOPLAN_HAVE_NCCL)
-  if (ex.device)  // the TP collectives through NCCL; pipeline transfers stay on MPI
-    wrap = [](np::exec::Communicator& mpi, const std::function<void(void*, int)>& broadcast) {
-      return np::cuda::make_nccl_comm(mpi, broadcast);
-    };
-#endif
+  if (ex.device && ex.cuda->make_nccl_comm)  // TP collectives through NCCL; pipeline on MPI
+    wrap = ex.cuda->make_nccl_comm;
   auto r = np::exec::mpi::run_schedule(s, ex.backend, run_options(f, ex), ex.transfer, wrap);
   if (!r) die(r.error().message);
   int code = 0;
@@ -923,6 +926,25 @@ int run_run(const Flags& f, CLI::App* app) {
       s, f, "run: " + f.plan_path + " (" + s.model.name + ", " + np::describe_short(s.setup) + ")");
 }
 
+#endif  // NANOPLAN_EXECUTOR
+
+#if !defined(NANOPLAN_EXECUTOR)
+// run, and report --run: this whole command line, handed to nanoplan-executor beside this binary
+// (the same CLI with the executor), which parses it again. Under mpirun the process stays the same,
+// so each rank's process becomes its executor process.
+[[noreturn]] void exec_executor(char** argv) {
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::filesystem::path executor = exe.parent_path() / "nanoplan-executor";
+  if (ec || access(executor.c_str(), X_OK) != 0)
+    die("this command runs the executor, nanoplan-executor, which is not built beside " +
+        (ec ? std::string("this binary") : exe.string()) +
+        " (build it: tools/build --target nanoplan-executor; tools/nanoplan builds it for run)");
+  execv(executor.c_str(), argv);
+  die("cannot start " + executor.string() + ": " + std::strerror(errno));
+}
+#endif
+
 // A word as a POSIX shell reads it back: as is when plain, else in single quotes.
 std::string shell_word(const std::string& w) {
   bool plain = !w.empty() && std::all_of(w.begin(), w.end(), [](unsigned char c) {
@@ -1034,6 +1056,7 @@ int run_report(const Flags& f) {
   in.estimate = np::estimate_schedule(in.schedule, rt, {.budget = budget, .suggestions = false});
   in.estimate.headroom = headroom_of(f);
   if (in.plan) in.estimate.fits = in.plan->fits;
+#if defined(NANOPLAN_EXECUTOR)  // else main handed report --run to nanoplan-executor
   if (f.report_run) {
     Executor ex = executor_for(f);
     if (auto e = np::exec::check_runnable(in.schedule, !ex.device)) die("--run: " + e->message);
@@ -1047,6 +1070,7 @@ int run_report(const Flags& f) {
         in.measured.at(static_cast<size_t>(rr.stage)) = rr.events.front();
     in.measured_by = ex.device ? "the CUDA executor" : "the CPU executor";
   }
+#endif
   if (f.sweep_gpus > 0) {
     if (!budget) die("report --sweep-gpus needs a budget: give --budget or --gpu");
     Flags g = f;
@@ -1072,7 +1096,14 @@ int run_report(const Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-#if defined(NANOPLAN_HAVE_MPI)
+#if !defined(NANOPLAN_EXECUTOR)
+  // A short-lived planner process: freed schedule programs stay in the heap for the next one
+  // instead of going back to the kernel and faulting in again (a sixth of a 405B plan's time);
+  // the executor's large tensors keep glibc's defaults.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+#endif
+#if defined(NANOPLAN_EXECUTOR) && defined(NANOPLAN_HAVE_MPI)
   if (np::exec::mpi::launched()) {  // one process per rank: only process 0 prints results
     g_mpi_rank = np::exec::mpi::init(&argc, &argv).rank;
     std::atexit([] { np::exec::mpi::finalize(); });
@@ -1200,8 +1231,12 @@ int main(int argc, char** argv) {
   try {
     if (est->parsed()) return run_estimate(f);
     if (plan->parsed()) return run_plan(f);
-    if (rep->parsed()) return run_report(f);
+#if defined(NANOPLAN_EXECUTOR)
     if (run->parsed()) return run_run(f, run);
+#else
+    if (run->parsed() || (rep->parsed() && f.report_run)) exec_executor(argv);
+#endif
+    if (rep->parsed()) return run_report(f);
     if (sw->parsed()) return run_sweep(f);
     if (models->parsed()) return run_models(f);
     return run_gpus(f);

@@ -1,0 +1,60 @@
+// The executor's side of the CUDA module (module.hpp): find the file, dlopen it, check its table.
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+
+#include "executor/cuda/module.hpp"
+
+namespace np::cuda {
+
+std::string module_path() {
+  if (const char* env = std::getenv("NANOPLAN_CUDA_MODULE"); env && *env) return env;
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "libnanoplan_cuda.so";
+  std::filesystem::path dir = exe.parent_path();
+  std::filesystem::path beside = dir / "libnanoplan_cuda.so";
+#if defined(NANOPLAN_INSTALL_LIBDIR)
+  const char* libdir = NANOPLAN_INSTALL_LIBDIR;  // cmake --install's, beside <prefix>/bin
+#else
+  const char* libdir = "lib";
+#endif
+  std::filesystem::path installed = dir.parent_path() / libdir / "nanoplan" / "libnanoplan_cuda.so";
+  if (!std::filesystem::exists(beside, ec) && std::filesystem::exists(installed, ec))
+    return installed.string();
+  return beside.string();
+}
+
+Result<const Module*> load_module() {
+  static std::once_flag once;
+  static Result<const Module*> loaded = make_error("not loaded");
+  std::call_once(once, [] {
+    std::string path = module_path();
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
+      loaded = make_error("the CUDA backend module " + path +
+                          " is not built (a build with the CUDA toolkit makes it)");
+      return;
+    }
+    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      const char* why = dlerror();
+      loaded = make_error("cannot load the CUDA backend: " + std::string(why ? why : path));
+      return;
+    }
+    using Entry = const Module* (*)();
+    auto entry = reinterpret_cast<Entry>(dlsym(h, "nanoplan_cuda_module"));
+    const Module* m = entry ? entry() : nullptr;
+    if (!m || m->abi != kModuleAbi || m->size != sizeof(Module)) {
+      loaded = make_error(path + " is not this build's CUDA backend module (rebuild it: "
+                                 "tools/build --target nanoplan_cuda)");
+      return;
+    }
+    loaded = m;  // the handle stays open for the process's life
+  });
+  return loaded;
+}
+
+}  // namespace np::cuda

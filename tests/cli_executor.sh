@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The planner binary and the executor (tools/CMakeLists.txt, executor/cuda/module.hpp): nanoplan
+# links no CUDA, MPI or executor library, answers estimate, plan and sweep with no executor beside
+# it and says in one line (exit 2) that run needs one; nanoplan-executor opens the CUDA backend
+# module only for --backend cuda, says why in one line (exit 2) when it cannot, and runs a plan
+# through the emulated CUDA module with predicted = measured.
+# Usage: bash tests/cli_executor.sh /path/to/nanoplan /path/to/libnanoplan_cuda_emu.so
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "$0")/cli_lib.sh" "$1"
+EMU=$2
+BIN_DIR=$(dirname "$NP")
+write_tiny_model "$TMP/tiny.toml"
+
+needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
+needed "$NP" >"$TMP/needed"
+check "nanoplan needs no CUDA, cuBLAS, NCCL, MPI or OpenMP library" \
+  '! grep -Eq "^lib(cuda|cudart|cublas|cublasLt|nccl|mpi|mpi_cxx|gomp)\." "$TMP/needed" && grep -q "^libc\.so" "$TMP/needed"'
+needed "$BIN_DIR/nanoplan-executor" >"$TMP/needed-exec"
+check "nanoplan-executor needs no CUDA library either (the backend is a module)" \
+  '! grep -Eq "^lib(cuda|cudart|cublas|cublasLt|nccl)\." "$TMP/needed-exec"'
+
+# The planner binary alone, in a folder with no executor and no CUDA module.
+mkdir -p "$TMP/alone"
+cp "$NP" "$TMP/alone/nanoplan"
+export NANOPLAN_MODELS_DIR="$SRC_DIR/models"
+"$TMP/alone/nanoplan" estimate --model llama-3.1-8b --tp 2 --budget 40GB >"$TMP/est" 2>&1; rc=$?
+check "estimate without the executor" '[ $rc -eq 0 ] && grep -q "^budget 40,000,000,000 bytes" "$TMP/est"'
+"$TMP/alone/nanoplan" plan --model "$TMP/tiny.toml" --tp 2 --seq-len 8 -o "$TMP/plan.json" 2>"$TMP/plan.err"; rc=$?
+check "plan without the executor" '[ $rc -eq 0 ] && [ -s "$TMP/plan.json" ]'
+"$TMP/alone/nanoplan" sweep --model llama-3.1-8b --gpus 8 --gpu h100 --top 3 >"$TMP/sweep" 2>&1; rc=$?
+check "sweep without the executor" '[ $rc -eq 0 ] && grep -q "tp" "$TMP/sweep"'
+"$TMP/alone/nanoplan" run "$TMP/plan.json" >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "run without the executor: exit 2, one line naming nanoplan-executor and how to build it" \
+  '[ $rc -eq 2 ] && [ ! -s "$TMP/out" ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "^nanoplan: error: .*nanoplan-executor.*tools/build --target nanoplan-executor" "$TMP/err"'
+"$TMP/alone/nanoplan" report --model "$TMP/tiny.toml" --seq-len 8 --run -o "$TMP/r.html" >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "report --run without the executor: exit 2, nothing written" \
+  '[ $rc -eq 2 ] && [ ! -e "$TMP/r.html" ] && grep -q "nanoplan-executor" "$TMP/err"'
+"$TMP/alone/nanoplan" run --model "$TMP/tiny.toml" --tpp 2 >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "run's command line is parsed before the hand-over: an unknown flag is named, exit 2" \
+  '[ $rc -eq 2 ] && grep -q "unexpected argument for nanoplan run: .--tpp" "$TMP/err"'
+unset NANOPLAN_MODELS_DIR
+
+# run hands over to nanoplan-executor beside the binary: the CPU executor needs no module.
+NANOPLAN_CUDA_MODULE=/nonexistent/libnanoplan_cuda.so "$NP" run "$TMP/plan.json" >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "run --backend cpu with no CUDA module" '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/out"'
+NANOPLAN_CUDA_MODULE=/nonexistent/libnanoplan_cuda.so "$NP" run "$TMP/plan.json" --backend cuda >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "run --backend cuda with no module: exit 2, one line saying it is not built" \
+  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "^nanoplan: error: --backend cuda: the CUDA backend module /nonexistent/libnanoplan_cuda.so is not built" "$TMP/err"'
+printf 'not an ELF file\n' >"$TMP/libbroken.so"
+NANOPLAN_CUDA_MODULE="$TMP/libbroken.so" "$NP" run "$TMP/plan.json" --backend cuda >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "run --backend cuda with a module the loader refuses: exit 2, the loader's words in one line" \
+  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "^nanoplan: error: --backend cuda: cannot load the CUDA backend: .*libbroken.so" "$TMP/err"'
+NANOPLAN_CUDA_MODULE=/nonexistent/libnanoplan_cuda.so "$NP" run "$TMP/plan.json" --backend auto >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "run --backend auto with no module: the CPU executor, the reason on stderr" \
+  '[ $rc -eq 0 ] && grep -q "^nanoplan: --backend auto: the CPU executor (the CUDA backend module" "$TMP/err"'
+
+"$NP" run "$TMP/plan.json" --backend gpu >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "the executor refuses its own bad input in one line, exit 2" \
+  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "^nanoplan: error: invalid --backend .gpu. (valid: cpu, cuda, auto)" "$TMP/err"'
+
+# The emulated module: the CUDA backend's whole path through the CLI, one emulated GPU.
+"$NP" plan --model "$TMP/tiny.toml" --seq-len 8 --micro-batch 2 --recompute full -o "$TMP/one.json" 2>/dev/null
+NANOPLAN_CUDA_MODULE="$EMU" "$NP" run "$TMP/one.json" --backend cuda --steps 2 >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "run --backend cuda through the emulated module: predicted = measured" \
+  '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/out" || { cat "$TMP/err"; false; }'
+finish
