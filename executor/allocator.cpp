@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "planner/units.hpp"
+#include "planner/inputs/units.hpp"
 
 namespace np::exec {
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "executor/backend.hpp"
-#include "planner/schedule.hpp"
-#include "planner/simulate.hpp"
+#include "planner/schedule/schedule.hpp"
+#include "planner/schedule/simulate.hpp"
 
 namespace np::exec {
 

@@ -11,9 +11,10 @@
 #include <vector>
 
 #include "executor/comm/comm.hpp"
+#include "executor/rng.hpp"
 #include "executor/tensor.hpp"
-#include "planner/graph.hpp"
-#include "planner/spec.hpp"
+#include "planner/graph/graph.hpp"
+#include "planner/inputs/spec.hpp"
 
 namespace np::exec {
 
@@ -135,12 +136,5 @@ inline int64_t global_token_row(const OpContext& ctx, int64_t row) {
   int64_t chunk = u < half ? ctx.cp_rank : 2 * t.cp - 1 - ctx.cp_rank;
   return (chunk * half + u % half) * b + row % b;
 }
-
-// Counter-based uniform random number in [0, 1) for (seed, stream, index): the same triple gives
-// the same number on every run, rank, recompute and backend (GPU kernels implement the same hash).
-float counter_uniform(uint64_t seed, uint64_t stream, uint64_t index);
-// The dropout stream of an op: from the op's name and the global layer index (not the rank, not
-// the micro-batch position in the schedule; the micro-batch index is mixed in by the caller).
-uint64_t dropout_stream(const OpContext& ctx);
 
 }  // namespace np::exec

@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <map>
 
-#include "planner/plan_io.hpp"
-#include "planner/simulate.hpp"
-#include "planner/units.hpp"
+#include "planner/schedule/plan_io.hpp"
+#include "planner/schedule/simulate.hpp"
+#include "planner/inputs/units.hpp"
 
 namespace np::exec {
 

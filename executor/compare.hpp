@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "executor/runner.hpp"
-#include "planner/cost.hpp"
-#include "planner/estimate.hpp"
-#include "planner/schedule.hpp"
+#include "planner/recompute/cost.hpp"
+#include "planner/schedule/estimate.hpp"
+#include "planner/schedule/schedule.hpp"
 
 namespace np::exec {
 

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "executor/tensor.hpp"
-#include "planner/graph.hpp"
-#include "planner/schedule.hpp"
+#include "planner/graph/graph.hpp"
+#include "planner/schedule/schedule.hpp"
 
 namespace np::exec {
 

@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "executor/init.hpp"
-#include "planner/contract.hpp"
+#include "planner/schedule/contract.hpp"
 
 namespace np::exec {
 

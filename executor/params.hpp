@@ -1,5 +1,5 @@
 // A rank's parameters: its bf16 weights, the flat gradient buffers they accumulate into, and the
-// optimizer states, as the contract's statics (planner/contract.hpp, point 1), sharded over the
+// optimizer states, as the contract's statics (planner/schedule/contract.hpp, point 1), sharded over the
 // data-parallel group as the setup's ZeRO stage says. Initial values, gradient synchronisation,
 // the optimizer step and gradient capture all go through the backend and the communicator:
 // nothing here touches device memory directly.
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "executor/backend.hpp"
-#include "planner/schedule.hpp"
+#include "planner/schedule/schedule.hpp"
 
 namespace np::exec {
 

@@ -1,5 +1,5 @@
 // The schedule interpreter of one rank. It binds the plan's tensor ids to what the kernels
-// allocate (planner/contract.hpp, points 1-4), frees each tensor after its own count of the
+// allocate (planner/schedule/contract.hpp, points 1-4), frees each tensor after its own count of the
 // tensor's last use (point 5; the plan's kFree instructions are never read), and records every
 // allocation and release against the plan instruction that caused it.
 #include "executor/rank.hpp"
@@ -10,7 +10,7 @@
 
 #include "executor/init.hpp"
 #include "executor/params.hpp"
-#include "planner/contract.hpp"
+#include "planner/schedule/contract.hpp"
 
 namespace np::exec {
 namespace {

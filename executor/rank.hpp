@@ -11,7 +11,7 @@
 
 #include "executor/allocator.hpp"
 #include "executor/backend.hpp"
-#include "planner/schedule.hpp"
+#include "planner/schedule/schedule.hpp"
 
 namespace np::exec {
 
@@ -32,7 +32,7 @@ struct RankResult {
   std::array<int64_t, kCategories> measured_at_peak{};
   std::vector<LiveAllocation> live_at_peak;
   std::vector<int64_t> timeline;  // bytes in use after every allocation and release
-  // Every allocation and release, per step, canonical order (planner/simulate.hpp).
+  // Every allocation and release, per step, canonical order (planner/schedule/simulate.hpp).
   std::vector<std::vector<MemEvent>> events;
   // Allocations the plan did not name (MemEvent tensor -(1 + k) is the k-th), a divergence.
   std::vector<std::string> unplanned;

@@ -1,6 +1,8 @@
 // Counter-based random numbers for dropout: a stateless hash of (seed, stream, index), so that a
 // recompute, another rank or another backend regenerates bit for bit the same mask. GPU kernels
 // implement exactly the formulas written out below.
+#include "executor/rng.hpp"
+
 #include <cstdint>
 #include <stdexcept>
 

@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "executor/comm/inproc.hpp"
-#include "planner/simulate.hpp"
-#include "planner/units.hpp"
+#include "planner/schedule/simulate.hpp"
+#include "planner/inputs/units.hpp"
 
 namespace np::exec {
 

@@ -13,8 +13,8 @@
 
 #include "executor/comm/comm.hpp"
 #include "executor/rank.hpp"
-#include "planner/result.hpp"
-#include "planner/schedule.hpp"
+#include "planner/inputs/result.hpp"
+#include "planner/schedule/schedule.hpp"
 
 namespace np::exec {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "executor/bf16.hpp"
-#include "planner/ops.hpp"
+#include "planner/graph/ops.hpp"
 
 namespace np::exec {
 

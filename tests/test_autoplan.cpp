@@ -11,10 +11,11 @@
 #include "executor/compare.hpp"
 #include "executor/cpu/cpu_backend.hpp"
 #include "executor/runner.hpp"
-#include "planner/autoplan.hpp"
-#include "planner/plan_report.hpp"
-#include "planner/plan_io.hpp"
-#include "planner/scenario.hpp"
+#include "planner/recompute/autoplan.hpp"
+#include "planner/report/plan_report.hpp"
+#include "planner/schedule/plan_io.hpp"
+#include "planner/inputs/scenario.hpp"
+#include "planner/schedule/contract.hpp"
 #include "test_util.hpp"
 
 namespace np {

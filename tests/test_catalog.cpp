@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "planner/catalog.hpp"
-#include "planner/graph.hpp"
+#include "planner/inputs/catalog.hpp"
+#include "planner/graph/graph.hpp"
 #include "test_util.hpp"
 
 namespace np {

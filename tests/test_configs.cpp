@@ -1,11 +1,12 @@
-// Configs in and out (planner/configs.hpp): a nanotron YAML config and Megatron-LM arguments read
+// Configs in and out (planner/inputs/configs.hpp): a nanotron YAML config and Megatron-LM arguments read
 // into a model and a setup, bad ones refused with the key named, and the emitted nanotron YAML
 // and Megatron flags read back into the same setup where they express the plan.
 #include <gtest/gtest.h>
 
-#include "planner/configs.hpp"
-#include "planner/estimate.hpp"
-#include "planner/read_file.hpp"
+#include "planner/inputs/configs.hpp"
+#include "planner/schedule/estimate.hpp"
+#include "planner/inputs/read_file.hpp"
+#include "planner/report/emit_config.hpp"
 #include "test_util.hpp"
 
 namespace np {

@@ -1,4 +1,4 @@
-// The executor contract (planner/contract.hpp): one statement of TP sharding that every weight
+// The executor contract (planner/schedule/contract.hpp): one statement of TP sharding that every weight
 // maps through, the event-exact comparison (a moved free or an allocation the plan did not name
 // is a divergence), and plans read from files validated completely before anything runs.
 #include <gtest/gtest.h>
@@ -11,8 +11,9 @@
 #include "executor/cpu/cpu_backend.hpp"
 #include "executor/init.hpp"
 #include "executor/runner.hpp"
-#include "planner/plan_io.hpp"
-#include "planner/scenario.hpp"
+#include "planner/schedule/plan_io.hpp"
+#include "planner/inputs/scenario.hpp"
+#include "planner/schedule/plan_check.hpp"
 #include "test_util.hpp"
 
 namespace np::exec {

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "planner/catalog.hpp"
-#include "planner/cost.hpp"
-#include "planner/published.hpp"
-#include "planner/schedule.hpp"
+#include "planner/inputs/catalog.hpp"
+#include "planner/recompute/cost.hpp"
+#include "planner/recompute/published.hpp"
+#include "planner/schedule/schedule.hpp"
 #include "test_util.hpp"
 
 namespace np {
@@ -406,7 +406,7 @@ TEST(StepTime, EagerAttentionIsSlowerThanFlash) {
 namespace np {
 namespace {
 
-// The cost model against the published measurements of planner/published.hpp (Korthikanti et al.
+// The cost model against the published measurements of planner/recompute/published.hpp (Korthikanti et al.
 // 2022 Tables 4 and 5, Narayanan et al. 2021 Table 1; the table in docs/planning.md). The bounds are the
 // errors docs/planning.md states: the per-layer times and iteration times of Korthikanti et al. within
 // 11 %, the throughputs of Narayanan et al. within 15 % (their micro-batch size and chunk count are

@@ -2,9 +2,9 @@
 // fit verdict and suggestions found by estimating them.
 #include <gtest/gtest.h>
 
-#include "planner/estimate.hpp"
-#include "planner/graph.hpp"
-#include "planner/simulate.hpp"
+#include "planner/schedule/estimate.hpp"
+#include "planner/graph/graph.hpp"
+#include "planner/schedule/simulate.hpp"
 #include "test_util.hpp"
 
 namespace np {

@@ -15,7 +15,7 @@
 #include "executor/compare.hpp"
 #include "executor/cpu/cpu_backend.hpp"
 #include "executor/runner.hpp"
-#include "planner/scenario.hpp"
+#include "planner/inputs/scenario.hpp"
 #include "test_util.hpp"
 
 namespace np::exec {

@@ -3,8 +3,8 @@
 // for their GPT-style models with eager attention and 16-bit activations.
 #include <gtest/gtest.h>
 
-#include "planner/graph.hpp"
-#include "planner/policy.hpp"
+#include "planner/graph/graph.hpp"
+#include "planner/graph/policy.hpp"
 #include "test_util.hpp"
 
 namespace np {

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "planner/policy.hpp"
+#include "planner/graph/policy.hpp"
 #include "test_util.hpp"
 
 namespace np {

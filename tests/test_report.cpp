@@ -4,10 +4,11 @@
 #include <cmath>
 #include <filesystem>
 
-#include "planner/plan_io.hpp"
-#include "planner/report.hpp"
-#include "planner/scenario.hpp"
-#include "planner/simulate.hpp"
+#include "planner/schedule/plan_io.hpp"
+#include "planner/report/report.hpp"
+#include "planner/inputs/scenario.hpp"
+#include "planner/schedule/simulate.hpp"
+#include "planner/schedule/contract.hpp"
 #include "test_util.hpp"
 
 namespace np {

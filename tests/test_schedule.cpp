@@ -6,8 +6,9 @@
 #include <random>
 #include <stdexcept>
 
-#include "planner/schedule.hpp"
-#include "planner/simulate.hpp"
+#include "planner/schedule/schedule.hpp"
+#include "planner/schedule/simulate.hpp"
+#include "planner/schedule/contract.hpp"
 #include "test_util.hpp"
 
 namespace np {

@@ -6,11 +6,12 @@
 #include <set>
 #include <tuple>
 
-#include "planner/frontier.hpp"
-#include "planner/mincut.hpp"
-#include "planner/schedule.hpp"
-#include "planner/simulate.hpp"
-#include "planner/solve.hpp"
+#include "planner/recompute/frontier.hpp"
+#include "planner/recompute/mincut.hpp"
+#include "planner/schedule/schedule.hpp"
+#include "planner/schedule/simulate.hpp"
+#include "planner/recompute/solve.hpp"
+#include "planner/recompute/solve_chunks.hpp"
 #include "test_util.hpp"
 
 namespace np {

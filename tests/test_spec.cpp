@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "planner/spec.hpp"
+#include "planner/inputs/spec.hpp"
 #include "test_util.hpp"
 
 namespace np {

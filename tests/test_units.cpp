@@ -1,7 +1,7 @@
 // Budget parsing: SI and IEC units taken exactly (GB = 10^9, GiB = 2^30), bad spellings rejected.
 #include <gtest/gtest.h>
 
-#include "planner/units.hpp"
+#include "planner/inputs/units.hpp"
 
 namespace np {
 namespace {

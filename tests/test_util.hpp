@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "planner/catalog.hpp"
-#include "planner/scenario.hpp"
+#include "planner/inputs/catalog.hpp"
+#include "planner/inputs/scenario.hpp"
 
 namespace np::testing {
 

@@ -5,10 +5,10 @@
 #include <cstdio>
 #include <vector>
 
-#include "planner/autoplan.hpp"
-#include "planner/catalog.hpp"
-#include "planner/estimate.hpp"
-#include "planner/sweep.hpp"
+#include "planner/recompute/autoplan.hpp"
+#include "planner/inputs/catalog.hpp"
+#include "planner/schedule/estimate.hpp"
+#include "planner/recompute/sweep.hpp"
 
 namespace {
 double median_ms(const np::ModelSpec& m, const np::TrainSpec& t, int reps) {

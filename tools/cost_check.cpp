@@ -1,11 +1,11 @@
-// Prints the cost model against published measurements (planner/published.hpp) as a table:
+// Prints the cost model against published measurements (planner/recompute/published.hpp) as a table:
 // paper, table, what, published, predicted, error. Usage: cost_check [--markdown]
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
-#include "planner/catalog.hpp"
-#include "planner/published.hpp"
+#include "planner/inputs/catalog.hpp"
+#include "planner/recompute/published.hpp"
 
 int main(int argc, char** argv) {
   bool markdown = argc > 1 && std::strcmp(argv[1], "--markdown") == 0;

@@ -36,19 +36,21 @@
 #include "executor/comm/mpi.hpp"
 #endif
 #endif
-#include "planner/autoplan.hpp"
-#include "planner/plan_report.hpp"
-#include "planner/configs.hpp"
-#include "planner/html_report.hpp"
-#include "planner/read_file.hpp"
-#include "planner/catalog.hpp"
-#include "planner/estimate.hpp"
-#include "planner/graph.hpp"
-#include "planner/plan_io.hpp"
-#include "planner/report.hpp"
-#include "planner/scenario.hpp"
-#include "planner/sweep.hpp"
-#include "planner/units.hpp"
+#include "planner/recompute/autoplan.hpp"
+#include "planner/report/plan_report.hpp"
+#include "planner/inputs/configs.hpp"
+#include "planner/report/html_report.hpp"
+#include "planner/inputs/read_file.hpp"
+#include "planner/inputs/catalog.hpp"
+#include "planner/schedule/estimate.hpp"
+#include "planner/graph/graph.hpp"
+#include "planner/schedule/plan_io.hpp"
+#include "planner/report/report.hpp"
+#include "planner/inputs/scenario.hpp"
+#include "planner/recompute/sweep.hpp"
+#include "planner/inputs/units.hpp"
+#include "planner/schedule/contract.hpp"
+#include "planner/report/emit_config.hpp"
 
 namespace {
 
@@ -591,7 +593,7 @@ int run_estimate(const Flags& f) {
                       {"hfu", time.hfu},
                       {"tokens_per_second", time.tokens_per_second},
                       {"hardware", hw.name},
-                      {"source", "cost model (planner/cost.hpp), not a measurement"}};
+                      {"source", "cost model (planner/recompute/cost.hpp), not a measurement"}};
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << np::estimate_to_table(e, f.model, f.verbose) << "\n"

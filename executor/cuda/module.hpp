@@ -15,7 +15,7 @@
 #include "executor/comm/comm.hpp"
 #include "executor/comm/inproc.hpp"
 #include "executor/cuda/device.hpp"
-#include "planner/result.hpp"
+#include "planner/inputs/result.hpp"
 
 namespace np::cuda {
 

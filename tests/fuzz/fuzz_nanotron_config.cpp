@@ -1,11 +1,11 @@
-// Fuzz target: a nanotron YAML config (planner/configs.cpp), and Megatron-LM arguments read
+// Fuzz target: a nanotron YAML config (planner/inputs/configs.cpp), and Megatron-LM arguments read
 // against a fixed model: the first byte picks which.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "fuzz_util.hpp"
-#include "planner/configs.hpp"
+#include "planner/inputs/configs.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

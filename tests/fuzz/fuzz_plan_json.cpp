@@ -1,4 +1,4 @@
-// Fuzz target: a plan file (planner/plan_io.cpp, planner/plan_check.cpp): parsed, read strictly and
+// Fuzz target: a plan file (planner/schedule/plan_io.cpp, planner/schedule/plan_check.cpp): parsed, read strictly and
 // checked against the schedule rebuilt from its own model and setup. A plan that loads must pass
 // check_program and simulate without overflow.
 #include <cstddef>
@@ -6,9 +6,10 @@
 #include <string>
 
 #include "fuzz_util.hpp"
-#include "planner/json_reader.hpp"
-#include "planner/plan_io.hpp"
-#include "planner/simulate.hpp"
+#include "planner/inputs/json_reader.hpp"
+#include "planner/schedule/plan_io.hpp"
+#include "planner/schedule/simulate.hpp"
+#include "planner/schedule/contract.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string text(reinterpret_cast<const char*>(data), size);

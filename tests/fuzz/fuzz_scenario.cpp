@@ -1,11 +1,11 @@
-// Fuzz target: a scenario file (planner/scenario.cpp), against the repository's model catalog.
+// Fuzz target: a scenario file (planner/inputs/scenario.cpp), against the repository's model catalog.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "fuzz_util.hpp"
-#include "planner/catalog.hpp"
-#include "planner/scenario.hpp"
+#include "planner/inputs/catalog.hpp"
+#include "planner/inputs/scenario.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::vector<np::ModelSpec> catalog = [] {

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "fuzz_util.hpp"
-#include "planner/spec.hpp"
-#include "planner/units.hpp"
+#include "planner/inputs/spec.hpp"
+#include "planner/inputs/units.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

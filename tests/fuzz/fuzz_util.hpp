@@ -3,7 +3,7 @@
 #pragma once
 #include <string>
 
-#include "planner/result.hpp"
+#include "planner/inputs/result.hpp"
 
 namespace np::fuzz {
 

@@ -1,0 +1,28 @@
+# Run before each planner library compiles (planner/CMakeLists.txt): fails the build when a file of
+# layer LAYER includes a planner header of a layer above it. The layers, lowest first:
+#   inputs < graph < schedule < recompute < report
+# Usage: cmake -DLAYER=name -DDIR=planner/ -DSTAMP=file -P check_layers.cmake
+set(order inputs graph schedule recompute report)
+list(FIND order "${LAYER}" mine)
+if(mine LESS 0)
+  message(FATAL_ERROR "check_layers: unknown layer '${LAYER}' (valid: ${order})")
+endif()
+file(GLOB sources "${DIR}/${LAYER}/*.cpp" "${DIR}/${LAYER}/*.hpp")
+set(bad "")
+foreach(f IN LISTS sources)
+  file(STRINGS "${f}" includes REGEX "^#include \"planner/")
+  foreach(line IN LISTS includes)
+    string(REGEX MATCH "planner/([a-z_]+)/" _ "${line}")
+    set(theirs_name "${CMAKE_MATCH_1}")
+    list(FIND order "${theirs_name}" theirs)
+    if(theirs LESS 0)
+      string(APPEND bad "\n  ${f}: ${line} (not a planner layer: ${order})")
+    elseif(theirs GREATER mine)
+      string(APPEND bad "\n  ${f}: ${line} (${LAYER} is below ${theirs_name})")
+    endif()
+  endforeach()
+endforeach()
+if(bad)
+  message(FATAL_ERROR "planner layers: an include goes the wrong way (inputs < graph < schedule < recompute < report):${bad}")
+endif()
+file(TOUCH "${STAMP}")

@@ -1,0 +1,408 @@
+// Builders of the per-rank block graphs and the graph invariant checker.
+#include "planner/graph/graph.hpp"
+
+#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/topological_sort.hpp>
+#include <cmath>
+#include <cstdio>
+#include <iterator>
+
+namespace np {
+
+const char* name_of(BlockKind kind) {
+  constexpr const char* k[] = {"embedding", "layer", "head"};
+  return k[static_cast<int>(kind)];
+}
+
+int64_t BlockGraph::weight_elements(bool expert) const {
+  int64_t n = 0;
+  for (const GraphOp& op : ops)
+    if (op.expert_weights == expert)
+      for (const WeightShape& w : op.weights) n += w.elements();
+  return n;
+}
+
+double BlockGraph::forward_flops() const {
+  double f = 0;
+  for (const GraphOp& op : ops) f += op.flops;
+  return f;
+}
+
+double BlockGraph::backward_flops() const {
+  double f = 0;
+  for (const GraphOp& op : ops) f += op.bwd_flops;
+  return f;
+}
+
+namespace {
+
+// Appends ops and tensors in topological order, shapes from the op table.
+class Builder {
+ public:
+  Builder(BlockKind kind, const ModelSpec& m, const TrainSpec& t) : m_(m), t_(t) { g_.kind = kind; }
+
+  int input(std::string name, TensorType type) {
+    int id = add_tensor(std::move(name), std::move(type), -1);
+    g_.inputs.push_back(id);
+    return id;
+  }
+
+  std::vector<int> op(OpKind kind, std::string name, OpAttrs attrs, std::vector<int> inputs,
+                      std::vector<std::string> out_names = {}) {
+    const OpInfo& info = op_info(kind);
+    std::vector<TensorType> in;
+    for (int i : inputs) in.push_back(g_.tensors[i].type);
+    // Megatron without gradient-accumulation fusion: each linear's weight gradient whole in bf16
+    // before the DDP hook adds it into the fp32 buffer (the LM head's too: Megatron's own
+    // ColumnParallelLinear, megatron/core/tensor_parallel/layers.py,
+    // LinearWithGradAccumulationAndAsyncCommunication.backward).
+    if ((kind == OpKind::kColumnLinear || kind == OpKind::kRowLinear) &&
+        t_.impl == Impl::kMegatron && !t_.grad_accum_fusion)
+      attrs.dense_wgrad = true;
+    GraphOp o{kind, name, attrs, inputs, {}, info.weights(attrs, in)};
+    o.flops = info.flops(attrs, in);
+    o.bwd_flops = backward_flops(info, attrs, in);
+    int index = static_cast<int>(g_.ops.size());
+    std::vector<TensorType> outs = info.infer(attrs, in);
+    for (size_t j = 0; j < outs.size(); ++j) {
+      // Named outputs are "op.name"; an empty name (or none given) is the op's own name.
+      std::string tname =
+          j < out_names.size() && !out_names[j].empty() ? name + "." + out_names[j] : name;
+      o.outputs.push_back(add_tensor(tname, outs[j], index));
+    }
+    for (int i : inputs) g_.tensors[i].consumers.push_back(index);
+    set_collectives(o);
+    o.tp_partial_weight_grads = partial_weight_grads(o);
+    g_.ops.push_back(std::move(o));
+    return g_.ops.back().outputs;
+  }
+  int op1(OpKind kind, std::string name, OpAttrs attrs, std::vector<int> inputs) {
+    return op(kind, std::move(name), std::move(attrs), std::move(inputs))[0];
+  }
+  GraphOp& last() { return g_.ops.back(); }
+
+  // Sequence-parallel all-gather before a column-parallel linear; under plain TP the linear's
+  // backward all-reduces its input gradient instead (Megatron's f).
+  int gather(int x, const std::string& name) {
+    if (!t_.sp) return x;
+    return op1(OpKind::kAllGather, name + ".all_gather", {.group = t_.tp}, {x});
+  }
+  int column(int x, const std::string& name, int64_t features, bool bias,
+             std::vector<int64_t> sections = {}) {
+    int y = op1(OpKind::kColumnLinear, name,
+                {.features = features, .bias = bias, .sections = std::move(sections)}, {x});
+    if (t_.tp > 1 && !t_.sp) last().bwd_collective = "all_reduce";
+    return y;
+  }
+  // Reduction after a row-parallel linear: reduce-scatter under SP, all-reduce under plain TP.
+  int reduce(int x, const std::string& name) {
+    if (t_.tp == 1) return x;
+    if (t_.sp) return op1(OpKind::kReduceScatter, name + ".reduce_scatter", {.group = t_.tp}, {x});
+    return op1(OpKind::kAllReduce, name + ".all_reduce", {.group = t_.tp}, {x});
+  }
+  int dropout(int x, const std::string& name) {
+    if (m_.dropout <= 0.0) return x;
+    return op(OpKind::kDropout, name, {}, {x}, {"out", "mask"})[0];
+  }
+  // The profile's norm: statistics recomputed in backward (fused) or kept as extra outputs.
+  int norm(int x, const std::string& name) {
+    bool rms = m_.norm == Norm::kRms;
+    if (rms && t_.impl == Impl::kHf)
+      return op(OpKind::kRmsNormHf, name, {}, {x}, {"", "fp32_input", "rstd", "normalized"})[0];
+    if (t_.impl == Impl::kFused)
+      return op1(rms ? OpKind::kRmsNorm : OpKind::kLayerNorm, name, {}, {x});
+    return op(rms ? OpKind::kRmsNormStats : OpKind::kLayerNormStats, name, {}, {x},
+              rms ? std::vector<std::string>{"", "rstd"}
+                  : std::vector<std::string>{"", "mean", "rstd"})[0];
+  }
+  // silu(gate) * up of [gate | up]: one fused op, or (nanotron, hf) act(gate) kept, then the
+  // product.
+  int glu(int gu, const std::string& name) {
+    if (t_.impl != Impl::kNanotron && t_.impl != Impl::kHf)
+      return op1(OpKind::kSwiGlu, name + ".swiglu", {}, {gu});
+    int a = op1(OpKind::kGluAct, name + ".silu", {}, {gu});
+    return op1(OpKind::kGluMul, name + ".swiglu", {}, {a, gu});
+  }
+
+  // This rank's tokens of a micro-batch: 1 / cp of each sequence (context parallelism), then
+  // 1 / tp of those between the TP regions (sequence parallelism).
+  int64_t local_tokens() const { return tokens() / (t_.sp ? t_.tp : 1); }
+  int64_t tokens() const { return t_.seq_len / t_.cp * t_.micro_batch; }
+  BlockGraph finish(int in, int out) {
+    g_.hidden_in = in;
+    g_.hidden_out = out;
+    return std::move(g_);
+  }
+
+ private:
+  int add_tensor(std::string name, TensorType type, int producer) {
+    g_.tensors.push_back({std::move(name), std::move(type), producer, {}});
+    return static_cast<int>(g_.tensors.size()) - 1;
+  }
+
+  // Replicated weights (weight_shard) whose per-rank gradient is partial: applied to a sequence
+  // shard, or (the shared-expert gate) multiplying a TP-partial sum. Their gradients are
+  // all-reduced over TP.
+  bool partial_weight_grads(const GraphOp& o) const {
+    for (const WeightShape& w : o.weights)
+      if (weight_shard(o.kind, w.suffix) != Shard::kReplicated) return false;
+    bool on_shard = is_norm(o.kind) || o.kind == OpKind::kPosEmbedding || o.kind == OpKind::kRouter;
+    return !o.weights.empty() &&
+           ((t_.sp && on_shard) || (t_.tp > 1 && o.kind == OpKind::kSharedGate));
+  }
+
+  // The collectives of an op, forward and backward (the TP ones are conjugate pairs).
+  void set_collectives(GraphOp& o) const {
+    switch (o.kind) {
+      case OpKind::kAllGather:
+      case OpKind::kCpGatherKv:
+        o.fwd_collective = "all_gather", o.bwd_collective = "reduce_scatter";
+        break;
+      case OpKind::kReduceScatter:
+        o.fwd_collective = "reduce_scatter", o.bwd_collective = "all_gather";
+        break;
+      case OpKind::kAllReduce:
+        o.fwd_collective = "all_reduce";
+        break;
+      case OpKind::kMoeDispatch:
+      case OpKind::kMoeCombine:
+        if (t_.ep > 1) o.fwd_collective = o.bwd_collective = "all_to_all";
+        break;
+      default:
+        break;
+    }
+  }
+
+  const ModelSpec& m_;
+  const TrainSpec& t_;
+  BlockGraph g_;
+};
+
+int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
+  int64_t hq = m.heads / t.tp, hkv = m.kv_heads / t.tp, d = m.head_dim;
+  int n = b.norm(x, "attn.norm");
+  int qkv = b.column(b.gather(n, "attn"), "attn.qkv", (hq + 2 * hkv) * d, m.qkv_bias,
+                     {hq * d, hkv * d, hkv * d});
+  if (m.position == PosEmb::kRope) qkv = b.op1(OpKind::kRope, "attn.rope", {}, {qkv});
+  OpAttrs core{
+      .batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
+  // Hugging Face's attention (eager and sdpa) materialises K and V repeated to every query head.
+  bool hf = t.impl == Impl::kHf && t.cp == 1;
+  if (hf && hkv < hq) {
+    qkv = b.op1(OpKind::kRepeatKv, "attn.repeat_kv", core, {qkv});
+    core.kv_heads = hq;
+  }
+  int ctx;
+  if (t.cp > 1) {  // validate_setup: flash attention only
+    OpAttrs cp = core;
+    cp.group = t.cp;
+    int kv = b.op1(OpKind::kCpGatherKv, "attn.cp_gather_kv", cp, {qkv});
+    ctx = b.op(OpKind::kFlashAttentionCp, "attn.core", cp, {qkv, kv}, {"out", "lse"})[0];
+  } else if (t.attention == AttentionImpl::kFlash) {
+    ctx = b.op(OpKind::kFlashAttention, "attn.core", core, {qkv}, {"out", "lse"})[0];
+  } else {
+    int s = b.op1(OpKind::kAttnScores, "attn.scores", core, {qkv});
+    b.last().attention_core = true;
+    int p = hf ? b.op(OpKind::kSoftmaxFp32, "attn.softmax", core, {s}, {"", "fp32"})[0]
+               : b.op1(OpKind::kSoftmax, "attn.softmax", core, {s});
+    b.last().attention_core = true;
+    int pd = b.dropout(p, "attn.probs_dropout");
+    if (pd != p) b.last().attention_core = true;
+    ctx = b.op1(OpKind::kAttnContext, "attn.context", core, {pd, qkv});
+  }
+  int o =
+      b.op1(OpKind::kRowLinear, "attn.out", {.features = m.hidden, .bias = m.linear_bias}, {ctx});
+  o = b.dropout(b.reduce(o, "attn"), "attn.dropout");
+  return b.op1(OpKind::kAdd, "attn.residual", {}, {x, o});
+}
+
+// Returns the row-parallel output (partial over tp) of a SwiGLU or GeLU MLP of width ffn.
+int dense_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int x, const std::string& name,
+              int64_t ffn) {
+  if (m.activation == Activation::kSwiGlu) {
+    int gu =
+        b.column(x, name + ".gate_up", 2 * ffn / t.tp, m.linear_bias, {ffn / t.tp, ffn / t.tp});
+    int a = b.glu(gu, name);
+    return b.op1(OpKind::kRowLinear, name + ".down", {.features = m.hidden, .bias = m.linear_bias},
+                 {a});
+  }
+  int f1 = b.column(x, name + ".fc1", ffn / t.tp, m.linear_bias);
+  int a = b.op1(OpKind::kGelu, name + ".gelu", {}, {f1});
+  return b.op1(OpKind::kRowLinear, name + ".fc2", {.features = m.hidden, .bias = m.linear_bias},
+               {a});
+}
+
+// Megatron's capacity per expert over one source rank's tokens: ceil(tokens x top_k x factor /
+// experts); 0 without a factor (dropless).
+int64_t expert_capacity(int64_t tokens, const MoeSpec& e, double factor) {
+  if (factor <= 0) return 0;
+  return static_cast<int64_t>(std::ceil(static_cast<double>(tokens * e.top_k) * factor /
+                                        static_cast<double>(e.num_experts)));
+}
+
+// MoE under TP requires SP (as Megatron): the router sees this rank's sequence shard, and the
+// routing decisions are gathered with the tokens, so no gradient is counted once per TP rank.
+int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int shard) {
+  const MoeSpec& e = *m.moe;
+  int logits = b.op1(OpKind::kRouter, "moe.router", {.features = e.num_experts}, {shard});
+  auto routed = b.op(OpKind::kTopK, "moe.topk", {.top_k = e.top_k}, {logits}, {"probs", "indices"});
+  int x = b.gather(shard, "moe");
+  int probs = b.gather(routed[0], "moe.probs"), idx = b.gather(routed[1], "moe.indices");
+  OpAttrs experts{.features = 2 * e.expert_ffn / t.tp,
+                  .group = t.ep,
+                  .experts = e.num_experts / t.ep,
+                  .top_k = e.top_k,
+                  .capacity = expert_capacity(b.tokens(), e, t.moe_capacity_factor),
+                  .sections = {e.expert_ffn / t.tp, e.expert_ffn / t.tp}};
+  int xe = b.op1(OpKind::kMoeDispatch, "moe.dispatch", experts, {x, idx});
+  int gu = b.op1(OpKind::kExpertColumn, "moe.experts.gate_up", experts, {xe, idx});
+  b.last().expert_weights = true;
+  int a = b.glu(gu, "moe.experts");
+  experts.features = m.hidden;
+  experts.sections.clear();
+  int ye = b.op1(OpKind::kExpertRow, "moe.experts.down", experts, {a, idx});
+  b.last().expert_weights = true;
+  int y = b.op1(OpKind::kMoeCombine, "moe.combine", experts, {ye, probs, idx});
+  if (e.shared_ffn == 0) return y;
+  int s = dense_mlp(b, m, t, x, "moe.shared", e.shared_ffn);
+  if (e.shared_gate) s = b.op1(OpKind::kSharedGate, "moe.shared.gate", {}, {x, s});
+  return b.op1(OpKind::kAdd, "moe.add_shared", {}, {y, s});
+}
+
+}  // namespace
+
+std::string layer_graph_key(const TrainSpec& t) {
+  char cf[32];
+  std::snprintf(cf, sizeof cf, "%.17g", t.moe_capacity_factor);
+  return "tp" + std::to_string(t.tp) + "/sp" + std::to_string(t.sp) + "/cp" +
+         std::to_string(t.cp) + "/ep" + std::to_string(t.ep) + "/s" + std::to_string(t.seq_len) +
+         "/b" + std::to_string(t.micro_batch) + "/" + name_of(t.attention) + "/" +
+         name_of(t.impl) + "/cf" + cf + "/gaf" + std::to_string(t.grad_accum_fusion);
+}
+
+BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t) {
+  Builder b(BlockKind::kLayer, m, t);
+  int x = b.input("x", {{b.local_tokens(), m.hidden}, Dtype::kBf16});
+  int x1 = attention(b, m, t, x);
+  int n = b.norm(x1, "mlp.norm");
+  int y = m.moe ? moe_mlp(b, m, t, n) : dense_mlp(b, m, t, b.gather(n, "mlp"), "mlp", m.ffn);
+  y = b.dropout(b.reduce(y, "mlp"), "mlp.dropout");
+  return b.finish(x, b.op1(OpKind::kAdd, "mlp.residual", {}, {x1, y}));
+}
+
+BlockGraph build_embedding(const ModelSpec& m, const TrainSpec& t) {
+  Builder b(BlockKind::kEmbedding, m, t);
+  int ids = b.input("input_ids", {{b.tokens()}, Dtype::kI64});
+  int e = b.op1(OpKind::kEmbedding, "embed.tokens",
+                {.features = m.hidden, .rows = padded_vocab(m, t) / t.tp,
+                 .tie = "embedding",
+                 .dense_wgrad = t.impl == Impl::kMegatron},
+                {ids});
+  e = b.reduce(e, "embed");
+  if (m.position == PosEmb::kLearned)
+    e = b.op1(OpKind::kPosEmbedding, "embed.positions",
+              {.features = m.hidden, .rows = m.max_positions}, {e});
+  return b.finish(-1, b.dropout(e, "embed.dropout"));
+}
+
+BlockGraph build_head(const ModelSpec& m, const TrainSpec& t) {
+  Builder b(BlockKind::kHead, m, t);
+  int x = b.input("x", {{b.local_tokens(), m.hidden}, Dtype::kBf16});
+  int n = b.gather(b.norm(x, "final_norm"), "lm_head");
+  int logits = b.column(n, "lm_head", padded_vocab(m, t) / t.tp, false);
+  if (m.tie_embeddings) b.last().attrs.tie = "embedding";
+  int targets = b.input("targets", {{b.tokens()}, Dtype::kI64});
+  if (t.impl == Impl::kHf) {
+    int fp32 = b.op1(OpKind::kCastFp32, "loss.cast", {}, {logits});
+    b.op(OpKind::kLogSoftmaxLoss, "loss", {}, {fp32, targets, logits},
+         {"per_token", "log_softmax"});
+  } else if (t.impl == Impl::kMegatron && t.loss_fusion == LossFusion::kTe) {
+    b.op(OpKind::kCrossEntropyTe, "loss", {}, {logits, targets}, {"per_token", "row_stats"});
+  } else {
+    b.op(OpKind::kCrossEntropy, "loss",
+         {.fp32_copy = t.impl == Impl::kNanotron,
+          .fp32_grad = t.impl == Impl::kMegatron && t.loss_fusion == LossFusion::kNative},
+         {logits, targets}, {"per_token", "softmax"});
+  }
+  return b.finish(x, -1);
+}
+
+BlockGraphs::BlockGraphs(const ModelSpec& m, const TrainSpec& t)
+    : embedding(std::make_shared<const BlockGraph>(build_embedding(m, t))),
+      layer(std::make_shared<const BlockGraph>(build_layer(m, t))),
+      head(std::make_shared<const BlockGraph>(build_head(m, t))) {}
+
+const std::shared_ptr<const BlockGraph>& BlockGraphs::of(BlockKind kind) const {
+  return kind == BlockKind::kEmbedding ? embedding : kind == BlockKind::kLayer ? layer : head;
+}
+
+std::optional<Error> check_graph(const BlockGraph& g) {
+  using Dag = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS>;
+  Dag dag(g.ops.size());
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    for (int t : g.ops[i].inputs) {
+      int p = g.tensors.at(t).producer;
+      if (p >= static_cast<int>(i))
+        return make_error("graph: op " + g.ops[i].name + " reads " + g.tensors[t].name +
+                          " before it is produced");
+      if (p >= 0) boost::add_edge(p, i, dag);
+    }
+  std::vector<Dag::vertex_descriptor> order;
+  try {
+    boost::topological_sort(dag, std::back_inserter(order));
+  } catch (const boost::not_a_dag&) {
+    return make_error("graph: the block has a cycle");
+  }
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const GraphOp& op = g.ops[i];
+    const OpInfo& info = op_info(op.kind);
+    if (static_cast<int>(op.inputs.size()) != info.num_inputs ||
+        static_cast<int>(op.outputs.size()) != info.num_outputs)
+      return make_error("graph: op " + op.name + " has the wrong number of inputs or outputs");
+    for (int t : op.outputs)
+      if (g.tensors.at(t).producer != static_cast<int>(i))
+        return make_error("graph: tensor " + g.tensors[t].name + " has two producers");
+  }
+  return std::nullopt;
+}
+
+std::vector<bool> backward_runs(const BlockGraph& g) {
+  std::vector<bool> has_grad(g.tensors.size(), false), runs(g.ops.size(), false);
+  if (g.hidden_out >= 0) has_grad[g.hidden_out] = true;
+  for (int o = static_cast<int>(g.ops.size()) - 1; o >= 0; --o) {
+    const GraphOp& op = g.ops[o];
+    const OpInfo& info = op_info(op.kind);
+    bool live = info.grad_outputs == 0;
+    for (size_t j = 0; j < op.outputs.size(); ++j)
+      if ((info.grad_outputs >> j & 1u) && has_grad[op.outputs[j]]) live = true;
+    if (!live) continue;
+    runs[o] = true;
+    for (size_t k = 0; k < op.inputs.size(); ++k)
+      if (info.grad_inputs >> k & 1u) has_grad[op.inputs[k]] = true;
+  }
+  return runs;
+}
+
+std::vector<bool> backward_reads(const BlockGraph& g) {
+  std::vector<bool> needed(g.tensors.size(), false);
+  for (const GraphOp& op : g.ops) {
+    const OpInfo& info = op_info(op.kind);
+    for (size_t k = 0; k < op.inputs.size(); ++k)
+      if (info.bwd_reads_inputs >> k & 1u) needed[op.inputs[k]] = true;
+    for (size_t j = 0; j < op.outputs.size(); ++j)
+      if (info.bwd_reads_outputs >> j & 1u) needed[op.outputs[j]] = true;
+  }
+  return needed;
+}
+
+int64_t count_parameters(const ModelSpec& m) {
+  TrainSpec t;
+  t.seq_len = 1;
+  BlockGraph emb = build_embedding(m, t), layer = build_layer(m, t), head = build_head(m, t);
+  int64_t per_layer = layer.weight_elements(false) + layer.weight_elements(true);
+  int64_t n = emb.weight_elements(false) + m.layers * per_layer + head.weight_elements(false);
+  if (m.tie_embeddings) n -= m.vocab * m.hidden;  // the LM head reuses the embedding table
+  return n;
+}
+
+}  // namespace np

@@ -1,0 +1,86 @@
+// The per-rank DAG of one block (embedding, decoder layer, or final norm + LM head + loss) with
+// TP/SP sharding already applied. Ops are stored in topological order; check_graph proves it.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/graph/ops.hpp"
+#include "planner/inputs/result.hpp"
+#include "planner/inputs/spec.hpp"
+
+namespace np {
+
+enum class BlockKind { kEmbedding, kLayer, kHead };
+const char* name_of(BlockKind kind);
+
+struct GraphTensor {
+  std::string name;
+  TensorType type;
+  int producer = -1;           // op index; -1 for block inputs
+  std::vector<int> consumers;  // op indices, in order
+};
+
+struct GraphOp {
+  OpKind kind;
+  std::string name;  // e.g. "attn.qkv"
+  OpAttrs attrs;
+  std::vector<int> inputs;   // tensor indices
+  std::vector<int> outputs;  // tensor indices
+  std::vector<WeightShape> weights;
+  bool expert_weights = false;  // weights sharded over ep instead of replicated over dp
+  bool attention_core = false;  // Megatron's selective recompute re-runs these ops
+  std::string
+      fwd_collective;  // collective this op runs in forward ("all_gather", "all_to_all", ...)
+  std::string
+      bwd_collective;  // collective in its backward ("reduce_scatter", "all_reduce" for TP's f)
+  bool tp_partial_weight_grads = false;  // replicated weights: all-reduce their grads over TP
+  double flops = 0;                      // forward
+  double bwd_flops = 0;
+};
+
+struct BlockGraph {
+  BlockKind kind = BlockKind::kLayer;
+  std::vector<GraphTensor> tensors;
+  std::vector<GraphOp> ops;  // topological order
+  std::vector<int> inputs;   // block inputs (hidden states, token ids, targets)
+  int hidden_in = -1;        // residual stream entering the block (-1: none)
+  int hidden_out = -1;       // residual stream leaving the block (-1: none)
+
+  int64_t weight_elements(bool expert) const;
+  double forward_flops() const;
+  double backward_flops() const;
+};
+
+// The three kinds of block for one rank of the setup.
+BlockGraph build_embedding(const ModelSpec& m, const TrainSpec& t);
+BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t);
+BlockGraph build_head(const ModelSpec& m, const TrainSpec& t);
+// Every setup field build_layer reads, as a string: two setups of one model with the same key
+// build the same layer (the auto planner's frontier cache is keyed on it). Kept beside
+// build_layer so that the two cannot drift apart.
+std::string layer_graph_key(const TrainSpec& t);
+
+// The three block graphs of one setup, built once and shared by every block of that kind.
+struct BlockGraphs {
+  BlockGraphs(const ModelSpec& m, const TrainSpec& t);
+  std::shared_ptr<const BlockGraph> embedding, layer, head;
+  const std::shared_ptr<const BlockGraph>& of(BlockKind kind) const;
+};
+
+// Graph invariants: a DAG (Boost.Graph topological sort), ops stored in topological order, each
+// tensor produced once, op arities and shapes consistent with the op table.
+std::optional<Error> check_graph(const BlockGraph& g);
+
+// Whether each op's backward runs: an output of it carries a gradient from the block's output (or
+// it has no gradient outputs at all: the loss). The schedule, the cost model and the option
+// evaluation all use this rule.
+std::vector<bool> backward_runs(const BlockGraph& g);
+// Per tensor: some op's backward reads it (the op table's bwd_reads bits).
+std::vector<bool> backward_reads(const BlockGraph& g);
+
+// Exact parameter count of the model: the blocks built at tp = pp = dp = ep = 1, tied weights once.
+int64_t count_parameters(const ModelSpec& m);
+
+}  // namespace np

@@ -1,0 +1,188 @@
+// The op table: for every OpKind, its output shapes and dtypes, FLOPs, weights, workspaces and
+// which tensors its backward reads; and weight_shard, the one statement of TP sharding.
+//
+// What the estimate and the executors share is this table's weight shapes and sharding (so weight,
+// gradient-buffer and optimizer bytes agree by construction) and which tensors each backward
+// reads. The planner sizes every tensor from this table. The executors do not: their kernels
+// compute output and workspace shapes from their own inputs and allocate them, the runner frees
+// each tensor after its last use by its own count, and every allocation and release is compared
+// with the planner's simulation event by event (planner/schedule/contract.hpp, executor/compare.hpp).
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "planner/inputs/spec.hpp"
+
+namespace np {
+
+enum class OpKind {
+  kEmbedding,     // vocab-parallel lookup: ids -> partial hidden (rows of this TP rank only)
+  kPosEmbedding,  // learned absolute positions added to the hidden states
+  kRmsNorm,    // statistics recomputed in backward (a per-row fp32 workspace there)
+  kLayerNorm,  // as kRmsNorm; with a bias
+  // The norms that keep their per-row fp32 statistics for backward as extra outputs (flash-attn's
+  // and apex's fused norms): 1/rms; mean and 1/std.
+  kRmsNormStats,
+  // RMSNorm as PyTorch ops (Hugging Face's): x cast to fp32 (kept), its 1/rms (kept), the fp32
+  // product (forward scratch), its bf16 cast (kept), times the weight; the backward's fp32
+  // gradients of the product and of the fp32 input are its workspaces.
+  kRmsNormHf,
+  kLayerNormStats,
+  kAllGather,      // TP group, along the token dim (sequence parallelism)
+  kReduceScatter,  // TP group, along the token dim
+  kAllReduce,      // TP group
+  kColumnLinear,   // weight (out/tp, in): output features sharded
+  kRowLinear,      // weight (out, in/tp): output is a partial sum over the TP group
+  kRope,
+  kFlashAttention,  // keeps output and logsumexp; recomputes scores in backward
+  kAttnScores,      // eager: Q K^T
+  kSoftmax,         // eager: scaled, causal-masked softmax; backward needs its output only
+  // The softmax computed in fp32 and kept, then cast to bf16 for the context (Hugging Face's
+  // eager attention); its backward casts the incoming gradient to fp32 (a workspace).
+  kSoftmaxFp32,
+  // Hugging Face's repeat_kv: [q | k | v] rows with the K and V heads repeated to one per query
+  // head, materialised (hq + 2 hq columns of head_dim); backward sums the repeats.
+  kRepeatKv,
+  kAttnContext,     // eager: probs V
+  kDropout,         // keeps a 1-byte mask
+  kSwiGlu,          // silu(gate) * up, input is [gate | up]; keeps its input only
+  // The unfused GLU (act(gate) * up as two PyTorch ops): silu of the gate half of [gate | up],
+  // kept for the product's backward, then the product with the up half.
+  kGluAct,
+  kGluMul,
+  kGelu,
+  kAdd,           // residual add
+  kRouter,        // MoE router linear, fp32 logits
+  kTopK,          // top-k of the router logits, softmax over the k
+  kMoeDispatch,   // permute tokens to experts (+ all-to-all over ep): capacity slots, or balanced
+  kExpertColumn,  // grouped GEMM over the local experts (rows grouped by expert)
+  kExpertRow,     // grouped GEMM over the local experts, partial sum over tp
+  kMoeCombine,    // un-permute (+ all-to-all back) and weight by the router probabilities
+  kSharedGate,    // sigmoid(Linear(h, 1)(x)) * shared expert output
+  kCrossEntropy,  // vocab-parallel, fp32 softmax kept for backward
+  // Context parallelism: the K/V columns of this rank's qkv all-gathered over the CP group (all
+  // the sequence's keys and values, in rank order of the load-balanced chunks); backward
+  // reduce-scatters their gradient into the K/V columns of the qkv gradient.
+  kCpGatherKv,
+  // Flash attention of this rank's queries against the gathered K/V (causal by the chunks' global
+  // positions); keeps output and logsumexp.
+  kFlashAttentionCp,
+  // Hugging Face's loss, PyTorch's F.cross_entropy of logits.float(): the cast as its own op
+  // (backward: the fp32 gradient cast back), then the log-softmax (kept, fp32) and the per-token
+  // NLL of the fp32 logits (input 0) and targets (input 1). Input 2 is the bf16 logits, which the
+  // loss outlives (LlamaForCausalLM holds them while it runs) and which nothing reads. Its
+  // backward's workspace is the fp32 NLL gradient per logit; the fp32 logits' gradient follows.
+  kCastFp32,
+  kLogSoftmaxLoss,
+  // Transformer Engine's parallel_cross_entropy (Megatron's --cross-entropy-loss-fusion
+  // --cross-entropy-fusion-impl te): no fp32 copy and no kept softmax. Backward reads the bf16
+  // logits (TE overwrites them with their gradient in forward and keeps them) and the targets;
+  // output 1 is each row's fp32 max and log-sum-exp, which the executors keep to form the
+  // gradient. Its forward scratch is TE's [3 x rows] fp32 (max, sum, target logit).
+  kCrossEntropyTe,
+  kCount
+};
+
+struct TensorType {
+  std::vector<int64_t> shape;
+  Dtype dtype = Dtype::kBf16;
+  int64_t elements() const;
+  int64_t bytes() const { return elements() * dtype_bytes(dtype); }
+};
+
+// What distinguishes one op instance of a kind; all sizes are this rank's (already sharded).
+struct OpAttrs {
+  int64_t features = 0;        // output features (linears, router, experts, embeddings)
+  int64_t rows = 0;            // table rows (embeddings: vocab/tp or max positions)
+  int64_t group = 1;           // collective group size
+  int64_t batch = 0, seq = 0;  // micro-batch and full sequence (attention)
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;  // this rank's heads
+  int64_t experts = 0, top_k = 0;                 // local experts, routed experts per token
+  // MoE with a capacity factor: token slots per expert per source rank (the dispatched tensor is
+  // experts x group x capacity rows, each local expert's slots contiguous per source rank);
+  // 0: dropless, tokens x top_k rows grouped by expert.
+  int64_t capacity = 0;
+  bool bias = false;                              // linears: add a bias; LayerNorm always has one
+  // Column-parallel outputs that fuse several sharded matrices ([q | k | v], [gate | up]): this
+  // rank's width of each, in order. Empty: one matrix.
+  std::vector<int64_t> sections;
+  std::string tie;  // weights shared with another op of that name (tied embeddings)
+  // Cross-entropy: the logits are first cast to an fp32 copy (a forward workspace) and the
+  // softmax is computed out of place from it (nanotron's sharded cross-entropy).
+  bool fp32_copy = false;
+  // Cross-entropy: the backward forms the logits' gradient in a fresh fp32 buffer (a backward
+  // workspace of the logits' shape) before casting it. Megatron's native fused loss
+  // (--cross-entropy-loss-fusion): its calculate_gradients is torch.compile'd (Megatron-LM
+  // 23e00ed, megatron/core/fusions/fused_cross_entropy.py L63-84; jit_fuser in
+  // megatron/core/jit.py), and inductor's code for it (PyTorch 2.15, TORCH_LOGS=output_code)
+  // does the target update out of place into an fp32 [tokens, V/tp] buffer beside the kept
+  // softmax, then writes the bf16 gradient.
+  bool fp32_grad = false;
+  // Embedding and linears: the weight gradient made whole in bf16 (a backward workspace of the
+  // weight's shape) before it is added into the gradient buffer. PyTorch's embedding backward
+  // returns a dense [rows, features] gradient, and so do the linears without Megatron's
+  // gradient-accumulation fusion; Megatron's DDP hook adds it into main_grad and drops it
+  // (Megatron-LM 23e00ed, megatron/core/distributed/distributed_data_parallel.py,
+  // _make_backward_post_hook). The bias gradient, also returned whole, is not counted.
+  bool dense_wgrad = false;
+};
+
+struct WeightShape {
+  const char* suffix;  // "weight" or "bias"
+  std::vector<int64_t> shape;
+  int64_t elements() const;
+};
+
+// How a weight is split over the TP group: the one statement of TP sharding. The graph builder
+// reads it (which weights are replicated), the executors' weight init and gradient capture map a
+// rank's local elements to global ones with it.
+enum class Shard : uint8_t {
+  kReplicated,   // norms, routers, learned positions, row-parallel biases, the shared-expert gate
+  kRows,         // dim 0 in contiguous blocks per rank (vocab-parallel embedding and LM head)
+  kSectionRows,  // dim 0 per fused section ([q | k | v], [gate | up]) and the matching bias
+  kColumns,      // the last dim in contiguous blocks (row-parallel linear's weight)
+  kExpertSectionRows,  // per expert (dim 0): dim 1 per fused section
+  kExpertColumns,      // per expert (dim 0): the last dim in contiguous blocks
+};
+const char* name_of(Shard s);
+Shard weight_shard(OpKind kind, std::string_view suffix);
+
+// Bytes of a tensor of this type, or -1 when the count does not fit in 63 bits (checked
+// arithmetic, for plans and setups read from files).
+int64_t checked_bytes(const TensorType& t);
+
+struct OpInfo {
+  OpKind kind;
+  const char* name;
+  int num_inputs;
+  int num_outputs;
+  unsigned bwd_reads_inputs;   // bit i: backward reads input i
+  unsigned bwd_reads_outputs;  // bit j: backward reads output j
+  unsigned grad_inputs;        // bit i: input i receives a gradient
+  unsigned grad_outputs;       // bit j: output j carries a gradient
+  bool collective;
+  std::vector<TensorType> (*infer)(const OpAttrs&, std::span<const TensorType> in);
+  double (*flops)(const OpAttrs&, std::span<const TensorType> in);  // forward FLOPs
+  std::vector<WeightShape> (*weights)(const OpAttrs&, std::span<const TensorType> in);
+  std::vector<TensorType> (*bwd_workspace)(const OpAttrs&, std::span<const TensorType> in);
+  // Scratch of the forward that lives in device memory (nullptr: none), freed after the op.
+  std::vector<TensorType> (*fwd_workspace)(const OpAttrs&,
+                                           std::span<const TensorType> in) = nullptr;
+};
+
+// The forward scratch of an op (empty for most).
+std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& attrs,
+                                          std::span<const TensorType> in);
+
+const OpInfo& op_info(OpKind kind);
+bool is_norm(OpKind kind);  // the norm kinds (every profile's)
+bool is_loss(OpKind kind);  // the loss kinds: the block's root, their output 0 the per-token loss
+const char* name_of(OpKind kind);
+// Backward FLOPs: twice the forward for ops with weights (input and weight gradients) and for the
+// attention matmuls (two GEMMs each), once otherwise (Korthikanti et al.'s 3x forward convention).
+double backward_flops(const OpInfo& info, const OpAttrs& attrs, std::span<const TensorType> in);
+
+}  // namespace np

@@ -1,0 +1,40 @@
+// Named recompute policies and the saved set they imply.
+#include "planner/graph/policy.hpp"
+
+namespace np {
+
+BlockPolicy named_policy(const BlockGraph& g, const TrainSpec& t) {
+  BlockPolicy p{std::vector<bool>(g.ops.size(), false), name_of(t.recompute)};
+  bool layer = g.kind == BlockKind::kLayer;
+  bool regather = t.sp && t.tp_recompute_allgather;
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const GraphOp& op = g.ops[i];
+    if (layer && t.recompute == Recompute::kFull) p.recompute[i] = true;
+    if (layer && t.recompute == Recompute::kSelective && op.attention_core) p.recompute[i] = true;
+    if (regather && op.kind == OpKind::kAllGather) p.recompute[i] = true;
+    // Context parallelism keeps only this rank's K/V and exchanges them again in backward (as
+    // Megatron's ring and all-gather forms do); the auto planner may keep the gathered K/V.
+    if (op.kind == OpKind::kCpGatherKv) p.recompute[i] = true;
+  }
+  if (!layer) p.name = "none";
+  if (regather && !(layer && t.recompute == Recompute::kFull)) p.name += "+regather";
+  return p;
+}
+
+SavedSet saved_set(const BlockGraph& g, const BlockPolicy& p) {
+  std::vector<bool> needed = backward_reads(g);
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (p.recompute[i])
+      for (int t : g.ops[i].inputs) needed[t] = true;  // a re-run op reads its inputs
+  SavedSet s{std::vector<bool>(g.tensors.size(), false), 0};
+  for (size_t t = 0; t < g.tensors.size(); ++t) {
+    int producer = g.tensors[t].producer;
+    if (needed[t] && (producer < 0 || !p.recompute[producer])) {
+      s.saved[t] = true;
+      s.bytes += g.tensors[t].type.bytes();
+    }
+  }
+  return s;
+}
+
+}  // namespace np

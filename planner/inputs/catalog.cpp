@@ -1,0 +1,342 @@
+// Loading and resolving catalog entries; parse errors carry file:line.
+#include "planner/inputs/catalog.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "planner/inputs/json_reader.hpp"
+#include "planner/inputs/read_file.hpp"
+#include "planner/inputs/toml_model.hpp"
+#include "planner/inputs/units.hpp"
+
+namespace np {
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  return out;
+}
+
+Result<std::string> read_file(const std::string& path) {
+  return read_text_file(path);
+}
+
+Result<toml::table> parse_toml(const std::string& path) {
+  Result<std::string> text = read_file(path);
+  if (!text) return text.error();
+  return parse_toml_text(*text, path);
+}
+
+// head_dim when the file does not give it: hidden / heads, which must divide exactly.
+std::optional<std::string> default_head_dim(ModelSpec& m, const char* heads_key,
+                                            const char* hidden_key) {
+  if (m.heads <= 0) return std::nullopt;  // validate_model names the bad head count
+  if (m.hidden % m.heads != 0)
+    return std::string(heads_key) + " " + std::to_string(m.heads) + " does not divide " +
+           hidden_key + " " + std::to_string(m.hidden) +
+           " (valid: a head count that divides it, or head_dim given explicitly)";
+  m.head_dim = m.hidden / m.heads;
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<toml::table> parse_toml_text(const std::string& text, const std::string& path) {
+  try {
+    return toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    std::string what(e.description());
+    for (char& c : what)
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+    return make_error(path + ":" + std::to_string(e.source().begin.line) + ":" +
+                      std::to_string(e.source().begin.column) + ": malformed TOML: " + what);
+  }
+}
+
+Result<ModelSpec> load_model_toml(const std::string& path) {
+  Result<std::string> text = read_file(path);
+  if (!text) return text.error();
+  return model_toml_from_text(*text, path);
+}
+
+Result<ModelSpec> model_toml_from_text(const std::string& text, const std::string& path) {
+  Result<toml::table> parsed = parse_toml_text(text, path);
+  if (!parsed) return parsed.error();
+  return model_from_table(*parsed, path);
+}
+
+Result<ModelSpec> model_from_table(const toml::table& table, const std::string& path) {
+  const toml::table* parsed = &table;
+  TomlReader r(table, path);
+  r.only({"name", "display_name", "source", "aliases", "hidden_size", "intermediate_size",
+          "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
+          "max_position_embeddings", "norm", "activation", "position_embedding", "qkv_bias",
+          "linear_bias", "tie_word_embeddings", "dropout", "expected_parameters", "moe"});
+  ModelSpec m;
+  m.name = r.string("name");
+  m.display_name = r.string("display_name", m.name);
+  m.source = r.string("source", "");
+  m.aliases = r.strings("aliases");
+  m.hidden = r.integer("hidden_size");
+  m.ffn = r.integer("intermediate_size");
+  m.layers = r.integer("num_layers");
+  m.heads = r.integer("num_heads");
+  m.kv_heads = r.integer("num_kv_heads", m.heads);
+  m.head_dim = r.integer("head_dim", 0);
+  m.vocab = r.integer("vocab_size");
+  m.max_positions = r.integer("max_position_embeddings");
+  m.norm = r.choice("norm", Norm::kRms);
+  m.activation = r.choice("activation", Activation::kSwiGlu);
+  m.position = r.choice("position_embedding", PosEmb::kRope);
+  m.qkv_bias = r.boolean("qkv_bias", false);
+  m.linear_bias = r.boolean("linear_bias", false);
+  m.tie_embeddings = r.boolean("tie_word_embeddings", false);
+  m.dropout = r.number("dropout", 0.0);
+  if (parsed->get("expected_parameters")) m.expected_parameters = r.integer("expected_parameters");
+  if (auto e = r.error()) return *e;
+  if (!parsed->get("head_dim")) {
+    if (auto e = default_head_dim(m, "num_heads", "hidden_size")) return make_error(path + ": " + *e);
+  }
+  if (const toml::node* n = parsed->get("moe"); n && !n->is_table())
+    return make_error(path + ":" + std::to_string(n->source().begin.line) +
+                      ": moe: expected a table ([moe]), got " + shown(*n));
+  if (const toml::table* moe = parsed->get_as<toml::table>("moe")) {
+    TomlReader mr(*moe, path, "moe.");
+    mr.only({"num_experts", "top_k", "expert_intermediate_size",
+             "shared_expert_intermediate_size", "shared_expert_gate"});
+    m.moe = MoeSpec{
+        mr.integer("num_experts"), mr.integer("top_k"), mr.integer("expert_intermediate_size"),
+        mr.integer("shared_expert_intermediate_size", 0), mr.boolean("shared_expert_gate", false)};
+    if (auto e = mr.error()) return *e;
+  }
+  if (auto e = validate_model(m)) return make_error(path + ": " + e->message);
+  return m;
+}
+
+Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path);
+
+Result<ModelSpec> load_hf_config(const std::string& path) {
+  Result<std::string> text = read_file(path);
+  if (!text) return text.error();
+  return hf_config_from_text(*text, path);
+}
+
+Result<ModelSpec> hf_config_from_text(const std::string& text, const std::string& path) {
+  Result<nlohmann::json> j = parse_json(text, path);
+  if (!j) return j.error();
+  if (!j->is_object())
+    return make_error(path + ":1: a Hugging Face config.json must be a JSON object");
+  return hf_config_from_json(*j, path);
+}
+
+Result<ModelSpec> hf_config_from_json(const nlohmann::json& j, const std::string& path) {
+  try {
+    return hf_model(j, path);
+  } catch (const std::invalid_argument& e) {
+    return make_error(path + ": " + e.what());
+  }
+}
+
+// The keys of a Hugging Face config.json that size the model; every other key (rope scaling,
+// dtypes, token ids, ...) does not change a byte count and is ignored. A key that is present must
+// have the right type; `null` counts as absent.
+Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
+  JsonReader r{j, ""};
+  auto given = [&](const char* key) { return r.has(key) && !j[key].is_null(); };
+  auto count = [&](const char* key, std::optional<int64_t> fallback) -> int64_t {
+    if (given(key)) return r.at(key).integer(0, int64_t{1} << 40);
+    if (!fallback) throw std::invalid_argument(std::string(key) + ": missing");
+    return *fallback;
+  };
+  auto flag = [&](const char* key, bool fallback) {
+    return given(key) ? r.at(key).boolean() : fallback;
+  };
+  auto text = [&](const char* key, const std::string& fallback) {
+    return given(key) ? r.at(key).text() : fallback;
+  };
+  const std::vector<std::string> types = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe"};
+  std::string type = text("model_type", "llama");
+  if (std::find(types.begin(), types.end(), type) == types.end())
+    return make_error(path + ": model_type " + quote_input(type, '"') +
+                      " is not supported (valid: llama, mistral, mixtral, qwen2, qwen2_moe; or "
+                      "write the model as a TOML in the catalog schema)");
+  ModelSpec m;
+  // The name comes from the folder (or the file): characters a name may not hold become '_'.
+  m.name = std::filesystem::path(path).parent_path().filename().string();
+  if (m.name.empty()) m.name = std::filesystem::path(path).stem().string();
+  for (char& c : m.name)
+    if (!is_model_name(std::string_view(&c, 1))) c = '_';
+  if (m.name.size() > 128) m.name.resize(128);
+  if (m.name.empty()) m.name = "config";
+  m.display_name = text("_name_or_path", m.name);
+  bool printable = m.display_name.size() <= 128 &&
+                   std::all_of(m.display_name.begin(), m.display_name.end(), [](char c) {
+                     return static_cast<unsigned char>(c) >= 0x20 && static_cast<unsigned char>(c) < 0x7f;
+                   });
+  if (!printable) m.display_name = m.name;  // a display name only: the folder's name will do
+  m.source = path;
+  m.hidden = count("hidden_size", std::nullopt);
+  m.ffn = count("intermediate_size", std::nullopt);
+  m.layers = count("num_hidden_layers", std::nullopt);
+  m.heads = count("num_attention_heads", std::nullopt);
+  m.kv_heads = count("num_key_value_heads", m.heads);
+  m.vocab = count("vocab_size", std::nullopt);
+  m.max_positions = count("max_position_embeddings", std::nullopt);
+  if (given("head_dim")) {
+    m.head_dim = count("head_dim", std::nullopt);
+  } else if (auto e = default_head_dim(m, "num_attention_heads", "hidden_size")) {
+    return make_error(path + ": " + *e);
+  }
+  m.tie_embeddings = flag("tie_word_embeddings", false);
+  m.qkv_bias = flag("attention_bias", type == "qwen2" || type == "qwen2_moe");
+  m.linear_bias = flag("mlp_bias", false);
+  // Every architecture read here has the gated MLP (gate_proj, up_proj, down_proj:
+  // transformers' LlamaMLP, MistralMLP, Qwen2MLP and the MoE experts), whatever hidden_act is:
+  // the activation does not decide the weights. A GeLU activation makes it GeGLU, whose weights
+  // and saved tensors are SwiGLU's (nanoplan's executors compute SiLU there).
+  std::string act = text("hidden_act", "silu");
+  const std::vector<std::string> acts = {"silu", "swiglu", "gelu", "gelu_new", "gelu_pytorch_tanh",
+                                         "gelu_fast", "relu"};
+  if (std::find(acts.begin(), acts.end(), act) == acts.end())
+    return make_error(path + ": hidden_act " + quote_input(act, '"') +
+                      " is not supported (valid: silu, swiglu, gelu, gelu_new, gelu_pytorch_tanh, "
+                      "gelu_fast, relu)");
+  m.activation = Activation::kSwiGlu;
+  int64_t experts = given("num_local_experts") ? count("num_local_experts", 0)
+                                               : count("num_experts", 0);
+  if (experts > 0) {
+    int64_t shared = count("shared_expert_intermediate_size", 0);
+    m.moe = MoeSpec{experts, count("num_experts_per_tok", 2), count("moe_intermediate_size", m.ffn),
+                    shared, shared > 0};
+  }
+  if (auto e = validate_model(m)) return make_error(path + ": " + e->message);
+  return m;
+}
+
+Result<std::vector<ModelSpec>> load_model_catalog(const std::string& dir) {
+  std::vector<ModelSpec> models;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.path().extension() != ".toml") continue;
+    Result<ModelSpec> m = load_model_toml(entry.path().string());
+    if (!m) return m.error();
+    models.push_back(std::move(*m));
+  }
+  if (ec) return make_error("cannot read the model catalog " + dir + ": " + ec.message());
+  std::sort(models.begin(), models.end(),
+            [](const ModelSpec& a, const ModelSpec& b) { return a.name < b.name; });
+  return models;
+}
+
+Result<std::vector<GpuSpec>> load_gpu_catalog(const std::string& path) {
+  Result<toml::table> parsed = parse_toml(path);
+  if (!parsed) return parsed.error();
+  std::vector<GpuSpec> gpus;
+  TomlReader top(*parsed, path);
+  top.only({"gpu"});
+  if (auto e = top.error()) return *e;
+  if (const toml::array* arr = parsed->get_as<toml::array>("gpu")) {
+    for (const toml::node& n : *arr) {
+      const toml::table* t = n.as_table();
+      if (!t) return make_error(path + ": [[gpu]] entries must be tables");
+      TomlReader r(*t, path);
+      r.only({"name", "display_name", "source", "aliases", "memory_bytes", "bf16_dense_flops",
+              "hbm_bytes_per_s", "nvlink_bytes_per_s"});
+      GpuSpec g{r.string("name"),
+                r.string("display_name", ""),
+                r.string("source", ""),
+                r.strings("aliases"),
+                r.integer("memory_bytes"),
+                r.number("bf16_dense_flops", 0.0),
+                r.number("hbm_bytes_per_s", 0.0),
+                r.number("nvlink_bytes_per_s", 0.0)};
+      if (auto e = r.error()) return *e;
+      gpus.push_back(std::move(g));
+    }
+  }
+  return gpus;
+}
+
+std::vector<std::string> closest_names(std::string_view name, const std::vector<std::string>& names,
+                                       size_t n) {
+  auto distance = [](std::string_view a, std::string_view b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diag = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+        diag = up;
+      }
+    }
+    return row[b.size()];
+  };
+  std::string key = lower(name);
+  std::vector<std::pair<size_t, std::string>> scored;
+  for (const std::string& candidate : names)
+    scored.push_back({distance(key, lower(candidate)), candidate});
+  std::stable_sort(scored.begin(), scored.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> out;
+  for (size_t i = 0; i < scored.size() && out.size() < n; ++i) out.push_back(scored[i].second);
+  return out;
+}
+
+namespace {
+template <typename T>
+Result<T> find_named(const std::vector<T>& catalog, std::string_view name, const char* what,
+                     const char* hint) {
+  std::string key = lower(name);
+  std::vector<std::string> names;
+  for (const T& entry : catalog) {
+    names.push_back(entry.name);
+    if (lower(entry.name) == key) return entry;
+    for (const std::string& alias : entry.aliases)
+      if (lower(alias) == key) return entry;
+  }
+  std::string close;
+  for (const std::string& c : closest_names(name, names)) close += (close.empty() ? "" : ", ") + c;
+  return make_error("unknown " + std::string(what) + " " + quote_input(name) + " (closest: " + close +
+                    "; " + hint + ")");
+}
+}  // namespace
+
+Result<ModelSpec> resolve_model(const std::vector<ModelSpec>& catalog, std::string_view name) {
+  std::string s(name);
+  if (s.ends_with(".toml")) return load_model_toml(s);
+  if (s.ends_with(".json")) return load_hf_config(s);
+  Result<ModelSpec> found = find_named(catalog, name, "model",
+                                       "'nanoplan models' lists them all, or pass a .toml or "
+                                       "config.json path");
+  if (found) return found;
+  // A fine-tuned variant of a catalog model (-Instruct, -Chat, ...) has the base model's shapes:
+  // resolved to it, and its display name says so.
+  for (const char* suffix : {"-instruct", "-chat", "-it", "-base", "-hf", "-sft", "-dpo"}) {
+    std::string key = lower(name);
+    if (!key.ends_with(suffix) || key.size() == std::strlen(suffix)) continue;
+    Result<ModelSpec> base = find_named(catalog, name.substr(0, name.size() - std::strlen(suffix)),
+                                        "model", "");
+    if (!base) continue;
+    base->display_name += " (the base model of " + std::string(name) + ": the same weights' shapes)";
+    return base;
+  }
+  return found;
+}
+
+Result<GpuSpec> resolve_gpu(const std::vector<GpuSpec>& catalog, std::string_view name) {
+  std::string valid;
+  for (const GpuSpec& g : catalog) valid += (valid.empty() ? "" : ", ") + g.name;
+  return find_named(catalog, name, "GPU", ("valid: " + valid).c_str());
+}
+
+}  // namespace np

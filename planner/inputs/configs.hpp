@@ -1,0 +1,40 @@
+// Training configs in and out: a nanotron YAML config and Megatron-LM's command-line arguments
+// read into a model and a setup, and a setup with its recompute plan written back as the closest
+// nanotron YAML fragment or Megatron-LM flags.
+#pragma once
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "planner/inputs/result.hpp"
+#include "planner/inputs/spec.hpp"
+
+namespace np {
+
+struct ConfigSetup {
+  std::optional<ModelSpec> model;  // nanotron: model.model_config; Megatron: none (no vocab)
+  TrainSpec setup;
+  std::set<std::string> given;  // the nanoplan flags the config set: "--tp", "--recompute", ...
+  // What the reading decided that the user should hear (flags ignored, a key read with the
+  // framework's meaning): one line each, for stderr.
+  std::vector<std::string> notes;
+};
+
+// nanotron's config (the YAML of `nanotron/config`): model.model_config (the Hugging Face keys;
+// is_qwen2_config selects Qwen2), parallelism (dp, tp, pp, pp_engine, tp_mode,
+// expert_parallel_size, recompute_layer, tp_recompute_allgather), tokens (micro_batch_size,
+// sequence_length, batch_accumulation_per_replica), optimizer (zero_stage,
+// accumulate_grad_in_fp32, optimizer_factory.name). Other keys do not change a byte and are
+// ignored; a key that is read must have the right type. Errors name the file and the key.
+Result<ConfigSetup> nanotron_config(const std::string& text, const std::string& path);
+
+// Megatron-LM's arguments ("--tensor-model-parallel-size 8 --sequence-parallel ..."): parallelism
+// (tensor, pipeline, context, expert, virtual stages by --num-layers-per-virtual-pipeline-stage),
+// batch (--micro-batch-size, --global-batch-size over dp), --seq-length, recompute
+// (--recompute-granularity full|selective, --recompute-method, --recompute-num-layers),
+// --use-distributed-optimizer (ZeRO-1), the MoE capacity; the model's shape flags (--num-layers,
+// --hidden-size, ...) are checked against `m`. `dp` is the data-parallel degree the batch is over.
+Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, int64_t dp);
+
+}  // namespace np

@@ -1,0 +1,444 @@
+// Names of the spec enums and the validation of model and setup.
+#include "planner/inputs/spec.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cstdio>
+#include <iterator>
+#include <utility>
+
+#include "planner/inputs/units.hpp"
+
+namespace np {
+
+int64_t dtype_bytes(Dtype d) {
+  switch (d) {
+    case Dtype::kBf16:
+      return 2;
+    case Dtype::kFp32:
+      return 4;
+    case Dtype::kU8:
+      return 1;
+    case Dtype::kI64:
+      return 8;
+  }
+  return 0;
+}
+
+const char* name_of(Dtype d) {
+  constexpr const char* k[] = {"bf16", "fp32", "u8", "i64"};
+  return k[static_cast<int>(d)];
+}
+const char* name_of(Norm n) {
+  return n == Norm::kRms ? "rmsnorm" : "layernorm";
+}
+const char* name_of(Activation a) {
+  return a == Activation::kSwiGlu ? "swiglu" : "gelu";
+}
+const char* name_of(PosEmb p) {
+  return p == PosEmb::kRope ? "rope" : "learned";
+}
+const char* name_of(PpSchedule s) {
+  constexpr const char* k[] = {"1f1b", "afab", "interleaved"};
+  return k[static_cast<int>(s)];
+}
+const char* name_of(AttentionImpl a) {
+  return a == AttentionImpl::kFlash ? "flash" : "eager";
+}
+const char* name_of(Impl i) {
+  constexpr const char* k[] = {"nanotron", "megatron", "fused", "hf"};
+  return k[static_cast<int>(i)];
+}
+const char* name_of(Optimizer o) {
+  constexpr const char* k[] = {"adamw", "sgd", "none"};
+  return k[static_cast<int>(o)];
+}
+const char* name_of(LossFusion l) {
+  constexpr const char* k[] = {"none", "native", "te"};
+  return k[static_cast<int>(l)];
+}
+const char* name_of(Recompute r) {
+  constexpr const char* k[] = {"none", "selective", "full", "auto"};
+  return k[static_cast<int>(r)];
+}
+
+namespace {
+template <typename E, size_t N>
+Result<E> pick(std::string_view flag, std::string_view text, const std::array<E, N>& all) {
+  std::string valid;
+  for (E e : all) {
+    if (text == name_of(e)) return e;
+    valid += (valid.empty() ? "" : ", ") + std::string(name_of(e));
+  }
+  return make_error("invalid " + std::string(flag) + " " + quote_input(text) + " (valid: " + valid +
+                    ")");
+}
+}  // namespace
+
+template <>
+Result<PpSchedule> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{PpSchedule::k1F1B, PpSchedule::kAfab, PpSchedule::kInterleaved});
+}
+template <>
+Result<AttentionImpl> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{AttentionImpl::kFlash, AttentionImpl::kEager});
+}
+template <>
+Result<Impl> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{Impl::kNanotron, Impl::kMegatron, Impl::kFused, Impl::kHf});
+}
+template <>
+Result<LossFusion> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{LossFusion::kNone, LossFusion::kNative, LossFusion::kTe});
+}
+template <>
+Result<Optimizer> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{Optimizer::kAdamW, Optimizer::kSgd, Optimizer::kNone});
+}
+template <>
+Result<Recompute> parse_enum(std::string_view f, std::string_view t) {
+  return pick(
+      f, t,
+      std::array{Recompute::kNone, Recompute::kSelective, Recompute::kFull, Recompute::kAuto});
+}
+template <>
+Result<Dtype> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{Dtype::kBf16, Dtype::kFp32});
+}
+template <>
+Result<Norm> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{Norm::kRms, Norm::kLayer});
+}
+template <>
+Result<Activation> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{Activation::kSwiGlu, Activation::kGelu});
+}
+template <>
+Result<PosEmb> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{PosEmb::kRope, PosEmb::kLearned});
+}
+
+namespace {
+std::string str(int64_t v) {
+  return std::to_string(v);
+}
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+constexpr double kMaxCapacityFactor = 64;
+
+std::optional<Error> fail(std::string message) {
+  return make_error(std::move(message));
+}
+
+std::optional<Error> check_tp(const ModelSpec& m, const TrainSpec& t) {
+  auto divides = [&](int64_t what, const char* name) -> std::optional<Error> {
+    if (what % t.tp == 0) return std::nullopt;
+    return fail("--tp " + str(t.tp) + " does not divide " + name + " " + str(what) + " of " +
+                m.name + "; valid tp values divide heads " + str(m.heads) + ", kv heads " +
+                str(m.kv_heads) + ", FFN and vocab");
+  };
+  if (m.kv_heads < t.tp)
+    return fail("--tp " + str(t.tp) + " exceeds the " + str(m.kv_heads) + " kv heads of " + m.name +
+                " (nanotron requires kv_heads >= tp); use --tp <= " + str(m.kv_heads));
+  if (auto e = divides(m.heads, "heads")) return e;
+  if (auto e = divides(m.kv_heads, "kv heads")) return e;
+  if (auto e = divides(m.ffn, "FFN size")) return e;
+  if (m.moe) {
+    if (auto e = divides(m.moe->expert_ffn, "expert FFN size")) return e;
+    if (auto e = divides(m.moe->shared_ffn, "shared-expert FFN size")) return e;
+  }
+  if (t.impl == Impl::kMegatron) return std::nullopt;  // padded to a multiple of 128 tp
+  return divides(m.vocab, "vocab size");
+}
+
+}  // namespace
+
+int64_t padded_vocab(const ModelSpec& m, const TrainSpec& t) {
+  if (t.impl != Impl::kMegatron) return m.vocab;
+  int64_t multiple = t.vocab_multiple * t.tp;
+  return (m.vocab + multiple - 1) / multiple * multiple;
+}
+
+namespace {
+
+std::optional<Error> check_positive(const TrainSpec& t) {
+  const std::pair<const char*, int64_t> sizes[] = {{"--tp", t.tp},
+                                                   {"--pp", t.pp},
+                                                   {"--dp", t.dp},
+                                                   {"--ep", t.ep},
+                                                   {"--cp", t.cp},
+                                                   {"--micro-batch", t.micro_batch},
+                                                   {"--seq-len", t.seq_len},
+                                                   {"--microbatches", t.microbatches},
+                                                   {"--virtual-stages", t.virtual_stages}};
+  for (auto [flag, v] : sizes)
+    if (v <= 0) return fail(std::string(flag) + " must be a positive integer, got " + str(v));
+  if (t.zero < 0 || t.zero > 3)
+    return fail("--zero " + str(t.zero) + " is invalid (valid: 0, 1, 2, 3)");
+  // Limits that keep every byte count well inside 64 bits and the schedule simulable.
+  if (t.seq_len > (int64_t{1} << 24) / t.micro_batch)
+    return fail("--seq-len " + str(t.seq_len) + " x --micro-batch " + str(t.micro_batch) +
+                " is more than 16,777,216 tokens per micro-batch (valid: at most 16,777,216)");
+  if (t.microbatches > 65536)
+    return fail("--microbatches " + str(t.microbatches) + " is too many (valid: at most 65,536)");
+  const std::pair<const char*, int64_t> degrees[] = {
+      {"--tp", t.tp}, {"--pp", t.pp}, {"--ep", t.ep},
+      {"--dp", t.dp}, {"--cp", t.cp}, {"--virtual-stages", t.virtual_stages}};
+  for (auto [flag, v] : degrees) {
+    int64_t most = std::string(flag) == "--dp" ? (1 << 20) : 4096;
+    if (v > most)
+      return fail(std::string(flag) + " " + str(v) + " is out of range (valid: at most " +
+                  str(most) + ")");
+  }
+  return std::nullopt;
+}
+
+std::optional<Error> check_conflicts(const ModelSpec& m, const TrainSpec& t) {
+  if (t.sp && t.tp == 1)
+    return fail(
+        "--sp on needs --tp > 1 (sequence parallelism shards over the TP group); use --sp off or "
+        "raise --tp");
+  if (t.zero >= 2 && t.pp > 1)
+    return fail("--zero " + str(t.zero) + " conflicts with --pp " + str(t.pp) +
+                " (ZeRO-2/3 shard gradients that pipeline micro-batches keep accumulating); use "
+                "--zero 0 or 1 with pp > 1");
+  if (t.zero >= 1 && t.dp * t.cp == 1 && t.optimizer != Optimizer::kNone)
+    return fail("--zero " + str(t.zero) +
+                " shards over data parallelism (and context parallelism) and needs --dp > 1 or "
+                "--cp > 1 (use --zero 0 with --dp 1)");
+  if (t.zero >= 1 && t.optimizer == Optimizer::kNone)
+    return fail("--zero " + str(t.zero) +
+                " conflicts with --optimizer none (no optimizer states to shard); use --zero 0 or "
+                "pick an optimizer");
+  if (m.moe && t.tp > 1 && !t.sp)
+    return fail("MoE model " + m.name + " with --tp " + str(t.tp) +
+                " needs --sp on (as Megatron requires: the router works on sequence shards)");
+  if (t.ep > 1 && !m.moe)
+    return fail("--ep " + str(t.ep) + " needs an MoE model; " + m.name + " is dense (use --ep 1)");
+  return std::nullopt;
+}
+
+// The interleaved schedule's rules (Megatron's): v >= 2 chunks per stage over pp >= 2 stages, a
+// layer per chunk, m a multiple of pp, layers balanced over the chunks.
+std::optional<Error> check_interleaved(const ModelSpec& m, const TrainSpec& t) {
+  const int64_t v = t.virtual_stages;
+  if (t.pp_schedule != PpSchedule::kInterleaved) {
+    if (v != 1)
+      return fail("--virtual-stages " + str(v) +
+                  " needs --pp-schedule interleaved (1f1b and afab "
+                  "run one chunk per stage); use --virtual-stages 1 or --pp-schedule interleaved");
+    return std::nullopt;
+  }
+  if (t.pp < 2)
+    return fail("--pp-schedule interleaved needs --pp >= 2 (got --pp " + str(t.pp) +
+                "); use --pp-schedule 1f1b or raise --pp");
+  if (v < 2)
+    return fail(
+        "--pp-schedule interleaved needs --virtual-stages >= 2 (with 1 it is 1f1b); use "
+        "--virtual-stages 2 or more");
+  if (t.pp * v > m.layers)
+    return fail("--pp " + str(t.pp) + " x --virtual-stages " + str(v) + " = " + str(t.pp * v) +
+                " chunks exceed the " + str(m.layers) + " layers of " + m.name +
+                " (valid: pp x virtual stages <= " + str(m.layers) + ")");
+  if (t.microbatches % t.pp != 0)
+    return fail("--microbatches " + str(t.microbatches) + " is not a multiple of --pp " +
+                str(t.pp) + " under the interleaved schedule (as Megatron requires); use " +
+                str((t.microbatches + t.pp - 1) / t.pp * t.pp));
+  if (!t.stage_layers.empty())
+    return fail(
+        "--partition lists layers per stage, but the interleaved schedule splits the "
+        "layers into pp x virtual stages balanced chunks; use --partition balanced");
+  return std::nullopt;
+}
+
+std::optional<Error> check_moe(const ModelSpec& m, const TrainSpec& t) {
+  const double cf = t.moe_capacity_factor;
+  if (!(cf == 0 || (cf > 0 && cf <= kMaxCapacityFactor)))
+    return fail("--moe-capacity-factor " + num(cf) +
+                " is invalid (valid: 0 for dropless routing, or a factor in (0, 64])");
+  if (cf > 0 && !m.moe)
+    return fail("--moe-capacity-factor needs an MoE model; " + m.name +
+                " is dense (leave it at 0)");
+  if (!m.moe) return std::nullopt;
+  if (m.moe->num_experts % t.ep != 0)
+    return fail("--ep " + str(t.ep) + " does not divide the " + str(m.moe->num_experts) +
+                " experts of " + m.name + "; valid ep values divide the expert count");
+  if (t.dp % t.ep != 0)
+    return fail(
+        "--ep " + str(t.ep) + " does not divide --dp " + str(t.dp) +
+        " (expert parallelism is carved out of data parallelism); use an ep that divides dp");
+  return std::nullopt;
+}
+}  // namespace
+
+bool is_model_name(std::string_view name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-' &&
+        c != '+' && c != '/')
+      return false;
+  return true;
+}
+
+std::optional<Error> validate_model(const ModelSpec& m) {
+  // Names and display names appear in every message and table: plain printable ASCII only.
+  if (!is_model_name(m.name))
+    return fail("model name " + quote_input(m.name) +
+                " is invalid (valid: 1 to 128 letters, digits, '.', '_', '-', '+', '/')");
+  for (const std::string& a : m.aliases)
+    if (!is_model_name(a))
+      return fail("model " + m.name + ": alias " + quote_input(a) +
+                  " is invalid (valid: 1 to 128 letters, digits, '.', '_', '-', '+', '/')");
+  if (m.display_name.size() > 128 ||
+      std::any_of(m.display_name.begin(), m.display_name.end(), [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f;
+      }))
+    return fail("model " + m.name + ": display_name " + quote_input(m.display_name) +
+                " is invalid (valid: up to 128 printable ASCII characters)");
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"hidden_size", m.hidden},    {"intermediate_size", m.ffn},
+      {"num_layers", m.layers},     {"num_heads", m.heads},
+      {"num_kv_heads", m.kv_heads}, {"head_dim", m.head_dim},
+      {"vocab_size", m.vocab},      {"max_position_embeddings", m.max_positions}};
+  for (auto [key, v] : sizes)
+    if (v <= 0)
+      return fail("model " + m.name + ": " + key + " must be a positive integer, got " + str(v));
+  const std::pair<const char*, int64_t> limits[] = {{"hidden_size", 1 << 20},
+                                                    {"intermediate_size", 1 << 22},
+                                                    {"num_layers", 10000},
+                                                    {"num_heads", 1 << 16},
+                                                    {"head_dim", 1 << 16},
+                                                    {"vocab_size", 1 << 24},
+                                                    {"max_position_embeddings", 1 << 24}};
+  const int64_t values[] = {m.hidden,   m.ffn,   m.layers,       m.heads,
+                            m.head_dim, m.vocab, m.max_positions};
+  for (size_t i = 0; i < std::size(limits); ++i)
+    if (values[i] > limits[i].second)
+      return fail("model " + m.name + ": " + limits[i].first + " " + str(values[i]) +
+                  " is out of range (valid: at most " + str(limits[i].second) + ")");
+  if (m.heads % m.kv_heads != 0)
+    return fail("model " + m.name + ": num_heads " + str(m.heads) +
+                " is not a multiple of num_kv_heads " + str(m.kv_heads));
+  if (m.dropout < 0.0 || m.dropout >= 1.0)
+    return fail("model " + m.name + ": dropout must be in [0, 1), got " +
+                std::to_string(m.dropout));
+  if (m.moe) {
+    const MoeSpec& e = *m.moe;
+    if (e.num_experts <= 0 || e.top_k <= 0 || e.expert_ffn <= 0 || e.shared_ffn < 0)
+      return fail("model " + m.name +
+                  ": [moe] needs positive num_experts, top_k and expert_intermediate_size");
+    if (e.top_k > e.num_experts)
+      return fail("model " + m.name + ": [moe] top_k " + str(e.top_k) + " exceeds num_experts " +
+                  str(e.num_experts));
+  }
+  return std::nullopt;
+}
+
+std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
+  if (auto e = check_positive(t)) return e;
+  if (auto e = check_conflicts(m, t)) return e;
+  if (auto e = check_tp(m, t)) return e;
+  if (auto e = check_moe(m, t)) return e;
+  if (!t.stage_layers.empty()) {
+    int64_t sum = 0;
+    for (int64_t n : t.stage_layers) {
+      if (n < 1)
+        return fail("--partition gives a stage " + str(n) +
+                    " layers (valid: at least 1 layer per stage)");
+      sum += n;
+    }
+    if (static_cast<int64_t>(t.stage_layers.size()) != t.pp)
+      return fail("--partition lists " + str(static_cast<int64_t>(t.stage_layers.size())) +
+                  " stages for --pp " + str(t.pp) + " (valid: one layer count per stage)");
+    if (sum != m.layers)
+      return fail("--partition places " + str(sum) + " layers, but " + m.name + " has " +
+                  str(m.layers) + " (valid: counts that sum to " + str(m.layers) + ")");
+  }
+  int64_t most = (m.layers + t.pp - 1) / t.pp;
+  for (int64_t n : t.stage_layers) most = std::max(most, n);
+  if (t.pp_schedule == PpSchedule::kAfab && t.pp <= m.layers && t.microbatches * most > (1 << 18))
+    return fail("--microbatches " + str(t.microbatches) +
+                " is too many to simulate under AFAB (valid: micro-batches x layers per stage at "
+                "most 262,144; 1F1B has no such limit)");
+  if (t.pp > m.layers)
+    return fail("--pp " + str(t.pp) + " exceeds the " + str(m.layers) + " layers of " + m.name +
+                "; use --pp <= " + str(m.layers));
+  if (t.cp > 1 && t.seq_len % (2 * t.cp) != 0)
+    return fail("--seq-len " + str(t.seq_len) + " is not divisible by 2 x --cp " + str(t.cp) +
+                " (context parallelism splits each sequence into 2 cp load-balanced chunks); use a "
+                "multiple of " +
+                str(2 * t.cp));
+  if (t.loss_fusion != LossFusion::kNone && t.impl != Impl::kMegatron)
+    return fail(std::string("--cross-entropy-fusion ") + name_of(t.loss_fusion) +
+                " is Megatron's and needs --impl megatron; use --cross-entropy-fusion none");
+  if (t.vocab_multiple < 1 || t.vocab_multiple > (1 << 20))
+    return fail("--make-vocab-size-divisible-by " + str(t.vocab_multiple) +
+                " is out of range (valid: 1 to 1,048,576)");
+  if (t.vocab_multiple != 128 && t.impl != Impl::kMegatron)
+    return fail("--make-vocab-size-divisible-by is Megatron's and needs --impl megatron (the other "
+                "profiles hold the vocabulary unpadded)");
+  if (!t.dataloader_mask && t.impl != Impl::kMegatron)
+    return fail("--dataloader-attention-mask off is Megatron's and needs --impl megatron; use "
+                "--dataloader-attention-mask on");
+  if (!t.grad_accum_fusion && t.impl != Impl::kMegatron)
+    return fail("--gradient-accumulation-fusion off is Megatron's and needs --impl megatron; use "
+                "--gradient-accumulation-fusion on");
+  if (t.cp > 1 && t.impl == Impl::kHf)
+    return fail("--cp " + str(t.cp) +
+                " needs --impl nanotron, megatron or fused (Hugging Face's Llama has no context "
+                "parallelism)");
+  if (t.cp > 1 && t.attention != AttentionImpl::kFlash)
+    return fail("--cp " + str(t.cp) +
+                " needs --attention flash (context parallelism exchanges "
+                "K/V inside the fused attention kernel, as Megatron's does)");
+  if (t.sp && (t.seq_len / t.cp) % t.tp != 0)
+    return fail("--seq-len " + str(t.seq_len) + (t.cp > 1 ? " / --cp " + str(t.cp) : "") +
+                " is not divisible by --tp " + str(t.tp) +
+                " under sequence parallelism; use a multiple of " + str(t.tp * t.cp) +
+                " or --sp off");
+  if (t.pp_schedule == PpSchedule::k1F1B && t.microbatches < t.pp - 1)
+    return fail(
+        "--microbatches " + str(t.microbatches) + " is fewer than pp - 1 = " + str(t.pp - 1) +
+        " under 1F1B (nanotron requires M >= pp - 1); use --microbatches >= " + str(t.pp - 1) +
+        " or --pp-schedule afab");
+  if (auto e = check_interleaved(m, t)) return e;
+  if (m.position == PosEmb::kLearned && t.seq_len > m.max_positions)
+    return fail("--seq-len " + str(t.seq_len) + " exceeds the " + str(m.max_positions) +
+                " learned positions of " + m.name + "; use --seq-len <= " + str(m.max_positions));
+  return std::nullopt;
+}
+
+Result<std::vector<int64_t>> parse_partition(std::string_view text) {
+  return parse_count_list("--partition", text,
+                          "balanced, auto, or layer counts such as 21,20,20,19");
+}
+
+Result<std::vector<int64_t>> parse_count_list(std::string_view flag, std::string_view text,
+                                              std::string_view valid) {
+  auto bad = [&] {
+    return make_error("invalid " + std::string(flag) + " " + quote_input(text) +
+                      " (valid: " + std::string(valid) + ")");
+  };
+  std::vector<int64_t> counts;
+  size_t start = 0;
+  while (true) {
+    size_t end = std::min(text.find(',', start), text.size());
+    std::string_view item = text.substr(start, end - start);
+    int64_t n = 0;
+    if (item.empty() || item.size() > 9) return bad();  // layer counts below 10^9
+    for (char c : item) {
+      if (c < '0' || c > '9') return bad();
+      n = n * 10 + (c - '0');
+    }
+    counts.push_back(n);
+    if (end == text.size()) break;
+    start = end + 1;
+  }
+  return counts;
+}
+
+}  // namespace np

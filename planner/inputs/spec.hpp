@@ -1,0 +1,177 @@
+// The plain-data inputs of every planner pass: the model, the training setup and the runtime
+// assumptions, validated once at the edge (validate_setup) with errors that name the fix.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "planner/inputs/result.hpp"
+
+namespace np {
+
+enum class Dtype { kBf16, kFp32, kU8, kI64 };
+enum class Norm { kRms, kLayer };
+enum class Activation { kSwiGlu, kGelu };
+enum class PosEmb { kRope, kLearned };
+enum class PpSchedule { k1F1B, kAfab, kInterleaved };  // interleaved: 1F1B over virtual stages
+enum class AttentionImpl { kFlash, kEager };
+// What a training framework's kernels keep for backward and allocate around the ops it fuses or
+// not (the op table's variants; planner/graph/graph.cpp builds each profile's layer):
+//   nanotron: norms keep their fp32 per-row statistics (flash-attn's fused RMSNorm/LayerNorm),
+//             the GLU is unfused (silu(gate) is kept), the loss casts the logits to an fp32 copy
+//             and subtracts the row maxima out of place (a second fp32 buffer).
+//   megatron: norms keep their statistics (apex / Transformer Engine), fused SwiGLU, the loss
+//             works in place on one fp32 buffer.
+//   fused:    norms recompute their statistics in backward, fused SwiGLU, the in-place loss: the
+//             least a framework can keep.
+//   hf:       Hugging Face transformers' Llama: RMSNorm in PyTorch ops (keeps an fp32 copy of its
+//             input, the fp32 1/rms and the bf16 normalized tensor), unfused GLU, repeat_kv's
+//             expanded K/V materialised (eager and sdpa), eager softmax in fp32 kept with its bf16
+//             cast, and the loss as an fp32 copy of the logits and a kept fp32 log-softmax.
+enum class Impl { kNanotron, kMegatron, kFused, kHf };
+// Megatron's cross-entropy (--impl megatron): none, vocab_parallel_cross_entropy; native, its
+// fused form (--cross-entropy-loss-fusion), which keeps the same fp32 softmax; te, Transformer
+// Engine's parallel_cross_entropy (--cross-entropy-fusion-impl te), which keeps only the bf16
+// logits, holding their gradient.
+enum class LossFusion { kNone, kNative, kTe };
+enum class Optimizer { kAdamW, kSgd, kNone };
+enum class Recompute { kNone, kSelective, kFull, kAuto };  // auto: chosen per layer under a budget
+
+int64_t dtype_bytes(Dtype d);
+const char* name_of(Dtype d);
+const char* name_of(Norm n);
+const char* name_of(Activation a);
+const char* name_of(PosEmb p);
+const char* name_of(PpSchedule s);
+const char* name_of(AttentionImpl a);
+const char* name_of(Impl i);
+const char* name_of(Optimizer o);
+const char* name_of(LossFusion l);
+const char* name_of(Recompute r);
+
+struct MoeSpec {
+  int64_t num_experts = 0;
+  int64_t top_k = 0;
+  int64_t expert_ffn = 0;    // intermediate size of one routed expert
+  int64_t shared_ffn = 0;    // intermediate size of the shared expert (0: none)
+  bool shared_gate = false;  // sigmoid gate Linear(hidden, 1) on the shared expert
+};
+
+struct ModelSpec {
+  std::string name;          // canonical catalog name, e.g. "llama-3.1-70b"
+  std::string display_name;  // e.g. "Llama-3.1-70B"
+  std::string source;        // where the figures come from (config.json URL, paper)
+  std::vector<std::string> aliases;
+  int64_t hidden = 0;
+  int64_t ffn = 0;  // dense MLP intermediate size
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t vocab = 0;
+  int64_t max_positions = 0;
+  Norm norm = Norm::kRms;
+  Activation activation = Activation::kSwiGlu;
+  PosEmb position = PosEmb::kRope;
+  bool qkv_bias = false;     // bias on q, k, v projections
+  bool linear_bias = false;  // bias on the attention output projection and MLP linears
+  bool tie_embeddings = false;
+  double dropout = 0.0;                        // hidden and attention dropout probability
+  std::optional<MoeSpec> moe;                  // every decoder layer is an MoE layer when set
+  std::optional<int64_t> expected_parameters;  // the public exact count, when there is one
+};
+
+struct TrainSpec {
+  int64_t tp = 1, pp = 1, dp = 1, ep = 1;
+  // Context parallelism (Megatron's): each sequence split over cp ranks in 2 cp load-balanced
+  // causal chunks (rank r holds chunks r and 2 cp - 1 - r), K/V all-gathered for attention and
+  // their gradients reduce-scattered back, weights replicated over cp. Ranks: tp, cp, dp, pp.
+  int64_t cp = 1;
+  bool sp = false;          // sequence parallelism (nanotron's REDUCE_SCATTER mode)
+  int zero = 0;             // ZeRO stage 0..3 over dp x cp (Megatron's data-parallel + CP group)
+  // MoE token capacity (Megatron's --moe-expert-capacity-factor with --moe-pad-expert-input-to-
+  // capacity): each expert takes ceil(tokens x top_k x factor / experts) slots of every source
+  // rank's micro-batch tokens, padded to that count; assignments beyond it are dropped in token
+  // order (--moe-token-drop-policy position). 0: dropless (balanced routing is assumed).
+  double moe_capacity_factor = 0;
+  int64_t gpus() const { return tp * cp * pp * dp; }
+  // NCCL communicators a rank is in: one per parallel dimension above 1.
+  int communicators() const { return (tp > 1) + (cp > 1) + (dp > 1) + (pp > 1) + (ep > 1); }
+  int64_t micro_batch = 1;  // sequences per micro-batch
+  int64_t seq_len = 4096;
+  int64_t microbatches = 1;  // gradient-accumulation steps per optimizer step
+  PpSchedule pp_schedule = PpSchedule::kAfab;
+  // Model chunks per pipeline stage under the interleaved schedule (Megatron's
+  // virtual_pipeline_model_parallel_size): the layers split into pp x V chunks, chunk j on stage
+  // j mod pp. 1 for the other schedules.
+  int64_t virtual_stages = 1;
+  AttentionImpl attention = AttentionImpl::kFlash;
+  Impl impl = Impl::kNanotron;  // whose kernels the layer is built from (--impl)
+  LossFusion loss_fusion = LossFusion::kNone;  // megatron only (--cross-entropy-fusion)
+  // Megatron's gradient-accumulation fusion (megatron only; on by default, off with its
+  // --no-gradient-accumulation-fusion): on, each weight-gradient GEMM adds into the fp32 main_grad
+  // buffer and Transformer Engine hands autograd a kept placeholder per weight shape; off, each
+  // linear's weight gradient is first a whole bf16 tensor, which the DDP hook adds into main_grad
+  // and drops (Megatron-LM 23e00ed, megatron/core/distributed/distributed_data_parallel.py,
+  // _make_backward_post_hook).
+  bool grad_accum_fusion = true;
+  // Megatron's dataloader attention mask (megatron only; on by default, off with its
+  // --no-create-attention-mask-in-dataloader): a bool [b, 1, s, s] causal mask that get_batch
+  // puts on the GPU of every TP rank of the first and last pipeline stages for each micro-batch's
+  // forward, sliced to [b, 1, s / cp, s] under CP (Megatron-LM 23e00ed,
+  // megatron/core/datasets/gpt_dataset.py L221-225 and L653-692, megatron/training/utils.py
+  // get_batch_on_this_tp_rank and get_batch_on_this_cp_rank, pretrain_gpt.py get_batch and
+  // forward_step).
+  bool dataloader_mask = true;
+  // Megatron's --make-vocab-size-divisible-by (megatron only): the vocabulary is padded to a
+  // multiple of this x tp.
+  int64_t vocab_multiple = 128;
+  Dtype grad_dtype = Dtype::kFp32;  // nanotron's accumulate_grad_in_fp32
+  Optimizer optimizer = Optimizer::kAdamW;
+  Recompute recompute = Recompute::kNone;
+  bool tp_recompute_allgather = true;  // keep the SP shard, all-gather again in backward
+  // Decoder layers per pipeline stage (pp entries, each >= 1, summing to the model's layers);
+  // empty: balanced by FLOPs (partition_layers in schedule.hpp).
+  std::vector<int64_t> stage_layers;
+};
+
+// Per-GPU runtime costs outside the schedule's tensors; each is printed on its own line
+// (planner/schedule/runtime_terms.hpp).
+struct RuntimeAssumptions {
+  int64_t cuda_context_bytes = 512LL << 20;     // CUDA context + module images on Hopper
+  int64_t cublas_workspace_bytes = 32LL << 20;  // one compute stream, PyTorch's sm_90 default
+  // Transformer Engine's cuBLAS workspace (the megatron profile): 32 MiB + 1 KiB from compute
+  // capability 9.0 on (Hopper, Blackwell), 4 MiB before.
+  int64_t te_workspace_bytes = (32LL << 20) + 1024;
+  int64_t nccl_bytes_per_comm = 64LL << 20;     // NCCL channel buffers per communicator
+  double allocator_slack = 0.05;                // caching-allocator fragmentation, x dynamic peak
+};
+
+// The vocabulary rows the embedding and the LM head hold over all TP ranks. The megatron profile
+// pads the tokenizer's vocabulary to a multiple of --make-vocab-size-divisible-by
+// (TrainSpec::vocab_multiple, default 128) x tp (Megatron-LM core_r0.14.0, megatron/training/tokenizer/tokenizer.py,
+// _vocab_size_with_padding, L115-130); the other profiles hold it as it is (tp divides it).
+int64_t padded_vocab(const ModelSpec& m, const TrainSpec& t);
+
+// Checks the model against itself and the setup against the model: nanotron's checks plus the
+// ones a user expects. Returns the first problem.
+std::optional<Error> validate_model(const ModelSpec& m);
+// A model name or alias: 1 to 128 letters, digits, '.', '_', '-', '+', '/'.
+bool is_model_name(std::string_view name);
+std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t);
+
+// Layers per pipeline stage as the user writes them, "21,20,20,19": decimal integers below 10^9
+// separated by commas. (Whether they add up to the model's layers over pp is validate_setup's.)
+Result<std::vector<int64_t>> parse_partition(std::string_view text);
+// The same syntax for any flag; the error names the flag and `valid`.
+Result<std::vector<int64_t>> parse_count_list(std::string_view flag, std::string_view text,
+                                              std::string_view valid);
+
+// Parses an enum from its CLI spelling; the error lists the valid choices.
+template <typename E>
+Result<E> parse_enum(std::string_view flag, std::string_view text);
+
+}  // namespace np

@@ -1,0 +1,560 @@
+// The auto planner: frontier, per-stage solve, verification by simulation.
+#include "planner/recompute/autoplan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <tuple>
+
+#include "planner/schedule/runtime_terms.hpp"
+#include "planner/schedule/simulate.hpp"
+#include "planner/recompute/solve.hpp"
+#include "planner/recompute/solve_chunks.hpp"
+
+namespace np {
+
+Schedule schedule_for_setup(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                            std::optional<int64_t> budget, const HardwareModel& hw,
+                            const AutoPlanOptions& options) {
+  if (t.recompute != Recompute::kAuto) return build_schedule(m, t);
+  if (!budget) throw std::invalid_argument("schedule_for_setup: recompute auto needs a budget");
+  return auto_plan(m, t, rt, *budget, hw, options).schedule;
+}
+
+std::string option_name(const BlockGraph& g, const std::vector<bool>& mask) {
+  struct Named {
+    const char* name;
+    Recompute r;
+    bool regather;
+  };
+  for (Named n :
+       {Named{"none", Recompute::kNone, false}, Named{"none+regather", Recompute::kNone, true},
+        Named{"selective", Recompute::kSelective, false},
+        Named{"selective+regather", Recompute::kSelective, true},
+        Named{"full", Recompute::kFull, false}})
+    if (named_mask(g, n.r, n.regather) == mask) return n.name;
+  std::string ops;
+  for (size_t o = 0; o < mask.size(); ++o)
+    if (mask[o]) ops += (ops.empty() ? "" : ", ") + g.ops[o].name;
+  // Under context parallelism the named policies exchange K/V again; re-running nothing keeps it.
+  if (ops.empty()) return "keep-all (the gathered K/V kept)";
+  return "custom: re-runs " + ops;
+}
+
+namespace {
+
+// The allocator-level budget that keeps static + (1 + slack) x dynamic + fixed <= budget, `fixed`
+// being the stage's runtime and framework lines (slack apart).
+int64_t allocator_budget(int64_t budget, int64_t fixed, int64_t static_bytes,
+                         const RuntimeAssumptions& rt) {
+  double room = static_cast<double>(budget - fixed - static_bytes);
+  if (room < 0) return static_bytes + static_cast<int64_t>(room);
+  return static_bytes + static_cast<int64_t>(std::floor(room / (1.0 + rt.allocator_slack)));
+}
+
+// The options of the embedding or the head block: its Pareto frontier, led by the setup's named
+// policy (which the solver keeps on ties).
+struct EdgeOptions {
+  std::vector<LayerOption> options;
+  std::vector<std::string> names;
+};
+
+// The forward time of each op of a block: what re-running it costs.
+std::vector<double> rerun_seconds(const BlockGraph& g, const TrainSpec& t,
+                                  const HardwareModel& hw) {
+  std::vector<double> cost(g.ops.size());
+  for (size_t o = 0; o < g.ops.size(); ++o)
+    cost[o] = op_seconds(g, static_cast<int>(o), hw, t, false);
+  return cost;
+}
+
+EdgeOptions edge_options(const BlockGraph& g, const TrainSpec& t, const HardwareModel& hw) {
+  std::vector<double> cost = rerun_seconds(g, t, hw);
+  EdgeOptions e;
+  e.options.push_back(evaluate_option(g, named_policy(g, t).recompute, cost));
+  for (LayerOption& o : pareto_frontier(enumerate_options(g, cost)))
+    if (o.recompute != e.options.front().recompute) e.options.push_back(std::move(o));
+  for (const LayerOption& o : e.options) e.names.push_back(option_name(g, o.recompute));
+  return e;
+}
+
+// The blocks of a model under one setup.
+struct Blocks {
+  BlockGraph layer, embedding, head;
+};
+
+// A stage as the solver sees it: what it holds besides the decoder layers' options.
+struct StageShape {
+  int64_t stage = 0, in_flight = 1, static_bytes = 0, layers = 0;
+  bool embedding = false, head = false;
+  int64_t fixed = 0;  // the runtime and framework lines (runtime_terms.hpp), slack apart
+  // ZeRO's transient while a block runs, per block kind: the gathered bf16 weights (ZeRO-3) and
+  // the unsharded gradient bucket (ZeRO-2/3), both live through the block's backward.
+  int64_t layer_zero = 0, embedding_zero = 0, head_zero = 0;
+  // Interleaved: the layers of each local chunk and the steps that may set the peak (the
+  // embedding in chunk 0 of the first stage, the head in the last chunk of the last); empty
+  // otherwise (one chunk, `in_flight` micro-batches).
+  std::vector<int64_t> chunk_layers;
+  std::vector<ChunkLoad> loads;
+};
+
+StageShape stage_shape(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                       const Blocks& blocks, const StageStatics& statics, int64_t s,
+                       int64_t layers) {
+  StageStatics::ZeroTransients z = statics.zero_transients(static_cast<int>(s));
+  StageShape shape{s,
+                   in_flight(t.pp_schedule, s, t.pp, t.microbatches, t.virtual_stages),
+                   statics(static_cast<int>(s), static_cast<int>(layers)),
+                   layers,
+                   s == 0,
+                   s == t.pp - 1,
+                   0,
+                   z.layer,
+                   z.embedding,
+                   z.head,
+                   {},
+                   {}};
+  shape.fixed = fixed_overhead_bytes(
+      m, t, rt,
+      {layers > 0 ? &blocks.layer : nullptr, shape.head ? &blocks.head : nullptr, s == 0,
+       t.pp_schedule == PpSchedule::kInterleaved ? t.virtual_stages : 1, layers});
+  if (t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages > 1) {
+    std::vector<int64_t> chunks = chunk_layers(m, t);
+    for (size_t j = static_cast<size_t>(s); j < chunks.size(); j += static_cast<size_t>(t.pp))
+      shape.chunk_layers.push_back(chunks[j]);
+    // The simulation's micro-batches: the same peaks (simulation_setup).
+    shape.loads =
+        chunk_loads(t.pp_schedule, s, t.pp, simulation_setup(t).microbatches, t.virtual_stages);
+  }
+  return shape;
+}
+
+// A stage's plan: the layers' choice and the option of its embedding and head blocks.
+struct StageChoice {
+  StageSolution layers;
+  int embedding = 0, head = 0;
+  double cost = std::numeric_limits<double>::infinity();  // per micro-batch, all blocks
+  // Interleaved stages whose search stopped at its branch limit: no plan costs less than `lower`
+  // (else `lower` = cost, proven cheapest); for the least peak, `proven` alone.
+  bool proven = true;
+  double lower = 0;
+};
+
+class StageSolver {
+ public:
+  StageSolver(const std::vector<LayerOption>& layer, const EdgeOptions& embedding,
+              const EdgeOptions& head, FrontierCache::Entry& entry)
+      : embedding_(embedding), head_(head), entry_(entry) {
+    for (const LayerOption& o : layer) layer_.push_back({o.kept_bytes, o.working_bytes, o.cost});
+  }
+
+  // The cheapest plan within `target` allocator bytes, over every option of the stage's
+  // embedding and head blocks; layers.feasible is false when none fits.
+  StageChoice cheapest(const StageShape& s, int64_t target) const {
+    StageChoice best;
+    if (!s.loads.empty()) {
+      // The least any unfinished search proves (a finished one proves its own best).
+      double lower = std::numeric_limits<double>::infinity();
+      bool proven = true;
+      each_chunked(s, target, [&](const ChunkedStageProblem& p, int e, int h) {
+        double edge = edge_cost(s, e, h);
+        if (edge >= best.cost) return;
+        ChunkedSolution sol = solve_chunked_stage(p, best.cost - edge);
+        if (!sol.proven) proven = false, lower = std::min(lower, sol.lower + edge);
+        if (sol.feasible && sol.cost + edge < best.cost)
+          best = {flatten(sol), e, h, sol.cost + edge};
+      });
+      // Proven when no unfinished search could still beat the plan.
+      best.proven = proven || !(lower < best.cost * (1 - 1e-12));
+      best.lower = std::min(lower, best.cost);
+      return best;
+    }
+    each(s, target, [&](StageProblem& p, int e, int h) {
+      double edge = edge_cost(s, e, h);
+      if (edge >= best.cost) return;  // the layers cost something or nothing: no better
+      StageSolution sol = solve_stage(p, best.cost - edge);  // only a cheaper one is wanted
+      if (sol.feasible && sol.cost + edge < best.cost)
+        best = {std::move(sol), e, h, sol.cost + edge};
+    });
+    return best;
+  }
+
+  // The plan with the smallest model peak (for stages where nothing fits).
+  StageChoice closest(const StageShape& s) const {
+    StageChoice best;
+    if (!s.loads.empty()) {
+      int64_t lower = std::numeric_limits<int64_t>::max();
+      each_chunked(
+          s, std::numeric_limits<int64_t>::max() / 4,
+          [&](const ChunkedStageProblem& p, int e, int h) {
+            ChunkedSolution c = min_peak_chunked_solution(p);
+            if (c.choice.empty()) return;  // some chunk has no choice at all
+            lower = std::min(lower, c.lower_peak);
+            StageSolution sol = flatten(c);
+            if (best.cost == std::numeric_limits<double>::infinity() || sol.peak < best.layers.peak)
+              best = {std::move(sol), e, h, 0.0};
+          });
+      best.cost = best.layers.cost + edge_cost(s, best.embedding, best.head);
+      // Proven when no unfinished search could still peak lower.
+      best.proven = lower >= best.layers.peak;
+      return best;
+    }
+    each(s, std::numeric_limits<int64_t>::max() / 4, [&](StageProblem& p, int e, int h) {
+      StageSolution sol = min_peak_solution(p);
+      if (best.cost == std::numeric_limits<double>::infinity() || sol.peak < best.layers.peak)
+        best = {std::move(sol), e, h, 0.0};
+    });
+    best.cost = best.layers.cost + edge_cost(s, best.embedding, best.head);
+    return best;
+  }
+
+ private:
+  double edge_cost(const StageShape& s, int e, int h) const {
+    return (s.embedding ? embedding_.options[e].cost : 0) + (s.head ? head_.options[h].cost : 0);
+  }
+
+  // Every option pair of the stage's embedding and head, the pair with the least time first (the
+  // setup's named options first among equals).
+  std::vector<std::pair<int, int>> edge_pairs(const StageShape& s) const {
+    const int ne = s.embedding ? static_cast<int>(embedding_.options.size()) : 1;
+    const int nh = s.head ? static_cast<int>(head_.options.size()) : 1;
+    std::vector<std::pair<int, int>> pairs;
+    for (int e = 0; e < ne; ++e)
+      for (int h = 0; h < nh; ++h) pairs.push_back({e, h});
+    std::stable_sort(pairs.begin(), pairs.end(), [&](auto a, auto b) {
+      return edge_cost(s, a.first, a.second) < edge_cost(s, b.first, b.second);
+    });
+    return pairs;
+  }
+
+  // Calls f(problem, e, h) for every option pair of the stage's embedding and head, in that
+  // order.
+  template <typename F>
+  void each(const StageShape& s, int64_t target, F f) const {
+    for (auto [e, h] : edge_pairs(s)) {
+      StageProblem p;
+      p.in_flight = s.in_flight;
+      p.base = s.static_bytes;
+      p.budget = target;
+      if (s.embedding) {
+        p.base += s.in_flight * embedding_.options[e].kept_bytes;
+        p.extra = std::max(p.extra, embedding_.options[e].extra_bytes() + s.embedding_zero);
+      }
+      if (s.head) {
+        p.base += s.in_flight * head_.options[h].kept_bytes;
+        p.extra = std::max(p.extra, head_.options[h].extra_bytes() + s.head_zero);
+      }
+      // The head runs after the layers, so a layer's forward and backward see this pass's head
+      // tensors not yet made or already freed: its transient term is less by their bytes (as
+      // the chunk model's, solve.hpp).
+      const int64_t after = s.head ? head_.options[h].kept_bytes : 0;
+      std::vector<StageOption> opts = layer_;
+      for (StageOption& o : opts) o.working += s.layer_zero - after;
+      p.layers.assign(s.layers, opts);
+      f(p, e, h);
+    }
+  }
+
+  // The chunks' choices one after another: the stage's layers in block order.
+  static StageSolution flatten(const ChunkedSolution& c) {
+    StageSolution s{c.feasible, c.cost, {}, c.peak};
+    for (const std::vector<int>& chunk : c.choice)
+      s.choice.insert(s.choice.end(), chunk.begin(), chunk.end());
+    return s;
+  }
+
+  // As `each`, for a stage of several chunks: the embedding block before the layers of the first
+  // stage's chunk 0, the head block after those of the last stage's last chunk.
+  template <typename F>
+  void each_chunked(const StageShape& s, int64_t target, F f) const {
+    std::vector<StageOption> opts = layer_;
+    for (StageOption& o : opts) o.working += s.layer_zero;
+    for (auto [e, h] : edge_pairs(s)) {
+      ChunkedStageProblem p;
+      p.budget = target;
+      p.base = s.static_bytes;
+      p.loads = s.loads;
+      for (int64_t n : s.chunk_layers)
+        p.chunks.push_back(
+            {{}, {}, std::vector(n, opts), choices(n, s, opts, target - s.static_bytes)});
+      if (s.embedding) {
+        const LayerOption& o = embedding_.options[e];
+        p.chunks.front().before = {o.kept_bytes, o.working_bytes + s.embedding_zero, o.cost};
+      }
+      if (s.head) {
+        const LayerOption& o = head_.options[h];
+        p.chunks.back().after = {o.kept_bytes, o.working_bytes + s.head_zero, o.cost};
+      }
+      f(p, e, h);
+    }
+  }
+
+  // The Pareto choices of a chunk of n layers whose kept plus transient bytes fit `cap` (a
+  // chunk's pass runs with at least itself alive, so no other can fit), computed once per
+  // frontier for the largest cap asked for (a sweep shares them; the solver filters for a
+  // smaller cap).
+  std::shared_ptr<const std::vector<ParetoChoice>> choices(int64_t n, const StageShape& s,
+                                                           const std::vector<StageOption>& opts,
+                                                           int64_t cap) const {
+    FrontierCache::Entry::ChunkChoices* known;
+    {
+      std::lock_guard lock(entry_.chunk_mu);  // map nodes never move
+      known = &entry_.chunk_choices[{n, s.layer_zero}];
+    }
+    std::lock_guard lock(known->mu);
+    if (!known->choices || cap > known->cap) {
+      StageProblem alone;
+      alone.layers.assign(n, opts);
+      alone.budget = cap;
+      known->choices = std::make_shared<const std::vector<ParetoChoice>>(pareto_choices(alone));
+      known->cap = cap;
+    }
+    return known->choices;
+  }
+
+  std::vector<StageOption> layer_;
+  const EdgeOptions &embedding_, &head_;
+  FrontierCache::Entry& entry_;
+};
+
+// The partition search: layers per stage minimising the slowest stage's time per micro-batch
+// (forward, backward and the recompute of its optimal plan), every stage within the budget.
+// Decoder layers are identical, so a stage's time T_s(n) depends only on the stage s and its
+// layer count n, and grows with n (dropping a layer from a plan never raises its peak). Starting
+// from one layer per stage, the greedy that gives the next layer to the stage whose T_s(n_s + 1)
+// is least reaches the least possible maximum (it takes the values of the merged sorted
+// sequences in order). nullopt when some stage fits no layers at all, or when the balanced split
+// is as fast.
+
+std::optional<std::vector<int64_t>> search_partition(const ModelSpec& m, const TrainSpec& t,
+                                                     const RuntimeAssumptions& rt, int64_t budget,
+                                                     const HardwareModel& hw, const Blocks& blocks,
+                                                     const StageStatics& statics,
+                                                     const StageSolver& solver) {
+  auto seconds = [&](const BlockGraph& g) {
+    BlockTime b = block_seconds(g, hw, t);
+    return b.forward + b.backward;
+  };
+  const double layer_s = seconds(blocks.layer), emb_s = seconds(blocks.embedding),
+               head_s = seconds(blocks.head);
+  const int64_t pp = t.pp;
+  auto stage_time = [&](int64_t s, int64_t n) {
+    StageShape shape = stage_shape(m, t, rt, blocks, statics, s, n);
+    StageChoice c = solver.cheapest(shape, allocator_budget(budget, shape.fixed, shape.static_bytes, rt));
+    if (!c.layers.feasible) return std::numeric_limits<double>::infinity();
+    return static_cast<double>(n) * layer_s + (shape.embedding ? emb_s : 0) +
+           (shape.head ? head_s : 0) + c.cost;
+  };
+  std::vector<int64_t> n(pp, 1);
+  std::vector<double> next(pp);
+  double slowest = 0;
+  for (int64_t s = 0; s < pp; ++s) {
+    slowest = std::max(slowest, stage_time(s, 1));
+    if (!std::isfinite(slowest)) return std::nullopt;
+    next[s] = stage_time(s, 2);
+  }
+  for (int64_t placed = pp; placed < m.layers; ++placed) {
+    int64_t s = std::min_element(next.begin(), next.end()) - next.begin();
+    if (!std::isfinite(next[s])) return std::nullopt;
+    slowest = std::max(slowest, next[s]);
+    ++n[s];
+    next[s] = stage_time(s, n[s] + 1);
+  }
+  // Kept only when strictly faster than the balanced split (equal times: the balanced one).
+  std::vector<int64_t> balanced = partition_layers(m, t);
+  double balanced_slowest = 0;
+  for (int64_t s = 0; s < pp; ++s)
+    balanced_slowest = std::max(balanced_slowest, stage_time(s, balanced[s]));
+  if (slowest >= balanced_slowest * (1 - 1e-12)) return std::nullopt;
+  return n;
+}
+
+}  // namespace
+
+AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssumptions& rt,
+                   int64_t budget, const HardwareModel& hw, const AutoPlanOptions& options) {
+  AutoPlan plan;
+  TrainSpec t = setup;  // with the searched partition, when asked for
+  const Blocks blocks{build_layer(m, t), build_embedding(m, t), build_head(m, t)};
+  const BlockGraph& layer = blocks.layer;
+  // The frontier depends on the layer graph, the hardware's times and whether all-gathers may be
+  // kept.
+  std::string key = hw.name + "/" + layer_graph_key(t) + "/regather" +
+                    std::to_string(t.tp_recompute_allgather);
+  // The layer frontier, computed once per key by the first thread that needs it (a sweep shares
+  // the cache; a single plan keeps its own, which the balanced comparison below reuses).
+  FrontierCache own;
+  FrontierCache& cache = options.cache ? *options.cache : own;
+  std::shared_ptr<FrontierCache::Entry> entry;
+  {
+    std::lock_guard lock(cache.mu);
+    std::shared_ptr<FrontierCache::Entry>& slot = cache.entries[key];
+    if (!slot) slot = std::make_shared<FrontierCache::Entry>();
+    entry = slot;
+  }
+  std::call_once(entry->once, [&] {
+    entry->frontier = layer_frontier(layer, t, rerun_seconds(layer, t, hw));
+    for (const LayerOption& o : entry->frontier.options)
+      entry->names.push_back(option_name(layer, o.recompute));
+  });
+  plan.frontier = entry->frontier, plan.option_names = entry->names;
+  const EdgeOptions embedding = edge_options(blocks.embedding, t, hw),
+                    head = edge_options(blocks.head, t, hw);
+  const StageSolver solver(plan.frontier.options, embedding, head, *entry);
+  const StageStatics statics(m, t);  // per-stage constants; the split is an argument
+  bool searched = false;
+  if (options.search_partition && t.pp > 1 && t.stage_layers.empty() &&
+      t.pp_schedule != PpSchedule::kInterleaved)  // interleaved chunks stay balanced
+    if (auto counts = search_partition(m, t, rt, budget, hw, blocks, statics, solver)) {
+      t.stage_layers = *counts;
+      searched = true;
+    }
+  // Start from no recompute everywhere; solve each stage; verify by simulation.
+  const LayerOption& none = plan.frontier.options.front();
+  plan.layer_policies.assign(m.layers, BlockPolicy{none.recompute, plan.option_names.front()});
+  const TrainSpec sim = simulation_setup(t);
+  const std::vector<int64_t> counts = partition_layers(m, t);
+  std::vector<StageShape> shapes;
+  std::vector<int64_t> target;
+  const std::vector<std::vector<int>> stage_layers = stage_layer_lists(m, t);
+  for (int64_t s = 0; s < t.pp; ++s) {
+    StageShape shape = stage_shape(m, t, rt, blocks, statics, s, counts[s]);
+    shapes.push_back(shape);
+    target.push_back(allocator_budget(budget, shape.fixed, shape.static_bytes, rt));
+    plan.stages.push_back({static_cast<int>(s), false, 0, {}, true, 0, 0});
+  }
+  auto adopt = [&](size_t st, const StageChoice& c) {
+    plan.stages[st].layer_option = c.layers.choice;
+    plan.stages[st].proven = c.proven;
+    plan.stages[st].recompute = c.cost;
+    plan.stages[st].recompute_lower = c.proven ? c.cost : c.lower;
+    for (size_t l = 0; l < c.layers.choice.size(); ++l)
+      plan.layer_policies[stage_layers[st][l]] = {
+          plan.frontier.options[c.layers.choice[l]].recompute,
+          plan.option_names[c.layers.choice[l]]};
+    if (shapes[st].embedding)
+      plan.embedding_policy =
+          BlockPolicy{embedding.options[c.embedding].recompute, embedding.names[c.embedding]};
+    if (shapes[st].head)
+      plan.head_policy = BlockPolicy{head.options[c.head].recompute, head.names[c.head]};
+  };
+  auto policies = [&] {
+    return BlockPolicies{plan.layer_policies, plan.embedding_policy, plan.head_policy};
+  };
+  // Solve every stage, simulate the whole plan once, tighten the stages the simulation finds over
+  // budget (by their excess) and solve those again.
+  std::vector<bool> settled(shapes.size(), false);
+  std::optional<Schedule> verified;  // the last schedule simulated, of the current policies
+  bool changed_after_verify = false;
+  plan.fits = true;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    bool any = false;
+    for (size_t st = 0; st < shapes.size(); ++st) {
+      if (settled[st]) continue;
+      StageChoice c = solver.cheapest(shapes[st], target[st]);
+      if (!c.layers.feasible) {
+        settled[st] = true;
+        continue;
+      }
+      any = true;
+      adopt(st, c);
+    }
+    if (!any) break;
+    BlockPolicies pol = policies();
+    verified = build_schedule(m, sim, &pol, /*peak_only=*/true);
+    ++plan.simulations;
+    Estimate e = estimate_schedule(*verified, rt, {.budget = budget, .suggestions = false});
+    bool again = false;
+    for (size_t st = 0; st < shapes.size(); ++st) {
+      if (settled[st]) continue;
+      int64_t over = e.stages[st].peak_bytes - budget;
+      if (over <= 0) {
+        plan.stages[st].feasible = settled[st] = true;
+      } else {
+        target[st] -= over + 1;  // the model missed something the simulation sees: ask for less
+        again = true;
+      }
+    }
+    if (!again) break;
+  }
+  for (size_t st = 0; st < shapes.size(); ++st) {
+    if (plan.stages[st].feasible) continue;
+    plan.fits = false;
+    if (!options.closest_when_infeasible) continue;
+    StageChoice closest = solver.closest(shapes[st]);  // show the plan that gets closest
+    int64_t least = closest.layers.peak;
+    changed_after_verify = true;
+    adopt(st, closest);
+    plan.stages[st].min_peak =
+        least + shapes[st].fixed +
+        static_cast<int64_t>(rt.allocator_slack *
+                             static_cast<double>(least - shapes[st].static_bytes));
+  }
+  // The verified schedule replays only what the peaks need; a full one is built for executors.
+  bool reuse = verified && !changed_after_verify && !options.full_schedule;
+  BlockPolicies pol = policies();
+  plan.schedule = reuse                   ? std::move(*verified)
+                  : options.full_schedule ? build_schedule(m, t, &pol)
+                                          : build_schedule(m, sim, &pol, /*peak_only=*/true);
+  plan.estimate = estimate_schedule(plan.schedule, rt, {.budget = budget, .suggestions = false});
+  plan.estimate.setup = t;
+  plan.fits = plan.fits && plan.estimate.fits;
+  for (StagePlan& sp : plan.stages)
+    if (!sp.feasible)
+      sp.min_peak = plan.estimate.stages[sp.stage].peak_bytes;  // simulated, of the closest plan
+  plan.schedule.setup = t;  // the step time counts every micro-batch
+  plan.time = step_time(plan.schedule, hw);
+  for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+    if (!options.compare_uniform) break;
+    TrainSpec u = sim;
+    u.recompute = r;
+    Schedule s = build_schedule(m, u, nullptr, /*peak_only=*/true);
+    s.setup.microbatches =
+        t.microbatches;  // peaks repeat past pp + 1 micro-batches; time counts all
+    (r == Recompute::kNone ? plan.time_none : plan.time_full) = step_time(s, hw);
+    (r == Recompute::kNone ? plan.peak_none : plan.peak_full) =
+        estimate_schedule(s, rt, {.suggestions = false}).peak_bytes;
+  }
+  if (searched) {
+    // The search compares splits by the slowest stage's time per micro-batch; the step time also
+    // counts the optimizer and gradient traffic of the heaviest stage, and the simulation may
+    // have tightened budgets. Keep the searched split only if the whole plan is faster, or fits
+    // where the balanced one does not.
+    AutoPlanOptions without = options;
+    without.search_partition = false;
+    without.cache = &cache;
+    AutoPlan balanced = auto_plan(m, setup, rt, budget, hw, without);
+    if (!plan.fits || (balanced.fits && balanced.time.seconds <= plan.time.seconds))
+      return balanced;
+    plan.partition_searched = true;
+  }
+  for (const StageProgram& p : plan.schedule.stages)  // every block's all-gathers
+    for (const StageBlock& b : p.blocks)
+      for (size_t o = 0; o < b.graph->ops.size(); ++o)
+        if (b.graph->ops[o].kind == OpKind::kAllGather) {
+          ++plan.gathers;
+          plan.regathered += b.policy.recompute[o];
+        }
+  return plan;
+}
+
+StepTime named_step_time(const ModelSpec& m, const TrainSpec& t, const HardwareModel& hw) {
+  // The simulation's micro-batches give the schedule (peaks repeat past them); the time counts
+  // all of the setup's.
+  Schedule s = build_schedule(m, simulation_setup(t), nullptr, /*peak_only=*/true);
+  s.setup.microbatches = t.microbatches;
+  return step_time(s, hw);
+}
+
+std::vector<Suggestion> auto_suggestions(const ModelSpec& m, const TrainSpec& t,
+                                         const RuntimeAssumptions& rt, int64_t budget,
+                                         const HardwareModel& hw) {
+  return nearest_setups(m, t, [&](const TrainSpec& c) -> std::optional<int64_t> {
+    AutoPlan p = auto_plan(m, c, rt, budget, hw,
+                           {.closest_when_infeasible = false, .compare_uniform = false});
+    return p.fits ? std::optional<int64_t>(p.estimate.peak_bytes) : std::nullopt;
+  });
+}
+
+}  // namespace np

@@ -1,0 +1,114 @@
+// --recompute auto: the cheapest recompute plan that fits the budget. For the decoder-layer graph
+// it computes the frontier of options; for every pipeline stage it solves the stage problem
+// (solve.hpp) and then checks the plan with the schedule simulation, tightening the stage's budget
+// and solving again if the simulated peak is over (so a plan's peak never exceeds its budget).
+#pragma once
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "planner/recompute/cost.hpp"
+#include "planner/schedule/estimate.hpp"
+#include "planner/recompute/frontier.hpp"
+#include "planner/recompute/solve.hpp"
+
+namespace np {
+
+struct StagePlan {
+  int stage = 0;
+  bool feasible = false;
+  int64_t min_peak = 0;  // smallest achievable peak (bytes, with overheads) when not feasible
+  std::vector<int> layer_option;  // index into AutoPlan::frontier.options, per layer of the stage
+  // Interleaved stages: false when the solver's search stopped at its branch limit
+  // (kChunkSearchBranches) before proving the plan cheapest (or, not feasible, its peak least);
+  // then no plan re-runs less than `recompute_lower` seconds per micro-batch, where this one
+  // re-runs `recompute` seconds.
+  bool proven = true;
+  double recompute = 0, recompute_lower = 0;
+};
+
+struct AutoPlan {
+  bool fits = false;
+  LayerFrontier frontier;                   // of the decoder-layer graph
+  std::vector<std::string> option_names;    // per frontier option: "none", "full", "custom (...)"
+  std::vector<BlockPolicy> layer_policies;  // per global layer, the chosen option's mask
+  std::optional<BlockPolicy> embedding_policy, head_policy;  // the chosen options of those blocks
+  std::vector<StagePlan> stages;
+  Schedule schedule;                             // built with layer_policies
+  Estimate estimate;                             // of that schedule
+  StepTime time;                                 // of that schedule
+  std::optional<StepTime> time_none, time_full;  // uniform nanotron settings, for comparison
+  std::optional<int64_t> peak_none, peak_full;   // their peaks (bytes, with overheads)
+  int64_t regathered = 0, gathers = 0;  // all-gathers re-done in backward, of all in the blocks
+  bool partition_searched = false;      // schedule.setup.stage_layers came from --partition auto
+  int simulations = 0;  // verification rounds: 1 when the stage model saw everything the
+                        // simulation sees, more when a stage's budget had to be tightened
+};
+
+// Layer frontiers by graph shape, reused across the setups of one model that share one (a sweep);
+// safe to share between threads.
+struct FrontierCache {
+  struct Entry {
+    std::once_flag once;  // computed by the first thread that needs it; others wait
+    LayerFrontier frontier;
+    std::vector<std::string> names;
+    // Interleaved stages: the Pareto choices of a chunk's layers with kept + transient bytes
+    // within a cap (the largest asked for so far), by (layer count, ZeRO transient per layer).
+    struct ChunkChoices {
+      std::mutex mu;  // held while they are computed: other keys go on in parallel
+      int64_t cap = -1;
+      std::shared_ptr<const std::vector<ParetoChoice>> choices;
+    };
+    std::mutex chunk_mu;  // guards the map only
+    std::map<std::pair<int64_t, int64_t>, ChunkChoices> chunk_choices;
+  };
+  std::mutex mu;  // guards the map only: different keys are computed in parallel
+  std::map<std::string, std::shared_ptr<Entry>> entries;
+};
+
+struct AutoPlanOptions {
+  bool closest_when_infeasible =
+      true;                        // find the smallest achievable peak and the plan reaching it
+  bool compare_uniform = true;     // also time and size no recompute and recompute_layer: true
+  FrontierCache* cache = nullptr;  // reuse frontiers of identical layer graphs
+  bool full_schedule = true;  // build AutoPlan::schedule with every micro-batch (for plan files)
+  // Search the layers per stage too (when the setup gives none): the split whose slowest stage,
+  // with its optimal plan, takes least time per micro-batch. AutoPlan::schedule.setup carries
+  // the partition when it differs from the balanced one.
+  bool search_partition = false;
+};
+
+// The setup's recompute must be Recompute::kAuto and the setup valid.
+AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                   int64_t budget, const HardwareModel& hw, const AutoPlanOptions& options = {});
+
+// The schedule a setup asks for: the auto planner's (under `budget`, which Recompute::kAuto
+// needs) or the uniform policy's. This is what `plan` writes and `run --model` executes.
+Schedule schedule_for_setup(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                            std::optional<int64_t> budget, const HardwareModel& hw,
+                            const AutoPlanOptions& options = {});
+
+// A short name of a layer option: a named policy's name when the mask equals one, else
+// "custom: re-runs a, b, c".
+std::string option_name(const BlockGraph& g, const std::vector<bool>& mask);
+
+}  // namespace np
+
+namespace np {
+
+// The nearest setups for which the auto planner fits (nearest_setups' families), each found by
+// planning it.
+std::vector<Suggestion> auto_suggestions(const ModelSpec& m, const TrainSpec& t,
+                                         const RuntimeAssumptions& rt, int64_t budget,
+                                         const HardwareModel& hw);
+
+// The step time of a setup under its named recompute policy (none, selective, full): the cost
+// model over its schedule, every micro-batch counted.
+StepTime named_step_time(const ModelSpec& m, const TrainSpec& t, const HardwareModel& hw);
+
+}  // namespace np

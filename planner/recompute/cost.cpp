@@ -1,0 +1,425 @@
+// The roofline cost model. Every constant is stated here, one sentence each, with its source.
+#include "planner/recompute/cost.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+namespace np {
+
+namespace {
+
+// --- GEMMs -----------------------------------------------------------------------------------
+// Large bf16 cuBLAS GEMMs on H100 SXM reach roughly 700-780 of the 989 dense TFLOP/s; 0.75 of peak
+// is the cap (the same 75 % FlashAttention-3 reports as its best, arXiv:2407.08608).
+constexpr double kGemmEfficiencyCap = 0.75;
+// Each GEMM dimension x scales the efficiency by x / (x + 64): half at 64 (one tensor-core tile
+// edge), 97 % at 2048, 99 % at 8192; a skinny dimension starves the tiles.
+constexpr double kGemmHalfDim = 64;
+
+// --- FlashAttention ----------------------------------------------------------------------------
+// Forward at 55 % and backward at 45 % of peak: between FlashAttention-2 (35 % on H100) and
+// FlashAttention-3 (up to 75 % forward), arXiv:2407.08608; backward kernels run below forward.
+constexpr double kFlashForwardEfficiency = 0.55;
+constexpr double kFlashBackwardEfficiency = 0.45;
+// Causal attention: the kernels skip the masked upper triangle, half of the s^2 tiles the op table
+// (like Korthikanti et al. 2022, arXiv:2205.05198) counts.
+constexpr double kCausalFraction = 0.5;
+// The backward kernel runs five s^2 matmuls (S again, dV, dP, dQ, dK) to the forward's two.
+constexpr double kFlashBackwardWork = 2.5;
+
+// --- Memory-bound kernels ----------------------------------------------------------------------
+// Fixed cost per memory-bound kernel launch (per op and direction): launch, ramp-up and tail of a
+// short kernel, a few microseconds on Hopper (assumption, not measured here).
+constexpr double kLaunchOverhead = 4e-6;
+
+// --- Interconnect (stated defaults of hardware_model)
+// ---------------------------------------------- One 400 Gb/s InfiniBand NIC per GPU (DGX/HGX H100
+// with ConnectX-7): 50e9 B/s per direction.
+constexpr double kInterNodeBytesPerS = 50e9;
+// NCCL ring step latency inside a node: with 450 GB/s this makes an 8-GPU all-gather of 64 MiB take
+// 165 us, a bus bandwidth of 355 GB/s, where NCCL's developers expect 360 GB/s on H100
+// (https://github.com/NVIDIA/nccl-tests/issues/326).
+constexpr double kIntraNodeLatency = 5e-6;
+// Ring step latency across nodes (network round trip plus proxy), twice the NVLink one
+// (assumption).
+constexpr double kInterNodeLatency = 10e-6;
+// HGX/DGX nodes hold 8 GPUs in one NVLink domain.
+constexpr int64_t kGpusPerNode = 8;
+
+enum class OpClass { kGemm, kFlash, kMemory, kCollective };
+
+OpClass op_class(OpKind k) {
+  switch (k) {
+    case OpKind::kColumnLinear:
+    case OpKind::kRowLinear:
+    case OpKind::kRouter:
+    case OpKind::kExpertColumn:
+    case OpKind::kExpertRow:
+    case OpKind::kAttnScores:
+    case OpKind::kAttnContext:
+      return OpClass::kGemm;
+    case OpKind::kFlashAttention:
+    case OpKind::kFlashAttentionCp:
+      return OpClass::kFlash;
+    case OpKind::kCpGatherKv:
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllReduce:
+      return OpClass::kCollective;
+    default:
+      return OpClass::kMemory;
+  }
+}
+
+double tensor_bytes(const BlockGraph& g, int t) {
+  return static_cast<double>(g.tensors[t].type.bytes());
+}
+
+int64_t weight_elements(const GraphOp& op) {
+  int64_t n = 0;
+  for (const WeightShape& w : op.weights) n += w.elements();
+  return n;
+}
+
+// Weight elements an op touches: embedding tables are read (and their gradients written) only
+// at the looked-up rows, as many elements as the op's output; other ops read their whole weight.
+double touched_weight_elements(const BlockGraph& g, const GraphOp& op) {
+  double n = static_cast<double>(weight_elements(op));
+  if (op.kind == OpKind::kEmbedding || op.kind == OpKind::kPosEmbedding)
+    n = std::min(n, static_cast<double>(g.tensors[op.outputs[0]].type.elements()));
+  return n;
+}
+
+// HBM traffic of one op. Forward: inputs + outputs + weights (bf16). Backward, from the op
+// table's bits: the output gradients it reads, the saved outputs and inputs it reads, the input
+// gradients it writes, the bf16 weights it reads and a read-modify-write of the weight gradients
+// in the accumulation dtype (fused accumulation into the gradient buffer, as the README states).
+double op_bytes(const BlockGraph& g, const GraphOp& op, const TrainSpec& t, bool backward) {
+  const OpInfo& info = op_info(op.kind);
+  double w = touched_weight_elements(g, op);
+  double bytes = 0;
+  if (!backward) {
+    for (int i : op.inputs) bytes += tensor_bytes(g, i);
+    for (int o : op.outputs) bytes += tensor_bytes(g, o);
+    return bytes + 2.0 * w;
+  }
+  for (size_t j = 0; j < op.outputs.size(); ++j) {
+    if (info.grad_outputs >> j & 1u) bytes += tensor_bytes(g, op.outputs[j]);
+    if (info.bwd_reads_outputs >> j & 1u) bytes += tensor_bytes(g, op.outputs[j]);
+  }
+  for (size_t k = 0; k < op.inputs.size(); ++k) {
+    if (info.bwd_reads_inputs >> k & 1u) bytes += tensor_bytes(g, op.inputs[k]);
+    if (info.grad_inputs >> k & 1u) bytes += tensor_bytes(g, op.inputs[k]);
+  }
+  return bytes + w * (2.0 + 2.0 * static_cast<double>(dtype_bytes(t.grad_dtype)));
+}
+
+// M, N, K of one GEMM of the op (batched GEMMs: one batch entry; grouped experts: one expert).
+struct GemmDims {
+  double m, n, k;
+};
+GemmDims gemm_dims(const BlockGraph& g, const GraphOp& op) {
+  const TensorType& in = g.tensors[op.inputs[0]].type;
+  double rows = static_cast<double>(in.shape.at(0)), cols = static_cast<double>(in.shape.at(1));
+  const OpAttrs& a = op.attrs;
+  switch (op.kind) {
+    case OpKind::kExpertColumn:
+    case OpKind::kExpertRow:  // balanced routing: each local expert gets rows / experts
+      return {rows / static_cast<double>(std::max<int64_t>(1, a.experts)),
+              static_cast<double>(a.features), cols};
+    case OpKind::kAttnScores:  // Q K^T per (batch, head): s x d by d x s
+      return {static_cast<double>(a.seq), static_cast<double>(a.seq),
+              static_cast<double>(a.head_dim)};
+    case OpKind::kAttnContext:  // P V per (batch, head): s x s by s x d
+      return {static_cast<double>(a.seq), static_cast<double>(a.head_dim),
+              static_cast<double>(a.seq)};
+    default:  // linears and the router: rows x in by in x features
+      return {rows, static_cast<double>(a.features), cols};
+  }
+}
+
+bool is_ep_collective(OpKind k) {
+  return k == OpKind::kMoeDispatch || k == OpKind::kMoeCombine;
+}
+
+// Full size of the tensor a collective of the op moves.
+double collective_bytes(const BlockGraph& g, const GraphOp& op) {
+  switch (op.kind) {
+    case OpKind::kColumnLinear:
+      return tensor_bytes(g, op.inputs[0]);  // TP's f: all-reduce of dX
+    case OpKind::kMoeDispatch:
+      return tensor_bytes(g, op.outputs[0]);  // the permuted tokens
+    case OpKind::kMoeCombine:
+      return tensor_bytes(g, op.inputs[0]);
+    default: {
+      double b = 0;  // gathered / unreduced side of a TP collective
+      for (int i : op.inputs) b = std::max(b, tensor_bytes(g, i));
+      for (int o : op.outputs) b = std::max(b, tensor_bytes(g, o));
+      return b;
+    }
+  }
+}
+
+// Time of the collective the op runs in this direction. TP collectives span tp consecutive ranks;
+// EP all-to-alls span tp x ep, CP's K/V exchange tp x cp (ranks are numbered in (pp, dp, cp, tp)
+// order, ep inside dp).
+double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const HardwareModel& hw,
+                             const TrainSpec& t, bool backward) {
+  const std::string& kind = backward ? op.bwd_collective : op.fwd_collective;
+  double s = 0;
+  if (!kind.empty()) {
+    int64_t group = op_class(op.kind) == OpClass::kCollective || is_ep_collective(op.kind)
+                        ? op.attrs.group
+                        : t.tp;
+    int64_t span =
+        is_ep_collective(op.kind) || op.kind == OpKind::kCpGatherKv ? group * t.tp : group;
+    s += collective_seconds(kind, collective_bytes(g, op), group, span <= hw.gpus_per_node, hw);
+    // The combine's backward exchanges the expert outputs again (for the probabilities'
+    // gradient) before it sends the gradient back: two all-to-alls.
+    if (backward && op.kind == OpKind::kMoeCombine) s *= 2;
+  }
+  // Vocab-parallel cross entropy all-reduces three fp32 values per token over TP in forward (the
+  // logit max, the target logit and the sum of exponentials, as Megatron's).
+  if (is_loss(op.kind) && !backward && t.tp > 1) {
+    double row = 4.0 * static_cast<double>(g.tensors[op.inputs[0]].type.shape.at(0));
+    s += 3 * collective_seconds("all_reduce", row, t.tp, t.tp <= hw.gpus_per_node, hw);
+  }
+  return s;
+}
+
+}  // namespace
+
+HardwareModel hardware_model(const GpuSpec& gpu) {
+  HardwareModel hw;
+  hw.name = gpu.name;
+  hw.peak_flops = gpu.bf16_dense_flops;
+  hw.hbm_bytes_per_s = gpu.hbm_bytes_per_s;
+  hw.intra_node_bytes_per_s = gpu.nvlink_bytes_per_s;  // per direction, gpus.toml
+  hw.inter_node_bytes_per_s = kInterNodeBytesPerS;
+  hw.link_latency_s = kIntraNodeLatency;
+  hw.inter_node_latency_s = kInterNodeLatency;
+  hw.gpus_per_node = kGpusPerNode;
+  // PCIe cards are NVLink-bridged in pairs only; beyond a pair traffic leaves the NVLink domain and
+  // is modelled at the inter-node figures.
+  if (gpu.name.find("pcie") != std::string::npos) hw.gpus_per_node = 2;
+  return hw;
+}
+
+HardwareModel default_hardware() {
+  GpuSpec h100;  // models/gpus/gpus.toml, h100-sxm-80gb (NVIDIA H100 datasheet, SXM column)
+  h100.name = "h100-sxm-80gb";
+  h100.display_name = "NVIDIA H100 SXM5 80GB";
+  h100.memory_bytes = 85520809984;
+  h100.bf16_dense_flops = 989.4e12;
+  h100.hbm_bytes_per_s = 3.35e12;
+  h100.nvlink_bytes_per_s = 450e9;
+  return hardware_model(h100);
+}
+
+double gemm_efficiency(double m, double n, double k) {
+  auto s = [](double x) { return x <= 0 ? 0.0 : x / (x + kGemmHalfDim); };
+  return kGemmEfficiencyCap * s(m) * s(n) * s(k);
+}
+
+double collective_seconds(std::string_view kind, double bytes_full, int64_t group, bool intra_node,
+                          const HardwareModel& hw) {
+  if (group <= 1 || kind.empty()) return 0;
+  double bw = intra_node ? hw.intra_node_bytes_per_s : hw.inter_node_bytes_per_s;
+  double alpha = intra_node ? hw.link_latency_s : hw.inter_node_latency_s;
+  double g = static_cast<double>(group);
+  double one = (g - 1) / g * bytes_full / bw + (g - 1) * alpha;
+  if (kind == "all_gather" || kind == "reduce_scatter" || kind == "all_to_all") return one;
+  if (kind == "all_reduce") return 2 * one;  // ring: reduce-scatter then all-gather
+  return one;
+}
+
+double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const TrainSpec& t,
+                  bool backward) {
+  const GraphOp& op = g.ops.at(index);
+  double memory = op_bytes(g, op, t, backward) / hw.hbm_bytes_per_s;
+  double compute = 0;
+  switch (op_class(op.kind)) {
+    case OpClass::kGemm: {
+      // Backward is two GEMMs of the same three dimensions (dX and dW, or dA and dB), so the same
+      // efficiency, twice the forward work.
+      GemmDims d = gemm_dims(g, op);
+      double work = backward ? 2.0 * op.flops : op.flops;
+      double eff = gemm_efficiency(d.m, d.n, d.k);
+      compute = std::max(work / (hw.peak_flops * eff), memory);
+      break;
+    }
+    case OpClass::kFlash: {
+      double work = kCausalFraction * op.flops * (backward ? kFlashBackwardWork : 1.0);
+      double eff = backward ? kFlashBackwardEfficiency : kFlashForwardEfficiency;
+      compute = std::max(work / (hw.peak_flops * eff), memory);
+      break;
+    }
+    case OpClass::kMemory:
+      compute = memory + kLaunchOverhead;
+      break;
+    case OpClass::kCollective:
+      break;  // the collective is all there is
+  }
+  return compute + op_collective_seconds(g, op, hw, t, backward);
+}
+
+BlockTime block_seconds(const BlockGraph& g, const HardwareModel& hw, const TrainSpec& t) {
+  BlockTime bt;
+  std::vector<bool> runs = backward_runs(g);
+  for (int o = 0; o < static_cast<int>(g.ops.size()); ++o) {
+    bt.forward += op_seconds(g, o, hw, t, false);
+    if (runs[o]) bt.backward += op_seconds(g, o, hw, t, true);
+  }
+  return bt;
+}
+
+double recompute_seconds(const BlockGraph& g, const std::vector<bool>& recompute,
+                         const HardwareModel& hw, const TrainSpec& t) {
+  double s = 0;
+  for (int o = 0; o < static_cast<int>(g.ops.size()); ++o)
+    if (o < static_cast<int>(recompute.size()) && recompute[o]) s += op_seconds(g, o, hw, t, false);
+  return s;
+}
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Optimizer and gradient communication of one stage, per step.
+void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec& t,
+                StageSeconds& st) {
+  // This rank's parameters (tied weights once per stage, as the schedule allocates them), and per
+  // block for the per-micro-batch ZeRO-2/3 collectives.
+  int64_t dense = 0, expert = 0, tp_partial = 0;
+  std::vector<std::pair<int64_t, int64_t>> per_block;
+  std::vector<std::string> tied_seen;
+  for (const StageBlock& b : p.blocks) {
+    int64_t bd = 0, be = 0;
+    for (const GraphOp& op : b.graph->ops) {
+      if (!op.attrs.tie.empty()) {
+        if (std::find(tied_seen.begin(), tied_seen.end(), op.attrs.tie) != tied_seen.end())
+          continue;
+        tied_seen.push_back(op.attrs.tie);
+      }
+      (op.expert_weights ? be : bd) += weight_elements(op);
+      if (op.tp_partial_weight_grads) tp_partial += weight_elements(op);
+    }
+    dense += bd, expert += be;
+    per_block.push_back({bd, be});
+  }
+  double gb = static_cast<double>(dtype_bytes(t.grad_dtype));
+  // Gradients are summed over the data-parallel replicas and the CP ranks (which hold the same
+  // weights and see other tokens): dp cp of them (dense), dp cp / ep (experts).
+  const int64_t dense_dp = t.dp * t.cp;
+  int64_t expert_dp = std::max<int64_t>(1, dense_dp / t.ep);
+
+  // AdamW reads and writes fp32 master, exp_avg and exp_avg_sq (12 B each way), SGD the fp32 master
+  // (4 B); each updated element also reads its gradient and writes its bf16 weight.
+  double state = t.optimizer == Optimizer::kAdamW ? 12 : t.optimizer == Optimizer::kSgd ? 4 : 0;
+  if (state > 0) {
+    int64_t n =
+        t.zero >= 1 ? ceil_div(dense, dense_dp) + ceil_div(expert, expert_dp) : dense + expert;
+    st.optimizer = static_cast<double>(n) * (2 * state + gb + 2) / hw.hbm_bytes_per_s;
+  }
+
+  // Data-parallel replicas of a parameter: dp of them (dense) or dp / ep (experts), all within the
+  // tp x dp consecutive ranks of one pipeline stage.
+  bool intra = t.tp * t.cp * t.dp <= hw.gpus_per_node;
+  double m = static_cast<double>(t.microbatches);
+  auto coll = [&](const char* kind, double bytes, int64_t group) {
+    return collective_seconds(kind, bytes, group, intra, hw);
+  };
+  double c = 0;
+  for (auto [n, group] : {std::pair{dense, dense_dp}, std::pair{expert, expert_dp}}) {
+    if (n == 0 || group <= 1) continue;
+    double nn = static_cast<double>(n);
+    if (t.zero == 0) c += coll("all_reduce", nn * gb, group);  // after the last backward
+    if (t.zero == 1)
+      c += coll("reduce_scatter", nn * gb, group) + coll("all_gather", nn * 2, group);
+    if (t.zero == 2) c += coll("all_gather", nn * 2, group);  // updated bf16 weights, once
+  }
+  // ZeRO-2/3: every block's gradients are reduce-scattered after its backward, every micro-batch;
+  // ZeRO-3 also all-gathers its bf16 weights before its forward and its backward (the schedule's
+  // reduce_grads and gather_params instructions).
+  if (t.zero >= 2)
+    for (auto [bd, be] : per_block)
+      for (auto [n, group] : {std::pair{bd, dense_dp}, std::pair{be, expert_dp}}) {
+        if (n == 0 || group <= 1) continue;
+        double nn = static_cast<double>(n);
+        c += m * coll("reduce_scatter", nn * gb, group);
+        if (t.zero >= 3) c += m * 2 * coll("all_gather", nn * 2, group);
+      }
+  // Replicated weights applied to sequence shards (SP norms, router) have partial gradients on each
+  // TP rank: one bucketed all-reduce over TP per step (Megatron's layernorm-grad all-reduce).
+  if (tp_partial > 0)
+    c += collective_seconds("all_reduce", static_cast<double>(tp_partial) * gb, t.tp,
+                            t.tp <= hw.gpus_per_node, hw);
+  st.grad_comm = c;
+}
+
+}  // namespace
+
+StepTime step_time(const Schedule& s, const HardwareModel& hw) {
+  const TrainSpec& t = s.setup;
+  StepTime r;
+  std::map<const BlockGraph*, BlockTime> cache;
+  double flops = 0, recompute_flops = 0;  // one rank per stage, one micro-batch
+  for (const StageProgram& p : s.stages) {
+    StageSeconds st;
+    for (const StageBlock& b : p.blocks) {
+      const BlockGraph& g = *b.graph;
+      auto it = cache.find(&g);
+      if (it == cache.end()) it = cache.emplace(&g, block_seconds(g, hw, t)).first;
+      st.forward += it->second.forward;
+      st.backward += it->second.backward;
+      st.recompute += recompute_seconds(g, b.policy.recompute, hw, t);
+      flops += g.forward_flops() + g.backward_flops();
+      for (size_t o = 0; o < g.ops.size(); ++o)
+        if (o < b.policy.recompute.size() && b.policy.recompute[o])
+          recompute_flops += g.ops[o].flops;
+    }
+    stage_tail(p, hw, t, st);
+    r.stages.push_back(st);
+  }
+  if (r.stages.empty()) return r;
+
+  double m = static_cast<double>(t.microbatches), pp = static_cast<double>(t.pp);
+  int slow = 0, tail = 0;
+  for (int i = 1; i < static_cast<int>(r.stages.size()); ++i) {
+    if (r.stages[i].microbatch() > r.stages[slow].microbatch()) slow = i;
+    if (r.stages[i].optimizer + r.stages[i].grad_comm >
+        r.stages[tail].optimizer + r.stages[tail].grad_comm)
+      tail = i;
+  }
+  r.slowest_stage = slow;
+  double per_mb = r.stages[slow].microbatch();
+  // Both AFAB and 1F1B finish after m + pp - 1 slots of the slowest stage's micro-batch time: the
+  // last micro-batch's forward and backward traverse the other pp - 1 stages (bubble). The
+  // interleaved schedule's slots are chunks of 1 / v of a stage: the bubble shrinks to
+  // (pp - 1) / v slots (Narayanan et al. 2021, section 2.2.2).
+  double v = t.pp_schedule == PpSchedule::kInterleaved ? static_cast<double>(t.virtual_stages) : 1;
+  r.bubble_seconds = (pp - 1) / v * per_mb;
+  r.recompute_seconds = m * r.stages[slow].recompute;
+  r.optimizer_seconds = r.stages[tail].optimizer;
+  r.dp_comm_seconds = r.stages[tail].grad_comm;
+  r.seconds = m * per_mb + r.bubble_seconds + r.optimizer_seconds + r.dp_comm_seconds;
+
+  // Every TP, CP and DP rank of a stage runs the same op table (TP and CP shards already divided
+  // in).
+  double replicas = m * static_cast<double>(t.tp * t.cp * t.dp);
+  r.model_flops = flops * replicas;
+  r.hardware_flops = (flops + recompute_flops) * replicas;
+  double gpus = static_cast<double>(t.gpus());
+  if (r.seconds > 0) {
+    r.mfu = r.model_flops / (r.seconds * hw.peak_flops * gpus);
+    r.hfu = r.hardware_flops / (r.seconds * hw.peak_flops * gpus);
+    r.tokens_per_second =
+        static_cast<double>(t.micro_batch * t.seq_len * t.microbatches * t.dp) / r.seconds;
+  }
+  return r;
+}
+
+}  // namespace np

@@ -1,0 +1,102 @@
+// The cost model: a roofline estimate of the time of every op of a block graph on one GPU, of the
+// TP / EP / DP collectives (ring alpha-beta), and of one optimizer step of a built schedule
+// (pipeline timeline, bubble, optimizer, data-parallel gradient traffic, MFU and HFU).
+//
+// Assumptions that hold throughout (each constant is stated, with its source, in cost.cpp):
+// - Nothing overlaps: collectives, pipeline bubbles, the optimizer and compute add up. nanotron
+//   runs its TP collectives in line with compute; where the DP all-reduce overlaps the last
+//   backward (torch DDP buckets), the step time here is an over-estimate.
+// - Pipeline send/recv time is not counted (one hidden-state tensor per micro-batch and stage
+//   boundary; about 1 % of a stage's compute at 70B scale; v times that under the interleaved
+//   schedule, whose v chunks per stage each send).
+// - Every rank of a stage runs the same program, so one rank's time is the stage's time.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "planner/inputs/catalog.hpp"
+#include "planner/graph/graph.hpp"
+#include "planner/schedule/schedule.hpp"
+#include "planner/inputs/spec.hpp"
+
+namespace np {
+
+struct HardwareModel {
+  std::string name;       // GPU name
+  double peak_flops = 0;  // bf16 dense FLOP/s
+  double hbm_bytes_per_s = 0;
+  double intra_node_bytes_per_s = 0;  // per-direction NVLink bandwidth per GPU
+  double inter_node_bytes_per_s = 0;  // per GPU, e.g. 400 Gb/s InfiniBand = 50e9 B/s
+  double link_latency_s = 0;          // alpha of the alpha-beta model per ring step, inside a node
+  int64_t gpus_per_node = 8;          // GPUs that share one NVLink domain
+  double inter_node_latency_s = 0;    // alpha per ring step when the group spans nodes
+};
+
+// The GPU's catalog figures plus the interconnect defaults (stated in cost.cpp).
+HardwareModel hardware_model(const GpuSpec& gpu);
+// H100 SXM 80GB figures (models/gpus/gpus.toml), used when no --gpu is given.
+HardwareModel default_hardware();
+
+// Fraction of peak a bf16 GEMM of an M x K by K x N product reaches:
+// cap x s(M) x s(N) x s(K) with s(x) = x / (x + 64).
+double gemm_efficiency(double m, double n, double k);
+
+// Time of one collective of `kind` ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+// over `group` ranks, bytes_full being the full (gathered / unreduced) tensor; intra_node picks
+// NVLink or the inter-node network. Ring alpha-beta:
+// all_gather / reduce_scatter / all_to_all: (g-1)/g x bytes_full / bw + (g-1) x alpha,
+// all_reduce: twice that. 0 for a group of one.
+double collective_seconds(std::string_view kind, double bytes_full, int64_t group, bool intra_node,
+                          const HardwareModel& hw);
+
+// Time of one op instance on one rank (seconds), forward or backward (backward = input + weight
+// gradients), including the collective the op runs in that direction (not overlapped).
+double op_seconds(const BlockGraph& g, int op, const HardwareModel& hw, const TrainSpec& t,
+                  bool backward);
+
+struct BlockTime {
+  double forward = 0, backward = 0;
+};  // one micro-batch, all ops of the block
+BlockTime block_seconds(const BlockGraph& g, const HardwareModel& hw, const TrainSpec& t);
+// Recompute time of a block under a recompute mask (ops re-run before its backward): the sum of
+// their forward times.
+double recompute_seconds(const BlockGraph& g, const std::vector<bool>& recompute,
+                         const HardwareModel& hw, const TrainSpec& t);
+
+struct StageSeconds {
+  double forward = 0, recompute = 0, backward = 0;  // per micro-batch, all blocks of the stage
+  double optimizer = 0, grad_comm = 0;              // per step
+  double microbatch() const { return forward + recompute + backward; }
+};
+
+struct StepTime {
+  double seconds =
+      0;  // one optimizer step (all micro-batches), the slowest stage's pipeline timeline
+  double recompute_seconds = 0;  // of which re-running forward ops (on the slowest stage)
+  double bubble_seconds = 0;  // pipeline bubble: (pp - 1) / v x (slowest stage's forward +
+                              // backward per micro-batch, backward including its recompute); v = 1
+                              // unless interleaved
+  double optimizer_seconds =
+      0;  // optimizer step (memory bound over this rank's optimizer + grad + weight bytes)
+  double dp_comm_seconds =
+      0;  // gradient all-reduce (or reduce-scatter + all-gather under ZeRO) over dp, not
+          // overlapped; also the TP all-reduce of SP-replicated weights' gradients
+  double model_flops =
+      0;  // per step, all GPUs: forward + backward FLOPs of the model (no recompute)
+  double hardware_flops = 0;     // the same plus recompute FLOPs
+  double mfu = 0, hfu = 0;       // model_flops / (seconds x peak x gpus), hardware_flops / (...)
+  double tokens_per_second = 0;  // global batch tokens / seconds
+  // Additions beyond the agreed fields: the per-stage breakdown and which stage sets the pace.
+  std::vector<StageSeconds> stages;
+  int slowest_stage = 0;
+};
+
+// From a built Schedule: each stage's blocks with their own BlockPolicy give its per-micro-batch
+// forward, recompute and backward time; the step is (m + pp - 1) x (slowest stage's
+// per-micro-batch time) for both 1F1B and AFAB, plus the optimizer and gradient communication of
+// the stage where those two take longest.
+StepTime step_time(const Schedule& s, const HardwareModel& hw);
+
+}  // namespace np

@@ -1,0 +1,587 @@
+// The stage solver. Two exact methods: the general one, for any stage, below; and the programme
+// over option groups for stages whose layers share one option list (GroupProgramme, further
+// down), which solve_stage uses for those.
+//
+// Pareto dynamic programme over the layers of a stage, last layer first. A state is (Q, E, cost):
+// Q the kept bytes of the layers chosen so far (the suffix), E the transient term so far. Adding
+// layer l with option o gives E' = max(E, w_o - k_o - Q), Q' = Q + k_o. Smaller Q, E and cost
+// are each better for every completion (f >= 1), so dominated states are dropped, and states
+// with base + f Q + E over budget are dropped too (Q and E never decrease).
+#include "planner/recompute/solve.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+namespace np {
+
+std::pair<int64_t, int64_t> layer_terms(const std::vector<std::vector<StageOption>>& layers,
+                                        const std::vector<int>& choice, int64_t extra) {
+  int64_t q = 0, e = extra;
+  for (size_t i = layers.size(); i-- > 0;) {
+    const StageOption& o = layers[i][choice[i]];
+    e = std::max(e, o.working - o.kept - q);
+    q += o.kept;
+  }
+  return {q, e};
+}
+
+int64_t model_peak(const StageProblem& p, const std::vector<int>& choice) {
+  auto [K, e] = layer_terms(p.layers, choice, p.extra);
+  return p.base + p.in_flight * K + e;
+}
+
+namespace {
+
+// A staircase of (M ascending, cost descending): false when some step has no larger M and no
+// larger cost than (m, cost); else the point goes in and the steps it beats go out.
+bool stair_admits(std::vector<std::pair<int64_t, double>>& stair, int64_t m, double cost) {
+  auto by_m = [](const auto& x, const auto& y) { return x.first < y.first; };
+  auto it = std::upper_bound(stair.begin(), stair.end(), std::pair{m, cost}, by_m);
+  if (it != stair.begin() && std::prev(it)->second <= cost) return false;
+  auto lo = std::lower_bound(stair.begin(), stair.end(), std::pair{m, cost}, by_m);
+  auto hi = lo;
+  while (hi != stair.end() && hi->second >= cost) ++hi;
+  stair.insert(stair.erase(lo, hi), {m, cost});
+  return true;
+}
+
+struct State {
+  int64_t q, e;
+  double cost;
+  int parent, option;
+};
+
+// Keeps the states no other state beats on all of (q, e, cost).
+std::vector<State> prune(std::vector<State> s) {
+  std::sort(s.begin(), s.end(), [](const State& a, const State& b) {
+    if (a.q != b.q) return a.q < b.q;
+    if (a.e != b.e) return a.e < b.e;
+    return a.cost < b.cost;
+  });
+  std::vector<State> out;
+  std::vector<std::pair<int64_t, double>> stair;  // e ascending, cost descending
+  for (const State& st : s)
+    if (stair_admits(stair, st.e, st.cost)) out.push_back(st);
+  return out;
+}
+
+// The programme's levels, last layer first: levels[i] holds the states after i layers that no
+// other beats and that stay within the budget; empty when some level has none.
+std::vector<std::vector<State>> layer_levels(const StageProblem& p) {
+  const size_t L = p.layers.size();
+  std::vector<std::vector<State>> levels;
+  levels.push_back({{0, p.extra, 0.0, -1, -1}});
+  for (size_t step = 0; step < L; ++step) {
+    size_t l = L - 1 - step;
+    std::vector<State> next;
+    const std::vector<State>& cur = levels.back();
+    for (size_t s = 0; s < cur.size(); ++s)
+      for (size_t o = 0; o < p.layers[l].size(); ++o) {
+        const StageOption& opt = p.layers[l][o];
+        State n{cur[s].q + opt.kept, std::max(cur[s].e, opt.working - opt.kept - cur[s].q),
+                cur[s].cost + opt.cost, static_cast<int>(s), static_cast<int>(o)};
+        if (p.base + p.in_flight * n.q + n.e > p.budget) continue;
+        next.push_back(n);
+      }
+    if (next.empty()) return {};
+    levels.push_back(prune(std::move(next)));
+  }
+  return levels;
+}
+
+// The choice (option per layer, forward order) behind state `best` of the last level.
+std::vector<int> choice_of(const std::vector<std::vector<State>>& levels, int best) {
+  const size_t L = levels.size() - 1;
+  std::vector<int> choice(L);
+  for (size_t step = L; step-- > 0;) {
+    const State& st = levels[step + 1][best];
+    choice[L - 1 - step] = st.option;
+    best = st.parent;
+  }
+  return choice;
+}
+
+}  // namespace
+
+namespace {
+
+bool uniform(const StageProblem& p);
+
+// Keeps the choices no other beats on (kept, kept + transient, cost): the transient term enters
+// every peak with the kept bytes of its own chunk's pass (f K + E = (f - 1) K + (K + E), f >= 1),
+// so that order is the one every step's sum grows with.
+std::vector<ParetoChoice> keep_least(std::vector<ParetoChoice> in) {
+  std::sort(in.begin(), in.end(), [](const ParetoChoice& a, const ParetoChoice& b) {
+    int64_t ma = a.kept + a.transient, mb = b.kept + b.transient;
+    return std::tie(a.kept, ma, a.cost) < std::tie(b.kept, mb, b.cost);
+  });
+  std::vector<ParetoChoice> out;
+  std::vector<std::pair<int64_t, double>> stair;  // kept + transient ascending, cost descending
+  for (ParetoChoice& c : in)
+    if (stair_admits(stair, c.kept + c.transient, c.cost)) out.push_back(std::move(c));
+  return out;
+}
+
+// Layers sharing one option list: only how many take each option matters (the order with the
+// larger transient first is the best one, see GroupProgramme), so the programme runs over the
+// options in that order adding one copy at a time; a state is (layers placed j, kept bytes P,
+// M = the largest P_l + w_l so far, cost), and one no other of the same j beats on all of
+// (P, M, cost) is kept; a state whose f P + extra or (f - 1) P + M leaves the budget is dropped.
+// A chunk's choice then has kept P and transient max(extra, M - P).
+std::vector<ParetoChoice> group_choices(const StageProblem& p) {
+  const std::vector<StageOption>& opts = p.layers.front();
+  const int64_t L = static_cast<int64_t>(p.layers.size()), f = p.in_flight,
+                room = p.budget - p.base;
+  std::vector<int> order(opts.size());
+  for (size_t o = 0; o < opts.size(); ++o) order[o] = static_cast<int>(o);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return opts[a].working - opts[a].kept > opts[b].working - opts[b].kept;
+  });
+  struct St {
+    int64_t P, M;
+    double cost;
+    int node;
+  };
+  struct Node {
+    int parent, option;
+  };
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::min() / 4;
+  std::vector<Node> nodes;
+  std::vector<std::vector<St>> at(L + 1);
+  at[0].push_back({0, kNone, 0.0, -1});
+  std::vector<St> shifted, merged;
+  std::vector<std::pair<int64_t, double>> stair;  // M ascending, cost descending
+  for (int o : order) {
+    const StageOption& op = opts[o];
+    for (int64_t j = 0; j < L; ++j) {
+      shifted.clear();
+      for (const St& s : at[j]) {
+        St n{s.P + op.kept, std::max(s.M, s.P + op.working), s.cost + op.cost, s.node};
+        if (f * n.P + p.extra > room || (f - 1) * n.P + n.M > room) continue;
+        shifted.push_back(n);
+      }
+      if (shifted.empty()) continue;
+      for (St& s : shifted) {
+        nodes.push_back({s.node, o});
+        s.node = static_cast<int>(nodes.size()) - 1;
+      }
+      merged.clear();
+      std::merge(at[j + 1].begin(), at[j + 1].end(), shifted.begin(), shifted.end(),
+                 std::back_inserter(merged), [](const St& x, const St& y) {
+                   return std::tie(x.P, x.M, x.cost) < std::tie(y.P, y.M, y.cost);
+                 });
+      std::vector<St>& out = at[j + 1];
+      out.clear();
+      stair.clear();
+      for (const St& s : merged)
+        if (stair_admits(stair, s.M, s.cost)) out.push_back(s);
+    }
+  }
+  std::vector<ParetoChoice> out;
+  for (const St& s : at[L]) {
+    ParetoChoice c{s.P, std::max(p.extra, s.M - s.P), 0.0, {}};
+    for (int n = s.node; n >= 0; n = nodes[n].parent) c.choice.push_back(nodes[n].option);
+    std::reverse(c.choice.begin(), c.choice.end());
+    for (int o : c.choice) c.cost += opts[o].cost;  // summed in layer order
+    if (p.base + f * c.kept + c.transient <= p.budget) out.push_back(std::move(c));
+  }
+  return keep_least(std::move(out));
+}
+
+}  // namespace
+
+std::vector<ParetoChoice> pareto_choices(const StageProblem& p) {
+  if (p.layers.empty()) return {{0, p.extra, 0.0, {}}};
+  if (uniform(p)) return group_choices(p);
+  std::vector<std::vector<State>> levels = layer_levels(p);
+  if (levels.empty()) return {};
+  std::vector<ParetoChoice> out;
+  for (size_t i = 0; i < levels.back().size(); ++i) {
+    const State& st = levels.back()[i];
+    out.push_back({st.q, st.e, st.cost, choice_of(levels, static_cast<int>(i))});
+  }
+  return keep_least(std::move(out));
+}
+
+StageSolution solve_stage_programme(const StageProblem& p) {
+  std::vector<std::vector<State>> levels = layer_levels(p);
+  if (levels.empty()) return {};
+  const std::vector<State>& last = levels.back();
+  int best = 0;
+  for (size_t i = 1; i < last.size(); ++i)
+    if (last[i].cost < last[best].cost) best = static_cast<int>(i);
+  StageSolution sol{true, last[best].cost, choice_of(levels, best), 0};
+  sol.peak = model_peak(p, sol.choice);
+  return sol;
+}
+
+namespace {
+
+// Whether every layer of the stage has the same option list.
+bool uniform(const StageProblem& p) {
+  if (p.layers.empty() || p.layers.front().empty()) return false;
+  const auto& first = p.layers.front();
+  for (const auto& l : p.layers)
+    if (l.size() != first.size() || !std::equal(l.begin(), l.end(), first.begin(),
+                                                [](const StageOption& a, const StageOption& c) {
+                                                  return a.kept == c.kept &&
+                                                         a.working == c.working && a.cost == c.cost;
+                                                }))
+      return false;
+  return true;
+}
+
+// Least LP cost of r layers of a convex envelope (kept ascending, cost strictly descending) that
+// keep at most `cap` bytes together; infinity when even the smallest kept bytes do not fit.
+double envelope_lower(const std::vector<std::pair<double, double>>& hull, size_t r, double cap) {
+  if (r == 0) return 0;
+  if (hull.empty()) return std::numeric_limits<double>::infinity();
+  double x = cap / static_cast<double>(r);
+  if (x < hull.front().first) return std::numeric_limits<double>::infinity();
+  if (x >= hull.back().first) return static_cast<double>(r) * hull.back().second;
+  // The first vertex right of x: never the first one, since hull.front().first <= x.
+  size_t i = static_cast<size_t>(
+      std::upper_bound(hull.begin(), hull.end(), x,
+                       [](double v, const std::pair<double, double>& h) { return v < h.first; }) -
+      hull.begin());
+  auto [x0, y0] = hull[i - 1];
+  auto [x1, y1] = hull[i];
+  double y = y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+  return static_cast<double>(r) * y * (1 - 1e-12);  // a hair under, against rounding
+}
+
+// The lower convex envelope of (kept, cost) over `opts`, keeping only points whose cost falls as
+// kept grows (an option with more kept bytes and no less cost never helps the LP).
+std::vector<std::pair<double, double>> envelope(std::vector<StageOption> opts) {
+  std::sort(opts.begin(), opts.end(), [](const StageOption& a, const StageOption& c) {
+    return a.kept != c.kept ? a.kept < c.kept : a.cost < c.cost;
+  });
+  std::vector<std::pair<double, double>> hull;
+  for (const StageOption& o : opts) {
+    std::pair<double, double> pt{static_cast<double>(o.kept), o.cost};
+    if (!hull.empty() && pt.second >= hull.back().second) continue;
+    while (hull.size() >= 2) {
+      auto [x0, y0] = hull[hull.size() - 2];
+      auto [x1, y1] = hull.back();
+      if ((y1 - y0) * (pt.first - x0) >= (pt.second - y0) * (x1 - x0))
+        hull.pop_back();
+      else
+        break;
+    }
+    hull.push_back(pt);
+  }
+  return hull;
+}
+
+// Stages whose layers share one option list (every stage the auto planner builds).
+//
+// Order. For a given multiset of options, the arrangement with the larger transient d = w - k
+// first (forward order) minimises the peak: swapping adjacent layers a, b with d_a >= d_b into
+// that order never raises max(w_a - k_a - Q_a, w_b - k_b - Q_b), and f K does not depend on the
+// order. So only the counts matter, and the options form groups in that order.
+//
+// In that order the peak is base + max(f K + extra, (f - 1) K + M), where M is the largest
+// P_l + w_l over the layers, P_l the kept bytes of the layers before l (the layer runs its
+// backward with f - 1 whole micro-batches and its predecessors' kept bytes alive). The programme
+// runs over the groups; its states are (layers placed j, kept bytes P, M, cost), and smaller P,
+// M and cost are each better for every completion. Copies of a group are added one at a time, j
+// ascending, so a state may take any number of them. With f = 1, M only has to stay within the
+// room, which is checked as each copy is added, so the states are (j, P, cost) and the states of
+// each j form a staircase.
+class GroupProgramme {
+ public:
+  explicit GroupProgramme(const StageProblem& p)
+      : p_(p), L_(static_cast<int64_t>(p.layers.size())), f_(p.in_flight) {
+    const std::vector<StageOption>& opts = p.layers.front();
+    order_.resize(opts.size());
+    for (size_t o = 0; o < opts.size(); ++o) order_[o] = static_cast<int>(o);
+    std::stable_sort(order_.begin(), order_.end(), [&](int a, int c) {
+      return opts[a].working - opts[a].kept > opts[c].working - opts[c].kept;
+    });
+    for (int o : order_) opt_.push_back(opts[o]);
+    suffix_hull_.resize(opt_.size() + 1);
+    suffix_last_.resize(opt_.size() + 1);
+    for (size_t g = opt_.size(); g-- > 0;) {
+      suffix_hull_[g] = envelope({opt_.begin() + static_cast<std::ptrdiff_t>(g), opt_.end()});
+      // (w + (f - 1) k, cost) of the options from g on that no other beats on both.
+      std::vector<std::pair<int64_t, double>> last = suffix_last_[g + 1];
+      last.push_back({opt_[g].working + (f_ - 1) * opt_[g].kept, opt_[g].cost});
+      std::sort(last.begin(), last.end());
+      suffix_last_[g].clear();
+      for (auto x : last)
+        if (suffix_last_[g].empty() || x.second < suffix_last_[g].back().second)
+          suffix_last_[g].push_back(x);
+    }
+    // The bound below tries each of these; with many, runs of neighbours are merged into their
+    // least key and least cost (key ascending, cost descending: first key, last cost), which
+    // bounds each of them from below.
+    for (auto& last : suffix_last_) {
+      constexpr size_t kMost = 6;
+      if (last.size() <= kMost) continue;
+      std::vector<std::pair<int64_t, double>> merged;
+      for (size_t i = 0; i < kMost; ++i) {
+        size_t lo = i * last.size() / kMost, hi = (i + 1) * last.size() / kMost;
+        merged.push_back({last[lo].first, last[hi - 1].second});
+      }
+      last = std::move(merged);
+    }
+  }
+
+  // `hint`: a feasible choice of this stage known in advance (a tighter bound than the seed's).
+  // `below`: only a choice costing less than it is wanted (the result is infeasible otherwise).
+  StageSolution solve(const StageSolution* hint, double below) {
+    StageSolution sol = search(hint, below);
+    return sol.feasible && sol.cost < below ? sol : StageSolution{};
+  }
+
+ private:
+  StageSolution search(const StageSolution* hint, double below) {
+    const int64_t room = p_.budget - p_.base;
+    if (p_.extra > room) return {};
+    if (lower(0, static_cast<size_t>(L_), 0, kNone, room) >= below) return {};  // none cheaper
+    seed();
+    if (hint && hint->feasible && (!best_.feasible || hint->cost < best_.cost)) {
+      best_ = *hint;
+      upper_ = hint->cost;
+    }
+    upper_ = std::min(upper_, below);
+    std::vector<std::vector<State>> stair(L_ + 1);
+    stair[0].push_back({0, kNone, 0.0, -1});
+    std::vector<State> shifted, merged;
+    for (size_t g = 0; g < opt_.size(); ++g) {
+      const StageOption& o = opt_[g];
+      const int64_t d = o.working - o.kept;
+      for (int64_t j = 0; j < L_; ++j) {
+        const size_t rest = static_cast<size_t>(L_ - j - 1);  // layers after this copy
+        shifted.clear();
+        for (const State& s : stair[j]) {
+          int64_t P = s.p + o.kept, M = std::max(s.m, P + d);
+          if (f_ * P + p_.extra > room) break;  // P ascending: the rest fail too
+          if ((f_ - 1) * P + M > room) {
+            if (f_ == 1) break;  // M = P + d here, ascending too
+            continue;
+          }
+          double cost = s.cost + o.cost, limit = upper_ * (1 + 1e-12);
+          double lb = lower(g, rest, P, f_ == 1 ? kNone : M, room, limit - cost);
+          if (!std::isfinite(lb) || cost + lb > limit) continue;  // infinite: cannot complete
+          shifted.push_back({P, f_ == 1 ? kNone : M, cost, s.node});
+        }
+        if (shifted.empty()) continue;
+        for (State& s : shifted) {  // the new copy: a node naming its group and its parent
+          nodes_.push_back({s.node, static_cast<int>(g)});
+          s.node = static_cast<int>(nodes_.size()) - 1;
+        }
+        merged.clear();
+        std::merge(stair[j + 1].begin(), stair[j + 1].end(), shifted.begin(), shifted.end(),
+                   std::back_inserter(merged), [](const State& x, const State& y) {
+                     return x.p != y.p ? x.p < y.p : x.m != y.m ? x.m < y.m : x.cost < y.cost;
+                   });
+        keep_undominated(merged, stair[j + 1]);
+      }
+      // States that the groups after g cannot complete within the bound are dropped for good.
+      const double limit = upper_ * (1 + 1e-12);
+      for (int64_t j = 0; j < L_; ++j)
+        std::erase_if(stair[j], [&](const State& s) {
+          double lb = lower(g + 1, static_cast<size_t>(L_ - j), s.p, s.m, room, limit - s.cost);
+          return !std::isfinite(lb) || s.cost + lb > limit;
+        });
+    }
+    if (stair[L_].empty()) return best_;  // the seed, when nothing cheaper exists
+    const State* best = &stair[L_].front();
+    for (const State& s : stair[L_])
+      if (s.cost < best->cost) best = &s;
+    std::vector<int64_t> count(opt_.size(), 0);
+    for (int n = best->node; n >= 0; n = nodes_[n].parent) ++count[nodes_[n].group];
+    StageSolution sol = expand(count);
+    return !best_.feasible || sol.cost <= best_.cost ? sol : best_;
+  }
+
+  static constexpr int64_t kNone = std::numeric_limits<int64_t>::min() / 4;  // M of no layer
+  struct State {
+    int64_t p, m;
+    double cost;
+    int node;  // the last copy added, -1 for none
+  };
+  struct Node {
+    int parent, group;
+  };
+
+  // `in`, sorted by P: the states no earlier one beats on all of (P, M, cost), into `out`.
+  void keep_undominated(const std::vector<State>& in, std::vector<State>& out) {
+    out.clear();
+    if (f_ == 1) {  // M is not part of the state: a staircase in (P, cost)
+      for (const State& s : in)
+        if (out.empty() || s.cost < out.back().cost) out.push_back(s);
+      return;
+    }
+    std::vector<std::pair<int64_t, double>>& stair = scratch_;  // M ascending, cost descending
+    stair.clear();
+    for (const State& s : in)
+      if (stair_admits(stair, s.m, s.cost)) out.push_back(s);
+  }
+
+  // A lower bound on the cost of `rest` more layers on groups g and later, after kept bytes P
+  // and with M so far: the LP relaxation with all layers' kept bytes K within both
+  // (room - extra) / f and (room - M) / (f - 1); and, for each option the last layer may take,
+  // its cost plus the LP of the others, whose kept bytes fit (room - w - (f - 1) k) / f - P
+  // since the last layer runs its backward with everything else alive (the least over those
+  // options).
+  // Stops early, with a smaller bound, once past `give_up`.
+  double lower(size_t g, size_t rest, int64_t P, int64_t M, int64_t room,
+               double give_up = std::numeric_limits<double>::infinity()) const {
+    if (rest == 0) return 0;
+    int64_t kmax = (room - p_.extra) / f_;
+    if (f_ > 1 && M != kNone) kmax = std::min(kmax, (room - M) / (f_ - 1));
+    double all = envelope_lower(suffix_hull_[g], rest, static_cast<double>(kmax - P));
+    if (all > give_up) return all;
+    double last = std::numeric_limits<double>::infinity();
+    for (auto [key, c] : suffix_last_[g]) {
+      double cap =
+          static_cast<double>(room - key) / static_cast<double>(f_) - static_cast<double>(P);
+      last = std::min(last, c + envelope_lower(suffix_hull_[g], rest - 1, cap));
+      if (last <= all) return all;
+    }
+    return std::max(all, last);
+  }
+
+  // The model peak of counts in group order, without expanding them.
+  int64_t peak(const std::vector<int64_t>& count) const {
+    int64_t P = 0, M = kNone;
+    for (size_t g = 0; g < opt_.size(); ++g)
+      if (count[g] > 0) {
+        P += count[g] * opt_[g].kept;
+        M = std::max(M, P + opt_[g].working - opt_[g].kept);  // its last layer
+      }
+    return p_.base + std::max(f_ * P + p_.extra, (f_ - 1) * P + M);
+  }
+
+  // The layers in forward order, and their cost summed in that order.
+  StageSolution expand(const std::vector<int64_t>& count) const {
+    StageSolution sol;
+    sol.feasible = true;
+    for (size_t g = 0; g < opt_.size(); ++g)
+      for (int64_t i = 0; i < count[g]; ++i) sol.choice.push_back(order_[g]);
+    for (int o : sol.choice) sol.cost += p_.layers.front()[o].cost;
+    sol.peak = model_peak(p_, sol.choice);
+    return sol;
+  }
+
+  // Upper bound to start from: each option alone, and each mix of two vertices of the convex
+  // envelope with the fewest layers on the dearer one that still fits.
+  void seed() {
+    const size_t m = opt_.size();
+    auto offer = [&](const std::vector<int64_t>& count) {
+      if (peak(count) > p_.budget) return;
+      StageSolution s = expand(count);
+      if (s.peak <= p_.budget && (!best_.feasible || s.cost < best_.cost)) best_ = s;
+    };
+    std::vector<size_t> vertex;
+    for (size_t g = 0; g < m; ++g) {
+      std::vector<int64_t> count(m, 0);
+      count[g] = L_;
+      offer(count);
+      for (auto [k, c] : suffix_hull_[0])
+        if (static_cast<double>(opt_[g].kept) == k && opt_[g].cost == c) vertex.push_back(g);
+    }
+    for (size_t a : vertex)
+      for (size_t c : vertex) {
+        if (opt_[c].cost <= opt_[a].cost) continue;  // a the cheaper, c the dearer
+        for (int64_t n = 1; n < L_; ++n) {           // n layers of c, the rest of a
+          std::vector<int64_t> count(m, 0);
+          count[a] = L_ - n, count[c] = n;
+          if (peak(count) > p_.budget) continue;
+          offer(count);
+          break;
+        }
+      }
+    if (best_.feasible) upper_ = best_.cost;
+  }
+
+  const StageProblem& p_;
+  const int64_t L_, f_;
+  std::vector<int> order_;                                            // option index of each group
+  std::vector<StageOption> opt_;                                      // the options in group order
+  std::vector<std::vector<std::pair<double, double>>> suffix_hull_;   // envelope of groups g..
+  std::vector<std::vector<std::pair<int64_t, double>>> suffix_last_;  // (w + (f-1) k, cost)
+  std::vector<Node> nodes_;
+  std::vector<std::pair<int64_t, double>> scratch_;
+  StageSolution best_;  // the seed
+  double upper_ = std::numeric_limits<double>::infinity();
+};
+
+}  // namespace
+
+StageSolution solve_stage(const StageProblem& p, double below) {
+  if (!uniform(p)) {
+    StageSolution sol = solve_stage_programme(p);
+    return sol.feasible && sol.cost < below ? sol : StageSolution{};
+  }
+  // With many options, the vertices of the (kept, cost) envelope alone give a choice whose cost
+  // is usually within a hair of the optimum: a tight bound for the search over all options.
+  const std::vector<StageOption>& all = p.layers.front();
+  std::vector<std::pair<double, double>> hull = envelope(all);
+  if (all.size() <= 8 || hull.size() >= all.size()) return GroupProgramme(p).solve(nullptr, below);
+  StageProblem few = p;
+  std::vector<int> index;  // option of `p` behind each option of `few`
+  few.layers.front().clear();
+  for (size_t o = 0; o < all.size(); ++o)
+    if (std::find(hull.begin(), hull.end(),
+                  std::pair{static_cast<double>(all[o].kept), all[o].cost}) != hull.end() &&
+        std::find_if(few.layers.front().begin(), few.layers.front().end(),
+                     [&](const StageOption& x) {
+                       return x.kept == all[o].kept && x.cost == all[o].cost;
+                     }) == few.layers.front().end()) {
+      few.layers.front().push_back(all[o]);
+      index.push_back(static_cast<int>(o));
+    }
+  const std::vector<StageOption> vertices = few.layers.front();
+  few.layers.assign(p.layers.size(), vertices);
+  StageSolution hint = GroupProgramme(few).solve(nullptr, below);
+  for (int& c : hint.choice) c = index[c];
+  return GroupProgramme(p).solve(&hint, below);
+}
+
+StageSolution brute_force_stage(const StageProblem& p) {
+  const size_t L = p.layers.size();
+  std::vector<int> c(L, 0);
+  StageSolution best;
+  while (true) {
+    int64_t peak = model_peak(p, c);
+    double cost = 0;
+    for (size_t l = 0; l < L; ++l) cost += p.layers[l][c[l]].cost;
+    if (peak <= p.budget && (!best.feasible || cost < best.cost)) best = {true, cost, c, peak};
+    size_t l = 0;
+    while (l < L && ++c[l] == static_cast<int>(p.layers[l].size())) c[l++] = 0;
+    if (l == L) break;
+  }
+  return best;
+}
+
+StageSolution min_peak_solution(const StageProblem& p) {
+  // The same programme with every cost zero and no budget: only (Q, E) matter, and the answer is
+  // the surviving state with the least base + f Q + E.
+  StageProblem q = p;
+  q.budget = std::numeric_limits<int64_t>::max() / 4;
+  for (auto& layer : q.layers)
+    for (auto& o : layer) o.cost = 0;
+  std::vector<std::vector<State>> levels = layer_levels(q);
+  const std::vector<State>& last = levels.back();
+  int best = 0;
+  for (size_t i = 1; i < last.size(); ++i)
+    if (q.in_flight * last[i].q + last[i].e < q.in_flight * last[best].q + last[best].e)
+      best = static_cast<int>(i);
+  StageSolution sol{true, 0, choice_of(levels, best), 0};
+  for (size_t l = 0; l < sol.choice.size(); ++l) sol.cost += p.layers[l][sol.choice[l]].cost;
+  sol.peak = model_peak(p, sol.choice);
+  sol.feasible = sol.peak <= p.budget;
+  return sol;
+}
+
+int64_t min_stage_peak(const StageProblem& p) {
+  return min_peak_solution(p).peak;
+}
+
+}  // namespace np

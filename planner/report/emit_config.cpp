@@ -1,0 +1,215 @@
+// The closest nanotron and Megatron-LM configs of a plan (emit_config.hpp).
+#include "planner/report/emit_config.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "planner/inputs/units.hpp"
+
+namespace np {
+
+namespace {
+
+// A layer block's policy as the set of ops it re-runs.
+std::vector<std::string> recomputed_ops(const StageBlock& b) {
+  std::vector<std::string> out;
+  for (size_t o = 0; o < b.graph->ops.size(); ++o)
+    if (b.policy.recompute[o]) out.push_back(b.graph->ops[o].name);
+  return out;
+}
+
+bool is_gather(const GraphOp& op) {
+  return op.kind == OpKind::kAllGather;
+}
+
+// Megatron's --recompute-modules name of an op of a layer, "" for ops no module covers.
+std::string module_of(const GraphOp& op) {
+  const std::string& n = op.name;
+  if (op.kind == OpKind::kFlashAttention || op.kind == OpKind::kFlashAttentionCp ||
+      op.attention_core)
+    return "core_attn";
+  if (is_norm(op.kind)) return "layernorm";
+  if (n.rfind("moe.experts.", 0) == 0 &&
+      (op.kind == OpKind::kSwiGlu || op.kind == OpKind::kGluAct || op.kind == OpKind::kGluMul))
+    return "moe_act";
+  if (n.rfind("moe.", 0) == 0) return "moe";
+  if (n.rfind("mlp.", 0) == 0 && op.kind != OpKind::kReduceScatter &&
+      op.kind != OpKind::kAllReduce && op.kind != OpKind::kDropout && op.kind != OpKind::kAdd)
+    return "mlp";
+  return "";
+}
+
+struct LayerPlans {
+  std::vector<const StageBlock*> layers;
+  bool any_recompute = false, uniform = true, any_regather = false, any_kept_gather = false;
+};
+
+LayerPlans layer_plans(const Schedule& s) {
+  LayerPlans p;
+  for (const StageProgram& st : s.stages)
+    for (const StageBlock& b : st.blocks) {
+      if (b.kind != BlockKind::kLayer) continue;
+      p.layers.push_back(&b);
+      bool gather_only = true;
+      for (size_t o = 0; o < b.graph->ops.size(); ++o) {
+        const GraphOp& op = b.graph->ops[o];
+        if (is_gather(op)) {
+          (b.policy.recompute[o] ? p.any_regather : p.any_kept_gather) = true;
+        } else if (b.policy.recompute[o]) {
+          gather_only = false;
+        }
+      }
+      p.any_recompute |= !gather_only;
+      p.uniform &= recomputed_ops(b) == recomputed_ops(*p.layers.front());
+    }
+  return p;
+}
+
+}  // namespace
+
+std::string emit_nanotron(const Schedule& s) {
+  const TrainSpec& t = s.setup;
+  LayerPlans p = layer_plans(s);
+  std::string out = "# nanotron settings closest to nanoplan's plan for " + s.model.name + "\n";
+  out += "parallelism:\n";
+  out += "  dp: " + std::to_string(t.dp) + "\n  tp: " + std::to_string(t.tp) +
+         "\n  pp: " + std::to_string(t.pp) + "\n";
+  out += std::string("  pp_engine: ") + (t.pp_schedule == PpSchedule::kAfab ? "afab" : "1f1b") + "\n";
+  out += std::string("  tp_mode: ") + (t.sp ? "REDUCE_SCATTER" : "ALL_REDUCE") + "\n";
+  out += "  expert_parallel_size: " + std::to_string(t.ep) + "\n";
+  out += std::string("  recompute_layer: ") + (p.any_recompute ? "true" : "false") + "\n";
+  out += std::string("  tp_recompute_allgather: ") +
+         (p.any_regather || !t.sp || p.any_recompute ? "true" : "false") + "\n";
+  out += "tokens:\n  micro_batch_size: " + std::to_string(t.micro_batch) +
+         "\n  sequence_length: " + std::to_string(t.seq_len) +
+         "\n  batch_accumulation_per_replica: " + std::to_string(t.microbatches) + "\n";
+  out += "optimizer:\n  zero_stage: " + std::to_string(std::min(t.zero, 1)) +
+         std::string("\n  accumulate_grad_in_fp32: ") + (t.grad_dtype == Dtype::kFp32 ? "true" : "false") + "\n";
+  if (p.any_recompute && !(p.uniform && t.recompute == Recompute::kFull))
+    out += "# not expressible: the plan recomputes parts of some layers; recompute_layer: true "
+           "recomputes every layer in full (more time, less memory)\n";
+  if (p.any_regather && p.any_kept_gather)
+    out += "# not expressible: the plan gathers again in backward for some all-gathers only; "
+           "tp_recompute_allgather is all or none\n";
+  if (t.pp_schedule == PpSchedule::kInterleaved)
+    out += "# not expressible: nanotron has no interleaved schedule (1f1b holds more activations)\n";
+  if (t.cp > 1) out += "# not expressible: nanotron has no context parallelism (cp " + std::to_string(t.cp) + ")\n";
+  if (t.zero > 1)
+    out += "# not expressible: ZeRO-" + std::to_string(t.zero) +
+           "; nanotron's zero_stage shards the optimizer states only (ZeRO-1 for any stage above "
+           "0), so each rank keeps the whole gradients" +
+           (t.zero > 2 ? std::string(" and weights") : std::string()) + " (more memory)\n";
+  if (!t.stage_layers.empty())
+    out += "# not expressible: layers per stage " + format_partition(t.stage_layers) +
+           "; nanotron balances its stages by compute\n";
+  return out;
+}
+
+std::string emit_megatron(const Schedule& s) {
+  const TrainSpec& t = s.setup;
+  LayerPlans p = layer_plans(s);
+  std::string flags = "--tensor-model-parallel-size " + std::to_string(t.tp) +
+                      " --pipeline-model-parallel-size " + std::to_string(t.pp);
+  if (t.sp) flags += " --sequence-parallel";
+  if (t.cp > 1) flags += " --context-parallel-size " + std::to_string(t.cp);
+  if (t.ep > 1) flags += " --expert-model-parallel-size " + std::to_string(t.ep);
+  // Megatron's interleaved chunks hold equal layer counts: --num-layers-per-virtual-pipeline-stage
+  // where the layers split so, else the chunk count (--num-virtual-stages-per-pipeline-rank,
+  // whose uneven split Megatron takes from the first and last stage's layer flags).
+  std::vector<std::string> notes;
+  const bool even_chunks = s.model.layers % (t.pp * t.virtual_stages) == 0 && t.stage_layers.empty();
+  if (t.pp_schedule == PpSchedule::kInterleaved && even_chunks)
+    flags += " --num-layers-per-virtual-pipeline-stage " +
+             std::to_string(s.model.layers / (t.pp * t.virtual_stages));
+  if (t.pp_schedule == PpSchedule::kInterleaved && !even_chunks)
+    notes.push_back("not expressible: the plan's " + std::to_string(s.model.layers) +
+                    " layers in pp x " + std::to_string(t.virtual_stages) +
+                    " chunks are not all equal; Megatron's interleaved chunks of a stage are, so "
+                    "these flags run 1F1B without virtual stages (more activations)");
+  flags += " --micro-batch-size " + std::to_string(t.micro_batch) + " --global-batch-size " +
+           std::to_string(t.micro_batch * t.microbatches * t.dp) + " --seq-length " +
+           std::to_string(t.seq_len);
+  if (t.zero >= 1) flags += " --use-distributed-optimizer";
+  if (t.attention == AttentionImpl::kEager) flags += " --attention-backend unfused";
+  if (t.impl != Impl::kMegatron)
+    notes.push_back(std::string("the plan is for the ") + name_of(t.impl) +
+                    " profile's kernels; Megatron's keep what --impl megatron keeps (a different "
+                    "peak)");
+  if (t.zero > 1)
+    notes.push_back("not expressible: ZeRO-" + std::to_string(t.zero) +
+                    "; Megatron's distributed optimizer shards the optimizer states only "
+                    "(ZeRO-1), so each rank keeps the whole gradient buffer" +
+                    (t.zero > 2 ? std::string(" and weights") : std::string()) + " (more memory)");
+  if (t.grad_dtype == Dtype::kBf16) flags += " --grad-reduce-in-bf16";
+  if (t.loss_fusion != LossFusion::kNone)
+    flags += std::string(" --cross-entropy-loss-fusion --cross-entropy-fusion-impl ") +
+             (t.loss_fusion == LossFusion::kTe ? "te" : "native");
+  if (!t.grad_accum_fusion) flags += " --no-gradient-accumulation-fusion";
+  if (!t.dataloader_mask) flags += " --no-create-attention-mask-in-dataloader";
+  if (t.vocab_multiple != 128)
+    flags += " --make-vocab-size-divisible-by " + std::to_string(t.vocab_multiple);
+  if (t.moe_capacity_factor > 0) {
+    char f[32];
+    std::snprintf(f, sizeof f, "%g", t.moe_capacity_factor);
+    flags += std::string(" --moe-expert-capacity-factor ") + f +
+             " --moe-pad-expert-input-to-capacity --moe-token-drop-policy position";
+  }
+  // The plan's layers per stage (a given split, or nanoplan's balanced one): Megatron splits
+  // evenly, the first and the last stage's counts given apart.
+  std::vector<int64_t> split;
+  if (t.pp_schedule != PpSchedule::kInterleaved)
+    for (const StageProgram& st : s.stages) split.push_back(st.num_layers());
+  bool even = std::adjacent_find(split.begin(), split.end(), std::not_equal_to<>()) == split.end();
+  if (split.size() >= 2 && !even)
+    flags += " --decoder-first-pipeline-num-layers " + std::to_string(split.front()) +
+             " --decoder-last-pipeline-num-layers " + std::to_string(split.back());
+  if (split.size() > 2 && !even &&
+      std::adjacent_find(split.begin() + 1, split.end() - 1, std::not_equal_to<>()) !=
+          split.end() - 1)
+    notes.push_back("not expressible: the middle stages hold different layer counts; Megatron "
+                    "splits the layers between the first and last stage evenly");
+  if (p.any_recompute) {
+    // The modules the plan re-runs any op of, over every layer; exact when it re-runs all of
+    // each such module's ops in every layer, and nothing outside the modules.
+    std::set<std::string> modules;
+    bool outside = false, partial = !p.uniform;
+    for (const StageBlock* b : p.layers)
+      for (size_t o = 0; o < b->graph->ops.size(); ++o) {
+        const GraphOp& op = b->graph->ops[o];
+        if (!b->policy.recompute[o] || is_gather(op)) continue;
+        std::string mod = module_of(op);
+        if (mod.empty())
+          outside = true;
+        else
+          modules.insert(mod);
+      }
+    for (const StageBlock* b : p.layers)
+      for (size_t o = 0; o < b->graph->ops.size(); ++o)
+        if (modules.count(module_of(b->graph->ops[o])) && !b->policy.recompute[o]) partial = true;
+    if (outside || modules.empty()) {
+      flags += " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1";
+      if (!(p.uniform && t.recompute == Recompute::kFull))
+        notes.push_back("not expressible by module: the plan re-runs ops outside Megatron's "
+                        "recompute modules; full recompute of every layer is the closest that "
+                        "fits (more time)");
+    } else {
+      flags += " --recompute-granularity selective --recompute-modules";
+      for (const std::string& mod : modules) flags += " " + mod;
+      if (partial)
+        notes.push_back("recomputes more than the plan: whole modules in every layer, where the "
+                        "plan re-runs parts of them or only in some layers");
+    }
+  }
+  if (p.any_kept_gather && t.sp)
+    notes.push_back("not expressible: the plan keeps some all-gathered tensors; Megatron's "
+                    "sequence-parallel layers always gather again in backward (more time, less "
+                    "memory)");
+  std::string out = flags + "\n";
+  for (const std::string& n : notes) out += "# " + n + "\n";
+  return out;
+}
+
+}  // namespace np

@@ -1,0 +1,166 @@
+// The runtime's overheads and the framework terms of the estimate (runtime_terms.hpp).
+//
+// Megatron's terms follow Megatron-LM core_r0.14.0 (commit 23e00ed0963c35382dfe8a5a94fb3cda4d21e133)
+// with Transformer Engine 2.11 (commit c188b533c); paths below are in those trees.
+#include "planner/schedule/runtime_terms.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <utility>
+
+#include "planner/inputs/units.hpp"
+
+namespace np {
+namespace {
+
+// The 2-D weight shapes of the GEMMs whose weight gradient Megatron accumulates straight into its
+// fp32 main_grad (gradient-accumulation fusion, on by default): Transformer Engine's linears in
+// the layer (qkv, proj, fc1, fc2) and Megatron's own output layer. The experts' grouped linears
+// (transformer_engine/pytorch/module/grouped_linear.py L488-494) get them too; they are not
+// counted here yet.
+void fused_wgrad_shapes(const BlockGraph& g, std::vector<std::pair<int64_t, int64_t>>& shapes) {
+  for (const GraphOp& op : g.ops) {
+    if (op.kind != OpKind::kColumnLinear && op.kind != OpKind::kRowLinear) continue;
+    for (const WeightShape& w : op.weights)
+      if (w.shape.size() == 2 && std::string_view(w.suffix) == "weight")
+        shapes.emplace_back(w.shape[0], w.shape[1]);
+  }
+}
+
+// nanotron's, at commit 2411b022a75fb7f7561a1bb4166706da5e1b76de with flash-attn 2.6.3 (nanotron
+// pins flash-attn >= 2.5, < 2.7).
+std::vector<OverheadLine> nanotron_lines(const ModelSpec& m, const TrainSpec& t,
+                                         const StageBlocks& b) {
+  std::vector<OverheadLine> out;
+  // Sequence parallelism with tp_recompute_allgather: the column-parallel linears all-gather
+  // their input into one process-wide MemoryBuffer (src/nanotron/parallel/utils.py L13-27; used
+  // by src/nanotron/parallel/tensor_parallel/functional.py L271-274, L392-408, L486-498), which
+  // only grows and is never freed: bf16 [s, b, h], shared by qkv, gate_up and the LM head. The
+  // schedule's gathered tensors still count while they are in use (over by one such buffer at
+  // those instants: the safe side).
+  if (t.sp && t.tp > 1 && t.tp_recompute_allgather && (b.layer || b.head))
+    out.push_back({"TP all-gather buffer", t.seq_len / t.cp * t.micro_batch * m.hidden * 2,
+                   "nanotron's MemoryBuffer for the column-parallel all-gathers (tp_recompute_"
+                   "allgather), bf16 [s, b, h], kept",
+                   true});
+  // flash-attn's RotaryEmbedding, one per attention layer (src/nanotron/models/llama.py
+  // L414-416), keeps its cos and sin tables, bf16 [s, head_dim / 2] each, as attributes for the
+  // run (flash_attn/layers/rotary.py L356-401).
+  if (m.position == PosEmb::kRope && b.layers > 0)
+    out.push_back({"RoPE cos/sin caches", b.layers * t.seq_len * m.head_dim * 2,
+                   count_noun(b.layers, "layer") +
+                       " x bf16 cos and sin [s, head_dim/2] (flash-attn's RotaryEmbedding)",
+                   true});
+  return out;
+}
+}  // namespace
+
+std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t,
+                                          const RuntimeAssumptions& rt, const StageBlocks& b) {
+  if (t.impl == Impl::kNanotron) return nanotron_lines(m, t, b);
+  std::vector<OverheadLine> out;
+  if (t.impl != Impl::kMegatron) return out;
+  // Transformer Engine's dummy weight gradients. With gradient-accumulation fusion the weight
+  // gradient GEMM adds into main_grad, and autograd is handed a placeholder: TE's
+  // get_dummy_wgrad (transformer_engine/pytorch/module/base.py, _dummy_wgrads, L64-92) creates
+  // one bf16 tensor per distinct (rows, cols, dtype) with torch.empty and keeps it for the rest
+  // of the run. Its linears return it (module/layernorm_linear.py L1002-1008, module/linear.py
+  // L953-959), and so does Megatron's output layer when TE is installed
+  // (megatron/core/tensor_parallel/layers.py L52, L580-600). Layers of one shape share them.
+  // Without the fusion (--gradient-accumulation-fusion off) TE returns the real gradient, which
+  // the op table holds as each linear's backward workspace (dense_wgrad), and makes no dummy.
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  if (b.layer && t.grad_accum_fusion) fused_wgrad_shapes(*b.layer, shapes);
+  if (b.head && t.grad_accum_fusion) fused_wgrad_shapes(*b.head, shapes);
+  std::sort(shapes.begin(), shapes.end());
+  shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
+  int64_t dummy = 0;
+  for (auto [rows, cols] : shapes) dummy += rows * cols * 2;
+  if (dummy > 0)
+    out.push_back({"TE dummy weight gradients", dummy,
+                   count_noun(static_cast<int64_t>(shapes.size()), "distinct weight shape") +
+                       " x 1 bf16 placeholder each, kept for the run (Transformer Engine's "
+                       "get_dummy_wgrad under gradient-accumulation fusion)",
+                   true});
+  // TE's cuBLAS workspace: one uint8 torch.empty per device, cached for the run
+  // (transformer_engine/pytorch/cpp_extensions/gemm.py L31-46: 32 MiB + 1 KiB from compute
+  // capability 9.0 on, 4 MiB before).
+  out.push_back({"TE cuBLAS workspace", rt.te_workspace_bytes,
+                 format_binary(rt.te_workspace_bytes) +
+                     " (Transformer Engine's, sm_90 and later; --te-workspace)",
+                 true});
+  // The output layer's sequence-parallel all-gather goes into Megatron's global memory buffer
+  // (megatron/core/tensor_parallel/layers.py L474 and L511, GlobalMemoryBuffer in
+  // megatron/core/utils.py), which is kept and only grows: bf16 [s / cp, b, h].
+  if (b.head && t.sp && t.tp > 1)
+    out.push_back({"SP all-gather buffer", t.seq_len / t.cp * t.micro_batch * m.hidden * 2,
+                   "Megatron's global memory buffer for the output layer's sequence-parallel "
+                   "all-gather, bf16 [s/cp, b, h], kept",
+                   true});
+  // The dataloader's causal mask (TrainSpec::dataloader_mask), alive during each micro-batch's
+  // forward on the stages that load a batch. Counted at the peak: over by its size when the peak
+  // falls in a backward (the safe side).
+  if (t.dataloader_mask && (b.embedding || b.head))
+    out.push_back({"dataloader attention mask", t.micro_batch * (t.seq_len / t.cp) * t.seq_len,
+                   "bool [b, 1, s/cp, s] on the first and last stages during each forward "
+                   "(Megatron's --create-attention-mask-in-dataloader, its default; "
+                   "--dataloader-attention-mask off)",
+                   true});
+  // RotaryEmbedding.forward is lru_cache'd (megatron/core/models/common/embeddings/
+  // rotary_pos_embedding.py L150): fp32 [s / cp, 1, 1, head_dim] per model chunk, kept.
+  if (m.position == PosEmb::kRope)
+    out.push_back({"RoPE frequency cache", b.chunks * t.seq_len / t.cp * m.head_dim * 4,
+                   count_noun(b.chunks, "model chunk") +
+                       " x fp32 [s/cp, head_dim] (Megatron's lru_cache'd rotary table)",
+                   true});
+  return out;
+}
+
+std::vector<OverheadLine> stage_overheads(const ModelSpec& m, const TrainSpec& t,
+                                          const RuntimeAssumptions& rt, int64_t dynamic_peak,
+                                          const StageBlocks& b) {
+  int comms = t.communicators();
+  auto slack =
+      static_cast<int64_t>(std::llround(rt.allocator_slack * static_cast<double>(dynamic_peak)));
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.1f%%", rt.allocator_slack * 100);
+  std::vector<OverheadLine> out{
+      {"CUDA context", rt.cuda_context_bytes,
+       "context + loaded module images, assumed " + format_binary(rt.cuda_context_bytes) +
+           " (--cuda-context)",
+       false},
+      // PyTorch allocates its cuBLAS workspaces through the caching allocator, one per (cuBLAS
+      // handle, stream), and takes handles from a thread-local pool (pytorch/pytorch
+      // 26a39059ec580351411f180816c47e2ef5134ae1, aten/src/ATen/cuda/CublasHandlePool.cpp,
+      // setWorkspaceForHandle and getNewWorkspace). The forward's GEMMs run on the Python
+      // thread and the backward's on the autograd engine's worker thread for the device
+      // (torch/csrc/autograd/engine.cpp, Note [Allocating GPUs to autograd threads]): two
+      // handles on one stream, two workspaces, kept for the run.
+      {"cuBLAS workspaces", 2 * rt.cublas_workspace_bytes,
+       "PyTorch's: forward and autograd threads x 1 compute stream x " +
+           format_binary(rt.cublas_workspace_bytes) +
+           " (its Hopper default, 8.125 MiB on other GPUs; --cublas-workspace)",
+       true},
+      {"NCCL buffers", comms * rt.nccl_bytes_per_comm,
+       count_noun(comms, "communicator") + " (tp/cp/dp/pp/ep > 1) x " +
+           format_binary(rt.nccl_bytes_per_comm) + " (--nccl-buffers)",
+       false},
+  };
+  for (OverheadLine& f : framework_lines(m, t, rt, b)) out.push_back(std::move(f));
+  out.push_back({"allocator slack", slack,
+                 std::string(pct) +
+                     " of the activation + transient peak for caching-allocator fragmentation "
+                     "(--allocator-slack)",
+                 false});
+  return out;
+}
+
+int64_t fixed_overhead_bytes(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                             const StageBlocks& b) {
+  int64_t n = 0;
+  for (const OverheadLine& o : stage_overheads(m, t, rt, 0, b)) n += o.bytes;
+  return n;
+}
+
+}  // namespace np

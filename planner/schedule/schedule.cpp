@@ -1,0 +1,678 @@
+// Builds the per-stage programs: static allocations, the pipeline order of micro-batch passes,
+// forward / recompute / backward instructions per op, and frees at each tensor's last use.
+#include "planner/schedule/schedule.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <limits>
+#include <thread>
+#include <tuple>
+
+#include "planner/schedule/contract.hpp"
+
+namespace np {
+
+const char* name_of(Category c) {
+  constexpr const char* k[] = {"weights", "gradients", "optimizer", "activations", "transient"};
+  return k[static_cast<int>(c)];
+}
+const char* name_of(ValueKind k) {
+  constexpr const char* n[] = {"static",    "value",        "recomputed", "grad",
+                               "workspace", "param_gather", "grad_bucket"};
+  return n[static_cast<int>(k)];
+}
+const char* name_of(InstrKind k) {
+  constexpr const char* n[] = {"alloc",        "load", "forward",       "recompute",
+                               "backward",     "send", "recv",          "gather_params",
+                               "reduce_grads", "free", "optimizer_step"};
+  return n[static_cast<int>(k)];
+}
+
+std::vector<PipelinePass> pipeline_order(PpSchedule s, int64_t stage, int64_t pp, int64_t m,
+                                         int64_t v) {
+  std::vector<PipelinePass> order;
+  if (s != PpSchedule::kInterleaved) v = 1;
+  const int64_t total = m * v, group = pp * v;
+  auto pass = [&](bool forward, int64_t k) {
+    int64_t c = k % group / pp;
+    return PipelinePass{forward, static_cast<int>(k / group * pp + k % pp),
+                        static_cast<int>(forward ? c : v - 1 - c)};
+  };
+  int64_t warmup = s == PpSchedule::kAfab ? m
+                   : s == PpSchedule::k1F1B
+                       ? std::min(pp - stage - 1, m)
+                       : std::min(total, 2 * (pp - stage - 1) + (v - 1) * pp);
+  int64_t next_f = 0, next_b = 0;
+  for (; next_f < warmup; ++next_f) order.push_back(pass(true, next_f));
+  while (next_f < total) {
+    order.push_back(pass(true, next_f++));
+    order.push_back(pass(false, next_b++));
+  }
+  while (next_b < total) order.push_back(pass(false, next_b++));
+  return order;
+}
+
+int64_t chunk_passes_in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v) {
+  if (s != PpSchedule::kInterleaved) return in_flight(s, stage, pp, m);
+  // The warm-up's forwards and the first steady-state one.
+  return std::min(m * v, 2 * (pp - stage - 1) + (v - 1) * pp + 1);
+}
+
+int64_t in_flight(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v) {
+  if (s == PpSchedule::kInterleaved)
+    return (chunk_passes_in_flight(s, stage, pp, m, v) + v - 1) / v;
+  return s == PpSchedule::kAfab ? m : std::min(m, pp - stage);
+}
+
+namespace {
+
+// Whether `x` is at or under a point of the segment between a and b (every component).
+bool under_segment(const std::vector<int64_t>& x, const std::vector<int64_t>& a,
+                   const std::vector<int64_t>& b) {
+  // x_c <= b_c + l (a_c - b_c) for some l in [0, 1]: each component bounds l from one side.
+  double lo = 0, hi = 1;
+  for (size_t c = 0; c < x.size(); ++c) {
+    double slope = static_cast<double>(a[c] - b[c]), need = static_cast<double>(x[c] - b[c]);
+    if (slope > 0)
+      lo = std::max(lo, need / slope);
+    else if (slope < 0)
+      hi = std::min(hi, need / slope);
+    else if (need > 0)
+      return false;
+  }
+  return lo <= hi + 1e-12;
+}
+
+}  // namespace
+
+std::vector<ChunkLoad> chunk_loads(PpSchedule s, int64_t stage, int64_t pp, int64_t m, int64_t v) {
+  if (s != PpSchedule::kInterleaved) return {{{in_flight(s, stage, pp, m)}, 0}};
+  std::vector<ChunkLoad> steps;
+  std::vector<int64_t> alive(v, 0);
+  for (PipelinePass p : pipeline_order(s, stage, pp, m, v)) {
+    if (p.forward) ++alive[p.chunk];
+    steps.push_back({alive, p.chunk});
+    if (!p.forward) --alive[p.chunk];
+  }
+  std::sort(steps.begin(), steps.end(), [](const ChunkLoad& a, const ChunkLoad& b) {
+    return std::tie(a.running, a.alive) < std::tie(b.running, b.alive);
+  });
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  // One at a time, against the steps still kept (each left out is bounded by those that stay).
+  for (size_t i = steps.size(); i-- > 0;) {
+    bool redundant = false;
+    for (size_t a = 0; a < steps.size() && !redundant; ++a) {
+      if (a == i || steps[a].running != steps[i].running) continue;
+      for (size_t b = a; b < steps.size() && !redundant; ++b)
+        redundant = b != i && steps[b].running == steps[i].running &&
+                    under_segment(steps[i].alive, steps[a].alive, steps[b].alive);
+    }
+    if (redundant) steps.erase(steps.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  return steps;
+}
+
+TrainSpec simulation_setup(const TrainSpec& t) {
+  TrainSpec s = t;
+  if (t.pp_schedule == PpSchedule::k1F1B) s.microbatches = std::min(t.microbatches, t.pp + 1);
+  if (t.pp_schedule == PpSchedule::kInterleaved)
+    s.microbatches = std::min(t.microbatches, 2 * t.pp);
+  return s;
+}
+
+std::string format_ranges(const std::vector<int>& layers) {
+  std::string s;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    s += (s.empty() ? "" : ",") + std::to_string(layers[i]) +
+         (j > i ? "-" + std::to_string(layers[j]) : "");
+    i = j + 1;
+  }
+  return s.empty() ? "none" : s;
+}
+
+std::string format_partition(const std::vector<int64_t>& counts) {
+  std::string s;
+  for (int64_t n : counts) s += (s.empty() ? "" : ",") + std::to_string(n);
+  return s;
+}
+
+namespace {
+// The contiguous split of the layers into P parts balancing FLOPs (embedding in the first part,
+// head in the last).
+std::vector<int64_t> balanced_split(const ModelSpec& m, const TrainSpec& t, int64_t P) {
+  BlockGraph layer = build_layer(m, t), emb = build_embedding(m, t), head = build_head(m, t);
+  double c = layer.forward_flops() + layer.backward_flops();
+  double first = emb.forward_flops() + emb.backward_flops();
+  double last = head.forward_flops() + head.backward_flops();
+  int64_t L = m.layers;
+  auto extra = [&](int64_t s) { return (s == 0 ? first : 0.0) + (s == P - 1 ? last : 0.0); };
+  auto capacity = [&](int64_t s, double bound) {
+    return std::max<int64_t>(0, static_cast<int64_t>((bound - extra(s)) / c + 1e-9));
+  };
+  auto feasible = [&](double bound) {
+    int64_t total = 0;
+    for (int64_t s = 0; s < P; ++s) {
+      if (capacity(s, bound) < 1) return false;
+      total += std::min(capacity(s, bound), L);
+    }
+    return total >= L;
+  };
+  // The smallest bound on a stage's load (n layers plus its extras) that fits all layers, then
+  // stages filled front to back up to it.
+  std::vector<double> bounds;
+  for (int64_t n = 1; n <= L; ++n)
+    for (int64_t s : {int64_t{0}, P - 1, std::min<int64_t>(1, P - 1)})
+      bounds.push_back(n * c + extra(s));
+  std::sort(bounds.begin(), bounds.end());
+  double bound = bounds.back();
+  for (double b : bounds)
+    if (feasible(b)) {
+      bound = b;
+      break;
+    }
+  // Every stage takes what the bound allows; the surplus comes off the most loaded stages (the
+  // earliest first: under 1F1B they hold the most micro-batches), so the counts stay even.
+  std::vector<int64_t> counts(P);
+  int64_t surplus = -L;
+  for (int64_t s = 0; s < P; ++s) surplus += counts[s] = std::min(capacity(s, bound), L);
+  while (surplus-- > 0) {
+    int64_t worst = -1;
+    for (int64_t s = 0; s < P; ++s)
+      if (counts[s] > 1 &&
+          (worst < 0 || counts[s] * c + extra(s) > counts[worst] * c + extra(worst) + 1e-9))
+        worst = s;
+    --counts[worst];
+  }
+  return counts;
+}
+
+}  // namespace
+
+std::vector<int64_t> chunk_layers(const ModelSpec& m, const TrainSpec& t) {
+  if (t.pp_schedule != PpSchedule::kInterleaved || t.virtual_stages == 1)
+    return partition_layers(m, t);
+  return balanced_split(m, t, t.pp * t.virtual_stages);
+}
+
+std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t) {
+  if (!t.stage_layers.empty()) return t.stage_layers;
+  if (t.pp_schedule != PpSchedule::kInterleaved || t.virtual_stages == 1)
+    return balanced_split(m, t, t.pp);
+  std::vector<int64_t> chunks = chunk_layers(m, t), counts(t.pp, 0);
+  for (size_t j = 0; j < chunks.size(); ++j) counts[j % t.pp] += chunks[j];
+  return counts;
+}
+
+std::vector<std::vector<int>> stage_layer_lists(const ModelSpec& m, const TrainSpec& t) {
+  std::vector<int64_t> chunks = chunk_layers(m, t);
+  std::vector<std::vector<int>> out(t.pp);
+  int first = 0;
+  for (size_t j = 0; j < chunks.size(); ++j)
+    for (int64_t l = 0; l < chunks[j]; ++l) out[j % t.pp].push_back(first++);
+  return out;
+}
+
+namespace {
+
+class ProgramBuilder {
+ public:
+  // `layers`: the stage's decoder layers by local chunk (one chunk unless interleaved).
+  ProgramBuilder(const ModelSpec& m, const TrainSpec& t, int stage,
+                 const std::vector<std::vector<int>>& layers, std::shared_ptr<const BlockGraph> emb,
+                 std::shared_ptr<const BlockGraph> layer, std::shared_ptr<const BlockGraph> head,
+                 const BlockPolicies* policies, int64_t microbatches)
+      : m_(m), t_(t), policies_(policies), microbatches_(microbatches) {
+    p_.stage = stage;
+    const int chunks = static_cast<int>(layers.size());
+    for (int c = 0; c < chunks; ++c) {
+      chunk_begin_.push_back(static_cast<int>(p_.blocks.size()));
+      if (stage == 0 && c == 0) add_block(BlockKind::kEmbedding, -1, emb, c);
+      for (int l : layers[c]) add_block(BlockKind::kLayer, l, layer, c);
+      if (stage == t.pp - 1 && c == chunks - 1) add_block(BlockKind::kHead, -1, head, c);
+    }
+    chunk_begin_.push_back(static_cast<int>(p_.blocks.size()));
+  }
+
+  // The stage's static bytes alone (weights, gradient buffers, optimizer states).
+  int64_t static_bytes() {
+    emit_statics();
+    int64_t n = 0;
+    for (const ScheduleTensor& x : p_.tensors) n += x.bytes;
+    return n;
+  }
+
+  // ZeRO's transient bytes of the first block of each kind (what its backward holds).
+  StageStatics::ZeroTransients zero_transients() {
+    emit_statics();
+    StageStatics::ZeroTransients z;
+    for (size_t b = p_.blocks.size(); b-- > 0;) {
+      BlockKind k = p_.blocks[b].kind;
+      (k == BlockKind::kEmbedding ? z.embedding
+       : k == BlockKind::kHead    ? z.head
+                                  : z.layer) = gather_bytes(b) + bucket_bytes(b);
+    }
+    return z;
+  }
+
+  StageProgram build() {
+    emit_statics();
+    // One slot per graph tensor of every block, per micro-batch in flight.
+    value_offset_.assign(1, 0);
+    for (const StageBlock& b : p_.blocks)
+      value_offset_.push_back(value_offset_.back() + static_cast<int32_t>(b.graph->tensors.size()));
+    values_.assign(static_cast<size_t>(microbatches_) * value_offset_.back(), -1);
+    // Room for every micro-batch's forward, recompute and backward of each op up front (a hint:
+    // growing these vectors by doubling was a tenth of a large plan's time).
+    size_t ops = 0;
+    for (const StageBlock& b : p_.blocks) ops += b.graph->ops.size();
+    size_t per_step = static_cast<size_t>(microbatches_) * ops;
+    p_.instrs.reserve(p_.instrs.size() + 3 * per_step + 16);
+    p_.tensors.reserve(p_.tensors.size() + static_cast<size_t>(microbatches_) * 2 *
+                                               static_cast<size_t>(value_offset_.back()));
+    p_.pool.reserve(p_.pool.size() + 8 * per_step);
+    for (PipelinePass pass :
+         pipeline_order(t_.pp_schedule, p_.stage, t_.pp, microbatches_, t_.virtual_stages))
+      pass.forward ? forward_pass(pass.mb, pass.chunk) : backward_pass(pass.mb, pass.chunk);
+    begin(InstrKind::kOptimizerStep);
+    for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
+      if (p_.tensors[id].kind == ValueKind::kStatic) read(id);
+    insert_frees();
+    return std::move(p_);
+  }
+
+ private:
+  void add_block(BlockKind kind, int layer, std::shared_ptr<const BlockGraph> g, int chunk) {
+    if (statics_only()) {  // the static bytes need the blocks' weights only
+      p_.blocks.push_back({kind, layer, g, {}, {}, chunk});
+      return;
+    }
+    StageBlock b{kind, layer, g, named_policy(*g, t_), {}, chunk};
+    if (policies_ && kind == BlockKind::kLayer) b.policy = policies_->layers.at(layer);
+    if (policies_ && kind == BlockKind::kEmbedding && policies_->embedding)
+      b.policy = *policies_->embedding;
+    if (policies_ && kind == BlockKind::kHead && policies_->head) b.policy = *policies_->head;
+    b.saved = saved_set(*g, b.policy);
+    p_.blocks.push_back(std::move(b));
+  }
+
+  int32_t new_tensor(int64_t bytes, int32_t block, int32_t tensor, int32_t mb, Category c,
+                     ValueKind k) {
+    p_.tensors.push_back({bytes, block, tensor, mb, c, k});
+    return static_cast<int32_t>(p_.tensors.size()) - 1;
+  }
+  int32_t new_static(std::string name, int64_t bytes, Category c) {
+    p_.static_names.push_back(std::move(name));
+    int32_t id = new_tensor(bytes, -1, static_cast<int32_t>(p_.static_names.size()) - 1, -1, c,
+                            ValueKind::kStatic);
+    alloc(id);
+    return id;
+  }
+
+  // Instructions are built in order: begin(), then reads, then allocs.
+  void begin(InstrKind k, int32_t block = -1, int32_t op = -1, int32_t mb = -1) {
+    p_.instrs.push_back({k, block, op, mb, static_cast<uint32_t>(p_.pool.size()), 0, 0});
+  }
+  void read(int32_t id) {
+    Instr& i = p_.instrs.back();
+    p_.pool.insert(p_.pool.begin() + i.begin + i.n_reads, id);
+    ++i.n_reads;
+  }
+  void alloc(int32_t id) {
+    p_.pool.push_back(id);
+    ++p_.instrs.back().n_allocs;
+  }
+
+  static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+  void emit_statics();
+  void forward_pass(int mb, int chunk);
+  void backward_pass(int mb, int chunk);
+  int32_t forward_block(int b, int mb, int32_t x);
+  int32_t backward_block(int b, int mb, int32_t grad_out);
+  void run_ops_forward(int b, int mb, InstrKind kind, bool only_recomputed);
+  int32_t gather_params(int b, int mb);
+  void insert_frees();
+
+  // The instances of block b's graph tensors for micro-batch mb (-1: none yet).
+  std::span<int32_t> values(int b, int mb) {
+    return {values_.data() + static_cast<size_t>(mb) * value_offset_.back() + value_offset_[b],
+            static_cast<size_t>(value_offset_[b + 1] - value_offset_[b])};
+  }
+
+  // Forward or backward workspace sizes per op of a block's graph, from the op table (cached).
+  const std::vector<std::vector<int64_t>>& workspace_bytes(int b, bool forward) {
+    const BlockGraph* g = p_.blocks[b].graph.get();
+    for (auto& [key, sizes] : workspace_cache_)
+      if (key.first == g && key.second == forward) return sizes;
+    std::vector<std::vector<int64_t>> sizes;
+    for (const GraphOp& op : g->ops) {
+      std::vector<TensorType> in;
+      for (int i : op.inputs) in.push_back(g->tensors[i].type);
+      const OpInfo& info = op_info(op.kind);
+      std::vector<int64_t> bytes;
+      for (const TensorType& w :
+           forward ? forward_workspace(info, op.attrs, in) : info.bwd_workspace(op.attrs, in))
+        bytes.push_back(w.bytes());
+      sizes.push_back(std::move(bytes));
+    }
+    workspace_cache_.emplace_back(std::make_pair(g, forward), std::move(sizes));
+    return workspace_cache_.back().second;
+  }
+
+  const ModelSpec& m_;
+  const TrainSpec& t_;
+  const BlockPolicies* policies_;
+  const int64_t microbatches_;  // replayed by this stage; 0: the static bytes only (StageStatics)
+  bool statics_only() const { return microbatches_ == 0; }
+  StageProgram p_;
+  std::vector<int> chunk_begin_;  // chunk c's blocks: [chunk_begin_[c], chunk_begin_[c + 1])
+  std::vector<int32_t> values_, value_offset_;  // see values()
+  std::vector<int32_t> grads_;                  // backward_block's gradient instances
+  std::vector<int64_t> block_weight_bytes_;     // per block: this rank's unsharded weight bytes
+  // ZeRO-3: block b's bf16 weights, gathered for its forward and again for its backward.
+  int64_t gather_bytes(size_t b) const { return t_.zero >= 3 ? block_weight_bytes_[b] : 0; }
+  // ZeRO-2/3: block b's unsharded gradients, from its backward to their reduce-scatter.
+  int64_t bucket_bytes(size_t b) const {
+    return t_.zero >= 2 ? block_weight_bytes_[b] / 2 * dtype_bytes(t_.grad_dtype) : 0;
+  }
+  std::vector<std::pair<std::pair<const BlockGraph*, bool>, std::vector<std::vector<int64_t>>>>
+      workspace_cache_;
+};
+
+void ProgramBuilder::emit_statics() {
+  begin(InstrKind::kAlloc);
+  int64_t dense = 0, expert = 0;
+  std::vector<std::string> tied_seen;
+  block_weight_bytes_.assign(p_.blocks.size(), 0);
+  for (size_t b = 0; b < p_.blocks.size(); ++b) {
+    const StageBlock& blk = p_.blocks[b];
+    for (const GraphOp& op : blk.graph->ops) {
+      // A tied weight is held once, but every block using it gathers it (ZeRO-3) and buckets
+      // its gradient (ZeRO-2/3): the LM head needs the embedding table, and produces its
+      // gradient, as the embedding does.
+      bool again = false;
+      if (!op.attrs.tie.empty()) {
+        again = std::find(tied_seen.begin(), tied_seen.end(), op.attrs.tie) != tied_seen.end();
+        if (!again) tied_seen.push_back(op.attrs.tie);
+      }
+      for (size_t w = 0; w < op.weights.size(); ++w) {
+        int64_t n = op.weights[w].elements();
+        block_weight_bytes_[b] += n * 2;
+        if (again) continue;
+        (op.expert_weights ? expert : dense) += n;
+        if (t_.zero < 3)
+          new_static(statics_only() ? std::string() : static_weight_name(blk, op, w), n * 2,
+                     Category::kWeight);
+      }
+    }
+  }
+  // ZeRO shards over the data-parallel replicas of each parameter, CP ranks included (Megatron's
+  // data-parallel + CP group): dp cp for dense, dp cp / ep for experts.
+  struct Group {
+    const char* name;
+    int64_t n, shards;
+  };
+  for (Group g :
+       {Group{"dense", dense, t_.dp * t_.cp}, Group{"expert", expert, t_.dp * t_.cp / t_.ep}}) {
+    if (g.n == 0) continue;
+    std::string s = g.name;
+    if (t_.zero >= 3)
+      new_static("weights." + s + " (ZeRO-3 shard, bf16)", ceil_div(g.n, g.shards) * 2,
+                 Category::kWeight);
+    int64_t grad_n = t_.zero >= 2 ? ceil_div(g.n, g.shards) : g.n;
+    new_static("grad_buffer." + s + " (" + name_of(t_.grad_dtype) + ")",
+               grad_n * dtype_bytes(t_.grad_dtype), Category::kGradient);
+    int64_t opt_n = t_.zero >= 1 ? ceil_div(g.n, g.shards) : g.n;
+    if (t_.optimizer != Optimizer::kNone)
+      new_static("optimizer.master." + s + " (fp32)", opt_n * 4, Category::kOptimizer);
+    if (t_.optimizer == Optimizer::kAdamW) {
+      new_static("optimizer.exp_avg." + s + " (fp32)", opt_n * 4, Category::kOptimizer);
+      new_static("optimizer.exp_avg_sq." + s + " (fp32)", opt_n * 4, Category::kOptimizer);
+    }
+  }
+}
+
+void ProgramBuilder::forward_pass(int mb, int chunk) {
+  const int first = chunk_begin_[chunk], end = chunk_begin_[chunk + 1];
+  int32_t x = -1;
+  if (p_.blocks[first].kind != BlockKind::kEmbedding) {
+    const BlockGraph& g = *p_.blocks[first].graph;
+    begin(InstrKind::kRecv, first, -1, mb);
+    x = new_tensor(g.tensors[g.hidden_in].type.bytes(), first, g.hidden_in, mb,
+                   Category::kTransient, ValueKind::kValue);
+    alloc(x);
+  }
+  for (int b = first; b < end; ++b) x = forward_block(b, mb, x);
+  if (p_.blocks[end - 1].kind != BlockKind::kHead) {
+    begin(InstrKind::kSend, end - 1, -1, mb);
+    read(x);
+  }
+}
+
+int32_t ProgramBuilder::gather_params(int b, int mb) {
+  if (gather_bytes(b) == 0) return -1;
+  begin(InstrKind::kGatherParams, b, -1, mb);
+  int32_t id =
+      new_tensor(gather_bytes(b), b, -1, mb, Category::kTransient, ValueKind::kParamGather);
+  alloc(id);
+  return id;
+}
+
+int32_t ProgramBuilder::forward_block(int b, int mb, int32_t x) {
+  const StageBlock& blk = p_.blocks[b];
+  const BlockGraph& g = *blk.graph;
+  std::span<int32_t> v = values(b, mb);
+  int32_t gathered = gather_params(b, mb);
+  for (int input : g.inputs) {
+    if (input == g.hidden_in) {
+      v[input] = x;
+      if (blk.saved.saved[input]) p_.tensors[x].category = Category::kActivation;
+      continue;
+    }
+    begin(InstrKind::kLoad, b, -1, mb);
+    v[input] = new_tensor(g.tensors[input].type.bytes(), b, input, mb,
+                          blk.saved.saved[input] ? Category::kActivation : Category::kTransient,
+                          ValueKind::kValue);
+    alloc(v[input]);
+  }
+  run_ops_forward(b, mb, InstrKind::kForward, false);
+  if (gathered >= 0) read(gathered);
+  return g.hidden_out >= 0 ? v[g.hidden_out] : -1;
+}
+
+void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_recomputed) {
+  const StageBlock& blk = p_.blocks[b];
+  const BlockGraph& g = *blk.graph;
+  std::span<int32_t> v = values(b, mb);
+  bool recompute = kind == InstrKind::kRecompute;
+  for (size_t o = 0; o < g.ops.size(); ++o) {
+    if (only_recomputed && !blk.policy.recompute[o]) continue;
+    const GraphOp& op = g.ops[o];
+    begin(kind, b, static_cast<int32_t>(o), mb);
+    for (int in : op.inputs) read(v[in]);
+    for (int64_t bytes : workspace_bytes(b, true)[o])
+      alloc(new_tensor(bytes, b, static_cast<int32_t>(o), mb, Category::kTransient,
+                       ValueKind::kWorkspace));
+    for (int out : op.outputs) {
+      bool saved = !recompute && blk.saved.saved[out];
+      v[out] = new_tensor(g.tensors[out].type.bytes(), b, out, mb,
+                          saved ? Category::kActivation : Category::kTransient,
+                          recompute ? ValueKind::kRecomputed : ValueKind::kValue);
+      alloc(v[out]);
+    }
+  }
+}
+
+void ProgramBuilder::backward_pass(int mb, int chunk) {
+  const int first = chunk_begin_[chunk], last = chunk_begin_[chunk + 1] - 1;
+  int32_t grad = -1;
+  if (p_.blocks[last].kind != BlockKind::kHead) {
+    const BlockGraph& g = *p_.blocks[last].graph;
+    begin(InstrKind::kRecv, last, -1, mb);
+    grad = new_tensor(g.tensors[g.hidden_out].type.bytes(), last, g.hidden_out, mb,
+                      Category::kTransient, ValueKind::kGrad);
+    alloc(grad);
+  }
+  for (int b = last; b >= first; --b) grad = backward_block(b, mb, grad);
+  if (p_.blocks[first].kind != BlockKind::kEmbedding) {
+    begin(InstrKind::kSend, first, -1, mb);
+    read(grad);
+  }
+}
+
+int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
+  const StageBlock& blk = p_.blocks[b];
+  const BlockGraph& g = *blk.graph;
+  std::span<int32_t> v = values(b, mb);
+  std::vector<int32_t>& grads = grads_;
+  grads.assign(g.tensors.size(), -1);
+  if (g.hidden_out >= 0) grads[g.hidden_out] = grad_out;
+  int32_t gathered = gather_params(b, mb);
+  run_ops_forward(b, mb, InstrKind::kRecompute, true);
+  int32_t bucket = -1;
+  if (bucket_bytes(b) > 0) {
+    begin(InstrKind::kAlloc, b, -1, mb);
+    bucket = new_tensor(bucket_bytes(b), b, -1, mb, Category::kTransient, ValueKind::kGradBucket);
+    alloc(bucket);
+  }
+  for (int o = static_cast<int>(g.ops.size()) - 1; o >= 0; --o) {
+    const GraphOp& op = g.ops[o];
+    const OpInfo& info = op_info(op.kind);
+    bool live = info.grad_outputs == 0;
+    for (size_t j = 0; j < op.outputs.size(); ++j)
+      if ((info.grad_outputs >> j & 1u) && grads[op.outputs[j]] >= 0) live = true;
+    if (!live) continue;
+    begin(InstrKind::kBackward, b, o, mb);
+    for (size_t j = 0; j < op.outputs.size(); ++j) {
+      if ((info.grad_outputs >> j & 1u) && grads[op.outputs[j]] >= 0) read(grads[op.outputs[j]]);
+      if (info.bwd_reads_outputs >> j & 1u) read(v[op.outputs[j]]);
+    }
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      if (info.bwd_reads_inputs >> k & 1u) read(v[op.inputs[k]]);
+      if ((info.grad_inputs >> k & 1u) && grads[op.inputs[k]] >= 0) read(grads[op.inputs[k]]);
+    }
+    if (bucket >= 0 && !op.weights.empty()) read(bucket);
+    for (int64_t bytes : workspace_bytes(b, false)[o])
+      alloc(new_tensor(bytes, b, o, mb, Category::kTransient, ValueKind::kWorkspace));
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      int in_t = op.inputs[k];
+      if (!(info.grad_inputs >> k & 1u) || grads[in_t] >= 0) continue;
+      grads[in_t] = new_tensor(g.tensors[in_t].type.bytes(), b, in_t, mb, Category::kTransient,
+                               ValueKind::kGrad);
+      alloc(grads[in_t]);
+    }
+  }
+  if (bucket >= 0) {
+    begin(InstrKind::kReduceGrads, b, -1, mb);
+    read(bucket);
+  }
+  if (gathered >= 0) read(gathered);
+  return g.hidden_in >= 0 ? grads[g.hidden_in] : -1;
+}
+
+void ProgramBuilder::insert_frees() {
+  constexpr int32_t kNever = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> last(p_.tensors.size(), kNever);
+  for (int32_t i = 0; i < static_cast<int32_t>(p_.instrs.size()); ++i) {
+    const Instr& in = p_.instrs[i];
+    for (int32_t id : p_.reads(in)) last[id] = i;
+    for (int32_t id : p_.allocs(in)) last[id] = i;
+  }
+  // Tensor ids grouped by the instruction after which they die (a counting sort, ids ascending).
+  std::vector<int32_t> first(p_.instrs.size() + 1, 0), order(p_.tensors.size());
+  for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
+    if (p_.tensors[id].kind != ValueKind::kStatic) ++first[last[id] + 1];
+  for (size_t i = 1; i < first.size(); ++i) first[i] += first[i - 1];
+  std::vector<int32_t> fill(first.begin(), first.end() - 1);
+  for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
+    if (p_.tensors[id].kind != ValueKind::kStatic) order[fill[last[id]]++] = id;
+  std::vector<Instr> out;
+  std::vector<int32_t> pool;
+  out.reserve(p_.instrs.size() * 2);
+  pool.reserve(p_.pool.size() + p_.tensors.size());
+  for (size_t i = 0; i < p_.instrs.size(); ++i) {
+    Instr in = p_.instrs[i];
+    auto span = std::span<const int32_t>(p_.pool.data() + in.begin, in.n_reads + in.n_allocs);
+    in.begin = static_cast<uint32_t>(pool.size());
+    pool.insert(pool.end(), span.begin(), span.end());
+    out.push_back(in);
+    for (int32_t k = first[i]; k < first[i + 1]; ++k) {
+      int32_t id = order[k];
+      const ScheduleTensor& t = p_.tensors[id];
+      out.push_back(
+          {InstrKind::kFree, t.block, -1, t.mb, static_cast<uint32_t>(pool.size()), 1, 0});
+      pool.push_back(id);
+    }
+  }
+  p_.instrs = std::move(out);
+  p_.pool = std::move(pool);
+}
+
+}  // namespace
+
+StageStatics::StageStatics(const ModelSpec& m, const TrainSpec& t)
+    : m_(m),
+      t_(t),
+      emb_(std::make_shared<const BlockGraph>(build_embedding(m, t))),
+      layer_(std::make_shared<const BlockGraph>(build_layer(m, t))),
+      head_(std::make_shared<const BlockGraph>(build_head(m, t))) {}
+
+int64_t StageStatics::operator()(int stage, int layers) const {
+  std::vector<std::vector<int>> list(1);
+  for (int l = 0; l < layers; ++l) list[0].push_back(l);
+  return ProgramBuilder(m_, t_, stage, list, emb_, layer_, head_, nullptr, 0).static_bytes();
+}
+
+StageStatics::ZeroTransients StageStatics::zero_transients(int stage) const {
+  if (t_.zero < 2) return {};  // nothing gathered or bucketed per block
+  return ProgramBuilder(m_, t_, stage, {{0}}, emb_, layer_, head_, nullptr, 0).zero_transients();
+}
+
+Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolicies* policies,
+                        bool peak_only) {
+  auto emb = std::make_shared<const BlockGraph>(build_embedding(m, t));
+  auto layer = std::make_shared<const BlockGraph>(build_layer(m, t));
+  auto head = std::make_shared<const BlockGraph>(build_head(m, t));
+  Schedule s{m, t, {}};
+  // Each stage's layers by local chunk: chunk j of the model is stage j mod pp's chunk j / pp.
+  std::vector<int64_t> counts = chunk_layers(m, t);
+  std::vector<std::vector<std::vector<int>>> layers(t.pp);
+  for (size_t j = 0, first = 0; j < counts.size(); first += counts[j++]) {
+    std::vector<int>& chunk = layers[j % t.pp].emplace_back();
+    for (int64_t l = 0; l < counts[j]; ++l) chunk.push_back(static_cast<int>(first + l));
+  }
+  // The stages' programs are independent: built on up to hardware_concurrency threads (each
+  // reads the shared graphs and writes its own program), the same programs in the same order.
+  s.stages.resize(static_cast<size_t>(t.pp));
+  auto build_stage = [&](int stage) {
+    int64_t mbs = t.microbatches;
+    if (peak_only && t.pp_schedule == PpSchedule::k1F1B) mbs = std::min(mbs, t.pp - stage);
+    ProgramBuilder pb(m, t, stage, layers[stage], emb, layer, head, policies, mbs);
+    s.stages[static_cast<size_t>(stage)] = pb.build();
+  };
+  int threads = static_cast<int>(std::min<int64_t>(t.pp, std::thread::hardware_concurrency()));
+  if (threads <= 1) {
+    for (int stage = 0; stage < t.pp; ++stage) build_stage(stage);
+    return s;
+  }
+  std::atomic<int> next{0};
+  std::vector<std::exception_ptr> failed(static_cast<size_t>(threads));
+  std::vector<std::thread> pool;
+  for (int w = 0; w < threads; ++w)
+    pool.emplace_back([&, w] {
+      try {
+        for (int stage; (stage = next++) < t.pp;) build_stage(stage);
+      } catch (...) {
+        failed[static_cast<size_t>(w)] = std::current_exception();
+      }
+    });
+  for (std::thread& th : pool) th.join();
+  for (const std::exception_ptr& e : failed)
+    if (e) std::rethrow_exception(e);
+  return s;
+}
+
+}  // namespace np
