@@ -39,6 +39,7 @@
 #include "planner/recompute/autoplan.hpp"
 #include "planner/report/plan_report.hpp"
 #include "planner/inputs/configs.hpp"
+#include "planner/inputs/setup_flags.hpp"
 #include "planner/report/html_report.hpp"
 #include "planner/inputs/read_file.hpp"
 #include "planner/inputs/catalog.hpp"
@@ -60,14 +61,10 @@ constexpr int kExitOutOfMemory = 3;  // --enforce-budget stopped a rank
 constexpr int kExitRunFailed = 4;    // the executor itself failed (a bug, or host memory)
 
 struct Flags {
-  std::string model, sp = "auto", pp_schedule = "afab", attention = "flash", grad_dtype = "fp32";
-  std::string impl = "nanotron";
-  std::string loss_fusion = "none", grad_fusion = "on", dataloader_mask = "on";
-  std::string optimizer = "adamw", recompute, regather = "true", format = "table";
-  std::string partition = "balanced";
+  std::string model, format = "table";
+  np::SetupText setup;  // the setup flags (planner/inputs/setup_flags.hpp), as typed
   std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, te_workspace,
-      nccl_buffers,
-      allocator_slack, capacity_factor;
+      nccl_buffers, allocator_slack;
   std::string headroom = "3%";  // of the budget, or bytes
   std::string nanotron_config, megatron_args, emit;
   std::set<std::string> given;  // the options given on the command line ("--tp", ...)
@@ -75,14 +72,10 @@ struct Flags {
   bool report_run = false;
   int64_t sweep_gpus = 0;
   std::string command_line;
-  int64_t tp = 1, pp = 1, dp = 1, ep = 1, cp = 1, micro_batch = 1, seq_len = 4096;
-  int64_t vocab_multiple = 128;  // Megatron's --make-vocab-size-divisible-by
-  std::optional<int64_t> microbatches;    // default: pp
-  std::optional<int64_t> virtual_stages;  // default: 2 under interleaved, else 1
+  std::string sweep_schedules = "afab";  // sweep: pipeline schedules to try
   std::string sweep_virtual = "1";        // sweep: chunk counts to try
   std::string sweep_cp = "1";             // sweep: context-parallel degrees to try
   std::string sweep_ep;                   // sweep: expert-parallel degrees ("": MoE's all)
-  int zero = 0;
   bool explain_peak = false, verbose = false;
   // run
   std::string plan_path, scenario, backend = "cpu", enforce_budget;
@@ -130,28 +123,38 @@ constexpr int64_t kNoBound = std::numeric_limits<int64_t>::max();
 // An integer flag: a whole decimal number without wrap (np::parse_integer), within [lo, hi] where
 // the flag has its own bounds (the setup's are validate_setup's); the error names the flag, the
 // value and what is valid.
+// An integer flag: a whole decimal number without wrap within [lo, hi] where the flag has its own
+// bounds (np::parse_count_flag names the flag, the value and what is valid).
 template <typename T>
 CLI::Option* add_int(CLI::App* app, const std::string& name, T& target, const std::string& desc,
                      int64_t lo = -kNoBound - 1, int64_t hi = kNoBound) {
   auto set = [&target, name, lo, hi](const std::string& v) {
-    std::string valid = lo == 1 && hi == kNoBound   ? "a positive whole number"
-                        : lo == 0 && hi == kNoBound ? "a whole number >= 0"
-                        : lo <= -kNoBound           ? "a whole number"
-                                          : np::format_int(lo) + " to " + np::format_int(hi);
-    if (lo >= 0 && hi < kNoBound && hi - lo >= 1 && hi - lo <= 4) {  // a few values: list them
-      valid.clear();
-      for (int64_t k = lo; k <= hi; ++k) valid += (k > lo ? ", " : "") + std::to_string(k);
-    }
-    np::Result<int64_t> r = np::parse_integer(v);
-    if (!r)
-      die("invalid " + name + " " + np::quote_input(v) + ": " + r.error().message +
-          " (valid: " + valid + ")");
-    if (*r < lo || *r > hi) die("invalid " + name + " " + v + " (valid: " + valid + ")");
-    target = static_cast<T>(*r);
+    target = static_cast<T>(check(np::parse_count_flag(name, v, lo, hi)));
   };
   CLI::Option* o = app->add_option_function<std::string>(name, set, desc);
   if constexpr (std::is_integral_v<T>) o->default_str(std::to_string(target));
   return o;
+}
+
+// A setup flag of the table (np::setup_flags), into f.setup; `help` replaces the table's where a
+// subcommand reads the flag its own way.
+CLI::Option* add_setup_flag(CLI::App* app, Flags& f, const np::SetupFlag& s,
+                            const std::string& help = "") {
+  std::string name(s.name);
+  auto set = [&f, name, count = s.count, lo = s.lo, hi = s.hi](const std::string& v) {
+    if (count) check(np::parse_count_flag(name, v, lo, hi));
+    f.setup.set(name, v);
+  };
+  CLI::Option* o =
+      app->add_option_function<std::string>(name, set, help.empty() ? std::string(s.help) : help);
+  if (!s.default_text.empty()) o->default_str(std::string(s.default_text));
+  return o;
+}
+
+const np::SetupFlag& setup_flag(std::string_view name) {
+  for (const np::SetupFlag& s : np::setup_flags())
+    if (s.name == name) return s;
+  throw std::logic_error("not a setup flag: " + std::string(name));
 }
 
 void add_headroom_flag(CLI::App* app, Flags& f) {
@@ -182,74 +185,7 @@ void add_setup_flags(CLI::App* app, Flags& f) {
     app->add_option("--emit", f.emit,
                     "print the plan's closest config instead of the report: nanotron (a YAML "
                     "fragment) or megatron (flags)");
-  add_int(app, "--tp", f.tp, "tensor-parallel degree");
-  add_int(app, "--pp", f.pp, "pipeline-parallel degree");
-  add_int(app, "--dp", f.dp, "data-parallel degree");
-  add_int(app, "--ep", f.ep, "expert-parallel degree (MoE; carved out of dp)");
-  app->add_option("--moe-capacity-factor", f.capacity_factor,
-                  "MoE expert capacity factor (Megatron's --moe-expert-capacity-factor, padded to "
-                  "capacity, overflow dropped in token order); 0 or unset: dropless");
-  add_int(app, "--cp", f.cp,
-          "context-parallel degree: each sequence split over cp ranks (Megatron's "
-          "--context-parallel-size; flash attention)");
-  app->add_option("--sp", f.sp,
-                  "sequence parallelism: on, off, auto (on when tp > 1, nanotron's REDUCE_SCATTER)")
-      ->capture_default_str();
-  add_int(app, "--zero", f.zero, "ZeRO stage over dp: 0, 1, 2, 3", 0, 3);
-  add_int(app, "--micro-batch", f.micro_batch, "sequences per micro-batch");
-  add_int(app, "--seq-len", f.seq_len, "sequence length in tokens");
-  add_int(app, "--microbatches", f.microbatches,
-          "gradient-accumulation steps per optimizer step (default: pp)");
-  app->add_option("--pp-schedule", f.pp_schedule,
-                  "pipeline schedule: 1f1b, afab (nanotron's default), interleaved (Megatron's "
-                  "1F1B over virtual stages)")
-      ->capture_default_str();
-  add_int(app, "--virtual-stages", f.virtual_stages,
-          "model chunks per pipeline stage under --pp-schedule interleaved (Megatron's "
-          "--num-layers-per-virtual-pipeline-stage as a count; default 2 there, else 1)");
-  app->add_option("--attention", f.attention, "attention implementation: flash, eager")
-      ->capture_default_str();
-  app->add_option("--impl", f.impl,
-                  "whose kernels: nanotron (norm statistics kept, unfused GLU, fp32 logits copy), "
-                  "megatron (statistics kept, fused SwiGLU, in-place loss), fused (the least kept), "
-                  "hf (Hugging Face transformers' Llama in PyTorch ops: fp32 norm copies, repeated "
-                  "K/V, fp32 softmax and log-softmax)")
-      ->capture_default_str();
-  app->add_option("--cross-entropy-fusion", f.loss_fusion,
-                  "Megatron's loss under --impl megatron: none (vocab_parallel_cross_entropy, "
-                  "fp32 softmax kept), native (--cross-entropy-loss-fusion, the same memory), te "
-                  "(--cross-entropy-fusion-impl te: only the bf16 logits kept)")
-      ->capture_default_str();
-  app->add_option("--gradient-accumulation-fusion", f.grad_fusion,
-                  "Megatron's under --impl megatron: on (weight gradients added into the fp32 "
-                  "buffer by the GEMM; Transformer Engine keeps a placeholder per weight shape), "
-                  "off (--no-gradient-accumulation-fusion: each weight gradient whole in bf16 "
-                  "first)")
-      ->capture_default_str();
-  app->add_option("--dataloader-attention-mask", f.dataloader_mask,
-                  "Megatron's under --impl megatron: on (its default: a bool [b, 1, s, s] causal "
-                  "mask on the first and last stages during each forward), off "
-                  "(--no-create-attention-mask-in-dataloader)")
-      ->capture_default_str();
-  add_int(app, "--make-vocab-size-divisible-by", f.vocab_multiple,
-          "Megatron's under --impl megatron: the vocabulary padded to a multiple of this x tp",
-          1, 1 << 20);
-  app->add_option("--grad-accum-dtype", f.grad_dtype,
-                  "gradient accumulation dtype: fp32 (nanotron's accumulate_grad_in_fp32), bf16")
-      ->capture_default_str();
-  app->add_option("--optimizer", f.optimizer, "adamw, sgd, none")->capture_default_str();
-  app->add_option(
-      "--recompute", f.recompute,
-      "none, selective (attention core), full (nanotron's recompute_layer: true), auto (cheapest "
-      "per-layer plan that fits; the default with --budget or --gpu, else none)");
-  app->add_option("--tp-recompute-allgather", f.regather,
-                  "true, false: keep the SP shard and all-gather again in backward")
-      ->capture_default_str();
-  app->add_option("--partition", f.partition,
-                  "decoder layers per pipeline stage: balanced (by FLOPs), auto (searched with "
-                  "--recompute auto: the split whose slowest stage is fastest), or counts such as "
-                  "21,20,20,19")
-      ->capture_default_str();
+  for (const np::SetupFlag& s : np::setup_flags()) add_setup_flag(app, f, s);
   app->add_option("--budget", f.budget,
                   "bytes per GPU: 80GB (10^9), 80GiB (2^30), 85899345920, \"80 GB\"");
   add_headroom_flag(app, f);
@@ -292,12 +228,6 @@ void refuse_empty_values(const CLI::App* sub) {
   }
 }
 
-bool parse_bool(const std::string& flag, const std::string& v) {
-  if (v == "true" || v == "on" || v == "1") return true;
-  if (v == "false" || v == "off" || v == "0") return false;
-  die("invalid " + flag + " " + np::quote_input(v) + " (valid: true, false)");
-}
-
 // A real number in [0, most] for a flag, or the one-line error naming the valid values.
 double parse_real(const std::string& flag, const std::string& text, double most,
                   const std::string& valid) {
@@ -308,55 +238,14 @@ double parse_real(const std::string& flag, const std::string& text, double most,
   return v;
 }
 
-np::TrainSpec make_setup(const Flags& f) {
-  np::TrainSpec t;
-  t.tp = f.tp, t.pp = f.pp, t.dp = f.dp, t.ep = f.ep, t.cp = f.cp, t.zero = f.zero;
-  t.micro_batch = f.micro_batch, t.seq_len = f.seq_len;
-  if (!f.capacity_factor.empty())
-    t.moe_capacity_factor = parse_real("--moe-capacity-factor", f.capacity_factor, 64,
-                                       "0 for dropless routing, or a factor in (0, 64] such as 1.25");
-  t.microbatches = f.microbatches.value_or(std::max<int64_t>(1, f.pp));
-  if (f.sp != "auto" && f.sp != "on" && f.sp != "off")
-    die("invalid --sp " + np::quote_input(f.sp) + " (valid: on, off, auto)");
-  t.sp = f.sp == "auto" ? f.tp > 1 : f.sp == "on";
-  t.pp_schedule = check(np::parse_enum<np::PpSchedule>("--pp-schedule", f.pp_schedule));
-  t.virtual_stages =
-      f.virtual_stages.value_or(t.pp_schedule == np::PpSchedule::kInterleaved ? 2 : 1);
-  t.attention = check(np::parse_enum<np::AttentionImpl>("--attention", f.attention));
-  t.impl = check(np::parse_enum<np::Impl>("--impl", f.impl));
-  t.loss_fusion = check(np::parse_enum<np::LossFusion>("--cross-entropy-fusion", f.loss_fusion));
-  if (f.grad_fusion != "on" && f.grad_fusion != "off")
-    die("invalid --gradient-accumulation-fusion " + np::quote_input(f.grad_fusion) +
-        " (valid: on, off)");
-  t.grad_accum_fusion = f.grad_fusion == "on";
-  if (f.dataloader_mask != "on" && f.dataloader_mask != "off")
-    die("invalid --dataloader-attention-mask " + np::quote_input(f.dataloader_mask) +
-        " (valid: on, off)");
-  t.dataloader_mask = f.dataloader_mask == "on";
-  t.vocab_multiple = f.vocab_multiple;
-  t.grad_dtype = check(np::parse_enum<np::Dtype>("--grad-accum-dtype", f.grad_dtype));
-  t.optimizer = check(np::parse_enum<np::Optimizer>("--optimizer", f.optimizer));
-  bool budgeted = !f.budget.empty() || !f.gpu.empty();
-  t.recompute = f.recompute.empty()
-                    ? (budgeted ? np::Recompute::kAuto : np::Recompute::kNone)
-                    : check(np::parse_enum<np::Recompute>("--recompute", f.recompute));
-  if (t.recompute == np::Recompute::kAuto && !budgeted)
-    die("--recompute auto needs a budget: give --budget or --gpu");
-  t.tp_recompute_allgather = parse_bool("--tp-recompute-allgather", f.regather);
-  if (f.partition == "auto" && t.recompute != np::Recompute::kAuto)
-    die("--partition auto searches with the recompute plan: it needs --recompute auto and a "
-        "budget (--budget or --gpu)");
-  if (f.partition == "auto" && t.pp_schedule == np::PpSchedule::kInterleaved)
-    die("--partition auto searches contiguous stage splits; the interleaved schedule splits the "
-        "layers into balanced chunks (use --partition balanced, or --pp-schedule 1f1b)");
-  if (f.partition != "balanced" && f.partition != "auto")
-    t.stage_layers = check(np::parse_partition(f.partition));
-  return t;
-}
+// A budget was given (--budget, or --gpu's memory): --recompute auto is then the default.
+bool budgeted(const Flags& f) { return !f.budget.empty() || !f.gpu.empty(); }
+
+np::TrainSpec make_setup(const Flags& f) { return check(np::setup_from_flags(f.setup, budgeted(f))); }
 
 // The auto planner's options from the flags.
 np::AutoPlanOptions plan_options(const Flags& f) {
-  return {.search_partition = f.partition == "auto"};
+  return {.search_partition = f.setup["--partition"] == "auto"};
 }
 
 np::RuntimeAssumptions make_runtime(const Flags& f) {
@@ -379,43 +268,14 @@ np::RuntimeAssumptions make_runtime(const Flags& f) {
 
 // The budget as given (--budget, or --gpu's memory).
 std::optional<int64_t> given_budget(const Flags& f) {
-  if (!f.budget.empty()) {
-    np::Result<int64_t> r = np::parse_bytes(f.budget);
-    if (!r) die("--budget: " + r.error().message);
-    // A number without a unit is bytes; no GPU has under 1 MiB, so such a budget lost its unit.
-    if (*r < (int64_t{1} << 20))
-      die("invalid --budget " + np::quote_input(f.budget) + ": " + np::format_int(*r) +
-          " bytes is under 1 MiB; give a unit (valid: such as 80GB, 80GiB or 85899345920)");
-    return *r;
-  }
+  if (!f.budget.empty()) return check(np::parse_budget(f.budget));
   if (f.gpu.empty()) return std::nullopt;
   auto gpus = check(np::load_gpu_catalog(models_dir(f) + "/gpus/gpus.toml"));
   return check(np::resolve_gpu(gpus, f.gpu)).memory_bytes;
 }
 
-// Bytes of the budget kept free (--headroom): a percentage of it or bytes, below the budget.
 int64_t headroom_bytes(const Flags& f, int64_t budget) {
-  const std::string valid = "a percentage of the budget in [0, 50] such as 3%, or bytes below "
-                            "the budget such as 2GiB";
-  const std::string& h = f.headroom;
-  if (!h.empty() && h.back() == '%') {
-    char* end = nullptr;
-    std::string number = h.substr(0, h.size() - 1);
-    double pct = std::strtod(number.c_str(), &end);
-    if (number.empty() || *end != '\0' || !(pct >= 0 && pct <= 50))
-      die("invalid --headroom " + np::quote_input(h) + " (valid: " + valid + ")");
-    return static_cast<int64_t>(static_cast<double>(budget) * pct / 100);
-  }
-  // A bare number is ambiguous (bytes, or a percentage without its sign): a unit or % is needed.
-  if (!h.empty() && h.find_first_not_of("0123456789.") == std::string::npos && h != "0")
-    die("invalid --headroom " + np::quote_input(h) + ": give a unit or % (valid: " + valid + ")");
-  np::Result<int64_t> r = np::parse_bytes(h, /*allow_zero=*/true);
-  if (!r) die("--headroom: " + r.error().message);
-  if (*r >= budget)
-    die("invalid --headroom " + np::quote_input(h) + ": " + np::format_int(*r) +
-        " bytes leave nothing of the budget of " + np::format_int(budget) + " (valid: " + valid +
-        ")");
-  return *r;
+  return check(np::parse_headroom(f.headroom, budget));
 }
 
 // The bytes a plan must fit: the budget less the headroom.
@@ -444,41 +304,7 @@ struct Resolved {
 
 // A setup read from a config, with every setup flag given on the command line applied over it.
 np::TrainSpec override_with_flags(const np::ConfigSetup& c, const Flags& f) {
-  np::TrainSpec t = c.setup;
-  const np::TrainSpec flags = make_setup(f);
-  auto given = [&](const char* flag) { return f.given.count(flag) > 0; };
-  if (given("--tp")) t.tp = flags.tp;
-  if (given("--pp")) t.pp = flags.pp;
-  if (given("--dp")) t.dp = flags.dp;
-  if (given("--ep")) t.ep = flags.ep;
-  if (given("--cp")) t.cp = flags.cp;
-  if (given("--sp")) t.sp = flags.sp;
-  if (given("--zero")) t.zero = flags.zero;
-  if (given("--micro-batch")) t.micro_batch = flags.micro_batch;
-  if (given("--seq-len")) t.seq_len = flags.seq_len;
-  if (given("--microbatches")) t.microbatches = flags.microbatches;
-  if (given("--pp-schedule") || given("--virtual-stages"))
-    t.pp_schedule = flags.pp_schedule, t.virtual_stages = flags.virtual_stages;
-  if (given("--attention")) t.attention = flags.attention;
-  if (given("--impl")) t.impl = flags.impl;
-  if (given("--cross-entropy-fusion")) t.loss_fusion = flags.loss_fusion;
-  if (given("--gradient-accumulation-fusion")) t.grad_accum_fusion = flags.grad_accum_fusion;
-  if (given("--dataloader-attention-mask")) t.dataloader_mask = flags.dataloader_mask;
-  if (given("--make-vocab-size-divisible-by")) t.vocab_multiple = flags.vocab_multiple;
-  if (given("--grad-accum-dtype")) t.grad_dtype = flags.grad_dtype;
-  if (given("--optimizer")) t.optimizer = flags.optimizer;
-  if (given("--tp-recompute-allgather")) t.tp_recompute_allgather = flags.tp_recompute_allgather;
-  if (given("--partition")) {
-    t.stage_layers = flags.stage_layers;
-  } else if (given("--pp") || given("--pp-schedule") || given("--virtual-stages")) {
-    t.stage_layers.clear();  // the config's split was for its own pp and schedule: balanced
-  }
-  if (given("--moe-capacity-factor")) t.moe_capacity_factor = flags.moe_capacity_factor;
-  // The recompute policy: the flag, else the config's, else the flags' default (auto with a
-  // budget).
-  if (given("--recompute") || !c.given.count("--recompute")) t.recompute = flags.recompute;
-  if (t.tp == 1) t.sp = false;
-  return t;
+  return check(np::override_setup(c.setup, c.given.count("--recompute") > 0, f.setup, budgeted(f)));
 }
 
 // RoPE runs past the trained positions (learned ones cannot: validate_setup refuses them): said.
@@ -519,7 +345,7 @@ Resolved resolve(const Flags& f) {
   np::ModelSpec m = check(np::resolve_model(catalog, f.model));
   np::TrainSpec t = make_setup(f);
   if (!f.megatron_args.empty()) {
-    np::ConfigSetup c = check(np::megatron_args(f.megatron_args, m, f.dp));
+    np::ConfigSetup c = check(np::megatron_args(f.megatron_args, m, t.dp));
     for (const std::string& n : c.notes) std::cerr << "nanoplan: " << n << "\n";
     t = override_with_flags(c, f);
   }
@@ -903,13 +729,12 @@ int run_run(const Flags& f, CLI::App* app) {
                                             make_hardware(f), plan_options(f));
     return run_one(s, f, "run: " + r.model.name + ", " + np::describe_short(r.setup));
   }
-  for (const char* flag :
-       {"--tp", "--pp", "--dp", "--ep", "--cp", "--sp", "--zero", "--micro-batch", "--seq-len",
-        "--microbatches", "--pp-schedule", "--virtual-stages", "--attention", "--impl",
-        "--cross-entropy-fusion", "--gradient-accumulation-fusion", "--dataloader-attention-mask", "--make-vocab-size-divisible-by", "--grad-accum-dtype", "--optimizer", "--recompute", "--tp-recompute-allgather", "--partition",
-        "--moe-capacity-factor", "--nanotron-config", "--megatron-args"})
+  std::vector<std::string> setup_given;
+  for (const np::SetupFlag& sf : np::setup_flags()) setup_given.emplace_back(sf.name);
+  setup_given.insert(setup_given.end(), {"--nanotron-config", "--megatron-args"});
+  for (const std::string& flag : setup_given)
     if (app->count(flag) > 0)
-      die(std::string(flag) +
+      die(flag +
           " conflicts with a plan file: the setup comes from the plan (re-run nanoplan plan to "
           "change it)");
   np::Schedule s = check(np::load_plan(f.plan_path));
@@ -961,21 +786,22 @@ std::string shell_word(const std::string& w) {
 // The sweep's options from the flags (sweep, and report --sweep-gpus).
 np::SweepOptions make_sweep_options(const Flags& f) {
   Flags g = f;
-  g.recompute = "auto";
-  g.partition = "balanced";  // the sweep searches per setup when asked
+  g.setup.set("--recompute", "auto");
+  g.setup.set("--partition", "balanced");  // the sweep searches per setup when asked
   // --pp-schedule: one schedule or a list (afab,1f1b); estimate's default, afab, when not given.
   std::vector<np::PpSchedule> schedules;
-  for (size_t at = 0; at <= f.pp_schedule.size();) {
-    size_t comma = std::min(f.pp_schedule.find(',', at), f.pp_schedule.size());
+  const std::string& list = f.sweep_schedules;
+  for (size_t at = 0; at <= list.size();) {
+    size_t comma = std::min(list.find(',', at), list.size());
     np::PpSchedule s =
-        check(np::parse_enum<np::PpSchedule>("--pp-schedule", f.pp_schedule.substr(at, comma - at)));
+        check(np::parse_enum<np::PpSchedule>("--pp-schedule", list.substr(at, comma - at)));
     if (s == np::PpSchedule::kInterleaved)
       die("invalid --pp-schedule interleaved for sweep (valid: afab, 1f1b, or both as afab,1f1b; "
           "--virtual-stages 1,2,4 adds the interleaved schedule)");
     if (std::find(schedules.begin(), schedules.end(), s) == schedules.end()) schedules.push_back(s);
     at = comma + 1;
   }
-  g.pp_schedule = np::name_of(schedules.front());
+  g.setup.set("--pp-schedule", np::name_of(schedules.front()));
   np::SweepOptions o;
   o.schedules = schedules;
   o.gpus = f.gpus, o.budget = *make_budget(f), o.global_batch = f.global_batch.value_or(0);
@@ -989,7 +815,7 @@ np::SweepOptions make_sweep_options(const Flags& f) {
   o.base = make_setup(g);
   o.runtime = make_runtime(f);
   o.hw = make_hardware(f);
-  o.search_partition = f.partition == "auto";
+  o.search_partition = f.setup["--partition"] == "auto";
   // A comma-separated list of degrees from 1 to `most`, or the one-line error naming the flag.
   auto degrees = [](const char* flag, const std::string& text, const std::string& what,
                     int64_t most) {
@@ -1011,8 +837,8 @@ int run_sweep(const Flags& f) {
   if (f.budget.empty() && f.gpu.empty()) die("sweep needs a budget: give --budget or --gpu");
   if (f.format != "table" && f.format != "json" && f.format != "csv")
     die("invalid --format " + np::quote_input(f.format) + " (valid: table, json, csv)");
-  if (f.partition != "balanced" && f.partition != "auto")
-    die("invalid --partition " + np::quote_input(f.partition) +
+  if (f.setup["--partition"] != "balanced" && f.setup["--partition"] != "auto")
+    die("invalid --partition " + np::quote_input(f.setup["--partition"]) +
         " for sweep (valid: balanced, auto; layer counts depend on pp)");
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   np::ModelSpec m = check(np::resolve_model(catalog, f.model));
@@ -1077,6 +903,7 @@ int run_report(const Flags& f) {
     if (!budget) die("report --sweep-gpus needs a budget: give --budget or --gpu");
     Flags g = f;
     g.gpus = f.sweep_gpus, g.model = r.model.name;
+    g.sweep_schedules = f.setup["--pp-schedule"];  // the report's own schedule
     in.sweep_options = make_sweep_options(g);
     in.sweep = np::sweep(r.model, in.sweep_options);
   }
@@ -1165,10 +992,10 @@ int main(int argc, char** argv) {
   sw->add_option("--gpu", f.gpu,
                  "GPU (nanoplan gpus): the cost model, and the budget unless --budget gives one");
   add_headroom_flag(sw, f);
-  add_int(sw, "--seq-len", f.seq_len, "sequence length");
+  add_setup_flag(sw, f, setup_flag("--seq-len"), "sequence length");
   add_int(sw, "--global-batch", f.global_batch, "sequences per optimizer step (default 4 x gpus)",
           1, 1 << 30);
-  sw->add_option("--pp-schedule", f.pp_schedule,
+  sw->add_option("--pp-schedule", f.sweep_schedules,
                  "schedules to try: afab (the default, as estimate's), 1f1b, or afab,1f1b")
       ->capture_default_str();
   sw->add_option("--ep", f.sweep_ep,
@@ -1182,11 +1009,10 @@ int main(int argc, char** argv) {
                  "chunks per pipeline stage to try, e.g. 1,2,4: 1 is --pp-schedule, more the "
                  "interleaved schedule")
       ->capture_default_str();
-  sw->add_option("--attention", f.attention, "flash, eager")->capture_default_str();
-  sw->add_option("--impl", f.impl, "nanotron, megatron, fused, hf")->capture_default_str();
-  sw->add_option("--partition", f.partition,
-                 "layers per stage: balanced (by FLOPs), auto (searched for every setup)")
-      ->capture_default_str();
+  add_setup_flag(sw, f, setup_flag("--attention"), "flash, eager");
+  add_setup_flag(sw, f, setup_flag("--impl"), "nanotron, megatron, fused, hf");
+  add_setup_flag(sw, f, setup_flag("--partition"),
+                 "layers per stage: balanced (by FLOPs), auto (searched for every setup)");
   add_int(sw, "--top", f.top, "setups to show", 1, 1'000'000);
   sw->add_option("--format", f.format, "table, json, csv")->capture_default_str();
   sw->add_option("--models-dir", f.models_dir, "model catalog folder");

@@ -412,6 +412,12 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   return std::nullopt;
 }
 
+std::string format_partition(const std::vector<int64_t>& counts) {
+  std::string s;
+  for (int64_t n : counts) s += (s.empty() ? "" : ",") + std::to_string(n);
+  return s;
+}
+
 Result<std::vector<int64_t>> parse_partition(std::string_view text) {
   return parse_count_list("--partition", text,
                           "balanced, auto, or layer counts such as 21,20,20,19");

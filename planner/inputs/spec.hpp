@@ -166,6 +166,8 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t);
 // Layers per pipeline stage as the user writes them, "21,20,20,19": decimal integers below 10^9
 // separated by commas. (Whether they add up to the model's layers over pp is validate_setup's.)
 Result<std::vector<int64_t>> parse_partition(std::string_view text);
+// Layer counts per stage as --partition takes them: "21,20,20,19".
+std::string format_partition(const std::vector<int64_t>& counts);
 // The same syntax for any flag; the error names the flag and `valid`.
 Result<std::vector<int64_t>> parse_count_list(std::string_view flag, std::string_view text,
                                               std::string_view valid);

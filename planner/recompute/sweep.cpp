@@ -12,6 +12,7 @@
 
 #include "planner/schedule/plan_io.hpp"
 #include "planner/schedule/schedule.hpp"
+#include "planner/inputs/setup_flags.hpp"
 #include "planner/inputs/units.hpp"
 
 namespace np {
@@ -160,31 +161,8 @@ SweepReport sweep(const ModelSpec& m, const SweepOptions& o,
 }
 
 std::string estimate_command(const SweepResult& x, const SweepOptions& o) {
-  const TrainSpec& t = x.setup;
-  auto flag = [](const char* name, int64_t v) { return std::string(" ") + name + " " + std::to_string(v); };
-  std::string c = "nanoplan estimate --model " + o.model_arg + flag("--tp", t.tp);
-  if (t.cp > 1) c += flag("--cp", t.cp);
-  c += flag("--pp", t.pp) + flag("--dp", t.dp);
-  if (t.ep > 1) c += flag("--ep", t.ep);
-  if (t.moe_capacity_factor > 0) {
-    char cf[32];
-    std::snprintf(cf, sizeof cf, "%g", t.moe_capacity_factor);
-    c += std::string(" --moe-capacity-factor ") + cf;
-  }
-  if (t.zero > 0) c += flag("--zero", t.zero);
-  c += flag("--micro-batch", t.micro_batch) + flag("--microbatches", t.microbatches) +
-       flag("--seq-len", t.seq_len);
-  if (t.pp > 1) c += std::string(" --pp-schedule ") + name_of(t.pp_schedule);
-  if (t.pp_schedule == PpSchedule::kInterleaved) c += flag("--virtual-stages", t.virtual_stages);
-  if (!t.stage_layers.empty()) c += " --partition " + format_partition(t.stage_layers);
-  if (t.attention != AttentionImpl::kFlash) c += std::string(" --attention ") + name_of(t.attention);
-  if (t.impl != Impl::kNanotron) c += std::string(" --impl ") + name_of(t.impl);
-  if (t.loss_fusion != LossFusion::kNone)
-    c += std::string(" --cross-entropy-fusion ") + name_of(t.loss_fusion);
-  if (!t.grad_accum_fusion) c += " --gradient-accumulation-fusion off";
-  if (!t.dataloader_mask) c += " --dataloader-attention-mask off";
-  if (t.vocab_multiple != 128) c += flag("--make-vocab-size-divisible-by", t.vocab_multiple);
-  return c + (o.budget_flags.empty() ? "" : " " + o.budget_flags);
+  return "nanoplan estimate --model " + o.model_arg + setup_command_flags(x.setup) +
+         (o.budget_flags.empty() ? "" : " " + o.budget_flags);
 }
 
 std::string sweep_table(const SweepReport& r, const ModelSpec& m, const SweepOptions& o,

@@ -133,12 +133,6 @@ std::string format_ranges(const std::vector<int>& layers) {
   return s.empty() ? "none" : s;
 }
 
-std::string format_partition(const std::vector<int64_t>& counts) {
-  std::string s;
-  for (int64_t n : counts) s += (s.empty() ? "" : ",") + std::to_string(n);
-  return s;
-}
-
 namespace {
 // The contiguous split of the layers into P parts balancing FLOPs (embedding in the first part,
 // head in the last).

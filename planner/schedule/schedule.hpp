@@ -172,8 +172,6 @@ std::vector<int64_t> chunk_layers(const ModelSpec& m, const TrainSpec& t);
 std::vector<std::vector<int>> stage_layer_lists(const ModelSpec& m, const TrainSpec& t);
 // Layer indices as ranges: "0-3,8-11" ("none" when empty).
 std::string format_ranges(const std::vector<int>& layers);
-// Layer counts per stage as --partition takes them: "21,20,20,19".
-std::string format_partition(const std::vector<int64_t>& counts);
 
 // The static bytes (weights, gradient buffers, optimizer states) of a stage holding a given
 // number of decoder layers, as its program allocates them; for partition searches.

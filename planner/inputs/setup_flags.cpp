@@ -1,0 +1,345 @@
+// The setup flags' table and what reads it (setup_flags.hpp).
+#include "planner/inputs/setup_flags.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <stdexcept>
+
+#include "planner/inputs/units.hpp"
+
+namespace np {
+namespace {
+
+constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+std::string number(int64_t v) { return std::to_string(v); }
+
+Result<double> parse_real(std::string_view flag, const std::string& text, double most,
+                          std::string_view valid) {
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !(v >= 0 && v <= most))
+    return make_error("invalid " + std::string(flag) + " " + quote_input(text) + " (valid: " +
+                      std::string(valid) + ")");
+  return v;
+}
+
+Result<bool> parse_switch(std::string_view flag, const std::string& v, const char* yes,
+                          const char* no) {
+  if (v == yes) return true;
+  if (v == no) return false;
+  return make_error("invalid " + std::string(flag) + " " + quote_input(v) + " (valid: " + yes +
+                    ", " + no + ")");
+}
+
+Result<bool> parse_bool(std::string_view flag, const std::string& v) {
+  if (v == "true" || v == "on" || v == "1") return true;
+  if (v == "false" || v == "off" || v == "0") return false;
+  return make_error("invalid " + std::string(flag) + " " + quote_input(v) +
+                    " (valid: true, false)");
+}
+
+std::string capacity_text(double f) {
+  char cf[32];
+  std::snprintf(cf, sizeof cf, "%g", f);
+  return cf;
+}
+
+std::vector<SetupFlag> make_table() {
+  using T = TrainSpec;
+  auto never = [](const T&) -> std::string { return std::string(); };
+  return {
+      {"--tp", "tensor-parallel degree", "1", true, kMin, kMax,
+       [](T& to, const T& f) { to.tp = f.tp; }, [](const T& t) -> std::string { return number(t.tp); }},
+      {"--cp", "context-parallel degree: each sequence split over cp ranks (Megatron's "
+               "--context-parallel-size; flash attention)",
+       "1", true, kMin, kMax, [](T& to, const T& f) { to.cp = f.cp; },
+       [](const T& t) -> std::string { return t.cp > 1 ? number(t.cp) : ""; }},
+      {"--pp", "pipeline-parallel degree", "1", true, kMin, kMax,
+       [](T& to, const T& f) { to.pp = f.pp; }, [](const T& t) -> std::string { return number(t.pp); }},
+      {"--dp", "data-parallel degree", "1", true, kMin, kMax,
+       [](T& to, const T& f) { to.dp = f.dp; }, [](const T& t) -> std::string { return number(t.dp); }},
+      {"--ep", "expert-parallel degree (MoE; carved out of dp)", "1", true, kMin, kMax,
+       [](T& to, const T& f) { to.ep = f.ep; },
+       [](const T& t) -> std::string { return t.ep > 1 ? number(t.ep) : ""; }},
+      {"--moe-capacity-factor",
+       "MoE expert capacity factor (Megatron's --moe-expert-capacity-factor, padded to capacity, "
+       "overflow dropped in token order); 0 or unset: dropless",
+       "", false, kMin, kMax,
+       [](T& to, const T& f) { to.moe_capacity_factor = f.moe_capacity_factor; },
+       [](const T& t) -> std::string {
+         return t.moe_capacity_factor > 0 ? capacity_text(t.moe_capacity_factor) : "";
+       }},
+      {"--sp", "sequence parallelism: on, off, auto (on when tp > 1, nanotron's REDUCE_SCATTER)",
+       "auto", false, kMin, kMax, [](T& to, const T& f) { to.sp = f.sp; },
+       [](const T& t) -> std::string { return t.sp == (t.tp > 1) ? "" : t.sp ? "on" : "off"; }},
+      {"--zero", "ZeRO stage over dp: 0, 1, 2, 3", "0", true, 0, 3,
+       [](T& to, const T& f) { to.zero = f.zero; },
+       [](const T& t) -> std::string { return t.zero > 0 ? number(t.zero) : ""; }},
+      {"--micro-batch", "sequences per micro-batch", "1", true, kMin, kMax,
+       [](T& to, const T& f) { to.micro_batch = f.micro_batch; },
+       [](const T& t) -> std::string { return number(t.micro_batch); }},
+      {"--microbatches", "gradient-accumulation steps per optimizer step (default: pp)", "", true,
+       kMin, kMax, [](T& to, const T& f) { to.microbatches = f.microbatches; },
+       [](const T& t) -> std::string { return number(t.microbatches); }},
+      {"--seq-len", "sequence length in tokens", "4096", true, kMin, kMax,
+       [](T& to, const T& f) { to.seq_len = f.seq_len; },
+       [](const T& t) -> std::string { return number(t.seq_len); }},
+      {"--pp-schedule",
+       "pipeline schedule: 1f1b, afab (nanotron's default), interleaved (Megatron's 1F1B over "
+       "virtual stages)",
+       "afab", false, kMin, kMax,
+       [](T& to, const T& f) { to.pp_schedule = f.pp_schedule, to.virtual_stages = f.virtual_stages; },
+       [](const T& t) -> std::string { return t.pp > 1 ? std::string(name_of(t.pp_schedule)) : ""; }},
+      {"--virtual-stages",
+       "model chunks per pipeline stage under --pp-schedule interleaved (Megatron's "
+       "--num-layers-per-virtual-pipeline-stage as a count; default 2 there, else 1)",
+       "", true, kMin, kMax,
+       [](T& to, const T& f) { to.pp_schedule = f.pp_schedule, to.virtual_stages = f.virtual_stages; },
+       [](const T& t) -> std::string {
+         return t.pp_schedule == PpSchedule::kInterleaved ? number(t.virtual_stages) : "";
+       }},
+      {"--partition",
+       "decoder layers per pipeline stage: balanced (by FLOPs), auto (searched with --recompute "
+       "auto: the split whose slowest stage is fastest), or counts such as 21,20,20,19",
+       "balanced", false, kMin, kMax,
+       [](T& to, const T& f) { to.stage_layers = f.stage_layers; },
+       [](const T& t) -> std::string { return t.stage_layers.empty() ? "" : format_partition(t.stage_layers); }},
+      {"--attention", "attention implementation: flash, eager", "flash", false, kMin, kMax,
+       [](T& to, const T& f) { to.attention = f.attention; },
+       [](const T& t) -> std::string {
+         return t.attention != AttentionImpl::kFlash ? std::string(name_of(t.attention)) : "";
+       }},
+      {"--impl",
+       "whose kernels: nanotron (norm statistics kept, unfused GLU, fp32 logits copy), megatron "
+       "(statistics kept, fused SwiGLU, in-place loss), fused (the least kept), hf (Hugging Face "
+       "transformers' Llama in PyTorch ops: fp32 norm copies, repeated K/V, fp32 softmax and "
+       "log-softmax)",
+       "nanotron", false, kMin, kMax, [](T& to, const T& f) { to.impl = f.impl; },
+       [](const T& t) -> std::string { return t.impl != Impl::kNanotron ? std::string(name_of(t.impl)) : ""; }},
+      {"--cross-entropy-fusion",
+       "Megatron's loss under --impl megatron: none (vocab_parallel_cross_entropy, fp32 softmax "
+       "kept), native (--cross-entropy-loss-fusion, the same memory), te "
+       "(--cross-entropy-fusion-impl te: only the bf16 logits kept)",
+       "none", false, kMin, kMax, [](T& to, const T& f) { to.loss_fusion = f.loss_fusion; },
+       [](const T& t) -> std::string {
+         return t.loss_fusion != LossFusion::kNone ? std::string(name_of(t.loss_fusion)) : "";
+       }},
+      {"--gradient-accumulation-fusion",
+       "Megatron's under --impl megatron: on (weight gradients added into the fp32 buffer by the "
+       "GEMM; Transformer Engine keeps a placeholder per weight shape), off "
+       "(--no-gradient-accumulation-fusion: each weight gradient whole in bf16 first)",
+       "on", false, kMin, kMax,
+       [](T& to, const T& f) { to.grad_accum_fusion = f.grad_accum_fusion; },
+       [](const T& t) -> std::string { return t.grad_accum_fusion ? "" : "off"; }},
+      {"--dataloader-attention-mask",
+       "Megatron's under --impl megatron: on (its default: a bool [b, 1, s, s] causal mask on the "
+       "first and last stages during each forward), off "
+       "(--no-create-attention-mask-in-dataloader)",
+       "on", false, kMin, kMax, [](T& to, const T& f) { to.dataloader_mask = f.dataloader_mask; },
+       [](const T& t) -> std::string { return t.dataloader_mask ? "" : "off"; }},
+      {"--make-vocab-size-divisible-by",
+       "Megatron's under --impl megatron: the vocabulary padded to a multiple of this x tp", "128",
+       true, 1, 1 << 20, [](T& to, const T& f) { to.vocab_multiple = f.vocab_multiple; },
+       [](const T& t) -> std::string { return t.vocab_multiple != 128 ? number(t.vocab_multiple) : ""; }},
+      {"--grad-accum-dtype",
+       "gradient accumulation dtype: fp32 (nanotron's accumulate_grad_in_fp32), bf16", "fp32",
+       false, kMin, kMax, [](T& to, const T& f) { to.grad_dtype = f.grad_dtype; },
+       [](const T& t) -> std::string {
+         return t.grad_dtype != Dtype::kFp32 ? std::string(name_of(t.grad_dtype)) : "";
+       }},
+      {"--optimizer", "adamw, sgd, none", "adamw", false, kMin, kMax,
+       [](T& to, const T& f) { to.optimizer = f.optimizer; },
+       [](const T& t) -> std::string {
+         return t.optimizer != Optimizer::kAdamW ? std::string(name_of(t.optimizer)) : "";
+       }},
+      {"--recompute",
+       "none, selective (attention core), full (nanotron's recompute_layer: true), auto (cheapest "
+       "per-layer plan that fits; the default with --budget or --gpu, else none)",
+       "", false, kMin, kMax, [](T& to, const T& f) { to.recompute = f.recompute; }, never},
+      {"--tp-recompute-allgather", "true, false: keep the SP shard and all-gather again in backward",
+       "true", false, kMin, kMax,
+       [](T& to, const T& f) { to.tp_recompute_allgather = f.tp_recompute_allgather; },
+       [](const T& t) -> std::string { return t.tp_recompute_allgather ? "" : "false"; }},
+  };
+}
+
+}  // namespace
+
+const std::vector<SetupFlag>& setup_flags() {
+  static const std::vector<SetupFlag> table = make_table();
+  return table;
+}
+
+SetupText::SetupText() {
+  for (const SetupFlag& f : setup_flags()) text_[std::string(f.name)] = std::string(f.default_text);
+}
+
+void SetupText::set(std::string_view flag, std::string text) {
+  text_[std::string(flag)] = std::move(text);
+  given_.insert(std::string(flag));
+}
+
+const std::string& SetupText::operator[](std::string_view flag) const {
+  auto it = text_.find(flag);
+  if (it == text_.end()) throw std::logic_error("not a setup flag: " + std::string(flag));
+  return it->second;
+}
+
+Result<int64_t> parse_count_flag(std::string_view flag, std::string_view text, int64_t lo,
+                                 int64_t hi) {
+  std::string valid = lo == 1 && hi == kMax   ? "a positive whole number"
+                      : lo == 0 && hi == kMax ? "a whole number >= 0"
+                      : lo <= -kMax           ? "a whole number"
+                                              : format_int(lo) + " to " + format_int(hi);
+  if (lo >= 0 && hi < kMax && hi - lo >= 1 && hi - lo <= 4) {  // a few values: list them
+    valid.clear();
+    for (int64_t k = lo; k <= hi; ++k) valid += (k > lo ? ", " : "") + std::to_string(k);
+  }
+  Result<int64_t> r = parse_integer(text);
+  if (!r)
+    return make_error("invalid " + std::string(flag) + " " + quote_input(text) + ": " +
+                      r.error().message + " (valid: " + valid + ")");
+  if (*r < lo || *r > hi)
+    return make_error("invalid " + std::string(flag) + " " + std::string(text) + " (valid: " +
+                      valid + ")");
+  return *r;
+}
+
+Result<TrainSpec> setup_from_flags(const SetupText& s, bool budgeted) {
+  TrainSpec t;
+  std::optional<Error> failed;
+  auto count = [&](std::string_view name, int64_t& out) {
+    if (failed || s[name].empty()) return;
+    for (const SetupFlag& f : setup_flags())
+      if (f.name == name) {
+        Result<int64_t> r = parse_count_flag(name, s[name], f.lo, f.hi);
+        if (!r) failed = r.error();
+        else out = *r;
+      }
+  };
+  auto take = [&]<typename V>(Result<V> r, auto& out) {
+    if (failed) return;
+    if (!r) failed = r.error();
+    else out = *r;
+  };
+  int64_t zero = 0, microbatches = 0, virtual_stages = 0;
+  count("--tp", t.tp), count("--pp", t.pp), count("--dp", t.dp), count("--ep", t.ep);
+  count("--cp", t.cp), count("--zero", zero), count("--micro-batch", t.micro_batch);
+  count("--seq-len", t.seq_len), count("--microbatches", microbatches);
+  count("--virtual-stages", virtual_stages);
+  count("--make-vocab-size-divisible-by", t.vocab_multiple);
+  t.zero = static_cast<int>(zero);
+  if (!failed && !s["--moe-capacity-factor"].empty())
+    take(parse_real("--moe-capacity-factor", s["--moe-capacity-factor"], 64,
+                    "0 for dropless routing, or a factor in (0, 64] such as 1.25"),
+         t.moe_capacity_factor);
+  if (failed) return *failed;
+  t.microbatches = s["--microbatches"].empty() ? std::max<int64_t>(1, t.pp) : microbatches;
+  const std::string& sp = s["--sp"];
+  if (sp != "auto" && sp != "on" && sp != "off")
+    return make_error("invalid --sp " + quote_input(sp) + " (valid: on, off, auto)");
+  t.sp = sp == "auto" ? t.tp > 1 : sp == "on";
+  take(parse_enum<PpSchedule>("--pp-schedule", s["--pp-schedule"]), t.pp_schedule);
+  if (failed) return *failed;
+  t.virtual_stages = !s["--virtual-stages"].empty()                   ? virtual_stages
+                     : t.pp_schedule == PpSchedule::kInterleaved ? 2
+                                                                      : 1;
+  take(parse_enum<AttentionImpl>("--attention", s["--attention"]), t.attention);
+  take(parse_enum<Impl>("--impl", s["--impl"]), t.impl);
+  take(parse_enum<LossFusion>("--cross-entropy-fusion", s["--cross-entropy-fusion"]),
+       t.loss_fusion);
+  take(parse_switch("--gradient-accumulation-fusion", s["--gradient-accumulation-fusion"], "on",
+                    "off"),
+       t.grad_accum_fusion);
+  take(parse_switch("--dataloader-attention-mask", s["--dataloader-attention-mask"], "on", "off"),
+       t.dataloader_mask);
+  take(parse_enum<Dtype>("--grad-accum-dtype", s["--grad-accum-dtype"]), t.grad_dtype);
+  take(parse_enum<Optimizer>("--optimizer", s["--optimizer"]), t.optimizer);
+  if (failed) return *failed;
+  if (s["--recompute"].empty())
+    t.recompute = budgeted ? Recompute::kAuto : Recompute::kNone;
+  else
+    take(parse_enum<Recompute>("--recompute", s["--recompute"]), t.recompute);
+  if (failed) return *failed;
+  if (t.recompute == Recompute::kAuto && !budgeted)
+    return make_error("--recompute auto needs a budget: give --budget or --gpu");
+  take(parse_bool("--tp-recompute-allgather", s["--tp-recompute-allgather"]),
+       t.tp_recompute_allgather);
+  if (failed) return *failed;
+  const std::string& partition = s["--partition"];
+  if (partition == "auto" && t.recompute != Recompute::kAuto)
+    return make_error(
+        "--partition auto searches with the recompute plan: it needs --recompute auto and a "
+        "budget (--budget or --gpu)");
+  if (partition == "auto" && t.pp_schedule == PpSchedule::kInterleaved)
+    return make_error(
+        "--partition auto searches contiguous stage splits; the interleaved schedule splits the "
+        "layers into balanced chunks (use --partition balanced, or --pp-schedule 1f1b)");
+  if (partition != "balanced" && partition != "auto")
+    take(parse_partition(partition), t.stage_layers);
+  if (failed) return *failed;
+  return t;
+}
+
+Result<TrainSpec> override_setup(const TrainSpec& config, bool config_sets_recompute,
+                                 const SetupText& s, bool budgeted) {
+  Result<TrainSpec> flags = setup_from_flags(s, budgeted);
+  if (!flags) return flags;
+  TrainSpec t = config;
+  for (const SetupFlag& f : setup_flags())
+    if (f.name != "--recompute" && s.given(f.name)) f.copy(t, *flags);
+  if (!s.given("--partition") &&
+      (s.given("--pp") || s.given("--pp-schedule") || s.given("--virtual-stages")))
+    t.stage_layers.clear();  // the config's split was for its own pp and schedule: balanced
+  if (s.given("--recompute") || !config_sets_recompute) t.recompute = flags->recompute;
+  if (t.tp == 1) t.sp = false;
+  return t;
+}
+
+std::string setup_command_flags(const TrainSpec& t) {
+  std::string c;
+  for (const SetupFlag& f : setup_flags())
+    if (std::string v = f.write(t); !v.empty()) c += " " + std::string(f.name) + " " + v;
+  return c;
+}
+
+Result<int64_t> parse_budget(const std::string& text) {
+  Result<int64_t> r = parse_bytes(text);
+  if (!r) return make_error("--budget: " + r.error().message);
+  // A number without a unit is bytes; no GPU has under 1 MiB, so such a budget lost its unit.
+  if (*r < (int64_t{1} << 20))
+    return make_error("invalid --budget " + quote_input(text) + ": " + format_int(*r) +
+                      " bytes is under 1 MiB; give a unit (valid: such as 80GB, 80GiB or "
+                      "85899345920)");
+  return *r;
+}
+
+Result<int64_t> parse_headroom(const std::string& h, int64_t budget) {
+  const std::string valid = "a percentage of the budget in [0, 50] such as 3%, or bytes below "
+                            "the budget such as 2GiB";
+  if (!h.empty() && h.back() == '%') {
+    char* end = nullptr;
+    std::string digits = h.substr(0, h.size() - 1);
+    double pct = std::strtod(digits.c_str(), &end);
+    if (digits.empty() || *end != '\0' || !(pct >= 0 && pct <= 50))
+      return make_error("invalid --headroom " + quote_input(h) + " (valid: " + valid + ")");
+    return static_cast<int64_t>(static_cast<double>(budget) * pct / 100);
+  }
+  // A bare number is ambiguous (bytes, or a percentage without its sign): a unit or % is needed.
+  if (!h.empty() && h.find_first_not_of("0123456789.") == std::string::npos && h != "0")
+    return make_error("invalid --headroom " + quote_input(h) + ": give a unit or % (valid: " +
+                      valid + ")");
+  Result<int64_t> r = parse_bytes(h, /*allow_zero=*/true);
+  if (!r) return make_error("--headroom: " + r.error().message);
+  if (*r >= budget)
+    return make_error("invalid --headroom " + quote_input(h) + ": " + format_int(*r) +
+                      " bytes leave nothing of the budget of " + format_int(budget) +
+                      " (valid: " + valid + ")");
+  return *r;
+}
+
+}  // namespace np
