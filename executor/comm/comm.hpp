@@ -1,6 +1,7 @@
 // The communicator interface of one rank: collectives over its TP group and its data-parallel
-// group, and point-to-point transfers to its pipeline neighbours. Implementations: in-process threads (comm/inproc.hpp);
-// NCCL later. Collectives are deterministic: reductions sum in rank order, in fp32, and every rank
+// group, and point-to-point transfers to its pipeline neighbours. Implementations: in-process
+// threads (comm/inproc.hpp), MPI processes (comm/mpi.hpp), and NCCL for the TP collectives of one
+// process per GPU (cuda/nccl.cu). Collectives are deterministic: reductions sum in rank order, in fp32, and every rank
 // gets bitwise the same result. None of them allocates device memory: they write into the tensors
 // they are given (staging of their own, like NCCL's buffers, is on the estimate's NCCL line).
 #pragma once

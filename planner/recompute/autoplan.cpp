@@ -370,22 +370,11 @@ std::optional<std::vector<int64_t>> search_partition(const ModelSpec& m, const T
   return n;
 }
 
-}  // namespace
-
-AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssumptions& rt,
-                   int64_t budget, const HardwareModel& hw, const AutoPlanOptions& options) {
-  AutoPlan plan;
-  TrainSpec t = setup;  // with the searched partition, when asked for
-  const Blocks blocks{build_layer(m, t), build_embedding(m, t), build_head(m, t)};
-  const BlockGraph& layer = blocks.layer;
-  // The frontier depends on the layer graph, the hardware's times and whether all-gathers may be
-  // kept.
-  std::string key = hw.name + "/" + layer_graph_key(t) + "/regather" +
-                    std::to_string(t.tp_recompute_allgather);
-  // The layer frontier, computed once per key by the first thread that needs it (a sweep shares
-  // the cache; a single plan keeps its own, which the balanced comparison below reuses).
-  FrontierCache own;
-  FrontierCache& cache = options.cache ? *options.cache : own;
+// The layer frontier of `key`, computed once by the first thread that needs it (a sweep shares
+// the cache; a single plan keeps its own, which the balanced comparison reuses).
+std::shared_ptr<FrontierCache::Entry> cached_frontier(FrontierCache& cache, const std::string& key,
+                                                      const BlockGraph& layer, const TrainSpec& t,
+                                                      const HardwareModel& hw) {
   std::shared_ptr<FrontierCache::Entry> entry;
   {
     std::lock_guard lock(cache.mu);
@@ -398,6 +387,182 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
     for (const LayerOption& o : entry->frontier.options)
       entry->names.push_back(option_name(layer, o.recompute));
   });
+  return entry;
+}
+
+// One auto plan's steps over its stages: each stage's shape and byte target, the solver's choice
+// adopted into the plan's policies, verification by simulation, the closest plan where nothing
+// fits, and the plan's schedule, estimate and times.
+class PlanSteps {
+ public:
+  PlanSteps(AutoPlan& plan, const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+            int64_t budget, const HardwareModel& hw, const Blocks& blocks,
+            const StageStatics& statics, const StageSolver& solver, const EdgeOptions& embedding,
+            const EdgeOptions& head)
+      : plan_(plan), m_(m), t_(t), rt_(rt), budget_(budget), hw_(hw), solver_(solver),
+        embedding_(embedding), head_(head), sim_(simulation_setup(t)),
+        stage_layers_(stage_layer_lists(m, t)) {
+    // Start from no recompute everywhere.
+    plan_.layer_policies.assign(
+        m.layers, BlockPolicy{plan_.frontier.options.front().recompute, plan_.option_names.front()});
+    const std::vector<int64_t> counts = partition_layers(m, t);
+    for (int64_t s = 0; s < t.pp; ++s) {
+      StageShape shape = stage_shape(m, t, rt, blocks, statics, s, counts[s]);
+      shapes_.push_back(shape);
+      target_.push_back(allocator_budget(budget, shape.fixed, shape.static_bytes, rt));
+      plan_.stages.push_back({static_cast<int>(s), false, 0, {}, true, 0, 0});
+    }
+  }
+
+  // Solves every stage, simulates the whole plan once, tightens the stages the simulation finds
+  // over budget (by their excess) and solves those again; the last schedule simulated, of the
+  // current policies, is kept.
+  void solve_and_verify() {
+    std::vector<bool> settled(shapes_.size(), false);
+    plan_.fits = true;
+    for (int attempt = 0; attempt < 8; ++attempt) {
+      bool any = false;
+      for (size_t st = 0; st < shapes_.size(); ++st) {
+        if (settled[st]) continue;
+        StageChoice c = solver_.cheapest(shapes_[st], target_[st]);
+        if (!c.layers.feasible) {
+          settled[st] = true;
+          continue;
+        }
+        any = true;
+        adopt(st, c);
+      }
+      if (!any) break;
+      BlockPolicies pol = policies();
+      verified_ = build_schedule(m_, sim_, &pol, /*peak_only=*/true);
+      ++plan_.simulations;
+      Estimate e = estimate_schedule(*verified_, rt_, {.budget = budget_, .suggestions = false});
+      bool again = false;
+      for (size_t st = 0; st < shapes_.size(); ++st) {
+        if (settled[st]) continue;
+        int64_t over = e.stages[st].peak_bytes - budget_;
+        if (over <= 0) {
+          plan_.stages[st].feasible = settled[st] = true;
+        } else {
+          target_[st] -= over + 1;  // the model missed something the simulation sees: ask for less
+          again = true;
+        }
+      }
+      if (!again) break;
+    }
+  }
+
+  // Stages nothing fits: the plan does not fit; with `closest`, such a stage takes the plan that
+  // gets closest, with its smallest achievable peak.
+  void settle_infeasible(bool closest) {
+    for (size_t st = 0; st < shapes_.size(); ++st) {
+      if (plan_.stages[st].feasible) continue;
+      plan_.fits = false;
+      if (!closest) continue;
+      StageChoice c = solver_.closest(shapes_[st]);
+      int64_t least = c.layers.peak;
+      changed_after_verify_ = true;
+      adopt(st, c);
+      plan_.stages[st].min_peak =
+          least + shapes_[st].fixed +
+          static_cast<int64_t>(rt_.allocator_slack *
+                               static_cast<double>(least - shapes_[st].static_bytes));
+    }
+  }
+
+  // The plan's schedule (the verified one when still current and no executor needs a full one),
+  // its estimate and step time.
+  void finish(const TrainSpec& t, bool full_schedule) {
+    bool reuse = verified_ && !changed_after_verify_ && !full_schedule;
+    BlockPolicies pol = policies();
+    plan_.schedule = reuse           ? std::move(*verified_)
+                     : full_schedule ? build_schedule(m_, t, &pol)
+                                     : build_schedule(m_, sim_, &pol, /*peak_only=*/true);
+    plan_.estimate =
+        estimate_schedule(plan_.schedule, rt_, {.budget = budget_, .suggestions = false});
+    plan_.estimate.setup = t;
+    plan_.fits = plan_.fits && plan_.estimate.fits;
+    for (StagePlan& sp : plan_.stages)
+      if (!sp.feasible)
+        sp.min_peak = plan_.estimate.stages[sp.stage].peak_bytes;  // simulated, of the closest plan
+    plan_.schedule.setup = t;  // the step time counts every micro-batch
+    plan_.time = step_time(plan_.schedule, hw_);
+  }
+
+  // The step times and peaks of no recompute and of full recompute, for the comparison lines.
+  void compare_uniform() {
+    for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+      TrainSpec u = sim_;
+      u.recompute = r;
+      Schedule s = build_schedule(m_, u, nullptr, /*peak_only=*/true);
+      s.setup.microbatches = t_.microbatches;  // peaks repeat past pp + 1 micro-batches; time counts all
+      (r == Recompute::kNone ? plan_.time_none : plan_.time_full) = step_time(s, hw_);
+      (r == Recompute::kNone ? plan_.peak_none : plan_.peak_full) =
+          estimate_schedule(s, rt_, {.suggestions = false}).peak_bytes;
+    }
+  }
+
+ private:
+  void adopt(size_t st, const StageChoice& c) {
+    plan_.stages[st].layer_option = c.layers.choice;
+    plan_.stages[st].proven = c.proven;
+    plan_.stages[st].recompute = c.cost;
+    plan_.stages[st].recompute_lower = c.proven ? c.cost : c.lower;
+    for (size_t l = 0; l < c.layers.choice.size(); ++l)
+      plan_.layer_policies[stage_layers_[st][l]] = {
+          plan_.frontier.options[c.layers.choice[l]].recompute,
+          plan_.option_names[c.layers.choice[l]]};
+    if (shapes_[st].embedding)
+      plan_.embedding_policy =
+          BlockPolicy{embedding_.options[c.embedding].recompute, embedding_.names[c.embedding]};
+    if (shapes_[st].head)
+      plan_.head_policy = BlockPolicy{head_.options[c.head].recompute, head_.names[c.head]};
+  }
+  BlockPolicies policies() const {
+    return BlockPolicies{plan_.layer_policies, plan_.embedding_policy, plan_.head_policy};
+  }
+
+  AutoPlan& plan_;
+  const ModelSpec& m_;
+  const TrainSpec& t_;
+  const RuntimeAssumptions& rt_;
+  const int64_t budget_;
+  const HardwareModel& hw_;
+  const StageSolver& solver_;
+  const EdgeOptions &embedding_, &head_;
+  const TrainSpec sim_;
+  const std::vector<std::vector<int>> stage_layers_;
+  std::vector<StageShape> shapes_;
+  std::vector<int64_t> target_;
+  std::optional<Schedule> verified_;
+  bool changed_after_verify_ = false;
+};
+
+// Every block's all-gathers, and those the plan gathers again in backward.
+void count_gathers(AutoPlan& plan) {
+  for (const StageProgram& p : plan.schedule.stages)
+    for (const StageBlock& b : p.blocks)
+      for (size_t o = 0; o < b.graph->ops.size(); ++o)
+        if (b.graph->ops[o].kind == OpKind::kAllGather) {
+          ++plan.gathers;
+          plan.regathered += b.policy.recompute[o];
+        }
+}
+
+}  // namespace
+
+AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssumptions& rt,
+                   int64_t budget, const HardwareModel& hw, const AutoPlanOptions& options) {
+  AutoPlan plan;
+  TrainSpec t = setup;  // with the searched partition, when asked for
+  const Blocks blocks{build_layer(m, t), build_embedding(m, t), build_head(m, t)};
+  // The frontier depends on the layer graph, the hardware's times and whether all-gathers may be
+  // kept.
+  std::string key = hw.name + "/" + layer_graph_key(t) + "/regather" +
+                    std::to_string(t.tp_recompute_allgather);
+  FrontierCache own;
+  FrontierCache& cache = options.cache ? *options.cache : own;
+  std::shared_ptr<FrontierCache::Entry> entry = cached_frontier(cache, key, blocks.layer, t, hw);
   plan.frontier = entry->frontier, plan.option_names = entry->names;
   const EdgeOptions embedding = edge_options(blocks.embedding, t, hw),
                     head = edge_options(blocks.head, t, hw);
@@ -410,112 +575,11 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
       t.stage_layers = *counts;
       searched = true;
     }
-  // Start from no recompute everywhere; solve each stage; verify by simulation.
-  const LayerOption& none = plan.frontier.options.front();
-  plan.layer_policies.assign(m.layers, BlockPolicy{none.recompute, plan.option_names.front()});
-  const TrainSpec sim = simulation_setup(t);
-  const std::vector<int64_t> counts = partition_layers(m, t);
-  std::vector<StageShape> shapes;
-  std::vector<int64_t> target;
-  const std::vector<std::vector<int>> stage_layers = stage_layer_lists(m, t);
-  for (int64_t s = 0; s < t.pp; ++s) {
-    StageShape shape = stage_shape(m, t, rt, blocks, statics, s, counts[s]);
-    shapes.push_back(shape);
-    target.push_back(allocator_budget(budget, shape.fixed, shape.static_bytes, rt));
-    plan.stages.push_back({static_cast<int>(s), false, 0, {}, true, 0, 0});
-  }
-  auto adopt = [&](size_t st, const StageChoice& c) {
-    plan.stages[st].layer_option = c.layers.choice;
-    plan.stages[st].proven = c.proven;
-    plan.stages[st].recompute = c.cost;
-    plan.stages[st].recompute_lower = c.proven ? c.cost : c.lower;
-    for (size_t l = 0; l < c.layers.choice.size(); ++l)
-      plan.layer_policies[stage_layers[st][l]] = {
-          plan.frontier.options[c.layers.choice[l]].recompute,
-          plan.option_names[c.layers.choice[l]]};
-    if (shapes[st].embedding)
-      plan.embedding_policy =
-          BlockPolicy{embedding.options[c.embedding].recompute, embedding.names[c.embedding]};
-    if (shapes[st].head)
-      plan.head_policy = BlockPolicy{head.options[c.head].recompute, head.names[c.head]};
-  };
-  auto policies = [&] {
-    return BlockPolicies{plan.layer_policies, plan.embedding_policy, plan.head_policy};
-  };
-  // Solve every stage, simulate the whole plan once, tighten the stages the simulation finds over
-  // budget (by their excess) and solve those again.
-  std::vector<bool> settled(shapes.size(), false);
-  std::optional<Schedule> verified;  // the last schedule simulated, of the current policies
-  bool changed_after_verify = false;
-  plan.fits = true;
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    bool any = false;
-    for (size_t st = 0; st < shapes.size(); ++st) {
-      if (settled[st]) continue;
-      StageChoice c = solver.cheapest(shapes[st], target[st]);
-      if (!c.layers.feasible) {
-        settled[st] = true;
-        continue;
-      }
-      any = true;
-      adopt(st, c);
-    }
-    if (!any) break;
-    BlockPolicies pol = policies();
-    verified = build_schedule(m, sim, &pol, /*peak_only=*/true);
-    ++plan.simulations;
-    Estimate e = estimate_schedule(*verified, rt, {.budget = budget, .suggestions = false});
-    bool again = false;
-    for (size_t st = 0; st < shapes.size(); ++st) {
-      if (settled[st]) continue;
-      int64_t over = e.stages[st].peak_bytes - budget;
-      if (over <= 0) {
-        plan.stages[st].feasible = settled[st] = true;
-      } else {
-        target[st] -= over + 1;  // the model missed something the simulation sees: ask for less
-        again = true;
-      }
-    }
-    if (!again) break;
-  }
-  for (size_t st = 0; st < shapes.size(); ++st) {
-    if (plan.stages[st].feasible) continue;
-    plan.fits = false;
-    if (!options.closest_when_infeasible) continue;
-    StageChoice closest = solver.closest(shapes[st]);  // show the plan that gets closest
-    int64_t least = closest.layers.peak;
-    changed_after_verify = true;
-    adopt(st, closest);
-    plan.stages[st].min_peak =
-        least + shapes[st].fixed +
-        static_cast<int64_t>(rt.allocator_slack *
-                             static_cast<double>(least - shapes[st].static_bytes));
-  }
-  // The verified schedule replays only what the peaks need; a full one is built for executors.
-  bool reuse = verified && !changed_after_verify && !options.full_schedule;
-  BlockPolicies pol = policies();
-  plan.schedule = reuse                   ? std::move(*verified)
-                  : options.full_schedule ? build_schedule(m, t, &pol)
-                                          : build_schedule(m, sim, &pol, /*peak_only=*/true);
-  plan.estimate = estimate_schedule(plan.schedule, rt, {.budget = budget, .suggestions = false});
-  plan.estimate.setup = t;
-  plan.fits = plan.fits && plan.estimate.fits;
-  for (StagePlan& sp : plan.stages)
-    if (!sp.feasible)
-      sp.min_peak = plan.estimate.stages[sp.stage].peak_bytes;  // simulated, of the closest plan
-  plan.schedule.setup = t;  // the step time counts every micro-batch
-  plan.time = step_time(plan.schedule, hw);
-  for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
-    if (!options.compare_uniform) break;
-    TrainSpec u = sim;
-    u.recompute = r;
-    Schedule s = build_schedule(m, u, nullptr, /*peak_only=*/true);
-    s.setup.microbatches =
-        t.microbatches;  // peaks repeat past pp + 1 micro-batches; time counts all
-    (r == Recompute::kNone ? plan.time_none : plan.time_full) = step_time(s, hw);
-    (r == Recompute::kNone ? plan.peak_none : plan.peak_full) =
-        estimate_schedule(s, rt, {.suggestions = false}).peak_bytes;
-  }
+  PlanSteps steps(plan, m, t, rt, budget, hw, blocks, statics, solver, embedding, head);
+  steps.solve_and_verify();
+  steps.settle_infeasible(options.closest_when_infeasible);
+  steps.finish(t, options.full_schedule);
+  if (options.compare_uniform) steps.compare_uniform();
   if (searched) {
     // The search compares splits by the slowest stage's time per micro-batch; the step time also
     // counts the optimizer and gradient traffic of the heaviest stage, and the simulation may
@@ -529,13 +593,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
       return balanced;
     plan.partition_searched = true;
   }
-  for (const StageProgram& p : plan.schedule.stages)  // every block's all-gathers
-    for (const StageBlock& b : p.blocks)
-      for (size_t o = 0; o < b.graph->ops.size(); ++o)
-        if (b.graph->ops[o].kind == OpKind::kAllGather) {
-          ++plan.gathers;
-          plan.regathered += b.policy.recompute[o];
-        }
+  count_gathers(plan);
   return plan;
 }
 
