@@ -516,5 +516,38 @@ TEST(AutoPlan, ExecutorRunsAnUnevenSplit) {
   EXPECT_TRUE(c.all_equal) << exec::comparison_table(c);
 }
 
+// plan_setup, the pipeline plan, report, run and --emit share: the auto plan's schedule and its
+// verdict under Recompute::kAuto, the named policy's schedule otherwise, each estimated against
+// the usable budget with the headroom carried.
+TEST(AutoPlan, PlanSetupIsTheAutoPlanOrTheNamedScheduleEstimated) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = setup8b();
+  t.recompute = Recompute::kAuto;
+  const int64_t budget = 30'000'000'000, headroom = 900'000'000;
+  PlanInputs in{{}, budget, headroom, default_hardware(), {}};
+  PlannedSetup p = plan_setup(m, t, in);
+  AutoPlan direct = auto_plan(m, t, {}, budget, default_hardware());
+  ASSERT_TRUE(p.plan.has_value());
+  EXPECT_EQ(p.plan->fits, direct.fits);
+  EXPECT_EQ(p.estimate.fits, direct.fits);
+  EXPECT_EQ(p.estimate.peak_bytes, direct.estimate.peak_bytes);
+  EXPECT_EQ(p.estimate.headroom, headroom);
+  ASSERT_EQ(p.schedule.stages.size(), direct.schedule.stages.size());
+  for (size_t s = 0; s < p.schedule.stages.size(); ++s)
+    EXPECT_EQ(p.schedule.stages[s].instrs.size(), direct.schedule.stages[s].instrs.size());
+  EXPECT_TRUE(p.plan->schedule.stages.empty());  // moved into PlannedSetup::schedule
+
+  t.recompute = Recompute::kFull;
+  PlannedSetup full = plan_setup(m, t, in);
+  EXPECT_FALSE(full.plan.has_value());
+  Estimate e = estimate_schedule(build_schedule(m, t), {}, {.budget = budget});
+  EXPECT_EQ(full.estimate.peak_bytes, e.peak_bytes);
+  EXPECT_EQ(full.estimate.fits, e.fits);
+
+  t.recompute = Recompute::kAuto;
+  in.budget.reset();
+  EXPECT_THROW(plan_setup(m, t, in), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace np

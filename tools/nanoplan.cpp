@@ -297,6 +297,11 @@ np::HardwareModel make_hardware(const Flags& f) {
   return np::hardware_model(check(np::resolve_gpu(gpus, f.gpu)));
 }
 
+// What planning needs from the flags besides the model and setup.
+np::PlanInputs plan_inputs(const Flags& f) {
+  return {make_runtime(f), make_budget(f), headroom_of(f), make_hardware(f), plan_options(f)};
+}
+
 struct Resolved {
   np::ModelSpec model;
   np::TrainSpec setup;
@@ -358,13 +363,12 @@ Resolved resolve(const Flags& f) {
 // is estimated first: a config for a setup that does not fit says so in its first line, and the
 // command says so on stderr.
 int emit_config(const Flags& f, const Resolved& r) {
-  np::RuntimeAssumptions rt = make_runtime(f);
-  std::optional<int64_t> budget = make_budget(f);
-  np::Schedule s = np::schedule_for_setup(r.model, r.setup, rt, budget, make_hardware(f),
-                                          plan_options(f));
+  np::PlanInputs in = plan_inputs(f);
+  np::PlannedSetup p = np::plan_setup(r.model, r.setup, in);
+  const std::optional<int64_t>& budget = in.budget;
   std::string warning;
   if (budget) {
-    np::Estimate e = np::estimate_schedule(s, rt, {.budget = budget, .suggestions = false});
+    const np::Estimate& e = p.estimate;
     if (!e.fits)
       warning = std::string("DOES NOT FIT: ") +
                 (r.setup.recompute == np::Recompute::kAuto ? "the smallest peak nanoplan finds is "
@@ -374,7 +378,8 @@ int emit_config(const Flags& f, const Resolved& r) {
                 " usable; this config runs out of memory";
   }
   if (!warning.empty()) std::cout << "# " << warning << "\n";
-  std::cout << (f.emit == "nanotron" ? np::emit_nanotron(s) : np::emit_megatron(s));
+  std::cout << (f.emit == "nanotron" ? np::emit_nanotron(p.schedule)
+                                     : np::emit_megatron(p.schedule));
   if (!warning.empty()) std::cerr << "nanoplan: the emitted config " << warning << "\n";
   return 0;
 }
@@ -432,10 +437,8 @@ int run_estimate(const Flags& f) {
 int run_plan(const Flags& f) {
   Resolved r = resolve(f);
   if (!f.emit.empty()) return emit_config(f, r);
-  std::optional<int64_t> budget = make_budget(f);
-  np::RuntimeAssumptions rt = make_runtime(f);
-  np::Schedule s =
-      np::schedule_for_setup(r.model, r.setup, rt, budget, make_hardware(f), plan_options(f));
+  np::PlannedSetup planned = np::plan_setup(r.model, r.setup, plan_inputs(f));
+  const np::Schedule& s = planned.schedule;
   for (const np::StageProgram& p : s.stages)
     if (auto e = np::check_program(p)) die("internal: " + e->message);
   if (f.output.empty() || f.output == "-") {
@@ -443,7 +446,7 @@ int run_plan(const Flags& f) {
     return 0;
   }
   if (auto e = np::write_plan(s, f.output)) die(e->message);
-  np::Estimate e = np::estimate_schedule(s, rt, {.budget = budget, .suggestions = false});
+  const np::Estimate& e = planned.estimate;
   // Two peaks, said apart: the GPU's (the estimate's, with the runtime overheads) and the
   // allocator tensors' alone (what `run` measures and compares).
   int64_t overheads = 0;
@@ -725,8 +728,7 @@ int run_run(const Flags& f, CLI::App* app) {
   if (!f.scenario.empty()) return run_scenario(f);
   if (f.plan_path.empty()) {
     Resolved r = resolve(f);
-    np::Schedule s = np::schedule_for_setup(r.model, r.setup, make_runtime(f), make_budget(f),
-                                            make_hardware(f), plan_options(f));
+    np::Schedule s = np::plan_setup(r.model, r.setup, plan_inputs(f)).schedule;
     return run_one(s, f, "run: " + r.model.name + ", " + np::describe_short(r.setup));
   }
   std::vector<std::string> setup_given;
@@ -870,20 +872,14 @@ int run_report(const Flags& f) {
   if (f.output.empty() || f.output == "-")
     die("report needs -o FILE.html (one self-contained file)");
   Resolved r = resolve(f);
-  std::optional<int64_t> budget = make_budget(f);
-  np::RuntimeAssumptions rt = make_runtime(f);
-  np::HardwareModel hw = make_hardware(f);
+  np::PlanInputs planning = plan_inputs(f);
+  const std::optional<int64_t>& budget = planning.budget;
   np::ReportInput in;
   in.command = f.command_line;
-  if (r.setup.recompute == np::Recompute::kAuto) {  // planned once: its schedule and frontier
-    in.plan = np::auto_plan(r.model, r.setup, rt, *budget, hw, plan_options(f));
-    in.schedule = in.plan->schedule;
-  } else {
-    in.schedule = np::build_schedule(r.model, r.setup);
-  }
-  in.estimate = np::estimate_schedule(in.schedule, rt, {.budget = budget, .suggestions = false});
-  in.estimate.headroom = headroom_of(f);
-  if (in.plan) in.estimate.fits = in.plan->fits;
+  np::PlannedSetup planned = np::plan_setup(r.model, r.setup, planning);  // planned once
+  in.plan = std::move(planned.plan);
+  in.schedule = std::move(planned.schedule);
+  in.estimate = std::move(planned.estimate);
 #if defined(NANOPLAN_EXECUTOR)  // else main handed report --run to nanoplan-executor
   if (f.report_run) {
     Executor ex = executor_for(f);

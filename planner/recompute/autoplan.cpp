@@ -22,6 +22,21 @@ Schedule schedule_for_setup(const ModelSpec& m, const TrainSpec& t, const Runtim
   return auto_plan(m, t, rt, *budget, hw, options).schedule;
 }
 
+PlannedSetup plan_setup(const ModelSpec& m, const TrainSpec& t, const PlanInputs& in) {
+  PlannedSetup p;
+  if (t.recompute == Recompute::kAuto) {
+    if (!in.budget) throw std::invalid_argument("plan_setup: recompute auto needs a budget");
+    p.plan = auto_plan(m, t, in.rt, *in.budget, in.hw, in.options);
+    p.schedule = std::move(p.plan->schedule);
+  } else {
+    p.schedule = build_schedule(m, t);
+  }
+  p.estimate = estimate_schedule(p.schedule, in.rt, {.budget = in.budget, .suggestions = false});
+  p.estimate.headroom = in.headroom;
+  if (p.plan) p.estimate.fits = p.plan->fits;
+  return p;
+}
+
 std::string option_name(const BlockGraph& g, const std::vector<bool>& mask) {
   struct Named {
     const char* name;

@@ -87,6 +87,28 @@ struct AutoPlanOptions {
 AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
                    int64_t budget, const HardwareModel& hw, const AutoPlanOptions& options = {});
 
+// What planning a setup needs besides the model and the setup: the runtime assumptions, the
+// usable budget (the budget less the headroom) and the headroom, the cost model's hardware, and
+// the auto planner's options.
+struct PlanInputs {
+  RuntimeAssumptions rt;
+  std::optional<int64_t> budget;
+  int64_t headroom = 0;
+  HardwareModel hw;
+  AutoPlanOptions options;
+};
+
+// A setup planned and estimated: the schedule it asks for (the auto plan's under
+// Recompute::kAuto, whose schedule is moved here), its estimate against the budget with the
+// headroom and, for an auto plan, the plan's own verdict on the fit.
+struct PlannedSetup {
+  Schedule schedule;
+  Estimate estimate;
+  std::optional<AutoPlan> plan;
+};
+// Recompute::kAuto needs in.budget. What plan, report, run and --emit share.
+PlannedSetup plan_setup(const ModelSpec& m, const TrainSpec& t, const PlanInputs& in);
+
 // The schedule a setup asks for: the auto planner's (under `budget`, which Recompute::kAuto
 // needs) or the uniform policy's. This is what `plan` writes and `run --model` executes.
 Schedule schedule_for_setup(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
