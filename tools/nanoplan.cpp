@@ -29,8 +29,7 @@
 #if defined(NANOPLAN_EXECUTOR)  // nanoplan-executor: the CLI with the executor (tools/CMakeLists.txt)
 #include "executor/comm/inproc.hpp"
 #include "executor/compare.hpp"
-#include "executor/cpu/cpu_backend.hpp"
-#include "executor/cuda/module.hpp"
+#include "executor/backend_choice.hpp"
 #include "executor/runner.hpp"
 #if defined(NANOPLAN_HAVE_MPI)
 #include "executor/comm/mpi.hpp"
@@ -489,42 +488,14 @@ int run_gpus(const Flags& f) {
 
 
 #if defined(NANOPLAN_EXECUTOR)
-// What runs a plan: the backend of every rank, the world connecting them (ranks as threads), and
-// the transfer between the backend's memory and the host (ranks as processes).
-struct Executor {
-  np::exec::BackendFactory backend;
-  np::exec::CommWorldFactory world;
-  std::shared_ptr<np::exec::Transfer> transfer;
-  bool device = false;  // the CUDA backend
-  const np::cuda::Module* cuda = nullptr;  // its module, when device
-};
+using Executor = np::exec::Executor;
 
-// --backend: cpu, cuda, or auto (cuda where a GPU is present, else the CPU executor, said on
-// stderr). On one GPU the ranks of a TP x PP plan run as virtual ranks sharing it.
+// --backend (executor/backend_choice.hpp); auto's fallback to the CPU executor is said on stderr.
 Executor executor_for(const Flags& f) {
-  if (f.backend != "cpu" && f.backend != "cuda" && f.backend != "auto")
-    die("invalid --backend " + np::quote_input(f.backend) + " (valid: cpu, cuda, auto)");
-  if (f.backend != "cpu") {
-    // The CUDA backend is a module opened here (executor/cuda/module.hpp), not linked.
-    np::Result<const np::cuda::Module*> cuda = np::cuda::load_module();
-    std::string why;
-    if (cuda) {
-      const np::cuda::Module& m = **cuda;
-      np::cuda::GpuProbe gpus = m.probe_gpus();
-      if (gpus.count > 0) {
-        if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"))
-          m.select_device(std::atoi(local));
-        return {m.make_backend, m.virtual_rank_world(), m.device_transfer(), true, &m};
-      }
-      why = "no GPU: " + gpus.why;
-    } else {
-      why = cuda.error().message;
-    }
-    if (f.backend == "cuda") die("--backend cuda: " + why + " (valid here: cpu, auto)");
-    std::fprintf(stderr, "nanoplan: --backend auto: the CPU executor (%s)\n", why.c_str());
-  }
-  return {[] { return np::exec::make_cpu_backend(); }, np::exec::in_process_world(),
-          np::exec::host_transfer()};
+  Executor ex = check(np::exec::choose_executor(f.backend));
+  if (!ex.fallback.empty())
+    std::fprintf(stderr, "nanoplan: --backend auto: the CPU executor (%s)\n", ex.fallback.c_str());
+  return ex;
 }
 
 np::exec::RunOptions run_options(const Flags& f, const Executor& ex) {

@@ -39,8 +39,9 @@ struct Module {
 // binary, else <prefix>/<libdir>/nanoplan/libnanoplan_cuda.so for a binary installed in <prefix>/bin.
 std::string module_path();
 
-// Opens the module (once; later calls return the same table) or says why it cannot: not built, a
-// CUDA library it needs not loadable (the loader's words), or a module from another build.
+// Opens the module at module_path() (once per path; later calls return the same table) or says
+// why it cannot: not built, a CUDA library it needs not loadable (the loader's words), or a
+// module from another build.
 Result<const Module*> load_module();
 
 }  // namespace np::cuda

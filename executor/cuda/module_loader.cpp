@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <mutex>
 
 #include "executor/cuda/module.hpp"
@@ -28,33 +29,32 @@ std::string module_path() {
 }
 
 Result<const Module*> load_module() {
-  static std::once_flag once;
-  static Result<const Module*> loaded = make_error("not loaded");
-  std::call_once(once, [] {
-    std::string path = module_path();
+  // Opened once per path for the process's life (the handle is never closed); a failure is
+  // remembered too, so a run says it once.
+  static std::mutex mu;
+  static std::map<std::string, Result<const Module*>> opened;
+  std::string path = module_path();
+  std::lock_guard lock(mu);
+  if (auto it = opened.find(path); it != opened.end()) return it->second;
+  auto open = [&]() -> Result<const Module*> {
     std::error_code ec;
-    if (!std::filesystem::exists(path, ec)) {
-      loaded = make_error("the CUDA backend module " + path +
-                          " is not built (a build with the CUDA toolkit makes it)");
-      return;
-    }
+    if (!std::filesystem::exists(path, ec))
+      return make_error("the CUDA backend module " + path +
+                        " is not built (a build with the CUDA toolkit makes it)");
     void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!h) {
       const char* why = dlerror();
-      loaded = make_error("cannot load the CUDA backend: " + std::string(why ? why : path));
-      return;
+      return make_error("cannot load the CUDA backend: " + std::string(why ? why : path));
     }
     using Entry = const Module* (*)();
     auto entry = reinterpret_cast<Entry>(dlsym(h, "nanoplan_cuda_module"));
     const Module* m = entry ? entry() : nullptr;
-    if (!m || m->abi != kModuleAbi || m->size != sizeof(Module)) {
-      loaded = make_error(path + " is not this build's CUDA backend module (rebuild it: "
-                                 "tools/build --target nanoplan_cuda)");
-      return;
-    }
-    loaded = m;  // the handle stays open for the process's life
-  });
-  return loaded;
+    if (!m || m->abi != kModuleAbi || m->size != sizeof(Module))
+      return make_error(path + " is not this build's CUDA backend module (rebuild it: "
+                               "tools/build --target nanoplan_cuda)");
+    return m;
+  };
+  return opened.emplace(path, open()).first->second;
 }
 
 }  // namespace np::cuda
