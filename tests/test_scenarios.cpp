@@ -10,6 +10,7 @@
 #include "executor/compare.hpp"
 #include "executor/cpu/cpu_backend.hpp"
 #include "executor/runner.hpp"
+#include "executor/scenario_run.hpp"
 #include "planner/inputs/scenario.hpp"
 #include "test_util.hpp"
 
@@ -89,6 +90,55 @@ INSTANTIATE_TEST_SUITE_P(All, Scenarios,
                                            "tiny-llama-dp", "tiny-gpt-cp", "tiny-moe-ep",
                                            "tiny-gpt-megatron"),
                          testing::ParamName());
+
+// The runner nanoplan run --scenario calls: found by name beside the catalog, each case seen as
+// it completes after one start, the scenario's checks counted, and a stop said with its setup.
+TEST(ScenarioRunner, FindsRunsJudgesAndStops) {
+  const std::string src = NANOPLAN_SOURCE_DIR;
+  EXPECT_EQ(*find_scenario("tiny-llama", src + "/models"), src + "/scenarios/tiny-llama.toml");
+  EXPECT_EQ(*find_scenario("tiny-llama", src + "/models/"), src + "/scenarios/tiny-llama.toml");
+  EXPECT_EQ(*find_scenario("elsewhere/x.toml", src + "/models"), "elsewhere/x.toml");
+  Result<std::string> unknown = find_scenario("tiny-lama", src + "/models");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.error().message.find("unknown scenario 'tiny-lama' (valid: "), std::string::npos);
+  EXPECT_NE(unknown.error().message.find("tiny-llama, "), std::string::npos);
+
+  auto sc = load_scenario(src + "/scenarios/tiny-llama.toml", testing::catalog());
+  ASSERT_TRUE(sc.ok()) << sc.error().message;
+  sc->matrix.resize(2);
+  Executor cpu = *choose_executor("cpu");
+  int starts = 0;
+  std::vector<std::string> seen;
+  auto started = [&] { ++starts; };
+  auto each = [&](const ScenarioCase& c) {
+    EXPECT_EQ(starts, 1);
+    EXPECT_TRUE(c.comparison.all_equal) << comparison_table(c.comparison);
+    EXPECT_EQ(c.comparison.losses.size(), static_cast<size_t>(sc->steps));
+    seen.push_back(describe_short(c.setup));
+  };
+  ScenarioResult ok = run_scenario(*sc, cpu, {}, {}, nullptr, started, each);
+  EXPECT_EQ(ok.stop, ScenarioStop::kNone);
+  EXPECT_EQ(ok.failed, 0);
+  EXPECT_EQ(seen, (std::vector<std::string>{describe_short(sc->matrix[0]),
+                                            describe_short(sc->matrix[1])}));
+
+  Scenario judged = *sc;  // no first loss is ln(vocab) to 1e-12: both setups fail the check
+  judged.expect.first_loss_rel_ln_vocab = 1e-12;
+  ScenarioResult bad = run_scenario(judged, cpu, {}, {}, nullptr, [] {}, [](const ScenarioCase& c) {
+    EXPECT_NE(c.why.find("first loss "), std::string::npos) << c.why;
+  });
+  EXPECT_EQ(bad.failed, 2);
+
+  RunOptions tight;
+  tight.enforce_budget = 4096;
+  starts = 0, seen.clear();
+  ScenarioResult oom = run_scenario(*sc, cpu, tight, {}, nullptr, started, each);
+  EXPECT_EQ(oom.stop, ScenarioStop::kOutOfMemory);
+  EXPECT_EQ(describe_short(oom.stopped_at), describe_short(sc->matrix[0]));
+  EXPECT_TRUE(oom.message.starts_with("rank ")) << oom.message;
+  EXPECT_EQ(starts, 1);
+  EXPECT_TRUE(seen.empty());
+}
 
 }  // namespace
 }  // namespace np::exec

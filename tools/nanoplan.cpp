@@ -30,6 +30,7 @@
 #include "executor/comm/inproc.hpp"
 #include "executor/compare.hpp"
 #include "executor/backend_choice.hpp"
+#include "executor/scenario_run.hpp"
 #include "executor/runner.hpp"
 #if defined(NANOPLAN_HAVE_MPI)
 #include "executor/comm/mpi.hpp"
@@ -604,84 +605,56 @@ int run_scenario(const Flags& f) {
     die("--scenario runs its matrix in one process; under mpirun, run a plan or a setup");
 #endif
   auto catalog = check(np::load_model_catalog(models_dir(f)));
-  // A scenario is a file, or named like a model: the scenarios/ beside the model catalog.
-  std::string path = f.scenario;
-  std::error_code ec;
-  if (!path.ends_with(".toml") && path.find('/') == std::string::npos) {
-    std::filesystem::path models = std::filesystem::path(models_dir(f));
-    if (!models.has_filename()) models = models.parent_path();  // "dir/models/"
-    std::filesystem::path dir = models.parent_path() / "scenarios";
-    if (!std::filesystem::exists(dir / (path + ".toml"), ec)) {
-      std::vector<std::string> found;
-      for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-        if (e.path().extension() == ".toml") found.push_back(e.path().stem().string());
-      std::sort(found.begin(), found.end());
-      std::string names;
-      for (const std::string& n : found) names += (names.empty() ? "" : ", ") + n;
-      die("unknown scenario " + np::quote_input(path) + " (valid: " +
-          (names.empty() ? std::string("a scenario file") : names) + ", or a path to a .toml)");
-    }
-    path = (dir / (path + ".toml")).string();
-  }
-  np::Scenario sc = check(np::load_scenario(path, catalog));
-  Flags g = f;
-  if (g.steps == 1) g.steps = sc.steps;
+  np::Scenario sc =
+      check(np::load_scenario(check(np::find_scenario(f.scenario, models_dir(f))), catalog));
   Executor ex = executor_for(f);
-  for (const np::TrainSpec& t : sc.matrix) {  // refuse before anything is printed or run
-    np::Schedule s = np::build_schedule(sc.model, t);
-    if (auto e = np::exec::check_runnable(s, !ex.device))
-      die(f.scenario + ": " + np::describe_short(t) + ": " + e->message);
-    if (!ex.device)
-      if (auto e = np::exec::check_host_memory(s)) {  // the executor's limit: exit 4
-        std::fprintf(stderr, "nanoplan: error: %s: %s: %s\n", f.scenario.c_str(),
-                     np::describe_short(t).c_str(), e->message.c_str());
-        return kExitRunFailed;
-      }
-  }
+  std::optional<np::HardwareModel> hw;
+  if (ex.device) hw = make_hardware(f);
   int failed = 0;
   nlohmann::json all = nlohmann::json::array();
-  std::printf("%s",
-              f.format == "json"
-                  ? ""
-                  : ("scenario " + sc.name + ": " + std::to_string(sc.matrix.size()) + " setups (" +
-                     std::to_string(sc.skipped.size()) + " invalid combinations skipped)\n")
-                        .c_str());
-  for (const np::TrainSpec& t : sc.matrix) {
-    np::Schedule s = np::build_schedule(sc.model, t);
-    auto r = np::exec::run_schedule(s, ex.backend, run_options(g, ex), ex.world);
-    if (!r) {
-      std::fprintf(stderr, "nanoplan: %s: %s\n", np::describe_short(t).c_str(),
-                   r.error().message.c_str());
-      return kExitRunFailed;
-    }
-    if (r->out_of_memory) {
-      std::fprintf(stderr, "nanoplan: %s: rank %lld: %s\n", np::describe_short(t).c_str(),
-                   static_cast<long long>(r->oom_rank), r->out_of_memory->what());
-      return kExitOutOfMemory;
-    }
-    np::exec::RunComparison c = compare_run(s, *r, sc.name + ": " + np::describe_short(t), f, ex);
-    std::string why = np::scenario_failures(sc, t, c.all_equal, c.losses);
-    bool ok = why.empty();
-    failed += !ok;
+  auto started = [&] {
+    if (f.format != "json")
+      std::printf("scenario %s: %zu setups (%zu invalid combinations skipped)\n", sc.name.c_str(),
+                  sc.matrix.size(), sc.skipped.size());
+  };
+  auto each = [&](const np::exec::ScenarioCase& k) {
+    const np::exec::RunComparison& c = k.comparison;
+    bool ok = k.why.empty();
     if (f.format == "json") {
       nlohmann::json j = np::exec::comparison_json(c);
       j["passed"] = ok;
-      j["why"] = why;
+      j["why"] = k.why;
       all.push_back(j);
-    } else {
-      std::printf(
-          "  %-4s %-62s loss %.4f -> %.4f  max |measured - predicted| %lld B%s%s\n",
-          ok ? "ok" : "FAIL", np::describe_short(t).c_str(),
-          c.losses.empty() ? 0.0 : c.losses.front(), c.losses.empty() ? 0.0 : c.losses.back(),
-          [&] {
-            long long m = 0;
-            for (auto& rk : c.ranks) m = std::max(m, std::llabs(rk.difference()));
-            return m;
-          }(),
-          ok ? "" : "  ", why.c_str());
-      if (!c.all_equal) std::printf("%s", np::exec::comparison_table(c).c_str());
+      return;
     }
+    long long most = 0;
+    for (const auto& rk : c.ranks) most = std::max(most, std::llabs(rk.difference()));
+    std::printf("  %-4s %-62s loss %.4f -> %.4f  max |measured - predicted| %lld B%s%s\n",
+                ok ? "ok" : "FAIL", np::describe_short(k.setup).c_str(),
+                c.losses.empty() ? 0.0 : c.losses.front(),
+                c.losses.empty() ? 0.0 : c.losses.back(), most, ok ? "" : "  ", k.why.c_str());
+    if (!c.all_equal) std::printf("%s", np::exec::comparison_table(c).c_str());
+  };
+  np::exec::ScenarioResult res = np::exec::run_scenario(sc, ex, run_options(f, ex), make_runtime(f),
+                                                        hw ? &*hw : nullptr, started, each);
+  std::string where = np::describe_short(res.stopped_at);
+  switch (res.stop) {
+    case np::exec::ScenarioStop::kNone:
+      break;
+    case np::exec::ScenarioStop::kRefused:
+      die(f.scenario + ": " + where + ": " + res.message);
+    case np::exec::ScenarioStop::kHostMemory:  // the executor's limit: exit 4
+      std::fprintf(stderr, "nanoplan: error: %s: %s: %s\n", f.scenario.c_str(), where.c_str(),
+                   res.message.c_str());
+      return kExitRunFailed;
+    case np::exec::ScenarioStop::kRunFailed:
+      std::fprintf(stderr, "nanoplan: %s: %s\n", where.c_str(), res.message.c_str());
+      return kExitRunFailed;
+    case np::exec::ScenarioStop::kOutOfMemory:
+      std::fprintf(stderr, "nanoplan: %s: %s\n", where.c_str(), res.message.c_str());
+      return kExitOutOfMemory;
   }
+  failed = res.failed;
   if (f.format == "json")
     std::cout << nlohmann::json{{"scenario", sc.name}, {"runs", all}, {"failed", failed}}.dump(2)
               << "\n";

@@ -1,6 +1,8 @@
 // Scenario files: parsing, the setup matrix, validation of every combination.
 #include "planner/inputs/scenario.hpp"
 
+#include <filesystem>
+
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -136,6 +138,24 @@ std::string describe_short(const TrainSpec& t) {
          " recompute " + name_of(t.recompute) +
          (t.sp && !t.tp_recompute_allgather ? " keep-gathered" : "") + " " + name_of(t.attention) +
          (t.impl != Impl::kNanotron ? std::string(" ") + name_of(t.impl) : "");
+}
+
+Result<std::string> find_scenario(const std::string& name, const std::string& models_dir) {
+  if (name.ends_with(".toml") || name.find('/') != std::string::npos) return name;
+  std::filesystem::path models(models_dir);
+  if (!models.has_filename()) models = models.parent_path();  // "dir/models/"
+  std::filesystem::path dir = models.parent_path() / "scenarios";
+  std::error_code ec;
+  if (std::filesystem::exists(dir / (name + ".toml"), ec)) return (dir / (name + ".toml")).string();
+  std::vector<std::string> found;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().extension() == ".toml") found.push_back(e.path().stem().string());
+  std::sort(found.begin(), found.end());
+  std::string names;
+  for (const std::string& n : found) names += (names.empty() ? "" : ", ") + n;
+  return make_error("unknown scenario " + quote_input(name) + " (valid: " +
+                    (names.empty() ? std::string("a scenario file") : names) +
+                    ", or a path to a .toml)");
 }
 
 Result<Scenario> load_scenario(const std::string& path, const std::vector<ModelSpec>& models) {

@@ -33,6 +33,11 @@ struct Scenario {
 std::string scenario_failures(const Scenario& sc, const TrainSpec& t,
                               bool predicted_equals_measured, const std::vector<double>& losses);
 
+// A scenario as the user names it: a path (with '/' or ending in .toml) as given, else NAME.toml
+// in the scenarios/ folder beside the model catalog `models_dir`; an unknown name is refused with
+// the names there.
+Result<std::string> find_scenario(const std::string& name, const std::string& models_dir);
+
 // `models` resolves `model = "name"`; an inline [model] table uses the catalog schema.
 Result<Scenario> load_scenario(const std::string& path, const std::vector<ModelSpec>& models);
 // The same from text already read (`path` names it in errors): what the fuzz target calls.
