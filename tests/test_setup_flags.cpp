@@ -186,5 +186,49 @@ TEST(SetupFlags, BudgetAndHeadroom) {
               std::string::npos);
 }
 
+TEST(SetupFlags, ResolveTakesTheModelAndSetupFromWhereTheyAreGiven) {
+  const std::string src = NANOPLAN_SOURCE_DIR;
+  std::vector<std::string> said;
+  auto say = [&](const std::string& line) { said.push_back(line); };
+  SetupText tp2;
+  tp2.set("--tp", "2");
+  Result<ResolvedSetup> r = resolve_setup({"llama-3.1-8b", "", "", src + "/models"}, tp2, false, say);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->model.name, "llama-3.1-8b");
+  EXPECT_EQ(r->setup.tp, 2);
+  EXPECT_TRUE(r->setup.sp);
+  EXPECT_TRUE(said.empty());
+
+  SetupText longer;
+  longer.set("--seq-len", "262144");
+  ASSERT_TRUE(resolve_setup({"llama-3.1-8b", "", "", src + "/models"}, longer, false, say).ok());
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_TRUE(said[0].starts_with("warning: --seq-len 262144 is beyond llama-3.1-8b's "
+                                  "max_position_embeddings"))
+      << said[0];
+
+  const std::string yaml = src + "/tests/data/nanotron_llama3_8b.yaml";
+  Result<ResolvedSetup> n = resolve_setup({"", yaml, "", src + "/models"}, tp2, false, say);
+  ASSERT_TRUE(n.ok()) << n.error().message;
+  EXPECT_EQ(n->model.name, "nanotron_llama3_8b");
+  EXPECT_EQ(n->model.display_name, "nanotron config nanotron_llama3_8b.yaml");
+  EXPECT_EQ(n->setup.tp, 2);  // the flag over the config
+
+  EXPECT_EQ(resolve_setup({"", yaml, "--tensor-model-parallel-size 2", src + "/models"}, tp2,
+                          false, say)
+                .error()
+                .message,
+            "--nanotron-config and --megatron-args both give the setup; give one of them");
+  EXPECT_TRUE(resolve_setup({"llama-3.1-8b", yaml, "", src + "/models"}, tp2, false, say)
+                  .error()
+                  .message.starts_with("--model and --nanotron-config both name the model"));
+  EXPECT_TRUE(resolve_setup({"", "", "", src + "/models"}, tp2, false, say)
+                  .error()
+                  .message.starts_with("--model is required"));
+  SetupText tp3;
+  tp3.set("--tp", "3");  // 8B's 32 heads do not split over 3
+  EXPECT_FALSE(resolve_setup({"llama-3.1-8b", "", "", src + "/models"}, tp3, false, say).ok());
+}
+
 }  // namespace
 }  // namespace np

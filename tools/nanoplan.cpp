@@ -307,56 +307,15 @@ struct Resolved {
   np::TrainSpec setup;
 };
 
-// A setup read from a config, with every setup flag given on the command line applied over it.
-np::TrainSpec override_with_flags(const np::ConfigSetup& c, const Flags& f) {
-  return check(np::override_setup(c.setup, c.given.count("--recompute") > 0, f.setup, budgeted(f)));
-}
-
-// RoPE runs past the trained positions (learned ones cannot: validate_setup refuses them): said.
-void warn_past_positions(const np::ModelSpec& m, const np::TrainSpec& t) {
-  if (m.max_positions > 0 && t.seq_len > m.max_positions)
-    std::cerr << "nanoplan: warning: --seq-len " << t.seq_len << " is beyond " << m.name
-              << "'s max_position_embeddings " << m.max_positions
-              << " (the bytes are estimated; the model was not trained that long)\n";
-}
-
 Resolved resolve(const Flags& f) {
   if (f.format != "table" && f.format != "json")
     die("invalid --format " + np::quote_input(f.format) + " (valid: table, json)");
   if (!f.emit.empty() && f.emit != "nanotron" && f.emit != "megatron")
     die("invalid --emit " + np::quote_input(f.emit) + " (valid: nanotron, megatron)");
-  if (!f.nanotron_config.empty() && !f.megatron_args.empty())
-    die("--nanotron-config and --megatron-args both give the setup; give one of them");
-  if (!f.nanotron_config.empty()) {
-    if (!f.model.empty())
-      die("--model and --nanotron-config both name the model (the config's model.model_config); "
-          "give one of them");
-    std::string text = check(np::read_text_file(f.nanotron_config, "nanotron config"));
-    np::ConfigSetup c = check(np::nanotron_config(text, f.nanotron_config));
-    for (const std::string& n : c.notes) std::cerr << "nanoplan: " << n << "\n";
-    np::ModelSpec m = *c.model;
-    m.name = std::filesystem::path(f.nanotron_config).stem().string();
-    if (!np::is_model_name(m.name)) m.name = "nanotron-config";
-    m.display_name = "nanotron config " + std::filesystem::path(f.nanotron_config).filename().string();
-    np::TrainSpec t = override_with_flags(c, f);
-    if (auto e = np::validate_setup(m, t)) die(f.nanotron_config + ": " + e->message);
-    warn_past_positions(m, t);
-    return {m, t};
-  }
-  if (f.model.empty())
-    die("--model is required (a catalog name or alias, a .toml or config.json path), or give "
-        "--nanotron-config FILE");
-  auto catalog = check(np::load_model_catalog(models_dir(f)));
-  np::ModelSpec m = check(np::resolve_model(catalog, f.model));
-  np::TrainSpec t = make_setup(f);
-  if (!f.megatron_args.empty()) {
-    np::ConfigSetup c = check(np::megatron_args(f.megatron_args, m, t.dp));
-    for (const std::string& n : c.notes) std::cerr << "nanoplan: " << n << "\n";
-    t = override_with_flags(c, f);
-  }
-  if (auto e = np::validate_setup(m, t)) die(e->message);
-  warn_past_positions(m, t);
-  return {m, t};
+  np::ResolvedSetup r = check(np::resolve_setup(
+      {f.model, f.nanotron_config, f.megatron_args, models_dir(f)}, f.setup, budgeted(f),
+      [](const std::string& line) { std::cerr << "nanoplan: " << line << "\n"; }));
+  return {std::move(r.model), std::move(r.setup)};
 }
 
 // --emit: the plan's closest nanotron YAML or Megatron flags, on stdout. Under a budget the plan

@@ -4,9 +4,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
 
+#include "planner/inputs/catalog.hpp"
+#include "planner/inputs/configs.hpp"
+#include "planner/inputs/read_file.hpp"
 #include "planner/inputs/units.hpp"
 
 namespace np {
@@ -305,6 +309,66 @@ std::string setup_command_flags(const TrainSpec& t) {
   for (const SetupFlag& f : setup_flags())
     if (std::string v = f.write(t); !v.empty()) c += " " + std::string(f.name) + " " + v;
   return c;
+}
+
+namespace {
+
+// RoPE runs past the trained positions (learned ones cannot: validate_setup refuses them): said.
+void warn_past_positions(const ModelSpec& m, const TrainSpec& t,
+                         const std::function<void(const std::string&)>& say) {
+  if (m.max_positions > 0 && t.seq_len > m.max_positions)
+    say("warning: --seq-len " + std::to_string(t.seq_len) + " is beyond " + m.name +
+        "'s max_position_embeddings " + std::to_string(m.max_positions) +
+        " (the bytes are estimated; the model was not trained that long)");
+}
+
+}  // namespace
+
+Result<ResolvedSetup> resolve_setup(const SetupSources& src, const SetupText& s, bool budgeted,
+                                    const std::function<void(const std::string&)>& say) {
+  if (!src.nanotron_config.empty() && !src.megatron_args.empty())
+    return make_error("--nanotron-config and --megatron-args both give the setup; give one of them");
+  if (!src.nanotron_config.empty()) {
+    if (!src.model.empty())
+      return make_error(
+          "--model and --nanotron-config both name the model (the config's "
+          "model.model_config); give one of them");
+    Result<std::string> text = read_text_file(src.nanotron_config, "nanotron config");
+    if (!text) return text.error();
+    Result<ConfigSetup> c = nanotron_config(*text, src.nanotron_config);
+    if (!c) return c.error();
+    for (const std::string& n : c->notes) say(n);
+    ModelSpec m = *c->model;
+    std::filesystem::path file(src.nanotron_config);
+    m.name = file.stem().string();
+    if (!is_model_name(m.name)) m.name = "nanotron-config";
+    m.display_name = "nanotron config " + file.filename().string();
+    Result<TrainSpec> t = override_setup(c->setup, c->given.count("--recompute") > 0, s, budgeted);
+    if (!t) return t.error();
+    if (auto e = validate_setup(m, *t)) return make_error(src.nanotron_config + ": " + e->message);
+    warn_past_positions(m, *t, say);
+    return ResolvedSetup{m, *t};
+  }
+  if (src.model.empty())
+    return make_error(
+        "--model is required (a catalog name or alias, a .toml or config.json path), or give "
+        "--nanotron-config FILE");
+  Result<std::vector<ModelSpec>> catalog = load_model_catalog(src.models_dir);
+  if (!catalog) return catalog.error();
+  Result<ModelSpec> m = resolve_model(*catalog, src.model);
+  if (!m) return m.error();
+  Result<TrainSpec> t = setup_from_flags(s, budgeted);
+  if (!t) return t.error();
+  if (!src.megatron_args.empty()) {
+    Result<ConfigSetup> c = megatron_args(src.megatron_args, *m, t->dp);
+    if (!c) return c.error();
+    for (const std::string& n : c->notes) say(n);
+    t = override_setup(c->setup, c->given.count("--recompute") > 0, s, budgeted);
+    if (!t) return t.error();
+  }
+  if (auto e = validate_setup(*m, *t)) return *e;
+  warn_past_positions(*m, *t, say);
+  return ResolvedSetup{*m, *t};
 }
 
 Result<int64_t> parse_budget(const std::string& text) {

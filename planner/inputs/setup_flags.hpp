@@ -4,6 +4,7 @@
 // it, so a flag is added in one place. Also the budget and headroom texts.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -65,6 +66,23 @@ Result<TrainSpec> override_setup(const TrainSpec& config, bool config_sets_recom
 // " --tp 8 --pp 2 ...": the setup flags that reproduce `t` (with the model and budget flags),
 // in table order.
 std::string setup_command_flags(const TrainSpec& t);
+
+// Where a model and its setup come from: --model (a catalog name or alias, or a model file), or a
+// nanotron config, which names the model itself; --megatron-args over the flags' setup; the
+// setup flags over a config's setup.
+struct SetupSources {
+  std::string model, nanotron_config, megatron_args;
+  std::string models_dir;  // the model catalog
+};
+struct ResolvedSetup {
+  ModelSpec model;
+  TrainSpec setup;
+};
+// The model and the validated setup. `say` receives each line for the user as it comes (a
+// config's notes; a warning for a sequence past the model's trained positions), so that notes
+// reach the user even when a later check fails.
+Result<ResolvedSetup> resolve_setup(const SetupSources& src, const SetupText& s, bool budgeted,
+                                    const std::function<void(const std::string&)>& say);
 
 // --budget: bytes (80GB, 80GiB, 85899345920); under 1 MiB is refused as a budget that lost its
 // unit.
