@@ -19,7 +19,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -67,7 +66,6 @@ struct Flags {
       nccl_buffers, allocator_slack;
   std::string headroom = "3%";  // of the budget, or bytes
   std::string nanotron_config, megatron_args, emit;
-  std::set<std::string> given;  // the options given on the command line ("--tp", ...)
   // report
   bool report_run = false;
   int64_t sweep_gpus = 0;
@@ -950,11 +948,7 @@ int main(int argc, char** argv) {
       die(what + " for " + cmd + "; see " + cmd + " --help");
     die(what + "; see " + cmd + " --help");
   }
-  for (CLI::App* sub : app.get_subcommands()) {
-    refuse_empty_values(sub);
-    for (const CLI::Option* o : sub->get_options())
-      if (o->count() > 0) f.given.insert(o->get_name());
-  }
+  for (CLI::App* sub : app.get_subcommands()) refuse_empty_values(sub);
   try {
     if (est->parsed()) return run_estimate(f);
     if (plan->parsed()) return run_plan(f);
