@@ -1,0 +1,185 @@
+// The caching allocator model (planner/schedule/caching_allocator.hpp) on traces derived by hand
+// from PyTorch's rules, one rule each: size rounding and power-of-two divisions, the small and
+// large pools and their segment sizes, best fit, splitting thresholds, merging only within a
+// segment, the oversize rules of max_split_size_mb, the out-of-memory retry, expandable
+// segments, and the option parser.
+#include "planner/schedule/caching_allocator.hpp"
+
+#include <gtest/gtest.h>
+
+namespace np {
+namespace {
+
+constexpr int64_t M = 1 << 20;
+
+TEST(CachingAllocator, SmallPoolPacksMergesAndLargeRequestsGetTwentyMiB) {
+  CachingAllocator a;
+  int32_t b1 = *a.malloc(1000);  // rounds to 1024; a 2 MiB small segment, split
+  EXPECT_EQ(a.block_size(b1), 1024);
+  EXPECT_EQ(a.allocated(), 1024);
+  EXPECT_EQ(a.reserved(), 2 * M);
+  int32_t b2 = *a.malloc(3 * M);  // 1-10 MiB: a 20 MiB segment, split (17 MiB > 1 MiB left)
+  EXPECT_EQ(a.allocated(), 3 * M + 1024);
+  EXPECT_EQ(a.reserved(), 22 * M);
+  a.free(b1);  // merges with the rest of its segment; nothing released
+  EXPECT_EQ(a.allocated(), 3 * M);
+  EXPECT_EQ(a.reserved(), 22 * M);
+  a.malloc(600);  // reuses the small segment
+  EXPECT_EQ(a.allocated(), 3 * M + 1024);
+  EXPECT_EQ(a.reserved(), 22 * M);
+  EXPECT_EQ(a.segments(), 2);
+  EXPECT_EQ(a.max_allocated(), 3 * M + 1024);
+  EXPECT_EQ(a.max_reserved(), 22 * M);
+  a.free(b2);
+  EXPECT_EQ(a.requested(), 600);
+}
+
+TEST(CachingAllocator, NoSplitWhenAtMostOneMiBWouldRemain) {
+  CachingAllocator a;
+  int32_t b = *a.malloc(19 * M + 1);  // rounds to 19,923,456; segment 20 MiB; 1,048,064 left
+  EXPECT_EQ(a.block_size(b), 20 * M);
+  EXPECT_EQ(a.allocated(), 20 * M);
+  EXPECT_EQ(a.requested(), 19 * M + 1);
+  CachingAllocator c;
+  c.malloc(9 * M);                     // a 20 MiB segment: 9 MiB used, 11 MiB cached
+  int32_t rest = *c.malloc(11010048);  // 10.5 MiB: best fit, 512 KiB left, so the whole 11 MiB
+  EXPECT_EQ(c.block_size(rest), 11 * M);
+  EXPECT_EQ(c.allocated(), 20 * M);
+  EXPECT_EQ(c.reserved(), 20 * M);
+}
+
+TEST(CachingAllocator, NoMergingAcrossSegments) {
+  CachingAllocator a;
+  int32_t x = *a.malloc(12 * M), y = *a.malloc(12 * M);  // 10 MiB and up: exactly 12 MiB each
+  EXPECT_EQ(a.reserved(), 24 * M);
+  a.free(x), a.free(y);
+  a.malloc(20 * M);  // two free 12 MiB segments cannot serve 20 MiB
+  EXPECT_EQ(a.reserved(), 44 * M);
+  EXPECT_EQ(a.max_allocated(), 24 * M);
+  EXPECT_EQ(a.max_reserved(), 44 * M);
+}
+
+TEST(CachingAllocator, OutOfMemoryReleasesCachedSegmentsAndRetries) {
+  CachingAllocator a({.capacity = 40 * M});
+  int32_t x = *a.malloc(12 * M), y = *a.malloc(12 * M);
+  a.free(x), a.free(y);
+  ASSERT_TRUE(a.malloc(20 * M).has_value());  // 24 + 20 > 40: the cache is released first
+  EXPECT_EQ(a.reserved(), 20 * M);
+  EXPECT_EQ(a.max_reserved(), 24 * M);
+  EXPECT_EQ(a.segments(), 1);
+  EXPECT_FALSE(a.malloc(30 * M).has_value());  // 20 in use + 30 > 40: out of memory
+}
+
+TEST(CachingAllocator, MaxSplitSizeKeepsOversizeBlocksWhole) {
+  CachingAllocator a(*parse_allocator_conf("max_split_size_mb:20"));
+  int32_t big = *a.malloc(40 * M);
+  EXPECT_EQ(a.block_size(big), 40 * M);  // not split: at least max_split_size
+  a.free(big);
+  int32_t again = *a.malloc(30 * M);  // oversize, but less than 20 MiB larger: reused whole
+  EXPECT_EQ(a.block_size(again), 40 * M);
+  EXPECT_EQ(a.reserved(), 40 * M);
+  a.free(again);
+  int32_t s = *a.malloc(19 * M);  // below max_split: the oversize block is refused
+  EXPECT_EQ(a.block_size(s), 20 * M);  // a new 20 MiB segment, exactly 1 MiB left: not split
+  EXPECT_EQ(a.reserved(), 60 * M);
+  a.malloc(12 * M);
+  EXPECT_EQ(a.reserved(), 72 * M);
+  EXPECT_EQ(a.max_allocated(), 40 * M);
+  EXPECT_EQ(a.max_reserved(), 72 * M);
+  CachingAllocator b(*parse_allocator_conf("max_split_size_mb:20"));
+  b.free(*b.malloc(64 * M));
+  b.malloc(40 * M);  // 64 >= 40 + 20: refused, a new segment
+  EXPECT_EQ(b.reserved(), 104 * M);
+}
+
+TEST(CachingAllocator, MaxSplitSizeReleasesOversizeBlocksBeforeTheWholeCache) {
+  AllocatorConfig c = *parse_allocator_conf("max_split_size_mb:20");
+  c.capacity = 100 * M;
+  CachingAllocator a(c);
+  int32_t small = *a.malloc(1000);  // a 2 MiB small segment, kept busy
+  int32_t big = *a.malloc(80 * M);
+  a.free(big);
+  // 80 MiB is 20 MiB or more above 50: not reused; 82 + 50 > 100, so it is released first.
+  ASSERT_TRUE(a.malloc(50 * M).has_value());
+  EXPECT_EQ(a.reserved(), 52 * M);
+  EXPECT_EQ(a.segments(), 2);
+  a.free(small);
+}
+
+TEST(CachingAllocator, PowerOfTwoDivisions) {
+  AllocatorConfig four = *parse_allocator_conf("roundup_power2_divisions:4");
+  EXPECT_EQ(CachingAllocator::round_size(1200, four), 1536);  // not above 512 x 4: 512 B steps
+  EXPECT_EQ(CachingAllocator::round_size(3000, four), 3072);
+  EXPECT_EQ(CachingAllocator::round_size(1000000, four), 1048576);
+  EXPECT_EQ(CachingAllocator::round_size(1048577, four), 1310720);
+  EXPECT_EQ(CachingAllocator::round_size(5 * M + 1, four), 6 * M);
+  EXPECT_EQ(CachingAllocator::round_size(4 * M, four), 4 * M);  // a power of two stays
+  AllocatorConfig list = *parse_allocator_conf("roundup_power2_divisions:[64:8,>:2]");
+  EXPECT_EQ(CachingAllocator::round_size(100 * M, list), 104 * M);
+  EXPECT_EQ(CachingAllocator::round_size(200 * M, list), 256 * M);
+  EXPECT_EQ(CachingAllocator::round_size(3 * M + 1, list), 3 * M + 256 * 1024);  // 8 below 64
+  AllocatorConfig none;
+  EXPECT_EQ(CachingAllocator::round_size(1, none), 512);
+  EXPECT_EQ(CachingAllocator::round_size(1200, none), 1536);
+  CachingAllocator a(four);
+  a.malloc(5 * M + 1);
+  EXPECT_EQ(a.allocated(), 6 * M);
+  EXPECT_EQ(a.reserved(), 20 * M);
+}
+
+TEST(CachingAllocator, ExpandableSegmentsMapPagesAtTheEnd) {
+  CachingAllocator a(*parse_allocator_conf("expandable_segments:True"));
+  a.malloc(3 * M);  // one 20 MiB page mapped
+  EXPECT_EQ(a.reserved(), 20 * M);
+  int32_t b = *a.malloc(18 * M);  // the free 17 MiB at the end, and one more page
+  EXPECT_EQ(a.allocated(), 21 * M);
+  EXPECT_EQ(a.reserved(), 40 * M);
+  a.malloc(1000);  // the small pool's own segment: one 2 MiB page
+  EXPECT_EQ(a.reserved(), 42 * M);
+  a.free(b);  // merges with the free 19 MiB after it; nothing unmapped
+  EXPECT_EQ(a.reserved(), 42 * M);
+  int32_t c = *a.malloc(36 * M);  // fits the 37 MiB free block; split with 1 MiB left
+  EXPECT_EQ(a.block_size(c), 36 * M);
+  EXPECT_EQ(a.max_allocated(), 39 * M + 1024);
+  EXPECT_EQ(a.max_reserved(), 42 * M);
+  EXPECT_EQ(a.segments(), 2);
+  a.empty_cache();  // the free 1 MiB at the end is a part of a page: nothing unmapped
+  EXPECT_EQ(a.reserved(), 42 * M);
+  a.free(c);
+  a.empty_cache();  // now the whole pages after the 3 MiB block go: 20 MiB stays mapped
+  EXPECT_EQ(a.reserved(), 22 * M);
+}
+
+TEST(CachingAllocator, SmallSegmentFillsExactly) {
+  CachingAllocator a;
+  for (int i = 0; i < 2048; ++i) a.malloc(1024);
+  EXPECT_EQ(a.allocated(), 2 * M);
+  EXPECT_EQ(a.reserved(), 2 * M);
+  a.malloc(1024);
+  EXPECT_EQ(a.reserved(), 4 * M);
+  EXPECT_EQ(a.segments(), 2);
+}
+
+TEST(CachingAllocator, OptionsAreParsedAsPyTorchParsesThem) {
+  AllocatorConfig c = *parse_allocator_conf(
+      "expandable_segments:True, max_split_size_mb:128,garbage_collection_threshold:0.6");
+  EXPECT_TRUE(c.expandable_segments);
+  EXPECT_EQ(c.max_split_size, 128 * M);
+  EXPECT_FALSE(parse_allocator_conf("expandable_segments:true").ok());  // True/False only
+  EXPECT_FALSE(parse_allocator_conf("max_split_size_mb:19").ok());      // at least 20
+  EXPECT_FALSE(parse_allocator_conf("roundup_power2_divisions:3").ok());
+  EXPECT_FALSE(parse_allocator_conf("roundup_power2_divisions:[48:4]").ok());
+  Result<AllocatorConfig> unknown = parse_allocator_conf("max_split_size:128");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.error().message.find("unknown key 'max_split_size' (valid: "),
+            std::string::npos)
+      << unknown.error().message;
+  AllocatorConfig list = *parse_allocator_conf("roundup_power2_divisions:[1:4,256:8,>:1]");
+  EXPECT_EQ(list.roundup_divisions[0], 4);
+  EXPECT_EQ(list.roundup_divisions[7], 0);  // between two entries: the default
+  EXPECT_EQ(list.roundup_divisions[8], 8);
+  EXPECT_EQ(list.roundup_divisions[9], 1);
+}
+
+}  // namespace
+}  // namespace np
