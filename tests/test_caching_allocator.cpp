@@ -7,6 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include "planner/schedule/schedule.hpp"
+#include "test_util.hpp"
+
 namespace np {
 namespace {
 
@@ -179,6 +182,41 @@ TEST(CachingAllocator, OptionsAreParsedAsPyTorchParsesThem) {
   EXPECT_EQ(list.roundup_divisions[7], 0);  // between two entries: the default
   EXPECT_EQ(list.roundup_divisions[8], 8);
   EXPECT_EQ(list.roundup_divisions[9], 1);
+}
+
+TEST(CachingAllocator, ReplaysARanksEvents) {
+  // Tensor 1: 3 MiB, tensor 2: 1000 B, tensor 1 freed, tensor 3: 18 MiB (the cached 20 MiB
+  // segment is too small once tensor 1's 3 MiB merged back: 20 MiB fits 18, so it is reused).
+  std::vector<MemEvent> events = {{0, 1, 3 * M, true}, {0, 2, 1000, true}, {1, 1, 3 * M, false},
+                                  {2, 3, 18 * M, true}, {3, 4, 0, true}};
+  AllocatorReplay r = replay_allocator(events, {});
+  EXPECT_EQ(r.max_allocated, 18 * M + 1024);
+  EXPECT_EQ(r.max_reserved, 22 * M);
+  EXPECT_EQ(r.segments, 2);
+  EXPECT_EQ(r.out_of_memory_event, -1);
+  AllocatorReplay full = replay_allocator(events, {.capacity = 21 * M});
+  EXPECT_EQ(full.out_of_memory_event, 1);  // the small segment does not fit beside 20 MiB
+}
+
+// A real stage program: the allocator hands out at least the bytes the simulation counts (sizes
+// rounded up, blocks not split), reserves at least what it hands out, and expandable segments
+// reserve no more than whole segments do on this step (one stream, no releases).
+TEST(CachingAllocator, ReplaysAScheduleAboveItsSimulatedPeak) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t;
+  t.tp = 2, t.sp = true, t.pp = 2, t.microbatches = 4, t.seq_len = 2048;
+  t.pp_schedule = PpSchedule::k1F1B;
+  Schedule s = build_schedule(m, t);
+  for (const StageProgram& p : s.stages) {
+    SimResult sim = simulate(p, {.events = true});
+    AllocatorReplay caching = replay_allocator(sim.events, {});
+    AllocatorReplay expandable = replay_allocator(sim.events, {.expandable_segments = true});
+    EXPECT_GE(caching.max_allocated, sim.peak_bytes);
+    EXPECT_LT(caching.max_allocated, sim.peak_bytes + sim.peak_bytes / 20);
+    EXPECT_GE(caching.max_reserved, caching.max_allocated);
+    EXPECT_GE(expandable.max_reserved, expandable.max_allocated);
+    EXPECT_LE(expandable.max_reserved, caching.max_reserved);
+  }
 }
 
 }  // namespace

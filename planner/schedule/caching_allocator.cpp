@@ -8,6 +8,7 @@
 #include <cctype>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "planner/inputs/units.hpp"
 
@@ -286,6 +287,30 @@ void CachingAllocator::free(int32_t handle) {
 }
 
 void CachingAllocator::empty_cache() { release_whole_segments(); }
+
+AllocatorReplay replay_allocator(const std::vector<MemEvent>& events, const AllocatorConfig& c) {
+  CachingAllocator a(c);
+  AllocatorReplay r;
+  std::unordered_map<int32_t, int32_t> handle;  // tensor id -> block
+  for (size_t i = 0; i < events.size(); ++i) {
+    const MemEvent& e = events[i];
+    if (e.bytes <= 0) continue;  // size-0 requests never reach the allocator
+    if (e.alloc) {
+      std::optional<int32_t> h = a.malloc(e.bytes);
+      if (!h) {
+        r.out_of_memory_event = static_cast<int64_t>(i);
+        break;
+      }
+      handle[e.tensor] = *h;
+    } else if (auto it = handle.find(e.tensor); it != handle.end()) {
+      a.free(it->second);
+      handle.erase(it);
+    }
+  }
+  r.max_allocated = a.max_allocated(), r.max_reserved = a.max_reserved();
+  r.segments = a.segments();
+  return r;
+}
 
 // parseArgs, [C] L195-229, and the CUDA keys of c10/cuda/CUDAAllocatorConfig.cpp.
 Result<AllocatorConfig> parse_allocator_conf(std::string_view text) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "planner/inputs/result.hpp"
+#include "planner/schedule/simulate.hpp"
 
 namespace np {
 
@@ -106,5 +107,14 @@ class CachingAllocator {
   };
   Expandable expandable_[2];  // [0] large, [1] small
 };
+
+// A rank's allocation events (simulate's, canonical order) replayed through the allocator.
+struct AllocatorReplay {
+  int64_t max_allocated = 0;  // torch.cuda.max_memory_allocated(): blocks as the allocator hands them out
+  int64_t max_reserved = 0;   // torch.cuda.max_memory_reserved()
+  int64_t segments = 0;       // segments (or expandable segments) at the end
+  int64_t out_of_memory_event = -1;  // the event that found the device full (config.capacity)
+};
+AllocatorReplay replay_allocator(const std::vector<MemEvent>& events, const AllocatorConfig& c);
 
 }  // namespace np
