@@ -294,19 +294,41 @@ std::vector<Tensor> weights_of(const GraphOp& op, Values& v) {
 // ---- one rank --------------------------------------------------------------------------------------
 
 // The CUDA backend of each rank, made once (with its cuBLAS workspace from its own memory, as a
-// run gives it) and shared by the tests.
+// run gives it) and shared by the tests; the workspaces go back after the last test, as a run
+// returns them (before exit, while the CUDA runtime is still there).
+struct CudaRank {
+  std::unique_ptr<Backend> backend;
+  std::vector<void*> buffers;
+};
+std::mutex cuda_ranks_mu;
+CudaRank cuda_ranks[kMaxTp];
+
 Backend& cuda_backend(int64_t rank) {
-  static std::mutex mu;
-  static std::unique_ptr<Backend> backends[kMaxTp];
-  std::lock_guard<std::mutex> lock(mu);
-  std::unique_ptr<Backend>& be = backends[rank];
-  if (!be) {
-    be = cuda::make_cuda_backend();
-    std::vector<RuntimeBuffer> b = be->runtime_buffers();
-    for (size_t i = 0; i < b.size(); ++i) be->use_runtime_buffer(i, be->allocate(b[i].bytes));
+  std::lock_guard<std::mutex> lock(cuda_ranks_mu);
+  CudaRank& r = cuda_ranks[rank];
+  if (!r.backend) {
+    r.backend = cuda::make_cuda_backend();
+    std::vector<RuntimeBuffer> b = r.backend->runtime_buffers();
+    for (size_t i = 0; i < b.size(); ++i) {
+      r.buffers.push_back(r.backend->allocate(b[i].bytes));
+      r.backend->use_runtime_buffer(i, r.buffers.back());
+    }
   }
-  return *be;
+  return *r.backend;
 }
+
+class ReleaseCudaRanks : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (CudaRank& r : cuda_ranks) {
+      for (void* p : r.buffers) r.backend->release(p);
+      r.buffers.clear();
+      r.backend.reset();
+    }
+  }
+};
+const ::testing::Environment* const release_cuda_ranks =
+    ::testing::AddGlobalTestEnvironment(new ReleaseCudaRanks);
 
 class Rank {
  public:
