@@ -15,16 +15,18 @@ ScenarioResult run_scenario(const Scenario& sc, const Executor& ex, RunOptions o
     out.stop = why, out.stopped_at = t, out.message = std::move(message);
     return out;
   };
+  std::vector<Schedule> schedules;
   for (const TrainSpec& t : sc.matrix) {  // refuse before anything runs
-    Schedule s = build_schedule(sc.model, t);
+    const Schedule& s = schedules.emplace_back(build_schedule(sc.model, t));
     if (auto e = check_runnable(s, !ex.device)) return stop(ScenarioStop::kRefused, t, e->message);
     if (!ex.device)
       if (auto e = check_host_memory(s)) return stop(ScenarioStop::kHostMemory, t, e->message);
   }
   if (options.steps == 1) options.steps = sc.steps;
   started();
-  for (const TrainSpec& t : sc.matrix) {
-    Schedule s = build_schedule(sc.model, t);
+  for (size_t i = 0; i < sc.matrix.size(); ++i) {
+    const TrainSpec& t = sc.matrix[i];
+    const Schedule& s = schedules[i];
     Result<RunResult> r = run_schedule(s, ex.backend, options, ex.world);
     if (!r) return stop(ScenarioStop::kRunFailed, t, r.error().message);
     if (r->out_of_memory)

@@ -226,16 +226,6 @@ void refuse_empty_values(const CLI::App* sub) {
   }
 }
 
-// A real number in [0, most] for a flag, or the one-line error naming the valid values.
-double parse_real(const std::string& flag, const std::string& text, double most,
-                  const std::string& valid) {
-  char* end = nullptr;
-  double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || *end != '\0' || !(v >= 0 && v <= most))
-    die("invalid " + flag + " " + np::quote_input(text) + " (valid: " + valid + ")");
-  return v;
-}
-
 // A budget was given (--budget, or --gpu's memory): --recompute auto is then the default.
 bool budgeted(const Flags& f) { return !f.budget.empty() || !f.gpu.empty(); }
 
@@ -259,8 +249,8 @@ np::RuntimeAssumptions make_runtime(const Flags& f) {
   bytes("--te-workspace", f.te_workspace, rt.te_workspace_bytes);
   bytes("--nccl-buffers", f.nccl_buffers, rt.nccl_bytes_per_comm);
   if (!f.allocator_slack.empty())
-    rt.allocator_slack = parse_real("--allocator-slack", f.allocator_slack, 1,
-                                    "a fraction in [0, 1], e.g. 0.05");
+    rt.allocator_slack = check(np::parse_real_flag("--allocator-slack", f.allocator_slack, 1,
+                                    "a fraction in [0, 1], e.g. 0.05"));
   return rt;
 }
 

@@ -21,16 +21,6 @@ constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
 std::string number(int64_t v) { return std::to_string(v); }
 
-Result<double> parse_real(std::string_view flag, const std::string& text, double most,
-                          std::string_view valid) {
-  char* end = nullptr;
-  double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || *end != '\0' || !(v >= 0 && v <= most))
-    return make_error("invalid " + std::string(flag) + " " + quote_input(text) + " (valid: " +
-                      std::string(valid) + ")");
-  return v;
-}
-
 Result<bool> parse_switch(std::string_view flag, const std::string& v, const char* yes,
                           const char* no) {
   if (v == yes) return true;
@@ -193,6 +183,16 @@ const std::string& SetupText::operator[](std::string_view flag) const {
   return it->second;
 }
 
+Result<double> parse_real_flag(std::string_view flag, const std::string& text, double most,
+                          std::string_view valid) {
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !(v >= 0 && v <= most))
+    return make_error("invalid " + std::string(flag) + " " + quote_input(text) + " (valid: " +
+                      std::string(valid) + ")");
+  return v;
+}
+
 Result<int64_t> parse_count_flag(std::string_view flag, std::string_view text, int64_t lo,
                                  int64_t hi) {
   std::string valid = lo == 1 && hi == kMax   ? "a positive whole number"
@@ -238,7 +238,7 @@ Result<TrainSpec> setup_from_flags(const SetupText& s, bool budgeted) {
   count("--make-vocab-size-divisible-by", t.vocab_multiple);
   t.zero = static_cast<int>(zero);
   if (!failed && !s["--moe-capacity-factor"].empty())
-    take(parse_real("--moe-capacity-factor", s["--moe-capacity-factor"], 64,
+    take(parse_real_flag("--moe-capacity-factor", s["--moe-capacity-factor"], 64,
                     "0 for dropless routing, or a factor in (0, 64] such as 1.25"),
          t.moe_capacity_factor);
   if (failed) return *failed;

@@ -52,6 +52,10 @@ struct SetupText {
 Result<int64_t> parse_count_flag(std::string_view flag, std::string_view text, int64_t lo,
                                  int64_t hi);
 
+// A real number in [0, most] for a flag: the error names the flag, the value and `valid`.
+Result<double> parse_real_flag(std::string_view flag, const std::string& text, double most,
+                               std::string_view valid);
+
 // The setup the flags give. `budgeted`: a budget or a GPU was given, which makes --recompute
 // auto the default (and allows it).
 Result<TrainSpec> setup_from_flags(const SetupText& s, bool budgeted);

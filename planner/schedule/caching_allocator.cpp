@@ -144,12 +144,8 @@ bool CachingAllocator::release_oversize(bool small, int64_t size) {
   Pool& p = pool(small);
   int64_t key = std::max(size, c_.max_split_size);
   auto release = [&](int32_t id) {
-    Block& b = blocks_[static_cast<size_t>(id)];
     pool_erase(id);
-    reserved_ -= b.size;
-    --segments_;
-    b.live = false;
-    unused_.push_back(id);
+    release_segment(id);
   };
   auto it = p.lower_bound({key, std::numeric_limits<int64_t>::min(), -1});
   if (it != p.end()) {
@@ -164,6 +160,15 @@ bool CachingAllocator::release_oversize(bool small, int64_t size) {
     release(std::get<2>(*last));
   }
   return freed >= key;
+}
+
+// release_block, [A] L3367-3412: a whole cached segment out of the pool, cudaFreed.
+void CachingAllocator::release_segment(int32_t id) {
+  Block& b = blocks_[static_cast<size_t>(id)];
+  reserved_ -= b.size;
+  --segments_;
+  b.live = false;
+  unused_.push_back(id);
 }
 
 // release_cached_blocks, [A] L3306-3349 and release_blocks, L3485-3509: every cached whole
@@ -197,16 +202,14 @@ void CachingAllocator::release_whole_segments() {
   }
   for (Pool* p : {&small_, &large_})
     for (auto it = p->begin(); it != p->end();) {
-      Block& b = blocks_[static_cast<size_t>(std::get<2>(*it))];
+      int32_t id = std::get<2>(*it);
+      const Block& b = blocks_[static_cast<size_t>(id)];
       if (b.prev >= 0 || b.next >= 0) {
         ++it;
         continue;
       }
-      reserved_ -= b.size;
-      --segments_;
-      b.live = false;
-      unused_.push_back(std::get<2>(*it));
       it = p->erase(it);
+      release_segment(id);
     }
 }
 

@@ -89,6 +89,7 @@ class CachingAllocator {
   std::optional<int32_t> new_segment(bool small, int64_t size);
   bool release_oversize(bool small, int64_t size);
   void release_whole_segments();
+  void release_segment(int32_t id);
   int32_t take(int32_t id, int64_t size, int64_t requested);
   void merge(int32_t dst, int32_t src);
   void grow(int64_t reserved, int64_t allocated);
