@@ -24,10 +24,64 @@ OutOfBudget::OutOfBudget(std::string t, int64_t b, int64_t use, int64_t bud)
       in_use(use),
       budget(bud) {}
 
+TrackingAllocator::TrackingAllocator(DeviceMemory& device, std::optional<int64_t> budget,
+                                     const AllocatorChoice& allocator)
+    : device_(device), budget_(budget) {
+  if (allocator.model == AllocatorModel::kExact) return;
+  if (allocator.config.expandable_segments)
+    throw std::invalid_argument(
+        "--allocator expandable is not run by the executor yet: its segments grow in place, "
+        "which needs the device's virtual memory mapping (valid for run: caching, exact)");
+  AllocatorConfig c = allocator.config;
+  if (budget) c.capacity = *budget;  // PyTorch runs out when it cannot reserve more
+  segments_ = std::make_unique<Segments>(device);
+  cache_ = std::make_unique<CachingAllocator>(c, segments_.get());
+}
+
 TrackingAllocator::~TrackingAllocator() {
   for (Block& b : blocks_)
-    if (b.live) device_.release(b.ptr);
+    if (b.live && b.handle < 0) device_.release(b.ptr);
+  cache_.reset();
+  segments_.reset();  // its segments back to the device
   for (void* p : runtime_ptrs_) device_.release(p);
+}
+
+TrackingAllocator::Segments::~Segments() {
+  for (auto& [base, p] : base_) device_.release(p);
+}
+
+bool TrackingAllocator::Segments::map(int64_t base, int64_t bytes) {
+  void* p = device_.allocate(bytes);
+  if (!p) return false;
+  base_.emplace(base, p);
+  held += bytes;
+  max_held = std::max(max_held, held);
+  return true;
+}
+
+void TrackingAllocator::Segments::unmap(int64_t base, int64_t bytes) {
+  auto it = base_.find(base);
+  if (it == base_.end()) throw std::logic_error("tracking allocator: unmap of an unknown segment");
+  device_.release(it->second);
+  base_.erase(it);
+  held -= bytes;
+}
+
+void* TrackingAllocator::Segments::pointer(int64_t address) const {
+  auto it = base_.upper_bound(address);
+  if (it == base_.begin()) throw std::logic_error("tracking allocator: a block outside segments");
+  --it;
+  return static_cast<char*>(it->second) + (address - it->first);
+}
+
+std::optional<int64_t> TrackingAllocator::reserved_peak() const {
+  if (!segments_) return std::nullopt;
+  return segments_->max_held;
+}
+
+std::optional<int64_t> TrackingAllocator::allocated_blocks_peak() const {
+  if (!cache_) return std::nullopt;
+  return cache_->max_allocated();
 }
 
 void* TrackingAllocator::allocate_runtime(int64_t bytes, std::string name) {
@@ -51,11 +105,21 @@ void* TrackingAllocator::allocate(int64_t bytes, std::string name, Category cate
   if (bytes < 0) throw std::logic_error("tracking allocator: negative size for " + name);
   if (budget_ && in_use_ + bytes > *budget_)
     throw OutOfBudget(std::move(name), bytes, in_use_, *budget_);
-  void* p = device_.allocate(bytes);
+  void* p = nullptr;
+  int32_t handle = -1;  // -1: the device's own allocation
+  if (cache_ && bytes > 0) {  // (size-0 requests never reach PyTorch's allocator)
+    std::optional<int32_t> h = cache_->malloc(bytes);
+    if (!h)  // the budget reached by what the allocator reserves, or the device full
+      throw OutOfBudget(std::move(name), bytes, in_use_, budget_.value_or(-1));
+    handle = *h;
+    p = segments_->pointer(cache_->address(handle));
+  } else {
+    p = device_.allocate(bytes);
+  }
   if (!p) throw OutOfBudget(std::move(name), bytes, in_use_, -1);
-  device_.fill_bytes(p, 0xFF, bytes);
+  if (bytes > 0) device_.fill_bytes(p, 0xFF, bytes);
   log_.push_back({blocks_.size(), instr_, true});
-  blocks_.push_back({p, bytes, std::move(name), category, tensor, true});
+  blocks_.push_back({p, bytes, std::move(name), category, tensor, true, handle});
   in_use_ += bytes;
   current_[static_cast<int>(category)] += bytes;
   if (in_use_ > peak_) {
@@ -74,7 +138,10 @@ void TrackingAllocator::release(void* p) {
     Block& b = blocks_[i];
     if (b.ptr != p || !b.live) continue;
     b.live = false;
-    device_.release(b.ptr);
+    if (b.handle >= 0)
+      cache_->free(b.handle);
+    else
+      device_.release(b.ptr);
     in_use_ -= b.bytes;
     current_[static_cast<int>(b.category)] -= b.bytes;
     log_.push_back({i, instr_, false});

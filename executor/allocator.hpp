@@ -5,12 +5,15 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "executor/backend.hpp"
+#include "planner/schedule/caching_allocator.hpp"
 #include "planner/schedule/schedule.hpp"
 #include "planner/schedule/simulate.hpp"
 
@@ -29,10 +32,15 @@ struct LiveAllocation {
   Category category = Category::kTransient;
 };
 
+// Under --allocator caching the plan's tensors come from a model of PyTorch's caching allocator
+// (planner/schedule/caching_allocator.hpp) whose segments are the device's memory: each segment
+// one DeviceMemory::allocate, each tensor a block carved from one, so that what the run reserves
+// is measured where the device gives it out. --allocator exact: one device allocation per tensor.
 class TrackingAllocator {
  public:
-  explicit TrackingAllocator(DeviceMemory& device, std::optional<int64_t> budget = std::nullopt)
-      : device_(device), budget_(budget) {}
+  explicit TrackingAllocator(DeviceMemory& device, std::optional<int64_t> budget = std::nullopt,
+                             const AllocatorChoice& allocator = exact_allocator());
+  static AllocatorChoice exact_allocator() { return {.model = AllocatorModel::kExact}; }
   ~TrackingAllocator();
   TrackingAllocator(const TrackingAllocator&) = delete;
   TrackingAllocator& operator=(const TrackingAllocator&) = delete;
@@ -60,6 +68,11 @@ class TrackingAllocator {
 
   int64_t in_use() const { return in_use_; }
   int64_t peak() const { return peak_; }
+  // Caching: the most device bytes the allocator's segments held (what
+  // torch.cuda.max_memory_reserved() reports), and the most its blocks held
+  // (max_memory_allocated); nullopt under --allocator exact.
+  std::optional<int64_t> reserved_peak() const;
+  std::optional<int64_t> allocated_blocks_peak() const;
   const std::array<int64_t, kCategories>& at_peak() const { return at_peak_; }
   std::vector<LiveAllocation> live_at_peak() const;                   // largest first
   const std::vector<int64_t>& timeline() const { return timeline_; }  // bytes after each event
@@ -76,7 +89,23 @@ class TrackingAllocator {
     Category category;
     int32_t tensor;
     bool live;
+    int32_t handle = -1;  // the caching allocator's block (caching)
   };
+  // The caching allocator's segments on the device: its address of each to the device's.
+  class Segments : public SegmentMemory {
+   public:
+    explicit Segments(DeviceMemory& device) : device_(device) {}
+    ~Segments() override;
+    bool map(int64_t base, int64_t bytes) override;
+    void unmap(int64_t base, int64_t bytes) override;
+    void* pointer(int64_t address) const;  // the device address of an allocator address
+    int64_t held = 0, max_held = 0;        // device bytes the segments hold
+   private:
+    DeviceMemory& device_;
+    std::map<int64_t, void*> base_;  // segment address -> device memory
+  };
+  std::unique_ptr<Segments> segments_;     // caching only
+  std::unique_ptr<CachingAllocator> cache_;  // caching only
   struct LogEntry {
     size_t block;
     int32_t instr;

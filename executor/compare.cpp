@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 
+#include "planner/schedule/caching_allocator.hpp"
 #include "planner/schedule/plan_io.hpp"
 #include "planner/schedule/simulate.hpp"
 #include "planner/inputs/units.hpp"
@@ -65,7 +66,10 @@ std::optional<DeviceLevel> device_level(const RunComparison& c, const RunResult&
     DeviceLevel d;
     size_t last = std::min(c.ranks.size(), first + static_cast<size_t>(per));
     for (size_t i = first; i < last; ++i) {
-      d.allocator_peaks += c.ranks[i].predicted;
+      const RankComparison& rc = c.ranks[i];
+      d.reserved = rc.predicted_reserved.has_value();
+      d.allocator_peaks += rc.predicted_reserved.value_or(rc.predicted);
+      d.measured_reserved += rc.measured_reserved.value_or(0);
       d.measured = std::max(d.measured, r.ranks[i].measured_device_peak.value_or(0));
     }
     int64_t n = static_cast<int64_t>(last - first);
@@ -87,6 +91,21 @@ RunComparison compare(const Schedule& s, const RunResult& r, std::string title,
   std::vector<SimResult> sims;
   for (const StageProgram& p : s.stages)
     sims.push_back(simulate(p, {.live_set = true, .events = true}));
+  // Caching: each stage's events in the program's order (as the executor allocates), replayed
+  // for as many steps as ran.
+  const bool caching = !r.ranks.empty() && r.ranks.front().measured_reserved_peak.has_value();
+  std::map<std::pair<int64_t, size_t>, AllocatorReplay> replays;  // (stage, steps)
+  auto replay = [&](int64_t stage, size_t steps) -> const AllocatorReplay& {
+    auto key = std::pair(stage, steps);
+    auto it = replays.find(key);
+    if (it != replays.end()) return it->second;
+    SimResult natural = simulate(s.stages[static_cast<size_t>(stage)],
+                                 {.events = true, .canonical = false});
+    return replays
+        .emplace(key, replay_exact_steps(natural.events, {}, runtime.allocator.config,
+                                         static_cast<int>(std::max<size_t>(steps, 1))))
+        .first->second;
+  };
   for (const RankResult& rr : r.ranks) {
     const StageProgram& p = s.stages[rr.stage];
     const SimResult& sim = sims[rr.stage];
@@ -116,6 +135,13 @@ RunComparison compare(const Schedule& s, const RunResult& r, std::string title,
       rc.events += rc.divergence ? rc.divergence->event : predicted.size();
     }
     if (rr.events.empty()) rc.divergence = Divergence{.predicted = "events", .measured = "none"};
+    if (caching) {
+      const AllocatorReplay& a = replay(rr.stage, rr.events.size());
+      rc.predicted_reserved = a.max_reserved;
+      rc.predicted_allocated_blocks = a.max_allocated;
+      rc.measured_reserved = rr.measured_reserved_peak;
+      rc.measured_allocated_blocks = rr.measured_allocated_blocks_peak;
+    }
     if (!rc.equal()) {
       c.all_equal = false;
       for (int32_t id : sim.live_at_peak)
@@ -204,6 +230,20 @@ std::string comparison_table(const RunComparison& c) {
         format_int(m[2]).c_str(), format_int(m[3]).c_str(), format_int(m[4]).c_str(),
         r.predicted_at_peak == r.measured_at_peak ? "" : "  (categories differ)");
     out += buf;
+    if (r.measured_reserved) {
+      std::snprintf(buf, sizeof buf,
+                    "        reserved (caching allocator): predicted %s, measured %s; allocated "
+                    "blocks: predicted %s, measured %s%s\n",
+                    format_int(*r.predicted_reserved).c_str(),
+                    format_int(*r.measured_reserved).c_str(),
+                    format_int(*r.predicted_allocated_blocks).c_str(),
+                    format_int(r.measured_allocated_blocks.value_or(0)).c_str(),
+                    r.predicted_reserved == r.measured_reserved &&
+                            r.predicted_allocated_blocks == r.measured_allocated_blocks
+                        ? ""
+                        : "  (DIFFER)");
+      out += buf;
+    }
     if (r.divergence) out += divergence_text(r);
     if (r.difference() != 0 || !r.unplanned.empty()) out += side_by_side(r);
   }
@@ -217,10 +257,16 @@ std::string comparison_table(const RunComparison& c) {
     char pct[32];
     std::snprintf(pct, sizeof pct, "%+.2f %%", 100.0 * d.error());
     out += "  device level (cudaMemGetInfo, the fullest device): predicted " +
-           format_int(d.predicted) + " B = allocator peaks " + format_int(d.allocator_peaks) +
+           format_int(d.predicted) + " B = " +
+           (d.reserved ? "reserved peaks (caching allocator) " : "allocator peaks ") +
+           format_int(d.allocator_peaks) +
            " + CUDA context " + format_int(d.context) + " + cuBLAS workspaces " +
            format_int(d.workspaces) + (d.nccl ? " + NCCL " + format_int(d.nccl) : std::string()) +
-           "; measured " + format_int(d.measured) + " B (" + pct + ")\n";
+           "; measured " + format_int(d.measured) + " B (" + pct + ")" +
+           (d.reserved ? ", of it reserved by the allocator " + format_int(d.measured_reserved) +
+                             " B"
+                       : std::string()) +
+           "\n";
     for (const LiveAllocation& o : d.measured_overheads)
       out += "  measured at start, rank 0: " + o.name + " " + format_int(o.bytes) + " B\n";
   }
@@ -273,6 +319,12 @@ nlohmann::json comparison_json(const RunComparison& c) {
                         {"unplanned", r.unplanned},
                         {"runtime_buffers", runtime_json(r.runtime_buffers)},
                         {"events_compared", r.events}};
+    if (r.measured_reserved) {
+      j["predicted_reserved_bytes"] = *r.predicted_reserved;
+      j["measured_reserved_bytes"] = *r.measured_reserved;
+      j["predicted_allocated_blocks_bytes"] = *r.predicted_allocated_blocks;
+      j["measured_allocated_blocks_bytes"] = r.measured_allocated_blocks.value_or(0);
+    }
     if (r.divergence) {
       const Divergence& d = *r.divergence;
       nlohmann::json live = nlohmann::json::array();
@@ -315,7 +367,9 @@ nlohmann::json comparison_json(const RunComparison& c) {
     const DeviceLevel& d = *c.device;
     out["predicted_device_peak_bytes"] = d.predicted;
     out["measured_device_peak_bytes"] = d.measured;
-    out["device_prediction_terms"] = {{"allocator_peaks", d.allocator_peaks},
+    if (d.reserved) out["measured_reserved_on_device_bytes"] = d.measured_reserved;
+    out["device_prediction_terms"] = {{d.reserved ? "reserved_peaks" : "allocator_peaks",
+                                       d.allocator_peaks},
                                       {"cuda_context", d.context},
                                       {"cublas_workspaces", d.workspaces},
                                       {"nccl", d.nccl}};

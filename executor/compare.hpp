@@ -38,17 +38,30 @@ struct RankComparison {
   std::vector<LiveAllocation> runtime_buffers;  // outside the plan (the estimate's overheads)
   size_t events = 0;  // events compared, all steps
   std::optional<Divergence> divergence;
+  // --allocator caching: the predicted events replayed through the caching allocator model, for
+  // as many steps as ran, against what the run's allocator reserved from the device (and its
+  // blocks' peak, max allocated); absent under exact.
+  std::optional<int64_t> predicted_reserved, measured_reserved;
+  std::optional<int64_t> predicted_allocated_blocks, measured_allocated_blocks;
   int64_t difference() const { return measured - predicted; }
-  bool equal() const { return !divergence && difference() == 0 && unplanned.empty(); }
+  bool equal() const {
+    return !divergence && difference() == 0 && unplanned.empty() &&
+           predicted_reserved == measured_reserved &&
+           predicted_allocated_blocks == measured_allocated_blocks;
+  }
 };
 
 // The device level, where the backend can read it (a GPU): the most bytes in use on a device
 // (cudaMemGetInfo) against the allocator peaks of the ranks on it plus the estimate's runtime
 // assumptions (CUDA context once per device, a cuBLAS workspace per rank, NCCL buffers per rank
-// of one process per GPU with TP). No caching-allocator slack: the executor calls cudaMalloc.
+// of one process per GPU with TP). The allocator peaks are the predicted reserved peaks under
+// --allocator caching (its segments are the device memory), the schedule's peaks under exact
+// (one cudaMalloc per tensor).
 struct DeviceLevel {
   int64_t predicted = 0, measured = 0;
   int64_t allocator_peaks = 0, context = 0, workspaces = 0, nccl = 0;  // the prediction's terms
+  bool reserved = false;          // allocator_peaks are the caching allocator's reserved peaks
+  int64_t measured_reserved = 0;  // caching: the measured reserved peaks of the device's ranks
   std::vector<LiveAllocation> measured_overheads;  // as rank 0's backend measured them
   double error() const { return predicted ? double(measured - predicted) / double(predicted) : 0; }
 };

@@ -28,7 +28,7 @@ class RankRunner {
         opt_(opt),
         be_(be),
         comm_(comm),
-        alloc_(be, opt.enforce_budget),
+        alloc_(be, opt.enforce_budget, opt.allocator),
         params_(s, stage, comm.tp_rank(), be, comm) {
     count_lifetimes();
     std::vector<RuntimeBuffer> buffers = be_.runtime_buffers();
@@ -64,6 +64,8 @@ class RankRunner {
     r.unplanned = alloc_.unplanned_names();
     r.runtime_buffers = alloc_.runtime();
     r.measured_device_peak = alloc_.device_peak();
+    r.measured_reserved_peak = alloc_.reserved_peak();
+    r.measured_allocated_blocks_peak = alloc_.allocated_blocks_peak();
     for (const RuntimeBuffer& b : be_.measured_overheads())
       r.measured_overheads.push_back({b.name, b.bytes, Category::kTransient});
     for (const auto& [name, bytes] : comm_.measured_overheads())

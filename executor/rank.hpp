@@ -21,6 +21,9 @@ struct RunOptions {
   bool device_memory = false;
   uint64_t seed = 1234;
   std::optional<int64_t> enforce_budget;  // per rank, bytes
+  // What allocates the plan's tensors (run --allocator): one device allocation each (exact), or
+  // PyTorch's caching allocator over the device's memory (caching; executor/allocator.hpp).
+  AllocatorChoice allocator = TrackingAllocator::exact_allocator();
   float lr = 1e-2f;                       // AdamW
   bool capture_grads = false;             // keep the first step's gradients, in global layout
   bool profile = false;                   // wall time per op kind and phase (last step)
@@ -41,6 +44,9 @@ struct RankResult {
   // The device level: the most bytes the device reported in use (a GPU: cudaMemGetInfo), and
   // the runtime's overheads as the backend measured them; absent on the CPU.
   std::optional<int64_t> measured_device_peak;
+  // --allocator caching: the most device bytes the allocator's segments held (max reserved) and
+  // the most its blocks held (max allocated, sizes rounded); absent under exact.
+  std::optional<int64_t> measured_reserved_peak, measured_allocated_blocks_peak;
   std::vector<LiveAllocation> measured_overheads;
   std::vector<double> step_seconds;  // wall time of each step, the device's work included
 };

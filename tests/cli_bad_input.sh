@@ -120,14 +120,17 @@ bad "negative budget (separate argument)" -m "--budget" -m "-5GB" -- "${E[@]}" -
 bad "budget with a fraction of a byte" -m "--budget" -m "whole number" -- "${E[@]}" --budget 1.5B
 bad "plan: unparsable budget" -m "--budget" -m "abc" -- "${P[@]}" --budget abc
 bad "ambiguous --cuda-context unit" -m "--cuda-context" -m "ambiguous" -- "${E[@]}" --cuda-context 5G
-bad "--allocator-slack above 1" -m "--allocator-slack" -- "${E[@]}" --allocator-slack 2
+bad "--allocator-slack, replaced by the replay" -m "--allocator-slack" -m "--allocator caching|expandable|exact" -- "${E[@]}" --allocator-slack 0.05
+bad "unknown --allocator" -m "'pooled'" -m "caching, expandable, exact" -- "${E[@]}" --allocator pooled
+bad "--allocator-conf with an unknown key" -m "max_split_size" -m "valid:" -- "${E[@]}" --allocator-conf max_split_size:128
+bad "--allocator-conf below PyTorch's minimum" -m "at least 20" -- "${E[@]}" --allocator-conf max_split_size_mb:8
+bad "--allocator-conf with --allocator exact" -m "exact" -- "${E[@]}" --allocator exact --allocator-conf max_split_size_mb:128
 bad "--headroom above 50%" -m "--headroom" -m "[0, 50]" -- "${E[@]}" --budget 80GB --headroom 51%
 bad "--headroom as a bare number with %" -m "--headroom" -- "${E[@]}" --budget 80GB --headroom %
 bad "--headroom of the whole budget" -m "--headroom" -m "leave nothing" -- "${E[@]}" --budget 80GB --headroom 80GB
 bad "--headroom in an unknown unit" -m "--headroom" -- "${E[@]}" --budget 80GB --headroom 2XB
 bad "a budget without its unit (bytes under 1 MiB)" -m "--budget" -m "under 1 MiB" -m "80GB" -- "${E[@]}" --budget 80
 bad "--headroom as a bare number" -m "--headroom" -m "give a unit or %" -- "${E[@]}" --budget 80GB --headroom 3
-bad "--allocator-slack below 0" -m "--allocator-slack" -- "${E[@]}" --allocator-slack=-0.5
 
 # ---- parallelism against the model -------------------------------------------------------------
 bad "--tp 3 does not divide the heads" -m "--tp 3" -m "heads" -- "${E[@]}" --tp 3

@@ -30,6 +30,30 @@ for r in j["ranks"]:
     assert r["predicted_peak_bytes"] == r["measured_peak_bytes"] > 0
 PY
 
+# The caching allocator (the default): each rank's reserved bytes, measured where its segments
+# come from the backend's memory, equal the predicted events' replay over the steps run; exact
+# reports none; expandable is refused (exit 2, naming the valid choices).
+for steps in 1 3; do
+  "$NP" run "$TMP/plan.json" --steps $steps --format json >"$TMP/res.json" 2>/dev/null; rc=$?
+  python3 - "$TMP/res.json" <<'PY' && ok "caching allocator: reserved predicted = measured, $steps step(s)" || fail "caching allocator: reserved predicted = measured, $steps step(s)"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["predicted_equals_measured"]
+for r in j["ranks"]:
+    assert r["predicted_reserved_bytes"] == r["measured_reserved_bytes"] > 0, r
+    assert r["measured_reserved_bytes"] >= r["measured_allocated_blocks_bytes"] >= r["measured_peak_bytes"]
+    assert r["predicted_allocated_blocks_bytes"] == r["measured_allocated_blocks_bytes"]
+PY
+done
+"$NP" run "$TMP/plan.json" --allocator exact --format json >"$TMP/exact.json" 2>/dev/null
+check "run --allocator exact: no reserved figures" \
+  '! grep -q reserved_bytes "$TMP/exact.json" && grep -q "\"predicted_equals_measured\": true" "$TMP/exact.json"'
+"$NP" run "$TMP/plan.json" --allocator caching >"$TMP/out3" 2>&1
+check "run table: the reserved line" 'grep -q "reserved (caching allocator): predicted" "$TMP/out3"'
+"$NP" run "$TMP/plan.json" --allocator expandable >"$TMP/out3" 2>&1; rc=$?
+check "run --allocator expandable: exit 2, one line naming caching and exact" \
+  '[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/out3")" -eq 1 ] && grep -q "caching, exact" "$TMP/out3"'
+
 "$NP" run "${SETUP[@]}" --recompute selective --attention eager >"$TMP/out2" 2>&1; rc=$?
 check "run --model plans in-process" '[ $rc -eq 0 ] && grep -q "predicted = measured" "$TMP/out2"'
 
@@ -197,12 +221,19 @@ check "frees at the end: live sets side by side, measured below predicted" 'grep
 "$NP" run "$TMP/405b.json" --check-plan >"$TMP/o8" 2>&1; rc=$?
 check "--check-plan on a 405B tp 8 pp 16 plan" '[ $rc -eq 0 ] && grep -q "plan OK: 16 stage programs," "$TMP/o8"'
 
-# Enforced budget: one byte under the measured peak stops the run, exit 3.
+# Enforced budget: one byte under the measured peak stops the run, exit 3. Under --allocator
+# exact the budget binds on the tensors' bytes; under caching (the default) on what the allocator
+# reserves, as PyTorch runs out of memory.
 peak=$(python3 -c "import json; print(max(r['measured_peak_bytes'] for r in json.load(open('$TMP/run.json'))['ranks']))")
-"$NP" run "$TMP/plan.json" --enforce-budget $((peak - 1)) >"$TMP/o5" 2>"$TMP/e5"; rc=$?
+reserved=$(python3 -c "import json; print(max(r['measured_reserved_bytes'] for r in json.load(open('$TMP/run.json'))['ranks']))")
+"$NP" run "$TMP/plan.json" --allocator exact --enforce-budget $((peak - 1)) >"$TMP/o5" 2>"$TMP/e5"; rc=$?
 check "over the enforced budget exits 3" '[ $rc -eq 3 ]'
 check "the OOM line names tensor, size and bytes in use" 'grep -qE "out of memory: allocating .+ \([0-9,]+ bytes\) with [0-9,]+ bytes in use would exceed the budget of [0-9,]+ bytes" "$TMP/e5"'
-"$NP" run "$TMP/plan.json" --enforce-budget "$peak" >/dev/null 2>&1; rc=$?
+"$NP" run "$TMP/plan.json" --allocator exact --enforce-budget "$peak" >/dev/null 2>&1; rc=$?
 check "at exactly the peak the run completes" '[ $rc -eq 0 ]'
+"$NP" run "$TMP/plan.json" --enforce-budget "$reserved" >/dev/null 2>&1; rc=$?
+check "caching: at exactly the reserved peak the run completes" '[ $rc -eq 0 ] && [ "$reserved" -gt "$peak" ]'
+"$NP" run "$TMP/plan.json" --enforce-budget $((peak - 1)) >/dev/null 2>"$TMP/e6"; rc=$?
+check "caching: under the tensors' peak exits 3, naming the tensor" '[ $rc -eq 3 ] && grep -q "out of memory: allocating" "$TMP/e6"'
 
 finish

@@ -172,11 +172,13 @@ TEST(AutoPlan, ContextParallelKeepsOrRegathersTheKv) {
   EXPECT_LE(tight.estimate.peak_bytes, loose.estimate.peak_bytes - (256LL << 20));
 }
 
-// The stage model sees what the simulation sees: across ZeRO stages (ZeRO-3's gathered weights
+// The stage model sees what the simulation sees (the schedule's bytes, exactly): across ZeRO stages (ZeRO-3's gathered weights
 // and ZeRO-2/3's gradient buckets live through every block's backward), both pipeline schedules
 // and budgets from tight to loose, every plan that fits was verified by its first simulation.
 TEST(AutoPlan, StageModelNeedsNoTightening) {
   ModelSpec m = testing::model("llama-3.1-8b");
+  RuntimeAssumptions rt;  // the schedule's own bytes: the caching allocator's come on top
+  rt.allocator.model = AllocatorModel::kExact;
   int plans = 0;
   for (int zero : {0, 1, 2, 3})
     for (PpSchedule sched : {PpSchedule::kAfab, PpSchedule::k1F1B})
@@ -184,13 +186,13 @@ TEST(AutoPlan, StageModelNeedsNoTightening) {
         if (zero >= 2 && pp > 1) continue;  // nanotron: ZeRO-2/3 only without pipelining
         TrainSpec t = setup8b();
         t.pp = pp, t.dp = 4, t.zero = zero, t.pp_schedule = sched;
-        AutoPlan loose = auto_plan(m, t, {}, 1'000'000'000'000, default_hardware());
+        AutoPlan loose = auto_plan(m, t, rt, 1'000'000'000'000, default_hardware());
         ASSERT_TRUE(loose.peak_full && loose.peak_none);
         for (double at : {0.1, 0.4, 0.7, 1.0}) {
           int64_t b =
               *loose.peak_full +
               static_cast<int64_t>(at * static_cast<double>(*loose.peak_none - *loose.peak_full));
-          AutoPlan p = auto_plan(m, t, {}, b, default_hardware(), {.compare_uniform = false});
+          AutoPlan p = auto_plan(m, t, rt, b, default_hardware(), {.compare_uniform = false});
           if (!p.fits) continue;
           ++plans;
           EXPECT_EQ(p.simulations, 1)
@@ -283,7 +285,7 @@ TEST(AutoPlan, ExecutorRunsAMixedPlan) {
   t.recompute = Recompute::kAuto;
   RuntimeAssumptions rt;
   rt.cuda_context_bytes = rt.cublas_workspace_bytes = rt.nccl_bytes_per_comm = 0;
-  rt.allocator_slack = 0;
+  rt.allocator.model = AllocatorModel::kExact;  // the schedule's bytes, exactly
   AutoPlan loose = auto_plan(sc->model, t, rt, 1LL << 40, default_hardware());
   int64_t b = (*loose.peak_full + *loose.peak_none) / 2;
   AutoPlan p = auto_plan(sc->model, t, rt, b, default_hardware());
@@ -388,7 +390,7 @@ TEST(AutoPlan, PartitionSearchMatchesEverySplit) {
   t.recompute = Recompute::kAuto;
   RuntimeAssumptions rt;
   rt.cuda_context_bytes = rt.cublas_workspace_bytes = rt.nccl_bytes_per_comm = 0;
-  rt.allocator_slack = 0;
+  rt.allocator.model = AllocatorModel::kExact;  // the schedule's bytes, exactly
   AutoPlan loose = auto_plan(m, t, rt, 1LL << 40, default_hardware());
   ASSERT_TRUE(loose.peak_full && loose.peak_none);
   int kept_searched = 0;
@@ -437,7 +439,7 @@ TEST(AutoPlan, StageSolverMatchesEveryLayerChoice) {
   ASSERT_TRUE(sc.ok()) << sc.error().message;
   RuntimeAssumptions rt;
   rt.cuda_context_bytes = rt.cublas_workspace_bytes = rt.nccl_bytes_per_comm = 0;
-  rt.allocator_slack = 0;
+  rt.allocator.model = AllocatorModel::kExact;  // the schedule's bytes, exactly
   int compared = 0, recomputing = 0;
   for (int64_t pp : {2, 3})
     for (PpSchedule sched : {PpSchedule::kInterleaved, PpSchedule::k1F1B}) {

@@ -219,5 +219,56 @@ TEST(CachingAllocator, ReplaysAScheduleAboveItsSimulatedPeak) {
   }
 }
 
+// An executor's memory behind the segments: each new segment is one map of its rounded size,
+// blocks lie inside their segment, and a device with no room sends the allocator down PyTorch's
+// path: the cached whole segments released (unmapped), then the retry.
+TEST(CachingAllocator, SegmentsComeFromTheMemoryGiven) {
+  struct Device : SegmentMemory {
+    int64_t held = 0, limit = 40 * M;
+    std::vector<std::pair<int64_t, int64_t>> maps;
+    int unmaps = 0;
+    bool map(int64_t base, int64_t bytes) override {
+      if (held + bytes > limit) return false;
+      held += bytes;
+      maps.emplace_back(base, bytes);
+      return true;
+    }
+    void unmap(int64_t, int64_t bytes) override { held -= bytes, ++unmaps; }
+  } device;
+  CachingAllocator a({}, &device);
+  int32_t x = *a.malloc(12 * M), y = *a.malloc(12 * M + 1);
+  ASSERT_EQ(device.maps.size(), 2u);
+  EXPECT_EQ(device.maps[1].second, 14 * M);  // 12 MiB + 512 B, to 2 MiB
+  EXPECT_GE(a.address(y), device.maps[1].first);
+  EXPECT_LT(a.address(y), device.maps[1].first + device.maps[1].second);
+  a.free(x);
+  std::optional<int32_t> z = a.malloc(20 * M);  // 12 + 14 + 20 > 40: x's segment goes back
+  ASSERT_TRUE(z);
+  EXPECT_EQ(device.unmaps, 1);
+  EXPECT_EQ(device.held, 34 * M);
+  EXPECT_EQ(a.reserved(), device.held);
+  EXPECT_FALSE(a.malloc(8 * M));  // a 20 MiB segment: no room even with nothing cached
+}
+
+// A run of steps: the statics (the first instruction's allocations) and the kept allocations
+// once, then the step until a step reserves nothing new; or exactly as many steps as asked.
+TEST(CachingAllocator, StepsReplayStaticsOnceToTheSteadyState) {
+  const std::vector<MemEvent> events = {{0, 0, 12 * M, true},   // a static: never freed
+                                        {1, 1, 18 * M, true},   // the step's tensor
+                                        {1, 1, 18 * M, false}};
+  AllocatorReplay r = replay_steps(events, {4 * M}, {});
+  EXPECT_EQ(r.max_allocated, 34 * M);  // 12 + 4 + 18, each once
+  // The kept 4 MiB takes a 20 MiB segment, whose 16 MiB rest cannot hold 18 MiB.
+  EXPECT_EQ(r.max_reserved, (12 + 20 + 18) * M);
+  EXPECT_EQ(r.steps, 2);  // the first step mapped a segment; the second nothing new
+  EXPECT_TRUE(r.steady);
+  AllocatorReplay three = replay_exact_steps(events, {4 * M}, {}, 3);
+  EXPECT_EQ(three.steps, 3);
+  EXPECT_EQ(three.max_reserved, r.max_reserved);
+  AllocatorReplay one = replay_exact_steps(events, {4 * M}, {}, 1);
+  EXPECT_EQ(one.steps, 1);
+  EXPECT_FALSE(one.steady);  // its one step mapped a segment
+}
+
 }  // namespace
 }  // namespace np

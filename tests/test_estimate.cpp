@@ -47,7 +47,7 @@ TEST(Estimate, PeakIsTheSumOfItsLines) {
   int64_t overhead = 0;
   for (const OverheadLine& o : s.overheads) overhead += o.bytes;
   // The runtime's lines, nanotron's MemoryBuffer and rotary tables (80 layers x 2 s head_dim),
-  // the slack last.
+  // the caching allocator's last: what it reserves beyond the live bytes at the peak.
   ASSERT_EQ(s.overheads.size(), 6u);
   EXPECT_EQ(s.overheads[0].name, "CUDA context");
   EXPECT_EQ(s.overheads[2].bytes, 64LL << 20);  // one communicator (tp) x 64 MiB
@@ -55,8 +55,15 @@ TEST(Estimate, PeakIsTheSumOfItsLines) {
   EXPECT_EQ(s.overheads[3].bytes, 2 * 4096LL * 8192);
   EXPECT_EQ(s.overheads[4].name, "RoPE cos/sin caches");
   EXPECT_EQ(s.overheads[4].bytes, 80 * 2 * 4096LL * 128);
-  EXPECT_EQ(s.overheads.back().name, "allocator slack");
+  EXPECT_EQ(s.overheads.back().name, "allocator cache");
   EXPECT_EQ(s.peak_bytes, s.allocator_peak + overhead);
+  int64_t held = 0;  // the lines inside the allocator
+  for (const OverheadLine& o : s.overheads) held += o.allocator ? o.bytes : 0;
+  EXPECT_EQ(s.reserved_peak, s.allocator_peak + held + s.overheads.back().bytes);
+  EXPECT_EQ(s.peak_bytes, s.reserved_peak + s.overheads[0].bytes + s.overheads[2].bytes);
+  EXPECT_GE(s.allocated_peak, s.allocator_peak + held);  // blocks rounded up
+  EXPECT_GE(s.reserved_peak, s.allocated_peak);
+  EXPECT_TRUE(s.allocator_steady);
   EXPECT_EQ(e.peak_bytes, s.peak_bytes);
   EXPECT_TRUE(e.fits);  // no budget: nothing to exceed
   EXPECT_TRUE(e.suggestions.empty());
@@ -89,11 +96,23 @@ TEST(Estimate, MegatronFrameworkLines) {
   EXPECT_EQ(line(e.stages[1], "SP all-gather buffer")->bytes, 2 * 4096LL * 4096);
   EXPECT_EQ(line(e.stages[0], "TE cuBLAS workspace")->bytes, (32LL << 20) + 1024);
   EXPECT_EQ(line(e.stages[0], "RoPE frequency cache")->bytes, 4 * 4096LL * 128);
+  RuntimeAssumptions exact;
+  exact.allocator.model = AllocatorModel::kExact;
+  const Estimate x = estimate(m, t, exact, {});
   for (const StageEstimate& s : e.stages) {  // allocated: the tensors and the allocator's lines
     int64_t allocator = 0, all = 0;
     for (const OverheadLine& o : s.overheads) (o.allocator ? allocator : all) += o.bytes;
-    EXPECT_EQ(s.allocated_peak, s.allocator_peak + allocator);
-    EXPECT_EQ(s.peak_bytes, s.allocated_peak + all);
+    // The caching allocator's blocks: rounded, and a block's rest of at most 1 MiB kept with it.
+    EXPECT_GE(s.allocated_peak, s.allocator_peak + allocator);
+    EXPECT_LE(s.allocated_peak, s.reserved_peak);
+    ASSERT_NE(line(s, "allocator cache"), nullptr);
+    EXPECT_EQ(s.peak_bytes, s.allocator_peak + allocator + all);
+    EXPECT_EQ(s.reserved_peak, s.allocator_peak + allocator + line(s, "allocator cache")->bytes);
+    // Exact: one allocation per tensor, of its size.
+    const StageEstimate& xs = x.stages[static_cast<size_t>(s.stage)];
+    EXPECT_EQ(xs.allocated_peak, s.allocator_peak + allocator);
+    EXPECT_EQ(xs.reserved_peak, xs.allocated_peak);
+    EXPECT_EQ(xs.peak_bytes, s.peak_bytes - line(s, "allocator cache")->bytes);
     EXPECT_FALSE(line(s, "CUDA context")->allocator);
     EXPECT_TRUE(line(s, "cuBLAS workspaces")->allocator);
     // PyTorch's: the forward's thread and the autograd engine's device thread, 32 MiB each.
@@ -196,11 +215,13 @@ TEST(Estimate, MegatronPadsTheVocabulary) {
 TEST(Estimate, OverheadAssumptionsAreOverridable) {
   RuntimeAssumptions rt;
   rt.cuda_context_bytes = 1LL << 30;
-  rt.allocator_slack = 0;
+  rt.allocator.model = AllocatorModel::kExact;
   Estimate e = estimate(model("llama-70b"), main_example(), rt, {});
   EXPECT_EQ(e.stages[0].overheads[0].bytes, 1LL << 30);
-  EXPECT_EQ(e.stages[0].overheads.back().name, "allocator slack");
-  EXPECT_EQ(e.stages[0].overheads.back().bytes, 0);
+  // Exact: one allocation per tensor, nothing cached, no allocator line.
+  for (const OverheadLine& o : e.stages[0].overheads) EXPECT_NE(o.name, "allocator cache");
+  EXPECT_EQ(e.stages[0].reserved_peak, e.stages[0].allocated_peak);
+  EXPECT_EQ(e.stages[0].allocator_steps, 0);
 }
 
 TEST(Estimate, ExplainPeakListsExactlyTheLiveBytes) {

@@ -260,6 +260,51 @@ TEST(EnforceBudget, StopsWithTheTensorNamed) {
   EXPECT_GT(oom.out_of_memory->in_use + oom.out_of_memory->bytes, peak - 1);
 }
 
+// --allocator caching: the plan's tensors come from the caching allocator model, whose segments
+// are the CPU backend's memory. What the segments took from the backend (max reserved) and what
+// its blocks held (max allocated) equal the replay of the predicted events, in the program's
+// order, over the steps that ran: on every rank of TP/SP, 1F1B and interleaved pipelines,
+// recompute and MoE setups, for one and three steps.
+TEST(CachingAllocator, ReservedPredictedEqualsMeasured) {
+  int compared = 0;
+  for (const char* name : {"tiny-llama", "tiny-gpt", "tiny-moe"}) {
+    Scenario sc = scenario(name);
+    std::vector<TrainSpec> setups = {with(sc.base, 1, 1, Recompute::kNone, false),
+                                     with(sc.base, 2, 2, Recompute::kFull, true),
+                                     with(sc.base, 2, 2, Recompute::kSelective, true, false)};
+    setups[1].pp_schedule = PpSchedule::k1F1B, setups[1].microbatches = 3;
+    setups[2].pp_schedule = PpSchedule::kInterleaved, setups[2].virtual_stages = 2,
+    setups[2].microbatches = 2;
+    for (TrainSpec t : setups) {
+      if (validate_setup(sc.model, t)) continue;
+      Schedule s = build_schedule(sc.model, t);
+      for (int steps : {1, 3}) {
+        RunOptions o;
+        o.steps = steps;
+        o.allocator = RuntimeAssumptions{}.allocator;  // caching, PyTorch's defaults
+        auto r = run_schedule(s, [] { return make_cpu_backend(); }, o);
+        ASSERT_TRUE(r.ok()) << r.error().message;
+        RunComparison c = compare(s, *r, name);
+        for (const RankComparison& rc : c.ranks) {
+          ASSERT_TRUE(rc.measured_reserved && rc.predicted_reserved) << name;
+          EXPECT_EQ(*rc.measured_reserved, *rc.predicted_reserved)
+              << name << " rank " << rc.rank << " steps " << steps;
+          EXPECT_EQ(rc.measured_allocated_blocks, rc.predicted_allocated_blocks) << name;
+          EXPECT_GE(*rc.measured_reserved, *rc.measured_allocated_blocks);
+          EXPECT_GE(*rc.measured_allocated_blocks, rc.measured);  // blocks rounded up
+          EXPECT_TRUE(rc.equal()) << name << " rank " << rc.rank;
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 20);
+  // Exact: one allocation per tensor, no reserved figures.
+  Scenario sc = scenario("tiny-llama");
+  RunResult exact = run(sc.model, with(sc.base, 2, 1, Recompute::kNone, true));
+  for (const RankResult& rr : exact.ranks) EXPECT_FALSE(rr.measured_reserved_peak);
+}
+
 // The allocator's timeline: its maximum is the high-water mark, and after each step only the
 // static tensors (weights, gradient buffer, optimizer states) remain.
 TEST(Allocator, TimelineEndsAtTheStaticBytes) {

@@ -63,6 +63,9 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
     Schedule s = build_schedule(sc->model, t);
     RunOptions o;
     o.steps = sc->steps;
+    // As `run` does by default: the tensors from the caching allocator model over the backend's
+    // memory, so that reserved is compared too.
+    o.allocator = RuntimeAssumptions{}.allocator;
     auto r = run_schedule(
         s, [] { return make_cpu_backend(); }, o);
     ASSERT_TRUE(r.ok()) << r.error().message;
@@ -70,8 +73,11 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
     ASSERT_EQ(c.ranks.size(), static_cast<size_t>(t.gpus()));
     if (sc->expect.predicted_equals_measured) {
       EXPECT_TRUE(c.all_equal) << comparison_table(c);
-      for (const RankComparison& rc : c.ranks)
+      for (const RankComparison& rc : c.ranks) {
         EXPECT_EQ(rc.predicted_at_peak, rc.measured_at_peak) << c.title;
+        ASSERT_TRUE(rc.measured_reserved && rc.predicted_reserved) << c.title;
+        EXPECT_EQ(*rc.predicted_reserved, *rc.measured_reserved) << c.title;
+      }
     }
     ASSERT_EQ(c.losses.size(), static_cast<size_t>(sc->steps));
     if (sc->expect.first_loss_rel_ln_vocab > 0) {

@@ -1,5 +1,8 @@
 // Benchmark (not a test): wall time of one full estimate (schedule build + simulation of every
-// stage) for large setups. Prints the median over repetitions.
+// stage and the caching allocator's replay) for large setups, the auto planner and the sweep.
+// Prints the median over repetitions.
+//   bench_estimate [caching|expandable|exact]   the allocator model (--allocator; default caching:
+//                                               exact times the same work without the replay)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,11 +14,13 @@
 #include "planner/recompute/sweep.hpp"
 
 namespace {
+np::RuntimeAssumptions rt;  // the allocator model from the command line
+
 double median_ms(const np::ModelSpec& m, const np::TrainSpec& t, int reps) {
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
     auto start = std::chrono::steady_clock::now();
-    np::Estimate e = np::estimate(m, t, {}, {.budget = 80'000'000'000, .suggestions = false});
+    np::Estimate e = np::estimate(m, t, rt, {.budget = 80'000'000'000, .suggestions = false});
     auto stop = std::chrono::steady_clock::now();
     if (e.peak_bytes <= 0) std::abort();
     ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
@@ -25,7 +30,14 @@ double median_ms(const np::ModelSpec& m, const np::TrainSpec& t, int reps) {
 }
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  auto allocator = np::parse_allocator_choice(argc > 1 ? argv[1] : "caching", "");
+  if (!allocator) {
+    std::fprintf(stderr, "bench_estimate: %s\n", allocator.error().message.c_str());
+    return 2;
+  }
+  rt.allocator = *allocator;
+  std::printf("allocator: %s\n\n", np::name_of(rt.allocator.model));
   auto catalog = np::load_model_catalog(std::string(NANOPLAN_SOURCE_DIR) + "/models");
   if (!catalog) {
     std::fprintf(stderr, "%s\n", catalog.error().message.c_str());
@@ -69,7 +81,7 @@ int main() {
     bool fits = false;
     for (int i = 0; i < 5; ++i) {
       auto start = std::chrono::steady_clock::now();
-      np::AutoPlan p = np::auto_plan(m, t, {}, c.budget, np::default_hardware());
+      np::AutoPlan p = np::auto_plan(m, t, rt, c.budget, np::default_hardware());
       ms.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
               .count());
@@ -98,6 +110,7 @@ int main() {
   for (const Sweep& c : sweeps) {
     np::SweepOptions o;
     o.gpus = c.gpus, o.budget = 80'000'000'000, o.hw = np::default_hardware();
+    o.runtime = rt;
     o.search_partition = c.partition;
     if (c.interleaved) o.virtual_stages = {1, 2, 4};
     o.base.pp_schedule = np::PpSchedule::k1F1B;

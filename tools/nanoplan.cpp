@@ -63,7 +63,7 @@ struct Flags {
   std::string model, format = "table";
   np::SetupText setup;  // the setup flags (planner/inputs/setup_flags.hpp), as typed
   std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, te_workspace,
-      nccl_buffers, allocator_slack;
+      nccl_buffers, allocator = "caching", allocator_conf, allocator_slack;
   std::string headroom = "3%";  // of the budget, or bytes
   std::string nanotron_config, megatron_args, emit;
   // report
@@ -155,6 +155,18 @@ const np::SetupFlag& setup_flag(std::string_view name) {
   throw std::logic_error("not a setup flag: " + std::string(name));
 }
 
+// The allocator model of the estimate (every command that estimates).
+void add_allocator_flags(CLI::App* app, Flags& f) {
+  app->add_option("--allocator", f.allocator,
+                  "what allocates the tensors: caching (PyTorch's caching allocator, replayed), "
+                  "expandable (the same with expandable_segments:True), exact (one allocation "
+                  "per tensor)")
+      ->capture_default_str();
+  app->add_option("--allocator-conf", f.allocator_conf,
+                  "PYTORCH_CUDA_ALLOC_CONF-style options of the caching allocator, e.g. "
+                  "max_split_size_mb:128,roundup_power2_divisions:4");
+}
+
 void add_headroom_flag(CLI::App* app, Flags& f) {
   app->add_option("--headroom", f.headroom,
                   "bytes of the budget kept free, as bytes (2GiB) or a percentage of the budget "
@@ -209,9 +221,9 @@ void add_setup_flags(CLI::App* app, Flags& f) {
                   "32MiB + 1KiB: sm_90 and later; 4MiB before)");
   app->add_option("--nccl-buffers", f.nccl_buffers,
                   "assumed NCCL buffer bytes per communicator (default 64MiB)");
-  app->add_option("--allocator-slack", f.allocator_slack,
-                  "assumed allocator fragmentation, fraction of the activation + transient peak "
-                  "(default 0.05)");
+  add_allocator_flags(app, f);
+  // Replaced by the replay (--allocator); named so that old command lines get a clear error.
+  app->add_option("--allocator-slack", f.allocator_slack)->group("");
   app->add_option("--models-dir", f.models_dir,
                   "model catalog folder (default: the source tree's models/)");
 }
@@ -249,8 +261,9 @@ np::RuntimeAssumptions make_runtime(const Flags& f) {
   bytes("--te-workspace", f.te_workspace, rt.te_workspace_bytes);
   bytes("--nccl-buffers", f.nccl_buffers, rt.nccl_bytes_per_comm);
   if (!f.allocator_slack.empty())
-    rt.allocator_slack = check(np::parse_real_flag("--allocator-slack", f.allocator_slack, 1,
-                                    "a fraction in [0, 1], e.g. 0.05"));
+    die("--allocator-slack is gone: the estimate replays PyTorch's caching allocator instead "
+        "(valid: --allocator caching|expandable|exact, --allocator-conf OPTIONS)");
+  rt.allocator = check(np::parse_allocator_choice(f.allocator, f.allocator_conf));
   return rt;
 }
 
@@ -456,6 +469,10 @@ np::exec::RunOptions run_options(const Flags& f, const Executor& ex) {
     if (!b) die("--enforce-budget: " + b.error().message);
     o.enforce_budget = *b;
   }
+  o.allocator = make_runtime(f).allocator;
+  if (o.allocator.model == np::AllocatorModel::kExpandable)
+    die("run --allocator expandable is not supported by the executor yet (its segments grow in "
+        "place, which needs the device's virtual memory mapping); valid for run: caching, exact");
   return o;
 }
 
@@ -705,6 +722,8 @@ np::SweepOptions make_sweep_options(const Flags& f) {
                    (f.gpu.empty() || f.budget.empty() ? "" : " ") +
                    (f.gpu.empty() ? std::string() : "--gpu " + shell_word(f.gpu));
   if (f.headroom != "3%") o.budget_flags += " --headroom " + shell_word(f.headroom);
+  if (f.allocator != "caching") o.budget_flags += " --allocator " + shell_word(f.allocator);
+  if (!f.allocator_conf.empty()) o.budget_flags += " --allocator-conf " + shell_word(f.allocator_conf);
   o.base = make_setup(g);
   o.runtime = make_runtime(f);
   o.hw = make_hardware(f);
@@ -879,6 +898,7 @@ int main(int argc, char** argv) {
   sw->add_option("--gpu", f.gpu,
                  "GPU (nanoplan gpus): the cost model, and the budget unless --budget gives one");
   add_headroom_flag(sw, f);
+  add_allocator_flags(sw, f);
   add_setup_flag(sw, f, setup_flag("--seq-len"), "sequence length");
   add_int(sw, "--global-batch", f.global_batch, "sequences per optimizer step (default 4 x gpus)",
           1, 1 << 30);

@@ -336,6 +336,8 @@ std::vector<unsigned char> encode(const RankRun& run) {
   for (const std::string& u : m.unplanned) w.str(u);
   put(w, m.runtime_buffers);
   w.pod(m.measured_device_peak.has_value()), w.pod(m.measured_device_peak.value_or(0));
+  w.pod(m.measured_reserved_peak.has_value()), w.pod(m.measured_reserved_peak.value_or(0));
+  w.pod(m.measured_allocated_blocks_peak.value_or(0));
   put(w, m.measured_overheads);
   w.vec(m.step_seconds);
   w.vec(run.losses);
@@ -367,6 +369,9 @@ RankRun decode(const unsigned char* p, size_t n) {
   bool has_device = r.pod<bool>();
   int64_t device_peak = r.pod<int64_t>();
   if (has_device) m.measured_device_peak = device_peak;
+  bool has_reserved = r.pod<bool>();
+  int64_t reserved = r.pod<int64_t>(), blocks = r.pod<int64_t>();
+  if (has_reserved) m.measured_reserved_peak = reserved, m.measured_allocated_blocks_peak = blocks;
   m.measured_overheads = get_live(r);
   m.step_seconds = r.vec<double>();
   run.losses = r.vec<double>();

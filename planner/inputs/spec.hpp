@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "planner/inputs/allocator_conf.hpp"
 #include "planner/inputs/result.hpp"
 
 namespace np {
@@ -147,7 +148,9 @@ struct RuntimeAssumptions {
   // capability 9.0 on (Hopper, Blackwell), 4 MiB before.
   int64_t te_workspace_bytes = (32LL << 20) + 1024;
   int64_t nccl_bytes_per_comm = 64LL << 20;     // NCCL channel buffers per communicator
-  double allocator_slack = 0.05;                // caching-allocator fragmentation, x dynamic peak
+  // What allocates the schedule's tensors: PyTorch's caching allocator by default, whose
+  // rounding and cached blocks the estimate replays (--allocator, --allocator-conf).
+  AllocatorChoice allocator;
 };
 
 // The vocabulary rows the embedding and the LM head hold over all TP ranks. The megatron profile

@@ -59,14 +59,10 @@ std::string option_name(const BlockGraph& g, const std::vector<bool>& mask) {
 
 namespace {
 
-// The allocator-level budget that keeps static + (1 + slack) x dynamic + fixed <= budget, `fixed`
-// being the stage's runtime and framework lines (slack apart).
-int64_t allocator_budget(int64_t budget, int64_t fixed, int64_t static_bytes,
-                         const RuntimeAssumptions& rt) {
-  double room = static_cast<double>(budget - fixed - static_bytes);
-  if (room < 0) return static_bytes + static_cast<int64_t>(room);
-  return static_bytes + static_cast<int64_t>(std::floor(room / (1.0 + rt.allocator_slack)));
-}
+// The allocator-level budget that keeps static + dynamic + fixed <= budget, `fixed` being the
+// stage's runtime and framework lines. The caching allocator's rounding and cached blocks come
+// on top; the plan's replay finds them and tightens the stage by its excess (solve_and_verify).
+int64_t allocator_budget(int64_t budget, int64_t fixed) { return budget - fixed; }
 
 // The options of the embedding or the head block: its Pareto frontier, led by the setup's named
 // policy (which the solver keeps on ties).
@@ -103,7 +99,7 @@ struct Blocks {
 struct StageShape {
   int64_t stage = 0, in_flight = 1, static_bytes = 0, layers = 0;
   bool embedding = false, head = false;
-  int64_t fixed = 0;  // the runtime and framework lines (runtime_terms.hpp), slack apart
+  int64_t fixed = 0;  // the runtime and framework lines (runtime_terms.hpp)
   // ZeRO's transient while a block runs, per block kind: the gathered bf16 weights (ZeRO-3) and
   // the unsharded gradient bucket (ZeRO-2/3), both live through the block's backward.
   int64_t layer_zero = 0, embedding_zero = 0, head_zero = 0;
@@ -356,7 +352,7 @@ std::optional<std::vector<int64_t>> search_partition(const ModelSpec& m, const T
   const int64_t pp = t.pp;
   auto stage_time = [&](int64_t s, int64_t n) {
     StageShape shape = stage_shape(m, t, rt, blocks, statics, s, n);
-    StageChoice c = solver.cheapest(shape, allocator_budget(budget, shape.fixed, shape.static_bytes, rt));
+    StageChoice c = solver.cheapest(shape, allocator_budget(budget, shape.fixed));
     if (!c.layers.feasible) return std::numeric_limits<double>::infinity();
     return static_cast<double>(n) * layer_s + (shape.embedding ? emb_s : 0) +
            (shape.head ? head_s : 0) + c.cost;
@@ -424,7 +420,7 @@ class PlanSteps {
     for (int64_t s = 0; s < t.pp; ++s) {
       StageShape shape = stage_shape(m, t, rt, blocks, statics, s, counts[s]);
       shapes_.push_back(shape);
-      target_.push_back(allocator_budget(budget, shape.fixed, shape.static_bytes, rt));
+      target_.push_back(allocator_budget(budget, shape.fixed));
       plan_.stages.push_back({static_cast<int>(s), false, 0, {}, true, 0, 0});
     }
   }
@@ -459,7 +455,9 @@ class PlanSteps {
         if (over <= 0) {
           plan_.stages[st].feasible = settled[st] = true;
         } else {
-          target_[st] -= over + 1;  // the model missed something the simulation sees: ask for less
+          // The replay found the caching allocator's rounding and cached blocks (or the model
+          // missed something the simulation sees): ask for that much less than the plan holds.
+          target_[st] = std::min(target_[st], e.stages[st].allocator_peak) - over - 1;
           again = true;
         }
       }
@@ -478,24 +476,21 @@ class PlanSteps {
       int64_t least = c.layers.peak;
       changed_after_verify_ = true;
       adopt(st, c);
-      plan_.stages[st].min_peak =
-          least + shapes_[st].fixed +
-          static_cast<int64_t>(rt_.allocator_slack *
-                               static_cast<double>(least - shapes_[st].static_bytes));
+      plan_.stages[st].min_peak = least + shapes_[st].fixed;  // finish() replays it
     }
   }
 
-  // The plan's schedule (the verified one when still current and no executor needs a full one),
-  // its estimate and step time.
+  // The plan's estimate, of the schedule the plan was verified on (the simulation's, whose
+  // peaks and allocator replay the estimate of the same setup reports), its schedule (that one,
+  // unless an executor needs every micro-batch) and its step time.
   void finish(const TrainSpec& t, bool full_schedule) {
-    bool reuse = verified_ && !changed_after_verify_ && !full_schedule;
     BlockPolicies pol = policies();
-    plan_.schedule = reuse           ? std::move(*verified_)
-                     : full_schedule ? build_schedule(m_, t, &pol)
-                                     : build_schedule(m_, sim_, &pol, /*peak_only=*/true);
-    plan_.estimate =
-        estimate_schedule(plan_.schedule, rt_, {.budget = budget_, .suggestions = false});
-    plan_.estimate.setup = t;
+    Schedule sim = verified_ && !changed_after_verify_
+                       ? std::move(*verified_)
+                       : build_schedule(m_, sim_, &pol, /*peak_only=*/true);
+    sim.setup = t;
+    plan_.estimate = estimate_schedule(sim, rt_, {.budget = budget_, .suggestions = false});
+    plan_.schedule = full_schedule ? build_schedule(m_, t, &pol) : std::move(sim);
     plan_.fits = plan_.fits && plan_.estimate.fits;
     for (StagePlan& sp : plan_.stages)
       if (!sp.feasible)

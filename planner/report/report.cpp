@@ -56,6 +56,8 @@ json stage_to_json(const Estimate& e, const StageEstimate& s) {
             {"overheads", overheads},
             {"peak_bytes", s.peak_bytes},
             {"allocated_peak_bytes", s.allocated_peak},
+            {"reserved_peak_bytes", s.reserved_peak},
+            {"allocator_steps", s.allocator_steps},
             {"peak_at", s.peak_at},
             {"embedding_saved_bytes", s.embedding_saved},
             {"head_saved_bytes", s.head_saved},
@@ -88,16 +90,25 @@ json estimate_to_json(const Estimate& e) {
           {"fits", e.fits},
           {"quantities",
            {{"peak_bytes",
-             "device memory in use at the peak (what nvidia-smi shows): the allocator's bytes, "
-             "the CUDA context, NCCL's buffers and the caching allocator's slack"},
+             "device memory in use at the peak (what nvidia-smi shows): what the caching "
+             "allocator reserves, the CUDA context and NCCL's buffers"},
             {"allocated_peak_bytes",
              "what torch.cuda.max_memory_allocated() reports: the schedule's tensors and the "
-             "overhead lines with in_allocator true; without the CUDA context"}}},
+             "overhead lines with in_allocator true, as the allocator rounds its blocks; without "
+             "the CUDA context"},
+            {"reserved_peak_bytes",
+             "what torch.cuda.max_memory_reserved() reports: the segments PyTorch's caching "
+             "allocator holds at its steady state, replayed from the rank's allocations "
+             "(allocator)"}}},
+          {"allocator", {{"model", name_of(e.runtime.allocator.model)},
+                         {"options", e.runtime.allocator.options}}},
           {"peak_bytes", e.peak_bytes},
           {"peak_rank", e.peak_rank},
           {"peak_stage", e.peak_stage},
           {"allocated_peak_bytes", e.allocated_peak_bytes},
           {"allocated_peak_stage", e.allocated_peak_stage},
+          {"reserved_peak_bytes", e.reserved_peak_bytes},
+          {"reserved_peak_stage", e.reserved_peak_stage},
           {"suggestions", suggestions},
           {"ranks", ranks}};
 }
@@ -142,6 +153,8 @@ std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
   out += row("peak, device memory in use", s.peak_bytes, "at " + s.peak_at);
   out += row("peak allocated (PyTorch)", s.allocated_peak,
              "torch.cuda.max_memory_allocated(): the tensors above and the lines marked +");
+  out += row("peak reserved (PyTorch)", s.reserved_peak,
+             "torch.cuda.max_memory_reserved(): those and the allocator cache");
   return out;
 }
 

@@ -1,16 +1,14 @@
 // PyTorch's CUDA caching allocator, one stream (caching_allocator.hpp). "[A] L..." cites
-// c10/cuda/CUDACachingAllocator.cpp, "[C] L..." c10/core/AllocatorConfig.cpp, both of
+// c10/cuda/CUDACachingAllocator.cpp and "[C] L..." c10/core/AllocatorConfig.cpp, both of
 // pytorch/pytorch at b944315b93d36f842ef94d67a041371993234a74.
 #include "planner/schedule/caching_allocator.hpp"
 
 #include <algorithm>
 #include <bit>
-#include <cctype>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
-
-#include "planner/inputs/units.hpp"
+#include <utility>
 
 namespace np {
 namespace {
@@ -48,7 +46,11 @@ int64_t CachingAllocator::allocation_size(int64_t rounded) {
   return (rounded + kAllocRoundLarge - 1) / kAllocRoundLarge * kAllocRoundLarge;
 }
 
-CachingAllocator::CachingAllocator(AllocatorConfig config) : c_(config) {}
+CachingAllocator::CachingAllocator(AllocatorConfig config, SegmentMemory* memory)
+    : c_(config), memory_(memory) {
+  if (memory_ && c_.expandable_segments)
+    throw std::logic_error("CachingAllocator: expandable segments need growable device memory");
+}
 
 int32_t CachingAllocator::new_block(Block b) {
   if (!unused_.empty()) {
@@ -61,6 +63,78 @@ int32_t CachingAllocator::new_block(Block b) {
   return static_cast<int32_t>(blocks_.size()) - 1;
 }
 
+size_t CachingAllocator::Pool::find(int64_t size) const {
+  return static_cast<size_t>(
+      std::lower_bound(buckets_.begin(), buckets_.end(), size,
+                       [](const Bucket& b, int64_t s) { return b.size < s; }) -
+      buckets_.begin());
+}
+
+namespace {
+// A bucket's blocks are in descending address order.
+auto descending = [](const std::pair<int64_t, int32_t>& a, int64_t ptr) { return a.first > ptr; };
+}  // namespace
+
+void CachingAllocator::Pool::insert(const Entry& e) {
+  size_t i = find(e.size);
+  if (i == buckets_.size() || buckets_[i].size != e.size) {
+    Bucket b{e.size, {}};
+    if (!spare_.empty()) {
+      b.blocks = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    buckets_.insert(buckets_.begin() + static_cast<ptrdiff_t>(i), std::move(b));
+  }
+  auto& v = buckets_[i].blocks;
+  v.insert(std::lower_bound(v.begin(), v.end(), e.ptr, descending), {e.ptr, e.id});
+}
+
+void CachingAllocator::Pool::erase(int64_t size, int64_t ptr) {
+  size_t i = find(size);
+  if (i == buckets_.size() || buckets_[i].size != size)
+    throw std::logic_error("CachingAllocator: a free block missing from its pool");
+  auto& v = buckets_[i].blocks;
+  auto at = v.back().first == ptr ? v.end() - 1 : std::lower_bound(v.begin(), v.end(), ptr, descending);
+  if (at == v.end() || at->first != ptr)
+    throw std::logic_error("CachingAllocator: a free block missing from its pool");
+  v.erase(at);
+  if (v.empty()) {
+    spare_.push_back(std::move(v));
+    buckets_.erase(buckets_.begin() + static_cast<ptrdiff_t>(i));
+  }
+}
+
+std::optional<CachingAllocator::Pool::Entry> CachingAllocator::Pool::lower_bound(int64_t size) const {
+  size_t i = find(size);
+  if (i == buckets_.size()) return std::nullopt;
+  const Bucket& b = buckets_[i];
+  return Entry{b.size, b.blocks.back().first, b.blocks.back().second};
+}
+
+std::optional<CachingAllocator::Pool::Entry> CachingAllocator::Pool::after(const Entry& e) const {
+  size_t i = find(e.size);
+  const auto& v = buckets_[i].blocks;
+  auto at = std::lower_bound(v.begin(), v.end(), e.ptr, descending);  // e itself
+  if (at != v.begin()) return Entry{e.size, (at - 1)->first, (at - 1)->second};
+  if (i + 1 == buckets_.size()) return std::nullopt;
+  const Bucket& n = buckets_[i + 1];
+  return Entry{n.size, n.blocks.back().first, n.blocks.back().second};
+}
+
+std::optional<CachingAllocator::Pool::Entry> CachingAllocator::Pool::largest() const {
+  if (buckets_.empty()) return std::nullopt;
+  const Bucket& b = buckets_.back();
+  return Entry{b.size, b.blocks.front().first, b.blocks.front().second};
+}
+
+std::vector<CachingAllocator::Pool::Entry> CachingAllocator::Pool::all() const {
+  std::vector<Entry> out;
+  for (const Bucket& b : buckets_)
+    for (auto it = b.blocks.rbegin(); it != b.blocks.rend(); ++it)
+      out.push_back({b.size, it->first, it->second});
+  return out;
+}
+
 void CachingAllocator::pool_insert(int32_t id) {
   const Block& b = blocks_.at(static_cast<size_t>(id));
   pool(b.small).insert({b.size, b.ptr, id});
@@ -68,7 +142,7 @@ void CachingAllocator::pool_insert(int32_t id) {
 
 void CachingAllocator::pool_erase(int32_t id) {
   const Block& b = blocks_.at(static_cast<size_t>(id));
-  pool(b.small).erase({b.size, b.ptr, id});
+  pool(b.small).erase(b.size, b.ptr);
 }
 
 void CachingAllocator::grow(int64_t reserved, int64_t allocated) {
@@ -82,18 +156,16 @@ void CachingAllocator::grow(int64_t reserved, int64_t allocated) {
 // then the two oversize rules (L3053-3061).
 std::optional<int32_t> CachingAllocator::free_block_for(bool small, int64_t size) {
   Pool& p = pool(small);
-  auto it = p.lower_bound({size, std::numeric_limits<int64_t>::min(), -1});
-  if (it == p.end()) return std::nullopt;
-  if (c_.expandable_segments) {
-    const int32_t tail = expandable_[small ? 1 : 0].last;
-    if (std::get<2>(*it) == tail && std::next(it) != p.end()) ++it;  // an inside block fits
-  }
-  int64_t found = std::get<0>(*it);
+  std::optional<Pool::Entry> it = p.lower_bound(size);
+  if (!it) return std::nullopt;
+  if (c_.expandable_segments && it->id == expandable_[small ? 1 : 0].last)
+    if (std::optional<Pool::Entry> inside = p.after(*it)) it = inside;  // an inside block fits
+  const int64_t found = it->size;
   if (size < c_.max_split_size && found >= c_.max_split_size) return std::nullopt;
   if (size >= c_.max_split_size && found >= size + c_.max_non_split_rounding)
     return std::nullopt;
-  int32_t id = std::get<2>(*it);
-  p.erase(it);
+  const int32_t id = it->id;
+  p.erase(it->size, it->ptr);
   return id;
 }
 
@@ -105,6 +177,7 @@ std::optional<int32_t> CachingAllocator::new_segment(bool small, int64_t size) {
   if (!c_.expandable_segments) {
     int64_t bytes = allocation_size(size);
     if (c_.capacity > 0 && reserved_ + bytes > c_.capacity) return std::nullopt;
+    if (memory_ && !memory_->map(next_address_, bytes)) return std::nullopt;
     int32_t id = new_block({next_address_, bytes, 0, -1, -1, small, false, true});
     next_address_ += bytes + kAllocLargeBuffer;  // segments are never adjacent
     ++segments_;
@@ -147,17 +220,16 @@ bool CachingAllocator::release_oversize(bool small, int64_t size) {
     pool_erase(id);
     release_segment(id);
   };
-  auto it = p.lower_bound({key, std::numeric_limits<int64_t>::min(), -1});
-  if (it != p.end()) {
-    release(std::get<2>(*it));
+  if (std::optional<Pool::Entry> it = p.lower_bound(key)) {
+    release(it->id);
     return true;
   }
   int64_t freed = 0;
   while (freed < key && !p.empty()) {
-    auto last = std::prev(p.end());
-    if (std::get<0>(*last) < c_.max_split_size) break;
-    freed += std::get<0>(*last);
-    release(std::get<2>(*last));
+    std::optional<Pool::Entry> last = p.largest();
+    if (last->size < c_.max_split_size) break;
+    freed += last->size;
+    release(last->id);
   }
   return freed >= key;
 }
@@ -165,6 +237,7 @@ bool CachingAllocator::release_oversize(bool small, int64_t size) {
 // release_block, [A] L3367-3412: a whole cached segment out of the pool, cudaFreed.
 void CachingAllocator::release_segment(int32_t id) {
   Block& b = blocks_[static_cast<size_t>(id)];
+  if (memory_) memory_->unmap(b.ptr, b.size);
   reserved_ -= b.size;
   --segments_;
   b.live = false;
@@ -201,15 +274,11 @@ void CachingAllocator::release_whole_segments() {
     return;
   }
   for (Pool* p : {&small_, &large_})
-    for (auto it = p->begin(); it != p->end();) {
-      int32_t id = std::get<2>(*it);
-      const Block& b = blocks_[static_cast<size_t>(id)];
-      if (b.prev >= 0 || b.next >= 0) {
-        ++it;
-        continue;
-      }
-      it = p->erase(it);
-      release_segment(id);
+    for (const Pool::Entry& e : p->all()) {
+      const Block& b = blocks_[static_cast<size_t>(e.id)];
+      if (b.prev >= 0 || b.next >= 0) continue;
+      p->erase(e.size, e.ptr);
+      release_segment(e.id);
     }
 }
 
@@ -291,114 +360,113 @@ void CachingAllocator::free(int32_t handle) {
 
 void CachingAllocator::empty_cache() { release_whole_segments(); }
 
-AllocatorReplay replay_allocator(const std::vector<MemEvent>& events, const AllocatorConfig& c) {
-  CachingAllocator a(c);
-  AllocatorReplay r;
-  std::unordered_map<int32_t, int32_t> handle;  // tensor id -> block
-  for (size_t i = 0; i < events.size(); ++i) {
-    const MemEvent& e = events[i];
-    if (e.bytes <= 0) continue;  // size-0 requests never reach the allocator
-    if (e.alloc) {
-      std::optional<int32_t> h = a.malloc(e.bytes);
-      if (!h) {
-        r.out_of_memory_event = static_cast<int64_t>(i);
-        break;
-      }
-      handle[e.tensor] = *h;
-    } else if (auto it = handle.find(e.tensor); it != handle.end()) {
-      a.free(it->second);
-      handle.erase(it);
+namespace {
+
+// Tensor ids to the allocator's blocks: plan tensors (ids >= 0) by index, an executor's own
+// allocations (negative ids) by map.
+class Handles {
+ public:
+  void set(int32_t tensor, int32_t block) {
+    if (tensor < 0) {
+      other_[tensor] = block;
+      return;
     }
+    if (static_cast<size_t>(tensor) >= by_id_.size()) by_id_.resize(static_cast<size_t>(tensor) + 1, -1);
+    by_id_[static_cast<size_t>(tensor)] = block;
   }
+  // The block of a live tensor, forgotten (-1: none).
+  int32_t take(int32_t tensor) {
+    if (tensor < 0) {
+      auto it = other_.find(tensor);
+      if (it == other_.end()) return -1;
+      int32_t b = it->second;
+      other_.erase(it);
+      return b;
+    }
+    if (static_cast<size_t>(tensor) >= by_id_.size()) return -1;
+    return std::exchange(by_id_[static_cast<size_t>(tensor)], -1);
+  }
+
+ private:
+  std::vector<int32_t> by_id_;
+  std::unordered_map<int32_t, int32_t> other_;
+};
+
+// Replays events [begin, end) (size-0 requests never reach the allocator); false when one found
+// the device full (its index in r.out_of_memory_event).
+bool replay_range(CachingAllocator& a, Handles& h, const std::vector<MemEvent>& events,
+                  size_t begin, size_t end, AllocatorReplay& r) {
+  for (size_t i = begin; i < end; ++i) {
+    const MemEvent& e = events[i];
+    if (e.bytes <= 0) continue;
+    if (!e.alloc) {
+      if (int32_t b = h.take(e.tensor); b >= 0) a.free(b);
+      continue;
+    }
+    std::optional<int32_t> block = a.malloc(e.bytes);
+    if (!block) {
+      r.out_of_memory_event = static_cast<int64_t>(i);
+      return false;
+    }
+    h.set(e.tensor, *block);
+  }
+  return true;
+}
+
+AllocatorReplay finish(const CachingAllocator& a, AllocatorReplay r) {
   r.max_allocated = a.max_allocated(), r.max_reserved = a.max_reserved();
   r.segments = a.segments();
   return r;
 }
 
-// parseArgs, [C] L195-229, and the CUDA keys of c10/cuda/CUDAAllocatorConfig.cpp.
-Result<AllocatorConfig> parse_allocator_conf(std::string_view text) {
-  AllocatorConfig c;
-  std::string s;
-  for (char ch : text)
-    if (!std::isspace(static_cast<unsigned char>(ch))) s += ch;
-  auto bad = [&](const std::string& why) {
-    return make_error("invalid allocator options " + quote_input(text) + ": " + why);
-  };
-  auto whole = [](const std::string& v) -> std::optional<int64_t> {
-    if (v.empty() || v.size() > 15 || v.find_first_not_of("0123456789") != std::string::npos)
-      return std::nullopt;
-    return std::stoll(v);
-  };
-  size_t at = 0;
-  while (at < s.size()) {
-    size_t colon = s.find(':', at);
-    if (colon == std::string::npos) return bad("'" + s.substr(at) + "' has no value (key:value)");
-    std::string key = s.substr(at, colon - at);
-    size_t end = s[colon + 1] == '[' ? s.find(']', colon) : s.find(',', colon);
-    if (end == std::string::npos) end = s.size();
-    std::string value = s.substr(colon + 1, end - colon - (s[colon + 1] == '[' ? 0 : 1));
-    at = end + (end < s.size() && s[end] == ']' ? 1 : 0);
-    if (at < s.size() && s[at] == ',') ++at;
-    if (key == "expandable_segments") {
-      if (value != "True" && value != "False")
-        return bad("expandable_segments takes True or False");
-      c.expandable_segments = value == "True";
-    } else if (key == "max_split_size_mb" || key == "max_non_split_rounding_mb") {
-      std::optional<int64_t> mb = whole(value);
-      if (!mb || *mb < kAllocLargeBuffer / kMiB)
-        return bad(key + " takes a whole number of MiB, at least 20");
-      (key == "max_split_size_mb" ? c.max_split_size : c.max_non_split_rounding) = *mb * kMiB;
-    } else if (key == "roundup_power2_divisions") {
-      if (value.empty() || value[0] != '[') {
-        std::optional<int64_t> d = whole(value);
-        if (!d || !power_of_two(*d)) return bad("roundup_power2_divisions takes a power of two");
-        c.roundup_divisions.fill(*d);
-        continue;
-      }
-      // [B:d,...,>:d]: B MiB a power of two, its interval log2(B) (sizes [B, 2B) MiB); the
-      // first also fills the intervals below it, '>' those after the last (L109-175).
-      std::string list = value.substr(1, value.size() - 2);
-      size_t last = 0;
-      bool first = true;
-      for (size_t p = 0; p < list.size();) {
-        size_t comma = std::min(list.find(',', p), list.size());
-        std::string pair = list.substr(p, comma - p);
-        p = comma + 1;
-        size_t c2 = pair.find(':');
-        std::optional<int64_t> d = c2 == std::string::npos ? std::nullopt : whole(pair.substr(c2 + 1));
-        if (!d || (*d != 0 && !power_of_two(*d)))
-          return bad("roundup_power2_divisions: '" + pair + "' needs a division of 0 or a power of two");
-        std::string bound = pair.substr(0, c2);
-        if (bound == ">") {
-          std::fill(c.roundup_divisions.begin() + static_cast<ptrdiff_t>(last) + 1,
-                    c.roundup_divisions.end(), *d);
-          continue;
-        }
-        std::optional<int64_t> mb = whole(bound);
-        if (!mb || !power_of_two(*mb))
-          return bad("roundup_power2_divisions: '" + bound + "' is not a power of two (MiB)");
-        size_t slot = std::min<size_t>(static_cast<size_t>(floor_log2(*mb)), 15);
-        if (first) std::fill(c.roundup_divisions.begin(), c.roundup_divisions.begin() + static_cast<ptrdiff_t>(slot), *d);
-        first = false;
-        c.roundup_divisions[slot] = *d;
-        last = slot;
-      }
-    } else if (key == "garbage_collection_threshold" || key == "backend" ||
-               key == "release_lock_on_cudamalloc" || key == "pinned_use_cuda_host_register" ||
-               key == "pinned_num_register_threads" || key == "pinned_use_background_threads" ||
-               key == "graph_capture_record_stream_reuse" ||
-               key == "per_process_memory_fraction") {
-      // No size of one stream depends on these (garbage collection needs a memory fraction).
-    } else {
-      return bad("unknown key " + quote_input(key) +
-                 " (valid: expandable_segments, max_split_size_mb, max_non_split_rounding_mb, "
-                 "roundup_power2_divisions, garbage_collection_threshold, backend, "
-                 "release_lock_on_cudamalloc, pinned_use_cuda_host_register, "
-                 "pinned_num_register_threads, pinned_use_background_threads, "
-                 "graph_capture_record_stream_reuse, per_process_memory_fraction)");
+}  // namespace
+
+AllocatorReplay replay_allocator(const std::vector<MemEvent>& events, const AllocatorConfig& c) {
+  CachingAllocator a(c);
+  Handles h;
+  AllocatorReplay r;
+  replay_range(a, h, events, 0, events.size(), r);
+  return finish(a, r);
+}
+
+namespace {
+
+AllocatorReplay replay_run(const std::vector<MemEvent>& events, const std::vector<int64_t>& kept,
+                           const AllocatorConfig& c, int max_steps, bool until_steady) {
+  CachingAllocator a(c);
+  Handles h;
+  AllocatorReplay r;
+  size_t statics = 0;
+  while (statics < events.size() && events[statics].instr == 0 && events[statics].alloc)
+    ++statics;
+  if (!replay_range(a, h, events, 0, statics, r)) return finish(a, r);
+  for (int64_t bytes : kept)
+    if (bytes > 0 && !a.malloc(bytes)) {
+      r.out_of_memory_event = static_cast<int64_t>(statics);
+      return finish(a, r);
     }
+  r.steps = 0;
+  while (r.steps < max_steps) {
+    const int64_t reserved = a.reserved(), segments = a.segments();
+    ++r.steps;
+    if (!replay_range(a, h, events, statics, events.size(), r)) break;
+    r.steady = a.reserved() == reserved && a.segments() == segments;
+    if (r.steady && until_steady) break;
   }
-  return c;
+  return finish(a, r);
+}
+
+}  // namespace
+
+AllocatorReplay replay_steps(const std::vector<MemEvent>& events, const std::vector<int64_t>& kept,
+                             const AllocatorConfig& c, int max_steps) {
+  return replay_run(events, kept, c, max_steps, true);
+}
+
+AllocatorReplay replay_exact_steps(const std::vector<MemEvent>& events,
+                                   const std::vector<int64_t>& kept, const AllocatorConfig& c,
+                                   int steps) {
+  return replay_run(events, kept, c, steps, false);
 }
 
 }  // namespace np

@@ -11,45 +11,29 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
-#include <set>
 #include <string_view>
-#include <tuple>
+#include <utility>
 #include <vector>
 
-#include "planner/inputs/result.hpp"
+#include "planner/inputs/allocator_conf.hpp"
 #include "planner/schedule/simulate.hpp"
 
 namespace np {
 
-inline constexpr int64_t kAllocMinBlock = 512;            // kMinBlockSize
-inline constexpr int64_t kAllocSmallSize = 1 << 20;       // kSmallSize: the small pool's largest
-inline constexpr int64_t kAllocSmallBuffer = 2 << 20;     // kSmallBuffer: a small segment, page
-inline constexpr int64_t kAllocLargeBuffer = 20 << 20;    // kLargeBuffer: 1-10 MiB segments, page
-inline constexpr int64_t kAllocMinLargeAlloc = 10 << 20;  // kMinLargeAlloc
-inline constexpr int64_t kAllocRoundLarge = 2 << 20;      // kRoundLarge
-
-// PYTORCH_CUDA_ALLOC_CONF's options that change sizes (the others change no byte of one stream).
-struct AllocatorConfig {
-  bool expandable_segments = false;
-  int64_t max_split_size = std::numeric_limits<int64_t>::max();  // max_split_size_mb; unset: none
-  int64_t max_non_split_rounding = kAllocLargeBuffer;             // max_non_split_rounding_mb
-  // roundup_power2_divisions per size interval: [0] every size below 2 MiB, [k] sizes in
-  // [2^(20+k), 2^(21+k)), [15] from 32 GiB; 0 or 1: off.
-  std::array<int64_t, 16> roundup_divisions{};
-  int64_t capacity = 0;  // device bytes a segment may take (0: unlimited); past it, the OOM path
+// What backs the allocator's segments: an executor maps each onto device memory (cudaMalloc's
+// part); the model alone counts bytes. Addresses are the allocator's own: segments never touch.
+class SegmentMemory {
+ public:
+  virtual ~SegmentMemory() = default;
+  // A new segment [base, base + bytes); false when the device has no room.
+  virtual bool map(int64_t base, int64_t bytes) = 0;
+  virtual void unmap(int64_t base, int64_t bytes) = 0;
 };
-
-// "expandable_segments:True,max_split_size_mb:128,roundup_power2_divisions:[64:8,>:2]", as
-// PyTorch parses it: booleans True/False, max_split_size_mb and max_non_split_rounding_mb at
-// least 20, divisions 0 or powers of two, list boundaries powers of two (MiB). Keys that change
-// no size of one stream (garbage_collection_threshold, backend, ...) are accepted and ignored;
-// an unknown key is an error naming the valid ones.
-Result<AllocatorConfig> parse_allocator_conf(std::string_view text);
 
 // The allocator: malloc and free of one stream, with PyTorch's counters.
 class CachingAllocator {
  public:
-  explicit CachingAllocator(AllocatorConfig config = {});
+  explicit CachingAllocator(AllocatorConfig config = {}, SegmentMemory* memory = nullptr);
 
   // A block for `bytes` (> 0): its handle, or nullopt when the device is full after PyTorch's
   // release-and-retry path (an OutOfMemoryError there).
@@ -66,6 +50,8 @@ class CachingAllocator {
   int64_t max_reserved() const { return max_reserved_; }
   int64_t segments() const { return segments_; }
   int64_t block_size(int32_t handle) const { return blocks_.at(handle).size; }
+  // A live block's address, inside the segment SegmentMemory::map was given.
+  int64_t address(int32_t handle) const { return blocks_.at(static_cast<size_t>(handle)).ptr; }
 
   // The size a request is rounded to (round_size), and the segment a non-expandable miss
   // cudaMallocs for a rounded size (get_allocation_size).
@@ -78,9 +64,34 @@ class CachingAllocator {
     int32_t prev = -1, next = -1;  // neighbours carved from the same segment
     bool small = false, allocated = false, live = true;
   };
-  // Free blocks of a pool by (size, address), as BlockComparatorSize orders one stream's.
-  using Pool = std::set<std::tuple<int64_t, int64_t, int32_t>>;
+  // Free blocks of a pool by (size, address), as BlockComparatorSize orders one stream's. A
+  // replay's pool holds hundreds of free blocks of about ten sizes (a tree's node per insertion
+  // cost most of its time): one bucket per size, in size order, each its blocks by descending
+  // address, so that the lowest address, the one best fit takes, is the last.
+  class Pool {
+   public:
+    struct Entry {
+      int64_t size = 0, ptr = 0;
+      int32_t id = -1;
+    };
+    void insert(const Entry& e);
+    void erase(int64_t size, int64_t ptr);
+    // The first block of at least `size` in (size, address) order, and the one after a block.
+    std::optional<Entry> lower_bound(int64_t size) const;
+    std::optional<Entry> after(const Entry& e) const;
+    std::optional<Entry> largest() const;
+    bool empty() const { return buckets_.empty(); }
+    std::vector<Entry> all() const;  // every block, in order
 
+   private:
+    struct Bucket {
+      int64_t size = 0;
+      std::vector<std::pair<int64_t, int32_t>> blocks;  // (address, id), descending address
+    };
+    size_t find(int64_t size) const;  // the first bucket of at least `size`
+    std::vector<Bucket> buckets_;     // by size; none empty
+    std::vector<std::vector<std::pair<int64_t, int32_t>>> spare_;  // emptied buckets' storage
+  };
   Pool& pool(bool small) { return small ? small_ : large_; }
   int32_t new_block(Block b);
   void pool_insert(int32_t id);
@@ -95,6 +106,7 @@ class CachingAllocator {
   void grow(int64_t reserved, int64_t allocated);
 
   AllocatorConfig c_;
+  SegmentMemory* memory_ = nullptr;
   std::vector<Block> blocks_;
   std::vector<int32_t> unused_;  // ids of merged-away blocks, reused
   Pool small_, large_;
@@ -115,7 +127,23 @@ struct AllocatorReplay {
   int64_t max_reserved = 0;   // torch.cuda.max_memory_reserved()
   int64_t segments = 0;       // segments (or expandable segments) at the end
   int64_t out_of_memory_event = -1;  // the event that found the device full (config.capacity)
+  int steps = 1;        // replay_steps: the steps replayed
+  bool steady = true;   // replay_steps: the last step reserved nothing new
 };
 AllocatorReplay replay_allocator(const std::vector<MemEvent>& events, const AllocatorConfig& c);
+
+// A rank's training steps as its allocator sees them: the step's static tensors (the
+// allocations of its first instruction, which are never freed), then `kept` (the runtime's and
+// the framework's allocations held for the run), then the step's other events, and those again,
+// step after step, until a step reserves nothing new. Every dynamic tensor is freed by a step's
+// end, so a step that maps no new segment leaves the cache as it found it, and every later step
+// repeats it: the steady state, reached within `max_steps` (else `steady` is false).
+AllocatorReplay replay_steps(const std::vector<MemEvent>& events, const std::vector<int64_t>& kept,
+                             const AllocatorConfig& c, int max_steps = 8);
+// The same for exactly `steps` steps (what a run of that many steps reserves): `steady` then says
+// whether the last of them reserved nothing new.
+AllocatorReplay replay_exact_steps(const std::vector<MemEvent>& events,
+                                   const std::vector<int64_t>& kept, const AllocatorConfig& c,
+                                   int steps);
 
 }  // namespace np

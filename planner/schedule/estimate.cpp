@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
-#include "planner/schedule/simulate.hpp"
 #include "planner/inputs/units.hpp"
+#include "planner/schedule/caching_allocator.hpp"
+#include "planner/schedule/simulate.hpp"
 
 namespace np {
 namespace {
@@ -32,10 +34,54 @@ StageBlocks stage_blocks(const StageProgram& p) {
   return b;
 }
 
+// The reserved bytes beyond the live ones at the peak: the blocks' rounding and what the
+// allocator keeps cached. Not in torch.cuda.max_memory_allocated(), in max_memory_reserved().
+OverheadLine allocator_line(const AllocatorChoice& c, const AllocatorReplay& a, int64_t bytes) {
+  std::string how = std::string("PyTorch's caching allocator (--allocator ") + name_of(c.model) +
+                    (c.options.empty() ? "" : ", --allocator-conf " + quote_input(c.options)) +
+                    ") replayed over " + count_noun(a.steps, "step") +
+                    (a.steady ? " to its steady state" : ", still growing") +
+                    ": block rounding and cached free blocks, " +
+                    count_noun(a.segments, c.model == AllocatorModel::kExpandable
+                                               ? "expandable segment"
+                                               : "segment");
+  return {"allocator cache", bytes, how, false};
+}
+
+// Replays already made in one estimate: stages whose events and kept allocations are the same
+// (AFAB's middle stages, those of equal layer counts) replay alike.
+class ReplayCache {
+ public:
+  AllocatorReplay get(const std::vector<MemEvent>& events, const std::vector<int64_t>& kept,
+                      const AllocatorConfig& c) {
+    uint64_t h = 1469598103934665603ULL;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
+    for (const MemEvent& e : events) {
+      mix(static_cast<uint64_t>(e.bytes));
+      mix((static_cast<uint64_t>(static_cast<uint32_t>(e.tensor)) << 1) | (e.alloc ? 1 : 0));
+      mix(static_cast<uint64_t>(static_cast<uint32_t>(e.instr)));
+    }
+    for (int64_t k : kept) mix(static_cast<uint64_t>(k));
+    for (const Entry& e : done_)
+      if (e.hash == h && e.events == events.size()) return e.replay;
+    done_.push_back({h, events.size(), replay_steps(events, kept, c)});
+    return done_.back().replay;
+  }
+
+ private:
+  struct Entry {
+    uint64_t hash;
+    size_t events;
+    AllocatorReplay replay;
+  };
+  std::vector<Entry> done_;
+};
+
 StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const RuntimeAssumptions& rt,
-                             bool explain) {
+                             bool explain, ReplayCache& replays) {
   const TrainSpec& t = s.setup;
-  SimResult r = simulate(p, {.live_set = explain});
+  const bool replay = rt.allocator.model != AllocatorModel::kExact;
+  SimResult r = simulate(p, {.live_set = explain, .events = replay, .canonical = false});
   StageEstimate e;
   e.stage = p.stage;
   e.first_rank = static_cast<int64_t>(p.stage) * t.dp * t.cp * t.tp;
@@ -47,14 +93,21 @@ StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const Run
       chunk_passes_in_flight(t.pp_schedule, p.stage, t.pp, t.microbatches, t.virtual_stages);
   e.bytes = r.at_peak;
   e.allocator_peak = r.peak_bytes;
-  int64_t dynamic = r.at_peak[static_cast<int>(Category::kActivation)] +
-                    r.at_peak[static_cast<int>(Category::kTransient)];
-  e.overheads = stage_overheads(s.model, t, rt, dynamic, stage_blocks(p));
-  e.allocated_peak = e.allocator_peak;
-  for (const OverheadLine& o : e.overheads) {
-    e.overhead_bytes += o.bytes;
-    if (o.allocator) e.allocated_peak += o.bytes;
+  e.overheads = stage_overheads(s.model, t, rt, stage_blocks(p));
+  std::vector<int64_t> kept;  // the lines the allocator holds, for the run
+  for (const OverheadLine& o : e.overheads)
+    if (o.allocator) kept.push_back(o.bytes);
+  const int64_t live = e.allocator_peak + std::accumulate(kept.begin(), kept.end(), int64_t{0});
+  e.allocated_peak = e.reserved_peak = live;
+  if (replay) {
+    AllocatorReplay a = replays.get(r.events, kept, rt.allocator.config);
+    e.allocated_peak = a.max_allocated;
+    e.reserved_peak = a.max_reserved;
+    e.allocator_steps = a.steps;
+    e.allocator_steady = a.steady;
+    e.overheads.push_back(allocator_line(rt.allocator, a, e.reserved_peak - live));
   }
+  for (const OverheadLine& o : e.overheads) e.overhead_bytes += o.bytes;
   e.peak_bytes = e.allocator_peak + e.overhead_bytes;
   e.peak_at = r.peak_instr >= 0 ? p.instr_name(p.instrs[r.peak_instr]) : "";
   for (const StageBlock& b : p.blocks) {
@@ -160,19 +213,25 @@ Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt,
   e.setup = s.setup;
   e.runtime = rt;
   e.budget = options.budget;
+  ReplayCache replays;
   for (const StageProgram& p : s.stages)
-    e.stages.push_back(estimate_stage(s, p, rt, options.explain_peak));
+    e.stages.push_back(estimate_stage(s, p, rt, options.explain_peak, replays));
   for (const StageEstimate& st : e.stages)
     if (st.peak_bytes > e.peak_bytes) {
       e.peak_bytes = st.peak_bytes;
       e.peak_stage = st.stage;
       e.peak_rank = st.first_rank;
     }
-  for (const StageEstimate& st : e.stages)
+  for (const StageEstimate& st : e.stages) {
     if (st.allocated_peak > e.allocated_peak_bytes) {
       e.allocated_peak_bytes = st.allocated_peak;
       e.allocated_peak_stage = st.stage;
     }
+    if (st.reserved_peak > e.reserved_peak_bytes) {
+      e.reserved_peak_bytes = st.reserved_peak;
+      e.reserved_peak_stage = st.stage;
+    }
+  }
   e.fits = !options.budget || e.peak_bytes <= *options.budget;
   if (!e.fits && options.suggestions)
     e.suggestions =

@@ -40,8 +40,16 @@ struct StageEstimate {
   int64_t overhead_bytes = 0;
   int64_t peak_bytes = 0;  // allocator_peak + overhead_bytes: device memory in use
   // What torch.cuda.max_memory_allocated() reports: the schedule's tensors plus the overhead
-  // lines held in PyTorch's caching allocator (workspaces, the framework's buffers).
+  // lines held in PyTorch's caching allocator (workspaces, the framework's buffers), as the
+  // allocator hands out blocks (sizes rounded; exact under --allocator exact).
   int64_t allocated_peak = 0;
+  // What torch.cuda.max_memory_reserved() reports: the segments the allocator holds at its
+  // steady state, from replaying the stage's events (caching_allocator.hpp); equal to
+  // allocated_peak under --allocator exact. The overhead line "allocator cache" is its excess
+  // over the live bytes at the peak.
+  int64_t reserved_peak = 0;
+  int allocator_steps = 0;      // steps replayed to reach the steady state (0: exact)
+  bool allocator_steady = true;  // the replay reached it
   std::string peak_at;     // the instruction at the peak
   std::vector<LayerSaved> layers;
   int64_t embedding_saved = 0, head_saved = 0;  // per micro-batch
@@ -68,6 +76,8 @@ struct Estimate {
   int64_t peak_rank = 0;
   int64_t allocated_peak_bytes = 0;  // the most any rank's caching allocator holds
   int allocated_peak_stage = 0;
+  int64_t reserved_peak_bytes = 0;  // the most any rank's caching allocator reserves
+  int reserved_peak_stage = 0;
   std::vector<StageEstimate> stages;
   std::vector<Suggestion> suggestions;
 };

@@ -118,13 +118,8 @@ std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t
 }
 
 std::vector<OverheadLine> stage_overheads(const ModelSpec& m, const TrainSpec& t,
-                                          const RuntimeAssumptions& rt, int64_t dynamic_peak,
-                                          const StageBlocks& b) {
+                                          const RuntimeAssumptions& rt, const StageBlocks& b) {
   int comms = t.communicators();
-  auto slack =
-      static_cast<int64_t>(std::llround(rt.allocator_slack * static_cast<double>(dynamic_peak)));
-  char pct[32];
-  std::snprintf(pct, sizeof pct, "%.1f%%", rt.allocator_slack * 100);
   std::vector<OverheadLine> out{
       {"CUDA context", rt.cuda_context_bytes,
        "context + loaded module images, assumed " + format_binary(rt.cuda_context_bytes) +
@@ -148,18 +143,13 @@ std::vector<OverheadLine> stage_overheads(const ModelSpec& m, const TrainSpec& t
        false},
   };
   for (OverheadLine& f : framework_lines(m, t, rt, b)) out.push_back(std::move(f));
-  out.push_back({"allocator slack", slack,
-                 std::string(pct) +
-                     " of the activation + transient peak for caching-allocator fragmentation "
-                     "(--allocator-slack)",
-                 false});
   return out;
 }
 
 int64_t fixed_overhead_bytes(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
                              const StageBlocks& b) {
   int64_t n = 0;
-  for (const OverheadLine& o : stage_overheads(m, t, rt, 0, b)) n += o.bytes;
+  for (const OverheadLine& o : stage_overheads(m, t, rt, b)) n += o.bytes;
   return n;
 }
 

@@ -1,5 +1,5 @@
 // What a rank holds besides the schedule's tensors: the runtime's overheads (CUDA context, NCCL,
-// the caching allocator's slack, library workspaces) and the allocations a training framework
+// library workspaces) and the allocations a training framework
 // makes that nanoplan's executors do not (Megatron-core's and Transformer Engine's buffers). Each
 // is a named line of the estimate with its assumption, and says whether PyTorch's caching
 // allocator holds it (so that torch.cuda.max_memory_allocated() counts it) or only the device.
@@ -18,7 +18,7 @@ struct OverheadLine {
   int64_t bytes = 0;
   std::string assumption;
   // Held in PyTorch's caching allocator (counted by torch.cuda.max_memory_allocated()); false:
-  // device memory outside it (the CUDA context, NCCL's buffers, the allocator's cached slack).
+  // device memory outside it (the CUDA context, NCCL's buffers, the allocator's cached blocks).
   bool allocator = false;
 };
 
@@ -36,13 +36,12 @@ struct StageBlocks {
 std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t,
                                           const RuntimeAssumptions& rt, const StageBlocks& b);
 
-// Every line of a stage: the runtime's, then the framework's; `dynamic_peak` (activations and
-// transients at the peak) sizes the allocator slack.
+// Every line of a stage: the runtime's, then the framework's. (The caching allocator's line, its
+// rounding and cached blocks, comes from replaying the stage's events: estimate.cpp.)
 std::vector<OverheadLine> stage_overheads(const ModelSpec& m, const TrainSpec& t,
-                                          const RuntimeAssumptions& rt, int64_t dynamic_peak,
-                                          const StageBlocks& b);
+                                          const RuntimeAssumptions& rt, const StageBlocks& b);
 
-// The bytes of every line but the slack (which scales with the plan's own peak).
+// The bytes of every line of stage_overheads.
 int64_t fixed_overhead_bytes(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
                              const StageBlocks& b);
 

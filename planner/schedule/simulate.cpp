@@ -48,7 +48,7 @@ SimResult simulate(const StageProgram& p, const SimOptions& options) {
     }
     if (options.timeline) r.timeline.push_back(total);
   }
-  if (options.events) canonical_order(r.events);
+  if (options.events && options.canonical) canonical_order(r.events);
   if (options.live_set && r.peak_instr >= 0) {
     std::vector<bool> live(p.tensors.size(), false);
     for (int32_t i = 0; i <= r.peak_instr; ++i) {

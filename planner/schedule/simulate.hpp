@@ -35,13 +35,16 @@ struct SimResult {
   std::array<int64_t, kCategories> max_by_category{};  // each category's own high-water mark
   std::vector<int32_t> live_at_peak;                   // tensor ids, filled when asked for
   std::vector<int64_t> timeline;  // bytes after each instruction, when asked for
-  std::vector<MemEvent> events;   // every allocation and release, canonical order, when asked for
+  std::vector<MemEvent> events;   // every allocation and release, when asked for
 };
 
 struct SimOptions {
   bool live_set = false;  // record the tensors live at the peak
   bool timeline = false;  // record the bytes after every instruction
   bool events = false;    // record every allocation and release (MemEvent)
+  // The events in canonical order (the form predicted and measured are compared in); false: in
+  // the program's order, as an executor allocates and frees (what an allocator replays).
+  bool canonical = true;
 };
 
 // Throws std::overflow_error when the bytes live at some instruction exceed 2^63 - 1 (a setup or
