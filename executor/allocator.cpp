@@ -28,13 +28,13 @@ TrackingAllocator::TrackingAllocator(DeviceMemory& device, std::optional<int64_t
                                      const AllocatorChoice& allocator)
     : device_(device), budget_(budget) {
   if (allocator.model == AllocatorModel::kExact) return;
-  if (allocator.config.expandable_segments)
-    throw std::invalid_argument(
-        "--allocator expandable is not run by the executor yet: its segments grow in place, "
-        "which needs the device's virtual memory mapping (valid for run: caching, exact)");
   AllocatorConfig c = allocator.config;
+  if (c.expandable_segments && !can_expand(device))
+    throw std::invalid_argument(
+        "--allocator expandable: this backend's memory cannot grow a segment in place (valid "
+        "here: caching, exact)");
   if (budget) c.capacity = *budget;  // PyTorch runs out when it cannot reserve more
-  segments_ = std::make_unique<Segments>(device);
+  segments_ = std::make_unique<Segments>(device, c.expandable_segments);
   cache_ = std::make_unique<CachingAllocator>(c, segments_.get());
 }
 
@@ -46,24 +46,55 @@ TrackingAllocator::~TrackingAllocator() {
   for (void* p : runtime_ptrs_) device_.release(p);
 }
 
+bool TrackingAllocator::can_expand(DeviceMemory& device) {
+  void* p = device.reserve_addresses(Segments::kExpandableRange);
+  if (!p) return false;
+  device.release_addresses(p, Segments::kExpandableRange);
+  return true;
+}
+
 TrackingAllocator::Segments::~Segments() {
-  for (auto& [base, p] : base_) device_.release(p);
+  for (auto& [base, p] : base_)
+    if (expandable_)
+      device_.release_addresses(p, kExpandableRange);
+    else
+      device_.release(p);
 }
 
 bool TrackingAllocator::Segments::map(int64_t base, int64_t bytes) {
-  void* p = device_.allocate(bytes);
-  if (!p) return false;
-  base_.emplace(base, p);
+  if (expandable_) {
+    auto it = base_.upper_bound(base);
+    if (it == base_.begin() || base - std::prev(it)->first >= kExpandableRange) {
+      void* p = device_.reserve_addresses(kExpandableRange);  // a new expandable segment
+      if (!p) return false;
+      it = base_.emplace(base, p).first;
+    } else {
+      --it;
+    }
+    int64_t offset = base - it->first;
+    if (offset + bytes > kExpandableRange || !device_.map_addresses(it->second, offset, bytes))
+      return false;
+  } else {
+    void* p = device_.allocate(bytes);
+    if (!p) return false;
+    base_.emplace(base, p);
+  }
   held += bytes;
   max_held = std::max(max_held, held);
   return true;
 }
 
 void TrackingAllocator::Segments::unmap(int64_t base, int64_t bytes) {
-  auto it = base_.find(base);
-  if (it == base_.end()) throw std::logic_error("tracking allocator: unmap of an unknown segment");
-  device_.release(it->second);
-  base_.erase(it);
+  auto it = base_.upper_bound(base);
+  if (it == base_.begin()) throw std::logic_error("tracking allocator: unmap of an unknown segment");
+  --it;
+  if (expandable_) {
+    device_.unmap_addresses(it->second, base - it->first, bytes);
+  } else {
+    if (it->first != base) throw std::logic_error("tracking allocator: unmap inside a segment");
+    device_.release(it->second);
+    base_.erase(it);
+  }
   held -= bytes;
 }
 

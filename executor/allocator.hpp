@@ -41,6 +41,8 @@ class TrackingAllocator {
   explicit TrackingAllocator(DeviceMemory& device, std::optional<int64_t> budget = std::nullopt,
                              const AllocatorChoice& allocator = exact_allocator());
   static AllocatorChoice exact_allocator() { return {.model = AllocatorModel::kExact}; }
+  // Whether `device` can back expandable segments (DeviceMemory::reserve_addresses).
+  static bool can_expand(DeviceMemory& device);
   ~TrackingAllocator();
   TrackingAllocator(const TrackingAllocator&) = delete;
   TrackingAllocator& operator=(const TrackingAllocator&) = delete;
@@ -91,18 +93,23 @@ class TrackingAllocator {
     bool live;
     int32_t handle = -1;  // the caching allocator's block (caching)
   };
-  // The caching allocator's segments on the device: its address of each to the device's.
+  // The caching allocator's segments on the device: its address of each to the device's. A
+  // segment is one DeviceMemory::allocate; an expandable segment is addresses the device
+  // reserved (kExpandableRange of them), mapped page by page as the allocator grows it.
   class Segments : public SegmentMemory {
    public:
-    explicit Segments(DeviceMemory& device) : device_(device) {}
+    Segments(DeviceMemory& device, bool expandable) : device_(device), expandable_(expandable) {}
     ~Segments() override;
     bool map(int64_t base, int64_t bytes) override;
     void unmap(int64_t base, int64_t bytes) override;
     void* pointer(int64_t address) const;  // the device address of an allocator address
     int64_t held = 0, max_held = 0;        // device bytes the segments hold
+    static constexpr int64_t kExpandableRange = int64_t{1} << 40;  // addresses per segment
+
    private:
     DeviceMemory& device_;
-    std::map<int64_t, void*> base_;  // segment address -> device memory
+    const bool expandable_;
+    std::map<int64_t, void*> base_;  // segment address -> device memory (or reserved addresses)
   };
   std::unique_ptr<Segments> segments_;     // caching only
   std::unique_ptr<CachingAllocator> cache_;  // caching only

@@ -66,6 +66,16 @@ class DeviceMemory {
   // Bytes in use on the whole device now (a GPU: cudaMemGetInfo's total - free), where the
   // memory can say; the allocator samples it after every allocation.
   virtual std::optional<int64_t> device_used() { return std::nullopt; }
+  // Addresses that grow in place, for the caching allocator's expandable segments (PyTorch maps
+  // pages into reserved addresses: cuMemAddressReserve, cuMemMap): reserve `bytes` of addresses,
+  // then map and unmap byte ranges at offsets inside them. reserve_addresses returns nullptr
+  // where this memory cannot (run then refuses --allocator expandable).
+  virtual void* reserve_addresses(int64_t /*bytes*/) { return nullptr; }
+  virtual bool map_addresses(void* /*base*/, int64_t /*offset*/, int64_t /*bytes*/) {
+    return false;
+  }
+  virtual void unmap_addresses(void* /*base*/, int64_t /*offset*/, int64_t /*bytes*/) {}
+  virtual void release_addresses(void* /*base*/, int64_t /*bytes*/) {}
 };
 
 // One optimizer update over a flat parameter group (the runner's dense or expert group).

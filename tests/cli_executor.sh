@@ -63,4 +63,9 @@ check "the executor refuses its own bad input in one line, exit 2" \
 NANOPLAN_CUDA_MODULE="$EMU" "$NP" run "$TMP/one.json" --backend cuda --steps 2 >"$TMP/out" 2>"$TMP/err"; rc=$?
 check "run --backend cuda through the emulated module: predicted = measured" \
   '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/out" || { cat "$TMP/err"; false; }'
+check "the CUDA backend's segments from the caching allocator: reserved predicted = measured" \
+  'grep -qE "reserved \(caching allocator\): predicted ([0-9,]+), measured \1; allocated blocks: predicted ([0-9,]+), measured \2$" "$TMP/out"'
+NANOPLAN_CUDA_MODULE="$EMU" "$NP" run "$TMP/one.json" --backend cuda --allocator expandable >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "run --backend cuda --allocator expandable: exit 2, one line naming what runs it" \
+  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "caching, exact (--backend cpu runs it)" "$TMP/err"'
 finish

@@ -260,11 +260,12 @@ TEST(EnforceBudget, StopsWithTheTensorNamed) {
   EXPECT_GT(oom.out_of_memory->in_use + oom.out_of_memory->bytes, peak - 1);
 }
 
-// --allocator caching: the plan's tensors come from the caching allocator model, whose segments
-// are the CPU backend's memory. What the segments took from the backend (max reserved) and what
-// its blocks held (max allocated) equal the replay of the predicted events, in the program's
-// order, over the steps that ran: on every rank of TP/SP, 1F1B and interleaved pipelines,
-// recompute and MoE setups, for one and three steps.
+// --allocator caching and expandable: the plan's tensors come from the caching allocator model,
+// whose segments are the CPU backend's memory (expandable: pages mapped into reserved
+// addresses). What the segments took from the backend (max reserved) and what its blocks held
+// (max allocated) equal the replay of the predicted events, in the program's order, over the
+// steps that ran: on every rank of TP/SP, 1F1B and interleaved pipelines, recompute and MoE
+// setups, for one step (caching) and three (expandable).
 TEST(CachingAllocator, ReservedPredictedEqualsMeasured) {
   int compared = 0;
   for (const char* name : {"tiny-llama", "tiny-gpt", "tiny-moe"}) {
@@ -281,10 +282,13 @@ TEST(CachingAllocator, ReservedPredictedEqualsMeasured) {
       for (int steps : {1, 3}) {
         RunOptions o;
         o.steps = steps;
-        o.allocator = RuntimeAssumptions{}.allocator;  // caching, PyTorch's defaults
+        // PyTorch's defaults, or expandable segments (pages mapped into reserved addresses).
+        o.allocator = *parse_allocator_choice(steps == 1 ? "caching" : "expandable", "");
         auto r = run_schedule(s, [] { return make_cpu_backend(); }, o);
         ASSERT_TRUE(r.ok()) << r.error().message;
-        RunComparison c = compare(s, *r, name);
+        RuntimeAssumptions rt;
+        rt.allocator = o.allocator;
+        RunComparison c = compare(s, *r, name, rt);
         for (const RankComparison& rc : c.ranks) {
           ASSERT_TRUE(rc.measured_reserved && rc.predicted_reserved) << name;
           EXPECT_EQ(*rc.measured_reserved, *rc.predicted_reserved)

@@ -59,13 +59,14 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
     }));
   }
   double ln_v = std::log(static_cast<double>(sc->model.vocab));
+  size_t index = 0;
   for (const TrainSpec& t : sc->matrix) {
     Schedule s = build_schedule(sc->model, t);
     RunOptions o;
     o.steps = sc->steps;
-    // As `run` does by default: the tensors from the caching allocator model over the backend's
-    // memory, so that reserved is compared too.
-    o.allocator = RuntimeAssumptions{}.allocator;
+    // The tensors from the caching allocator model over the backend's memory, so that reserved
+    // is compared too: `run`'s default, and expandable segments every other setup.
+    o.allocator = *parse_allocator_choice(index++ % 2 ? "expandable" : "caching", "");
     auto r = run_schedule(
         s, [] { return make_cpu_backend(); }, o);
     ASSERT_TRUE(r.ok()) << r.error().message;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <sys/mman.h>
 #include <string>
 
 #include "executor/cpu/kernels.hpp"
@@ -216,6 +217,25 @@ class CpuBackend final : public Backend {
     return std::aligned_alloc(64, size);
   }
   void release(void* p) override { std::free(p); }
+  // Expandable segments: addresses reserved without memory (PROT_NONE, no swap reserved), pages
+  // made usable as the allocator maps them and given back as it unmaps them.
+  void* reserve_addresses(int64_t bytes) override {
+    void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
+  bool map_addresses(void* base, int64_t offset, int64_t bytes) override {
+    return mprotect(static_cast<char*>(base) + offset, static_cast<size_t>(bytes),
+                    PROT_READ | PROT_WRITE) == 0;
+  }
+  void unmap_addresses(void* base, int64_t offset, int64_t bytes) override {
+    char* p = static_cast<char*>(base) + offset;
+    madvise(p, static_cast<size_t>(bytes), MADV_DONTNEED);
+    mprotect(p, static_cast<size_t>(bytes), PROT_NONE);
+  }
+  void release_addresses(void* base, int64_t bytes) override {
+    munmap(base, static_cast<size_t>(bytes));
+  }
   void fill_bytes(void* p, uint8_t value, int64_t bytes) override {
     std::memset(p, value, static_cast<size_t>(bytes));
   }

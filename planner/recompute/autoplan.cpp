@@ -447,7 +447,8 @@ class PlanSteps {
       BlockPolicies pol = policies();
       verified_ = build_schedule(m_, sim_, &pol, /*peak_only=*/true);
       ++plan_.simulations;
-      Estimate e = estimate_schedule(*verified_, rt_, {.budget = budget_, .suggestions = false});
+      Estimate e = estimate_schedule(*verified_, rt_,
+                                     {.budget = budget_, .suggestions = false, .replays = &replays_});
       bool again = false;
       for (size_t st = 0; st < shapes_.size(); ++st) {
         if (settled[st]) continue;
@@ -489,7 +490,8 @@ class PlanSteps {
                        ? std::move(*verified_)
                        : build_schedule(m_, sim_, &pol, /*peak_only=*/true);
     sim.setup = t;
-    plan_.estimate = estimate_schedule(sim, rt_, {.budget = budget_, .suggestions = false});
+    plan_.estimate = estimate_schedule(
+        sim, rt_, {.budget = budget_, .suggestions = false, .replays = &replays_});
     plan_.schedule = full_schedule ? build_schedule(m_, t, &pol) : std::move(sim);
     plan_.fits = plan_.fits && plan_.estimate.fits;
     for (StagePlan& sp : plan_.stages)
@@ -546,6 +548,7 @@ class PlanSteps {
   std::vector<int64_t> target_;
   std::optional<Schedule> verified_;
   bool changed_after_verify_ = false;
+  ReplayCache replays_;  // the stages' allocator replays, reused while a stage's plan stands
 };
 
 // Every block's all-gathers, and those the plan gathers again in backward.

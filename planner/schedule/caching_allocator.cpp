@@ -47,10 +47,7 @@ int64_t CachingAllocator::allocation_size(int64_t rounded) {
 }
 
 CachingAllocator::CachingAllocator(AllocatorConfig config, SegmentMemory* memory)
-    : c_(config), memory_(memory) {
-  if (memory_ && c_.expandable_segments)
-    throw std::logic_error("CachingAllocator: expandable segments need growable device memory");
-}
+    : c_(config), memory_(memory) {}
 
 int32_t CachingAllocator::new_block(Block b) {
   if (!unused_.empty()) {
@@ -195,6 +192,7 @@ std::optional<int32_t> CachingAllocator::new_segment(bool small, int64_t size) {
   int64_t have = tail >= 0 ? blocks_[static_cast<size_t>(tail)].size : 0;
   int64_t bytes = (size - have + page - 1) / page * page;
   if (c_.capacity > 0 && reserved_ + bytes > c_.capacity) return std::nullopt;
+  if (memory_ && !memory_->map(e.base + e.mapped, bytes)) return std::nullopt;
   grow(bytes, 0);
   if (tail >= 0) {
     pool_erase(tail);
@@ -261,6 +259,7 @@ void CachingAllocator::release_whole_segments() {
       pool_erase(id);
       reserved_ -= bytes;
       e.mapped -= bytes;
+      if (memory_) memory_->unmap(e.base + e.mapped, bytes);
       b.size -= bytes;
       if (b.size > 0) {
         pool_insert(id);

@@ -21,11 +21,14 @@
 namespace np {
 
 // What backs the allocator's segments: an executor maps each onto device memory (cudaMalloc's
-// part); the model alone counts bytes. Addresses are the allocator's own: segments never touch.
+// part); the model alone counts bytes. Addresses are the allocator's own: segments never touch,
+// and an expandable segment is 2^50 addresses, mapped from its start up (each map continues the
+// last; unmap takes pages back from its end).
 class SegmentMemory {
  public:
   virtual ~SegmentMemory() = default;
-  // A new segment [base, base + bytes); false when the device has no room.
+  // [base, base + bytes): a new segment, or an expandable segment's next pages; false when the
+  // device has no room.
   virtual bool map(int64_t base, int64_t bytes) = 0;
   virtual void unmap(int64_t base, int64_t bytes) = 0;
 };

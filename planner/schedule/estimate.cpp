@@ -48,35 +48,6 @@ OverheadLine allocator_line(const AllocatorChoice& c, const AllocatorReplay& a, 
   return {"allocator cache", bytes, how, false};
 }
 
-// Replays already made in one estimate: stages whose events and kept allocations are the same
-// (AFAB's middle stages, those of equal layer counts) replay alike.
-class ReplayCache {
- public:
-  AllocatorReplay get(const std::vector<MemEvent>& events, const std::vector<int64_t>& kept,
-                      const AllocatorConfig& c) {
-    uint64_t h = 1469598103934665603ULL;
-    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
-    for (const MemEvent& e : events) {
-      mix(static_cast<uint64_t>(e.bytes));
-      mix((static_cast<uint64_t>(static_cast<uint32_t>(e.tensor)) << 1) | (e.alloc ? 1 : 0));
-      mix(static_cast<uint64_t>(static_cast<uint32_t>(e.instr)));
-    }
-    for (int64_t k : kept) mix(static_cast<uint64_t>(k));
-    for (const Entry& e : done_)
-      if (e.hash == h && e.events == events.size()) return e.replay;
-    done_.push_back({h, events.size(), replay_steps(events, kept, c)});
-    return done_.back().replay;
-  }
-
- private:
-  struct Entry {
-    uint64_t hash;
-    size_t events;
-    AllocatorReplay replay;
-  };
-  std::vector<Entry> done_;
-};
-
 StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const RuntimeAssumptions& rt,
                              bool explain, ReplayCache& replays) {
   const TrainSpec& t = s.setup;
@@ -120,6 +91,22 @@ StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const Run
 }
 
 }  // namespace
+
+AllocatorReplay ReplayCache::get(const std::vector<MemEvent>& events,
+                                 const std::vector<int64_t>& kept, const AllocatorConfig& c) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over the events and the kept sizes
+  auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
+  for (const MemEvent& e : events) {
+    mix(static_cast<uint64_t>(e.bytes));
+    mix((static_cast<uint64_t>(static_cast<uint32_t>(e.tensor)) << 1) | (e.alloc ? 1 : 0));
+    mix(static_cast<uint64_t>(static_cast<uint32_t>(e.instr)));
+  }
+  for (int64_t k : kept) mix(static_cast<uint64_t>(k));
+  for (const Entry& e : done_)
+    if (e.hash == h && e.events == events.size()) return e.replay;
+  done_.push_back({h, events.size(), replay_steps(events, kept, c)});
+  return done_.back().replay;
+}
 
 std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
                                        const PeakIfFits& fits) {
@@ -213,7 +200,8 @@ Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt,
   e.setup = s.setup;
   e.runtime = rt;
   e.budget = options.budget;
-  ReplayCache replays;
+  ReplayCache own;
+  ReplayCache& replays = options.replays ? *options.replays : own;
   for (const StageProgram& p : s.stages)
     e.stages.push_back(estimate_stage(s, p, rt, options.explain_peak, replays));
   for (const StageEstimate& st : e.stages)

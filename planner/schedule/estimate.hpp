@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "planner/schedule/caching_allocator.hpp"
 #include "planner/schedule/runtime_terms.hpp"
 #include "planner/schedule/schedule.hpp"
 #include "planner/inputs/spec.hpp"
@@ -82,10 +83,28 @@ struct Estimate {
   std::vector<Suggestion> suggestions;
 };
 
+// Allocator replays already made (caching_allocator.hpp, replay_steps), by their events: stages
+// with the same events and kept allocations (AFAB's middle stages, or a stage an auto plan's
+// verification did not change) replay alike. One allocator configuration per cache.
+class ReplayCache {
+ public:
+  AllocatorReplay get(const std::vector<MemEvent>& events, const std::vector<int64_t>& kept,
+                      const AllocatorConfig& c);
+
+ private:
+  struct Entry {
+    uint64_t hash;
+    size_t events;
+    AllocatorReplay replay;
+  };
+  std::vector<Entry> done_;
+};
+
 struct EstimateOptions {
   std::optional<int64_t> budget;  // bytes per GPU
   bool suggestions = true;        // search nearby setups when it does not fit
   bool explain_peak = false;      // list the live tensors at each stage's peak
+  ReplayCache* replays = nullptr;  // replays to reuse and add to (else the estimate's own)
 };
 
 // The nearest setups that fit, one per family, each found by asking `fits` (a peak when it fits):
