@@ -45,6 +45,7 @@
 #include "planner/schedule/estimate.hpp"
 #include "planner/graph/graph.hpp"
 #include "planner/schedule/plan_io.hpp"
+#include "planner/report/record_compare.hpp"
 #include "planner/report/report.hpp"
 #include "planner/inputs/scenario.hpp"
 #include "planner/recompute/sweep.hpp"
@@ -66,6 +67,7 @@ struct Flags {
       nccl_buffers, allocator = "caching", allocator_conf, allocator_slack;
   std::string headroom = "3%";  // of the budget, or bytes
   std::string nanotron_config, megatron_args, emit;
+  std::vector<std::string> logs;  // compare
   // report
   bool report_run = false;
   int64_t sweep_gpus = 0;
@@ -363,6 +365,24 @@ int run_estimate_auto(const Flags& f, const Resolved& r, int64_t budget) {
     std::cout << np::estimate_to_table(plan.estimate, f.model, f.verbose)
               << np::auto_plan_table(plan, budget, f.verbose);
   }
+  return 0;
+}
+
+// nanoplan compare: every log read first (bad input before any output), then the estimate of
+// the setup given, then the rows.
+int run_compare(const Flags& f) {
+  std::vector<np::MemoryRecord> records;
+  for (const std::string& path : f.logs) {
+    std::string text = check(np::read_text_file(path, "log"));
+    records.push_back(check(np::read_memory_record(path, text)));
+  }
+  Resolved r = resolve(f);
+  np::Estimate e = np::plan_setup(r.model, r.setup, plan_inputs(f)).estimate;
+  np::RecordComparison c = check(np::compare_records(records, e));
+  if (f.format == "json")
+    std::cout << np::record_json(c, e).dump(2) << "\n";
+  else
+    std::cout << np::record_table(c, e);
   return 0;
 }
 
@@ -850,11 +870,12 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("nanoplan ") + NANOPLAN_VERSION + " (plan format " +
                                         std::to_string(np::kScheduleFormatVersion) + ")");
   Flags f;
-  const std::string commands[] = {"estimate", "plan", "run", "sweep", "report", "models", "gpus"};
+  const std::string commands[] = {"estimate", "plan", "run",    "compare",
+                                  "sweep",    "report", "models", "gpus"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(std::begin(commands), std::end(commands), argv[1]) == std::end(commands))
     die("unknown subcommand " + np::quote_input(argv[1]) +
-        " (valid: estimate, plan, run, sweep, report, models, gpus)");
+        " (valid: estimate, plan, run, compare, sweep, report, models, gpus)");
   for (int i = 0; i < argc; ++i)
     f.command_line += (i ? " " : "") + shell_word(i == 0 ? std::string("nanoplan") : argv[i]);
   CLI::App* est = app.add_subcommand("estimate", "per-GPU memory breakdown of a training setup");
@@ -863,6 +884,15 @@ int main(int argc, char** argv) {
       app.add_subcommand("plan", "write the schedule (what to keep, drop, recompute) as JSON");
   add_setup_flags(plan, f);
   plan->add_option("-o,--output", f.output, "output file (default: stdout)");
+  CLI::App* cmp = app.add_subcommand(
+      "compare", "a training run's own memory record (Megatron-LM, nanotron, torchtitan logs) "
+                 "beside the estimate of its setup, per rank");
+  add_setup_flags(cmp, f);
+  cmp->add_option("--log", f.logs,
+                  "a run's log (repeat for several): Megatron-LM's report_memory lines, "
+                  "nanotron's log_memory lines or torchtitan's metrics lines, found by content")
+      ->required();
+  cmp->add_option("--format", f.format, "table, json")->capture_default_str();
   CLI::App* rep = app.add_subcommand(
       "report", "write one self-contained HTML file: memory over the step, the plan per layer, "
                 "the layer options, the sweep");
@@ -952,8 +982,8 @@ int main(int argc, char** argv) {
             ": " + np::quote_input(list) + "; see " + cmd + " --help");
       }
     if (what.find("subcommand") != std::string::npos || what.find("At Most 1") != std::string::npos)
-      die("give one subcommand (valid: estimate, plan, run, sweep, report, models, gpus); see "
-          "nanoplan --help");
+      die("give one subcommand (valid: estimate, plan, run, compare, sweep, report, models, "
+          "gpus); see nanoplan --help");
     if (what.find(" is required") != std::string::npos)
       die(what + " for " + cmd + "; see " + cmd + " --help");
     die(what + "; see " + cmd + " --help");
@@ -962,6 +992,7 @@ int main(int argc, char** argv) {
   try {
     if (est->parsed()) return run_estimate(f);
     if (plan->parsed()) return run_plan(f);
+    if (cmp->parsed()) return run_compare(f);
 #if defined(NANOPLAN_EXECUTOR)
     if (run->parsed()) return run_run(f, run);
 #else
