@@ -5,8 +5,6 @@
 #include "planner/schedule/runtime_terms.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <utility>
 
 #include "planner/inputs/units.hpp"
