@@ -110,6 +110,16 @@ std::optional<int64_t> TrackingAllocator::reserved_peak() const {
   return segments_->max_held;
 }
 
+std::optional<int64_t> TrackingAllocator::reserved_now() const {
+  if (!segments_) return std::nullopt;
+  return segments_->held;
+}
+
+std::optional<int64_t> TrackingAllocator::allocated_blocks_now() const {
+  if (!cache_) return std::nullopt;
+  return cache_->allocated();
+}
+
 std::optional<int64_t> TrackingAllocator::allocated_blocks_peak() const {
   if (!cache_) return std::nullopt;
   return cache_->max_allocated();

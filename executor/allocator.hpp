@@ -75,6 +75,9 @@ class TrackingAllocator {
   // (max_memory_allocated); nullopt under --allocator exact.
   std::optional<int64_t> reserved_peak() const;
   std::optional<int64_t> allocated_blocks_peak() const;
+  // Caching: what the segments and the blocks hold now (memory_reserved(), memory_allocated()).
+  std::optional<int64_t> reserved_now() const;
+  std::optional<int64_t> allocated_blocks_now() const;
   const std::array<int64_t, kCategories>& at_peak() const { return at_peak_; }
   std::vector<LiveAllocation> live_at_peak() const;                   // largest first
   const std::vector<int64_t>& timeline() const { return timeline_; }  // bytes after each event

@@ -66,6 +66,9 @@ class RankRunner {
     r.measured_device_peak = alloc_.device_peak();
     r.measured_reserved_peak = alloc_.reserved_peak();
     r.measured_allocated_blocks_peak = alloc_.allocated_blocks_peak();
+    r.measured_in_use_at_end = alloc_.in_use();
+    r.measured_reserved_at_end = alloc_.reserved_now();
+    r.measured_allocated_blocks_at_end = alloc_.allocated_blocks_now();
     for (const RuntimeBuffer& b : be_.measured_overheads())
       r.measured_overheads.push_back({b.name, b.bytes, Category::kTransient});
     for (const auto& [name, bytes] : comm_.measured_overheads())

@@ -47,6 +47,10 @@ struct RankResult {
   // --allocator caching: the most device bytes the allocator's segments held (max reserved) and
   // the most its blocks held (max allocated, sizes rounded); absent under exact.
   std::optional<int64_t> measured_reserved_peak, measured_allocated_blocks_peak;
+  // At the end of the run: the plan's bytes in use, and under caching the allocator's reserved
+  // and allocated (blocks) bytes, as torch.cuda.memory_reserved() and memory_allocated() say.
+  int64_t measured_in_use_at_end = 0;
+  std::optional<int64_t> measured_reserved_at_end, measured_allocated_blocks_at_end;
   std::vector<LiveAllocation> measured_overheads;
   std::vector<double> step_seconds;  // wall time of each step, the device's work included
 };

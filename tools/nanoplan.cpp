@@ -30,6 +30,7 @@
 #include "executor/compare.hpp"
 #include "executor/backend_choice.hpp"
 #include "executor/scenario_run.hpp"
+#include "executor/record.hpp"
 #include "executor/runner.hpp"
 #if defined(NANOPLAN_HAVE_MPI)
 #include "executor/comm/mpi.hpp"
@@ -78,7 +79,7 @@ struct Flags {
   std::string sweep_ep;                   // sweep: expert-parallel degrees ("": MoE's all)
   bool explain_peak = false, verbose = false;
   // run
-  std::string plan_path, scenario, backend = "cpu", enforce_budget;
+  std::string plan_path, scenario, backend = "cpu", enforce_budget, record;
   int steps = 1;
   int64_t seed = 1234;
   bool check_plan = false;
@@ -94,6 +95,23 @@ int g_mpi_rank = 0;
 [[noreturn]] void die(const std::string& message) {
   if (g_mpi_rank == 0) std::fprintf(stderr, "nanoplan: error: %s\n", message.c_str());
   std::exit(kExitBadInput);
+}
+
+// Writes `text` to `path` whole or not at all (a temporary file beside it, then renamed).
+void write_whole(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << text;
+    if (!out.flush()) {
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);
+      die("cannot write " + path + " (" + tmp + ")");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) die("cannot write " + path + ": " + ec.message());
 }
 
 template <typename T>
@@ -377,7 +395,11 @@ int run_compare(const Flags& f) {
     records.push_back(check(np::read_memory_record(path, text)));
   }
   Resolved r = resolve(f);
-  np::Estimate e = np::plan_setup(r.model, r.setup, plan_inputs(f)).estimate;
+  np::PlanInputs in = plan_inputs(f);
+  // The live tensors at each stage's peak too, for a snapshot's blocks.
+  np::Estimate e = np::estimate_schedule(np::plan_setup(r.model, r.setup, in).schedule, in.rt,
+                                         {.budget = in.budget, .suggestions = false,
+                                          .explain_peak = true});
   np::RecordComparison c = check(np::compare_records(records, e));
   if (f.format == "json")
     std::cout << np::record_json(c, e).dump(2) << "\n";
@@ -504,6 +526,17 @@ np::exec::RunComparison compare_run(const np::Schedule& s, const np::exec::RunRe
   return np::exec::compare(s, r, title, make_runtime(f), hw ? &*hw : nullptr);
 }
 
+// run --record FILE: the run's memory record in Megatron-LM's report_memory form, for compare.
+void write_record(const np::exec::RunResult& r, const Flags& f) {
+  if (f.record.empty()) return;
+  write_whole(f.record, np::exec::megatron_memory_record(r, f.steps));
+  std::fprintf(stderr, "nanoplan: wrote %s (report_memory lines of %s; nanoplan compare --log %s "
+               "with the same setup reads them)\n",
+               f.record.c_str(),
+               np::count_noun(static_cast<int64_t>(r.ranks.size()), "rank").c_str(),
+               f.record.c_str());
+}
+
 // Prints a comparison as --format says; returns the exit code of its verdict.
 int print_comparison(const np::exec::RunComparison& c, const Flags& f) {
   if (f.format == "json")
@@ -525,6 +558,7 @@ int run_one_mpi(const np::Schedule& s, const Flags& f, const std::string& title)
   auto r = np::exec::mpi::run_schedule(s, ex.backend, run_options(f, ex), ex.transfer, wrap);
   if (!r) die(r.error().message);
   int code = 0;
+  if (r->has_value()) write_record(**r, f);
   if (r->has_value())
     code = print_comparison(
         compare_run(
@@ -580,6 +614,7 @@ int run_one(const np::Schedule& s, const Flags& f, const std::string& title) {
                 << "\n";
     return kExitOutOfMemory;
   }
+  write_record(*r, f);
   return print_comparison(compare_run(s, *r, title, f, ex), f);
 }
 
@@ -653,7 +688,18 @@ int run_run(const Flags& f, CLI::App* app) {
   if (sources != 1)
     die("run needs exactly one of: a plan file, --model (or --nanotron-config) with setup flags, "
         "or --scenario FILE");
-  if (!f.scenario.empty()) return run_scenario(f);
+  if (!f.scenario.empty()) {
+    if (!f.record.empty())
+      die("--record writes one run's record: give a plan file or a setup, not --scenario");
+    return run_scenario(f);
+  }
+  if (!f.record.empty()) {  // a path that cannot be written is refused before the run
+    std::ofstream probe(f.record + ".tmp", std::ios::binary);
+    if (!probe) die("cannot write --record " + f.record + " (" + f.record + ".tmp)");
+    probe.close();
+    std::error_code ignored;
+    std::filesystem::remove(f.record + ".tmp", ignored);
+  }
   if (f.plan_path.empty()) {
     Resolved r = resolve(f);
     np::Schedule s = np::plan_setup(r.model, r.setup, plan_inputs(f)).schedule;
@@ -834,15 +880,7 @@ int run_report(const Flags& f) {
     in.sweep = np::sweep(r.model, in.sweep_options);
   }
   std::string html = np::html_report(in);
-  std::string tmp = f.output + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << html;
-    if (!out.flush()) die("cannot write " + f.output + " (" + tmp + ")");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, f.output, ec);
-  if (ec) die("cannot write " + f.output + ": " + ec.message());
+  write_whole(f.output, html);
   std::fprintf(stderr, "nanoplan: wrote %s (%s)\n", f.output.c_str(),
                np::format_binary(static_cast<int64_t>(html.size())).c_str());
   return 0;
@@ -885,12 +923,13 @@ int main(int argc, char** argv) {
   add_setup_flags(plan, f);
   plan->add_option("-o,--output", f.output, "output file (default: stdout)");
   CLI::App* cmp = app.add_subcommand(
-      "compare", "a training run's own memory record (Megatron-LM, nanotron, torchtitan logs) "
-                 "beside the estimate of its setup, per rank");
+      "compare", "a training run's own memory record (Megatron-LM, nanotron, torchtitan logs, "
+                 "a PyTorch memory snapshot) beside the estimate of its setup, per rank");
   add_setup_flags(cmp, f);
   cmp->add_option("--log", f.logs,
-                  "a run's log (repeat for several): Megatron-LM's report_memory lines, "
-                  "nanotron's log_memory lines or torchtitan's metrics lines, found by content")
+                  "a run's record (repeat for several), found by content: Megatron-LM's "
+                  "report_memory lines, nanotron's log_memory lines or benchmark CSV, torchtitan's "
+                  "metrics lines, torch.cuda.memory._dump_snapshot()'s pickle")
       ->required();
   cmp->add_option("--format", f.format, "table, json")->capture_default_str();
   CLI::App* rep = app.add_subcommand(
@@ -917,6 +956,9 @@ int main(int argc, char** argv) {
   add_int(run, "--seed", f.seed, "seed of weights, data and dropout", 0, kNoBound);
   run->add_flag("--check-plan", f.check_plan,
                 "only check the plan: every backward read kept or recomputed");
+  run->add_option("--record", f.record,
+                  "write the run's memory record to FILE, as Megatron-LM's report_memory lines "
+                  "(one per rank), for nanoplan compare --log FILE");
   run->add_option("--enforce-budget", f.enforce_budget,
                   "refuse allocations past this many bytes per rank (exit 3)");
   CLI::App* sw = app.add_subcommand("sweep",

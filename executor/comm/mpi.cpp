@@ -338,6 +338,8 @@ std::vector<unsigned char> encode(const RankRun& run) {
   w.pod(m.measured_device_peak.has_value()), w.pod(m.measured_device_peak.value_or(0));
   w.pod(m.measured_reserved_peak.has_value()), w.pod(m.measured_reserved_peak.value_or(0));
   w.pod(m.measured_allocated_blocks_peak.value_or(0));
+  w.pod(m.measured_in_use_at_end);
+  w.pod(m.measured_reserved_at_end.value_or(0)), w.pod(m.measured_allocated_blocks_at_end.value_or(0));
   put(w, m.measured_overheads);
   w.vec(m.step_seconds);
   w.vec(run.losses);
@@ -372,6 +374,10 @@ RankRun decode(const unsigned char* p, size_t n) {
   bool has_reserved = r.pod<bool>();
   int64_t reserved = r.pod<int64_t>(), blocks = r.pod<int64_t>();
   if (has_reserved) m.measured_reserved_peak = reserved, m.measured_allocated_blocks_peak = blocks;
+  m.measured_in_use_at_end = r.pod<int64_t>();
+  int64_t reserved_end = r.pod<int64_t>(), blocks_end = r.pod<int64_t>();
+  if (has_reserved)
+    m.measured_reserved_at_end = reserved_end, m.measured_allocated_blocks_at_end = blocks_end;
   m.measured_overheads = get_live(r);
   m.step_seconds = r.vec<double>();
   run.losses = r.vec<double>();

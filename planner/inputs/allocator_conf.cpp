@@ -15,7 +15,26 @@ namespace {
 int floor_log2(int64_t v) { return 63 - std::countl_zero(static_cast<uint64_t>(v)); }
 bool power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
+// roundup_power2_next_division, c10/cuda/CUDACachingAllocator.cpp L2473-2491 (same commit): up
+// to the next of `d` equal steps between two powers of two.
+int64_t next_division(int64_t size, int64_t d) {
+  if (power_of_two(size)) return size;
+  int64_t floor = int64_t{1} << floor_log2(size);
+  int64_t step = floor >> floor_log2(d);
+  if (step == 0) return 2 * floor;
+  return (size + step - 1) / step * step;
+}
+
 }  // namespace
+
+// round_size, c10/cuda/CUDACachingAllocator.cpp L2493-2505; the interval of a size, [C] L40-56.
+int64_t allocator_round_size(int64_t bytes, const AllocatorConfig& c) {
+  if (bytes < kAllocMinBlock) return kAllocMinBlock;
+  int interval = std::clamp(floor_log2(bytes) - 20, 0, 15);
+  int64_t d = c.roundup_divisions[static_cast<size_t>(interval)];
+  if (d > 1 && bytes > kAllocMinBlock * d) return next_division(bytes, d);
+  return (bytes + kAllocMinBlock - 1) / kAllocMinBlock * kAllocMinBlock;
+}
 
 const char* name_of(AllocatorModel m) {
   switch (m) {

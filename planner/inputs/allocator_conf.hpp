@@ -33,6 +33,10 @@ struct AllocatorConfig {
   int64_t capacity = 0;  // device bytes a segment may take (0: unlimited); past it, the OOM path
 };
 
+// The block size PyTorch's caching allocator rounds a request of `bytes` to (round_size): 512 B
+// steps, or the roundup_power2_divisions step of the size's interval.
+int64_t allocator_round_size(int64_t bytes, const AllocatorConfig& c);
+
 // "expandable_segments:True,max_split_size_mb:128,roundup_power2_divisions:[64:8,>:2]", as
 // PyTorch parses it: booleans True/False, max_split_size_mb and max_non_split_rounding_mb at
 // least 20, divisions 0 or powers of two, list boundaries powers of two (MiB). Keys that change

@@ -13,6 +13,13 @@
 //   (src/nanotron/parallel/context.py L62-70).
 // - torchtitan b5bcd76c66d0acb1a08b176d9639425bc55e0b2a: torchtitan/components/metrics.py L527-536
 //   ("memory: {max_reserved_gib:5.2f}GiB({pct:.2f}%)", reserved_bytes.all.peak in GiB, L61-70).
+// - nanotron's benchmark CSV, same commit: src/nanotron/helpers.py, create_table_log L622-669
+//   ("Mem Alloc (GB)" = max_memory_allocated() / 1024**3 and "Mem Res (GB)" likewise, ".2f";
+//   the dp, pp, tp, cp columns), write_to_csv L690-764 (Python's csv.writer, the header when
+//   the file is new, a row per run), written by world rank 0 only (L792-793).
+// - The snapshot's file name: torchtitan's tools/profiler.py L31-34 and L87-93 (same commit),
+//   "{rank:06d}_step_{step}.pickle" under "step_{step:012d}"; earlier torchtitan and many
+//   scripts wrote "rank{rank}_memory_snapshot.pickle".
 #include "planner/inputs/memory_record.hpp"
 
 #include <algorithm>
@@ -22,6 +29,7 @@
 #include <map>
 #include <regex>
 
+#include "planner/inputs/memory_snapshot.hpp"
 #include "planner/inputs/units.hpp"
 
 namespace np {
@@ -29,7 +37,8 @@ namespace {
 
 constexpr size_t kMaxLine = 4096;
 constexpr char kFormats[] =
-    "Megatron-LM's report_memory lines, nanotron's log_memory lines, torchtitan's metrics lines";
+    "Megatron-LM's report_memory lines, nanotron's log_memory lines or benchmark CSV, "
+    "torchtitan's metrics lines, a PyTorch memory snapshot";
 
 // Drops ANSI colour sequences (ESC [ ... m) and a carriage return at the end.
 std::string plain(std::string_view line) {
@@ -211,6 +220,133 @@ struct Reader {
   }
 };
 
+
+// One CSV line as Python's csv.writer writes it: fields split at commas, a quoted field's
+// doubled quotes undone. nullopt when a quote is left open.
+std::optional<std::vector<std::string>> csv_fields(std::string_view line) {
+  std::vector<std::string> out(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    char ch = line[i];
+    if (quoted) {
+      if (ch == '"' && i + 1 < line.size() && line[i + 1] == '"') out.back() += '"', ++i;
+      else if (ch == '"') quoted = false;
+      else out.back() += ch;
+    } else if (ch == '"') {
+      quoted = true;
+    } else if (ch == ',') {
+      out.emplace_back();
+    } else if (ch != '\r') {
+      out.back() += ch;
+    }
+  }
+  if (quoted) return std::nullopt;
+  return out;
+}
+
+// nanotron's benchmark CSV: the header, then one row per run (world rank 0's figures).
+Result<MemoryRecord> read_benchmark_csv(const std::string& file, std::string_view text) {
+  MemoryRecord rec;
+  rec.format = RecordFormat::kNanotronCsv;
+  rec.file = file;
+  std::vector<std::string> header;
+  std::map<std::string, size_t> column;
+  int n = 0;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(at, end - at);
+    at = end + 1;
+    ++n;
+    if (line.empty() || line == "\r") continue;
+    auto where = [&](const std::string& why) { return make_error(file + ":" + std::to_string(n) + ": " + why); };
+    if (line.size() > kMaxLine) return where("a row longer than 4096 characters");
+    std::optional<std::vector<std::string>> fields = csv_fields(line);
+    if (!fields) return where("a quoted field left open");
+    if (header.empty()) {
+      header = *fields;
+      for (size_t i = 0; i < header.size(); ++i) column.emplace(header[i], i);
+      continue;
+    }
+    if (fields->size() != header.size())
+      return where("a row of " + std::to_string(fields->size()) + " fields under a header of " +
+                   std::to_string(header.size()));
+    auto field = [&](const char* name) -> std::optional<std::string> {
+      auto it = column.find(name);
+      if (it == column.end()) return std::nullopt;
+      return (*fields)[it->second];
+    };
+    RecordRank r;
+    r.rank = 0;
+    r.line = n;
+    r.max_allocated = to_bytes(field("Mem Alloc (GB)").value_or(""), 1 << 30);
+    r.max_reserved = to_bytes(field("Mem Res (GB)").value_or(""), 1 << 30);
+    if (!r.max_allocated || !r.max_reserved)
+      return where("\"Mem Alloc (GB)\" and \"Mem Res (GB)\" must be numbers of GiB");
+    RecordRank::Degrees d;
+    for (auto [name, slot] : {std::pair{"dp", &d.dp}, std::pair{"pp", &d.pp},
+                              std::pair{"tp", &d.tp}, std::pair{"cp", &d.cp}}) {
+      std::optional<std::string> v = field(name);
+      if (!v) {
+        if (std::string(name) == "cp") continue;  // older nanotron: no context parallelism
+        return where(std::string("no \"") + name + "\" column (valid: nanotron's benchmark CSV)");
+      }
+      std::optional<int64_t> k = to_bytes(*v, 1);
+      if (!k || *k < 1 || *k > 1 << 20)
+        return where(std::string("\"") + name + "\" is " + quote_input(*v) +
+                     ", not a parallel degree of at least 1");
+      *slot = *k;
+    }
+    r.run = d;
+    std::string name = field("name").value_or(""), job = field("job_id").value_or("");
+    r.context = "run " + (name.empty() ? std::string("?") : name) +
+                (job.empty() || job == "N/A" ? "" : " (job " + job + ")");
+    rec.ranks.push_back(std::move(r));
+  }
+  if (rec.ranks.empty()) return make_error(file + ": a benchmark CSV with no row of figures");
+  return rec;
+}
+
+// The rank of a snapshot's file: torchtitan's "000003_step_10.pickle", or "rank3" anywhere in
+// the name; nullopt when the name gives none.
+std::optional<int64_t> rank_of_snapshot(std::string_view path) {
+  std::string_view base = path.substr(path.find_last_of('/') == std::string_view::npos
+                                          ? 0
+                                          : path.find_last_of('/') + 1);
+  auto digits = [](std::string_view s) {
+    size_t k = 0;
+    while (k < s.size() && k < 9 && std::isdigit(static_cast<unsigned char>(s[k]))) ++k;
+    return k;
+  };
+  if (size_t k = digits(base); k > 0 && base.substr(k).starts_with("_step_"))
+    return std::stoll(std::string(base.substr(0, k)));
+  for (size_t at = base.find("rank"); at != std::string_view::npos; at = base.find("rank", at + 1))
+    if (size_t k = digits(base.substr(at + 4)); k > 0)
+      return std::stoll(std::string(base.substr(at + 4, k)));
+  return std::nullopt;
+}
+
+Result<MemoryRecord> read_snapshot_record(const std::string& file, std::string_view data) {
+  Result<MemorySnapshot> s = read_memory_snapshot(file, data);
+  if (!s) return s.error();
+  MemoryRecord rec;
+  rec.format = RecordFormat::kSnapshot;
+  rec.file = file;
+  RecordRank r;
+  std::optional<int64_t> rank = rank_of_snapshot(file);
+  r.rank = rank.value_or(0);
+  r.max_allocated = s->max_allocated, r.max_reserved = s->max_reserved;
+  r.line = 0;
+  r.context = s->trace_entries == 0
+                  ? std::string("the snapshot's blocks (no trace recorded)")
+                  : "trace entry " + std::to_string(s->peak_after) + " of " +
+                        std::to_string(s->trace_entries);
+  if (!rank) r.context += ", rank 0 assumed (the file name gives none)";
+  r.live_blocks = std::move(s->live_at_peak);
+  rec.ranks.push_back(std::move(r));
+  return rec;
+}
+
 }  // namespace
 
 const char* name_of(RecordFormat f) {
@@ -218,11 +354,22 @@ const char* name_of(RecordFormat f) {
     case RecordFormat::kMegatron: return "megatron-report-memory";
     case RecordFormat::kNanotron: return "nanotron-log-memory";
     case RecordFormat::kTorchtitan: return "torchtitan-metrics";
+    case RecordFormat::kNanotronCsv: return "nanotron-benchmark-csv";
+    case RecordFormat::kSnapshot: return "pytorch-memory-snapshot";
   }
   return "?";
 }
 
 Result<MemoryRecord> read_memory_record(std::string_view file, std::string_view text) {
+  // A pickle starts with its PROTO opcode (protocol 2 and later).
+  if (!text.empty() && static_cast<uint8_t>(text[0]) == 0x80)
+    return read_snapshot_record(std::string(file), text);
+  {
+    std::string_view first = text.substr(0, std::min(text.find('\n'), kMaxLine + 1));
+    if (first.find("Mem Alloc (GB)") != std::string_view::npos &&
+        first.find("Mem Res (GB)") != std::string_view::npos)
+      return read_benchmark_csv(std::string(file), text);
+  }
   Reader r;
   r.file = std::string(file);
   int n = 0;

@@ -11,6 +11,11 @@
 //   (and "[After model building] Memory usage: ..."), behind the logger's prefix with the ranks
 //   ("[INFO|DP=0|PP=0|TP=0|host]") and ANSI colours; the peaks are reset after each line.
 // - torchtitan's metrics line: "step: N  loss: L  ...  memory: X GiB(Y%)": max reserved, GiB.
+// - nanotron's benchmark CSV (config.general.benchmark_csv_path): a header row with
+//   "Mem Alloc (GB)" and "Mem Res (GB)" (max allocated and reserved in GiB, two decimals, world
+//   rank 0's) and the run's dp, pp, tp, cp; one row per run.
+// - PyTorch's memory snapshot (a pickle; memory_snapshot.hpp): one rank's, the rank read from
+//   its file name (torchtitan's "000003_step_10.pickle", or "rank3_..."), else 0.
 // Timestamps, logger prefixes, a launcher's "N:" or "[rankN]:" prefix are skipped.
 #pragma once
 #include <cstdint>
@@ -23,7 +28,13 @@
 
 namespace np {
 
-enum class RecordFormat : uint8_t { kMegatron, kNanotron, kTorchtitan };
+enum class RecordFormat : uint8_t {
+  kMegatron,
+  kNanotron,
+  kTorchtitan,
+  kNanotronCsv,
+  kSnapshot
+};
 const char* name_of(RecordFormat f);  // "megatron-report-memory", "nanotron-log-memory", ...
 
 // One rank's largest figures over the record, in bytes (absent: the record does not have it).
@@ -35,6 +46,13 @@ struct RecordRank {
   std::optional<int64_t> max_allocated, max_reserved, device_used;
   int line = 0;          // the line (1-based) of the largest max allocated (else max reserved)
   std::string context;   // what that line says it measured, e.g. "(after 10 iterations)"
+  // nanotron's benchmark CSV: the run's degrees, from its row (the figures are world rank 0's).
+  struct Degrees {
+    int64_t dp = 1, pp = 1, tp = 1, cp = 1;
+  };
+  std::optional<Degrees> run;
+  // A snapshot: the allocated blocks' sizes at its allocated peak, largest first.
+  std::vector<int64_t> live_blocks;
 };
 
 // Megatron's own estimate (theoretical_memory_usage.py), for rank 0's stage, in bytes.

@@ -13,6 +13,15 @@
 
 namespace np {
 
+// A snapshot's blocks at its allocated peak beside the estimate's live tensors at the stage's
+// peak (with the runtime buffers PyTorch's allocator holds), grouped by block size: each
+// predicted tensor's size as the allocator rounds it.
+struct LiveSize {
+  int64_t bytes = 0;  // one block's
+  int64_t measured = 0, predicted = 0;  // blocks of this size
+  std::vector<std::string> tensors;     // the predicted ones' names
+};
+
 struct RecordRow {
   std::string file;
   RecordFormat format = RecordFormat::kMegatron;
@@ -22,6 +31,8 @@ struct RecordRow {
   std::optional<int64_t> theoretical;  // Megatron's own estimate (total), on rank 0's stage
   int line = 0;
   std::string context;
+  std::vector<LiveSize> live;  // a snapshot's; largest size first
+  std::string predicted_peak_at;  // the stage's peak instruction (with `live`)
   // 100 (predicted - measured) / measured, where measured is in the record.
   std::optional<double> allocated_error() const;
   std::optional<double> reserved_error() const;
@@ -32,7 +43,9 @@ struct RecordComparison {
   std::vector<std::string> formats;
 };
 
-// Errors (bad input): a rank or a coordinate beyond the setup's world.
+// Errors (bad input): a rank or a coordinate beyond the setup's world; a benchmark CSV none of
+// whose rows ran the setup's degrees. `e` should list its live tensors (explain_peak) where a
+// record is a snapshot.
 Result<RecordComparison> compare_records(const std::vector<MemoryRecord>& records,
                                          const Estimate& e);
 std::string record_table(const RecordComparison& c, const Estimate& e);

@@ -67,7 +67,8 @@ StageEstimate estimate_stage(const Schedule& s, const StageProgram& p, const Run
   e.overheads = stage_overheads(s.model, t, rt, stage_blocks(p));
   std::vector<int64_t> kept;  // the lines the allocator holds, for the run
   for (const OverheadLine& o : e.overheads)
-    if (o.allocator) kept.push_back(o.bytes);
+    if (o.allocator)
+      for (int64_t b : allocations_of(o)) kept.push_back(b);
   const int64_t live = e.allocator_peak + std::accumulate(kept.begin(), kept.end(), int64_t{0});
   e.allocated_peak = e.reserved_peak = live;
   if (replay) {

@@ -49,7 +49,7 @@ std::vector<OverheadLine> nanotron_lines(const ModelSpec& m, const TrainSpec& t,
     out.push_back({"RoPE cos/sin caches", b.layers * t.seq_len * m.head_dim * 2,
                    count_noun(b.layers, "layer") +
                        " x bf16 cos and sin [s, head_dim/2] (flash-attn's RotaryEmbedding)",
-                   true});
+                   true, std::vector<int64_t>(2 * b.layers, t.seq_len * m.head_dim)});
   return out;
 }
 }  // namespace
@@ -74,13 +74,14 @@ std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t
   std::sort(shapes.begin(), shapes.end());
   shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
   int64_t dummy = 0;
-  for (auto [rows, cols] : shapes) dummy += rows * cols * 2;
+  std::vector<int64_t> dummies;
+  for (auto [rows, cols] : shapes) dummies.push_back(rows * cols * 2), dummy += dummies.back();
   if (dummy > 0)
     out.push_back({"TE dummy weight gradients", dummy,
                    count_noun(static_cast<int64_t>(shapes.size()), "distinct weight shape") +
                        " x 1 bf16 placeholder each, kept for the run (Transformer Engine's "
                        "get_dummy_wgrad under gradient-accumulation fusion)",
-                   true});
+                   true, dummies});
   // TE's cuBLAS workspace: one uint8 torch.empty per device, cached for the run
   // (transformer_engine/pytorch/cpp_extensions/gemm.py L31-46: 32 MiB + 1 KiB from compute
   // capability 9.0 on, 4 MiB before).
@@ -111,8 +112,12 @@ std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t
     out.push_back({"RoPE frequency cache", b.chunks * t.seq_len / t.cp * m.head_dim * 4,
                    count_noun(b.chunks, "model chunk") +
                        " x fp32 [s/cp, head_dim] (Megatron's lru_cache'd rotary table)",
-                   true});
+                   true, std::vector<int64_t>(b.chunks, t.seq_len / t.cp * m.head_dim * 4)});
   return out;
+}
+
+std::vector<int64_t> allocations_of(const OverheadLine& o) {
+  return o.blocks.empty() ? std::vector<int64_t>{o.bytes} : o.blocks;
 }
 
 std::vector<OverheadLine> stage_overheads(const ModelSpec& m, const TrainSpec& t,
@@ -134,7 +139,7 @@ std::vector<OverheadLine> stage_overheads(const ModelSpec& m, const TrainSpec& t
        "PyTorch's: forward and autograd threads x 1 compute stream x " +
            format_binary(rt.cublas_workspace_bytes) +
            " (its Hopper default, 8.125 MiB on other GPUs; --cublas-workspace)",
-       true},
+       true, {rt.cublas_workspace_bytes, rt.cublas_workspace_bytes}},
       {"NCCL buffers", comms * rt.nccl_bytes_per_comm,
        count_noun(comms, "communicator") + " (tp/cp/dp/pp/ep > 1) x " +
            format_binary(rt.nccl_bytes_per_comm) + " (--nccl-buffers)",

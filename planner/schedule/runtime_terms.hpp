@@ -20,7 +20,13 @@ struct OverheadLine {
   // Held in PyTorch's caching allocator (counted by torch.cuda.max_memory_allocated()); false:
   // device memory outside it (the CUDA context, NCCL's buffers, the allocator's cached blocks).
   bool allocator = false;
+  // The allocations the line sums, when it is more than one (the allocator rounds and places
+  // each apart): empty means one of `bytes`.
+  std::vector<int64_t> blocks;
 };
+
+// An allocator line's allocations: its blocks, else one of its bytes.
+std::vector<int64_t> allocations_of(const OverheadLine& o);
 
 // The blocks a pipeline stage holds, as the framework terms need them.
 struct StageBlocks {

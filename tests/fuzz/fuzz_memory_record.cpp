@@ -1,6 +1,8 @@
-// Fuzz target: a training run's log (planner/inputs/memory_record.cpp) read as a memory record,
-// then set beside an estimate (planner/report/record_compare.cpp). Every error is one bounded line;
-// a record that reads has at least one rank, each with a figure, and compares without a crash.
+// Fuzz target: a training run's log, benchmark CSV or PyTorch memory snapshot (a pickle:
+// planner/inputs/pickle_reader.cpp, memory_snapshot.cpp) read as a memory record
+// (planner/inputs/memory_record.cpp), then set beside an estimate
+// (planner/report/record_compare.cpp). Every error is one bounded line; a record that reads has
+// at least one rank, each with a figure, and compares without a crash.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -18,7 +20,7 @@ const np::Estimate& estimate() {
     m.vocab = 128, m.max_positions = 64, m.head_dim = 16;
     np::TrainSpec t;
     t.tp = 2, t.dp = 2, t.pp = 2, t.seq_len = 16, t.microbatches = 2;
-    return np::estimate(m, t, {}, {});
+    return np::estimate(m, t, {}, {.explain_peak = true});  // a snapshot's live set beside it
   }();
   return e;
 }
