@@ -65,6 +65,11 @@ check "run --backend cuda through the emulated module: predicted = measured" \
   '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/out" || { cat "$TMP/err"; false; }'
 check "the CUDA backend's segments from the caching allocator: reserved predicted = measured" \
   'grep -qE "reserved \(caching allocator\): predicted ([0-9,]+), measured \1; allocated blocks: predicted ([0-9,]+), measured \2$" "$TMP/out"'
+NANOPLAN_CUDA_MODULE="$EMU" "$NP" run "$TMP/one.json" --backend cuda --record "$TMP/cuda.log" >"$TMP/out" 2>"$TMP/err"; rc=$?
+"$NP" compare --log "$TMP/cuda.log" --model "$TMP/tiny.toml" --seq-len 8 --micro-batch 2 --recompute full \
+  --format json >"$TMP/cmp.json" 2>>"$TMP/err"
+check "run --backend cuda --record: the device's bytes in use on the line, read back by compare" \
+  '[ $rc -eq 0 ] && grep -q "^\[Rank 0\] (after 1 iterations) memory (MB) | allocated: .* | total device memory used: " "$TMP/cuda.log" && python3 -c "import json, sys; r = json.load(open(sys.argv[1]))[\"ranks\"][0][\"measured\"]; assert r[\"device_used_bytes\"] > r[\"max_reserved_bytes\"] > 0" "$TMP/cmp.json" || { cat "$TMP/err"; false; }'
 NANOPLAN_CUDA_MODULE="$EMU" "$NP" run "$TMP/one.json" --backend cuda --allocator expandable >"$TMP/out" 2>"$TMP/err"; rc=$?
 check "run --backend cuda --allocator expandable: exit 2, one line naming what runs it" \
   '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "caching, exact (--backend cpu runs it)" "$TMP/err"'
