@@ -165,6 +165,44 @@ TEST(CudaBackend, TinyMoeWithCapacity) {
                  {Recompute::kNone, Recompute::kFull});
 }
 
+// --allocator expandable on the CUDA backend: the caching allocator's segments grow in place on
+// the driver's virtual memory calls (cuMemMap through the emulation, which keeps the driver's
+// rules; on a GPU, the driver itself). Every event as predicted, reserved and max allocated as the
+// replay predicts, the device level above the reserved peak, and (in the emulation, where nothing
+// else shares the device) every page given back at the end.
+TEST(CudaBackend, ExpandableSegmentsOnTheDriversVirtualMemory) {
+  Scenario sc = testing::scenario("tiny-llama");
+  TrainSpec t = sc.base;
+  t.tp = 1, t.pp = 2, t.pp_schedule = PpSchedule::k1F1B;
+  Schedule s = build_schedule(sc.model, t);
+  size_t free_before = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  RuntimeAssumptions rt;
+  rt.allocator = *parse_allocator_choice("expandable", "");
+  RunOptions o;
+  o.steps = 2;
+  o.allocator = rt.allocator;
+  auto r = run_schedule(s, [] { return cuda::make_cuda_backend(); }, o, cuda::virtual_rank_world());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_FALSE(r->out_of_memory.has_value());
+  RunComparison c = compare(s, *r, "expandable", rt);
+  for (const RankComparison& rc : c.ranks) {
+    EXPECT_TRUE(rc.equal()) << comparison_table(c);
+    ASSERT_TRUE(rc.measured_reserved.has_value());
+    EXPECT_GT(*rc.measured_reserved, 0);
+    EXPECT_EQ(*rc.measured_reserved % (int64_t{2} << 20), 0) << "whole pages";
+  }
+  for (const RankResult& rr : r->ranks) {
+    ASSERT_TRUE(rr.measured_device_peak.has_value());
+    EXPECT_GE(*rr.measured_device_peak, *rr.measured_reserved_peak);
+  }
+#ifdef NANOPLAN_CUDA_EMULATION
+  size_t free_after = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  EXPECT_EQ(free_after, free_before) << "every page unmapped and released";
+#endif
+}
+
 #ifdef NANOPLAN_CUDA_EMULATION
 // The device level (cudaMemGetInfo, sampled after every allocation): with one rank alone on the
 // emulated device (no context there) its peak is the allocator's plus the cuBLAS workspace, to the

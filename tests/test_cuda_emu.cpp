@@ -167,6 +167,102 @@ TEST(CudaEmulation, CublasGemmIsColumnMajorWithTransposesAndStrides) {
   cublasDestroy(h);
 }
 
+// The driver's virtual memory calls, each rule that a GPU enforces (cuda_emu.hpp): a call that
+// breaks one fails here as it would there, and the physical bytes count in cudaMemGetInfo.
+template <typename Fn>
+Fn driver(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  EXPECT_EQ(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found),
+            cudaSuccess);
+  EXPECT_EQ(found, cudaDriverEntryPointSuccess) << name;
+  return reinterpret_cast<Fn>(p);
+}
+
+size_t device_in_use() {
+  size_t free_bytes = 0, total = 0;
+  EXPECT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  return total - free_bytes;
+}
+
+TEST(CudaEmulation, VirtualMemoryFollowsTheDriversRules) {
+  auto granularity = driver<CUresult (*)(size_t*, const CUmemAllocationProp*,
+                                         CUmemAllocationGranularity_flags)>(
+      "cuMemGetAllocationGranularity");
+  auto reserve = driver<CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr,
+                                     unsigned long long)>("cuMemAddressReserve");
+  auto address_free = driver<CUresult (*)(CUdeviceptr, size_t)>("cuMemAddressFree");
+  auto create = driver<CUresult (*)(CUmemGenericAllocationHandle*, size_t,
+                                    const CUmemAllocationProp*, unsigned long long)>("cuMemCreate");
+  auto release = driver<CUresult (*)(CUmemGenericAllocationHandle)>("cuMemRelease");
+  auto map = driver<CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                                 unsigned long long)>("cuMemMap");
+  auto access = driver<CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t)>(
+      "cuMemSetAccess");
+  auto unmap = driver<CUresult (*)(CUdeviceptr, size_t)>("cuMemUnmap");
+  void* missing = &missing;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSuccess;
+  EXPECT_EQ(cudaGetDriverEntryPointByVersion("cuNoSuchCall", &missing, 12000, cudaEnableDefault,
+                                             &found),
+            cudaSuccess);
+  EXPECT_EQ(found, cudaDriverEntryPointSymbolNotFound);
+  EXPECT_EQ(missing, nullptr);
+
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  size_t g = 0;
+  ASSERT_EQ(granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+  ASSERT_EQ(g, size_t{2} << 20);
+  const size_t range = 8 * g;
+  CUdeviceptr base = 0;
+  ASSERT_EQ(reserve(&base, range, 0, 0, 0), CUDA_SUCCESS);
+  EXPECT_EQ(base % g, 0u);
+  EXPECT_EQ(reserve(&base, g + 1, 0, 0, 0), CUDA_ERROR_INVALID_VALUE) << "a partial granule";
+  const size_t before = device_in_use();
+
+  CUmemGenericAllocationHandle h = 0, h2 = 0;
+  EXPECT_EQ(create(&h, g / 2, &prop, 0), CUDA_ERROR_INVALID_VALUE) << "a partial granule";
+  ASSERT_EQ(create(&h, 2 * g, &prop, 0), CUDA_SUCCESS);
+  EXPECT_EQ(device_in_use(), before + 2 * g) << "physical memory counts when created";
+  EXPECT_EQ(map(base + g / 2, 2 * g, 0, h, 0), CUDA_ERROR_INVALID_VALUE) << "an unaligned address";
+  EXPECT_EQ(map(base, g, 0, h, 0), CUDA_ERROR_INVALID_VALUE) << "part of a handle";
+  EXPECT_EQ(map(base, 2 * g, g, h, 0), CUDA_ERROR_INVALID_VALUE) << "an offset into the handle";
+  EXPECT_EQ(map(base + 7 * g, 2 * g, 0, h, 0), CUDA_ERROR_INVALID_VALUE) << "past the reservation";
+  ASSERT_EQ(map(base, 2 * g, 0, h, 0), CUDA_SUCCESS);
+  ASSERT_EQ(create(&h2, g, &prop, 0), CUDA_SUCCESS);
+  EXPECT_EQ(map(base + g, g, 0, h2, 0), CUDA_ERROR_INVALID_VALUE) << "over a mapping";
+  ASSERT_EQ(map(base + 2 * g, g, 0, h2, 0), CUDA_SUCCESS);
+
+  CUmemAccessDesc rw{{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  EXPECT_EQ(access(base, 4 * g, &rw, 1), CUDA_ERROR_INVALID_VALUE) << "a range not all mapped";
+  ASSERT_EQ(access(base, 3 * g, &rw, 1), CUDA_SUCCESS) << "across two mappings";
+  auto* bytes = reinterpret_cast<unsigned char*>(base);
+  EXPECT_EQ(bytes[0], 0xFF) << "fresh memory holds garbage";
+  bytes[3 * g - 1] = 7;  // readable and writable to the end
+  EXPECT_EQ(bytes[3 * g - 1], 7);
+
+  EXPECT_EQ(unmap(base, g), CUDA_ERROR_INVALID_VALUE) << "part of a mapping";
+  EXPECT_EQ(unmap(base, 3 * g), CUDA_ERROR_INVALID_VALUE) << "two mappings at once";
+  EXPECT_EQ(address_free(base, range), CUDA_ERROR_INVALID_VALUE) << "pages still mapped";
+  ASSERT_EQ(release(h), CUDA_SUCCESS);
+  EXPECT_EQ(release(h), CUDA_ERROR_INVALID_VALUE) << "released twice";
+  EXPECT_EQ(device_in_use(), before + 3 * g) << "a released handle lives while mapped";
+  ASSERT_EQ(unmap(base, 2 * g), CUDA_SUCCESS);
+  EXPECT_EQ(device_in_use(), before + g) << "released and unmapped: given back";
+  ASSERT_EQ(unmap(base + 2 * g, g), CUDA_SUCCESS);
+  EXPECT_EQ(device_in_use(), before + g) << "unmapped, not yet released";
+  EXPECT_EQ(map(base, g, 0, h, 0), CUDA_ERROR_INVALID_VALUE) << "a handle already released";
+  ASSERT_EQ(release(h2), CUDA_SUCCESS);
+  EXPECT_EQ(device_in_use(), before);
+  EXPECT_EQ(address_free(base, range / 2), CUDA_ERROR_INVALID_VALUE) << "part of a reservation";
+  EXPECT_EQ(address_free(base, range), CUDA_SUCCESS);
+
+  ::np::emu::set_device_memory(before + g);
+  EXPECT_EQ(create(&h, 2 * g, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY) << "past the device's memory";
+  ::np::emu::set_device_memory(size_t{80} << 30);
+}
+
 #endif  // NANOPLAN_CUDA_EMULATION
 
 // ---- kernels against a double-precision reference -----------------------------------------------

@@ -512,9 +512,6 @@ np::exec::RunOptions run_options(const Flags& f, const Executor& ex) {
     o.enforce_budget = *b;
   }
   o.allocator = make_runtime(f).allocator;
-  if (o.allocator.model == np::AllocatorModel::kExpandable && ex.device)
-    die("run --allocator expandable: the CUDA backend does not grow segments in place yet (it "
-        "needs cuMemMap); valid with --backend cuda: caching, exact (--backend cpu runs it)");
   return o;
 }
 

@@ -2,16 +2,142 @@
 // and backward are one switch each over every OpKind, each case one call, with no default case,
 // so that a new kind without a kernel is a compiler warning (-Wswitch).
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "executor/cuda/cuda_backend.hpp"
 #include "executor/cuda/ops.hpp"
+#if !defined(NANOPLAN_CUDA_EMULATION)
+#include <cuda.h>  // the driver's types: its functions come through cudaGetDriverEntryPointByVersion
+#endif
 
 namespace np::cuda {
 namespace {
 
 using exec::BackwardArgs;
 using exec::OpContext;
+
+// Segments that grow in place (the caching allocator's expandable segments) on the driver's
+// virtual memory calls, as PyTorch's ExpandableSegment does (c10/cuda/CUDACachingAllocator.cpp at
+// pytorch/pytorch b944315b93d36f842ef94d67a041371993234a74): cuMemAddressReserve for the
+// addresses; to grow, one cuMemCreate handle per page, each cuMemMap'd, then one cuMemSetAccess
+// over the new range; to shrink, a stream synchronization (cuMemUnmap does not wait for kernels),
+// then cuMemUnmap and cuMemRelease per page; every page unmapped before cuMemAddressFree. A page
+// here is the driver's granularity (2 MiB on Hopper), which divides the allocator's 2 MiB and
+// 20 MiB pages (PyTorch's handles are those pages; the physical bytes are the same). The
+// functions come through cudaGetDriverEntryPointByVersion, so the module links no libcuda; where
+// one is missing, reserve() returns nullptr and run refuses --allocator expandable.
+class VirtualMemory {
+ public:
+  VirtualMemory() {
+    ok_ = load("cuMemGetAllocationGranularity", granularity_fn_) &&
+          load("cuMemAddressReserve", reserve_fn_) && load("cuMemAddressFree", address_free_fn_) &&
+          load("cuMemCreate", create_fn_) && load("cuMemRelease", release_fn_) &&
+          load("cuMemMap", map_fn_) && load("cuMemSetAccess", access_fn_) &&
+          load("cuMemUnmap", unmap_fn_);
+    if (!ok_) return;
+    int device = 0;
+    NP_CUDA_CHECK(cudaGetDevice(&device));
+    prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop_.location.id = device;
+    access_.location = prop_.location;
+    access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    size_t g = 0;
+    ok_ = granularity_fn_(&g, &prop_, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS && g > 0;
+    page_ = static_cast<int64_t>(g);
+  }
+
+  void* reserve(int64_t bytes) {
+    CUdeviceptr p = 0;
+    if (!ok_ || bytes % page_ != 0 ||
+        reserve_fn_(&p, static_cast<size_t>(bytes), 0, 0, 0) != CUDA_SUCCESS)
+      return nullptr;
+    return reinterpret_cast<void*>(p);
+  }
+  // False when the device has no room (what was mapped of the range is given back).
+  bool map(void* base, int64_t offset, int64_t bytes) {
+    if (!ok_ || offset % page_ != 0 || bytes % page_ != 0) return false;
+    const CUdeviceptr at = reinterpret_cast<CUdeviceptr>(base) + static_cast<CUdeviceptr>(offset);
+    for (int64_t done = 0; done < bytes; done += page_) {
+      CUmemGenericAllocationHandle h = 0;
+      CUresult r = create_fn_(&h, static_cast<size_t>(page_), &prop_, 0);
+      if (r == CUDA_SUCCESS) {
+        r = map_fn_(at + done, static_cast<size_t>(page_), 0, h, 0);
+        if (r != CUDA_SUCCESS) check(release_fn_(h), "cuMemRelease");
+      }
+      if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        unmap_pages(at, done);
+        return false;
+      }
+      check(r, "cuMemCreate/cuMemMap");
+      pages_[at + done] = h;
+    }
+    check(access_fn_(at, static_cast<size_t>(bytes), &access_, 1), "cuMemSetAccess");
+    return true;
+  }
+  void unmap(void* base, int64_t offset, int64_t bytes) {
+    NP_CUDA_CHECK(cudaDeviceSynchronize());
+    unmap_pages(reinterpret_cast<CUdeviceptr>(base) + static_cast<CUdeviceptr>(offset), bytes);
+  }
+  void release(void* base, int64_t bytes) {
+    const CUdeviceptr p = reinterpret_cast<CUdeviceptr>(base);
+    NP_CUDA_CHECK(cudaDeviceSynchronize());
+    for (auto it = pages_.lower_bound(p); it != pages_.end() && it->first < p + bytes;) {
+      check(unmap_fn_(it->first, static_cast<size_t>(page_)), "cuMemUnmap");
+      check(release_fn_(it->second), "cuMemRelease");
+      it = pages_.erase(it);
+    }
+    check(address_free_fn_(p, static_cast<size_t>(bytes)), "cuMemAddressFree");
+  }
+
+ private:
+  template <typename Fn>
+  static bool load(const char* name, Fn& fn) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || !p) {
+      cudaGetLastError();
+      return false;
+    }
+    fn = reinterpret_cast<Fn>(p);
+    return true;
+  }
+  static void check(CUresult r, const char* call) {
+    if (r != CUDA_SUCCESS)
+      cuda_failure(call, __FILE__, __LINE__, "driver error " + std::to_string(static_cast<int>(r)));
+  }
+  void unmap_pages(CUdeviceptr at, int64_t bytes) {
+    for (CUdeviceptr p = at; p < at + static_cast<CUdeviceptr>(bytes); p += page_) {
+      auto it = pages_.find(p);
+      if (it == pages_.end()) throw std::logic_error("cuda backend: unmap of a page not mapped");
+      check(unmap_fn_(p, static_cast<size_t>(page_)), "cuMemUnmap");
+      check(release_fn_(it->second), "cuMemRelease");
+      pages_.erase(it);
+    }
+  }
+
+  bool ok_ = false;
+  int64_t page_ = 0;
+  CUmemAllocationProp prop_{};
+  CUmemAccessDesc access_{};
+  std::map<CUdeviceptr, CUmemGenericAllocationHandle> pages_;  // mapped pages by address
+  CUresult (*granularity_fn_)(size_t*, const CUmemAllocationProp*,
+                              CUmemAllocationGranularity_flags) = nullptr;
+  CUresult (*reserve_fn_)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
+  CUresult (*address_free_fn_)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*create_fn_)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                         unsigned long long) = nullptr;
+  CUresult (*release_fn_)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*map_fn_)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                      unsigned long long) = nullptr;
+  CUresult (*access_fn_)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  CUresult (*unmap_fn_)(CUdeviceptr, size_t) = nullptr;
+};
 
 class CudaBackend final : public exec::Backend {
  public:
@@ -52,6 +178,14 @@ class CudaBackend final : public exec::Backend {
     return p;
   }
   void release(void* p) override { NP_CUDA_CHECK(cudaFree(p)); }
+  void* reserve_addresses(int64_t bytes) override { return vm().reserve(bytes); }
+  bool map_addresses(void* base, int64_t offset, int64_t bytes) override {
+    return vm().map(base, offset, bytes);
+  }
+  void unmap_addresses(void* base, int64_t offset, int64_t bytes) override {
+    vm().unmap(base, offset, bytes);
+  }
+  void release_addresses(void* base, int64_t bytes) override { vm().release(base, bytes); }
   std::optional<int64_t> device_used() override { return used_now(); }
   std::vector<exec::RuntimeBuffer> measured_overheads() const override { return overheads_; }
   void synchronize() override { NP_CUDA_CHECK(cudaDeviceSynchronize()); }
@@ -254,7 +388,14 @@ class CudaBackend final : public exec::Backend {
     return static_cast<int64_t>(total - free_bytes);
   }
 
+  // On first use: the driver's functions are looked up only for --allocator expandable.
+  VirtualMemory& vm() {
+    if (!vm_) vm_ = std::make_unique<VirtualMemory>();
+    return *vm_;
+  }
+
   cublasHandle_t blas_ = nullptr;
+  std::unique_ptr<VirtualMemory> vm_;
   // This rank's own stream, a blocking one: the synchronous copies (on the legacy default stream)
   // and the virtual ranks' collectives wait for its work, so virtual ranks sharing a GPU each
   // issue in order on their own stream.

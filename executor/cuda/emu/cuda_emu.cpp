@@ -1,8 +1,8 @@
-// The CUDA emulation's runtime: fibers for the threads of a block, barriers, warp exchange, and
-// the memory, stream and event calls. See cuda_emu.hpp for what is emulated. Fibers switch with a
-// few instructions on x86-64 (the callee-saved registers, the stack pointer and the floating-point
-// control words; no system call, unlike swapcontext, which saves the signal mask), and through
-// ucontext elsewhere.
+// The CUDA emulation's runtime: fibers for the threads of a block, barriers, warp exchange, the
+// memory, stream and event calls, and the driver's virtual memory calls. See cuda_emu.hpp for
+// what is emulated. Fibers switch with a few instructions on x86-64 (the callee-saved registers,
+// the stack pointer and the floating-point control words; no system call, unlike swapcontext,
+// which saves the signal mask), and through ucontext elsewhere.
 #include "executor/cuda/emu/cuda_emu.hpp"
 
 #include <atomic>
@@ -14,7 +14,11 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
+
+#include <sys/mman.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define NP_EMU_ASAN 1
@@ -295,6 +299,22 @@ struct Device {
   size_t total = size_t{80} << 30;
   size_t used = 0;
   std::map<void*, size_t> sizes;
+  // Virtual memory (the cuMem* calls): reservations by base, physical handles, mappings by
+  // address.
+  struct Handle {
+    size_t bytes = 0;
+    int mappings = 0;
+    bool released = false;
+  };
+  struct Mapping {
+    size_t bytes = 0;
+    CUmemGenericAllocationHandle handle = 0;
+    bool accessible = false;
+  };
+  std::map<uintptr_t, size_t> reservations;
+  std::map<CUmemGenericAllocationHandle, Handle> handles;
+  CUmemGenericAllocationHandle next_handle = 1;
+  std::map<uintptr_t, Mapping> mappings;
 };
 Device& device() {
   static Device d;
@@ -462,4 +482,178 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorLaunchFailure: return "unspecified launch failure";
   }
   return "unknown error";
+}
+
+// ---- the driver's virtual memory calls (cuda_emu.hpp states their rules) ----
+namespace {
+
+constexpr size_t kGranularity = size_t{2} << 20;
+
+bool reservation_holds(const np::emu::Device& d, uintptr_t p, size_t bytes) {
+  auto it = d.reservations.upper_bound(p);
+  if (it == d.reservations.begin()) return false;
+  --it;
+  return p >= it->first && p + bytes <= it->first + it->second;
+}
+
+// The physical bytes of a handle back to the device once it is released and unmapped.
+void drop_if_done(np::emu::Device& d, CUmemGenericAllocationHandle h) {
+  auto it = d.handles.find(h);
+  if (it != d.handles.end() && it->second.released && it->second.mappings == 0) {
+    d.used -= it->second.bytes;
+    d.handles.erase(it);
+  }
+}
+
+CUresult emu_cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+                                           CUmemAllocationGranularity_flags) {
+  if (!granularity || !prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  *granularity = kGranularity;
+  return CUDA_SUCCESS;
+}
+
+CUresult emu_cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                 unsigned long long flags) {
+  if (!ptr || size == 0 || size % kGranularity != 0 || addr != 0 || flags != 0 ||
+      (alignment != 0 && alignment % kGranularity != 0))
+    return CUDA_ERROR_INVALID_VALUE;
+  // Addresses without memory: PROT_NONE, nothing reserved in swap; 2 MiB aligned by reserving
+  // one granule more and giving back the ends.
+  size_t span = size + kGranularity;
+  void* p = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  uintptr_t raw = reinterpret_cast<uintptr_t>(p);
+  uintptr_t base = (raw + kGranularity - 1) / kGranularity * kGranularity;
+  if (base > raw) munmap(p, base - raw);
+  if (raw + span > base + size) munmap(reinterpret_cast<void*>(base + size), raw + span - base - size);
+  auto& d = np::emu::device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.reservations[base] = size;
+  *ptr = base;
+  return CUDA_SUCCESS;
+}
+
+CUresult emu_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  auto& d = np::emu::device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.reservations.find(static_cast<uintptr_t>(ptr));
+  if (it == d.reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
+  auto m = d.mappings.lower_bound(static_cast<uintptr_t>(ptr));
+  if (m != d.mappings.end() && m->first < ptr + size) return CUDA_ERROR_INVALID_VALUE;  // mapped
+  munmap(reinterpret_cast<void*>(ptr), size);
+  d.reservations.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult emu_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                         const CUmemAllocationProp* prop, unsigned long long flags) {
+  size_t granularity = 0;
+  if (!handle || size == 0 || size % kGranularity != 0 || flags != 0 ||
+      emu_cuMemGetAllocationGranularity(&granularity, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+          CUDA_SUCCESS)
+    return CUDA_ERROR_INVALID_VALUE;
+  auto& d = np::emu::device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (size > d.total - d.used) return CUDA_ERROR_OUT_OF_MEMORY;
+  d.used += size;
+  *handle = d.next_handle++;
+  d.handles[*handle] = {size, 0, false};
+  return CUDA_SUCCESS;
+}
+
+CUresult emu_cuMemRelease(CUmemGenericAllocationHandle handle) {
+  auto& d = np::emu::device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.handles.find(handle);
+  if (it == d.handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+  it->second.released = true;
+  drop_if_done(d, handle);
+  return CUDA_SUCCESS;
+}
+
+CUresult emu_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                      CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  auto& d = np::emu::device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto h = d.handles.find(handle);
+  const uintptr_t p = static_cast<uintptr_t>(ptr);
+  if (h == d.handles.end() || h->second.released || offset != 0 || flags != 0 ||
+      size != h->second.bytes || p % kGranularity != 0 || !reservation_holds(d, p, size))
+    return CUDA_ERROR_INVALID_VALUE;
+  auto next = d.mappings.lower_bound(p);
+  if (next != d.mappings.end() && next->first < p + size) return CUDA_ERROR_INVALID_VALUE;
+  if (next != d.mappings.begin() && std::prev(next)->first + std::prev(next)->second.bytes > p)
+    return CUDA_ERROR_INVALID_VALUE;
+  d.mappings[p] = {size, handle, false};
+  ++h->second.mappings;
+  return CUDA_SUCCESS;
+}
+
+CUresult emu_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                            size_t count) {
+  if (!desc || count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      desc->location.id != 0 || desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+    return CUDA_ERROR_INVALID_VALUE;
+  auto& d = np::emu::device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  const uintptr_t p = static_cast<uintptr_t>(ptr);
+  // The range must be mapped throughout, mapping after mapping.
+  auto it = d.mappings.find(p);
+  for (uintptr_t at = p; at < p + size; ++it) {
+    if (it == d.mappings.end() || it->first != at) return CUDA_ERROR_INVALID_VALUE;
+    at += it->second.bytes;
+    if (at > p + size) return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (it = d.mappings.find(p); it != d.mappings.end() && it->first < p + size; ++it) {
+    if (it->second.accessible) continue;
+    void* q = reinterpret_cast<void*>(it->first);
+    if (mprotect(q, it->second.bytes, PROT_READ | PROT_WRITE) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    std::memset(q, 0xFF, it->second.bytes);  // fresh device memory holds garbage: NaN here
+    it->second.accessible = true;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult emu_cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  auto& d = np::emu::device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.mappings.find(static_cast<uintptr_t>(ptr));
+  if (it == d.mappings.end() || it->second.bytes != size) return CUDA_ERROR_INVALID_VALUE;
+  void* q = reinterpret_cast<void*>(it->first);
+  madvise(q, size, MADV_DONTNEED);
+  mprotect(q, size, PROT_NONE);
+  CUmemGenericAllocationHandle h = it->second.handle;
+  d.mappings.erase(it);
+  --d.handles[h].mappings;
+  drop_if_done(d, h);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned version,
+                                             unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult* status) {
+  static const std::pair<std::string_view, void*> table[] = {
+      {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&emu_cuMemGetAllocationGranularity)},
+      {"cuMemAddressReserve", reinterpret_cast<void*>(&emu_cuMemAddressReserve)},
+      {"cuMemAddressFree", reinterpret_cast<void*>(&emu_cuMemAddressFree)},
+      {"cuMemCreate", reinterpret_cast<void*>(&emu_cuMemCreate)},
+      {"cuMemRelease", reinterpret_cast<void*>(&emu_cuMemRelease)},
+      {"cuMemMap", reinterpret_cast<void*>(&emu_cuMemMap)},
+      {"cuMemSetAccess", reinterpret_cast<void*>(&emu_cuMemSetAccess)},
+      {"cuMemUnmap", reinterpret_cast<void*>(&emu_cuMemUnmap)},
+  };
+  if (!symbol || !fn || flags != cudaEnableDefault || version < 10020) return cudaErrorInvalidValue;
+  for (const auto& [name, f] : table)
+    if (name == symbol) {
+      *fn = f;
+      if (status) *status = cudaDriverEntryPointSuccess;
+      return cudaSuccess;
+    }
+  *fn = nullptr;
+  if (status) *status = cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
 }

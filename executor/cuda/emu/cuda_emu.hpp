@@ -7,7 +7,9 @@
 // phase and reverse order in the next, so that a missing __syncthreads or a wrong shared-memory
 // index changes the result; dynamic shared memory poisoned with 0xFF bytes (NaN) before each
 // block; warp shuffles, votes and __syncwarp with every lane of the warp; atomics; the memory,
-// stream and event calls of the runtime API; bf16 conversion with round-to-nearest-even. A thread
+// stream and event calls of the runtime API; the driver's virtual memory calls (cuMem*, reached
+// as on a GPU through cudaGetDriverEntryPointByVersion) with their rules; bf16 conversion with
+// round-to-nearest-even. A thread
 // that leaves the kernel while others wait at a barrier is an error (undefined on a GPU).
 #pragma once
 #include <cmath>
@@ -168,6 +170,66 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
 cudaError_t cudaGetLastError();
 const char* cudaGetErrorString(cudaError_t e);
+
+// ---- driver API: virtual memory management ---------------------------------------------------
+// The subset PyTorch's expandable segments use (CUDA Driver API reference, "Virtual Memory
+// Management"), with the layouts and values of cuda.h. The emulation keeps the driver's rules, so
+// that code breaking one fails here as it would on a GPU:
+// - physical memory (cuMemCreate) comes in multiples of the granularity (2 MiB here, as on
+//   Hopper) and counts against the device's memory (cudaMemGetInfo) until released and unmapped;
+// - cuMemMap maps a whole handle (offset 0) at a granularity-aligned address inside one
+//   reservation, over nothing already mapped;
+// - mapped memory cannot be touched until cuMemSetAccess makes it readable and writable (here a
+//   segmentation fault, on a GPU an illegal address); fresh memory holds garbage (0xFF bytes);
+// - cuMemUnmap takes exactly one mapping; cuMemAddressFree takes a whole reservation with
+//   nothing mapped in it.
+enum CUresult {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_INVALID_VALUE = 1,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
+};
+using CUdeviceptr = unsigned long long;
+using CUmemGenericAllocationHandle = unsigned long long;
+enum CUmemAllocationType { CU_MEM_ALLOCATION_TYPE_INVALID = 0, CU_MEM_ALLOCATION_TYPE_PINNED = 1 };
+enum CUmemLocationType { CU_MEM_LOCATION_TYPE_INVALID = 0, CU_MEM_LOCATION_TYPE_DEVICE = 1 };
+enum CUmemAccess_flags {
+  CU_MEM_ACCESS_FLAGS_PROT_NONE = 0,
+  CU_MEM_ACCESS_FLAGS_PROT_READ = 1,
+  CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
+};
+enum CUmemAllocationGranularity_flags {
+  CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
+  CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1,
+};
+struct CUmemLocation {
+  CUmemLocationType type;
+  int id;
+};
+struct CUmemAllocationProp {
+  CUmemAllocationType type;
+  int requestedHandleTypes;
+  CUmemLocation location;
+  void* win32HandleMetaData;
+  struct {
+    unsigned char compressionType, gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+};
+struct CUmemAccessDesc {
+  CUmemLocation location;
+  CUmemAccess_flags flags;
+};
+enum cudaDriverEntryPointQueryResult {
+  cudaDriverEntryPointSuccess = 0,
+  cudaDriverEntryPointSymbolNotFound = 1,
+  cudaDriverEntryPointVersionNotSufficent = 2,
+};
+constexpr unsigned long long cudaEnableDefault = 0;
+// The driver function `symbol` (cuMemCreate, ...) of at least `version` (12000: CUDA 12.0).
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned version,
+                                             unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult* status = nullptr);
 
 namespace np::emu {
 // The emulated device's memory size (cudaMemGetInfo's total; cudaMalloc past it fails).
