@@ -2,7 +2,7 @@
 // from PyTorch's rules, one rule each: size rounding and power-of-two divisions, the small and
 // large pools and their segment sizes, best fit, splitting thresholds, merging only within a
 // segment, the oversize rules of max_split_size_mb, the out-of-memory retry, expandable
-// segments, and the option parser.
+// segments, pools per stream, and the option parser.
 #include "planner/schedule/caching_allocator.hpp"
 
 #include <gtest/gtest.h>
@@ -151,6 +151,60 @@ TEST(CachingAllocator, ExpandableSegmentsMapPagesAtTheEnd) {
   a.free(c);
   a.empty_cache();  // now the whole pages after the 3 MiB block go: 20 MiB stays mapped
   EXPECT_EQ(a.reserved(), 22 * M);
+}
+
+// Pools per stream: a block cached by one stream never serves another (BlockComparatorSize orders
+// by stream first; get_free_block takes only the request's stream), in both pools; each stream
+// grows its own expandable segment; empty_cache releases every stream's cached segments; the
+// out-of-memory retry releases other streams' cache too.
+TEST(CachingAllocator, EachStreamHasItsOwnPools) {
+  CachingAllocator a;
+  int32_t side = *a.malloc(4 * M, 1);  // stream 1: a 20 MiB segment
+  int32_t tiny = *a.malloc(1000, 1);   // and a 2 MiB small segment
+  a.free(side), a.free(tiny);
+  EXPECT_EQ(a.reserved(), 22 * M);
+  int32_t mine = *a.malloc(4 * M);  // stream 0 cannot take stream 1's cached 20 MiB
+  a.malloc(1000);                   // nor its small segment
+  EXPECT_EQ(a.reserved(), 44 * M);
+  EXPECT_EQ(a.segments(), 4);
+  a.malloc(4 * M, 1);  // stream 1 reuses its own
+  a.malloc(16 * M);    // stream 0: the 16 MiB left of its own segment
+  EXPECT_EQ(a.reserved(), 44 * M);
+  a.free(mine);
+  a.empty_cache();  // only stream 1's small segment is whole and free: the others hold a block
+  EXPECT_EQ(a.reserved(), 42 * M);
+  EXPECT_EQ(a.segments(), 3);
+  EXPECT_THROW(a.malloc(1000, -1), std::invalid_argument);
+
+  CachingAllocator e(*parse_allocator_conf("expandable_segments:True"));
+  int32_t x = *e.malloc(3 * M);  // stream 0's segment: one 20 MiB page
+  e.malloc(3 * M, 2);            // stream 2's own segment and page
+  EXPECT_EQ(e.reserved(), 40 * M);
+  EXPECT_EQ(e.segments(), 2);
+  e.malloc(17 * M, 2);  // stream 2: the free 17 MiB at its end
+  EXPECT_EQ(e.reserved(), 40 * M);
+  e.free(x);
+  e.malloc(18 * M, 2);  // stream 2 maps a page of its own; stream 0's free 20 MiB stays unused
+  EXPECT_EQ(e.reserved(), 60 * M);
+  e.empty_cache();  // stream 0's page goes; stream 2's free 2 MiB is a part of a page
+  EXPECT_EQ(e.reserved(), 40 * M);
+
+  CachingAllocator full({.capacity = 40 * M});
+  int32_t y = *full.malloc(12 * M, 1);
+  full.free(y);
+  ASSERT_TRUE(full.malloc(30 * M).has_value());  // 12 + 30 > 40: stream 1's cache released first
+  EXPECT_EQ(full.reserved(), 30 * M);
+  EXPECT_EQ(full.max_reserved(), 30 * M);
+  EXPECT_EQ(full.segments(), 1);
+}
+
+// A replay takes each event's stream.
+TEST(CachingAllocator, ReplaysEventsOnTheirStreams) {
+  std::vector<MemEvent> events = {{0, 1, 3 * M, true, 1}, {1, 1, 3 * M, false, 1},
+                                  {2, 2, 3 * M, true, 0}, {3, 2, 3 * M, false, 0}};
+  EXPECT_EQ(replay_allocator(events, {}).max_reserved, 40 * M);
+  for (MemEvent& e : events) e.stream = 0;
+  EXPECT_EQ(replay_allocator(events, {}).max_reserved, 20 * M);
 }
 
 TEST(CachingAllocator, SmallSegmentFillsExactly) {

@@ -31,6 +31,15 @@ int64_t CachingAllocator::allocation_size(int64_t rounded) {
 CachingAllocator::CachingAllocator(AllocatorConfig config, SegmentMemory* memory)
     : c_(config), memory_(memory) {}
 
+CachingAllocator::StreamPools& CachingAllocator::on(int stream) {
+  if (stream < 0 || stream > std::numeric_limits<int16_t>::max())
+    throw std::invalid_argument("CachingAllocator: stream " + std::to_string(stream) +
+                                " (valid: 0 to 32767)");
+  if (static_cast<size_t>(stream) >= streams_.size())
+    streams_.resize(static_cast<size_t>(stream) + 1);
+  return streams_[static_cast<size_t>(stream)];
+}
+
 int32_t CachingAllocator::new_block(Block b) {
   if (!unused_.empty()) {
     int32_t id = unused_.back();
@@ -116,12 +125,12 @@ std::vector<CachingAllocator::Pool::Entry> CachingAllocator::Pool::all() const {
 
 void CachingAllocator::pool_insert(int32_t id) {
   const Block& b = blocks_.at(static_cast<size_t>(id));
-  pool(b.small).insert({b.size, b.ptr, id});
+  pool(b.stream, b.small).insert({b.size, b.ptr, id});
 }
 
 void CachingAllocator::pool_erase(int32_t id) {
   const Block& b = blocks_.at(static_cast<size_t>(id));
-  pool(b.small).erase(b.size, b.ptr);
+  pool(b.stream, b.small).erase(b.size, b.ptr);
 }
 
 void CachingAllocator::grow(int64_t reserved, int64_t allocated) {
@@ -133,11 +142,12 @@ void CachingAllocator::grow(int64_t reserved, int64_t allocated) {
 // get_free_block, [A] L3007-3065: the smallest cached block that fits, lowest address first;
 // an expandable segment's growing end counts as larger than any block inside (L3020-3036);
 // then the two oversize rules (L3053-3061).
-std::optional<int32_t> CachingAllocator::free_block_for(bool small, int64_t size) {
-  Pool& p = pool(small);
+std::optional<int32_t> CachingAllocator::free_block_for(int stream, bool small, int64_t size) {
+  Pool& p = pool(stream, small);
   std::optional<Pool::Entry> it = p.lower_bound(size);
   if (!it) return std::nullopt;
-  if (c_.expandable_segments && it->id == expandable_[small ? 1 : 0].last)
+  if (c_.expandable_segments &&
+      it->id == streams_[static_cast<size_t>(stream)].expandable[small ? 1 : 0].last)
     if (std::optional<Pool::Entry> inside = p.after(*it)) it = inside;  // an inside block fits
   const int64_t found = it->size;
   if (size < c_.max_split_size && found >= c_.max_split_size) return std::nullopt;
@@ -152,18 +162,19 @@ std::optional<int32_t> CachingAllocator::free_block_for(bool small, int64_t size
 // segments instead map whole pages (2 MiB small, 20 MiB large) at the end of the pool's one
 // segment, continuing a free block that ends there (try_allocate_expandable_block and
 // map_block, L2740-2840).
-std::optional<int32_t> CachingAllocator::new_segment(bool small, int64_t size) {
+std::optional<int32_t> CachingAllocator::new_segment(int stream, bool small, int64_t size) {
+  const auto s = static_cast<int16_t>(stream);
   if (!c_.expandable_segments) {
     int64_t bytes = allocation_size(size);
     if (c_.capacity > 0 && reserved_ + bytes > c_.capacity) return std::nullopt;
     if (memory_ && !memory_->map(next_address_, bytes)) return std::nullopt;
-    int32_t id = new_block({next_address_, bytes, 0, -1, -1, small, false, true});
+    int32_t id = new_block({next_address_, bytes, 0, -1, -1, small, false, true, s});
     next_address_ += bytes + kAllocLargeBuffer;  // segments are never adjacent
     ++segments_;
     grow(bytes, 0);
     return id;
   }
-  Expandable& e = expandable_[small ? 1 : 0];
+  Expandable& e = streams_[static_cast<size_t>(stream)].expandable[small ? 1 : 0];
   const int64_t page = small ? kAllocSmallBuffer : kAllocLargeBuffer;
   if (e.base < 0) {
     e.base = next_address_;
@@ -182,7 +193,7 @@ std::optional<int32_t> CachingAllocator::new_segment(bool small, int64_t size) {
     e.mapped += bytes;
     return tail;
   }
-  int32_t id = new_block({e.base + e.mapped, bytes, 0, e.last, -1, small, false, true});
+  int32_t id = new_block({e.base + e.mapped, bytes, 0, e.last, -1, small, false, true, s});
   if (e.last >= 0) blocks_[static_cast<size_t>(e.last)].next = id;
   e.mapped += bytes;
   e.last = id;
@@ -192,9 +203,9 @@ std::optional<int32_t> CachingAllocator::new_segment(bool small, int64_t size) {
 // release_available_cached_blocks, [A] L3258-3304: with max_split_size set, cudaFree a cached
 // oversize block at least max(size, max_split_size), else the largest oversize ones until that
 // much is freed (those freed stay freed).
-bool CachingAllocator::release_oversize(bool small, int64_t size) {
+bool CachingAllocator::release_oversize(int stream, bool small, int64_t size) {
   if (c_.max_split_size == kMaxSize || c_.expandable_segments) return false;
-  Pool& p = pool(small);
+  Pool& p = pool(stream, small);
   int64_t key = std::max(size, c_.max_split_size);
   auto release = [&](int32_t id) {
     pool_erase(id);
@@ -229,8 +240,9 @@ void CachingAllocator::release_segment(int32_t id) {
 // (unmap_block, L3414-3484); pages of free blocks inside a segment stay mapped in this model.
 void CachingAllocator::release_whole_segments() {
   if (c_.expandable_segments) {
-    for (int s = 0; s < 2; ++s) {
-      Expandable& e = expandable_[s];
+    for (size_t i = 0; i < 2 * streams_.size(); ++i) {
+      const int s = static_cast<int>(i % 2);
+      Expandable& e = streams_[i / 2].expandable[s];
       if (e.last < 0 || blocks_[static_cast<size_t>(e.last)].allocated) continue;
       const int64_t page = s == 1 ? kAllocSmallBuffer : kAllocLargeBuffer;
       Block& b = blocks_[static_cast<size_t>(e.last)];
@@ -254,13 +266,14 @@ void CachingAllocator::release_whole_segments() {
     }
     return;
   }
-  for (Pool* p : {&small_, &large_})
-    for (const Pool::Entry& e : p->all()) {
-      const Block& b = blocks_[static_cast<size_t>(e.id)];
-      if (b.prev >= 0 || b.next >= 0) continue;
-      p->erase(e.size, e.ptr);
-      release_segment(e.id);
-    }
+  for (StreamPools& sp : streams_)
+    for (Pool* p : {&sp.pool[1], &sp.pool[0]})
+      for (const Pool::Entry& e : p->all()) {
+        const Block& b = blocks_[static_cast<size_t>(e.id)];
+        if (b.prev >= 0 || b.next >= 0) continue;
+        p->erase(e.size, e.ptr);
+        release_segment(e.id);
+      }
 }
 
 // should_split, [A] L2987-2995, and alloc_found_block, L1578-1675: the request takes the front
@@ -273,7 +286,7 @@ int32_t CachingAllocator::take(int32_t id, int64_t size, int64_t requested) {
   int32_t chosen = id;
   if (split) {
     Block rest = blocks_[static_cast<size_t>(id)];
-    chosen = new_block({rest.ptr, size, 0, rest.prev, id, rest.small, false, true});
+    chosen = new_block({rest.ptr, size, 0, rest.prev, id, rest.small, false, true, rest.stream});
     Block& b = blocks_[static_cast<size_t>(id)];
     if (b.prev >= 0) blocks_[static_cast<size_t>(b.prev)].next = chosen;
     b.prev = chosen;
@@ -289,17 +302,19 @@ int32_t CachingAllocator::take(int32_t id, int64_t size, int64_t requested) {
   return chosen;
 }
 
-std::optional<int32_t> CachingAllocator::malloc(int64_t bytes) {
+std::optional<int32_t> CachingAllocator::malloc(int64_t bytes, int stream) {
   // malloc, [A] L1361-1576: a cached block, else a new segment, else release oversize cached
   // blocks and retry, else release every cached segment and retry, else out of memory.
   int64_t size = round_size(bytes, c_);
   bool small = size <= kAllocSmallSize;
-  std::optional<int32_t> b = free_block_for(small, size);
-  if (!b) b = new_segment(small, size);
-  if (!b && release_oversize(small, size)) b = new_segment(small, size);
+  if (static_cast<size_t>(stream) >= streams_.size())
+    on(stream);  // a new stream's pools; one out of range is refused before anything changes
+  std::optional<int32_t> b = free_block_for(stream, small, size);
+  if (!b) b = new_segment(stream, small, size);
+  if (!b && release_oversize(stream, small, size)) b = new_segment(stream, small, size);
   if (!b) {
     release_whole_segments();
-    b = new_segment(small, size);
+    b = new_segment(stream, small, size);
   }
   if (!b) return std::nullopt;
   return take(*b, size, bytes);
@@ -320,8 +335,9 @@ void CachingAllocator::merge(int32_t dst, int32_t src) {
     if (s.next >= 0) blocks_[static_cast<size_t>(s.next)].prev = dst;
   }
   d.size += s.size;
-  for (Expandable& e : expandable_)
-    if (e.last == src) e.last = dst;
+  if (c_.expandable_segments)
+    for (Expandable& e : streams_[static_cast<size_t>(d.stream)].expandable)
+      if (e.last == src) e.last = dst;
   blocks_[static_cast<size_t>(src)].live = false;
   unused_.push_back(src);
 }
@@ -384,7 +400,7 @@ bool replay_range(CachingAllocator& a, Handles& h, const std::vector<MemEvent>& 
       if (int32_t b = h.take(e.tensor); b >= 0) a.free(b);
       continue;
     }
-    std::optional<int32_t> block = a.malloc(e.bytes);
+    std::optional<int32_t> block = a.malloc(e.bytes, e.stream);
     if (!block) {
       r.out_of_memory_event = static_cast<int64_t>(i);
       return false;

@@ -4,8 +4,9 @@
 //
 // The rules follow c10/cuda/CUDACachingAllocator.cpp and c10/core/AllocatorConfig.cpp of
 // pytorch/pytorch at commit b944315b93d36f842ef94d67a041371993234a74 (main, late 2025); the .cpp
-// cites the functions and lines of each rule. One stream, no CUDA graphs, no record_stream: the
-// replay of one rank's compute stream. Documented limits: docs/estimate.md, "Reserved memory".
+// cites the functions and lines of each rule. Pools per stream; no CUDA graphs; record_stream is
+// the caller's (a block used on another stream comes back when that stream is done: its free
+// event comes later). Documented limits: docs/estimate.md, "Reserved memory".
 #pragma once
 #include <array>
 #include <cstdint>
@@ -33,14 +34,19 @@ class SegmentMemory {
   virtual void unmap(int64_t base, int64_t bytes) = 0;
 };
 
-// The allocator: malloc and free of one stream, with PyTorch's counters.
+// The allocator: malloc and free on streams, with PyTorch's counters. Each stream has its own
+// pools and segments: a cached block serves only requests of the stream that allocated its
+// segment (BlockComparatorSize orders a pool by stream first, and get_free_block takes only a
+// block of the request's stream), so blocks freed on a side stream (FSDP's all-gathers, a
+// collective's outputs) are never reused by the compute stream. Streams are small numbers, 0
+// the compute stream.
 class CachingAllocator {
  public:
   explicit CachingAllocator(AllocatorConfig config = {}, SegmentMemory* memory = nullptr);
 
-  // A block for `bytes` (> 0): its handle, or nullopt when the device is full after PyTorch's
-  // release-and-retry path (an OutOfMemoryError there).
-  std::optional<int32_t> malloc(int64_t bytes);
+  // A block for `bytes` (> 0) on `stream` (>= 0): its handle, or nullopt when the device is full
+  // after PyTorch's release-and-retry path (an OutOfMemoryError there).
+  std::optional<int32_t> malloc(int64_t bytes, int stream = 0);
   void free(int32_t handle);
   // torch.cuda.empty_cache(): every cached whole segment released (expandable: the free whole
   // pages at a segment's end unmapped).
@@ -66,6 +72,7 @@ class CachingAllocator {
     int64_t ptr = 0, size = 0, requested = 0;
     int32_t prev = -1, next = -1;  // neighbours carved from the same segment
     bool small = false, allocated = false, live = true;
+    int16_t stream = 0;  // the stream whose segment it is carved from
   };
   // Free blocks of a pool by (size, address), as BlockComparatorSize orders one stream's. A
   // replay's pool holds hundreds of free blocks of about ten sizes (a tree's node per insertion
@@ -95,13 +102,25 @@ class CachingAllocator {
     std::vector<Bucket> buckets_;     // by size; none empty
     std::vector<std::vector<std::pair<int64_t, int32_t>>> spare_;  // emptied buckets' storage
   };
-  Pool& pool(bool small) { return small ? small_ : large_; }
+  // Expandable segments: one per pool and stream, mapped up to its end; the block that ends there.
+  struct Expandable {
+    int64_t base = -1, mapped = 0;
+    int32_t last = -1;
+  };
+  struct StreamPools {
+    Pool pool[2];              // [0] large, [1] small
+    Expandable expandable[2];  // the same
+  };
+  StreamPools& on(int stream);  // a new stream's pools made (malloc checks the stream first)
+  Pool& pool(int stream, bool small) {
+    return streams_[static_cast<size_t>(stream)].pool[small ? 1 : 0];
+  }
   int32_t new_block(Block b);
   void pool_insert(int32_t id);
   void pool_erase(int32_t id);
-  std::optional<int32_t> free_block_for(bool small, int64_t size);
-  std::optional<int32_t> new_segment(bool small, int64_t size);
-  bool release_oversize(bool small, int64_t size);
+  std::optional<int32_t> free_block_for(int stream, bool small, int64_t size);
+  std::optional<int32_t> new_segment(int stream, bool small, int64_t size);
+  bool release_oversize(int stream, bool small, int64_t size);
   void release_whole_segments();
   void release_segment(int32_t id);
   int32_t take(int32_t id, int64_t size, int64_t requested);
@@ -112,16 +131,10 @@ class CachingAllocator {
   SegmentMemory* memory_ = nullptr;
   std::vector<Block> blocks_;
   std::vector<int32_t> unused_;  // ids of merged-away blocks, reused
-  Pool small_, large_;
+  std::vector<StreamPools> streams_;  // by stream
   int64_t next_address_ = 0;
   int64_t allocated_ = 0, reserved_ = 0, requested_ = 0, max_allocated_ = 0, max_reserved_ = 0;
   int64_t segments_ = 0;
-  // Expandable segments: one per pool, mapped up to its end; the block that ends there.
-  struct Expandable {
-    int64_t base = -1, mapped = 0;
-    int32_t last = -1;
-  };
-  Expandable expandable_[2];  // [0] large, [1] small
 };
 
 // A rank's allocation events (simulate's, canonical order) replayed through the allocator.
