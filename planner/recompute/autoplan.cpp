@@ -427,9 +427,11 @@ class PlanSteps {
 
   // Solves every stage, simulates the whole plan once, tightens the stages the simulation finds
   // over budget (by their excess) and solves those again; the last schedule simulated, of the
-  // current policies, is kept.
-  void solve_and_verify() {
+  // current policies, is kept. Once a stage fits no choice, the plan cannot fit: without
+  // `verify_when_infeasible` (no closest plan wanted) nothing more is simulated or replayed.
+  void solve_and_verify(bool verify_when_infeasible) {
     std::vector<bool> settled(shapes_.size(), false);
+    bool infeasible = false;
     plan_.fits = true;
     for (int attempt = 0; attempt < 8; ++attempt) {
       bool any = false;
@@ -438,12 +440,13 @@ class PlanSteps {
         StageChoice c = solver_.cheapest(shapes_[st], target_[st]);
         if (!c.layers.feasible) {
           settled[st] = true;
+          infeasible = true;
           continue;
         }
         any = true;
         adopt(st, c);
       }
-      if (!any) break;
+      if (!any || (infeasible && !verify_when_infeasible)) break;
       BlockPolicies pol = policies();
       verified_ = build_schedule(m_, sim_, &pol, /*peak_only=*/true);
       ++plan_.simulations;
@@ -483,15 +486,19 @@ class PlanSteps {
 
   // The plan's estimate, of the schedule the plan was verified on (the simulation's, whose
   // peaks and allocator replay the estimate of the same setup reports), its schedule (that one,
-  // unless an executor needs every micro-batch) and its step time.
-  void finish(const TrainSpec& t, bool full_schedule) {
+  // unless an executor needs every micro-batch) and its step time. A plan that does not fit,
+  // when no closest plan is wanted (`replay_when_infeasible` false: the sweep), is estimated
+  // without the allocator's replay: its reserved peak could only be higher.
+  void finish(const TrainSpec& t, bool full_schedule, bool replay_when_infeasible) {
     BlockPolicies pol = policies();
     Schedule sim = verified_ && !changed_after_verify_
                        ? std::move(*verified_)
                        : build_schedule(m_, sim_, &pol, /*peak_only=*/true);
     sim.setup = t;
+    RuntimeAssumptions rt = rt_;
+    if (!plan_.fits && !replay_when_infeasible) rt.allocator.model = AllocatorModel::kExact;
     plan_.estimate = estimate_schedule(
-        sim, rt_, {.budget = budget_, .suggestions = false, .replays = &replays_});
+        sim, rt, {.budget = budget_, .suggestions = false, .replays = &replays_});
     plan_.schedule = full_schedule ? build_schedule(m_, t, &pol) : std::move(sim);
     plan_.fits = plan_.fits && plan_.estimate.fits;
     for (StagePlan& sp : plan_.stages)
@@ -589,9 +596,9 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
       searched = true;
     }
   PlanSteps steps(plan, m, t, rt, budget, hw, blocks, statics, solver, embedding, head);
-  steps.solve_and_verify();
+  steps.solve_and_verify(options.closest_when_infeasible);
   steps.settle_infeasible(options.closest_when_infeasible);
-  steps.finish(t, options.full_schedule);
+  steps.finish(t, options.full_schedule, options.closest_when_infeasible);
   if (options.compare_uniform) steps.compare_uniform();
   if (searched) {
     // The search compares splits by the slowest stage's time per micro-batch; the step time also

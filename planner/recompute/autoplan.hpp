@@ -72,8 +72,10 @@ struct FrontierCache {
 };
 
 struct AutoPlanOptions {
-  bool closest_when_infeasible =
-      true;                        // find the smallest achievable peak and the plan reaching it
+  // Find the smallest achievable peak and the plan reaching it. Without it (the sweep), a plan
+  // that cannot fit is settled as soon as a stage fits no choice, and its estimate is the
+  // simulation's alone, without the caching allocator's replay (reserved could only be higher).
+  bool closest_when_infeasible = true;
   bool compare_uniform = true;     // also time and size no recompute and recompute_layer: true
   FrontierCache* cache = nullptr;  // reuse frontiers of identical layer graphs
   bool full_schedule = true;  // build AutoPlan::schedule with every micro-batch (for plan files)
