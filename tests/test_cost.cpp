@@ -264,10 +264,11 @@ TEST(StepTime, PipelineBubbleIsPpMinusOneMicroBatchSlots) {
     t.pp_schedule = ps;
     Schedule s = build_schedule(m, t);
     StepTime st = step_time(s, kH100);
-    // Per-micro-batch time of each stage, from the blocks and their own policies.
+    // Per-micro-batch time of each stage, from the blocks and their own policies, and the
+    // stage's pipeline transfers.
     double slowest = 0, slowest_recompute = 0;
     for (const StageProgram& p : s.stages) {
-      double f = 0, r = 0;
+      double f = pipeline_p2p_seconds(m, t, kH100), r = 0;
       for (const StageBlock& b : p.blocks) {
         BlockTime bt = block_seconds(*b.graph, kH100, t);
         f += bt.forward + bt.backward;
@@ -296,7 +297,7 @@ TEST(StepTime, InterleavedBubbleShrinksByTheChunks) {
   StepTime st = step_time(s, kH100);
   double slowest = 0;
   for (const StageProgram& p : s.stages) {
-    double f = 0;
+    double f = pipeline_p2p_seconds(m, t, kH100);
     for (const StageBlock& b : p.blocks) {
       BlockTime bt = block_seconds(*b.graph, kH100, t);
       f += bt.forward + bt.backward + recompute_seconds(*b.graph, b.policy.recompute, kH100, t);
@@ -308,6 +309,44 @@ TEST(StepTime, InterleavedBubbleShrinksByTheChunks) {
               1e-9 * st.seconds);
   t.pp_schedule = PpSchedule::k1F1B, t.virtual_stages = 1;
   EXPECT_LT(st.seconds, step_time(build_schedule(m, t), kH100).seconds);
+}
+
+// The pipeline's blocking sends and receives (Megatron's get_tensor_shapes: seq / cp, / tp under
+// SP, x micro-batch x hidden, bf16), by hand for llama-3.1-8b (hidden 4096) at s 4096, tp 2 with
+// SP: 2048 x 1 x 4096 x 2 B = 16,777,216 B each way per micro-batch and boundary. Inside one node
+// (tp 2 x pp 4 = 8 GPUs): 2 x (16,777,216 / 450e9 + 5 us); across nodes (dp 2): 2 x
+// (16,777,216 / 50e9 + 10 us); twice that with 2 chunks per stage; none without a pipeline. The
+// step counts them in every slot, the bubble's too: (m + pp - 1) of them.
+TEST(StepTime, PipelineTransfersAreOnTheCriticalPath) {
+  ModelSpec m = model("llama-3.1-8b");
+  TrainSpec t = setup(2, 4, 4, Recompute::kNone);
+  t.pp_schedule = PpSchedule::k1F1B;
+  EXPECT_EQ(pipeline_p2p_bytes(m, t), 16777216.0);
+  EXPECT_NEAR(pipeline_p2p_seconds(m, t, kH100), 2 * (16777216.0 / 450e9 + 5e-6), 1e-15);
+  TrainSpec wide = t;
+  wide.dp = 2;
+  EXPECT_NEAR(pipeline_p2p_seconds(m, wide, kH100), 2 * (16777216.0 / 50e9 + 10e-6), 1e-15);
+  TrainSpec chunks = t;
+  chunks.pp_schedule = PpSchedule::kInterleaved, chunks.virtual_stages = 2;
+  EXPECT_NEAR(pipeline_p2p_seconds(m, chunks, kH100), 2 * pipeline_p2p_seconds(m, t, kH100),
+              1e-15);
+  TrainSpec no_sp = t;
+  no_sp.sp = false;
+  EXPECT_EQ(pipeline_p2p_bytes(m, no_sp), 2 * pipeline_p2p_bytes(m, t));
+  no_sp.p2p_scatter_gather = true;  // Megatron-LM of 2021-22: 1 / tp per TP rank
+  EXPECT_EQ(pipeline_p2p_bytes(m, no_sp), pipeline_p2p_bytes(m, t));
+  TrainSpec cp = t;
+  cp.cp = 2, cp.tp = 1, cp.sp = false;
+  EXPECT_EQ(pipeline_p2p_bytes(m, cp), pipeline_p2p_bytes(m, t));
+  TrainSpec flat = t;
+  flat.pp = 1;
+  EXPECT_EQ(pipeline_p2p_seconds(m, flat, kH100), 0.0);
+
+  StepTime st = step_time(build_schedule(m, t), kH100);
+  for (const StageSeconds& stage : st.stages)
+    EXPECT_EQ(stage.p2p, pipeline_p2p_seconds(m, t, kH100));
+  EXPECT_NEAR(st.p2p_seconds, 7 * pipeline_p2p_seconds(m, t, kH100), 1e-15);
+  EXPECT_EQ(step_time(build_schedule(m, flat), kH100).p2p_seconds, 0.0);
 }
 
 // Context parallelism divides each rank's tokens and its share of the attention by cp: the

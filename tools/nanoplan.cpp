@@ -422,6 +422,7 @@ int run_estimate(const Flags& f) {
     nlohmann::json j = np::estimate_to_json(e);
     j["step_time"] = {{"seconds", time.seconds},
                       {"recompute_seconds", time.recompute_seconds},
+                      {"pipeline_p2p_seconds", time.p2p_seconds},
                       {"mfu", time.mfu},
                       {"hfu", time.hfu},
                       {"tokens_per_second", time.tokens_per_second},

@@ -134,6 +134,12 @@ struct TrainSpec {
   Optimizer optimizer = Optimizer::kAdamW;
   Recompute recompute = Recompute::kNone;
   bool tp_recompute_allgather = true;  // keep the SP shard, all-gather again in backward
+  // Without sequence parallelism, the pipeline's hidden states travel as 1 / tp per TP rank,
+  // all-gathered over NVLink on arrival: Megatron-LM before Megatron-core
+  // (--scatter-gather-tensors-in-pipeline, on by default; Narayanan et al. 2021, arXiv:2104.04473,
+  // section 4.1). Megatron-core, and so the default here, sends the whole tensor from every TP
+  // rank (cost.hpp, pipeline_p2p_bytes). Set by the published checks of those papers' setups.
+  bool p2p_scatter_gather = false;
   // Decoder layers per pipeline stage (pp entries, each >= 1, summing to the model's layers);
   // empty: balanced by FLOPs (partition_layers in schedule.hpp).
   std::vector<int64_t> stage_layers;

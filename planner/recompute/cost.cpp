@@ -282,6 +282,33 @@ double recompute_seconds(const BlockGraph& g, const std::vector<bool>& recompute
   return s;
 }
 
+// The shape Megatron's pipeline sends: get_tensor_shapes in
+// megatron/core/pipeline_parallel/schedules.py (NVIDIA/Megatron-LM at
+// 4dabc62385799f8256fb05ccf3dfd4a7218781bd) gives (seq_length, micro_batch_size, hidden_size),
+// seq_length divided by the TP size under sequence parallelism (later versions divide by the CP
+// size first, each CP rank holding its share of the sequence); TrainSpec::p2p_scatter_gather is
+// the older Megatron's split (its all-gather on arrival, over NVLink, is not counted). Its 1F1B steady state calls
+// send_forward_recv_backward after each forward and send_backward_recv_forward after each
+// backward, and waits for them before the next step of the schedule.
+double pipeline_p2p_bytes(const ModelSpec& m, const TrainSpec& t) {
+  int64_t seq = t.seq_len / std::max<int64_t>(1, t.cp);
+  if (t.sp || t.p2p_scatter_gather) seq /= std::max<int64_t>(1, t.tp);
+  return 2.0 * static_cast<double>(seq) * static_cast<double>(t.micro_batch) *
+         static_cast<double>(m.hidden);
+}
+
+double pipeline_p2p_seconds(const ModelSpec& m, const TrainSpec& t, const HardwareModel& hw) {
+  if (t.pp <= 1) return 0;
+  // Ranks are numbered (pp, dp, cp, tp), so a replica's pipeline spans tp cp dp pp consecutive
+  // ranks; inside one node every boundary is an NVLink hop.
+  const bool intra = t.tp * t.cp * t.dp * t.pp <= hw.gpus_per_node;
+  const double bw = intra ? hw.intra_node_bytes_per_s : hw.inter_node_bytes_per_s;
+  const double latency = intra ? hw.link_latency_s : hw.inter_node_latency_s;
+  const double v = t.pp_schedule == PpSchedule::kInterleaved ? static_cast<double>(t.virtual_stages)
+                                                             : 1.0;
+  return 2.0 * v * (pipeline_p2p_bytes(m, t) / bw + latency);
+}
+
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -382,6 +409,7 @@ StepTime step_time(const Schedule& s, const HardwareModel& hw) {
           recompute_flops += g.ops[o].flops;
     }
     stage_tail(p, hw, t, st);
+    st.p2p = pipeline_p2p_seconds(s.model, t, hw);
     r.stages.push_back(st);
   }
   if (r.stages.empty()) return r;
@@ -403,6 +431,7 @@ StepTime step_time(const Schedule& s, const HardwareModel& hw) {
   double v = t.pp_schedule == PpSchedule::kInterleaved ? static_cast<double>(t.virtual_stages) : 1;
   r.bubble_seconds = (pp - 1) / v * per_mb;
   r.recompute_seconds = m * r.stages[slow].recompute;
+  r.p2p_seconds = (m + (pp - 1) / v) * r.stages[slow].p2p;
   r.optimizer_seconds = r.stages[tail].optimizer;
   r.dp_comm_seconds = r.stages[tail].grad_comm;
   r.seconds = m * per_mb + r.bubble_seconds + r.optimizer_seconds + r.dp_comm_seconds;

@@ -6,9 +6,9 @@
 // - Nothing overlaps: collectives, pipeline bubbles, the optimizer and compute add up. nanotron
 //   runs its TP collectives in line with compute; where the DP all-reduce overlaps the last
 //   backward (torch DDP buckets), the step time here is an over-estimate.
-// - Pipeline send/recv time is not counted (one hidden-state tensor per micro-batch and stage
-//   boundary; about 1 % of a stage's compute at 70B scale; v times that under the interleaved
-//   schedule, whose v chunks per stage each send).
+// - Pipeline sends and receives are blocking, as Megatron's 1F1B issues them: each micro-batch's
+//   hidden state goes forward and its gradient back at every stage boundary, v times per
+//   micro-batch under the interleaved schedule (pipeline_p2p_seconds).
 // - Every rank of a stage runs the same program, so one rank's time is the stage's time.
 #pragma once
 #include <cstdint>
@@ -65,10 +65,22 @@ BlockTime block_seconds(const BlockGraph& g, const HardwareModel& hw, const Trai
 double recompute_seconds(const BlockGraph& g, const std::vector<bool>& recompute,
                          const HardwareModel& hw, const TrainSpec& t);
 
+// The pipeline's point-to-point traffic of one micro-batch at one stage boundary: the hidden
+// state (sequence / cp, and / tp under sequence parallelism or TrainSpec::p2p_scatter_gather,
+// x micro-batch x hidden, bf16) that each rank sends forward, and its gradient, the same size,
+// back.
+double pipeline_p2p_bytes(const ModelSpec& m, const TrainSpec& t);
+// Seconds a stage spends per micro-batch in those blocking transfers: 2 v of them (v chunks per
+// stage under the interleaved schedule, else 1), each one message at the link's bandwidth plus its
+// latency; NVLink when the whole pipeline of a replica is inside one node, else the network. 0
+// without pipeline parallelism.
+double pipeline_p2p_seconds(const ModelSpec& m, const TrainSpec& t, const HardwareModel& hw);
+
 struct StageSeconds {
   double forward = 0, recompute = 0, backward = 0;  // per micro-batch, all blocks of the stage
+  double p2p = 0;                                   // per micro-batch: pipeline_p2p_seconds
   double optimizer = 0, grad_comm = 0;              // per step
-  double microbatch() const { return forward + recompute + backward; }
+  double microbatch() const { return forward + recompute + backward + p2p; }
 };
 
 struct StepTime {
@@ -80,6 +92,7 @@ struct StepTime {
                               // unless interleaved
   double optimizer_seconds =
       0;  // optimizer step (memory bound over this rank's optimizer + grad + weight bytes)
+  double p2p_seconds = 0;  // of which the pipeline's sends and receives (bubble slots included)
   double dp_comm_seconds =
       0;  // gradient all-reduce (or reduce-scatter + all-gather under ZeRO) over dp, not
           // overlapped; also the TP all-reduce of SP-replicated weights' gradients

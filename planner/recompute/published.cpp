@@ -34,6 +34,7 @@ TrainSpec megatron_setup(int64_t tp, int64_t pp, int64_t dp, int64_t mbs, int64_
   t.attention = AttentionImpl::kEager;  // Megatron's fused softmax, not flash attention (2021-22)
   t.pp_schedule = pp > 1 ? PpSchedule::k1F1B : PpSchedule::kAfab;
   t.recompute = r;
+  t.p2p_scatter_gather = true;  // Megatron-LM of 2021-22 (Narayanan et al. 2021, section 4.1)
   return t;
 }
 

@@ -315,6 +315,7 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
   nlohmann::json j = {{"fits", p.fits},
                       {"step_seconds", p.time.seconds},
                       {"recompute_seconds", p.time.recompute_seconds},
+                      {"pipeline_p2p_seconds", p.time.p2p_seconds},
                       {"mfu", p.time.mfu},
                       {"hfu", p.time.hfu},
                       {"per_stage", stages},
