@@ -88,6 +88,29 @@ done
 check "--gpu with --budget: the given budget, each GPU's step time" \
   'python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); sys.exit(0 if a[\"budget_bytes\"] == b[\"budget_bytes\"] == 80000000000 and a[\"plan\"][\"step_seconds\"] != b[\"plan\"][\"step_seconds\"] else 1)" "$TMP/h100.json" "$TMP/b200.json"'
 
+# --gpu FILE: a GPU file in the catalog's schema, one [[gpu]] table; its figures are the cost model's.
+cat >"$TMP/mygpu.toml" <<'TOML'
+[[gpu]]
+name = "my-h100-half"
+memory_bytes = 85520809984
+bf16_dense_flops = 494.7e12
+hbm_bytes_per_s = 3.35e12
+nvlink_bytes_per_s = 450e9
+TOML
+"$NP" estimate --model llama-3.1-8b --tp 2 --gpu "$TMP/mygpu.toml" --budget 80GB --format json >"$TMP/mygpu.json" 2>"$TMP/err"; rc=$?
+check "--gpu FILE: the file's GPU, named with its file in JSON, slower at half the FLOP/s" \
+  '[ $rc -eq 0 ] && python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:3]); sys.exit(0 if a[\"plan\"][\"hardware\"] == \"my-h100-half\" and a[\"plan\"][\"hardware_origin\"] == \"from \" + sys.argv[3] and b[\"plan\"][\"hardware_origin\"] == \"\" and a[\"plan\"][\"step_seconds\"] > b[\"plan\"][\"step_seconds\"] else 1)" "$TMP/mygpu.json" "$TMP/h100.json" "$TMP/mygpu.toml"'
+"$NP" estimate --model llama-3.1-8b --tp 2 --gpu "$TMP/mygpu.toml" >"$TMP/out" 2>&1
+check "--gpu FILE: the table says which file the times come from, and the budget is its memory" \
+  'grep -qF ", on my-h100-half (from $TMP/mygpu.toml)" "$TMP/out" && grep -q "^budget 85,520,809,984 bytes" "$TMP/out"'
+cat "$TMP/mygpu.toml" "$TMP/mygpu.toml" | sed 's/my-h100-half/second/2' >"$TMP/two.toml"
+"$NP" estimate --model llama-3.1-8b --gpu "$TMP/two.toml" >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "--gpu FILE with two GPUs: exit 2, one line" \
+  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "a GPU file holds one \[\[gpu\]\] table, this one 2" "$TMP/err" && [ ! -s "$TMP/out" ]'
+"$NP" estimate --model llama-3.1-8b --gpu "$TMP/none.toml" >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "--gpu FILE that does not exist: exit 2, one line naming it" \
+  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -qF "$TMP/none.toml" "$TMP/err"'
+
 # Labels that say what the setup does.
 "$NP" estimate --model llama-3.1-8b --dp 2 --zero 3 >"$TMP/z3.txt" 2>&1
 check "ZeRO-3: the gradient and optimizer lines say ZeRO-3" \

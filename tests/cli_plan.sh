@@ -65,7 +65,7 @@ check "auto without a budget is bad input" '[ $rc -eq 2 ] && grep -q "needs a bu
 # Step time for every policy, labelled as the model's; in JSON with its source.
 for r in none selective full; do
   "$NP" estimate "${S[@]}" --recompute $r >"$TMP/named.txt" 2>&1
-  check "estimate --recompute $r prints its predicted step time" 'grep -qE "^predicted step time \(cost model\) [0-9.]+ s" "$TMP/named.txt" && grep -qF "  on h100-sxm-80gb (the default; --gpu picks another)" "$TMP/named.txt"'
+  check "estimate --recompute $r prints its predicted step time" 'grep -qE "^predicted step time \(cost model\) [0-9.]+ s" "$TMP/named.txt" && grep -qF ", on h100-sxm-80gb (the default; --gpu picks another)" "$TMP/named.txt"'
 done
 "$NP" estimate "${S[@]}" --recompute full --gpu a100 --format json >"$TMP/named.json"
 python3 - "$TMP/named.json" <<'PY' && ok "estimate JSON: step_time with its hardware and source" || fail "estimate JSON step_time"

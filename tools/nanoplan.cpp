@@ -221,7 +221,8 @@ void add_setup_flags(CLI::App* app, Flags& f) {
   add_headroom_flag(app, f);
   app->add_option(
       "--gpu", f.gpu,
-      "GPU (nanoplan gpus): h100, h200, a100-80gb, b200, ...; its cost model, and its memory as "
+      "GPU (nanoplan gpus): h100, h200, a100-80gb, b200, ..., or a GPU file (FILE.toml, one "
+      "[[gpu]] table in the schema of models/gpus/gpus.toml); its cost model, and its memory as "
       "the budget unless --budget gives one");
   if (cmd == "estimate" || cmd == "run")
     app->add_option("--format", f.format, "table, json")->capture_default_str();
@@ -291,8 +292,7 @@ np::RuntimeAssumptions make_runtime(const Flags& f) {
 std::optional<int64_t> given_budget(const Flags& f) {
   if (!f.budget.empty()) return check(np::parse_budget(f.budget));
   if (f.gpu.empty()) return std::nullopt;
-  auto gpus = check(np::load_gpu_catalog(models_dir(f) + "/gpus/gpus.toml"));
-  return check(np::resolve_gpu(gpus, f.gpu)).memory_bytes;
+  return check(np::gpu_from_arg(models_dir(f) + "/gpus/gpus.toml", f.gpu)).memory_bytes;
 }
 
 int64_t headroom_bytes(const Flags& f, int64_t budget) {
@@ -314,8 +314,10 @@ int64_t headroom_of(const Flags& f) {
 
 np::HardwareModel make_hardware(const Flags& f) {
   if (f.gpu.empty()) return np::default_hardware();
-  auto gpus = check(np::load_gpu_catalog(models_dir(f) + "/gpus/gpus.toml"));
-  return np::hardware_model(check(np::resolve_gpu(gpus, f.gpu)));
+  np::HardwareModel hw =
+      np::hardware_model(check(np::gpu_from_arg(models_dir(f) + "/gpus/gpus.toml", f.gpu)));
+  if (np::is_gpu_file(f.gpu)) hw.origin = "from " + f.gpu;
+  return hw;
 }
 
 // What planning needs from the flags besides the model and setup.
@@ -427,12 +429,12 @@ int run_estimate(const Flags& f) {
                       {"hfu", time.hfu},
                       {"tokens_per_second", time.tokens_per_second},
                       {"hardware", hw.name},
+                      {"hardware_origin", hw.origin},
                       {"source", "cost model (planner/recompute/cost.hpp), not a measurement"}};
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << np::estimate_to_table(e, f.model, f.verbose) << "\n"
-              << np::step_time_line(time) << "  on " << hw.name
-              << (f.gpu.empty() ? " (the default; --gpu picks another)" : "") << "\n";
+              << np::step_time_line(time);
   }
   return 0;
 }
@@ -966,7 +968,8 @@ int main(int argc, char** argv) {
   add_int(sw, "--gpus", f.gpus, "GPUs to use (tp x pp x dp)", 1, 1 << 20)->required();
   sw->add_option("--budget", f.budget, "bytes per GPU: 80GB, 80GiB, ...");
   sw->add_option("--gpu", f.gpu,
-                 "GPU (nanoplan gpus): the cost model, and the budget unless --budget gives one");
+                 "GPU (nanoplan gpus), or a GPU file (FILE.toml, one [[gpu]] table): the cost "
+                 "model, and the budget unless --budget gives one");
   add_headroom_flag(sw, f);
   add_allocator_flags(sw, f);
   add_setup_flag(sw, f, setup_flag("--seq-len"), "sequence length");

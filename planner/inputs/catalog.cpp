@@ -339,4 +339,19 @@ Result<GpuSpec> resolve_gpu(const std::vector<GpuSpec>& catalog, std::string_vie
   return find_named(catalog, name, "GPU", ("valid: " + valid).c_str());
 }
 
+bool is_gpu_file(std::string_view arg) {
+  return arg.size() > 5 && arg.substr(arg.size() - 5) == ".toml";
+}
+
+Result<GpuSpec> gpu_from_arg(const std::string& catalog_path, std::string_view arg) {
+  const bool file = is_gpu_file(arg);
+  Result<std::vector<GpuSpec>> gpus = load_gpu_catalog(file ? std::string(arg) : catalog_path);
+  if (!gpus) return gpus.error();
+  if (!file) return resolve_gpu(*gpus, arg);
+  if (gpus->size() != 1)
+    return make_error("--gpu " + quote_input(arg) + ": a GPU file holds one [[gpu]] table, this one " +
+                      std::to_string(gpus->size()));
+  return gpus->front();
+}
+
 }  // namespace np

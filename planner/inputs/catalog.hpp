@@ -35,6 +35,10 @@ Result<std::vector<GpuSpec>> load_gpu_catalog(const std::string& path);
 // A catalog name or alias, or a path to a .toml or config.json.
 Result<ModelSpec> resolve_model(const std::vector<ModelSpec>& catalog, std::string_view name);
 Result<GpuSpec> resolve_gpu(const std::vector<GpuSpec>& catalog, std::string_view name);
+// --gpu's argument: a GPU of the catalog at `catalog_path` by name or alias, or a GPU file (a
+// path ending in .toml, in the catalog's schema, holding one [[gpu]] table).
+bool is_gpu_file(std::string_view arg);
+Result<GpuSpec> gpu_from_arg(const std::string& catalog_path, std::string_view arg);
 
 // Names closest to `name` by edit distance (for "did you mean").
 std::vector<std::string> closest_names(std::string_view name, const std::vector<std::string>& names,

@@ -214,7 +214,9 @@ HardwareModel default_hardware() {
   h100.bf16_dense_flops = 989.4e12;
   h100.hbm_bytes_per_s = 3.35e12;
   h100.nvlink_bytes_per_s = 450e9;
-  return hardware_model(h100);
+  HardwareModel hw = hardware_model(h100);
+  hw.origin = "the default; --gpu picks another";
+  return hw;
 }
 
 double gemm_efficiency(double m, double n, double k) {
@@ -392,6 +394,7 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
 StepTime step_time(const Schedule& s, const HardwareModel& hw) {
   const TrainSpec& t = s.setup;
   StepTime r;
+  r.hardware = hw.name, r.hardware_origin = hw.origin;
   std::map<const BlockGraph*, BlockTime> cache;
   double flops = 0, recompute_flops = 0;  // one rank per stage, one micro-batch
   for (const StageProgram& p : s.stages) {

@@ -32,6 +32,9 @@ struct HardwareModel {
   double link_latency_s = 0;          // alpha of the alpha-beta model per ring step, inside a node
   int64_t gpus_per_node = 8;          // GPUs that share one NVLink domain
   double inter_node_latency_s = 0;    // alpha per ring step when the group spans nodes
+  // Where the figures come from, as the reports say it: "the default; --gpu picks another", "from
+  // FILE" (a GPU file), or empty (the catalog's GPU that --gpu names).
+  std::string origin;
 };
 
 // The GPU's catalog figures plus the interconnect defaults (stated in cost.cpp).
@@ -104,6 +107,7 @@ struct StepTime {
   // Additions beyond the agreed fields: the per-stage breakdown and which stage sets the pace.
   std::vector<StageSeconds> stages;
   int slowest_stage = 0;
+  std::string hardware, hardware_origin;  // the GPU the times are of (HardwareModel name, origin)
 };
 
 // From a built Schedule: each stage's blocks with their own BlockPolicy give its per-micro-batch

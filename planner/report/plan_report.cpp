@@ -169,7 +169,11 @@ std::string step_time_line(const StepTime& t) {
   return "predicted step time (cost model) " + fmt("%.3f s", t.seconds) +
          ", recompute on the slowest stage " + fmt("%.3f s", t.recompute_seconds) + " (" +
          fmt("%.1f%%", 100 * overhead) + " of the step), MFU " + fmt("%.1f%%", 100 * t.mfu) +
-         ", HFU " + fmt("%.1f%%", 100 * t.hfu) + "\n";
+         ", HFU " + fmt("%.1f%%", 100 * t.hfu) +
+         (t.hardware.empty() ? std::string()
+                             : ", on " + t.hardware +
+                                   (t.hardware_origin.empty() ? "" : " (" + t.hardware_origin + ")")) +
+         "\n";
 }
 
 std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
@@ -316,6 +320,8 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
                       {"step_seconds", p.time.seconds},
                       {"recompute_seconds", p.time.recompute_seconds},
                       {"pipeline_p2p_seconds", p.time.p2p_seconds},
+                      {"hardware", p.time.hardware},
+                      {"hardware_origin", p.time.hardware_origin},
                       {"mfu", p.time.mfu},
                       {"hfu", p.time.hfu},
                       {"per_stage", stages},
