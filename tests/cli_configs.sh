@@ -111,6 +111,21 @@ check "--gpu FILE with two GPUs: exit 2, one line" \
 check "--gpu FILE that does not exist: exit 2, one line naming it" \
   '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -qF "$TMP/none.toml" "$TMP/err"'
 
+# Megatron's overlap options: the step time's only, said on the step-time line and in JSON.
+"$NP" estimate --model llama-3.1-8b --dp 8 --zero 1 --format json >"$TMP/plain.json" 2>"$TMP/err"
+"$NP" estimate --model llama-3.1-8b --dp 8 --zero 1 --overlap-grad-reduce on --overlap-param-gather on --format json >"$TMP/overlap.json" 2>>"$TMP/err"
+check "--overlap-grad-reduce on --overlap-param-gather on: a shorter step, the same bytes, said in JSON" \
+  'python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:3]); sys.exit(0 if a[\"peak_bytes\"] == b[\"peak_bytes\"] and a[\"step_time\"][\"seconds\"] < b[\"step_time\"][\"seconds\"] and a[\"step_time\"][\"overlap\"].startswith(\"the DP gradient reduction and parameter gather overlapped\") and b[\"step_time\"][\"overlap\"] == \"no communication overlapped with compute\" else 1)" "$TMP/overlap.json" "$TMP/plain.json" || { cat "$TMP/err"; false; }'
+"$NP" estimate --model llama-3.1-8b --dp 8 --zero 1 --overlap-grad-reduce on >"$TMP/out" 2>&1
+check "the step-time line says what it overlapped" \
+  'grep -q "^predicted step time (cost model) .*, the DP gradient reduction overlapped (--overlap-grad-reduce)$" "$TMP/out"'
+"$NP" estimate --model llama-3.1-8b --dp 8 --overlap-grad-reduce on --overlap-param-gather on >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "--overlap-param-gather without the distributed optimizer: exit 2, one line naming the fix" \
+  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "needs --zero 1 or more" "$TMP/err" && [ ! -s "$TMP/out" ]'
+"$NP" estimate --model llama-3.1-8b --overlap-grad-reduce yes >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "--overlap-grad-reduce yes: exit 2, one line with the valid values" \
+  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "invalid --overlap-grad-reduce .*valid: on, off" "$TMP/err"'
+
 # Labels that say what the setup does.
 "$NP" estimate --model llama-3.1-8b --dp 2 --zero 3 >"$TMP/z3.txt" 2>&1
 check "ZeRO-3: the gradient and optimizer lines say ZeRO-3" \

@@ -173,12 +173,23 @@ TEST(MegatronArgs, ReadsWhatMegatronDoes) {
   EXPECT_FALSE(read("--no-gradient-accumulation-fusion", 2).grad_accum_fusion);
   EXPECT_TRUE(read("--mock-data", 2).dataloader_mask);
   EXPECT_FALSE(read("--no-create-attention-mask-in-dataloader", 2).dataloader_mask);
-  // Flags no byte depends on here: the overlapped reductions work in the buffers in place.
-  TrainSpec quiet = read("--overlap-grad-reduce --overlap-param-gather --deterministic-mode "
-                         "--lr-decay-iters 320000 --ckpt-format torch_dist "
+  // Flags no byte depends on here.
+  TrainSpec quiet = read("--deterministic-mode --lr-decay-iters 320000 --ckpt-format torch_dist "
                          "--log-memory-to-tensorboard --eval-iters 10",
                          2);
   EXPECT_EQ(quiet.zero, 0);
+  EXPECT_FALSE(quiet.overlap_grad_reduce || quiet.overlap_param_gather);
+  // The overlapped reductions: the step time's (they work in the buffers in place).
+  TrainSpec overlap =
+      read("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather", 2);
+  EXPECT_TRUE(overlap.overlap_grad_reduce && overlap.overlap_param_gather);
+  EXPECT_EQ(overlap.zero, 1);
+  // Without the distributed optimizer, the setup's validation refuses it, as Megatron's does.
+  std::optional<Error> no_dist =
+      validate_setup(m, read("--overlap-grad-reduce --overlap-param-gather", 2));
+  ASSERT_TRUE(no_dist.has_value());
+  EXPECT_NE(no_dist->message.find("needs --zero 1 or more"), std::string::npos)
+      << no_dist->message;
   // A blended --data-path takes its words up to the next flag; --recompute-activations wins over
   // a granularity given after it, as in Megatron.
   EXPECT_EQ(read("--data-path 0.3 /a 0.7 /b --micro-batch-size 2", 2).micro_batch, 2);
@@ -271,6 +282,7 @@ TEST(EmitConfig, NamedPoliciesRoundTrip) {
     t.impl = Impl::kMegatron;
     t.grad_accum_fusion = r == Recompute::kFull;  // off is emitted, and read back
     t.dataloader_mask = r == Recompute::kSelective;
+    t.overlap_grad_reduce = true, t.overlap_param_gather = r == Recompute::kFull;
     std::string flags = emit_megatron(build_schedule(m, t));
     std::string line = flags.substr(0, flags.find('\n'));
     Result<ConfigSetup> back = megatron_args(line, m, 2);
@@ -281,6 +293,8 @@ TEST(EmitConfig, NamedPoliciesRoundTrip) {
     EXPECT_EQ(back->setup.stage_layers, (std::vector<int64_t>{20, 20, 20, 20}));
     EXPECT_EQ(back->setup.grad_accum_fusion, t.grad_accum_fusion) << flags;
     EXPECT_EQ(back->setup.dataloader_mask, t.dataloader_mask) << flags;
+    EXPECT_TRUE(back->setup.overlap_grad_reduce) << flags;
+    EXPECT_EQ(back->setup.overlap_param_gather, t.overlap_param_gather) << flags;
     if (r == Recompute::kSelective) {
       EXPECT_NE(flags.find("--recompute-granularity selective --recompute-modules core_attn\n"),
                 std::string::npos)

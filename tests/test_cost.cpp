@@ -349,6 +349,55 @@ TEST(StepTime, PipelineTransfersAreOnTheCriticalPath) {
   EXPECT_EQ(step_time(build_schedule(m, flat), kH100).p2p_seconds, 0.0);
 }
 
+// Megatron's overlapped data-parallel traffic (distributed_data_parallel.py: buckets of 40,000,000
+// parameters on pipeline rank 0, one bucket on the later stages; the parameter gather during the
+// next forward). Stage 0 hides its reduction behind its last backward but for the last bucket's
+// share, stage s behind s backward slots, and the gather behind a forward; off, nothing is
+// hidden. The step changes by what is hidden, and says what it overlapped.
+TEST(StepTime, MegatronOverlapHidesTheDataParallelTraffic) {
+  ModelSpec m = model("llama-3.1-8b");
+  TrainSpec t = setup(1, 2, 4, Recompute::kNone);
+  t.dp = 4, t.zero = 1, t.pp_schedule = PpSchedule::k1F1B;
+  ASSERT_FALSE(validate_setup(m, t));
+  StepTime off = step_time(build_schedule(m, t), kH100);
+  for (const StageSeconds& st : off.stages) {
+    EXPECT_GT(st.grad_reduce, 0);
+    EXPECT_GT(st.param_gather, 0);
+    EXPECT_EQ(st.exposed_comm, st.grad_comm);
+  }
+  EXPECT_EQ(off.overlap, "no communication overlapped with compute");
+  TrainSpec on = t;
+  on.overlap_grad_reduce = on.overlap_param_gather = true;
+  ASSERT_FALSE(validate_setup(m, on));
+  StepTime o = step_time(build_schedule(m, on), kH100);
+  ASSERT_EQ(o.stages.size(), 2u);
+  const StageSeconds &s0 = o.stages[0], &s1 = o.stages[1];
+  double last = 40e6 / static_cast<double>(s0.grad_elements);
+  double reduce0 = std::max(s0.grad_reduce - (s0.backward + s0.recompute), s0.grad_reduce * last);
+  double reduce1 = std::max(0.0, s1.grad_reduce - (s1.backward + s1.recompute));
+  EXPECT_NEAR(s0.exposed_comm,
+              s0.grad_comm - s0.grad_reduce - s0.param_gather + reduce0 +
+                  std::max(0.0, s0.param_gather - s0.forward),
+              1e-15);
+  EXPECT_NEAR(s1.exposed_comm,
+              s1.grad_comm - s1.grad_reduce - s1.param_gather + reduce1 +
+                  std::max(0.0, s1.param_gather - s1.forward),
+              1e-15);
+  EXPECT_LT(o.dp_comm_seconds, off.dp_comm_seconds);
+  EXPECT_NEAR(off.seconds - o.seconds, off.dp_comm_seconds - o.dp_comm_seconds, 1e-9);
+  EXPECT_EQ(o.overlap,
+            "the DP gradient reduction and parameter gather overlapped (--overlap-grad-reduce, "
+            "--overlap-param-gather)");
+  TrainSpec bad = t;
+  bad.overlap_param_gather = true;
+  ASSERT_TRUE(validate_setup(m, bad).has_value());
+  EXPECT_NE(validate_setup(m, bad)->message.find("needs --overlap-grad-reduce on"),
+            std::string::npos);
+  bad.overlap_grad_reduce = true, bad.zero = 0;
+  ASSERT_TRUE(validate_setup(m, bad).has_value());
+  EXPECT_NE(validate_setup(m, bad)->message.find("needs --zero 1 or more"), std::string::npos);
+}
+
 // Context parallelism divides each rank's tokens and its share of the attention by cp: the
 // model FLOPs of a step over all GPUs are those of cp = 1 (to rounding), and the per-rank time
 // falls.

@@ -17,7 +17,8 @@ auto fields(const TrainSpec& t) {
                          t.micro_batch, t.seq_len, t.microbatches, t.pp_schedule,
                          t.virtual_stages, t.attention, t.impl, t.loss_fusion,
                          t.grad_accum_fusion, t.dataloader_mask, t.vocab_multiple, t.grad_dtype,
-                         t.optimizer, t.recompute, t.tp_recompute_allgather, t.stage_layers);
+                         t.optimizer, t.recompute, t.tp_recompute_allgather, t.stage_layers,
+                         t.overlap_grad_reduce, t.overlap_param_gather);
 }
 
 // The flags of a command line (" --tp 8 --pp 2 ...") as the CLI would give them.
@@ -39,7 +40,7 @@ TEST(SetupFlags, TableNamesAreUniqueWithHelpAndDefaultsThatParse) {
     if (f.count && !f.default_text.empty())
       EXPECT_TRUE(parse_count_flag(f.name, f.default_text, f.lo, f.hi).ok()) << f.name;
   }
-  EXPECT_EQ(names.size(), 24u);
+  EXPECT_EQ(names.size(), 26u);
 }
 
 TEST(SetupFlags, DefaultsAreTheSetupDefaults) {
@@ -108,7 +109,9 @@ TEST(SetupFlags, AConfigIsOverriddenByExactlyTheFlagsGiven) {
                     : f.name == "--optimizer"        ? "sgd"
                     : f.name == "--tp-recompute-allgather" ? "false"
                     : f.name == "--moe-capacity-factor"    ? "2"
-                                                           : "3";
+                    : f.name == "--overlap-grad-reduce" || f.name == "--overlap-param-gather"
+                        ? "on"
+                        : "3";
     s.set(f.name, v);
     Result<TrainSpec> flags = setup_from_flags(s, false);
     ASSERT_TRUE(flags.ok()) << f.name << " " << v << ": " << flags.error().message;

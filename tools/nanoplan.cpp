@@ -430,6 +430,7 @@ int run_estimate(const Flags& f) {
                       {"tokens_per_second", time.tokens_per_second},
                       {"hardware", hw.name},
                       {"hardware_origin", hw.origin},
+                      {"overlap", time.overlap},
                       {"source", "cost model (planner/recompute/cost.hpp), not a measurement"}};
     std::cout << j.dump(2) << "\n";
   } else {

@@ -337,14 +337,12 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                                           "--no-position-embedding",
                                           "--no-gradient-accumulation-fusion",
                                           "--no-create-attention-mask-in-dataloader",
-                                          "--add-qkv-bias", "--recompute-activations"};
-  // Known, and no byte depends on them here (the overlapped reductions work in place in the
-  // gradient and parameter buffers, and the cost model does not overlap them): ignored, and
-  // listed once.
+                                          "--add-qkv-bias", "--recompute-activations",
+                                          "--overlap-grad-reduce", "--overlap-param-gather"};
+  // Known, and no byte depends on them here: ignored, and listed once.
   const std::set<std::string> quiet = {"--use-mcore-models", "--no-bias-dropout-fusion",
                                        "--attention-softmax-in-fp32", "--no-masked-softmax-fusion",
                                        "--accumulate-allreduce-grads-in-fp32", "--mock-data",
-                                       "--overlap-grad-reduce", "--overlap-param-gather",
                                        "--deterministic-mode", "--log-memory-to-tensorboard",
                                        "--log-throughput", "--log-params-norm",
                                        "--log-num-zeros-in-grad",
@@ -387,6 +385,12 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
         t.grad_accum_fusion = false, c.given.insert("--gradient-accumulation-fusion");
       if (w == "--no-create-attention-mask-in-dataloader")
         t.dataloader_mask = false, c.given.insert("--dataloader-attention-mask");
+      // The overlapped reductions work in place in the gradient and parameter buffers: the step
+      // time's, not the memory's.
+      if (w == "--overlap-grad-reduce")
+        t.overlap_grad_reduce = true, c.given.insert("--overlap-grad-reduce");
+      if (w == "--overlap-param-gather")
+        t.overlap_param_gather = true, c.given.insert("--overlap-param-gather");
       // The architecture switches, checked against the model (absent: the model decides).
       auto arch = [&](bool agrees, const std::string& model_has) -> std::optional<Error> {
         if (agrees) return std::nullopt;

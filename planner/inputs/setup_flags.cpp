@@ -135,6 +135,20 @@ std::vector<SetupFlag> make_table() {
        "(--no-create-attention-mask-in-dataloader)",
        "on", false, kMin, kMax, [](T& to, const T& f) { to.dataloader_mask = f.dataloader_mask; },
        [](const T& t) -> std::string { return t.dataloader_mask ? "" : "off"; }},
+      {"--overlap-grad-reduce",
+       "Megatron's --overlap-grad-reduce: on (the data-parallel gradient reduction in buckets "
+       "during the last micro-batch's backward), off (its default: after the backward); step "
+       "time only",
+       "off", false, kMin, kMax,
+       [](T& to, const T& f) { to.overlap_grad_reduce = f.overlap_grad_reduce; },
+       [](const T& t) -> std::string { return t.overlap_grad_reduce ? "on" : ""; }},
+      {"--overlap-param-gather",
+       "Megatron's --overlap-param-gather (with --zero 1 or more and --overlap-grad-reduce on): "
+       "on (the parameter all-gather during the next step's forward), off (its default); step "
+       "time only",
+       "off", false, kMin, kMax,
+       [](T& to, const T& f) { to.overlap_param_gather = f.overlap_param_gather; },
+       [](const T& t) -> std::string { return t.overlap_param_gather ? "on" : ""; }},
       {"--make-vocab-size-divisible-by",
        "Megatron's under --impl megatron: the vocabulary padded to a multiple of this x tp", "128",
        true, 1, 1 << 20, [](T& to, const T& f) { to.vocab_multiple = f.vocab_multiple; },
@@ -261,6 +275,10 @@ Result<TrainSpec> setup_from_flags(const SetupText& s, bool budgeted) {
        t.grad_accum_fusion);
   take(parse_switch("--dataloader-attention-mask", s["--dataloader-attention-mask"], "on", "off"),
        t.dataloader_mask);
+  take(parse_switch("--overlap-grad-reduce", s["--overlap-grad-reduce"], "on", "off"),
+       t.overlap_grad_reduce);
+  take(parse_switch("--overlap-param-gather", s["--overlap-param-gather"], "on", "off"),
+       t.overlap_param_gather);
   take(parse_enum<Dtype>("--grad-accum-dtype", s["--grad-accum-dtype"]), t.grad_dtype);
   take(parse_enum<Optimizer>("--optimizer", s["--optimizer"]), t.optimizer);
   if (failed) return *failed;

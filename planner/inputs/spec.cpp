@@ -381,6 +381,13 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (t.vocab_multiple != 128 && t.impl != Impl::kMegatron)
     return fail("--make-vocab-size-divisible-by is Megatron's and needs --impl megatron (the other "
                 "profiles hold the vocabulary unpadded)");
+  // Megatron's validate_args (megatron/training/arguments.py, 307dcf3): the parameter gather
+  // overlaps only with the distributed optimizer and with the gradient reduction overlapped.
+  if (t.overlap_param_gather && t.zero < 1)
+    return fail("--overlap-param-gather on needs --zero 1 or more (Megatron's distributed "
+                "optimizer); use --overlap-param-gather off");
+  if (t.overlap_param_gather && !t.overlap_grad_reduce)
+    return fail("--overlap-param-gather on needs --overlap-grad-reduce on, as Megatron requires");
   if (!t.dataloader_mask && t.impl != Impl::kMegatron)
     return fail("--dataloader-attention-mask off is Megatron's and needs --impl megatron; use "
                 "--dataloader-attention-mask on");

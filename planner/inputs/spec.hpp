@@ -140,6 +140,12 @@ struct TrainSpec {
   // section 4.1). Megatron-core, and so the default here, sends the whole tensor from every TP
   // rank (cost.hpp, pipeline_p2p_bytes). Set by the published checks of those papers' setups.
   bool p2p_scatter_gather = false;
+  // Megatron's --overlap-grad-reduce and --overlap-param-gather (both off by default:
+  // megatron/training/arguments.py, NVIDIA/Megatron-LM 307dcf3): the data-parallel gradient
+  // reduction issued bucket by bucket during the last micro-batch's backward, and the distributed
+  // optimizer's parameter all-gather during the next step's forward. They change the step time
+  // only (cost.hpp), never a byte.
+  bool overlap_grad_reduce = false, overlap_param_gather = false;
   // Decoder layers per pipeline stage (pp entries, each >= 1, summing to the model's layers);
   // empty: balanced by FLOPs (partition_layers in schedule.hpp).
   std::vector<int64_t> stage_layers;

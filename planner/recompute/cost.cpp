@@ -365,11 +365,13 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   for (auto [n, group] : {std::pair{dense, dense_dp}, std::pair{expert, expert_dp}}) {
     if (n == 0 || group <= 1) continue;
     double nn = static_cast<double>(n);
-    if (t.zero == 0) c += coll("all_reduce", nn * gb, group);  // after the last backward
-    if (t.zero == 1)
-      c += coll("reduce_scatter", nn * gb, group) + coll("all_gather", nn * 2, group);
-    if (t.zero == 2) c += coll("all_gather", nn * 2, group);  // updated bf16 weights, once
+    if (t.zero == 0) st.grad_reduce += coll("all_reduce", nn * gb, group);  // after the last backward
+    if (t.zero == 1) st.grad_reduce += coll("reduce_scatter", nn * gb, group);
+    if (t.zero == 1 || t.zero == 2)
+      st.param_gather += coll("all_gather", nn * 2, group);  // updated bf16 weights, once
   }
+  c += st.grad_reduce + st.param_gather;
+  st.grad_elements = dense + expert;
   // ZeRO-2/3: every block's gradients are reduce-scattered after its backward, every micro-batch;
   // ZeRO-3 also all-gathers its bf16 weights before its forward and its backward (the schedule's
   // reduce_grads and gather_params instructions).
@@ -389,7 +391,42 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   st.grad_comm = c;
 }
 
+// Megatron's DDP (megatron/core/distributed/distributed_data_parallel.py, NVIDIA/Megatron-LM
+// 293e104) skips the gradient synchronisation of every micro-batch but the last; in the last,
+// with overlap_grad_reduce, each bucket's reduction starts as soon as its gradients are ready.
+// Buckets hold 40,000,000 parameters, on pipeline rank 0 only: later stages keep one bucket,
+// whose reduction starts when their last backward ends, while the earlier stages still run
+// theirs ("not on the critical path"). So stage 0 hides its reduction behind its last backward
+// but for the last bucket's, and stage s behind s backward slots. With overlap_param_gather the
+// distributed optimizer's all-gather runs during the next step's first forward.
+constexpr double kDdpBucketElements = 40'000'000;
+
+double exposed_comm(const StageSeconds& st, int64_t stage, const TrainSpec& t) {
+  double reduce = st.grad_reduce, gather = st.param_gather;
+  if (t.overlap_grad_reduce) {
+    const double backward = st.backward + st.recompute;  // the last micro-batch's
+    if (stage == 0) {
+      double last = st.grad_elements > 0
+                        ? std::min(1.0, kDdpBucketElements / static_cast<double>(st.grad_elements))
+                        : 1.0;
+      reduce = std::max(reduce - backward, reduce * last);
+    } else {
+      reduce = std::max(0.0, reduce - static_cast<double>(stage) * backward);
+    }
+  }
+  if (t.overlap_param_gather) gather = std::max(0.0, gather - st.forward);
+  return st.grad_comm - st.grad_reduce - st.param_gather + reduce + gather;
+}
+
 }  // namespace
+
+std::string overlap_text(const TrainSpec& t) {
+  return !t.overlap_grad_reduce ? "no communication overlapped with compute"
+         : t.overlap_param_gather
+             ? "the DP gradient reduction and parameter gather overlapped "
+               "(--overlap-grad-reduce, --overlap-param-gather)"
+             : "the DP gradient reduction overlapped (--overlap-grad-reduce)";
+}
 
 StepTime step_time(const Schedule& s, const HardwareModel& hw) {
   const TrainSpec& t = s.setup;
@@ -418,11 +455,13 @@ StepTime step_time(const Schedule& s, const HardwareModel& hw) {
   if (r.stages.empty()) return r;
 
   double m = static_cast<double>(t.microbatches), pp = static_cast<double>(t.pp);
+  for (size_t i = 0; i < r.stages.size(); ++i)
+    r.stages[i].exposed_comm = exposed_comm(r.stages[i], static_cast<int64_t>(i), t);
   int slow = 0, tail = 0;
   for (int i = 1; i < static_cast<int>(r.stages.size()); ++i) {
     if (r.stages[i].microbatch() > r.stages[slow].microbatch()) slow = i;
-    if (r.stages[i].optimizer + r.stages[i].grad_comm >
-        r.stages[tail].optimizer + r.stages[tail].grad_comm)
+    if (r.stages[i].optimizer + r.stages[i].exposed_comm >
+        r.stages[tail].optimizer + r.stages[tail].exposed_comm)
       tail = i;
   }
   r.slowest_stage = slow;
@@ -436,7 +475,8 @@ StepTime step_time(const Schedule& s, const HardwareModel& hw) {
   r.recompute_seconds = m * r.stages[slow].recompute;
   r.p2p_seconds = (m + (pp - 1) / v) * r.stages[slow].p2p;
   r.optimizer_seconds = r.stages[tail].optimizer;
-  r.dp_comm_seconds = r.stages[tail].grad_comm;
+  r.dp_comm_seconds = r.stages[tail].exposed_comm;
+  r.overlap = overlap_text(t);
   r.seconds = m * per_mb + r.bubble_seconds + r.optimizer_seconds + r.dp_comm_seconds;
 
   // Every TP, CP and DP rank of a stage runs the same op table (TP and CP shards already divided

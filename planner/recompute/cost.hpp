@@ -3,9 +3,10 @@
 // (pipeline timeline, bubble, optimizer, data-parallel gradient traffic, MFU and HFU).
 //
 // Assumptions that hold throughout (each constant is stated, with its source, in cost.cpp):
-// - Nothing overlaps: collectives, pipeline bubbles, the optimizer and compute add up. nanotron
-//   runs its TP collectives in line with compute; where the DP all-reduce overlaps the last
-//   backward (torch DDP buckets), the step time here is an over-estimate.
+// - Collectives, pipeline bubbles, the optimizer and compute add up, except where a setup overlaps
+//   the data-parallel traffic as Megatron does (TrainSpec::overlap_grad_reduce and
+//   overlap_param_gather; off by default, as in Megatron). nanotron runs its TP collectives in line
+//   with compute.
 // - Pipeline sends and receives are blocking, as Megatron's 1F1B issues them: each micro-batch's
 //   hidden state goes forward and its gradient back at every stage boundary, v times per
 //   micro-batch under the interleaved schedule (pipeline_p2p_seconds).
@@ -83,6 +84,13 @@ struct StageSeconds {
   double forward = 0, recompute = 0, backward = 0;  // per micro-batch, all blocks of the stage
   double p2p = 0;                                   // per micro-batch: pipeline_p2p_seconds
   double optimizer = 0, grad_comm = 0;              // per step
+  // Of grad_comm: the gradient reduction after the last backward (all-reduce, or reduce-scatter
+  // under ZeRO-1) and the updated parameters' all-gather (ZeRO-1 and 2), the parts Megatron can
+  // overlap; and this rank's gradient elements, which its buckets divide.
+  double grad_reduce = 0, param_gather = 0;
+  int64_t grad_elements = 0;
+  // grad_comm as the step sees it: grad_reduce and param_gather less what the setup overlaps.
+  double exposed_comm = 0;
   double microbatch() const { return forward + recompute + backward + p2p; }
 };
 
@@ -96,9 +104,11 @@ struct StepTime {
   double optimizer_seconds =
       0;  // optimizer step (memory bound over this rank's optimizer + grad + weight bytes)
   double p2p_seconds = 0;  // of which the pipeline's sends and receives (bubble slots included)
+  std::string overlap;     // what the times overlap, as the reports say it
   double dp_comm_seconds =
-      0;  // gradient all-reduce (or reduce-scatter + all-gather under ZeRO) over dp, not
-          // overlapped; also the TP all-reduce of SP-replicated weights' gradients
+      0;  // gradient all-reduce (or reduce-scatter + all-gather under ZeRO) over dp, less what
+          // the setup overlaps (StageSeconds::exposed_comm); also the TP all-reduce of
+          // SP-replicated weights' gradients
   double model_flops =
       0;  // per step, all GPUs: forward + backward FLOPs of the model (no recompute)
   double hardware_flops = 0;     // the same plus recompute FLOPs
@@ -115,5 +125,7 @@ struct StepTime {
 // per-micro-batch time) for both 1F1B and AFAB, plus the optimizer and gradient communication of
 // the stage where those two take longest.
 StepTime step_time(const Schedule& s, const HardwareModel& hw);
+// What a setup's times overlap, as the reports say it (StepTime::overlap).
+std::string overlap_text(const TrainSpec& t);
 
 }  // namespace np

@@ -173,7 +173,7 @@ std::string step_time_line(const StepTime& t) {
          (t.hardware.empty() ? std::string()
                              : ", on " + t.hardware +
                                    (t.hardware_origin.empty() ? "" : " (" + t.hardware_origin + ")")) +
-         "\n";
+         (t.overlap.empty() ? "" : ", " + t.overlap) + "\n";
 }
 
 std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
@@ -322,6 +322,7 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
                       {"pipeline_p2p_seconds", p.time.p2p_seconds},
                       {"hardware", p.time.hardware},
                       {"hardware_origin", p.time.hardware_origin},
+                      {"overlap", p.time.overlap},
                       {"mfu", p.time.mfu},
                       {"hfu", p.time.hfu},
                       {"per_stage", stages},

@@ -1,4 +1,4 @@
-// PyTorch's CUDA caching allocator, one stream (caching_allocator.hpp). "[A] L..." cites
+// PyTorch's CUDA caching allocator, with pools per stream (caching_allocator.hpp). "[A] L..." cites
 // c10/cuda/CUDACachingAllocator.cpp and "[C] L..." c10/core/AllocatorConfig.cpp, both of
 // pytorch/pytorch at b944315b93d36f842ef94d67a041371993234a74.
 #include "planner/schedule/caching_allocator.hpp"
