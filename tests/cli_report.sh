@@ -13,6 +13,8 @@ R=(report --model llama-3.1-8b --tp 2 --pp 2 --pp-schedule 1f1b --microbatches 4
 check "report exits 0 and says what it wrote" '[ $rc -eq 0 ] && grep -q "wrote $TMP/r.html" "$TMP/r.err"'
 check "the figures: a memory figure per stage, the plan strip, the layer options, the sweep" \
   'grep -q "id=\"memory-stage-0\"" "$TMP/r.html" && grep -q "id=\"memory-stage-1\"" "$TMP/r.html" && grep -q "id=\"plan-strip\"" "$TMP/r.html" && grep -q "id=\"frontier\"" "$TMP/r.html" && grep -q "<table id=\"sweep\">" "$TMP/r.html"'
+check "the step time and the sweep say which GPU and what overlap their times are of" \
+  '[ "$(grep -c "on h100-sxm-80gb, no communication overlapped with compute" "$TMP/r.html")" -eq 2 ]'
 check "self-contained: no script, nothing fetched" \
   '! grep -qiE "<script|https?://|src=|@import|url\(" "$TMP/r.html"'
 check "the verdict and the peak are in it" 'grep -q "id=\"verdict\"" "$TMP/r.html" && grep -q "FITS" "$TMP/r.html" && grep -q "peak " "$TMP/r.html"'

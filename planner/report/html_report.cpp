@@ -239,10 +239,26 @@ std::string frontier_figure(const AutoPlan& p) {
   return svg;
 }
 
+// Text for the page: &, < and > as entities (a GPU file's path may hold them).
+std::string escaped(const std::string& text) {
+  std::string out;
+  for (char c : text)
+    out += c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : std::string(1, c);
+  return out;
+}
+
+// The GPU the times are of, where its figures come from, and what the times overlap.
+std::string times_basis(const std::string& gpu, const std::string& origin,
+                        const std::string& overlap) {
+  return "on " + escaped(gpu) + (origin.empty() ? "" : " (" + escaped(origin) + ")") + ", " +
+         escaped(overlap);
+}
+
 std::string sweep_section(const SweepReport& r, const SweepOptions& o) {
   std::string out = "<h2>Sweep</h2>\n<p>" + std::to_string(r.evaluated) + " setups on " +
                     std::to_string(o.gpus) + " GPUs, " + std::to_string(r.fitting.size()) +
-                    " fit; the best by predicted throughput (cost model):</p>\n";
+                    " fit; the best by predicted throughput (cost model, " +
+                    times_basis(o.hw.name, o.hw.origin, overlap_text(o.base)) + "):</p>\n";
   size_t n = std::min<size_t>(10, r.fitting.size());
   double best = n ? r.fitting[0].tokens_per_second : 1;
   out += "<table id=\"sweep\"><tr><th>rank</th><th>tp</th><th>cp</th><th>pp</th><th>schedule</th><th>dp</th>"
@@ -303,7 +319,10 @@ std::string html_report(const ReportInput& in) {
   if (in.plan) {
     out += "<h2>Layer options</h2>\n<p>Predicted step time (cost model) " +
            num(in.plan->time.seconds, "%.3f") + " s, recompute " +
-           num(in.plan->time.recompute_seconds, "%.3f") + " s on the slowest stage.</p>\n" +
+           num(in.plan->time.recompute_seconds, "%.3f") + " s on the slowest stage; " +
+           times_basis(in.plan->time.hardware, in.plan->time.hardware_origin,
+                       in.plan->time.overlap) +
+           ".</p>\n" +
            frontier_figure(*in.plan);
   }
   if (in.sweep) out += sweep_section(*in.sweep, in.sweep_options);
