@@ -126,6 +126,10 @@ check "--overlap-param-gather without the distributed optimizer: exit 2, one lin
 check "--overlap-grad-reduce yes: exit 2, one line with the valid values" \
   '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "invalid --overlap-grad-reduce .*valid: on, off" "$TMP/err"'
 
+"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 80GB --overlap-grad-reduce on --overlap-param-gather on --top 3 >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "sweep --overlap-*: the table says what its times overlap; rows reproduce with the flags, ZeRO 1 or more" \
+  '[ $rc -eq 0 ] && grep -q "^step times are the cost model.s predictions on h100-sxm-80gb (the default; --gpu picks another), the DP gradient reduction and parameter gather overlapped" "$TMP/out" && [ "$(grep -c "nanoplan estimate .*--zero [123] .*--overlap-grad-reduce on --overlap-param-gather on" "$TMP/out")" -eq 3 ] && ! grep -q -- "--zero 0" "$TMP/out"'
+
 # Labels that say what the setup does.
 "$NP" estimate --model llama-3.1-8b --dp 2 --zero 3 >"$TMP/z3.txt" 2>&1
 check "ZeRO-3: the gradient and optimizer lines say ZeRO-3" \

@@ -992,6 +992,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   add_setup_flag(sw, f, setup_flag("--attention"), "flash, eager");
   add_setup_flag(sw, f, setup_flag("--impl"), "nanotron, megatron, fused, hf");
+  add_setup_flag(sw, f, setup_flag("--overlap-grad-reduce"),
+                 "on, off: Megatron's overlapped DP gradient reduction (step time only)");
+  add_setup_flag(sw, f, setup_flag("--overlap-param-gather"),
+                 "on, off: Megatron's overlapped parameter gather, for the setups with --zero 1 "
+                 "or more (step time only)");
   add_setup_flag(sw, f, setup_flag("--partition"),
                  "layers per stage: balanced (by FLOPs), auto (searched for every setup)");
   add_int(sw, "--top", f.top, "setups to show", 1, 1'000'000);
