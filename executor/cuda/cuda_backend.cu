@@ -10,7 +10,8 @@
 #include "executor/cuda/cuda_backend.hpp"
 #include "executor/cuda/ops.hpp"
 #if !defined(NANOPLAN_CUDA_EMULATION)
-#include <cuda.h>  // the driver's types: its functions come through cudaGetDriverEntryPointByVersion
+// The driver's types; its functions come through cudaGetDriverEntryPointByVersion.
+#include <cuda.h>
 #endif
 
 namespace np::cuda {

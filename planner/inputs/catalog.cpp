@@ -349,7 +349,8 @@ Result<GpuSpec> gpu_from_arg(const std::string& catalog_path, std::string_view a
   if (!gpus) return gpus.error();
   if (!file) return resolve_gpu(*gpus, arg);
   if (gpus->size() != 1)
-    return make_error("--gpu " + quote_input(arg) + ": a GPU file holds one [[gpu]] table, this one " +
+    return make_error("--gpu " + quote_input(arg) +
+                      ": a GPU file holds one [[gpu]] table, this one " +
                       std::to_string(gpus->size()));
   return gpus->front();
 }

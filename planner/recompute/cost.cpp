@@ -289,9 +289,9 @@ double recompute_seconds(const BlockGraph& g, const std::vector<bool>& recompute
 // 4dabc62385799f8256fb05ccf3dfd4a7218781bd) gives (seq_length, micro_batch_size, hidden_size),
 // seq_length divided by the TP size under sequence parallelism (later versions divide by the CP
 // size first, each CP rank holding its share of the sequence); TrainSpec::p2p_scatter_gather is
-// the older Megatron's split (its all-gather on arrival, over NVLink, is not counted). Its 1F1B steady state calls
-// send_forward_recv_backward after each forward and send_backward_recv_forward after each
-// backward, and waits for them before the next step of the schedule.
+// the older Megatron's split (its all-gather on arrival, over NVLink, is not counted). Its 1F1B
+// steady state calls send_forward_recv_backward after each forward and send_backward_recv_forward
+// after each backward, and waits for them before the next step of the schedule.
 double pipeline_p2p_bytes(const ModelSpec& m, const TrainSpec& t) {
   int64_t seq = t.seq_len / std::max<int64_t>(1, t.cp);
   if (t.sp || t.p2p_scatter_gather) seq /= std::max<int64_t>(1, t.tp);
@@ -365,7 +365,8 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   for (auto [n, group] : {std::pair{dense, dense_dp}, std::pair{expert, expert_dp}}) {
     if (n == 0 || group <= 1) continue;
     double nn = static_cast<double>(n);
-    if (t.zero == 0) st.grad_reduce += coll("all_reduce", nn * gb, group);  // after the last backward
+    // After the last backward: an all-reduce, or a reduce-scatter under ZeRO-1.
+    if (t.zero == 0) st.grad_reduce += coll("all_reduce", nn * gb, group);
     if (t.zero == 1) st.grad_reduce += coll("reduce_scatter", nn * gb, group);
     if (t.zero == 1 || t.zero == 2)
       st.param_gather += coll("all_gather", nn * 2, group);  // updated bf16 weights, once

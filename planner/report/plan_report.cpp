@@ -166,14 +166,14 @@ std::string equivalents(const AutoPlan& p, int64_t budget) {
 
 std::string step_time_line(const StepTime& t) {
   double overhead = t.seconds > 0 ? t.recompute_seconds / t.seconds : 0;
+  std::string on;
+  if (!t.hardware.empty())
+    on = ", on " + t.hardware + (t.hardware_origin.empty() ? "" : " (" + t.hardware_origin + ")");
   return "predicted step time (cost model) " + fmt("%.3f s", t.seconds) +
          ", recompute on the slowest stage " + fmt("%.3f s", t.recompute_seconds) + " (" +
          fmt("%.1f%%", 100 * overhead) + " of the step), MFU " + fmt("%.1f%%", 100 * t.mfu) +
-         ", HFU " + fmt("%.1f%%", 100 * t.hfu) +
-         (t.hardware.empty() ? std::string()
-                             : ", on " + t.hardware +
-                                   (t.hardware_origin.empty() ? "" : " (" + t.hardware_origin + ")")) +
-         (t.overlap.empty() ? "" : ", " + t.overlap) + "\n";
+         ", HFU " + fmt("%.1f%%", 100 * t.hfu) + on + (t.overlap.empty() ? "" : ", " + t.overlap) +
+         "\n";
 }
 
 std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {

@@ -18,7 +18,7 @@ struct MemEvent {
   int32_t tensor = -1;
   int64_t bytes = 0;
   bool alloc = true;
-  int16_t stream = 0;  // the stream it is allocated on (caching_allocator.hpp): 0, the compute stream
+  int16_t stream = 0;  // its stream (caching_allocator.hpp): 0, the compute stream
   bool operator==(const MemEvent&) const = default;
 };
 

@@ -527,7 +527,8 @@ CUresult emu_cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment
   uintptr_t raw = reinterpret_cast<uintptr_t>(p);
   uintptr_t base = (raw + kGranularity - 1) / kGranularity * kGranularity;
   if (base > raw) munmap(p, base - raw);
-  if (raw + span > base + size) munmap(reinterpret_cast<void*>(base + size), raw + span - base - size);
+  if (raw + span > base + size)
+    munmap(reinterpret_cast<void*>(base + size), raw + span - base - size);
   auto& d = np::emu::device();
   std::lock_guard<std::mutex> lock(d.mu);
   d.reservations[base] = size;
@@ -637,7 +638,8 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
                                              unsigned long long flags,
                                              cudaDriverEntryPointQueryResult* status) {
   static const std::pair<std::string_view, void*> table[] = {
-      {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&emu_cuMemGetAllocationGranularity)},
+      {"cuMemGetAllocationGranularity",
+       reinterpret_cast<void*>(&emu_cuMemGetAllocationGranularity)},
       {"cuMemAddressReserve", reinterpret_cast<void*>(&emu_cuMemAddressReserve)},
       {"cuMemAddressFree", reinterpret_cast<void*>(&emu_cuMemAddressFree)},
       {"cuMemCreate", reinterpret_cast<void*>(&emu_cuMemCreate)},
