@@ -292,14 +292,22 @@ double recompute_seconds(const BlockGraph& g, const std::vector<bool>& recompute
 // the older Megatron's split (its all-gather on arrival, over NVLink, is not counted). Its 1F1B
 // steady state calls send_forward_recv_backward after each forward and send_backward_recv_forward
 // after each backward, and waits for them before the next step of the schedule.
+double pipeline_p2p_bytes(const BlockGraph& layer, const TrainSpec& t) {
+  if (layer.hidden_in < 0) return 0;
+  double bytes = tensor_bytes(layer, layer.hidden_in);
+  if (t.p2p_scatter_gather && !t.sp) bytes /= static_cast<double>(std::max<int64_t>(1, t.tp));
+  return bytes;
+}
+
 double pipeline_p2p_bytes(const ModelSpec& m, const TrainSpec& t) {
-  int64_t seq = t.seq_len / std::max<int64_t>(1, t.cp);
-  if (t.sp || t.p2p_scatter_gather) seq /= std::max<int64_t>(1, t.tp);
-  return 2.0 * static_cast<double>(seq) * static_cast<double>(t.micro_batch) *
-         static_cast<double>(m.hidden);
+  return pipeline_p2p_bytes(build_layer(m, t), t);
 }
 
 double pipeline_p2p_seconds(const ModelSpec& m, const TrainSpec& t, const HardwareModel& hw) {
+  return t.pp > 1 ? pipeline_p2p_seconds(pipeline_p2p_bytes(m, t), t, hw) : 0;
+}
+
+double pipeline_p2p_seconds(double bytes, const TrainSpec& t, const HardwareModel& hw) {
   if (t.pp <= 1) return 0;
   // Ranks are numbered (pp, dp, cp, tp), so a replica's pipeline spans tp cp dp pp consecutive
   // ranks; inside one node every boundary is an NVLink hop.
@@ -308,7 +316,7 @@ double pipeline_p2p_seconds(const ModelSpec& m, const TrainSpec& t, const Hardwa
   const double latency = intra ? hw.link_latency_s : hw.inter_node_latency_s;
   const double v = t.pp_schedule == PpSchedule::kInterleaved ? static_cast<double>(t.virtual_stages)
                                                              : 1.0;
-  return 2.0 * v * (pipeline_p2p_bytes(m, t) / bw + latency);
+  return 2.0 * v * (bytes / bw + latency);
 }
 
 namespace {
@@ -450,7 +458,11 @@ StepTime step_time(const Schedule& s, const HardwareModel& hw) {
           recompute_flops += g.ops[o].flops;
     }
     stage_tail(p, hw, t, st);
-    st.p2p = pipeline_p2p_seconds(s.model, t, hw);
+    for (const StageBlock& b : p.blocks)
+      if (b.kind == BlockKind::kLayer) {
+        st.p2p = pipeline_p2p_seconds(pipeline_p2p_bytes(*b.graph, t), t, hw);
+        break;
+      }
     r.stages.push_back(st);
   }
   if (r.stages.empty()) return r;

@@ -70,14 +70,17 @@ double recompute_seconds(const BlockGraph& g, const std::vector<bool>& recompute
                          const HardwareModel& hw, const TrainSpec& t);
 
 // The pipeline's point-to-point traffic of one micro-batch at one stage boundary: the hidden
-// state (sequence / cp, and / tp under sequence parallelism or TrainSpec::p2p_scatter_gather,
-// x micro-batch x hidden, bf16) that each rank sends forward, and its gradient, the same size,
+// state entering a decoder layer (the layer graph's hidden_in: sequence / cp, and / tp under
+// sequence parallelism, x micro-batch x hidden), / tp again under
+// TrainSpec::p2p_scatter_gather, that each rank sends forward; its gradient, the same size, goes
 // back.
-double pipeline_p2p_bytes(const ModelSpec& m, const TrainSpec& t);
+double pipeline_p2p_bytes(const BlockGraph& layer, const TrainSpec& t);
+double pipeline_p2p_bytes(const ModelSpec& m, const TrainSpec& t);  // of build_layer(m, t)
 // Seconds a stage spends per micro-batch in those blocking transfers: 2 v of them (v chunks per
-// stage under the interleaved schedule, else 1), each one message at the link's bandwidth plus its
-// latency; NVLink when the whole pipeline of a replica is inside one node, else the network. 0
-// without pipeline parallelism.
+// stage under the interleaved schedule, else 1), each one message of `bytes` at the link's
+// bandwidth plus its latency; NVLink when the whole pipeline of a replica is inside one node,
+// else the network. 0 without pipeline parallelism.
+double pipeline_p2p_seconds(double bytes, const TrainSpec& t, const HardwareModel& hw);
 double pipeline_p2p_seconds(const ModelSpec& m, const TrainSpec& t, const HardwareModel& hw);
 
 struct StageSeconds {

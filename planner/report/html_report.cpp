@@ -239,19 +239,10 @@ std::string frontier_figure(const AutoPlan& p) {
   return svg;
 }
 
-// Text for the page: &, < and > as entities (a GPU file's path may hold them).
-std::string escaped(const std::string& text) {
-  std::string out;
-  for (char c : text)
-    out += c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : std::string(1, c);
-  return out;
-}
-
 // The GPU the times are of, where its figures come from, and what the times overlap.
 std::string times_basis(const std::string& gpu, const std::string& origin,
                         const std::string& overlap) {
-  return "on " + escaped(gpu) + (origin.empty() ? "" : " (" + escaped(origin) + ")") + ", " +
-         escaped(overlap);
+  return "on " + esc(gpu) + (origin.empty() ? "" : " (" + esc(origin) + ")") + ", " + esc(overlap);
 }
 
 std::string sweep_section(const SweepReport& r, const SweepOptions& o) {
