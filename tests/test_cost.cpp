@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "planner/inputs/catalog.hpp"
+#include "planner/recompute/autoplan.hpp"
 #include "planner/recompute/cost.hpp"
 #include "planner/recompute/published.hpp"
 #include "planner/schedule/schedule.hpp"
@@ -498,7 +499,8 @@ namespace {
 // 2022 Tables 4 and 5, Narayanan et al. 2021 Table 1; the table in docs/planning.md). The bounds are the
 // errors docs/planning.md states: the per-layer times and iteration times of Korthikanti et al. within
 // 11 %, the throughputs of Narayanan et al. within 15 % (their micro-batch size and chunk count are
-// not published), 7 % on average. And the model reproduces what the papers conclude: full
+// not published), 7 % on average; a check that carries its reason (outside_bound) lies beyond its
+// bound, by at most 20 %. And the model reproduces what the papers conclude: full
 // recompute costs most of the backward, selective recompute a few percent, sequence
 // parallelism shortens the forward.
 TEST(CostModel, AgreesWithPublishedMeasurements) {
@@ -515,10 +517,16 @@ TEST(CostModel, AgreesWithPublishedMeasurements) {
     ADD_FAILURE() << "no check " << what;
     return 0.0;
   };
+  // Each within its bound, or beyond it (not by more than 20 %) with the reason; the reason is
+  // stale when the check is within the bound after all.
   for (const PublishedCheck& k : checks) {
     double bound = k.paper == "Narayanan et al. 2021" ? 0.15 : 0.11;
-    EXPECT_LE(std::abs(k.error()), bound) << k.table << " " << k.what << ": published "
-                                          << k.published << ", predicted " << k.predicted;
+    if (k.outside_bound.empty())
+      EXPECT_LE(std::abs(k.error()), bound) << k.table << " " << k.what << ": published "
+                                            << k.published << ", predicted " << k.predicted;
+    else
+      EXPECT_TRUE(std::abs(k.error()) > bound && std::abs(k.error()) <= 0.20)
+          << k.what << ": " << k.error() << " (" << k.outside_bound << ")";
     sum += std::abs(k.error());
   }
   EXPECT_LE(sum / static_cast<double>(checks.size()), 0.07);
@@ -534,6 +542,87 @@ TEST(CostModel, AgreesWithPublishedMeasurements) {
     EXPECT_LT(predicted(std::string(model) + " iteration, sequence parallelism + selective"),
               predicted(std::string(model) + " iteration, full recompute"))
         << model;
+}
+
+}  // namespace
+}  // namespace np
+
+namespace np {
+namespace {
+
+// A GPU's measured tables ([gpu.perf]) in place of the generic figures: the GEMM table is exact at
+// its shapes and inverse-distance weighted between them (log2 space), the collectives follow
+// nccl-tests' bus bandwidth with their latencies, and a GPU without tables keeps the curve.
+TEST(GpuEfficiencies, MeasuredGemmTableIsExactAtItsShapesAndInterpolatedBetween) {
+  HardwareModel hw = default_hardware();
+  EXPECT_DOUBLE_EQ(gemm_efficiency(hw, 4096, 4096, 4096), gemm_efficiency(4096, 4096, 4096));
+  hw.perf.gemm = {{4096, 4096, 4096, 0.5}, {4096, 4096, 16384, 0.7}, {512, 512, 512, 0.2}};
+  EXPECT_DOUBLE_EQ(gemm_efficiency(hw, 4096, 4096, 4096), 0.5);
+  EXPECT_DOUBLE_EQ(gemm_efficiency(hw, 4096, 4096, 16384), 0.7);
+  // Halfway in log2 between the first two; the third is far and weighs little.
+  double mid = gemm_efficiency(hw, 4096, 4096, 8192);
+  EXPECT_GT(mid, 0.55);
+  EXPECT_LT(mid, 0.62);
+  // Two shapes measured alike average.
+  hw.perf.gemm.push_back({4096, 4096, 4096, 0.3});
+  EXPECT_DOUBLE_EQ(gemm_efficiency(hw, 4096, 4096, 4096), 0.4);
+}
+
+TEST(GpuEfficiencies, AttentionAndCollectivesUseTheTables) {
+  HardwareModel hw = default_hardware();
+  AttentionEfficiency generic = attention_efficiency(hw, 4096, 32);
+  EXPECT_DOUBLE_EQ(generic.forward, 1.1);  // 55 % of peak over the causal half
+  EXPECT_DOUBLE_EQ(generic.backward, 0.9);
+  hw.perf.attention = {{4096, 8, 0.3, 0.6}, {4096, 64, 0.9, 0.7}};
+  EXPECT_DOUBLE_EQ(attention_efficiency(hw, 4096, 8).forward, 0.3);
+  EXPECT_DOUBLE_EQ(attention_efficiency(hw, 4096, 64).backward, 0.7);
+  double between = attention_efficiency(hw, 4096, 16).forward;
+  EXPECT_GT(between, 0.3);
+  EXPECT_LT(between, 0.9);
+
+  const double bytes = 64.0 * (1 << 20);
+  double line_rate = collective_seconds("all_gather", bytes, 8, true, hw);
+  hw.perf.nvlink = {{"all_gather", {600e9, 9e-6, 23e-6}}, {"all_reduce", {700e9, 5e-6, 20e-6}}};
+  EXPECT_DOUBLE_EQ(collective_seconds("all_gather", bytes, 8, true, hw),
+                   7.0 / 8 * bytes / 600e9 + 7 * 9e-6 + 23e-6);
+  EXPECT_DOUBLE_EQ(collective_seconds("all_reduce", bytes, 8, true, hw),
+                   2 * (7.0 / 8 * bytes / 700e9 + 7 * 5e-6) + 20e-6);
+  EXPECT_GT(collective_seconds("all_gather", bytes, 8, true, hw), line_rate);
+  // Across nodes, and kinds the table lacks, keep the generic model.
+  EXPECT_DOUBLE_EQ(collective_seconds("reduce_scatter", bytes, 8, true, hw), line_rate);
+  hw.perf.nvlink.clear();
+  EXPECT_DOUBLE_EQ(collective_seconds("all_gather", bytes, 8, true, hw), line_rate);
+}
+
+// The catalog's GPUs: B200 measured throughout, H100 derived from the A100's table with the
+// assumption stated, and a step on B200 slower than the generic model made it.
+TEST(GpuEfficiencies, CatalogTablesAndWhatTheReportsSay) {
+  auto gpus = load_gpu_catalog(testing::source_dir() + "/models/gpus/gpus.toml");
+  ASSERT_TRUE(gpus.ok()) << gpus.error().message;
+  HardwareModel b200 = hardware_model(*resolve_gpu(*gpus, "b200"));
+  HardwareModel a100 = hardware_model(*resolve_gpu(*gpus, "a100-80gb"));
+  HardwareModel h100 = hardware_model(*resolve_gpu(*gpus, "h100"));
+  EXPECT_GT(b200.perf.gemm.size(), 300u);
+  EXPECT_EQ(b200.perf.nvlink.size(), 5u);
+  EXPECT_EQ(efficiency_basis(b200).find("generic"), std::string::npos);
+  ASSERT_EQ(h100.perf.gemm.size(), a100.perf.gemm.size());
+  EXPECT_TRUE(h100.perf.attention.empty());
+  for (size_t i = 0; i < h100.perf.gemm.size(); ++i)
+    EXPECT_NEAR(h100.perf.gemm[i].efficiency / a100.perf.gemm[i].efficiency, 0.9911 / 1.0724,
+                1e-12);
+  EXPECT_NEAR(h100.perf.memory_bytes_per_s / 3.35e12, a100.perf.memory_bytes_per_s / 2.039e12,
+              1e-9);
+  std::string basis = efficiency_basis(h100);
+  EXPECT_NE(basis.find("measured on A100 PCIe 80GB"), std::string::npos) << basis;
+  EXPECT_NE(basis.find("x 0.991"), std::string::npos) << basis;
+  EXPECT_NE(basis.find("attention at the generic"), std::string::npos) << basis;
+
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t;
+  t.tp = 8;
+  HardwareModel generic = b200;
+  generic.perf = {};
+  EXPECT_GT(named_step_time(m, t, b200).seconds, 1.2 * named_step_time(m, t, generic).seconds);
 }
 
 }  // namespace

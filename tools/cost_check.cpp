@@ -23,12 +23,13 @@ int main(int argc, char** argv) {
   double worst = 0, sum = 0;
   std::vector<np::PublishedCheck> checks = np::published_checks(c);
   if (markdown)
-    std::printf("| source | what | published | predicted | error |\n|---|---|---:|---:|---:|\n");
+    std::printf("| source | what | published | predicted | error | beyond the bound |\n"
+                "|---|---|---:|---:|---:|---|\n");
   for (const np::PublishedCheck& k : checks) {
     if (markdown)
-      std::printf("| %s, %s | %s | %.2f %s | %.2f %s | %+.1f %% |\n", k.paper.c_str(),
+      std::printf("| %s, %s | %s | %.2f %s | %.2f %s | %+.1f %% | %s |\n", k.paper.c_str(),
                   k.table.c_str(), k.what.c_str(), k.published, k.unit.c_str(), k.predicted,
-                  k.unit.c_str(), 100 * k.error());
+                  k.unit.c_str(), 100 * k.error(), k.outside_bound.c_str());
     else
       std::printf("%-24s %-8s %-58s %10.2f %10.2f %-16s %+7.1f%%\n", k.paper.c_str(),
                   k.table.c_str(), k.what.c_str(), k.published, k.predicted, k.unit.c_str(),

@@ -312,10 +312,24 @@ int64_t headroom_of(const Flags& f) {
   return b ? headroom_bytes(f, *b) : 0;
 }
 
+// The GPU the times are of: --gpu's, else the catalog's H100 SXM (default_hardware's figures,
+// with its efficiencies), from the model catalog's GPU file, or the source tree's when a
+// --models-dir holds models only.
 np::HardwareModel make_hardware(const Flags& f) {
-  if (f.gpu.empty()) return np::default_hardware();
-  np::HardwareModel hw =
-      np::hardware_model(check(np::gpu_from_arg(models_dir(f) + "/gpus/gpus.toml", f.gpu)));
+  std::string catalog = models_dir(f) + "/gpus/gpus.toml";
+  if (f.gpu.empty()) {
+    const np::HardwareModel fallback = np::default_hardware();
+    std::error_code ec;
+    bool has = false;
+    if (std::filesystem::exists(catalog, ec))
+      for (const np::GpuSpec& g : check(np::load_gpu_catalog(catalog)))
+        has = has || g.name == fallback.name;
+    if (!has) catalog = std::string(NANOPLAN_SOURCE_DIR) + "/models/gpus/gpus.toml";
+    np::HardwareModel hw = np::hardware_model(check(np::gpu_from_arg(catalog, fallback.name)));
+    hw.origin = fallback.origin;
+    return hw;
+  }
+  np::HardwareModel hw = np::hardware_model(check(np::gpu_from_arg(catalog, f.gpu)));
   if (np::is_gpu_file(f.gpu)) hw.origin = "from " + f.gpu;
   return hw;
 }
@@ -430,6 +444,7 @@ int run_estimate(const Flags& f) {
                       {"tokens_per_second", time.tokens_per_second},
                       {"hardware", hw.name},
                       {"hardware_origin", hw.origin},
+                      {"efficiencies", time.efficiencies},
                       {"overlap", time.overlap},
                       {"source", "cost model (planner/recompute/cost.hpp), not a measurement"}};
     std::cout << j.dump(2) << "\n";

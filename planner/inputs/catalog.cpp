@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -236,7 +237,81 @@ Result<std::vector<ModelSpec>> load_model_catalog(const std::string& dir) {
   return models;
 }
 
-Result<std::vector<GpuSpec>> load_gpu_catalog(const std::string& path) {
+namespace {
+
+// [gpu.perf] of a [[gpu]] table (docs/step-times.md, "GPU efficiencies").
+Result<GpuPerf> read_gpu_perf(const toml::table& t, const std::string& path,
+                              const std::string& gpu) {
+  TomlReader r(t, path, "perf.");
+  r.only({"source", "gemm", "attention", "memory_bytes_per_s", "nvlink", "nvlink_source",
+          "measured_on", "from", "assumption", "compute_scale"});
+  GpuPerf p;
+  p.source = r.string("source", "");
+  p.measured_on = r.string("measured_on", "");
+  p.nvlink_source = r.string("nvlink_source", "");
+  p.from = r.string("from", "");
+  p.assumption = r.string("assumption", "");
+  p.compute_scale = r.number("compute_scale", 1.0);
+  p.memory_bytes_per_s = r.number("memory_bytes_per_s", 0.0);
+  for (const auto& row : r.rows("gemm", 4)) p.gemm.push_back({row[0], row[1], row[2], row[3]});
+  for (const auto& row : r.rows("attention", 4))
+    p.attention.push_back({row[0], row[1], row[2], row[3]});
+  const toml::table* nvlink = r.table("nvlink");
+  if (auto e = r.error()) return *e;
+  auto bad = [&](const std::string& what) {
+    return make_error(path + ": GPU " + quote_input(gpu) + ": [gpu.perf] " + what);
+  };
+  for (const GemmPoint& g : p.gemm)
+    if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.efficiency <= 0 || g.efficiency > 1)
+      return bad("gemm rows are [m, n, k, efficiency] with positive sizes and an efficiency in "
+                 "(0, 1]");
+  for (const AttentionPoint& a : p.attention)
+    if (a.seq <= 0 || a.heads <= 0 || a.forward <= 0 || a.backward <= 0 || a.forward > 2 ||
+        a.backward > 2)
+      return bad("attention rows are [seq, heads, forward, backward] with positive sizes and "
+                 "efficiencies in (0, 2] (the causal kernel's work counted as the full s^2 "
+                 "product can exceed 1)");
+  if (p.compute_scale <= 0 || p.compute_scale > 2) return bad("compute_scale must be in (0, 2]");
+  if (p.memory_bytes_per_s < 0) return bad("memory_bytes_per_s must be positive");
+  if ((!p.from.empty() || !p.measured_on.empty()) && p.assumption.empty())
+    return bad("figures measured on another device (from, measured_on) need an assumption "
+               "saying why they stand for this GPU");
+  if (!p.from.empty() && (!p.gemm.empty() || !p.measured_on.empty()))
+    return bad("from = " + quote_input(p.from) + " takes the neighbour's GEMM table: give no "
+               "gemm or measured_on of its own");
+  if (p.compute_scale != 1 && p.from.empty() && p.measured_on.empty())
+    return bad("compute_scale scales figures measured on another device: give measured_on or "
+               "from");
+  if (p.from.empty())
+    for (GemmPoint& g : p.gemm) g.efficiency *= p.compute_scale;
+  if (!p.measured_on.empty())
+    for (AttentionPoint& a : p.attention)
+      a.forward *= p.compute_scale, a.backward *= p.compute_scale;
+  if (nvlink) {
+    TomlReader c(*nvlink, path, "perf.nvlink.");
+    c.only({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"});
+    for (const char* kind : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"}) {
+      const toml::node* n = nvlink->get(kind);
+      if (!n) continue;
+      std::vector<double> v;
+      if (const toml::array* a = n->as_array(); a && a->size() == 3)
+        for (const toml::node& x : *a)
+          if (x.is_number() && *x.value<double>() >= 0) v.push_back(*x.value<double>());
+      if (v.size() != 3 || v[0] <= 0)
+        return bad(std::string("nvlink.") + kind +
+                   " is [bus bytes/s > 0, latency per ring step (s), latency per call (s)]");
+      p.nvlink.push_back({kind, {v[0], v[1], v[2]}});
+    }
+    if (auto e = c.error()) return *e;
+  }
+  return p;
+}
+
+}  // namespace
+
+namespace {
+
+Result<std::vector<GpuSpec>> parse_gpu_catalog(const std::string& path) {
   Result<toml::table> parsed = parse_toml(path);
   if (!parsed) return parsed.error();
   std::vector<GpuSpec> gpus;
@@ -249,7 +324,7 @@ Result<std::vector<GpuSpec>> load_gpu_catalog(const std::string& path) {
       if (!t) return make_error(path + ": [[gpu]] entries must be tables");
       TomlReader r(*t, path);
       r.only({"name", "display_name", "source", "aliases", "memory_bytes", "bf16_dense_flops",
-              "hbm_bytes_per_s", "nvlink_bytes_per_s"});
+              "hbm_bytes_per_s", "nvlink_bytes_per_s", "perf"});
       GpuSpec g{r.string("name"),
                 r.string("display_name", ""),
                 r.string("source", ""),
@@ -257,11 +332,56 @@ Result<std::vector<GpuSpec>> load_gpu_catalog(const std::string& path) {
                 r.integer("memory_bytes"),
                 r.number("bf16_dense_flops", 0.0),
                 r.number("hbm_bytes_per_s", 0.0),
-                r.number("nvlink_bytes_per_s", 0.0)};
+                r.number("nvlink_bytes_per_s", 0.0),
+                {}};
+      const toml::table* perf = r.table("perf");
       if (auto e = r.error()) return *e;
+      if (perf) {
+        Result<GpuPerf> p = read_gpu_perf(*perf, path, g.name);
+        if (!p) return p.error();
+        g.perf = std::move(*p);
+      }
       gpus.push_back(std::move(g));
     }
   }
+  return gpus;
+}
+
+// [gpu.perf] from = NAME: the neighbour's measured figures, scaled (GpuPerf).
+std::optional<Error> derive_gpu_perf(std::vector<GpuSpec>& gpus,
+                                     const std::vector<GpuSpec>& catalog) {
+  for (GpuSpec& g : gpus) {
+    if (g.perf.from.empty()) continue;
+    const GpuSpec* n = nullptr;
+    for (const GpuSpec& c : catalog)
+      if (c.name == g.perf.from && c.name != g.name) n = &c;
+    if (!n || !n->perf.from.empty() || n->perf.gemm.empty())
+      return make_error("GPU " + quote_input(g.name) + ": [gpu.perf] from = " +
+                        quote_input(g.perf.from) +
+                        " must name another GPU of the catalog with a GEMM table of its own");
+    // The neighbour's table holds its own compute_scale already.
+    const double s = g.perf.compute_scale / n->perf.compute_scale;
+    for (GemmPoint p : n->perf.gemm) {
+      p.efficiency *= s;
+      g.perf.gemm.push_back(p);
+    }
+    if (g.perf.memory_bytes_per_s == 0 && n->perf.memory_bytes_per_s > 0 && n->hbm_bytes_per_s > 0)
+      g.perf.memory_bytes_per_s =
+          n->perf.memory_bytes_per_s / n->hbm_bytes_per_s * g.hbm_bytes_per_s;
+    if (g.perf.source.empty()) g.perf.source = n->perf.source;
+    if (g.perf.measured_on.empty())
+      g.perf.measured_on = n->perf.measured_on.empty() ? n->name : n->perf.measured_on;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<std::vector<GpuSpec>> load_gpu_catalog(const std::string& path) {
+  Result<std::vector<GpuSpec>> gpus = parse_gpu_catalog(path);
+  if (!gpus) return gpus;
+  const std::vector<GpuSpec> measured = *gpus;
+  if (auto e = derive_gpu_perf(*gpus, measured)) return *e;
   return gpus;
 }
 
@@ -345,13 +465,19 @@ bool is_gpu_file(std::string_view arg) {
 
 Result<GpuSpec> gpu_from_arg(const std::string& catalog_path, std::string_view arg) {
   const bool file = is_gpu_file(arg);
-  Result<std::vector<GpuSpec>> gpus = load_gpu_catalog(file ? std::string(arg) : catalog_path);
+  Result<std::vector<GpuSpec>> gpus = file ? parse_gpu_catalog(std::string(arg))
+                                           : load_gpu_catalog(catalog_path);
   if (!gpus) return gpus.error();
   if (!file) return resolve_gpu(*gpus, arg);
   if (gpus->size() != 1)
     return make_error("--gpu " + quote_input(arg) +
                       ": a GPU file holds one [[gpu]] table, this one " +
                       std::to_string(gpus->size()));
+  if (!gpus->front().perf.from.empty()) {  // derived from a catalog GPU
+    Result<std::vector<GpuSpec>> catalog = load_gpu_catalog(catalog_path);
+    if (!catalog) return catalog.error();
+    if (auto e = derive_gpu_perf(*gpus, *catalog)) return *e;
+  }
   return gpus->front();
 }
 

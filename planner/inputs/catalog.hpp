@@ -2,8 +2,10 @@
 // config.json given by path, and models/gpus/gpus.toml. Names resolve case-insensitively through
 // aliases; unknown names get the closest catalog names suggested.
 #pragma once
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -13,6 +15,48 @@
 
 namespace np {
 
+// What a GPU's kernels and collectives achieve, measured ([gpu.perf] of gpus.toml; the schema is
+// in docs/step-times.md). A field left empty falls back to the cost model's generic figures
+// (planner/recompute/cost.cpp), which the reports name.
+struct GemmPoint {
+  double m = 0, n = 0, k = 0;  // the product's m x n output over a contraction of k
+  double efficiency = 0;       // achieved bf16 FLOP/s / bf16_dense_flops
+};
+struct AttentionPoint {
+  double seq = 0, heads = 0;  // sequence length; batch x query heads on the rank
+  // Achieved / bf16_dense_flops, the causal kernel's work counted as the full s^2 product
+  // (4 b s^2 h d forward, 2.5 times that backward).
+  double forward = 0, backward = 0;
+};
+struct CollectivePerf {
+  double bus_bytes_per_s = 0;  // nccl-tests' bus bandwidth
+  double step_latency_s = 0;   // per ring step
+  double call_latency_s = 0;   // per call
+};
+struct GpuPerf {
+  std::string source;  // where the figures were measured
+  std::vector<GemmPoint> gemm;
+  std::vector<AttentionPoint> attention;
+  double memory_bytes_per_s = 0;  // what memory-bound kernels achieve; 0: hbm_bytes_per_s
+  // Inside a node, by kind: all_reduce, all_gather, reduce_scatter, all_to_all, p2p; and where
+  // they were measured when not in `source`.
+  std::vector<std::pair<std::string, CollectivePerf>> nvlink;
+  std::string nvlink_source;
+  // Where nothing is published for this GPU, its figures come from a named neighbour, and
+  // `assumption` says why (the reports print it):
+  // - measured_on: the device the tables were measured on, when not this GPU; their GEMM and
+  //   attention efficiencies are then scaled by compute_scale (done at load);
+  // - from: another catalog GPU whose GEMM table (times compute_scale over the neighbour's own)
+  //   and memory-bound kernels' fraction of the datasheet bandwidth stand for this GPU's.
+  std::string measured_on, from, assumption;
+  double compute_scale = 1;
+  const CollectivePerf* collective(std::string_view kind) const {
+    for (const auto& [k, c] : nvlink)
+      if (k == kind) return &c;
+    return nullptr;
+  }
+};
+
 struct GpuSpec {
   std::string name, display_name, source;
   std::vector<std::string> aliases;
@@ -20,6 +64,7 @@ struct GpuSpec {
   double bf16_dense_flops = 0;  // FLOP/s
   double hbm_bytes_per_s = 0;
   double nvlink_bytes_per_s = 0;  // per direction
+  GpuPerf perf;
 };
 
 Result<ModelSpec> load_model_toml(const std::string& path);

@@ -129,6 +129,28 @@ class TomlReader {
     }
     return out;
   }
+  // A list of rows of `width` numbers each, all >= 0 (empty when absent).
+  std::vector<std::vector<double>> rows(std::string_view key, size_t width) {
+    std::vector<std::vector<double>> out;
+    const toml::node* n = t_.get(key);
+    if (!n) return out;
+    const toml::array* a = n->as_array();
+    const std::string want = "expected rows of " + std::to_string(width) + " non-negative numbers";
+    if (!a) wrong(*n, key, want);
+    for (size_t i = 0; a && i < a->size() && !error_; ++i) {
+      const toml::array* row = (*a)[i].as_array();
+      std::vector<double> r;
+      for (size_t j = 0; row && j < row->size(); ++j)
+        if ((*row)[j].is_number() && *(*row)[j].value<double>() >= 0)
+          r.push_back(*(*row)[j].value<double>());
+      if (!row || row->size() != width || r.size() != width) {
+        wrong((*a)[i], std::string(key) + "[" + std::to_string(i) + "]", want);
+        break;
+      }
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
   // A sub-table, or nullptr when absent (an error when the key holds something else).
   const toml::table* table(std::string_view key) {
     const toml::node* n = t_.get(key);

@@ -2,7 +2,9 @@
 #include "planner/recompute/cost.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <limits>
 #include <map>
 
 namespace np {
@@ -203,6 +205,7 @@ HardwareModel hardware_model(const GpuSpec& gpu) {
   // PCIe cards are NVLink-bridged in pairs only; beyond a pair traffic leaves the NVLink domain and
   // is modelled at the inter-node figures.
   if (gpu.name.find("pcie") != std::string::npos) hw.gpus_per_node = 2;
+  hw.perf = gpu.perf;
   return hw;
 }
 
@@ -224,9 +227,105 @@ double gemm_efficiency(double m, double n, double k) {
   return kGemmEfficiencyCap * s(m) * s(n) * s(k);
 }
 
+namespace {
+
+// Inverse-distance weighting (power 2) over the `kNearest` measured points closest to `at` in
+// log2 space; an exact match returns its mean. Points are {coordinates..., value}.
+constexpr size_t kNearest = 4;
+template <size_t D, typename P, typename Coords, typename Value>
+double interpolate(const std::vector<P>& points, const std::array<double, D>& at, Coords coords,
+                   Value value) {
+  std::array<double, D> x;
+  for (size_t i = 0; i < D; ++i) x[i] = std::log2(std::max(at[i], 1.0));
+  std::array<std::pair<double, double>, kNearest> best;  // (squared distance, value)
+  best.fill({std::numeric_limits<double>::infinity(), 0.0});
+  double exact_sum = 0;
+  int exact = 0;
+  for (const P& p : points) {
+    std::array<double, D> c = coords(p);
+    double d2 = 0;
+    for (size_t i = 0; i < D; ++i) {
+      double diff = std::log2(c[i]) - x[i];
+      d2 += diff * diff;
+    }
+    if (d2 < 1e-12) {
+      exact_sum += value(p), ++exact;
+      continue;
+    }
+    if (d2 < best.back().first) {
+      best.back() = {d2, value(p)};
+      std::sort(best.begin(), best.end());
+    }
+  }
+  if (exact > 0) return exact_sum / exact;
+  double w = 0, v = 0;
+  for (const auto& [d2, val] : best)
+    if (std::isfinite(d2)) w += 1 / d2, v += val / d2;
+  return w > 0 ? v / w : 0;
+}
+
+}  // namespace
+
+double gemm_efficiency(const HardwareModel& hw, double m, double n, double k) {
+  if (hw.perf.gemm.empty()) return gemm_efficiency(m, n, k);
+  if (m <= 0 || n <= 0 || k <= 0) return 0;
+  return interpolate<3>(
+      hw.perf.gemm, {m, n, k},
+      [](const GemmPoint& p) { return std::array<double, 3>{p.m, p.n, p.k}; },
+      [](const GemmPoint& p) { return p.efficiency; });
+}
+
+AttentionEfficiency attention_efficiency(const HardwareModel& hw, double seq, double heads) {
+  // Generic: the fractions of peak over the causal half (kFlash*Efficiency) in the full-s^2
+  // convention.
+  if (hw.perf.attention.empty())
+    return {kFlashForwardEfficiency / kCausalFraction, kFlashBackwardEfficiency / kCausalFraction};
+  auto at = [](const AttentionPoint& p) { return std::array<double, 2>{p.seq, p.heads}; };
+  return {interpolate<2>(hw.perf.attention, {seq, heads}, at,
+                         [](const AttentionPoint& p) { return p.forward; }),
+          interpolate<2>(hw.perf.attention, {seq, heads}, at,
+                         [](const AttentionPoint& p) { return p.backward; })};
+}
+
+std::string efficiency_basis(const HardwareModel& hw) {
+  const GpuPerf& p = hw.perf;
+  std::vector<std::string> measured, generic;
+  (p.gemm.empty() ? generic : measured).push_back("GEMMs");
+  (p.attention.empty() ? generic : measured).push_back("attention");
+  (p.memory_bytes_per_s > 0 ? measured : generic).push_back("memory-bound kernels");
+  const bool nvlink_apart = !p.nvlink.empty() && !p.nvlink_source.empty();
+  if (!p.nvlink.empty() && !nvlink_apart) measured.push_back("NVLink collectives");
+  if (p.nvlink.empty()) generic.push_back("NVLink collectives");
+  auto join = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (size_t i = 0; i < v.size(); ++i)
+      out += (i == 0 ? "" : i + 1 == v.size() ? " and " : ", ") + v[i];
+    return out;
+  };
+  std::vector<std::string> parts;
+  if (!measured.empty())
+    parts.push_back(join(measured) + " measured" +
+                    (p.measured_on.empty() ? "" : " on " + p.measured_on) +
+                    (p.source.empty() ? "" : " (" + p.source + ")") +
+                    (p.assumption.empty() ? "" : ", taken as this GPU's: " + p.assumption));
+  if (nvlink_apart) parts.push_back("NVLink collectives measured (" + p.nvlink_source + ")");
+  if (!generic.empty())
+    parts.push_back(join(generic) + " at the generic efficiencies of planner/recompute/cost.cpp");
+  std::string out;
+  for (const std::string& s : parts) out += (out.empty() ? "" : "; ") + s;
+  return out;
+}
+
 double collective_seconds(std::string_view kind, double bytes_full, int64_t group, bool intra_node,
                           const HardwareModel& hw) {
   if (group <= 1 || kind.empty()) return 0;
+  if (const CollectivePerf* c = intra_node ? hw.perf.collective(kind) : nullptr) {
+    // nccl-tests' bus bandwidth: the ring's (g - 1) / g of the full tensor per rank, twice for
+    // an all-reduce; its ring steps; its per-call cost.
+    double g = static_cast<double>(group), twice = kind == "all_reduce" ? 2 : 1;
+    return twice * ((g - 1) / g * bytes_full / c->bus_bytes_per_s + (g - 1) * c->step_latency_s) +
+           c->call_latency_s;
+  }
   double bw = intra_node ? hw.intra_node_bytes_per_s : hw.inter_node_bytes_per_s;
   double alpha = intra_node ? hw.link_latency_s : hw.inter_node_latency_s;
   double g = static_cast<double>(group);
@@ -239,21 +338,34 @@ double collective_seconds(std::string_view kind, double bytes_full, int64_t grou
 double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const TrainSpec& t,
                   bool backward) {
   const GraphOp& op = g.ops.at(index);
-  double memory = op_bytes(g, op, t, backward) / hw.hbm_bytes_per_s;
+  const double bandwidth = hw.perf.memory_bytes_per_s > 0 ? hw.perf.memory_bytes_per_s
+                                                          : hw.hbm_bytes_per_s;
+  double memory = op_bytes(g, op, t, backward) / bandwidth;
   double compute = 0;
   switch (op_class(op.kind)) {
     case OpClass::kGemm: {
-      // Backward is two GEMMs of the same three dimensions (dX and dW, or dA and dB), so the same
-      // efficiency, twice the forward work.
+      // Forward: m x n = (m x k)(k x n). Backward: two GEMMs of the same work, the input's
+      // gradient (m x k over n) and the weight's (n x k over m), each at its own shape's
+      // efficiency (the generic curve is symmetric, so both at the forward's there).
       GemmDims d = gemm_dims(g, op);
-      double work = backward ? 2.0 * op.flops : op.flops;
-      double eff = gemm_efficiency(d.m, d.n, d.k);
-      compute = std::max(work / (hw.peak_flops * eff), memory);
+      auto seconds = [&](double m, double n, double k) {
+        double eff = gemm_efficiency(hw, m, n, k);
+        return eff > 0 ? op.flops / (hw.peak_flops * eff) : 0.0;
+      };
+      double work = backward ? seconds(d.m, d.k, d.n) + seconds(d.n, d.k, d.m)
+                             : seconds(d.m, d.n, d.k);
+      compute = std::max(work, memory);
       break;
     }
     case OpClass::kFlash: {
-      double work = kCausalFraction * op.flops * (backward ? kFlashBackwardWork : 1.0);
-      double eff = backward ? kFlashBackwardEfficiency : kFlashForwardEfficiency;
+      // The queries this rank attends from: the sequence, / cp under context parallelism.
+      const OpAttrs& a = op.attrs;
+      double seq = static_cast<double>(a.seq) /
+                   (op.kind == OpKind::kFlashAttentionCp ? static_cast<double>(a.group) : 1.0);
+      const double heads = static_cast<double>(std::max<int64_t>(1, a.batch) * a.heads);
+      AttentionEfficiency e = attention_efficiency(hw, seq, heads);
+      double work = op.flops * (backward ? kFlashBackwardWork : 1.0);
+      double eff = backward ? e.backward : e.forward;
       compute = std::max(work / (hw.peak_flops * eff), memory);
       break;
     }
@@ -312,8 +424,10 @@ double pipeline_p2p_seconds(double bytes, const TrainSpec& t, const HardwareMode
   // Ranks are numbered (pp, dp, cp, tp), so a replica's pipeline spans tp cp dp pp consecutive
   // ranks; inside one node every boundary is an NVLink hop.
   const bool intra = t.tp * t.cp * t.dp * t.pp <= hw.gpus_per_node;
-  const double bw = intra ? hw.intra_node_bytes_per_s : hw.inter_node_bytes_per_s;
-  const double latency = intra ? hw.link_latency_s : hw.inter_node_latency_s;
+  double bw = intra ? hw.intra_node_bytes_per_s : hw.inter_node_bytes_per_s;
+  double latency = intra ? hw.link_latency_s : hw.inter_node_latency_s;
+  if (const CollectivePerf* c = intra ? hw.perf.collective("p2p") : nullptr)
+    bw = c->bus_bytes_per_s, latency = c->step_latency_s + c->call_latency_s;
   const double v = t.pp_schedule == PpSchedule::kInterleaved ? static_cast<double>(t.virtual_stages)
                                                              : 1.0;
   return 2.0 * v * (bytes / bw + latency);
@@ -359,7 +473,18 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   if (state > 0) {
     int64_t n =
         t.zero >= 1 ? ceil_div(dense, dense_dp) + ceil_div(expert, expert_dp) : dense + expert;
-    st.optimizer = static_cast<double>(n) * (2 * state + gb + 2) / hw.hbm_bytes_per_s;
+    double bytes = static_cast<double>(n) * (2 * state + gb + 2);
+    // Megatron's step (NVIDIA/Megatron-LM 23e00ed, megatron/core/optimizer/optimizer.py,
+    // MixedPrecisionOptimizer.step) passes over memory besides the update: the gradient norm
+    // (clip_grad_norm, --clip-grad 1.0 by default in megatron/training/arguments.py) reads the
+    // main gradients, and _copy_main_params_to_model_params reads the fp32 master weights it
+    // casts; train_step (megatron/training/training.py) zeroes each chunk's whole gradient
+    // buffer (zero_grad_buffer) before the step's first micro-batch.
+    if (t.impl == Impl::kMegatron)
+      bytes += static_cast<double>(n) * (gb + 4) + static_cast<double>(dense + expert) * gb;
+    const double bandwidth = hw.perf.memory_bytes_per_s > 0 ? hw.perf.memory_bytes_per_s
+                                                            : hw.hbm_bytes_per_s;
+    st.optimizer = bytes / bandwidth;
   }
 
   // Data-parallel replicas of a parameter: dp of them (dense) or dp / ep (experts), all within the
@@ -441,6 +566,7 @@ StepTime step_time(const Schedule& s, const HardwareModel& hw) {
   const TrainSpec& t = s.setup;
   StepTime r;
   r.hardware = hw.name, r.hardware_origin = hw.origin;
+  r.efficiencies = efficiency_basis(hw);
   std::map<const BlockGraph*, BlockTime> cache;
   double flops = 0, recompute_flops = 0;  // one rank per stage, one micro-batch
   for (const StageProgram& p : s.stages) {

@@ -36,7 +36,25 @@ struct HardwareModel {
   // Where the figures come from, as the reports say it: "the default; --gpu picks another", "from
   // FILE" (a GPU file), or empty (the catalog's GPU that --gpu names).
   std::string origin;
+  // What the GPU's kernels and collectives achieve (gpus.toml [gpu.perf]); empty tables fall
+  // back to the generic figures stated in cost.cpp.
+  GpuPerf perf;
 };
+
+// Which efficiencies the times use, as the reports print it: measured (and where), derived from
+// a neighbour (with the assumption), or generic.
+std::string efficiency_basis(const HardwareModel& hw);
+
+// The fraction of peak a bf16 GEMM with an m x n output over a contraction of k reaches on this
+// GPU: its measured table interpolated (inverse-distance over the four nearest shapes in
+// log2(m, n, k)), or the generic curve below when it has none.
+double gemm_efficiency(const HardwareModel& hw, double m, double n, double k);
+// Flash attention's forward and backward fractions of peak, the causal kernel's work counted as
+// the full s^2 product (AttentionPoint), for `seq` queries and batch x heads `heads` on the rank.
+struct AttentionEfficiency {
+  double forward = 0, backward = 0;
+};
+AttentionEfficiency attention_efficiency(const HardwareModel& hw, double seq, double heads);
 
 // The GPU's catalog figures plus the interconnect defaults (stated in cost.cpp).
 HardwareModel hardware_model(const GpuSpec& gpu);
@@ -121,6 +139,7 @@ struct StepTime {
   std::vector<StageSeconds> stages;
   int slowest_stage = 0;
   std::string hardware, hardware_origin;  // the GPU the times are of (HardwareModel name, origin)
+  std::string efficiencies;               // efficiency_basis of that GPU
 };
 
 // From a built Schedule: each stage's blocks with their own BlockPolicy give its per-micro-batch

@@ -16,6 +16,8 @@ struct PublishedCheck {
   std::string paper, table, what, unit;
   double published = 0, predicted = 0;
   double error() const;  // (predicted - published) / published
+  // Why the model misses this one beyond the bound (tests/test_cost.cpp), where it does.
+  std::string outside_bound;
 };
 
 // The models and the GPU the checks need, from the catalogs.

@@ -241,15 +241,18 @@ std::string frontier_figure(const AutoPlan& p) {
 
 // The GPU the times are of, where its figures come from, and what the times overlap.
 std::string times_basis(const std::string& gpu, const std::string& origin,
-                        const std::string& overlap) {
-  return "on " + esc(gpu) + (origin.empty() ? "" : " (" + esc(origin) + ")") + ", " + esc(overlap);
+                        const std::string& overlap, const std::string& efficiencies) {
+  return "on " + esc(gpu) + (origin.empty() ? "" : " (" + esc(origin) + ")") + ", " +
+         esc(overlap) + "; efficiencies: " + esc(efficiencies);
 }
 
 std::string sweep_section(const SweepReport& r, const SweepOptions& o) {
   std::string out = "<h2>Sweep</h2>\n<p>" + std::to_string(r.evaluated) + " setups on " +
                     std::to_string(o.gpus) + " GPUs, " + std::to_string(r.fitting.size()) +
                     " fit; the best by predicted throughput (cost model, " +
-                    times_basis(o.hw.name, o.hw.origin, overlap_text(o.base)) + "):</p>\n";
+                    times_basis(o.hw.name, o.hw.origin, overlap_text(o.base),
+                                efficiency_basis(o.hw)) +
+                    "):</p>\n";
   size_t n = std::min<size_t>(10, r.fitting.size());
   double best = n ? r.fitting[0].tokens_per_second : 1;
   out += "<table id=\"sweep\"><tr><th>rank</th><th>tp</th><th>cp</th><th>pp</th><th>schedule</th><th>dp</th>"
@@ -312,7 +315,7 @@ std::string html_report(const ReportInput& in) {
            num(in.plan->time.seconds, "%.3f") + " s, recompute " +
            num(in.plan->time.recompute_seconds, "%.3f") + " s on the slowest stage; " +
            times_basis(in.plan->time.hardware, in.plan->time.hardware_origin,
-                       in.plan->time.overlap) +
+                       in.plan->time.overlap, in.plan->time.efficiencies) +
            ".</p>\n" +
            frontier_figure(*in.plan);
   }

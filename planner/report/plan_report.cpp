@@ -173,7 +173,7 @@ std::string step_time_line(const StepTime& t) {
          ", recompute on the slowest stage " + fmt("%.3f s", t.recompute_seconds) + " (" +
          fmt("%.1f%%", 100 * overhead) + " of the step), MFU " + fmt("%.1f%%", 100 * t.mfu) +
          ", HFU " + fmt("%.1f%%", 100 * t.hfu) + on + (t.overlap.empty() ? "" : ", " + t.overlap) +
-         "\n";
+         "\n" + (t.efficiencies.empty() ? "" : "  efficiencies: " + t.efficiencies + "\n");
 }
 
 std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
@@ -322,6 +322,7 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
                       {"pipeline_p2p_seconds", p.time.p2p_seconds},
                       {"hardware", p.time.hardware},
                       {"hardware_origin", p.time.hardware_origin},
+                      {"efficiencies", p.time.efficiencies},
                       {"overlap", p.time.overlap},
                       {"mfu", p.time.mfu},
                       {"hfu", p.time.hfu},
