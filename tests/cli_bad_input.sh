@@ -202,7 +202,7 @@ bad "plan: unknown GPU" -m "unknown GPU" -m "h1000" -- "${P[@]}" --gpu h1000
 
 # ---- command line ------------------------------------------------------------------------------
 bad "no subcommand" -m "subcommand" -m "estimate" -- 
-bad "unknown subcommand is named, with the valid ones" -m "frobnicate" -m "estimate, plan, run, compare, sweep, report, models, gpus" -- frobnicate
+bad "unknown subcommand is named, with the valid ones" -m "frobnicate" -m "estimate, plan, run, compare, sweep, report, calibrate, models, gpus" -- frobnicate
 bad "unknown flag" -m "--bogus" -- "${E[@]}" --bogus
 bad "plan: unknown flag" -m "--bogus" -- "${P[@]}" --bogus
 # CLI11's words never reach the user: a subcommand's foreign option, a second subcommand.

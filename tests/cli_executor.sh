@@ -73,4 +73,18 @@ check "run --backend cuda --record: the device's bytes in use on the line, read 
 NANOPLAN_CUDA_MODULE="$EMU" "$NP" run "$TMP/one.json" --backend cuda --allocator expandable >"$TMP/out" 2>"$TMP/err"; rc=$?
 check "run --backend cuda --allocator expandable: segments grown on the driver's virtual memory, reserved predicted = measured" \
   '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/out" && grep -qE "reserved \(caching allocator\): predicted ([0-9,]+), measured \1;" "$TMP/out" || { cat "$TMP/out" "$TMP/err"; false; }'
+# nanoplan calibrate through the emulated module: a GPU file in the catalog's schema that --gpu
+# FILE loads (the emulation's figures mean nothing: this is the path, not the numbers); a GPU
+# missing, bad shapes, and no module are bad input (exit 2, one line).
+NANOPLAN_CUDA_MODULE="$EMU" "$NP" calibrate --gpu h200 -o "$TMP/cal.toml" --gemm-shapes 64x48x32,96x64x64 \
+  --attention-shapes 64x2 --head-dim 16 --copy-bytes 1MiB --repetitions 2 >"$TMP/out" 2>"$TMP/err"; rc=$?
+"$NP" estimate --model "$TMP/tiny.toml" --gpu "$TMP/cal.toml" --recompute none --format json >"$TMP/cal.json" 2>&1; rc2=$?
+check "calibrate writes a GPU file that --gpu FILE loads, its tables measured" \
+  '[ $rc -eq 0 ] && [ $rc2 -eq 0 ] && grep -q "^gemm = \[" "$TMP/cal.toml" && [ "$(grep -c "^  \[" "$TMP/cal.toml")" -eq 3 ] && grep -q "nanoplan calibrate on the CUDA emulation" "$TMP/cal.json" || { cat "$TMP/out" "$TMP/err" "$TMP/cal.json"; false; }'
+for bad in "--gpu nope -o $TMP/x.toml" "--gpu h200 -o $TMP/x.toml --gemm-shapes 64x48" "--gpu h200 -o $TMP/x.toml --attention-shapes 0x2"; do
+  NANOPLAN_CUDA_MODULE="$EMU" "$NP" calibrate $bad >"$TMP/out" 2>&1; rc=$?
+  check "calibrate $bad: exit 2, one line, nothing written" '[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/out")" -eq 1 ] && [ ! -e "$TMP/x.toml" ]'
+done
+NANOPLAN_CUDA_MODULE=/nonexistent/libnanoplan_cuda.so "$NP" calibrate --gpu h200 -o "$TMP/x.toml" >"$TMP/out" 2>&1; rc=$?
+check "calibrate without the CUDA module: exit 2, one line" '[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/out")" -eq 1 ] && grep -q "calibrate:" "$TMP/out"'
 finish

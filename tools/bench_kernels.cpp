@@ -13,50 +13,18 @@
 
 #include "executor/bf16.hpp"
 #include "executor/cuda/kernels.hpp"
+#include "executor/cuda/timing.hpp"
 
 namespace {
 
 using np::Dtype;
 using np::exec::Tensor;
 
-struct Buffer {
-  Tensor t;
-  Buffer(std::vector<int64_t> shape, Dtype d, uint32_t seed) {
-    t.type = {std::move(shape), d};
-    NP_CUDA_CHECK(cudaMalloc(&t.data, static_cast<size_t>(t.bytes())));
-    std::vector<uint8_t> host(static_cast<size_t>(t.bytes()));
-    Tensor h{host.data(), t.type};
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    for (int64_t i = 0; i < t.numel(); ++i) np::exec::store(h, i, u(rng));
-    NP_CUDA_CHECK(cudaMemcpy(t.data, host.data(), host.size(), cudaMemcpyHostToDevice));
-  }
-  ~Buffer() { cudaFree(t.data); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-};
-
+using Buffer = np::cuda::DeviceBuffer;
+using np::cuda::median_ms;
 // Median milliseconds of `reps` runs of f after `warmup` runs.
 double time_ms(const std::function<void()>& f, int warmup = 3, int reps = 10) {
-  cudaEvent_t a, b;
-  NP_CUDA_CHECK(cudaEventCreate(&a));
-  NP_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < warmup; ++i) f();
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    NP_CUDA_CHECK(cudaEventRecord(a, nullptr));
-    f();
-    NP_CUDA_CHECK(cudaEventRecord(b, nullptr));
-    NP_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    NP_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  NP_CUDA_CHECK(cudaGetLastError());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return median_ms(f, warmup, reps);
 }
 
 struct Row {

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -32,6 +33,7 @@
 #include "executor/scenario_run.hpp"
 #include "executor/record.hpp"
 #include "executor/runner.hpp"
+#include "executor/cuda/module.hpp"
 #if defined(NANOPLAN_HAVE_MPI)
 #include "executor/comm/mpi.hpp"
 #endif
@@ -87,6 +89,10 @@ struct Flags {
   int64_t gpus = 0;
   std::optional<int64_t> global_batch;  // default: 4 x gpus
   int top = 10;
+  // calibrate
+  std::string calibrate_name, gemm_shapes, attention_shapes, copy_bytes = "1GiB";
+  int64_t head_dim = 128;
+  int repetitions = 10;
 };
 
 // Under mpirun: this process's rank (errors every process meets are printed by process 0 only).
@@ -512,6 +518,124 @@ int run_gpus(const Flags& f) {
 #if defined(NANOPLAN_EXECUTOR)
 using Executor = np::exec::Executor;
 
+// "AxBxC,..." as lists of `n` positive integers each.
+template <size_t N>
+std::vector<std::array<int64_t, N>> shape_list(const std::string& flag, const std::string& text,
+                                               const char* form) {
+  std::vector<std::array<int64_t, N>> out;
+  std::stringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    std::array<int64_t, N> v{};
+    std::stringstream dims(item);
+    size_t i = 0;
+    for (std::string d; std::getline(dims, d, 'x'); ++i) {
+      np::Result<int64_t> x = np::parse_integer(d);
+      if (!x || *x < 1 || *x > (1 << 20) || i >= N)
+        die(flag + ": " + np::quote_input(item) + " is not " + form + " (sizes 1 to 1,048,576)");
+      v[i] = *x;
+    }
+    if (i != N) die(flag + ": " + np::quote_input(item) + " is not " + form);
+    out.push_back(v);
+  }
+  if (out.empty()) die(flag + ": give at least one shape, " + form);
+  return out;
+}
+
+// nanoplan calibrate: the CUDA backend's microbenchmarks on this machine's GPU (executor/cuda/
+// calibrate.hpp), written as a GPU file in the catalog's schema: the named GPU's datasheet
+// figures, and [gpu.perf] measured here.
+int run_calibrate(const Flags& f) {
+  if (f.gpu.empty())
+    die("calibrate needs --gpu NAME: the catalog GPU (or GPU file) whose datasheet figures the "
+        "measured rates are fractions of (nanoplan gpus lists them)");
+  const np::GpuSpec gpu = check(np::gpu_from_arg(models_dir(f) + "/gpus/gpus.toml", f.gpu));
+  np::cuda::CalibrateOptions o;
+  o.gemm = f.gemm_shapes.empty() ? std::vector<std::array<int64_t, 3>>{}
+                                 : shape_list<3>("--gemm-shapes", f.gemm_shapes, "MxNxK");
+  if (f.gemm_shapes.empty())
+    for (int64_t m : {1024, 4096, 16384})
+      for (int64_t n : {1024, 4096, 16384})
+        for (int64_t k : {1024, 4096, 16384}) o.gemm.push_back({m, n, k});
+  o.attention =
+      f.attention_shapes.empty()
+          ? std::vector<std::array<int64_t, 2>>{}
+          : shape_list<2>("--attention-shapes", f.attention_shapes, "SEQxHEADS");
+  if (f.attention_shapes.empty())
+    for (int64_t s : {1024, 4096, 16384})
+      for (int64_t h : {4, 8, 16, 32, 64}) o.attention.push_back({s, h});
+  o.head_dim = f.head_dim;
+  o.copy_bytes = check(np::parse_bytes(f.copy_bytes));
+  if (o.copy_bytes < 1) die("--copy-bytes must be at least 1 byte");
+  o.repetitions = f.repetitions;
+  const std::string name = f.calibrate_name.empty() ? gpu.name + "-calibrated" : f.calibrate_name;
+
+  np::Result<const np::cuda::Module*> module = np::cuda::load_module();
+  if (!module) die("calibrate: " + module.error().message);
+  const np::cuda::Module& m = **module;
+  np::cuda::GpuProbe probe = m.probe_gpus();
+  if (probe.count == 0) die("calibrate: no GPU: " + probe.why);
+  m.select_device(0);
+  np::Result<np::cuda::Calibration> r = m.calibrate(o);
+  if (!r) {
+    std::fprintf(stderr, "nanoplan: %s\n", r.error().message.c_str());
+    return kExitRunFailed;
+  }
+  const np::cuda::Calibration& c = *r;
+  std::time_t now = std::time(nullptr);
+  char day[32];
+  std::strftime(day, sizeof day, "%Y-%m-%d", std::gmtime(&now));
+  const double peak = gpu.bf16_dense_flops;
+  auto num = [](double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.6g", x);
+    return std::string(b);
+  };
+  std::string t = "# Written by `nanoplan calibrate --gpu " + f.gpu + "` (nanoplan " +
+                  NANOPLAN_VERSION + "), " + day + ",\n# on " + c.device +
+                  ".\n# For --gpu FILE: " + gpu.name +
+                  "'s datasheet figures from the catalog, [gpu.perf] measured here\n# "
+                  "(docs/step-times.md). cudaMemGetInfo's total: " +
+                  np::format_int(c.memory_bytes) + " bytes.\n";
+  for (const std::string& n : c.notes) t += "# " + n + "\n";
+  t += "[[gpu]]\nname = \"" + name + "\"\ndisplay_name = \"" +
+       (gpu.display_name.empty() ? gpu.name : gpu.display_name) + " (calibrated)\"\n";
+  if (!gpu.source.empty()) t += "source = " + nlohmann::json(gpu.source).dump() + "\n";
+  t += "memory_bytes = " + std::to_string(gpu.memory_bytes) + "\nbf16_dense_flops = " + num(peak) +
+       "\nhbm_bytes_per_s = " + num(gpu.hbm_bytes_per_s) +
+       "\nnvlink_bytes_per_s = " + num(gpu.nvlink_bytes_per_s) + "\n[gpu.perf]\n";
+  t += "source = " + nlohmann::json("nanoplan calibrate on " + c.device + ", " + day).dump() +
+       "\ngemm = [\n";
+  // Efficiencies within the schema's bounds: a GEMM at most the datasheet peak, attention (the
+  // full s^2 count of a causal kernel) at most twice it.
+  for (const np::cuda::CalibratedGemm& g : c.gemm)
+    t += "  [" + std::to_string(g.m) + ", " + std::to_string(g.n) + ", " + std::to_string(g.k) +
+         ", " + num(std::clamp(g.flops_per_s / peak, 1e-9, 1.0)) + "],\n";
+  t += "]\nattention = [\n";
+  for (const np::cuda::CalibratedAttention& a : c.attention)
+    t += "  [" + std::to_string(a.seq) + ", " + std::to_string(a.heads) + ", " +
+         num(std::clamp(a.forward_flops_per_s / peak, 1e-9, 2.0)) + ", " +
+         num(std::clamp(a.backward_flops_per_s / peak, 1e-9, 2.0)) + "],\n";
+  t += "]\n";
+  if (c.copy_bytes_per_s > 0) t += "memory_bytes_per_s = " + num(c.copy_bytes_per_s) + "\n";
+  if (!gpu.perf.nvlink.empty()) {  // the catalog's, where this run measured none
+    t += "nvlink_source = " +
+         nlohmann::json(gpu.perf.nvlink_source.empty() ? gpu.perf.source : gpu.perf.nvlink_source)
+             .dump() +
+         "\n[gpu.perf.nvlink]\n";
+    for (const auto& [kind, p] : gpu.perf.nvlink)
+      t += kind + " = [" + num(p.bus_bytes_per_s) + ", " + num(p.step_latency_s) + ", " +
+           num(p.call_latency_s) + "]\n";
+  }
+  write_whole(f.output, t);
+  // The file must load as --gpu FILE does.
+  check(np::gpu_from_arg(models_dir(f) + "/gpus/gpus.toml", f.output));
+  std::printf("calibrated %s as %s: %zu GEMM shapes, %zu attention shapes%s; wrote %s\n",
+              c.device.c_str(), name.c_str(), c.gemm.size(), c.attention.size(),
+              c.copy_bytes_per_s > 0 ? ", a copy" : "", f.output.c_str());
+  for (const std::string& n : c.notes) std::printf("  %s\n", n.c_str());
+  return 0;
+}
+
 // --backend (executor/backend_choice.hpp); auto's fallback to the CPU executor is said on stderr.
 Executor executor_for(const Flags& f) {
   Executor ex = check(np::exec::choose_executor(f.backend));
@@ -924,12 +1048,12 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("nanoplan ") + NANOPLAN_VERSION + " (plan format " +
                                         std::to_string(np::kScheduleFormatVersion) + ")");
   Flags f;
-  const std::string commands[] = {"estimate", "plan", "run",    "compare",
-                                  "sweep",    "report", "models", "gpus"};
+  const std::string commands[] = {"estimate", "plan",      "run",    "compare", "sweep",
+                                  "report",   "calibrate", "models", "gpus"};
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(std::begin(commands), std::end(commands), argv[1]) == std::end(commands))
     die("unknown subcommand " + np::quote_input(argv[1]) +
-        " (valid: estimate, plan, run, compare, sweep, report, models, gpus)");
+        " (valid: estimate, plan, run, compare, sweep, report, calibrate, models, gpus)");
   for (int i = 0; i < argc; ++i)
     f.command_line += (i ? " " : "") + shell_word(i == 0 ? std::string("nanoplan") : argv[i]);
   CLI::App* est = app.add_subcommand("estimate", "per-GPU memory breakdown of a training setup");
@@ -1017,6 +1141,26 @@ int main(int argc, char** argv) {
   add_int(sw, "--top", f.top, "setups to show", 1, 1'000'000);
   sw->add_option("--format", f.format, "table, json, csv")->capture_default_str();
   sw->add_option("--models-dir", f.models_dir, "model catalog folder");
+  CLI::App* cal = app.add_subcommand(
+      "calibrate",
+      "measure this machine's GPU (GEMMs, attention, a copy) into a GPU file for --gpu FILE");
+  cal->add_option("--gpu", f.gpu,
+                  "the catalog GPU (or GPU file) whose datasheet figures the rates are fractions "
+                  "of")
+      ->required();
+  cal->add_option("-o,--output", f.output, "the GPU file to write (TOML)")->required();
+  cal->add_option("--name", f.calibrate_name, "the written GPU's name (default: GPU-calibrated)");
+  cal->add_option("--gemm-shapes", f.gemm_shapes,
+                  "GEMMs to time, MxNxK,... (an MxN output over K; default: 1024, 4096 and "
+                  "16384 in each dimension)");
+  cal->add_option("--attention-shapes", f.attention_shapes,
+                  "flash attention to time, SEQxHEADS,... (batch 1; default: seq 1024, 4096, "
+                  "16384 x heads 4 to 64)");
+  add_int(cal, "--head-dim", f.head_dim, "attention head dimension", 1, 1024);
+  cal->add_option("--copy-bytes", f.copy_bytes, "bytes of the device copy")->capture_default_str();
+  add_int(cal, "--repetitions", f.repetitions, "timed repetitions per figure (the median)", 1,
+          1000);
+  cal->add_option("--models-dir", f.models_dir, "model catalog folder");
   CLI::App* models = app.add_subcommand("models", "list the model catalog with parameter counts");
   models->add_option("--models-dir", f.models_dir, "model catalog folder");
   CLI::App* gpus = app.add_subcommand("gpus", "list the GPU catalog");
@@ -1046,8 +1190,8 @@ int main(int argc, char** argv) {
             ": " + np::quote_input(list) + "; see " + cmd + " --help");
       }
     if (what.find("subcommand") != std::string::npos || what.find("At Most 1") != std::string::npos)
-      die("give one subcommand (valid: estimate, plan, run, compare, sweep, report, models, "
-          "gpus); see nanoplan --help");
+      die("give one subcommand (valid: estimate, plan, run, compare, sweep, report, calibrate, "
+          "models, gpus); see nanoplan --help");
     if (what.find(" is required") != std::string::npos)
       die(what + " for " + cmd + "; see " + cmd + " --help");
     die(what + "; see " + cmd + " --help");
@@ -1059,8 +1203,9 @@ int main(int argc, char** argv) {
     if (cmp->parsed()) return run_compare(f);
 #if defined(NANOPLAN_EXECUTOR)
     if (run->parsed()) return run_run(f, run);
+    if (cal->parsed()) return run_calibrate(f);
 #else
-    if (run->parsed() || (rep->parsed() && f.report_run)) exec_executor(argv);
+    if (run->parsed() || cal->parsed() || (rep->parsed() && f.report_run)) exec_executor(argv);
 #endif
     if (rep->parsed()) return run_report(f);
     if (sw->parsed()) return run_sweep(f);

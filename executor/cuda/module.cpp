@@ -3,6 +3,7 @@
 // the CLI tests load.
 #include "executor/cuda/module.hpp"
 
+#include "executor/cuda/calibrate.hpp"
 #include "executor/cuda/cuda_backend.hpp"
 #include "executor/cuda/transfer.hpp"
 #if defined(NANOPLAN_HAVE_NCCL)
@@ -17,6 +18,7 @@ extern "C" __attribute__((visibility("default"))) const np::cuda::Module* nanopl
     t.make_backend = np::cuda::make_cuda_backend;
     t.virtual_rank_world = np::cuda::virtual_rank_world;
     t.device_transfer = np::cuda::device_transfer;
+    t.calibrate = np::cuda::calibrate;
 #if defined(NANOPLAN_HAVE_NCCL)
     t.make_nccl_comm = np::cuda::make_nccl_comm;
 #endif

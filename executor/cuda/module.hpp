@@ -14,13 +14,14 @@
 #include "executor/backend.hpp"
 #include "executor/comm/comm.hpp"
 #include "executor/comm/inproc.hpp"
+#include "executor/cuda/calibrate.hpp"
 #include "executor/cuda/device.hpp"
 #include "planner/inputs/result.hpp"
 
 namespace np::cuda {
 
 // Raised whenever the table or an object crossing it changes layout.
-inline constexpr int kModuleAbi = 1;
+inline constexpr int kModuleAbi = 2;
 
 struct Module {
   int abi = kModuleAbi;
@@ -33,6 +34,8 @@ struct Module {
   // Null when the module was built without NCCL.
   std::unique_ptr<exec::Communicator> (*make_nccl_comm)(
       exec::Communicator& mpi, const std::function<void(void*, int)>& broadcast) = nullptr;
+  // `nanoplan calibrate`'s microbenchmarks on the current device (calibrate.hpp).
+  Result<Calibration> (*calibrate)(const CalibrateOptions&) = nullptr;
 };
 
 // The module's file: $NANOPLAN_CUDA_MODULE when set, else libnanoplan_cuda.so beside the running

@@ -1,0 +1,45 @@
+// `nanoplan calibrate`: microbenchmarks of this machine's GPU through the CUDA backend, for a GPU
+// file in the catalog's schema (models/gpus/gpus.toml, [gpu.perf]; docs/step-times.md). Each
+// figure is the median of timed repetitions after warm-up, timed with CUDA events, inputs random.
+// Rates are raw (FLOP/s, bytes/s); the CLI divides by the datasheet figures of the GPU named.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "planner/inputs/result.hpp"
+
+namespace np::cuda {
+
+struct CalibrateOptions {
+  std::vector<std::array<int64_t, 3>> gemm;       // m, n, k: an m x n output over k
+  std::vector<std::array<int64_t, 2>> attention;  // seq, query heads (batch 1)
+  int64_t head_dim = 128;
+  int64_t copy_bytes = int64_t{1} << 30;
+  int warmup = 3, repetitions = 10;
+};
+
+struct CalibratedGemm {
+  int64_t m = 0, n = 0, k = 0;
+  double flops_per_s = 0;  // 2 m n k / time
+};
+struct CalibratedAttention {
+  int64_t seq = 0, heads = 0;
+  // The causal kernels' work counted as the full s^2 product (4 s^2 h d forward, 2.5 times that
+  // backward), per second: [gpu.perf] attention's convention.
+  double forward_flops_per_s = 0, backward_flops_per_s = 0;
+};
+struct Calibration {
+  std::string device;          // the device's name
+  int64_t memory_bytes = 0;    // cudaMemGetInfo's total
+  std::vector<CalibratedGemm> gemm;
+  std::vector<CalibratedAttention> attention;
+  double copy_bytes_per_s = 0;  // a device-to-device copy, bytes read + written per second
+  std::vector<std::string> notes;  // what was not measured, and why
+};
+
+// Runs on the current device; a CUDA error becomes the Error's one line.
+Result<Calibration> calibrate(const CalibrateOptions& o);
+
+}  // namespace np::cuda
