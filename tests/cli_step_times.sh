@@ -27,13 +27,13 @@ check "b200: every efficiency measured, its source named" \
 python3 - "$TMP/out.json" <<'PY'
 import json, sys
 e = json.load(open(sys.argv[1]))["step_time"]["efficiencies"]
-sys.exit(0 if "measured on A100 PCIe 80GB" in e and "attention at the generic" in e else 1)
+sys.exit(0 if "measured on A100 PCIe 80GB" in e and "attention and kernel overheads at the generic" in e else 1)
 PY
 rc=$?
 check "default h100: the derived tables and the generic attention named in JSON" '[ $rc -eq 0 ]'
 "$NP" estimate --model llama-3.1-8b --gpu h100-pcie >"$TMP/out.txt" 2>&1
 check "a GPU without [gpu.perf]: generic, said so" \
-  'grep -q "NVLink collectives at the generic efficiencies" "$TMP/out.txt"'
+  'grep -q "kernel overheads and NVLink collectives at the generic efficiencies" "$TMP/out.txt"'
 "$NP" sweep --model llama-3.1-8b --gpus 8 --budget 80GB --gpu b200 >"$TMP/out.txt" 2>&1
 check "sweep names the efficiencies" 'grep -q "efficiencies: GEMMs, attention" "$TMP/out.txt"'
 

@@ -604,7 +604,9 @@ TEST(GpuEfficiencies, CatalogTablesAndWhatTheReportsSay) {
   HardwareModel h100 = hardware_model(*resolve_gpu(*gpus, "h100"));
   EXPECT_GT(b200.perf.gemm.size(), 300u);
   EXPECT_EQ(b200.perf.nvlink.size(), 5u);
-  EXPECT_EQ(efficiency_basis(b200).find("generic"), std::string::npos);
+  // Everything measured but the kernel overhead (SimuMax's file states a round 30 us).
+  EXPECT_NE(efficiency_basis(b200).find("; kernel overheads at the generic"), std::string::npos)
+      << efficiency_basis(b200);
   ASSERT_EQ(h100.perf.gemm.size(), a100.perf.gemm.size());
   EXPECT_TRUE(h100.perf.attention.empty());
   for (size_t i = 0; i < h100.perf.gemm.size(); ++i)
@@ -615,7 +617,7 @@ TEST(GpuEfficiencies, CatalogTablesAndWhatTheReportsSay) {
   std::string basis = efficiency_basis(h100);
   EXPECT_NE(basis.find("measured on A100 PCIe 80GB"), std::string::npos) << basis;
   EXPECT_NE(basis.find("x 0.991"), std::string::npos) << basis;
-  EXPECT_NE(basis.find("attention at the generic"), std::string::npos) << basis;
+  EXPECT_NE(basis.find("attention and kernel overheads at the generic"), std::string::npos) << basis;
 
   ModelSpec m = testing::model("llama-3.1-8b");
   TrainSpec t;

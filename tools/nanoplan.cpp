@@ -617,6 +617,7 @@ int run_calibrate(const Flags& f) {
          num(std::clamp(a.backward_flops_per_s / peak, 1e-9, 2.0)) + "],\n";
   t += "]\n";
   if (c.copy_bytes_per_s > 0) t += "memory_bytes_per_s = " + num(c.copy_bytes_per_s) + "\n";
+  t += "kernel_overhead_s = " + num(std::clamp(c.kernel_overhead_s, 1e-9, 1e-3)) + "\n";
   if (!gpu.perf.nvlink.empty()) {  // the catalog's, where this run measured none
     t += "nvlink_source = " +
          nlohmann::json(gpu.perf.nvlink_source.empty() ? gpu.perf.source : gpu.perf.nvlink_source)

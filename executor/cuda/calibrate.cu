@@ -94,6 +94,17 @@ Calibration run(const CalibrateOptions& o) {
         w, r);
     c.copy_bytes_per_s = 2.0 * static_cast<double>(o.copy_bytes) / s;
   }
+  {
+    // 100 launches of a one-element add back to back, per launch.
+    Buffer a({1}, Dtype::kBf16, 22), b({1}, Dtype::kBf16, 23), y({1}, Dtype::kBf16, 24);
+    constexpr int kLaunches = 100;
+    double s = seconds(
+        [&] {
+          for (int i = 0; i < kLaunches; ++i) add(a.t, b.t, y.t, nullptr);
+        },
+        w, r);
+    c.kernel_overhead_s = s / kLaunches;
+  }
   c.notes.push_back(
       "NVLink collectives not measured: calibrate runs on one GPU of one process so far; the "
       "catalog's or the generic figures stand");

@@ -36,6 +36,9 @@ struct Calibration {
   std::vector<CalibratedGemm> gemm;
   std::vector<CalibratedAttention> attention;
   double copy_bytes_per_s = 0;  // a device-to-device copy, bytes read + written per second
+  // A one-element elementwise kernel's time back to back (launch, ramp-up, tail): what every
+  // memory-bound kernel costs besides its bytes.
+  double kernel_overhead_s = 0;
   std::vector<std::string> notes;  // what was not measured, and why
 };
 

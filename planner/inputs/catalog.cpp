@@ -243,8 +243,8 @@ namespace {
 Result<GpuPerf> read_gpu_perf(const toml::table& t, const std::string& path,
                               const std::string& gpu) {
   TomlReader r(t, path, "perf.");
-  r.only({"source", "gemm", "attention", "memory_bytes_per_s", "nvlink", "nvlink_source",
-          "measured_on", "from", "assumption", "compute_scale"});
+  r.only({"source", "gemm", "attention", "memory_bytes_per_s", "kernel_overhead_s", "nvlink",
+          "nvlink_source", "measured_on", "from", "assumption", "compute_scale"});
   GpuPerf p;
   p.source = r.string("source", "");
   p.measured_on = r.string("measured_on", "");
@@ -253,6 +253,7 @@ Result<GpuPerf> read_gpu_perf(const toml::table& t, const std::string& path,
   p.assumption = r.string("assumption", "");
   p.compute_scale = r.number("compute_scale", 1.0);
   p.memory_bytes_per_s = r.number("memory_bytes_per_s", 0.0);
+  p.kernel_overhead_s = r.number("kernel_overhead_s", 0.0);
   for (const auto& row : r.rows("gemm", 4)) p.gemm.push_back({row[0], row[1], row[2], row[3]});
   for (const auto& row : r.rows("attention", 4))
     p.attention.push_back({row[0], row[1], row[2], row[3]});
@@ -273,6 +274,8 @@ Result<GpuPerf> read_gpu_perf(const toml::table& t, const std::string& path,
                  "product can exceed 1)");
   if (p.compute_scale <= 0 || p.compute_scale > 2) return bad("compute_scale must be in (0, 2]");
   if (p.memory_bytes_per_s < 0) return bad("memory_bytes_per_s must be positive");
+  if (p.kernel_overhead_s < 0 || p.kernel_overhead_s > 1e-3)
+    return bad("kernel_overhead_s must be in [0, 1e-3] seconds");
   if ((!p.from.empty() || !p.measured_on.empty()) && p.assumption.empty())
     return bad("figures measured on another device (from, measured_on) need an assumption "
                "saying why they stand for this GPU");

@@ -38,6 +38,8 @@ struct GpuPerf {
   std::vector<GemmPoint> gemm;
   std::vector<AttentionPoint> attention;
   double memory_bytes_per_s = 0;  // what memory-bound kernels achieve; 0: hbm_bytes_per_s
+  // A memory-bound kernel's fixed cost (launch, ramp-up, tail), back to back; 0: the generic.
+  double kernel_overhead_s = 0;
   // Inside a node, by kind: all_reduce, all_gather, reduce_scatter, all_to_all, p2p; and where
   // they were measured when not in `source`.
   std::vector<std::pair<std::string, CollectivePerf>> nvlink;

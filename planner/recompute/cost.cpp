@@ -293,6 +293,7 @@ std::string efficiency_basis(const HardwareModel& hw) {
   (p.gemm.empty() ? generic : measured).push_back("GEMMs");
   (p.attention.empty() ? generic : measured).push_back("attention");
   (p.memory_bytes_per_s > 0 ? measured : generic).push_back("memory-bound kernels");
+  (p.kernel_overhead_s > 0 ? measured : generic).push_back("kernel overheads");
   const bool nvlink_apart = !p.nvlink.empty() && !p.nvlink_source.empty();
   if (!p.nvlink.empty() && !nvlink_apart) measured.push_back("NVLink collectives");
   if (p.nvlink.empty()) generic.push_back("NVLink collectives");
@@ -370,7 +371,8 @@ double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const
       break;
     }
     case OpClass::kMemory:
-      compute = memory + kLaunchOverhead;
+      compute =
+          memory + (hw.perf.kernel_overhead_s > 0 ? hw.perf.kernel_overhead_s : kLaunchOverhead);
       break;
     case OpClass::kCollective:
       break;  // the collective is all there is
