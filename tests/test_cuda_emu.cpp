@@ -167,6 +167,55 @@ TEST(CudaEmulation, CublasGemmIsColumnMajorWithTransposesAndStrides) {
   cublasDestroy(h);
 }
 
+// cuBLAS's workspace rules (cublas_emu.hpp, from cuBLAS's documentation): a GEMM with a user
+// workspace allocates nothing; cublasSetStream resets the handle to cuBLAS's default pool, which
+// the next GEMM allocates on the device, once per stream. The backend's GEMMs (linear.cu) set a
+// stream only when it changes, so a handle put on its stream before its workspace keeps it.
+size_t device_in_use();
+TEST(CudaEmulation, CublasSetStreamResetsTheWorkspace) {
+  const int m = 4, n = 3, k = 5;
+  std::vector<float> A(m * k, 0.5f), B(k * n, 0.25f), C(m * n, 0.0f);
+  float alpha = 1.0f, beta = 0.0f;
+  auto gemm = [&](cublasHandle_t h) {
+    return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, A.data(), CUDA_R_32F, m,
+                        B.data(), CUDA_R_32F, k, &beta, C.data(), CUDA_R_32F, m,
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  };
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s1), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreate(&s2), cudaSuccess);
+  void* ws = nullptr;
+  ASSERT_EQ(cudaMalloc(&ws, 1 << 20), cudaSuccess);
+  cublasHandle_t h;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  const size_t before = device_in_use();
+  ASSERT_EQ(cublasSetWorkspace(h, ws, 1 << 20), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(gemm(h), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(device_in_use(), before) << "the user's workspace: nothing allocated";
+  ASSERT_EQ(cublasSetStream(h, s1), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(gemm(h), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(device_in_use(), before + kCublasDefaultWorkspace) << "reset to the default pool";
+  ASSERT_EQ(gemm(h), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(device_in_use(), before + kCublasDefaultWorkspace) << "one pool per stream";
+  // The backend's order: the stream, then the workspace; linear_forward on that stream keeps it.
+  cublasHandle_t g;
+  ASSERT_EQ(cublasCreate(&g), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetStream(g, s2), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetWorkspace(g, ws, 1 << 20), CUBLAS_STATUS_SUCCESS);
+  std::vector<uint16_t> x(8 * 16, 0x3f80), w(4 * 16, 0x3f80), y(8 * 4, 0);
+  Tensor xt{x.data(), {{8, 16}, Dtype::kBf16}}, wt{w.data(), {{4, 16}, Dtype::kBf16}},
+      yt{y.data(), {{8, 4}, Dtype::kBf16}};
+  linear_forward(g, xt, wt, nullptr, yt, s2);
+  EXPECT_EQ(device_in_use(), before + kCublasDefaultWorkspace)
+      << "linear_forward on the handle's own stream keeps the user's workspace";
+  cublasDestroy(g);
+  cublasDestroy(h);
+  EXPECT_EQ(device_in_use(), before) << "cublasDestroy frees the pools";
+  cudaFree(ws);
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+}
+
 // The driver's virtual memory calls, each rule that a GPU enforces (cuda_emu.hpp): a call that
 // breaks one fails here as it would there, and the physical bytes count in cudaMemGetInfo.
 template <typename Fn>

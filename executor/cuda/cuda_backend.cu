@@ -152,6 +152,9 @@ class CudaBackend final : public exec::Backend {
                    at_start},
                   {"cuBLAS handle", std::max<int64_t>(0, used_now() - at_start)}};
     NP_CUDA_CHECK(cudaStreamCreate(&stream_));
+    // The stream before the workspace (use_runtime_buffer): setting a stream resets the workspace
+    // (linear.cu, use_stream).
+    NP_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
   }
   ~CudaBackend() override {
     cublasDestroy(blas_);

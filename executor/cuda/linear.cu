@@ -23,13 +23,26 @@ __global__ void add_bias_kernel(View y, View b, long long rows, long long cols) 
 
 }  // namespace
 
+// Puts the handle on `stream` only when it is on another: cublasSetStream resets the handle's
+// workspace to cuBLAS's own default pool (cuBLAS documentation, cublasSetStream), which cuBLAS
+// then allocates outside the caller's accounting. The backend sets its stream once, before its
+// tracked workspace (cuda_backend.cu), so the GEMMs keep that workspace; PyTorch likewise sets the
+// workspace again after every cublasSetStream (aten/src/ATen/cuda/CublasHandlePool.cpp).
+namespace {
+void use_stream(cublasHandle_t h, cudaStream_t stream) {
+  cudaStream_t current = nullptr;
+  NP_CUBLAS_CHECK(cublasGetStream(h, &current));
+  if (current != stream) NP_CUBLAS_CHECK(cublasSetStream(h, stream));
+}
+}  // namespace
+
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B's buffer goes first.
 void gemm_rows(cublasHandle_t h, long long m, long long n, long long k, const MatArg& a,
                const MatArg& b, const MatArg& c, float beta, long long batch,
                cudaStream_t stream) {
   if (m == 0 || n == 0 || batch == 0) return;
   float one = 1.0f;
-  NP_CUBLAS_CHECK(cublasSetStream(h, stream));
+  use_stream(h, stream);
   NP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       h, b.trans ? CUBLAS_OP_T : CUBLAS_OP_N, a.trans ? CUBLAS_OP_T : CUBLAS_OP_N,
       dim_int(n, "n"), dim_int(m, "m"), dim_int(k, "k"), &one, b.p, b.bf16 ? CUDA_R_16BF : CUDA_R_32F,
@@ -44,7 +57,7 @@ void linear_forward(cublasHandle_t h, const Tensor& x, const Tensor& w, const Te
   if (rows * in != x.numel() || y.numel() != rows * out)
     throw std::invalid_argument("linear: x, W and y do not agree");
   float one = 1.0f, zero = 0.0f;
-  NP_CUBLAS_CHECK(cublasSetStream(h, stream));
+  use_stream(h, stream);
   NP_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, dim_int(out, "out"),
                                dim_int(rows, "rows"), dim_int(in, "in"), &one, w.data, type_of(w),
                                dim_int(in, "in"), x.data, type_of(x), dim_int(in, "in"), &zero,
@@ -64,7 +77,7 @@ void linear_backward(cublasHandle_t h, const Tensor& x, const Tensor& w, const T
   if (dy.numel() != rows * out || dw.numel() != w.numel() || (dx && dx->numel() != x.numel()))
     throw std::invalid_argument("linear backward: shapes do not agree");
   float one = 1.0f, zero = 0.0f;
-  NP_CUBLAS_CHECK(cublasSetStream(h, stream));
+  use_stream(h, stream);
   if (dx)  // dx^T (in x rows) = W^T (in x out) dy^T (out x rows)
     NP_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, dim_int(in, "in"),
                                  dim_int(rows, "rows"), dim_int(out, "out"), &one, w.data,

@@ -2,10 +2,14 @@
 #include "executor/cuda/emu/cublas_emu.hpp"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 struct np_emu_cublas {
-  void* workspace = nullptr;
+  void* workspace = nullptr;  // the user's (cublasSetWorkspace); null: the default pool
   size_t workspace_bytes = 0;
+  cudaStream_t stream = nullptr;
+  std::vector<std::pair<cudaStream_t, void*>> pools;  // default pools cuBLAS allocated, by stream
 };
 
 namespace {
@@ -29,11 +33,21 @@ cublasStatus_t cublasCreate(cublasHandle_t* h) {
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasDestroy(cublasHandle_t h) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  for (auto& [stream, pool] : h->pools) cudaFree(pool);
   delete h;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t) {
-  return h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  h->stream = s;
+  h->workspace = nullptr, h->workspace_bytes = 0;  // back to the default pool, unconditionally
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasGetStream(cublasHandle_t h, cudaStream_t* s) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  *s = h->stream;
+  return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void* w, size_t bytes) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
@@ -57,6 +71,13 @@ cublasStatus_t cublasGemmStridedBatchedEx(
   if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < std::max(1, a_rows) ||
       ldb < std::max(1, b_rows) || ldc < std::max(1, m))
     return CUBLAS_STATUS_INVALID_VALUE;
+  // No user workspace: the default pool of the handle's stream, allocated on first use.
+  if (!h->workspace && std::none_of(h->pools.begin(), h->pools.end(),
+                                    [&](const auto& p) { return p.first == h->stream; })) {
+    void* pool = nullptr;
+    if (cudaMalloc(&pool, kCublasDefaultWorkspace) != cudaSuccess) return CUBLAS_STATUS_ALLOC_FAILED;
+    h->pools.push_back({h->stream, pool});
+  }
   float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   for (int b = 0; b < batch; ++b)
     for (int j = 0; j < n; ++j)
