@@ -220,6 +220,7 @@ class IdentityComm final : public Communicator {
   void all_gather(const Tensor& in, const Tensor& out) override { copy(in, out); }
   void reduce_scatter(const Tensor& in, const Tensor& out) override { copy(in, out); }
   void all_reduce(const Tensor&) override { ++calls; }
+  void all_reduce_max(const Tensor&) override { ++calls; }
   void send(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no pipeline"); }
   void recv(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no pipeline"); }
   void all_reduce_with(const Tensor&, int64_t) override { throw std::logic_error("no pipeline"); }
@@ -263,6 +264,16 @@ class ThreadComm final : public Communicator {
     for (int64_t i = 0; i < t.numel(); ++i) s[i] = sum(t.type, i);
     g_.sync.arrive_and_wait();
     for (int64_t i = 0; i < t.numel(); ++i) store(t, i, s[i]);
+    g_.sync.arrive_and_wait();
+  }
+  void all_reduce_max(const Tensor& t) override {
+    publish(t.data);
+    std::vector<float> m(t.numel(), -std::numeric_limits<float>::infinity());
+    for (int64_t i = 0; i < t.numel(); ++i)
+      for (int64_t q = 0; q < g_.n; ++q)
+        m[i] = std::max(m[i], load(Tensor{const_cast<void*>(g_.slots[q]), t.type}, i));
+    g_.sync.arrive_and_wait();
+    for (int64_t i = 0; i < t.numel(); ++i) store(t, i, m[i]);
     g_.sync.arrive_and_wait();
   }
   void send(const Tensor&, int64_t, int64_t) override { throw std::logic_error("no pipeline"); }

@@ -8,11 +8,13 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "executor/backend.hpp"
 #include "executor/cuda/kernels.hpp"
+#include "executor/cuda/transfer.hpp"
 #include "gpu_env.hpp"
 
 namespace np::cuda {
@@ -214,6 +216,58 @@ TEST(CudaEmulation, CublasSetStreamResetsTheWorkspace) {
   cudaFree(ws);
   cudaStreamDestroy(s1);
   cudaStreamDestroy(s2);
+}
+
+// NCCL's rule that collectives take device buffers, as the emulation checks it:
+// cudaPointerGetAttributes says device for a pointer inside a cudaMalloc'd block and unregistered for host memory, and the
+// virtual ranks' collectives refuse a host buffer (the cross-entropy's host all-gather did that).
+// Their all_reduce_max (Megatron's MAX all-reduce of the logits' maxima) is the element-wise max.
+TEST(CudaEmulation, CollectivesTakeDeviceBuffersOnly) {
+  void* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 4096), cudaSuccess);
+  std::vector<float> host(16, 0.0f);
+  cudaPointerAttributes a{};
+  ASSERT_EQ(cudaPointerGetAttributes(&a, static_cast<char*>(d) + 100), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeDevice);
+  ASSERT_EQ(cudaPointerGetAttributes(&a, host.data()), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeUnregistered);
+  auto transfer = device_transfer();
+  EXPECT_NO_THROW(transfer->check_collective_buffer(d, "x"));
+  EXPECT_THROW(transfer->check_collective_buffer(host.data(), "x"), std::invalid_argument);
+
+  auto world = virtual_rank_world()(2, 1, 1, 1, 1);
+  std::vector<float*> buf(2);
+  for (auto& b : buf)
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&b), 3 * sizeof(float)), cudaSuccess);
+  const float values[2][3] = {{1.0f, -5.0f, 7.0f}, {2.0f, -6.0f, 3.0f}};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      std::copy(values[r], values[r] + 3, buf[r]);  // emulated device memory is addressable
+      world->comm(0, 0, r).all_reduce_max(Tensor{buf[r], {{3}, Dtype::kFp32}});
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(buf[r][0], 2.0f);
+    EXPECT_EQ(buf[r][1], -5.0f);
+    EXPECT_EQ(buf[r][2], 7.0f);
+  }
+  std::vector<std::thread> bad;
+  std::vector<std::string> errors(2);
+  for (int r = 0; r < 2; ++r)
+    bad.emplace_back([&, r] {
+      try {
+        world->comm(0, 0, r).all_gather(Tensor{buf[r], {{1}, Dtype::kFp32}},
+                                         Tensor{host.data(), {{2}, Dtype::kFp32}});
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : bad) t.join();
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("all_gather's output is not device memory"), std::string::npos) << e;
+  for (auto* b : buf) cudaFree(b);
+  cudaFree(d);
 }
 
 // The driver's virtual memory calls, each rule that a GPU enforces (cuda_emu.hpp): a call that

@@ -34,6 +34,9 @@ class Communicator {
   virtual void reduce_scatter(const Tensor& in, const Tensor& out) = 0;
   // t = sum over TP ranks of t, in place.
   virtual void all_reduce(const Tensor& t) = 0;
+  // t = the element-wise maximum over TP ranks of t (fp32), in place: Megatron's
+  // all_reduce(op=MAX) of the logits' row maxima in its vocab-parallel cross-entropy.
+  virtual void all_reduce_max(const Tensor& t) = 0;
   // Pipeline transfers to the rank of the same TP index on pipeline stage `stage`. A receive
   // takes the oldest message of its tag from that stage (tags >= 0: the interleaved schedule's
   // chunks and directions share one pair of stages; each tag's messages keep their order).

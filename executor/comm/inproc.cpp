@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 namespace np::exec {
@@ -89,6 +90,8 @@ class InProcessComm final : public Communicator {
 
   void all_gather(const Tensor& in, const Tensor& out) override {
     check(out.bytes() == in.bytes() * w_.tp_, "all_gather: output must be tp x the input");
+    w_.transfer_->check_collective_buffer(in.data, "all_gather's input");
+    w_.transfer_->check_collective_buffer(out.data, "all_gather's output");
     publish(in.data);
     for (int64_t q = 0; q < w_.tp_; ++q)
       w_.transfer_->copy(out.as<unsigned char>() + q * in.bytes(), group().slots[q], in.bytes());
@@ -98,18 +101,32 @@ class InProcessComm final : public Communicator {
   void reduce_scatter(const Tensor& in, const Tensor& out) override {
     check(in.bytes() == out.bytes() * w_.tp_ && in.type.dtype == out.type.dtype,
           "reduce_scatter: input must be tp x the output");
+    w_.transfer_->check_collective_buffer(in.data, "reduce_scatter's input");
+    w_.transfer_->check_collective_buffer(out.data, "reduce_scatter's output");
     publish(in.data);
     w_.transfer_->sum(out, 0, group().slots, rank_ * out.numel(), out.numel());
     wait();
   }
 
-  void all_reduce(const Tensor& t) override {
+  void all_reduce(const Tensor& t) override { reduce_in_place(t, false); }
+  void all_reduce_max(const Tensor& t) override {
+    check(t.type.dtype == Dtype::kFp32, "all_reduce_max: fp32 only");
+    reduce_in_place(t, true);
+  }
+
+  // t = the sum (or the maximum) over the TP ranks of t.
+  void reduce_in_place(const Tensor& t, bool max) {
+    w_.transfer_->check_collective_buffer(t.data, max ? "all_reduce_max's tensor"
+                                                      : "all_reduce's tensor");
     publish(t.data);
-    // Phase 1: rank r sums chunk r of every buffer into its own chunk r (no rank reads another's
-    // own chunk); phase 2: copies the other chunks from their owners.
+    // Phase 1: rank r reduces chunk r of every buffer into its own chunk r (no rank reads
+    // another's own chunk); phase 2: copies the other chunks from their owners.
     int64_t n = t.numel(), chunk = (n + w_.tp_ - 1) / w_.tp_;
     int64_t lo = std::min(n, rank_ * chunk), hi = std::min(n, lo + chunk);
-    w_.transfer_->sum(t, lo, group().slots, lo, hi - lo);
+    if (max)
+      w_.transfer_->max(t, lo, group().slots, lo, hi - lo);
+    else
+      w_.transfer_->sum(t, lo, group().slots, lo, hi - lo);
     wait();
     int64_t elem = dtype_bytes(t.type.dtype);
     for (int64_t q = 0; q < w_.tp_; ++q) {
@@ -222,6 +239,15 @@ class HostTransfer final : public Transfer {
       float s = 0;
       for (const void* p : ins) s += load(Tensor{const_cast<void*>(p), out.type}, in_offset + i);
       store(out, out_offset + i, s);
+    }
+  }
+  void max(const Tensor& out, int64_t out_offset, const std::vector<const void*>& ins,
+           int64_t in_offset, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (const void* p : ins)
+        m = std::max(m, load(Tensor{const_cast<void*>(p), out.type}, in_offset + i));
+      store(out, out_offset + i, m);
     }
   }
 };

@@ -28,6 +28,14 @@ class Transfer {
   // written). Complete when it returns.
   virtual void sum(const Tensor& out, int64_t out_offset, const std::vector<const void*>& ins,
                    int64_t in_offset, int64_t n) = 0;
+  // The same with the maximum in place of the sum.
+  virtual void max(const Tensor& out, int64_t out_offset, const std::vector<const void*>& ins,
+                   int64_t in_offset, int64_t n) = 0;
+  // Refuses a collective's buffer that is not the backend's memory, as NCCL does (its buffers
+  // are device memory); the host transfer takes any.
+  virtual void check_collective_buffer(const void* p, const char* what) const {
+    (void)p, (void)what;
+  }
 };
 // Host memory: memcpy and a loop.
 std::shared_ptr<Transfer> host_transfer();

@@ -163,6 +163,16 @@ class MpiComm final : public Communicator {
     sum(all, t, 0, Tensor{mine.data(), t.type});
     transfer_->copy(t.data, mine.data(), t.bytes());
   }
+  void all_reduce_max(const Tensor& t) override {
+    if (t.type.dtype != Dtype::kFp32) fail("all_reduce_max: fp32 only");
+    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * tp_));
+    gather(mine, all);
+    const float* a = reinterpret_cast<const float*>(all.data());
+    float* m = reinterpret_cast<float*>(mine.data());
+    for (int64_t i = 0; i < t.numel(); ++i)
+      for (int64_t q = 0; q < tp_; ++q) m[i] = std::max(m[i], a[q * t.numel() + i]);
+    transfer_->copy(t.data, mine.data(), t.bytes());
+  }
 
   // Non-blocking sends of a copy (as the in-process mailboxes): both pipeline neighbours may send
   // before either receives.

@@ -93,8 +93,8 @@ void pos_embedding_backward(const Env& env, const BackwardArgs& a) {
 // loss[t] = log(sum_v exp(l - max)) + max - l[target]; softmax kept in fp32 for the backward
 // (log_softmax_loss: the log-probabilities l - max - log(sum) instead).
 
-// Each row's max over the whole vocabulary into mx: this shard's, then over the TP ranks (an
-// all-gather of the per-rank maxima, outside the device model).
+// Each row's max over the whole vocabulary into mx: this shard's, then over the TP ranks (in
+// place, Megatron's all-reduce with MAX).
 static float* row_max(const Env& env, const Mat& L, const Tensor& mx) {
   int64_t T = L.rows(), V = L.cols(), tp = env.tp_size();
   float* m = mx.as<float>();
@@ -103,16 +103,7 @@ static float* row_max(const Env& env, const Mat& L, const Tensor& mx) {
     for (int64_t j = 0; j < V; ++j) v = std::max(v, L(t, j));
     m[t] = v;
   }
-  if (tp > 1) {
-    Scratch all(TensorType{{tp * T}, Dtype::kFp32});
-    env.comm().all_gather(mx, all.t);
-    const float* p = all.t.as<float>();
-    for (int64_t t = 0; t < T; ++t) {
-      float v = p[t];
-      for (int64_t q = 1; q < tp; ++q) v = std::max(v, p[q * T + t]);
-      m[t] = v;
-    }
-  }
+  if (tp > 1) env.comm().all_reduce_max(mx);
   return m;
 }
 

@@ -63,6 +63,11 @@ class NcclComm final : public exec::Communicator {
     NP_NCCL_CHECK(ncclAllReduce(t.data, t.data, nccl_count(t), nccl_type(t), ncclSum, comm_, nullptr));
     done();
   }
+  void all_reduce_max(const Tensor& t) override {
+    NP_NCCL_CHECK(
+        ncclAllReduce(t.data, t.data, nccl_count(t), nccl_type(t), ncclMax, comm_, nullptr));
+    done();
+  }
   void send(const Tensor& t, int64_t stage, int64_t tag) override { mpi_.send(t, stage, tag); }
   void recv(const Tensor& t, int64_t stage, int64_t tag) override { mpi_.recv(t, stage, tag); }
   void all_reduce_with(const Tensor& t, int64_t peer) override { mpi_.all_reduce_with(t, peer); }

@@ -66,21 +66,9 @@ void rope_apply(const Fwd& e, const Tensor& in, const Tensor& out, float sign) {
        first_row(c, rows), c.setup->micro_batch, sign, e.stream);
 }
 
-// mx = the maximum over the TP group, through an all-gather of every rank's maxima (host
-// staging outside the device model, as the CPU reference's).
-void global_max(const OpContext& c, const Tensor& mx, int64_t tp) {
-  int64_t T = mx.numel();
-  std::vector<float> all(static_cast<size_t>(tp * T));
-  Tensor gathered{all.data(), {{tp * T}, Dtype::kFp32}};
-  c.comm->all_gather(mx, gathered);
-  std::vector<float> best(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) {
-    float v = all[static_cast<size_t>(t)];
-    for (int64_t q = 1; q < tp; ++q) v = std::max(v, all[static_cast<size_t>(q * T + t)]);
-    best[static_cast<size_t>(t)] = v;
-  }
-  NP_CUDA_CHECK(cudaMemcpy(mx.data, best.data(), static_cast<size_t>(mx.bytes()), cudaMemcpyHostToDevice));
-}
+// mx = the maximum over the TP group, in place on the device (Megatron's all-reduce with MAX;
+// NCCL takes device buffers only, so no host staging).
+void global_max(const OpContext& c, const Tensor& mx) { c.comm->all_reduce_max(mx); }
 
 }  // namespace
 
@@ -341,7 +329,7 @@ Outs cross_entropy_fwd(const Fwd& e, Ins in, Ins) {
   const Tensor& l = copy ? copy : logits;
   cross_entropy_max(l, mx, e.stream);
   int64_t tp = c.comm ? c.comm->tp_size() : 1;
-  if (tp > 1) global_max(c, mx, tp);
+  if (tp > 1) global_max(c, mx);
   cross_entropy_exp_sum(l, targets, mx, sm, se, tg, c.tp_rank, e.stream);
   if (tp > 1) c.comm->all_reduce(se), c.comm->all_reduce(tg);
   bool log_probs = c.op->kind == OpKind::kLogSoftmaxLoss;
@@ -363,7 +351,7 @@ Outs cross_entropy_te_fwd(const Fwd& e, Ins in, Ins) {
   Tensor mx = e.ws({{T}, Dtype::kFp32}), se = e.ws({{T}, Dtype::kFp32}), tg = e.ws({{T}, Dtype::kFp32});
   cross_entropy_max(logits, mx, e.stream);
   int64_t tp = c.comm ? c.comm->tp_size() : 1;
-  if (tp > 1) global_max(c, mx, tp);
+  if (tp > 1) global_max(c, mx);
   cross_entropy_exp_sum(logits, targets, mx, Tensor{}, se, tg, c.tp_rank, e.stream);
   if (tp > 1) c.comm->all_reduce(se), c.comm->all_reduce(tg);
   cross_entropy_te_finalize(se, mx, tg, loss, stats, e.stream);

@@ -22,6 +22,17 @@ __global__ void sum_ranks_kernel(View out, long long out_offset, Peers ins, int 
   st(out, out_offset + i, s);
 }
 
+// The same with the maximum.
+__global__ void max_ranks_kernel(View out, long long out_offset, Peers ins, int n_in,
+                                 long long in_offset, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  float m = -INFINITY;
+  for (int q = 0; q < n_in; ++q)
+    m = fmaxf(m, ld(View{const_cast<void*>(ins.p[q]), out.bf16}, in_offset + i));
+  st(out, out_offset + i, m);
+}
+
 class DeviceTransfer final : public exec::Transfer {
  public:
   // Complete when it returns: a device-to-device cudaMemcpy may still run after it returns.
@@ -32,12 +43,34 @@ class DeviceTransfer final : public exec::Transfer {
   }
   void sum(const Tensor& out, int64_t out_offset, const std::vector<const void*>& ins,
            int64_t in_offset, int64_t n) override {
+    reduce(sum_ranks_kernel, out, out_offset, ins, in_offset, n);
+  }
+  void max(const Tensor& out, int64_t out_offset, const std::vector<const void*>& ins,
+           int64_t in_offset, int64_t n) override {
+    reduce(max_ranks_kernel, out, out_offset, ins, in_offset, n);
+  }
+  // NCCL's rule: a collective's buffers are device memory (cudaPointerGetAttributes: device or
+  // managed), never pageable host memory.
+  void check_collective_buffer(const void* p, const char* what) const override {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess ||
+        (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)) {
+      cudaGetLastError();  // clear the error a host pointer may leave
+      throw std::invalid_argument(std::string("collective: ") + what +
+                                  " is not device memory (NCCL takes device buffers only)");
+    }
+  }
+
+ private:
+  using Kernel = void (*)(View, long long, Peers, int, long long, long long);
+  static void reduce(Kernel kernel, const Tensor& out, int64_t out_offset,
+                     const std::vector<const void*>& ins, int64_t in_offset, int64_t n) {
     need(ins.size() <= static_cast<size_t>(kMaxVirtualRanks),
          "virtual ranks: at most 16 ranks per TP group on one GPU");
     if (n <= 0) return;
     Peers peers{};
     for (size_t q = 0; q < ins.size(); ++q) peers.p[q] = ins[q];
-    np_launch(sum_ranks_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, nullptr, view(out),
+    np_launch(kernel, dim3(blocks_for(n)), dim3(kThreads), 0, nullptr, view(out),
               static_cast<long long>(out_offset), peers, static_cast<int>(ins.size()),
               static_cast<long long>(in_offset), static_cast<long long>(n));
     NP_CUDA_CHECK_LAUNCH();

@@ -170,6 +170,22 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
 cudaError_t cudaGetLastError();
 const char* cudaGetErrorString(cudaError_t e);
+// What memory a pointer is (CUDA Runtime API, cudaPointerGetAttributes): device memory for a
+// pointer inside a cudaMalloc'd block or an accessible cuMemMap'd range, unregistered (host)
+// memory otherwise, as the runtime answers for pageable host memory since CUDA 11.
+enum cudaMemoryType {
+  cudaMemoryTypeUnregistered = 0,
+  cudaMemoryTypeHost = 1,
+  cudaMemoryTypeDevice = 2,
+  cudaMemoryTypeManaged = 3,
+};
+struct cudaPointerAttributes {
+  cudaMemoryType type = cudaMemoryTypeUnregistered;
+  int device = -1;
+  void* devicePointer = nullptr;
+  void* hostPointer = nullptr;
+};
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p);
 
 // ---- driver API: virtual memory management ---------------------------------------------------
 // The subset PyTorch's expandable segments use (CUDA Driver API reference, "Virtual Memory
