@@ -270,6 +270,30 @@ TEST(CudaEmulation, CollectivesTakeDeviceBuffersOnly) {
   cudaFree(d);
 }
 
+// Launches a GPU of compute capability 9.0 refuses are refused (cuda_emu.hpp, launch): grid y and z
+// past 65,535 blocks, blocks past 1,024 threads or 64 in z, dynamic shared memory past 48 KiB
+// unless the kernel was allowed more, and an allowance past the device's 227 KiB.
+__global__ void noop_kernel(int* out) {
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) *out = 1;
+}
+TEST(CudaEmulation, LaunchesKeepTheDevicesLimits) {
+  int out = 0;
+  EXPECT_NO_THROW(np_launch(noop_kernel, dim3(1, 65535), dim3(1), 0, nullptr, &out));
+  EXPECT_THROW(np_launch(noop_kernel, dim3(1, 65536), dim3(1), 0, nullptr, &out),
+               std::runtime_error);
+  EXPECT_THROW(np_launch(noop_kernel, dim3(1, 1, 65536), dim3(1), 0, nullptr, &out),
+               std::runtime_error);
+  EXPECT_THROW(np_launch(noop_kernel, dim3(1), dim3(1025), 0, nullptr, &out), std::runtime_error);
+  EXPECT_THROW(np_launch(noop_kernel, dim3(1), dim3(1, 1, 65), 0, nullptr, &out),
+               std::runtime_error);
+  EXPECT_THROW(np_launch(noop_kernel, dim3(1), dim3(32), (48 << 10) + 16, nullptr, &out),
+               std::runtime_error);
+  np_allow_shared(noop_kernel, 100 << 10);
+  EXPECT_NO_THROW(np_launch(noop_kernel, dim3(1), dim3(32), 100 << 10, nullptr, &out));
+  EXPECT_THROW(np_allow_shared(noop_kernel, 228 << 10), std::runtime_error);
+  EXPECT_EQ(out, 1);
+}
+
 // The driver's virtual memory calls, each rule that a GPU enforces (cuda_emu.hpp): a call that
 // breaks one fails here as it would there, and the physical bytes count in cudaMemGetInfo.
 template <typename Fn>
@@ -602,6 +626,29 @@ TEST(CudaKernels, LinearThroughCublas) {
     expect_close(db.get(), dbr, 1e-5, "linear db " + name);
   }
   cublasDestroy(h);
+}
+
+// More batch x heads than a grid's y dimension holds (65,535): the launches split into slices.
+// With one position per sequence each head's output is its value row, and the gradient reaches
+// only the values (dV = dO): every head, those past 65,535 included.
+TEST(CudaKernels, FlashAttentionPastTheGridsYLimit) {
+  const int64_t b = 1, s = 1, hq = 65536 + 6, hkv = hq, d = 2, width = (hq + 2 * hkv) * d;
+  const AttentionShape shape{b, s, hq, hkv, d};
+  auto xv = random_values(width, 51), gv = random_values(hq * d, 52);
+  DeviceTensor qkv({1, width}, Dtype::kFp32), out({1, hq * d}, Dtype::kFp32),
+      lse({b, hq, s}, Dtype::kFp32), dout({1, hq * d}, Dtype::kFp32),
+      dx({1, width}, Dtype::kFp32), dq({1, hq * d}, Dtype::kFp32), rowsum({b, hq, s}, Dtype::kFp32);
+  qkv.set(xv), dout.set(gv);
+  flash_attention_forward(shape, qkv.t, out.t, lse.t, nullptr);
+  flash_attention_backward(shape, qkv.t, out.t, lse.t, dout.t, dx.t, false, dq.t, rowsum.t,
+                           nullptr);
+  std::vector<float> o = out.as<float>(), g = dx.as<float>();
+  for (int64_t h = 0; h < hq; h += (h < 65530 ? 4099 : 1))
+    for (int64_t c = 0; c < d; ++c) {
+      EXPECT_NEAR(o[h * d + c], xv[(hq + hkv + h) * d + c], 1e-6) << "head " << h;
+      EXPECT_NEAR(g[(hq + hkv + h) * d + c], gv[h * d + c], 1e-6) << "dV, head " << h;
+      EXPECT_NEAR(g[h * d + c], 0.0, 1e-6) << "dQ, head " << h;
+    }
 }
 
 // RoPE on [q | k | v] rows with GQA (3 q heads, 1 kv head here), odd row count, sequence-sharded

@@ -19,6 +19,9 @@ constexpr int kMaxD = 256;  // largest head_dim the register arrays hold
 struct Geo {
   long long b, s, hq, hkv, d, width;
   float scale;
+  // The first (batch, head) index of this launch: gridDim.y is at most 65,535, so batch x heads
+  // beyond it launch in slices (launch_heads), each block's index y0 + blockIdx.y.
+  long long y0 = 0;
   NP_HD long long row(long long bi, long long pos) const { return pos * b + bi; }
   NP_HD long long group() const { return hq / hkv; }
   NP_HD long long q_col(long long h) const { return h * d; }
@@ -57,7 +60,7 @@ __device__ void for_each_causal_key(View qkv, const Geo& g, long long bi, long l
 
 // Block (x: a tile of kRows query positions, y: batch * q head); thread: one query row.
 __global__ void flash_forward_kernel(View qkv, View out, float* lse, Geo g) {
-  long long bi = blockIdx.y / g.hq, h = blockIdx.y % g.hq;
+  long long bi = (g.y0 + blockIdx.y) / g.hq, h = (g.y0 + blockIdx.y) % g.hq;
   long long i = static_cast<long long>(blockIdx.x) * kRows + threadIdx.x;
   bool active = i < g.s;
   float* ks = np_shared<float>();  // kTile keys, then kTile values, d floats each
@@ -145,7 +148,8 @@ __device__ void warp_gemm(const bf16* a, long long lda, const bf16* b, long long
 }
 
 __global__ void flash_forward_mma_kernel(View qkv, View out, float* lse, Geo g, long long dp) {
-  long long bi = blockIdx.y / g.hq, h = blockIdx.y % g.hq, i0 = static_cast<long long>(blockIdx.x) * kMmaRows;
+  const long long bh = g.y0 + blockIdx.y;
+  long long bi = bh / g.hq, h = bh % g.hq, i0 = static_cast<long long>(blockIdx.x) * kMmaRows;
   ForwardSmem t(reinterpret_cast<uintptr_t>(np_shared<unsigned char>()), dp);
   int tid = threadIdx.x, warp = tid / 32;
   const int nthreads = kMmaWarps * 32;
@@ -255,7 +259,8 @@ __device__ void load_query_tile(BackwardSmem& t, View qkv, View dout, const floa
 // Block (x: a tile of kMmaKeys key positions, y: batch * kv head).
 __global__ void flash_dkv_mma_kernel(View qkv, View dout, const float* lse, const float* D, View dx,
                                      bool acc_in, Geo g, long long dp) {
-  long long bi = blockIdx.y / g.hkv, kvh = blockIdx.y % g.hkv, h0 = kvh * g.group();
+  const long long bh = g.y0 + blockIdx.y;
+  long long bi = bh / g.hkv, kvh = bh % g.hkv, h0 = kvh * g.group();
   long long j0 = static_cast<long long>(blockIdx.x) * kMmaKeys;
   BackwardSmem t(reinterpret_cast<uintptr_t>(np_shared<unsigned char>()), dp);
   int tid = threadIdx.x, warp = tid / 32;
@@ -288,7 +293,8 @@ __global__ void flash_dkv_mma_kernel(View qkv, View dout, const float* lse, cons
 // Block (x: a tile of kMmaRows query positions, y: batch * q head): dQ into the fp32 workspace.
 __global__ void flash_dq_mma_kernel(View qkv, View dout, const float* lse, const float* D, float* dq,
                                     Geo g, long long dp) {
-  long long bi = blockIdx.y / g.hq, h = blockIdx.y % g.hq, i0 = static_cast<long long>(blockIdx.x) * kMmaRows;
+  const long long bh = g.y0 + blockIdx.y;
+  long long bi = bh / g.hq, h = bh % g.hq, i0 = static_cast<long long>(blockIdx.x) * kMmaRows;
   BackwardSmem t(reinterpret_cast<uintptr_t>(np_shared<unsigned char>()), dp);
   int tid = threadIdx.x, warp = tid / 32;
   const int nthreads = kMmaWarps * 32;
@@ -327,7 +333,7 @@ __global__ void rowsum_kernel(View dout, View out, float* D, Geo g) {
 // dQ_i = scale * sum_{j <= i} P_ij (dO_i . v_j - D_i) k_j, into the fp32 workspace dq.
 __global__ void flash_dq_kernel(View qkv, View dout, const float* lse, const float* D, float* dq,
                                 Geo g) {
-  long long bi = blockIdx.y / g.hq, h = blockIdx.y % g.hq;
+  long long bi = (g.y0 + blockIdx.y) / g.hq, h = (g.y0 + blockIdx.y) % g.hq;
   long long i = static_cast<long long>(blockIdx.x) * kRows + threadIdx.x;
   bool active = i < g.s;
   float* ks = np_shared<float>();
@@ -354,7 +360,7 @@ __global__ void flash_dq_kernel(View qkv, View dout, const float* lse, const flo
 // query heads of its group and the queries i >= j: dV_j += P_ij dO_i, dK_j += scale dS_ij q_i.
 __global__ void flash_dkv_kernel(View qkv, View dout, const float* lse, const float* D, View dx,
                                  bool acc_in, Geo g) {
-  long long bi = blockIdx.y / g.hkv, kvh = blockIdx.y % g.hkv;
+  long long bi = (g.y0 + blockIdx.y) / g.hkv, kvh = (g.y0 + blockIdx.y) % g.hkv;
   long long j = static_cast<long long>(blockIdx.x) * kRows + threadIdx.x;
   bool active = j < g.s;
   float* qs = np_shared<float>();  // kTile queries, kTile output gradients, kTile lse, kTile D
@@ -455,6 +461,18 @@ Geo geometry(const AttentionShape& a, const Tensor& qkv) {
         static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.head_dim)))};
   need(qkv.numel() == g.b * g.s * g.width, "attention: qkv is not {s*b, (hq + 2 hkv) d}");
   return g;
+}
+
+// CUDA's limit on gridDim.y (and z): launches over batch x heads split into slices of at most
+// this many, each given its first index in Geo::y0.
+constexpr long long kMaxGridY = 65535;
+template <typename Launch>
+void launch_heads(const Geo& g, long long heads, Launch launch) {
+  for (long long y0 = 0; y0 < heads; y0 += kMaxGridY) {
+    Geo slice = g;
+    slice.y0 = y0;
+    launch(slice, static_cast<unsigned>(std::min(kMaxGridY, heads - y0)));
+  }
 }
 
 // Element e of t (an operand of gemm_rows).
@@ -569,17 +587,21 @@ void flash_attention_forward(const AttentionShape& a, const Tensor& qkv, const T
     long long dp = (g.d + kMmaTile - 1) / kMmaTile * kMmaTile;
     size_t bytes = ForwardSmem(0, dp).bytes;
     np_allow_shared(flash_forward_mma_kernel, bytes);
-    dim3 grid(static_cast<unsigned>((g.s + kMmaRows - 1) / kMmaRows), static_cast<unsigned>(g.b * g.hq));
-    np_launch(flash_forward_mma_kernel, grid, dim3(kMmaWarps * 32), bytes, stream, view(qkv),
-              view(out), lse.as<float>(), g, dp);
-    NP_CUDA_CHECK_LAUNCH();
+    const auto x = static_cast<unsigned>((g.s + kMmaRows - 1) / kMmaRows);
+    launch_heads(g, g.b * g.hq, [&](const Geo& gs, unsigned y) {
+      np_launch(flash_forward_mma_kernel, dim3(x, y), dim3(kMmaWarps * 32), bytes, stream,
+                view(qkv), view(out), lse.as<float>(), gs, dp);
+      NP_CUDA_CHECK_LAUNCH();
+    });
     return;
   }
   // fp32 tensors (tests; the tensor cores would round them to bf16): one thread per query row.
-  dim3 grid(static_cast<unsigned>((g.s + kRows - 1) / kRows), static_cast<unsigned>(g.b * g.hq));
-  np_launch(flash_forward_kernel, grid, dim3(kRows), 2 * kTile * g.d * sizeof(float), stream,
-            view(qkv), view(out), lse.as<float>(), g);
-  NP_CUDA_CHECK_LAUNCH();
+  const auto x = static_cast<unsigned>((g.s + kRows - 1) / kRows);
+  launch_heads(g, g.b * g.hq, [&](const Geo& gs, unsigned y) {
+    np_launch(flash_forward_kernel, dim3(x, y), dim3(kRows), 2 * kTile * g.d * sizeof(float),
+              stream, view(qkv), view(out), lse.as<float>(), gs);
+    NP_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void causal_softmax_forward(const Tensor& scores, const Tensor& probs, long long head_dim,
@@ -626,27 +648,35 @@ void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const 
     size_t bytes = BackwardSmem(0, dp).bytes;
     np_allow_shared(flash_dq_mma_kernel, bytes);
     np_allow_shared(flash_dkv_mma_kernel, bytes);
-    dim3 qgrid(static_cast<unsigned>((g.s + kMmaRows - 1) / kMmaRows), static_cast<unsigned>(g.b * g.hq));
-    np_launch(flash_dq_mma_kernel, qgrid, dim3(kMmaWarps * 32), bytes, stream, view(qkv), view(dout),
-              static_cast<const float*>(lse.data), static_cast<const float*>(rowsum.data),
-              dq.as<float>(), g, dp);
-    NP_CUDA_CHECK_LAUNCH();
-    dim3 kgrid(static_cast<unsigned>((g.s + kMmaKeys - 1) / kMmaKeys), static_cast<unsigned>(g.b * g.hkv));
-    np_launch(flash_dkv_mma_kernel, kgrid, dim3(kMmaWarps * 32), bytes, stream, view(qkv),
-              view(dout), static_cast<const float*>(lse.data),
-              static_cast<const float*>(rowsum.data), view(dqkv), accumulate, g, dp);
-    NP_CUDA_CHECK_LAUNCH();
+    const auto qx = static_cast<unsigned>((g.s + kMmaRows - 1) / kMmaRows);
+    launch_heads(g, g.b * g.hq, [&](const Geo& gs, unsigned y) {
+      np_launch(flash_dq_mma_kernel, dim3(qx, y), dim3(kMmaWarps * 32), bytes, stream, view(qkv),
+                view(dout), static_cast<const float*>(lse.data),
+                static_cast<const float*>(rowsum.data), dq.as<float>(), gs, dp);
+      NP_CUDA_CHECK_LAUNCH();
+    });
+    const auto kx = static_cast<unsigned>((g.s + kMmaKeys - 1) / kMmaKeys);
+    launch_heads(g, g.b * g.hkv, [&](const Geo& gs, unsigned y) {
+      np_launch(flash_dkv_mma_kernel, dim3(kx, y), dim3(kMmaWarps * 32), bytes, stream, view(qkv),
+                view(dout), static_cast<const float*>(lse.data),
+                static_cast<const float*>(rowsum.data), view(dqkv), accumulate, gs, dp);
+      NP_CUDA_CHECK_LAUNCH();
+    });
   } else {  // fp32 tensors: one thread per query (dQ) or key (dK, dV) row
-    dim3 qgrid(static_cast<unsigned>((g.s + kRows - 1) / kRows), static_cast<unsigned>(g.b * g.hq));
-    np_launch(flash_dq_kernel, qgrid, dim3(kRows), 2 * kTile * g.d * sizeof(float), stream,
-              view(qkv), view(dout), static_cast<const float*>(lse.data),
-              static_cast<const float*>(rowsum.data), dq.as<float>(), g);
-    NP_CUDA_CHECK_LAUNCH();
-    dim3 kgrid(static_cast<unsigned>((g.s + kRows - 1) / kRows), static_cast<unsigned>(g.b * g.hkv));
-    np_launch(flash_dkv_kernel, kgrid, dim3(kRows), (2 * kTile * g.d + 2 * kTile) * sizeof(float),
-              stream, view(qkv), view(dout), static_cast<const float*>(lse.data),
-              static_cast<const float*>(rowsum.data), view(dqkv), accumulate, g);
-    NP_CUDA_CHECK_LAUNCH();
+    const auto x = static_cast<unsigned>((g.s + kRows - 1) / kRows);
+    launch_heads(g, g.b * g.hq, [&](const Geo& gs, unsigned y) {
+      np_launch(flash_dq_kernel, dim3(x, y), dim3(kRows), 2 * kTile * g.d * sizeof(float), stream,
+                view(qkv), view(dout), static_cast<const float*>(lse.data),
+                static_cast<const float*>(rowsum.data), dq.as<float>(), gs);
+      NP_CUDA_CHECK_LAUNCH();
+    });
+    launch_heads(g, g.b * g.hkv, [&](const Geo& gs, unsigned y) {
+      np_launch(flash_dkv_kernel, dim3(x, y), dim3(kRows),
+                (2 * kTile * g.d + 2 * kTile) * sizeof(float), stream, view(qkv), view(dout),
+                static_cast<const float*>(lse.data), static_cast<const float*>(rowsum.data),
+                view(dqkv), accumulate, gs);
+      NP_CUDA_CHECK_LAUNCH();
+    });
   }
   np_launch(dq_to_dx_kernel, dim3(blocks_for(ctx)), dim3(kThreads), 0, stream,
             static_cast<const float*>(dq.data), view(dqkv), accumulate, g);

@@ -27,7 +27,8 @@ void np_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
                cudaStream_t stream, Args... args) {
 #if defined(NANOPLAN_CUDA_EMULATION)
   (void)stream;
-  ::np::emu::launch(grid, block, shared, [&] { kernel(args...); });
+  ::np::emu::launch(reinterpret_cast<const void*>(kernel), grid, block, shared,
+                    [&] { kernel(args...); });
 #elif defined(__CUDACC__)
   kernel<<<grid, block, shared, stream>>>(args...);
 #else
@@ -78,7 +79,7 @@ namespace np::cuda {
 template <typename... Params>
 void np_allow_shared(void (*kernel)(Params...), size_t bytes) {
 #if defined(NANOPLAN_CUDA_EMULATION)
-  (void)kernel, (void)bytes;
+  ::np::emu::allow_shared(reinterpret_cast<const void*>(kernel), bytes);
 #elif defined(__CUDACC__)
   NP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(bytes)));

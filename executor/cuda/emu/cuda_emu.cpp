@@ -344,11 +344,45 @@ uint64_t warp_exchange(uint64_t mine, int src) {
 
 uint64_t launches() { return g_launches.load(); }
 
-void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
+namespace {
+std::mutex g_shared_mu;
+std::map<const void*, size_t> g_shared_allowed;  // kernels' raised dynamic shared-memory limits
+}  // namespace
+
+void allow_shared(const void* kernel, size_t bytes) {
+  if (bytes > kMaxSharedOptIn)
+    throw std::runtime_error("CUDA emulation: cudaFuncSetAttribute: " + std::to_string(bytes) +
+                             " bytes of dynamic shared memory exceed the device's " +
+                             std::to_string(kMaxSharedOptIn));
+  std::lock_guard<std::mutex> lock(g_shared_mu);
+  size_t& a = g_shared_allowed[kernel];
+  a = std::max(a, bytes);
+}
+
+void launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
+            const std::function<void()>& body) {
   size_t threads = size_t{block.x} * block.y * block.z;
-  if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0)
-    throw std::runtime_error("CUDA emulation: invalid launch configuration (" +
-                             std::to_string(threads) + " threads per block)");
+  auto refuse = [&](const std::string& why) {
+    throw std::runtime_error("CUDA emulation: invalid launch configuration: " + why + " (grid " +
+                             std::to_string(grid.x) + " x " + std::to_string(grid.y) + " x " +
+                             std::to_string(grid.z) + ", block " + std::to_string(block.x) +
+                             " x " + std::to_string(block.y) + " x " + std::to_string(block.z) +
+                             ", " + std::to_string(shared_bytes) + " bytes of shared memory)");
+  };
+  if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64)
+    refuse("a block holds 1 to 1,024 threads, at most 1,024 x 1,024 x 64");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 ||
+      grid.z > 65535)
+    refuse("a grid is at most 2^31 - 1 x 65,535 x 65,535 blocks, none empty");
+  size_t allowed = kDefaultShared;
+  {
+    std::lock_guard<std::mutex> lock(g_shared_mu);
+    if (auto it = g_shared_allowed.find(kernel); it != g_shared_allowed.end())
+      allowed = std::max(allowed, it->second);
+  }
+  if (shared_bytes > allowed)
+    refuse("more dynamic shared memory than the kernel may take (" + std::to_string(allowed) +
+           " bytes; cudaFuncSetAttribute raises it)");
   bool reverse_first = (g_launches.fetch_add(1) % 2) == 1;
   Block b;
   Block* outer = g_block;

@@ -45,8 +45,18 @@ void* dynamic_shared();
 // Exchanges 8 bytes with another lane of this thread's warp: returns lane `src`'s value.
 uint64_t warp_exchange(uint64_t mine, int src);
 // Runs `body` as every thread of every block of the grid; throws std::runtime_error when a block
-// deadlocks at a barrier or the body throws.
-void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+// deadlocks at a barrier or the body throws. `kernel` identifies the kernel for its shared-memory
+// limit (allow_shared). The launch is refused as a GPU of compute capability 9.0 refuses it (CUDA
+// C++ Programming Guide, "Technical Specifications per Compute Capability"): grid x up to
+// 2^31 - 1 blocks, y and z up to 65,535; blocks of up to 1,024 threads, x and y up to 1,024, z up
+// to 64; dynamic shared memory up to 48 KiB, or up to what the kernel was allowed.
+void launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
+            const std::function<void()>& body);
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes): at most
+// kMaxSharedOptIn (227 KiB on sm_90); more is refused.
+void allow_shared(const void* kernel, size_t bytes);
+inline constexpr size_t kDefaultShared = size_t{48} << 10;
+inline constexpr size_t kMaxSharedOptIn = 232448;
 // Launches so far (each launch alternates the starting order of its threads).
 uint64_t launches();
 
