@@ -14,7 +14,7 @@ namespace {
 
 constexpr int kRows = 32;   // query (or key) rows per block: one per thread
 constexpr int kTile = 16;   // rows per shared-memory tile
-constexpr int kMaxD = 256;  // largest head_dim the register arrays hold
+constexpr int kMaxD = 256;  // largest head_dim (the fp32 kernels' rows in shared memory fit up to it)
 
 struct Geo {
   long long b, s, hq, hkv, d, width;
@@ -65,22 +65,29 @@ __global__ void flash_forward_kernel(View qkv, View out, float* lse, Geo g) {
   bool active = i < g.s;
   float* ks = np_shared<float>();  // kTile keys, then kTile values, d floats each
   float* vs = ks + kTile * g.d;
-  float q[kMaxD], acc[kMaxD];
+  // This thread's query row and accumulator in shared memory, element c at c * kRows + thread
+  // (no per-thread arrays: they would live in local memory, whose reservation the driver grows
+  // outside the allocator).
+  float* q = vs + kTile * g.d + threadIdx.x;
+  float* acc = q + kRows * g.d;
   long long ti = g.row(bi, active ? i : 0);
-  for (long long c = 0; c < g.d; ++c) q[c] = active ? ld(qkv, ti * g.width + g.q_col(h) + c) : 0.f;
-  for (long long c = 0; c < g.d; ++c) acc[c] = 0;
+  for (long long c = 0; c < g.d; ++c)
+    q[c * kRows] = active ? ld(qkv, ti * g.width + g.q_col(h) + c) : 0.f;
+  for (long long c = 0; c < g.d; ++c) acc[c * kRows] = 0;
   float m = -INFINITY, l = 0;
   for_each_causal_key(qkv, g, bi, h, i, active, ks, vs, [&](long long jj) {
     float sc = 0;
-    for (long long c = 0; c < g.d; ++c) sc += q[c] * ks[jj * g.d + c];
+    for (long long c = 0; c < g.d; ++c) sc += q[c * kRows] * ks[jj * g.d + c];
     sc *= g.scale;
     float m2 = fmaxf(m, sc), corr = __expf(m - m2), p = __expf(sc - m2);
     l = l * corr + p;
-    for (long long c = 0; c < g.d; ++c) acc[c] = acc[c] * corr + p * vs[jj * g.d + c];
+    for (long long c = 0; c < g.d; ++c)
+      acc[c * kRows] = acc[c * kRows] * corr + p * vs[jj * g.d + c];
     m = m2;
   });
   if (!active) return;
-  for (long long c = 0; c < g.d; ++c) st(out, ti * g.hq * g.d + g.q_col(h) + c, acc[c] / l);
+  for (long long c = 0; c < g.d; ++c)
+    st(out, ti * g.hq * g.d + g.q_col(h) + c, acc[c * kRows] / l);
   lse[g.stat(bi, h, i)] = m + __logf(l);
 }
 
@@ -338,22 +345,26 @@ __global__ void flash_dq_kernel(View qkv, View dout, const float* lse, const flo
   bool active = i < g.s;
   float* ks = np_shared<float>();
   float* vs = ks + kTile * g.d;
-  float q[kMaxD], go[kMaxD], acc[kMaxD];
+  // This thread's rows in shared memory, element c at c * kRows + thread (as the forward's).
+  float* q = vs + kTile * g.d + threadIdx.x;
+  float* go = q + kRows * g.d;
+  float* acc = go + kRows * g.d;
   long long ti = g.row(bi, active ? i : 0);
   for (long long c = 0; c < g.d; ++c) {
-    q[c] = active ? ld(qkv, ti * g.width + g.q_col(h) + c) : 0.f;
-    go[c] = active ? ld(dout, ti * g.hq * g.d + g.q_col(h) + c) : 0.f;
-    acc[c] = 0;
+    q[c * kRows] = active ? ld(qkv, ti * g.width + g.q_col(h) + c) : 0.f;
+    go[c * kRows] = active ? ld(dout, ti * g.hq * g.d + g.q_col(h) + c) : 0.f;
+    acc[c * kRows] = 0;
   }
   float li = active ? lse[g.stat(bi, h, i)] : 0.f, di = active ? D[g.stat(bi, h, i)] : 0.f;
   for_each_causal_key(qkv, g, bi, h, i, active, ks, vs, [&](long long jj) {
     float sc = 0, dv = 0;
-    for (long long c = 0; c < g.d; ++c) sc += q[c] * ks[jj * g.d + c], dv += go[c] * vs[jj * g.d + c];
+    for (long long c = 0; c < g.d; ++c)
+      sc += q[c * kRows] * ks[jj * g.d + c], dv += go[c * kRows] * vs[jj * g.d + c];
     float p = __expf(g.scale * sc - li), ds = p * (dv - di);
-    for (long long c = 0; c < g.d; ++c) acc[c] += g.scale * ds * ks[jj * g.d + c];
+    for (long long c = 0; c < g.d; ++c) acc[c * kRows] += g.scale * ds * ks[jj * g.d + c];
   });
   if (!active) return;
-  for (long long c = 0; c < g.d; ++c) dq[ti * g.hq * g.d + g.q_col(h) + c] = acc[c];
+  for (long long c = 0; c < g.d; ++c) dq[ti * g.hq * g.d + g.q_col(h) + c] = acc[c * kRows];
 }
 
 // Block (x: a tile of kRows key positions, y: batch * kv head); thread: one key row j. Over the
@@ -367,12 +378,17 @@ __global__ void flash_dkv_kernel(View qkv, View dout, const float* lse, const fl
   float* gs = qs + kTile * g.d;
   float* ls = gs + kTile * g.d;
   float* ds_ = ls + kTile;
-  float k[kMaxD], v[kMaxD], dk[kMaxD], dv[kMaxD];
+  // This thread's key and value rows and their gradients in shared memory, element c at
+  // c * kRows + thread (as the forward's).
+  float* k = ds_ + kTile + threadIdx.x;
+  float* v = k + kRows * g.d;
+  float* dk = v + kRows * g.d;
+  float* dv = dk + kRows * g.d;
   long long tj = g.row(bi, active ? j : 0), h0 = kvh * g.group();
   for (long long c = 0; c < g.d; ++c) {
-    k[c] = active ? ld(qkv, tj * g.width + g.k_col(h0) + c) : 0.f;
-    v[c] = active ? ld(qkv, tj * g.width + g.v_col(h0) + c) : 0.f;
-    dk[c] = 0, dv[c] = 0;
+    k[c * kRows] = active ? ld(qkv, tj * g.width + g.k_col(h0) + c) : 0.f;
+    v[c * kRows] = active ? ld(qkv, tj * g.width + g.v_col(h0) + c) : 0.f;
+    dk[c * kRows] = 0, dv[c * kRows] = 0;
   }
   long long first = static_cast<long long>(blockIdx.x) * kRows;  // causal: queries >= first
   for (long long h = h0; h < h0 + g.group(); ++h)
@@ -394,11 +410,12 @@ __global__ void flash_dkv_kernel(View qkv, View dout, const float* lse, const fl
         if (i >= g.s) break;
         if (i < j) continue;
         float sc = 0, gv = 0;
-        for (long long c = 0; c < g.d; ++c) sc += qs[ii * g.d + c] * k[c], gv += gs[ii * g.d + c] * v[c];
+        for (long long c = 0; c < g.d; ++c)
+          sc += qs[ii * g.d + c] * k[c * kRows], gv += gs[ii * g.d + c] * v[c * kRows];
         float p = __expf(g.scale * sc - ls[ii]), dsc = p * (gv - ds_[ii]);
         for (long long c = 0; c < g.d; ++c) {
-          dv[c] += p * gs[ii * g.d + c];
-          dk[c] += g.scale * dsc * qs[ii * g.d + c];
+          dv[c * kRows] += p * gs[ii * g.d + c];
+          dk[c * kRows] += g.scale * dsc * qs[ii * g.d + c];
         }
       }
       __syncthreads();
@@ -406,8 +423,8 @@ __global__ void flash_dkv_kernel(View qkv, View dout, const float* lse, const fl
   if (!active) return;
   for (long long c = 0; c < g.d; ++c) {
     long long ek = tj * g.width + g.k_col(h0) + c, ev = tj * g.width + g.v_col(h0) + c;
-    st(dx, ek, acc_in ? ld(dx, ek) + dk[c] : dk[c]);
-    st(dx, ev, acc_in ? ld(dx, ev) + dv[c] : dv[c]);
+    st(dx, ek, acc_in ? ld(dx, ek) + dk[c * kRows] : dk[c * kRows]);
+    st(dx, ev, acc_in ? ld(dx, ev) + dv[c * kRows] : dv[c * kRows]);
   }
 }
 
@@ -597,9 +614,11 @@ void flash_attention_forward(const AttentionShape& a, const Tensor& qkv, const T
   }
   // fp32 tensors (tests; the tensor cores would round them to bf16): one thread per query row.
   const auto x = static_cast<unsigned>((g.s + kRows - 1) / kRows);
+  const size_t bytes = (2 * kTile + 2 * kRows) * g.d * sizeof(float);
+  np_allow_shared(flash_forward_kernel, bytes);
   launch_heads(g, g.b * g.hq, [&](const Geo& gs, unsigned y) {
-    np_launch(flash_forward_kernel, dim3(x, y), dim3(kRows), 2 * kTile * g.d * sizeof(float),
-              stream, view(qkv), view(out), lse.as<float>(), gs);
+    np_launch(flash_forward_kernel, dim3(x, y), dim3(kRows), bytes, stream, view(qkv), view(out),
+              lse.as<float>(), gs);
     NP_CUDA_CHECK_LAUNCH();
   });
 }
@@ -664,15 +683,18 @@ void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const 
     });
   } else {  // fp32 tensors: one thread per query (dQ) or key (dK, dV) row
     const auto x = static_cast<unsigned>((g.s + kRows - 1) / kRows);
+    const size_t q_bytes = (2 * kTile + 3 * kRows) * g.d * sizeof(float),
+                 kv_bytes = ((2 * kTile + 4 * kRows) * g.d + 2 * kTile) * sizeof(float);
+    np_allow_shared(flash_dq_kernel, q_bytes);
+    np_allow_shared(flash_dkv_kernel, kv_bytes);
     launch_heads(g, g.b * g.hq, [&](const Geo& gs, unsigned y) {
-      np_launch(flash_dq_kernel, dim3(x, y), dim3(kRows), 2 * kTile * g.d * sizeof(float), stream,
-                view(qkv), view(dout), static_cast<const float*>(lse.data),
-                static_cast<const float*>(rowsum.data), dq.as<float>(), gs);
+      np_launch(flash_dq_kernel, dim3(x, y), dim3(kRows), q_bytes, stream, view(qkv), view(dout),
+                static_cast<const float*>(lse.data), static_cast<const float*>(rowsum.data),
+                dq.as<float>(), gs);
       NP_CUDA_CHECK_LAUNCH();
     });
     launch_heads(g, g.b * g.hkv, [&](const Geo& gs, unsigned y) {
-      np_launch(flash_dkv_kernel, dim3(x, y), dim3(kRows),
-                (2 * kTile * g.d + 2 * kTile) * sizeof(float), stream, view(qkv), view(dout),
+      np_launch(flash_dkv_kernel, dim3(x, y), dim3(kRows), kv_bytes, stream, view(qkv), view(dout),
                 static_cast<const float*>(lse.data), static_cast<const float*>(rowsum.data),
                 view(dqkv), accumulate, gs);
       NP_CUDA_CHECK_LAUNCH();

@@ -10,7 +10,7 @@
 namespace np::cuda {
 namespace {
 
-constexpr int kMaxTopK = 16;  // the selection's register array
+constexpr int kMaxTopK = 16;  // the largest top_k (the selection scans k x E per row)
 constexpr int kWarps = kThreads / 32;
 
 // Shared memory of for_each_routed: the chunk's items and rows, then one count per warp.
@@ -67,13 +67,14 @@ __device__ void for_each_routed(const long long* idx, long long n, long long e, 
 }
 
 // Per row t of fp32 logits [T, E]: the top k (ties: the lower expert first) and the softmax over
-// them. One thread per row.
+// them. One thread per row; the experts chosen so far are read back from idx (a per-thread array
+// would live in local memory, whose reservation the driver grows outside the allocator).
 __global__ void topk_kernel(const float* logits, float* probs, long long* idx, long long T,
                             long long E, int k) {
   long long t = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   if (t >= T) return;
   const float* l = logits + t * E;
-  long long chosen[kMaxTopK];
+  long long* chosen = idx + t * k;
   for (int j = 0; j < k; ++j) {
     long long best = -1;
     for (long long e = 0; e < E; ++e) {
@@ -85,10 +86,7 @@ __global__ void topk_kernel(const float* logits, float* probs, long long* idx, l
   }
   float m = l[chosen[0]], z = 0;
   for (int j = 0; j < k; ++j) z += expf(l[chosen[j]] - m);
-  for (int j = 0; j < k; ++j) {
-    idx[t * k + j] = chosen[j];
-    probs[t * k + j] = expf(l[chosen[j]] - m) / z;
-  }
+  for (int j = 0; j < k; ++j) probs[t * k + j] = expf(l[chosen[j]] - m) / z;
 }
 
 // dlogits[t, idx[t,j]] = p_j (g_j - sum_i p_i g_i); 0 for the experts not chosen.

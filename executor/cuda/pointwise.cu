@@ -252,7 +252,10 @@ __global__ void repeat_kv_backward_kernel(View dy, View dx, bool acc, long long 
 }
 
 // One thread per (row, rotated head, i < d/2): (x0, x1) = (c0, c0 + d/2) rotated by the angle
-// pos * 10000^(-2i/d), computed in double as the CPU reference does; v heads are copied.
+// pos * 10000^(-2i/d), computed in double as the CPU reference does; v heads are copied. The
+// cosine and sine come from sincospi of the angle in half-turns: cos and sin of a double reduce
+// large arguments through a routine that keeps a stack in local memory (which the driver reserves
+// outside the allocator; tests/ptxas_resources.sh), sincospi's reduction is exact.
 __global__ void rope_kernel(View in, View out, long long rows, long long q_heads,
                             long long kv_heads, long long d, long long first, long long batch,
                             float sign) {
@@ -269,7 +272,9 @@ __global__ void rope_kernel(View in, View out, long long rows, long long q_heads
   long long head = k / half, j = k % half, c0 = t * width + head * d + j, c1 = c0 + half;
   double pos = static_cast<double>((first + t) / batch);
   double ang = pos * pow(10000.0, -2.0 * static_cast<double>(j) / static_cast<double>(d));
-  float cs = static_cast<float>(cos(ang)), sn = static_cast<float>(sign * sin(ang));
+  double s = 0, c = 0;
+  sincospi(ang / 3.14159265358979323846, &s, &c);
+  float cs = static_cast<float>(c), sn = static_cast<float>(sign * s);
   float x0 = ld(in, c0), x1 = ld(in, c1);
   st(out, c0, x0 * cs - x1 * sn);
   st(out, c1, x1 * cs + x0 * sn);

@@ -8,12 +8,14 @@
 namespace np::cuda {
 namespace {
 
+// The peers' buffers, a kernel parameter indexed by rank in place (__grid_constant__: no local
+// copy, so the kernels keep no stack).
 struct Peers {
   const void* p[kMaxVirtualRanks];
 };
 
 // out[out_offset + i] = sum over q < n_in of ins[q][in_offset + i], in order, in fp32.
-__global__ void sum_ranks_kernel(View out, long long out_offset, Peers ins, int n_in,
+__global__ void sum_ranks_kernel(View out, long long out_offset, const __grid_constant__ Peers ins, int n_in,
                                  long long in_offset, long long n) {
   long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n) return;
@@ -23,7 +25,7 @@ __global__ void sum_ranks_kernel(View out, long long out_offset, Peers ins, int 
 }
 
 // The same with the maximum.
-__global__ void max_ranks_kernel(View out, long long out_offset, Peers ins, int n_in,
+__global__ void max_ranks_kernel(View out, long long out_offset, const __grid_constant__ Peers ins, int n_in,
                                  long long in_offset, long long n) {
   long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n) return;
@@ -62,7 +64,7 @@ class DeviceTransfer final : public exec::Transfer {
   }
 
  private:
-  using Kernel = void (*)(View, long long, Peers, int, long long, long long);
+  using Kernel = void (*)(View, long long, const Peers, int, long long, long long);
   static void reduce(Kernel kernel, const Tensor& out, int64_t out_offset,
                      const std::vector<const void*>& ins, int64_t in_offset, int64_t n) {
     need(ins.size() <= static_cast<size_t>(kMaxVirtualRanks),

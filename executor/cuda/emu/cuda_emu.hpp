@@ -24,6 +24,9 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+// A kernel parameter read in place in the parameter space (sm_70 and later), so that indexing it
+// takes no local-memory copy (CUDA C++ Programming Guide, "__grid_constant__").
+#define __grid_constant__
 
 struct dim3 {
   unsigned x, y, z;
@@ -122,6 +125,11 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned old = *p; *p = old
 inline int atomicMax(int* p, int v) { int old = *p; *p = old > v ? old : v; return old; }
 
 inline float __expf(float x) { return std::exp(x); }
+// sin(pi x) and cos(pi x) (CUDA Math API): exact argument reduction on a GPU.
+inline void sincospi(double x, double* s, double* c) {
+  const double pi = 3.14159265358979323846;
+  *s = std::sin(pi * x), *c = std::cos(pi * x);
+}
 // Single-rounding arithmetic (on a GPU: never contracted into an FMA).
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
