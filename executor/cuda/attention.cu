@@ -14,7 +14,7 @@ namespace {
 
 constexpr int kRows = 32;   // query (or key) rows per block: one per thread
 constexpr int kTile = 16;   // rows per shared-memory tile
-constexpr int kMaxD = 256;  // largest head_dim (the fp32 kernels' rows in shared memory fit up to it)
+constexpr int kMaxD = 256;  // largest head_dim (the fp32 kernels' shared rows fit up to it)
 
 struct Geo {
   long long b, s, hq, hkv, d, width;

@@ -15,8 +15,8 @@ struct Peers {
 };
 
 // out[out_offset + i] = sum over q < n_in of ins[q][in_offset + i], in order, in fp32.
-__global__ void sum_ranks_kernel(View out, long long out_offset, const __grid_constant__ Peers ins, int n_in,
-                                 long long in_offset, long long n) {
+__global__ void sum_ranks_kernel(View out, long long out_offset, const __grid_constant__ Peers ins,
+                                 int n_in, long long in_offset, long long n) {
   long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n) return;
   float s = 0;
@@ -25,8 +25,8 @@ __global__ void sum_ranks_kernel(View out, long long out_offset, const __grid_co
 }
 
 // The same with the maximum.
-__global__ void max_ranks_kernel(View out, long long out_offset, const __grid_constant__ Peers ins, int n_in,
-                                 long long in_offset, long long n) {
+__global__ void max_ranks_kernel(View out, long long out_offset, const __grid_constant__ Peers ins,
+                                 int n_in, long long in_offset, long long n) {
   long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n) return;
   float m = -INFINITY;
