@@ -27,8 +27,13 @@ for f in "$src"/executor/cuda/*.cu; do
   python3 - "$(basename "$f")" "$out/log" >"$out/res" <<'PY'
 import re, sys
 name, log = sys.argv[1], open(sys.argv[2]).read().splitlines()
-entry, props = None, None
+entry, props, pending = None, None, None
 for line in log:
+    m = re.search(r"Used (\d+) registers.*?(?:(\d+) bytes smem)?$", line)
+    if m and pending:
+        print(pending + ", %s registers, %s B static shared" % (m.group(1), m.group(2) or "0"))
+        pending = None
+        continue
     m = re.search(r"Compiling entry function '([^']+)'", line)
     if m:
         entry = m.group(1)
@@ -41,8 +46,10 @@ for line in log:
     if m and props == entry and entry:
         short = re.sub(r".*_cu_[0-9a-f]+[0-9]+", "", entry).split("E", 1)[0]
         frame = [int(x) for x in m.groups()]
-        print(("ok" if frame == [0, 0, 0] else "FAIL"), name, short,
-              "%d B stack, %d B spill stores, %d B spill loads" % tuple(frame))
+        pending = "%s %s %s: %d B stack, %d B spill stores, %d B spill loads" % (
+            ("ok" if frame == [0, 0, 0] else "FAIL"), name, short, *frame)
+if pending:
+    print(pending)
 PY
   while read -r verdict rest; do
     kernels=$((kernels + 1))
