@@ -169,7 +169,7 @@ done
 run gpus gpus
 expect_rc0 "nanoplan gpus: exit 0" gpus
 for gpu in h100 h200 a100-80gb; do
-  canon=$(awk -v g="$gpu" 'NR > 1 { for (i = 4; i <= NF; i++) { a = $i; sub(/,$/, "", a); if (a == g) print $1 } if ($1 == g) print $1 }' "$TMP/gpus.out" | head -1)
+  canon=$(awk -v g="$gpu" 'NR > 1 { for (i = 5; i <= NF; i++) { a = $i; sub(/,$/, "", a); if (a == g) print $1 } if ($1 == g) print $1 }' "$TMP/gpus.out" | head -1)
   want=$(awk -v g="$canon" 'NR > 1 && $1 == g { gsub(/,/, "", $2); print $2 }' "$TMP/gpus.out")
   run budget estimate --model llama-70b --tp 8 --gpu "$gpu" --format json
   got=$(json_value "$TMP/budget.out" 'j["budget_bytes"]')

@@ -504,12 +504,22 @@ int run_models(const Flags& f) {
 
 int run_gpus(const Flags& f) {
   auto gpus = check(np::load_gpu_catalog(models_dir(f) + "/gpus/gpus.toml"));
-  std::printf("%-16s %18s %12s  %s\n", "gpu", "memory bytes", "GiB", "aliases");
+  // Efficiencies ([gpu.perf], docs/step-times.md): measured on this GPU, derived from another
+  // device's measurements (the estimate's efficiencies line says how), or the generic figures.
+  std::printf("%-16s %18s %12s  %-12s %s\n", "gpu", "memory bytes", "GiB", "efficiencies",
+              "aliases");
   for (const np::GpuSpec& g : gpus) {
     std::string aliases;
     for (const std::string& a : g.aliases) aliases += (aliases.empty() ? "" : ", ") + a;
-    std::printf("%-16s %18s %12.2f  %s\n", g.name.c_str(), np::format_int(g.memory_bytes).c_str(),
-                static_cast<double>(g.memory_bytes) / np::kGiB, aliases.c_str());
+    const np::GpuPerf& p = g.perf;
+    const bool any = !p.gemm.empty() || !p.attention.empty() || p.memory_bytes_per_s > 0 ||
+                     !p.nvlink.empty();
+    const char* eff = !any                                           ? "generic"
+                      : p.from.empty() && p.measured_on.empty() ? "measured"
+                                                                 : "derived";
+    std::printf("%-16s %18s %12.2f  %-12s %s\n", g.name.c_str(),
+                np::format_int(g.memory_bytes).c_str(),
+                static_cast<double>(g.memory_bytes) / np::kGiB, eff, aliases.c_str());
   }
   return 0;
 }
