@@ -326,12 +326,13 @@ np::HardwareModel make_hardware(const Flags& f) {
   if (f.gpu.empty()) {
     const np::HardwareModel fallback = np::default_hardware();
     std::error_code ec;
-    bool has = false;
-    if (std::filesystem::exists(catalog, ec))
-      for (const np::GpuSpec& g : check(np::load_gpu_catalog(catalog)))
-        has = has || g.name == fallback.name;
-    if (!has) catalog = std::string(NANOPLAN_SOURCE_DIR) + "/models/gpus/gpus.toml";
-    np::HardwareModel hw = np::hardware_model(check(np::gpu_from_arg(catalog, fallback.name)));
+    std::vector<np::GpuSpec> gpus;
+    if (std::filesystem::exists(catalog, ec)) gpus = check(np::load_gpu_catalog(catalog));
+    if (std::none_of(gpus.begin(), gpus.end(),
+                     [&](const np::GpuSpec& g) { return g.name == fallback.name; }))
+      gpus = check(
+          np::load_gpu_catalog(std::string(NANOPLAN_SOURCE_DIR) + "/models/gpus/gpus.toml"));
+    np::HardwareModel hw = np::hardware_model(check(np::resolve_gpu(gpus, fallback.name)));
     hw.origin = fallback.origin;
     return hw;
   }
@@ -560,17 +561,15 @@ int run_calibrate(const Flags& f) {
         "measured rates are fractions of (nanoplan gpus lists them)");
   const np::GpuSpec gpu = check(np::gpu_from_arg(models_dir(f) + "/gpus/gpus.toml", f.gpu));
   np::cuda::CalibrateOptions o;
-  o.gemm = f.gemm_shapes.empty() ? std::vector<std::array<int64_t, 3>>{}
-                                 : shape_list<3>("--gemm-shapes", f.gemm_shapes, "MxNxK");
-  if (f.gemm_shapes.empty())
+  if (!f.gemm_shapes.empty())
+    o.gemm = shape_list<3>("--gemm-shapes", f.gemm_shapes, "MxNxK");
+  else
     for (int64_t m : {1024, 4096, 16384})
       for (int64_t n : {1024, 4096, 16384})
         for (int64_t k : {1024, 4096, 16384}) o.gemm.push_back({m, n, k});
-  o.attention =
-      f.attention_shapes.empty()
-          ? std::vector<std::array<int64_t, 2>>{}
-          : shape_list<2>("--attention-shapes", f.attention_shapes, "SEQxHEADS");
-  if (f.attention_shapes.empty())
+  if (!f.attention_shapes.empty())
+    o.attention = shape_list<2>("--attention-shapes", f.attention_shapes, "SEQxHEADS");
+  else
     for (int64_t s : {1024, 4096, 16384})
       for (int64_t h : {4, 8, 16, 32, 64}) o.attention.push_back({s, h});
   o.head_dim = f.head_dim;

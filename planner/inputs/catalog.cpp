@@ -294,13 +294,10 @@ Result<GpuPerf> read_gpu_perf(const toml::table& t, const std::string& path,
     TomlReader c(*nvlink, path, "perf.nvlink.");
     c.only({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"});
     for (const char* kind : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"}) {
-      const toml::node* n = nvlink->get(kind);
-      if (!n) continue;
-      std::vector<double> v;
-      if (const toml::array* a = n->as_array(); a && a->size() == 3)
-        for (const toml::node& x : *a)
-          if (x.is_number() && *x.value<double>() >= 0) v.push_back(*x.value<double>());
-      if (v.size() != 3 || v[0] <= 0)
+      if (!nvlink->contains(kind)) continue;
+      std::vector<double> v = c.numbers(kind, 3);
+      if (auto e = c.error()) return *e;
+      if (v[0] <= 0)
         return bad(std::string("nvlink.") + kind +
                    " is [bus bytes/s > 0, latency per ring step (s), latency per call (s)]");
       p.nvlink.push_back({kind, {v[0], v[1], v[2]}});
@@ -309,10 +306,6 @@ Result<GpuPerf> read_gpu_perf(const toml::table& t, const std::string& path,
   }
   return p;
 }
-
-}  // namespace
-
-namespace {
 
 Result<std::vector<GpuSpec>> parse_gpu_catalog(const std::string& path) {
   Result<toml::table> parsed = parse_toml(path);

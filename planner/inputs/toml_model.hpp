@@ -138,18 +138,22 @@ class TomlReader {
     const std::string want = "expected rows of " + std::to_string(width) + " non-negative numbers";
     if (!a) wrong(*n, key, want);
     for (size_t i = 0; a && i < a->size() && !error_; ++i) {
-      const toml::array* row = (*a)[i].as_array();
-      std::vector<double> r;
-      for (size_t j = 0; row && j < row->size(); ++j)
-        if ((*row)[j].is_number() && *(*row)[j].value<double>() >= 0)
-          r.push_back(*(*row)[j].value<double>());
-      if (!row || row->size() != width || r.size() != width) {
+      std::optional<std::vector<double>> r = row((*a)[i], width);
+      if (!r) {
         wrong((*a)[i], std::string(key) + "[" + std::to_string(i) + "]", want);
         break;
       }
-      out.push_back(std::move(r));
+      out.push_back(std::move(*r));
     }
     return out;
+  }
+  // One row of `width` numbers, all >= 0 (empty when absent).
+  std::vector<double> numbers(std::string_view key, size_t width) {
+    const toml::node* n = t_.get(key);
+    if (!n) return {};
+    std::optional<std::vector<double>> r = row(*n, width);
+    if (!r) wrong(*n, key, "expected " + std::to_string(width) + " non-negative numbers");
+    return r ? *r : std::vector<double>{};
   }
   // A sub-table, or nullptr when absent (an error when the key holds something else).
   const toml::table* table(std::string_view key) {
@@ -178,6 +182,16 @@ class TomlReader {
 
  private:
   std::string name(std::string_view key) const { return prefix_ + std::string(key); }
+  static std::optional<std::vector<double>> row(const toml::node& n, size_t width) {
+    const toml::array* a = n.as_array();
+    if (!a || a->size() != width) return std::nullopt;
+    std::vector<double> r;
+    for (const toml::node& x : *a) {
+      if (!x.is_number() || *x.value<double>() < 0) return std::nullopt;
+      r.push_back(*x.value<double>());
+    }
+    return r;
+  }
   std::string where(const toml::node& n) const {
     return path_ + ":" + std::to_string(n.source().begin.line);
   }

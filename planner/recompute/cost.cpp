@@ -49,6 +49,11 @@ constexpr double kInterNodeLatency = 10e-6;
 // HGX/DGX nodes hold 8 GPUs in one NVLink domain.
 constexpr int64_t kGpusPerNode = 8;
 
+// What memory-bound kernels achieve: the GPU's measured figure, else the datasheet bandwidth.
+double memory_bandwidth(const HardwareModel& hw) {
+  return hw.perf.memory_bytes_per_s > 0 ? hw.perf.memory_bytes_per_s : hw.hbm_bytes_per_s;
+}
+
 enum class OpClass { kGemm, kFlash, kMemory, kCollective };
 
 OpClass op_class(OpKind k) {
@@ -339,9 +344,7 @@ double collective_seconds(std::string_view kind, double bytes_full, int64_t grou
 double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const TrainSpec& t,
                   bool backward) {
   const GraphOp& op = g.ops.at(index);
-  const double bandwidth = hw.perf.memory_bytes_per_s > 0 ? hw.perf.memory_bytes_per_s
-                                                          : hw.hbm_bytes_per_s;
-  double memory = op_bytes(g, op, t, backward) / bandwidth;
+  double memory = op_bytes(g, op, t, backward) / memory_bandwidth(hw);
   double compute = 0;
   switch (op_class(op.kind)) {
     case OpClass::kGemm: {
@@ -484,9 +487,7 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
     // buffer (zero_grad_buffer) before the step's first micro-batch.
     if (t.impl == Impl::kMegatron)
       bytes += static_cast<double>(n) * (gb + 4) + static_cast<double>(dense + expert) * gb;
-    const double bandwidth = hw.perf.memory_bytes_per_s > 0 ? hw.perf.memory_bytes_per_s
-                                                            : hw.hbm_bytes_per_s;
-    st.optimizer = bytes / bandwidth;
+    st.optimizer = bytes / memory_bandwidth(hw);
   }
 
   // Data-parallel replicas of a parameter: dp of them (dense) or dp / ep (experts), all within the
