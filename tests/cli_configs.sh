@@ -130,6 +130,30 @@ check "--overlap-grad-reduce yes: exit 2, one line with the valid values" \
 check "sweep --overlap-*: the table says what its times overlap; rows reproduce with the flags, ZeRO 1 or more" \
   '[ $rc -eq 0 ] && grep -q "^step times are the cost model.s predictions on h100-sxm-80gb (the default; --gpu picks another), the DP gradient reduction and parameter gather overlapped" "$TMP/out" && [ "$(grep -c "nanoplan estimate .*--zero [123] .*--overlap-grad-reduce on --overlap-param-gather on" "$TMP/out")" -eq 3 ] && ! grep -q -- "--zero 0" "$TMP/out"'
 
+# Megatron's --tp-comm-overlap: Transformer Engine's userbuffers, in the memory and the step time;
+# read from --megatron-args and written back by --emit megatron.
+"$NP" estimate --model llama-3.1-70b --tp 8 --sp on --impl megatron --format json >"$TMP/tp.json" 2>"$TMP/err"
+"$NP" estimate --model llama-3.1-70b --tp 8 --sp on --impl megatron --tp-comm-overlap on --format json >"$TMP/tpo.json" 2>>"$TMP/err"
+check "--tp-comm-overlap on: a shorter step, the userbuffers in the device peak, said in JSON" \
+  'python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:3]); sys.exit(0 if a[\"peak_bytes\"] > b[\"peak_bytes\"] and a[\"step_time\"][\"seconds\"] < b[\"step_time\"][\"seconds\"] and \"--tp-comm-overlap\" in a[\"step_time\"][\"overlap\"] else 1)" "$TMP/tpo.json" "$TMP/tp.json" || { cat "$TMP/err"; false; }'
+"$NP" estimate --model llama-3.1-70b --tp 8 --sp on --impl megatron --tp-comm-overlap on >"$TMP/out" 2>&1
+check "the table has the userbuffers' lines" \
+  'grep -q "^  TE userbuffers  .*12 bf16 \[s\*b/cp, h\] buffers" "$TMP/out" && grep -q "^  TE userbuffers cuBLAS workspace +" "$TMP/out"'
+"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 80GB --impl megatron --tp-comm-overlap on --top 40 >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "sweep --tp-comm-overlap on: overlapped where TP runs with SP, the tp 1 setups kept without it" \
+  '[ $rc -eq 0 ] && grep -q "^step times are the cost model.s predictions .*--tp-comm-overlap" "$TMP/out" && grep -q "nanoplan estimate .*--tp [248] .*--tp-comm-overlap on" "$TMP/out" && grep "nanoplan estimate " "$TMP/out" | grep -- "--tp 1 " | grep -qv -- "--tp-comm-overlap" || { cat "$TMP/err"; false; }'
+"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 80GB --tp-comm-overlap on >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "sweep --tp-comm-overlap on under nanotron's profile: exit 2, one line naming the fix" \
+  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q -- "--impl megatron" "$TMP/err" && [ ! -s "$TMP/out" ]'
+"$NP" estimate --model llama-3.1-70b --tp 8 --sp on --tp-comm-overlap on >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "--tp-comm-overlap on under nanotron's profile: exit 2, one line naming the fix" \
+  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "needs --impl megatron" "$TMP/err" && [ ! -s "$TMP/out" ]'
+"$NP" estimate --model llama-3.1-70b --tp 8 --sp off --impl megatron --tp-comm-overlap on >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "--tp-comm-overlap on without SP: exit 2, one line" \
+  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "needs --tp 2 or more and --sp on" "$TMP/err"'
+"$NP" estimate --model llama-3.1-70b --megatron-args "--tensor-model-parallel-size 8 --sequence-parallel --tp-comm-overlap --micro-batch-size 1 --seq-length 4096" --emit megatron >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "--megatron-args --tp-comm-overlap: read, and --emit megatron writes it back" \
+  '[ $rc -eq 0 ] && grep -q -- "--tp-comm-overlap" "$TMP/out" || { cat "$TMP/err"; false; }'
 # Labels that say what the setup does.
 "$NP" estimate --model llama-3.1-8b --dp 2 --zero 3 >"$TMP/z3.txt" 2>&1
 check "ZeRO-3: the gradient and optimizer lines say ZeRO-3" \

@@ -399,6 +399,64 @@ TEST(StepTime, MegatronOverlapHidesTheDataParallelTraffic) {
   EXPECT_NE(validate_setup(m, bad)->message.find("needs --zero 1 or more"), std::string::npos);
 }
 
+// Megatron's --tp-comm-overlap (Transformer Engine's userbuffers): each sequence-parallel
+// collective of a layer keeps only what its GEMM does not hide. The attention's all-gather, a
+// ring exchange over 8 chunks of qkv's GEMM, by hand: 7 steps of max(chunk, 1/7 of the
+// all-gather) then the last chunk, less the whole GEMM. Never more than the collective alone,
+// never below zero; the output layer's all-gather (Megatron's own) is not overlapped.
+TEST(StepTime, TpCommOverlapHidesTheLayersCollectivesBehindTheirGemms) {
+  const ModelSpec m = model("llama-3.1-70b");
+  TrainSpec off = setup(8, 1, 1, Recompute::kNone);
+  off.impl = Impl::kMegatron;
+  TrainSpec on = off;
+  on.tp_comm_overlap = true;
+  ASSERT_FALSE(validate_setup(m, on));
+  const BlockGraph layer = build_layer(m, on);
+  int overlapped = 0;
+  for (int o = 0; o < static_cast<int>(layer.ops.size()); ++o) {
+    const GraphOp& op = layer.ops[o];
+    if (op.kind != OpKind::kAllGather && op.kind != OpKind::kReduceScatter) continue;
+    for (bool backward : {false, true}) {
+      double a = op_seconds(layer, o, kH100, off, backward);
+      double b = op_seconds(layer, o, kH100, on, backward);
+      EXPECT_GT(a, 0) << op.name;
+      EXPECT_GE(b, 0) << op.name;
+      EXPECT_LT(b, a) << op.name << (backward ? " backward" : " forward");
+    }
+    ++overlapped;
+  }
+  EXPECT_EQ(overlapped, 4);  // attention and MLP: an all-gather and a reduce-scatter each
+  int ag = 0;
+  while (layer.ops[ag].name != "attn.all_gather") ++ag;
+  const GraphOp& qkv = layer.ops[layer.tensors[layer.ops[ag].outputs[0]].consumers.at(0)];
+  ASSERT_EQ(qkv.name, "attn.qkv");
+  const double rows = 4096, n = (64 + 2 * 8) * 128 / 8, k = 8192;
+  const double chunk =
+      qkv.flops / 8 / (kH100.peak_flops * gemm_efficiency(kH100, rows / 8, n, k));
+  const double whole = qkv.flops / (kH100.peak_flops * gemm_efficiency(kH100, rows, n, k));
+  const double comm = collective_seconds("all_gather", rows * k * 2, 8, true, kH100);
+  EXPECT_NEAR(op_seconds(layer, ag, kH100, on, false),
+              std::max(0.0, 7 * std::max(chunk, comm / 7) + chunk - whole), 1e-12);
+  EXPECT_NEAR(op_seconds(layer, ag, kH100, off, false), comm, 1e-12);
+  const BlockGraph head = build_head(m, on);
+  for (int o = 0; o < static_cast<int>(head.ops.size()); ++o)
+    EXPECT_EQ(op_seconds(head, o, kH100, on, false), op_seconds(head, o, kH100, off, false))
+        << head.ops[o].name;
+  StepTime a = step_time(build_schedule(m, off), kH100);
+  StepTime b = step_time(build_schedule(m, on), kH100);
+  EXPECT_LT(b.seconds, a.seconds);
+  EXPECT_EQ(b.overlap,
+            "the layers' TP all-gathers and reduce-scatters overlapped with their GEMMs "
+            "(--tp-comm-overlap, Transformer Engine's userbuffers)");
+  TrainSpec bad = on;
+  bad.impl = Impl::kNanotron;
+  ASSERT_TRUE(validate_setup(m, bad).has_value());
+  EXPECT_NE(validate_setup(m, bad)->message.find("needs --impl megatron"), std::string::npos);
+  bad = on, bad.sp = false;
+  ASSERT_TRUE(validate_setup(m, bad).has_value());
+  EXPECT_NE(validate_setup(m, bad)->message.find("--sp on"), std::string::npos);
+}
+
 // Context parallelism divides each rank's tokens and its share of the attention by cp: the
 // model FLOPs of a step over all GPUs are those of cp = 1 (to rounding), and the per-rank time
 // falls.

@@ -139,6 +139,29 @@ TEST(Estimate, MegatronFrameworkLines) {
   EXPECT_NE(line(n.stages[1], "TP all-gather buffer"), nullptr);
   t.impl = Impl::kFused;
   EXPECT_EQ(estimate(m, t, {}, {}).stages[1].overheads.size(), 4u);
+  // --tp-comm-overlap: Transformer Engine's userbuffers on every rank, outside PyTorch's
+  // allocator: 12 bf16 [s*b/cp, h] buffers (4096 x 4096 x 2 B = 32 MiB, whole granules), the
+  // communicator's region 0 (3,223,808 B, two 2 MiB granules), send_id and recv_id over the 4
+  // ranks (4 + 32 x 4 ints) and 128 KiB of flags; and 3 cuBLAS workspaces in the allocator.
+  t.impl = Impl::kMegatron, t.tp_comm_overlap = true;
+  ASSERT_FALSE(validate_setup(m, t));
+  Estimate ub = estimate(m, t, {}, {});
+  for (const StageEstimate& s : ub.stages) {
+    ASSERT_NE(line(s, "TE userbuffers"), nullptr);
+    EXPECT_EQ(line(s, "TE userbuffers")->bytes,
+              12 * (32LL << 20) + (4LL << 20) + 4 * 4 + 32 * 4 * 4 + 131072);
+    EXPECT_FALSE(line(s, "TE userbuffers")->allocator);
+    ASSERT_NE(line(s, "TE userbuffers cuBLAS workspace"), nullptr);
+    EXPECT_EQ(line(s, "TE userbuffers cuBLAS workspace")->bytes, 3 * ((32LL << 20) + 1024));
+    EXPECT_TRUE(line(s, "TE userbuffers cuBLAS workspace")->allocator);
+  }
+  // Device-level: the buffers add to the peak; allocated: only the workspace.
+  t.tp_comm_overlap = false;
+  Estimate plain = estimate(m, t, {}, {});
+  EXPECT_EQ(ub.stages[0].allocated_peak - plain.stages[0].allocated_peak,
+            3 * ((32LL << 20) + 1024));
+  EXPECT_GE(ub.stages[0].peak_bytes - plain.stages[0].peak_bytes,
+            line(ub.stages[0], "TE userbuffers")->bytes);
 }
 
 // Megatron pads the vocabulary to a multiple of 128 x tp (_vocab_size_with_padding); the other

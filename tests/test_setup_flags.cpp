@@ -18,7 +18,7 @@ auto fields(const TrainSpec& t) {
                          t.virtual_stages, t.attention, t.impl, t.loss_fusion,
                          t.grad_accum_fusion, t.dataloader_mask, t.vocab_multiple, t.grad_dtype,
                          t.optimizer, t.recompute, t.tp_recompute_allgather, t.stage_layers,
-                         t.overlap_grad_reduce, t.overlap_param_gather);
+                         t.overlap_grad_reduce, t.overlap_param_gather, t.tp_comm_overlap);
 }
 
 // The flags of a command line (" --tp 8 --pp 2 ...") as the CLI would give them.
@@ -40,7 +40,7 @@ TEST(SetupFlags, TableNamesAreUniqueWithHelpAndDefaultsThatParse) {
     if (f.count && !f.default_text.empty())
       EXPECT_TRUE(parse_count_flag(f.name, f.default_text, f.lo, f.hi).ok()) << f.name;
   }
-  EXPECT_EQ(names.size(), 26u);
+  EXPECT_EQ(names.size(), 27u);
 }
 
 TEST(SetupFlags, DefaultsAreTheSetupDefaults) {
@@ -69,7 +69,8 @@ TEST(SetupFlags, TheReproduceCommandReadsBackToTheSameSetup) {
   setups[3].pp = 2, setups[3].pp_schedule = PpSchedule::kInterleaved,
   setups[3].virtual_stages = 3, setups[3].microbatches = 4, setups[3].impl = Impl::kMegatron,
   setups[3].loss_fusion = LossFusion::kTe, setups[3].grad_accum_fusion = false,
-  setups[3].dataloader_mask = false, setups[3].vocab_multiple = 64;
+  setups[3].dataloader_mask = false, setups[3].vocab_multiple = 64, setups[3].tp = 2,
+  setups[3].sp = true, setups[3].tp_comm_overlap = true;
   setups[4].pp = 3, setups[4].microbatches = 3, setups[4].stage_layers = {10, 11, 11},
   setups[4].attention = AttentionImpl::kEager, setups[4].grad_dtype = Dtype::kBf16,
   setups[4].optimizer = Optimizer::kSgd, setups[4].tp_recompute_allgather = false;
@@ -109,7 +110,8 @@ TEST(SetupFlags, AConfigIsOverriddenByExactlyTheFlagsGiven) {
                     : f.name == "--optimizer"        ? "sgd"
                     : f.name == "--tp-recompute-allgather" ? "false"
                     : f.name == "--moe-capacity-factor"    ? "2"
-                    : f.name == "--overlap-grad-reduce" || f.name == "--overlap-param-gather"
+                    : f.name == "--overlap-grad-reduce" || f.name == "--overlap-param-gather" ||
+                            f.name == "--tp-comm-overlap"
                         ? "on"
                         : "3";
     s.set(f.name, v);

@@ -611,7 +611,9 @@ int run_calibrate(const Flags& f) {
   if (!gpu.source.empty()) t += "source = " + nlohmann::json(gpu.source).dump() + "\n";
   t += "memory_bytes = " + std::to_string(gpu.memory_bytes) + "\nbf16_dense_flops = " + num(peak) +
        "\nhbm_bytes_per_s = " + num(gpu.hbm_bytes_per_s) +
-       "\nnvlink_bytes_per_s = " + num(gpu.nvlink_bytes_per_s) + "\n[gpu.perf]\n";
+       "\nnvlink_bytes_per_s = " + num(gpu.nvlink_bytes_per_s) +
+       (gpu.sm_count > 0 ? "\nsm_count = " + std::to_string(gpu.sm_count) : std::string()) +
+       "\n[gpu.perf]\n";
   t += "source = " + nlohmann::json("nanoplan calibrate on " + c.device + ", " + day).dump() +
        "\ngemm = [\n";
   // Efficiencies within the schema's bounds: a GEMM at most the datasheet peak, attention (the
@@ -941,6 +943,9 @@ np::SweepOptions make_sweep_options(const Flags& f) {
   if (f.allocator != "caching") o.budget_flags += " --allocator " + shell_word(f.allocator);
   if (!f.allocator_conf.empty()) o.budget_flags += " --allocator-conf " + shell_word(f.allocator_conf);
   o.base = make_setup(g);
+  if (o.base.tp_comm_overlap && o.base.impl != np::Impl::kMegatron)  // else every TP setup fails
+    die("--tp-comm-overlap on is Transformer Engine's under Megatron and needs --impl megatron; "
+        "use --tp-comm-overlap off");
   o.runtime = make_runtime(f);
   o.hw = make_hardware(f);
   o.search_partition = f.setup["--partition"] == "auto";
@@ -1146,6 +1151,9 @@ int main(int argc, char** argv) {
   add_setup_flag(sw, f, setup_flag("--overlap-param-gather"),
                  "on, off: Megatron's overlapped parameter gather, for the setups with --zero 1 "
                  "or more (step time only)");
+  add_setup_flag(sw, f, setup_flag("--tp-comm-overlap"),
+                 "on, off: Transformer Engine's TP communication overlap (userbuffers), for the "
+                 "setups with --tp 2 or more (--impl megatron)");
   add_setup_flag(sw, f, setup_flag("--partition"),
                  "layers per stage: balanced (by FLOPs), auto (searched for every setup)");
   add_int(sw, "--top", f.top, "setups to show", 1, 1'000'000);

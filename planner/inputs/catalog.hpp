@@ -67,6 +67,9 @@ struct GpuSpec {
   double hbm_bytes_per_s = 0;
   double nvlink_bytes_per_s = 0;  // per direction
   GpuPerf perf;
+  // Streaming multiprocessors (0: not given). Transformer Engine's pipelined and bulk TP overlaps
+  // take 16 of them from the GEMMs beside them (cost.cpp).
+  int64_t sm_count = 0;
 };
 
 Result<ModelSpec> load_model_toml(const std::string& path);

@@ -282,7 +282,6 @@ const std::map<std::string, std::string> kNotModelled = {
     {"--use-megatron-fsdp", "Megatron-FSDP (for fully sharded states use --zero 3)"},
     {"--use-torch-fsdp2", "PyTorch FSDP2 (for fully sharded states use --zero 3)"},
     {"--defer-embedding-wgrad-compute", "the output layer's deferred weight gradients"},
-    {"--tp-comm-overlap", "Transformer Engine's userbuffers for overlapped TP communication"},
     {"--cpu-offloading", "activation offloading to the host"},
     {"--multi-latent-attention", "multi-head latent attention"},
     {"--mtp-num-layers", "multi-token prediction layers"},
@@ -338,7 +337,8 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                                           "--no-gradient-accumulation-fusion",
                                           "--no-create-attention-mask-in-dataloader",
                                           "--add-qkv-bias", "--recompute-activations",
-                                          "--overlap-grad-reduce", "--overlap-param-gather"};
+                                          "--overlap-grad-reduce", "--overlap-param-gather",
+                                          "--tp-comm-overlap"};
   // Known, and no byte depends on them here: ignored, and listed once.
   const std::set<std::string> quiet = {"--use-mcore-models", "--no-bias-dropout-fusion",
                                        "--attention-softmax-in-fp32", "--no-masked-softmax-fusion",
@@ -391,6 +391,8 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
         t.overlap_grad_reduce = true, c.given.insert("--overlap-grad-reduce");
       if (w == "--overlap-param-gather")
         t.overlap_param_gather = true, c.given.insert("--overlap-param-gather");
+      // TE's userbuffers: the step time's overlap and their own buffers (runtime_terms.cpp).
+      if (w == "--tp-comm-overlap") t.tp_comm_overlap = true, c.given.insert("--tp-comm-overlap");
       // The architecture switches, checked against the model (absent: the model decides).
       auto arch = [&](bool agrees, const std::string& model_has) -> std::optional<Error> {
         if (agrees) return std::nullopt;

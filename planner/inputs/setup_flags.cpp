@@ -149,6 +149,13 @@ std::vector<SetupFlag> make_table() {
        "off", false, kMin, kMax,
        [](T& to, const T& f) { to.overlap_param_gather = f.overlap_param_gather; },
        [](const T& t) -> std::string { return t.overlap_param_gather ? "on" : ""; }},
+      {"--tp-comm-overlap",
+       "Megatron's --tp-comm-overlap under --impl megatron with --sp on: on (Transformer "
+       "Engine's userbuffers overlap the layer's sequence-parallel all-gathers and "
+       "reduce-scatters with its GEMMs, and hold their own buffers), off (its default)",
+       "off", false, kMin, kMax,
+       [](T& to, const T& f) { to.tp_comm_overlap = f.tp_comm_overlap; },
+       [](const T& t) -> std::string { return t.tp_comm_overlap ? "on" : ""; }},
       {"--make-vocab-size-divisible-by",
        "Megatron's under --impl megatron: the vocabulary padded to a multiple of this x tp", "128",
        true, 1, 1 << 20, [](T& to, const T& f) { to.vocab_multiple = f.vocab_multiple; },
@@ -279,6 +286,8 @@ Result<TrainSpec> setup_from_flags(const SetupText& s, bool budgeted) {
        t.overlap_grad_reduce);
   take(parse_switch("--overlap-param-gather", s["--overlap-param-gather"], "on", "off"),
        t.overlap_param_gather);
+  take(parse_switch("--tp-comm-overlap", s["--tp-comm-overlap"], "on", "off"),
+       t.tp_comm_overlap);
   take(parse_enum<Dtype>("--grad-accum-dtype", s["--grad-accum-dtype"]), t.grad_dtype);
   take(parse_enum<Optimizer>("--optimizer", s["--optimizer"]), t.optimizer);
   if (failed) return *failed;

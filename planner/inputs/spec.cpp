@@ -388,6 +388,15 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
                 "optimizer); use --overlap-param-gather off");
   if (t.overlap_param_gather && !t.overlap_grad_reduce)
     return fail("--overlap-param-gather on needs --overlap-grad-reduce on, as Megatron requires");
+  // Megatron's validate_args (megatron/training/arguments.py at NVIDIA/Megatron-LM d98e8a6, L1441):
+  // "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is
+  // enabled"; the userbuffers are Transformer Engine's.
+  if (t.tp_comm_overlap && t.impl != Impl::kMegatron)
+    return fail("--tp-comm-overlap on is Transformer Engine's under Megatron and needs --impl "
+                "megatron; use --tp-comm-overlap off");
+  if (t.tp_comm_overlap && (!t.sp || t.tp < 2))
+    return fail("--tp-comm-overlap on needs --tp 2 or more and --sp on, as Megatron requires; "
+                "use --tp-comm-overlap off");
   if (!t.dataloader_mask && t.impl != Impl::kMegatron)
     return fail("--dataloader-attention-mask off is Megatron's and needs --impl megatron; use "
                 "--dataloader-attention-mask on");

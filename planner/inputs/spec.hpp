@@ -146,6 +146,11 @@ struct TrainSpec {
   // optimizer's parameter all-gather during the next step's forward. They change the step time
   // only (cost.hpp), never a byte.
   bool overlap_grad_reduce = false, overlap_param_gather = false;
+  // Megatron's --tp-comm-overlap (off by default, model_parallel_config.py): Transformer Engine's
+  // userbuffers overlap the sequence-parallel all-gathers and reduce-scatters of the layer's
+  // linears with their GEMMs. Needs sequence parallelism and the megatron profile. Changes the
+  // step time and adds TE's userbuffers (runtime_terms.cpp).
+  bool tp_comm_overlap = false;
   // Decoder layers per pipeline stage (pp entries, each >= 1, summing to the model's layers);
   // empty: balanced by FLOPs (partition_layers in schedule.hpp).
   std::vector<int64_t> stage_layers;

@@ -168,6 +168,84 @@ double collective_bytes(const BlockGraph& g, const GraphOp& op) {
   }
 }
 
+// --- TP communication overlap (TrainSpec::tp_comm_overlap) ------------------------------------
+// Transformer Engine's userbuffers, as Megatron initialises them (initialize_ub in
+// transformer_engine/pytorch/module/base.py, NVIDIA/TransformerEngine d0067d0, with Megatron's
+// defaults tp_comm_overlap_ag, _rs, bulk_wgrad and bulk_dgrad on, model_parallel_config.py at
+// NVIDIA/Megatron-LM d98e8a6), overlap each sequence-parallel collective of a layer with the GEMM
+// beside it:
+// - the all-gather before qkv and fc1 ("qkv_fprop", "fc1_fprop") and the gradient's all-gather
+//   before proj's and fc2's input-gradient GEMM ("proj_dgrad", "fc2_dgrad"): ring exchange, the
+//   GEMM split into tp chunks of m / tp rows, each step's chunk computed while the next one
+//   arrives (tp - 1 steps, then the last chunk);
+// - the reduce-scatter after proj and fc2 ("proj_fprop", "fc2_fprop"): pipelined, the GEMM split
+//   into 4 chunks (num_splits), each chunk's reduce-scatter beside the next chunk's GEMM;
+// - the reduce-scatter of qkv's and fc1's input gradient ("qkv_wgrad", "fc1_wgrad"): bulk, beside
+//   the whole weight-gradient GEMM.
+// The pipelined and bulk overlaps give their communication kernels 16 SMs (num_sm) and run the
+// GEMM on the rest (set_sm_margin); ring exchange copies with the copy engines on all SMs.
+// Each chunk's transfer is its share of the whole collective (userbuffers' kernels copy between
+// the peers' registered buffers directly: no NCCL call per chunk).
+// What remains visible of a collective is the pair's time less the GEMM's alone. A re-gather
+// before the backward (recompute) is charged as the forward's ring exchange. The output layer's
+// all-gather is Megatron's own, not Transformer Engine's, and is not overlapped.
+constexpr double kTpOverlapPipelineSplits = 4;
+constexpr double kTpOverlapCommSms = 16;
+
+// The linear a sequence-parallel collective is overlapped with: the column linear that consumes
+// an all-gather, the row linear that feeds a reduce-scatter; -1 if none.
+int tp_overlap_partner(const BlockGraph& g, const GraphOp& op) {
+  if (op.kind == OpKind::kAllGather && op.name != "lm_head.all_gather") {
+    const std::vector<int>& c = g.tensors[op.outputs[0]].consumers;
+    if (c.size() == 1 && g.ops[c[0]].kind == OpKind::kColumnLinear) return c[0];
+  }
+  if (op.kind == OpKind::kReduceScatter) {
+    int p = g.tensors[op.inputs[0]].producer;
+    if (p >= 0 && g.ops[p].kind == OpKind::kRowLinear) return p;
+  }
+  return -1;
+}
+
+// Seconds of the partner's GEMM in one direction ("fwd", "dgrad", "wgrad"), its rows split into
+// `parts` chunks (each at its own shape's efficiency), on all SMs but `margin_sms`.
+double split_gemm_seconds(const BlockGraph& g, const GraphOp& lin, const HardwareModel& hw,
+                          std::string_view which, double parts, double margin_sms) {
+  GemmDims d = gemm_dims(g, lin);
+  double m = d.m, n = d.n, k = d.k;  // fwd: (m x k)(k x n)
+  if (which == "dgrad") std::swap(n, k);             // m x k over n
+  if (which == "wgrad") m = d.n, n = d.k, k = d.m;  // n x k over m
+  double eff = gemm_efficiency(hw, m / parts, n, k);
+  const double sms = static_cast<double>(hw.sm_count);
+  double slow = sms > margin_sms && margin_sms > 0 ? sms / (sms - margin_sms) : 1.0;
+  return eff > 0 ? lin.flops / (hw.peak_flops * eff) * slow : 0.0;
+}
+
+double tp_overlap_exposed(const BlockGraph& g, const GraphOp& op, const GraphOp& lin,
+                          const HardwareModel& hw, const TrainSpec& t, bool backward, double comm) {
+  const double tp = static_cast<double>(t.tp);
+  auto ring = [&](std::string_view which) {  // tp chunks, tp - 1 transfers
+    double chunk = split_gemm_seconds(g, lin, hw, which, tp, 0) / tp;
+    double whole = split_gemm_seconds(g, lin, hw, which, 1, 0);
+    return (tp - 1) * std::max(chunk, comm / (tp - 1)) + chunk - whole;
+  };
+  double visible = 0;
+  if (op.kind == OpKind::kAllGather && !backward) {
+    visible = ring("fwd");
+  } else if (op.kind == OpKind::kReduceScatter && backward) {
+    visible = ring("dgrad");
+  } else if (op.kind == OpKind::kReduceScatter) {  // pipelined, 4 chunks
+    const double n = kTpOverlapPipelineSplits;
+    double chunk = split_gemm_seconds(g, lin, hw, "fwd", n, kTpOverlapCommSms) / n;
+    double rs = comm / n;
+    double whole = split_gemm_seconds(g, lin, hw, "fwd", 1, 0);
+    visible = chunk + (n - 1) * std::max(chunk, rs) + rs - whole;
+  } else {  // the all-gather's backward: bulk reduce-scatter beside the weight gradient
+    double wgrad = split_gemm_seconds(g, lin, hw, "wgrad", 1, 0);
+    visible = std::max(split_gemm_seconds(g, lin, hw, "wgrad", 1, kTpOverlapCommSms), comm) - wgrad;
+  }
+  return std::max(0.0, visible);
+}
+
 // Time of the collective the op runs in this direction. TP collectives span tp consecutive ranks;
 // EP all-to-alls span tp x ep, CP's K/V exchange tp x cp (ranks are numbered in (pp, dp, cp, tp)
 // order, ep inside dp).
@@ -182,6 +260,8 @@ double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const Hardw
     int64_t span =
         is_ep_collective(op.kind) || op.kind == OpKind::kCpGatherKv ? group * t.tp : group;
     s += collective_seconds(kind, collective_bytes(g, op), group, span <= hw.gpus_per_node, hw);
+    int partner = t.tp_comm_overlap ? tp_overlap_partner(g, op) : -1;
+    if (partner >= 0) s = tp_overlap_exposed(g, op, g.ops[partner], hw, t, backward, s);
     // The combine's backward exchanges the expert outputs again (for the probabilities'
     // gradient) before it sends the gradient back: two all-to-alls.
     if (backward && op.kind == OpKind::kMoeCombine) s *= 2;
@@ -211,6 +291,7 @@ HardwareModel hardware_model(const GpuSpec& gpu) {
   // is modelled at the inter-node figures.
   if (gpu.name.find("pcie") != std::string::npos) hw.gpus_per_node = 2;
   hw.perf = gpu.perf;
+  hw.sm_count = gpu.sm_count;
   return hw;
 }
 
@@ -222,6 +303,7 @@ HardwareModel default_hardware() {
   h100.bf16_dense_flops = 989.4e12;
   h100.hbm_bytes_per_s = 3.35e12;
   h100.nvlink_bytes_per_s = 450e9;
+  h100.sm_count = 132;
   HardwareModel hw = hardware_model(h100);
   hw.origin = "the default; --gpu picks another";
   return hw;
@@ -558,11 +640,17 @@ double exposed_comm(const StageSeconds& st, int64_t stage, const TrainSpec& t) {
 }  // namespace
 
 std::string overlap_text(const TrainSpec& t) {
-  return !t.overlap_grad_reduce ? "no communication overlapped with compute"
-         : t.overlap_param_gather
-             ? "the DP gradient reduction and parameter gather overlapped "
-               "(--overlap-grad-reduce, --overlap-param-gather)"
-             : "the DP gradient reduction overlapped (--overlap-grad-reduce)";
+  std::string dp = !t.overlap_grad_reduce ? ""
+                   : t.overlap_param_gather
+                       ? "the DP gradient reduction and parameter gather overlapped "
+                         "(--overlap-grad-reduce, --overlap-param-gather)"
+                       : "the DP gradient reduction overlapped (--overlap-grad-reduce)";
+  std::string tp = t.tp_comm_overlap ? "the layers' TP all-gathers and reduce-scatters overlapped "
+                                       "with their GEMMs (--tp-comm-overlap, Transformer "
+                                       "Engine's userbuffers)"
+                                     : "";
+  if (dp.empty() && tp.empty()) return "no communication overlapped with compute";
+  return dp.empty() ? tp : tp.empty() ? dp : dp + "; " + tp;
 }
 
 StepTime step_time(const Schedule& s, const HardwareModel& hw) {

@@ -39,6 +39,7 @@ struct HardwareModel {
   // What the GPU's kernels and collectives achieve (gpus.toml [gpu.perf]); empty tables fall
   // back to the generic figures stated in cost.cpp.
   GpuPerf perf;
+  int64_t sm_count = 0;  // GpuSpec::sm_count (0: unknown, no SM margin under TP overlap)
 };
 
 // Which efficiencies the times use, as the reports print it: measured (and where), derived from

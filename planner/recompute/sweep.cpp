@@ -49,6 +49,7 @@ std::vector<TrainSpec> candidates(const ModelSpec& m, const SweepOptions& o, siz
               t.tp = tp, t.cp = cp, t.pp = pp, t.dp = dp, t.zero = zero, t.micro_batch = mbs;
               t.ep = ep;
               t.sp = tp > 1;
+              t.tp_comm_overlap = o.base.tp_comm_overlap && tp > 1;  // TE's: TP with SP only
               t.microbatches = batch / (dp * mbs);
               t.recompute = Recompute::kAuto;
               t.pp_schedule = v > 1 ? PpSchedule::kInterleaved : sched;

@@ -150,6 +150,7 @@ std::string emit_megatron(const Schedule& s) {
   if (!t.grad_accum_fusion) flags += " --no-gradient-accumulation-fusion";
   if (!t.dataloader_mask) flags += " --no-create-attention-mask-in-dataloader";
   if (t.overlap_grad_reduce) flags += " --overlap-grad-reduce";
+  if (t.tp_comm_overlap) flags += " --tp-comm-overlap";
   if (t.overlap_param_gather) flags += " --overlap-param-gather";
   if (t.vocab_multiple != 128)
     flags += " --make-vocab-size-divisible-by " + std::to_string(t.vocab_multiple);

@@ -71,6 +71,7 @@ json setup_to_json(const TrainSpec& t) {
   if (t.pp_schedule == PpSchedule::kInterleaved) j["virtual_stages"] = t.virtual_stages;
   if (t.moe_capacity_factor > 0) j["moe_capacity_factor"] = t.moe_capacity_factor;
   if (t.overlap_grad_reduce) j["overlap_grad_reduce"] = true;  // absent: off
+  if (t.tp_comm_overlap) j["tp_comm_overlap"] = true;  // absent: off
   if (t.overlap_param_gather) j["overlap_param_gather"] = true;
   return j;
 }
@@ -132,7 +133,7 @@ Result<TrainSpec> setup_from_json(const json& j) {
             "tp_recompute_allgather", "stage_layers", "gpus", "virtual_stages", "cp",
             "moe_capacity_factor", "cross_entropy_fusion", "gradient_accumulation_fusion",
             "dataloader_attention_mask", "make_vocab_size_divisible_by", "overlap_grad_reduce",
-            "overlap_param_gather"});
+            "overlap_param_gather", "tp_comm_overlap"});
     TrainSpec t;
     t.tp = r.at("tp").positive(), t.pp = r.at("pp").positive(), t.dp = r.at("dp").positive();
     t.ep = r.at("ep").positive(), t.sp = r.at("sp").boolean();
@@ -152,6 +153,7 @@ Result<TrainSpec> setup_from_json(const json& j) {
     if (r.has("dataloader_attention_mask"))
       t.dataloader_mask = r.at("dataloader_attention_mask").boolean();
     if (r.has("overlap_grad_reduce")) t.overlap_grad_reduce = r.at("overlap_grad_reduce").boolean();
+    if (r.has("tp_comm_overlap")) t.tp_comm_overlap = r.at("tp_comm_overlap").boolean();
     if (r.has("overlap_param_gather"))
       t.overlap_param_gather = r.at("overlap_param_gather").boolean();
     if (r.has("make_vocab_size_divisible_by"))

@@ -89,6 +89,37 @@ std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t
                  format_binary(rt.te_workspace_bytes) +
                      " (Transformer Engine's, sm_90 and later; --te-workspace)",
                  true});
+  // Transformer Engine's userbuffers under --tp-comm-overlap, on every rank. Megatron
+  // creates them once (_initialize_tp_communicators, megatron/training/initialize.py at
+  // NVIDIA/Megatron-LM d98e8a6: shape [s * b / cp, hidden], bf16 without fp8) through TE's
+  // initialize_ub (transformer_engine/pytorch/module/base.py at NVIDIA/TransformerEngine
+  // d0067d0), which makes one communication buffer per overlapped GEMM: 12 (4 ring-exchange,
+  // 2 pipelined, 4 bulk, 2 external; ring-exchange reduce-scatters would hold (2 tp - 1) / tp of
+  // it, and Megatron's defaults have none). Each buffer, and the communicator's region 0 (one
+  // per process: LOCALSIZE = 4 x (NVTE_REG0_OFFSET + NVTE_REG0_FLAGS) = 3,223,808 B from
+  // userbuffers.h), is allocated by register_user_buffer_collective with cuMemCreate, rounded
+  // up to the multicast granularity, here assumed 2 MiB (common/comm_gemm_overlap/userbuffers/
+  // userbuffers-host.cpp). The communicator also takes send_id (world ints), recv_id
+  // (32 x world ints) and 2 x 64 KiB of flags with cudaMalloc. All of it is device memory
+  // outside PyTorch's allocator. The GEMMs that overlap use their own cuBLAS workspace,
+  // 3 streams x the workspace (get_cublas_workspace with ub, cpp_extensions/gemm.py,
+  // _NUM_MAX_UB_STREAMS = 3), a torch.empty kept for the run.
+  if (t.tp_comm_overlap) {
+    constexpr int64_t kGranule = 2 << 20, kRegion0 = 3'223'808, kBuffers = 12;
+    auto granules = [](int64_t bytes) { return (bytes + kGranule - 1) / kGranule * kGranule; };
+    const int64_t buffer = t.seq_len * t.micro_batch / t.cp * m.hidden * 2;
+    const int64_t world = t.tp * t.cp * t.dp * t.pp;
+    const int64_t small = world * 4 + 32 * world * 4 + 2 * 65'536;
+    const int64_t total = kBuffers * granules(buffer) + granules(kRegion0) + small;
+    out.push_back({"TE userbuffers", total,
+                   "--tp-comm-overlap: 12 bf16 [s*b/cp, h] buffers + the communicator's flags, "
+                   "each rounded to 2 MiB (Transformer Engine's initialize_ub)",
+                   false});
+    out.push_back({"TE userbuffers cuBLAS workspace", 3 * rt.te_workspace_bytes,
+                   "--tp-comm-overlap: 3 streams x " + format_binary(rt.te_workspace_bytes) +
+                       " (Transformer Engine's workspace for the overlapped GEMMs)",
+                   true});
+  }
   // The output layer's sequence-parallel all-gather goes into Megatron's global memory buffer
   // (megatron/core/tensor_parallel/layers.py L474 and L511, GlobalMemoryBuffer in
   // megatron/core/utils.py), which is kept and only grows: bf16 [s / cp, b, h].
