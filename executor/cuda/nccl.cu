@@ -1,6 +1,10 @@
 // The NCCL communicator (nccl.hpp). Every call enqueues on the default stream (the CUDA backend's)
 // and waits for it, as the in-process collectives complete before they return.
+#if defined(NANOPLAN_CUDA_EMULATION)
+#include "executor/cuda/emu/nccl_emu.hpp"  // CI runs this file over the NCCL emulation
+#else
 #include <nccl.h>
+#endif
 
 #include "executor/cuda/common.cuh"
 #include "executor/cuda/nccl.hpp"

@@ -441,23 +441,25 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = q;
   return cudaSuccess;
 }
-cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+std::optional<size_t> np::emu::device_bytes_from(const void* p) {
   auto& d = device();
   std::lock_guard<std::mutex> lock(d.mu);
-  *a = {};
   const auto at = reinterpret_cast<uintptr_t>(p);
-  auto inside = [at](uintptr_t base, size_t bytes) { return at >= base && at < base + bytes; };
-  bool dev = false;
   if (auto it = d.sizes.upper_bound(const_cast<void*>(p)); it != d.sizes.begin()) {
     --it;
-    dev = inside(reinterpret_cast<uintptr_t>(it->first), std::max<size_t>(it->second, 1));
+    const auto base = reinterpret_cast<uintptr_t>(it->first);
+    if (at == base || at < base + it->second) return base + it->second - at;
   }
-  if (!dev)
-    if (auto it = d.mappings.upper_bound(at); it != d.mappings.begin()) {
-      --it;
-      dev = it->second.accessible && inside(it->first, it->second.bytes);
-    }
-  if (dev) {
+  if (auto it = d.mappings.upper_bound(at); it != d.mappings.begin()) {
+    --it;
+    if (it->second.accessible && at < it->first + it->second.bytes)
+      return it->first + it->second.bytes - at;
+  }
+  return std::nullopt;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  *a = {};
+  if (np::emu::device_bytes_from(p)) {
     a->type = cudaMemoryTypeDevice, a->device = 0;
     a->devicePointer = const_cast<void*>(p);
   } else {

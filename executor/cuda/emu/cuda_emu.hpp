@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <optional>
 
 #include "executor/bf16.hpp"
 
@@ -268,4 +269,8 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
 namespace np::emu {
 // The emulated device's memory size (cudaMemGetInfo's total; cudaMalloc past it fails).
 void set_device_memory(size_t bytes);
+// The device bytes from `p` to the end of its cudaMalloc'd block (0 at a zero-byte block's
+// address) or accessible mapping; nullopt when `p` is not device memory: cudaPointerGetAttributes'
+// answer, with the extent the library emulations check a buffer's size against.
+std::optional<size_t> device_bytes_from(const void* p);
 }  // namespace np::emu
