@@ -95,6 +95,14 @@ ModelSpec moe(int64_t vocab, bool shared) {
   return m;
 }
 
+// Qwen3's attention: q/k norms, head_dim 6 apart from hidden / heads = 4.
+ModelSpec qwen3(int64_t vocab) {
+  ModelSpec m = llama(vocab);
+  m.name = "ops-qwen3";
+  m.head_dim = 6, m.qk_norm = true;
+  return m;
+}
+
 struct Config {
   std::string label;
   ModelSpec model;
@@ -124,6 +132,10 @@ std::vector<Config> setups(Impl impl) {
       {"moe capacity 1 tp 1", moe(37, false), train(1, false, 9, flash)},
   };
   s.back().train.moe_capacity_factor = 1.0;
+  if (impl != Impl::kHf) {  // validate_setup: the hf profile does not model the q/k norms yet
+    s.push_back({"qwen3 tp 1 flash", qwen3(37), train(1, false, 7, flash)});
+    s.push_back({"qwen3 tp 2 sp eager", qwen3(38), train(2, true, 10, eager)});
+  }
   if (impl == Impl::kMegatron) {  // the fused losses, and each weight gradient whole in bf16 first
     s.push_back({"llama tp 1 native loss, no gradient fusion", llama(37), train(1, false, 7, flash)});
     s.back().train.loss_fusion = LossFusion::kNative, s.back().train.grad_accum_fusion = false;

@@ -2,6 +2,7 @@
 // Hugging Face config.json path, and file:line errors for malformed files.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -23,7 +24,8 @@ TEST(Catalog, HasTheIssueModels) {
   for (const char* name :
        {"llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b",
         "llama-3.1-405b", "qwen2.5-7b", "qwen2.5-72b", "mixtral-8x7b", "qwen1.5-moe-a2.7b",
-        "gpt-22b", "gpt3-175b", "gpt-530b", "gpt-1t"})
+        "gpt-22b", "gpt3-175b", "gpt-530b", "gpt-1t", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b",
+        "qwen3-235b-a22b"})
     EXPECT_TRUE(resolve_model(catalog(), name).ok()) << name;
 }
 
@@ -42,6 +44,35 @@ TEST(ParameterCount, EveryModelMatchesItsPublicFigure) {
     ++checked;
   }
   EXPECT_GE(checked, 10);
+}
+
+// Qwen3: Qwen3-8B's exact count (its safetensors total, the figure issue 31 gives) and the
+// model cards' rounded totals and activated counts of the others (huggingface.co/Qwen/Qwen3-32B:
+// 32.8B; Qwen3-30B-A3B: 30.5B, 3.3B activated; Qwen3-235B-A22B: 235B, 22B activated). Each
+// layer's q/k norms are 2 x head_dim weights: 256 here.
+TEST(ParameterCount, Qwen3MatchesItsModelCards) {
+  EXPECT_EQ(count_parameters(model("qwen3-8b")), 8'190'735'360);
+  auto billions = [](int64_t n, double unit) {
+    return std::round(static_cast<double>(n) / 1e9 / unit) * unit;
+  };
+  // Activated: the experts' weights counted top_k of num_experts.
+  auto activated = [](const ModelSpec& m) {
+    TrainSpec t;
+    t.seq_len = 1;
+    int64_t experts = build_layer(m, t).weight_elements(true);
+    return count_parameters(m) -
+           m.layers * (experts - experts / m.moe->num_experts * m.moe->top_k);
+  };
+  EXPECT_DOUBLE_EQ(billions(count_parameters(model("qwen3-32b")), 0.1), 32.8);
+  EXPECT_DOUBLE_EQ(billions(count_parameters(model("qwen3-30b-a3b")), 0.1), 30.5);
+  // 3,353,032,704 activated: the card's 3.3B is this count truncated, not rounded.
+  EXPECT_GE(activated(model("qwen3-30b-a3b")), 3'300'000'000);
+  EXPECT_LT(activated(model("qwen3-30b-a3b")), 3'400'000'000);
+  EXPECT_DOUBLE_EQ(billions(count_parameters(model("qwen3-235b-a22b")), 1), 235);
+  EXPECT_DOUBLE_EQ(billions(activated(model("qwen3-235b-a22b")), 1), 22);
+  ModelSpec no_norms = model("qwen3-8b");
+  no_norms.qk_norm = false;
+  EXPECT_EQ(count_parameters(model("qwen3-8b")) - count_parameters(no_norms), 36 * 256);
 }
 
 // GPT-style models have no exact public count; Narayanan et al. 2021 give
@@ -182,6 +213,38 @@ TEST(LoadHfConfig, MoeAndQwenBias) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_TRUE(r->qkv_bias);
   EXPECT_EQ(count_parameters(*r), count_parameters(model("qwen1.5-moe-a2.7b")));
+}
+
+// Qwen3 (transformers' Qwen3Config and Qwen3MoeConfig): q/k norms always, head_dim apart from
+// hidden / heads; Qwen3-MoE's layer pattern read, a dense layer among MoE ones refused.
+TEST(LoadHfConfig, Qwen3AndQwen3Moe) {
+  std::string path = testing::temp_path("qwen3.json");
+  write(path, R"({"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+    "attention_bias": false, "hidden_act": "silu", "tie_word_embeddings": false})");
+  auto r = load_hf_config(path);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(r->qk_norm);
+  EXPECT_FALSE(r->qkv_bias);
+  EXPECT_EQ(count_parameters(*r), 8'190'735'360);
+  std::string moe = R"({"model_type": "qwen3_moe", "hidden_size": 2048,
+    "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+    "max_position_embeddings": 40960, "num_experts": 128, "num_experts_per_tok": 8,
+    "moe_intermediate_size": 768, "norm_topk_prob": true, "decoder_sparse_step": 1,
+    "tie_word_embeddings": false, "mlp_only_layers": )";
+  write(path, moe + "[]}");
+  r = load_hf_config(path);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(r->qk_norm);
+  EXPECT_EQ(count_parameters(*r), count_parameters(model("qwen3-30b-a3b")));
+  write(path, moe + "[0]}");
+  r = load_hf_config(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("mlp_only_layers mix dense and MoE layers"),
+            std::string::npos)
+      << r.error().message;
 }
 
 TEST(LoadHfConfig, MalformedJsonNamesLine) {

@@ -489,6 +489,7 @@ std::vector<Case> all_cases() {
   add("row_linear_dense_wgrad", OpKind::kRowLinear, {.features = H, .dense_wgrad = true},
       {act({T, F})});
   add("rope", OpKind::kRope, {}, {act({T, QKV})});
+  add("qk_norm", OpKind::kQkNorm, core, {act({T, QKV})}, 0.5, 1.5);
   add("flash_attention", OpKind::kFlashAttention, core, {act({T, QKV})});
   OpAttrs gqa2{.batch = B,
                .seq = S,
@@ -690,6 +691,19 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
     case OpKind::kRouter: {
       int64_t n = in[0].type.shape[1], out = c.attrs.features;
       return {linear_ref(x(0), T, n, w[0].v, out, w.size() > 1 ? &w[1].v : nullptr)};
+    }
+    case OpKind::kQkNorm: {  // each q and k head normalised over head_dim; v as it is
+      Vec o = x(0), rstd(T * (hq + hkv));
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < hq + hkv; ++h) {
+          double ss = 0;
+          for (int64_t d = 0; d < hd; ++d) ss += x(0)[t * wq + h * hd + d] * x(0)[t * wq + h * hd + d];
+          double r = 1.0 / std::sqrt(ss / hd + 1e-5);
+          rstd[t * (hq + hkv) + h] = r;
+          for (int64_t d = 0; d < hd; ++d)
+            o[t * wq + h * hd + d] = x(0)[t * wq + h * hd + d] * r * w[h < hq ? 0 : 1].v[d];
+        }
+      return {o, rstd};
     }
     case OpKind::kRope: {
       Vec o = x(0);

@@ -67,6 +67,8 @@ class CpuBackend final : public Backend {
         return row_linear_forward(env, in, w);
       case OpKind::kRope:
         return rope_forward(env, in, w);
+      case OpKind::kQkNorm:
+        return qk_norm_forward(env, in, w);
       case OpKind::kFlashAttention:
         return flash_attention_forward(env, in, w);
       case OpKind::kAttnScores:
@@ -163,6 +165,8 @@ class CpuBackend final : public Backend {
         return row_linear_backward(env, a);
       case OpKind::kRope:
         return rope_backward(env, a);
+      case OpKind::kQkNorm:
+        return qk_norm_backward(env, a);
       case OpKind::kFlashAttention:
         return flash_attention_backward(env, a);
       case OpKind::kAttnScores:

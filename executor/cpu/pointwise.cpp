@@ -182,6 +182,76 @@ void layernorm_backward(const Env& env, const BackwardArgs& a) {
   add_mat(need(a.weight_grads, 0, "layernorm weight gradient"), column_sums(DW));
   add_mat(need(a.weight_grads, 1, "layernorm bias gradient"), column_sums(G));
 }
+// ---- q/k norms: RmsNorm of each query and key head of a [q | k | v] row over head_dim -----------
+// The q heads take q_weight, the k heads k_weight; v passes through. Each head's fp32 1/rms is
+// kept ([rows, heads + kv_heads]) and read by the backward with the input.
+
+namespace {
+struct QkHeads {
+  int64_t q, k, d;  // this rank's query and key heads, head_dim
+};
+QkHeads qk_heads(const Env& env, const Tensor& x) {
+  const OpAttrs& a = env.ctx.op->attrs;
+  check(x.type.shape.at(1) == (a.heads + 2 * a.kv_heads) * a.head_dim,
+        "qk_norm: the row is not [q | k | v] of this rank's heads");
+  return {a.heads, a.kv_heads, a.head_dim};
+}
+}  // namespace
+
+Outs qk_norm_forward(const Env& env, Ins in, Ins w) {
+  const Tensor& x = need(in, 0, "qk_norm input");
+  const QkHeads n = qk_heads(env, x);
+  Mat X = load_mat(x), Wq = load_vec(need(w, 0, "qk_norm q weight")),
+      Wk = load_vec(need(w, 1, "qk_norm k weight"));
+  int64_t T = X.rows();
+  Mat Y = X, R(T, n.q + n.k);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < n.q + n.k; ++j) {
+      const Mat& W = j < n.q ? Wq : Wk;
+      double ss = 0;
+      for (int64_t c = 0; c < n.d; ++c) ss += double(X(t, j * n.d + c)) * X(t, j * n.d + c);
+      float r = static_cast<float>(1.0 / std::sqrt(ss / n.d + kEps));
+      R(t, j) = r;
+      for (int64_t c = 0; c < n.d; ++c) Y(t, j * n.d + c) = X(t, j * n.d + c) * r * W(0, c);
+    }
+  Tensor out = env.output(x.type.shape, x.type.dtype),
+         rstd = env.output({T, n.q + n.k}, Dtype::kFp32);
+  store_mat(out, Y);
+  store_mat(rstd, R);
+  return {out, rstd};
+}
+
+void qk_norm_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& x = need(a.inputs, 0, "qk_norm input");
+  const QkHeads n = qk_heads(env, x);
+  Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "qk_norm output gradient"));
+  Mat R = load_mat(need(a.outputs, 1, "qk_norm rstd"));
+  Mat Wq = load_vec(need(a.weights, 0, "qk_norm q weight")),
+      Wk = load_vec(need(a.weights, 1, "qk_norm k weight"));
+  int64_t T = X.rows();
+  Mat DX = G;  // the values' gradient passes through
+  // Per head row, in (token, head) order: the weight gradients' contributions, summed below.
+  Mat DWq(T * n.q, n.d), DWk(T * n.k, n.d);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < n.q + n.k; ++j) {
+      bool q = j < n.q;
+      const Mat& W = q ? Wq : Wk;
+      double gwx = 0, r = R(t, j);
+      for (int64_t c = 0; c < n.d; ++c)
+        gwx += double(G(t, j * n.d + c)) * W(0, c) * X(t, j * n.d + c);
+      double k3 = r * r * r * gwx / n.d;
+      Mat& DW = q ? DWq : DWk;
+      int64_t row = q ? t * n.q + j : t * n.k + (j - n.q);
+      for (int64_t c = 0; c < n.d; ++c) {
+        int64_t i = j * n.d + c;
+        DX(t, i) = static_cast<float>(r * G(t, i) * W(0, c) - k3 * X(t, i));
+        DW(row, c) = static_cast<float>(G(t, i) * X(t, i) * r);
+      }
+    }
+  grad_input(env, a, 0, x.type, DX);
+  add_mat(need(a.weight_grads, 0, "qk_norm q weight gradient"), column_sums(DWq));
+  add_mat(need(a.weight_grads, 1, "qk_norm k weight gradient"), column_sums(DWk));
+}
 
 // ---- RoPE (rotate-half, theta 10000) on the q and k heads of each qkv row; v passes through -----
 

@@ -259,6 +259,8 @@ class CudaBackend final : public exec::Backend {
         return linear_fwd(e, in, w);
       case OpKind::kRope:
         return rope_fwd(e, in, w);
+      case OpKind::kQkNorm:
+        return qk_norm_fwd(e, in, w);
       case OpKind::kFlashAttention:
         return flash_attention_fwd(e, in, w);
       case OpKind::kAttnScores:
@@ -337,6 +339,8 @@ class CudaBackend final : public exec::Backend {
         return linear_bwd(e);
       case OpKind::kRope:
         return rope_bwd(e);
+      case OpKind::kQkNorm:
+        return qk_norm_bwd(e);
       case OpKind::kFlashAttention:
         return flash_attention_bwd(e);
       case OpKind::kAttnScores:

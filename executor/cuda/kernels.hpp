@@ -27,6 +27,17 @@ void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const 
 void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                         bool accumulate, const Tensor& dw, const Tensor& db, const Tensor& mean,
                         const Tensor& rstd, bool saved, float eps, cudaStream_t stream);
+// Qwen3's q/k norms on rows [q | k | v] of q_heads + 2 kv_heads heads (head_dim = wq's size):
+// RMSNorm of each q head with wq and each k head with wk, v copied; rstd (fp32) receives one
+// 1/rms per row and normalised head. Backward from the kept rstd: dx (=, or += when accumulate),
+// the values' gradient passed through; dwq and dwk += deterministic sums in (row, head) order.
+void qk_norm_forward(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& y,
+                     const Tensor& rstd, long long q_heads, long long kv_heads, float eps,
+                     cudaStream_t stream);
+void qk_norm_backward(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& dy,
+                      const Tensor& dx, bool accumulate, const Tensor& dwq, const Tensor& dwk,
+                      const Tensor& rstd, long long q_heads, long long kv_heads,
+                      cudaStream_t stream);
 // dst[c] += sum over the first `rows` rows of src (rows x dst.numel()), rows in order.
 void column_sums_add(const Tensor& src, long long rows, const Tensor& dst, cudaStream_t stream);
 // GeLU (tanh approximation) and its backward (dx =, or += when accumulate).

@@ -96,6 +96,15 @@ Outs rmsnorm_fwd(const Fwd& e, Ins in, Ins w) {
   return {y};
 }
 
+Outs qk_norm_fwd(const Fwd& e, Ins in, Ins w) {
+  const Tensor& x = need(in, 0, "input");
+  const OpAttrs& a = e.attrs();
+  Tensor y = e.out(x.type), rstd = e.out({{x.type.shape.at(0), a.heads + a.kv_heads}, Dtype::kFp32});
+  qk_norm_forward(x, need(w, 0, "q weight"), need(w, 1, "k weight"), y, rstd, a.heads, a.kv_heads,
+                  kEps, e.stream);
+  return {y, rstd};
+}
+
 Outs rmsnorm_stats_fwd(const Fwd& e, Ins in, Ins w) {
   const Tensor& x = need(in, 0, "input");
   Tensor y = e.out(x.type), rstd = e.out({{x.type.shape.at(0)}, Dtype::kFp32});
@@ -387,6 +396,18 @@ void rmsnorm_bwd(const Bwd& e) {
   Tensor& dx = e.grad(0, x.type, acc);
   rmsnorm_backward(x, need(a.weights, 0, "weight"), need(a.grad_outputs, 0, "gradient"), dx, acc,
                    need(a.weight_grads, 0, "weight gradient"), rstd, saved, kEps, e.stream);
+}
+
+void qk_norm_bwd(const Bwd& e) {
+  const BackwardArgs& a = e.a;
+  const Tensor& x = need(a.inputs, 0, "input");
+  bool acc = false;
+  Tensor& dx = e.grad(0, x.type, acc);
+  qk_norm_backward(x, need(a.weights, 0, "q weight"), need(a.weights, 1, "k weight"),
+                   need(a.grad_outputs, 0, "gradient"), dx, acc,
+                   need(a.weight_grads, 0, "q weight gradient"),
+                   need(a.weight_grads, 1, "k weight gradient"), need(a.outputs, 1, "rstd"),
+                   e.attrs().heads, e.attrs().kv_heads, e.stream);
 }
 
 void rmsnorm_hf_bwd(const Bwd& e) {

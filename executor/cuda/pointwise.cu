@@ -183,6 +183,62 @@ __global__ void glu_mul_backward_kernel(View a, View x, View dy, View da, bool a
   if (!acc_x) st(dx, ui - f, 0.0f);
 }
 
+// q/k norms on rows [q | k | v] of `width` columns: a block per (row, head) of the nh = q + k
+// normalised heads of d columns, as RMSNorm's kernels with the head's weight (wq for the first q
+// heads, wk after); rstd[row * nh + head].
+__global__ void qk_norm_forward_kernel(View x, View wq, View wk, View y, float* rstd, long long q,
+                                       long long nh, long long d, long long width, float eps) {
+  long long t = blockIdx.x / nh, j = blockIdx.x % nh, base = t * width + j * d;
+  View w = j < q ? wq : wk;
+  float ss = 0;
+  for (long long c = threadIdx.x; c < d; c += kThreads) {
+    float v = ld(x, base + c);
+    ss += v * v;
+  }
+  float r = rsqrtf(block_sum(ss) / static_cast<float>(d) + eps);
+  for (long long c = threadIdx.x; c < d; c += kThreads) st(y, base + c, ld(x, base + c) * r * ld(w, c));
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+}
+__global__ void qk_norm_backward_kernel(View x, View wq, View wk, View dy, View dx, bool acc,
+                                        const float* rstd, long long q, long long nh, long long d,
+                                        long long width) {
+  long long t = blockIdx.x / nh, j = blockIdx.x % nh, base = t * width + j * d;
+  View w = j < q ? wq : wk;
+  float gx = 0;
+  for (long long c = threadIdx.x; c < d; c += kThreads)
+    gx += ld(dy, base + c) * ld(w, c) * ld(x, base + c);
+  gx = block_sum(gx);
+  float r = rstd[blockIdx.x], k = r * r * r * gx / static_cast<float>(d);
+  for (long long c = threadIdx.x; c < d; c += kThreads) {
+    long long i = base + c;
+    float out = r * ld(dy, i) * ld(w, c) - ld(x, i) * k;
+    st(dx, i, acc ? ld(dx, i) + out : out);
+  }
+}
+// dw[c] += sum over rows t and heads j in [j0, j1) of dy * x * rstd, in (row, head) order.
+__global__ void qk_norm_weight_grad_kernel(View x, View dy, const float* rstd, long long rows,
+                                           long long j0, long long j1, long long nh, long long d,
+                                           long long width, View dw) {
+  long long c = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= d) return;
+  float s = 0;
+  for (long long t = 0; t < rows; ++t)
+    for (long long j = j0; j < j1; ++j) {
+      long long i = t * width + j * d + c;
+      s += ld(dy, i) * ld(x, i) * rstd[t * nh + j];
+    }
+  st(dw, c, ld(dw, c) + s);
+}
+// The columns [from, width) of each row: dst = src, or += when acc (the values' pass-through).
+__global__ void copy_columns_kernel(View src, View dst, bool acc, long long rows, long long from,
+                                    long long width) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x, n = width - from;
+  if (i >= rows * n) return;
+  long long at = i / n * width + from + i % n;
+  float v = ld(src, at);
+  st(dst, at, acc ? ld(dst, at) + v : v);
+}
+
 // RMSNorm as PyTorch ops, a block per row.
 __global__ void rmsnorm_hf_forward_kernel(View x, View w, View y, float* a, float* r, float* b,
                                           View c, long long h, float eps) {
@@ -311,6 +367,50 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const 
             view(dy), static_cast<const float*>(nullptr), static_cast<const float*>(rstd.data),
             rows, h, view(dw));
   NP_CUDA_CHECK_LAUNCH();
+}
+
+void qk_norm_forward(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& y,
+                     const Tensor& rstd, long long q_heads, long long kv_heads, float eps,
+                     cudaStream_t stream) {
+  long long d = wq.numel(), nh = q_heads + kv_heads, width = (q_heads + 2 * kv_heads) * d;
+  long long rows = width ? x.numel() / width : 0;
+  need(rows * width == x.numel() && wk.numel() == d && y.numel() == x.numel() &&
+           rstd.numel() == rows * nh && rstd.type.dtype == Dtype::kFp32,
+       "qk_norm: x, the weights, y and rstd do not agree with the heads");
+  if (rows == 0) return;
+  np_launch(qk_norm_forward_kernel, dim3(static_cast<unsigned>(rows * nh)), dim3(kThreads),
+            kReduceShared, stream, view(x), view(wq), view(wk), view(y), rstd.as<float>(),
+            q_heads, nh, d, width, eps);
+  NP_CUDA_CHECK_LAUNCH();
+  np_launch(copy_columns_kernel, dim3(blocks_for(rows * kv_heads * d)), dim3(kThreads), 0, stream,
+            view(x), view(y), false, rows, nh * d, width);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void qk_norm_backward(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& dy,
+                      const Tensor& dx, bool accumulate, const Tensor& dwq, const Tensor& dwk,
+                      const Tensor& rstd, long long q_heads, long long kv_heads,
+                      cudaStream_t stream) {
+  long long d = wq.numel(), nh = q_heads + kv_heads, width = (q_heads + 2 * kv_heads) * d;
+  long long rows = width ? x.numel() / width : 0;
+  need(rows * width == x.numel() && wk.numel() == d && dy.numel() == x.numel() &&
+           dx.numel() == x.numel() && dwq.numel() == d && dwk.numel() == d &&
+           rstd.numel() == rows * nh && rstd.type.dtype == Dtype::kFp32,
+       "qk_norm backward: shapes do not agree (rstd: one fp32 per row and head)");
+  if (rows == 0) return;
+  np_launch(qk_norm_backward_kernel, dim3(static_cast<unsigned>(rows * nh)), dim3(kThreads),
+            kReduceShared, stream, view(x), view(wq), view(wk), view(dy), view(dx), accumulate,
+            static_cast<const float*>(rstd.data), q_heads, nh, d, width);
+  NP_CUDA_CHECK_LAUNCH();
+  np_launch(copy_columns_kernel, dim3(blocks_for(rows * kv_heads * d)), dim3(kThreads), 0, stream,
+            view(dy), view(dx), accumulate, rows, nh * d, width);
+  NP_CUDA_CHECK_LAUNCH();
+  for (int k = 0; k < 2; ++k) {
+    np_launch(qk_norm_weight_grad_kernel, dim3(blocks_for(d)), dim3(kThreads), 0, stream, view(x),
+              view(dy), static_cast<const float*>(rstd.data), rows, k ? q_heads : 0LL,
+              k ? nh : q_heads, nh, d, width, view(k ? dwk : dwq));
+    NP_CUDA_CHECK_LAUNCH();
+  }
 }
 
 void column_sums_add(const Tensor& src, long long rows, const Tensor& dst, cudaStream_t stream) {

@@ -141,14 +141,15 @@ class Builder {
   }
 
   // Replicated weights (weight_shard) whose per-rank gradient is partial: applied to a sequence
-  // shard, or (the shared-expert gate) multiplying a TP-partial sum. Their gradients are
-  // all-reduced over TP.
+  // shard, to this rank's heads (the q/k norms), or (the shared-expert gate) multiplying a
+  // TP-partial sum. Their gradients are all-reduced over TP.
   bool partial_weight_grads(const GraphOp& o) const {
     for (const WeightShape& w : o.weights)
       if (weight_shard(o.kind, w.suffix) != Shard::kReplicated) return false;
-    bool on_shard = is_norm(o.kind) || o.kind == OpKind::kPosEmbedding || o.kind == OpKind::kRouter;
-    return !o.weights.empty() &&
-           ((t_.sp && on_shard) || (t_.tp > 1 && o.kind == OpKind::kSharedGate));
+    bool on_shard = (is_norm(o.kind) && o.kind != OpKind::kQkNorm) ||
+                    o.kind == OpKind::kPosEmbedding || o.kind == OpKind::kRouter;
+    bool on_heads = o.kind == OpKind::kQkNorm || o.kind == OpKind::kSharedGate;
+    return !o.weights.empty() && ((t_.sp && on_shard) || (t_.tp > 1 && on_heads));
   }
 
   // The collectives of an op, forward and backward (the TP ones are conjugate pairs).
@@ -183,9 +184,10 @@ int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   int n = b.norm(x, "attn.norm");
   int qkv = b.column(b.gather(n, "attn"), "attn.qkv", (hq + 2 * hkv) * d, m.qkv_bias,
                      {hq * d, hkv * d, hkv * d});
-  if (m.position == PosEmb::kRope) qkv = b.op1(OpKind::kRope, "attn.rope", {}, {qkv});
   OpAttrs core{
       .batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
+  if (m.qk_norm) qkv = b.op(OpKind::kQkNorm, "attn.qk_norm", core, {qkv}, {"", "rstd"})[0];
+  if (m.position == PosEmb::kRope) qkv = b.op1(OpKind::kRope, "attn.rope", {}, {qkv});
   // Hugging Face's attention (eager and sdpa) materialises K and V repeated to every query head.
   bool hf = t.impl == Impl::kHf && t.cp == 1;
   if (hf && hkv < hq) {

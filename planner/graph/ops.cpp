@@ -371,6 +371,17 @@ const OpInfo kOps[] =
          },
          [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights, none_types,
          vocab_reductions},
+        {OpKind::kQkNorm, "qk_norm", 1, 2, 0b1, 0b10, 0b1, 0b01, false,
+         [](const OpAttrs& a, In in) -> Types {
+           return {in[0], {{rows_of(in[0]), a.heads + a.kv_heads}, Dtype::kFp32}};
+         },
+         [](const OpAttrs& a, In in) {  // norm_flops' 4 per element, of the q and k columns
+           return 4.0 * static_cast<double>(rows_of(in[0]) * (a.heads + a.kv_heads) * a.head_dim);
+         },
+         [](const OpAttrs& a, In) -> Weights {
+           return {{"q_weight", {a.head_dim}}, {"k_weight", {a.head_dim}}};
+         },
+         none_types},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");
@@ -382,7 +393,7 @@ const OpInfo& op_info(OpKind kind) {
 }
 bool is_norm(OpKind kind) {
   return kind == OpKind::kRmsNorm || kind == OpKind::kLayerNorm || kind == OpKind::kRmsNormStats ||
-         kind == OpKind::kLayerNormStats || kind == OpKind::kRmsNormHf;
+         kind == OpKind::kLayerNormStats || kind == OpKind::kRmsNormHf || kind == OpKind::kQkNorm;
 }
 bool is_loss(OpKind kind) {
   return kind == OpKind::kCrossEntropy || kind == OpKind::kLogSoftmaxLoss ||

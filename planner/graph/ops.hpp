@@ -83,6 +83,12 @@ enum class OpKind {
   // output 1 is each row's fp32 max and log-sum-exp, which the executors keep to form the
   // gradient. Its forward scratch is TE's [3 x rows] fp32 (max, sum, target logit).
   kCrossEntropyTe,
+  // RMSNorm of each query and key head of a [q | k | v] row over head_dim (Qwen3's q_norm and
+  // k_norm; Transformer Engine's RMSNorm under Megatron's --qk-layernorm), the values passed
+  // through; keeps each head's fp32 1/rms ([rows, heads + kv_heads]) for backward, which reads
+  // it and the input. Weights: q_weight and k_weight of head_dim, replicated over TP, their
+  // gradients partial sums over the TP ranks' heads.
+  kQkNorm,
   kCount
 };
 

@@ -80,7 +80,8 @@ Result<ModelSpec> model_from_table(const toml::table& table, const std::string& 
   r.only({"name", "display_name", "source", "aliases", "hidden_size", "intermediate_size",
           "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
           "max_position_embeddings", "norm", "activation", "position_embedding", "qkv_bias",
-          "linear_bias", "tie_word_embeddings", "dropout", "expected_parameters", "moe"});
+          "qk_norm", "linear_bias", "tie_word_embeddings", "dropout", "expected_parameters",
+          "moe"});
   ModelSpec m;
   m.name = r.string("name");
   m.display_name = r.string("display_name", m.name);
@@ -98,6 +99,7 @@ Result<ModelSpec> model_from_table(const toml::table& table, const std::string& 
   m.activation = r.choice("activation", Activation::kSwiGlu);
   m.position = r.choice("position_embedding", PosEmb::kRope);
   m.qkv_bias = r.boolean("qkv_bias", false);
+  m.qk_norm = r.boolean("qk_norm", false);
   m.linear_bias = r.boolean("linear_bias", false);
   m.tie_embeddings = r.boolean("tie_word_embeddings", false);
   m.dropout = r.number("dropout", 0.0);
@@ -163,12 +165,14 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
   auto text = [&](const char* key, const std::string& fallback) {
     return given(key) ? r.at(key).text() : fallback;
   };
-  const std::vector<std::string> types = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe"};
+  const std::vector<std::string> types = {"llama", "mistral",  "mixtral",  "qwen2",
+                                          "qwen2_moe", "qwen3", "qwen3_moe"};
   std::string type = text("model_type", "llama");
   if (std::find(types.begin(), types.end(), type) == types.end())
     return make_error(path + ": model_type " + quote_input(type, '"') +
-                      " is not supported (valid: llama, mistral, mixtral, qwen2, qwen2_moe; or "
-                      "write the model as a TOML in the catalog schema)");
+                      " is not supported (valid: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, "
+                      "qwen3_moe; or write the model as a TOML in the catalog schema)");
+  const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
   ModelSpec m;
   // The name comes from the folder (or the file): characters a name may not hold become '_'.
   m.name = std::filesystem::path(path).parent_path().filename().string();
@@ -198,6 +202,8 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
   }
   m.tie_embeddings = flag("tie_word_embeddings", false);
   m.qkv_bias = flag("attention_bias", type == "qwen2" || type == "qwen2_moe");
+  // transformers' Qwen3Attention (and Qwen3MoeAttention) always has q_norm and k_norm.
+  m.qk_norm = qwen3;
   m.linear_bias = flag("mlp_bias", false);
   // Every architecture read here has the gated MLP (gate_proj, up_proj, down_proj:
   // transformers' LlamaMLP, MistralMLP, Qwen2MLP and the MoE experts), whatever hidden_act is:
@@ -213,6 +219,17 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
   m.activation = Activation::kSwiGlu;
   int64_t experts = given("num_local_experts") ? count("num_local_experts", 0)
                                                : count("num_experts", 0);
+  if (experts > 0 && type == "qwen3_moe") {
+    // Qwen3-MoE's layer pattern (transformers' Qwen3MoeDecoderLayer): a layer is an MoE layer
+    // unless it is listed in mlp_only_layers, and only every decoder_sparse_step-th layer is.
+    // Every layer here is one or the other kind, as in the published Qwen3-MoE models.
+    bool every = count("decoder_sparse_step", 1) == 1 &&
+                 (!given("mlp_only_layers") || r.at("mlp_only_layers").size() == 0);
+    if (!every)
+      return make_error(path + ": decoder_sparse_step and mlp_only_layers mix dense and MoE "
+                        "layers, which is not modelled yet (valid: decoder_sparse_step 1 and no "
+                        "mlp_only_layers, every layer an MoE layer)");
+  }
   if (experts > 0) {
     int64_t shared = count("shared_expert_intermediate_size", 0);
     m.moe = MoeSpec{experts, count("num_experts_per_tok", 2), count("moe_intermediate_size", m.ffn),

@@ -288,7 +288,6 @@ const std::map<std::string, std::string> kNotModelled = {
     {"--pipeline-model-parallel-layout", "a per-stage layer layout"},
     {"--account-for-embedding-in-pipeline-split", "a pipeline split that counts the embedding"},
     {"--account-for-loss-in-pipeline-split", "a pipeline split that counts the loss"},
-    {"--qk-layernorm", "layer norms on q and k"},
     {"--use-precision-aware-optimizer", "the precision-aware optimizer's reduced-precision states"}};
 
 Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, int64_t dp) {
@@ -338,7 +337,7 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                                           "--no-create-attention-mask-in-dataloader",
                                           "--add-qkv-bias", "--recompute-activations",
                                           "--overlap-grad-reduce", "--overlap-param-gather",
-                                          "--tp-comm-overlap"};
+                                          "--tp-comm-overlap", "--qk-layernorm"};
   // Known, and no byte depends on them here: ignored, and listed once.
   const std::set<std::string> quiet = {"--use-mcore-models", "--no-bias-dropout-fusion",
                                        "--attention-softmax-in-fp32", "--no-masked-softmax-fusion",
@@ -408,6 +407,7 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
         bad = arch(m.position != PosEmb::kLearned, "learned position embeddings");
       if (w == "--group-query-attention")
         bad = arch(m.kv_heads < m.heads, "as many key/value heads as query heads");
+      if (w == "--qk-layernorm") bad = arch(m.qk_norm, "no q/k norms");
       if (bad) return *bad;
       continue;
     }

@@ -78,6 +78,10 @@ struct ModelSpec {
   Activation activation = Activation::kSwiGlu;
   PosEmb position = PosEmb::kRope;
   bool qkv_bias = false;     // bias on q, k, v projections
+  // RMSNorm of every query and key head over head_dim before RoPE, one weight of head_dim for the
+  // queries and one for the keys (Qwen3: transformers' Qwen3Attention q_norm and k_norm;
+  // Megatron's --qk-layernorm).
+  bool qk_norm = false;
   bool linear_bias = false;  // bias on the attention output projection and MLP linears
   bool tie_embeddings = false;
   double dropout = 0.0;                        // hidden and attention dropout probability

@@ -31,7 +31,9 @@ std::string module_of(const GraphOp& op) {
   if (op.kind == OpKind::kFlashAttention || op.kind == OpKind::kFlashAttentionCp ||
       op.attention_core)
     return "core_attn";
-  if (is_norm(op.kind)) return "layernorm";
+  // Megatron's "layernorm" module is the two layer norms (input_layernorm, pre_mlp_layernorm);
+  // no module covers the q/k norms.
+  if (is_norm(op.kind)) return op.kind == OpKind::kQkNorm ? "" : "layernorm";
   if (n.rfind("moe.experts.", 0) == 0 &&
       (op.kind == OpKind::kSwiGlu || op.kind == OpKind::kGluAct || op.kind == OpKind::kGluMul))
     return "moe_act";

@@ -35,6 +35,7 @@ json model_spec_to_json(const ModelSpec& m) {
             {"linear_bias", m.linear_bias},
             {"tie_word_embeddings", m.tie_embeddings},
             {"dropout", m.dropout}};
+  if (m.qk_norm) j["qk_norm"] = true;  // written when set, as plans before it had none
   if (m.moe)
     j["moe"] = {{"num_experts", m.moe->num_experts},
                 {"top_k", m.moe->top_k},
@@ -85,7 +86,7 @@ Result<ModelSpec> model_spec_from_json(const json& j) {
     r.only({"name", "display_name", "source", "parameters", "hidden_size", "intermediate_size",
             "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
             "max_position_embeddings", "norm", "activation", "position_embedding", "qkv_bias",
-            "linear_bias", "tie_word_embeddings", "dropout", "moe"});
+            "qk_norm", "linear_bias", "tie_word_embeddings", "dropout", "moe"});
     ModelSpec m;
     m.name = r.at("name").text();
     m.display_name = r.has("display_name") ? r.at("display_name").text() : m.name;
@@ -100,6 +101,7 @@ Result<ModelSpec> model_spec_from_json(const json& j) {
     m.activation = r.at("activation").choice<Activation>();
     m.position = r.at("position_embedding").choice<PosEmb>();
     m.qkv_bias = r.at("qkv_bias").boolean(), m.linear_bias = r.at("linear_bias").boolean();
+    m.qk_norm = r.has("qk_norm") && r.at("qk_norm").boolean();
     m.tie_embeddings = r.at("tie_word_embeddings").boolean();
     m.dropout = r.at("dropout").number();
     if (r.has("moe")) {
