@@ -150,6 +150,15 @@ TEST(CudaBackend, TinyQwen) {
                  {Recompute::kNone, Recompute::kFull});
 }
 
+// Qwen3's q/k norms (head_dim apart from hidden / heads) under TP with SP and a pipeline, TP
+// without SP, and ZeRO-3 over 2 replicas; Megatron's profile too.
+TEST(CudaBackend, TinyQwen3) {
+  check_scenario("tiny-qwen3",
+                 {{1, 1, false}, {2, 2, true}, {2, 1, false, AttentionImpl::kFlash, 2, 3},
+                  {2, 1, true, AttentionImpl::kFlash, 1, 0, 1, Impl::kMegatron}},
+                 {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
+}
+
 // Router, top-2 of 6 experts, dispatch, grouped expert GEMMs, combine and the gated shared expert,
 // under TP with SP (the routing gathered over the group).
 TEST(CudaBackend, TinyMoe) {

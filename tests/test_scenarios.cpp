@@ -53,6 +53,13 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
              t.loss_fusion == LossFusion::kNative && t.tp == 2 && t.pp == 2 && t.sp;
     }));
   }
+  if (name == "tiny-qwen3") {  // the q/k norms' TP-partial gradients under ZeRO-3 and a pipeline
+    EXPECT_TRUE(has([](const TrainSpec& t) { return t.tp == 2 && t.dp == 2 && t.zero == 3; }));
+    EXPECT_TRUE(has([](const TrainSpec& t) {
+      return t.tp == 2 && t.pp == 2 && t.pp_schedule == PpSchedule::kInterleaved &&
+             t.recompute == Recompute::kFull && t.impl == Impl::kMegatron;
+    }));
+  }
   if (name == "tiny-llama" || name == "tiny-gpt") {  // 4 layers: pp 2 x 2 chunks
     EXPECT_TRUE(has([](const TrainSpec& t) {
       return t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages == 2;
@@ -95,7 +102,7 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
 INSTANTIATE_TEST_SUITE_P(All, Scenarios,
                          ::testing::Values("tiny-llama", "tiny-qwen", "tiny-moe", "tiny-gpt",
                                            "tiny-llama-dp", "tiny-gpt-cp", "tiny-moe-ep",
-                                           "tiny-gpt-megatron"),
+                                           "tiny-gpt-megatron", "tiny-qwen3"),
                          testing::ParamName());
 
 // The runner nanoplan run --scenario calls: found by name beside the catalog, each case seen as
