@@ -81,7 +81,15 @@ NANOPLAN_CUDA_MODULE="$EMU" "$NP" calibrate --gpu h200 -o "$TMP/cal.toml" --gemm
 "$NP" estimate --model "$TMP/tiny.toml" --gpu "$TMP/cal.toml" --recompute none --format json >"$TMP/cal.json" 2>&1; rc2=$?
 check "calibrate writes a GPU file that --gpu FILE loads, its tables measured" \
   '[ $rc -eq 0 ] && [ $rc2 -eq 0 ] && grep -q "^gemm = \[" "$TMP/cal.toml" && [ "$(grep -c "^  \[" "$TMP/cal.toml")" -eq 3 ] && grep -q "nanoplan calibrate on the CUDA emulation" "$TMP/cal.json" || { cat "$TMP/out" "$TMP/err" "$TMP/cal.json"; false; }'
-for bad in "--gpu nope -o $TMP/x.toml" "--gpu h200 -o $TMP/x.toml --gemm-shapes 64x48" "--gpu h200 -o $TMP/x.toml --attention-shapes 0x2"; do
+# NCCL's collectives over 2 ranks (threads over the NCCL emulation): the file's NVLink rows are
+# this run's fit, the kinds not measured the catalog's, with both sources named.
+NANOPLAN_CUDA_MODULE="$EMU" "$NP" calibrate --gpu h200 -o "$TMP/cal2.toml" --gemm-shapes 64x48x32 \
+  --attention-shapes 64x2 --head-dim 16 --copy-bytes 1MiB --repetitions 2 --ranks 2 \
+  --collective-bytes 64KiB,1MiB >"$TMP/out" 2>"$TMP/err"; rc=$?
+"$NP" estimate --model "$TMP/tiny.toml" --gpu "$TMP/cal2.toml" --tp 2 --recompute none --format json >"$TMP/cal2.json" 2>&1; rc2=$?
+check "calibrate --ranks 2: NCCL's all-reduce, all-gather and reduce-scatter timed and fitted into the NVLink rows" \
+  '[ $rc -eq 0 ] && [ $rc2 -eq 0 ] && grep -q "NCCL collectives over 2 ranks" "$TMP/out" && grep -q "^# all_gather over 2 ranks: 65,536 B .* us; 1,048,576 B .* us;" "$TMP/cal2.toml" && grep -q "^nvlink_source = \"nanoplan calibrate on the CUDA emulation.*NCCL over 2 ranks" "$TMP/cal2.toml" && [ "$(sed -n "/^\[gpu.perf.nvlink\]/,\$p" "$TMP/cal2.toml" | grep -cE "^(all_reduce|all_gather|reduce_scatter) = \[")" -eq 3 ] || { cat "$TMP/out" "$TMP/err" "$TMP/cal2.toml"; false; }'
+for bad in "--gpu nope -o $TMP/x.toml" "--gpu h200 -o $TMP/x.toml --gemm-shapes 64x48" "--gpu h200 -o $TMP/x.toml --attention-shapes 0x2" "--gpu h200 -o $TMP/x.toml --ranks 0" "--gpu h200 -o $TMP/x.toml --collective-bytes 1MiB,0"; do
   NANOPLAN_CUDA_MODULE="$EMU" "$NP" calibrate $bad >"$TMP/out" 2>&1; rc=$?
   check "calibrate $bad: exit 2, one line, nothing written" '[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/out")" -eq 1 ] && [ ! -e "$TMP/x.toml" ]'
 done

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <barrier>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
@@ -14,6 +15,7 @@
 #include "executor/bf16.hpp"
 #include "executor/comm/inproc.hpp"
 #include "executor/cuda/emu/nccl_emu.hpp"
+#include "executor/cuda/calibrate.hpp"
 #include "executor/cuda/nccl.hpp"
 
 namespace np {
@@ -190,6 +192,40 @@ TEST(NcclComm, TheTpCollectivesRunOverNccl) {
     sync.arrive_and_wait();  // no rank leaves while another still calls
     cudaFree(in.data), cudaFree(out.data);
   });
+}
+
+// nanoplan calibrate's collectives over the emulation: every kind at every size, on 3 ranks; and
+// the fit recovers the cost model's bandwidth and ring-step latency from times that follow it
+// (nccl-tests' H100 figures: 360 GB/s, 5 us per step).
+TEST(CalibrateCollectives, TimesEveryKindAndFitsTheCostModelsForm) {
+  cuda::CollectiveOptions o;
+  o.ranks = 3, o.bytes = {6 * 1024, 6 * 65536}, o.warmup = 1, o.repetitions = 2;
+  Result<std::vector<cuda::CalibratedCollective>> r = cuda::calibrate_collectives(o);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->size(), 3u);
+  for (const cuda::CalibratedCollective& c : *r) {
+    EXPECT_EQ(c.ranks, 3);
+    ASSERT_EQ(c.seconds.size(), 2u) << c.kind;
+    EXPECT_EQ(c.seconds[1].first, 6 * 65536) << c.kind;
+    EXPECT_GT(c.bus_bytes_per_s, 0) << c.kind;
+    EXPECT_TRUE(std::isfinite(c.bus_bytes_per_s) && c.step_latency_s >= 0) << c.kind;
+  }
+  EXPECT_FALSE(cuda::calibrate_collectives({1, {1024}, 1, 1}).ok());
+
+  for (const char* kind : {"all_reduce", "all_gather"}) {
+    cuda::CalibratedCollective c{kind, 8, {}, 0, 0};
+    const double twice = std::string(kind) == "all_reduce" ? 2 : 1;
+    for (int64_t bytes : {int64_t{1} << 16, int64_t{1} << 20, int64_t{1} << 24, int64_t{1} << 29})
+      c.seconds.push_back(
+          {bytes, twice * (7.0 / 8 * static_cast<double>(bytes) / 360e9 + 7 * 5e-6)});
+    cuda::fit_collective(c);
+    EXPECT_NEAR(c.bus_bytes_per_s, 360e9, 360e9 * 1e-6) << kind;
+    EXPECT_NEAR(c.step_latency_s, 5e-6, 5e-12) << kind;
+  }
+  cuda::CalibratedCollective flat{"reduce_scatter", 2, {{1024, 1e-3}, {4096, 1e-3}}, 0, 0};
+  cuda::fit_collective(flat);  // no growth with size: the slowest rate, no latency
+  EXPECT_DOUBLE_EQ(flat.bus_bytes_per_s, 0.5 * 1024 / 1e-3);
+  EXPECT_EQ(flat.step_latency_s, 0);
 }
 
 }  // namespace

@@ -91,6 +91,8 @@ struct Flags {
   int top = 10;
   // calibrate
   std::string calibrate_name, gemm_shapes, attention_shapes, copy_bytes = "1GiB";
+  std::string collective_bytes = "64KiB,1MiB,16MiB,128MiB,512MiB";
+  std::optional<int64_t> calibrate_ranks;  // default: every GPU of the machine
   int64_t head_dim = 128;
   int repetitions = 10;
 };
@@ -577,19 +579,55 @@ int run_calibrate(const Flags& f) {
   if (o.copy_bytes < 1) die("--copy-bytes must be at least 1 byte");
   o.repetitions = f.repetitions;
   const std::string name = f.calibrate_name.empty() ? gpu.name + "-calibrated" : f.calibrate_name;
+  np::cuda::CollectiveOptions co;
+  co.repetitions = f.repetitions;
+  {
+    std::stringstream items(f.collective_bytes);
+    for (std::string item; std::getline(items, item, ',');) {
+      np::Result<int64_t> b = np::parse_bytes(item);
+      if (!b || *b < 1 || *b > (int64_t{1} << 40))
+        die("invalid --collective-bytes " + np::quote_input(item) +
+            " (valid: sizes such as 1MiB,16MiB, each from 1 byte to 1 TiB)");
+      co.bytes.push_back(*b);
+    }
+    if (co.bytes.empty()) die("invalid --collective-bytes '' (valid: sizes such as 1MiB,16MiB)");
+  }
 
   np::Result<const np::cuda::Module*> module = np::cuda::load_module();
   if (!module) die("calibrate: " + module.error().message);
   const np::cuda::Module& m = **module;
   np::cuda::GpuProbe probe = m.probe_gpus();
   if (probe.count == 0) die("calibrate: no GPU: " + probe.why);
+  // The collectives' ranks: one per GPU (the emulation's are threads on its one device).
+  co.ranks = static_cast<int>(f.calibrate_ranks.value_or(probe.count));
+  if (f.calibrate_ranks && co.ranks > probe.count && !m.emulated)
+    die("invalid --ranks " + std::to_string(co.ranks) + " (valid: 1 to the " +
+        std::to_string(probe.count) + " GPUs of this machine, one per rank)");
+  for (int64_t& b : co.bytes)  // whole bf16 elements per rank
+    b = std::max<int64_t>(1, b / (2 * co.ranks)) * 2 * co.ranks;
   m.select_device(0);
   np::Result<np::cuda::Calibration> r = m.calibrate(o);
   if (!r) {
     std::fprintf(stderr, "nanoplan: %s\n", r.error().message.c_str());
     return kExitRunFailed;
   }
-  const np::cuda::Calibration& c = *r;
+  np::cuda::Calibration c = *r;
+  std::vector<np::cuda::CalibratedCollective> collectives;
+  if (co.ranks < 2) {
+    c.notes.push_back("NVLink collectives not measured: one GPU (--ranks 2 or more measures "
+                      "them); the catalog's or the generic figures stand");
+  } else if (!m.calibrate_collectives) {
+    c.notes.push_back("NVLink collectives not measured: the CUDA module was built without NCCL; "
+                      "the catalog's or the generic figures stand");
+  } else {
+    np::Result<std::vector<np::cuda::CalibratedCollective>> cr = m.calibrate_collectives(co);
+    if (!cr) {
+      std::fprintf(stderr, "nanoplan: %s\n", cr.error().message.c_str());
+      return kExitRunFailed;
+    }
+    collectives = *cr;
+    m.select_device(0);
+  }
   std::time_t now = std::time(nullptr);
   char day[32];
   std::strftime(day, sizeof day, "%Y-%m-%d", std::gmtime(&now));
@@ -629,21 +667,50 @@ int run_calibrate(const Flags& f) {
   t += "]\n";
   if (c.copy_bytes_per_s > 0) t += "memory_bytes_per_s = " + num(c.copy_bytes_per_s) + "\n";
   t += "kernel_overhead_s = " + num(std::clamp(c.kernel_overhead_s, 1e-9, 1e-3)) + "\n";
-  if (!gpu.perf.nvlink.empty()) {  // the catalog's, where this run measured none
-    t += "nvlink_source = " +
-         nlohmann::json(gpu.perf.nvlink_source.empty() ? gpu.perf.source : gpu.perf.nvlink_source)
-             .dump() +
-         "\n[gpu.perf.nvlink]\n";
-    for (const auto& [kind, p] : gpu.perf.nvlink)
-      t += kind + " = [" + num(p.bus_bytes_per_s) + ", " + num(p.step_latency_s) + ", " +
-           num(p.call_latency_s) + "]\n";
+  // NVLink: the collectives measured here ([bus bytes/s, latency per ring step, 0], fitted to
+  // the sizes below), and the catalog's rows for the kinds not measured.
+  std::string measured_text;
+  for (const np::cuda::CalibratedCollective& k : collectives) {
+    t += "# " + k.kind + " over " + std::to_string(k.ranks) + " ranks:";
+    for (const auto& [bytes, s] : k.seconds)
+      t += " " + np::format_int(bytes) + " B " + num(s * 1e6) + " us;";
+    t += "\n";
+  }
+  if (!collectives.empty())
+    measured_text = "nanoplan calibrate on " + c.device + ", NCCL over " +
+                    std::to_string(co.ranks) + " ranks, " + day;
+  std::vector<std::string> rows;
+  for (const char* kind : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"}) {
+    auto measured = std::find_if(collectives.begin(), collectives.end(),
+                                 [&](const auto& k) { return k.kind == kind; });
+    if (measured != collectives.end()) {
+      rows.push_back(std::string(kind) + " = [" + num(measured->bus_bytes_per_s) + ", " +
+                     num(measured->step_latency_s) + ", 0]");
+    } else if (const np::CollectivePerf* p = gpu.perf.collective(kind)) {
+      rows.push_back(std::string(kind) + " = [" + num(p->bus_bytes_per_s) + ", " +
+                     num(p->step_latency_s) + ", " + num(p->call_latency_s) + "]");
+    }
+  }
+  if (!rows.empty()) {
+    std::string catalog =
+        gpu.perf.nvlink_source.empty() ? gpu.perf.source : gpu.perf.nvlink_source;
+    std::string source = measured_text.empty() ? catalog
+                         : gpu.perf.nvlink.empty()
+                             ? measured_text
+                             : measured_text + "; the kinds not measured: " + catalog;
+    t += "nvlink_source = " + nlohmann::json(source).dump() + "\n[gpu.perf.nvlink]\n";
+    for (const std::string& row : rows) t += row + "\n";
   }
   write_whole(f.output, t);
   // The file must load as --gpu FILE does.
   check(np::gpu_from_arg(models_dir(f) + "/gpus/gpus.toml", f.output));
-  std::printf("calibrated %s as %s: %zu GEMM shapes, %zu attention shapes%s; wrote %s\n",
+  std::string measured_collectives =
+      collectives.empty() ? std::string()
+                          : ", NCCL collectives over " + std::to_string(co.ranks) + " ranks";
+  std::printf("calibrated %s as %s: %zu GEMM shapes, %zu attention shapes%s%s; wrote %s\n",
               c.device.c_str(), name.c_str(), c.gemm.size(), c.attention.size(),
-              c.copy_bytes_per_s > 0 ? ", a copy" : "", f.output.c_str());
+              c.copy_bytes_per_s > 0 ? ", a copy" : "", measured_collectives.c_str(),
+              f.output.c_str());
   for (const std::string& n : c.notes) std::printf("  %s\n", n.c_str());
   return 0;
 }
@@ -1178,6 +1245,13 @@ int main(int argc, char** argv) {
   cal->add_option("--copy-bytes", f.copy_bytes, "bytes of the device copy")->capture_default_str();
   add_int(cal, "--repetitions", f.repetitions, "timed repetitions per figure (the median)", 1,
           1000);
+  add_int(cal, "--ranks", f.calibrate_ranks,
+          "GPUs the NCCL collectives run over, one rank each (default: every GPU of the machine; "
+          "1 measures none)",
+          1, 1024);
+  cal->add_option("--collective-bytes", f.collective_bytes,
+                  "all-reduce, all-gather and reduce-scatter sizes to time (the full tensor)")
+      ->capture_default_str();
   cal->add_option("--models-dir", f.models_dir, "model catalog folder");
   CLI::App* models = app.add_subcommand("models", "list the model catalog with parameter counts");
   models->add_option("--models-dir", f.models_dir, "model catalog folder");

@@ -105,9 +105,6 @@ Calibration run(const CalibrateOptions& o) {
         w, r);
     c.kernel_overhead_s = s / kLaunches;
   }
-  c.notes.push_back(
-      "NVLink collectives not measured: calibrate runs on one GPU of one process so far; the "
-      "catalog's or the generic figures stand");
   return c;
 }
 

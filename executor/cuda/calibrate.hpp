@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "planner/inputs/result.hpp"
@@ -44,5 +45,30 @@ struct Calibration {
 
 // Runs on the current device; a CUDA error becomes the Error's one line.
 Result<Calibration> calibrate(const CalibrateOptions& o);
+
+// NCCL's all-reduce, all-gather and reduce-scatter over `ranks` GPUs of this machine (rank r on
+// device r; one thread per rank, one communicator), as nccl-tests measures them: bf16, in place
+// for the all-reduce, each size the full tensor (the all-gather's output, the reduce-scatter's
+// input). Built with NCCL (executor/cuda/calibrate_nccl.cu) and over the NCCL emulation, where
+// the ranks are threads on the one emulated device.
+struct CollectiveOptions {
+  int ranks = 2;
+  std::vector<int64_t> bytes;  // full-tensor sizes, each a multiple of 2 x ranks
+  int warmup = 3, repetitions = 10;
+};
+struct CalibratedCollective {
+  std::string kind;  // all_reduce, all_gather, reduce_scatter
+  int ranks = 0;
+  std::vector<std::pair<int64_t, double>> seconds;  // (bytes, rank 0's median seconds) per size
+  // The cost model's form fitted to them (planner/recompute/cost.cpp, collective_seconds):
+  // t = twice x ((g - 1) / g x bytes / bus_bytes_per_s + (g - 1) x step_latency_s), twice 2 for
+  // the all-reduce, by least squares relative to each time.
+  double bus_bytes_per_s = 0, step_latency_s = 0;
+};
+Result<std::vector<CalibratedCollective>> calibrate_collectives(const CollectiveOptions& o);
+// Sets c's bus_bytes_per_s and step_latency_s from its kind, ranks and seconds: the fit above.
+// Times that do not grow with the size (one size; the emulation) give a bandwidth from the
+// slowest size's rate and no latency.
+void fit_collective(CalibratedCollective& c);
 
 }  // namespace np::cuda

@@ -22,6 +22,13 @@ extern "C" __attribute__((visibility("default"))) const np::cuda::Module* nanopl
 #if defined(NANOPLAN_HAVE_NCCL)
     t.make_nccl_comm = np::cuda::make_nccl_comm;
 #endif
+    // The emulated module's collectives run over the NCCL emulation, its ranks threads.
+#if defined(NANOPLAN_HAVE_NCCL) || defined(NANOPLAN_CUDA_EMULATION)
+    t.calibrate_collectives = np::cuda::calibrate_collectives;
+#endif
+#if defined(NANOPLAN_CUDA_EMULATION)
+    t.emulated = true;
+#endif
     return t;
   }();
   return &m;

@@ -21,7 +21,7 @@
 namespace np::cuda {
 
 // Raised whenever the table or an object crossing it changes layout.
-inline constexpr int kModuleAbi = 2;
+inline constexpr int kModuleAbi = 3;
 
 struct Module {
   int abi = kModuleAbi;
@@ -36,6 +36,10 @@ struct Module {
       exec::Communicator& mpi, const std::function<void(void*, int)>& broadcast) = nullptr;
   // `nanoplan calibrate`'s microbenchmarks on the current device (calibrate.hpp).
   Result<Calibration> (*calibrate)(const CalibrateOptions&) = nullptr;
+  // Its NCCL collectives over this machine's GPUs; null when the module was built without NCCL.
+  Result<std::vector<CalibratedCollective>> (*calibrate_collectives)(const CollectiveOptions&) =
+      nullptr;
+  bool emulated = false;  // the module over the CUDA emulation (one emulated device, host code)
 };
 
 // The module's file: $NANOPLAN_CUDA_MODULE when set, else libnanoplan_cuda.so beside the running
