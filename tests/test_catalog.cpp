@@ -216,7 +216,8 @@ TEST(LoadHfConfig, MoeAndQwenBias) {
 }
 
 // Qwen3 (transformers' Qwen3Config and Qwen3MoeConfig): q/k norms always, head_dim apart from
-// hidden / heads; Qwen3-MoE's layer pattern read, a dense layer among MoE ones refused.
+// hidden / heads; Qwen3-MoE's layer pattern read (mlp_only_layers and decoder_sparse_step make
+// layers dense).
 TEST(LoadHfConfig, Qwen3AndQwen3Moe) {
   std::string path = testing::temp_path("qwen3.json");
   write(path, R"({"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
@@ -239,12 +240,21 @@ TEST(LoadHfConfig, Qwen3AndQwen3Moe) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_TRUE(r->qk_norm);
   EXPECT_EQ(count_parameters(*r), count_parameters(model("qwen3-30b-a3b")));
-  write(path, moe + "[0]}");
+  const int64_t all_moe = count_parameters(*r);
+  write(path, moe + "[0, 5]}");
   r = load_hf_config(path);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("mlp_only_layers mix dense and MoE layers"),
-            std::string::npos)
-      << r.error().message;
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->dense_layers, (std::vector<int64_t>{0, 5}));
+  // Two layers' experts and router traded for a dense MLP of intermediate_size 6144.
+  const int64_t moe_mlp = 128 * 3 * 2048 * 768 + 128 * 2048, dense_mlp = 3 * 2048 * 6144;
+  EXPECT_EQ(count_parameters(*r), all_moe - 2 * moe_mlp + 2 * dense_mlp);
+  std::string sparse = moe + "[]}";
+  sparse.replace(sparse.find("\"decoder_sparse_step\": 1"), 24, "\"decoder_sparse_step\": 2");
+  write(path, sparse);
+  r = load_hf_config(path);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->dense_layers.size(), 24u);  // layers 0, 2, 4, ...: (l + 1) % 2 != 0
+  EXPECT_EQ(r->dense_layers[1], 2);
 }
 
 TEST(LoadHfConfig, MalformedJsonNamesLine) {

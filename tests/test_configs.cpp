@@ -62,6 +62,44 @@ TEST(EmitConfig, NanotronZeroAboveOneSaysWhatDiffers) {
   EXPECT_NE(yaml.find("# not expressible: ZeRO-3"), std::string::npos) << yaml;
 }
 
+// nanotron's Qwen2 MoE (moe_config, as nanotron.nn.moe builds it): experts of
+// moe_intermediate_size, a gated shared expert when enabled, MoE only in the layers listed, the
+// others dense; its defaults where keys are absent; attention_bias nanotron's false by default.
+TEST(NanotronConfig, ReadsQwen2MoeConfig) {
+  std::string qwen = edited("    is_llama_config: true\n", "    is_qwen2_config: true\n");
+  Result<ConfigSetup> dense = nanotron_config(qwen, kConfig);
+  ASSERT_TRUE(dense.ok()) << dense.error().message;
+  EXPECT_FALSE(dense->model->qkv_bias);
+  EXPECT_FALSE(dense->model->moe);
+  auto with = [&](const std::string& moe) {
+    std::string s = qwen;
+    s.insert(s.find("    vocab_size: 128256\n"), "    moe_config:\n" + moe);
+    return nanotron_config(s, kConfig);
+  };
+  Result<ConfigSetup> all = with(
+      "      num_experts: 8\n      top_k: 2\n      moe_intermediate_size: 1024\n"
+      "      enable_shared_expert: true\n      shared_expert_intermediate_size: 2048\n");
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  ASSERT_TRUE(all->model->moe);
+  EXPECT_EQ(all->model->moe->num_experts, 8);
+  EXPECT_EQ(all->model->moe->expert_ffn, 1024);
+  EXPECT_EQ(all->model->moe->shared_ffn, 2048);
+  EXPECT_TRUE(all->model->moe->shared_gate);
+  EXPECT_TRUE(all->model->dense_layers.empty());
+  Result<ConfigSetup> some = with("      layers: [1, 3]\n");  // the defaults: 8 x 1408, top 2
+  ASSERT_TRUE(some.ok()) << some.error().message;
+  EXPECT_EQ(some->model->moe->expert_ffn, 1408);
+  EXPECT_EQ(some->model->moe->shared_ffn, 0);
+  ASSERT_EQ(some->model->dense_layers.size(), 30u);
+  EXPECT_EQ(some->model->dense_layers[1], 2);
+  Result<ConfigSetup> bad = with("      token_dispatcher_type: allgather\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("valid: alltoall"), std::string::npos);
+  std::string llama = config_text();
+  llama.insert(llama.find("    vocab_size: 128256\n"), "    moe_config:\n      num_experts: 8\n");
+  EXPECT_FALSE(nanotron_config(llama, kConfig).ok());
+}
+
 // nanotron's zero_stage above 0 builds its ZeroDistributedOptimizer (ZeRO-1): read so, and said.
 TEST(NanotronConfig, ZeroStageAboveOneIsZeroOne) {
   for (int stage : {2, 3}) {
@@ -136,6 +174,27 @@ TEST(MegatronArgs, ReadsParallelismBatchAndRecompute) {
 // pp 1), layers split evenly over the stages (the first and last counts given apart), the
 // cross-entropy fusion and its implementation, --recompute-num-layers 0 recomputing nothing, the
 // distributed optimizer over one rank sharding nothing, bf16 gradient reduction.
+// Megatron's --moe-layer-freq (an integer, or a list expression of 0/1 per layer) checked
+// against the model's dense and MoE layers.
+TEST(MegatronArgs, MoeLayerFreqAgreesWithTheModel) {
+  ModelSpec m = testing::model("qwen3-30b-a3b");
+  EXPECT_TRUE(megatron_args("--moe-layer-freq 1", m, 1).ok());
+  m.dense_layers = {0, 1, 2};
+  Result<ConfigSetup> ok = megatron_args("--moe-layer-freq ([0]*3+[1]*45)", m, 1);
+  EXPECT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_TRUE(megatron_args("--moe-layer-freq [0,0,0]+[1]*45", m, 1).ok());
+  for (auto [args, says] :
+       {std::pair{"--moe-layer-freq 1", "whose dense layers are 0-2"},
+        {"--moe-layer-freq ([0]*2+[1]*46)", "whose dense layers are 0-2"},
+        {"--moe-layer-freq ([0]*3+[1]*44)", "valid: a whole number, or a list of 48"},
+        {"--moe-layer-freq [2]*48", "valid: a whole number"},
+        {"--moe-layer-freq 0", "valid: a whole number"}}) {
+    Result<ConfigSetup> c = megatron_args(args, m, 1);
+    ASSERT_FALSE(c.ok()) << args;
+    EXPECT_NE(c.error().message.find(says), std::string::npos) << c.error().message;
+  }
+}
+
 TEST(MegatronArgs, ReadsWhatMegatronDoes) {
   ModelSpec m = testing::model("llama-3.1-8b");  // 32 layers
   auto read = [&](const std::string& args, int64_t dp) {

@@ -159,6 +159,14 @@ TEST(CudaBackend, TinyQwen3) {
                  {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
 }
 
+// Dense layers among MoE layers (DeepSeek's first layers, Qwen-MoE's mlp_only_layers): the
+// blocks of each kind on their own graphs, over a pipeline and with a capacity over 2 replicas.
+TEST(CudaBackend, TinyMoeMixed) {
+  check_scenario("tiny-moe-mixed",
+                 {{2, 2, true}, {2, 1, true, AttentionImpl::kFlash, 2, 1}},
+                 {Recompute::kNone, Recompute::kFull});
+}
+
 // Router, top-2 of 6 experts, dispatch, grouped expert GEMMs, combine and the gated shared expert,
 // under TP with SP (the routing gathered over the group).
 TEST(CudaBackend, TinyMoe) {

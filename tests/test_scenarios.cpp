@@ -60,6 +60,16 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
              t.recompute == Recompute::kFull && t.impl == Impl::kMegatron;
     }));
   }
+  if (name == "tiny-moe-mixed") {  // the layer kinds over stages and chunks, with EP and ZeRO-3
+    EXPECT_TRUE(has([](const TrainSpec& t) {
+      return t.pp == 2 && t.pp_schedule == PpSchedule::kInterleaved && t.ep == 2;
+    }));
+    EXPECT_TRUE(has([](const TrainSpec& t) { return t.ep == 2 && t.zero == 3 && t.tp == 2; }));
+    BlockGraphs g(sc->model, sc->matrix.front());
+    ASSERT_NE(g.dense_layer, nullptr);
+    EXPECT_EQ(g.of(BlockKind::kLayer, 0), g.dense_layer);
+    EXPECT_EQ(g.of(BlockKind::kLayer, 1), g.layer);
+  }
   if (name == "tiny-llama" || name == "tiny-gpt") {  // 4 layers: pp 2 x 2 chunks
     EXPECT_TRUE(has([](const TrainSpec& t) {
       return t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages == 2;
@@ -102,7 +112,7 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
 INSTANTIATE_TEST_SUITE_P(All, Scenarios,
                          ::testing::Values("tiny-llama", "tiny-qwen", "tiny-moe", "tiny-gpt",
                                            "tiny-llama-dp", "tiny-gpt-cp", "tiny-moe-ep",
-                                           "tiny-gpt-megatron", "tiny-qwen3"),
+                                           "tiny-gpt-megatron", "tiny-qwen3", "tiny-moe-mixed"),
                          testing::ParamName());
 
 // The runner nanoplan run --scenario calls: found by name beside the catalog, each case seen as

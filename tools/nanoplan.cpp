@@ -1042,6 +1042,9 @@ int run_sweep(const Flags& f) {
         " for sweep (valid: balanced, auto; layer counts depend on pp)");
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   np::ModelSpec m = check(np::resolve_model(catalog, f.model));
+  if (m.moe && !m.dense_layers.empty())
+    die(m.name + " has dense and MoE layers, which sweep's --recompute auto does not plan yet "
+        "(valid: nanoplan estimate with --recompute none, selective or full)");
   np::SweepOptions o = make_sweep_options(f);
   for (int64_t ep : o.expert_parallel)
     if (ep > 1 && !m.moe)

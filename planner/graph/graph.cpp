@@ -3,6 +3,7 @@
 
 #include <boost/graph/adjacency_list.hpp>
 #include <boost/graph/topological_sort.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iterator>
@@ -292,6 +293,21 @@ BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t) {
   return b.finish(x, b.op1(OpKind::kAdd, "mlp.residual", {}, {x1, y}));
 }
 
+bool mixed_layers(const ModelSpec& m) {
+  return m.moe && !m.dense_layers.empty();
+}
+
+bool dense_layer(const ModelSpec& m, int64_t layer) {
+  return mixed_layers(m) &&
+         std::binary_search(m.dense_layers.begin(), m.dense_layers.end(), layer);
+}
+
+BlockGraph build_dense_layer(const ModelSpec& m, const TrainSpec& t) {
+  ModelSpec dense = m;
+  dense.moe.reset(), dense.dense_layers.clear();
+  return build_layer(dense, t);
+}
+
 BlockGraph build_embedding(const ModelSpec& m, const TrainSpec& t) {
   Builder b(BlockKind::kEmbedding, m, t);
   int ids = b.input("input_ids", {{b.tokens()}, Dtype::kI64});
@@ -332,9 +348,15 @@ BlockGraph build_head(const ModelSpec& m, const TrainSpec& t) {
 BlockGraphs::BlockGraphs(const ModelSpec& m, const TrainSpec& t)
     : embedding(std::make_shared<const BlockGraph>(build_embedding(m, t))),
       layer(std::make_shared<const BlockGraph>(build_layer(m, t))),
-      head(std::make_shared<const BlockGraph>(build_head(m, t))) {}
+      head(std::make_shared<const BlockGraph>(build_head(m, t))),
+      dense_layer(mixed_layers(m) ? std::make_shared<const BlockGraph>(build_dense_layer(m, t))
+                                  : nullptr),
+      dense_layers(mixed_layers(m) ? m.dense_layers : std::vector<int64_t>{}) {}
 
-const std::shared_ptr<const BlockGraph>& BlockGraphs::of(BlockKind kind) const {
+const std::shared_ptr<const BlockGraph>& BlockGraphs::of(BlockKind kind, int64_t l) const {
+  if (kind == BlockKind::kLayer && dense_layer &&
+      std::binary_search(dense_layers.begin(), dense_layers.end(), l))
+    return dense_layer;
   return kind == BlockKind::kEmbedding ? embedding : kind == BlockKind::kLayer ? layer : head;
 }
 
@@ -402,7 +424,10 @@ int64_t count_parameters(const ModelSpec& m) {
   t.seq_len = 1;
   BlockGraph emb = build_embedding(m, t), layer = build_layer(m, t), head = build_head(m, t);
   int64_t per_layer = layer.weight_elements(false) + layer.weight_elements(true);
-  int64_t n = emb.weight_elements(false) + m.layers * per_layer + head.weight_elements(false);
+  const int64_t dense = mixed_layers(m) ? static_cast<int64_t>(m.dense_layers.size()) : 0;
+  int64_t n = emb.weight_elements(false) + (m.layers - dense) * per_layer +
+              head.weight_elements(false);
+  if (dense > 0) n += dense * build_dense_layer(m, t).weight_elements(false);
   if (m.tie_embeddings) n -= m.vocab * m.hidden;  // the LM head reuses the embedding table
   return n;
 }

@@ -57,16 +57,24 @@ struct BlockGraph {
 BlockGraph build_embedding(const ModelSpec& m, const TrainSpec& t);
 BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t);
 BlockGraph build_head(const ModelSpec& m, const TrainSpec& t);
+// Models whose decoder layers are of two kinds (ModelSpec::dense_layers): build_layer is the MoE
+// layer and build_dense_layer the dense one, the same layer with the dense MLP of width ffn.
+bool mixed_layers(const ModelSpec& m);
+bool dense_layer(const ModelSpec& m, int64_t layer);  // a dense layer of a mixed model
+BlockGraph build_dense_layer(const ModelSpec& m, const TrainSpec& t);
 // Every setup field build_layer reads, as a string: two setups of one model with the same key
 // build the same layer (the auto planner's frontier cache is keyed on it). Kept beside
 // build_layer so that the two cannot drift apart.
 std::string layer_graph_key(const TrainSpec& t);
 
-// The three block graphs of one setup, built once and shared by every block of that kind.
+// The block graphs of one setup, built once and shared by every block of that kind; dense_layer
+// only for a mixed model.
 struct BlockGraphs {
   BlockGraphs(const ModelSpec& m, const TrainSpec& t);
-  std::shared_ptr<const BlockGraph> embedding, layer, head;
-  const std::shared_ptr<const BlockGraph>& of(BlockKind kind) const;
+  std::shared_ptr<const BlockGraph> embedding, layer, head, dense_layer;
+  std::vector<int64_t> dense_layers;  // the model's
+  // The graph of a block: decoder layer `layer`'s for kLayer.
+  const std::shared_ptr<const BlockGraph>& of(BlockKind kind, int64_t layer = -1) const;
 };
 
 // Graph invariants: a DAG (Boost.Graph topological sort), ops stored in topological order, each

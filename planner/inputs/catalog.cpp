@@ -114,10 +114,12 @@ Result<ModelSpec> model_from_table(const toml::table& table, const std::string& 
   if (const toml::table* moe = parsed->get_as<toml::table>("moe")) {
     TomlReader mr(*moe, path, "moe.");
     mr.only({"num_experts", "top_k", "expert_intermediate_size",
-             "shared_expert_intermediate_size", "shared_expert_gate"});
+             "shared_expert_intermediate_size", "shared_expert_gate", "dense_layers"});
     m.moe = MoeSpec{
         mr.integer("num_experts"), mr.integer("top_k"), mr.integer("expert_intermediate_size"),
         mr.integer("shared_expert_intermediate_size", 0), mr.boolean("shared_expert_gate", false)};
+    // The layers whose MLP is the dense one (intermediate_size), e.g. DeepSeek's first ones.
+    if (moe->contains("dense_layers")) m.dense_layers = mr.list<int64_t>("dense_layers", 0);
     if (auto e = mr.error()) return *e;
   }
   if (auto e = validate_model(m)) return make_error(path + ": " + e->message);
@@ -219,17 +221,21 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
   m.activation = Activation::kSwiGlu;
   int64_t experts = given("num_local_experts") ? count("num_local_experts", 0)
                                                : count("num_experts", 0);
-  if (experts > 0 && type == "qwen3_moe") {
-    // Qwen3-MoE's layer pattern (transformers' Qwen3MoeDecoderLayer): a layer is an MoE layer
-    // unless it is listed in mlp_only_layers, and only every decoder_sparse_step-th layer is.
-    // Every layer here is one or the other kind, as in the published Qwen3-MoE models.
-    bool every = count("decoder_sparse_step", 1) == 1 &&
-                 (!given("mlp_only_layers") || r.at("mlp_only_layers").size() == 0);
-    if (!every)
-      return make_error(path + ": decoder_sparse_step and mlp_only_layers mix dense and MoE "
-                        "layers, which is not modelled yet (valid: decoder_sparse_step 1 and no "
-                        "mlp_only_layers, every layer an MoE layer)");
+  if (experts > 0 && (type == "qwen3_moe" || type == "qwen2_moe")) {
+    // The layer pattern of transformers' Qwen2MoeDecoderLayer and Qwen3MoeDecoderLayer: layer l
+    // is an MoE layer when it is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0,
+    // else a dense MLP of intermediate_size.
+    int64_t step = count("decoder_sparse_step", 1);
+    std::vector<int64_t> only;
+    if (given("mlp_only_layers"))
+      for (size_t i = 0; i < r.at("mlp_only_layers").size(); ++i)
+        only.push_back(r.at("mlp_only_layers").at(i).integer(0, m.layers - 1));
+    for (int64_t l = 0; l < m.layers; ++l)
+      if (std::find(only.begin(), only.end(), l) != only.end() || (l + 1) % step != 0)
+        m.dense_layers.push_back(l);
+    if (static_cast<int64_t>(m.dense_layers.size()) == m.layers) experts = 0;  // all dense
   }
+  if (experts == 0) m.dense_layers.clear();
   if (experts > 0) {
     int64_t shared = count("shared_expert_intermediate_size", 0);
     m.moe = MoeSpec{experts, count("num_experts_per_tok", 2), count("moe_intermediate_size", m.ffn),

@@ -4,10 +4,12 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <functional>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "planner/inputs/catalog.hpp"
@@ -154,7 +156,61 @@ Result<ConfigSetup> nanotron_config(const std::string& text, const std::string& 
     nlohmann::json hf = to_json(mc, budget);
     if (hf.contains("is_qwen2_config") && hf["is_qwen2_config"] == true)
       hf["model_type"] = hf.contains("moe_config") && !hf["moe_config"].is_null() ? "qwen2_moe" : "qwen2";
+    // nanotron's Qwen2Config defaults attention_bias to false (transformers' Qwen2 has the bias).
+    if (hf.contains("is_qwen2_config") && hf["is_qwen2_config"] == true &&
+        !hf.contains("attention_bias"))
+      hf["attention_bias"] = false;
     hf.erase("is_llama_config"), hf.erase("is_qwen2_config");
+    // nanotron's MoEConfig (src/nanotron/config/models_config.py at huggingface/nanotron
+    // 2411b02), as nanotron.nn.moe.Qwen2MoELayer builds it: num_experts experts of
+    // moe_intermediate_size, top_k of them per token, a shared expert of
+    // shared_expert_intermediate_size with a sigmoid gate Linear(hidden, 1) when
+    // enable_shared_expert, in the layers listed (layers [-1]: all); the others keep the dense
+    // MLP of intermediate_size (Qwen2DecoderLayer). Its defaults stand where a key is absent.
+    if (hf.contains("moe_config") && !hf["moe_config"].is_null()) {
+      const nlohmann::json mc = hf["moe_config"];
+      const std::string at = "model.model_config.moe_config";
+      if (!mc.is_object()) throw ConfigError(at + ": expected a mapping");
+      if (hf.value("model_type", std::string()) != "qwen2_moe")
+        throw ConfigError(at + ": nanotron's MoE layers are Qwen2's (valid: with is_qwen2_config: "
+                          "true)");
+      auto integer = [&](const char* key, int64_t fallback) -> int64_t {
+        if (!mc.contains(key) || mc[key].is_null()) return fallback;
+        if (!mc[key].is_number_integer() || mc[key].get<int64_t>() < 0)
+          throw ConfigError(at + "." + key + ": expected a whole number, got " + mc[key].dump());
+        return mc[key].get<int64_t>();
+      };
+      std::string dispatcher = mc.value("token_dispatcher_type", std::string("alltoall"));
+      if (dispatcher != "alltoall")
+        throw ConfigError(at + ".token_dispatcher_type: " + quote_input(dispatcher) +
+                          " changes the memory in a way nanoplan does not model yet (valid: "
+                          "alltoall)");
+      bool shared = mc.contains("enable_shared_expert") && mc["enable_shared_expert"].is_boolean()
+                        ? mc["enable_shared_expert"].get<bool>()
+                        : false;
+      hf["num_experts"] = integer("num_experts", 8);
+      hf["num_experts_per_tok"] = integer("top_k", 2);
+      hf["moe_intermediate_size"] = integer("moe_intermediate_size", 1408);
+      hf["shared_expert_intermediate_size"] =
+          shared ? integer("shared_expert_intermediate_size", 5632) : 0;
+      std::vector<int64_t> layers{-1};
+      if (mc.contains("layers") && !mc["layers"].is_null()) {
+        if (!mc["layers"].is_array()) throw ConfigError(at + ".layers: expected a list of layers");
+        layers.clear();
+        for (const nlohmann::json& l : mc["layers"]) {
+          if (!l.is_number_integer()) throw ConfigError(at + ".layers: expected layer numbers");
+          layers.push_back(l.get<int64_t>());
+        }
+      }
+      if (!(layers.size() == 1 && layers[0] == -1)) {
+        int64_t n = hf.value("num_hidden_layers", int64_t{0});
+        nlohmann::json dense = nlohmann::json::array();
+        for (int64_t l = 0; l < n; ++l)
+          if (std::find(layers.begin(), layers.end(), l) == layers.end()) dense.push_back(l);
+        hf["mlp_only_layers"] = dense;
+      }
+      hf.erase("moe_config");
+    }
     Result<ModelSpec> m = hf_config_from_json(hf, path + ": model.model_config");
     if (!m) return m.error();
     c.model = *m;
@@ -264,7 +320,7 @@ const std::set<std::string> kValueFlags = {
     "--recompute-modules", "--moe-expert-capacity-factor", "--cross-entropy-fusion-impl",
     "--transformer-impl", "--make-vocab-size-divisible-by", "--hidden-dropout",
     "--attention-dropout", "--attention-backend", "--moe-token-drop-policy",
-    "--moe-token-dispatcher-type", "--cp-comm-type", "--normalization",
+    "--moe-token-dispatcher-type", "--cp-comm-type", "--normalization", "--moe-layer-freq",
     "--position-embedding-type", "--max-position-embeddings", "--tokenizer-type", "--train-iters",
     "--lr", "--norm-epsilon", "--vocab-size", "--data-path"};
 const char* const kRead =
@@ -289,6 +345,66 @@ const std::map<std::string, std::string> kNotModelled = {
     {"--account-for-embedding-in-pipeline-split", "a pipeline split that counts the embedding"},
     {"--account-for-loss-in-pipeline-split", "a pipeline split that counts the loss"},
     {"--use-precision-aware-optimizer", "the precision-aware optimizer's reduced-precision states"}};
+
+namespace {
+
+// Megatron's --moe-layer-freq as one 0/1 entry per layer (1: MoE), or nullopt when it is neither a
+// whole number nor a list expression of [0/1, ...] terms, each optionally times a count, joined
+// by + and optionally parenthesised, of `layers` entries.
+std::optional<std::vector<int>> moe_layer_pattern(std::string text, int64_t layers) {
+  text.erase(std::remove_if(text.begin(), text.end(), ::isspace), text.end());
+  std::vector<int> out;
+  if (!text.empty() && std::all_of(text.begin(), text.end(), ::isdigit)) {
+    if (text.size() > 6) return std::nullopt;
+    int every = std::stoi(text);
+    if (every < 1) return std::nullopt;
+    for (int64_t l = 0; l < layers; ++l) out.push_back(l % every == 0 ? 1 : 0);
+    return out;
+  }
+  if (text.size() >= 2 && text.front() == '(' && text.back() == ')')
+    text = text.substr(1, text.size() - 2);
+  size_t at = 0;
+  while (at < text.size()) {
+    if (text[at] != '[') return std::nullopt;
+    size_t close = text.find(']', at);
+    if (close == std::string::npos) return std::nullopt;
+    std::vector<int> term;
+    for (size_t i = at + 1; i < close; ++i) {
+      if (text[i] == ',') continue;
+      if (text[i] != '0' && text[i] != '1') return std::nullopt;
+      term.push_back(text[i] - '0');
+    }
+    at = close + 1;
+    int64_t times = 1;
+    if (at < text.size() && text[at] == '*') {
+      size_t end = at + 1;
+      while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+      if (end == at + 1 || end - at > 7) return std::nullopt;
+      times = std::stoll(text.substr(at + 1, end - at - 1));
+      at = end;
+    }
+    for (int64_t k = 0; k < times && static_cast<int64_t>(out.size()) <= layers; ++k)
+      out.insert(out.end(), term.begin(), term.end());
+    if (at < text.size() && text[at++] != '+') return std::nullopt;
+  }
+  if (static_cast<int64_t>(out.size()) != layers) return std::nullopt;
+  return out;
+}
+
+// Layer indices as "0-2, 5".
+std::string format_layer_list(const std::vector<int64_t>& layers) {
+  std::string s;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    s += (s.empty() ? "" : ", ") + std::to_string(layers[i]) +
+         (j > i ? "-" + std::to_string(layers[j]) : "");
+    i = j + 1;
+  }
+  return s;
+}
+
+}  // namespace
 
 Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, int64_t dp) {
   // Words as a launch line has them; --flag=value is --flag value.
@@ -481,6 +597,22 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
       if (v != "uniform" && v != "block")
         return fail("--recompute-method " + quote_input(v) + " (valid: uniform, block)");
       method = v;
+    } else if (w == "--moe-layer-freq") {
+      // Megatron's pattern of MoE layers (megatron/training/arguments.py, moe_freq_type): an
+      // integer N (every N-th layer from layer 0 is MoE) or a list expression such as
+      // "([0]*3+[1]*58)", 1 for an MoE layer. The model decides the layers; the flag must agree.
+      std::optional<std::vector<int>> pattern = moe_layer_pattern(v, m.layers);
+      if (!pattern)
+        return fail("--moe-layer-freq " + quote_input(v) + " (valid: a whole number, or a list " +
+                    "of " + std::to_string(m.layers) + " 0/1 entries such as ([0]*3+[1]*58))");
+      std::vector<int> model(static_cast<size_t>(m.layers), m.moe ? 1 : 0);
+      for (int64_t l : m.dense_layers) model[static_cast<size_t>(l)] = 0;
+      if (*pattern != model)
+        return fail("--moe-layer-freq " + quote_input(v) + " differs from the model " + m.name +
+                    (m.moe ? ", whose dense layers are " +
+                                 (m.dense_layers.empty() ? std::string("none")
+                                                         : format_layer_list(m.dense_layers))
+                           : std::string(", which has no MoE layers")));
     } else if (w == "--moe-expert-capacity-factor") {
       char* end = nullptr;
       double f = std::strtod(v.c_str(), &end);

@@ -335,6 +335,17 @@ std::optional<Error> validate_model(const ModelSpec& m) {
       return fail("model " + m.name + ": [moe] top_k " + str(e.top_k) + " exceeds num_experts " +
                   str(e.num_experts));
   }
+  if (!m.dense_layers.empty()) {
+    if (!m.moe)
+      return fail("model " + m.name + ": dense_layers needs [moe] (the other layers' MLP)");
+    for (size_t i = 0; i < m.dense_layers.size(); ++i)
+      if (m.dense_layers[i] < 0 || m.dense_layers[i] >= m.layers ||
+          (i > 0 && m.dense_layers[i] <= m.dense_layers[i - 1]))
+        return fail("model " + m.name + ": dense_layers must be ascending layer indices from 0 to " +
+                    str(m.layers - 1) + ", got " + str(m.dense_layers[i]));
+    if (static_cast<int64_t>(m.dense_layers.size()) == m.layers)
+      return fail("model " + m.name + ": dense_layers lists every layer; drop [moe] instead");
+  }
   return std::nullopt;
 }
 
@@ -403,6 +414,10 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (!t.grad_accum_fusion && t.impl != Impl::kMegatron)
     return fail("--gradient-accumulation-fusion off is Megatron's and needs --impl megatron; use "
                 "--gradient-accumulation-fusion on");
+  // The auto planner's stage solver is set up for one layer graph per model (autoplan.cpp).
+  if (m.moe && !m.dense_layers.empty() && t.recompute == Recompute::kAuto)
+    return fail(m.name + " has dense and MoE layers, which --recompute auto does not plan yet "
+                "(valid: --recompute none, selective or full)");
   // transformers' Qwen3RMSNorm on q and k is PyTorch ops, keeping fp32 copies per head that the
   // hf profile's norm (kRmsNormHf) would have to model per head; not modelled yet.
   if (m.qk_norm && t.impl == Impl::kHf)

@@ -85,7 +85,10 @@ struct ModelSpec {
   bool linear_bias = false;  // bias on the attention output projection and MLP linears
   bool tie_embeddings = false;
   double dropout = 0.0;                        // hidden and attention dropout probability
-  std::optional<MoeSpec> moe;                  // every decoder layer is an MoE layer when set
+  std::optional<MoeSpec> moe;                  // the decoder layers' MLP is MoE when set ...
+  // ... except these decoder layers (0-based, ascending), whose MLP is the dense one of width ffn:
+  // DeepSeek's first_k_dense_replace, Qwen3-MoE's mlp_only_layers, Megatron's --moe-layer-freq.
+  std::vector<int64_t> dense_layers;
   std::optional<int64_t> expected_parameters;  // the public exact count, when there is one
 };
 

@@ -128,7 +128,7 @@ StageShape stage_shape(const ModelSpec& m, const TrainSpec& t, const RuntimeAssu
                    {}};
   shape.fixed = fixed_overhead_bytes(
       m, t, rt,
-      {layers > 0 ? &blocks.layer : nullptr, shape.head ? &blocks.head : nullptr, s == 0,
+      {layers > 0 ? &blocks.layer : nullptr, nullptr, shape.head ? &blocks.head : nullptr, s == 0,
        t.pp_schedule == PpSchedule::kInterleaved ? t.virtual_stages : 1, layers});
   if (t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages > 1) {
     std::vector<int64_t> chunks = chunk_layers(m, t);

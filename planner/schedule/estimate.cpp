@@ -25,7 +25,11 @@ StageBlocks stage_blocks(const StageProgram& p) {
   StageBlocks b;
   int chunk = -1;
   for (const StageBlock& blk : p.blocks) {
-    if (blk.kind == BlockKind::kLayer) b.layer = blk.graph.get(), ++b.layers;
+    if (blk.kind == BlockKind::kLayer) {
+      if (!b.layer) b.layer = blk.graph.get();
+      if (blk.graph.get() != b.layer) b.other_layer = blk.graph.get();  // dense and MoE layers
+      ++b.layers;
+    }
     if (blk.kind == BlockKind::kHead) b.head = blk.graph.get();
     if (blk.kind == BlockKind::kEmbedding) b.embedding = true;
     chunk = std::max(chunk, blk.chunk);

@@ -42,6 +42,7 @@ json model_spec_to_json(const ModelSpec& m) {
                 {"expert_intermediate_size", m.moe->expert_ffn},
                 {"shared_expert_intermediate_size", m.moe->shared_ffn},
                 {"shared_expert_gate", m.moe->shared_gate}};
+  if (m.moe && !m.dense_layers.empty()) j["moe"]["dense_layers"] = m.dense_layers;
   return j;
 }
 
@@ -107,11 +108,14 @@ Result<ModelSpec> model_spec_from_json(const json& j) {
     if (r.has("moe")) {
       Reader e = r.at("moe");
       e.only({"num_experts", "top_k", "expert_intermediate_size",
-              "shared_expert_intermediate_size", "shared_expert_gate"});
+              "shared_expert_intermediate_size", "shared_expert_gate", "dense_layers"});
       m.moe = MoeSpec{e.at("num_experts").positive(), e.at("top_k").positive(),
                       e.at("expert_intermediate_size").positive(),
                       e.at("shared_expert_intermediate_size").integer(0, INT64_MAX),
                       e.at("shared_expert_gate").boolean()};
+      if (e.has("dense_layers"))
+        for (size_t i = 0; i < e.at("dense_layers").size(); ++i)
+          m.dense_layers.push_back(e.at("dense_layers").at(i).integer(0, INT32_MAX));
     }
     if (auto e = validate_model(m)) return make_error("plan: model: " + e->message);
     if (r.has("parameters")) {
@@ -259,9 +263,10 @@ StageBlock read_block(const Reader& r, const BlockGraphs& graphs) {
   constexpr BlockKind kinds[] = {BlockKind::kEmbedding, BlockKind::kLayer, BlockKind::kHead};
   r.only({"kind", "layer", "policy", "recomputed_ops", "kept_tensors", "saved_bytes", "chunk"});
   BlockKind kind = lookup(r.at("kind"), kinds);
-  std::shared_ptr<const BlockGraph> g = graphs.of(kind);
+  const int layer = static_cast<int>(r.at("layer").integer(-1, INT32_MAX));
+  std::shared_ptr<const BlockGraph> g = graphs.of(kind, layer);
   StageBlock b{kind,
-               static_cast<int>(r.at("layer").integer(-1, INT32_MAX)),
+               layer,
                g,
                {std::vector<bool>(g->ops.size(), false), r.at("policy").text()},
                {},

@@ -70,6 +70,7 @@ std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t
   // the op table holds as each linear's backward workspace (dense_wgrad), and makes no dummy.
   std::vector<std::pair<int64_t, int64_t>> shapes;
   if (b.layer && t.grad_accum_fusion) fused_wgrad_shapes(*b.layer, shapes);
+  if (b.other_layer && t.grad_accum_fusion) fused_wgrad_shapes(*b.other_layer, shapes);
   if (b.head && t.grad_accum_fusion) fused_wgrad_shapes(*b.head, shapes);
   std::sort(shapes.begin(), shapes.end());
   shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());

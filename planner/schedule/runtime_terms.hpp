@@ -31,6 +31,7 @@ std::vector<int64_t> allocations_of(const OverheadLine& o);
 // The blocks a pipeline stage holds, as the framework terms need them.
 struct StageBlocks {
   const BlockGraph* layer = nullptr;  // the decoder layer's graph, when the stage has layers
+  const BlockGraph* other_layer = nullptr;  // a mixed model's other kind of layer on the stage
   const BlockGraph* head = nullptr;   // the head block's graph, on the last stage
   bool embedding = false;             // the stage holds the embedding (the first stage)
   int64_t chunks = 1;                 // model chunks on the stage (interleaved: virtual stages)

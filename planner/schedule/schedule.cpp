@@ -217,14 +217,16 @@ class ProgramBuilder {
   ProgramBuilder(const ModelSpec& m, const TrainSpec& t, int stage,
                  const std::vector<std::vector<int>>& layers, std::shared_ptr<const BlockGraph> emb,
                  std::shared_ptr<const BlockGraph> layer, std::shared_ptr<const BlockGraph> head,
-                 const BlockPolicies* policies, int64_t microbatches)
+                 const BlockPolicies* policies, int64_t microbatches,
+                 std::shared_ptr<const BlockGraph> dense = nullptr)
       : m_(m), t_(t), policies_(policies), microbatches_(microbatches) {
     p_.stage = stage;
     const int chunks = static_cast<int>(layers.size());
     for (int c = 0; c < chunks; ++c) {
       chunk_begin_.push_back(static_cast<int>(p_.blocks.size()));
       if (stage == 0 && c == 0) add_block(BlockKind::kEmbedding, -1, emb, c);
-      for (int l : layers[c]) add_block(BlockKind::kLayer, l, layer, c);
+      for (int l : layers[c])  // a mixed model's dense layers take the dense graph
+        add_block(BlockKind::kLayer, l, dense && dense_layer(m, l) ? dense : layer, c);
       if (stage == t.pp - 1 && c == chunks - 1) add_block(BlockKind::kHead, -1, head, c);
     }
     chunk_begin_.push_back(static_cast<int>(p_.blocks.size()));
@@ -630,6 +632,8 @@ Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolic
   auto emb = std::make_shared<const BlockGraph>(build_embedding(m, t));
   auto layer = std::make_shared<const BlockGraph>(build_layer(m, t));
   auto head = std::make_shared<const BlockGraph>(build_head(m, t));
+  auto dense = mixed_layers(m) ? std::make_shared<const BlockGraph>(build_dense_layer(m, t))
+                               : nullptr;
   Schedule s{m, t, {}};
   // Each stage's layers by local chunk: chunk j of the model is stage j mod pp's chunk j / pp.
   std::vector<int64_t> counts = chunk_layers(m, t);
@@ -644,7 +648,7 @@ Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolic
   auto build_stage = [&](int stage) {
     int64_t mbs = t.microbatches;
     if (peak_only && t.pp_schedule == PpSchedule::k1F1B) mbs = std::min(mbs, t.pp - stage);
-    ProgramBuilder pb(m, t, stage, layers[stage], emb, layer, head, policies, mbs);
+    ProgramBuilder pb(m, t, stage, layers[stage], emb, layer, head, policies, mbs, dense);
     s.stages[static_cast<size_t>(stage)] = pb.build();
   };
   int threads = static_cast<int>(std::min<int64_t>(t.pp, std::thread::hardware_concurrency()));
