@@ -155,8 +155,8 @@ check "--tp-comm-overlap on without SP: exit 2, one line" \
 check "--megatron-args --tp-comm-overlap: read, and --emit megatron writes it back" \
   '[ $rc -eq 0 ] && grep -q -- "--tp-comm-overlap" "$TMP/out" || { cat "$TMP/err"; false; }'
 # Dense layers among MoE layers ([moe] dense_layers: DeepSeek's first layers, Qwen-MoE's
-# mlp_only_layers): estimated under the named policies; the auto planner and sweep refuse them in
-# one line until they plan such models.
+# mlp_only_layers): estimated and planned per layer kind (the auto planner solves each kind's
+# options), swept; --partition auto refused in one line until it searches such models.
 cp "$SRC_DIR/models/qwen3-30b-a3b.toml" "$TMP/mixed.toml"
 sed -i -e 's/^name = .*/name = "qwen3-30b-a3b-mixed"/' -e '/^aliases/d' "$TMP/mixed.toml"
 printf 'dense_layers = [0, 1]\n' >>"$TMP/mixed.toml"
@@ -164,12 +164,15 @@ printf 'dense_layers = [0, 1]\n' >>"$TMP/mixed.toml"
 "$NP" estimate --model qwen3-30b-a3b --ep 8 --dp 8 --zero 1 --recompute full --format json >"$TMP/allmoe.json" 2>>"$TMP/err"
 check "[moe] dense_layers: two layers' experts traded for dense MLPs in the count and the bytes" \
   'python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:3]); sys.exit(0 if a[\"model\"][\"parameters\"] == b[\"model\"][\"parameters\"] - 2*(128*3*2048*768 + 128*2048) + 2*3*2048*6144 and a[\"peak_bytes\"] != b[\"peak_bytes\"] else 1)" "$TMP/mixed.json" "$TMP/allmoe.json" || { cat "$TMP/err"; false; }'
-"$NP" estimate --model "$TMP/mixed.toml" --ep 8 --dp 8 --budget 80GB >"$TMP/out" 2>"$TMP/err"; rc=$?
-check "dense and MoE layers under --recompute auto: exit 2, one line naming the policies that work" \
-  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "valid: --recompute none, selective or full" "$TMP/err" && [ ! -s "$TMP/out" ]'
-"$NP" sweep --model "$TMP/mixed.toml" --gpus 8 --budget 80GB >"$TMP/out" 2>"$TMP/err"; rc=$?
-check "sweep of a model with dense and MoE layers: exit 2, one line" \
-  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "dense and MoE layers" "$TMP/err"'
+"$NP" estimate --model "$TMP/mixed.toml" --ep 8 --dp 8 --zero 1 --pp 2 --budget 60GB --format json >"$TMP/mixedauto.json" 2>"$TMP/err"; rc=$?
+check "dense and MoE layers under --recompute auto: a plan that fits, each layer an option of its own kind" \
+  'python3 -c "import json,sys; j=json.load(open(sys.argv[1])); p=j[\"plan\"]; names=[l[\"option\"] for s in p[\"per_stage\"] for l in s[\"layers\"]]; sys.exit(0 if j[\"fits\"] and len(names)==48 and all((\"moe.\" in n) == (i>1) for i,n in enumerate(names) if n.startswith(\"custom\")) and p[\"dense_frontier\"] else 1)" "$TMP/mixedauto.json" || { cat "$TMP/err"; false; }'
+"$NP" estimate --model "$TMP/mixed.toml" --ep 8 --dp 8 --pp 2 --budget 80GB --partition auto >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "dense and MoE layers under --partition auto: exit 2, one line naming what works" \
+  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "valid: --partition balanced" "$TMP/err" && [ ! -s "$TMP/out" ]'
+"$NP" sweep --model "$TMP/mixed.toml" --gpus 8 --budget 80GB --top 3 >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "sweep of a model with dense and MoE layers: ranked setups" \
+  '[ $rc -eq 0 ] && grep -q "^   1 " "$TMP/out" || { cat "$TMP/err"; false; }'
 # Labels that say what the setup does.
 "$NP" estimate --model llama-3.1-8b --dp 2 --zero 3 >"$TMP/z3.txt" 2>&1
 check "ZeRO-3: the gradient and optimizer lines say ZeRO-3" \

@@ -310,6 +310,56 @@ TEST(AutoPlan, ExecutorRunsAMixedPlan) {
   expect_bitwise_equal(*ref, *run);
 }
 
+// A model with dense layers among its MoE layers: each kind's own frontier, every layer an option
+// of its kind, the plan within its budget as the executor measures it, event-exact, and the
+// loss and gradients bitwise those of no recompute; under 1F1B and the interleaved schedule.
+TEST(AutoPlan, MixedLayersEachOnItsOwnFrontier) {
+  auto sc = load_scenario(std::string(NANOPLAN_SOURCE_DIR) + "/scenarios/tiny-moe-mixed.toml",
+                          testing::catalog());
+  ASSERT_TRUE(sc.ok()) << sc.error().message;
+  for (PpSchedule sched : {PpSchedule::k1F1B, PpSchedule::kInterleaved}) {
+    TrainSpec t = sc->base;
+    t.tp = 2, t.sp = true, t.pp = 2, t.pp_schedule = sched, t.recompute = Recompute::kAuto;
+    t.virtual_stages = sched == PpSchedule::kInterleaved ? 2 : 1;
+    ASSERT_FALSE(validate_setup(sc->model, t));
+    RuntimeAssumptions rt;
+    rt.cuda_context_bytes = rt.cublas_workspace_bytes = rt.nccl_bytes_per_comm = 0;
+    rt.allocator.model = AllocatorModel::kExact;
+    AutoPlan loose = auto_plan(sc->model, t, rt, 1LL << 40, default_hardware());
+    ASSERT_FALSE(loose.dense_frontier.options.empty());
+    int64_t b = (*loose.peak_full + *loose.peak_none) / 2;
+    AutoPlan p = auto_plan(sc->model, t, rt, b, default_hardware());
+    ASSERT_TRUE(p.fits) << name_of(sched);
+    BlockGraphs graphs(sc->model, t);
+    for (const StageProgram& st : p.schedule.stages)
+      for (const StageBlock& blk : st.blocks) {
+        if (blk.kind != BlockKind::kLayer) continue;
+        const bool dense = dense_layer(sc->model, blk.layer);
+        EXPECT_EQ(blk.policy.recompute.size(),
+                  (dense ? graphs.dense_layer : graphs.layer)->ops.size())
+            << blk.layer;
+        const auto& names = dense ? p.dense_option_names : p.option_names;
+        EXPECT_NE(std::find(names.begin(), names.end(), blk.policy.name), names.end())
+            << blk.layer << " " << blk.policy.name;
+      }
+    exec::RunOptions o;
+    o.capture_grads = true;
+    auto run = exec::run_schedule(
+        p.schedule, [] { return exec::make_cpu_backend(); }, o);
+    ASSERT_TRUE(run.ok()) << run.error().message;
+    exec::RunComparison c = exec::compare(p.schedule, *run, "auto");
+    EXPECT_TRUE(c.all_equal) << exec::comparison_table(c);
+    for (const exec::RankComparison& r : c.ranks) EXPECT_LE(r.measured, b);
+    TrainSpec none = t;
+    none.recompute = Recompute::kNone;
+    none.tp_recompute_allgather = false;
+    auto ref = exec::run_schedule(
+        build_schedule(sc->model, none), [] { return exec::make_cpu_backend(); }, o);
+    ASSERT_TRUE(ref.ok());
+    expect_bitwise_equal(*ref, *run);
+  }
+}
+
 // The LM head's options are planned with the layers: under AFAB the last stage keeps the head's
 // saved tensors (logits-sized with a 128k vocabulary) for every micro-batch, and at tight budgets
 // the plan re-runs part of the head instead of more of the layers. Every plan stays within its

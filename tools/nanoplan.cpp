@@ -361,6 +361,10 @@ Resolved resolve(const Flags& f) {
   np::ResolvedSetup r = check(np::resolve_setup(
       {f.model, f.nanotron_config, f.megatron_args, models_dir(f)}, f.setup, budgeted(f),
       [](const std::string& line) { std::cerr << "nanoplan: " << line << "\n"; }));
+  if (r.model.moe && !r.model.dense_layers.empty() && f.setup["--partition"] == "auto" &&
+      r.setup.recompute == np::Recompute::kAuto)
+    die(r.model.name + " has dense and MoE layers, which --partition auto does not search yet "
+        "(valid: --partition balanced, or layer counts)");
   return {std::move(r.model), std::move(r.setup)};
 }
 
@@ -1042,9 +1046,9 @@ int run_sweep(const Flags& f) {
         " for sweep (valid: balanced, auto; layer counts depend on pp)");
   auto catalog = check(np::load_model_catalog(models_dir(f)));
   np::ModelSpec m = check(np::resolve_model(catalog, f.model));
-  if (m.moe && !m.dense_layers.empty())
-    die(m.name + " has dense and MoE layers, which sweep's --recompute auto does not plan yet "
-        "(valid: nanoplan estimate with --recompute none, selective or full)");
+  if (m.moe && !m.dense_layers.empty() && f.setup["--partition"] == "auto")
+    die(m.name + " has dense and MoE layers, which --partition auto does not search yet (valid: "
+        "--partition balanced)");
   np::SweepOptions o = make_sweep_options(f);
   for (int64_t ep : o.expert_parallel)
     if (ep > 1 && !m.moe)

@@ -414,10 +414,6 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (!t.grad_accum_fusion && t.impl != Impl::kMegatron)
     return fail("--gradient-accumulation-fusion off is Megatron's and needs --impl megatron; use "
                 "--gradient-accumulation-fusion on");
-  // The auto planner's stage solver is set up for one layer graph per model (autoplan.cpp).
-  if (m.moe && !m.dense_layers.empty() && t.recompute == Recompute::kAuto)
-    return fail(m.name + " has dense and MoE layers, which --recompute auto does not plan yet "
-                "(valid: --recompute none, selective or full)");
   // transformers' Qwen3RMSNorm on q and k is PyTorch ops, keeping fp32 copies per head that the
   // hf profile's norm (kRmsNormHf) would have to model per head; not modelled yet.
   if (m.qk_norm && t.impl == Impl::kHf)

@@ -90,9 +90,10 @@ EdgeOptions edge_options(const BlockGraph& g, const TrainSpec& t, const Hardware
   return e;
 }
 
-// The blocks of a model under one setup.
+// The blocks of a model under one setup; `dense` a mixed model's dense layer (else empty).
 struct Blocks {
   BlockGraph layer, embedding, head;
+  std::optional<BlockGraph> dense;
 };
 
 // A stage as the solver sees it: what it holds besides the decoder layers' options.
@@ -108,15 +109,22 @@ struct StageShape {
   // otherwise (one chunk, `in_flight` micro-batches).
   std::vector<int64_t> chunk_layers;
   std::vector<ChunkLoad> loads;
+  // A mixed model: per layer of the stage in block order, whether it is a dense layer, and the
+  // dense layers' ZeRO transient (empty and 0 otherwise).
+  std::vector<bool> dense;
+  int64_t dense_zero = 0;
 };
 
+// `list`: the stage's decoder layers in block order, where they matter (a mixed model's); else
+// any `layers` layers.
 StageShape stage_shape(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
                        const Blocks& blocks, const StageStatics& statics, int64_t s,
-                       int64_t layers) {
+                       int64_t layers, const std::vector<int>* list = nullptr) {
   StageStatics::ZeroTransients z = statics.zero_transients(static_cast<int>(s));
   StageShape shape{s,
                    in_flight(t.pp_schedule, s, t.pp, t.microbatches, t.virtual_stages),
-                   statics(static_cast<int>(s), static_cast<int>(layers)),
+                   list ? statics(static_cast<int>(s), *list)
+                        : statics(static_cast<int>(s), static_cast<int>(layers)),
                    layers,
                    s == 0,
                    s == t.pp - 1,
@@ -126,9 +134,18 @@ StageShape stage_shape(const ModelSpec& m, const TrainSpec& t, const RuntimeAssu
                    z.head,
                    {},
                    {}};
+  bool any_dense = false, any_moe = false;
+  if (blocks.dense && list)
+    for (int l : *list) {
+      shape.dense.push_back(dense_layer(m, l));
+      (shape.dense.back() ? any_dense : any_moe) = true;
+    }
+  shape.dense_zero = z.dense_layer;
+  const BlockGraph* first = any_dense && !any_moe ? &*blocks.dense : &blocks.layer;
   shape.fixed = fixed_overhead_bytes(
       m, t, rt,
-      {layers > 0 ? &blocks.layer : nullptr, nullptr, shape.head ? &blocks.head : nullptr, s == 0,
+      {layers > 0 ? first : nullptr, any_dense && any_moe ? &*blocks.dense : nullptr,
+       shape.head ? &blocks.head : nullptr, s == 0,
        t.pp_schedule == PpSchedule::kInterleaved ? t.virtual_stages : 1, layers});
   if (t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages > 1) {
     std::vector<int64_t> chunks = chunk_layers(m, t);
@@ -154,10 +171,14 @@ struct StageChoice {
 
 class StageSolver {
  public:
+  // `dense`: a mixed model's dense-layer options (null otherwise).
   StageSolver(const std::vector<LayerOption>& layer, const EdgeOptions& embedding,
-              const EdgeOptions& head, FrontierCache::Entry& entry)
+              const EdgeOptions& head, FrontierCache::Entry& entry,
+              const std::vector<LayerOption>* dense = nullptr)
       : embedding_(embedding), head_(head), entry_(entry) {
     for (const LayerOption& o : layer) layer_.push_back({o.kept_bytes, o.working_bytes, o.cost});
+    if (dense)
+      for (const LayerOption& o : *dense) dense_.push_back({o.kept_bytes, o.working_bytes, o.cost});
   }
 
   // The cheapest plan within `target` allocator bytes, over every option of the stage's
@@ -260,9 +281,14 @@ class StageSolver {
       // tensors not yet made or already freed: its transient term is less by their bytes (as
       // the chunk model's, solve.hpp).
       const int64_t after = s.head ? head_.options[h].kept_bytes : 0;
-      std::vector<StageOption> opts = layer_;
+      std::vector<StageOption> opts = layer_, dense = dense_;
       for (StageOption& o : opts) o.working += s.layer_zero - after;
-      p.layers.assign(s.layers, opts);
+      for (StageOption& o : dense) o.working += s.dense_zero - after;
+      if (s.dense.empty()) {
+        p.layers.assign(s.layers, opts);
+      } else {  // each layer its kind's options
+        for (bool d : s.dense) p.layers.push_back(d ? dense : opts);
+      }
       f(p, e, h);
     }
   }
@@ -279,16 +305,27 @@ class StageSolver {
   // stage's chunk 0, the head block after those of the last stage's last chunk.
   template <typename F>
   void each_chunked(const StageShape& s, int64_t target, F f) const {
-    std::vector<StageOption> opts = layer_;
+    std::vector<StageOption> opts = layer_, dense = dense_;
     for (StageOption& o : opts) o.working += s.layer_zero;
+    for (StageOption& o : dense) o.working += s.dense_zero;
     for (auto [e, h] : edge_pairs(s)) {
       ChunkedStageProblem p;
       p.budget = target;
       p.base = s.static_bytes;
       p.loads = s.loads;
-      for (int64_t n : s.chunk_layers)
-        p.chunks.push_back(
-            {{}, {}, std::vector(n, opts), choices(n, s, opts, target - s.static_bytes)});
+      size_t first = 0;
+      for (int64_t n : s.chunk_layers) {
+        if (s.dense.empty()) {
+          p.chunks.push_back(
+              {{}, {}, std::vector(n, opts), choices(n, s, opts, target - s.static_bytes)});
+          continue;
+        }
+        // A mixed model's chunk: each layer its kind's options (the solver finds its choices).
+        std::vector<std::vector<StageOption>> layers;
+        for (int64_t l = 0; l < n; ++l) layers.push_back(s.dense[first + l] ? dense : opts);
+        first += static_cast<size_t>(n);
+        p.chunks.push_back({{}, {}, std::move(layers), nullptr});
+      }
       if (s.embedding) {
         const LayerOption& o = embedding_.options[e];
         p.chunks.front().before = {o.kept_bytes, o.working_bytes + s.embedding_zero, o.cost};
@@ -324,7 +361,7 @@ class StageSolver {
     return known->choices;
   }
 
-  std::vector<StageOption> layer_;
+  std::vector<StageOption> layer_, dense_;
   const EdgeOptions &embedding_, &head_;
   FrontierCache::Entry& entry_;
 };
@@ -416,9 +453,14 @@ class PlanSteps {
     // Start from no recompute everywhere.
     plan_.layer_policies.assign(
         m.layers, BlockPolicy{plan_.frontier.options.front().recompute, plan_.option_names.front()});
+    if (blocks.dense)
+      for (int64_t l : m.dense_layers)
+        plan_.layer_policies[static_cast<size_t>(l)] = {
+            plan_.dense_frontier.options.front().recompute, plan_.dense_option_names.front()};
     const std::vector<int64_t> counts = partition_layers(m, t);
     for (int64_t s = 0; s < t.pp; ++s) {
-      StageShape shape = stage_shape(m, t, rt, blocks, statics, s, counts[s]);
+      StageShape shape = stage_shape(m, t, rt, blocks, statics, s, counts[s],
+                                     blocks.dense ? &stage_layers_[s] : nullptr);
       shapes_.push_back(shape);
       target_.push_back(allocator_budget(budget, shape.fixed));
       plan_.stages.push_back({static_cast<int>(s), false, 0, {}, true, 0, 0});
@@ -527,10 +569,13 @@ class PlanSteps {
     plan_.stages[st].proven = c.proven;
     plan_.stages[st].recompute = c.cost;
     plan_.stages[st].recompute_lower = c.proven ? c.cost : c.lower;
-    for (size_t l = 0; l < c.layers.choice.size(); ++l)
-      plan_.layer_policies[stage_layers_[st][l]] = {
-          plan_.frontier.options[c.layers.choice[l]].recompute,
-          plan_.option_names[c.layers.choice[l]]};
+    for (size_t l = 0; l < c.layers.choice.size(); ++l) {
+      const int layer = stage_layers_[st][l], o = c.layers.choice[l];
+      const bool dense = dense_layer(m_, layer);  // a mixed model's: its own frontier
+      plan_.layer_policies[layer] = {
+          (dense ? plan_.dense_frontier : plan_.frontier).options[o].recompute,
+          (dense ? plan_.dense_option_names : plan_.option_names)[o]};
+    }
     if (shapes_[st].embedding)
       plan_.embedding_policy =
           BlockPolicy{embedding_.options[c.embedding].recompute, embedding_.names[c.embedding]};
@@ -575,7 +620,8 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
                    int64_t budget, const HardwareModel& hw, const AutoPlanOptions& options) {
   AutoPlan plan;
   TrainSpec t = setup;  // with the searched partition, when asked for
-  const Blocks blocks{build_layer(m, t), build_embedding(m, t), build_head(m, t)};
+  const Blocks blocks{build_layer(m, t), build_embedding(m, t), build_head(m, t),
+                      mixed_layers(m) ? std::optional(build_dense_layer(m, t)) : std::nullopt};
   // The frontier depends on the layer graph, the hardware's times and whether all-gathers may be
   // kept.
   std::string key = hw.name + "/" + layer_graph_key(t) + "/regather" +
@@ -584,11 +630,20 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   FrontierCache& cache = options.cache ? *options.cache : own;
   std::shared_ptr<FrontierCache::Entry> entry = cached_frontier(cache, key, blocks.layer, t, hw);
   plan.frontier = entry->frontier, plan.option_names = entry->names;
+  if (blocks.dense) {  // the dense layers' own frontier, cached beside the MoE layer's
+    std::shared_ptr<FrontierCache::Entry> dense =
+        cached_frontier(cache, key + "/dense", *blocks.dense, t, hw);
+    plan.dense_frontier = dense->frontier, plan.dense_option_names = dense->names;
+  }
   const EdgeOptions embedding = edge_options(blocks.embedding, t, hw),
                     head = edge_options(blocks.head, t, hw);
-  const StageSolver solver(plan.frontier.options, embedding, head, *entry);
+  const StageSolver solver(plan.frontier.options, embedding, head, *entry,
+                           blocks.dense ? &plan.dense_frontier.options : nullptr);
   const StageStatics statics(m, t);  // per-stage constants; the split is an argument
   bool searched = false;
+  if (options.search_partition && blocks.dense)
+    throw std::invalid_argument(m.name + " has dense and MoE layers, which --partition auto does "
+                                "not search yet (valid: --partition balanced, or layer counts)");
   if (options.search_partition && t.pp > 1 && t.stage_layers.empty() &&
       t.pp_schedule != PpSchedule::kInterleaved)  // interleaved chunks stay balanced
     if (auto counts = search_partition(m, t, rt, budget, hw, blocks, statics, solver)) {

@@ -36,6 +36,10 @@ struct AutoPlan {
   bool fits = false;
   LayerFrontier frontier;                   // of the decoder-layer graph
   std::vector<std::string> option_names;    // per frontier option: "none", "full", "custom (...)"
+  // A mixed model's dense layers (ModelSpec::dense_layers): their own graph's frontier; frontier
+  // is then the MoE layers'. Empty otherwise.
+  LayerFrontier dense_frontier;
+  std::vector<std::string> dense_option_names;
   std::vector<BlockPolicy> layer_policies;  // per global layer, the chosen option's mask
   std::optional<BlockPolicy> embedding_policy, head_policy;  // the chosen options of those blocks
   std::vector<StagePlan> stages;

@@ -279,6 +279,20 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
            (n.on_frontier >= 0 ? "on the frontier (option " + std::to_string(n.on_frontier) + ")"
                                : "dominated by option " + std::to_string(n.dominated_by)) +
            "\n";
+  if (!p.dense_frontier.options.empty()) {  // a mixed model: the dense layers' own options
+    out += "dense layer options (the MoE model's dense layers): " +
+           std::to_string(p.dense_frontier.options.size()) + " on the frontier of " +
+           std::to_string(p.dense_frontier.evaluated) + " recompute choices:\n";
+    for (size_t i = 0; i < p.dense_frontier.options.size(); ++i) {
+      const LayerOption& o = p.dense_frontier.options[i];
+      char buf[512];
+      std::snprintf(buf, sizeof buf, "  %2zu%s %12s  %12s  %9.3f ms  %s\n", i,
+                    p.dense_frontier.on_hull[i] ? "*" : " ", format_binary(o.kept_bytes).c_str(),
+                    format_binary(o.working_bytes).c_str(), 1e3 * o.cost,
+                    p.dense_option_names[i].c_str());
+      out += buf;
+    }
+  }
   return out;
 }
 
@@ -307,15 +321,19 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
     }
     stages.push_back(st);
   }
-  nlohmann::json frontier = nlohmann::json::array();
-  for (size_t i = 0; i < p.frontier.options.size(); ++i) {
-    const LayerOption& o = p.frontier.options[i];
-    frontier.push_back({{"option", p.option_names[i]},
-                        {"kept_bytes", o.kept_bytes},
-                        {"working_bytes", o.working_bytes},
-                        {"recompute_seconds", o.cost},
-                        {"hull_vertex", static_cast<bool>(p.frontier.on_hull[i])}});
-  }
+  auto frontier_json = [](const LayerFrontier& f, const std::vector<std::string>& names) {
+    nlohmann::json out = nlohmann::json::array();
+    for (size_t i = 0; i < f.options.size(); ++i) {
+      const LayerOption& o = f.options[i];
+      out.push_back({{"option", names[i]},
+                     {"kept_bytes", o.kept_bytes},
+                     {"working_bytes", o.working_bytes},
+                     {"recompute_seconds", o.cost},
+                     {"hull_vertex", static_cast<bool>(f.on_hull[i])}});
+    }
+    return out;
+  };
+  nlohmann::json frontier = frontier_json(p.frontier, p.option_names);
   nlohmann::json j = {{"fits", p.fits},
                       {"step_seconds", p.time.seconds},
                       {"recompute_seconds", p.time.recompute_seconds},
@@ -330,6 +348,8 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
                       {"frontier", frontier},
                       {"all_gathers_redone", p.regathered},
                       {"all_gathers", p.gathers}};
+  if (!p.dense_frontier.options.empty())  // a mixed model's dense layers
+    j["dense_frontier"] = frontier_json(p.dense_frontier, p.dense_option_names);
   if (p.time_none) j["step_seconds_no_recompute"] = p.time_none->seconds;
   if (p.time_full) j["step_seconds_recompute_layer"] = p.time_full->seconds;
   return j;

@@ -246,8 +246,10 @@ class ProgramBuilder {
     StageStatics::ZeroTransients z;
     for (size_t b = p_.blocks.size(); b-- > 0;) {
       BlockKind k = p_.blocks[b].kind;
+      bool dense = k == BlockKind::kLayer && dense_layer(m_, p_.blocks[b].layer);
       (k == BlockKind::kEmbedding ? z.embedding
        : k == BlockKind::kHead    ? z.head
+       : dense                    ? z.dense_layer
                                   : z.layer) = gather_bytes(b) + bucket_bytes(b);
     }
     return z;
@@ -614,17 +616,32 @@ StageStatics::StageStatics(const ModelSpec& m, const TrainSpec& t)
       t_(t),
       emb_(std::make_shared<const BlockGraph>(build_embedding(m, t))),
       layer_(std::make_shared<const BlockGraph>(build_layer(m, t))),
-      head_(std::make_shared<const BlockGraph>(build_head(m, t))) {}
+      head_(std::make_shared<const BlockGraph>(build_head(m, t))),
+      dense_(mixed_layers(m) ? std::make_shared<const BlockGraph>(build_dense_layer(m, t))
+                             : nullptr) {}
 
 int64_t StageStatics::operator()(int stage, int layers) const {
-  std::vector<std::vector<int>> list(1);
-  for (int l = 0; l < layers; ++l) list[0].push_back(l);
-  return ProgramBuilder(m_, t_, stage, list, emb_, layer_, head_, nullptr, 0).static_bytes();
+  std::vector<int> list;
+  for (int l = 0; l < layers; ++l) list.push_back(l);
+  return (*this)(stage, list);
+}
+
+int64_t StageStatics::operator()(int stage, const std::vector<int>& layers) const {
+  return ProgramBuilder(m_, t_, stage, {layers}, emb_, layer_, head_, nullptr, 0, dense_)
+      .static_bytes();
 }
 
 StageStatics::ZeroTransients StageStatics::zero_transients(int stage) const {
   if (t_.zero < 2) return {};  // nothing gathered or bucketed per block
-  return ProgramBuilder(m_, t_, stage, {{0}}, emb_, layer_, head_, nullptr, 0).zero_transients();
+  std::vector<int> layers{mixed_layers(m_) ? static_cast<int>(m_.dense_layers.front()) : 0};
+  if (mixed_layers(m_))  // one layer of each kind: the first MoE layer too
+    for (int l = 0; l < m_.layers; ++l)
+      if (!dense_layer(m_, l)) {
+        layers.push_back(l);
+        break;
+      }
+  return ProgramBuilder(m_, t_, stage, {layers}, emb_, layer_, head_, nullptr, 0, dense_)
+      .zero_transients();
 }
 
 Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolicies* policies,

@@ -178,19 +178,21 @@ std::string format_ranges(const std::vector<int>& layers);
 class StageStatics {
  public:
   StageStatics(const ModelSpec& m, const TrainSpec& t);
-  int64_t operator()(int stage, int layers) const;
+  int64_t operator()(int stage, int layers) const;  // layers 0 .. layers - 1 (one kind of layer)
+  int64_t operator()(int stage, const std::vector<int>& layers) const;  // these decoder layers
   // ZeRO's transient bytes per block kind on a stage, live through the block's backward: its
   // gathered bf16 weights (ZeRO-3) plus its unsharded gradient bucket (ZeRO-2/3), sized as the
   // program allocates them (0 for a block the stage does not hold).
   struct ZeroTransients {
     int64_t embedding = 0, layer = 0, head = 0;
+    int64_t dense_layer = 0;  // a mixed model's dense layer (ModelSpec::dense_layers)
   };
   ZeroTransients zero_transients(int stage) const;
 
  private:
   ModelSpec m_;
   TrainSpec t_;
-  std::shared_ptr<const BlockGraph> emb_, layer_, head_;
+  std::shared_ptr<const BlockGraph> emb_, layer_, head_, dense_;
 };
 
 // Policies chosen block by block (the auto planner's plan): one per decoder layer, by global
