@@ -65,17 +65,21 @@ int main(int argc, char** argv) {
     const char* model;
     int64_t tp, pp, microbatches;
     int64_t budget;
+    int64_t ep = 1, dp = 1;  // MoE: experts over ep, carved out of dp
   };
   const Plan plans[] = {{"llama-3.1-70b", 8, 8, 8, 80'000'000'000},
                         {"llama-3.1-405b", 8, 16, 16, 80'000'000'000},
-                        {"llama-3.1-70b", 8, 1, 1, 170'000'000'000}};
-  std::printf("\n%-16s %4s %4s %6s %10s %8s %12s\n", "auto plan", "tp", "pp", "mb", "budget",
-              "fits", "median ms");
+                        {"llama-3.1-70b", 8, 1, 1, 170'000'000'000},
+                        {"qwen3-235b-a22b", 1, 8, 16, 80'000'000'000, 8, 8},
+                        {"qwen3-30b-a3b", 2, 1, 1, 80'000'000'000, 4, 4}};
+  std::printf("\n%-16s %4s %4s %4s %6s %10s %8s %12s\n", "auto plan", "tp", "pp", "ep", "mb",
+              "budget", "fits", "median ms");
   for (const Plan& c : plans) {
     np::ModelSpec m = *np::resolve_model(*catalog, c.model);
     np::TrainSpec t;
-    t.tp = c.tp, t.pp = c.pp, t.sp = true, t.microbatches = c.microbatches,
+    t.tp = c.tp, t.pp = c.pp, t.sp = c.tp > 1, t.microbatches = c.microbatches,
     t.pp_schedule = np::PpSchedule::k1F1B;
+    t.ep = c.ep, t.dp = c.dp, t.zero = c.dp > 1 ? 1 : 0;
     t.recompute = np::Recompute::kAuto;
     std::vector<double> ms;
     bool fits = false;
@@ -88,9 +92,9 @@ int main(int argc, char** argv) {
       fits = p.fits;
     }
     std::sort(ms.begin(), ms.end());
-    std::printf("%-16s %4lld %4lld %6lld %9lldG %8s %12.2f\n", c.model, (long long)c.tp,
-                (long long)c.pp, (long long)c.microbatches, (long long)(c.budget / 1000000000),
-                fits ? "yes" : "no", ms[ms.size() / 2]);
+    std::printf("%-16s %4lld %4lld %4lld %6lld %9lldG %8s %12.2f\n", c.model, (long long)c.tp,
+                (long long)c.pp, (long long)c.ep, (long long)c.microbatches,
+                (long long)(c.budget / 1000000000), fits ? "yes" : "no", ms[ms.size() / 2]);
   }
   // The sweep as `nanoplan sweep --model M --gpus N --budget 80GB` runs it (1F1B, one worker
   // thread per core): setups evaluated per second, median of 5.
@@ -99,12 +103,14 @@ int main(int argc, char** argv) {
     int64_t gpus;
     bool partition;           // --partition auto
     bool interleaved = false;  // --virtual-stages 1,2,4
+    int runs = 5;              // the median of this many (the slow MoE sweeps: one)
   };
   const Sweep sweeps[] = {{"llama-3.1-70b", 64, false},
                           {"llama-3.1-405b", 256, false},
                           {"mixtral-8x7b", 16, false},
                           {"llama-3.1-70b", 64, true},
-                          {"llama-3.1-70b", 64, false, true}};
+                          {"llama-3.1-70b", 64, false, true},
+                          {"qwen3-30b-a3b", 16, false, false, 1}};
   std::printf("\n%-16s %6s %10s %8s %8s %10s\n", "sweep", "gpus", "partition", "chunks",
               "setups", "setups/s");
   for (const Sweep& c : sweeps) {
@@ -117,7 +123,7 @@ int main(int argc, char** argv) {
     o.base.recompute = np::Recompute::kAuto;
     std::vector<double> rate;
     size_t n = 0;
-    for (int i = 0; i < 5; ++i) {
+    for (int i = 0; i < c.runs; ++i) {
       np::SweepReport r = np::sweep(*np::resolve_model(*catalog, c.model), o);
       n = r.evaluated;
       rate.push_back(static_cast<double>(r.evaluated) / r.seconds);
