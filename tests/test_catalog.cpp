@@ -135,6 +135,24 @@ TEST(LoadToml, WrongTypeAndMissingKey) {
   EXPECT_NE(r.error().message.find("missing required key 'hidden_size'"), std::string::npos);
 }
 
+// [moe] dense_layers: ascending layer indices of an MoE model, not every layer.
+TEST(LoadToml, DenseLayersAreAscendingIndicesOfAnMoeModel) {
+  const std::string model =
+      "name = \"x\"\nhidden_size = 64\nintermediate_size = 128\nnum_layers = 4\n"
+      "num_heads = 4\nvocab_size = 100\nmax_position_embeddings = 64\n";
+  const std::string moe = "[moe]\nnum_experts = 4\ntop_k = 2\nexpert_intermediate_size = 32\n";
+  auto ok = model_toml_from_text(model + moe + "dense_layers = [0, 3]\n", "m.toml");
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->dense_layers, (std::vector<int64_t>{0, 3}));
+  for (auto [list, says] : {std::pair{"[3, 0]", "ascending layer indices from 0 to 3, got 0"},
+                            {"[4]", "ascending layer indices from 0 to 3, got 4"},
+                            {"[0, 1, 2, 3]", "lists every layer"}}) {
+    auto r = model_toml_from_text(model + moe + "dense_layers = " + list + "\n", "m.toml");
+    ASSERT_FALSE(r.ok()) << list;
+    EXPECT_NE(r.error().message.find(says), std::string::npos) << r.error().message;
+  }
+}
+
 // Inputs the fuzz targets found: each gives a one-line error of printable ASCII.
 TEST(FuzzFindings, NamesAndNumbers) {
   auto r = model_toml_from_text(

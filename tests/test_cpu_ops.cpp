@@ -697,7 +697,10 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = 0; h < hq + hkv; ++h) {
           double ss = 0;
-          for (int64_t d = 0; d < hd; ++d) ss += x(0)[t * wq + h * hd + d] * x(0)[t * wq + h * hd + d];
+          for (int64_t d = 0; d < hd; ++d) {
+            double v = x(0)[t * wq + h * hd + d];
+            ss += v * v;
+          }
           double r = 1.0 / std::sqrt(ss / hd + 1e-5);
           rstd[t * (hq + hkv) + h] = r;
           for (int64_t d = 0; d < hd; ++d)

@@ -99,7 +99,8 @@ Outs rmsnorm_fwd(const Fwd& e, Ins in, Ins w) {
 Outs qk_norm_fwd(const Fwd& e, Ins in, Ins w) {
   const Tensor& x = need(in, 0, "input");
   const OpAttrs& a = e.attrs();
-  Tensor y = e.out(x.type), rstd = e.out({{x.type.shape.at(0), a.heads + a.kv_heads}, Dtype::kFp32});
+  Tensor y = e.out(x.type),
+         rstd = e.out({{x.type.shape.at(0), a.heads + a.kv_heads}, Dtype::kFp32});
   qk_norm_forward(x, need(w, 0, "q weight"), need(w, 1, "k weight"), y, rstd, a.heads, a.kv_heads,
                   kEps, e.stream);
   return {y, rstd};

@@ -196,7 +196,8 @@ __global__ void qk_norm_forward_kernel(View x, View wq, View wk, View y, float* 
     ss += v * v;
   }
   float r = rsqrtf(block_sum(ss) / static_cast<float>(d) + eps);
-  for (long long c = threadIdx.x; c < d; c += kThreads) st(y, base + c, ld(x, base + c) * r * ld(w, c));
+  for (long long c = threadIdx.x; c < d; c += kThreads)
+    st(y, base + c, ld(x, base + c) * r * ld(w, c));
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 __global__ void qk_norm_backward_kernel(View x, View wq, View wk, View dy, View dx, bool acc,

@@ -341,7 +341,8 @@ std::optional<Error> validate_model(const ModelSpec& m) {
     for (size_t i = 0; i < m.dense_layers.size(); ++i)
       if (m.dense_layers[i] < 0 || m.dense_layers[i] >= m.layers ||
           (i > 0 && m.dense_layers[i] <= m.dense_layers[i - 1]))
-        return fail("model " + m.name + ": dense_layers must be ascending layer indices from 0 to " +
+        return fail("model " + m.name +
+                    ": dense_layers must be ascending layer indices from 0 to " +
                     str(m.layers - 1) + ", got " + str(m.dense_layers[i]));
     if (static_cast<int64_t>(m.dense_layers.size()) == m.layers)
       return fail("model " + m.name + ": dense_layers lists every layer; drop [moe] instead");
