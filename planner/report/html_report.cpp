@@ -202,9 +202,11 @@ std::string frontier_figure(const AutoPlan& p) {
   const auto& opts = p.frontier.options;
   if (opts.empty()) return "";
   std::vector<bool> used(opts.size(), false);
-  for (const StagePlan& sp : p.stages)
-    for (int o : sp.layer_option)
-      if (o >= 0 && static_cast<size_t>(o) < opts.size()) used[o] = true;
+  for (size_t l = 0; l < p.layer_policies.size(); ++l) {
+    if (dense_layer(p.schedule.model, static_cast<int64_t>(l))) continue;  // the other frontier
+    for (size_t o = 0; o < opts.size(); ++o)
+      if (p.option_names[o] == p.layer_policies[l].name) used[o] = true;
+  }
   double xmax = 1, ymax = 1e-6;
   for (const LayerOption& o : opts)
     xmax = std::max(xmax, static_cast<double>(o.kept_bytes)), ymax = std::max(ymax, o.cost);

@@ -259,10 +259,10 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
       "vertex found by\n  the lambda-swept minimum cut; --format json lists them all):\n";
   for (size_t i = 0; i < p.frontier.options.size(); ++i) {
     size_t n = p.frontier.options.size();
-    bool used = false;
-    for (const StagePlan& sp : p.stages)
-      used |= std::find(sp.layer_option.begin(), sp.layer_option.end(), static_cast<int>(i)) !=
-              sp.layer_option.end();
+    bool used = false;  // by an MoE layer, in a mixed model (the dense layers' are listed below)
+    for (size_t l = 0; l < p.layer_policies.size(); ++l)
+      used |= !dense_layer(p.schedule.model, static_cast<int64_t>(l)) &&
+              p.layer_policies[l].name == p.option_names[i];
     bool named = false;
     for (const NamedPoint& np_ : p.frontier.named)
       named |= np_.on_frontier == static_cast<int>(i) || np_.dominated_by == static_cast<int>(i);
