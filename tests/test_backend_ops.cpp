@@ -132,10 +132,8 @@ std::vector<Config> setups(Impl impl) {
       {"moe capacity 1 tp 1", moe(37, false), train(1, false, 9, flash)},
   };
   s.back().train.moe_capacity_factor = 1.0;
-  if (impl != Impl::kHf) {  // validate_setup: the hf profile does not model the q/k norms yet
-    s.push_back({"qwen3 tp 1 flash", qwen3(37), train(1, false, 7, flash)});
-    s.push_back({"qwen3 tp 2 sp eager", qwen3(38), train(2, true, 10, eager)});
-  }
+  s.push_back({"qwen3 tp 1 flash", qwen3(37), train(1, false, 7, flash)});
+  s.push_back({"qwen3 tp 2 sp eager", qwen3(38), train(2, true, 10, eager)});
   if (impl == Impl::kMegatron) {  // the fused losses, and each weight gradient whole in bf16 first
     s.push_back({"llama tp 1 native loss, no gradient fusion", llama(37), train(1, false, 7, flash)});
     s.back().train.loss_fusion = LossFusion::kNative, s.back().train.grad_accum_fusion = false;

@@ -490,6 +490,7 @@ std::vector<Case> all_cases() {
       {act({T, F})});
   add("rope", OpKind::kRope, {}, {act({T, QKV})});
   add("qk_norm", OpKind::kQkNorm, core, {act({T, QKV})}, 0.5, 1.5);
+  add("qk_norm_hf", OpKind::kQkNormHf, core, {act({T, QKV})}, 0.5, 1.5);
   add("flash_attention", OpKind::kFlashAttention, core, {act({T, QKV})});
   OpAttrs gqa2{.batch = B,
                .seq = S,
@@ -692,7 +693,8 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
       int64_t n = in[0].type.shape[1], out = c.attrs.features;
       return {linear_ref(x(0), T, n, w[0].v, out, w.size() > 1 ? &w[1].v : nullptr)};
     }
-    case OpKind::kQkNorm: {  // each q and k head normalised over head_dim; v as it is
+    case OpKind::kQkNorm:
+    case OpKind::kQkNormHf: {  // each q and k head normalised over head_dim; v as it is
       Vec o = x(0), rstd(T * (hq + hkv));
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = 0; h < hq + hkv; ++h) {
@@ -706,7 +708,16 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
           for (int64_t d = 0; d < hd; ++d)
             o[t * wq + h * hd + d] = x(0)[t * wq + h * hd + d] * r * w[h < hq ? 0 : 1].v[d];
         }
-      return {o, rstd};
+      if (c.kind == OpKind::kQkNorm) return {o, rstd};
+      // PyTorch ops: the q and k columns in fp32, 1/rms per head, the normalized columns.
+      const int64_t width = (hq + hkv) * hd;
+      Vec a(T * width), n(T * width);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < width; ++i) {
+          a[t * width + i] = x(0)[t * wq + i];
+          n[t * width + i] = a[t * width + i] * rstd[t * (hq + hkv) + i / hd];
+        }
+      return {o, a, rstd, n};
     }
     case OpKind::kRope: {
       Vec o = x(0);
@@ -1047,6 +1058,26 @@ TEST_P(CpuOp, Bf16RoundsOnceAllocatesTheTableAndIsDeterministic) {
     EXPECT_TRUE(same(fb->arena.log[j].type, t) && fb->arena.log[j].role == role)
         << "allocation " << j;
     expect_written(fb->outs[j], "forward result " + std::to_string(j));
+    if (c.kind == OpKind::kQkNormHf && j == 0) {
+      // As rmsnorm_hf's: the q and k columns of y round twice, round(w round(x r)); v is x's.
+      const OpAttrs& at = c.attrs;
+      const int64_t width = (at.heads + at.kv_heads) * at.head_dim,
+                    row = (at.heads + 2 * at.kv_heads) * at.head_dim;
+      Vec cst = read(fb->outs[3]), y = read(fb->outs[0]), x0 = read(in_b[0]);
+      const Vec wq = read(w_b[0]), wk = read(w_b[1]);
+      for (size_t e = 0; e < y.size(); ++e) {
+        const int64_t t = static_cast<int64_t>(e) / row, i = static_cast<int64_t>(e) % row;
+        if (i >= width) {
+          ASSERT_EQ(y[e], x0[e]) << "qk_norm_hf v " << e;
+          continue;
+        }
+        const Vec& wv = i / at.head_dim < at.heads ? wq : wk;
+        ASSERT_EQ(y[e], bf16_bits_to_f32(f32_to_bf16_bits(
+                            static_cast<float>(wv[i % at.head_dim] * cst[t * width + i]))))
+            << "qk_norm_hf output " << e;
+      }
+      continue;
+    }
     if (c.kind == OpKind::kRmsNormHf && j == 0) {
       // PyTorch's order rounds twice, as Hugging Face's norm does: y = round(w x round(x r)).
       Vec cst = read(fb->outs[3]), wv = read(w_b[0]), y = read(fb->outs[0]);

@@ -151,11 +151,13 @@ TEST(CudaBackend, TinyQwen) {
 }
 
 // Qwen3's q/k norms (head_dim apart from hidden / heads) under TP with SP and a pipeline, TP
-// without SP, and ZeRO-3 over 2 replicas; Megatron's profile too.
+// without SP, and ZeRO-3 over 2 replicas; Megatron's profile too, and Hugging Face's (the norms
+// as PyTorch ops).
 TEST(CudaBackend, TinyQwen3) {
   check_scenario("tiny-qwen3",
                  {{1, 1, false}, {2, 2, true}, {2, 1, false, AttentionImpl::kFlash, 2, 3},
-                  {2, 1, true, AttentionImpl::kFlash, 1, 0, 1, Impl::kMegatron}},
+                  {2, 1, true, AttentionImpl::kFlash, 1, 0, 1, Impl::kMegatron},
+                  {2, 1, true, AttentionImpl::kEager, 1, 0, 1, Impl::kHf}},
                  {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
 }
 

@@ -69,6 +69,8 @@ class CpuBackend final : public Backend {
         return rope_forward(env, in, w);
       case OpKind::kQkNorm:
         return qk_norm_forward(env, in, w);
+      case OpKind::kQkNormHf:
+        return qk_norm_hf_forward(env, in, w);
       case OpKind::kFlashAttention:
         return flash_attention_forward(env, in, w);
       case OpKind::kAttnScores:
@@ -167,6 +169,8 @@ class CpuBackend final : public Backend {
         return rope_backward(env, a);
       case OpKind::kQkNorm:
         return qk_norm_backward(env, a);
+      case OpKind::kQkNormHf:
+        return qk_norm_hf_backward(env, a);
       case OpKind::kFlashAttention:
         return flash_attention_backward(env, a);
       case OpKind::kAttnScores:

@@ -253,6 +253,82 @@ void qk_norm_backward(const Env& env, const BackwardArgs& a) {
   add_mat(need(a.weight_grads, 1, "qk_norm k weight gradient"), column_sums(DWk));
 }
 
+// ---- q/k norms as PyTorch ops (transformers' Qwen3RMSNorm per head) -----------------------------
+// Per q and k head of each row, as rmsnorm_hf: a = fp32(x) (kept, [rows, (q + k) x d]), r = 1/rms
+// (kept, [rows, q + k]), b = a r (fp32 scratch), c = bf16(b) (kept), y = w c; v passed through.
+
+Outs qk_norm_hf_forward(const Env& env, Ins in, Ins w) {
+  const Tensor& x = need(in, 0, "qk_norm input");
+  const QkHeads n = qk_heads(env, x);
+  Mat X = load_mat(x), Wq = load_vec(need(w, 0, "qk_norm q weight")),
+      Wk = load_vec(need(w, 1, "qk_norm k weight"));
+  const int64_t T = X.rows(), nh = n.q + n.k, width = nh * n.d;
+  Tensor y = env.output(x.type.shape, x.type.dtype), a = env.output({T, width}, Dtype::kFp32),
+         r = env.output({T, nh}, Dtype::kFp32), c = env.output({T, width}, x.type.dtype);
+  Tensor b = env.workspace({T, width}, Dtype::kFp32);
+  Mat A = X.leftCols(width), R(T, nh), B(T, width);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < nh; ++j) {
+      double ss = 0;
+      for (int64_t k = 0; k < n.d; ++k) ss += double(A(t, j * n.d + k)) * A(t, j * n.d + k);
+      R(t, j) = static_cast<float>(1.0 / std::sqrt(ss / n.d + kEps));
+      for (int64_t k = 0; k < n.d; ++k) B(t, j * n.d + k) = A(t, j * n.d + k) * R(t, j);
+    }
+  store_mat(a, A);
+  store_mat(r, R);
+  store_mat(b, B);
+  store_mat(c, B);  // rounded to the activation dtype once
+  Mat C = load_mat(c), Y = X;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < nh; ++j)
+      for (int64_t k = 0; k < n.d; ++k)
+        Y(t, j * n.d + k) = (j < n.q ? Wq : Wk)(0, k) * C(t, j * n.d + k);
+  store_mat(y, Y);
+  return {y, a, r, c, b};
+}
+
+void qk_norm_hf_backward(const Env& env, const BackwardArgs& a) {
+  // The input is not read (its fp32 copy is): the gradient has its shape.
+  const Tensor& g = need(a.grad_outputs, 0, "qk_norm output gradient");
+  const QkHeads n = qk_heads(env, g);
+  const Tensor& at = need(a.outputs, 1, "qk_norm fp32 input");
+  Mat A = load_mat(at), R = load_mat(need(a.outputs, 2, "qk_norm rstd")),
+      C = load_mat(need(a.outputs, 3, "qk_norm normalized"));
+  Mat G = load_mat(g);
+  Mat Wq = load_vec(need(a.weights, 0, "qk_norm q weight")),
+      Wk = load_vec(need(a.weights, 1, "qk_norm k weight"));
+  const int64_t T = A.rows(), nh = n.q + n.k, width = nh * n.d;
+  Tensor db = env.workspace(at.type.shape, Dtype::kFp32),
+         da = env.workspace(at.type.shape, Dtype::kFp32);
+  Mat DB(T, width), DA(T, width), DX = G;  // the values' gradient passes through
+  Mat DWq(T * n.q, n.d), DWk(T * n.k, n.d);  // per head row, (token, head) order
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < nh; ++j) {
+      const bool q = j < n.q;
+      const Mat& W = q ? Wq : Wk;
+      double dot = 0, r = R(t, j);
+      for (int64_t k = 0; k < n.d; ++k) {
+        int64_t i = j * n.d + k;
+        DB(t, i) = G(t, i) * W(0, k);
+        dot += double(DB(t, i)) * A(t, i);
+      }
+      double k3 = r * r * r * dot / n.d;
+      Mat& DW = q ? DWq : DWk;
+      int64_t row = q ? t * n.q + j : t * n.k + (j - n.q);
+      for (int64_t k = 0; k < n.d; ++k) {
+        int64_t i = j * n.d + k;
+        DA(t, i) = static_cast<float>(DB(t, i) * r - A(t, i) * k3);
+        DX(t, i) = DA(t, i);
+        DW(row, k) = G(t, i) * C(t, i);
+      }
+    }
+  store_mat(db, DB);
+  store_mat(da, DA);
+  grad_input(env, a, 0, g.type, DX);
+  add_mat(need(a.weight_grads, 0, "qk_norm q weight gradient"), column_sums(DWq));
+  add_mat(need(a.weight_grads, 1, "qk_norm k weight gradient"), column_sums(DWk));
+}
+
 // ---- RoPE (rotate-half, theta 10000) on the q and k heads of each qkv row; v passes through -----
 
 namespace {

@@ -261,6 +261,8 @@ class CudaBackend final : public exec::Backend {
         return rope_fwd(e, in, w);
       case OpKind::kQkNorm:
         return qk_norm_fwd(e, in, w);
+      case OpKind::kQkNormHf:
+        return qk_norm_hf_fwd(e, in, w);
       case OpKind::kFlashAttention:
         return flash_attention_fwd(e, in, w);
       case OpKind::kAttnScores:
@@ -341,6 +343,8 @@ class CudaBackend final : public exec::Backend {
         return rope_bwd(e);
       case OpKind::kQkNorm:
         return qk_norm_bwd(e);
+      case OpKind::kQkNormHf:
+        return qk_norm_hf_bwd(e);
       case OpKind::kFlashAttention:
         return flash_attention_bwd(e);
       case OpKind::kAttnScores:

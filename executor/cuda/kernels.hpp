@@ -38,6 +38,18 @@ void qk_norm_backward(const Tensor& x, const Tensor& wq, const Tensor& wk, const
                       const Tensor& dx, bool accumulate, const Tensor& dwq, const Tensor& dwk,
                       const Tensor& rstd, long long q_heads, long long kv_heads,
                       cudaStream_t stream);
+// The same as PyTorch ops (transformers' Qwen3RMSNorm per head, the hf profile): a = fp32 of the
+// q and k columns ([rows, (q_heads + kv_heads) x head_dim]), r one 1/rms per row and head, b =
+// a x r (fp32 scratch), c = b rounded to y's dtype, y = w x c, v copied. Backward from a, r, c:
+// db = dy w, da = db r - a r^3 mean(db a) (fp32 workspaces), dx (=, or +=) = da and dy's v part,
+// dwq and dwk += sums of dy c in (row, head) order.
+void qk_norm_hf_forward(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& y,
+                        const Tensor& a, const Tensor& r, const Tensor& b, const Tensor& c,
+                        long long q_heads, long long kv_heads, float eps, cudaStream_t stream);
+void qk_norm_hf_backward(const Tensor& a, const Tensor& r, const Tensor& c, const Tensor& wq,
+                         const Tensor& wk, const Tensor& dy, const Tensor& db, const Tensor& da,
+                         const Tensor& dx, bool accumulate, const Tensor& dwq, const Tensor& dwk,
+                         long long q_heads, long long kv_heads, cudaStream_t stream);
 // dst[c] += sum over the first `rows` rows of src (rows x dst.numel()), rows in order.
 void column_sums_add(const Tensor& src, long long rows, const Tensor& dst, cudaStream_t stream);
 // GeLU (tanh approximation) and its backward (dx =, or += when accumulate).

@@ -106,6 +106,18 @@ Outs qk_norm_fwd(const Fwd& e, Ins in, Ins w) {
   return {y, rstd};
 }
 
+Outs qk_norm_hf_fwd(const Fwd& e, Ins in, Ins w) {
+  const Tensor& x = need(in, 0, "input");
+  const OpAttrs& at = e.attrs();
+  const int64_t rows = x.type.shape.at(0), nh = at.heads + at.kv_heads;
+  TensorType fp32{{rows, nh * at.head_dim}, Dtype::kFp32};
+  Tensor y = e.out(x.type), a = e.out(fp32), r = e.out({{rows, nh}, Dtype::kFp32}),
+         cst = e.out({{rows, nh * at.head_dim}, x.type.dtype}), b = e.ws(fp32);
+  qk_norm_hf_forward(x, need(w, 0, "q weight"), need(w, 1, "k weight"), y, a, r, b, cst, at.heads,
+                     at.kv_heads, kEps, e.stream);
+  return {y, a, r, cst, b};
+}
+
 Outs rmsnorm_stats_fwd(const Fwd& e, Ins in, Ins w) {
   const Tensor& x = need(in, 0, "input");
   Tensor y = e.out(x.type), rstd = e.out({{x.type.shape.at(0)}, Dtype::kFp32});
@@ -409,6 +421,20 @@ void qk_norm_bwd(const Bwd& e) {
                    need(a.weight_grads, 0, "q weight gradient"),
                    need(a.weight_grads, 1, "k weight gradient"), need(a.outputs, 1, "rstd"),
                    e.attrs().heads, e.attrs().kv_heads, e.stream);
+}
+
+void qk_norm_hf_bwd(const Bwd& e) {
+  const BackwardArgs& a = e.a;
+  // The input is not read (its fp32 copy is): the gradient has its shape.
+  const Tensor &g = need(a.grad_outputs, 0, "gradient"), &fp32 = need(a.outputs, 1, "fp32 input");
+  Tensor db = e.ws(fp32.type), da = e.ws(fp32.type);
+  bool acc = false;
+  Tensor& dx = e.grad(0, g.type, acc);
+  qk_norm_hf_backward(fp32, need(a.outputs, 2, "rstd"), need(a.outputs, 3, "normalized"),
+                      need(a.weights, 0, "q weight"), need(a.weights, 1, "k weight"),
+                      g, db, da, dx, acc, need(a.weight_grads, 0, "q weight gradient"),
+                      need(a.weight_grads, 1, "k weight gradient"), e.attrs().heads,
+                      e.attrs().kv_heads, e.stream);
 }
 
 void rmsnorm_hf_bwd(const Bwd& e) {

@@ -240,6 +240,59 @@ __global__ void copy_columns_kernel(View src, View dst, bool acc, long long rows
   st(dst, at, acc ? ld(dst, at) + v : v);
 }
 
+// The q/k norms as PyTorch ops: a block per (row, head) of the nh normalised heads, as the
+// kernels below with the head's columns of x and y at row stride `width` and of a, b, c at nh x d.
+__global__ void qk_norm_hf_forward_kernel(View x, View wq, View wk, View y, float* a, float* r,
+                                          float* b, View c, long long q, long long nh,
+                                          long long d, long long width, float eps) {
+  long long t = blockIdx.x / nh, j = blockIdx.x % nh;
+  long long xs = t * width + j * d, as = (t * nh + j) * d;
+  View w = j < q ? wq : wk;
+  float ss = 0;
+  for (long long k = threadIdx.x; k < d; k += kThreads) {
+    float v = ld(x, xs + k);
+    a[as + k] = v;
+    ss += v * v;
+  }
+  float rr = rsqrtf(block_sum(ss) / static_cast<float>(d) + eps);
+  if (threadIdx.x == 0) r[blockIdx.x] = rr;
+  for (long long k = threadIdx.x; k < d; k += kThreads) {
+    b[as + k] = a[as + k] * rr;
+    st(c, as + k, b[as + k]);
+    st(y, xs + k, ld(w, k) * ld(c, as + k));
+  }
+}
+__global__ void qk_norm_hf_backward_kernel(const float* a, const float* r, View wq, View wk,
+                                           View dy, float* db, float* da, View dx, bool acc,
+                                           long long q, long long nh, long long d,
+                                           long long width) {
+  long long t = blockIdx.x / nh, j = blockIdx.x % nh;
+  long long ys = t * width + j * d, as = (t * nh + j) * d;
+  View w = j < q ? wq : wk;
+  float dot = 0;
+  for (long long k = threadIdx.x; k < d; k += kThreads) {
+    db[as + k] = ld(dy, ys + k) * ld(w, k);
+    dot += db[as + k] * a[as + k];
+  }
+  float rr = r[blockIdx.x], k3 = rr * rr * rr * block_sum(dot) / static_cast<float>(d);
+  for (long long k = threadIdx.x; k < d; k += kThreads) {
+    da[as + k] = db[as + k] * rr - a[as + k] * k3;
+    st(dx, ys + k, acc ? ld(dx, ys + k) + da[as + k] : da[as + k]);
+  }
+}
+// dw[k] += sum over rows t and heads j in [j0, j1) of dy * c, in (row, head) order.
+__global__ void qk_norm_hf_weight_grad_kernel(View dy, View c, long long rows, long long j0,
+                                              long long j1, long long nh, long long d,
+                                              long long width, View dw) {
+  long long k = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (k >= d) return;
+  float s = 0;
+  for (long long t = 0; t < rows; ++t)
+    for (long long j = j0; j < j1; ++j)
+      s += ld(dy, t * width + j * d + k) * ld(c, (t * nh + j) * d + k);
+  st(dw, k, ld(dw, k) + s);
+}
+
 // RMSNorm as PyTorch ops, a block per row.
 __global__ void rmsnorm_hf_forward_kernel(View x, View w, View y, float* a, float* r, float* b,
                                           View c, long long h, float eps) {
@@ -412,6 +465,54 @@ void qk_norm_backward(const Tensor& x, const Tensor& wq, const Tensor& wk, const
               k ? nh : q_heads, nh, d, width, view(k ? dwk : dwq));
     NP_CUDA_CHECK_LAUNCH();
   }
+}
+
+void qk_norm_hf_forward(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& y,
+                        const Tensor& a, const Tensor& r, const Tensor& b, const Tensor& c,
+                        long long q_heads, long long kv_heads, float eps, cudaStream_t stream) {
+  long long d = wq.numel(), nh = q_heads + kv_heads, width = (q_heads + 2 * kv_heads) * d;
+  long long rows = width ? x.numel() / width : 0, n = rows * nh * d;
+  need(rows * width == x.numel() && wk.numel() == d && y.numel() == x.numel() &&
+           a.numel() == n && b.numel() == n && c.numel() == n && r.numel() == rows * nh &&
+           a.type.dtype == Dtype::kFp32 && b.type.dtype == Dtype::kFp32 &&
+           r.type.dtype == Dtype::kFp32,
+       "qk_norm (PyTorch ops): x, the weights, y, a, r, b and c do not agree with the heads");
+  if (rows == 0) return;
+  np_launch(qk_norm_hf_forward_kernel, dim3(static_cast<unsigned>(rows * nh)), dim3(kThreads),
+            kReduceShared, stream, view(x), view(wq), view(wk), view(y), a.as<float>(),
+            r.as<float>(), b.as<float>(), view(c), q_heads, nh, d, width, eps);
+  NP_CUDA_CHECK_LAUNCH();
+  np_launch(copy_columns_kernel, dim3(blocks_for(rows * kv_heads * d)), dim3(kThreads), 0, stream,
+            view(x), view(y), false, rows, nh * d, width);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void qk_norm_hf_backward(const Tensor& a, const Tensor& r, const Tensor& c, const Tensor& wq,
+                         const Tensor& wk, const Tensor& dy, const Tensor& db, const Tensor& da,
+                         const Tensor& dx, bool accumulate, const Tensor& dwq, const Tensor& dwk,
+                         long long q_heads, long long kv_heads, cudaStream_t stream) {
+  long long d = wq.numel(), nh = q_heads + kv_heads, width = (q_heads + 2 * kv_heads) * d;
+  long long rows = width ? dy.numel() / width : 0, n = rows * nh * d;
+  need(rows * width == dy.numel() && wk.numel() == d && dx.numel() == dy.numel() &&
+           a.numel() == n && c.numel() == n && db.numel() == n && da.numel() == n &&
+           r.numel() == rows * nh && dwq.numel() == d && dwk.numel() == d &&
+           db.type.dtype == Dtype::kFp32 && da.type.dtype == Dtype::kFp32,
+       "qk_norm backward (PyTorch ops): shapes do not agree");
+  if (rows == 0) return;
+  for (int k = 0; k < 2; ++k) {
+    np_launch(qk_norm_hf_weight_grad_kernel, dim3(blocks_for(d)), dim3(kThreads), 0, stream,
+              view(dy), view(c), rows, k ? q_heads : 0LL, k ? nh : q_heads, nh, d, width,
+              view(k ? dwk : dwq));
+    NP_CUDA_CHECK_LAUNCH();
+  }
+  np_launch(qk_norm_hf_backward_kernel, dim3(static_cast<unsigned>(rows * nh)), dim3(kThreads),
+            kReduceShared, stream, static_cast<const float*>(a.data),
+            static_cast<const float*>(r.data), view(wq), view(wk), view(dy), db.as<float>(),
+            da.as<float>(), view(dx), accumulate, q_heads, nh, d, width);
+  NP_CUDA_CHECK_LAUNCH();
+  np_launch(copy_columns_kernel, dim3(blocks_for(rows * kv_heads * d)), dim3(kThreads), 0, stream,
+            view(dy), view(dx), accumulate, rows, nh * d, width);
+  NP_CUDA_CHECK_LAUNCH();
 }
 
 void column_sums_add(const Tensor& src, long long rows, const Tensor& dst, cudaStream_t stream) {

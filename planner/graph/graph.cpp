@@ -147,9 +147,10 @@ class Builder {
   bool partial_weight_grads(const GraphOp& o) const {
     for (const WeightShape& w : o.weights)
       if (weight_shard(o.kind, w.suffix) != Shard::kReplicated) return false;
-    bool on_shard = (is_norm(o.kind) && o.kind != OpKind::kQkNorm) ||
-                    o.kind == OpKind::kPosEmbedding || o.kind == OpKind::kRouter;
-    bool on_heads = o.kind == OpKind::kQkNorm || o.kind == OpKind::kSharedGate;
+    const bool qk = o.kind == OpKind::kQkNorm || o.kind == OpKind::kQkNormHf;
+    bool on_shard = (is_norm(o.kind) && !qk) || o.kind == OpKind::kPosEmbedding ||
+                    o.kind == OpKind::kRouter;
+    bool on_heads = qk || o.kind == OpKind::kSharedGate;
     return !o.weights.empty() && ((t_.sp && on_shard) || (t_.tp > 1 && on_heads));
   }
 
@@ -187,7 +188,11 @@ int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
                      {hq * d, hkv * d, hkv * d});
   OpAttrs core{
       .batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
-  if (m.qk_norm) qkv = b.op(OpKind::kQkNorm, "attn.qk_norm", core, {qkv}, {"", "rstd"})[0];
+  if (m.qk_norm)
+    qkv = t.impl == Impl::kHf
+              ? b.op(OpKind::kQkNormHf, "attn.qk_norm", core, {qkv},
+                     {"", "fp32_input", "rstd", "normalized"})[0]
+              : b.op(OpKind::kQkNorm, "attn.qk_norm", core, {qkv}, {"", "rstd"})[0];
   if (m.position == PosEmb::kRope) qkv = b.op1(OpKind::kRope, "attn.rope", {}, {qkv});
   // Hugging Face's attention (eager and sdpa) materialises K and V repeated to every query head.
   bool hf = t.impl == Impl::kHf && t.cp == 1;

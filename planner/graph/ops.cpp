@@ -382,6 +382,27 @@ const OpInfo kOps[] =
            return {{"q_weight", {a.head_dim}}, {"k_weight", {a.head_dim}}};
          },
          none_types},
+        {OpKind::kQkNormHf, "qk_norm_hf", 1, 4, 0, 0b1110, 0b1, 0b0001, false,
+         [](const OpAttrs& a, In in) -> Types {
+           const int64_t rows = rows_of(in[0]), heads = a.heads + a.kv_heads;
+           return {in[0],
+                   {{rows, heads * a.head_dim}, Dtype::kFp32},
+                   {{rows, heads}, Dtype::kFp32},
+                   {{rows, heads * a.head_dim}, in[0].dtype}};
+         },
+         [](const OpAttrs& a, In in) {
+           return 4.0 * static_cast<double>(rows_of(in[0]) * (a.heads + a.kv_heads) * a.head_dim);
+         },
+         [](const OpAttrs& a, In) -> Weights {
+           return {{"q_weight", {a.head_dim}}, {"k_weight", {a.head_dim}}};
+         },
+         [](const OpAttrs& a, In in) -> Types {  // db and da
+           TensorType fp32{{rows_of(in[0]), (a.heads + a.kv_heads) * a.head_dim}, Dtype::kFp32};
+           return {fp32, fp32};
+         },
+         [](const OpAttrs& a, In in) -> Types {  // b = a x r
+           return {{{rows_of(in[0]), (a.heads + a.kv_heads) * a.head_dim}, Dtype::kFp32}};
+         }},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");
@@ -393,7 +414,8 @@ const OpInfo& op_info(OpKind kind) {
 }
 bool is_norm(OpKind kind) {
   return kind == OpKind::kRmsNorm || kind == OpKind::kLayerNorm || kind == OpKind::kRmsNormStats ||
-         kind == OpKind::kLayerNormStats || kind == OpKind::kRmsNormHf || kind == OpKind::kQkNorm;
+         kind == OpKind::kLayerNormStats || kind == OpKind::kRmsNormHf || kind == OpKind::kQkNorm ||
+         kind == OpKind::kQkNormHf;
 }
 bool is_loss(OpKind kind) {
   return kind == OpKind::kCrossEntropy || kind == OpKind::kLogSoftmaxLoss ||

@@ -89,6 +89,11 @@ enum class OpKind {
   // it and the input. Weights: q_weight and k_weight of head_dim, replicated over TP, their
   // gradients partial sums over the TP ranks' heads.
   kQkNorm,
+  // The q/k norms as PyTorch ops (transformers' Qwen3RMSNorm on each q and k head, the hf
+  // profile): as kRmsNormHf per head, over the q and k columns ([rows, (heads + kv_heads) x
+  // head_dim]): a = fp32(x) kept, 1/rms per head kept, b = a x r an fp32 forward scratch, its
+  // bf16 cast kept, y = w x it; v passed through; backward's two fp32 workspaces as kRmsNormHf's.
+  kQkNormHf,
   kCount
 };
 

@@ -415,11 +415,6 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (!t.grad_accum_fusion && t.impl != Impl::kMegatron)
     return fail("--gradient-accumulation-fusion off is Megatron's and needs --impl megatron; use "
                 "--gradient-accumulation-fusion on");
-  // transformers' Qwen3RMSNorm on q and k is PyTorch ops, keeping fp32 copies per head that the
-  // hf profile's norm (kRmsNormHf) would have to model per head; not modelled yet.
-  if (m.qk_norm && t.impl == Impl::kHf)
-    return fail(m.name + " has q/k norms, which --impl hf does not model yet (valid: --impl "
-                "nanotron, megatron or fused)");
   if (t.cp > 1 && t.impl == Impl::kHf)
     return fail("--cp " + str(t.cp) +
                 " needs --impl nanotron, megatron or fused (Hugging Face's Llama has no context "

@@ -33,7 +33,8 @@ std::string module_of(const GraphOp& op) {
     return "core_attn";
   // Megatron's "layernorm" module is the two layer norms (input_layernorm, pre_mlp_layernorm);
   // no module covers the q/k norms.
-  if (is_norm(op.kind)) return op.kind == OpKind::kQkNorm ? "" : "layernorm";
+  if (is_norm(op.kind))
+    return op.kind == OpKind::kQkNorm || op.kind == OpKind::kQkNormHf ? "" : "layernorm";
   if (n.rfind("moe.experts.", 0) == 0 &&
       (op.kind == OpKind::kSwiGlu || op.kind == OpKind::kGluAct || op.kind == OpKind::kGluMul))
     return "moe_act";
