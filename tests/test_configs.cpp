@@ -95,6 +95,13 @@ TEST(NanotronConfig, ReadsQwen2MoeConfig) {
   Result<ConfigSetup> bad = with("      token_dispatcher_type: allgather\n");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("valid: alltoall"), std::string::npos);
+  for (const char* wrong : {"      token_dispatcher_type: [1]\n", "      enable_shared_expert: 3\n",
+                            "      num_experts: -2\n", "      layers: 7\n"}) {
+    Result<ConfigSetup> w = with(wrong);
+    ASSERT_FALSE(w.ok()) << wrong;
+    EXPECT_NE(w.error().message.find("model.model_config.moe_config."), std::string::npos)
+        << w.error().message;
+  }
   std::string llama = config_text();
   llama.insert(llama.find("    vocab_size: 128256\n"), "    moe_config:\n      num_experts: 8\n");
   EXPECT_FALSE(nanotron_config(llama, kConfig).ok());

@@ -226,6 +226,9 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
     // is an MoE layer when it is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0,
     // else a dense MLP of intermediate_size.
     int64_t step = count("decoder_sparse_step", 1);
+    if (m.layers > 10000)  // validate_model's bound, checked before the pattern is spelled out
+      return make_error(path + ": num_hidden_layers " + std::to_string(m.layers) +
+                        " is out of range (valid: at most 10000)");
     std::vector<int64_t> only;
     if (given("mlp_only_layers"))
       for (size_t i = 0; i < r.at("mlp_only_layers").size(); ++i)

@@ -180,14 +180,24 @@ Result<ConfigSetup> nanotron_config(const std::string& text, const std::string& 
           throw ConfigError(at + "." + key + ": expected a whole number, got " + mc[key].dump());
         return mc[key].get<int64_t>();
       };
-      std::string dispatcher = mc.value("token_dispatcher_type", std::string("alltoall"));
+      std::string dispatcher = "alltoall";
+      if (mc.contains("token_dispatcher_type") && !mc["token_dispatcher_type"].is_null()) {
+        if (!mc["token_dispatcher_type"].is_string())
+          throw ConfigError(at + ".token_dispatcher_type: expected a string, got " +
+                            mc["token_dispatcher_type"].dump());
+        dispatcher = mc["token_dispatcher_type"].get<std::string>();
+      }
       if (dispatcher != "alltoall")
         throw ConfigError(at + ".token_dispatcher_type: " + quote_input(dispatcher) +
                           " changes the memory in a way nanoplan does not model yet (valid: "
                           "alltoall)");
-      bool shared = mc.contains("enable_shared_expert") && mc["enable_shared_expert"].is_boolean()
-                        ? mc["enable_shared_expert"].get<bool>()
-                        : false;
+      bool shared = false;
+      if (mc.contains("enable_shared_expert") && !mc["enable_shared_expert"].is_null()) {
+        if (!mc["enable_shared_expert"].is_boolean())
+          throw ConfigError(at + ".enable_shared_expert: expected true or false, got " +
+                            mc["enable_shared_expert"].dump());
+        shared = mc["enable_shared_expert"].get<bool>();
+      }
       hf["num_experts"] = integer("num_experts", 8);
       hf["num_experts_per_tok"] = integer("top_k", 2);
       hf["moe_intermediate_size"] = integer("moe_intermediate_size", 1408);
@@ -203,7 +213,12 @@ Result<ConfigSetup> nanotron_config(const std::string& text, const std::string& 
         }
       }
       if (!(layers.size() == 1 && layers[0] == -1)) {
-        int64_t n = hf.value("num_hidden_layers", int64_t{0});
+        const nlohmann::json& nl = hf.contains("num_hidden_layers") ? hf["num_hidden_layers"]
+                                                                     : nlohmann::json();
+        if (!nl.is_number_integer() || nl.get<int64_t>() < 1 || nl.get<int64_t>() > 10000)
+          throw ConfigError("model.model_config.num_hidden_layers: expected a whole number from "
+                            "1 to 10000 with moe_config.layers, got " + nl.dump());
+        const int64_t n = nl.get<int64_t>();
         nlohmann::json dense = nlohmann::json::array();
         for (int64_t l = 0; l < n; ++l)
           if (std::find(layers.begin(), layers.end(), l) == layers.end()) dense.push_back(l);
@@ -352,9 +367,11 @@ namespace {
 // whole number nor a list expression of [0/1, ...] terms, each optionally times a count, joined
 // by + and optionally parenthesised, of `layers` entries.
 std::optional<std::vector<int>> moe_layer_pattern(std::string text, int64_t layers) {
-  text.erase(std::remove_if(text.begin(), text.end(), ::isspace), text.end());
+  auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  auto digit = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; };
+  text.erase(std::remove_if(text.begin(), text.end(), space), text.end());
   std::vector<int> out;
-  if (!text.empty() && std::all_of(text.begin(), text.end(), ::isdigit)) {
+  if (!text.empty() && std::all_of(text.begin(), text.end(), digit)) {
     if (text.size() > 6) return std::nullopt;
     int every = std::stoi(text);
     if (every < 1) return std::nullopt;
