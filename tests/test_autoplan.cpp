@@ -274,6 +274,27 @@ TEST(AutoPlan, UnprovenStagesAreMarked) {
   EXPECT_EQ(j["recompute_seconds_lower_bound"].get<double>(), 0.003);
 }
 
+// The plan run on the CPU executor: every event as planned, every rank within budget `b`, and the
+// loss and gradients bitwise those of no recompute.
+void expect_runs_as_planned(const ModelSpec& m, const TrainSpec& t, const AutoPlan& p,
+                            int64_t b) {
+  exec::RunOptions o;
+  o.capture_grads = true;
+  auto run = exec::run_schedule(
+      p.schedule, [] { return exec::make_cpu_backend(); }, o);
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  exec::RunComparison c = exec::compare(p.schedule, *run, "auto");
+  EXPECT_TRUE(c.all_equal) << exec::comparison_table(c);
+  for (const exec::RankComparison& r : c.ranks) EXPECT_LE(r.measured, b);
+  TrainSpec none = t;
+  none.recompute = Recompute::kNone;
+  none.tp_recompute_allgather = false;
+  auto ref = exec::run_schedule(
+      build_schedule(m, none), [] { return exec::make_cpu_backend(); }, o);
+  ASSERT_TRUE(ref.ok());
+  expect_bitwise_equal(*ref, *run);
+}
+
 // A mixed plan on the CPU executor: predicted = measured on every rank, and recomputation changes
 // no number (bitwise equal to the same setup without recompute).
 TEST(AutoPlan, ExecutorRunsAMixedPlan) {
@@ -293,21 +314,7 @@ TEST(AutoPlan, ExecutorRunsAMixedPlan) {
   std::set<std::string> options;
   for (const BlockPolicy& bp : p.layer_policies) options.insert(bp.name);
   EXPECT_GE(options.size(), 2u) << "the budget should force a mix of options across the layers";
-  exec::RunOptions o;
-  o.capture_grads = true;
-  auto run = exec::run_schedule(
-      p.schedule, [] { return exec::make_cpu_backend(); }, o);
-  ASSERT_TRUE(run.ok()) << run.error().message;
-  exec::RunComparison c = exec::compare(p.schedule, *run, "auto");
-  EXPECT_TRUE(c.all_equal) << exec::comparison_table(c);
-  for (const exec::RankComparison& r : c.ranks) EXPECT_LE(r.measured, b);
-  TrainSpec none = t;
-  none.recompute = Recompute::kNone;
-  none.tp_recompute_allgather = false;
-  auto ref = exec::run_schedule(
-      build_schedule(sc->model, none), [] { return exec::make_cpu_backend(); }, o);
-  ASSERT_TRUE(ref.ok());
-  expect_bitwise_equal(*ref, *run);
+  expect_runs_as_planned(sc->model, t, p, b);
 }
 
 // A model with dense layers among its MoE layers: each kind's own frontier, every layer an option
@@ -342,21 +349,7 @@ TEST(AutoPlan, MixedLayersEachOnItsOwnFrontier) {
         EXPECT_NE(std::find(names.begin(), names.end(), blk.policy.name), names.end())
             << blk.layer << " " << blk.policy.name;
       }
-    exec::RunOptions o;
-    o.capture_grads = true;
-    auto run = exec::run_schedule(
-        p.schedule, [] { return exec::make_cpu_backend(); }, o);
-    ASSERT_TRUE(run.ok()) << run.error().message;
-    exec::RunComparison c = exec::compare(p.schedule, *run, "auto");
-    EXPECT_TRUE(c.all_equal) << exec::comparison_table(c);
-    for (const exec::RankComparison& r : c.ranks) EXPECT_LE(r.measured, b);
-    TrainSpec none = t;
-    none.recompute = Recompute::kNone;
-    none.tp_recompute_allgather = false;
-    auto ref = exec::run_schedule(
-        build_schedule(sc->model, none), [] { return exec::make_cpu_backend(); }, o);
-    ASSERT_TRUE(ref.ok());
-    expect_bitwise_equal(*ref, *run);
+    expect_runs_as_planned(sc->model, t, p, b);
   }
 }
 

@@ -125,6 +125,21 @@ TensorType scores_type(const OpAttrs& a) {
   return {{a.batch, a.heads, a.seq, a.seq}, kAct};
 }
 
+// The q/k norms': the q and k columns of [q | k | v] rows in `d`, one fp32 1/rms per row and
+// head, 4 FLOPs per q and k element, a head_dim weight for the queries and one for the keys.
+TensorType qk_columns(const OpAttrs& a, In in, Dtype d) {
+  return {{rows_of(in[0]), (a.heads + a.kv_heads) * a.head_dim}, d};
+}
+TensorType qk_rstd(const OpAttrs& a, In in) {
+  return {{rows_of(in[0]), a.heads + a.kv_heads}, Dtype::kFp32};
+}
+double qk_norm_flops(const OpAttrs& a, In in) {
+  return 4.0 * static_cast<double>(qk_columns(a, in, Dtype::kFp32).elements());
+}
+Weights qk_norm_weights(const OpAttrs& a, In) {
+  return {{"q_weight", {a.head_dim}}, {"k_weight", {a.head_dim}}};
+}
+
 // The vocab-parallel loss's per-token fp32 reductions: max, sum of exponentials, target logit.
 Types vocab_reductions(const OpAttrs&, In in) {
   TensorType row{{rows_of(in[0])}, Dtype::kFp32};
@@ -372,36 +387,19 @@ const OpInfo kOps[] =
          [](const OpAttrs&, In in) { return 5.0 * in[0].elements(); }, no_weights, none_types,
          vocab_reductions},
         {OpKind::kQkNorm, "qk_norm", 1, 2, 0b1, 0b10, 0b1, 0b01, false,
-         [](const OpAttrs& a, In in) -> Types {
-           return {in[0], {{rows_of(in[0]), a.heads + a.kv_heads}, Dtype::kFp32}};
-         },
-         [](const OpAttrs& a, In in) {  // norm_flops' 4 per element, of the q and k columns
-           return 4.0 * static_cast<double>(rows_of(in[0]) * (a.heads + a.kv_heads) * a.head_dim);
-         },
-         [](const OpAttrs& a, In) -> Weights {
-           return {{"q_weight", {a.head_dim}}, {"k_weight", {a.head_dim}}};
-         },
-         none_types},
+         [](const OpAttrs& a, In in) -> Types { return {in[0], qk_rstd(a, in)}; }, qk_norm_flops,
+         qk_norm_weights, none_types},
         {OpKind::kQkNormHf, "qk_norm_hf", 1, 4, 0, 0b1110, 0b1, 0b0001, false,
-         [](const OpAttrs& a, In in) -> Types {
-           const int64_t rows = rows_of(in[0]), heads = a.heads + a.kv_heads;
-           return {in[0],
-                   {{rows, heads * a.head_dim}, Dtype::kFp32},
-                   {{rows, heads}, Dtype::kFp32},
-                   {{rows, heads * a.head_dim}, in[0].dtype}};
+         [](const OpAttrs& a, In in) -> Types {  // y, fp32 copy, 1/rms, the normalized heads
+           return {in[0], qk_columns(a, in, Dtype::kFp32), qk_rstd(a, in),
+                   qk_columns(a, in, in[0].dtype)};
          },
-         [](const OpAttrs& a, In in) {
-           return 4.0 * static_cast<double>(rows_of(in[0]) * (a.heads + a.kv_heads) * a.head_dim);
-         },
-         [](const OpAttrs& a, In) -> Weights {
-           return {{"q_weight", {a.head_dim}}, {"k_weight", {a.head_dim}}};
-         },
+         qk_norm_flops, qk_norm_weights,
          [](const OpAttrs& a, In in) -> Types {  // db and da
-           TensorType fp32{{rows_of(in[0]), (a.heads + a.kv_heads) * a.head_dim}, Dtype::kFp32};
-           return {fp32, fp32};
+           return {qk_columns(a, in, Dtype::kFp32), qk_columns(a, in, Dtype::kFp32)};
          },
          [](const OpAttrs& a, In in) -> Types {  // b = a x r
-           return {{{rows_of(in[0]), (a.heads + a.kv_heads) * a.head_dim}, Dtype::kFp32}};
+           return {qk_columns(a, in, Dtype::kFp32)};
          }},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),

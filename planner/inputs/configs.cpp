@@ -408,19 +408,6 @@ std::optional<std::vector<int>> moe_layer_pattern(std::string text, int64_t laye
   return out;
 }
 
-// Layer indices as "0-2, 5".
-std::string format_layer_list(const std::vector<int64_t>& layers) {
-  std::string s;
-  for (size_t i = 0; i < layers.size();) {
-    size_t j = i;
-    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
-    s += (s.empty() ? "" : ", ") + std::to_string(layers[i]) +
-         (j > i ? "-" + std::to_string(layers[j]) : "");
-    i = j + 1;
-  }
-  return s;
-}
-
 }  // namespace
 
 Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, int64_t dp) {
@@ -627,8 +614,8 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
       if (*pattern != model)
         return fail("--moe-layer-freq " + quote_input(v) + " differs from the model " + m.name +
                     (m.moe ? ", whose dense layers are " +
-                                 (m.dense_layers.empty() ? std::string("none")
-                                                         : format_layer_list(m.dense_layers))
+                                 format_ranges(std::vector<int>(m.dense_layers.begin(),
+                                                                m.dense_layers.end()))
                            : std::string(", which has no MoE layers")));
     } else if (w == "--moe-expert-capacity-factor") {
       char* end = nullptr;

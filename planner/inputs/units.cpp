@@ -158,6 +158,18 @@ std::string format_int(int64_t value) {
   return value < 0 ? "-" + out : out;
 }
 
+std::string format_ranges(const std::vector<int>& layers) {
+  std::string s;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    s += (s.empty() ? "" : ",") + std::to_string(layers[i]) +
+         (j > i ? "-" + std::to_string(layers[j]) : "");
+    i = j + 1;
+  }
+  return s.empty() ? "none" : s;
+}
+
 std::string count_noun(int64_t n, std::string_view noun) {
   std::string out = std::to_string(n) + " " + std::string(noun);
   if (n == 1) return out;

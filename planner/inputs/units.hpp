@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "planner/inputs/result.hpp"
 
@@ -34,5 +35,7 @@ std::string format_signed_gib(int64_t bytes);  // "+1.25 GiB" / "-0.50 GiB"
 // "1 micro-batch", "4 micro-batches", "8 GPUs": a count with its noun, plural unless 1 (nouns
 // ending in ch, sh, s or x take "es").
 std::string count_noun(int64_t n, std::string_view noun);
+// Layer indices as ranges: "0-3,8-11" ("none" when empty).
+std::string format_ranges(const std::vector<int>& layers);
 
 }  // namespace np

@@ -121,17 +121,6 @@ TrainSpec simulation_setup(const TrainSpec& t) {
   return s;
 }
 
-std::string format_ranges(const std::vector<int>& layers) {
-  std::string s;
-  for (size_t i = 0; i < layers.size();) {
-    size_t j = i;
-    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
-    s += (s.empty() ? "" : ",") + std::to_string(layers[i]) +
-         (j > i ? "-" + std::to_string(layers[j]) : "");
-    i = j + 1;
-  }
-  return s.empty() ? "none" : s;
-}
 
 namespace {
 // The contiguous split of the layers into P parts balancing FLOPs (embedding in the first part,

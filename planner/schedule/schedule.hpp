@@ -170,8 +170,6 @@ std::vector<int64_t> partition_layers(const ModelSpec& m, const TrainSpec& t);
 std::vector<int64_t> chunk_layers(const ModelSpec& m, const TrainSpec& t);
 // The global decoder-layer indices each stage holds, in its forward (block) order.
 std::vector<std::vector<int>> stage_layer_lists(const ModelSpec& m, const TrainSpec& t);
-// Layer indices as ranges: "0-3,8-11" ("none" when empty).
-std::string format_ranges(const std::vector<int>& layers);
 
 // The static bytes (weights, gradient buffers, optimizer states) of a stage holding a given
 // number of decoder layers, as its program allocates them; for partition searches.
