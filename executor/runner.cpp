@@ -30,6 +30,10 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
                       "all-to-all sizes; dropless ep > 1 is estimated for balanced routing only); "
                       "got --ep " + std::to_string(t.ep) +
                       " without one: add --moe-capacity-factor (e.g. 1.25) or use --ep 1");
+  if (!host_memory && s.model.mla)
+    return make_error("the CUDA backend does not run multi-head latent attention yet (" +
+                      s.model.name + "; its kernels are written for the CPU executor): use "
+                      "--backend cpu");
   if (!host_memory && t.ep != 1)
     return make_error("the CUDA backend runs ep = 1 (expert parallelism runs on the CPU "
                       "executor); got --ep " + std::to_string(t.ep) + ": use --backend cpu");

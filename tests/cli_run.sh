@@ -133,7 +133,7 @@ check "run --scenario passes its matrix" '[ $rc -eq 0 ] && grep -q "0 of [0-9]* 
 "$NP" run --scenario tiny-moe >"$TMP/out4" 2>&1; rc=$?
 check "run --scenario by name, as a model is named" '[ $rc -eq 0 ] && [ "$(grep "setups failed" "$TMP/out3")" = "$(grep "setups failed" "$TMP/out4")" ]'
 "$NP" run --scenario tiny-lama >"$TMP/out5" 2>&1; rc=$?
-check "an unknown scenario name: exit 2 listing the scenarios" '[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/out5")" -eq 1 ] && grep -q "valid: tiny-gpt, " "$TMP/out5"'
+check "an unknown scenario name: exit 2 listing the scenarios" '[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/out5")" -eq 1 ] && grep -q "valid: tiny-deepseek, tiny-deepseek-lite, tiny-gpt, " "$TMP/out5"'
 
 "$NP" run "$TMP/plan.json" --check-plan >"$TMP/out4" 2>&1; rc=$?
 check "--check-plan accepts a good plan" '[ $rc -eq 0 ] && grep -q "plan OK" "$TMP/out4"'

@@ -60,6 +60,13 @@ const std::map<OpKind, const char*>& exceptions() {
       {OpKind::kFlashAttentionCp,
        "context parallelism runs on the CPU executor only: exec::check_runnable refuses cp > 1 "
        "for the CUDA backend, which has no kernel for it"},
+      {OpKind::kLinear,
+       "multi-head latent attention runs on the CPU executor only: exec::check_runnable refuses "
+       "MLA models for the CUDA backend (attention with a v head dim apart from q/k's is not "
+       "written there yet)"},
+      {OpKind::kMlaRope,
+       "multi-head latent attention runs on the CPU executor only: exec::check_runnable refuses "
+       "MLA models for the CUDA backend, which has no kernel for it"},
   };
   return e;
 }

@@ -25,7 +25,7 @@ TEST(Catalog, HasTheIssueModels) {
        {"llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b",
         "llama-3.1-405b", "qwen2.5-7b", "qwen2.5-72b", "mixtral-8x7b", "qwen1.5-moe-a2.7b",
         "gpt-22b", "gpt3-175b", "gpt-530b", "gpt-1t", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b",
-        "qwen3-235b-a22b"})
+        "qwen3-235b-a22b", "deepseek-v3", "deepseek-v2-lite"})
     EXPECT_TRUE(resolve_model(catalog(), name).ok()) << name;
 }
 
@@ -73,6 +73,33 @@ TEST(ParameterCount, Qwen3MatchesItsModelCards) {
   ModelSpec no_norms = model("qwen3-8b");
   no_norms.qk_norm = false;
   EXPECT_EQ(count_parameters(model("qwen3-8b")) - count_parameters(no_norms), 36 * 256);
+}
+
+// DeepSeek: V3's 671,026,419,200 without its MTP module (its model card: 671B main model), which
+// holds 58 MoE layers x 256 fp32 score-correction biases; V2-Lite's card gives 15.7B. Each MLA
+// layer, by hand from the configs: q_a_proj + q_a_layernorm + q_b_proj (or q_proj),
+// kv_a_proj_with_mqa + kv_a_layernorm + kv_b_proj, o_proj.
+TEST(ParameterCount, DeepSeekMatchesItsModelCards) {
+  const ModelSpec v3 = model("deepseek-v3"), lite = model("deepseek-v2-lite");
+  EXPECT_EQ(count_parameters(v3), 671'026'419'200);
+  EXPECT_EQ(std::round(static_cast<double>(count_parameters(lite)) / 1e8) / 10, 15.7);
+  TrainSpec t;
+  t.seq_len = 1;
+  const int64_t h = 7168, heads = 128;
+  const int64_t v3_attn = h * 1536 + 1536 + 1536 * heads * 192 + h * (512 + 64) + 512 +
+                          512 * heads * (128 + 128) + heads * 128 * h;
+  // The layer: its attention, the two norms, the MLP (dense, or experts + router + shared).
+  EXPECT_EQ(build_dense_layer(v3, t).weight_elements(false), v3_attn + 2 * h + 3 * h * 18432);
+  BlockGraph moe = build_layer(v3, t);
+  EXPECT_EQ(moe.weight_elements(true), 256 * 3 * h * 2048);
+  EXPECT_EQ(moe.weight_elements(false), v3_attn + 2 * h + 256 * h + 3 * h * 2048);
+  const int64_t lite_attn = 2048 * 16 * 192 + 2048 * (512 + 64) + 512 +
+                            512 * 16 * (128 + 128) + 16 * 128 * 2048;
+  EXPECT_EQ(build_dense_layer(lite, t).weight_elements(false),
+            lite_attn + 2 * 2048 + 3 * 2048 * 10944);
+  ModelSpec no_bias = v3;
+  no_bias.moe->expert_bias = false;
+  EXPECT_EQ(count_parameters(v3) - count_parameters(no_bias), 58 * 256);
 }
 
 // GPT-style models have no exact public count; Narayanan et al. 2021 give
@@ -231,6 +258,61 @@ TEST(LoadHfConfig, MoeAndQwenBias) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_TRUE(r->qkv_bias);
   EXPECT_EQ(count_parameters(*r), count_parameters(model("qwen1.5-moe-a2.7b")));
+}
+
+// DeepSeek (transformers' DeepseekV3Config / DeepseekV2Config): MLA's ranks and head dims, the
+// dense first layers (first_k_dense_replace, moe_layer_freq), the shared experts as one MLP of
+// n_shared_experts x moe_intermediate_size, noaux_tc's bias; head_dim is the RoPE part's there.
+TEST(LoadHfConfig, DeepSeekV3AndV2Lite) {
+  std::string path = testing::temp_path("deepseek.json");
+  const std::string v3 = R"({"model_type": "deepseek_v3", "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
+    "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+    "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+    "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+    "moe_layer_freq": 1, "first_k_dense_replace": 3, "norm_topk_prob": true,
+    "scoring_func": "sigmoid", "num_nextn_predict_layers": 1, "head_dim": 64,
+    "max_position_embeddings": 163840, "vocab_size": 129280, "tie_word_embeddings": false,
+    "attention_bias": false, "hidden_act": "silu"})";
+  write(path, v3);
+  auto r = load_hf_config(path);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_TRUE(r->mla && r->moe);
+  EXPECT_EQ(r->head_dim, 192);
+  EXPECT_EQ(r->dense_layers, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_TRUE(r->moe->expert_bias);
+  EXPECT_EQ(count_parameters(*r), 671'026'419'200);
+  // moe_layer_freq 2: of the layers from 3 on, the odd ones are dense too.
+  std::string every_other = v3;
+  every_other.replace(every_other.find("\"moe_layer_freq\": 1"), 19, "\"moe_layer_freq\": 2");
+  write(path, every_other);
+  r = load_hf_config(path);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->dense_layers.size(), 3u + 29u);
+  EXPECT_EQ(r->dense_layers[3], 3);
+  EXPECT_EQ(r->dense_layers[4], 5);
+  write(path, R"({"model_type": "deepseek_v2", "hidden_size": 2048,
+    "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "n_shared_experts": 2,
+    "n_routed_experts": 64, "kv_lora_rank": 512, "q_lora_rank": null, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "greedy",
+    "num_experts_per_tok": 6, "moe_layer_freq": 1, "first_k_dense_replace": 1,
+    "max_position_embeddings": 163840, "vocab_size": 102400, "tie_word_embeddings": false})");
+  r = load_hf_config(path);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->mla->q_lora_rank, 0);
+  EXPECT_FALSE(r->moe->expert_bias);
+  EXPECT_EQ(count_parameters(*r), count_parameters(model("deepseek-v2-lite")));
+  write(path, R"({"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+    "max_position_embeddings": 64, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8, "v_head_dim": 8, "n_routed_experts": 4, "moe_intermediate_size": 32,
+    "num_experts_per_tok": 2, "moe_layer_freq": 0})");
+  r = load_hf_config(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("moe_layer_freq 0 is invalid"), std::string::npos)
+      << r.error().message;
 }
 
 // Qwen3 (transformers' Qwen3Config and Qwen3MoeConfig): q/k norms always, head_dim apart from

@@ -508,6 +508,17 @@ std::vector<Case> all_cases() {
   add("attn_scores_gqa2", OpKind::kAttnScores, gqa2, {act({T, (4 + 2 * 2) * 4})});
   add("attn_context_gqa2", OpKind::kAttnContext, gqa2,
       {act({B, 4, S, S}, 0, 1), act({T, (4 + 2 * 2) * 4})});
+  // MLA's geometry: 2 heads of q/k 6 (2 content + 4 RoPE) and v 3, every head its own k and v.
+  OpAttrs mla{.batch = B, .seq = S, .heads = 2, .kv_heads = 2, .head_dim = 6, .v_head_dim = 3,
+              .rope_dim = 4};
+  add("linear", OpKind::kLinear, {.features = F}, {act({T, H})});
+  add("mla_rope", OpKind::kMlaRope, mla, {act({T, 2 * 6}), act({T, 2 * (2 + 3)}), act({T, 4})});
+  add("mla_rope_all_reduce", OpKind::kMlaRope, mla,
+      {act({T, 2 * 6}), act({T, 2 * (2 + 3)}), act({T, 4})}, -0.5, 0.5, "all_reduce");
+  add("flash_attention_mla", OpKind::kFlashAttention, mla, {act({T, 4 * 6 + 2 * 3})});
+  add("attn_scores_mla", OpKind::kAttnScores, mla, {act({T, 4 * 6 + 2 * 3})});
+  add("attn_context_mla", OpKind::kAttnContext, mla,
+      {act({B, 2, S, S}, 0, 1), act({T, 4 * 6 + 2 * 3})});
   add("attn_scores", OpKind::kAttnScores, core, {act({T, QKV})});
   add("softmax", OpKind::kSoftmax, core, {act({B, HQ, S, S}, -2, 2)});
   add("softmax_fp32", OpKind::kSoftmaxFp32, core, {act({B, HQ, S, S}, -2, 2)});
@@ -617,14 +628,15 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
   const auto& w = c.weights;
   auto x = [&](int k) -> const Vec& { return in[k].v; };
   // Attention geometry from the attrs (a case may use other heads than the model's).
+  // The values' head dim dv: MLA's v_head_dim, else head_dim.
   int64_t hq = c.attrs.heads, hkv = c.attrs.kv_heads, hd = c.attrs.head_dim,
-          wq = (hq + 2 * hkv) * hd;
+          dv = c.attrs.v_head_dim > 0 ? c.attrs.v_head_dim : hd, wq = (hq + hkv) * hd + hkv * dv;
   auto q = [&](const Vec& a, int64_t t, int64_t h, int64_t d) { return a[t * wq + h * hd + d]; };
   auto k_ = [&](const Vec& a, int64_t t, int64_t h, int64_t d) {
     return a[t * wq + (hq + h / (hq / hkv)) * hd + d];
   };
   auto v_ = [&](const Vec& a, int64_t t, int64_t h, int64_t d) {
-    return a[t * wq + (hq + hkv + h / (hq / hkv)) * hd + d];
+    return a[t * wq + (hq + hkv) * hd + h / (hq / hkv) * dv + d];
   };
   double scale = hd > 0 ? 1.0 / std::sqrt(double(hd)) : 0.0;
   switch (c.kind) {
@@ -689,6 +701,7 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
     }
     case OpKind::kColumnLinear:
     case OpKind::kRowLinear:
+    case OpKind::kLinear:
     case OpKind::kRouter: {
       int64_t n = in[0].type.shape[1], out = c.attrs.features;
       return {linear_ref(x(0), T, n, w[0].v, out, w.size() > 1 ? &w[1].v : nullptr)};
@@ -737,7 +750,7 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
     case OpKind::kSoftmaxFp32:
     case OpKind::kAttnContext: {
       const Vec& a = c.kind == OpKind::kAttnContext ? x(1) : x(0);
-      Vec ctx(T * hq * hd, 0.0), lse(B * hq * S), sc(B * hq * S * S, 0.0), pr(B * hq * S * S, 0.0);
+      Vec ctx(T * hq * dv, 0.0), lse(B * hq * S), sc(B * hq * S * S, 0.0), pr(B * hq * S * S, 0.0);
       for (int64_t bi = 0; bi < B; ++bi)
         for (int64_t h = 0; h < hq; ++h)
           for (int64_t i = 0; i < S; ++i) {
@@ -757,8 +770,8 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
               pr[row * S + j] = std::exp(scale * sc[row * S + j] - m) / z;
               if (c.kind != OpKind::kFlashAttention && c.kind != OpKind::kAttnContext) continue;
               double p = c.kind == OpKind::kAttnContext ? x(0)[row * S + j] : pr[row * S + j];
-              for (int64_t d = 0; d < hd; ++d)
-                ctx[(i * B + bi) * hq * hd + h * hd + d] += p * v_(a, j * B + bi, h, d);
+              for (int64_t d = 0; d < dv; ++d)
+                ctx[(i * B + bi) * hq * dv + h * dv + d] += p * v_(a, j * B + bi, h, d);
             }
           }
       if (c.kind == OpKind::kFlashAttention) return {ctx, lse};
@@ -913,6 +926,33 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
         stats[2 * t] = m, stats[2 * t + 1] = std::log(z);
       }
       return {loss, stats};
+    }
+    case OpKind::kMlaRope: {  // [q | k | v]: q's last r features rotated, k = [content | pe]
+      const int64_t r = c.attrs.rope_dim, dn = hd - r, width = hq * (2 * hd + dv);
+      Vec o(T * width);
+      auto rot = [&](double re, double im, int64_t t, int64_t i, bool second) {
+        double a = double(t / B) / std::pow(10000.0, 2.0 * i / r);
+        return second ? re * std::sin(a) + im * std::cos(a) : re * std::cos(a) - im * std::sin(a);
+      };
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < hq; ++h) {
+          const int64_t qc = t * width + h * hd, kc = t * width + hq * hd + h * hd;
+          const double* qi = &x(0)[t * hq * hd + h * hd];
+          const double* pe = &x(2)[t * r];
+          for (int64_t d = 0; d < dn; ++d) {
+            o[qc + d] = qi[d];
+            o[kc + d] = x(1)[t * hq * (dn + dv) + h * dn + d];
+          }
+          for (int64_t i = 0; i < r / 2; ++i) {
+            o[qc + dn + i] = rot(qi[dn + i], qi[dn + i + r / 2], t, i, false);
+            o[qc + dn + i + r / 2] = rot(qi[dn + i], qi[dn + i + r / 2], t, i, true);
+            o[kc + dn + i] = rot(pe[i], pe[i + r / 2], t, i, false);
+            o[kc + dn + i + r / 2] = rot(pe[i], pe[i + r / 2], t, i, true);
+          }
+          for (int64_t d = 0; d < dv; ++d)
+            o[t * width + 2 * hq * hd + h * dv + d] = x(1)[t * hq * (dn + dv) + hq * dn + h * dv + d];
+        }
+      return {o};
     }
     case OpKind::kCount:
       break;

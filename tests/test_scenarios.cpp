@@ -70,6 +70,15 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
     EXPECT_EQ(g.of(BlockKind::kLayer, 0), g.dense_layer);
     EXPECT_EQ(g.of(BlockKind::kLayer, 1), g.layer);
   }
+  if (name == "tiny-deepseek") {  // MLA with the q latent, a dense first layer, EP, ZeRO-3
+    EXPECT_TRUE(has([](const TrainSpec& t) { return t.ep == 2 && t.zero == 3 && t.tp == 2; }));
+    EXPECT_TRUE(sc->model.mla && sc->model.mla->q_lora_rank > 0 && sc->model.moe &&
+                sc->model.moe->shared_ffn > 0 && !sc->model.moe->shared_gate);
+  }
+  if (name == "tiny-deepseek-lite") {  // MLA's direct q projection, TP without SP
+    EXPECT_TRUE(has([](const TrainSpec& t) { return t.tp == 2 && !t.sp && t.pp == 2; }));
+    EXPECT_TRUE(sc->model.mla && sc->model.mla->q_lora_rank == 0);
+  }
   if (name == "tiny-llama" || name == "tiny-gpt") {  // 4 layers: pp 2 x 2 chunks
     EXPECT_TRUE(has([](const TrainSpec& t) {
       return t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages == 2;
@@ -112,7 +121,8 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
 INSTANTIATE_TEST_SUITE_P(All, Scenarios,
                          ::testing::Values("tiny-llama", "tiny-qwen", "tiny-moe", "tiny-gpt",
                                            "tiny-llama-dp", "tiny-gpt-cp", "tiny-moe-ep",
-                                           "tiny-gpt-megatron", "tiny-qwen3", "tiny-moe-mixed"),
+                                           "tiny-gpt-megatron", "tiny-qwen3", "tiny-moe-mixed",
+                                           "tiny-deepseek", "tiny-deepseek-lite"),
                          testing::ParamName());
 
 // The runner nanoplan run --scenario calls: found by name beside the catalog, each case seen as

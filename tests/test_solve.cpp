@@ -511,5 +511,38 @@ TEST(Frontier, NamedPoliciesLandOnOrUnderTheFrontier) {
   EXPECT_EQ(lf.options.back().kept_bytes, full.option.kept_bytes);
 }
 
+// The halves' search (a layer with too many choices to enumerate) against the exhaustive
+// frontier: on these layers it finds every frontier point, each evaluated exactly. MLA's and
+// DeepSeek's MoE layers are what needs it (hundreds of millions of choices at tp 2 with SP).
+TEST(Frontier, HalvesSearchFindsTheExhaustiveFrontier) {
+  struct Case {
+    const char* model;
+    bool dense;
+    int64_t tp;
+  };
+  for (Case c : {Case{"deepseek-v2-lite", true, 2}, Case{"deepseek-v2-lite", true, 1},
+                 Case{"llama-3.1-70b", false, 8}, Case{"qwen3-30b-a3b", false, 1},
+                 Case{"mixtral-8x7b", false, 2}}) {
+    TrainSpec t;
+    t.tp = c.tp, t.sp = c.tp > 1, t.seq_len = 1024;
+    const ModelSpec m = testing::model(c.model);
+    BlockGraph g = c.dense ? build_dense_layer(m, t) : build_layer(m, t);
+    std::vector<double> cost = flops_cost(g);
+    LayerFrontier exact = layer_frontier(g, t, cost), halves = layer_frontier(g, t, cost, 0);
+    ASSERT_TRUE(exact.exhaustive) << c.model;
+    ASSERT_FALSE(halves.exhaustive) << c.model;
+    EXPECT_LT(halves.evaluated, exact.evaluated) << c.model;
+    ASSERT_EQ(halves.options.size(), exact.options.size()) << c.model << " tp " << c.tp;
+    for (size_t i = 0; i < exact.options.size(); ++i) {
+      EXPECT_EQ(halves.options[i].kept_bytes, exact.options[i].kept_bytes) << c.model << " " << i;
+      EXPECT_EQ(halves.options[i].working_bytes, exact.options[i].working_bytes) << c.model;
+      EXPECT_EQ(halves.options[i].cost, exact.options[i].cost) << c.model << " " << i;
+      const LayerOption again = evaluate_option(g, halves.options[i].recompute, cost);
+      EXPECT_EQ(again.kept_bytes, halves.options[i].kept_bytes);
+      EXPECT_EQ(again.working_bytes, halves.options[i].working_bytes);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace np

@@ -1,6 +1,7 @@
 // Causal self-attention over the full sequence, scale 1/sqrt(head_dim), GQA: FlashAttention (keeps
 // output and logsumexp, recomputes the probabilities in backward) and the eager ops (scores Q K^T,
-// masked softmax, probs V). qkv rows are [q heads | k heads | v heads], row t = pos*b + batch.
+// masked softmax, probs V). qkv rows are [q heads | k heads | v heads], row t = pos*b + batch;
+// q and k heads are head_dim wide, v heads dv (the attrs' v_head_dim, MLA's; else head_dim).
 #include <cmath>
 #include <limits>
 
@@ -11,24 +12,29 @@ namespace np::exec::cpu {
 namespace {
 
 // Shapes of one attention op and the column of each head in a qkv row.
+int64_t v_dim(const OpAttrs& a) {
+  return a.v_head_dim > 0 ? a.v_head_dim : a.head_dim;
+}
+
 struct Geo {
-  int64_t b, s, hq, hkv, d, width;
+  int64_t b, s, hq, hkv, d, dv, width;
   float scale;
   Geo(const Env& env, const Tensor& qkv) {
     const OpAttrs& a = env.attrs();
-    b = a.batch, s = a.seq, hq = a.heads, hkv = a.kv_heads, d = a.head_dim;
+    b = a.batch, s = a.seq, hq = a.heads, hkv = a.kv_heads, d = a.head_dim, dv = v_dim(a);
     check(b > 0 && s > 0 && hq > 0 && hkv > 0 && d > 0 && hq % hkv == 0,
           "attention: bad batch/seq/heads/head_dim attrs");
-    width = (hq + 2 * hkv) * d;
+    width = (hq + hkv) * d + hkv * dv;
     check(dim(qkv, 0) == b * s && row_width(qkv) == width,
-          "attention: qkv is not {s*b, (heads + 2 kv_heads) head_dim}");
+          "attention: qkv is not {s*b, (heads + kv_heads) head_dim + kv_heads v_head_dim}");
     scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   }
   int64_t row(int64_t bi, int64_t pos) const { return pos * b + bi; }
   int64_t kv(int64_t h) const { return h / (hq / hkv); }
   int64_t q_col(int64_t h) const { return h * d; }
   int64_t k_col(int64_t h) const { return (hq + kv(h)) * d; }
-  int64_t v_col(int64_t h) const { return (hq + hkv + kv(h)) * d; }
+  int64_t v_col(int64_t h) const { return (hq + hkv) * d + kv(h) * dv; }
+  int64_t o_col(int64_t h) const { return h * dv; }
   int64_t score(int64_t bi, int64_t h, int64_t i, int64_t j) const {
     return ((bi * hq + h) * s + i) * s + j;
   }
@@ -56,7 +62,7 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 
 namespace {
 struct Flash {
-  int64_t b, s, sl, hq, hkv, d;  // sl: this rank's positions per sequence (s / cp)
+  int64_t b, s, sl, hq, hkv, d, dv;  // sl: this rank's positions per sequence (s / cp)
   int64_t kv_off;                // column of the first K head in K's rows
   float scale;
   std::vector<int64_t> key_row;  // global position p -> K's row for batch 0 (add bi)
@@ -64,15 +70,15 @@ struct Flash {
   Flash(const Env& env, const Tensor& qkv, const Tensor* kv) {
     const OpAttrs& a = env.attrs();
     int64_t cp = kv ? a.group : 1;
-    b = a.batch, s = a.seq, hq = a.heads, hkv = a.kv_heads, d = a.head_dim;
+    b = a.batch, s = a.seq, hq = a.heads, hkv = a.kv_heads, d = a.head_dim, dv = v_dim(a);
     check(b > 0 && s > 0 && hq > 0 && hkv > 0 && d > 0 && hq % hkv == 0 && cp > 0 &&
               (cp == 1 || s % (2 * cp) == 0),
           "attention: bad batch/seq/heads/head_dim/group attrs");
     sl = s / cp;
-    check(dim(qkv, 0) == b * sl && row_width(qkv) == (hq + 2 * hkv) * d,
-          "attention: qkv is not {s/cp*b, (heads + 2 kv_heads) head_dim}");
-    check(!kv || (dim(*kv, 0) == b * s && row_width(*kv) == 2 * hkv * d),
-          "attention: the gathered kv is not {s*b, 2 kv_heads head_dim}");
+    check(dim(qkv, 0) == b * sl && row_width(qkv) == (hq + hkv) * d + hkv * dv,
+          "attention: qkv is not {s/cp*b, (heads + kv_heads) head_dim + kv_heads v_head_dim}");
+    check(!kv || (dim(*kv, 0) == b * s && row_width(*kv) == hkv * (d + dv)),
+          "attention: the gathered kv is not {s*b, kv_heads (head_dim + v_head_dim)}");
     kv_off = kv ? 0 : hq * d;
     scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
     key_row.assign(static_cast<size_t>(s), 0);
@@ -86,7 +92,7 @@ struct Flash {
     for (int64_t u = 0; u < sl; ++u) q_pos[u] = kv ? global_token_row(env.ctx, u * b) / b : u;
   }
   int64_t k_col(int64_t h) const { return kv_off + (h / (hq / hkv)) * d; }
-  int64_t v_col(int64_t h) const { return kv_off + (hkv + h / (hq / hkv)) * d; }
+  int64_t v_col(int64_t h) const { return kv_off + hkv * d + (h / (hq / hkv)) * dv; }
   int64_t stat(int64_t bi, int64_t h, int64_t u) const { return (bi * hq + h) * sl + u; }
 
   void forward(const Mat& X, const Mat& K, Mat& O, float* lse) const {
@@ -104,7 +110,7 @@ struct Flash {
           for (int64_t j = 0; j <= i; ++j) l += sc[j] = std::exp(sc[j] - m);
           float inv = static_cast<float>(1.0 / l);
           for (int64_t j = 0; j <= i; ++j)
-            axpy(sc[j] * inv, &K(key_row[j] + bi, v_col(h)), &O(ti, h * d), d);
+            axpy(sc[j] * inv, &K(key_row[j] + bi, v_col(h)), &O(ti, h * dv), dv);
           lse[stat(bi, h, u)] = m + static_cast<float>(std::log(l));
         }
   }
@@ -119,19 +125,19 @@ struct Flash {
       for (int64_t h = 0; h < hq; ++h) {
         for (int64_t u = 0; u < sl; ++u) {
           int64_t ti = u * b + bi;
-          D[stat(bi, h, u)] = dot(&dO(ti, h * d), &O(ti, h * d), d);
+          D[stat(bi, h, u)] = dot(&dO(ti, h * dv), &O(ti, h * dv), dv);
         }
         for (int64_t u = 0; u < sl; ++u) {
           int64_t ti = u * b + bi, i = q_pos[u];
           const float* q = &X(ti, h * d);
-          const float* go = &dO(ti, h * d);
+          const float* go = &dO(ti, h * dv);
           float* dq_i = dQ + ti * hq * d + h * d;
           for (int64_t j = 0; j <= i; ++j) {
             int64_t tj = key_row[j] + bi;
             const float* k = &K(tj, k_col(h));
             float p = std::exp(scale * dot(q, k, d) - lse[stat(bi, h, u)]);
-            axpy(p, go, &dK(tj, v_col(h)), d);
-            float ds = p * (dot(go, &K(tj, v_col(h)), d) - D[stat(bi, h, u)]);
+            axpy(p, go, &dK(tj, v_col(h)), dv);
+            float ds = p * (dot(go, &K(tj, v_col(h)), dv) - D[stat(bi, h, u)]);
             axpy(scale * ds, k, dq_i, d);
             axpy(scale * ds, q, &dK(tj, k_col(h)), d);
           }
@@ -142,8 +148,8 @@ struct Flash {
 
 Outs flash_forward(const Env& env, const Tensor& qkv, const Tensor* kv) {
   Flash f(env, qkv, kv);
-  Mat X = load_mat(qkv), O = Mat::Zero(f.b * f.sl, f.hq * f.d);
-  Tensor out = env.output({f.b * f.sl, f.hq * f.d}, env.act),
+  Mat X = load_mat(qkv), O = Mat::Zero(f.b * f.sl, f.hq * f.dv);
+  Tensor out = env.output({f.b * f.sl, f.hq * f.dv}, env.act),
          lse = env.output({f.b, f.hq, f.sl}, Dtype::kFp32);
   if (kv)
     f.forward(X, load_mat(*kv), O, lse.as<float>());
@@ -353,15 +359,15 @@ Outs attn_context_forward(const Env& env, Ins in, Ins) {
   Geo g(env, qkv);
   check(probs.numel() == g.b * g.hq * g.s * g.s, "attn_context: probs are not {b, heads, s, s}");
   Mat X = load_mat(qkv), P = load_rows(probs, g.b * g.hq * g.s, g.s),
-      O = Mat::Zero(g.b * g.s, g.hq * g.d);
+      O = Mat::Zero(g.b * g.s, g.hq * g.dv);
   const float* pp = P.data();
   for (int64_t bi = 0; bi < g.b; ++bi)
     for (int64_t h = 0; h < g.hq; ++h)
       for (int64_t i = 0; i < g.s; ++i)
         for (int64_t j = 0; j <= i; ++j)
-          axpy(pp[g.score(bi, h, i, j)], &X(g.row(bi, j), g.v_col(h)), &O(g.row(bi, i), g.q_col(h)),
-               g.d);
-  Tensor out = env.output({g.b * g.s, g.hq * g.d}, env.act);
+          axpy(pp[g.score(bi, h, i, j)], &X(g.row(bi, j), g.v_col(h)), &O(g.row(bi, i), g.o_col(h)),
+               g.dv);
+  Tensor out = env.output({g.b * g.s, g.hq * g.dv}, env.act);
   store_mat(out, O);
   return {out};
 }
@@ -381,8 +387,8 @@ void attn_context_backward(const Env& env, const BackwardArgs& a) {
       for (int64_t i = 0; i < g.s; ++i)
         for (int64_t j = 0; j <= i; ++j) {
           int64_t ti = g.row(bi, i), tj = g.row(bi, j), k = g.score(bi, h, i, j);
-          dp[k] = dot(&dO(ti, g.q_col(h)), &X(tj, g.v_col(h)), g.d);
-          axpy(pp[k], &dO(ti, g.q_col(h)), &dX(tj, g.v_col(h)), g.d);
+          dp[k] = dot(&dO(ti, g.o_col(h)), &X(tj, g.v_col(h)), g.dv);
+          axpy(pp[k], &dO(ti, g.o_col(h)), &dX(tj, g.v_col(h)), g.dv);
         }
   grad_input(env, a, 0, probs.type, dP);
   grad_input(env, a, 1, qkv.type, dX);

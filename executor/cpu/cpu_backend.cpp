@@ -113,6 +113,10 @@ class CpuBackend final : public Backend {
         return log_softmax_loss_forward(env, in, w);
       case OpKind::kCrossEntropyTe:
         return cross_entropy_te_forward(env, in, w);
+      case OpKind::kLinear:
+        return replicated_linear_forward(env, in, w);
+      case OpKind::kMlaRope:
+        return mla_rope_forward(env, in, w);
       case OpKind::kCount:
         break;
     }
@@ -213,6 +217,10 @@ class CpuBackend final : public Backend {
         return log_softmax_loss_backward(env, a);
       case OpKind::kCrossEntropyTe:
         return cross_entropy_te_backward(env, a);
+      case OpKind::kLinear:
+        return replicated_linear_backward(env, a);
+      case OpKind::kMlaRope:
+        return mla_rope_backward(env, a);
       case OpKind::kCount:
         break;
     }

@@ -93,6 +93,14 @@ void column_linear_backward(const Env& env, const BackwardArgs& a) {
   linear_backward(env, a);
 }
 
+// A linear every TP rank holds whole (MLA's down-projections): as the column-parallel one.
+Outs replicated_linear_forward(const Env& env, Ins in, Ins w) {
+  return column_linear_forward(env, in, w);
+}
+void replicated_linear_backward(const Env& env, const BackwardArgs& a) {
+  column_linear_backward(env, a);
+}
+
 // The output is a partial sum over TP: only rank 0 adds the bias (its gradient is every rank's).
 Outs row_linear_forward(const Env& env, Ins in, Ins w) {
   return linear_forward(env, in, w, env.act, env.ctx.tp_rank == 0);

@@ -333,6 +333,32 @@ void qk_norm_hf_backward(const Env& env, const BackwardArgs& a) {
 
 namespace {
 
+// The cos and +-sin of each rotated pair of a `d`-wide head at position pos (rotate-half, theta
+// 10000): pair i is (i, i + d/2).
+void rope_angles(double pos, int64_t d, double sign, std::vector<float>& cs,
+                 std::vector<float>& sn) {
+  int64_t half = d / 2;
+  cs.resize(half), sn.resize(half);
+  for (int64_t i = 0; i < half; ++i) {
+    double ang = pos * std::pow(10000.0, -2.0 * i / d);
+    cs[i] = static_cast<float>(std::cos(ang)), sn[i] = static_cast<float>(sign * std::sin(ang));
+  }
+}
+// y = x rotated, over one head of 2 cs.size() features.
+void rotate_head(const float* x, float* y, const std::vector<float>& cs,
+                 const std::vector<float>& sn) {
+  const size_t half = cs.size();
+  for (size_t i = 0; i < half; ++i) {
+    float x0 = x[i], x1 = x[i + half];
+    y[i] = x0 * cs[i] - x1 * sn[i];
+    y[i + half] = x1 * cs[i] + x0 * sn[i];
+  }
+}
+// Position of row t of a token tensor of T rows.
+double row_position(const Env& env, int64_t T, int64_t t) {
+  return static_cast<double>(global_token_row(env.ctx, env.first_row(T) + t) / env.batch());
+}
+
 // Rotates the q and k heads of every row by +angle (forward) or -angle (backward).
 Mat rope_apply(const Env& env, const Mat& X, double sign) {
   const ModelSpec& m = *env.ctx.model;
@@ -340,25 +366,29 @@ Mat rope_apply(const Env& env, const Mat& X, double sign) {
   check(d % 2 == 0, "rope: head_dim must be even");
   check(X.cols() == (m.heads / tp + 2 * (m.kv_heads / tp)) * d,
         "rope: the row is not [q | k | v] of this rank's heads");
-  int64_t T = X.rows(), half = d / 2, first = env.first_row(T), b = env.batch();
   Mat Y = X;
-  std::vector<float> cs(half), sn(half);
-  for (int64_t t = 0; t < T; ++t) {
-    double pos = static_cast<double>(global_token_row(env.ctx, first + t) / b);
-    for (int64_t i = 0; i < half; ++i) {
-      double ang = pos * std::pow(10000.0, -2.0 * i / d);
-      cs[i] = static_cast<float>(std::cos(ang)), sn[i] = static_cast<float>(sign * std::sin(ang));
-    }
-    for (int64_t hd = 0; hd < rotated; ++hd)
-      for (int64_t i = 0; i < half; ++i) {
-        int64_t c0 = hd * d + i, c1 = c0 + half;
-        float x0 = X(t, c0), x1 = X(t, c1);
-        Y(t, c0) = x0 * cs[i] - x1 * sn[i];
-        Y(t, c1) = x1 * cs[i] + x0 * sn[i];
-      }
+  std::vector<float> cs, sn;
+  for (int64_t t = 0; t < X.rows(); ++t) {
+    rope_angles(row_position(env, X.rows(), t), d, sign, cs, sn);
+    for (int64_t hd = 0; hd < rotated; ++hd) rotate_head(&X(t, hd * d), &Y(t, hd * d), cs, sn);
   }
   return Y;
 }
+
+// MLA's geometry (the op's attrs): h heads of q/k width dqk, of which the last r features are the
+// rotated part (dn = dqk - r content features), and v heads of width dv. The kv up-projection's
+// rows are [k content of the h heads | v of the h heads] (its two column-parallel sections).
+struct MlaGeo {
+  int64_t h, dqk, r, dn, dv;
+  explicit MlaGeo(const OpAttrs& a)
+      : h(a.heads), dqk(a.head_dim), r(a.rope_dim), dn(a.head_dim - a.rope_dim),
+        dv(a.v_head_dim) {
+    check(h > 0 && r > 0 && r % 2 == 0 && dn > 0 && dv > 0,
+          "mla_rope: bad heads/head_dim/rope_dim/v_head_dim attrs");
+  }
+  int64_t k_off() const { return h * dqk; }
+  int64_t v_off() const { return 2 * h * dqk; }
+};
 
 }  // namespace
 
@@ -372,6 +402,69 @@ Outs rope_forward(const Env& env, Ins in, Ins) {
 void rope_backward(const Env& env, const BackwardArgs& a) {
   const Tensor& g = need(a.grad_outputs, 0, "rope output gradient");
   grad_input(env, a, 0, g.type, rope_apply(env, load_mat(g), -1.0));
+}
+
+// ---- MLA's query, key and value rows: q's rope part rotated, k = [k content | rotated k_pe] per
+// head, v copied -------------------------------------------------------------------------------
+
+Outs mla_rope_forward(const Env& env, Ins in, Ins) {
+  MlaGeo g(env.attrs());
+  const Tensor& q = need(in, 0, "mla_rope queries");
+  const Tensor& kv = need(in, 1, "mla_rope kv up-projection");
+  const Tensor& pe = need(in, 2, "mla_rope keys' rope part");
+  const int64_t T = dim(q, 0);
+  check(row_width(q) == g.h * g.dqk && dim(kv, 0) == T && row_width(kv) == g.h * (g.dn + g.dv) &&
+            dim(pe, 0) == T && row_width(pe) == g.r,
+        "mla_rope: inputs are not [T, heads head_dim], [T, heads (nope + v)], [T, rope_dim]");
+  Mat Q = load_mat(q), KV = load_mat(kv), PE = load_mat(pe), Y(T, g.v_off() + g.h * g.dv);
+  std::vector<float> cs, sn;
+  for (int64_t t = 0; t < T; ++t) {
+    rope_angles(row_position(env, T, t), g.r, 1.0, cs, sn);
+    for (int64_t hd = 0; hd < g.h; ++hd) {
+      const int64_t qc = hd * g.dqk, kc = g.k_off() + hd * g.dqk;
+      Y.row(t).segment(qc, g.dn) = Q.row(t).segment(qc, g.dn);
+      rotate_head(&Q(t, qc + g.dn), &Y(t, qc + g.dn), cs, sn);
+      Y.row(t).segment(kc, g.dn) = KV.row(t).segment(hd * g.dn, g.dn);
+      rotate_head(&PE(t, 0), &Y(t, kc + g.dn), cs, sn);
+      Y.row(t).segment(g.v_off() + hd * g.dv, g.dv) =
+          KV.row(t).segment(g.h * g.dn + hd * g.dv, g.dv);
+    }
+  }
+  Tensor out = env.output({T, Y.cols()}, q.type.dtype);
+  store_mat(out, Y);
+  return {out};
+}
+
+// The transpose: rotations by -angle, the heads' k_pe gradients summed in head order (all-reduced
+// over TP when the op's backward collective says so: TP without SP).
+void mla_rope_backward(const Env& env, const BackwardArgs& a) {
+  MlaGeo g(env.attrs());
+  Mat G = load_mat(need(a.grad_outputs, 0, "mla_rope output gradient"));
+  const int64_t T = G.rows();
+  Mat DQ(T, g.h * g.dqk), DKV(T, g.h * (g.dn + g.dv)), DPE = Mat::Zero(T, g.r);
+  std::vector<float> r(static_cast<size_t>(g.r));
+  std::vector<float> cs, sn;
+  for (int64_t t = 0; t < T; ++t) {
+    rope_angles(row_position(env, T, t), g.r, -1.0, cs, sn);
+    for (int64_t hd = 0; hd < g.h; ++hd) {
+      const int64_t qc = hd * g.dqk, kc = g.k_off() + hd * g.dqk;
+      DQ.row(t).segment(qc, g.dn) = G.row(t).segment(qc, g.dn);
+      rotate_head(&G(t, qc + g.dn), &DQ(t, qc + g.dn), cs, sn);
+      DKV.row(t).segment(hd * g.dn, g.dn) = G.row(t).segment(kc, g.dn);
+      rotate_head(&G(t, kc + g.dn), r.data(), cs, sn);
+      for (int64_t i = 0; i < g.r; ++i) DPE(t, i) += r[static_cast<size_t>(i)];
+      DKV.row(t).segment(g.h * g.dn + hd * g.dv, g.dv) =
+          G.row(t).segment(g.v_off() + hd * g.dv, g.dv);
+    }
+  }
+  if (env.ctx.op->bwd_collective == "all_reduce") {
+    Tensor view{DPE.data(), {{DPE.rows(), DPE.cols()}, Dtype::kFp32}};
+    env.comm().all_reduce(view);
+  }
+  const Dtype dt = need(a.grad_outputs, 0, "mla_rope output gradient").type.dtype;
+  grad_input(env, a, 0, {{T, DQ.cols()}, dt}, DQ);
+  grad_input(env, a, 1, {{T, DKV.cols()}, dt}, DKV);
+  grad_input(env, a, 2, {{T, g.r}, dt}, DPE);
 }
 
 // ---- Dropout: keep iff counter_uniform(...) >= p; out = x / (1 - p) where kept ------------------

@@ -306,6 +306,9 @@ class CudaBackend final : public exec::Backend {
       // Context parallelism runs on the CPU executor (exec::check_runnable refuses cp > 1 here).
       case OpKind::kCpGatherKv:
       case OpKind::kFlashAttentionCp:
+      // Multi-head latent attention runs on the CPU executor (check_runnable refuses it here).
+      case OpKind::kLinear:
+      case OpKind::kMlaRope:
       case OpKind::kCount:
         break;
     }
@@ -386,6 +389,8 @@ class CudaBackend final : public exec::Backend {
         return cross_entropy_bwd(e);
       case OpKind::kCpGatherKv:  // context parallelism: the CPU executor's
       case OpKind::kFlashAttentionCp:
+      case OpKind::kLinear:  // multi-head latent attention: the CPU executor's
+      case OpKind::kMlaRope:
       case OpKind::kCount:
         break;
     }

@@ -57,7 +57,7 @@ class Builder {
     // before the DDP hook adds it into the fp32 buffer (the LM head's too: Megatron's own
     // ColumnParallelLinear, megatron/core/tensor_parallel/layers.py,
     // LinearWithGradAccumulationAndAsyncCommunication.backward).
-    if ((kind == OpKind::kColumnLinear || kind == OpKind::kRowLinear) &&
+    if ((kind == OpKind::kColumnLinear || kind == OpKind::kRowLinear || kind == OpKind::kLinear) &&
         t_.impl == Impl::kMegatron && !t_.grad_accum_fusion)
       attrs.dense_wgrad = true;
     GraphOp o{kind, name, attrs, inputs, {}, info.weights(attrs, in)};
@@ -149,7 +149,7 @@ class Builder {
       if (weight_shard(o.kind, w.suffix) != Shard::kReplicated) return false;
     const bool qk = o.kind == OpKind::kQkNorm || o.kind == OpKind::kQkNormHf;
     bool on_shard = (is_norm(o.kind) && !qk) || o.kind == OpKind::kPosEmbedding ||
-                    o.kind == OpKind::kRouter;
+                    o.kind == OpKind::kRouter || o.kind == OpKind::kLinear;
     bool on_heads = qk || o.kind == OpKind::kSharedGate;
     return !o.weights.empty() && ((t_.sp && on_shard) || (t_.tp > 1 && on_heads));
   }
@@ -181,19 +181,64 @@ class Builder {
   BlockGraph g_;
 };
 
+// Multi-head latent attention's [q | k | v] rows, as Megatron's MLASelfAttention builds them
+// (Megatron-LM d98e8a6, megatron/core/transformer/multi_latent_attention.py,
+// get_query_key_value_tensors and qkv_up_proj_and_rope_apply; the TE layer spec puts each latent's
+// norm in its up-projection, TELayerNormColumnParallelLinear, gpt_layer_specs.py L121-131):
+// - the down-projections are TE Linears in "duplicated" mode, every TP rank holding their weights
+//   and applying them to its own rows (its sequence shard under SP);
+// - each latent is normed, then all-gathered under SP, before its column-parallel up-projection;
+// - the keys' RoPE part (k_pos_emb) is all-gathered under SP (gather_from_sequence_parallel_
+//   region), its gradient reduce-scattered; without SP the rope op all-reduces that gradient;
+// - the RoPE of q's and k's rope parts and the concatenation into query, key and value are one op,
+//   as apply_rope_fusion's fused_apply_mla_rope_for_q / _for_kv produce them.
+// Megatron projects [kv latent | k_pos_emb] with one linear_kv_down_proj and splits its output
+// into views of one allocation; here they are two linears, kv_down and k_pe, of the same weights
+// and FLOPs in two tensors (docs/estimate.md says what that leaves out).
+int mla_qkv(Builder& b, const ModelSpec& m, const TrainSpec& t, int n) {
+  const MlaSpec& a = *m.mla;
+  const int64_t h = m.heads / t.tp, dqk = m.head_dim;
+  int q;
+  if (a.q_lora_rank > 0) {
+    int qc = b.op1(OpKind::kLinear, "attn.q_down", {.features = a.q_lora_rank}, {n});
+    qc = b.norm(qc, "attn.q_norm");
+    q = b.column(b.gather(qc, "attn.q_up"), "attn.q_up", h * dqk, false);
+  } else {
+    q = b.column(b.gather(n, "attn.q"), "attn.q", h * dqk, false);
+  }
+  int kv = b.op1(OpKind::kLinear, "attn.kv_down", {.features = a.kv_lora_rank}, {n});
+  kv = b.norm(kv, "attn.kv_norm");
+  kv = b.column(b.gather(kv, "attn.kv_up"), "attn.kv_up", h * (a.qk_nope_head_dim + a.v_head_dim),
+                false, {h * a.qk_nope_head_dim, h * a.v_head_dim});
+  int pe = b.op1(OpKind::kLinear, "attn.k_pe", {.features = a.qk_rope_head_dim}, {n});
+  pe = b.gather(pe, "attn.k_pe");
+  int qkv = b.op1(OpKind::kMlaRope, "attn.rope",
+                  {.heads = h, .head_dim = dqk, .v_head_dim = a.v_head_dim,
+                   .rope_dim = a.qk_rope_head_dim},
+                  {q, kv, pe});
+  if (t.tp > 1 && !t.sp) b.last().bwd_collective = "all_reduce";
+  return qkv;
+}
+
 int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   int64_t hq = m.heads / t.tp, hkv = m.kv_heads / t.tp, d = m.head_dim;
   int n = b.norm(x, "attn.norm");
-  int qkv = b.column(b.gather(n, "attn"), "attn.qkv", (hq + 2 * hkv) * d, m.qkv_bias,
-                     {hq * d, hkv * d, hkv * d});
   OpAttrs core{
       .batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
+  int qkv;
+  if (m.mla) {
+    qkv = mla_qkv(b, m, t, n);
+    core.v_head_dim = m.mla->v_head_dim;
+  } else {
+    qkv = b.column(b.gather(n, "attn"), "attn.qkv", (hq + 2 * hkv) * d, m.qkv_bias,
+                   {hq * d, hkv * d, hkv * d});
+  }
   if (m.qk_norm)
     qkv = t.impl == Impl::kHf
               ? b.op(OpKind::kQkNormHf, "attn.qk_norm", core, {qkv},
                      {"", "fp32_input", "rstd", "normalized"})[0]
               : b.op(OpKind::kQkNorm, "attn.qk_norm", core, {qkv}, {"", "rstd"})[0];
-  if (m.position == PosEmb::kRope) qkv = b.op1(OpKind::kRope, "attn.rope", {}, {qkv});
+  if (m.position == PosEmb::kRope && !m.mla) qkv = b.op1(OpKind::kRope, "attn.rope", {}, {qkv});
   // Hugging Face's attention (eager and sdpa) materialises K and V repeated to every query head.
   bool hf = t.impl == Impl::kHf && t.cp == 1;
   if (hf && hkv < hq) {
@@ -434,6 +479,7 @@ int64_t count_parameters(const ModelSpec& m) {
               head.weight_elements(false);
   if (dense > 0) n += dense * build_dense_layer(m, t).weight_elements(false);
   if (m.tie_embeddings) n -= m.vocab * m.hidden;  // the LM head reuses the embedding table
+  if (m.moe && m.moe->expert_bias) n += (m.layers - dense) * m.moe->num_experts;
   return n;
 }
 

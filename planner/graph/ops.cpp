@@ -115,11 +115,23 @@ Types dense_weight_grad(const OpAttrs& a, In in) {
   return {{{a.features, cols_of(in[0])}, kAct}};
 }
 
+// The values' head dim: MLA's v_head_dim, else head_dim.
+int64_t v_dim(const OpAttrs& a) {
+  return a.v_head_dim > 0 ? a.v_head_dim : a.head_dim;
+}
 Types attn_ctx(const OpAttrs& a, In in) {
-  return {{{rows_of(in.back()), a.heads * a.head_dim}, kAct}};
+  return {{{rows_of(in.back()), a.heads * v_dim(a)}, kAct}};
+}
+// One of attention's matmuls over all heads, of inner (scores) or output (context) width d.
+double attn_matmul_of(const OpAttrs& a, int64_t d) {
+  return 2.0 * a.batch * a.seq * a.seq * a.heads * d;
 }
 double attn_matmul(const OpAttrs& a, In) {
-  return 2.0 * a.batch * a.seq * a.seq * a.heads * a.head_dim;
+  return attn_matmul_of(a, a.head_dim);
+}
+// Flash attention: both matmuls, Q K^T over head_dim and P V over the values' head dim.
+double flash_matmuls(const OpAttrs& a) {
+  return attn_matmul_of(a, a.head_dim) + attn_matmul_of(a, v_dim(a));
 }
 TensorType scores_type(const OpAttrs& a) {
   return {{a.batch, a.heads, a.seq, a.seq}, kAct};
@@ -240,7 +252,7 @@ const OpInfo kOps[] =
          [](const OpAttrs& a, In in) -> Types {
            return {attn_ctx(a, in)[0], {{a.batch, a.heads, a.seq}, Dtype::kFp32}};
          },
-         [](const OpAttrs& a, In in) { return 2.0 * attn_matmul(a, in); }, no_weights,
+         [](const OpAttrs& a, In) { return flash_matmuls(a); }, no_weights,
          // FlashAttention-2 backward: fp32 dQ accumulator and the fp32 rowsum(dO * O).
          [](const OpAttrs& a, In in) -> Types {
            return {{{rows_of(in[0]), a.heads * a.head_dim}, Dtype::kFp32},
@@ -265,7 +277,8 @@ const OpInfo kOps[] =
          },
          zero_flops, no_weights, none_types},
         {OpKind::kAttnContext, "attn_context", 2, 1, 0b11, 0, 0b11, 0b1, false, attn_ctx,
-         attn_matmul, no_weights, none_types},
+         [](const OpAttrs& a, In) { return attn_matmul_of(a, v_dim(a)); }, no_weights,
+         none_types},
         {OpKind::kDropout, "dropout", 1, 2, 0, 0b10, 0b1, 0b01, false,
          [](const OpAttrs&, In in) -> Types {
            return {in[0], {in[0].shape, Dtype::kU8}};
@@ -360,7 +373,7 @@ const OpInfo kOps[] =
          },
          // This rank's 1 / cp of the queries against every key: 1 / cp of the attention FLOPs
          // (the load-balanced chunks give every rank the same share of the causal triangle).
-         [](const OpAttrs& a, In in) { return 2.0 * attn_matmul(a, in) / a.group; }, no_weights,
+         [](const OpAttrs& a, In) { return flash_matmuls(a) / a.group; }, no_weights,
          // As flash attention's: the fp32 dQ accumulator and rowsum(dO * O) of the local queries.
          [](const OpAttrs& a, In in) -> Types {
            return {{{rows_of(in[0]), a.heads * a.head_dim}, Dtype::kFp32},
@@ -401,6 +414,13 @@ const OpInfo kOps[] =
          [](const OpAttrs& a, In in) -> Types {  // b = a x r
            return {qk_columns(a, in, Dtype::kFp32)};
          }},
+        {OpKind::kLinear, "linear", 1, 1, 0b1, 0, 0b1, 0b1, false, linear_out, linear_flops,
+         linear_weights, dense_weight_grad},
+        {OpKind::kMlaRope, "mla_rope", 3, 1, 0, 0, 0b111, 0b1, false,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]), a.heads * (2 * a.head_dim + v_dim(a))}, kAct}};
+         },
+         elementwise, no_weights, none_types},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");

@@ -94,6 +94,18 @@ enum class OpKind {
   // head_dim]): a = fp32(x) kept, 1/rms per head kept, b = a x r an fp32 forward scratch, its
   // bf16 cast kept, y = w x it; v passed through; backward's two fp32 workspaces as kRmsNormHf's.
   kQkNormHf,
+  // A linear whose weight (features, in) every TP rank holds whole (Transformer Engine's Linear in
+  // parallel_mode "duplicated"): MLA's down-projections, applied to this rank's rows (its sequence
+  // shard under SP, else every token).
+  kLinear,
+  // MLA's query, key and value rows from their projections: input 0 is the queries [rows, heads x
+  // head_dim] (each head's last rope_dim features rotated), input 1 the kv up-projection [rows,
+  // heads x (head_dim - rope_dim + v_head_dim)] (each head's k content, then its v), input 2 the
+  // keys' RoPE part [rows, rope_dim], one per token (rotated and given to every head). Output:
+  // [q | k | v] rows as the attention ops read them, heads x (2 head_dim + v_head_dim) wide.
+  // Linear in its inputs: its backward reads nothing. Under TP without SP the RoPE part's
+  // gradient is a partial sum over this rank's heads, all-reduced over TP in backward.
+  kMlaRope,
   kCount
 };
 
@@ -111,6 +123,8 @@ struct OpAttrs {
   int64_t group = 1;           // collective group size
   int64_t batch = 0, seq = 0;  // micro-batch and full sequence (attention)
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // this rank's heads
+  int64_t v_head_dim = 0;  // attention: the values' head dim when apart from head_dim (MLA)
+  int64_t rope_dim = 0;    // MLA: the rotated last features of each q and k head
   int64_t experts = 0, top_k = 0;                 // local experts, routed experts per token
   // MoE with a capacity factor: token slots per expert per source rank (the dispatched tensor is
   // experts x group x capacity rows, each local expert's slots contiguous per source rank);

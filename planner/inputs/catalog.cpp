@@ -81,7 +81,7 @@ Result<ModelSpec> model_from_table(const toml::table& table, const std::string& 
           "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
           "max_position_embeddings", "norm", "activation", "position_embedding", "qkv_bias",
           "qk_norm", "linear_bias", "tie_word_embeddings", "dropout", "expected_parameters",
-          "moe"});
+          "moe", "mla"});
   ModelSpec m;
   m.name = r.string("name");
   m.display_name = r.string("display_name", m.name);
@@ -105,19 +105,32 @@ Result<ModelSpec> model_from_table(const toml::table& table, const std::string& 
   m.dropout = r.number("dropout", 0.0);
   if (parsed->get("expected_parameters")) m.expected_parameters = r.integer("expected_parameters");
   if (auto e = r.error()) return *e;
-  if (!parsed->get("head_dim")) {
+  if (!parsed->get("head_dim") && !parsed->get("mla")) {
     if (auto e = default_head_dim(m, "num_heads", "hidden_size")) return make_error(path + ": " + *e);
   }
-  if (const toml::node* n = parsed->get("moe"); n && !n->is_table())
-    return make_error(path + ":" + std::to_string(n->source().begin.line) +
-                      ": moe: expected a table ([moe]), got " + shown(*n));
+  for (const char* section : {"moe", "mla"})
+    if (const toml::node* n = parsed->get(section); n && !n->is_table())
+      return make_error(path + ":" + std::to_string(n->source().begin.line) + ": " + section +
+                        ": expected a table ([" + section + "]), got " + shown(*n));
+  if (const toml::table* mla = parsed->get_as<toml::table>("mla")) {
+    TomlReader ar(*mla, path, "mla.");
+    ar.only({"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"});
+    m.mla = MlaSpec{ar.integer("q_lora_rank", 0), ar.integer("kv_lora_rank"),
+                    ar.integer("qk_nope_head_dim"), ar.integer("qk_rope_head_dim"),
+                    ar.integer("v_head_dim")};
+    if (auto e = ar.error()) return *e;
+    // Each head's q and k are the content and RoPE parts together; every head has its own k, v.
+    if (!parsed->get("head_dim")) m.head_dim = m.mla->qk_nope_head_dim + m.mla->qk_rope_head_dim;
+  }
   if (const toml::table* moe = parsed->get_as<toml::table>("moe")) {
     TomlReader mr(*moe, path, "moe.");
     mr.only({"num_experts", "top_k", "expert_intermediate_size",
-             "shared_expert_intermediate_size", "shared_expert_gate", "dense_layers"});
+             "shared_expert_intermediate_size", "shared_expert_gate", "dense_layers",
+             "expert_bias"});
     m.moe = MoeSpec{
         mr.integer("num_experts"), mr.integer("top_k"), mr.integer("expert_intermediate_size"),
-        mr.integer("shared_expert_intermediate_size", 0), mr.boolean("shared_expert_gate", false)};
+        mr.integer("shared_expert_intermediate_size", 0), mr.boolean("shared_expert_gate", false),
+        mr.boolean("expert_bias", false)};
     // The layers whose MLP is the dense one (intermediate_size), e.g. DeepSeek's first ones.
     if (moe->contains("dense_layers")) m.dense_layers = mr.list<int64_t>("dense_layers", 0);
     if (auto e = mr.error()) return *e;
@@ -167,14 +180,17 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
   auto text = [&](const char* key, const std::string& fallback) {
     return given(key) ? r.at(key).text() : fallback;
   };
-  const std::vector<std::string> types = {"llama", "mistral",  "mixtral",  "qwen2",
-                                          "qwen2_moe", "qwen3", "qwen3_moe"};
+  const std::vector<std::string> types = {"llama", "mistral",  "mixtral",     "qwen2",
+                                          "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
+                                          "deepseek_v3"};
   std::string type = text("model_type", "llama");
   if (std::find(types.begin(), types.end(), type) == types.end())
     return make_error(path + ": model_type " + quote_input(type, '"') +
                       " is not supported (valid: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, "
-                      "qwen3_moe; or write the model as a TOML in the catalog schema)");
+                      "qwen3_moe, deepseek_v2, deepseek_v3; or write the model as a TOML in the "
+                      "catalog schema)");
   const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
+  const bool deepseek = type == "deepseek_v2" || type == "deepseek_v3";
   ModelSpec m;
   // The name comes from the folder (or the file): characters a name may not hold become '_'.
   m.name = std::filesystem::path(path).parent_path().filename().string();
@@ -197,7 +213,16 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
   m.kv_heads = count("num_key_value_heads", m.heads);
   m.vocab = count("vocab_size", std::nullopt);
   m.max_positions = count("max_position_embeddings", std::nullopt);
-  if (given("head_dim")) {
+  if (deepseek) {
+    // transformers' DeepseekV2Attention / DeepseekV3Attention: q_lora_rank null projects q
+    // directly (q_proj), else q_a_proj, q_a_layernorm, q_b_proj; kv_a_proj_with_mqa gives the kv
+    // latent and the keys' RoPE part, kv_a_layernorm and kv_b_proj the heads' k content and v.
+    // Their head_dim key, where present, is the RoPE part's (for the rotary tables), not a head's.
+    m.mla = MlaSpec{count("q_lora_rank", 0), count("kv_lora_rank", std::nullopt),
+                    count("qk_nope_head_dim", std::nullopt),
+                    count("qk_rope_head_dim", std::nullopt), count("v_head_dim", std::nullopt)};
+    m.head_dim = m.mla->qk_nope_head_dim + m.mla->qk_rope_head_dim;
+  } else if (given("head_dim")) {
     m.head_dim = count("head_dim", std::nullopt);
   } else if (auto e = default_head_dim(m, "num_attention_heads", "hidden_size")) {
     return make_error(path + ": " + *e);
@@ -220,7 +245,20 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
                       "gelu_fast, relu)");
   m.activation = Activation::kSwiGlu;
   int64_t experts = given("num_local_experts") ? count("num_local_experts", 0)
+                    : deepseek                 ? count("n_routed_experts", 0)
                                                : count("num_experts", 0);
+  if (experts > 0 && deepseek) {
+    // transformers' DeepseekV2DecoderLayer / DeepseekV3DecoderLayer: layer l has the MoE MLP when
+    // l >= first_k_dense_replace and l % moe_layer_freq == 0, else the dense one.
+    int64_t first = count("first_k_dense_replace", 0), freq = count("moe_layer_freq", 1);
+    if (freq == 0) return make_error(path + ": moe_layer_freq 0 is invalid (valid: 1 or more)");
+    if (m.layers > 10000)  // validate_model's bound, checked before the pattern is spelled out
+      return make_error(path + ": num_hidden_layers " + std::to_string(m.layers) +
+                        " is out of range (valid: at most 10000)");
+    for (int64_t l = 0; l < m.layers; ++l)
+      if (l < first || l % freq != 0) m.dense_layers.push_back(l);
+    if (static_cast<int64_t>(m.dense_layers.size()) == m.layers) experts = 0;  // all dense
+  }
   if (experts > 0 && (type == "qwen3_moe" || type == "qwen2_moe")) {
     // The layer pattern of transformers' Qwen2MoeDecoderLayer and Qwen3MoeDecoderLayer: layer l
     // is an MoE layer when it is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0,
@@ -239,7 +277,14 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
     if (static_cast<int64_t>(m.dense_layers.size()) == m.layers) experts = 0;  // all dense
   }
   if (experts == 0) m.dense_layers.clear();
-  if (experts > 0) {
+  if (experts > 0 && deepseek) {
+    // DeepSeek's shared experts are one MLP of n_shared_experts x moe_intermediate_size, ungated
+    // (DeepseekV3MoE.shared_experts); noaux_tc routing carries the score-correction bias.
+    int64_t ffn = count("moe_intermediate_size", std::nullopt);
+    m.moe = MoeSpec{experts, count("num_experts_per_tok", std::nullopt), ffn,
+                    count("n_shared_experts", 0) * ffn, false,
+                    text("topk_method", "greedy") == "noaux_tc"};
+  } else if (experts > 0) {
     int64_t shared = count("shared_expert_intermediate_size", 0);
     m.moe = MoeSpec{experts, count("num_experts_per_tok", 2), count("moe_intermediate_size", m.ffn),
                     shared, shared > 0};

@@ -217,6 +217,9 @@ std::optional<Error> check_conflicts(const ModelSpec& m, const TrainSpec& t) {
   if (m.moe && t.tp > 1 && !t.sp)
     return fail("MoE model " + m.name + " with --tp " + str(t.tp) +
                 " needs --sp on (as Megatron requires: the router works on sequence shards)");
+  if (m.mla && t.cp > 1)
+    return fail("--cp " + str(t.cp) + ": context parallelism of multi-head latent attention (" +
+                m.name + ") is not modelled yet; use --cp 1");
   if (t.ep > 1 && !m.moe)
     return fail("--ep " + str(t.ep) + " needs an MoE model; " + m.name + " is dense (use --ep 1)");
   return std::nullopt;
@@ -334,6 +337,30 @@ std::optional<Error> validate_model(const ModelSpec& m) {
     if (e.top_k > e.num_experts)
       return fail("model " + m.name + ": [moe] top_k " + str(e.top_k) + " exceeds num_experts " +
                   str(e.num_experts));
+  }
+  if (m.mla) {
+    const MlaSpec& a = *m.mla;
+    const std::pair<const char*, int64_t> mla[] = {{"q_lora_rank", a.q_lora_rank},
+                                                   {"kv_lora_rank", a.kv_lora_rank},
+                                                   {"qk_nope_head_dim", a.qk_nope_head_dim},
+                                                   {"qk_rope_head_dim", a.qk_rope_head_dim},
+                                                   {"v_head_dim", a.v_head_dim}};
+    for (auto [key, v] : mla)
+      if (v < (key == mla[0].first ? 0 : 1) || v > (1 << 16))
+        return fail("model " + m.name + ": [mla] " + key + " " + str(v) +
+                    " is out of range (valid: 1 to 65536" +
+                    (key == mla[0].first ? "; 0 for a direct q projection)" : ")"));
+    if (a.qk_rope_head_dim % 2 != 0)
+      return fail("model " + m.name + ": [mla] qk_rope_head_dim " + str(a.qk_rope_head_dim) +
+                  " must be even (RoPE rotates pairs)");
+    if (m.head_dim != a.qk_nope_head_dim + a.qk_rope_head_dim || m.kv_heads != m.heads)
+      return fail("model " + m.name + ": [mla] needs head_dim = qk_nope_head_dim + " +
+                  "qk_rope_head_dim (" + str(a.qk_nope_head_dim + a.qk_rope_head_dim) +
+                  ") and num_kv_heads = num_heads");
+    if (m.position != PosEmb::kRope || m.qkv_bias || m.qk_norm)
+      return fail("model " + m.name +
+                  ": [mla] has its own RoPE part and norms (valid: position_embedding = "
+                  "\"rope\", qkv_bias = false, qk_norm = false)");
   }
   if (!m.dense_layers.empty()) {
     if (!m.moe)

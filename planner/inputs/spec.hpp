@@ -59,6 +59,24 @@ struct MoeSpec {
   int64_t expert_ffn = 0;    // intermediate size of one routed expert
   int64_t shared_ffn = 0;    // intermediate size of the shared expert (0: none)
   bool shared_gate = false;  // sigmoid gate Linear(hidden, 1) on the shared expert
+  // DeepSeek-V3's auxiliary-loss-free balancing (topk_method "noaux_tc"): an fp32 score-correction
+  // bias per routed expert, a buffer that the balancing rule updates, not a trained weight; the
+  // published parameter counts include it (transformers' DeepseekV3TopkRouter
+  // e_score_correction_bias; Megatron's TopKRouter expert_bias, megatron/core/transformer/moe/
+  // router.py, Megatron-LM d98e8a6).
+  bool expert_bias = false;
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3): queries from a low-rank latent (or projected
+// directly when q_lora_rank is 0), keys and values from one shared kv latent, and a decoupled RoPE
+// part of each query and key head; a key's RoPE part is one per token, shared by every head.
+// Each head's q and k have qk_nope_head_dim + qk_rope_head_dim features (ModelSpec::head_dim),
+// its v v_head_dim (Megatron-LM d98e8a6, megatron/core/transformer/multi_latent_attention.py;
+// transformers' DeepseekV3Attention).
+struct MlaSpec {
+  int64_t q_lora_rank = 0;  // 0: q_proj from the hidden states (DeepSeek-V2-Lite)
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
 };
 
 struct ModelSpec {
@@ -82,6 +100,7 @@ struct ModelSpec {
   // queries and one for the keys (Qwen3: transformers' Qwen3Attention q_norm and k_norm;
   // Megatron's --qk-layernorm).
   bool qk_norm = false;
+  std::optional<MlaSpec> mla;  // multi-head latent attention instead of [q | k | v] projections
   bool linear_bias = false;  // bias on the attention output projection and MLP linears
   bool tie_embeddings = false;
   double dropout = 0.0;                        // hidden and attention dropout probability

@@ -60,6 +60,7 @@ OpClass op_class(OpKind k) {
   switch (k) {
     case OpKind::kColumnLinear:
     case OpKind::kRowLinear:
+    case OpKind::kLinear:
     case OpKind::kRouter:
     case OpKind::kExpertColumn:
     case OpKind::kExpertRow:
@@ -155,6 +156,8 @@ double collective_bytes(const BlockGraph& g, const GraphOp& op) {
   switch (op.kind) {
     case OpKind::kColumnLinear:
       return tensor_bytes(g, op.inputs[0]);  // TP's f: all-reduce of dX
+    case OpKind::kMlaRope:
+      return tensor_bytes(g, op.inputs[2]);  // all-reduce of the keys' RoPE part's gradient
     case OpKind::kMoeDispatch:
       return tensor_bytes(g, op.outputs[0]);  // the permuted tokens
     case OpKind::kMoeCombine:

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
+#include <utility>
 
 #include "planner/recompute/mincut.hpp"
 
@@ -144,31 +146,58 @@ LayerOption evaluate_option(const BlockGraph& g, const std::vector<bool>& rec,
   return OptionEvaluator(g, op_cost).evaluate(rec);
 }
 
-std::vector<LayerOption> enumerate_options(const BlockGraph& g,
-                                           const std::vector<double>& op_cost) {
+namespace {
+
+// Visits every non-wasteful mask that agrees with `base` outside ops [lo, hi) (the ops there are
+// chosen freely); stops after `limit` masks and returns how many it visited.
+size_t visit_masks(const BlockGraph& g, const std::vector<bool>& base, int lo, int hi,
+                   size_t limit, const std::function<void(const std::vector<bool>&)>& visit) {
   const int n_ops = static_cast<int>(g.ops.size());
   const std::vector<bool> needed = backward_reads(g);
   std::vector<int> read_by_rec(g.tensors.size(), 0);
   std::vector<bool> mask(n_ops, false);
-  OptionEvaluator eval(g, op_cost);
-  std::vector<LayerOption> out;
+  size_t count = 0;
   std::function<void(int)> dfs = [&](int o) {
+    if (count >= limit) return;
     if (o < 0) {
-      out.push_back(eval.evaluate(mask));
+      ++count;
+      if (visit) visit(mask);
       return;
     }
+    auto take = [&](bool on) {
+      mask[o] = on;
+      if (on)
+        for (int t : g.ops[o].inputs) ++read_by_rec[t];
+      dfs(o - 1);
+      if (on)
+        for (int t : g.ops[o].inputs) --read_by_rec[t];
+      mask[o] = false;
+    };
+    if (o < lo || o >= hi) return take(base[o]);
     bool eligible = false;
     for (int t : g.ops[o].outputs) eligible |= needed[t] || read_by_rec[t] > 0;
-    dfs(o - 1);
-    if (!eligible) return;
-    mask[o] = true;
-    for (int t : g.ops[o].inputs) ++read_by_rec[t];
-    dfs(o - 1);
-    for (int t : g.ops[o].inputs) --read_by_rec[t];
-    mask[o] = false;
+    take(false);
+    if (eligible) take(true);
   };
   dfs(n_ops - 1);
+  return count;
+}
+
+}  // namespace
+
+std::vector<LayerOption> enumerate_options(const BlockGraph& g,
+                                           const std::vector<double>& op_cost) {
+  OptionEvaluator eval(g, op_cost);
+  std::vector<LayerOption> out;
+  const int n = static_cast<int>(g.ops.size());
+  visit_masks(g, std::vector<bool>(n, false), 0, n, SIZE_MAX,
+              [&](const std::vector<bool>& m) { out.push_back(eval.evaluate(m)); });
   return out;
+}
+
+size_t count_options(const BlockGraph& g, size_t limit) {
+  const int n = static_cast<int>(g.ops.size());
+  return visit_masks(g, std::vector<bool>(n, false), 0, n, limit, nullptr);
 }
 
 std::vector<LayerOption> enumerate_all_subsets(const BlockGraph& g,
@@ -221,16 +250,72 @@ std::vector<bool> named_mask(const BlockGraph& g, Recompute r, bool regather) {
   return named_policy(g, t).recompute;
 }
 
+// The decoder layer's two halves: ops up to and including the attention's residual add, and the
+// MLP's after it; {-1, -1} for a block without one.
+std::pair<int, int> layer_halves(const BlockGraph& g) {
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (g.ops[i].name == "attn.residual") return {static_cast<int>(i) + 1, static_cast<int>(g.ops.size())};
+  return {-1, -1};
+}
+
+namespace {
+
+// The candidates of a layer whose choices are too many to enumerate: each half's non-wasteful
+// masks with the other half at none and at full recompute, each half's Pareto-best kept, then
+// every pairing of a best first half with a best second half, plus the min-cut hull's vertices.
+std::vector<LayerOption> half_candidates(const BlockGraph& g, const std::vector<double>& op_cost,
+                                         const std::function<bool(const std::vector<bool>&)>& ok) {
+  const int n = static_cast<int>(g.ops.size()), mid = layer_halves(g).first;
+  OptionEvaluator eval(g, op_cost);
+  std::vector<bool> none(n, false), full = named_mask(g, Recompute::kFull, false);
+  auto best_of_half = [&](int lo, int hi) {
+    std::vector<LayerOption> seen;
+    for (const std::vector<bool>* other : {&none, &full})
+      visit_masks(g, *other, lo, hi, SIZE_MAX, [&](const std::vector<bool>& m) {
+        if (ok(m)) seen.push_back(eval.evaluate(m));
+      });
+    std::vector<std::vector<bool>> halves;
+    for (const LayerOption& o : pareto_frontier(std::move(seen)))
+      halves.emplace_back(o.recompute.begin() + lo, o.recompute.begin() + hi);
+    std::sort(halves.begin(), halves.end());
+    halves.erase(std::unique(halves.begin(), halves.end()), halves.end());
+    return halves;
+  };
+  std::vector<std::vector<bool>> first = best_of_half(0, mid), second = best_of_half(mid, n);
+  std::vector<LayerOption> out;
+  std::vector<bool> m(n);
+  for (const std::vector<bool>& a : first)
+    for (const std::vector<bool>& b : second) {
+      std::copy(a.begin(), a.end(), m.begin());
+      std::copy(b.begin(), b.end(), m.begin() + mid);
+      if (ok(m)) out.push_back(eval.evaluate(m));
+    }
+  for (const LayerOption& v : min_cut_hull(g, op_cost))
+    if (ok(v.recompute)) out.push_back(eval.evaluate(v.recompute));
+  return out;
+}
+
+}  // namespace
+
 LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t,
-                             const std::vector<double>& op_cost) {
+                             const std::vector<double>& op_cost, size_t exhaustive_limit) {
   LayerFrontier lf;
-  std::vector<LayerOption> all = enumerate_options(g, op_cost);
-  if (!t.tp_recompute_allgather)  // --tp-recompute-allgather false: never gather again in backward
-    std::erase_if(all, [&](const LayerOption& o) {
-      for (size_t i = 0; i < g.ops.size(); ++i)
-        if (o.recompute[i] && g.ops[i].kind == OpKind::kAllGather) return true;
-      return false;
-    });
+  // --tp-recompute-allgather false: never gather again in backward.
+  auto ok = [&](const std::vector<bool>& m) {
+    if (t.tp_recompute_allgather) return true;
+    for (size_t i = 0; i < g.ops.size(); ++i)
+      if (m[i] && g.ops[i].kind == OpKind::kAllGather) return false;
+    return true;
+  };
+  std::vector<LayerOption> all;
+  lf.choices = count_options(g, exhaustive_limit + 1);
+  if (lf.choices <= exhaustive_limit || layer_halves(g).first < 0) {
+    all = enumerate_options(g, op_cost);
+    std::erase_if(all, [&](const LayerOption& o) { return !ok(o.recompute); });
+  } else {
+    lf.exhaustive = false;
+    all = half_candidates(g, op_cost, ok);
+  }
   lf.evaluated = all.size();
   lf.options = pareto_frontier(std::move(all));
   lf.on_hull.assign(lf.options.size(), false);

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "planner/graph/graph.hpp"
@@ -31,6 +32,8 @@ LayerOption evaluate_option(const BlockGraph& g, const std::vector<bool>& recomp
 
 // Every non-wasteful recompute mask, evaluated.
 std::vector<LayerOption> enumerate_options(const BlockGraph& g, const std::vector<double>& op_cost);
+// How many non-wasteful masks there are, counted up to `limit`.
+size_t count_options(const BlockGraph& g, size_t limit);
 // Every subset of ops (2^ops; the test oracle for small graphs).
 std::vector<LayerOption> enumerate_all_subsets(const BlockGraph& g,
                                                const std::vector<double>& op_cost);
@@ -46,16 +49,30 @@ struct NamedPoint {
   int dominated_by = -1;  // index of a frontier point at least as good everywhere, when not on it
 };
 
+constexpr size_t kExhaustiveChoices = size_t{1} << 20;
+
 struct LayerFrontier {
   std::vector<LayerOption> options;  // the Pareto frontier
   std::vector<bool>
       on_hull;  // per option: a vertex of the (kept, cost) convex hull, found by min cut
   std::vector<NamedPoint> named;  // where the named policies land
   size_t evaluated = 0;           // masks evaluated
+  // Whether every non-wasteful mask was evaluated. A layer with more than kExhaustiveChoices of
+  // them (MoE layers with MLA and shared experts have hundreds of millions) is searched over its
+  // halves instead (attention, MLP): each half's frontier with the other half at none and at full
+  // recompute, every pairing of the two, and the min-cut hull's vertices, each mask evaluated
+  // exactly. The frontier is then the best of those candidates, not proven the best of all.
+  bool exhaustive = true;
+  size_t choices = 0;  // non-wasteful masks, counted up to the limit + 1
 };
+// The index after the attention's residual add (the MLP half's first op) and the op count; {-1,
+// -1} for a block without one.
+std::pair<int, int> layer_halves(const BlockGraph& g);
 
+// Above `exhaustive_limit` non-wasteful masks (tests lower it), the halves' search.
 LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t,
-                             const std::vector<double>& op_cost);
+                             const std::vector<double>& op_cost,
+                             size_t exhaustive_limit = kExhaustiveChoices);
 
 // The mask of a named policy on this block (none, selective, full; regather on or off).
 std::vector<bool> named_mask(const BlockGraph& g, Recompute r, bool regather);

@@ -164,6 +164,16 @@ std::string equivalents(const AutoPlan& p, int64_t budget) {
 
 }  // namespace
 
+// "2654208 recompute choices", or for a layer searched over its halves (frontier.hpp) the
+// candidates it was and why.
+std::string choices_searched(const LayerFrontier& f) {
+  if (f.exhaustive) return std::to_string(f.evaluated) + " recompute choices";
+  return std::to_string(f.evaluated) + " candidates (the layer has over " +
+         format_int(static_cast<int64_t>(kExhaustiveChoices)) +
+         " recompute choices: its attention and MLP halves' own frontiers are paired, not every "
+         "choice; the plan is the best of these)";
+}
+
 std::string step_time_line(const StepTime& t) {
   double overhead = t.seconds > 0 ? t.recompute_seconds / t.seconds : 0;
   std::string on;
@@ -252,11 +262,10 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
   out += equivalents(p, budget);
   if (!verbose)
     return out + "\n(--verbose: the layer options the planner chose from, bytes and time)\n";
-  out +=
-      "\nlayer options: " + std::to_string(p.frontier.options.size()) + " on the frontier of " +
-      std::to_string(p.frontier.evaluated) +
-      " recompute choices (kept / working bytes per micro-batch, recompute time; * a convex-hull "
-      "vertex found by\n  the lambda-swept minimum cut; --format json lists them all):\n";
+  out += "\nlayer options: " + std::to_string(p.frontier.options.size()) + " on the frontier of " +
+         choices_searched(p.frontier) +
+         " (kept / working bytes per micro-batch, recompute time; * a convex-hull vertex found "
+         "by\n  the lambda-swept minimum cut; --format json lists them all):\n";
   for (size_t i = 0; i < p.frontier.options.size(); ++i) {
     size_t n = p.frontier.options.size();
     bool used = false;  // by an MoE layer, in a mixed model (the dense layers' are listed below)
@@ -282,7 +291,7 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
   if (!p.dense_frontier.options.empty()) {  // a mixed model: the dense layers' own options
     out += "dense layer options (the MoE model's dense layers): " +
            std::to_string(p.dense_frontier.options.size()) + " on the frontier of " +
-           std::to_string(p.dense_frontier.evaluated) + " recompute choices:\n";
+           choices_searched(p.dense_frontier) + ":\n";
     for (size_t i = 0; i < p.dense_frontier.options.size(); ++i) {
       const LayerOption& o = p.dense_frontier.options[i];
       char buf[512];

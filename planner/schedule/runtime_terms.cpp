@@ -14,12 +14,15 @@ namespace {
 
 // The 2-D weight shapes of the GEMMs whose weight gradient Megatron accumulates straight into its
 // fp32 main_grad (gradient-accumulation fusion, on by default): Transformer Engine's linears in
-// the layer (qkv, proj, fc1, fc2) and Megatron's own output layer. The experts' grouped linears
+// the layer (qkv, proj, fc1, fc2; MLA's down-projections, TE Linears) and Megatron's own output
+// layer. The experts' grouped linears
 // (transformer_engine/pytorch/module/grouped_linear.py L488-494) get them too; they are not
 // counted here yet.
 void fused_wgrad_shapes(const BlockGraph& g, std::vector<std::pair<int64_t, int64_t>>& shapes) {
   for (const GraphOp& op : g.ops) {
-    if (op.kind != OpKind::kColumnLinear && op.kind != OpKind::kRowLinear) continue;
+    if (op.kind != OpKind::kColumnLinear && op.kind != OpKind::kRowLinear &&
+        op.kind != OpKind::kLinear)
+      continue;
     for (const WeightShape& w : op.weights)
       if (w.shape.size() == 2 && std::string_view(w.suffix) == "weight")
         shapes.emplace_back(w.shape[0], w.shape[1]);
