@@ -202,6 +202,28 @@ TEST(MegatronArgs, MoeLayerFreqAgreesWithTheModel) {
   }
 }
 
+// Megatron's multi-head latent attention flags (its DeepSeek-V3 recipe's) checked against the
+// model: the latent ranks and head dims, --kv-channels as the v head dim.
+TEST(MegatronArgs, MlaFlagsAgreeWithTheModel) {
+  const ModelSpec v3 = testing::model("deepseek-v3"), llama = testing::model("llama-3.1-8b");
+  const std::string mla =
+      "--multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 "
+      "--qk-pos-emb-head-dim 64 --v-head-dim 128 --kv-channels 128 --num-attention-heads 128 "
+      "--moe-layer-freq ([0]*3+[1]*58)";
+  Result<ConfigSetup> ok = megatron_args(mla, v3, 1);
+  EXPECT_TRUE(ok.ok()) << ok.error().message;
+  for (auto [args, model, says] :
+       {std::tuple{"--q-lora-rank 1024", &v3, "differs from the model deepseek-v3 (1536)"},
+        {"--qk-pos-emb-head-dim 32", &v3, "differs from the model deepseek-v3 (64)"},
+        {"--kv-channels 192", &v3, "differs from the model deepseek-v3 (128)"},
+        {"--multi-latent-attention", &llama, "not multi-head latent attention"},
+        {"--kv-lora-rank 512", &llama, "differs from the model llama-3.1-8b (0)"}}) {
+    Result<ConfigSetup> c = megatron_args(args, *model, 1);
+    ASSERT_FALSE(c.ok()) << args;
+    EXPECT_NE(c.error().message.find(says), std::string::npos) << c.error().message;
+  }
+}
+
 TEST(MegatronArgs, ReadsWhatMegatronDoes) {
   ModelSpec m = testing::model("llama-3.1-8b");  // 32 layers
   auto read = [&](const std::string& args, int64_t dp) {

@@ -354,7 +354,6 @@ const std::map<std::string, std::string> kNotModelled = {
     {"--use-torch-fsdp2", "PyTorch FSDP2 (for fully sharded states use --zero 3)"},
     {"--defer-embedding-wgrad-compute", "the output layer's deferred weight gradients"},
     {"--cpu-offloading", "activation offloading to the host"},
-    {"--multi-latent-attention", "multi-head latent attention"},
     {"--mtp-num-layers", "multi-token prediction layers"},
     {"--pipeline-model-parallel-layout", "a per-stage layer layout"},
     {"--account-for-embedding-in-pipeline-split", "a pipeline split that counts the embedding"},
@@ -434,12 +433,22 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
   bool ce_fusion = false, recompute_activations = false, disable_bias = false, add_qkv_bias = false;
   auto fail = [](const std::string& what) { return make_error("--megatron-args: " + what); };
   // The model's shape flags, checked against m.
+  // Multi-head latent attention's (Megatron-LM d98e8a6, megatron/training/arguments.py:
+  // --q-lora-rank, --kv-lora-rank, --qk-head-dim the content part, --qk-pos-emb-head-dim the RoPE
+  // part, --v-head-dim; --kv-channels there is the v head dim, as its DeepSeek recipes set it).
+  const MlaSpec mla = m.mla.value_or(MlaSpec{});
   const std::map<std::string, int64_t> shape = {{"--num-layers", m.layers},
+                                                {"--q-lora-rank", mla.q_lora_rank},
+                                                {"--kv-lora-rank", mla.kv_lora_rank},
+                                                {"--qk-head-dim", mla.qk_nope_head_dim},
+                                                {"--qk-pos-emb-head-dim", mla.qk_rope_head_dim},
+                                                {"--v-head-dim", mla.v_head_dim},
                                                 {"--hidden-size", m.hidden},
                                                 {"--ffn-hidden-size", m.ffn},
                                                 {"--num-attention-heads", m.heads},
                                                 {"--num-query-groups", m.kv_heads},
-                                                {"--kv-channels", m.head_dim},
+                                                {"--kv-channels",
+                                                 m.mla ? m.mla->v_head_dim : m.head_dim},
                                                 {"--num-experts", m.moe ? m.moe->num_experts : 0},
                                                 {"--moe-router-topk", m.moe ? m.moe->top_k : 0},
                                                 {"--moe-ffn-hidden-size",
@@ -457,7 +466,8 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                                           "--no-create-attention-mask-in-dataloader",
                                           "--add-qkv-bias", "--recompute-activations",
                                           "--overlap-grad-reduce", "--overlap-param-gather",
-                                          "--tp-comm-overlap", "--qk-layernorm"};
+                                          "--tp-comm-overlap", "--qk-layernorm",
+                                          "--multi-latent-attention"};
   // Known, and no byte depends on them here: ignored, and listed once.
   const std::set<std::string> quiet = {"--use-mcore-models", "--no-bias-dropout-fusion",
                                        "--attention-softmax-in-fp32", "--no-masked-softmax-fusion",
@@ -528,6 +538,8 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
       if (w == "--group-query-attention")
         bad = arch(m.kv_heads < m.heads, "as many key/value heads as query heads");
       if (w == "--qk-layernorm") bad = arch(m.qk_norm, "no q/k norms");
+      if (w == "--multi-latent-attention")
+        bad = arch(m.mla.has_value(), "q/k/v projections, not multi-head latent attention");
       if (bad) return *bad;
       continue;
     }
