@@ -511,6 +511,26 @@ TEST(Frontier, NamedPoliciesLandOnOrUnderTheFrontier) {
   EXPECT_EQ(lf.options.back().kept_bytes, full.option.kept_bytes);
 }
 
+// Megatron's mla_up_proj on an MLA layer is reported against the frontier; it keeps less than no
+// recompute (the query, key and value rows and the up-projections' gathered inputs dropped) at a
+// cost, and it lands on or under the frontier.
+TEST(Frontier, MegatronMlaUpProjIsPlaced) {
+  TrainSpec t;
+  t.tp = 2, t.sp = true, t.seq_len = 1024, t.impl = Impl::kMegatron;
+  BlockGraph g = build_dense_layer(testing::model("deepseek-v2-lite"), t);
+  LayerFrontier lf = layer_frontier(g, t, flops_cost(g));
+  const NamedPoint& up = lf.named.back();
+  ASSERT_EQ(up.name, "Megatron's mla_up_proj");
+  EXPECT_TRUE(up.on_frontier >= 0 || up.dominated_by >= 0);
+  EXPECT_LT(up.option.kept_bytes, lf.named.front().option.kept_bytes);
+  EXPECT_GT(up.option.cost, 0);
+  std::vector<bool> mask = mla_up_proj_mask(g);
+  int rerun = 0;
+  for (size_t i = 0; i < g.ops.size(); ++i) rerun += mask[i];
+  EXPECT_EQ(rerun, 6);  // q.all_gather, q, kv_norm, kv_up.all_gather, kv_up, rope: q_lora 0
+  EXPECT_TRUE(mla_up_proj_mask(build_layer(testing::model("llama-3.1-8b"), t)).empty());
+}
+
 // The halves' search (a layer with too many choices to enumerate) against the exhaustive
 // frontier: on these layers it finds every frontier point, each evaluated exactly. MLA's and
 // DeepSeek's MoE layers are what needs it (hundreds of millions of choices at tp 2 with SP).

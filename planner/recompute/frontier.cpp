@@ -241,6 +241,19 @@ std::vector<LayerOption> pareto_frontier(std::vector<LayerOption> options) {
   return front;
 }
 
+std::vector<bool> mla_up_proj_mask(const BlockGraph& g) {
+  std::vector<bool> mask(g.ops.size(), false);
+  bool mla = false;
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const std::string& n = g.ops[i].name;
+    mla |= g.ops[i].kind == OpKind::kMlaRope;
+    for (const char* prefix : {"attn.q_norm", "attn.q_up", "attn.q.", "attn.kv_norm", "attn.kv_up"})
+      if (n.rfind(prefix, 0) == 0) mask[i] = true;
+    if (n == "attn.q" || g.ops[i].kind == OpKind::kMlaRope) mask[i] = true;
+  }
+  return mla ? mask : std::vector<bool>{};
+}
+
 std::vector<bool> named_mask(const BlockGraph& g, Recompute r, bool regather) {
   TrainSpec t;
   t.recompute = r;
@@ -337,8 +350,12 @@ LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t,
     named.insert(named.begin() + 3,
                  {"selective + tp_recompute_allgather", Recompute::kSelective, true});
   }
-  for (const Named& nm : named) {
-    NamedPoint p{nm.name, evaluate_option(g, named_mask(g, nm.r, nm.regather), op_cost)};
+  std::vector<std::pair<std::string, std::vector<bool>>> masks;
+  for (const Named& nm : named) masks.emplace_back(nm.name, named_mask(g, nm.r, nm.regather));
+  if (std::vector<bool> up = mla_up_proj_mask(g); !up.empty())
+    masks.emplace_back("Megatron's mla_up_proj", std::move(up));
+  for (const auto& [name, mask] : masks) {
+    NamedPoint p{name, evaluate_option(g, mask, op_cost)};
     for (size_t i = 0; i < lf.options.size(); ++i) {
       const LayerOption& f = lf.options[i];
       bool equal = f.kept_bytes == p.option.kept_bytes &&

@@ -74,6 +74,12 @@ LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t,
                              const std::vector<double>& op_cost,
                              size_t exhaustive_limit = kExhaustiveChoices);
 
+// Megatron's --recompute-modules mla_up_proj on an MLA layer (empty for other blocks): its
+// CheckpointWithoutOutput around qkv_up_proj_and_rope_apply (multi_latent_attention.py,
+// Megatron-LM d98e8a6) drops query, key and value after the attention core and re-runs the
+// up-projections (with the latents' norms and SP all-gathers fused into them: TE's
+// LayerNormColumnParallelLinear; or the direct q projection) and the RoPE before backward.
+std::vector<bool> mla_up_proj_mask(const BlockGraph& g);
 // The mask of a named policy on this block (none, selective, full; regather on or off).
 std::vector<bool> named_mask(const BlockGraph& g, Recompute r, bool regather);
 
