@@ -949,8 +949,8 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
             o[kc + dn + i] = rot(pe[i], pe[i + r / 2], t, i, false);
             o[kc + dn + i + r / 2] = rot(pe[i], pe[i + r / 2], t, i, true);
           }
-          for (int64_t d = 0; d < dv; ++d)
-            o[t * width + 2 * hq * hd + h * dv + d] = x(1)[t * hq * (dn + dv) + hq * dn + h * dv + d];
+          const int64_t v_in = t * hq * (dn + dv) + hq * dn + h * dv;  // v's column in kv
+          for (int64_t d = 0; d < dv; ++d) o[t * width + 2 * hq * hd + h * dv + d] = x(1)[v_in + d];
         }
       return {o};
     }

@@ -247,14 +247,15 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
   int64_t experts = given("num_local_experts") ? count("num_local_experts", 0)
                     : deepseek                 ? count("n_routed_experts", 0)
                                                : count("num_experts", 0);
+  // A layer pattern is spelled out below: validate_model's bound on the layers is checked first.
+  if (experts > 0 && m.layers > 10000)
+    return make_error(path + ": num_hidden_layers " + std::to_string(m.layers) +
+                      " is out of range (valid: at most 10000)");
   if (experts > 0 && deepseek) {
     // transformers' DeepseekV2DecoderLayer / DeepseekV3DecoderLayer: layer l has the MoE MLP when
     // l >= first_k_dense_replace and l % moe_layer_freq == 0, else the dense one.
     int64_t first = count("first_k_dense_replace", 0), freq = count("moe_layer_freq", 1);
     if (freq == 0) return make_error(path + ": moe_layer_freq 0 is invalid (valid: 1 or more)");
-    if (m.layers > 10000)  // validate_model's bound, checked before the pattern is spelled out
-      return make_error(path + ": num_hidden_layers " + std::to_string(m.layers) +
-                        " is out of range (valid: at most 10000)");
     for (int64_t l = 0; l < m.layers; ++l)
       if (l < first || l % freq != 0) m.dense_layers.push_back(l);
     if (static_cast<int64_t>(m.dense_layers.size()) == m.layers) experts = 0;  // all dense
@@ -264,9 +265,6 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
     // is an MoE layer when it is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0,
     // else a dense MLP of intermediate_size.
     int64_t step = count("decoder_sparse_step", 1);
-    if (m.layers > 10000)  // validate_model's bound, checked before the pattern is spelled out
-      return make_error(path + ": num_hidden_layers " + std::to_string(m.layers) +
-                        " is out of range (valid: at most 10000)");
     std::vector<int64_t> only;
     if (given("mlp_only_layers"))
       for (size_t i = 0; i < r.at("mlp_only_layers").size(); ++i)

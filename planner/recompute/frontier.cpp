@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <utility>
 
 #include "planner/recompute/mincut.hpp"
 
@@ -263,12 +262,10 @@ std::vector<bool> named_mask(const BlockGraph& g, Recompute r, bool regather) {
   return named_policy(g, t).recompute;
 }
 
-// The decoder layer's two halves: ops up to and including the attention's residual add, and the
-// MLP's after it; {-1, -1} for a block without one.
-std::pair<int, int> layer_halves(const BlockGraph& g) {
+int mlp_half(const BlockGraph& g) {
   for (size_t i = 0; i < g.ops.size(); ++i)
-    if (g.ops[i].name == "attn.residual") return {static_cast<int>(i) + 1, static_cast<int>(g.ops.size())};
-  return {-1, -1};
+    if (g.ops[i].name == "attn.residual") return static_cast<int>(i) + 1;
+  return -1;
 }
 
 namespace {
@@ -278,7 +275,7 @@ namespace {
 // every pairing of a best first half with a best second half, plus the min-cut hull's vertices.
 std::vector<LayerOption> half_candidates(const BlockGraph& g, const std::vector<double>& op_cost,
                                          const std::function<bool(const std::vector<bool>&)>& ok) {
-  const int n = static_cast<int>(g.ops.size()), mid = layer_halves(g).first;
+  const int n = static_cast<int>(g.ops.size()), mid = mlp_half(g);
   OptionEvaluator eval(g, op_cost);
   std::vector<bool> none(n, false), full = named_mask(g, Recompute::kFull, false);
   auto best_of_half = [&](int lo, int hi) {
@@ -322,7 +319,7 @@ LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t,
   };
   std::vector<LayerOption> all;
   lf.choices = count_options(g, exhaustive_limit + 1);
-  if (lf.choices <= exhaustive_limit || layer_halves(g).first < 0) {
+  if (lf.choices <= exhaustive_limit || mlp_half(g) < 0) {
     all = enumerate_options(g, op_cost);
     std::erase_if(all, [&](const LayerOption& o) { return !ok(o.recompute); });
   } else {

@@ -7,7 +7,6 @@
 #pragma once
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "planner/graph/graph.hpp"
@@ -65,9 +64,9 @@ struct LayerFrontier {
   bool exhaustive = true;
   size_t choices = 0;  // non-wasteful masks, counted up to the limit + 1
 };
-// The index after the attention's residual add (the MLP half's first op) and the op count; {-1,
-// -1} for a block without one.
-std::pair<int, int> layer_halves(const BlockGraph& g);
+// The decoder layer's MLP half: the index of the op after the attention's residual add; -1 for a
+// block without one.
+int mlp_half(const BlockGraph& g);
 
 // Above `exhaustive_limit` non-wasteful masks (tests lower it), the halves' search.
 LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t,
