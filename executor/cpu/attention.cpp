@@ -12,16 +12,12 @@ namespace np::exec::cpu {
 namespace {
 
 // Shapes of one attention op and the column of each head in a qkv row.
-int64_t v_dim(const OpAttrs& a) {
-  return a.v_head_dim > 0 ? a.v_head_dim : a.head_dim;
-}
-
 struct Geo {
   int64_t b, s, hq, hkv, d, dv, width;
   float scale;
   Geo(const Env& env, const Tensor& qkv) {
     const OpAttrs& a = env.attrs();
-    b = a.batch, s = a.seq, hq = a.heads, hkv = a.kv_heads, d = a.head_dim, dv = v_dim(a);
+    b = a.batch, s = a.seq, hq = a.heads, hkv = a.kv_heads, d = a.head_dim, dv = a.v_dim();
     check(b > 0 && s > 0 && hq > 0 && hkv > 0 && d > 0 && hq % hkv == 0,
           "attention: bad batch/seq/heads/head_dim attrs");
     width = (hq + hkv) * d + hkv * dv;
@@ -70,7 +66,7 @@ struct Flash {
   Flash(const Env& env, const Tensor& qkv, const Tensor* kv) {
     const OpAttrs& a = env.attrs();
     int64_t cp = kv ? a.group : 1;
-    b = a.batch, s = a.seq, hq = a.heads, hkv = a.kv_heads, d = a.head_dim, dv = v_dim(a);
+    b = a.batch, s = a.seq, hq = a.heads, hkv = a.kv_heads, d = a.head_dim, dv = a.v_dim();
     check(b > 0 && s > 0 && hq > 0 && hkv > 0 && d > 0 && hq % hkv == 0 && cp > 0 &&
               (cp == 1 || s % (2 * cp) == 0),
           "attention: bad batch/seq/heads/head_dim/group attrs");

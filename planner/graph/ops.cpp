@@ -115,12 +115,8 @@ Types dense_weight_grad(const OpAttrs& a, In in) {
   return {{{a.features, cols_of(in[0])}, kAct}};
 }
 
-// The values' head dim: MLA's v_head_dim, else head_dim.
-int64_t v_dim(const OpAttrs& a) {
-  return a.v_head_dim > 0 ? a.v_head_dim : a.head_dim;
-}
 Types attn_ctx(const OpAttrs& a, In in) {
-  return {{{rows_of(in.back()), a.heads * v_dim(a)}, kAct}};
+  return {{{rows_of(in.back()), a.heads * a.v_dim()}, kAct}};
 }
 // One of attention's matmuls over all heads, of inner (scores) or output (context) width d.
 double attn_matmul_of(const OpAttrs& a, int64_t d) {
@@ -131,7 +127,7 @@ double attn_matmul(const OpAttrs& a, In) {
 }
 // Flash attention: both matmuls, Q K^T over head_dim and P V over the values' head dim.
 double flash_matmuls(const OpAttrs& a) {
-  return attn_matmul_of(a, a.head_dim) + attn_matmul_of(a, v_dim(a));
+  return attn_matmul_of(a, a.head_dim) + attn_matmul_of(a, a.v_dim());
 }
 TensorType scores_type(const OpAttrs& a) {
   return {{a.batch, a.heads, a.seq, a.seq}, kAct};
@@ -277,7 +273,7 @@ const OpInfo kOps[] =
          },
          zero_flops, no_weights, none_types},
         {OpKind::kAttnContext, "attn_context", 2, 1, 0b11, 0, 0b11, 0b1, false, attn_ctx,
-         [](const OpAttrs& a, In) { return attn_matmul_of(a, v_dim(a)); }, no_weights,
+         [](const OpAttrs& a, In) { return attn_matmul_of(a, a.v_dim()); }, no_weights,
          none_types},
         {OpKind::kDropout, "dropout", 1, 2, 0, 0b10, 0b1, 0b01, false,
          [](const OpAttrs&, In in) -> Types {
@@ -418,7 +414,7 @@ const OpInfo kOps[] =
          linear_weights, dense_weight_grad},
         {OpKind::kMlaRope, "mla_rope", 3, 1, 0, 0, 0b111, 0b1, false,
          [](const OpAttrs& a, In in) -> Types {
-           return {{{rows_of(in[0]), a.heads * (2 * a.head_dim + v_dim(a))}, kAct}};
+           return {{{rows_of(in[0]), a.heads * (2 * a.head_dim + a.v_dim())}, kAct}};
          },
          elementwise, no_weights, none_types},
 };

@@ -124,6 +124,7 @@ struct OpAttrs {
   int64_t batch = 0, seq = 0;  // micro-batch and full sequence (attention)
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // this rank's heads
   int64_t v_head_dim = 0;  // attention: the values' head dim when apart from head_dim (MLA)
+  int64_t v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }  // the values' head dim
   int64_t rope_dim = 0;    // MLA: the rotated last features of each q and k head
   int64_t experts = 0, top_k = 0;                 // local experts, routed experts per token
   // MoE with a capacity factor: token slots per expert per source rank (the dispatched tensor is
