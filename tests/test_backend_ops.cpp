@@ -102,6 +102,18 @@ ModelSpec moe(int64_t vocab, bool shared) {
   return m;
 }
 
+// DeepSeek-V3's routing (sigmoid scores, the expert bias's scratch, the best 2 of 3 groups of 2
+// experts, scaled weights), or Qwen1.5-MoE's (the top-2 of the softmax over all, unnormalised).
+ModelSpec moe_routed(int64_t vocab, bool deepseek) {
+  ModelSpec m = llama(vocab);
+  m.name = "ops-moe-routed";
+  m.moe = MoeSpec{6, 2, 10, deepseek ? 14 : 0, false, deepseek};
+  m.moe->router = deepseek ? RouterSpec{.sigmoid = true, .groups = 3, .topk_groups = 2,
+                                        .scaling = 2.5}
+                           : RouterSpec{.normalize = false};
+  return m;
+}
+
 // Qwen3's attention: q/k norms, head_dim 6 apart from hidden / heads = 4.
 ModelSpec qwen3(int64_t vocab) {
   ModelSpec m = llama(vocab);
@@ -139,6 +151,8 @@ std::vector<Config> setups(Impl impl) {
       {"moe capacity 1 tp 1", moe(37, false), train(1, false, 9, flash)},
   };
   s.back().train.moe_capacity_factor = 1.0;
+  s.push_back({"deepseek routing tp 2 sp", moe_routed(38, true), train(2, true, 10, flash)});
+  s.push_back({"qwen1.5-moe routing tp 1", moe_routed(37, false), train(1, false, 7, flash)});
   s.push_back({"qwen3 tp 1 flash", qwen3(37), train(1, false, 7, flash)});
   s.push_back({"qwen3 tp 2 sp eager", qwen3(38), train(2, true, 10, eager)});
   if (impl == Impl::kMegatron) {  // the fused losses, and each weight gradient whole in bf16 first

@@ -258,6 +258,10 @@ TEST(LoadHfConfig, MoeAndQwenBias) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_TRUE(r->qkv_bias);
   EXPECT_EQ(count_parameters(*r), count_parameters(model("qwen1.5-moe-a2.7b")));
+  // Qwen2MoeSparseMoeBlock: norm_topk_prob false unless set, as the catalog's Qwen1.5-MoE.
+  EXPECT_FALSE(r->moe->router.normalize);
+  EXPECT_FALSE(model("qwen1.5-moe-a2.7b").moe->router.normalize);
+  EXPECT_TRUE(model("qwen3-30b-a3b").moe->router.plain());
 }
 
 // DeepSeek (transformers' DeepseekV3Config / DeepseekV2Config): MLA's ranks and head dims, the
@@ -283,6 +287,16 @@ TEST(LoadHfConfig, DeepSeekV3AndV2Lite) {
   EXPECT_EQ(r->dense_layers, (std::vector<int64_t>{0, 1, 2}));
   EXPECT_TRUE(r->moe->expert_bias);
   EXPECT_EQ(count_parameters(*r), 671'026'419'200);
+  // DeepseekV3TopkRouter: sigmoid, the best 4 of 8 groups, renormalised, times 2.5; as the catalog.
+  const RouterSpec& rt = r->moe->router;
+  EXPECT_TRUE(rt.sigmoid && rt.normalize);
+  EXPECT_EQ(rt.groups, 8);
+  EXPECT_EQ(rt.topk_groups, 4);
+  EXPECT_EQ(rt.scaling, 2.5);
+  const RouterSpec& cat = model("deepseek-v3").moe->router;
+  EXPECT_TRUE(cat.sigmoid == rt.sigmoid && cat.normalize == rt.normalize &&
+              cat.groups == rt.groups && cat.topk_groups == rt.topk_groups &&
+              cat.scaling == rt.scaling);
   // moe_layer_freq 2: of the layers from 3 on, the odd ones are dense too.
   std::string every_other = v3;
   every_other.replace(every_other.find("\"moe_layer_freq\": 1"), 19, "\"moe_layer_freq\": 2");
@@ -303,6 +317,10 @@ TEST(LoadHfConfig, DeepSeekV3AndV2Lite) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->mla->q_lora_rank, 0);
   EXPECT_FALSE(r->moe->expert_bias);
+  // DeepseekV2Config's defaults: softmax over all, not renormalised, one group (greedy), 1.0.
+  EXPECT_FALSE(r->moe->router.sigmoid || r->moe->router.normalize);
+  EXPECT_EQ(r->moe->router.groups, 1);
+  EXPECT_FALSE(model("deepseek-v2-lite").moe->router.normalize);
   EXPECT_EQ(count_parameters(*r), count_parameters(model("deepseek-v2-lite")));
   write(path, R"({"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,

@@ -224,6 +224,33 @@ TEST(MegatronArgs, MlaFlagsAgreeWithTheModel) {
   }
 }
 
+// Megatron's routing flags (moe_utils.py, topk_routing_with_score_function) against the model's.
+TEST(MegatronArgs, RouterFlagsAgreeWithTheModel) {
+  const ModelSpec v3 = testing::model("deepseek-v3"), qwen = testing::model("qwen1.5-moe-a2.7b"),
+                  mixtral = testing::model("mixtral-8x7b");
+  const std::string mla =
+      "--multi-latent-attention --moe-router-score-function sigmoid --moe-router-num-groups 8 "
+      "--moe-router-group-topk 4 --moe-router-topk-scaling-factor 2.5 "
+      "--moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-3";
+  Result<ConfigSetup> ok = megatron_args(mla, v3, 1);
+  EXPECT_TRUE(ok.ok()) << ok.error().message;
+  ok = megatron_args("--moe-router-pre-softmax", qwen, 1);
+  EXPECT_TRUE(ok.ok()) << ok.error().message;
+  for (auto [args, model, says] :
+       {std::tuple{"--moe-router-score-function softmax", &v3, "differs from the model "
+                                                              "deepseek-v3 (sigmoid)"},
+        {"--moe-router-num-groups 4", &v3, "differs from the model deepseek-v3 (8)"},
+        {"--moe-router-group-topk 2", &v3, "differs from the model deepseek-v3 (4)"},
+        {"--moe-router-topk-scaling-factor 1", &v3, "differs from the model deepseek-v3 (2.5)"},
+        {"--moe-router-score-function tanh", &v3, "(valid: softmax, sigmoid)"},
+        {"--moe-router-pre-softmax", &mixtral, "the softmax over the chosen experts' logits"},
+        {"--moe-router-enable-expert-bias", &qwen, "no expert score-correction bias"}}) {
+    Result<ConfigSetup> c = megatron_args(args, *model, 1);
+    ASSERT_FALSE(c.ok()) << args;
+    EXPECT_NE(c.error().message.find(says), std::string::npos) << c.error().message;
+  }
+}
+
 TEST(MegatronArgs, ReadsWhatMegatronDoes) {
   ModelSpec m = testing::model("llama-3.1-8b");  // 32 layers
   auto read = [&](const std::string& args, int64_t dp) {

@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "executor/cpu/cpu_backend.hpp"
+#include "executor/cpu/kernels.hpp"
 
 namespace np::exec {
 namespace {
@@ -542,6 +543,28 @@ std::vector<Case> all_cases() {
     }
     add("topk", OpKind::kTopK, {.top_k = K}, {l});
   }
+  // DeepSeek's and Qwen2-MoE's routing: the scores (sigmoid, softmax over all), then the top-k
+  // of them, with groups, the expert bias's scratch and a scaling, or unnormalised.
+  add("route_scores_sigmoid", OpKind::kRouteScores, {.router = {.sigmoid = true}},
+      {rng.floats({{T, E}, Dtype::kFp32}, -3, 3)});
+  add("route_scores_softmax", OpKind::kRouteScores, {.router = {.normalize = false}},
+      {rng.floats({{T, E}, Dtype::kFp32}, -3, 3)});
+  {  // distinct scores in (0, 1), gaps >= 0.1 (beyond the finite-difference steps); 8 experts
+    const int64_t n = 8;
+    Val s = val({T, n}, Dtype::kFp32, Vec{});
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int> p(n);
+      std::iota(p.begin(), p.end(), 0);
+      std::shuffle(p.begin(), p.end(), rng.engine());
+      for (int64_t e = 0; e < n; ++e) s.v.push_back(0.1 * p[e] + 0.1 + rng.uniform(0, 0.03));
+    }
+    add("route_topk_groups_bias_scaled", OpKind::kRouteTopK,
+        {.top_k = K, .router = {.sigmoid = true, .groups = 4, .topk_groups = 2, .scaling = 2.5},
+         .bias = true},
+        {s});
+    add("route_topk_unnormalized", OpKind::kRouteTopK,
+        {.top_k = K + 1, .router = {.normalize = false}}, {s});
+  }
   Val idx = routing_indices(rng, T);
   Val probs = rng.floats({{T, K}, Dtype::kFp32}, 0.1, 0.9);
   add("moe_dispatch", OpKind::kMoeDispatch, moe, {act({T, H}), idx});
@@ -852,6 +875,46 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
         for (int64_t j = 0; j < K; ++j) z += std::exp(x(0)[t * E + e[j]]);
         for (int64_t j = 0; j < K; ++j)
           p[t * K + j] = std::exp(x(0)[t * E + e[j]]) / z, id[t * K + j] = double(e[j]);
+      }
+      return {p, id};
+    }
+    case OpKind::kRouteScores: {
+      int64_t n = in[0].type.shape[1];
+      Vec o(T * n);
+      for (int64_t t = 0; t < T; ++t) {
+        double z = 0;
+        for (int64_t e = 0; e < n; ++e) z += std::exp(x(0)[t * n + e]);
+        for (int64_t e = 0; e < n; ++e)
+          o[t * n + e] = c.attrs.router.sigmoid ? sigmoid(x(0)[t * n + e])
+                                                : std::exp(x(0)[t * n + e]) / z;
+      }
+      return {o};
+    }
+    case OpKind::kRouteTopK: {  // groups scored by their top k / topk_groups; no bias values
+      const RouterSpec& r = c.attrs.router;
+      int64_t n = in[0].type.shape[1], k = c.attrs.top_k, per = n / r.groups;
+      Vec p(T * k), id(T * k);
+      for (int64_t t = 0; t < T; ++t) {
+        auto s = [&](int64_t e) { return x(0)[t * n + e]; };
+        std::vector<double> group(r.groups);
+        for (int64_t g = 0; g < r.groups; ++g) {
+          std::vector<double> v;
+          for (int64_t e = g * per; e < (g + 1) * per; ++e) v.push_back(s(e));
+          std::sort(v.rbegin(), v.rend());
+          for (int64_t j = 0; j < k / r.topk_groups; ++j) group[g] += v[j];
+        }
+        std::vector<int64_t> gs(r.groups), es;
+        std::iota(gs.begin(), gs.end(), 0);
+        std::stable_sort(gs.begin(), gs.end(), [&](int64_t a, int64_t b) { return group[a] > group[b]; });
+        for (int64_t e = 0; e < n; ++e)
+          if (std::find(gs.begin(), gs.begin() + r.topk_groups, e / per) != gs.begin() + r.topk_groups)
+            es.push_back(e);
+        std::stable_sort(es.begin(), es.end(), [&](int64_t a, int64_t b) { return s(a) > s(b); });
+        double z = 1e-20;
+        for (int64_t j = 0; j < k; ++j) z += s(es[j]);
+        for (int64_t j = 0; j < k; ++j)
+          p[t * k + j] = (r.normalize ? s(es[j]) / z : s(es[j])) * r.scaling,
+                    id[t * k + j] = double(es[j]);
       }
       return {p, id};
     }
@@ -1381,6 +1444,50 @@ TEST(CpuMoe, TopKTiesPickTheLowerExpert) {
   auto f = ex.forward(in, {});
   EXPECT_EQ(read(f->outs[1]), (Vec{1, 2, 0, 2}));
   EXPECT_EQ(read(f->outs[0]), (Vec{0.5, 0.5, 0.5, 0.5}));
+}
+
+// DeepSeek-V3's choice by hand: 4 groups of 2, each scored by its best expert (top_k 2 over 2
+// groups), the bias choosing but not weighting.
+TEST(CpuMoe, RouteChooseGroupsAndBias) {
+  const float s[] = {0.9f, 0.1f, 0.5f, 0.6f, 0.2f, 0.3f, 0.8f, 0.05f};
+  const float bias[] = {0, 0, 0, 0, 0.5f, 0.5f, 0, 0};
+  const RouterSpec r{.sigmoid = true, .groups = 4, .topk_groups = 2, .scaling = 2.5};
+  int64_t chosen[2];
+  float mask[8];
+  // Without the bias the groups score 0.9, 0.6, 0.3, 0.8: groups 0 and 3, experts 0 and 6.
+  cpu::route_choose(s, nullptr, 8, 2, r, chosen, mask);
+  EXPECT_EQ(std::vector<int64_t>(chosen, chosen + 2), (std::vector<int64_t>{0, 6}));
+  EXPECT_EQ(std::vector<float>(mask, mask + 8), (std::vector<float>{1, 1, 0, 0, 0, 0, 1, 1}));
+  // With it, c = 0.9 0.1 0.5 0.6 0.7 0.8 0.8 0.05: groups 0 (0.9) and 2 (0.8, tied with group 3:
+  // the lower), experts 0 (0.9) and 5 (0.8).
+  cpu::route_choose(s, bias, 8, 2, r, chosen, mask);
+  EXPECT_EQ(std::vector<int64_t>(chosen, chosen + 2), (std::vector<int64_t>{0, 5}));
+  EXPECT_EQ(std::vector<float>(mask, mask + 8), (std::vector<float>{1, 1, 0, 0, 1, 1, 0, 0}));
+  // One group of all: the plain top-2 of c.
+  cpu::route_choose(s, bias, 8, 2, RouterSpec{}, chosen);
+  EXPECT_EQ(std::vector<int64_t>(chosen, chosen + 2), (std::vector<int64_t>{0, 5}));
+}
+
+// The top-k's weights are the scores, not the biased ones: with the groups above, experts 0 and
+// 6 weigh 0.9 / 1.7 and 0.8 / 1.7, times 2.5.
+TEST(CpuMoe, RouteTopKWeightsAreTheChosenScoresRenormalisedAndScaled) {
+  Val s = val({1, 8}, Dtype::kFp32, Vec{0.9, 0.1, 0.5, 0.6, 0.2, 0.3, 0.8, 0.05});
+  Case c{"deepseek",
+         OpKind::kRouteTopK,
+         {.top_k = 2,
+          .router = {.sigmoid = true, .groups = 4, .topk_groups = 2, .scaling = 2.5},
+          .bias = true},
+         {s},
+         {},
+         ""};
+  Exec ex(c, false);
+  auto in = ex.tensors(c.inputs);
+  auto f = ex.forward(in, {});
+  EXPECT_EQ(read(f->outs[1]), (Vec{0, 6}));
+  Vec p = read(f->outs[0]);
+  EXPECT_NEAR(p[0], 2.5 * 0.9 / 1.7, 1e-6);
+  EXPECT_NEAR(p[1], 2.5 * 0.8 / 1.7, 1e-6);
+  EXPECT_EQ(f->outs.size(), 5u) << "probs, indices and the three scratch tensors";
 }
 
 // The capacity cases drop choices (else their references test no dropping), and a token whose

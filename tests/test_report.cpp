@@ -126,6 +126,22 @@ TEST(PlanFile, RoundTrips) {
   EXPECT_EQ(back->model.moe->num_experts, 60);
 }
 
+// DeepSeek's routing and its expert bias (in the parameter count the plan states) read back.
+TEST(PlanFile, RoundTripsTheRouting) {
+  ModelSpec m = testing::model("qwen1.5-moe-a2.7b");
+  m.moe->expert_bias = true;
+  m.moe->router = {.sigmoid = true, .groups = 4, .topk_groups = 2, .scaling = 2.5};
+  Schedule s = build_schedule(m, setup());
+  Result<Schedule> back = schedule_from_json(nlohmann::json::parse(schedule_to_json(s).dump()));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  const MoeSpec& e = *back->model.moe;
+  EXPECT_TRUE(e.expert_bias && e.router.sigmoid && e.router.normalize);
+  EXPECT_EQ(e.router.groups, 4);
+  EXPECT_EQ(e.router.topk_groups, 2);
+  EXPECT_EQ(e.router.scaling, 2.5);
+  EXPECT_EQ(simulate(back->stages[0]).peak_bytes, simulate(s.stages[0]).peak_bytes);
+}
+
 TEST(PlanFile, RejectsOtherVersionsAndJunk) {
   nlohmann::json j = schedule_to_json(build_schedule(testing::model("llama-3.1-8b"), setup()));
   j["format_version"] = kScheduleFormatVersion + 1;

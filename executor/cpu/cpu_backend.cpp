@@ -95,6 +95,10 @@ class CpuBackend final : public Backend {
         return router_forward(env, in, w);
       case OpKind::kTopK:
         return topk_forward(env, in, w);
+      case OpKind::kRouteScores:
+        return route_scores_forward(env, in, w);
+      case OpKind::kRouteTopK:
+        return route_topk_forward(env, in, w);
       case OpKind::kMoeDispatch:
         return moe_dispatch_forward(env, in, w);
       case OpKind::kExpertColumn:
@@ -199,6 +203,10 @@ class CpuBackend final : public Backend {
         return router_backward(env, a);
       case OpKind::kTopK:
         return topk_backward(env, a);
+      case OpKind::kRouteScores:
+        return route_scores_backward(env, a);
+      case OpKind::kRouteTopK:
+        return route_topk_backward(env, a);
       case OpKind::kMoeDispatch:
         return moe_dispatch_backward(env, a);
       case OpKind::kExpertColumn:

@@ -130,10 +130,19 @@ NP_CPU_OP(repeat_kv)
 NP_CPU_OP(attn_context)
 // moe.cpp
 NP_CPU_OP(topk)
+NP_CPU_OP(route_scores)
+NP_CPU_OP(route_topk)
 NP_CPU_OP(moe_dispatch)
 NP_CPU_OP(moe_combine)
 NP_CPU_OP(shared_gate)
 
 #undef NP_CPU_OP
+
+// The experts one token is routed to (spec.hpp, RouterSpec): the top k of its scores plus `bias`
+// (nullptr: none) among the experts of its top topk_groups groups, each group scored by the sum
+// of its top k / topk_groups; ties to the lower group and expert. `chosen` gets k indices, best
+// first; `group_mask` (nullptr: not wanted) gets 1 for each eligible expert, else 0.
+void route_choose(const float* scores, const float* bias, int64_t E, int64_t k,
+                  const RouterSpec& r, int64_t* chosen, float* group_mask = nullptr);
 
 }  // namespace np::exec::cpu

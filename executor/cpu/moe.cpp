@@ -60,6 +60,140 @@ void topk_backward(const Env& env, const BackwardArgs& a) {
   grad_input(env, a, 0, {{T, E}, Dtype::kFp32}, D);
 }
 
+// ---- RouteScores: sigmoid, or softmax over the experts, of each row of fp32 logits --------------
+
+Outs route_scores_forward(const Env& env, Ins in, Ins) {
+  const Tensor& logits = need(in, 0, "router logits");
+  check(logits.type.dtype == Dtype::kFp32 && logits.type.shape.size() == 2,
+        "route scores: the logits are fp32 [tokens, experts]");
+  Mat L = load_mat(logits);
+  int64_t T = L.rows(), E = L.cols();
+  Tensor out = env.output({T, E}, Dtype::kFp32);
+  float* s = out.as<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    if (env.attrs().router.sigmoid) {
+      for (int64_t e = 0; e < E; ++e) s[t * E + e] = static_cast<float>(1.0 / (1.0 + std::exp(-double(L(t, e)))));
+      continue;
+    }
+    double m = L.row(t).maxCoeff(), z = 0;
+    for (int64_t e = 0; e < E; ++e) z += std::exp(double(L(t, e)) - m);
+    for (int64_t e = 0; e < E; ++e) s[t * E + e] = static_cast<float>(std::exp(double(L(t, e)) - m) / z);
+  }
+  return {out};
+}
+
+// sigmoid: dl = g s (1 - s); softmax: dl = s (g - sum_e g_e s_e).
+void route_scores_backward(const Env& env, const BackwardArgs& a) {
+  Mat S = load_mat(need(a.outputs, 0, "route scores")), G = load_mat(need(a.grad_outputs, 0, "route scores gradient"));
+  Mat D(S.rows(), S.cols());
+  for (int64_t t = 0; t < S.rows(); ++t) {
+    double gs = 0;
+    if (!env.attrs().router.sigmoid)
+      for (int64_t e = 0; e < S.cols(); ++e) gs += double(G(t, e)) * S(t, e);
+    for (int64_t e = 0; e < S.cols(); ++e) {
+      double s = S(t, e), g = G(t, e);
+      D(t, e) = static_cast<float>(env.attrs().router.sigmoid ? g * s * (1.0 - s) : s * (g - gs));
+    }
+  }
+  grad_input(env, a, 0, {{S.rows(), S.cols()}, Dtype::kFp32}, D);
+}
+
+// ---- RouteTopK: the group-limited top-k of the scores (plus the bias), renormalised and scaled --
+
+void route_choose(const float* scores, const float* bias, int64_t E, int64_t k,
+                  const RouterSpec& r, int64_t* chosen, float* group_mask) {
+  auto c = [&](int64_t e) { return double(scores[e]) + (bias ? double(bias[e]) : 0.0); };
+  std::vector<char> eligible(E, 1);
+  if (r.groups > 1) {
+    int64_t n = E / r.groups, best = k / r.topk_groups;
+    std::vector<double> group(r.groups);
+    std::vector<double> top(n);
+    for (int64_t g = 0; g < r.groups; ++g) {
+      for (int64_t i = 0; i < n; ++i) top[i] = c(g * n + i);
+      std::partial_sort(top.begin(), top.begin() + best, top.end(), std::greater<double>());
+      group[g] = std::accumulate(top.begin(), top.begin() + best, 0.0);
+    }
+    std::vector<int64_t> order(r.groups);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t x, int64_t y) { return group[x] > group[y]; });
+    std::fill(eligible.begin(), eligible.end(), 0);
+    for (int64_t j = 0; j < r.topk_groups; ++j)
+      std::fill(eligible.begin() + order[j] * n, eligible.begin() + (order[j] + 1) * n, 1);
+  }
+  std::vector<int64_t> order;
+  for (int64_t e = 0; e < E; ++e) {
+    if (eligible[e]) order.push_back(e);
+    if (group_mask) group_mask[e] = eligible[e] ? 1.0f : 0.0f;
+  }
+  check(static_cast<int64_t>(order.size()) >= k, "route top-k: fewer eligible experts than top_k");
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t x, int64_t y) {
+    return c(x) > c(y) || (c(x) == c(y) && x < y);
+  });
+  std::copy(order.begin(), order.begin() + k, chosen);
+}
+
+Outs route_topk_forward(const Env& env, Ins in, Ins) {
+  const Tensor& scores = need(in, 0, "route scores");
+  check(scores.type.dtype == Dtype::kFp32 && scores.type.shape.size() == 2,
+        "route top-k: the scores are fp32 [tokens, experts]");
+  const OpAttrs& at = env.attrs();
+  const RouterSpec& r = at.router;
+  int64_t T = dim(scores, 0), E = dim(scores, 1), k = at.top_k;
+  check(k > 0 && k <= E && r.groups >= 1 && E % r.groups == 0,
+        "route top-k: top_k and the groups do not fit the experts");
+  Tensor probs = env.output({T, k}, Dtype::kFp32), idx = env.output({T, k}, Dtype::kI64);
+  // The scratch the frameworks allocate (ops.cpp): the biased scores (the expert bias is zero
+  // here, as both frameworks initialise it; route_choose takes any), the group mask expanded to
+  // the experts, the masked scores.
+  const float* s = scores.as<float>();
+  Tensor biased, mask, masked;
+  if (at.bias) biased = env.workspace({T, E}, Dtype::kFp32);
+  if (r.groups > 1)
+    mask = env.workspace({T, E}, Dtype::kFp32), masked = env.workspace({T, E}, Dtype::kFp32);
+  int64_t* id = idx.as<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    if (biased) std::copy(s + t * E, s + (t + 1) * E, biased.as<float>() + t * E);
+    route_choose(s + t * E, nullptr, E, k, r, id + t * k, mask ? mask.as<float>() + t * E : nullptr);
+    for (int64_t e = 0; masked && e < E; ++e)
+      masked.as<float>()[t * E + e] = mask.as<float>()[t * E + e] != 0 ? s[t * E + e] : -INFINITY;
+    double z = 1e-20;
+    for (int64_t j = 0; j < k; ++j) z += s[t * E + id[t * k + j]];
+    for (int64_t j = 0; j < k; ++j) {
+      double w = s[t * E + id[t * k + j]];
+      probs.as<float>()[t * k + j] = static_cast<float>((r.normalize ? w / z : w) * r.scaling);
+    }
+  }
+  Outs out = {probs, idx};  // then the forward's workspaces, in the op table's order
+  for (const Tensor& w : {biased, mask, masked})
+    if (w) out.push_back(w);
+  return out;
+}
+
+// p_j = c s_j / Z (Z = sum of the chosen + 1e-20) when normalized, else c s_j: ds_i = c (g_j / Z -
+// sum_l g_l s_l / Z^2), else c g_j, at the chosen experts; 0 elsewhere.
+void route_topk_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& scores = need(a.inputs, 0, "route scores");
+  const Tensor& idx = need(a.outputs, 1, "route indices");
+  Mat G = load_mat(need(a.grad_outputs, 0, "route probs gradient"));
+  const RouterSpec& r = env.attrs().router;
+  int64_t T = G.rows(), k = G.cols(), E = dim(scores, 1);
+  const float* s = scores.as<float>();
+  const int64_t* id = idx.as<int64_t>();
+  Mat D = Mat::Zero(T, E);
+  for (int64_t t = 0; t < T; ++t) {
+    double z = 1e-20, gs = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      check(id[t * k + j] >= 0 && id[t * k + j] < E, "route top-k backward: an index is outside the experts");
+      z += s[t * E + id[t * k + j]], gs += double(G(t, j)) * s[t * E + id[t * k + j]];
+    }
+    for (int64_t j = 0; j < k; ++j)
+      D(t, id[t * k + j]) = static_cast<float>(
+          r.scaling * (r.normalize ? double(G(t, j)) / z - gs / (z * z) : double(G(t, j))));
+  }
+  grad_input(env, a, 0, {{T, E}, Dtype::kFp32}, D);
+}
+
 // ---- MoeDispatch: send[row(t,j)] = x[t] (unused slots zero), then over ep > 1 the all-to-all
 // (the send buffer is the op's workspace) -----------------------------------------------------
 

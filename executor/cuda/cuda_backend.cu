@@ -286,6 +286,10 @@ class CudaBackend final : public exec::Backend {
         return router_fwd(e, in, w);
       case OpKind::kTopK:
         return topk_fwd(e, in, w);
+      case OpKind::kRouteScores:
+        return route_scores_fwd(e, in, w);
+      case OpKind::kRouteTopK:
+        return route_topk_fwd(e, in, w);
       case OpKind::kMoeDispatch:
         return moe_dispatch_fwd(e, in, w);
       case OpKind::kExpertColumn:
@@ -371,6 +375,10 @@ class CudaBackend final : public exec::Backend {
         return router_bwd(e);
       case OpKind::kTopK:
         return topk_bwd(e);
+      case OpKind::kRouteScores:
+        return route_scores_bwd(e);
+      case OpKind::kRouteTopK:
+        return route_topk_bwd(e);
       case OpKind::kMoeDispatch:
         return moe_dispatch_bwd(e);
       case OpKind::kExpertColumn:

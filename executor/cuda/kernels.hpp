@@ -230,6 +230,26 @@ void topk_forward(const Tensor& logits, const Tensor& probs, const Tensor& idx, 
 // dlogits (fp32 [tokens, experts], =, or +=): p_j (g_j - sum_i p_i g_i) at the chosen experts.
 void topk_backward(const Tensor& probs, const Tensor& idx, const Tensor& dprobs,
                    const Tensor& dlogits, bool accumulate, cudaStream_t stream);
+// DeepSeek's and Qwen2-MoE's routing (spec.hpp, RouterSpec; the CPU reference's
+// route_scores and route_topk, executor/cpu/moe.cpp). Scores: sigmoid, or the softmax over the
+// experts, of fp32 logits; backward dlogits (=, or +=) from the kept scores.
+void route_scores_forward(const Tensor& logits, const Tensor& scores, bool sigmoid,
+                          cudaStream_t stream);
+void route_scores_backward(const Tensor& scores, const Tensor& dscores, const Tensor& dlogits,
+                           bool accumulate, bool sigmoid, cudaStream_t stream);
+// The top-k's forward scratch ([tokens, experts] fp32 each, nullptr when the op has none): the
+// biased scores (with an expert bias), the group mask and the masked scores (with groups).
+struct RouteScratch {
+  const Tensor *biased = nullptr, *mask = nullptr, *masked = nullptr;
+};
+// The group-limited top-k of scores (+ bias, [experts] fp32, nullptr: none), the chosen scores
+// renormalised and scaled; backward dscores (=, or +=) at the chosen experts.
+void route_topk_forward(const Tensor& scores, const Tensor* bias, const RouteScratch& scratch,
+                        const RouterSpec& r, const Tensor& probs, const Tensor& idx,
+                        cudaStream_t stream);
+void route_topk_backward(const Tensor& scores, const Tensor& idx, const Tensor& dprobs,
+                         const RouterSpec& r, const Tensor& dscores, bool accumulate,
+                         cudaStream_t stream);
 // The router's backward: its output gradient is fp32, its weights bf16 (cuBLAS does not mix
 // input types): dx (=, or +=) = dy W, dW += dy^T x, db += column sums.
 void router_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,

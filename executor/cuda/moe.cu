@@ -102,6 +102,125 @@ __global__ void topk_backward_kernel(const float* probs, const long long* idx, V
     dlogits[t * E + idx[t * k + j]] += probs[t * k + j] * (ld(dprobs, t * k + j) - pg);
 }
 
+// Per row of fp32 logits [T, E]: sigmoid of each, or the softmax over the row. One thread a row.
+__global__ void route_scores_kernel(const float* logits, float* scores, long long T, long long E,
+                                    bool sigmoid) {
+  long long t = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= T) return;
+  const float* l = logits + t * E;
+  float* s = scores + t * E;
+  if (sigmoid) {
+    for (long long e = 0; e < E; ++e) s[e] = static_cast<float>(1.0 / (1.0 + exp(-double(l[e]))));
+    return;
+  }
+  double m = l[0], z = 0;
+  for (long long e = 1; e < E; ++e) m = fmax(m, double(l[e]));
+  for (long long e = 0; e < E; ++e) z += exp(double(l[e]) - m);
+  for (long long e = 0; e < E; ++e) s[e] = static_cast<float>(exp(double(l[e]) - m) / z);
+}
+
+// dl = g s (1 - s) (sigmoid), s (g - sum_e g_e s_e) (softmax); =, or += when acc.
+__global__ void route_scores_backward_kernel(const float* scores, const float* g, float* dl,
+                                             bool acc, long long T, long long E, bool sigmoid) {
+  long long t = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= T) return;
+  const float *s = scores + t * E, *gt = g + t * E;
+  double gs = 0;
+  if (!sigmoid)
+    for (long long e = 0; e < E; ++e) gs += double(gt[e]) * s[e];
+  for (long long e = 0; e < E; ++e) {
+    float d = static_cast<float>(sigmoid ? double(gt[e]) * s[e] * (1.0 - s[e])
+                                         : double(s[e]) * (gt[e] - gs));
+    dl[t * E + e] = acc ? dl[t * E + e] + d : d;
+  }
+}
+
+// (value, index) order of the routing choice: the larger value first, ties to the lower index.
+__device__ bool route_before(double v, long long i, double w, long long j) {
+  return v > w || (v == w && i < j);
+}
+
+// The routing of the CPU reference (executor/cpu/moe.cpp, route_choose), one thread a row:
+// c = scores (+ bias); with groups, each group's score is the sum of its top `best` c, and the
+// experts of the topk_groups best groups are eligible (mask row 1, else 0; masked row the score or
+// -inf); the top k eligible c are chosen, best first (read back from idx, no per-thread array);
+// probs are their scores, over their sum + 1e-20 when normalized, times scaling.
+__global__ void route_topk_kernel(const float* scores, const float* bias, float* biased,
+                                  float* mask, float* masked, float* probs, long long* idx,
+                                  long long T, long long E, int k, long long groups, int topk_groups,
+                                  bool normalize, float scaling) {
+  long long t = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= T) return;
+  const float* s = scores + t * E;
+  auto c = [&](long long e) { return double(s[e]) + (bias ? double(bias[e]) : 0.0); };
+  if (biased)
+    for (long long e = 0; e < E; ++e) biased[t * E + e] = s[e];
+  const long long n = E / groups;
+  const int best = k / topk_groups;
+  // Group g's score: the sum of its top `best` c, found as successive maxima in route order.
+  auto group_score = [&](long long g) {
+    double sum = 0, pv = 0;
+    long long pi = -1;
+    for (int q = 0; q < best; ++q) {
+      double bv = 0;
+      long long bi = -1;
+      for (long long e = g * n; e < (g + 1) * n; ++e)
+        if ((pi < 0 || route_before(pv, pi, c(e), e)) && (bi < 0 || route_before(c(e), e, bv, bi)))
+          bv = c(e), bi = e;
+      sum += bv, pv = bv, pi = bi;
+    }
+    return sum;
+  };
+  auto eligible = [&](long long e) { return groups == 1 || mask[t * E + e] != 0.0f; };
+  if (groups > 1) {
+    for (long long g = 0; g < groups; ++g) {
+      double sg = group_score(g);
+      long long ahead = 0;  // groups that beat g: g is eligible when fewer than topk_groups do
+      for (long long h = 0; h < groups; ++h)
+        if (h != g && route_before(group_score(h), h, sg, g)) ++ahead;
+      for (long long e = g * n; e < (g + 1) * n; ++e) {
+        mask[t * E + e] = ahead < topk_groups ? 1.0f : 0.0f;
+        masked[t * E + e] = ahead < topk_groups ? s[e] : -INFINITY;
+      }
+    }
+  }
+  long long* chosen = idx + t * k;
+  double z = 1e-20;
+  for (int j = 0; j < k; ++j) {
+    long long bi = -1;
+    for (long long e = 0; e < E; ++e) {
+      if (!eligible(e)) continue;
+      bool taken = false;
+      for (int q = 0; q < j; ++q) taken |= chosen[q] == e;
+      if (!taken && (bi < 0 || route_before(c(e), e, c(bi), bi))) bi = e;
+    }
+    chosen[j] = bi;
+    z += s[bi];
+  }
+  for (int j = 0; j < k; ++j)
+    probs[t * k + j] =
+        static_cast<float>((normalize ? double(s[chosen[j]]) / z : double(s[chosen[j]])) * scaling);
+}
+
+// ds at the chosen experts: c (g_j / Z - sum_l g_l s_l / Z^2) when normalized, else c g_j; 0
+// elsewhere; =, or += when acc.
+__global__ void route_topk_backward_kernel(const float* scores, const long long* idx, View dprobs,
+                                           float* ds, bool acc, long long T, long long E, int k,
+                                           bool normalize, float scaling) {
+  long long t = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= T) return;
+  const float* s = scores + t * E;
+  const long long* id = idx + t * k;
+  double z = 1e-20, gs = 0;
+  for (int j = 0; j < k; ++j) z += s[id[j]], gs += double(ld(dprobs, t * k + j)) * s[id[j]];
+  if (!acc)
+    for (long long e = 0; e < E; ++e) ds[t * E + e] = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    double g = ld(dprobs, t * k + j);
+    ds[t * E + id[j]] += static_cast<float>(scaling * (normalize ? g / z - gs / (z * z) : g));
+  }
+}
+
 // The router's backward (its fp32 output gradient against bf16 weights, which cuBLAS does not
 // mix): dx[t][c] (=, or +=) sum_e g[t][e] W[e][c]; dW[e][c] += sum_t g[t][e] x[t][c], t in order.
 __global__ void router_dx_kernel(const float* g, View w, View dx, bool acc, long long T,
@@ -281,6 +400,72 @@ void topk_forward(const Tensor& logits, const Tensor& probs, const Tensor& idx, 
   np_launch(topk_kernel, dim3(blocks_for(T)), dim3(kThreads), 0, stream,
             static_cast<const float*>(logits.data), probs.as<float>(),
             static_cast<long long*>(idx.data), T, E, k);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void route_scores_forward(const Tensor& logits, const Tensor& scores, bool sigmoid,
+                          cudaStream_t stream) {
+  need(logits.type.dtype == Dtype::kFp32 && scores.type.dtype == Dtype::kFp32 &&
+           logits.type.shape.size() == 2 && scores.numel() == logits.numel(),
+       "route scores: logits and scores are fp32 [tokens, experts]");
+  long long T = logits.type.shape[0], E = logits.type.shape[1];
+  if (T == 0) return;
+  np_launch(route_scores_kernel, dim3(blocks_for(T)), dim3(kThreads), 0, stream,
+            static_cast<const float*>(logits.data), scores.as<float>(), T, E, sigmoid);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void route_scores_backward(const Tensor& scores, const Tensor& dscores, const Tensor& dlogits,
+                           bool accumulate, bool sigmoid, cudaStream_t stream) {
+  need(scores.type.dtype == Dtype::kFp32 && dscores.type.dtype == Dtype::kFp32 &&
+           dlogits.type.dtype == Dtype::kFp32 && scores.type.shape.size() == 2 &&
+           dscores.numel() == scores.numel() && dlogits.numel() == scores.numel(),
+       "route scores backward: fp32 [tokens, experts] throughout");
+  long long T = scores.type.shape[0], E = scores.type.shape[1];
+  if (T == 0) return;
+  np_launch(route_scores_backward_kernel, dim3(blocks_for(T)), dim3(kThreads), 0, stream,
+            static_cast<const float*>(scores.data), static_cast<const float*>(dscores.data),
+            dlogits.as<float>(), accumulate, T, E, sigmoid);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void route_topk_forward(const Tensor& scores, const Tensor* bias, const RouteScratch& scratch,
+                        const RouterSpec& r, const Tensor& probs, const Tensor& idx,
+                        cudaStream_t stream) {
+  need(scores.type.dtype == Dtype::kFp32 && probs.type.dtype == Dtype::kFp32 &&
+           scores.type.shape.size() == 2,
+       "route top-k: scores and probabilities are fp32 [tokens, experts], [tokens, top_k]");
+  long long T = scores.type.shape[0], E = scores.type.shape[1];
+  int k = top_k_of(idx);
+  need(k <= E && probs.numel() == T * k && idx.numel() == T * k && r.groups >= 1 &&
+           E % r.groups == 0 && r.topk_groups >= 1 && k % r.topk_groups == 0 &&
+           k <= r.topk_groups * (E / r.groups),
+       "route top-k: top_k and the groups do not fit the experts");
+  need((r.groups > 1) == (scratch.mask != nullptr && scratch.masked != nullptr) &&
+           (!bias || bias->numel() == E),
+       "route top-k: the group mask scratch is wanted exactly with groups");
+  if (T == 0) return;
+  auto data = [](const Tensor* x) { return x ? static_cast<float*>(x->data) : nullptr; };
+  np_launch(route_topk_kernel, dim3(blocks_for(T)), dim3(kThreads), 0, stream,
+            static_cast<const float*>(scores.data), static_cast<const float*>(data(bias)),
+            data(scratch.biased), data(scratch.mask), data(scratch.masked), probs.as<float>(),
+            static_cast<long long*>(idx.data), T, E, k, static_cast<long long>(r.groups),
+            static_cast<int>(r.topk_groups), r.normalize, static_cast<float>(r.scaling));
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void route_topk_backward(const Tensor& scores, const Tensor& idx, const Tensor& dprobs,
+                         const RouterSpec& r, const Tensor& dscores, bool accumulate,
+                         cudaStream_t stream) {
+  int k = top_k_of(idx);
+  long long T = idx.type.shape[0], E = T ? scores.numel() / T : 0;
+  need(scores.type.dtype == Dtype::kFp32 && dscores.type.dtype == Dtype::kFp32 &&
+           dscores.numel() == scores.numel() && dprobs.numel() == T * k && E >= k,
+       "route top-k backward: shapes do not agree");
+  if (T == 0) return;
+  np_launch(route_topk_backward_kernel, dim3(blocks_for(T)), dim3(kThreads), 0, stream,
+            static_cast<const float*>(scores.data), indices(idx), view(dprobs),
+            dscores.as<float>(), accumulate, T, E, k, r.normalize, static_cast<float>(r.scaling));
   NP_CUDA_CHECK_LAUNCH();
 }
 

@@ -606,6 +606,47 @@ void router_bwd(const Bwd& e) {
                   a.weight_grads.size() > 1 ? &a.weight_grads[1] : nullptr, e.stream);
 }
 
+Outs route_scores_fwd(const Fwd& e, Ins in, Ins) {
+  const Tensor& logits = need(in, 0, "router logits");
+  Tensor scores = e.out(logits.type);
+  route_scores_forward(logits, scores, e.attrs().router.sigmoid, e.stream);
+  return {scores};
+}
+
+// The top-k's outputs, then its forward scratch in the op table's order (the expert bias is zero,
+// as the frameworks initialise it: no bias tensor is passed).
+Outs route_topk_fwd(const Fwd& e, Ins in, Ins) {
+  const Tensor& scores = need(in, 0, "route scores");
+  const OpAttrs& a = e.attrs();
+  int64_t T = scores.type.shape.at(0), k = a.top_k;
+  Tensor probs = e.out({{T, k}, Dtype::kFp32}), idx = e.out({{T, k}, Dtype::kI64});
+  Outs out = {probs, idx};
+  out.reserve(5);  // the scratch pointers below stay valid
+  RouteScratch scratch;
+  if (a.bias) out.push_back(e.ws(scores.type)), scratch.biased = &out.back();
+  if (a.router.groups > 1) out.push_back(e.ws(scores.type)), out.push_back(e.ws(scores.type));
+  if (a.router.groups > 1) scratch.mask = &out[out.size() - 2], scratch.masked = &out.back();
+  route_topk_forward(scores, nullptr, scratch, a.router, probs, idx, e.stream);
+  return out;
+}
+
+void route_scores_bwd(const Bwd& e) {
+  const Tensor& scores = need(e.a.outputs, 0, "route scores");
+  bool acc = false;
+  Tensor& dl = e.grad(0, scores.type, acc);
+  route_scores_backward(scores, need(e.a.grad_outputs, 0, "gradient"), dl, acc,
+                        e.attrs().router.sigmoid, e.stream);
+}
+
+void route_topk_bwd(const Bwd& e) {
+  const Tensor &scores = need(e.a.inputs, 0, "route scores"),
+               &idx = need(e.a.outputs, 1, "routing indices");
+  bool acc = false;
+  Tensor& ds = e.grad(0, scores.type, acc);
+  route_topk_backward(scores, idx, need(e.a.grad_outputs, 0, "gradient"), e.attrs().router, ds,
+                      acc, e.stream);
+}
+
 void topk_bwd(const Bwd& e) {
   const OpContext& c = e.c;
   const Tensor &probs = need(e.a.outputs, 0, "routing probabilities"),

@@ -298,7 +298,14 @@ int64_t expert_capacity(int64_t tokens, const MoeSpec& e, double factor) {
 int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int shard) {
   const MoeSpec& e = *m.moe;
   int logits = b.op1(OpKind::kRouter, "moe.router", {.features = e.num_experts}, {shard});
-  auto routed = b.op(OpKind::kTopK, "moe.topk", {.top_k = e.top_k}, {logits}, {"probs", "indices"});
+  std::vector<int> routed;
+  if (e.router.plain()) {
+    routed = b.op(OpKind::kTopK, "moe.topk", {.top_k = e.top_k}, {logits}, {"probs", "indices"});
+  } else {
+    OpAttrs r{.top_k = e.top_k, .router = e.router, .bias = e.expert_bias};
+    int scores = b.op1(OpKind::kRouteScores, "moe.scores", r, {logits});
+    routed = b.op(OpKind::kRouteTopK, "moe.topk", r, {scores}, {"probs", "indices"});
+  }
   int x = b.gather(shard, "moe");
   int probs = b.gather(routed[0], "moe.probs"), idx = b.gather(routed[1], "moe.indices");
   OpAttrs experts{.features = 2 * e.expert_ffn / t.tp,

@@ -417,6 +417,23 @@ const OpInfo kOps[] =
            return {{{rows_of(in[0]), a.heads * (2 * a.head_dim + a.v_dim())}, kAct}};
          },
          elementwise, no_weights, none_types},
+        {OpKind::kRouteScores, "route_scores", 1, 1, 0, 0b1, 0b1, 0b1, false, same,
+         [](const OpAttrs&, In in) { return 4.0 * in[0].elements(); }, no_weights, none_types},
+        {OpKind::kRouteTopK, "route_topk", 1, 2, 0b1, 0b10, 0b1, 0b01, false,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]), a.top_k}, Dtype::kFp32},
+                   {{rows_of(in[0]), a.top_k}, Dtype::kI64}};
+         },
+         elementwise, no_weights, none_types,
+         // Megatron-LM d98e8a6, moe_utils.py: scores_for_routing = scores + expert_bias; and
+         // group_limited_topk's fp32 group mask expanded to [tokens, experts] (reshape copies
+         // it) and the masked scores (transformers' DeepseekV3 allocates the same three).
+         [](const OpAttrs& a, In in) -> Types {
+           Types t;
+           if (a.bias) t.push_back(in[0]);
+           if (a.router.groups > 1) t.insert(t.end(), {in[0], in[0]});
+           return t;
+         }},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");

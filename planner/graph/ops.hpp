@@ -106,6 +106,15 @@ enum class OpKind {
   // Linear in its inputs: its backward reads nothing. Under TP without SP the RoPE part's
   // gradient is a partial sum over this rank's heads, all-reduced over TP in backward.
   kMlaRope,
+  // MoE routing other than the softmax over the top-k logits (spec.hpp, RouterSpec; DeepSeek's,
+  // Qwen2-MoE's): the score function over every expert's fp32 logit, sigmoid or softmax, kept
+  // (its backward reads it);
+  kRouteScores,
+  // then the group-limited top-k of the scores plus the expert bias (the forward's scratch: the
+  // biased scores, the group mask and the masked scores, each of the scores' shape), the chosen
+  // scores renormalised and scaled: the probabilities and the indices as kTopK's. Its backward
+  // reads the scores and the indices.
+  kRouteTopK,
   kCount
 };
 
@@ -127,6 +136,7 @@ struct OpAttrs {
   int64_t v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }  // the values' head dim
   int64_t rope_dim = 0;    // MLA: the rotated last features of each q and k head
   int64_t experts = 0, top_k = 0;                 // local experts, routed experts per token
+  RouterSpec router;  // kRouteScores, kRouteTopK; `bias` there: the model has the expert bias
   // MoE with a capacity factor: token slots per expert per source rank (the dispatched tensor is
   // experts x group x capacity rows, each local expert's slots contiguous per source rank);
   // 0: dropless, tokens x top_k rows grouped by expert.

@@ -126,11 +126,23 @@ Result<ModelSpec> model_from_table(const toml::table& table, const std::string& 
     TomlReader mr(*moe, path, "moe.");
     mr.only({"num_experts", "top_k", "expert_intermediate_size",
              "shared_expert_intermediate_size", "shared_expert_gate", "dense_layers",
-             "expert_bias"});
+             "expert_bias", "score_function", "norm_topk_prob", "groups", "topk_groups",
+             "routed_scaling_factor"});
     m.moe = MoeSpec{
         mr.integer("num_experts"), mr.integer("top_k"), mr.integer("expert_intermediate_size"),
         mr.integer("shared_expert_intermediate_size", 0), mr.boolean("shared_expert_gate", false),
         mr.boolean("expert_bias", false)};
+    // The routing (spec.hpp, RouterSpec), HF's scoring_func, norm_topk_prob, n_group, topk_group
+    // and routed_scaling_factor; the defaults are the softmax over the top-k logits.
+    RouterSpec& rt = m.moe->router;
+    std::string score = mr.string("score_function", "softmax");
+    if (score != "softmax" && score != "sigmoid" && !mr.error())
+      return make_error(path + ": moe.score_function " + quote_input(score, '"') +
+                        " is not supported (valid: softmax, sigmoid)");
+    rt.sigmoid = score == "sigmoid";
+    rt.normalize = mr.boolean("norm_topk_prob", true);
+    rt.groups = mr.integer("groups", 1), rt.topk_groups = mr.integer("topk_groups", 1);
+    rt.scaling = mr.number("routed_scaling_factor", 1.0);
     // The layers whose MLP is the dense one (intermediate_size), e.g. DeepSeek's first ones.
     if (moe->contains("dense_layers")) m.dense_layers = mr.list<int64_t>("dense_layers", 0);
     if (auto e = mr.error()) return *e;
@@ -278,14 +290,37 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
   if (experts > 0 && deepseek) {
     // DeepSeek's shared experts are one MLP of n_shared_experts x moe_intermediate_size, ungated
     // (DeepseekV3MoE.shared_experts); noaux_tc routing carries the score-correction bias.
+    // Absent keys take the defaults of transformers' DeepseekV2Config and DeepseekV3Config.
+    const bool v3 = type == "deepseek_v3";
+    const std::string method = text("topk_method", v3 ? "noaux_tc" : "greedy");
     int64_t ffn = count("moe_intermediate_size", std::nullopt);
     m.moe = MoeSpec{experts, count("num_experts_per_tok", std::nullopt), ffn,
-                    count("n_shared_experts", 0) * ffn, false,
-                    text("topk_method", "greedy") == "noaux_tc"};
+                    count("n_shared_experts", 0) * ffn, false, method == "noaux_tc"};
+    // DeepseekV2MoEGate / DeepseekV3TopkRouter: scoring_func softmax (V2) or sigmoid (V3), the
+    // group-limited choice over n_group groups (topk_method group_limited_greedy and noaux_tc; V2
+    // scores a group by its largest score where Megatron and V3 sum its top top_k / topk_group,
+    // which only changes which experts are chosen), norm_topk_prob, routed_scaling_factor.
+    std::string score = text("scoring_func", v3 ? "sigmoid" : "softmax");
+    if (score != "softmax" && score != "sigmoid")
+      return make_error(path + ": scoring_func " + quote_input(score, '"') +
+                        " is not supported (valid: softmax, sigmoid)");
+    RouterSpec& rt = m.moe->router;
+    rt.sigmoid = score == "sigmoid";
+    rt.normalize = flag("norm_topk_prob", v3);
+    if (method != "greedy")
+      rt.groups = count("n_group", v3 ? 8 : 1), rt.topk_groups = count("topk_group", v3 ? 4 : 1);
+    rt.scaling = given("routed_scaling_factor") ? r.at("routed_scaling_factor").number()
+                 : v3                           ? 2.5
+                                                : 1.0;
   } else if (experts > 0) {
     int64_t shared = count("shared_expert_intermediate_size", 0);
     m.moe = MoeSpec{experts, count("num_experts_per_tok", 2), count("moe_intermediate_size", m.ffn),
                     shared, shared > 0};
+    // Mixtral's softmax over the top-k logits; Qwen2-MoE and Qwen3-MoE take the top-k of the
+    // softmax over all the experts, renormalised when norm_topk_prob (transformers'
+    // Qwen2MoeSparseMoeBlock default false, Qwen3MoeSparseMoeBlock's configs true).
+    if (type == "qwen2_moe" || type == "qwen3_moe")
+      m.moe->router.normalize = flag("norm_topk_prob", type == "qwen3_moe");
   }
   if (auto e = validate_model(m)) return make_error(path + ": " + e->message);
   return m;

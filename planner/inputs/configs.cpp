@@ -323,6 +323,7 @@ const std::set<std::string> kNoBytes = {
     "--profile-step-start", "--profile-step-end", "--empty-unused-memory-level", "--seed",
     "--tokenizer-model", "--num-workers", "--log-throughput-interval",
     "--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-z-loss-coeff",
+    "--moe-router-bias-update-rate",
     "--tiktoken-pattern"};
 
 // The value flags megatron_args reads itself (the model's shape flags and kNoBytes aside).
@@ -336,6 +337,7 @@ const std::set<std::string> kValueFlags = {
     "--transformer-impl", "--make-vocab-size-divisible-by", "--hidden-dropout",
     "--attention-dropout", "--attention-backend", "--moe-token-drop-policy",
     "--moe-token-dispatcher-type", "--cp-comm-type", "--normalization", "--moe-layer-freq",
+    "--moe-router-score-function", "--moe-router-topk-scaling-factor",
     "--position-embedding-type", "--max-position-embeddings", "--tokenizer-type", "--train-iters",
     "--lr", "--norm-epsilon", "--vocab-size", "--data-path"};
 const char* const kRead =
@@ -454,7 +456,11 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                                                 {"--moe-ffn-hidden-size",
                                                  m.moe ? m.moe->expert_ffn : 0},
                                                 {"--moe-shared-expert-intermediate-size",
-                                                 m.moe ? m.moe->shared_ffn : 0}};
+                                                 m.moe ? m.moe->shared_ffn : 0},
+                                                {"--moe-router-num-groups",
+                                                 m.moe ? m.moe->router.groups : 0},
+                                                {"--moe-router-group-topk",
+                                                 m.moe ? m.moe->router.topk_groups : 0}};
   const std::set<std::string> switches = {"--sequence-parallel", "--use-distributed-optimizer",
                                           "--moe-pad-expert-input-to-capacity",
                                           "--group-query-attention", "--use-flash-attn",
@@ -467,7 +473,8 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                                           "--add-qkv-bias", "--recompute-activations",
                                           "--overlap-grad-reduce", "--overlap-param-gather",
                                           "--tp-comm-overlap", "--qk-layernorm",
-                                          "--multi-latent-attention"};
+                                          "--multi-latent-attention", "--moe-router-pre-softmax",
+                                          "--moe-router-enable-expert-bias"};
   // Known, and no byte depends on them here: ignored, and listed once.
   const std::set<std::string> quiet = {"--use-mcore-models", "--no-bias-dropout-fusion",
                                        "--attention-softmax-in-fp32", "--no-masked-softmax-fusion",
@@ -540,6 +547,14 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
       if (w == "--qk-layernorm") bad = arch(m.qk_norm, "no q/k norms");
       if (w == "--multi-latent-attention")
         bad = arch(m.mla.has_value(), "q/k/v projections, not multi-head latent attention");
+      // Megatron's routing (moe_utils.py, topk_routing_with_score_function): softmax before the
+      // top-k is the top-k of the softmax over all experts, not renormalised.
+      const RouterSpec rt = m.moe ? m.moe->router : RouterSpec{};
+      if (w == "--moe-router-pre-softmax")
+        bad = arch(m.moe && !rt.sigmoid && !rt.normalize,
+                   "the softmax over the chosen experts' logits (norm_topk_prob)");
+      if (w == "--moe-router-enable-expert-bias")
+        bad = arch(m.moe && m.moe->expert_bias, "no expert score-correction bias");
       if (bad) return *bad;
       continue;
     }
@@ -629,6 +644,22 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                                  format_ranges(std::vector<int>(m.dense_layers.begin(),
                                                                 m.dense_layers.end()))
                            : std::string(", which has no MoE layers")));
+    } else if (w == "--moe-router-score-function") {
+      const bool sigmoid = m.moe && m.moe->router.sigmoid;
+      if (v != "softmax" && v != "sigmoid")
+        return fail(w + " " + quote_input(v) + " (valid: softmax, sigmoid)");
+      if ((v == "sigmoid") != sigmoid || !m.moe)
+        return fail(w + " " + quote_input(v) + " differs from the model " + m.name + " (" +
+                    (!m.moe ? "no MoE" : sigmoid ? "sigmoid" : "softmax") + ")");
+    } else if (w == "--moe-router-topk-scaling-factor") {
+      char* end = nullptr;
+      double f = std::strtod(v.c_str(), &end);
+      const double model = m.moe ? m.moe->router.scaling : 0.0;
+      char shown[32];
+      std::snprintf(shown, sizeof shown, "%g", model);
+      if (*end != '\0' || !m.moe || std::abs(f - model) > 1e-9 * model)
+        return fail(w + " " + quote_input(v) + " differs from the model " + m.name + " (" +
+                    (m.moe ? shown : "no MoE") + ")");
     } else if (w == "--moe-expert-capacity-factor") {
       char* end = nullptr;
       double f = std::strtod(v.c_str(), &end);

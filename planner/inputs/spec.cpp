@@ -337,6 +337,18 @@ std::optional<Error> validate_model(const ModelSpec& m) {
     if (e.top_k > e.num_experts)
       return fail("model " + m.name + ": [moe] top_k " + str(e.top_k) + " exceeds num_experts " +
                   str(e.num_experts));
+    const RouterSpec& r = e.router;
+    if (r.groups < 1 || r.groups > e.num_experts || e.num_experts % r.groups != 0)
+      return fail("model " + m.name + ": [moe] groups " + str(r.groups) +
+                  " must divide num_experts " + str(e.num_experts) + " (valid: 1 for none)");
+    if (r.topk_groups < 1 || r.topk_groups > r.groups || e.top_k % r.topk_groups != 0 ||
+        e.top_k > r.topk_groups * (e.num_experts / r.groups))
+      return fail("model " + m.name + ": [moe] topk_groups " + str(r.topk_groups) +
+                  " must be in [1, groups " + str(r.groups) + "], divide top_k " + str(e.top_k) +
+                  " and leave top_k experts in the chosen groups");
+    if (!(r.scaling > 0.0 && r.scaling <= 1e6))
+      return fail("model " + m.name + ": [moe] routed_scaling_factor " + std::to_string(r.scaling) +
+                  " is out of range (valid: (0, 1e6])");
   }
   if (m.mla) {
     const MlaSpec& a = *m.mla;

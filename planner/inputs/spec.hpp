@@ -53,6 +53,25 @@ const char* name_of(Optimizer o);
 const char* name_of(LossFusion l);
 const char* name_of(Recompute r);
 
+// How a token's experts and their weights come from its router logits. The plain form (softmax,
+// normalized, one group, no scaling) is the softmax over the top-k logits (Mixtral, Qwen3-MoE,
+// Megatron's default); the rest is DeepSeek's and Qwen2-MoE's (transformers' DeepseekV3TopkRouter,
+// DeepseekV2MoEGate, Qwen2MoeSparseMoeBlock; Megatron-LM d98e8a6, megatron/core/transformer/moe/
+// moe_utils.py, topk_routing_with_score_function and group_limited_topk):
+//   scores = sigmoid(logits), or softmax(logits) over all the experts;
+//   the experts are split into `groups` equal groups, each scored by the sum of its top
+//   (top_k / topk_groups) scores (plus the expert bias, when the model has one), and the top
+//   topk_groups groups are eligible; the top_k eligible experts (scores plus bias) are chosen;
+//   their weights are their scores (the bias only chooses), divided by their sum plus 1e-20 when
+//   normalized, times `scaling`.
+struct RouterSpec {
+  bool sigmoid = false;   // scoring_func "sigmoid", else "softmax"
+  bool normalize = true;  // norm_topk_prob (Megatron: sigmoid, or softmax without pre-softmax)
+  int64_t groups = 1, topk_groups = 1;  // n_group, topk_group
+  double scaling = 1.0;                 // routed_scaling_factor
+  bool plain() const { return !sigmoid && normalize && groups == 1 && scaling == 1.0; }
+};
+
 struct MoeSpec {
   int64_t num_experts = 0;
   int64_t top_k = 0;
@@ -65,6 +84,7 @@ struct MoeSpec {
   // e_score_correction_bias; Megatron's TopKRouter expert_bias, megatron/core/transformer/moe/
   // router.py, Megatron-LM d98e8a6).
   bool expert_bias = false;
+  RouterSpec router;
 };
 
 // Multi-head latent attention (DeepSeek-V2/V3): queries from a low-rank latent (or projected

@@ -43,6 +43,15 @@ json model_spec_to_json(const ModelSpec& m) {
                 {"shared_expert_intermediate_size", m.moe->shared_ffn},
                 {"shared_expert_gate", m.moe->shared_gate}};
   if (m.moe && !m.dense_layers.empty()) j["moe"]["dense_layers"] = m.dense_layers;
+  if (m.moe && m.moe->expert_bias) j["moe"]["expert_bias"] = true;
+  if (m.moe && !m.moe->router.plain()) {  // written when set, as plans before it had none
+    const RouterSpec& rt = m.moe->router;
+    j["moe"]["routing"] = {{"score_function", rt.sigmoid ? "sigmoid" : "softmax"},
+                           {"norm_topk_prob", rt.normalize},
+                           {"groups", rt.groups},
+                           {"topk_groups", rt.topk_groups},
+                           {"routed_scaling_factor", rt.scaling}};
+  }
   return j;
 }
 
@@ -108,11 +117,27 @@ Result<ModelSpec> model_spec_from_json(const json& j) {
     if (r.has("moe")) {
       Reader e = r.at("moe");
       e.only({"num_experts", "top_k", "expert_intermediate_size",
-              "shared_expert_intermediate_size", "shared_expert_gate", "dense_layers"});
+              "shared_expert_intermediate_size", "shared_expert_gate", "dense_layers",
+              "expert_bias", "routing"});
       m.moe = MoeSpec{e.at("num_experts").positive(), e.at("top_k").positive(),
                       e.at("expert_intermediate_size").positive(),
                       e.at("shared_expert_intermediate_size").integer(0, INT64_MAX),
-                      e.at("shared_expert_gate").boolean()};
+                      e.at("shared_expert_gate").boolean(),
+                      e.has("expert_bias") && e.at("expert_bias").boolean()};
+      if (e.has("routing")) {
+        Reader rr = e.at("routing");
+        rr.only({"score_function", "norm_topk_prob", "groups", "topk_groups",
+                 "routed_scaling_factor"});
+        RouterSpec& rt = m.moe->router;
+        std::string score = rr.at("score_function").text();
+        if (score != "softmax" && score != "sigmoid")
+          return make_error("plan: model.moe.routing.score_function " + quote_input(score, '"') +
+                            " is not supported (valid: softmax, sigmoid)");
+        rt.sigmoid = score == "sigmoid";
+        rt.normalize = rr.at("norm_topk_prob").boolean();
+        rt.groups = rr.at("groups").positive(), rt.topk_groups = rr.at("topk_groups").positive();
+        rt.scaling = rr.at("routed_scaling_factor").number();
+      }
       if (e.has("dense_layers"))
         for (size_t i = 0; i < e.at("dense_layers").size(); ++i)
           m.dense_layers.push_back(e.at("dense_layers").at(i).integer(0, INT32_MAX));
