@@ -293,7 +293,7 @@ TEST(LoadHfConfig, DeepSeekV3AndV2Lite) {
   EXPECT_EQ(rt.groups, 8);
   EXPECT_EQ(rt.topk_groups, 4);
   EXPECT_EQ(rt.scaling, 2.5);
-  const RouterSpec& cat = model("deepseek-v3").moe->router;
+  const RouterSpec cat = model("deepseek-v3").moe->router;
   EXPECT_TRUE(cat.sigmoid == rt.sigmoid && cat.normalize == rt.normalize &&
               cat.groups == rt.groups && cat.topk_groups == rt.topk_groups &&
               cat.scaling == rt.scaling);
