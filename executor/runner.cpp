@@ -30,10 +30,11 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
                       "all-to-all sizes; dropless ep > 1 is estimated for balanced routing only); "
                       "got --ep " + std::to_string(t.ep) +
                       " without one: add --moe-capacity-factor (e.g. 1.25) or use --ep 1");
-  if (!host_memory && s.model.mla)
-    return make_error("the CUDA backend does not run multi-head latent attention yet (" +
-                      s.model.name + "; its kernels are written for the CPU executor): use "
-                      "--backend cpu");
+  if (!host_memory && s.model.mla && s.model.mla->v_head_dim > s.model.head_dim)
+    return make_error("the CUDA backend's attention reads the values zero-padded to the q/k head "
+                      "dim, so it runs v_head_dim at most head_dim; " + s.model.name + " has " +
+                      std::to_string(s.model.mla->v_head_dim) + " > " +
+                      std::to_string(s.model.head_dim) + ": use --backend cpu");
   if (!host_memory && t.ep != 1)
     return make_error("the CUDA backend runs ep = 1 (expert parallelism runs on the CPU "
                       "executor); got --ep " + std::to_string(t.ep) + ": use --backend cpu");

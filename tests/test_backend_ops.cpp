@@ -60,13 +60,6 @@ const std::map<OpKind, const char*>& exceptions() {
       {OpKind::kFlashAttentionCp,
        "context parallelism runs on the CPU executor only: exec::check_runnable refuses cp > 1 "
        "for the CUDA backend, which has no kernel for it"},
-      {OpKind::kLinear,
-       "multi-head latent attention runs on the CPU executor only: exec::check_runnable refuses "
-       "MLA models for the CUDA backend (attention with a v head dim apart from q/k's is not "
-       "written there yet)"},
-      {OpKind::kMlaRope,
-       "multi-head latent attention runs on the CPU executor only: exec::check_runnable refuses "
-       "MLA models for the CUDA backend, which has no kernel for it"},
   };
   return e;
 }
@@ -114,6 +107,17 @@ ModelSpec moe_routed(int64_t vocab, bool deepseek) {
   return m;
 }
 
+// Multi-head latent attention (DeepSeek's): 6 heads of q/k 4 content + 2 RoPE features and v 4
+// (below q/k's 6: the CUDA attention reads v zero-padded), a kv latent of 8 and a q latent of 10
+// or a direct q projection.
+ModelSpec mla(int64_t vocab, bool q_latent) {
+  ModelSpec m = llama(vocab);
+  m.name = "ops-mla";
+  m.kv_heads = m.heads, m.head_dim = 6;
+  m.mla = MlaSpec{q_latent ? 10 : 0, 8, 4, 2, 4};
+  return m;
+}
+
 // Qwen3's attention: q/k norms, head_dim 6 apart from hidden / heads = 4.
 ModelSpec qwen3(int64_t vocab) {
   ModelSpec m = llama(vocab);
@@ -153,6 +157,10 @@ std::vector<Config> setups(Impl impl) {
   s.back().train.moe_capacity_factor = 1.0;
   s.push_back({"deepseek routing tp 2 sp", moe_routed(38, true), train(2, true, 10, flash)});
   s.push_back({"qwen1.5-moe routing tp 1", moe_routed(37, false), train(1, false, 7, flash)});
+  s.push_back({"mla q latent tp 1 flash", mla(37, true), train(1, false, 7, flash)});
+  s.push_back({"mla q latent tp 2 sp eager", mla(38, true), train(2, true, 10, eager)});
+  s.push_back({"mla direct q tp 2 flash", mla(38, false), train(2, false, 7, flash)});
+  s.push_back({"mla direct q tp 2 sp flash", mla(38, false), train(2, true, 10, flash)});
   s.push_back({"qwen3 tp 1 flash", qwen3(37), train(1, false, 7, flash)});
   s.push_back({"qwen3 tp 2 sp eager", qwen3(38), train(2, true, 10, eager)});
   if (impl == Impl::kMegatron) {  // the fused losses, and each weight gradient whole in bf16 first

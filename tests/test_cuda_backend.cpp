@@ -1,5 +1,5 @@
-// The CUDA backend end to end through the CUDA emulation: the tiny Llama, GPT, Qwen and MoE
-// scenarios across TP, SP, PP, eager and flash attention and the recompute policies, with the event-exact comparison (every allocation and release as the plan
+// The CUDA backend end to end through the CUDA emulation: the tiny Llama, GPT, Qwen, MoE and
+// DeepSeek scenarios across TP, SP, PP, eager and flash attention and the recompute policies, with the event-exact comparison (every allocation and release as the plan
 // predicts), the loss near the CPU reference's, and loss and gradients bitwise identical across
 // recompute policies (recomputation regenerates exactly what the forward produced).
 #include <gtest/gtest.h>
@@ -181,6 +181,25 @@ TEST(CudaBackend, TinyMoe) {
 TEST(CudaBackend, TinyMoeWithCapacity) {
   check_scenario("tiny-moe-ep",
                  {{2, 1, true, AttentionImpl::kFlash, 2, 0}, {1, 2, false, AttentionImpl::kFlash, 2, 1}},
+                 {Recompute::kNone, Recompute::kFull});
+}
+
+// Multi-head latent attention (a direct q projection): the replicated down-projections, MLA's
+// RoPE and attention with the values' head dim below q/k's, under TP with SP and a pipeline and
+// TP without SP (the keys' RoPE part's gradient all-reduced, and the column-parallel q's input
+// gradient all-reduced into what the down-projections gave), eager and flash, Megatron's profile.
+TEST(CudaBackend, TinyDeepSeekLite) {
+  check_scenario("tiny-deepseek-lite",
+                 {{1, 1, false}, {2, 2, true}, {2, 1, false},
+                  {2, 1, false, AttentionImpl::kEager, 1, 0, 1, Impl::kMegatron}},
+                 {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
+}
+
+// DeepSeek-V3's layout: MLA with the q latent, a dense first layer, routed experts routed as V3
+// (sigmoid scores, groups, scaled weights) beside the shared expert, with a capacity.
+TEST(CudaBackend, TinyDeepSeek) {
+  check_scenario("tiny-deepseek",
+                 {{2, 1, true}, {1, 2, false, AttentionImpl::kFlash, 2, 1}},
                  {Recompute::kNone, Recompute::kFull});
 }
 

@@ -4,8 +4,10 @@
 // 1/sqrt(head_dim). bf16 tensors run on the tensor cores (mma.cuh): tiles of 32 queries and 32
 // keys in shared memory, head_dim padded to a multiple of 16. fp32 tensors (tests) run on the CUDA
 // cores, one thread per row with its running state in registers. No atomics: every output element
-// has one writer, so results are deterministic. Also here: the eager path (scores and context
-// through cuBLAS, the causal softmax).
+// has one writer, so results are deterministic. The values' head dim dv may be below head_dim
+// (multi-head latent attention): v and the output are dv wide, read zero-padded to head_dim, so
+// every product runs at head_dim. Also here: the eager path (scores and context through cuBLAS,
+// the causal softmax).
 #include "executor/cuda/common.cuh"
 #include "executor/cuda/mma.cuh"
 
@@ -19,6 +21,7 @@ constexpr int kMaxD = 256;  // largest head_dim (the fp32 kernels' shared rows f
 struct Geo {
   long long b, s, hq, hkv, d, width;
   float scale;
+  long long dv = 0;  // the values' (and the output's) head dim, at most d
   // The first (batch, head) index of this launch: gridDim.y is at most 65,535, so batch x heads
   // beyond it launch in slices (launch_heads), each block's index y0 + blockIdx.y.
   long long y0 = 0;
@@ -26,7 +29,10 @@ struct Geo {
   NP_HD long long group() const { return hq / hkv; }
   NP_HD long long q_col(long long h) const { return h * d; }
   NP_HD long long k_col(long long h) const { return (hq + h / group()) * d; }
-  NP_HD long long v_col(long long h) const { return (hq + hkv + h / group()) * d; }
+  NP_HD long long v_col(long long h) const { return (hq + hkv) * d + h / group() * dv; }
+  // Output (and output gradient) rows: hq heads of dv.
+  NP_HD long long o_width() const { return hq * dv; }
+  NP_HD long long o_col(long long h) const { return h * dv; }
   NP_HD long long stat(long long bi, long long h, long long i) const { return (bi * hq + h) * s + i; }
 };
 
@@ -38,7 +44,7 @@ __device__ void load_kv_tile(View qkv, const Geo& g, long long bi, long long h, 
     long long j = j0 + e / g.d, c = e % g.d;
     long long tj = g.row(bi, j < g.s ? j : 0);
     ks[e] = ld(qkv, tj * g.width + g.k_col(h) + c);
-    vs[e] = ld(qkv, tj * g.width + g.v_col(h) + c);
+    vs[e] = c < g.dv ? ld(qkv, tj * g.width + g.v_col(h) + c) : 0.0f;
   }
 }
 
@@ -86,8 +92,8 @@ __global__ void flash_forward_kernel(View qkv, View out, float* lse, Geo g) {
     m = m2;
   });
   if (!active) return;
-  for (long long c = 0; c < g.d; ++c)
-    st(out, ti * g.hq * g.d + g.q_col(h) + c, acc[c * kRows] / l);
+  for (long long c = 0; c < g.dv; ++c)
+    st(out, ti * g.o_width() + g.o_col(h) + c, acc[c * kRows] / l);
   lse[g.stat(bi, h, i)] = m + __logf(l);
 }
 
@@ -132,12 +138,12 @@ struct ForwardSmem {
 };
 
 // rows x dp bf16 tile of `src` (rows of `width` elements, row t = pos * batch + b) from column
-// col: positions pos0.. (past the sequence: 0), columns past d: 0.
+// col: positions pos0.. (past the sequence: 0), columns past `cols` (d, or dv for v and dO): 0.
 __device__ void load_tile_bf16(View src, long long width, const Geo& g, long long bi, long long pos0,
-                               long long col, int rows, long long dp, bf16* dst) {
+                               long long col, int rows, long long dp, bf16* dst, long long cols) {
   for (long long e = threadIdx.x; e < rows * dp; e += kMmaWarps * 32) {
     long long r = e / dp, c = e % dp, pos = pos0 + r;
-    float x = pos < g.s && c < g.d ? ld(src, g.row(bi, pos) * width + col + c) : 0.0f;
+    float x = pos < g.s && c < cols ? ld(src, g.row(bi, pos) * width + col + c) : 0.0f;
     dst[e] = __float2bfloat16(x);
   }
 }
@@ -160,13 +166,13 @@ __global__ void flash_forward_mma_kernel(View qkv, View out, float* lse, Geo g, 
   ForwardSmem t(reinterpret_cast<uintptr_t>(np_shared<unsigned char>()), dp);
   int tid = threadIdx.x, warp = tid / 32;
   const int nthreads = kMmaWarps * 32;
-  load_tile_bf16(qkv, g.width, g, bi, i0, g.q_col(h), kMmaRows, dp, t.q);
+  load_tile_bf16(qkv, g.width, g, bi, i0, g.q_col(h), kMmaRows, dp, t.q, g.d);
   for (long long e = tid; e < kMmaRows * dp; e += nthreads) t.o[e] = 0.0f;
   if (tid < kMmaRows) t.m[tid] = -INFINITY, t.l[tid] = 0.0f;
   long long last = i0 + kMmaRows - 1 < g.s ? i0 + kMmaRows - 1 : g.s - 1;
   for (long long j0 = 0; j0 <= last; j0 += kMmaKeys) {
-    load_tile_bf16(qkv, g.width, g, bi, j0, g.k_col(h), kMmaKeys, dp, t.k);
-    load_tile_bf16(qkv, g.width, g, bi, j0, g.v_col(h), kMmaKeys, dp, t.v);
+    load_tile_bf16(qkv, g.width, g, bi, j0, g.k_col(h), kMmaKeys, dp, t.k, g.d);
+    load_tile_bf16(qkv, g.width, g, bi, j0, g.v_col(h), kMmaKeys, dp, t.v, g.dv);
     for (long long e = tid; e < kMmaRows * kMmaKeys; e += nthreads) t.s[e] = 0.0f;
     __syncthreads();
     // S (this warp's 16 rows x the tile's keys) = Q K^T: K row-major is K^T column-major.
@@ -195,9 +201,9 @@ __global__ void flash_forward_mma_kernel(View qkv, View out, float* lse, Geo g, 
                      t.o + warp * kMmaTile * dp, dp, dp, kMmaKeys);
     __syncthreads();  // the tiles are overwritten next
   }
-  for (long long e = tid; e < kMmaRows * g.d; e += nthreads) {
-    long long r = e / g.d, c = e % g.d, i = i0 + r;
-    if (i < g.s) st(out, g.row(bi, i) * g.hq * g.d + g.q_col(h) + c, t.o[r * dp + c] / t.l[r]);
+  for (long long e = tid; e < kMmaRows * g.dv; e += nthreads) {
+    long long r = e / g.dv, c = e % g.dv, i = i0 + r;
+    if (i < g.s) st(out, g.row(bi, i) * g.o_width() + g.o_col(h) + c, t.o[r * dp + c] / t.l[r]);
   }
   if (tid < kMmaRows && i0 + tid < g.s) lse[g.stat(bi, h, i0 + tid)] = t.m[tid] + __logf(t.l[tid]);
 }
@@ -254,8 +260,8 @@ __device__ void scores_and_grads(BackwardSmem& t, const Geo& g, long long i0, lo
 __device__ void load_query_tile(BackwardSmem& t, View qkv, View dout, const float* lse,
                                 const float* D, const Geo& g, long long bi, long long h,
                                 long long i0, long long dp) {
-  load_tile_bf16(qkv, g.width, g, bi, i0, g.q_col(h), kMmaRows, dp, t.q);
-  load_tile_bf16(dout, g.hq * g.d, g, bi, i0, g.q_col(h), kMmaRows, dp, t.go);
+  load_tile_bf16(qkv, g.width, g, bi, i0, g.q_col(h), kMmaRows, dp, t.q, g.d);
+  load_tile_bf16(dout, g.o_width(), g, bi, i0, g.o_col(h), kMmaRows, dp, t.go, g.dv);
   for (long long r = threadIdx.x; r < kMmaRows; r += kMmaWarps * 32) {
     bool in = i0 + r < g.s;
     t.lse[r] = in ? lse[g.stat(bi, h, i0 + r)] : 0.0f;
@@ -274,8 +280,8 @@ __global__ void flash_dkv_mma_kernel(View qkv, View dout, const float* lse, cons
   const int nthreads = kMmaWarps * 32;
   float *dk = t.acc0, *dv = t.acc1;
   for (long long e = tid; e < kMmaKeys * dp; e += nthreads) dk[e] = 0.0f, dv[e] = 0.0f;
-  load_tile_bf16(qkv, g.width, g, bi, j0, g.k_col(h0), kMmaKeys, dp, t.k);
-  load_tile_bf16(qkv, g.width, g, bi, j0, g.v_col(h0), kMmaKeys, dp, t.v);
+  load_tile_bf16(qkv, g.width, g, bi, j0, g.k_col(h0), kMmaKeys, dp, t.k, g.d);
+  load_tile_bf16(qkv, g.width, g, bi, j0, g.v_col(h0), kMmaKeys, dp, t.v, g.dv);
   for (long long h = h0; h < h0 + g.group(); ++h)
     for (long long i0 = j0 / kMmaRows * kMmaRows; i0 < g.s; i0 += kMmaRows) {  // causal: i >= j
       load_query_tile(t, qkv, dout, lse, D, g, bi, h, i0, dp);
@@ -293,7 +299,7 @@ __global__ void flash_dkv_mma_kernel(View qkv, View dout, const float* lse, cons
     long long tj = g.row(bi, j), ek = tj * g.width + g.k_col(h0) + c, ev = tj * g.width + g.v_col(h0) + c;
     float k = g.scale * dk[r * dp + c], v = dv[r * dp + c];
     st(dx, ek, acc_in ? ld(dx, ek) + k : k);
-    st(dx, ev, acc_in ? ld(dx, ev) + v : v);
+    if (c < g.dv) st(dx, ev, acc_in ? ld(dx, ev) + v : v);
   }
 }
 
@@ -310,8 +316,8 @@ __global__ void flash_dq_mma_kernel(View qkv, View dout, const float* lse, const
   load_query_tile(t, qkv, dout, lse, D, g, bi, h, i0, dp);
   long long last = i0 + kMmaRows - 1 < g.s ? i0 + kMmaRows - 1 : g.s - 1;
   for (long long j0 = 0; j0 <= last; j0 += kMmaKeys) {
-    load_tile_bf16(qkv, g.width, g, bi, j0, g.k_col(h), kMmaKeys, dp, t.k);
-    load_tile_bf16(qkv, g.width, g, bi, j0, g.v_col(h), kMmaKeys, dp, t.v);
+    load_tile_bf16(qkv, g.width, g, bi, j0, g.k_col(h), kMmaKeys, dp, t.k, g.d);
+    load_tile_bf16(qkv, g.width, g, bi, j0, g.v_col(h), kMmaKeys, dp, t.v, g.dv);
     scores_and_grads(t, g, i0, j0, dp, false);
     // This warp's 16 queries: dQ += dS K, K row-major.
     warp_gemm<false>(t.ds + warp * kMmaTile * kMmaKeys, kMmaKeys, t.k, dp,
@@ -330,8 +336,8 @@ __global__ void rowsum_kernel(View dout, View out, float* D, Geo g) {
   if (k >= g.b * g.hq * g.s) return;
   long long bi = k / (g.hq * g.s), h = (k / g.s) % g.hq, i = k % g.s, t = g.row(bi, i);
   float s = 0;
-  for (long long c = 0; c < g.d; ++c) {
-    long long e = t * g.hq * g.d + g.q_col(h) + c;
+  for (long long c = 0; c < g.dv; ++c) {
+    long long e = t * g.o_width() + g.o_col(h) + c;
     s += ld(dout, e) * ld(out, e);
   }
   D[k] = s;
@@ -352,7 +358,7 @@ __global__ void flash_dq_kernel(View qkv, View dout, const float* lse, const flo
   long long ti = g.row(bi, active ? i : 0);
   for (long long c = 0; c < g.d; ++c) {
     q[c * kRows] = active ? ld(qkv, ti * g.width + g.q_col(h) + c) : 0.f;
-    go[c * kRows] = active ? ld(dout, ti * g.hq * g.d + g.q_col(h) + c) : 0.f;
+    go[c * kRows] = active && c < g.dv ? ld(dout, ti * g.o_width() + g.o_col(h) + c) : 0.f;
     acc[c * kRows] = 0;
   }
   float li = active ? lse[g.stat(bi, h, i)] : 0.f, di = active ? D[g.stat(bi, h, i)] : 0.f;
@@ -387,7 +393,7 @@ __global__ void flash_dkv_kernel(View qkv, View dout, const float* lse, const fl
   long long tj = g.row(bi, active ? j : 0), h0 = kvh * g.group();
   for (long long c = 0; c < g.d; ++c) {
     k[c * kRows] = active ? ld(qkv, tj * g.width + g.k_col(h0) + c) : 0.f;
-    v[c * kRows] = active ? ld(qkv, tj * g.width + g.v_col(h0) + c) : 0.f;
+    v[c * kRows] = active && c < g.dv ? ld(qkv, tj * g.width + g.v_col(h0) + c) : 0.f;
     dk[c * kRows] = 0, dv[c * kRows] = 0;
   }
   long long first = static_cast<long long>(blockIdx.x) * kRows;  // causal: queries >= first
@@ -397,7 +403,7 @@ __global__ void flash_dkv_kernel(View qkv, View dout, const float* lse, const fl
         long long i = i0 + e / g.d, c = e % g.d;
         long long ti = g.row(bi, i < g.s ? i : 0);
         qs[e] = ld(qkv, ti * g.width + g.q_col(h) + c);
-        gs[e] = ld(dout, ti * g.hq * g.d + g.q_col(h) + c);
+        gs[e] = c < g.dv ? ld(dout, ti * g.o_width() + g.o_col(h) + c) : 0.0f;
       }
       for (long long e = threadIdx.x; e < kTile; e += kRows) {
         long long i = i0 + e < g.s ? i0 + e : 0;
@@ -424,7 +430,7 @@ __global__ void flash_dkv_kernel(View qkv, View dout, const float* lse, const fl
   for (long long c = 0; c < g.d; ++c) {
     long long ek = tj * g.width + g.k_col(h0) + c, ev = tj * g.width + g.v_col(h0) + c;
     st(dx, ek, acc_in ? ld(dx, ek) + dk[c * kRows] : dk[c * kRows]);
-    st(dx, ev, acc_in ? ld(dx, ev) + dv[c * kRows] : dv[c * kRows]);
+    if (c < g.dv) st(dx, ev, acc_in ? ld(dx, ev) + dv[c * kRows] : dv[c * kRows]);
   }
 }
 
@@ -471,12 +477,15 @@ __global__ void causal_zero_kernel(View t, long long s, long long n) {
 }
 
 Geo geometry(const AttentionShape& a, const Tensor& qkv) {
+  const long long dv = a.v_head_dim > 0 ? a.v_head_dim : a.head_dim;
   need(a.batch > 0 && a.seq > 0 && a.q_heads > 0 && a.kv_heads > 0 && a.head_dim > 0 &&
-           a.q_heads % a.kv_heads == 0 && a.head_dim <= kMaxD,
-       "attention: bad batch, seq, heads or head_dim (head_dim at most 256)");
-  Geo g{a.batch, a.seq, a.q_heads, a.kv_heads, a.head_dim, (a.q_heads + 2 * a.kv_heads) * a.head_dim,
-        static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.head_dim)))};
-  need(qkv.numel() == g.b * g.s * g.width, "attention: qkv is not {s*b, (hq + 2 hkv) d}");
+           a.q_heads % a.kv_heads == 0 && a.head_dim <= kMaxD && dv <= a.head_dim,
+       "attention: bad batch, seq, heads or head_dim (head_dim at most 256, v_head_dim at most "
+       "head_dim)");
+  Geo g{a.batch, a.seq, a.q_heads, a.kv_heads, a.head_dim,
+        (a.q_heads + a.kv_heads) * a.head_dim + a.kv_heads * dv,
+        static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.head_dim))), dv};
+  need(qkv.numel() == g.b * g.s * g.width, "attention: qkv is not {s*b, (hq + hkv) d + hkv dv}");
   return g;
 }
 
@@ -523,7 +532,7 @@ struct EagerGroup {
     return mat(t, (bi * g.hq + h) * g.s * g.s, g.s, g.s * g.s, trans);
   }
   MatArg ctx(const Tensor& t, long long h) const {
-    return mat(t, g.row(bi, 0) * g.hq * g.d + g.q_col(h), g.b * g.hq * g.d, g.d);
+    return mat(t, g.row(bi, 0) * g.o_width() + g.o_col(h), g.b * g.o_width(), g.dv);
   }
 };
 
@@ -566,11 +575,11 @@ void attn_scores_backward(cublasHandle_t h, const AttentionShape& a, const Tenso
 void attn_context_forward(cublasHandle_t h, const AttentionShape& a, const Tensor& probs,
                           const Tensor& qkv, const Tensor& out, cudaStream_t stream) {
   Geo g = geometry(a, qkv);
-  need(probs.numel() == g.b * g.hq * g.s * g.s && out.numel() == g.b * g.s * g.hq * g.d,
-       "attn_context: probs are not {b, heads, s, s} or the output is not [s*b, heads*head_dim]");
+  need(probs.numel() == g.b * g.hq * g.s * g.s && out.numel() == g.b * g.s * g.o_width(),
+       "attn_context: probs are not {b, heads, s, s} or the output is not [s*b, heads*v_head_dim]");
   for_each_group(g, [&](const EagerGroup& e) {
-    gemm_rows(h, g.s, g.d, g.s, e.scores(probs, e.h0), e.v(qkv), e.ctx(out, e.h0), 0.0f, g.group(),
-              stream);
+    gemm_rows(h, g.s, g.dv, g.s, e.scores(probs, e.h0), e.v(qkv), e.ctx(out, e.h0), 0.0f,
+              g.group(), stream);
   });
 }
 
@@ -581,14 +590,14 @@ void attn_context_backward(cublasHandle_t h, const AttentionShape& a, const Tens
                            cudaStream_t stream) {
   Geo g = geometry(a, qkv);
   need(probs.numel() == g.b * g.hq * g.s * g.s && dprobs.numel() == probs.numel() &&
-           dout.numel() == g.b * g.s * g.hq * g.d && dqkv.numel() == qkv.numel(),
+           dout.numel() == g.b * g.s * g.o_width() && dqkv.numel() == qkv.numel(),
        "attn_context backward: shapes do not agree");
   if (!accumulate_qkv) fill(dqkv, 0.0f, stream);
   for_each_group(g, [&](const EagerGroup& e) {
-    gemm_rows(h, g.s, g.s, g.d, e.ctx(dout, e.h0), e.v(qkv, true), e.scores(dprobs, e.h0),
+    gemm_rows(h, g.s, g.s, g.dv, e.ctx(dout, e.h0), e.v(qkv, true), e.scores(dprobs, e.h0),
               accumulate_probs ? 1.0f : 0.0f, g.group(), stream);
     for (long long hh = e.h0; hh < e.h0 + g.group(); ++hh)
-      gemm_rows(h, g.s, g.d, g.s, e.scores(probs, hh, true), e.ctx(dout, hh), e.v(dqkv), 1.0f, 1,
+      gemm_rows(h, g.s, g.dv, g.s, e.scores(probs, hh, true), e.ctx(dout, hh), e.v(dqkv), 1.0f, 1,
                 stream);
   });
   causal_zero(dprobs, g.s, stream);
@@ -597,7 +606,7 @@ void attn_context_backward(cublasHandle_t h, const AttentionShape& a, const Tens
 void flash_attention_forward(const AttentionShape& a, const Tensor& qkv, const Tensor& out,
                              const Tensor& lse, cudaStream_t stream) {
   Geo g = geometry(a, qkv);
-  need(out.numel() == g.b * g.s * g.hq * g.d && lse.numel() == g.b * g.hq * g.s &&
+  need(out.numel() == g.b * g.s * g.o_width() && lse.numel() == g.b * g.hq * g.s &&
            lse.type.dtype == Dtype::kFp32,
        "attention: output or logsumexp has the wrong size");
   if (qkv.type.dtype == Dtype::kBf16) {  // the tensor cores
@@ -654,9 +663,10 @@ void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const 
                               bool accumulate, const Tensor& dq, const Tensor& rowsum,
                               cudaStream_t stream) {
   Geo g = geometry(a, qkv);
-  long long ctx = g.b * g.s * g.hq * g.d;
-  need(out.numel() == ctx && dout.numel() == ctx && lse.numel() == g.b * g.hq * g.s &&
-           dqkv.numel() == qkv.numel() && dq.numel() == ctx && dq.type.dtype == Dtype::kFp32 &&
+  long long ctx = g.b * g.s * g.hq * g.d;  // dq's elements; the output has dv per head
+  need(out.numel() == g.b * g.s * g.o_width() && dout.numel() == out.numel() &&
+           lse.numel() == g.b * g.hq * g.s && dqkv.numel() == qkv.numel() && dq.numel() == ctx &&
+           dq.type.dtype == Dtype::kFp32 &&
            rowsum.numel() == g.b * g.hq * g.s && rowsum.type.dtype == Dtype::kFp32,
        "attention backward: shapes do not agree (dq and rowsum are fp32 workspaces)");
   np_launch(rowsum_kernel, dim3(blocks_for(g.b * g.hq * g.s)), dim3(kThreads), 0, stream,

@@ -256,9 +256,12 @@ class CudaBackend final : public exec::Backend {
         return all_reduce_fwd(e, in, w);
       case OpKind::kColumnLinear:
       case OpKind::kRowLinear:
+      case OpKind::kLinear:
         return linear_fwd(e, in, w);
       case OpKind::kRope:
         return rope_fwd(e, in, w);
+      case OpKind::kMlaRope:
+        return mla_rope_fwd(e, in, w);
       case OpKind::kQkNorm:
         return qk_norm_fwd(e, in, w);
       case OpKind::kQkNormHf:
@@ -310,9 +313,6 @@ class CudaBackend final : public exec::Backend {
       // Context parallelism runs on the CPU executor (exec::check_runnable refuses cp > 1 here).
       case OpKind::kCpGatherKv:
       case OpKind::kFlashAttentionCp:
-      // Multi-head latent attention runs on the CPU executor (check_runnable refuses it here).
-      case OpKind::kLinear:
-      case OpKind::kMlaRope:
       case OpKind::kCount:
         break;
     }
@@ -345,9 +345,12 @@ class CudaBackend final : public exec::Backend {
         return all_reduce_bwd(e);
       case OpKind::kColumnLinear:
       case OpKind::kRowLinear:
+      case OpKind::kLinear:
         return linear_bwd(e);
       case OpKind::kRope:
         return rope_bwd(e);
+      case OpKind::kMlaRope:
+        return mla_rope_bwd(e);
       case OpKind::kQkNorm:
         return qk_norm_bwd(e);
       case OpKind::kQkNormHf:
@@ -397,8 +400,6 @@ class CudaBackend final : public exec::Backend {
         return cross_entropy_bwd(e);
       case OpKind::kCpGatherKv:  // context parallelism: the CPU executor's
       case OpKind::kFlashAttentionCp:
-      case OpKind::kLinear:  // multi-head latent attention: the CPU executor's
-      case OpKind::kMlaRope:
       case OpKind::kCount:
         break;
     }

@@ -58,6 +58,8 @@ void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool acc
                    cudaStream_t stream);
 // out = a + b, elementwise.
 void add(const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t stream);
+// t *= f elementwise, in place.
+void scale(const Tensor& t, float f, cudaStream_t stream);
 // t += v elementwise (gradient accumulation), rounding once to t's dtype.
 void accumulate(const Tensor& t, const Tensor& v, cudaStream_t stream);
 // SwiGLU on x = [gate | up] (rows x 2f): y = silu(gate) * up (rows x f).
@@ -111,6 +113,18 @@ struct MatArg {
 // (fp32 accumulation). A and B must share a dtype (cuBLAS's rule).
 void gemm_rows(cublasHandle_t h, long long m, long long n, long long k, const MatArg& a,
                const MatArg& b, const MatArg& c, float beta, long long batch, cudaStream_t stream);
+// Multi-head latent attention's [q | k | v] rows (the CPU reference's mla_rope): heads of q/k
+// width head_dim whose last rope_dim features are rotated (q from its own, k from the one shared
+// RoPE part of the token), k's content and v (v_head_dim) from the kv up-projection's sections;
+// rows at global positions (first_row + t) / batch. The backward is the transpose: rotations by
+// -angle, the heads' RoPE-part gradients summed in head order; every gradient written (=).
+struct MlaShape {
+  long long heads, head_dim, rope_dim, v_head_dim, first_row, batch;
+};
+void mla_rope_forward(const Tensor& q, const Tensor& kv, const Tensor& pe, const Tensor& out,
+                      const MlaShape& m, cudaStream_t stream);
+void mla_rope_backward(const Tensor& g, const Tensor& dq, const Tensor& dkv, const Tensor& dpe,
+                       const MlaShape& m, cudaStream_t stream);
 // Rotary embedding of the q and k heads of qkv rows ([q | k | v] of this rank's heads, head_dim
 // d): position of row t is (first_row + t) / batch; sign -1 applies the inverse (the backward).
 void rope(const Tensor& in, const Tensor& out, long long q_heads, long long kv_heads,
@@ -132,6 +146,7 @@ void copy_elements(const Tensor& dst, long long dst_offset, const Tensor& src,
 // + b), keeping only the output [s*b, q_heads*head_dim] and the fp32 logsumexp [b, q_heads, s].
 struct AttentionShape {
   long long batch, seq, q_heads, kv_heads, head_dim;
+  long long v_head_dim = 0;  // the values' head dim (MLA), at most head_dim; 0: head_dim
 };
 void flash_attention_forward(const AttentionShape& a, const Tensor& qkv, const Tensor& out,
                              const Tensor& lse, cudaStream_t stream);

@@ -56,7 +56,13 @@ int64_t routed_experts(const OpContext& c) {
 }
 
 AttentionShape attention_shape(const OpAttrs& a) {
-  return {a.batch, a.seq, a.heads, a.kv_heads, a.head_dim};
+  return {a.batch, a.seq, a.heads, a.kv_heads, a.head_dim, a.v_dim()};
+}
+
+// The op's MLA geometry and the rows' first global position.
+MlaShape mla_shape(const OpContext& c, int64_t rows) {
+  const OpAttrs& a = c.op->attrs;
+  return {a.heads, a.head_dim, a.rope_dim, a.v_dim(), first_row(c, rows), c.setup->micro_batch};
 }
 
 void rope_apply(const Fwd& e, const Tensor& in, const Tensor& out, float sign) {
@@ -188,11 +194,12 @@ Outs all_reduce_fwd(const Fwd& e, Ins in, Ins) {
   return {y};
 }
 
-// Column- and row-parallel: a row-parallel bias is added on TP rank 0 only (before the sum).
+// Column- and row-parallel, and replicated (kLinear): a row-parallel bias is added on TP rank 0
+// only (before the sum).
 Outs linear_fwd(const Fwd& e, Ins in, Ins w) {
   const Tensor &x = need(in, 0, "input"), &W = need(w, 0, "weight");
   Tensor y = e.out({{x.type.shape.at(0), W.type.shape.at(0)}, kAct});
-  bool bias = w.size() > 1 && (e.c.op->kind == OpKind::kColumnLinear || e.c.tp_rank == 0);
+  bool bias = w.size() > 1 && (e.c.op->kind != OpKind::kRowLinear || e.c.tp_rank == 0);
   linear_forward(e.blas, x, W, bias ? &w[1] : nullptr, y, e.stream);
   return {y};
 }
@@ -204,10 +211,21 @@ Outs rope_fwd(const Fwd& e, Ins in, Ins) {
   return {y};
 }
 
+// MLA's [q | k | v] rows from q, the kv up-projection and the keys' RoPE part (pointwise.cu).
+Outs mla_rope_fwd(const Fwd& e, Ins in, Ins) {
+  const OpAttrs& a = e.attrs();
+  const Tensor &q = need(in, 0, "queries"), &kv = need(in, 1, "kv up-projection"),
+               &pe = need(in, 2, "keys' rope part");
+  const int64_t rows = q.type.shape.at(0);
+  Tensor y = e.out({{rows, a.heads * (2 * a.head_dim + a.v_dim())}, q.type.dtype});
+  mla_rope_forward(q, kv, pe, y, mla_shape(e.c, rows), e.stream);
+  return {y};
+}
+
 Outs flash_attention_fwd(const Fwd& e, Ins in, Ins) {
   const OpAttrs& a = e.attrs();
   const Tensor& qkv = need(in, 0, "qkv");
-  Tensor y = e.out({{a.batch * a.seq, a.heads * a.head_dim}, kAct}),
+  Tensor y = e.out({{a.batch * a.seq, a.heads * a.v_dim()}, kAct}),
          lse = e.out({{a.batch, a.heads, a.seq}, Dtype::kFp32});
   flash_attention_forward(attention_shape(a), qkv, y, lse, e.stream);
   return {y, lse};
@@ -222,7 +240,7 @@ Outs attn_scores_fwd(const Fwd& e, Ins in, Ins) {
 
 Outs attn_context_fwd(const Fwd& e, Ins in, Ins) {
   const OpAttrs& a = e.attrs();
-  Tensor y = e.out({{a.batch * a.seq, a.heads * a.head_dim}, kAct});
+  Tensor y = e.out({{a.batch * a.seq, a.heads * a.v_dim()}, kAct});
   attn_context_forward(e.blas, attention_shape(a), need(in, 0, "probabilities"),
                        need(in, 1, "qkv"), y, e.stream);
   return {y};
@@ -487,8 +505,13 @@ void gather_scatter_bwd(const Bwd& e) {
   bool gather = c.op->kind == OpKind::kAllGather, acc = false;
   int64_t tp = c.comm->tp_size(), rows = g.type.shape.at(0);
   TensorType t = with_rows(g.type, gather ? rows / tp : rows * tp);
-  if (e.a.grad_inputs[0]) unsupported(c, "accumulating a collective's input gradient needs a planned buffer");
+  if (e.a.grad_inputs[0] && !gather)
+    unsupported(c, "accumulating a collective's input gradient needs a planned buffer");
   Tensor& dst = e.grad(0, t, acc);
+  // Accumulating into this rank's shard (MLA's replicated down-projections read it too): the
+  // gradient so far is added into this rank's rows of the gathered gradient, which dies here,
+  // before the reduce-scatter writes the sum over the ranks into it.
+  if (acc) accumulate(slice(g, c.tp_rank * dst.numel(), dst.type.shape), dst, e.stream);
   if (gather) c.comm->reduce_scatter(g, dst);
   else c.comm->all_gather(g, dst);
 }
@@ -500,8 +523,11 @@ void linear_bwd(const Bwd& e) {
   const BackwardArgs& a = e.a;
   const Tensor& x = need(a.inputs, 0, "input");
   bool reduce = c.op->bwd_collective == "all_reduce", acc = false;
-  if (reduce && a.grad_inputs[0]) unsupported(c, "accumulating an all-reduced input gradient needs a planned buffer");
   const Tensor& w = need(a.weights, 0, "weight");
+  // Accumulating into a gradient that other consumers have already made whole (the same on
+  // every TP rank: each contribution to a replicated activation's gradient is reduced, as MLA's
+  // down-projections' are): all-reduce(E / tp + partial) = E + all-reduce(partial), in place.
+  if (reduce && a.grad_inputs[0]) scale(a.grad_inputs[0], 1.0f / static_cast<float>(c.comm->tp_size()), e.stream);
   // dense_wgrad: the weight gradient whole in bf16 first (taken before dx, as the op
   // table orders a backward's workspaces and input gradients), then added into the buffer.
   Tensor dense = e.attrs().dense_wgrad ? e.ws({w.type.shape, Dtype::kBf16}) : Tensor{};
@@ -519,6 +545,23 @@ void rope_bwd(const Bwd& e) {
   bool acc = false;
   Tensor& dx = e.grad(0, g.type, acc);
   rope_apply(e, g, dx, -1.0f);
+}
+
+// Each input's gradient is fresh (its producer's only consumer is this op); the keys' RoPE part's
+// is all-reduced over TP without SP (bf16 partial sums: the CPU reduces fp32 ones).
+void mla_rope_bwd(const Bwd& e) {
+  const OpAttrs& a = e.attrs();
+  const Tensor& g = need(e.a.grad_outputs, 0, "gradient");
+  for (int k = 0; k < 3; ++k)
+    if (e.a.grad_inputs[k]) unsupported(e.c, "accumulating MLA's RoPE input gradients needs a planned buffer");
+  const int64_t rows = g.type.shape.at(0);
+  const int64_t dn = a.head_dim - a.rope_dim;
+  bool acc = false;
+  Tensor& dq = e.grad(0, {{rows, a.heads * a.head_dim}, g.type.dtype}, acc);
+  Tensor& dkv = e.grad(1, {{rows, a.heads * (dn + a.v_dim())}, g.type.dtype}, acc);
+  Tensor& dpe = e.grad(2, {{rows, a.rope_dim}, g.type.dtype}, acc);
+  mla_rope_backward(g, dq, dkv, dpe, mla_shape(e.c, rows), e.stream);
+  if (e.c.op->bwd_collective == "all_reduce") e.c.comm->all_reduce(dpe);
 }
 
 void flash_attention_bwd(const Bwd& e) {

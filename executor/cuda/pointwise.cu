@@ -133,6 +133,11 @@ __global__ void add_kernel(View a, View b, View out, long long n) {
   if (i < n) st(out, i, ld(a, i) + ld(b, i));
 }
 
+__global__ void scale_kernel(View t, float f, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) st(t, i, ld(t, i) * f);
+}
+
 __global__ void accumulate_kernel(View t, View v, long long n) {
   long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   if (i < n) st(t, i, ld(t, i) + ld(v, i));
@@ -390,6 +395,71 @@ __global__ void rope_kernel(View in, View out, long long rows, long long q_heads
   st(out, c1, x1 * cs + x0 * sn);
 }
 
+
+// Element i of the rotation of the r-wide part at x[base..] (rotate-half pairs (j, j + r/2), theta
+// 10000, angle pos 10000^(-2j/r) times sign), as rope_kernel computes it.
+__device__ float mla_rotated(View x, long long base, long long i, long long r, double pos,
+                             float sign) {
+  long long half = r / 2, j = i < half ? i : i - half;
+  double ang = pos * pow(10000.0, -2.0 * static_cast<double>(j) / static_cast<double>(r));
+  double s = 0, c = 0;
+  sincospi(ang / 3.14159265358979323846, &s, &c);
+  float cs = static_cast<float>(c), sn = static_cast<float>(sign * s);
+  float x0 = ld(x, base + j), x1 = ld(x, base + j + half);
+  return i < half ? x0 * cs - x1 * sn : x1 * cs + x0 * sn;
+}
+
+// One thread per output element of [q | k | v] (h heads of dqk, dqk, dv).
+__global__ void mla_rope_kernel(View q, View kv, View pe, View out, long long rows, MlaShape m) {
+  long long h = m.heads, dqk = m.head_dim, r = m.rope_dim, dn = dqk - r, dv = m.v_head_dim;
+  long long width = h * (2 * dqk + dv), e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= rows * width) return;
+  long long t = e / width, c = e % width;
+  double pos = static_cast<double>((m.first_row + t) / m.batch);
+  float y;
+  if (c < h * dqk) {  // q: content, then its own RoPE part rotated
+    long long hd = c / dqk, i = c % dqk;
+    y = i < dn ? ld(q, t * h * dqk + c) : mla_rotated(q, t * h * dqk + hd * dqk + dn, i - dn, r, pos, 1.0f);
+  } else if (c < 2 * h * dqk) {  // k: its content from kv, the token's RoPE part rotated
+    long long hd = (c - h * dqk) / dqk, i = (c - h * dqk) % dqk;
+    y = i < dn ? ld(kv, t * h * (dn + dv) + hd * dn + i) : mla_rotated(pe, t * r, i - dn, r, pos, 1.0f);
+  } else {  // v
+    y = ld(kv, t * h * (dn + dv) + h * dn + (c - 2 * h * dqk));
+  }
+  st(out, e, y);
+}
+
+// dq and dkv, one thread per element of the wider of the two rows (dq: h dqk; dkv: h (dn + dv)).
+__global__ void mla_rope_dq_dkv_kernel(View g, View dq, View dkv, long long rows, MlaShape m) {
+  long long h = m.heads, dqk = m.head_dim, r = m.rope_dim, dn = dqk - r, dv = m.v_head_dim;
+  long long gw = h * (2 * dqk + dv), qw = h * dqk, kw = h * (dn + dv);
+  long long n = qw > kw ? qw : kw;
+  long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= rows * n) return;
+  long long t = e / n, c = e % n;
+  double pos = static_cast<double>((m.first_row + t) / m.batch);
+  if (c < qw) {
+    long long hd = c / dqk, i = c % dqk;
+    st(dq, t * qw + c,
+       i < dn ? ld(g, t * gw + c) : mla_rotated(g, t * gw + hd * dqk + dn, i - dn, r, pos, -1.0f));
+  }
+  if (c < kw)
+    st(dkv, t * kw + c,
+       c < h * dn ? ld(g, t * gw + qw + c / dn * dqk + c % dn) : ld(g, t * gw + 2 * qw + (c - h * dn)));
+}
+
+// dpe[t][i]: the heads' k RoPE-part gradients rotated back, summed in head order.
+__global__ void mla_rope_dpe_kernel(View g, View dpe, long long rows, MlaShape m) {
+  long long h = m.heads, dqk = m.head_dim, r = m.rope_dim, dn = dqk - r, dv = m.v_head_dim;
+  long long gw = h * (2 * dqk + dv), e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= rows * r) return;
+  long long t = e / r, i = e % r;
+  double pos = static_cast<double>((m.first_row + t) / m.batch);
+  float sum = 0;
+  for (long long hd = 0; hd < h; ++hd)
+    sum += mla_rotated(g, t * gw + h * dqk + hd * dqk + dn, i, r, pos, -1.0f);
+  st(dpe, e, sum);
+}
 }  // namespace
 
 void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor* rstd,
@@ -588,6 +658,13 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t strea
   NP_CUDA_CHECK_LAUNCH();
 }
 
+void scale(const Tensor& t, float f, cudaStream_t stream) {
+  long long n = t.numel();
+  if (n == 0) return;
+  np_launch(scale_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(t), f, n);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
 void accumulate(const Tensor& t, const Tensor& v, cudaStream_t stream) {
   long long n = t.numel();
   need(v.numel() == n, "accumulate: sizes differ");
@@ -738,6 +815,38 @@ void rope(const Tensor& in, const Tensor& out, long long q_heads, long long kv_h
   if (n == 0) return;
   np_launch(rope_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(in), view(out),
             rows, q_heads, kv_heads, head_dim, first_row, batch, sign);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void mla_rope_forward(const Tensor& q, const Tensor& kv, const Tensor& pe, const Tensor& out,
+                      const MlaShape& m, cudaStream_t stream) {
+  long long dn = m.head_dim - m.rope_dim, rows = q.type.shape.at(0);
+  need(m.heads > 0 && m.rope_dim > 0 && m.rope_dim % 2 == 0 && dn > 0 && m.v_head_dim > 0 &&
+           m.batch > 0 && q.numel() == rows * m.heads * m.head_dim &&
+           kv.numel() == rows * m.heads * (dn + m.v_head_dim) && pe.numel() == rows * m.rope_dim &&
+           out.numel() == rows * m.heads * (2 * m.head_dim + m.v_head_dim),
+       "mla_rope: inputs are not [T, heads head_dim], [T, heads (nope + v)], [T, rope_dim]");
+  long long n = out.numel();
+  if (n == 0) return;
+  np_launch(mla_rope_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(q), view(kv),
+            view(pe), view(out), rows, m);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void mla_rope_backward(const Tensor& g, const Tensor& dq, const Tensor& dkv, const Tensor& dpe,
+                       const MlaShape& m, cudaStream_t stream) {
+  long long dn = m.head_dim - m.rope_dim, rows = g.type.shape.at(0);
+  long long qw = m.heads * m.head_dim, kw = m.heads * (dn + m.v_head_dim);
+  need(m.batch > 0 && dn > 0 && g.numel() == rows * m.heads * (2 * m.head_dim + m.v_head_dim) &&
+           dq.numel() == rows * qw && dkv.numel() == rows * kw && dpe.numel() == rows * m.rope_dim,
+       "mla_rope backward: shapes do not agree");
+  if (rows == 0) return;
+  long long n = rows * (qw > kw ? qw : kw);
+  np_launch(mla_rope_dq_dkv_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(g),
+            view(dq), view(dkv), rows, m);
+  NP_CUDA_CHECK_LAUNCH();
+  np_launch(mla_rope_dpe_kernel, dim3(blocks_for(rows * m.rope_dim)), dim3(kThreads), 0, stream,
+            view(g), view(dpe), rows, m);
   NP_CUDA_CHECK_LAUNCH();
 }
 
