@@ -32,7 +32,7 @@ int64_t column_row(const OpAttrs& a, int64_t i, int64_t tp, int64_t tp_rank) {
 
 std::string weight_key(const StageBlock& block, const GraphOp& op, size_t w) {
   std::string suffix = op.weights.at(w).suffix;
-  if (op.attrs.tie == "embedding") return "embedding." + suffix;
+  if (!op.attrs.tie.empty()) return op.attrs.tie + "." + suffix;  // one key for every holder
   std::string prefix =
       block.kind == BlockKind::kLayer ? "L" + std::to_string(block.layer) + "/" : "";
   return prefix + op.name + "." + suffix;

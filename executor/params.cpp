@@ -59,6 +59,21 @@ void ParamStore::allocate(const Allocate& alloc, uint64_t seed) {
       n += m.n;
     }
   }
+  // Tied copies (multi-token prediction's embedding and LM head), after each block's own weights.
+  for (size_t b = 0; b < p_.blocks.size(); ++b) {
+    int64_t at = block_elements(static_cast<int>(b));  // the copies so far are other blocks'
+    for (size_t o = 0; o < p_.blocks[b].graph->ops.size(); ++o) {
+      const GraphOp& op = p_.blocks[b].graph->ops[o];
+      if (op.attrs.tie.empty() || tie_owner_.at(op.attrs.tie) == std::pair{b, o}) continue;
+      auto [ob, oo] = tie_owner_.at(op.attrs.tie);
+      for (size_t i = 0; i < dense_.members.size(); ++i) {
+        const Member& m = dense_.members[i];
+        if (static_cast<size_t>(m.block) != ob || static_cast<size_t>(m.op) != oo) continue;
+        copies_.push_back({static_cast<int>(b), static_cast<int>(o), m.w, i, at});
+        at += m.n;
+      }
+    }
+  }
   allocate_group(dense_, "dense", alloc);
   allocate_group(expert_, "expert", alloc);
   for (Group* g : {&dense_, &expert_})
@@ -132,7 +147,10 @@ std::pair<int64_t, int64_t> ParamStore::held(const Group& g, const Member& m) {
 }
 
 int64_t ParamStore::block_elements(int block) const {
-  return block_range(dense_, block).second + block_range(expert_, block).second;
+  int64_t n = block_range(dense_, block).second + block_range(expert_, block).second;
+  for (const Copy& c : copies_)
+    if (c.block == block) n += dense_.members[c.member].n;
+  return n;
 }
 
 Tensor ParamStore::block_part(const Tensor& buffer, int block, const Group& g) const {
@@ -156,6 +174,10 @@ void ParamStore::bind_views(int block, const Tensor& buffer, bool grads) {
 void ParamStore::bind_bucket(int block, const Tensor& bucket) {
   be_.fill(bucket, 0.0f);
   bind_views(block, bucket, true);
+  for (const Copy& c : copies_)
+    if (c.block == block)
+      wgrads_[block][c.op][c.w] =
+          slice(bucket, c.at, p_.blocks[block].graph->ops[c.op].weights[c.w].shape);
 }
 
 void ParamStore::reduce_bucket(int block, const Tensor& bucket) {
@@ -167,6 +189,12 @@ void ParamStore::reduce_bucket(int block, const Tensor& bucket) {
   for (const Group* g : {&dense_, &expert_}) {
     auto [first, n] = block_range(*g, block);
     if (n > 0) comm_.dp_reduce_scatter_into(g->dp, block_part(bucket, block, *g), first, g->shard, g->grad);
+  }
+  for (const Copy& c : copies_) {  // summed into the owner's elements
+    if (c.block != block) continue;
+    const Member& m = dense_.members[c.member];
+    comm_.dp_reduce_scatter_into(dense_.dp, slice(bucket, c.at, {m.n}), m.off, dense_.shard,
+                                 dense_.grad);
   }
 }
 
@@ -180,6 +208,16 @@ void ParamStore::gather_block(int block, const Tensor& gathered) {
     comm_.dp_all_gather(g->dp, part, first, g->shard);
   }
   bind_views(block, gathered, false);
+  for (const Copy& c : copies_) {  // the owner's elements, gathered again into the copy's place
+    if (c.block != block) continue;
+    const Member& m = dense_.members[c.member];
+    Tensor part = slice(gathered, c.at, {m.n});
+    int64_t a = std::max(m.off, dense_.lo), z = std::min(m.off + m.n, dense_.hi);
+    if (z > a) be_.copy_elements(part, a - m.off, dense_.shard_weights, a - dense_.lo, z - a);
+    comm_.dp_all_gather(dense_.dp, part, m.off, dense_.shard);
+    weights_[block][c.op][c.w] =
+        slice(gathered, c.at, p_.blocks[block].graph->ops[c.op].weights[c.w].shape);
+  }
 }
 
 void ParamStore::sync_gradients() {
@@ -188,9 +226,11 @@ void ParamStore::sync_gradients() {
     for (size_t o = 0; o < p_.blocks[b].graph->ops.size(); ++o)
       if (p_.blocks[b].graph->ops[o].tp_partial_weight_grads)
         for (const Tensor& g : wgrads_[b][o]) comm_.all_reduce(g);
-  // Tied embeddings with pp > 1: the first and the last stage hold copies; both apply the sum.
+  // Tied embeddings, or multi-token prediction's embedding, with pp > 1: the first and the last
+  // stage hold copies; both apply the sum (Megatron's embedding group).
   int64_t last = s_.setup.pp - 1;
-  if (s_.model.tie_embeddings && last > 0 && tie_owner_.count("embedding")) {
+  const bool copies = s_.model.tie_embeddings || mtp_depths(s_.model, s_.setup) > 0;
+  if (copies && last > 0 && tie_owner_.count("embedding")) {
     auto [b, o] = tie_owner_.at("embedding");
     comm_.all_reduce_with(wgrads_[b][o][0], stage_ == 0 ? last : 0);
   }

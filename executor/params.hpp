@@ -40,7 +40,7 @@ class ParamStore {
   const std::vector<Tensor>& weights(int block, int op) const { return weights_[block][op]; }
   const std::vector<Tensor>& weight_grads(int block, int op) const { return wgrads_[block][op]; }
 
-  // Bytes of block b's bucket or gathered buffer: its weights' elements x the dtype's size.
+  // Elements of block b's bucket or gathered buffer: its weights', tied copies included.
   int64_t block_elements(int block) const;
   // ZeRO-2/3: the block's weight gradients go to `bucket` (zeroed here) until reduce_bucket.
   void bind_bucket(int block, const Tensor& bucket);
@@ -87,8 +87,17 @@ class ParamStore {
   Tensor block_part(const Tensor& buffer, int block, const Group& g) const;
   // The element range [lo, hi) of a member whose optimizer states this rank holds.
   static std::pair<int64_t, int64_t> held(const Group& g, const Member& m);
-  // Points the block's weight (or gradient) views into a [dense | expert] buffer.
+  // Points the block's weight (or gradient) views into a [dense | expert | copies] buffer.
   void bind_views(int block, const Tensor& buffer, bool grads);
+  // A tied weight's copy: an op of `block` using the weight of dense member `member`. Under
+  // ZeRO-2/3 it has its own place in the block's bucket and gathered buffer (as the planner counts
+  // them), `at` elements in, after the block's own weights.
+  struct Copy {
+    int block, op, w;
+    size_t member;
+    int64_t at;
+  };
+  std::vector<Copy> copies_;
 
   const Schedule& s_;
   const StageProgram& p_;

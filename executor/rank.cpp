@@ -204,7 +204,7 @@ class RankRunner {
                0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step_ + 1);  // new masks each step
     ctx.token_offset = t.sp ? tp_rank_ * (t.seq_len / t.cp * t.micro_batch / t.tp) : 0;
     ctx.cp_rank = cp_rank_;
-    ctx.loss_scale = static_cast<float>(1.0 / step_tokens());
+    ctx.loss_scale = static_cast<float>(ctx.op->attrs.loss_weight / step_tokens());
     return ctx;
   }
 
@@ -270,7 +270,8 @@ class RankRunner {
     inputs.resize(op.inputs.size());
     std::vector<Tensor> outs = be_.forward(ctx, inputs, params_.weights(in.block, in.op));
     if (step_ == 0) ++out_.forward_runs[{static_cast<int>(stage_), in.block, in.op}];
-    if (is_loss(op.kind) && !recompute) loss_ += be_.sum(outs[0]);
+    // The reported loss is the main model's (Megatron logs the MTP losses apart).
+    if (is_loss(op.kind) && !recompute && op.mtp_depth == 0) loss_ += be_.sum(outs[0]);
   }
 
   void backward(const Instr& in) {

@@ -168,6 +168,8 @@ bad "--ep that does not divide --dp" -m "--ep 2" -m "--dp 1" -- estimate --model
 bad "--moe-capacity-factor that is not a number" -m "--moe-capacity-factor" -m "valid: 0 for dropless" -- estimate --model mixtral-8x7b --moe-capacity-factor lots
 bad "--moe-capacity-factor above 64" -m "--moe-capacity-factor" -m "(0, 64]" -- estimate --model mixtral-8x7b --moe-capacity-factor 100
 bad "--moe-capacity-factor on a dense model" -m "needs an MoE model" -- "${E[@]}" --moe-capacity-factor 1.25
+bad "--mtp-layers past 16" -m "--mtp-layers" -m "16" -- estimate --model deepseek-v3 --mtp-layers 17
+bad "--mtp-layers with learned positions" -m "learned position embeddings" -m "--mtp-layers 0" -- estimate --model gpt3-175b --mtp-layers 1
 bad "run: expert parallelism without a capacity factor" -m "--ep 2 without one" -m "--moe-capacity-factor" -- run --model mixtral-8x7b --dp 2 --ep 2
 
 # ---- sizes -------------------------------------------------------------------------------------

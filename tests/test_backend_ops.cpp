@@ -118,6 +118,15 @@ ModelSpec mla(int64_t vocab, bool q_latent) {
   return m;
 }
 
+// Multi-token prediction: two depths (the embedding's and the LM head's weights shared, a
+// concatenation, eh_proj's features gathered and, under SP, scattered), on MLA.
+ModelSpec mtp(int64_t vocab) {
+  ModelSpec m = mla(vocab, false);
+  m.name = "ops-mtp";
+  m.mtp_layers = 2;
+  return m;
+}
+
 // Qwen3's attention: q/k norms, head_dim 6 apart from hidden / heads = 4.
 ModelSpec qwen3(int64_t vocab) {
   ModelSpec m = llama(vocab);
@@ -161,6 +170,8 @@ std::vector<Config> setups(Impl impl) {
   s.push_back({"mla q latent tp 2 sp eager", mla(38, true), train(2, true, 10, eager)});
   s.push_back({"mla direct q tp 2 flash", mla(38, false), train(2, false, 7, flash)});
   s.push_back({"mla direct q tp 2 sp flash", mla(38, false), train(2, true, 10, flash)});
+  s.push_back({"mtp tp 2 flash", mtp(38), train(2, false, 7, flash)});
+  s.push_back({"mtp tp 2 sp flash", mtp(38), train(2, true, 10, flash)});
   s.push_back({"qwen3 tp 1 flash", qwen3(37), train(1, false, 7, flash)});
   s.push_back({"qwen3 tp 2 sp eager", qwen3(38), train(2, true, 10, eager)});
   if (impl == Impl::kMegatron) {  // the fused losses, and each weight gradient whole in bf16 first

@@ -293,6 +293,17 @@ TEST(LoadHfConfig, DeepSeekV3AndV2Lite) {
   EXPECT_EQ(rt.groups, 8);
   EXPECT_EQ(rt.topk_groups, 4);
   EXPECT_EQ(rt.scaling, 2.5);
+  // One multi-token prediction module, as the catalog's; outside the count. By hand from the
+  // config: an MoE layer is MLA (7168 x 1536 + 1536 + 1536 x 128 x 192 + 7168 x 576 + 512 +
+  // 512 x 128 x 256 + 128 x 128 x 7168) + 2 x 7168 norms + 256 experts and one shared of
+  // 3 x 7168 x 2048 + the 7168 x 256 router + 256 biases; the module adds eh_proj (2 x 7168 x
+  // 7168) and enorm, hnorm and its final norm. (The same terms give the 671,026,419,200 above with
+  // 3 dense layers of 3 x 7168 x 18432. The model card's 14B for the module is 685B - 671B of the
+  // checkpoint, which holds the module's own copies of the embedding and the LM head.)
+  EXPECT_EQ(r->mtp_layers, 1);
+  EXPECT_EQ(model("deepseek-v3").mtp_layers, 1);
+  EXPECT_EQ(mtp_parameters(*r, 1), 11'610'068'224);
+  EXPECT_EQ(mtp_parameters(*r, 2), 2 * 11'610'068'224LL);
   const RouterSpec cat = model("deepseek-v3").moe->router;
   EXPECT_TRUE(cat.sigmoid == rt.sigmoid && cat.normalize == rt.normalize &&
               cat.groups == rt.groups && cat.topk_groups == rt.topk_groups &&

@@ -251,6 +251,27 @@ TEST(MegatronArgs, RouterFlagsAgreeWithTheModel) {
   }
 }
 
+// Multi-token prediction: none unless --mtp-num-layers gives the depths (Megatron's default None),
+// whatever the model's config trained with; the loss scale read; bad values named.
+TEST(MegatronArgs, MtpLayers) {
+  const ModelSpec v3 = testing::model("deepseek-v3");
+  Result<ConfigSetup> c = megatron_args("--micro-batch-size 1", v3, 1);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(mtp_depths(v3, c->setup), 0);
+  c = megatron_args("--mtp-num-layers 2 --mtp-loss-scaling-factor 0.3", v3, 1);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(mtp_depths(v3, c->setup), 2);
+  EXPECT_EQ(c->setup.mtp_loss_scale, 0.3);
+  EXPECT_TRUE(c->given.count("--mtp-layers"));
+  for (auto [args, says] : {std::pair{"--mtp-num-layers 17", "expected a whole number from 0 to 16"},
+                            {"--mtp-num-layers x", "expected a whole number from 0 to 16"},
+                            {"--mtp-loss-scaling-factor -1", "(valid: a number from 0 to 1000)"}}) {
+    Result<ConfigSetup> bad = megatron_args(args, v3, 1);
+    ASSERT_FALSE(bad.ok()) << args;
+    EXPECT_NE(bad.error().message.find(says), std::string::npos) << bad.error().message;
+  }
+}
+
 TEST(MegatronArgs, ReadsWhatMegatronDoes) {
   ModelSpec m = testing::model("llama-3.1-8b");  // 32 layers
   auto read = [&](const std::string& args, int64_t dp) {

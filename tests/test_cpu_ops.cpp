@@ -479,6 +479,11 @@ std::vector<Case> all_cases() {
   add("all_gather_fp32", OpKind::kAllGather, {.group = 1}, {rng.floats({{T, K}, Dtype::kFp32})});
   add("reduce_scatter", OpKind::kReduceScatter, {.group = 1}, {act({T, H})});
   add("all_reduce", OpKind::kAllReduce, {.group = 1}, {act({T, H})});
+  // Multi-token prediction's concatenation, and its TP gather and scatter at one rank (tp 2
+  // below, CpuTensorParallel.MtpGatherAndScatter).
+  add("concat", OpKind::kConcat, {.features = H}, {act({T, H}), act({T, F})});
+  add("gather_features", OpKind::kGatherFeatures, {.group = 1}, {act({T, H})});
+  add("scatter_rows", OpKind::kScatterRows, {.group = 1}, {act({T, H})});
   add("column_linear", OpKind::kColumnLinear, {.features = F, .bias = true}, {act({T, H})});
   add("column_linear_all_reduce", OpKind::kColumnLinear, {.features = F}, {act({T, H})}, -0.5, 0.5,
       "all_reduce");
@@ -703,7 +708,18 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
     case OpKind::kAllGather:
     case OpKind::kReduceScatter:
     case OpKind::kAllReduce:
+    case OpKind::kGatherFeatures:
+    case OpKind::kScatterRows:
       return {x(0)};
+    case OpKind::kConcat: {
+      const int64_t a = c.attrs.features, b = c.inputs[1].type.shape[1];
+      Vec o(T * (a + b));
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t j = 0; j < a; ++j) o[t * (a + b) + j] = x(0)[t * a + j];
+        for (int64_t j = 0; j < b; ++j) o[t * (a + b) + a + j] = x(1)[t * b + j];
+      }
+      return {o};
+    }
     case OpKind::kCpGatherKv: {
       int64_t w2 = 2 * hkv * hd;
       Vec o(T * w2);
@@ -1679,6 +1695,19 @@ TEST(CpuTensorParallel, ColumnLinearAllReducesItsInputGradient) {
     ASSERT_EQ(acc[0][i], double(static_cast<float>(preset.v[i]) + static_cast<float>(got[0][i])));
 }
 
+// One op at TP rank r of 2 on `in`, forward and (output gradient `grad`) backward.
+void run_tp2(OpKind kind, const Val& in, const Val& grad, Vec& out, Vec& gin, int64_t r,
+             Communicator& comm) {
+  Case c{"c", kind, {.group = 2}, {in}, {}, ""};
+  Exec ex(c, true);
+  ex.setup.tp = 2, ex.tp_rank = r, ex.comm = &comm;
+  auto t = ex.tensors(c.inputs);
+  auto f = ex.forward(t, {});
+  out = read(f->outs[0]);
+  std::vector<Tensor> g = {ex.tensor(grad)};
+  gin = read(ex.backward(t, f->outs, g, {}, {}, {})->grad_inputs[0]);
+}
+
 // All-gather / reduce-scatter / all-reduce as ops at tp = 2, forward and backward.
 TEST(CpuTensorParallel, CollectiveOpsAndTheirConjugates) {
   Rng rng(12);
@@ -1689,14 +1718,7 @@ TEST(CpuTensorParallel, CollectiveOpsAndTheirConjugates) {
   Vec ag[2], agb[2], rs[2], rsb[2], ar[2], arb[2], idx[2];
   on_ranks(2, [&](int64_t r, Communicator& comm) {
     auto run = [&](OpKind kind, const Val& in, const Val& grad, Vec& out, Vec& gin) {
-      Case c{"c", kind, {.group = 2}, {in}, {}, ""};
-      Exec ex(c, true);
-      ex.setup.tp = 2, ex.tp_rank = r, ex.comm = &comm;
-      auto t = ex.tensors(c.inputs);
-      auto f = ex.forward(t, {});
-      out = read(f->outs[0]);
-      std::vector<Tensor> g = {ex.tensor(grad)};
-      gin = read(ex.backward(t, f->outs, g, {}, {}, {})->grad_inputs[0]);
+      run_tp2(kind, in, grad, out, gin, r, comm);
     };
     run(OpKind::kAllGather, xs[r], ys[r], ag[r], agb[r]);
     run(OpKind::kReduceScatter, ys[r], xs[r], rs[r], rsb[r]);
@@ -1724,6 +1746,36 @@ TEST(CpuTensorParallel, CollectiveOpsAndTheirConjugates) {
       EXPECT_EQ(ar[r][i], double(float(xs[0].v[i]) + float(xs[1].v[i])));
     }
   }
+}
+
+// Multi-token prediction's TP data movement at tp = 2: the features gathered side by side in rank
+// order (backward: this rank's columns), and this rank's rows (backward: the rows all-gathered).
+TEST(CpuTensorParallel, MtpGatherAndScatter) {
+  Rng rng(31);
+  const int64_t rows = 4;
+  Val xs[2] = {rng.floats({{rows, H}, Dtype::kBf16}), rng.floats({{rows, H}, Dtype::kBf16})};
+  Val gs[2] = {rng.floats({{rows, 2 * H}, Dtype::kBf16}),
+               rng.floats({{rows, 2 * H}, Dtype::kBf16})};
+  Val hs[2] = {rng.floats({{rows / 2, H}, Dtype::kBf16}),
+               rng.floats({{rows / 2, H}, Dtype::kBf16})};
+  Vec gf[2], gfb[2], sr[2], srb[2];
+  on_ranks(2, [&](int64_t r, Communicator& comm) {
+    auto run = [&](OpKind kind, const Val& in, const Val& grad, Vec& out, Vec& gin) {
+      run_tp2(kind, in, grad, out, gin, r, comm);
+    };
+    run(OpKind::kGatherFeatures, xs[r], gs[r], gf[r], gfb[r]);
+    run(OpKind::kScatterRows, xs[r], hs[r], sr[r], srb[r]);
+  });
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t j = 0; j < H; ++j) {
+        for (int64_t q = 0; q < 2; ++q)
+          EXPECT_EQ(gf[r][t * 2 * H + q * H + j], xs[q].v[t * H + j]);
+        EXPECT_EQ(gfb[r][t * H + j], gs[r].v[t * 2 * H + r * H + j]);
+        // rank r's rows of its own input; the gradient's rows are rank t / 2's
+        if (t < rows / 2) EXPECT_EQ(sr[r][t * H + j], xs[r].v[(r * rows / 2 + t) * H + j]);
+        EXPECT_EQ(srb[r][t * H + j], hs[t / 2].v[(t % 2) * H + j]);
+      }
 }
 
 }  // namespace

@@ -55,6 +55,67 @@ TEST(Graph, EveryCatalogModelAndSetupIsWellFormed) {
   }
 }
 
+// Multi-token prediction in the head (Megatron's MultiTokenPredictionLayer): per depth the shifted
+// tokens' embedding on the embedding's weights, the norms, the concatenation through eh_proj (its
+// features gathered, then scattered to the SP shard), an MoE layer, a final norm, the LM head's
+// weights and a loss of weight 0.1 / depths; the next depth reads the previous one's output.
+// Full recompute re-runs what Megatron's _checkpointed_forward does, selective the layer's core.
+TEST(Graph, MultiTokenPredictionInTheHead) {
+  const ModelSpec m = model("deepseek-v3");
+  TrainSpec t;
+  t.tp = 2, t.sp = true, t.seq_len = 64, t.mtp_layers = 2;
+  t.attention = AttentionImpl::kEager;  // selective recompute keeps less than none
+  BlockGraph g = build_head(m, t);
+  ASSERT_FALSE(check_graph(g));
+  auto op = [&](const std::string& name) -> const GraphOp& {
+    for (const GraphOp& o : g.ops)
+      if (o.name == name) return o;
+    ADD_FAILURE() << "no op " << name;
+    return g.ops.front();
+  };
+  EXPECT_EQ(op("mtp1.embed.tokens").attrs.tie, "embedding");
+  EXPECT_EQ(op("mtp2.lm_head").attrs.tie, "lm_head");
+  EXPECT_EQ(op("lm_head").attrs.tie, "lm_head");
+  EXPECT_EQ(op("mtp1.loss").attrs.loss_weight, 0.05);
+  EXPECT_EQ(op("loss").attrs.loss_weight, 1.0);
+  EXPECT_EQ(op("mtp2.loss").mtp_depth, 2);
+  EXPECT_EQ(op("loss").mtp_depth, 0);
+  EXPECT_TRUE(op("mtp1.moe.experts.gate_up").expert_weights);
+  EXPECT_EQ(g.tensors[op("mtp1.eh_proj.gather").outputs[0]].type.shape,
+            (std::vector<int64_t>{64, 7168}));
+  EXPECT_EQ(g.tensors[op("mtp1.eh_proj.scatter").outputs[0]].type.shape,
+            (std::vector<int64_t>{32, 7168}));
+  EXPECT_EQ(g.tensors[op("mtp1.concat").outputs[0]].type.shape, (std::vector<int64_t>{32, 14336}));
+  // Depth 2's hidden-state norm reads depth 1's final norm; depth 1's reads the model's.
+  EXPECT_EQ(g.tensors[op("mtp2.hnorm").inputs[0]].producer,
+            &op("mtp1.final_norm") - g.ops.data());
+  EXPECT_EQ(g.tensors[op("mtp1.hnorm").inputs[0]].producer, &op("final_norm") - g.ops.data());
+  // The main model's LM head and loss come last, as process_mtp_loss runs them.
+  EXPECT_EQ(g.ops.back().name, "loss");
+  auto policy = [&](Recompute r) {
+    TrainSpec u = t;
+    u.recompute = r;
+    return named_policy(g, u);
+  };
+  BlockPolicy full = policy(Recompute::kFull), selective = policy(Recompute::kSelective),
+              none = policy(Recompute::kNone);
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const GraphOp& o = g.ops[i];
+    const bool gather = o.kind == OpKind::kAllGather;  // re-gathered under SP in any case
+    EXPECT_EQ(full.recompute[i], o.mtp_checkpointed || gather) << o.name;
+    EXPECT_EQ(selective.recompute[i], (o.mtp_depth > 0 && o.attention_core) || gather) << o.name;
+    EXPECT_EQ(none.recompute[i], gather) << o.name;
+  }
+  EXPECT_FALSE(full.recompute[&op("mtp1.embed.tokens") - g.ops.data()]);
+  EXPECT_TRUE(full.recompute[&op("mtp1.eh_proj") - g.ops.data()]);
+  EXPECT_TRUE(full.recompute[&op("mtp2.final_norm") - g.ops.data()]);
+  EXPECT_LT(saved_set(g, full).bytes, saved_set(g, selective).bytes);
+  EXPECT_LT(saved_set(g, selective).bytes, saved_set(g, none).bytes);
+  // Without MTP the head is the norm, the LM head and the loss as before.
+  t.mtp_layers = 0;
+  for (const GraphOp& o : build_head(m, t).ops) EXPECT_EQ(o.mtp_depth, 0) << o.name;
+}
+
 TEST(Graph, CheckerCatchesOutOfOrderOps) {
   TrainSpec t;
   t.seq_len = 16;

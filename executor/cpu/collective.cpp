@@ -105,4 +105,47 @@ void all_reduce_backward(const Env& env, const BackwardArgs& a) {
   grad_input_tensor(env, a, 0, need(a.grad_outputs, 0, "all_reduce output gradient"));
 }
 
+// Every TP rank's features of the same rows, side by side in rank order: all-gathered into a
+// [tp x rows] buffer (the op's workspace), then each rank's block placed at its columns.
+Outs gather_features_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "gather_features input");
+  const int64_t tp = env.comm().tp_size(), T = dim(x, 0), c = row_width(x);
+  const int64_t e = dtype_bytes(x.type.dtype);
+  Tensor out = env.output({T, c * tp}, x.type.dtype);
+  Tensor all = env.workspace({T * tp, c}, x.type.dtype);
+  env.comm().all_gather(x, all);
+  for (int64_t r = 0; r < tp; ++r)
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(out.as<unsigned char>() + (t * c * tp + r * c) * e,
+                  all.as<unsigned char>() + ((r * T + t) * c) * e, static_cast<size_t>(c * e));
+  return {out, all};
+}
+
+// This rank's columns of the gradient.
+void gather_features_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& g = need(a.grad_outputs, 0, "gather_features output gradient");
+  const int64_t tp = env.comm().tp_size(), T = dim(g, 0), c = row_width(g) / tp;
+  Mat G = load_mat(g);
+  Mat mine = G.middleCols(env.ctx.tp_rank * c, c);
+  grad_input(env, a, 0, {{T, c}, g.type.dtype}, mine);
+}
+
+// This rank's rows of a tensor every TP rank holds whole.
+Outs scatter_rows_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "scatter_rows input");
+  const int64_t tp = env.comm().tp_size();
+  check(dim(x, 0) % tp == 0, "scatter_rows: the token dim is not a multiple of tp");
+  Tensor out = env.alloc(with_rows(x.type, dim(x, 0) / tp), AllocRole::kOutput);
+  std::memcpy(out.data, x.as<unsigned char>() + env.ctx.tp_rank * out.bytes(),
+              static_cast<size_t>(out.bytes()));
+  return {out};
+}
+
+// grad_in = all-gather of grad_out.
+void scatter_rows_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& g = need(a.grad_outputs, 0, "scatter_rows output gradient");
+  collective_grad_input(env, a, with_rows(g.type, dim(g, 0) * env.comm().tp_size()),
+                        [&](Tensor& out) { env.comm().all_gather(g, out); });
+}
+
 }  // namespace np::exec::cpu

@@ -121,6 +121,12 @@ class CpuBackend final : public Backend {
         return replicated_linear_forward(env, in, w);
       case OpKind::kMlaRope:
         return mla_rope_forward(env, in, w);
+      case OpKind::kConcat:
+        return concat_forward(env, in, w);
+      case OpKind::kGatherFeatures:
+        return gather_features_forward(env, in, w);
+      case OpKind::kScatterRows:
+        return scatter_rows_forward(env, in, w);
       case OpKind::kCount:
         break;
     }
@@ -229,6 +235,12 @@ class CpuBackend final : public Backend {
         return replicated_linear_backward(env, a);
       case OpKind::kMlaRope:
         return mla_rope_backward(env, a);
+      case OpKind::kConcat:
+        return concat_backward(env, a);
+      case OpKind::kGatherFeatures:
+        return gather_features_backward(env, a);
+      case OpKind::kScatterRows:
+        return scatter_rows_backward(env, a);
       case OpKind::kCount:
         break;
     }

@@ -647,4 +647,31 @@ void add_backward(const Env& env, const BackwardArgs& a) {
   grad_input(env, a, 1, g.type, G);
 }
 
+// [a | b] along the features (multi-token prediction's concatenation); backward splits the
+// gradient.
+Outs concat_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "concat input a");
+  const Tensor& y = need(in, 1, "concat input b");
+  check(dim(x, 0) == dim(y, 0) && x.type.dtype == y.type.dtype,
+        "concat: the inputs differ in rows or dtype");
+  const int64_t T = dim(x, 0), a = row_width(x), b = row_width(y);
+  check(env.attrs().features == a, "concat: features must give the first input's width");
+  Tensor out = env.output({T, a + b}, x.type.dtype);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < a; ++j) store(out, t * (a + b) + j, load(x, t * a + j));
+    for (int64_t j = 0; j < b; ++j) store(out, t * (a + b) + a + j, load(y, t * b + j));
+  }
+  return {out};
+}
+
+void concat_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& g = need(a.grad_outputs, 0, "concat output gradient");
+  const int64_t T = dim(g, 0), w0 = env.attrs().features;  // the first input's
+  check(w0 > 0 && w0 < row_width(g), "concat: features must give the first input's width");
+  Mat G = load_mat(g);
+  Mat A = G.leftCols(w0), B = G.rightCols(G.cols() - w0);
+  grad_input(env, a, 0, {{T, w0}, g.type.dtype}, A);
+  grad_input(env, a, 1, {{T, G.cols() - w0}, g.type.dtype}, B);
+}
+
 }  // namespace np::exec::cpu

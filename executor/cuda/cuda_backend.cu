@@ -285,6 +285,12 @@ class CudaBackend final : public exec::Backend {
         return gelu_fwd(e, in, w);
       case OpKind::kAdd:
         return add_fwd(e, in, w);
+      case OpKind::kConcat:
+        return concat_fwd(e, in, w);
+      case OpKind::kGatherFeatures:
+        return gather_features_fwd(e, in, w);
+      case OpKind::kScatterRows:
+        return scatter_rows_fwd(e, in, w);
       case OpKind::kRouter:
         return router_fwd(e, in, w);
       case OpKind::kTopK:
@@ -374,6 +380,12 @@ class CudaBackend final : public exec::Backend {
         return gelu_bwd(e);
       case OpKind::kAdd:
         return add_bwd(e);
+      case OpKind::kConcat:
+        return concat_bwd(e);
+      case OpKind::kGatherFeatures:
+        return gather_features_bwd(e);
+      case OpKind::kScatterRows:
+        return scatter_rows_bwd(e);
       case OpKind::kRouter:
         return router_bwd(e);
       case OpKind::kTopK:

@@ -138,6 +138,10 @@ void adamw_step(const Tensor& grad, const Tensor& master, const Tensor& m, const
                 cudaStream_t stream);
 // master -= lr * grad.
 void sgd_step(const Tensor& grad, const Tensor& master, float lr, cudaStream_t stream);
+// Columns [dst_col0, dst_col0 + cols) of every row of dst = (or, acc, +=) columns [src_col0, ...)
+// of the same rows of src, converting between bf16 and fp32.
+void copy_columns(const Tensor& dst, long long dst_col0, const Tensor& src, long long src_col0,
+                  long long cols, bool acc, cudaStream_t stream);
 // dst[dst_offset + i] = src[src_offset + i] for i < n, converting between bf16 and fp32.
 void copy_elements(const Tensor& dst, long long dst_offset, const Tensor& src,
                    long long src_offset, long long n, cudaStream_t stream);

@@ -784,4 +784,62 @@ void cross_entropy_bwd(const Bwd& e) {
                          nll ? &nll : nullptr, e.stream);
 }
 
+// Multi-token prediction's data movement: the concatenation along the features, the features
+// gathered over TP (through the op's [tp x rows] workspace), this rank's rows.
+Outs concat_fwd(const Fwd& e, Ins in, Ins) {
+  const Tensor &x = need(in, 0, "input a"), &y = need(in, 1, "input b");
+  long long a = e.attrs().features, rows = x.type.shape.at(0), b = y.numel() / std::max(rows, 1LL);
+  if (x.numel() != rows * a) unsupported(e.c, "features must give the first input's width");
+  Tensor out = e.out({{rows, a + b}, x.type.dtype});
+  copy_columns(out, 0, x, 0, a, false, e.stream);
+  copy_columns(out, a, y, 0, b, false, e.stream);
+  return {out};
+}
+
+void concat_bwd(const Bwd& e) {
+  const Tensor& g = need(e.a.grad_outputs, 0, "gradient");
+  long long rows = g.type.shape.at(0), a = e.attrs().features, b = g.numel() / rows - a;
+  for (int k = 0; k < 2; ++k) {
+    bool acc = false;
+    Tensor& dst = e.grad(k, {{rows, k == 0 ? a : b}, g.type.dtype}, acc);
+    copy_columns(dst, 0, g, k == 0 ? 0 : a, k == 0 ? a : b, acc, e.stream);
+  }
+}
+
+Outs gather_features_fwd(const Fwd& e, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "input");
+  long long tp = e.c.comm->tp_size(), rows = x.type.shape.at(0), c = x.numel() / rows;
+  Tensor out = e.out({{rows, c * tp}, x.type.dtype});
+  Tensor all = e.ws({{rows * tp, c}, x.type.dtype});
+  e.c.comm->all_gather(x, all);
+  for (long long r = 0; r < tp; ++r)
+    copy_columns(out, r * c, slice(all, r * rows * c, {rows, c}), 0, c, false, e.stream);
+  return {out, all};
+}
+
+void gather_features_bwd(const Bwd& e) {
+  const Tensor& g = need(e.a.grad_outputs, 0, "gradient");
+  long long tp = e.c.comm->tp_size(), rows = g.type.shape.at(0), c = g.numel() / rows / tp;
+  bool acc = false;
+  Tensor& dst = e.grad(0, {{rows, c}, g.type.dtype}, acc);
+  copy_columns(dst, 0, g, e.c.tp_rank * c, c, acc, e.stream);
+}
+
+Outs scatter_rows_fwd(const Fwd& e, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "input");
+  long long tp = e.c.comm->tp_size(), rows = x.type.shape.at(0);
+  if (rows % tp != 0) unsupported(e.c, "the token dim is not a multiple of tp");
+  Tensor out = e.out(with_rows(x.type, rows / tp));
+  copy_elements(out, 0, x, e.c.tp_rank * out.numel(), out.numel(), e.stream);
+  return {out};
+}
+
+void scatter_rows_bwd(const Bwd& e) {
+  const Tensor& g = need(e.a.grad_outputs, 0, "gradient");
+  if (e.a.grad_inputs[0]) unsupported(e.c, "accumulating an all-gather's result needs a planned buffer");
+  bool acc = false;
+  Tensor& dst = e.grad(0, with_rows(g.type, g.type.shape.at(0) * e.c.comm->tp_size()), acc);
+  e.c.comm->all_gather(g, dst);
+}
+
 }  // namespace np::cuda

@@ -138,6 +138,16 @@ __global__ void scale_kernel(View t, float f, long long n) {
   if (i < n) st(t, i, ld(t, i) * f);
 }
 
+__global__ void copy_columns_kernel(View dst, long long dst_cols, long long dst_col0, View src,
+                                    long long src_cols, long long src_col0, long long cols,
+                                    bool acc, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  long long r = i / cols, j = i % cols, d = r * dst_cols + dst_col0 + j;
+  float v = ld(src, r * src_cols + src_col0 + j);
+  st(dst, d, acc ? ld(dst, d) + v : v);
+}
+
 __global__ void accumulate_kernel(View t, View v, long long n) {
   long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   if (i < n) st(t, i, ld(t, i) + ld(v, i));
@@ -234,15 +244,6 @@ __global__ void qk_norm_weight_grad_kernel(View x, View dy, const float* rstd, l
       s += ld(dy, i) * ld(x, i) * rstd[t * nh + j];
     }
   st(dw, c, ld(dw, c) + s);
-}
-// The columns [from, width) of each row: dst = src, or += when acc (the values' pass-through).
-__global__ void copy_columns_kernel(View src, View dst, bool acc, long long rows, long long from,
-                                    long long width) {
-  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x, n = width - from;
-  if (i >= rows * n) return;
-  long long at = i / n * width + from + i % n;
-  float v = ld(src, at);
-  st(dst, at, acc ? ld(dst, at) + v : v);
 }
 
 // The q/k norms as PyTorch ops: a block per (row, head) of the nh normalised heads, as the
@@ -506,9 +507,7 @@ void qk_norm_forward(const Tensor& x, const Tensor& wq, const Tensor& wk, const 
             kReduceShared, stream, view(x), view(wq), view(wk), view(y), rstd.as<float>(),
             q_heads, nh, d, width, eps);
   NP_CUDA_CHECK_LAUNCH();
-  np_launch(copy_columns_kernel, dim3(blocks_for(rows * kv_heads * d)), dim3(kThreads), 0, stream,
-            view(x), view(y), false, rows, nh * d, width);
-  NP_CUDA_CHECK_LAUNCH();
+  copy_columns(y, nh * d, x, nh * d, width - nh * d, false, stream);  // the values
 }
 
 void qk_norm_backward(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& dy,
@@ -526,9 +525,7 @@ void qk_norm_backward(const Tensor& x, const Tensor& wq, const Tensor& wk, const
             kReduceShared, stream, view(x), view(wq), view(wk), view(dy), view(dx), accumulate,
             static_cast<const float*>(rstd.data), q_heads, nh, d, width);
   NP_CUDA_CHECK_LAUNCH();
-  np_launch(copy_columns_kernel, dim3(blocks_for(rows * kv_heads * d)), dim3(kThreads), 0, stream,
-            view(dy), view(dx), accumulate, rows, nh * d, width);
-  NP_CUDA_CHECK_LAUNCH();
+  copy_columns(dx, nh * d, dy, nh * d, width - nh * d, accumulate, stream);  // the values
   for (int k = 0; k < 2; ++k) {
     np_launch(qk_norm_weight_grad_kernel, dim3(blocks_for(d)), dim3(kThreads), 0, stream, view(x),
               view(dy), static_cast<const float*>(rstd.data), rows, k ? q_heads : 0LL,
@@ -552,9 +549,7 @@ void qk_norm_hf_forward(const Tensor& x, const Tensor& wq, const Tensor& wk, con
             kReduceShared, stream, view(x), view(wq), view(wk), view(y), a.as<float>(),
             r.as<float>(), b.as<float>(), view(c), q_heads, nh, d, width, eps);
   NP_CUDA_CHECK_LAUNCH();
-  np_launch(copy_columns_kernel, dim3(blocks_for(rows * kv_heads * d)), dim3(kThreads), 0, stream,
-            view(x), view(y), false, rows, nh * d, width);
-  NP_CUDA_CHECK_LAUNCH();
+  copy_columns(y, nh * d, x, nh * d, width - nh * d, false, stream);  // the values
 }
 
 void qk_norm_hf_backward(const Tensor& a, const Tensor& r, const Tensor& c, const Tensor& wq,
@@ -580,9 +575,7 @@ void qk_norm_hf_backward(const Tensor& a, const Tensor& r, const Tensor& c, cons
             static_cast<const float*>(r.data), view(wq), view(wk), view(dy), db.as<float>(),
             da.as<float>(), view(dx), accumulate, q_heads, nh, d, width);
   NP_CUDA_CHECK_LAUNCH();
-  np_launch(copy_columns_kernel, dim3(blocks_for(rows * kv_heads * d)), dim3(kThreads), 0, stream,
-            view(dy), view(dx), accumulate, rows, nh * d, width);
-  NP_CUDA_CHECK_LAUNCH();
+  copy_columns(dx, nh * d, dy, nh * d, width - nh * d, accumulate, stream);  // the values
 }
 
 void column_sums_add(const Tensor& src, long long rows, const Tensor& dst, cudaStream_t stream) {
@@ -662,6 +655,18 @@ void scale(const Tensor& t, float f, cudaStream_t stream) {
   long long n = t.numel();
   if (n == 0) return;
   np_launch(scale_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(t), f, n);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void copy_columns(const Tensor& dst, long long dst_col0, const Tensor& src, long long src_col0,
+                  long long cols, bool acc, cudaStream_t stream) {
+  long long rows = dst.type.shape.at(0), dst_cols = dst.numel() / std::max(rows, 1LL),
+            src_cols = src.numel() / std::max(rows, 1LL), n = rows * cols;
+  need(src.type.shape.at(0) == rows && dst_col0 + cols <= dst_cols && src_col0 + cols <= src_cols,
+       "copy_columns: the column blocks do not fit");
+  if (n == 0) return;
+  np_launch(copy_columns_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(dst),
+            dst_cols, dst_col0, view(src), src_cols, src_col0, cols, acc, n);
   NP_CUDA_CHECK_LAUNCH();
 }
 

@@ -42,8 +42,13 @@ class Builder {
  public:
   Builder(BlockKind kind, const ModelSpec& m, const TrainSpec& t) : m_(m), t_(t) { g_.kind = kind; }
 
+  // Names from here on start with `prefix`, and ops carry the MTP depth and checkpoint flag.
+  void scope(std::string prefix, int mtp_depth = 0, bool checkpointed = false) {
+    prefix_ = std::move(prefix), mtp_depth_ = mtp_depth, checkpointed_ = checkpointed;
+  }
+
   int input(std::string name, TensorType type) {
-    int id = add_tensor(std::move(name), std::move(type), -1);
+    int id = add_tensor(prefix_ + name, std::move(type), -1);
     g_.inputs.push_back(id);
     return id;
   }
@@ -60,7 +65,9 @@ class Builder {
     if ((kind == OpKind::kColumnLinear || kind == OpKind::kRowLinear || kind == OpKind::kLinear) &&
         t_.impl == Impl::kMegatron && !t_.grad_accum_fusion)
       attrs.dense_wgrad = true;
+    name = prefix_ + name;
     GraphOp o{kind, name, attrs, inputs, {}, info.weights(attrs, in)};
+    o.mtp_depth = mtp_depth_, o.mtp_checkpointed = checkpointed_;
     o.flops = info.flops(attrs, in);
     o.bwd_flops = backward_flops(info, attrs, in);
     int index = static_cast<int>(g_.ops.size());
@@ -164,6 +171,12 @@ class Builder {
       case OpKind::kReduceScatter:
         o.fwd_collective = "reduce_scatter", o.bwd_collective = "all_gather";
         break;
+      case OpKind::kGatherFeatures:
+        o.fwd_collective = "all_gather";
+        break;
+      case OpKind::kScatterRows:
+        o.bwd_collective = "all_gather";
+        break;
       case OpKind::kAllReduce:
         o.fwd_collective = "all_reduce";
         break;
@@ -179,6 +192,9 @@ class Builder {
   const ModelSpec& m_;
   const TrainSpec& t_;
   BlockGraph g_;
+  std::string prefix_;
+  int mtp_depth_ = 0;
+  bool checkpointed_ = false;
 };
 
 // Multi-head latent attention's [q | k | v] rows, as Megatron's MLASelfAttention builds them
@@ -329,6 +345,71 @@ int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int shard) {
   return b.op1(OpKind::kAdd, "moe.add_shared", {}, {y, s});
 }
 
+// Attention, then the MLP (MoE when the model has it), on the residual stream x.
+int decoder_layer(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
+  int x1 = attention(b, m, t, x);
+  int n = b.norm(x1, "mlp.norm");
+  int y = m.moe ? moe_mlp(b, m, t, n) : dense_mlp(b, m, t, b.gather(n, "mlp"), "mlp", m.ffn);
+  y = b.dropout(b.reduce(y, "mlp"), "mlp.dropout");
+  return b.op1(OpKind::kAdd, "mlp.residual", {}, {x1, y});
+}
+
+// The token embedding (vocab-parallel, reduced over TP), positions and dropout, of token ids.
+int embed(Builder& b, const ModelSpec& m, const TrainSpec& t, int ids) {
+  int e = b.op1(OpKind::kEmbedding, "embed.tokens",
+                {.features = m.hidden, .rows = padded_vocab(m, t) / t.tp,
+                 .tie = "embedding",
+                 .dense_wgrad = t.impl == Impl::kMegatron},
+                {ids});
+  e = b.reduce(e, "embed");
+  if (m.position == PosEmb::kLearned)
+    e = b.op1(OpKind::kPosEmbedding, "embed.positions",
+              {.features = m.hidden, .rows = m.max_positions}, {e});
+  return b.dropout(e, "embed.dropout");
+}
+
+// The LM head and the loss of normed hidden states n, against the block input "targets". With
+// multi-token prediction every depth's head holds the main head's weights (tie "lm_head").
+void lm_loss(Builder& b, const ModelSpec& m, const TrainSpec& t, int n, double weight) {
+  int logits = b.column(b.gather(n, "lm_head"), "lm_head", padded_vocab(m, t) / t.tp, false);
+  if (m.tie_embeddings) b.last().attrs.tie = "embedding";
+  else if (mtp_depths(m, t) > 0) b.last().attrs.tie = "lm_head";
+  int targets = b.input("targets", {{b.tokens()}, Dtype::kI64});
+  if (t.impl == Impl::kHf) {
+    int fp32 = b.op1(OpKind::kCastFp32, "loss.cast", {}, {logits});
+    b.op(OpKind::kLogSoftmaxLoss, "loss", {}, {fp32, targets, logits},
+         {"per_token", "log_softmax"});
+  } else if (t.impl == Impl::kMegatron && t.loss_fusion == LossFusion::kTe) {
+    b.op(OpKind::kCrossEntropyTe, "loss", {}, {logits, targets}, {"per_token", "row_stats"});
+  } else {
+    b.op(OpKind::kCrossEntropy, "loss",
+         {.fp32_copy = t.impl == Impl::kNanotron,
+          .fp32_grad = t.impl == Impl::kMegatron && t.loss_fusion == LossFusion::kNative},
+         {logits, targets}, {"per_token", "softmax"});
+  }
+  b.last().attrs.loss_weight = weight;
+}
+
+// Multi-token prediction depth k on h, the previous depth's normed output: the module's own ops
+// (build_head in graph.hpp), returning its normed output. The ops from the norms to the final norm
+// are those Megatron's _checkpointed_forward re-runs under full recompute.
+int mtp_depth(Builder& b, const ModelSpec& m, const TrainSpec& t, int h, int k) {
+  const std::string prefix = "mtp" + std::to_string(k) + ".";
+  b.scope(prefix, k);
+  int e = embed(b, m, t, b.input("input_ids", {{b.tokens()}, Dtype::kI64}));
+  b.scope(prefix, k, true);
+  int c = b.op1(OpKind::kConcat, "concat", {.features = m.hidden},
+                {b.norm(e, "enorm"), b.norm(h, "hnorm")});
+  int p = b.column(b.gather(c, "eh_proj"), "eh_proj", m.hidden / t.tp, false);
+  if (t.tp > 1) {
+    p = b.op1(OpKind::kGatherFeatures, "eh_proj.gather", {.group = t.tp}, {p});
+    if (t.sp) p = b.op1(OpKind::kScatterRows, "eh_proj.scatter", {.group = t.tp}, {p});
+  }
+  int out = b.norm(decoder_layer(b, m, t, p), "final_norm");
+  b.scope(prefix, k);
+  return out;
+}
+
 }  // namespace
 
 std::string layer_graph_key(const TrainSpec& t) {
@@ -343,11 +424,7 @@ std::string layer_graph_key(const TrainSpec& t) {
 BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t) {
   Builder b(BlockKind::kLayer, m, t);
   int x = b.input("x", {{b.local_tokens(), m.hidden}, Dtype::kBf16});
-  int x1 = attention(b, m, t, x);
-  int n = b.norm(x1, "mlp.norm");
-  int y = m.moe ? moe_mlp(b, m, t, n) : dense_mlp(b, m, t, b.gather(n, "mlp"), "mlp", m.ffn);
-  y = b.dropout(b.reduce(y, "mlp"), "mlp.dropout");
-  return b.finish(x, b.op1(OpKind::kAdd, "mlp.residual", {}, {x1, y}));
+  return b.finish(x, decoder_layer(b, m, t, x));
 }
 
 bool mixed_layers(const ModelSpec& m) {
@@ -367,38 +444,22 @@ BlockGraph build_dense_layer(const ModelSpec& m, const TrainSpec& t) {
 
 BlockGraph build_embedding(const ModelSpec& m, const TrainSpec& t) {
   Builder b(BlockKind::kEmbedding, m, t);
-  int ids = b.input("input_ids", {{b.tokens()}, Dtype::kI64});
-  int e = b.op1(OpKind::kEmbedding, "embed.tokens",
-                {.features = m.hidden, .rows = padded_vocab(m, t) / t.tp,
-                 .tie = "embedding",
-                 .dense_wgrad = t.impl == Impl::kMegatron},
-                {ids});
-  e = b.reduce(e, "embed");
-  if (m.position == PosEmb::kLearned)
-    e = b.op1(OpKind::kPosEmbedding, "embed.positions",
-              {.features = m.hidden, .rows = m.max_positions}, {e});
-  return b.finish(-1, b.dropout(e, "embed.dropout"));
+  return b.finish(-1, embed(b, m, t, b.input("input_ids", {{b.tokens()}, Dtype::kI64})));
 }
 
 BlockGraph build_head(const ModelSpec& m, const TrainSpec& t) {
   Builder b(BlockKind::kHead, m, t);
   int x = b.input("x", {{b.local_tokens(), m.hidden}, Dtype::kBf16});
-  int n = b.gather(b.norm(x, "final_norm"), "lm_head");
-  int logits = b.column(n, "lm_head", padded_vocab(m, t) / t.tp, false);
-  if (m.tie_embeddings) b.last().attrs.tie = "embedding";
-  int targets = b.input("targets", {{b.tokens()}, Dtype::kI64});
-  if (t.impl == Impl::kHf) {
-    int fp32 = b.op1(OpKind::kCastFp32, "loss.cast", {}, {logits});
-    b.op(OpKind::kLogSoftmaxLoss, "loss", {}, {fp32, targets, logits},
-         {"per_token", "log_softmax"});
-  } else if (t.impl == Impl::kMegatron && t.loss_fusion == LossFusion::kTe) {
-    b.op(OpKind::kCrossEntropyTe, "loss", {}, {logits, targets}, {"per_token", "row_stats"});
-  } else {
-    b.op(OpKind::kCrossEntropy, "loss",
-         {.fp32_copy = t.impl == Impl::kNanotron,
-          .fp32_grad = t.impl == Impl::kMegatron && t.loss_fusion == LossFusion::kNative},
-         {logits, targets}, {"per_token", "softmax"});
+  int n = b.norm(x, "final_norm");
+  // Megatron's process_mtp_loss computes the depths' logits and losses before the main model's.
+  const int64_t depths = mtp_depths(m, t);
+  int h = n;
+  for (int k = 1; k <= depths; ++k) {
+    h = mtp_depth(b, m, t, h, k);
+    lm_loss(b, m, t, h, t.mtp_loss_scale / static_cast<double>(depths));
   }
+  b.scope("");
+  lm_loss(b, m, t, n, 1.0);
   return b.finish(x, -1);
 }
 
@@ -476,9 +537,22 @@ std::vector<bool> backward_reads(const BlockGraph& g) {
   return needed;
 }
 
+int64_t mtp_parameters(const ModelSpec& m, int64_t depths) {
+  TrainSpec with, without;
+  with.seq_len = without.seq_len = 1;
+  with.mtp_layers = depths, without.mtp_layers = 0;
+  BlockGraph a = build_head(m, with), b = build_head(m, without);
+  int64_t n = a.weight_elements(false) + a.weight_elements(true) - b.weight_elements(false) -
+              b.weight_elements(true) -
+              depths * 2 * m.vocab * m.hidden;  // each depth's embedding and LM head, tied
+  if (m.moe && m.moe->expert_bias) n += depths * m.moe->num_experts;
+  return n;
+}
+
 int64_t count_parameters(const ModelSpec& m) {
   TrainSpec t;
   t.seq_len = 1;
+  t.mtp_layers = 0;
   BlockGraph emb = build_embedding(m, t), layer = build_layer(m, t), head = build_head(m, t);
   int64_t per_layer = layer.weight_elements(false) + layer.weight_elements(true);
   const int64_t dense = mixed_layers(m) ? static_cast<int64_t>(m.dense_layers.size()) : 0;

@@ -31,6 +31,10 @@ struct GraphOp {
   std::vector<WeightShape> weights;
   bool expert_weights = false;  // weights sharded over ep instead of replicated over dp
   bool attention_core = false;  // Megatron's selective recompute re-runs these ops
+  // Multi-token prediction (build_head): the depth whose module the op is in (1, 2, ...; 0: the
+  // main model's), and whether it is in the part Megatron checkpoints under full recompute.
+  int mtp_depth = 0;
+  bool mtp_checkpointed = false;
   std::string
       fwd_collective;  // collective this op runs in forward ("all_gather", "all_to_all", ...)
   std::string
@@ -56,6 +60,13 @@ struct BlockGraph {
 // The three kinds of block for one rank of the setup.
 BlockGraph build_embedding(const ModelSpec& m, const TrainSpec& t);
 BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t);
+// The head: the final norm, then (with multi-token prediction, mtp_depths > 0) each depth k as
+// Megatron's MultiTokenPredictionLayer builds it (Megatron-LM d98e8a6, megatron/core/transformer/
+// multi_token_prediction.py): the embedding (the embedding's weights) of the next tokens, its norm
+// and a norm of the previous depth's output (the main model's normed hidden states for k = 1),
+// their concatenation through eh_proj (column-parallel, its features gathered, then scattered to
+// the sequence shard under SP), one decoder layer, a final norm, and the LM head (its weights) and
+// loss weighted mtp_loss_scale / depths; then the LM head and loss of the main model.
 BlockGraph build_head(const ModelSpec& m, const TrainSpec& t);
 // Models whose decoder layers are of two kinds (ModelSpec::dense_layers): build_layer is the MoE
 // layer and build_dense_layer the dense one, the same layer with the dense MLP of width ffn.
@@ -88,7 +99,11 @@ std::vector<bool> backward_runs(const BlockGraph& g);
 // Per tensor: some op's backward reads it (the op table's bwd_reads bits).
 std::vector<bool> backward_reads(const BlockGraph& g);
 
-// Exact parameter count of the model: the blocks built at tp = pp = dp = ep = 1, tied weights once.
+// Exact parameter count of the model: the blocks built at tp = pp = dp = ep = 1, tied weights
+// once, without the multi-token prediction modules.
 int64_t count_parameters(const ModelSpec& m);
+// The weights that `depths` multi-token prediction modules add (the embedding and the LM head they
+// use are the model's).
+int64_t mtp_parameters(const ModelSpec& m, int64_t depths);
 
 }  // namespace np

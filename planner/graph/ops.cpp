@@ -434,6 +434,24 @@ const OpInfo kOps[] =
            if (a.router.groups > 1) t.insert(t.end(), {in[0], in[0]});
            return t;
          }},
+        {OpKind::kConcat, "concat", 2, 1, 0, 0, 0b11, 0b1, false,
+         [](const OpAttrs&, In in) -> Types {
+           return {{{rows_of(in[0]), cols_of(in[0]) + cols_of(in[1])}, in[0].dtype}};
+         },
+         zero_flops, no_weights, none_types},
+        {OpKind::kGatherFeatures, "gather_features", 1, 1, 0, 0, 0b1, 0b1, true,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]), cols_of(in[0]) * a.group}, in[0].dtype}};
+         },
+         zero_flops, no_weights, none_types,
+         [](const OpAttrs& a, In in) -> Types {  // the all-gather's [group x rows] buffer
+           return {{{rows_of(in[0]) * a.group, cols_of(in[0])}, in[0].dtype}};
+         }},
+        {OpKind::kScatterRows, "scatter_rows", 1, 1, 0, 0, 0b1, 0b1, false,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]) / a.group, cols_of(in[0])}, in[0].dtype}};
+         },
+         zero_flops, no_weights, none_types},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");

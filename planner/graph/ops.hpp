@@ -115,6 +115,19 @@ enum class OpKind {
   // scores renormalised and scaled: the probabilities and the indices as kTopK's. Its backward
   // reads the scores and the indices.
   kRouteTopK,
+  // Multi-token prediction's input (Megatron-LM d98e8a6, multi_token_prediction.py,
+  // _concat_embeddings): torch.cat of the normed embedding (input 0) and the normed hidden states
+  // (input 1) along the features; attrs.features: input 0's. Its backward reads nothing.
+  kConcat,
+  // Megatron's gather_from_tensor_model_parallel_region after a column-parallel linear kept
+  // sharded (mappings.py, _gather_along_last_dim): the features all-gathered over the TP group
+  // through a [group x rows, features] buffer (the forward's scratch) then concatenated; backward
+  // takes this rank's features (_split_along_last_dim, a fresh tensor).
+  kGatherFeatures,
+  // Megatron's scatter_to_sequence_parallel_region (mappings.py, _split_along_first_dim): this
+  // rank's rows of a tensor every TP rank holds whole, copied; backward all-gathers the rows'
+  // gradients.
+  kScatterRows,
   kCount
 };
 
@@ -164,6 +177,9 @@ struct OpAttrs {
   // (Megatron-LM 23e00ed, megatron/core/distributed/distributed_data_parallel.py,
   // _make_backward_post_hook). The bias gradient, also returned whole, is not counted.
   bool dense_wgrad = false;
+  // The losses: the weight of this loss in the step's (1; a multi-token prediction depth's:
+  // TrainSpec::mtp_loss_scale / depths).
+  double loss_weight = 1.0;
 };
 
 struct WeightShape {

@@ -1,6 +1,8 @@
 // Named recompute policies and the saved set they imply.
 #include "planner/graph/policy.hpp"
 
+#include <algorithm>
+
 namespace np {
 
 BlockPolicy named_policy(const BlockGraph& g, const TrainSpec& t) {
@@ -9,14 +11,21 @@ BlockPolicy named_policy(const BlockGraph& g, const TrainSpec& t) {
   bool regather = t.sp && t.tp_recompute_allgather;
   for (size_t i = 0; i < g.ops.size(); ++i) {
     const GraphOp& op = g.ops[i];
-    if (layer && t.recompute == Recompute::kFull) p.recompute[i] = true;
-    if (layer && t.recompute == Recompute::kSelective && op.attention_core) p.recompute[i] = true;
+    // A multi-token prediction depth's decoder layer is recomputed as the layers are (Megatron-LM
+    // d98e8a6, multi_token_prediction.py: _checkpointed_forward under full recompute, from the
+    // norms to its final norm; its TransformerLayer's own selective recompute).
+    if ((layer || op.mtp_checkpointed) && t.recompute == Recompute::kFull) p.recompute[i] = true;
+    if ((layer || op.mtp_depth > 0) && t.recompute == Recompute::kSelective && op.attention_core)
+      p.recompute[i] = true;
     if (regather && op.kind == OpKind::kAllGather) p.recompute[i] = true;
     // Context parallelism keeps only this rank's K/V and exchanges them again in backward (as
     // Megatron's ring and all-gather forms do); the auto planner may keep the gathered K/V.
     if (op.kind == OpKind::kCpGatherKv) p.recompute[i] = true;
   }
   if (!layer) p.name = "none";
+  if (!layer && std::find(p.recompute.begin(), p.recompute.end(), true) != p.recompute.end() &&
+      (t.recompute == Recompute::kFull || t.recompute == Recompute::kSelective))
+    p.name = std::string("mtp:") + name_of(t.recompute);
   if (regather && !(layer && t.recompute == Recompute::kFull)) p.name += "+regather";
   return p;
 }

@@ -81,7 +81,7 @@ Result<ModelSpec> model_from_table(const toml::table& table, const std::string& 
           "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
           "max_position_embeddings", "norm", "activation", "position_embedding", "qkv_bias",
           "qk_norm", "linear_bias", "tie_word_embeddings", "dropout", "expected_parameters",
-          "moe", "mla"});
+          "moe", "mla", "mtp_layers"});
   ModelSpec m;
   m.name = r.string("name");
   m.display_name = r.string("display_name", m.name);
@@ -103,6 +103,7 @@ Result<ModelSpec> model_from_table(const toml::table& table, const std::string& 
   m.linear_bias = r.boolean("linear_bias", false);
   m.tie_embeddings = r.boolean("tie_word_embeddings", false);
   m.dropout = r.number("dropout", 0.0);
+  m.mtp_layers = r.integer("mtp_layers", 0);
   if (parsed->get("expected_parameters")) m.expected_parameters = r.integer("expected_parameters");
   if (auto e = r.error()) return *e;
   if (!parsed->get("head_dim") && !parsed->get("mla")) {
@@ -240,6 +241,9 @@ Result<ModelSpec> hf_model(const nlohmann::json& j, const std::string& path) {
     return make_error(path + ": " + *e);
   }
   m.tie_embeddings = flag("tie_word_embeddings", false);
+  // DeepSeek-V3's multi-token prediction modules (num_nextn_predict_layers, as DeepSeek's own
+  // configuration_deepseek.py names them; transformers' classes leave them out; absent: none).
+  if (deepseek) m.mtp_layers = count("num_nextn_predict_layers", 0);
   m.qkv_bias = flag("attention_bias", type == "qwen2" || type == "qwen2_moe");
   // transformers' Qwen3Attention (and Qwen3MoeAttention) always has q_norm and k_norm.
   m.qk_norm = qwen3;

@@ -146,6 +146,7 @@ Result<ConfigSetup> nanotron_config(const std::string& text, const std::string& 
   if (!root.IsMap()) return make_error(path + ": a nanotron config must be a YAML mapping");
   ConfigSetup c;
   TrainSpec& t = c.setup;
+  t.mtp_layers = 0;  // nanotron trains no multi-token prediction module
   try {
     // The model: model.model_config holds the Hugging Face keys.
     YAML::Node mc = root["model"] && root["model"].IsMap() ? root["model"]["model_config"] : YAML::Node();
@@ -337,7 +338,8 @@ const std::set<std::string> kValueFlags = {
     "--transformer-impl", "--make-vocab-size-divisible-by", "--hidden-dropout",
     "--attention-dropout", "--attention-backend", "--moe-token-drop-policy",
     "--moe-token-dispatcher-type", "--cp-comm-type", "--normalization", "--moe-layer-freq",
-    "--moe-router-score-function", "--moe-router-topk-scaling-factor",
+    "--moe-router-score-function", "--moe-router-topk-scaling-factor", "--mtp-num-layers",
+    "--mtp-loss-scaling-factor",
     "--position-embedding-type", "--max-position-embeddings", "--tokenizer-type", "--train-iters",
     "--lr", "--norm-epsilon", "--vocab-size", "--data-path"};
 const char* const kRead =
@@ -356,7 +358,6 @@ const std::map<std::string, std::string> kNotModelled = {
     {"--use-torch-fsdp2", "PyTorch FSDP2 (for fully sharded states use --zero 3)"},
     {"--defer-embedding-wgrad-compute", "the output layer's deferred weight gradients"},
     {"--cpu-offloading", "activation offloading to the host"},
-    {"--mtp-num-layers", "multi-token prediction layers"},
     {"--pipeline-model-parallel-layout", "a per-stage layer layout"},
     {"--account-for-embedding-in-pipeline-split", "a pipeline split that counts the embedding"},
     {"--account-for-loss-in-pipeline-split", "a pipeline split that counts the loss"},
@@ -429,6 +430,7 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
   t.dp = dp;
   t.impl = Impl::kMegatron;  // Megatron's fused kernels (--impl overrides)
   c.given.insert("--impl");
+  t.mtp_layers = 0;  // no multi-token prediction without --mtp-num-layers (its default None)
   int64_t global_batch = 0, vpp_layers = 0, vpp_chunks = 0, recompute_layers = -1, first_layers = 0,
           last_layers = 0;
   std::string granularity, method, ce_impl = "native";
@@ -611,6 +613,12 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
           count_of("--decoder-first-pipeline-num-layers", first_layers, "--partition") ||
           count_of("--decoder-last-pipeline-num-layers", last_layers, "--partition"))
         continue;
+      if (w == "--mtp-num-layers") {
+        std::optional<int64_t> n = number(0, 16);
+        if (!n) return fail(w + " " + quote_input(v) + ": expected a whole number from 0 to 16");
+        t.mtp_layers = *n, c.given.insert("--mtp-layers");
+        continue;
+      }
       if (w == "--recompute-num-layers") {  // 0: no layer recomputed
         std::optional<int64_t> n = number(0, 1 << 24);
         if (!n) return fail(w + " " + quote_input(v) + ": expected a whole number >= 0");
@@ -660,6 +668,12 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
       if (*end != '\0' || !m.moe || std::abs(f - model) > 1e-9 * model)
         return fail(w + " " + quote_input(v) + " differs from the model " + m.name + " (" +
                     (m.moe ? shown : "no MoE") + ")");
+    } else if (w == "--mtp-loss-scaling-factor") {
+      char* end = nullptr;
+      double f = std::strtod(v.c_str(), &end);
+      if (*end != '\0' || !(f >= 0 && f <= 1000))
+        return fail(w + " " + quote_input(v) + " (valid: a number from 0 to 1000)");
+      t.mtp_loss_scale = f;
     } else if (w == "--moe-expert-capacity-factor") {
       char* end = nullptr;
       double f = std::strtod(v.c_str(), &end);

@@ -67,6 +67,11 @@ std::vector<SetupFlag> make_table() {
        [](const T& t) -> std::string {
          return t.moe_capacity_factor > 0 ? capacity_text(t.moe_capacity_factor) : "";
        }},
+      {"--mtp-layers",
+       "multi-token prediction depths on the last stage (Megatron's --mtp-num-layers); unset: "
+       "the model's (DeepSeek-V3: 1)",
+       "", true, 0, 16, [](T& to, const T& f) { to.mtp_layers = f.mtp_layers; },
+       [](const T& t) -> std::string { return t.mtp_layers > 0 ? number(t.mtp_layers) : ""; }},
       {"--sp", "sequence parallelism: on, off, auto (on when tp > 1, nanotron's REDUCE_SCATTER)",
        "auto", false, kMin, kMax, [](T& to, const T& f) { to.sp = f.sp; },
        [](const T& t) -> std::string { return t.sp == (t.tp > 1) ? "" : t.sp ? "on" : "off"; }},
@@ -257,6 +262,7 @@ Result<TrainSpec> setup_from_flags(const SetupText& s, bool budgeted) {
   count("--seq-len", t.seq_len), count("--microbatches", microbatches);
   count("--virtual-stages", virtual_stages);
   count("--make-vocab-size-divisible-by", t.vocab_multiple);
+  count("--mtp-layers", t.mtp_layers);
   t.zero = static_cast<int>(zero);
   if (!failed && !s["--moe-capacity-factor"].empty())
     take(parse_real_flag("--moe-capacity-factor", s["--moe-capacity-factor"], 64,
@@ -374,6 +380,7 @@ Result<ResolvedSetup> resolve_setup(const SetupSources& src, const SetupText& s,
     if (!t) return t.error();
     if (auto e = validate_setup(m, *t)) return make_error(src.nanotron_config + ": " + e->message);
     warn_past_positions(m, *t, say);
+    t->mtp_layers = mtp_depths(m, *t);
     return ResolvedSetup{m, *t};
   }
   if (src.model.empty())
@@ -395,6 +402,7 @@ Result<ResolvedSetup> resolve_setup(const SetupSources& src, const SetupText& s,
   }
   if (auto e = validate_setup(*m, *t)) return *e;
   warn_past_positions(*m, *t, say);
+  t->mtp_layers = mtp_depths(*m, *t);  // the model's default made explicit
   return ResolvedSetup{*m, *t};
 }
 

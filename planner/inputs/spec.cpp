@@ -129,6 +129,7 @@ std::string num(double v) {
   return buf;
 }
 constexpr double kMaxCapacityFactor = 64;
+constexpr int64_t kMaxMtpDepths = 16;
 
 std::optional<Error> fail(std::string message) {
   return make_error(std::move(message));
@@ -156,6 +157,10 @@ std::optional<Error> check_tp(const ModelSpec& m, const TrainSpec& t) {
 }
 
 }  // namespace
+
+int64_t mtp_depths(const ModelSpec& m, const TrainSpec& t) {
+  return t.mtp_layers >= 0 ? t.mtp_layers : m.mtp_layers;
+}
 
 int64_t padded_vocab(const ModelSpec& m, const TrainSpec& t) {
   if (t.impl != Impl::kMegatron) return m.vocab;
@@ -374,6 +379,9 @@ std::optional<Error> validate_model(const ModelSpec& m) {
                   ": [mla] has its own RoPE part and norms (valid: position_embedding = "
                   "\"rope\", qkv_bias = false, qk_norm = false)");
   }
+  if (m.mtp_layers < 0 || m.mtp_layers > kMaxMtpDepths)
+    return fail("model " + m.name + ": mtp_layers " + str(m.mtp_layers) + " is out of range (valid: 0 to " +
+                str(kMaxMtpDepths) + ")");
   if (!m.dense_layers.empty()) {
     if (!m.moe)
       return fail("model " + m.name + ": dense_layers needs [moe] (the other layers' MLP)");
@@ -394,6 +402,15 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (auto e = check_conflicts(m, t)) return e;
   if (auto e = check_tp(m, t)) return e;
   if (auto e = check_moe(m, t)) return e;
+  if (mtp_depths(m, t) > kMaxMtpDepths)
+    return fail("--mtp-layers " + str(mtp_depths(m, t)) + " is too many (valid: 0 to " +
+                str(kMaxMtpDepths) + ")");
+  if (mtp_depths(m, t) > 0 && m.position == PosEmb::kLearned)
+    return fail(m.name + " has learned position embeddings, which multi-token prediction does "
+                "not model (valid: --mtp-layers 0)");
+  if (!(t.mtp_loss_scale >= 0 && t.mtp_loss_scale <= 1e3))
+    return fail("the MTP loss scale " + num(t.mtp_loss_scale) + " is out of range (valid: 0 "
+                "to 1000)");
   if (!t.stage_layers.empty()) {
     int64_t sum = 0;
     for (int64_t n : t.stage_layers) {

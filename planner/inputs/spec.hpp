@@ -128,6 +128,9 @@ struct ModelSpec {
   // ... except these decoder layers (0-based, ascending), whose MLP is the dense one of width ffn:
   // DeepSeek's first_k_dense_replace, Qwen3-MoE's mlp_only_layers, Megatron's --moe-layer-freq.
   std::vector<int64_t> dense_layers;
+  // Multi-token prediction modules trained beside the model (DeepSeek-V3's MTP: config.json's
+  // num_nextn_predict_layers), the default of TrainSpec::mtp_layers. Not in the parameter count.
+  int64_t mtp_layers = 0;
   std::optional<int64_t> expected_parameters;  // the public exact count, when there is one
 };
 
@@ -200,7 +203,17 @@ struct TrainSpec {
   // Decoder layers per pipeline stage (pp entries, each >= 1, summing to the model's layers);
   // empty: balanced by FLOPs (partition_layers in schedule.hpp).
   std::vector<int64_t> stage_layers;
+  // Multi-token prediction depths (Megatron's --mtp-num-layers; -1: the model's, ModelSpec::
+  // mtp_layers), all on the last pipeline stage as Megatron places them, each loss weighted
+  // mtp_loss_scale / depths (Megatron's --mtp-loss-scaling-factor, default 0.1:
+  // megatron/core/transformer/transformer_config.py L75 at Megatron-LM d98e8a6). build_head in
+  // graph.hpp says what a depth is.
+  int64_t mtp_layers = -1;
+  double mtp_loss_scale = 0.1;
 };
+
+// The multi-token prediction depths a setup trains: its own, else the model's.
+int64_t mtp_depths(const ModelSpec& m, const TrainSpec& t);
 
 // Per-GPU runtime costs outside the schedule's tensors; each is printed on its own line
 // (planner/schedule/runtime_terms.hpp).

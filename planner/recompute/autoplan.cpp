@@ -47,7 +47,8 @@ std::string option_name(const BlockGraph& g, const std::vector<bool>& mask) {
        {Named{"none", Recompute::kNone, false}, Named{"none+regather", Recompute::kNone, true},
         Named{"selective", Recompute::kSelective, false},
         Named{"selective+regather", Recompute::kSelective, true},
-        Named{"full", Recompute::kFull, false}})
+        Named{"full", Recompute::kFull, false},
+        Named{"full+regather", Recompute::kFull, true}})  // a head's MTP depths re-run
     if (named_mask(g, n.r, n.regather) == mask) return n.name;
   std::string ops;
   for (size_t o = 0; o < mask.size(); ++o)
@@ -84,7 +85,21 @@ EdgeOptions edge_options(const BlockGraph& g, const TrainSpec& t, const Hardware
   std::vector<double> cost = rerun_seconds(g, t, hw);
   EdgeOptions e;
   e.options.push_back(evaluate_option(g, named_policy(g, t).recompute, cost));
-  for (LayerOption& o : pareto_frontier(enumerate_options(g, cost)))
+  // A head with multi-token prediction holds whole decoder layers, whose subsets are too many to
+  // enumerate beside the head's own ops: its options are Megatron's for the depths (keep, the
+  // attention core, the checkpointed forward), each with the all-gathers as the setup has them.
+  const bool mtp = std::any_of(g.ops.begin(), g.ops.end(),
+                               [](const GraphOp& o) { return o.mtp_depth > 0; });
+  std::vector<LayerOption> all;
+  if (mtp)
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      TrainSpec u = t;
+      u.recompute = r;
+      all.push_back(evaluate_option(g, named_policy(g, u).recompute, cost));
+    }
+  else
+    all = enumerate_options(g, cost);
+  for (LayerOption& o : pareto_frontier(std::move(all)))
     if (o.recompute != e.options.front().recompute) e.options.push_back(std::move(o));
   for (const LayerOption& o : e.options) e.names.push_back(option_name(g, o.recompute));
   return e;

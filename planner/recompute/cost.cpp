@@ -72,6 +72,7 @@ OpClass op_class(OpKind k) {
       return OpClass::kFlash;
     case OpKind::kCpGatherKv:
     case OpKind::kAllGather:
+    case OpKind::kGatherFeatures:
     case OpKind::kReduceScatter:
     case OpKind::kAllReduce:
       return OpClass::kCollective;
@@ -198,7 +199,7 @@ constexpr double kTpOverlapCommSms = 16;
 // The linear a sequence-parallel collective is overlapped with: the column linear that consumes
 // an all-gather, the row linear that feeds a reduce-scatter; -1 if none.
 int tp_overlap_partner(const BlockGraph& g, const GraphOp& op) {
-  if (op.kind == OpKind::kAllGather && op.name != "lm_head.all_gather") {
+  if (op.kind == OpKind::kAllGather && !op.name.ends_with("lm_head.all_gather")) {
     const std::vector<int>& c = g.tensors[op.outputs[0]].consumers;
     if (c.size() == 1 && g.ops[c[0]].kind == OpKind::kColumnLinear) return c[0];
   }

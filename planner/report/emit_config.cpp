@@ -157,6 +157,14 @@ std::string emit_megatron(const Schedule& s) {
   if (t.overlap_param_gather) flags += " --overlap-param-gather";
   if (t.vocab_multiple != 128)
     flags += " --make-vocab-size-divisible-by " + std::to_string(t.vocab_multiple);
+  if (const int64_t mtp = mtp_depths(s.model, t); mtp > 0) {
+    flags += " --mtp-num-layers " + std::to_string(mtp);
+    if (t.mtp_loss_scale != 0.1) {
+      char f[32];
+      std::snprintf(f, sizeof f, "%g", t.mtp_loss_scale);
+      flags += std::string(" --mtp-loss-scaling-factor ") + f;
+    }
+  }
   if (t.moe_capacity_factor > 0) {
     char f[32];
     std::snprintf(f, sizeof f, "%g", t.moe_capacity_factor);

@@ -81,6 +81,10 @@ json setup_to_json(const TrainSpec& t) {
   if (!t.stage_layers.empty()) j["stage_layers"] = t.stage_layers;  // else balanced by FLOPs
   if (t.pp_schedule == PpSchedule::kInterleaved) j["virtual_stages"] = t.virtual_stages;
   if (t.moe_capacity_factor > 0) j["moe_capacity_factor"] = t.moe_capacity_factor;
+  if (t.mtp_layers > 0) {  // absent: none (resolve_setup makes the model's default explicit)
+    j["mtp_layers"] = t.mtp_layers;
+    j["mtp_loss_scale"] = t.mtp_loss_scale;
+  }
   if (t.overlap_grad_reduce) j["overlap_grad_reduce"] = true;  // absent: off
   if (t.tp_comm_overlap) j["tp_comm_overlap"] = true;  // absent: off
   if (t.overlap_param_gather) j["overlap_param_gather"] = true;
@@ -164,8 +168,10 @@ Result<TrainSpec> setup_from_json(const json& j) {
             "tp_recompute_allgather", "stage_layers", "gpus", "virtual_stages", "cp",
             "moe_capacity_factor", "cross_entropy_fusion", "gradient_accumulation_fusion",
             "dataloader_attention_mask", "make_vocab_size_divisible_by", "overlap_grad_reduce",
-            "overlap_param_gather", "tp_comm_overlap"});
+            "overlap_param_gather", "tp_comm_overlap", "mtp_layers", "mtp_loss_scale"});
     TrainSpec t;
+    t.mtp_layers = r.has("mtp_layers") ? r.at("mtp_layers").integer(0, 16) : 0;
+    if (r.has("mtp_loss_scale")) t.mtp_loss_scale = r.at("mtp_loss_scale").number();
     t.tp = r.at("tp").positive(), t.pp = r.at("pp").positive(), t.dp = r.at("dp").positive();
     t.ep = r.at("ep").positive(), t.sp = r.at("sp").boolean();
     if (r.has("cp")) t.cp = r.at("cp").positive();
