@@ -186,6 +186,27 @@ check "recompute none under SP: its recompute time is the all-gathers'" \
 check "selective under flash attention: keeps what none keeps, said without --verbose" \
   'grep -q "recompute selective (under flash attention it keeps what none keeps" "$TMP/sel.txt"'
 
+# Multi-token prediction: DeepSeek-V3 trains with one depth by default, on the last stage
+# (weights and activations), --mtp-layers 0 drops it; Megatron's flags read and written back;
+# nanotron's closest config says it has none.
+SPLIT=$(printf '4,%.0s' $(seq 15))1  # the same layers per stage with and without it
+MTP=(estimate --model deepseek-v3 --tp 8 --pp 16 --partition "$SPLIT" --ep 8 --dp 8 --zero 1 --recompute full --format json)
+"$NP" "${MTP[@]}" >"$TMP/mtp1.json" 2>"$TMP/err"
+"$NP" "${MTP[@]}" --mtp-layers 0 >"$TMP/mtp0.json" 2>>"$TMP/err"
+check "--mtp-layers: the last stage holds the depth's weights and activations, the first the same" \
+  'python3 -c "
+import json,sys
+a,b=(json.load(open(p)) for p in sys.argv[1:3])
+s1,s0=a[\"ranks\"],b[\"ranks\"]
+ok=s1[-1][\"parameter_bytes\"]>s0[-1][\"parameter_bytes\"] and s1[-1][\"peak_bytes\"]>s0[-1][\"peak_bytes\"] and s1[0][\"peak_bytes\"]==s0[0][\"peak_bytes\"] and a[\"setup\"][\"mtp_layers\"]==1 and \"mtp_layers\" not in b[\"setup\"]
+sys.exit(0 if ok else 1)" "$TMP/mtp1.json" "$TMP/mtp0.json" || { cat "$TMP/err"; false; }'
+"$NP" estimate --model deepseek-v3 --megatron-args "--tensor-model-parallel-size 8 --expert-model-parallel-size 8 --sequence-parallel --micro-batch-size 1 --seq-length 4096 --mtp-num-layers 1" --dp 8 --emit megatron >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "--megatron-args --mtp-num-layers: read, and --emit megatron writes it back" \
+  '[ $rc -eq 0 ] && grep -q -- "--mtp-num-layers 1" "$TMP/out" || { cat "$TMP/err"; false; }'
+"$NP" estimate --model deepseek-v3 --tp 8 --pp 16 --ep 8 --dp 8 --emit nanotron >"$TMP/out" 2>"$TMP/err"
+check "--emit nanotron: multi-token prediction said not expressible" \
+  'grep -q "not expressible: nanotron has no multi-token prediction" "$TMP/out"'
+
 # A sequence beyond the model's max_position_embeddings (RoPE): estimated, with a warning.
 write_tiny_model "$TMP/tiny.toml"
 "$NP" estimate --model "$TMP/tiny.toml" --seq-len 64 >"$TMP/out.txt" 2>"$TMP/err.txt"

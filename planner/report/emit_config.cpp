@@ -100,6 +100,9 @@ std::string emit_nanotron(const Schedule& s) {
   if (t.pp_schedule == PpSchedule::kInterleaved)
     out += "# not expressible: nanotron has no interleaved schedule (1f1b holds more activations)\n";
   if (t.cp > 1) out += "# not expressible: nanotron has no context parallelism (cp " + std::to_string(t.cp) + ")\n";
+  if (mtp_depths(s.model, t) > 0)
+    out += "# not expressible: nanotron has no multi-token prediction (" +
+           std::to_string(mtp_depths(s.model, t)) + " MTP depths in the plan)\n";
   if (t.zero > 1)
     out += "# not expressible: ZeRO-" + std::to_string(t.zero) +
            "; nanotron's zero_stage shards the optimizer states only (ZeRO-1 for any stage above "
