@@ -109,11 +109,15 @@ TEST(Graph, MultiTokenPredictionInTheHead) {
   EXPECT_FALSE(full.recompute[&op("mtp1.embed.tokens") - g.ops.data()]);
   EXPECT_TRUE(full.recompute[&op("mtp1.eh_proj") - g.ops.data()]);
   EXPECT_TRUE(full.recompute[&op("mtp2.final_norm") - g.ops.data()]);
+  EXPECT_EQ(full.name, "mtp:full+regather");
+  EXPECT_EQ(none.name, "none+regather");
   EXPECT_LT(saved_set(g, full).bytes, saved_set(g, selective).bytes);
   EXPECT_LT(saved_set(g, selective).bytes, saved_set(g, none).bytes);
   // Without MTP the head is the norm, the LM head and the loss as before.
-  t.mtp_layers = 0;
-  for (const GraphOp& o : build_head(m, t).ops) EXPECT_EQ(o.mtp_depth, 0) << o.name;
+  t.mtp_layers = 0, t.recompute = Recompute::kFull;
+  BlockGraph plain = build_head(m, t);
+  for (const GraphOp& o : plain.ops) EXPECT_EQ(o.mtp_depth, 0) << o.name;
+  EXPECT_EQ(named_policy(plain, t).name, "none+regather");
 }
 
 TEST(Graph, CheckerCatchesOutOfOrderOps) {

@@ -18,7 +18,8 @@ auto fields(const TrainSpec& t) {
                          t.virtual_stages, t.attention, t.impl, t.loss_fusion,
                          t.grad_accum_fusion, t.dataloader_mask, t.vocab_multiple, t.grad_dtype,
                          t.optimizer, t.recompute, t.tp_recompute_allgather, t.stage_layers,
-                         t.overlap_grad_reduce, t.overlap_param_gather, t.tp_comm_overlap);
+                         t.overlap_grad_reduce, t.overlap_param_gather, t.tp_comm_overlap,
+                         t.mtp_layers);
 }
 
 // The flags of a command line (" --tp 8 --pp 2 ...") as the CLI would give them.
@@ -40,7 +41,7 @@ TEST(SetupFlags, TableNamesAreUniqueWithHelpAndDefaultsThatParse) {
     if (f.count && !f.default_text.empty())
       EXPECT_TRUE(parse_count_flag(f.name, f.default_text, f.lo, f.hi).ok()) << f.name;
   }
-  EXPECT_EQ(names.size(), 27u);
+  EXPECT_EQ(names.size(), 28u);
 }
 
 TEST(SetupFlags, DefaultsAreTheSetupDefaults) {

@@ -23,8 +23,9 @@ BlockPolicy named_policy(const BlockGraph& g, const TrainSpec& t) {
     if (op.kind == OpKind::kCpGatherKv) p.recompute[i] = true;
   }
   if (!layer) p.name = "none";
-  if (!layer && std::find(p.recompute.begin(), p.recompute.end(), true) != p.recompute.end() &&
-      (t.recompute == Recompute::kFull || t.recompute == Recompute::kSelective))
+  const bool mtp = std::any_of(g.ops.begin(), g.ops.end(),
+                               [](const GraphOp& op) { return op.mtp_depth > 0; });
+  if (mtp && (t.recompute == Recompute::kFull || t.recompute == Recompute::kSelective))
     p.name = std::string("mtp:") + name_of(t.recompute);
   if (regather && !(layer && t.recompute == Recompute::kFull)) p.name += "+regather";
   return p;
