@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -191,11 +192,76 @@ std::vector<ParetoChoice> group_choices(const StageProblem& p) {
   return keep_least(std::move(out));
 }
 
+bool same_options(const std::vector<StageOption>& a, const std::vector<StageOption>& b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](const StageOption& x, const StageOption& y) {
+           return x.kept == y.kept && x.working == y.working && x.cost == y.cost;
+         });
+}
+
+// A stage whose layers come in runs of identical options (a mixed model's dense layers, then its
+// MoE layers): each run's Pareto choices (group_choices, exact for a run, whose layers may take
+// their choices in any order) are the options of one layer of a smaller programme. A run's choice
+// of kept P and transient T enters as kept P and working P + T: the programme's transient term
+// max(e, T - q) is the run's largest w_l - k_l less the kept bytes after it, as layer by layer.
+struct Runs {
+  StageProblem q;                                  // one layer per run
+  std::vector<std::vector<ParetoChoice>> choices;  // per run: its choices, q's options' order
+};
+
+// Empty when no run has two layers (nothing to gain), some run has no choice within the budget,
+// or some run is longer than kMaxRun: the group programme makes every Pareto choice of a run,
+// which for a long run of many options costs far more than the layer-by-layer programme's
+// budget-pruned levels (a stage of one or two dense layers then 46 MoE layers).
+constexpr size_t kMaxRun = 4;
+std::optional<Runs> runs_of(const StageProblem& p) {
+  Runs r;
+  r.q = p;
+  r.q.layers.clear();
+  for (size_t l = 0; l < p.layers.size();) {
+    size_t end = l + 1;
+    while (end < p.layers.size() && same_options(p.layers[end], p.layers[l])) ++end;
+    if (end - l > kMaxRun) return std::nullopt;
+    StageProblem run = p;
+    run.layers.assign(p.layers.begin() + static_cast<std::ptrdiff_t>(l),
+                      p.layers.begin() + static_cast<std::ptrdiff_t>(end));
+    r.choices.push_back(run.layers.size() == 1 ? std::vector<ParetoChoice>{} : group_choices(run));
+    std::vector<StageOption>& opts = r.q.layers.emplace_back();
+    if (run.layers.size() == 1) {  // a lone layer keeps its own options
+      opts = run.layers.front();
+      for (size_t o = 0; o < opts.size(); ++o)
+        r.choices.back().push_back({opts[o].kept, 0, opts[o].cost, {static_cast<int>(o)}});
+    } else {
+      if (r.choices.back().empty()) return std::nullopt;
+      for (const ParetoChoice& c : r.choices.back())
+        opts.push_back({c.kept, c.kept + c.transient, c.cost});
+    }
+    l = end;
+  }
+  if (r.q.layers.size() == p.layers.size()) return std::nullopt;
+  return r;
+}
+
+// The per-layer choice behind a choice of the runs' programme.
+std::vector<int> expand(const Runs& r, const std::vector<int>& choice) {
+  std::vector<int> out;
+  for (size_t run = 0; run < choice.size(); ++run) {
+    const std::vector<int>& c = r.choices[run][static_cast<size_t>(choice[run])].choice;
+    out.insert(out.end(), c.begin(), c.end());
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<ParetoChoice> pareto_choices(const StageProblem& p) {
   if (p.layers.empty()) return {{0, p.extra, 0.0, {}}};
   if (uniform(p)) return group_choices(p);
+  if (std::optional<Runs> r = runs_of(p)) {
+    std::vector<ParetoChoice> out = pareto_choices(r->q);
+    for (ParetoChoice& c : out) c.choice = expand(*r, c.choice);
+    return out;
+  }
   std::vector<std::vector<State>> levels = layer_levels(p);
   if (levels.empty()) return {};
   std::vector<ParetoChoice> out;
@@ -207,13 +273,36 @@ std::vector<ParetoChoice> pareto_choices(const StageProblem& p) {
 }
 
 StageSolution solve_stage_programme(const StageProblem& p) {
-  std::vector<std::vector<State>> levels = layer_levels(p);
+  if (std::optional<Runs> r = runs_of(p)) {
+    StageSolution sol = solve_stage_programme(r->q);
+    if (!sol.feasible) return sol;
+    sol.choice = expand(*r, sol.choice);
+    sol.peak = model_peak(p, sol.choice);
+    return sol;
+  }
+  if (p.layers.empty()) return {};
+  // The programme over the layers after the first; the first layer's step only looks for the
+  // cheapest state within the budget, the least (cost, kept, transient), as the full programme's
+  // last level would give, without making and pruning that level.
+  StageProblem rest = p;
+  rest.layers.erase(rest.layers.begin());
+  std::vector<std::vector<State>> levels = layer_levels(rest);
   if (levels.empty()) return {};
   const std::vector<State>& last = levels.back();
-  int best = 0;
-  for (size_t i = 1; i < last.size(); ++i)
-    if (last[i].cost < last[best].cost) best = static_cast<int>(i);
-  StageSolution sol{true, last[best].cost, choice_of(levels, best), 0};
+  const std::vector<StageOption>& first = p.layers.front();
+  std::optional<State> best;
+  for (size_t st = 0; st < last.size(); ++st)
+    for (size_t o = 0; o < first.size(); ++o) {
+      State n{last[st].q + first[o].kept,
+              std::max(last[st].e, first[o].working - first[o].kept - last[st].q),
+              last[st].cost + first[o].cost, static_cast<int>(st), static_cast<int>(o)};
+      if (p.base + p.in_flight * n.q + n.e > p.budget) continue;
+      if (!best || std::tie(n.cost, n.q, n.e) < std::tie(best->cost, best->q, best->e)) best = n;
+    }
+  if (!best) return {};
+  StageSolution sol{true, best->cost, {best->option}, 0};
+  std::vector<int> after = choice_of(levels, best->parent);
+  sol.choice.insert(sol.choice.end(), after.begin(), after.end());
   sol.peak = model_peak(p, sol.choice);
   return sol;
 }
@@ -567,13 +656,18 @@ StageSolution min_peak_solution(const StageProblem& p) {
   q.budget = std::numeric_limits<int64_t>::max() / 4;
   for (auto& layer : q.layers)
     for (auto& o : layer) o.cost = 0;
-  std::vector<std::vector<State>> levels = layer_levels(q);
-  const std::vector<State>& last = levels.back();
-  int best = 0;
-  for (size_t i = 1; i < last.size(); ++i)
-    if (q.in_flight * last[i].q + last[i].e < q.in_flight * last[best].q + last[best].e)
-      best = static_cast<int>(i);
-  StageSolution sol{true, 0, choice_of(levels, best), 0};
+  StageSolution sol{true, 0, {}, 0};
+  if (std::optional<Runs> r = runs_of(q)) {
+    sol.choice = expand(*r, min_peak_solution(r->q).choice);
+  } else {
+    std::vector<std::vector<State>> levels = layer_levels(q);
+    const std::vector<State>& last = levels.back();
+    int best = 0;
+    for (size_t i = 1; i < last.size(); ++i)
+      if (q.in_flight * last[i].q + last[i].e < q.in_flight * last[best].q + last[best].e)
+        best = static_cast<int>(i);
+    sol.choice = choice_of(levels, best);
+  }
   for (size_t l = 0; l < sol.choice.size(); ++l) sol.cost += p.layers[l][sol.choice[l]].cost;
   sol.peak = model_peak(p, sol.choice);
   sol.feasible = sol.peak <= p.budget;
