@@ -87,6 +87,37 @@ TEST(Solver, MatchesExhaustiveSearchOnRandomInstances) {
   EXPECT_GT(infeasible, 50);
 }
 
+// A mixed model's stages: runs of identical layers of two kinds (dense, then MoE), 1-4 each, which
+// the programme takes run by run (each run's Pareto choices as one layer). The cheapest choice,
+// the minimum peak and the Pareto choices must still be the exhaustive search's.
+TEST(Solver, RunsOfIdenticalLayersMatchExhaustiveSearch) {
+  std::mt19937_64 rng(20261206);
+  std::uniform_int_distribution<int> run(1, 4), options(2, 5);
+  int feasible = 0;
+  for (int i = 0; i < 600; ++i) {
+    StageProblem p = random_problem(rng);
+    std::vector<StageOption> dense = random_options(rng, options(rng), 40, 60, 20),
+                             moe = random_options(rng, options(rng), 40, 60, 20);
+    p.layers.assign(static_cast<size_t>(run(rng)), dense);
+    p.layers.insert(p.layers.end(), static_cast<size_t>(run(rng)), moe);
+    if (i % 4 == 0) p.layers.push_back(dense);  // a third run
+    p.budget = std::uniform_int_distribution<int64_t>(
+        p.base, p.base + p.in_flight * 40 * static_cast<int64_t>(p.layers.size()) + 100)(rng);
+    feasible += matches_brute_force(p, i);
+    const int64_t least = min_stage_peak(p);
+    StageProblem at = p;
+    at.budget = least;
+    EXPECT_TRUE(brute_force_stage(at).feasible) << "instance " << i;
+    at.budget = least - 1;
+    EXPECT_FALSE(brute_force_stage(at).feasible) << "instance " << i;
+    for (const ParetoChoice& c : pareto_choices(p)) {  // each a real choice, at its figures
+      ASSERT_EQ(c.choice.size(), p.layers.size()) << "instance " << i;
+      EXPECT_LE(model_peak(p, c.choice), p.budget) << "instance " << i;
+    }
+  }
+  EXPECT_GT(feasible, 200);
+}
+
 // Stages whose layers share one option list take the programme over option groups (with its
 // convex-envelope lower bounds and seeded upper bound); it must still find the exhaustive optimum.
 TEST(Solver, UniformLayersMatchExhaustiveSearch) {
