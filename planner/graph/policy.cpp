@@ -5,6 +5,11 @@
 
 namespace np {
 
+bool has_mtp(const BlockGraph& g) {
+  return std::any_of(g.ops.begin(), g.ops.end(),
+                     [](const GraphOp& op) { return op.mtp_depth > 0; });
+}
+
 BlockPolicy named_policy(const BlockGraph& g, const TrainSpec& t) {
   BlockPolicy p{std::vector<bool>(g.ops.size(), false), name_of(t.recompute)};
   bool layer = g.kind == BlockKind::kLayer;
@@ -23,9 +28,7 @@ BlockPolicy named_policy(const BlockGraph& g, const TrainSpec& t) {
     if (op.kind == OpKind::kCpGatherKv) p.recompute[i] = true;
   }
   if (!layer) p.name = "none";
-  const bool mtp = std::any_of(g.ops.begin(), g.ops.end(),
-                               [](const GraphOp& op) { return op.mtp_depth > 0; });
-  if (mtp && (t.recompute == Recompute::kFull || t.recompute == Recompute::kSelective))
+  if (has_mtp(g) && (t.recompute == Recompute::kFull || t.recompute == Recompute::kSelective))
     p.name = std::string("mtp:") + name_of(t.recompute);
   if (regather && !(layer && t.recompute == Recompute::kFull)) p.name += "+regather";
   return p;

@@ -17,6 +17,8 @@ struct BlockPolicy {
 // feeds a linear, so the linear's backward finds the sequence shard kept instead of the gathered
 // tensor. Embedding and head blocks are never recomputed (nanotron), only regathered.
 BlockPolicy named_policy(const BlockGraph& g, const TrainSpec& t);
+// Whether the block holds multi-token prediction depths (a head's: build_head).
+bool has_mtp(const BlockGraph& g);
 
 struct SavedSet {
   std::vector<bool> saved;  // per tensor: kept from forward until the block's backward

@@ -88,10 +88,8 @@ EdgeOptions edge_options(const BlockGraph& g, const TrainSpec& t, const Hardware
   // A head with multi-token prediction holds whole decoder layers, whose subsets are too many to
   // enumerate beside the head's own ops: its options are Megatron's for the depths (keep, the
   // attention core, the checkpointed forward), each with the all-gathers as the setup has them.
-  const bool mtp = std::any_of(g.ops.begin(), g.ops.end(),
-                               [](const GraphOp& o) { return o.mtp_depth > 0; });
   std::vector<LayerOption> all;
-  if (mtp)
+  if (has_mtp(g))
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       TrainSpec u = t;
       u.recompute = r;
