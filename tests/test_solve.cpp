@@ -119,6 +119,32 @@ TEST(Solver, RunsOfIdenticalLayersMatchExhaustiveSearch) {
 }
 
 // Stages whose layers share one option list take the programme over option groups (with its
+
+// A stage whose longest run (2-6 layers, past the run-by-run programme's limit) has other layers
+// before and after it, of two other kinds: the group programme over the run with its bounds
+// shifted by each pairing of the others' Pareto choices must still find the exhaustive optimum.
+TEST(Solver, LongestRunAmongOtherLayersMatchesExhaustiveSearch) {
+  std::mt19937_64 rng(20261207);
+  std::uniform_int_distribution<int> before(0, 3), run(2, 6), after(0, 2), options(2, 3);
+  int feasible = 0, with_both = 0;
+  for (int i = 0; i < 500; ++i) {
+    StageProblem p = random_problem(rng);
+    std::vector<StageOption> dense = random_options(rng, options(rng), 40, 60, 20),
+                             moe = random_options(rng, options(rng), 40, 60, 20),
+                             last = random_options(rng, options(rng), 40, 60, 20);
+    const int nb = before(rng), nr = run(rng), na = after(rng);
+    p.layers.assign(static_cast<size_t>(nb), dense);
+    p.layers.insert(p.layers.end(), static_cast<size_t>(nr), moe);
+    for (int l = 0; l < na; ++l) p.layers.push_back(l % 2 ? dense : last);
+    p.budget = std::uniform_int_distribution<int64_t>(
+        p.base, p.base + p.in_flight * 40 * static_cast<int64_t>(p.layers.size()) + 100)(rng);
+    const bool fits = matches_brute_force(p, i);
+    feasible += fits;
+    with_both += fits && nb > 0 && na > 0;
+  }
+  EXPECT_GT(feasible, 150);
+  EXPECT_GT(with_both, 30);
+}
 // convex-envelope lower bounds and seeded upper bound); it must still find the exhaustive optimum.
 TEST(Solver, UniformLayersMatchExhaustiveSearch) {
   std::mt19937_64 rng(99);

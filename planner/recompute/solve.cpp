@@ -342,15 +342,11 @@ double envelope_lower(const std::vector<std::pair<double, double>>& hull, size_t
   return static_cast<double>(r) * y * (1 - 1e-12);  // a hair under, against rounding
 }
 
-// The lower convex envelope of (kept, cost) over `opts`, keeping only points whose cost falls as
-// kept grows (an option with more kept bytes and no less cost never helps the LP).
-std::vector<std::pair<double, double>> envelope(std::vector<StageOption> opts) {
-  std::sort(opts.begin(), opts.end(), [](const StageOption& a, const StageOption& c) {
-    return a.kept != c.kept ? a.kept < c.kept : a.cost < c.cost;
-  });
+// The lower convex envelope of points sorted by (kept, cost), keeping only points whose cost
+// falls as kept grows (an option with more kept bytes and no less cost never helps the LP).
+std::vector<std::pair<double, double>> lower_chain(const std::vector<std::pair<double, double>>& pts) {
   std::vector<std::pair<double, double>> hull;
-  for (const StageOption& o : opts) {
-    std::pair<double, double> pt{static_cast<double>(o.kept), o.cost};
+  for (const auto& pt : pts) {
     if (!hull.empty() && pt.second >= hull.back().second) continue;
     while (hull.size() >= 2) {
       auto [x0, y0] = hull[hull.size() - 2];
@@ -363,6 +359,22 @@ std::vector<std::pair<double, double>> envelope(std::vector<StageOption> opts) {
     hull.push_back(pt);
   }
   return hull;
+}
+
+// The envelope of (kept, cost) over `opts`.
+std::vector<std::pair<double, double>> envelope(const std::vector<StageOption>& opts) {
+  std::vector<std::pair<double, double>> pts;
+  for (const StageOption& o : opts) pts.push_back({static_cast<double>(o.kept), o.cost});
+  std::sort(pts.begin(), pts.end());
+  return lower_chain(pts);
+}
+
+// The envelope of `hull` (an envelope) and one more point: the same as that of all the points
+// behind `hull` and it, since a point off a subset's hull is off the whole set's.
+std::vector<std::pair<double, double>> envelope_with(std::vector<std::pair<double, double>> hull,
+                                                     std::pair<double, double> pt) {
+  hull.insert(std::upper_bound(hull.begin(), hull.end(), pt), pt);
+  return lower_chain(hull);
 }
 
 // Stages whose layers share one option list (every stage the auto planner builds).
@@ -393,16 +405,19 @@ class GroupProgramme {
     for (int o : order_) opt_.push_back(opts[o]);
     suffix_hull_.resize(opt_.size() + 1);
     suffix_last_.resize(opt_.size() + 1);
+    // Each suffix's envelope and staircase from the next suffix's and the one option added (the
+    // lower hull of a set is that of its subset's hull and the rest), not from all its options.
     for (size_t g = opt_.size(); g-- > 0;) {
-      suffix_hull_[g] = envelope({opt_.begin() + static_cast<std::ptrdiff_t>(g), opt_.end()});
+      suffix_hull_[g] = envelope_with(suffix_hull_[g + 1],
+                                      {static_cast<double>(opt_[g].kept), opt_[g].cost});
       // (w + (f - 1) k, cost) of the options from g on that no other beats on both.
       std::vector<std::pair<int64_t, double>> last = suffix_last_[g + 1];
-      last.push_back({opt_[g].working + (f_ - 1) * opt_[g].kept, opt_[g].cost});
-      std::sort(last.begin(), last.end());
+      std::pair<int64_t, double> x{opt_[g].working + (f_ - 1) * opt_[g].kept, opt_[g].cost};
+      last.insert(std::lower_bound(last.begin(), last.end(), x), x);
       suffix_last_[g].clear();
-      for (auto x : last)
-        if (suffix_last_[g].empty() || x.second < suffix_last_[g].back().second)
-          suffix_last_[g].push_back(x);
+      for (auto y : last)
+        if (suffix_last_[g].empty() || y.second < suffix_last_[g].back().second)
+          suffix_last_[g].push_back(y);
     }
     // The bound below tries each of these; with many, runs of neighbours are merged into their
     // least key and least cost (key ascending, cost descending: first key, last cost), which
@@ -419,18 +434,36 @@ class GroupProgramme {
     }
   }
 
+  static constexpr int64_t kNone = std::numeric_limits<int64_t>::min() / 4;  // M of no layer
+
+  // What the run's kept bytes P (all its layers) and M = the largest P_l + w_l must satisfy:
+  // f P + extra <= room_k and (f - 1) P + max(m0, M) <= room_m. A stage alone has both rooms
+  // budget - base, its own extra and no m0; a run inside a stage has them shifted by the layers
+  // around it (solve_around_run).
+  struct Bounds {
+    int64_t room_k, room_m, extra, m0;
+  };
+  static Bounds alone(const StageProblem& p) {
+    return {p.budget - p.base, p.budget - p.base, p.extra, kNone};
+  }
+
   // `hint`: a feasible choice of this stage known in advance (a tighter bound than the seed's).
   // `below`: only a choice costing less than it is wanted (the result is infeasible otherwise).
-  StageSolution solve(const StageSolution* hint, double below) {
+  // The tables the constructor makes serve any number of calls.
+  StageSolution solve(const Bounds& b, const StageSolution* hint, double below) {
+    b_ = b;
+    best_ = {};
+    upper_ = std::numeric_limits<double>::infinity();
+    nodes_.clear();
     StageSolution sol = search(hint, below);
     return sol.feasible && sol.cost < below ? sol : StageSolution{};
   }
 
  private:
   StageSolution search(const StageSolution* hint, double below) {
-    const int64_t room = p_.budget - p_.base;
-    if (p_.extra > room) return {};
-    if (lower(0, static_cast<size_t>(L_), 0, kNone, room) >= below) return {};  // none cheaper
+    if (b_.extra > b_.room_k || b_.m0 > b_.room_m) return {};
+    const int64_t m0 = f_ == 1 ? kNone : b_.m0;  // with f = 1, M is only checked (done above)
+    if (lower(0, static_cast<size_t>(L_), 0, m0) >= below) return {};  // none cheaper
     seed();
     if (hint && hint->feasible && (!best_.feasible || hint->cost < best_.cost)) {
       best_ = *hint;
@@ -438,7 +471,7 @@ class GroupProgramme {
     }
     upper_ = std::min(upper_, below);
     std::vector<std::vector<State>> stair(L_ + 1);
-    stair[0].push_back({0, kNone, 0.0, -1});
+    stair[0].push_back({0, m0, 0.0, -1});
     std::vector<State> shifted, merged;
     for (size_t g = 0; g < opt_.size(); ++g) {
       const StageOption& o = opt_[g];
@@ -448,13 +481,13 @@ class GroupProgramme {
         shifted.clear();
         for (const State& s : stair[j]) {
           int64_t P = s.p + o.kept, M = std::max(s.m, P + d);
-          if (f_ * P + p_.extra > room) break;  // P ascending: the rest fail too
-          if ((f_ - 1) * P + M > room) {
+          if (f_ * P + b_.extra > b_.room_k) break;  // P ascending: the rest fail too
+          if ((f_ - 1) * P + M > b_.room_m) {
             if (f_ == 1) break;  // M = P + d here, ascending too
             continue;
           }
           double cost = s.cost + o.cost, limit = upper_ * (1 + 1e-12);
-          double lb = lower(g, rest, P, f_ == 1 ? kNone : M, room, limit - cost);
+          double lb = lower(g, rest, P, f_ == 1 ? kNone : M, limit - cost);
           if (!std::isfinite(lb) || cost + lb > limit) continue;  // infinite: cannot complete
           shifted.push_back({P, f_ == 1 ? kNone : M, cost, s.node});
         }
@@ -474,7 +507,7 @@ class GroupProgramme {
       const double limit = upper_ * (1 + 1e-12);
       for (int64_t j = 0; j < L_; ++j)
         std::erase_if(stair[j], [&](const State& s) {
-          double lb = lower(g + 1, static_cast<size_t>(L_ - j), s.p, s.m, room, limit - s.cost);
+          double lb = lower(g + 1, static_cast<size_t>(L_ - j), s.p, s.m, limit - s.cost);
           return !std::isfinite(lb) || s.cost + lb > limit;
         });
     }
@@ -488,7 +521,6 @@ class GroupProgramme {
     return !best_.feasible || sol.cost <= best_.cost ? sol : best_;
   }
 
-  static constexpr int64_t kNone = std::numeric_limits<int64_t>::min() / 4;  // M of no layer
   struct State {
     int64_t p, m;
     double cost;
@@ -519,32 +551,32 @@ class GroupProgramme {
   // since the last layer runs its backward with everything else alive (the least over those
   // options).
   // Stops early, with a smaller bound, once past `give_up`.
-  double lower(size_t g, size_t rest, int64_t P, int64_t M, int64_t room,
+  double lower(size_t g, size_t rest, int64_t P, int64_t M,
                double give_up = std::numeric_limits<double>::infinity()) const {
     if (rest == 0) return 0;
-    int64_t kmax = (room - p_.extra) / f_;
-    if (f_ > 1 && M != kNone) kmax = std::min(kmax, (room - M) / (f_ - 1));
+    int64_t kmax = (b_.room_k - b_.extra) / f_;
+    if (f_ > 1 && M != kNone) kmax = std::min(kmax, (b_.room_m - M) / (f_ - 1));
     double all = envelope_lower(suffix_hull_[g], rest, static_cast<double>(kmax - P));
     if (all > give_up) return all;
     double last = std::numeric_limits<double>::infinity();
     for (auto [key, c] : suffix_last_[g]) {
       double cap =
-          static_cast<double>(room - key) / static_cast<double>(f_) - static_cast<double>(P);
+          static_cast<double>(b_.room_m - key) / static_cast<double>(f_) - static_cast<double>(P);
       last = std::min(last, c + envelope_lower(suffix_hull_[g], rest - 1, cap));
       if (last <= all) return all;
     }
     return std::max(all, last);
   }
 
-  // The model peak of counts in group order, without expanding them.
-  int64_t peak(const std::vector<int64_t>& count) const {
-    int64_t P = 0, M = kNone;
+  // Whether counts in group order keep within the bounds, without expanding them.
+  bool fits(const std::vector<int64_t>& count) const {
+    int64_t P = 0, M = b_.m0;
     for (size_t g = 0; g < opt_.size(); ++g)
       if (count[g] > 0) {
         P += count[g] * opt_[g].kept;
         M = std::max(M, P + opt_[g].working - opt_[g].kept);  // its last layer
       }
-    return p_.base + std::max(f_ * P + p_.extra, (f_ - 1) * P + M);
+    return f_ * P + b_.extra <= b_.room_k && (f_ - 1) * P + M <= b_.room_m;
   }
 
   // The layers in forward order, and their cost summed in that order.
@@ -563,9 +595,9 @@ class GroupProgramme {
   void seed() {
     const size_t m = opt_.size();
     auto offer = [&](const std::vector<int64_t>& count) {
-      if (peak(count) > p_.budget) return;
+      if (!fits(count)) return;
       StageSolution s = expand(count);
-      if (s.peak <= p_.budget && (!best_.feasible || s.cost < best_.cost)) best_ = s;
+      if (!best_.feasible || s.cost < best_.cost) best_ = s;
     };
     std::vector<size_t> vertex;
     for (size_t g = 0; g < m; ++g) {
@@ -581,7 +613,7 @@ class GroupProgramme {
         for (int64_t n = 1; n < L_; ++n) {           // n layers of c, the rest of a
           std::vector<int64_t> count(m, 0);
           count[a] = L_ - n, count[c] = n;
-          if (peak(count) > p_.budget) continue;
+          if (!fits(count)) continue;
           offer(count);
           break;
         }
@@ -597,40 +629,118 @@ class GroupProgramme {
   std::vector<std::vector<std::pair<int64_t, double>>> suffix_last_;  // (w + (f-1) k, cost)
   std::vector<Node> nodes_;
   std::vector<std::pair<int64_t, double>> scratch_;
+  Bounds b_{};
   StageSolution best_;  // the seed
   double upper_ = std::numeric_limits<double>::infinity();
 };
 
 }  // namespace
 
-StageSolution solve_stage(const StageProblem& p, double below) {
-  if (!uniform(p)) {
-    StageSolution sol = solve_stage_programme(p);
-    return sol.feasible && sol.cost < below ? sol : StageSolution{};
-  }
-  // With many options, the vertices of the (kept, cost) envelope alone give a choice whose cost
-  // is usually within a hair of the optimum: a tight bound for the search over all options.
-  const std::vector<StageOption>& all = p.layers.front();
-  std::vector<std::pair<double, double>> hull = envelope(all);
-  if (all.size() <= 8 || hull.size() >= all.size()) return GroupProgramme(p).solve(nullptr, below);
-  StageProblem few = p;
-  std::vector<int> index;  // option of `p` behind each option of `few`
-  few.layers.front().clear();
-  for (size_t o = 0; o < all.size(); ++o)
-    if (std::find(hull.begin(), hull.end(),
-                  std::pair{static_cast<double>(all[o].kept), all[o].cost}) != hull.end() &&
-        std::find_if(few.layers.front().begin(), few.layers.front().end(),
-                     [&](const StageOption& x) {
-                       return x.kept == all[o].kept && x.cost == all[o].cost;
-                     }) == few.layers.front().end()) {
-      few.layers.front().push_back(all[o]);
-      index.push_back(static_cast<int>(o));
+// The group programme of one run of identical layers. With many options, the vertices of the
+// (kept, cost) envelope alone first give a choice whose cost is usually within a hair of the
+// optimum: a tight bound for the search over all options. The tables serve any number of bounds.
+class RunSolver {
+ public:
+  explicit RunSolver(StageProblem p) : p_(std::move(p)) {
+    const std::vector<StageOption>& all = p_.layers.front();
+    std::vector<std::pair<double, double>> hull = envelope(all);
+    if (all.size() > 8 && hull.size() < all.size()) {
+      few_ = p_;
+      std::vector<StageOption> vertices;
+      for (size_t o = 0; o < all.size(); ++o)
+        if (std::find(hull.begin(), hull.end(),
+                      std::pair{static_cast<double>(all[o].kept), all[o].cost}) != hull.end() &&
+            std::find_if(vertices.begin(), vertices.end(), [&](const StageOption& x) {
+              return x.kept == all[o].kept && x.cost == all[o].cost;
+            }) == vertices.end()) {
+          vertices.push_back(all[o]);
+          index_.push_back(static_cast<int>(o));
+        }
+      few_.layers.assign(p_.layers.size(), vertices);
+      few_programme_.emplace(few_);
     }
-  const std::vector<StageOption> vertices = few.layers.front();
-  few.layers.assign(p.layers.size(), vertices);
-  StageSolution hint = GroupProgramme(few).solve(nullptr, below);
-  for (int& c : hint.choice) c = index[c];
-  return GroupProgramme(p).solve(&hint, below);
+    programme_.emplace(p_);
+  }
+
+  StageSolution solve(const GroupProgramme::Bounds& b, double below) {
+    if (!few_programme_) return programme_->solve(b, nullptr, below);
+    StageSolution hint = few_programme_->solve(b, nullptr, below);
+    for (int& c : hint.choice) c = index_[static_cast<size_t>(c)];
+    return programme_->solve(b, &hint, below);
+  }
+
+ private:
+  StageProblem p_, few_;
+  std::vector<int> index_;  // option of `p_` behind each option of `few_`
+  std::optional<GroupProgramme> few_programme_, programme_;
+};
+
+// A stage with a run of two or more identical layers among others (a mixed model's dense layers
+// before its MoE layers): every pairing of a Pareto choice of the layers before the longest run
+// with one of the layers after it, cheapest first, and for each the group programme over the
+// run, its bounds shifted by the pairing. With K_b, M_b the kept bytes and largest P_l + w_l of
+// the layers before (P_l from the stage's start), K_a, T_a = max(extra, M_a - K_a) those after
+// (from their own start), and the run's K, M counted from its own start, the stage's peak
+// base + max(f K_all + extra, (f - 1) K_all + M_all) stays within the budget exactly when
+//   f K + T_a <= room - f (K_b + K_a)                     (K_all = K_b + K + K_a), and
+//   (f - 1) K + max(M_b - K_b, M) <= room - f K_b - (f - 1) K_a,
+// the run's own bounds with extra T_a and m0 = M_b - K_b. Smaller K_b, M_b, K_a, K_a + T_a and
+// cost are each better, so the Pareto choices on each side are enough. nullopt when no run has
+// two layers.
+std::optional<StageSolution> solve_around_run(const StageProblem& p, double below) {
+  const size_t n = p.layers.size();
+  size_t lo = 0, hi = 0;
+  for (size_t l = 0; l < n;) {
+    size_t end = l + 1;
+    while (end < n && same_options(p.layers[end], p.layers[l])) ++end;
+    if (end - l > hi - lo) lo = l, hi = end;
+    l = end;
+  }
+  if (hi - lo < 2) return std::nullopt;
+  auto at = [&](size_t i) { return p.layers.begin() + static_cast<std::ptrdiff_t>(i); };
+  StageProblem before = p, run = p, after = p;
+  before.layers.assign(at(0), at(lo));
+  before.extra = GroupProgramme::kNone;  // its transient is then M_b - K_b
+  run.layers.assign(at(lo), at(hi));
+  after.layers.assign(at(hi), p.layers.end());
+  const std::vector<ParetoChoice> pre = pareto_choices(before), post = pareto_choices(after);
+  struct Pairing {
+    double cost;
+    size_t b, a;
+  };
+  std::vector<Pairing> pairings;
+  for (size_t i = 0; i < pre.size(); ++i)
+    for (size_t j = 0; j < post.size(); ++j) pairings.push_back({pre[i].cost + post[j].cost, i, j});
+  std::stable_sort(pairings.begin(), pairings.end(),
+                   [](const Pairing& x, const Pairing& y) { return x.cost < y.cost; });
+  RunSolver solver(std::move(run));
+  const int64_t room = p.budget - p.base, f = p.in_flight;
+  StageSolution best;
+  double bound = below;
+  for (const Pairing& pr : pairings) {
+    if (pr.cost >= bound) break;  // cheapest first: no later pairing does better
+    const ParetoChoice &b = pre[pr.b], &a = post[pr.a];
+    GroupProgramme::Bounds bounds{room - f * (b.kept + a.kept), 0, a.transient, b.transient};
+    bounds.room_m = bounds.room_k + a.kept;
+    StageSolution mid = solver.solve(bounds, bound - pr.cost);
+    if (!mid.feasible) continue;
+    StageSolution sol{true, 0, b.choice, 0};
+    sol.choice.insert(sol.choice.end(), mid.choice.begin(), mid.choice.end());
+    sol.choice.insert(sol.choice.end(), a.choice.begin(), a.choice.end());
+    for (size_t l = 0; l < n; ++l) sol.cost += p.layers[l][static_cast<size_t>(sol.choice[l])].cost;
+    if (sol.cost >= bound) continue;
+    sol.peak = model_peak(p, sol.choice);
+    best = std::move(sol);
+    bound = best.cost;
+  }
+  return best;
+}
+
+StageSolution solve_stage(const StageProblem& p, double below) {
+  if (uniform(p)) return RunSolver(p).solve(GroupProgramme::alone(p), below);
+  if (std::optional<StageSolution> sol = solve_around_run(p, below)) return *sol;
+  StageSolution sol = solve_stage_programme(p);
+  return sol.feasible && sol.cost < below ? sol : StageSolution{};
 }
 
 StageSolution brute_force_stage(const StageProblem& p) {
