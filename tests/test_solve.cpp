@@ -588,37 +588,85 @@ TEST(Frontier, MegatronMlaUpProjIsPlaced) {
   EXPECT_TRUE(mla_up_proj_mask(build_layer(testing::model("llama-3.1-8b"), t)).empty());
 }
 
-// The halves' search (a layer with too many choices to enumerate) against the exhaustive
-// frontier: on these layers it finds every frontier point, each evaluated exactly. MLA's and
-// DeepSeek's MoE layers are what needs it (hundreds of millions of choices at tp 2 with SP).
-TEST(Frontier, HalvesSearchFindsTheExhaustiveFrontier) {
+// The frontier found by the layer's halves against the frontier of every non-wasteful mask, on
+// dense, MoE and MLA layers, flash and eager attention, with and without SP, each profile: the
+// same count of choices and the same points (kept and working bytes exactly; the recompute time,
+// a sum of the same op times in another grouping, within rounding), each mask evaluated again.
+TEST(Frontier, HalvesFindTheExhaustiveFrontier) {
   struct Case {
     const char* model;
     bool dense;
     int64_t tp;
+    AttentionImpl att = AttentionImpl::kFlash;
+    Impl impl = Impl::kMegatron;
   };
   for (Case c : {Case{"deepseek-v2-lite", true, 2}, Case{"deepseek-v2-lite", true, 1},
-                 Case{"llama-3.1-70b", false, 8}, Case{"qwen3-30b-a3b", false, 1},
-                 Case{"mixtral-8x7b", false, 2}}) {
-    TrainSpec t;
-    t.tp = c.tp, t.sp = c.tp > 1, t.seq_len = 1024;
-    const ModelSpec m = testing::model(c.model);
-    BlockGraph g = c.dense ? build_dense_layer(m, t) : build_layer(m, t);
-    std::vector<double> cost = flops_cost(g);
-    LayerFrontier exact = layer_frontier(g, t, cost), halves = layer_frontier(g, t, cost, 0);
-    ASSERT_TRUE(exact.exhaustive) << c.model;
-    ASSERT_FALSE(halves.exhaustive) << c.model;
-    EXPECT_LT(halves.evaluated, exact.evaluated) << c.model;
-    ASSERT_EQ(halves.options.size(), exact.options.size()) << c.model << " tp " << c.tp;
-    for (size_t i = 0; i < exact.options.size(); ++i) {
-      EXPECT_EQ(halves.options[i].kept_bytes, exact.options[i].kept_bytes) << c.model << " " << i;
-      EXPECT_EQ(halves.options[i].working_bytes, exact.options[i].working_bytes) << c.model;
-      EXPECT_EQ(halves.options[i].cost, exact.options[i].cost) << c.model << " " << i;
-      const LayerOption again = evaluate_option(g, halves.options[i].recompute, cost);
-      EXPECT_EQ(again.kept_bytes, halves.options[i].kept_bytes);
-      EXPECT_EQ(again.working_bytes, halves.options[i].working_bytes);
+                 Case{"llama-3.1-70b", false, 8}, Case{"llama-3.1-70b", false, 1, AttentionImpl::kEager},
+                 Case{"llama-3.1-8b", false, 2, AttentionImpl::kFlash, Impl::kHf},
+                 Case{"llama-3.1-8b", false, 2, AttentionImpl::kEager, Impl::kNanotron},
+                 Case{"qwen3-30b-a3b", false, 1}, Case{"qwen3-8b", false, 4},
+                 Case{"mixtral-8x7b", false, 2}, Case{"gpt-22b", false, 2}}) {
+    for (bool regather : {true, false}) {
+      TrainSpec t;
+      t.tp = c.tp, t.sp = c.tp > 1, t.seq_len = 1024, t.attention = c.att, t.impl = c.impl;
+      t.tp_recompute_allgather = regather;
+      const ModelSpec m = testing::model(c.model);
+      BlockGraph g = c.dense ? build_dense_layer(m, t) : build_layer(m, t);
+      std::vector<double> cost = flops_cost(g);
+      LayerFrontier split = layer_frontier(g, t, cost);
+      std::vector<LayerOption> all = enumerate_options(g, cost);
+      std::erase_if(all, [&](const LayerOption& o) {
+        for (size_t i = 0; i < g.ops.size(); ++i)
+          if (!regather && o.recompute[i] && g.ops[i].kind == OpKind::kAllGather) return true;
+        return false;
+      });
+      EXPECT_EQ(split.choices, all.size()) << c.model << " tp " << c.tp;
+      EXPECT_LT(split.evaluated, all.size()) << c.model;
+      std::vector<LayerOption> exact = pareto_frontier(std::move(all));
+      ASSERT_EQ(split.options.size(), exact.size()) << c.model << " tp " << c.tp;
+      for (size_t i = 0; i < exact.size(); ++i) {
+        EXPECT_EQ(split.options[i].kept_bytes, exact[i].kept_bytes) << c.model << " " << i;
+        EXPECT_EQ(split.options[i].working_bytes, exact[i].working_bytes) << c.model << " " << i;
+        EXPECT_NEAR(split.options[i].cost, exact[i].cost, 1e-12 * exact[i].cost) << c.model;
+        const LayerOption again = evaluate_option(g, split.options[i].recompute, cost);
+        EXPECT_EQ(again.kept_bytes, split.options[i].kept_bytes);
+        EXPECT_EQ(again.working_bytes, split.options[i].working_bytes);
+      }
     }
   }
+}
+
+// The decomposition itself: for masks of these layers (random ones of every density: it holds
+// for wasteful masks too), the working bytes the halves' figures add up to are the whole
+// evaluation's.
+TEST(Frontier, HalvesFiguresAddUpForEveryMask) {
+  std::mt19937_64 rng(20261206);
+  size_t masks = 0;
+  for (const char* name : {"deepseek-v2-lite", "deepseek-v3", "qwen3-30b-a3b", "llama-3.1-8b"})
+    for (int64_t tp : {1, 2}) {
+      TrainSpec t;
+      t.tp = tp, t.sp = tp > 1, t.seq_len = 512;
+      const ModelSpec m = testing::model(name);
+      for (bool dense : {false, true}) {
+        if (dense && !mixed_layers(m)) continue;
+        BlockGraph g = dense ? build_dense_layer(m, t) : build_layer(m, t);
+        std::vector<double> cost = flops_cost(g);
+        for (int i = 0; i < 4000; ++i) {
+          std::bernoulli_distribution on(0.05 + 0.9 * (i % 10) / 9.0);
+          std::vector<bool> mask(g.ops.size());
+          for (size_t o = 0; o < mask.size(); ++o) mask[o] = on(rng);
+          std::optional<int64_t> w = working_by_halves(g, mask);
+          ASSERT_TRUE(w.has_value()) << name;
+          ASSERT_EQ(*w, evaluate_option(g, mask, cost).working_bytes)
+              << name << " tp " << tp << " mask " << i;
+          ++masks;
+        }
+      }
+    }
+  EXPECT_EQ(masks, 48000u);
+  TrainSpec t;  // a block without halves
+  BlockGraph head = build_head(testing::model("llama-3.1-8b"), t);
+  EXPECT_FALSE(working_by_halves(head, std::vector<bool>(head.ops.size(), false)).has_value());
 }
 
 }  // namespace

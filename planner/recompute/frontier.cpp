@@ -4,11 +4,16 @@
 #include "planner/recompute/frontier.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <optional>
+#include <stdexcept>
 
 #include "planner/recompute/mincut.hpp"
+#include "planner/recompute/staircase.hpp"
 
 namespace np {
 namespace {
@@ -43,16 +48,9 @@ class OptionEvaluator {
     LayerOption opt{rec, 0, 0, 0};
     for (size_t o = 0; o < g_.ops.size(); ++o)
       if (rec[o]) opt.cost += cost_[o];
-    saved_.assign(n_, 0);
-    for (int t = 0; t < n_; ++t) saved_[t] = needed_[t];
-    for (size_t o = 0; o < g_.ops.size(); ++o)
-      if (rec[o])
-        for (int t : g_.ops[o].inputs) saved_[t] = 1;
-    for (int t = 0; t < n_; ++t) {
-      int p = g_.tensors[t].producer;
-      if (saved_[t] && p >= 0 && rec[p]) saved_[t] = 0;
+    mark_saved(rec);
+    for (int t = 0; t < n_; ++t)
       if (saved_[t]) opt.kept_bytes += bytes_[t];
-    }
     // Pass 1: birth and last use of every slot; pass 2: bytes live at each event.
     born_.assign(3 * n_, -1), last_.assign(3 * n_, -1);
     int events = walk(
@@ -74,7 +72,119 @@ class OptionEvaluator {
     return opt;
   }
 
+  // A decoder layer split at op `mid` into its attention half (A: ops before mid) and its MLP
+  // half (B). The events fall in seven phases, each with one active half: the forward of A (and
+  // the block inputs), of B; the backward's start (A's, by convention); A's re-run ops, B's; the
+  // backward of B, of A. A slot is internal to a half when its tensor is made and read there
+  // only (block inputs count as A's), a boundary slot otherwise. An internal slot of the
+  // inactive half is neither born nor freed in a phase, so its bytes stay constant there; the
+  // boundary slots live as the ops touching their tensors decide (the split's configuration).
+  // So, with that configuration fixed, the bytes at an event are the active half's (its internal
+  // and the boundary slots, and the op's workspace) plus the inactive half's constant, and the
+  // working bytes of a whole mask are max over phases of (A's figure + B's figure): for each half
+  // its largest active bytes in the phases where it is active, its constant in the others.
+  static constexpr int kPhases = 7;
+  static constexpr int64_t kNoEvent = std::numeric_limits<int64_t>::min() / 8;
+  static constexpr int kActive[kPhases] = {0, 1, 0, 0, 1, 1, 0};
+  struct HalfFigures {
+    int64_t kept = 0;  // the boundary tensors' kept bytes count in A's
+    double cost = 0;
+    std::array<int64_t, kPhases> v{};
+  };
+
+  // The working bytes of a mask from its halves' figures (the same configuration).
+  static int64_t working(const HalfFigures& a, const HalfFigures& b) {
+    int64_t most = std::numeric_limits<int64_t>::min();
+    for (int ph = 0; ph < kPhases; ++ph) most = std::max(most, a.v[ph] + b.v[ph]);
+    return most;
+  }
+
+  void split_at(int mid) {
+    mid_ = mid;
+    std::vector<int> made(n_, 0), read_a(n_, 0), read_b(n_, 0);
+    for (int t = 0; t < n_; ++t) made[t] = g_.tensors[t].producer >= mid ? 1 : 0;
+    for (size_t o = 0; o < g_.ops.size(); ++o)
+      for (int t : g_.ops[o].inputs) (static_cast<int>(o) < mid ? read_a : read_b)[t] = 1;
+    tensor_half_.assign(n_, 0);
+    for (int t = 0; t < n_; ++t)
+      tensor_half_[t] = (made[t] == 0 && read_b[t]) || (made[t] == 1 && read_a[t]) ? 2 : made[t];
+  }
+  // Whether tensor t is read or made by both halves.
+  bool boundary(int t) const { return tensor_half_[t] == 2; }
+
+  // The figures of half h under `rec` (the other half's ops at the configuration's bits).
+  HalfFigures half_figures(const std::vector<bool>& rec, int h) {
+    HalfFigures f;
+    const int n_ops = static_cast<int>(g_.ops.size());
+    int counts[2][2] = {{0, 0}, {0, 0}};  // [half][re-run, backward runs]
+    for (int o = 0; o < n_ops; ++o) {
+      const int half = o < mid_ ? 0 : 1;
+      counts[half][0] += rec[o];
+      counts[half][1] += runs_[o];
+      if (half == h && rec[o]) f.cost += cost_[o];
+    }
+    mark_saved(rec);
+    for (int t = 0; t < n_; ++t)
+      if (saved_[t] && (tensor_half_[t] == h || (h == 0 && tensor_half_[t] == 2)))
+        f.kept += bytes_[t];
+    born_.assign(3 * n_, -1), last_.assign(3 * n_, -1);
+    const int events = walk(
+        rec, [&](int i, int s) { born_[s] = i, last_[s] = std::max(last_[s], i); },
+        [&](int i, int s) { last_[s] = i; }, [](int, int64_t) {});
+    ws_at_.assign(events, 0);
+    walk(rec, [](int, int) {}, [](int, int) {}, [&](int i, int64_t ws) { ws_at_[i] += ws; });
+    for (auto& d : born_at_) d.assign(events, 0);
+    for (auto& d : dead_at_) d.assign(events, 0);
+    for (int s = 0; s < 3 * n_; ++s)
+      if (born_[s] >= 0) {
+        born_at_[tensor_half_[s % n_]][born_[s]] += bytes_[s];
+        dead_at_[tensor_half_[s % n_]][last_[s]] += bytes_[s];
+      }
+    // The phases' first events (walk's order), the last one's end.
+    const int start[kPhases + 1] = {0,
+                                    mid_ + 1,
+                                    n_ops + 1,
+                                    n_ops + 2,
+                                    n_ops + 2 + counts[0][0],
+                                    n_ops + 2 + counts[0][0] + counts[1][0],
+                                    n_ops + 2 + counts[0][0] + counts[1][0] + counts[1][1],
+                                    events};
+    int64_t live[3] = {0, 0, 0};  // per class, between the events before and at `i`
+    int i = 0;
+    for (int ph = 0; ph < kPhases; ++ph) {
+      for (; i < start[ph]; ++i)
+        for (int c = 0; c < 3; ++c) live[c] += born_at_[c][i] - dead_at_[c][i];
+      const int a = kActive[ph];
+      if (a != h) {  // the inactive half's constant (defined where the phase has no event)
+        f.v[ph] = live[h];
+        continue;
+      }
+      int64_t most = kNoEvent;
+      int64_t run[3] = {live[0], live[1], live[2]};
+      for (int e = start[ph]; e < start[ph + 1]; ++e) {
+        for (int c = 0; c < 3; ++c) run[c] += born_at_[c][e];
+        most = std::max(most, run[a] + run[2] + ws_at_[e]);
+        for (int c = 0; c < 3; ++c) run[c] -= dead_at_[c][e];
+      }
+      f.v[ph] = most;
+    }
+    return f;
+  }
+
  private:
+  // saved_: the values kept for the backward under `rec`.
+  void mark_saved(const std::vector<bool>& rec) {
+    saved_.assign(n_, 0);
+    for (int t = 0; t < n_; ++t) saved_[t] = needed_[t];
+    for (size_t o = 0; o < g_.ops.size(); ++o)
+      if (rec[o])
+        for (int t : g_.ops[o].inputs) saved_[t] = 1;
+    for (int t = 0; t < n_; ++t) {
+      int p = g_.tensors[t].producer;
+      if (saved_[t] && p >= 0 && rec[p]) saved_[t] = 0;
+    }
+  }
+
   template <typename Alloc, typename Use, typename Ws>
   int walk(const std::vector<bool>& rec, Alloc alloc, Use use, Ws ws) {
     int i = 0;
@@ -136,6 +246,10 @@ class OptionEvaluator {
   std::vector<int64_t> fwd_ws_, bwd_ws_, bytes_, free_at_, alloc_at_;
   std::vector<int> born_, last_;
   std::vector<char> saved_, has_grad_;
+  int mid_ = -1;
+  std::vector<int> tensor_half_;  // 0 A, 1 B, 2 boundary
+  std::vector<int64_t> ws_at_;
+  std::array<std::vector<int64_t>, 3> born_at_, dead_at_;  // per class and event
 };
 
 }  // namespace
@@ -148,9 +262,11 @@ LayerOption evaluate_option(const BlockGraph& g, const std::vector<bool>& rec,
 namespace {
 
 // Visits every non-wasteful mask that agrees with `base` outside ops [lo, hi) (the ops there are
-// chosen freely); stops after `limit` masks and returns how many it visited.
+// chosen freely, except those `forced` gives: 0 or 1, -1 free); stops after `limit` masks and
+// returns how many it visited.
 size_t visit_masks(const BlockGraph& g, const std::vector<bool>& base, int lo, int hi,
-                   size_t limit, const std::function<void(const std::vector<bool>&)>& visit) {
+                   size_t limit, const std::function<void(const std::vector<bool>&)>& visit,
+                   const std::vector<signed char>* forced = nullptr) {
   const int n_ops = static_cast<int>(g.ops.size());
   const std::vector<bool> needed = backward_reads(g);
   std::vector<int> read_by_rec(g.tensors.size(), 0);
@@ -175,8 +291,9 @@ size_t visit_masks(const BlockGraph& g, const std::vector<bool>& base, int lo, i
     if (o < lo || o >= hi) return take(base[o]);
     bool eligible = false;
     for (int t : g.ops[o].outputs) eligible |= needed[t] || read_by_rec[t] > 0;
-    take(false);
-    if (eligible) take(true);
+    const int force = forced ? (*forced)[o] : -1;
+    if (force != 1) take(false);
+    if (eligible && force != 0) take(true);
   };
   dfs(n_ops - 1);
   return count;
@@ -270,45 +387,138 @@ int mlp_half(const BlockGraph& g) {
 
 namespace {
 
-// The candidates of a layer whose choices are too many to enumerate: each half's non-wasteful
-// masks with the other half at none and at full recompute, each half's Pareto-best kept, then
-// every pairing of a best first half with a best second half, plus the min-cut hull's vertices.
-std::vector<LayerOption> half_candidates(const BlockGraph& g, const std::vector<double>& op_cost,
-                                         const std::function<bool(const std::vector<bool>&)>& ok) {
+// Splits `eval` at the layer's halves; the ops that make or read a boundary tensor (at most 12),
+// or nullopt for a block without halves.
+std::optional<std::vector<int>> configuration(const BlockGraph& g, OptionEvaluator& eval) {
+  const int n = static_cast<int>(g.ops.size()), mid = mlp_half(g);
+  if (mid <= 0 || mid >= n) return std::nullopt;
+  eval.split_at(mid);
+  std::vector<int> config;
+  for (int t = 0; t < static_cast<int>(g.tensors.size()); ++t) {
+    if (!eval.boundary(t)) continue;
+    if (g.tensors[t].producer >= 0) config.push_back(g.tensors[t].producer);
+    for (int o = 0; o < n; ++o)
+      if (std::find(g.ops[o].inputs.begin(), g.ops[o].inputs.end(), t) != g.ops[o].inputs.end())
+        config.push_back(o);
+  }
+  std::sort(config.begin(), config.end());
+  config.erase(std::unique(config.begin(), config.end()), config.end());
+  if (config.size() > 12) return std::nullopt;
+  return config;
+}
+
+struct SplitFrontier {
+  std::vector<LayerOption> options;
+  size_t choices = 0, evaluated = 0;  // the layer's non-wasteful masks; the halves' evaluated
+};
+
+std::optional<SplitFrontier> split_frontier(const BlockGraph& g,
+                                            const std::vector<double>& op_cost,
+                                            const std::function<bool(const std::vector<bool>&)>& ok) {
+  using Figures = OptionEvaluator::HalfFigures;
   const int n = static_cast<int>(g.ops.size()), mid = mlp_half(g);
   OptionEvaluator eval(g, op_cost);
-  std::vector<bool> none(n, false), full = named_mask(g, Recompute::kFull, false);
-  auto best_of_half = [&](int lo, int hi) {
-    std::vector<LayerOption> seen;
-    for (const std::vector<bool>* other : {&none, &full})
-      visit_masks(g, *other, lo, hi, SIZE_MAX, [&](const std::vector<bool>& m) {
-        if (ok(m)) seen.push_back(eval.evaluate(m));
-      });
-    std::vector<std::vector<bool>> halves;
-    for (const LayerOption& o : pareto_frontier(std::move(seen)))
-      halves.emplace_back(o.recompute.begin() + lo, o.recompute.begin() + hi);
-    std::sort(halves.begin(), halves.end());
-    halves.erase(std::unique(halves.begin(), halves.end()), halves.end());
-    return halves;
+  std::optional<std::vector<int>> ops = configuration(g, eval);
+  if (!ops) return std::nullopt;
+  const std::vector<int>& config = *ops;
+  SplitFrontier out;
+  struct Pair {
+    int64_t kept, working;
+    double cost;
+    uint32_t c, a, b;
   };
-  std::vector<std::vector<bool>> first = best_of_half(0, mid), second = best_of_half(mid, n);
-  std::vector<LayerOption> out;
-  std::vector<bool> m(n);
-  for (const std::vector<bool>& a : first)
-    for (const std::vector<bool>& b : second) {
-      std::copy(a.begin(), a.end(), m.begin());
-      std::copy(b.begin(), b.end(), m.begin() + mid);
-      if (ok(m)) out.push_back(eval.evaluate(m));
+  auto by_value = [](const Pair& x, const Pair& y) {
+    return std::tie(x.cost, x.kept, x.working, x.c, x.a, x.b) <
+           std::tie(y.cost, y.kept, y.working, y.c, y.a, y.b);
+  };
+  // The pairs no other beats on all of (kept, working, cost), in the order sorted.
+  auto front = [&](std::vector<Pair>& pairs) {
+    std::sort(pairs.begin(), pairs.end(), by_value);
+    std::vector<std::pair<int64_t, int64_t>> stair;
+    std::vector<Pair> kept;
+    for (const Pair& p : pairs)
+      if (stair_admits(stair, p.kept, p.working)) kept.push_back(p);
+    pairs = std::move(kept);
+  };
+  std::vector<std::array<std::vector<std::vector<bool>>, 2>> masks;  // per configuration, half
+  std::vector<Pair> best;
+  for (uint32_t c = 0; c < (1u << config.size()); ++c) {
+    std::vector<bool> base(n, false);
+    std::vector<signed char> forced(n, -1);
+    for (size_t j = 0; j < config.size(); ++j)
+      base[config[j]] = c >> j & 1u, forced[config[j]] = static_cast<signed char>(c >> j & 1u);
+    std::array<std::vector<std::vector<bool>>, 2>& m = masks.emplace_back();
+    std::array<std::vector<Figures>, 2> figs;
+    size_t raw[2] = {0, 0};
+    for (int h = 0; h < 2; ++h) {
+      std::vector<std::pair<std::vector<bool>, Figures>> seen;
+      visit_masks(
+          g, base, h ? mid : 0, h ? n : mid, SIZE_MAX,
+          [&](const std::vector<bool>& mask) {
+            if (!ok(mask)) return;
+            ++raw[h];
+            seen.emplace_back(mask, eval.half_figures(mask, h));
+          },
+          &forced);
+      out.evaluated += seen.size();
+      // Cheapest first; one whose figures an earlier one's match or beat everywhere goes.
+      std::stable_sort(seen.begin(), seen.end(), [](const auto& x, const auto& y) {
+        return std::tie(x.second.cost, x.second.kept) < std::tie(y.second.cost, y.second.kept);
+      });
+      for (auto& [mask, f] : seen) {
+        bool beaten = false;
+        for (const Figures& k : figs[h]) {
+          bool all = k.cost <= f.cost && k.kept <= f.kept;
+          for (int ph = 0; all && ph < OptionEvaluator::kPhases; ++ph) all = k.v[ph] <= f.v[ph];
+          if (all) {
+            beaten = true;
+            break;
+          }
+        }
+        if (beaten) continue;
+        figs[h].push_back(f);
+        m[h].push_back(std::move(mask));
+      }
     }
-  for (const LayerOption& v : min_cut_hull(g, op_cost))
-    if (ok(v.recompute)) out.push_back(eval.evaluate(v.recompute));
+    out.choices += raw[0] * raw[1];
+    std::vector<Pair> pairs;
+    for (uint32_t a = 0; a < figs[0].size(); ++a)
+      for (uint32_t b = 0; b < figs[1].size(); ++b) {
+        const Figures &x = figs[0][a], &y = figs[1][b];
+        pairs.push_back({x.kept + y.kept, OptionEvaluator::working(x, y), x.cost + y.cost, c, a, b});
+      }
+    front(pairs);
+    best.insert(best.end(), pairs.begin(), pairs.end());
+  }
+  front(best);
+  for (const Pair& p : best) {
+    std::vector<bool> mask = masks[p.c][0][p.a];
+    for (int o = mid; o < n; ++o) mask[o] = masks[p.c][1][p.b][o];
+    LayerOption o = eval.evaluate(mask);
+    if (o.kept_bytes != p.kept || o.working_bytes != p.working)
+      throw std::logic_error("the layer's halves disagree with its whole evaluation");
+    out.options.push_back(std::move(o));
+  }
+  out.options = pareto_frontier(std::move(out.options));
   return out;
 }
 
 }  // namespace
 
+std::optional<int64_t> working_by_halves(const BlockGraph& g, const std::vector<bool>& mask) {
+  const int n = static_cast<int>(g.ops.size()), mid = mlp_half(g);
+  const std::vector<double> no_cost(g.ops.size(), 0.0);  // the evaluator keeps a reference
+  OptionEvaluator eval(g, no_cost);
+  std::optional<std::vector<int>> config = configuration(g, eval);
+  if (!config) return std::nullopt;
+  std::vector<bool> a(n, false), b(n, false);  // each half's ops, the other's configuration's
+  for (int o : *config) a[o] = b[o] = mask[o];
+  for (int o = 0; o < n; ++o) (o < mid ? a : b)[o] = mask[o];
+  return OptionEvaluator::working(eval.half_figures(a, 0), eval.half_figures(b, 1));
+}
+
 LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t,
-                             const std::vector<double>& op_cost, size_t exhaustive_limit) {
+                             const std::vector<double>& op_cost) {
   LayerFrontier lf;
   // --tp-recompute-allgather false: never gather again in backward.
   auto ok = [&](const std::vector<bool>& m) {
@@ -317,17 +527,17 @@ LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t,
       if (m[i] && g.ops[i].kind == OpKind::kAllGather) return false;
     return true;
   };
-  std::vector<LayerOption> all;
-  lf.choices = count_options(g, exhaustive_limit + 1);
-  if (lf.choices <= exhaustive_limit || mlp_half(g) < 0) {
-    all = enumerate_options(g, op_cost);
+  if (std::optional<SplitFrontier> split = split_frontier(g, op_cost, ok)) {
+    lf.choices = split->choices;
+    lf.evaluated = split->evaluated;
+    lf.options = std::move(split->options);
+  } else {  // a block without halves: every non-wasteful mask
+    std::vector<LayerOption> all = enumerate_options(g, op_cost);
+    lf.evaluated = all.size();
     std::erase_if(all, [&](const LayerOption& o) { return !ok(o.recompute); });
-  } else {
-    lf.exhaustive = false;
-    all = half_candidates(g, op_cost, ok);
+    lf.choices = all.size();
+    lf.options = pareto_frontier(std::move(all));
   }
-  lf.evaluated = all.size();
-  lf.options = pareto_frontier(std::move(all));
   lf.on_hull.assign(lf.options.size(), false);
   for (const LayerOption& v : min_cut_hull(g, op_cost))
     for (size_t i = 0; i < lf.options.size(); ++i)

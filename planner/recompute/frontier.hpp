@@ -6,6 +6,7 @@
 // (tests check it against brute force over every subset on small graphs).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,30 +49,30 @@ struct NamedPoint {
   int dominated_by = -1;  // index of a frontier point at least as good everywhere, when not on it
 };
 
-constexpr size_t kExhaustiveChoices = size_t{1} << 20;
-
 struct LayerFrontier {
   std::vector<LayerOption> options;  // the Pareto frontier
   std::vector<bool>
       on_hull;  // per option: a vertex of the (kept, cost) convex hull, found by min cut
   std::vector<NamedPoint> named;  // where the named policies land
-  size_t evaluated = 0;           // masks evaluated
-  // Whether every non-wasteful mask was evaluated. A layer with more than kExhaustiveChoices of
-  // them (MoE layers with MLA and shared experts have hundreds of millions) is searched over its
-  // halves instead (attention, MLP): each half's frontier with the other half at none and at full
-  // recompute, every pairing of the two, and the min-cut hull's vertices, each mask evaluated
-  // exactly. The frontier is then the best of those candidates, not proven the best of all.
-  bool exhaustive = true;
-  size_t choices = 0;  // non-wasteful masks, counted up to the limit + 1
+  // The layer's non-wasteful masks (within --tp-recompute-allgather), all of them accounted for:
+  // a decoder layer's by its halves (attention, MLP; MoE layers with MLA and shared experts have
+  // hundreds of millions), any other block's one by one; and the masks (or halves' masks)
+  // evaluated to find the frontier.
+  size_t choices = 0, evaluated = 0;
 };
 // The decoder layer's MLP half: the index of the op after the attention's residual add; -1 for a
 // block without one.
 int mlp_half(const BlockGraph& g);
 
-// Above `exhaustive_limit` non-wasteful masks (tests lower it), the halves' search.
+// The exact frontier. A decoder layer's is found by its halves: for each configuration of the
+// ops that make or read the tensors both halves touch, each half's masks are evaluated once,
+// per phase of the layer's forward, re-run and backward, the pairs no others beat are summed,
+// and the frontier's masks are evaluated whole again (frontier.cpp).
 LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t,
-                             const std::vector<double>& op_cost,
-                             size_t exhaustive_limit = kExhaustiveChoices);
+                             const std::vector<double>& op_cost);
+// The working bytes of `mask` from its halves' figures, as layer_frontier adds them (the test of
+// that decomposition against evaluate_option); nullopt for a block without halves.
+std::optional<int64_t> working_by_halves(const BlockGraph& g, const std::vector<bool>& mask);
 
 // Megatron's --recompute-modules mla_up_proj on an MLA layer (empty for other blocks): its
 // CheckpointWithoutOutput around qkv_up_proj_and_rope_apply (multi_latent_attention.py,

@@ -16,6 +16,8 @@
 #include <tuple>
 #include <utility>
 
+#include "planner/recompute/staircase.hpp"
+
 namespace np {
 
 std::pair<int64_t, int64_t> layer_terms(const std::vector<std::vector<StageOption>>& layers,
@@ -35,19 +37,6 @@ int64_t model_peak(const StageProblem& p, const std::vector<int>& choice) {
 }
 
 namespace {
-
-// A staircase of (M ascending, cost descending): false when some step has no larger M and no
-// larger cost than (m, cost); else the point goes in and the steps it beats go out.
-bool stair_admits(std::vector<std::pair<int64_t, double>>& stair, int64_t m, double cost) {
-  auto by_m = [](const auto& x, const auto& y) { return x.first < y.first; };
-  auto it = std::upper_bound(stair.begin(), stair.end(), std::pair{m, cost}, by_m);
-  if (it != stair.begin() && std::prev(it)->second <= cost) return false;
-  auto lo = std::lower_bound(stair.begin(), stair.end(), std::pair{m, cost}, by_m);
-  auto hi = lo;
-  while (hi != stair.end() && hi->second >= cost) ++hi;
-  stair.insert(stair.erase(lo, hi), {m, cost});
-  return true;
-}
 
 struct State {
   int64_t q, e;
