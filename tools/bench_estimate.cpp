@@ -1,11 +1,13 @@
 // Benchmark (not a test): wall time of one full estimate (schedule build + simulation of every
 // stage and the caching allocator's replay) for large setups, the auto planner and the sweep.
 // Prints the median over repetitions.
-//   bench_estimate [caching|expandable|exact]   the allocator model (--allocator; default caching:
-//                                               exact times the same work without the replay)
+//   bench_estimate [caching|expandable|exact] [estimate|plan|sweep] [MODEL]
+//     the allocator model (--allocator; default caching: exact times the same work without the
+//     replay), one part only (default: all three), and that part's cases of one model only
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "planner/recompute/autoplan.hpp"
@@ -37,6 +39,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   rt.allocator = *allocator;
+  const std::string part = argc > 2 ? argv[2] : "";
+  const std::string only = argc > 3 ? argv[3] : "";
+  auto runs = [&](const char* name) { return part.empty() || part == name; };
+  auto wanted = [&](const char* model) { return only.empty() || only == model; };
   std::printf("allocator: %s\n\n", np::name_of(rt.allocator.model));
   auto catalog = np::load_model_catalog(std::string(NANOPLAN_SOURCE_DIR) + "/models");
   if (!catalog) {
@@ -52,8 +58,11 @@ int main(int argc, char** argv) {
                         {"llama-3.1-405b", 8, 16, 64, np::PpSchedule::k1F1B},
                         {"llama-3.1-70b", 8, 1, 1, np::PpSchedule::kAfab},
                         {"llama-3.1-70b", 8, 8, 8, np::PpSchedule::k1F1B}};
-  std::printf("%-16s %4s %4s %6s %6s %12s\n", "model", "tp", "pp", "mb", "sched", "median ms");
+  if (runs("estimate"))
+    std::printf("%-16s %4s %4s %6s %6s %12s\n", "model", "tp", "pp", "mb", "sched", "median ms");
   for (const Case& c : cases) {
+    if (!runs("estimate")) break;
+    if (!wanted(c.model)) continue;
     np::ModelSpec m = *np::resolve_model(*catalog, c.model);
     np::TrainSpec t;
     t.tp = c.tp, t.pp = c.pp, t.sp = true, t.microbatches = c.microbatches, t.pp_schedule = c.sched;
@@ -71,10 +80,17 @@ int main(int argc, char** argv) {
                         {"llama-3.1-405b", 8, 16, 16, 80'000'000'000},
                         {"llama-3.1-70b", 8, 1, 1, 170'000'000'000},
                         {"qwen3-235b-a22b", 1, 8, 16, 80'000'000'000, 8, 8},
-                        {"qwen3-30b-a3b", 2, 1, 1, 80'000'000'000, 4, 4}};
-  std::printf("\n%-16s %4s %4s %4s %6s %10s %8s %12s\n", "auto plan", "tp", "pp", "ep", "mb",
-              "budget", "fits", "median ms");
+                        {"qwen3-30b-a3b", 2, 1, 1, 80'000'000'000, 4, 4},
+                        // DeepSeek-V3's own training: pp 16, ep 64, no tp (its report, 3.2)
+                        {"deepseek-v3", 1, 16, 32, 80'000'000'000, 64, 128},
+                        {"deepseek-v3", 8, 16, 32, 80'000'000'000, 8, 8},
+                        {"deepseek-v3", 8, 8, 16, 80'000'000'000, 8, 8}};
+  if (runs("plan"))
+    std::printf("\n%-16s %4s %4s %4s %6s %10s %8s %12s\n", "auto plan", "tp", "pp", "ep", "mb",
+                "budget", "fits", "median ms");
   for (const Plan& c : plans) {
+    if (!runs("plan")) break;
+    if (!wanted(c.model)) continue;
     np::ModelSpec m = *np::resolve_model(*catalog, c.model);
     np::TrainSpec t;
     t.tp = c.tp, t.pp = c.pp, t.sp = c.tp > 1, t.microbatches = c.microbatches,
@@ -111,9 +127,12 @@ int main(int argc, char** argv) {
                           {"llama-3.1-70b", 64, true},
                           {"llama-3.1-70b", 64, false, true},
                           {"qwen3-30b-a3b", 16, false, false, 1}};
-  std::printf("\n%-16s %6s %10s %8s %8s %10s\n", "sweep", "gpus", "partition", "chunks",
-              "setups", "setups/s");
+  if (runs("sweep"))
+    std::printf("\n%-16s %6s %10s %8s %8s %10s\n", "sweep", "gpus", "partition", "chunks",
+                "setups", "setups/s");
   for (const Sweep& c : sweeps) {
+    if (!runs("sweep")) break;
+    if (!wanted(c.model)) continue;
     np::SweepOptions o;
     o.gpus = c.gpus, o.budget = 80'000'000'000, o.hw = np::default_hardware();
     o.runtime = rt;

@@ -51,22 +51,16 @@ class OptionEvaluator {
     mark_saved(rec);
     for (int t = 0; t < n_; ++t)
       if (saved_[t]) opt.kept_bytes += bytes_[t];
-    // Pass 1: birth and last use of every slot; pass 2: bytes live at each event.
-    born_.assign(3 * n_, -1), last_.assign(3 * n_, -1);
-    int events = walk(
-        rec, [&](int i, int s) { born_[s] = i, last_[s] = std::max(last_[s], i); },
-        [&](int i, int s) { last_[s] = i; }, [](int, int64_t) {});
-    free_at_.assign(events, 0), alloc_at_.assign(events, 0);
+    // The slots' lives, then the bytes live at each event.
+    const int events = lives(rec);
+    free_at_.assign(events, 0), alloc_at_ = ws_at_;
     for (int s = 0; s < 3 * n_; ++s)
-      if (born_[s] >= 0) free_at_[last_[s]] += bytes_[s];
-    walk(
-        rec, [&](int i, int s) { alloc_at_[i] += bytes_[s]; }, [](int, int) {},
-        [&](int i, int64_t ws) { alloc_at_[i] += ws, free_at_[i] += ws; });
+      if (born_[s] >= 0) alloc_at_[born_[s]] += bytes_[s], free_at_[last_[s]] += bytes_[s];
     int64_t live = 0, peak = 0;
     for (int i = 0; i < events; ++i) {
       live += alloc_at_[i];
       peak = std::max(peak, live);
-      live -= free_at_[i];
+      live -= free_at_[i] + ws_at_[i];
     }
     opt.working_bytes = peak;
     return opt;
@@ -127,12 +121,7 @@ class OptionEvaluator {
     for (int t = 0; t < n_; ++t)
       if (saved_[t] && (tensor_half_[t] == h || (h == 0 && tensor_half_[t] == 2)))
         f.kept += bytes_[t];
-    born_.assign(3 * n_, -1), last_.assign(3 * n_, -1);
-    const int events = walk(
-        rec, [&](int i, int s) { born_[s] = i, last_[s] = std::max(last_[s], i); },
-        [&](int i, int s) { last_[s] = i; }, [](int, int64_t) {});
-    ws_at_.assign(events, 0);
-    walk(rec, [](int, int) {}, [](int, int) {}, [&](int i, int64_t ws) { ws_at_[i] += ws; });
+    const int events = lives(rec);
     for (auto& d : born_at_) d.assign(events, 0);
     for (auto& d : dead_at_) d.assign(events, 0);
     for (int s = 0; s < 3 * n_; ++s)
@@ -172,6 +161,18 @@ class OptionEvaluator {
   }
 
  private:
+  // One walk: each slot's birth and last use (born_, last_; -1 for a slot never made) and the
+  // workspace bytes at each event (ws_at_); returns the number of events.
+  int lives(const std::vector<bool>& rec) {
+    int events = static_cast<int>(g_.ops.size()) + 2;
+    for (size_t o = 0; o < g_.ops.size(); ++o) events += rec[o] + runs_[o];
+    born_.assign(3 * n_, -1), last_.assign(3 * n_, -1), ws_at_.assign(events, 0);
+    walk(
+        rec, [&](int i, int s) { born_[s] = i, last_[s] = std::max(last_[s], i); },
+        [&](int i, int s) { last_[s] = i; }, [&](int i, int64_t ws) { ws_at_[i] += ws; });
+    return events;
+  }
+
   // saved_: the values kept for the backward under `rec`.
   void mark_saved(const std::vector<bool>& rec) {
     saved_.assign(n_, 0);
@@ -434,10 +435,10 @@ std::optional<SplitFrontier> split_frontier(const BlockGraph& g,
   // The pairs no other beats on all of (kept, working, cost), in the order sorted.
   auto front = [&](std::vector<Pair>& pairs) {
     std::sort(pairs.begin(), pairs.end(), by_value);
-    std::vector<std::pair<int64_t, int64_t>> stair;
+    Staircase<int64_t> stair;
     std::vector<Pair> kept;
     for (const Pair& p : pairs)
-      if (stair_admits(stair, p.kept, p.working)) kept.push_back(p);
+      if (stair.admits(p.kept, p.working)) kept.push_back(p);
     pairs = std::move(kept);
   };
   std::vector<std::array<std::vector<std::vector<bool>>, 2>> masks;  // per configuration, half
@@ -450,7 +451,8 @@ std::optional<SplitFrontier> split_frontier(const BlockGraph& g,
     std::array<std::vector<std::vector<bool>>, 2>& m = masks.emplace_back();
     std::array<std::vector<Figures>, 2> figs;
     size_t raw[2] = {0, 0};
-    for (int h = 0; h < 2; ++h) {
+    for (int h : {1, 0}) {  // the MLP half first: without its masks, the attention's are not needed
+      if (h == 0 && raw[1] == 0) break;
       std::vector<std::pair<std::vector<bool>, Figures>> seen;
       visit_masks(
           g, base, h ? mid : 0, h ? n : mid, SIZE_MAX,

@@ -52,9 +52,9 @@ std::vector<State> prune(std::vector<State> s) {
     return a.cost < b.cost;
   });
   std::vector<State> out;
-  std::vector<std::pair<int64_t, double>> stair;  // e ascending, cost descending
+  Staircase<double> stair;  // e ascending, cost descending
   for (const State& st : s)
-    if (stair_admits(stair, st.e, st.cost)) out.push_back(st);
+    if (stair.admits(st.e, st.cost)) out.push_back(st);
   return out;
 }
 
@@ -109,9 +109,9 @@ std::vector<ParetoChoice> keep_least(std::vector<ParetoChoice> in) {
     return std::tie(a.kept, ma, a.cost) < std::tie(b.kept, mb, b.cost);
   });
   std::vector<ParetoChoice> out;
-  std::vector<std::pair<int64_t, double>> stair;  // kept + transient ascending, cost descending
+  Staircase<double> stair;  // kept + transient ascending, cost descending
   for (ParetoChoice& c : in)
-    if (stair_admits(stair, c.kept + c.transient, c.cost)) out.push_back(std::move(c));
+    if (stair.admits(c.kept + c.transient, c.cost)) out.push_back(std::move(c));
   return out;
 }
 
@@ -143,7 +143,7 @@ std::vector<ParetoChoice> group_choices(const StageProblem& p) {
   std::vector<std::vector<St>> at(L + 1);
   at[0].push_back({0, kNone, 0.0, -1});
   std::vector<St> shifted, merged;
-  std::vector<std::pair<int64_t, double>> stair;  // M ascending, cost descending
+  Staircase<double> stair;  // M ascending, cost descending
   for (int o : order) {
     const StageOption& op = opts[o];
     for (int64_t j = 0; j < L; ++j) {
@@ -167,7 +167,7 @@ std::vector<ParetoChoice> group_choices(const StageProblem& p) {
       out.clear();
       stair.clear();
       for (const St& s : merged)
-        if (stair_admits(stair, s.M, s.cost)) out.push_back(s);
+        if (stair.admits(s.M, s.cost)) out.push_back(s);
     }
   }
   std::vector<ParetoChoice> out;
@@ -396,31 +396,28 @@ class GroupProgramme {
     suffix_last_.resize(opt_.size() + 1);
     // Each suffix's envelope and staircase from the next suffix's and the one option added (the
     // lower hull of a set is that of its subset's hull and the rest), not from all its options.
+    // (w + (f - 1) k, cost) of the options from g on that no other beats on both: the bound
+    // below tries each; with many, runs of neighbours are merged into their least key and least
+    // cost (key ascending, cost descending: first key, last cost), which bounds each from below.
+    Staircase<double> last;
     for (size_t g = opt_.size(); g-- > 0;) {
       suffix_hull_[g] = envelope_with(suffix_hull_[g + 1],
                                       {static_cast<double>(opt_[g].kept), opt_[g].cost});
-      // (w + (f - 1) k, cost) of the options from g on that no other beats on both.
-      std::vector<std::pair<int64_t, double>> last = suffix_last_[g + 1];
-      std::pair<int64_t, double> x{opt_[g].working + (f_ - 1) * opt_[g].kept, opt_[g].cost};
-      last.insert(std::lower_bound(last.begin(), last.end(), x), x);
-      suffix_last_[g].clear();
-      for (auto y : last)
-        if (suffix_last_[g].empty() || y.second < suffix_last_[g].back().second)
-          suffix_last_[g].push_back(y);
-    }
-    // The bound below tries each of these; with many, runs of neighbours are merged into their
-    // least key and least cost (key ascending, cost descending: first key, last cost), which
-    // bounds each of them from below.
-    for (auto& last : suffix_last_) {
+      last.admits(opt_[g].working + (f_ - 1) * opt_[g].kept, opt_[g].cost);
+      const auto& steps = last.steps();
       constexpr size_t kMost = 6;
-      if (last.size() <= kMost) continue;
-      std::vector<std::pair<int64_t, double>> merged;
-      for (size_t i = 0; i < kMost; ++i) {
-        size_t lo = i * last.size() / kMost, hi = (i + 1) * last.size() / kMost;
-        merged.push_back({last[lo].first, last[hi - 1].second});
+      if (steps.size() <= kMost) {
+        suffix_last_[g] = steps;
+        continue;
       }
-      last = std::move(merged);
+      for (size_t i = 0; i < kMost; ++i) {
+        size_t lo = i * steps.size() / kMost, hi = (i + 1) * steps.size() / kMost;
+        suffix_last_[g].push_back({steps[lo].first, steps[hi - 1].second});
+      }
     }
+    for (size_t g = 0; g < opt_.size(); ++g)
+      for (auto [k, c] : suffix_hull_[0])
+        if (static_cast<double>(opt_[g].kept) == k && opt_[g].cost == c) vertex_.push_back(g);
   }
 
   static constexpr int64_t kNone = std::numeric_limits<int64_t>::min() / 4;  // M of no layer
@@ -439,6 +436,13 @@ class GroupProgramme {
   // `hint`: a feasible choice of this stage known in advance (a tighter bound than the seed's).
   // `below`: only a choice costing less than it is wanted (the result is infeasible otherwise).
   // The tables the constructor makes serve any number of calls.
+  // The LP lower bound on the run's cost within `b` (infinite when nothing can fit).
+  double lower_bound(const Bounds& b) {
+    b_ = b;
+    if (b_.extra > b_.room_k || b_.m0 > b_.room_m) return std::numeric_limits<double>::infinity();
+    return lower(0, static_cast<size_t>(L_), 0, f_ == 1 ? kNone : b_.m0);
+  }
+
   StageSolution solve(const Bounds& b, const StageSolution* hint, double below) {
     b_ = b;
     best_ = {};
@@ -506,7 +510,10 @@ class GroupProgramme {
       if (s.cost < best->cost) best = &s;
     std::vector<int64_t> count(opt_.size(), 0);
     for (int n = best->node; n >= 0; n = nodes_[n].parent) ++count[nodes_[n].group];
-    StageSolution sol = expand(count);
+    Mix mix;
+    for (size_t g = 0; g < count.size(); ++g)
+      if (count[g] > 0) mix.push_back({g, count[g]});
+    StageSolution sol = expand(mix);
     return !best_.feasible || sol.cost <= best_.cost ? sol : best_;
   }
 
@@ -527,10 +534,10 @@ class GroupProgramme {
         if (out.empty() || s.cost < out.back().cost) out.push_back(s);
       return;
     }
-    std::vector<std::pair<int64_t, double>>& stair = scratch_;  // M ascending, cost descending
+    Staircase<double>& stair = scratch_;  // M ascending, cost descending
     stair.clear();
     for (const State& s : in)
-      if (stair_admits(stair, s.m, s.cost)) out.push_back(s);
+      if (stair.admits(s.m, s.cost)) out.push_back(s);
   }
 
   // A lower bound on the cost of `rest` more layers on groups g and later, after kept bytes P
@@ -557,23 +564,26 @@ class GroupProgramme {
     return std::max(all, last);
   }
 
-  // Whether counts in group order keep within the bounds, without expanding them.
-  bool fits(const std::vector<int64_t>& count) const {
+  // Layer counts of some groups: (group, count), group order.
+  using Mix = std::vector<std::pair<size_t, int64_t>>;
+
+  // Whether a mix keeps within the bounds, without expanding it.
+  bool fits(const Mix& mix) const {
     int64_t P = 0, M = b_.m0;
-    for (size_t g = 0; g < opt_.size(); ++g)
-      if (count[g] > 0) {
-        P += count[g] * opt_[g].kept;
+    for (auto [g, n] : mix)
+      if (n > 0) {
+        P += n * opt_[g].kept;
         M = std::max(M, P + opt_[g].working - opt_[g].kept);  // its last layer
       }
     return f_ * P + b_.extra <= b_.room_k && (f_ - 1) * P + M <= b_.room_m;
   }
 
   // The layers in forward order, and their cost summed in that order.
-  StageSolution expand(const std::vector<int64_t>& count) const {
+  StageSolution expand(const Mix& mix) const {
     StageSolution sol;
     sol.feasible = true;
-    for (size_t g = 0; g < opt_.size(); ++g)
-      for (int64_t i = 0; i < count[g]; ++i) sol.choice.push_back(order_[g]);
+    for (auto [g, n] : mix)
+      for (int64_t i = 0; i < n; ++i) sol.choice.push_back(order_[g]);
     for (int o : sol.choice) sol.cost += p_.layers.front()[o].cost;
     sol.peak = model_peak(p_, sol.choice);
     return sol;
@@ -582,28 +592,19 @@ class GroupProgramme {
   // Upper bound to start from: each option alone, and each mix of two vertices of the convex
   // envelope with the fewest layers on the dearer one that still fits.
   void seed() {
-    const size_t m = opt_.size();
-    auto offer = [&](const std::vector<int64_t>& count) {
-      if (!fits(count)) return;
-      StageSolution s = expand(count);
+    auto offer = [&](const Mix& mix) {
+      if (!fits(mix)) return;
+      StageSolution s = expand(mix);
       if (!best_.feasible || s.cost < best_.cost) best_ = s;
     };
-    std::vector<size_t> vertex;
-    for (size_t g = 0; g < m; ++g) {
-      std::vector<int64_t> count(m, 0);
-      count[g] = L_;
-      offer(count);
-      for (auto [k, c] : suffix_hull_[0])
-        if (static_cast<double>(opt_[g].kept) == k && opt_[g].cost == c) vertex.push_back(g);
-    }
-    for (size_t a : vertex)
-      for (size_t c : vertex) {
+    for (size_t g = 0; g < opt_.size(); ++g) offer({{g, L_}});
+    for (size_t a : vertex_)
+      for (size_t c : vertex_) {
         if (opt_[c].cost <= opt_[a].cost) continue;  // a the cheaper, c the dearer
         for (int64_t n = 1; n < L_; ++n) {           // n layers of c, the rest of a
-          std::vector<int64_t> count(m, 0);
-          count[a] = L_ - n, count[c] = n;
-          if (!fits(count)) continue;
-          offer(count);
+          Mix mix = a < c ? Mix{{a, L_ - n}, {c, n}} : Mix{{c, n}, {a, L_ - n}};
+          if (!fits(mix)) continue;
+          offer(mix);
           break;
         }
       }
@@ -616,8 +617,9 @@ class GroupProgramme {
   std::vector<StageOption> opt_;                                      // the options in group order
   std::vector<std::vector<std::pair<double, double>>> suffix_hull_;   // envelope of groups g..
   std::vector<std::vector<std::pair<int64_t, double>>> suffix_last_;  // (w + (f-1) k, cost)
+  std::vector<size_t> vertex_;  // the groups on the whole envelope
   std::vector<Node> nodes_;
-  std::vector<std::pair<int64_t, double>> scratch_;
+  Staircase<double> scratch_;
   Bounds b_{};
   StageSolution best_;  // the seed
   double upper_ = std::numeric_limits<double>::infinity();
@@ -650,6 +652,8 @@ class RunSolver {
     }
     programme_.emplace(p_);
   }
+
+  double lower_bound(const GroupProgramme::Bounds& b) { return programme_->lower_bound(b); }
 
   StageSolution solve(const GroupProgramme::Bounds& b, double below) {
     if (!few_programme_) return programme_->solve(b, nullptr, below);
@@ -693,25 +697,35 @@ std::optional<StageSolution> solve_around_run(const StageProblem& p, double belo
   run.layers.assign(at(lo), at(hi));
   after.layers.assign(at(hi), p.layers.end());
   const std::vector<ParetoChoice> pre = pareto_choices(before), post = pareto_choices(after);
+  RunSolver solver(std::move(run));
+  const int64_t room = p.budget - p.base, f = p.in_flight;
+  auto bounds_of = [&](const ParetoChoice& b, const ParetoChoice& a) {
+    GroupProgramme::Bounds bounds{room - f * (b.kept + a.kept), 0, a.transient, b.transient};
+    bounds.room_m = bounds.room_k + a.kept;
+    return bounds;
+  };
+  // Each pairing's cost plus the run's LP lower bound within its bounds: the least any choice
+  // with that pairing can cost. Searched in that order, until the bound passes the best found.
   struct Pairing {
-    double cost;
+    double cost, lower;
     size_t b, a;
   };
   std::vector<Pairing> pairings;
   for (size_t i = 0; i < pre.size(); ++i)
-    for (size_t j = 0; j < post.size(); ++j) pairings.push_back({pre[i].cost + post[j].cost, i, j});
+    for (size_t j = 0; j < post.size(); ++j) {
+      const double cost = pre[i].cost + post[j].cost;
+      if (cost >= below) continue;
+      const double lower = cost + solver.lower_bound(bounds_of(pre[i], post[j]));
+      if (lower < below) pairings.push_back({cost, lower, i, j});
+    }
   std::stable_sort(pairings.begin(), pairings.end(),
-                   [](const Pairing& x, const Pairing& y) { return x.cost < y.cost; });
-  RunSolver solver(std::move(run));
-  const int64_t room = p.budget - p.base, f = p.in_flight;
+                   [](const Pairing& x, const Pairing& y) { return x.lower < y.lower; });
   StageSolution best;
   double bound = below;
   for (const Pairing& pr : pairings) {
-    if (pr.cost >= bound) break;  // cheapest first: no later pairing does better
+    if (pr.lower >= bound) break;  // least bound first: no later pairing does better
     const ParetoChoice &b = pre[pr.b], &a = post[pr.a];
-    GroupProgramme::Bounds bounds{room - f * (b.kept + a.kept), 0, a.transient, b.transient};
-    bounds.room_m = bounds.room_k + a.kept;
-    StageSolution mid = solver.solve(bounds, bound - pr.cost);
+    StageSolution mid = solver.solve(bounds_of(b, a), bound - pr.cost);
     if (!mid.feasible) continue;
     StageSolution sol{true, 0, b.choice, 0};
     sol.choice.insert(sol.choice.end(), mid.choice.begin(), mid.choice.end());

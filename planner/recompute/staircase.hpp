@@ -9,18 +9,26 @@
 
 namespace np {
 
-// False when some step has no larger m and no larger v than (m, v); else the point goes in and
-// the steps it beats go out.
 template <typename V>
-bool stair_admits(std::vector<std::pair<int64_t, V>>& stair, int64_t m, V v) {
-  auto by_m = [](const auto& x, const auto& y) { return x.first < y.first; };
-  auto it = std::upper_bound(stair.begin(), stair.end(), std::pair{m, v}, by_m);
-  if (it != stair.begin() && std::prev(it)->second <= v) return false;
-  auto lo = std::lower_bound(stair.begin(), stair.end(), std::pair{m, v}, by_m);
-  auto hi = lo;
-  while (hi != stair.end() && hi->second >= v) ++hi;
-  stair.insert(stair.erase(lo, hi), {m, v});
-  return true;
-}
+class Staircase {
+ public:
+  // False when some step has no larger m and no larger v than (m, v); else the point goes in and
+  // the steps it beats go out.
+  bool admits(int64_t m, V v) {
+    auto by_m = [](const auto& x, const auto& y) { return x.first < y.first; };
+    auto it = std::upper_bound(steps_.begin(), steps_.end(), std::pair{m, v}, by_m);
+    if (it != steps_.begin() && std::prev(it)->second <= v) return false;
+    auto lo = std::lower_bound(steps_.begin(), steps_.end(), std::pair{m, v}, by_m);
+    auto hi = lo;
+    while (hi != steps_.end() && hi->second >= v) ++hi;
+    steps_.insert(steps_.erase(lo, hi), {m, v});
+    return true;
+  }
+  void clear() { steps_.clear(); }
+  const std::vector<std::pair<int64_t, V>>& steps() const { return steps_; }
+
+ private:
+  std::vector<std::pair<int64_t, V>> steps_;
+};
 
 }  // namespace np
