@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "planner/schedule/parallel.hpp"
 #include "planner/schedule/runtime_terms.hpp"
 #include "planner/schedule/simulate.hpp"
 #include "planner/recompute/solve.hpp"
@@ -490,9 +491,17 @@ class PlanSteps {
     plan_.fits = true;
     for (int attempt = 0; attempt < 8; ++attempt) {
       bool any = false;
-      for (size_t st = 0; st < shapes_.size(); ++st) {
-        if (settled[st]) continue;
-        StageChoice c = solver_.cheapest(shapes_[st], target_[st]);
+      // The open stages' problems are independent: solved in parallel, adopted in stage order.
+      std::vector<size_t> open;
+      for (size_t st = 0; st < shapes_.size(); ++st)
+        if (!settled[st]) open.push_back(st);
+      std::vector<StageChoice> choices(open.size());
+      parallel_for(open.size(), [&](size_t i) {
+        choices[i] = solver_.cheapest(shapes_[open[i]], target_[open[i]]);
+      });
+      for (size_t i = 0; i < open.size(); ++i) {
+        const size_t st = open[i];
+        const StageChoice& c = choices[i];
         if (!c.layers.feasible) {
           settled[st] = true;
           infeasible = true;
@@ -641,13 +650,15 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
                     std::to_string(t.tp_recompute_allgather);
   FrontierCache own;
   FrontierCache& cache = options.cache ? *options.cache : own;
-  std::shared_ptr<FrontierCache::Entry> entry = cached_frontier(cache, key, blocks.layer, t, hw);
+  // The MoE layer's frontier and a mixed model's dense layers' own, cached beside it, found in
+  // parallel.
+  std::shared_ptr<FrontierCache::Entry> entry, dense;
+  parallel_for(blocks.dense ? 2 : 1, [&](size_t i) {
+    if (i == 0) entry = cached_frontier(cache, key, blocks.layer, t, hw);
+    if (i == 1) dense = cached_frontier(cache, key + "/dense", *blocks.dense, t, hw);
+  });
   plan.frontier = entry->frontier, plan.option_names = entry->names;
-  if (blocks.dense) {  // the dense layers' own frontier, cached beside the MoE layer's
-    std::shared_ptr<FrontierCache::Entry> dense =
-        cached_frontier(cache, key + "/dense", *blocks.dense, t, hw);
-    plan.dense_frontier = dense->frontier, plan.dense_option_names = dense->names;
-  }
+  if (dense) plan.dense_frontier = dense->frontier, plan.dense_option_names = dense->names;
   const EdgeOptions embedding = edge_options(blocks.embedding, t, hw),
                     head = edge_options(blocks.head, t, hw);
   const StageSolver solver(plan.frontier.options, embedding, head, *entry,

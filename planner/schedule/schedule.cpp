@@ -3,13 +3,11 @@
 #include "planner/schedule/schedule.hpp"
 
 #include <algorithm>
-#include <atomic>
-#include <exception>
 #include <limits>
-#include <thread>
 #include <tuple>
 
 #include "planner/schedule/contract.hpp"
+#include "planner/schedule/parallel.hpp"
 
 namespace np {
 
@@ -648,8 +646,8 @@ Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolic
     std::vector<int>& chunk = layers[j % t.pp].emplace_back();
     for (int64_t l = 0; l < counts[j]; ++l) chunk.push_back(static_cast<int>(first + l));
   }
-  // The stages' programs are independent: built on up to hardware_concurrency threads (each
-  // reads the shared graphs and writes its own program), the same programs in the same order.
+  // The stages' programs are independent: built in parallel (each reads the shared graphs and
+  // writes its own program), the same programs in the same order.
   s.stages.resize(static_cast<size_t>(t.pp));
   auto build_stage = [&](int stage) {
     int64_t mbs = t.microbatches;
@@ -657,25 +655,7 @@ Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolic
     ProgramBuilder pb(m, t, stage, layers[stage], emb, layer, head, policies, mbs, dense);
     s.stages[static_cast<size_t>(stage)] = pb.build();
   };
-  int threads = static_cast<int>(std::min<int64_t>(t.pp, std::thread::hardware_concurrency()));
-  if (threads <= 1) {
-    for (int stage = 0; stage < t.pp; ++stage) build_stage(stage);
-    return s;
-  }
-  std::atomic<int> next{0};
-  std::vector<std::exception_ptr> failed(static_cast<size_t>(threads));
-  std::vector<std::thread> pool;
-  for (int w = 0; w < threads; ++w)
-    pool.emplace_back([&, w] {
-      try {
-        for (int stage; (stage = next++) < t.pp;) build_stage(stage);
-      } catch (...) {
-        failed[static_cast<size_t>(w)] = std::current_exception();
-      }
-    });
-  for (std::thread& th : pool) th.join();
-  for (const std::exception_ptr& e : failed)
-    if (e) std::rethrow_exception(e);
+  parallel_for(static_cast<size_t>(t.pp), [&](size_t stage) { build_stage(static_cast<int>(stage)); });
   return s;
 }
 
