@@ -12,6 +12,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "planner/schedule/parallel.hpp"
 #include "planner/recompute/mincut.hpp"
 #include "planner/recompute/staircase.hpp"
 
@@ -441,14 +442,23 @@ std::optional<SplitFrontier> split_frontier(const BlockGraph& g,
       if (stair.admits(p.kept, p.working)) kept.push_back(p);
     pairs = std::move(kept);
   };
-  std::vector<std::array<std::vector<std::vector<bool>>, 2>> masks;  // per configuration, half
-  std::vector<Pair> best;
-  for (uint32_t c = 0; c < (1u << config.size()); ++c) {
+  // Each configuration on its own (in parallel, each with its own evaluator), then merged in
+  // configuration order.
+  struct Config {
+    std::array<std::vector<std::vector<bool>>, 2> masks;  // per half: the undominated ones
+    std::vector<Pair> pairs;
+    size_t choices = 0, evaluated = 0;
+  };
+  std::vector<Config> configs(size_t{1} << config.size());
+  parallel_for(configs.size(), [&](size_t ci) {
+    const uint32_t c = static_cast<uint32_t>(ci);
+    Config& out_c = configs[ci];
+    OptionEvaluator ev(g, op_cost);
+    ev.split_at(mid);
     std::vector<bool> base(n, false);
     std::vector<signed char> forced(n, -1);
     for (size_t j = 0; j < config.size(); ++j)
       base[config[j]] = c >> j & 1u, forced[config[j]] = static_cast<signed char>(c >> j & 1u);
-    std::array<std::vector<std::vector<bool>>, 2>& m = masks.emplace_back();
     std::array<std::vector<Figures>, 2> figs;
     size_t raw[2] = {0, 0};
     for (int h : {1, 0}) {  // the MLP half first: without its masks, the attention's are not needed
@@ -459,10 +469,10 @@ std::optional<SplitFrontier> split_frontier(const BlockGraph& g,
           [&](const std::vector<bool>& mask) {
             if (!ok(mask)) return;
             ++raw[h];
-            seen.emplace_back(mask, eval.half_figures(mask, h));
+            seen.emplace_back(mask, ev.half_figures(mask, h));
           },
           &forced);
-      out.evaluated += seen.size();
+      out_c.evaluated += seen.size();
       // Cheapest first; one whose figures an earlier one's match or beat everywhere goes.
       std::stable_sort(seen.begin(), seen.end(), [](const auto& x, const auto& y) {
         return std::tie(x.second.cost, x.second.kept) < std::tie(y.second.cost, y.second.kept);
@@ -479,23 +489,27 @@ std::optional<SplitFrontier> split_frontier(const BlockGraph& g,
         }
         if (beaten) continue;
         figs[h].push_back(f);
-        m[h].push_back(std::move(mask));
+        out_c.masks[h].push_back(std::move(mask));
       }
     }
-    out.choices += raw[0] * raw[1];
-    std::vector<Pair> pairs;
+    out_c.choices = raw[0] * raw[1];
     for (uint32_t a = 0; a < figs[0].size(); ++a)
       for (uint32_t b = 0; b < figs[1].size(); ++b) {
         const Figures &x = figs[0][a], &y = figs[1][b];
-        pairs.push_back({x.kept + y.kept, OptionEvaluator::working(x, y), x.cost + y.cost, c, a, b});
+        out_c.pairs.push_back(
+            {x.kept + y.kept, OptionEvaluator::working(x, y), x.cost + y.cost, c, a, b});
       }
-    front(pairs);
-    best.insert(best.end(), pairs.begin(), pairs.end());
+    front(out_c.pairs);
+  });
+  std::vector<Pair> best;
+  for (const Config& c : configs) {
+    out.choices += c.choices, out.evaluated += c.evaluated;
+    best.insert(best.end(), c.pairs.begin(), c.pairs.end());
   }
   front(best);
   for (const Pair& p : best) {
-    std::vector<bool> mask = masks[p.c][0][p.a];
-    for (int o = mid; o < n; ++o) mask[o] = masks[p.c][1][p.b][o];
+    std::vector<bool> mask = configs[p.c].masks[0][p.a];
+    for (int o = mid; o < n; ++o) mask[o] = configs[p.c].masks[1][p.b][o];
     LayerOption o = eval.evaluate(mask);
     if (o.kept_bytes != p.kept || o.working_bytes != p.working)
       throw std::logic_error("the layer's halves disagree with its whole evaluation");
