@@ -315,7 +315,7 @@ bool uniform(const StageProblem& p) {
 // Least LP cost of r layers of a convex envelope (kept ascending, cost strictly descending) that
 // keep at most `cap` bytes together; infinity when even the smallest kept bytes do not fit.
 double envelope_lower(const std::vector<std::pair<double, double>>& hull, size_t r, double cap) {
-  if (r == 0) return 0;
+  if (r == 0) return cap >= 0 ? 0 : std::numeric_limits<double>::infinity();
   if (hull.empty()) return std::numeric_limits<double>::infinity();
   double x = cap / static_cast<double>(r);
   if (x < hull.front().first) return std::numeric_limits<double>::infinity();
