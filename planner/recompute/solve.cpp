@@ -466,9 +466,15 @@ class GroupProgramme {
     std::vector<std::vector<State>> stair(L_ + 1);
     stair[0].push_back({0, m0, 0.0, -1});
     std::vector<State> shifted, merged;
+    // An option no choice within the bounds can take (with every other layer at the least kept
+    // bytes of all: f K + extra and (f - 1) K + its own working bytes still too much) adds no
+    // state, and its pass is skipped.
+    int64_t least = std::numeric_limits<int64_t>::max();
+    for (const StageOption& o : opt_) least = std::min(least, o.kept);
     for (size_t g = 0; g < opt_.size(); ++g) {
       const StageOption& o = opt_[g];
-      const int64_t d = o.working - o.kept;
+      const int64_t d = o.working - o.kept, K = o.kept + (L_ - 1) * least;
+      if (f_ * K + b_.extra > b_.room_k || (f_ - 1) * K + o.working > b_.room_m) continue;
       for (int64_t j = 0; j < L_; ++j) {
         const size_t rest = static_cast<size_t>(L_ - j - 1);  // layers after this copy
         shifted.clear();
