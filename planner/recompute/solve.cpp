@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <tuple>
@@ -120,11 +121,22 @@ std::vector<ParetoChoice> keep_least(std::vector<ParetoChoice> in) {
 // options in that order adding one copy at a time; a state is (layers placed j, kept bytes P,
 // M = the largest P_l + w_l so far, cost), and one no other of the same j beats on all of
 // (P, M, cost) is kept; a state whose f P + extra or (f - 1) P + M leaves the budget is dropped.
-// A chunk's choice then has kept P and transient max(extra, M - P).
-std::vector<ParetoChoice> group_choices(const StageProblem& p) {
+// A chunk's choice then has kept P and transient max(extra, M - P). A state for which `beyond`
+// holds is dropped too (a caller's bound: it holds for every state grown from it).
+std::vector<ParetoChoice> group_choices(
+    const StageProblem& p, const std::function<bool(int64_t, int64_t, double)>& beyond = {}) {
   const std::vector<StageOption>& opts = p.layers.front();
   const int64_t L = static_cast<int64_t>(p.layers.size()), f = p.in_flight,
                 room = p.budget - p.base;
+  if (L == 1) {  // one layer: its options within the budget, the unbeaten ones
+    std::vector<ParetoChoice> out;
+    for (size_t o = 0; o < opts.size(); ++o) {
+      const StageOption& x = opts[o];
+      if (f * x.kept + p.extra > room || (f - 1) * x.kept + x.working > room) continue;
+      out.push_back({x.kept, std::max(p.extra, x.working - x.kept), x.cost, {static_cast<int>(o)}});
+    }
+    return keep_least(std::move(out));
+  }
   std::vector<int> order(opts.size());
   for (size_t o = 0; o < opts.size(); ++o) order[o] = static_cast<int>(o);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
@@ -151,6 +163,7 @@ std::vector<ParetoChoice> group_choices(const StageProblem& p) {
       for (const St& s : at[j]) {
         St n{s.P + op.kept, std::max(s.M, s.P + op.working), s.cost + op.cost, s.node};
         if (f * n.P + p.extra > room || (f - 1) * n.P + n.M > room) continue;
+        if (beyond && beyond(n.P, n.M, n.cost)) continue;
         shifted.push_back(n);
       }
       if (shifted.empty()) continue;
@@ -702,7 +715,7 @@ std::optional<StageSolution> solve_around_run(const StageProblem& p, double belo
   before.extra = GroupProgramme::kNone;  // its transient is then M_b - K_b
   run.layers.assign(at(lo), at(hi));
   after.layers.assign(at(hi), p.layers.end());
-  const std::vector<ParetoChoice> pre = pareto_choices(before), post = pareto_choices(after);
+  const std::vector<ParetoChoice> post = pareto_choices(after);
   RunSolver solver(std::move(run));
   const int64_t room = p.budget - p.base, f = p.in_flight;
   auto bounds_of = [&](const ParetoChoice& b, const ParetoChoice& a) {
@@ -710,38 +723,70 @@ std::optional<StageSolution> solve_around_run(const StageProblem& p, double belo
     bounds.room_m = bounds.room_k + a.kept;
     return bounds;
   };
-  // Each pairing's cost plus the run's LP lower bound within its bounds: the least any choice
-  // with that pairing can cost. Searched in that order, until the bound passes the best found.
-  struct Pairing {
-    double cost, lower;
-    size_t b, a;
-  };
-  std::vector<Pairing> pairings;
-  for (size_t i = 0; i < pre.size(); ++i)
-    for (size_t j = 0; j < post.size(); ++j) {
-      const double cost = pre[i].cost + post[j].cost;
-      if (cost >= below) continue;
-      const double lower = cost + solver.lower_bound(bounds_of(pre[i], post[j]));
-      if (lower < below) pairings.push_back({cost, lower, i, j});
-    }
-  std::stable_sort(pairings.begin(), pairings.end(),
-                   [](const Pairing& x, const Pairing& y) { return x.lower < y.lower; });
   StageSolution best;
   double bound = below;
-  for (const Pairing& pr : pairings) {
-    if (pr.lower >= bound) break;  // least bound first: no later pairing does better
-    const ParetoChoice &b = pre[pr.b], &a = post[pr.a];
-    StageSolution mid = solver.solve(bounds_of(b, a), bound - pr.cost);
-    if (!mid.feasible) continue;
-    StageSolution sol{true, 0, b.choice, 0};
-    sol.choice.insert(sol.choice.end(), mid.choice.begin(), mid.choice.end());
-    sol.choice.insert(sol.choice.end(), a.choice.begin(), a.choice.end());
-    for (size_t l = 0; l < n; ++l) sol.cost += p.layers[l][static_cast<size_t>(sol.choice[l])].cost;
-    if (sol.cost >= bound) continue;
-    sol.peak = model_peak(p, sol.choice);
-    best = std::move(sol);
-    bound = best.cost;
+  // Each pairing's cost plus the run's LP lower bound within its bounds: the least any choice
+  // with that pairing can cost. Searched in that order, until the bound passes the best found.
+  auto search = [&](const std::vector<ParetoChoice>& pre) {
+    struct Pairing {
+      double cost, lower;
+      size_t b, a;
+    };
+    std::vector<Pairing> pairings;
+    for (size_t i = 0; i < pre.size(); ++i)
+      for (size_t j = 0; j < post.size(); ++j) {
+        const double cost = pre[i].cost + post[j].cost;
+        if (cost >= bound) continue;
+        const double lower = cost + solver.lower_bound(bounds_of(pre[i], post[j]));
+        if (lower < bound) pairings.push_back({cost, lower, i, j});
+      }
+    std::stable_sort(pairings.begin(), pairings.end(),
+                     [](const Pairing& x, const Pairing& y) { return x.lower < y.lower; });
+    for (const Pairing& pr : pairings) {
+      if (pr.lower >= bound) break;  // least bound first: no later pairing does better
+      const ParetoChoice &b = pre[pr.b], &a = post[pr.a];
+      StageSolution mid = solver.solve(bounds_of(b, a), bound - pr.cost);
+      if (!mid.feasible) continue;
+      StageSolution sol{true, 0, b.choice, 0};
+      sol.choice.insert(sol.choice.end(), mid.choice.begin(), mid.choice.end());
+      sol.choice.insert(sol.choice.end(), a.choice.begin(), a.choice.end());
+      for (size_t l = 0; l < n; ++l)
+        sol.cost += p.layers[l][static_cast<size_t>(sol.choice[l])].cost;
+      if (sol.cost >= bound) continue;
+      sol.peak = model_peak(p, sol.choice);
+      best = std::move(sol);
+      bound = best.cost;
+    }
+  };
+  if (lo == 0 || !uniform(before) || post.empty()) {
+    search(pareto_choices(before));
+    return best;
   }
+  // Layers of one kind before the run (DeepSeek's dense layers): their Pareto choices are many
+  // (tens of thousands for 3 layers of hundreds of options), most of them far from the optimum.
+  // First every layer before the run at one option, for a bound; then only the choices whose
+  // cost and the run's LP bound, with the loosest layers after it, can still beat it.
+  const std::vector<StageOption>& opts = before.layers.front();
+  const int64_t nb = static_cast<int64_t>(lo);
+  std::vector<ParetoChoice> same;
+  for (size_t o = 0; o < opts.size(); ++o) {
+    const int64_t K = nb * opts[o].kept, M = (nb - 1) * opts[o].kept + opts[o].working;
+    if ((f - 1) * K + M > room) continue;
+    ParetoChoice c{K, M - K, 0.0, std::vector<int>(lo, static_cast<int>(o))};
+    for (size_t l = 0; l < lo; ++l) c.cost += opts[o].cost;
+    same.push_back(std::move(c));
+  }
+  search(keep_least(std::move(same)));
+  ParetoChoice loosest{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max(),
+                       std::numeric_limits<double>::infinity(), {}};
+  for (const ParetoChoice& a : post) {
+    loosest.kept = std::min(loosest.kept, a.kept);
+    loosest.transient = std::min(loosest.transient, a.transient);
+    loosest.cost = std::min(loosest.cost, a.cost);
+  }
+  search(group_choices(before, [&](int64_t P, int64_t M, double cost) {
+    return cost + loosest.cost + solver.lower_bound(bounds_of({P, M - P, 0.0, {}}, loosest)) >= bound;
+  }));
   return best;
 }
 
