@@ -418,7 +418,7 @@ class GroupProgramme {
                                       {static_cast<double>(opt_[g].kept), opt_[g].cost});
       last.admits(opt_[g].working + (f_ - 1) * opt_[g].kept, opt_[g].cost);
       const auto& steps = last.steps();
-      constexpr size_t kMost = 6;
+      constexpr size_t kMost = 16;
       if (steps.size() <= kMost) {
         suffix_last_[g] = steps;
         continue;
