@@ -512,7 +512,11 @@ class PlanSteps {
       }
       if (!any || (infeasible && !verify_when_infeasible)) break;
       BlockPolicies pol = policies();
-      verified_ = build_schedule(m_, sim_, &pol, /*peak_only=*/true);
+      // After the first simulation only the stages solved again are built again.
+      std::vector<bool> changed(shapes_.size(), false);
+      for (size_t st : open) changed[st] = true;
+      verified_ = build_schedule(m_, sim_, &pol, /*peak_only=*/true,
+                                 verified_ ? &*verified_ : nullptr, &changed);
       ++plan_.simulations;
       Estimate e = estimate_schedule(*verified_, rt_,
                                      {.budget = budget_, .suggestions = false, .replays = &replays_});

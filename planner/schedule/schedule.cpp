@@ -632,7 +632,7 @@ StageStatics::ZeroTransients StageStatics::zero_transients(int stage) const {
 }
 
 Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolicies* policies,
-                        bool peak_only) {
+                        bool peak_only, const Schedule* keep, const std::vector<bool>* changed) {
   auto emb = std::make_shared<const BlockGraph>(build_embedding(m, t));
   auto layer = std::make_shared<const BlockGraph>(build_layer(m, t));
   auto head = std::make_shared<const BlockGraph>(build_head(m, t));
@@ -650,6 +650,10 @@ Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolic
   // writes its own program), the same programs in the same order.
   s.stages.resize(static_cast<size_t>(t.pp));
   auto build_stage = [&](int stage) {
+    if (keep && changed && !(*changed)[static_cast<size_t>(stage)]) {
+      s.stages[static_cast<size_t>(stage)] = keep->stages[static_cast<size_t>(stage)];
+      return;
+    }
     int64_t mbs = t.microbatches;
     if (peak_only && t.pp_schedule == PpSchedule::k1F1B) mbs = std::min(mbs, t.pp - stage);
     ProgramBuilder pb(m, t, stage, layers[stage], emb, layer, head, policies, mbs, dense);

@@ -206,7 +206,10 @@ struct BlockPolicies {
 // (its warm-up and the first steady-state pair, with as many micro-batches alive as ever; its
 // peak repeats after that). The stages then no longer exchange the same micro-batches, so such a
 // schedule is for simulation only, never for an executor.
+// `keep`: a schedule of the same model and setup whose stages `changed` does not mark are taken
+// as they are (their policies unchanged); only the marked ones are built again.
 Schedule build_schedule(const ModelSpec& m, const TrainSpec& t,
-                        const BlockPolicies* policies = nullptr, bool peak_only = false);
+                        const BlockPolicies* policies = nullptr, bool peak_only = false,
+                        const Schedule* keep = nullptr, const std::vector<bool>* changed = nullptr);
 
 }  // namespace np
