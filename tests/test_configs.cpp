@@ -190,11 +190,20 @@ TEST(MegatronArgs, MoeLayerFreqAgreesWithTheModel) {
   Result<ConfigSetup> ok = megatron_args("--moe-layer-freq ([0]*3+[1]*45)", m, 1);
   EXPECT_TRUE(ok.ok()) << ok.error().message;
   EXPECT_TRUE(megatron_args("--moe-layer-freq [0,0,0]+[1]*45", m, 1).ok());
+  // The whole list repeated: 3 dense then 13 MoE, three times, is not this model's; once is.
+  EXPECT_TRUE(megatron_args("--moe-layer-freq ([0]*3+[1]*45)*1", m, 1).ok());
+  m.dense_layers = {0, 1, 2, 16, 17, 18, 32, 33, 34};
+  ok = megatron_args("--moe-layer-freq ([0]*3+[1]*13)*3", m, 1);
+  EXPECT_TRUE(ok.ok()) << ok.error().message;
+  m.dense_layers = {0, 1, 2};
   for (auto [args, says] :
        {std::pair{"--moe-layer-freq 1", "whose dense layers are 0-2"},
         {"--moe-layer-freq ([0]*2+[1]*46)", "whose dense layers are 0-2"},
         {"--moe-layer-freq ([0]*3+[1]*44)", "valid: a whole number, or a list of 48"},
         {"--moe-layer-freq [2]*48", "valid: a whole number"},
+        {"--moe-layer-freq ([0]*3+[1]*13)*3", "whose dense layers are 0-2"},
+        {"--moe-layer-freq ([0]*3+[1]*45)*", "valid: a whole number"},
+        {"--moe-layer-freq ([0]*3+[1]*45)+1", "valid: a whole number"},
         {"--moe-layer-freq 0", "valid: a whole number"}}) {
     Result<ConfigSetup> c = megatron_args(args, m, 1);
     ASSERT_FALSE(c.ok()) << args;

@@ -1482,6 +1482,12 @@ TEST(CpuMoe, RouteChooseGroupsAndBias) {
   // One group of all: the plain top-2 of c.
   cpu::route_choose(s, bias, 8, 2, RouterSpec{}, chosen);
   EXPECT_EQ(std::vector<int64_t>(chosen, chosen + 2), (std::vector<int64_t>{0, 5}));
+  // top_k 3 over 2 groups: each group scored by its best 3 / 2 = 1 (rounded down, as Megatron's
+  // group_limited_topk): groups 0 and 3 again, and the top 3 of their experts 0, 1, 6, 7.
+  int64_t three[3];
+  cpu::route_choose(s, nullptr, 8, 3, r, three, mask);
+  EXPECT_EQ(std::vector<int64_t>(three, three + 3), (std::vector<int64_t>{0, 6, 1}));
+  EXPECT_EQ(std::vector<float>(mask, mask + 8), (std::vector<float>{1, 1, 0, 0, 0, 0, 1, 1}));
 }
 
 // The top-k's weights are the scores, not the biased ones: with the groups above, experts 0 and

@@ -202,6 +202,14 @@ TEST(ValidateModel, RejectsInconsistentModels) {
   m.hidden = 0;
   EXPECT_NE(validate_model(m)->message.find("hidden_size must be a positive integer"),
             std::string::npos);
+  // Group-limited routing: top_k 8 over 3 of 8 groups is Megatron's (each group scored by its
+  // best 8 / 3 = 2), more groups than top_k is not.
+  m = model("deepseek-v3");
+  m.moe->router.topk_groups = 3;
+  EXPECT_FALSE(validate_model(m));
+  m.moe->top_k = 2;
+  ASSERT_TRUE(validate_model(m));
+  EXPECT_NE(validate_model(m)->message.find("at most top_k 2"), std::string::npos);
 }
 
 }  // namespace

@@ -438,7 +438,7 @@ void route_topk_forward(const Tensor& scores, const Tensor* bias, const RouteScr
   long long T = scores.type.shape[0], E = scores.type.shape[1];
   int k = top_k_of(idx);
   need(k <= E && probs.numel() == T * k && idx.numel() == T * k && r.groups >= 1 &&
-           E % r.groups == 0 && r.topk_groups >= 1 && k % r.topk_groups == 0 &&
+           E % r.groups == 0 && r.topk_groups >= 1 && r.topk_groups <= k &&
            k <= r.topk_groups * (E / r.groups),
        "route top-k: top_k and the groups do not fit the experts");
   need((r.groups > 1) == (scratch.mask != nullptr && scratch.masked != nullptr) &&

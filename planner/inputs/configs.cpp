@@ -325,6 +325,8 @@ const std::set<std::string> kNoBytes = {
     "--tokenizer-model", "--num-workers", "--log-throughput-interval",
     "--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-z-loss-coeff",
     "--moe-router-bias-update-rate",
+    // YaRN's scaling factor changes the cos/sin values, not their sizes.
+    "--rotary-scaling-factor",
     "--tiktoken-pattern"};
 
 // The value flags megatron_args reads itself (the model's shape flags and kNoBytes aside).
@@ -365,23 +367,10 @@ const std::map<std::string, std::string> kNotModelled = {
 
 namespace {
 
-// Megatron's --moe-layer-freq as one 0/1 entry per layer (1: MoE), or nullopt when it is neither a
-// whole number nor a list expression of [0/1, ...] terms, each optionally times a count, joined
-// by + and optionally parenthesised, of `layers` entries.
-std::optional<std::vector<int>> moe_layer_pattern(std::string text, int64_t layers) {
-  auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
-  auto digit = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; };
-  text.erase(std::remove_if(text.begin(), text.end(), space), text.end());
+// "[0/1, ...]*n + ..." (each count optional) as its entries; nullopt when malformed or past
+// `most` entries.
+std::optional<std::vector<int>> pattern_terms(const std::string& text, int64_t most) {
   std::vector<int> out;
-  if (!text.empty() && std::all_of(text.begin(), text.end(), digit)) {
-    if (text.size() > 6) return std::nullopt;
-    int every = std::stoi(text);
-    if (every < 1) return std::nullopt;
-    for (int64_t l = 0; l < layers; ++l) out.push_back(l % every == 0 ? 1 : 0);
-    return out;
-  }
-  if (text.size() >= 2 && text.front() == '(' && text.back() == ')')
-    text = text.substr(1, text.size() - 2);
   size_t at = 0;
   while (at < text.size()) {
     if (text[at] != '[') return std::nullopt;
@@ -402,10 +391,47 @@ std::optional<std::vector<int>> moe_layer_pattern(std::string text, int64_t laye
       times = std::stoll(text.substr(at + 1, end - at - 1));
       at = end;
     }
-    for (int64_t k = 0; k < times && static_cast<int64_t>(out.size()) <= layers; ++k)
+    for (int64_t k = 0; k < times && static_cast<int64_t>(out.size()) <= most; ++k)
       out.insert(out.end(), term.begin(), term.end());
     if (at < text.size() && text[at++] != '+') return std::nullopt;
   }
+  if (static_cast<int64_t>(out.size()) > most) return std::nullopt;
+  return out;
+}
+
+// Megatron's --moe-layer-freq as one 0/1 entry per layer (1: MoE), or nullopt when it is neither a
+// whole number nor a list expression of `layers` entries: [0/1, ...] terms, each optionally times
+// a count, joined by +, the whole optionally parenthesised and then optionally times a count
+// ("([0]*1+[1]*3)*1"; megatron/training/arguments.py moe_freq_type evaluates it at 23e00ed).
+std::optional<std::vector<int>> moe_layer_pattern(std::string text, int64_t layers) {
+  auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  auto digit = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; };
+  text.erase(std::remove_if(text.begin(), text.end(), space), text.end());
+  std::vector<int> out;
+  if (!text.empty() && std::all_of(text.begin(), text.end(), digit)) {
+    if (text.size() > 6) return std::nullopt;
+    int every = std::stoi(text);
+    if (every < 1) return std::nullopt;
+    for (int64_t l = 0; l < layers; ++l) out.push_back(l % every == 0 ? 1 : 0);
+    return out;
+  }
+  int64_t times = 1;
+  if (!text.empty() && text.front() == '(') {
+    const size_t close = text.find(')');
+    if (close == std::string::npos) return std::nullopt;
+    const std::string after = text.substr(close + 1);
+    if (!after.empty()) {
+      if (after.size() < 2 || after.size() > 7 || after[0] != '*' ||
+          !std::all_of(after.begin() + 1, after.end(), digit))
+        return std::nullopt;
+      times = std::stoll(after.substr(1));
+    }
+    text = text.substr(1, close - 1);
+  }
+  std::optional<std::vector<int>> one = pattern_terms(text, layers);
+  if (!one) return std::nullopt;
+  for (int64_t k = 0; k < times && static_cast<int64_t>(out.size()) < layers; ++k)
+    out.insert(out.end(), one->begin(), one->end());
   if (static_cast<int64_t>(out.size()) != layers) return std::nullopt;
   return out;
 }
@@ -493,7 +519,13 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                                        "--apply-layernorm-1p", "--use-pytorch-profiler",
                                        "--no-load-optim", "--no-load-rng", "--exit-on-missing-checkpoint",
                                        "--moe-grouped-gemm", "--moe-permute-fusion",
-                                       "--no-mmap-bin-files"};
+                                       "--no-mmap-bin-files",
+                                       // Megatron's experimental kernels: with MLA its fused RoPE
+                                       // (fused_apply_mla_rope_for_q / _for_kv, multi_latent_
+                                       // attention.py at 23e00ed, which refuse to run without
+                                       // it), the one op the MLA graph has; the others pad fp8
+                                       // routing maps or serve DeepEP, refused elsewhere.
+                                       "--enable-experimental"};
   std::vector<std::string> ignored;
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& w = words[i];
@@ -546,7 +578,9 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
         bad = arch(m.position != PosEmb::kLearned, "learned position embeddings");
       if (w == "--group-query-attention")
         bad = arch(m.kv_heads < m.heads, "as many key/value heads as query heads");
-      if (w == "--qk-layernorm") bad = arch(m.qk_norm, "no q/k norms");
+      // With MLA, Megatron's qk_layernorm norms the q and kv latents (their up-projections are
+      // TELayerNormColumnParallelLinear, gpt_layer_specs.py at 23e00ed), as the MLA graph does.
+      if (w == "--qk-layernorm") bad = arch(m.qk_norm || m.mla.has_value(), "no q/k norms");
       if (w == "--multi-latent-attention")
         bad = arch(m.mla.has_value(), "q/k/v projections, not multi-head latent attention");
       // Megatron's routing (moe_utils.py, topk_routing_with_score_function): softmax before the

@@ -346,11 +346,14 @@ std::optional<Error> validate_model(const ModelSpec& m) {
     if (r.groups < 1 || r.groups > e.num_experts || e.num_experts % r.groups != 0)
       return fail("model " + m.name + ": [moe] groups " + str(r.groups) +
                   " must divide num_experts " + str(e.num_experts) + " (valid: 1 for none)");
-    if (r.topk_groups < 1 || r.topk_groups > r.groups || e.top_k % r.topk_groups != 0 ||
+    // Each group is scored by the sum of its top_k / topk_groups best scores, rounded down
+    // (Megatron-LM's group_limited_topk, megatron/core/transformer/moe/moe_utils.py at 23e00ed:
+    // topk(topk // group_topk)), so top_k need not be a multiple of topk_groups.
+    if (r.topk_groups < 1 || r.topk_groups > r.groups || r.topk_groups > e.top_k ||
         e.top_k > r.topk_groups * (e.num_experts / r.groups))
       return fail("model " + m.name + ": [moe] topk_groups " + str(r.topk_groups) +
-                  " must be in [1, groups " + str(r.groups) + "], divide top_k " + str(e.top_k) +
-                  " and leave top_k experts in the chosen groups");
+                  " must be in [1, groups " + str(r.groups) + "], at most top_k " +
+                  str(e.top_k) + ", and leave top_k experts in the chosen groups");
     if (!(r.scaling > 0.0 && r.scaling <= 1e6))
       return fail("model " + m.name + ": [moe] routed_scaling_factor " + std::to_string(r.scaling) +
                   " is out of range (valid: (0, 1e6])");
