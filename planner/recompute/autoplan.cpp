@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <limits>
 #include <stdexcept>
 #include <tuple>
@@ -576,19 +577,6 @@ class PlanSteps {
     plan_.time = step_time(plan_.schedule, hw_);
   }
 
-  // The step times and peaks of no recompute and of full recompute, for the comparison lines.
-  void compare_uniform() {
-    for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
-      TrainSpec u = sim_;
-      u.recompute = r;
-      Schedule s = build_schedule(m_, u, nullptr, /*peak_only=*/true);
-      s.setup.microbatches = t_.microbatches;  // peaks repeat past pp + 1 micro-batches; time counts all
-      (r == Recompute::kNone ? plan_.time_none : plan_.time_full) = step_time(s, hw_);
-      (r == Recompute::kNone ? plan_.peak_none : plan_.peak_full) =
-          estimate_schedule(s, rt_, {.suggestions = false}).peak_bytes;
-    }
-  }
-
  private:
   void adopt(size_t st, const StageChoice& c) {
     plan_.stages[st].layer_option = c.layers.choice;
@@ -629,6 +617,21 @@ class PlanSteps {
   ReplayCache replays_;  // the stages' allocator replays, reused while a stage's plan stands
 };
 
+// The step times and peaks of no recompute and of full recompute, for the comparison lines; they
+// do not depend on the plan, so auto_plan makes them beside it (writing only these fields).
+void compare_uniform(AutoPlan& plan, const ModelSpec& m, const TrainSpec& t,
+                     const RuntimeAssumptions& rt, const HardwareModel& hw) {
+  for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+    TrainSpec u = simulation_setup(t);
+    u.recompute = r;
+    Schedule s = build_schedule(m, u, nullptr, /*peak_only=*/true);
+    s.setup.microbatches = t.microbatches;  // peaks repeat past pp + 1 micro-batches; time counts all
+    (r == Recompute::kNone ? plan.time_none : plan.time_full) = step_time(s, hw);
+    (r == Recompute::kNone ? plan.peak_none : plan.peak_full) =
+        estimate_schedule(s, rt, {.suggestions = false}).peak_bytes;
+  }
+}
+
 // Every block's all-gathers, and those the plan gathers again in backward.
 void count_gathers(AutoPlan& plan) {
   for (const StageProgram& p : plan.schedule.stages)
@@ -646,6 +649,12 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
                    int64_t budget, const HardwareModel& hw, const AutoPlanOptions& options) {
   AutoPlan plan;
   TrainSpec t = setup;  // with the searched partition, when asked for
+  // The comparison with no recompute and recompute_layer, made beside the plan (from the start
+  // unless the split is searched first).
+  std::future<void> comparing;
+  if (options.compare_uniform && !options.search_partition)
+    comparing = std::async(std::launch::async, compare_uniform, std::ref(plan), std::cref(m), t,
+                           std::cref(rt), std::cref(hw));
   const Blocks blocks{build_layer(m, t), build_embedding(m, t), build_head(m, t),
                       mixed_layers(m) ? std::optional(build_dense_layer(m, t)) : std::nullopt};
   // The frontier depends on the layer graph, the hardware's times and whether all-gathers may be
@@ -678,11 +687,14 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
       t.stage_layers = *counts;
       searched = true;
     }
+  if (options.compare_uniform && options.search_partition)  // with the split the search chose
+    comparing = std::async(std::launch::async, compare_uniform, std::ref(plan), std::cref(m), t,
+                           std::cref(rt), std::cref(hw));
   PlanSteps steps(plan, m, t, rt, budget, hw, blocks, statics, solver, embedding, head);
   steps.solve_and_verify(options.closest_when_infeasible);
   steps.settle_infeasible(options.closest_when_infeasible);
   steps.finish(t, options.full_schedule, options.closest_when_infeasible);
-  if (options.compare_uniform) steps.compare_uniform();
+  if (comparing.valid()) comparing.get();
   if (searched) {
     // The search compares splits by the slowest stage's time per micro-batch; the step time also
     // counts the optimizer and gradient traffic of the heaviest stage, and the simulation may
