@@ -462,7 +462,7 @@ class PlanSteps {
             int64_t budget, const HardwareModel& hw, const Blocks& blocks,
             const StageStatics& statics, const StageSolver& solver, const EdgeOptions& embedding,
             const EdgeOptions& head)
-      : plan_(plan), m_(m), t_(t), rt_(rt), budget_(budget), hw_(hw), solver_(solver),
+      : plan_(plan), m_(m), rt_(rt), budget_(budget), hw_(hw), solver_(solver),
         embedding_(embedding), head_(head), sim_(simulation_setup(t)),
         stage_layers_(stage_layer_lists(m, t)) {
     // Start from no recompute everywhere.
@@ -602,7 +602,6 @@ class PlanSteps {
 
   AutoPlan& plan_;
   const ModelSpec& m_;
-  const TrainSpec& t_;
   const RuntimeAssumptions& rt_;
   const int64_t budget_;
   const HardwareModel& hw_;

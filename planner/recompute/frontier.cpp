@@ -313,11 +313,6 @@ std::vector<LayerOption> enumerate_options(const BlockGraph& g,
   return out;
 }
 
-size_t count_options(const BlockGraph& g, size_t limit) {
-  const int n = static_cast<int>(g.ops.size());
-  return visit_masks(g, std::vector<bool>(n, false), 0, n, limit, nullptr);
-}
-
 std::vector<LayerOption> enumerate_all_subsets(const BlockGraph& g,
                                                const std::vector<double>& op_cost) {
   const size_t n_ops = g.ops.size();

@@ -32,8 +32,6 @@ LayerOption evaluate_option(const BlockGraph& g, const std::vector<bool>& recomp
 
 // Every non-wasteful recompute mask, evaluated.
 std::vector<LayerOption> enumerate_options(const BlockGraph& g, const std::vector<double>& op_cost);
-// How many non-wasteful masks there are, counted up to `limit`.
-size_t count_options(const BlockGraph& g, size_t limit);
 // Every subset of ops (2^ops; the test oracle for small graphs).
 std::vector<LayerOption> enumerate_all_subsets(const BlockGraph& g,
                                                const std::vector<double>& op_cost);

@@ -201,6 +201,18 @@ bool same_options(const std::vector<StageOption>& a, const std::vector<StageOpti
          });
 }
 
+// The stage's runs of layers with identical options, [first, end) in order.
+std::vector<std::pair<size_t, size_t>> option_runs(const StageProblem& p) {
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (size_t l = 0; l < p.layers.size();) {
+    size_t end = l + 1;
+    while (end < p.layers.size() && same_options(p.layers[end], p.layers[l])) ++end;
+    runs.push_back({l, end});
+    l = end;
+  }
+  return runs;
+}
+
 // A stage whose layers come in runs of identical options (a mixed model's dense layers, then its
 // MoE layers): each run's Pareto choices (group_choices, exact for a run, whose layers may take
 // their choices in any order) are the options of one layer of a smaller programme. A run's choice
@@ -220,9 +232,7 @@ std::optional<Runs> runs_of(const StageProblem& p) {
   Runs r;
   r.q = p;
   r.q.layers.clear();
-  for (size_t l = 0; l < p.layers.size();) {
-    size_t end = l + 1;
-    while (end < p.layers.size() && same_options(p.layers[end], p.layers[l])) ++end;
+  for (auto [l, end] : option_runs(p)) {
     if (end - l > kMaxRun) return std::nullopt;
     StageProblem run = p;
     run.layers.assign(p.layers.begin() + static_cast<std::ptrdiff_t>(l),
@@ -238,7 +248,6 @@ std::optional<Runs> runs_of(const StageProblem& p) {
       for (const ParetoChoice& c : r.choices.back())
         opts.push_back({c.kept, c.kept + c.transient, c.cost});
     }
-    l = end;
   }
   if (r.q.layers.size() == p.layers.size()) return std::nullopt;
   return r;
@@ -379,6 +388,12 @@ std::vector<std::pair<double, double>> envelope_with(std::vector<std::pair<doubl
   return lower_chain(hull);
 }
 
+// Whether an option is a vertex of `hull` (its envelope or a wider one).
+bool on_envelope(const std::vector<std::pair<double, double>>& hull, const StageOption& o) {
+  return std::find(hull.begin(), hull.end(), std::pair{static_cast<double>(o.kept), o.cost}) !=
+         hull.end();
+}
+
 // Stages whose layers share one option list (every stage the auto planner builds).
 //
 // Order. For a given multiset of options, the arrangement with the larger transient d = w - k
@@ -428,9 +443,10 @@ class GroupProgramme {
         suffix_last_[g].push_back({steps[lo].first, steps[hi - 1].second});
       }
     }
-    for (size_t g = 0; g < opt_.size(); ++g)
-      for (auto [k, c] : suffix_hull_[0])
-        if (static_cast<double>(opt_[g].kept) == k && opt_[g].cost == c) vertex_.push_back(g);
+    for (size_t g = 0; g < opt_.size(); ++g) {
+      if (on_envelope(suffix_hull_[0], opt_[g])) vertex_.push_back(g);
+      least_kept_ = std::min(least_kept_, opt_[g].kept);
+    }
   }
 
   static constexpr int64_t kNone = std::numeric_limits<int64_t>::min() / 4;  // M of no layer
@@ -446,9 +462,6 @@ class GroupProgramme {
     return {p.budget - p.base, p.budget - p.base, p.extra, kNone};
   }
 
-  // `hint`: a feasible choice of this stage known in advance (a tighter bound than the seed's).
-  // `below`: only a choice costing less than it is wanted (the result is infeasible otherwise).
-  // The tables the constructor makes serve any number of calls.
   // The LP lower bound on the run's cost within `b` (infinite when nothing can fit).
   double lower_bound(const Bounds& b) {
     b_ = b;
@@ -456,6 +469,9 @@ class GroupProgramme {
     return lower(0, static_cast<size_t>(L_), 0, f_ == 1 ? kNone : b_.m0);
   }
 
+  // `hint`: a feasible choice of this stage known in advance (a tighter bound than the seed's).
+  // `below`: only a choice costing less than it is wanted (the result is infeasible otherwise).
+  // The tables the constructor makes serve any number of calls.
   StageSolution solve(const Bounds& b, const StageSolution* hint, double below) {
     b_ = b;
     best_ = {};
@@ -482,11 +498,9 @@ class GroupProgramme {
     // An option no choice within the bounds can take (with every other layer at the least kept
     // bytes of all: f K + extra and (f - 1) K + its own working bytes still too much) adds no
     // state, and its pass is skipped.
-    int64_t least = std::numeric_limits<int64_t>::max();
-    for (const StageOption& o : opt_) least = std::min(least, o.kept);
     for (size_t g = 0; g < opt_.size(); ++g) {
       const StageOption& o = opt_[g];
-      const int64_t d = o.working - o.kept, K = o.kept + (L_ - 1) * least;
+      const int64_t d = o.working - o.kept, K = o.kept + (L_ - 1) * least_kept_;
       if (f_ * K + b_.extra > b_.room_k || (f_ - 1) * K + o.working > b_.room_m) continue;
       for (int64_t j = 0; j < L_; ++j) {
         const size_t rest = static_cast<size_t>(L_ - j - 1);  // layers after this copy
@@ -640,6 +654,7 @@ class GroupProgramme {
   std::vector<std::vector<std::pair<double, double>>> suffix_hull_;   // envelope of groups g..
   std::vector<std::vector<std::pair<int64_t, double>>> suffix_last_;  // (w + (f-1) k, cost)
   std::vector<size_t> vertex_;  // the groups on the whole envelope
+  int64_t least_kept_ = std::numeric_limits<int64_t>::max();  // over all options
   std::vector<Node> nodes_;
   Staircase<double> scratch_;
   Bounds b_{};
@@ -661,8 +676,7 @@ class RunSolver {
       few_ = p_;
       std::vector<StageOption> vertices;
       for (size_t o = 0; o < all.size(); ++o)
-        if (std::find(hull.begin(), hull.end(),
-                      std::pair{static_cast<double>(all[o].kept), all[o].cost}) != hull.end() &&
+        if (on_envelope(hull, all[o]) &&
             std::find_if(vertices.begin(), vertices.end(), [&](const StageOption& x) {
               return x.kept == all[o].kept && x.cost == all[o].cost;
             }) == vertices.end()) {
@@ -705,12 +719,8 @@ class RunSolver {
 std::optional<StageSolution> solve_around_run(const StageProblem& p, double below) {
   const size_t n = p.layers.size();
   size_t lo = 0, hi = 0;
-  for (size_t l = 0; l < n;) {
-    size_t end = l + 1;
-    while (end < n && same_options(p.layers[end], p.layers[l])) ++end;
+  for (auto [l, end] : option_runs(p))
     if (end - l > hi - lo) lo = l, hi = end;
-    l = end;
-  }
   if (hi - lo < 2) return std::nullopt;
   auto at = [&](size_t i) { return p.layers.begin() + static_cast<std::ptrdiff_t>(i); };
   StageProblem before = p, run = p, after = p;
