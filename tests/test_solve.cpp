@@ -204,6 +204,45 @@ TEST(Solver, GroupProgrammeMatchesExhaustiveSearchAndTheGeneralProgramme) {
   for (int f = 1; f <= 4; ++f) EXPECT_GT(by_flight[f], 15) << f << " in flight";
 }
 
+// One cache of run tables for many stages: the same option list with its working bytes shifted
+// by a constant (the head's and ZeRO's terms), other budgets and in-flight counts, and a stage
+// with a run among other layers. Each cached solve equals the solve with its own tables.
+TEST(Solver, CachedRunTablesGiveTheSameChoices) {
+  std::mt19937_64 rng(4242);
+  RunTablesCache cache;
+  int feasible = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::vector<StageOption> opts =
+        random_options(rng, std::uniform_int_distribution<int>(2, 30)(rng), 400, 600, 50);
+    for (int j = 0; j < 4; ++j) {
+      StageProblem p = random_problem(rng);
+      p.in_flight = std::uniform_int_distribution<int>(1, 4)(rng);
+      std::vector<StageOption> shifted = opts;
+      const int64_t by = std::uniform_int_distribution<int64_t>(0, 150)(rng);
+      for (StageOption& o : shifted) o.working += by;
+      const int layers = std::uniform_int_distribution<int>(2, 6)(rng);
+      p.budget = std::uniform_int_distribution<int64_t>(
+          p.base, p.base + p.in_flight * 400 * layers + 700)(rng);
+      if (j == 3) {  // a first layer of its own before the run
+        std::vector<StageOption> first = p.layers.front();
+        p.layers.assign(static_cast<size_t>(layers), shifted);
+        p.layers.front() = first;
+      } else {
+        p.layers.assign(static_cast<size_t>(layers), shifted);
+      }
+      StageSolution cached = solve_stage(p, std::numeric_limits<double>::infinity(), &cache);
+      StageSolution own = solve_stage(p);
+      ASSERT_EQ(cached.feasible, own.feasible) << "instance " << i << "." << j;
+      if (!own.feasible) continue;
+      ++feasible;
+      EXPECT_EQ(cached.cost, own.cost) << "instance " << i << "." << j;
+      EXPECT_EQ(cached.peak, model_peak(p, cached.choice));
+      EXPECT_LE(cached.peak, p.budget);
+    }
+  }
+  EXPECT_GT(feasible, 300);
+}
+
 // With a bound, the solver returns only a cheaper choice: none at the optimum's cost, the optimum
 // just above it (integer costs: 0.5 above is strictly between the optimum and the next cost).
 TEST(Solver, BelowABound) {

@@ -220,7 +220,8 @@ class StageSolver {
     each(s, target, [&](StageProblem& p, int e, int h) {
       double edge = edge_cost(s, e, h);
       if (edge >= best.cost) return;  // the layers cost something or nothing: no better
-      StageSolution sol = solve_stage(p, best.cost - edge);  // only a cheaper one is wanted
+      // Only a cheaper one is wanted.
+      StageSolution sol = solve_stage(p, best.cost - edge, &entry_.run_tables);
       if (sol.feasible && sol.cost + edge < best.cost)
         best = {std::move(sol), e, h, sol.cost + edge};
     });

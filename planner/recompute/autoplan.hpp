@@ -70,6 +70,7 @@ struct FrontierCache {
     };
     std::mutex chunk_mu;  // guards the map only
     std::map<std::pair<int64_t, int64_t>, ChunkChoices> chunk_choices;
+    RunTablesCache run_tables;  // the stage solver's tables over runs of these layers
   };
   std::mutex mu;  // guards the map only: different keys are computed in parallel
   std::map<std::string, std::shared_ptr<Entry>> entries;

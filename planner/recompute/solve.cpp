@@ -13,6 +13,8 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -409,45 +411,60 @@ bool on_envelope(const std::vector<std::pair<double, double>>& hull, const Stage
 // ascending, so a state may take any number of them. With f = 1, M only has to stay within the
 // room, which is checked as each copy is added, so the states are (j, P, cost) and the states of
 // each j form a staircase.
-class GroupProgramme {
- public:
-  explicit GroupProgramme(const StageProblem& p)
-      : p_(p), L_(static_cast<int64_t>(p.layers.size())), f_(p.in_flight) {
-    const std::vector<StageOption>& opts = p.layers.front();
-    order_.resize(opts.size());
-    for (size_t o = 0; o < opts.size(); ++o) order_[o] = static_cast<int>(o);
-    std::stable_sort(order_.begin(), order_.end(), [&](int a, int c) {
+// The group programme's tables over one option list: they depend on the options and f only, and
+// on the options' working bytes only up to a common shift (the solve shifts its bounds instead),
+// so one set serves every stage, bound and round with those options (RunTablesCache).
+struct GroupTables {
+  GroupTables(const std::vector<StageOption>& opts, int64_t f) {
+    order.resize(opts.size());
+    for (size_t o = 0; o < opts.size(); ++o) order[o] = static_cast<int>(o);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int c) {
       return opts[a].working - opts[a].kept > opts[c].working - opts[c].kept;
     });
-    for (int o : order_) opt_.push_back(opts[o]);
-    suffix_hull_.resize(opt_.size() + 1);
-    suffix_last_.resize(opt_.size() + 1);
+    for (int o : order) opt.push_back(opts[o]);
+    suffix_hull.resize(opt.size() + 1);
+    suffix_last.resize(opt.size() + 1);
     // Each suffix's envelope and staircase from the next suffix's and the one option added (the
     // lower hull of a set is that of its subset's hull and the rest), not from all its options.
     // (w + (f - 1) k, cost) of the options from g on that no other beats on both: the bound
     // below tries each; with many, runs of neighbours are merged into their least key and least
     // cost (key ascending, cost descending: first key, last cost), which bounds each from below.
     Staircase<double> last;
-    for (size_t g = opt_.size(); g-- > 0;) {
-      suffix_hull_[g] = envelope_with(suffix_hull_[g + 1],
-                                      {static_cast<double>(opt_[g].kept), opt_[g].cost});
-      last.admits(opt_[g].working + (f_ - 1) * opt_[g].kept, opt_[g].cost);
+    for (size_t g = opt.size(); g-- > 0;) {
+      suffix_hull[g] =
+          envelope_with(suffix_hull[g + 1], {static_cast<double>(opt[g].kept), opt[g].cost});
+      last.admits(opt[g].working + (f - 1) * opt[g].kept, opt[g].cost);
       const auto& steps = last.steps();
       constexpr size_t kMost = 16;
       if (steps.size() <= kMost) {
-        suffix_last_[g] = steps;
+        suffix_last[g] = steps;
         continue;
       }
       for (size_t i = 0; i < kMost; ++i) {
         size_t lo = i * steps.size() / kMost, hi = (i + 1) * steps.size() / kMost;
-        suffix_last_[g].push_back({steps[lo].first, steps[hi - 1].second});
+        suffix_last[g].push_back({steps[lo].first, steps[hi - 1].second});
       }
     }
-    for (size_t g = 0; g < opt_.size(); ++g) {
-      if (on_envelope(suffix_hull_[0], opt_[g])) vertex_.push_back(g);
-      least_kept_ = std::min(least_kept_, opt_[g].kept);
+    for (size_t g = 0; g < opt.size(); ++g) {
+      if (on_envelope(suffix_hull[0], opt[g])) vertex.push_back(g);
+      least_kept = std::min(least_kept, opt[g].kept);
     }
   }
+  std::vector<int> order;                                            // option index of each group
+  std::vector<StageOption> opt;                                      // the options in group order
+  std::vector<std::vector<std::pair<double, double>>> suffix_hull;   // envelope of groups g..
+  std::vector<std::vector<std::pair<int64_t, double>>> suffix_last;  // (w + (f-1) k, cost)
+  std::vector<size_t> vertex;  // the groups on the whole envelope
+  int64_t least_kept = std::numeric_limits<int64_t>::max();  // over all options
+};
+
+class GroupProgramme {
+ public:
+  // `t`: the tables of p's options, made with every working byte count `shift` less.
+  GroupProgramme(const StageProblem& p, const GroupTables& t, int64_t shift)
+      : p_(p), L_(static_cast<int64_t>(p.layers.size())), f_(p.in_flight), shift_(shift),
+        order_(t.order), opt_(t.opt), suffix_hull_(t.suffix_hull), suffix_last_(t.suffix_last),
+        vertex_(t.vertex), least_kept_(t.least_kept) {}
 
   static constexpr int64_t kNone = std::numeric_limits<int64_t>::min() / 4;  // M of no layer
 
@@ -464,7 +481,7 @@ class GroupProgramme {
 
   // The LP lower bound on the run's cost within `b` (infinite when nothing can fit).
   double lower_bound(const Bounds& b) {
-    b_ = b;
+    b_ = shifted(b);
     if (b_.extra > b_.room_k || b_.m0 > b_.room_m) return std::numeric_limits<double>::infinity();
     return lower(0, static_cast<size_t>(L_), 0, f_ == 1 ? kNone : b_.m0);
   }
@@ -473,7 +490,7 @@ class GroupProgramme {
   // `below`: only a choice costing less than it is wanted (the result is infeasible otherwise).
   // The tables the constructor makes serve any number of calls.
   StageSolution solve(const Bounds& b, const StageSolution* hint, double below) {
-    b_ = b;
+    b_ = shifted(b);
     best_ = {};
     upper_ = std::numeric_limits<double>::infinity();
     nodes_.clear();
@@ -482,6 +499,13 @@ class GroupProgramme {
   }
 
  private:
+  // The bounds on M in the tables' working bytes: M and every working byte count `shift_` less.
+  Bounds shifted(Bounds b) const {
+    b.room_m -= shift_;
+    if (b.m0 != kNone) b.m0 -= shift_;
+    return b;
+  }
+
   StageSolution search(const StageSolution* hint, double below) {
     if (b_.extra > b_.room_k || b_.m0 > b_.room_m) return {};
     const int64_t m0 = f_ == 1 ? kNone : b_.m0;  // with f = 1, M is only checked (done above)
@@ -648,13 +672,13 @@ class GroupProgramme {
   }
 
   const StageProblem& p_;
-  const int64_t L_, f_;
-  std::vector<int> order_;                                            // option index of each group
-  std::vector<StageOption> opt_;                                      // the options in group order
-  std::vector<std::vector<std::pair<double, double>>> suffix_hull_;   // envelope of groups g..
-  std::vector<std::vector<std::pair<int64_t, double>>> suffix_last_;  // (w + (f-1) k, cost)
-  std::vector<size_t> vertex_;  // the groups on the whole envelope
-  int64_t least_kept_ = std::numeric_limits<int64_t>::max();  // over all options
+  const int64_t L_, f_, shift_;
+  const std::vector<int>& order_;
+  const std::vector<StageOption>& opt_;
+  const std::vector<std::vector<std::pair<double, double>>>& suffix_hull_;
+  const std::vector<std::vector<std::pair<int64_t, double>>>& suffix_last_;
+  const std::vector<size_t>& vertex_;
+  const int64_t least_kept_;
   std::vector<Node> nodes_;
   Staircase<double> scratch_;
   Bounds b_{};
@@ -664,29 +688,82 @@ class GroupProgramme {
 
 }  // namespace
 
+// The tables of one option list's run solver: the group programme's over all options and, with
+// many options, over the vertices of their (kept, cost) envelope alone (`index`: the option
+// behind each vertex).
+struct RunTables {
+  RunTables(const std::vector<StageOption>& all, int64_t f) : full(all, f) {
+    std::vector<std::pair<double, double>> hull = envelope(all);
+    if (all.size() <= 8 || hull.size() >= all.size()) return;
+    std::vector<StageOption> vertices;
+    for (size_t o = 0; o < all.size(); ++o)
+      if (on_envelope(hull, all[o]) &&
+          std::find_if(vertices.begin(), vertices.end(), [&](const StageOption& x) {
+            return x.kept == all[o].kept && x.cost == all[o].cost;
+          }) == vertices.end()) {
+        vertices.push_back(all[o]);
+        index.push_back(static_cast<int>(o));
+      }
+    few.emplace(vertices, f);
+  }
+  GroupTables full;
+  std::optional<GroupTables> few;
+  std::vector<int> index;
+};
+
+struct RunTablesCache::Impl {
+  std::mutex mu;
+  std::map<std::pair<int64_t, std::vector<std::tuple<int64_t, int64_t, double>>>,
+           std::shared_ptr<const RunTables>>
+      tables;
+};
+
+RunTablesCache::RunTablesCache() : impl_(std::make_unique<Impl>()) {}
+RunTablesCache::~RunTablesCache() = default;
+
+std::shared_ptr<const RunTables> RunTablesCache::get(const std::vector<StageOption>& opts,
+                                                     int64_t f) {
+  // The key: f and the options with their working bytes less the first one's.
+  const int64_t w0 = opts.empty() ? 0 : opts.front().working;
+  std::vector<std::tuple<int64_t, int64_t, double>> key;
+  for (const StageOption& o : opts) key.emplace_back(o.kept, o.working - w0, o.cost);
+  std::pair k{f, std::move(key)};
+  {
+    std::lock_guard lock(impl_->mu);
+    auto it = impl_->tables.find(k);
+    if (it != impl_->tables.end()) return it->second;
+  }
+  std::vector<StageOption> base = opts;  // working bytes from 0 at the first option
+  for (StageOption& o : base) o.working -= w0;
+  auto made = std::make_shared<const RunTables>(base, f);  // outside the lock
+  std::lock_guard lock(impl_->mu);
+  return impl_->tables.emplace(std::move(k), std::move(made)).first->second;
+}
+
 // The group programme of one run of identical layers. With many options, the vertices of the
 // (kept, cost) envelope alone first give a choice whose cost is usually within a hair of the
-// optimum: a tight bound for the search over all options. The tables serve any number of bounds.
+// optimum: a tight bound for the search over all options. The tables (from `cache` when given)
+// serve any number of bounds.
 class RunSolver {
  public:
-  explicit RunSolver(StageProblem p) : p_(std::move(p)) {
+  RunSolver(StageProblem p, RunTablesCache* cache) : p_(std::move(p)) {
     const std::vector<StageOption>& all = p_.layers.front();
-    std::vector<std::pair<double, double>> hull = envelope(all);
-    if (all.size() > 8 && hull.size() < all.size()) {
+    const int64_t shift = all.empty() ? 0 : all.front().working;
+    if (cache) {
+      tables_ = cache->get(all, p_.in_flight);
+    } else {
+      std::vector<StageOption> base = all;
+      for (StageOption& o : base) o.working -= shift;
+      tables_ = std::make_shared<const RunTables>(base, p_.in_flight);
+    }
+    if (tables_->few) {
       few_ = p_;
       std::vector<StageOption> vertices;
-      for (size_t o = 0; o < all.size(); ++o)
-        if (on_envelope(hull, all[o]) &&
-            std::find_if(vertices.begin(), vertices.end(), [&](const StageOption& x) {
-              return x.kept == all[o].kept && x.cost == all[o].cost;
-            }) == vertices.end()) {
-          vertices.push_back(all[o]);
-          index_.push_back(static_cast<int>(o));
-        }
+      for (int o : tables_->index) vertices.push_back(all[static_cast<size_t>(o)]);
       few_.layers.assign(p_.layers.size(), vertices);
-      few_programme_.emplace(few_);
+      few_programme_.emplace(few_, *tables_->few, shift);
     }
-    programme_.emplace(p_);
+    programme_.emplace(p_, tables_->full, shift);
   }
 
   double lower_bound(const GroupProgramme::Bounds& b) { return programme_->lower_bound(b); }
@@ -694,13 +771,13 @@ class RunSolver {
   StageSolution solve(const GroupProgramme::Bounds& b, double below) {
     if (!few_programme_) return programme_->solve(b, nullptr, below);
     StageSolution hint = few_programme_->solve(b, nullptr, below);
-    for (int& c : hint.choice) c = index_[static_cast<size_t>(c)];
+    for (int& c : hint.choice) c = tables_->index[static_cast<size_t>(c)];
     return programme_->solve(b, &hint, below);
   }
 
  private:
   StageProblem p_, few_;
-  std::vector<int> index_;  // option of `p_` behind each option of `few_`
+  std::shared_ptr<const RunTables> tables_;
   std::optional<GroupProgramme> few_programme_, programme_;
 };
 
@@ -716,7 +793,8 @@ class RunSolver {
 // the run's own bounds with extra T_a and m0 = M_b - K_b. Smaller K_b, M_b, K_a, K_a + T_a and
 // cost are each better, so the Pareto choices on each side are enough. nullopt when no run has
 // two layers.
-std::optional<StageSolution> solve_around_run(const StageProblem& p, double below) {
+std::optional<StageSolution> solve_around_run(const StageProblem& p, double below,
+                                              RunTablesCache* cache) {
   const size_t n = p.layers.size();
   size_t lo = 0, hi = 0;
   for (auto [l, end] : option_runs(p))
@@ -729,7 +807,7 @@ std::optional<StageSolution> solve_around_run(const StageProblem& p, double belo
   run.layers.assign(at(lo), at(hi));
   after.layers.assign(at(hi), p.layers.end());
   const std::vector<ParetoChoice> post = pareto_choices(after);
-  RunSolver solver(std::move(run));
+  RunSolver solver(std::move(run), cache);
   const int64_t room = p.budget - p.base, f = p.in_flight;
   auto bounds_of = [&](const ParetoChoice& b, const ParetoChoice& a) {
     GroupProgramme::Bounds bounds{room - f * (b.kept + a.kept), 0, a.transient, b.transient};
@@ -803,9 +881,9 @@ std::optional<StageSolution> solve_around_run(const StageProblem& p, double belo
   return best;
 }
 
-StageSolution solve_stage(const StageProblem& p, double below) {
-  if (uniform(p)) return RunSolver(p).solve(GroupProgramme::alone(p), below);
-  if (std::optional<StageSolution> sol = solve_around_run(p, below)) return *sol;
+StageSolution solve_stage(const StageProblem& p, double below, RunTablesCache* cache) {
+  if (uniform(p)) return RunSolver(p, cache).solve(GroupProgramme::alone(p), below);
+  if (std::optional<StageSolution> sol = solve_around_run(p, below, cache)) return *sol;
   StageSolution sol = solve_stage_programme(p);
   return sol.feasible && sol.cost < below ? sol : StageSolution{};
 }

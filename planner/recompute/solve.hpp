@@ -47,10 +47,27 @@ int64_t model_peak(const StageProblem& p, const std::vector<int>& choice);
 // A choice's kept bytes K and transient term E = max(extra, max_l (w_l - k_l - Q_{l+1})).
 std::pair<int64_t, int64_t> layer_terms(const std::vector<std::vector<StageOption>>& layers,
                                         const std::vector<int>& choice, int64_t extra);
+// The solver's tables for a run of layers sharing one option list, kept for reuse: they depend
+// on the options (their working bytes up to a common shift) and f only, so the stages of a plan,
+// its verification rounds and a sweep's setups with the same layer share them. Thread-safe.
+struct RunTables;
+class RunTablesCache {
+ public:
+  RunTablesCache();
+  ~RunTablesCache();
+  std::shared_ptr<const RunTables> get(const std::vector<StageOption>& options, int64_t f);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // The cheapest choice within the budget. With `below`, only a choice costing less than it is
 // wanted: the result is infeasible when there is none (a caller's bound that prunes the search).
+// `cache`: tables to reuse and add to (else the solve makes its own).
 StageSolution solve_stage(const StageProblem& p,
-                          double below = std::numeric_limits<double>::infinity());
+                          double below = std::numeric_limits<double>::infinity(),
+                          RunTablesCache* cache = nullptr);
 // The general programme over layers, for any stage. solve_stage uses it for stages whose layers
 // differ and a faster exact programme over option groups for the others; tests compare the two.
 StageSolution solve_stage_programme(const StageProblem& p);

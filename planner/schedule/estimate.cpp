@@ -7,6 +7,7 @@
 
 #include "planner/inputs/units.hpp"
 #include "planner/schedule/caching_allocator.hpp"
+#include "planner/schedule/parallel.hpp"
 #include "planner/schedule/simulate.hpp"
 
 namespace np {
@@ -107,10 +108,15 @@ AllocatorReplay ReplayCache::get(const std::vector<MemEvent>& events,
     mix(static_cast<uint64_t>(static_cast<uint32_t>(e.instr)));
   }
   for (int64_t k : kept) mix(static_cast<uint64_t>(k));
-  for (const Entry& e : done_)
-    if (e.hash == h && e.events == events.size()) return e.replay;
-  done_.push_back({h, events.size(), replay_steps(events, kept, c)});
-  return done_.back().replay;
+  {
+    std::lock_guard lock(mu_);
+    for (const Entry& e : done_)
+      if (e.hash == h && e.events == events.size()) return e.replay;
+  }
+  AllocatorReplay r = replay_steps(events, kept, c);  // outside the lock: stages in parallel
+  std::lock_guard lock(mu_);
+  done_.push_back({h, events.size(), r});
+  return r;
 }
 
 std::vector<Suggestion> nearest_setups(const ModelSpec& m, const TrainSpec& t,
@@ -207,8 +213,11 @@ Estimate estimate_schedule(const Schedule& s, const RuntimeAssumptions& rt,
   e.budget = options.budget;
   ReplayCache own;
   ReplayCache& replays = options.replays ? *options.replays : own;
-  for (const StageProgram& p : s.stages)
-    e.stages.push_back(estimate_stage(s, p, rt, options.explain_peak, replays));
+  // The stages are independent: simulated and replayed in parallel, kept in stage order.
+  e.stages.resize(s.stages.size());
+  parallel_for(s.stages.size(), [&](size_t i) {
+    e.stages[i] = estimate_stage(s, s.stages[i], rt, options.explain_peak, replays);
+  });
   for (const StageEstimate& st : e.stages)
     if (st.peak_bytes > e.peak_bytes) {
       e.peak_bytes = st.peak_bytes;

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -88,10 +89,12 @@ struct Estimate {
 // verification did not change) replay alike. One allocator configuration per cache.
 class ReplayCache {
  public:
+  // Safe to call from several threads (the stages of one estimate are replayed in parallel).
   AllocatorReplay get(const std::vector<MemEvent>& events, const std::vector<int64_t>& kept,
                       const AllocatorConfig& c);
 
  private:
+  std::mutex mu_;
   struct Entry {
     uint64_t hash;
     size_t events;
