@@ -606,7 +606,8 @@ class GroupProgramme {
   // its cost plus the LP of the others, whose kept bytes fit (room - w - (f - 1) k) / f - P
   // since the last layer runs its backward with everything else alive (the least over those
   // options).
-  // Stops early, with a smaller bound, once past `give_up`.
+  // With a finite `give_up`, only whether the bound passes it is wanted: past it, the result is
+  // some bound past it; within it, some value within it (the search stops as soon as it knows).
   double lower(size_t g, size_t rest, int64_t P, int64_t M,
                double give_up = std::numeric_limits<double>::infinity()) const {
     if (rest == 0) return 0;
@@ -619,7 +620,7 @@ class GroupProgramme {
       double cap =
           static_cast<double>(b_.room_m - key) / static_cast<double>(f_) - static_cast<double>(P);
       last = std::min(last, c + envelope_lower(suffix_hull_[g], rest - 1, cap));
-      if (last <= all) return all;
+      if (last <= all || (std::isfinite(give_up) && last <= give_up)) return std::max(all, last);
     }
     return std::max(all, last);
   }
