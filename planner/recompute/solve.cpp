@@ -545,6 +545,9 @@ class GroupProgramme {
         for (State& s : shifted) {  // the new copy: a node naming its group and its parent
           nodes_.push_back({s.node, static_cast<int>(g)});
           s.node = static_cast<int>(nodes_.size()) - 1;
+          // A state of all L layers is a choice within the bounds: the least one found so far
+          // bounds the search from here on.
+          if (rest == 0) upper_ = std::min(upper_, s.cost);
         }
         merged.clear();
         std::merge(stair[j + 1].begin(), stair[j + 1].end(), shifted.begin(), shifted.end(),
