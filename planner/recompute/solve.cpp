@@ -658,6 +658,11 @@ class GroupProgramme {
   void seed() {
     auto offer = [&](const Mix& mix) {
       if (!fits(mix)) return;
+      // A mix clearly dearer than the best so far is not expanded (its cost summed in another
+      // order differs by rounding only).
+      double cost = 0;
+      for (auto [g, n] : mix) cost += static_cast<double>(n) * opt_[g].cost;
+      if (best_.feasible && cost > best_.cost * (1 + 1e-9)) return;
       StageSolution s = expand(mix);
       if (!best_.feasible || s.cost < best_.cost) best_ = s;
     };
