@@ -163,14 +163,24 @@ class OptionEvaluator {
 
  private:
   // One walk: each slot's birth and last use (born_, last_; -1 for a slot never made) and the
-  // workspace bytes at each event (ws_at_); returns the number of events.
+  // workspace bytes at each event (ws_at_); returns the number of events. The forward does not
+  // depend on the mask: walked once, its slots and workspaces copied for every mask after.
   int lives(const std::vector<bool>& rec) {
-    int events = static_cast<int>(g_.ops.size()) + 2;
-    for (size_t o = 0; o < g_.ops.size(); ++o) events += rec[o] + runs_[o];
-    born_.assign(3 * n_, -1), last_.assign(3 * n_, -1), ws_at_.assign(events, 0);
-    walk(
-        rec, [&](int i, int s) { born_[s] = i, last_[s] = std::max(last_[s], i); },
-        [&](int i, int s) { last_[s] = i; }, [&](int i, int64_t ws) { ws_at_[i] += ws; });
+    const int n_ops = static_cast<int>(g_.ops.size());
+    int events = n_ops + 2;
+    for (int o = 0; o < n_ops; ++o) events += rec[o] + runs_[o];
+    auto alloc = [&](int i, int s) { born_[s] = i, last_[s] = std::max(last_[s], i); };
+    auto use = [&](int i, int s) { last_[s] = i; };
+    auto ws = [&](int i, int64_t w) { ws_at_[i] += w; };
+    if (forward_born_.empty()) {
+      born_.assign(3 * n_, -1), last_.assign(3 * n_, -1), ws_at_.assign(n_ops + 1, 0);
+      walk_forward(alloc, use, ws);
+      forward_born_ = born_, forward_last_ = last_, forward_ws_ = ws_at_;
+    }
+    born_ = forward_born_, last_ = forward_last_;
+    ws_at_.assign(events, 0);
+    std::copy(forward_ws_.begin(), forward_ws_.end(), ws_at_.begin());
+    walk_backward(rec, n_ops, alloc, use, ws);
     return events;
   }
 
@@ -187,8 +197,9 @@ class OptionEvaluator {
     }
   }
 
+  // The forward: the block inputs at event 0, op o at event o + 1.
   template <typename Alloc, typename Use, typename Ws>
-  int walk(const std::vector<bool>& rec, Alloc alloc, Use use, Ws ws) {
+  void walk_forward(Alloc alloc, Use use, Ws ws) {
     int i = 0;
     for (int input : g_.inputs) alloc(i, input);
     for (size_t o = 0; o < g_.ops.size(); ++o) {
@@ -197,6 +208,11 @@ class OptionEvaluator {
       if (fwd_ws_[o]) ws(i, fwd_ws_[o]);
       for (int t : g_.ops[o].outputs) alloc(i, t);
     }
+  }
+
+  // The backward phase under `rec`, after the forward's last event `i`; returns the events.
+  template <typename Alloc, typename Use, typename Ws>
+  int walk_backward(const std::vector<bool>& rec, int i, Alloc alloc, Use use, Ws ws) {
     ++i;  // the backward phase starts: the incoming gradient; kept values survive until here
     if (g_.hidden_out >= 0) alloc(i, 2 * n_ + g_.hidden_out);
     for (int t = 0; t < n_; ++t)
@@ -247,6 +263,8 @@ class OptionEvaluator {
   std::vector<bool> runs_, needed_;
   std::vector<int64_t> fwd_ws_, bwd_ws_, bytes_, free_at_, alloc_at_;
   std::vector<int> born_, last_;
+  std::vector<int> forward_born_, forward_last_;  // after the forward, any mask (lives)
+  std::vector<int64_t> forward_ws_;
   std::vector<char> saved_, has_grad_;
   int mid_ = -1;
   std::vector<int> tensor_half_;  // 0 A, 1 B, 2 boundary
