@@ -353,6 +353,66 @@ TEST(AutoPlan, MixedLayersEachOnItsOwnFrontier) {
   }
 }
 
+// cannot_fit, which lets a sweep skip a setup before its frontier is found, refuses only setups
+// the auto planner cannot fit: over MoE, mixed and dense models, pipelines, ZeRO stages and
+// budgets from far too small to ample, each setup it refuses fails auto_plan too. Some setups are
+// refused for their layers' least kept bytes, not their static bytes alone, and setups the
+// planner fits are left to it.
+TEST(AutoPlan, CannotFitRefusesOnlyWhatDoesNotFit) {
+  struct Case {
+    const char* model;
+    int64_t tp, pp, ep;
+    int zero;
+    PpSchedule sched;
+  };
+  int refused = 0, refused_for_layers = 0, planned = 0;
+  for (Case c : {Case{"qwen3-30b-a3b", 2, 2, 4, 1, PpSchedule::k1F1B},
+                 Case{"qwen3-30b-a3b", 1, 4, 8, 0, PpSchedule::kAfab},
+                 Case{"deepseek-v2-lite", 2, 1, 2, 3, PpSchedule::k1F1B},
+                 Case{"llama-3.1-8b", 2, 2, 1, 1, PpSchedule::kInterleaved}}) {
+    const ModelSpec m = testing::model(c.model);
+    TrainSpec t;
+    t.tp = c.tp, t.sp = c.tp > 1, t.pp = c.pp, t.ep = c.ep, t.dp = std::max<int64_t>(c.ep, 2), t.zero = c.zero;
+    t.pp_schedule = c.sched, t.virtual_stages = c.sched == PpSchedule::kInterleaved ? 2 : 1;
+    t.microbatches = 8, t.seq_len = 4096, t.recompute = Recompute::kAuto;
+    auto bad = validate_setup(m, t);
+    ASSERT_FALSE(bad) << c.model << ": " << bad->message;
+    const AutoPlan loose = auto_plan(m, t, {}, 1LL << 40, default_hardware());
+    ASSERT_TRUE(loose.peak_full) << c.model;
+    // Where nothing fits, the closest plan's least peak of each stage: no budget that holds it
+    // may be refused (the bound is below the model's least peak, the simulation's at or above).
+    const AutoPlan tight = auto_plan(m, t, {}, *loose.peak_full / 8, default_hardware(),
+                                     {.compare_uniform = false});
+    ASSERT_FALSE(tight.fits) << c.model;
+    int64_t least = 0;
+    for (const StagePlan& sp : tight.stages)
+      if (!sp.feasible) least = std::max(least, sp.min_peak);
+    EXPECT_FALSE(cannot_fit(m, t, {}, least)) << c.model << " least peak " << least;
+    // Far below the leanest plan's peak, then around it, where a bound too high would refuse.
+    std::vector<int64_t> budgets;
+    for (int i = 1; i <= 6; ++i) budgets.push_back(*loose.peak_full * i / 8);
+    for (int i = -5; i <= 5; ++i) budgets.push_back(*loose.peak_full + *loose.peak_full * i / 50);
+    for (int64_t b : budgets) {
+      const bool refuse = cannot_fit(m, t, {}, b);
+      const AutoPlan p = auto_plan(m, t, {}, b, default_hardware(), {.compare_uniform = false});
+      if (refuse) {
+        EXPECT_FALSE(p.fits) << c.model << " budget " << b;
+        ++refused;
+        // With one micro-batch in flight it would not be refused: the layers' kept bytes, not
+        // the static bytes and fixed lines alone, refused it.
+        TrainSpec one = t;
+        one.microbatches = 1;
+        refused_for_layers += !cannot_fit(m, one, {}, b);
+      } else {
+        planned += p.fits;
+      }
+    }
+  }
+  EXPECT_GT(refused, 4);
+  EXPECT_GT(refused_for_layers, 0);
+  EXPECT_GT(planned, 4);
+}
+
 // The LM head's options are planned with the layers: under AFAB the last stage keeps the head's
 // saved tensors (logits-sized with a 128k vocabulary) for every micro-batch, and at tight budgets
 // the plan re-runs part of the head instead of more of the layers. Every plan stays within its

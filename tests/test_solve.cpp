@@ -675,6 +675,29 @@ TEST(Frontier, HalvesFindTheExhaustiveFrontier) {
   }
 }
 
+// least_kept_bytes, what proves a setup cannot fit before its frontier is found (cannot_fit), is
+// the least any non-wasteful mask keeps: never above one (a bound that could wrongly refuse a
+// setup), and equal to the least (so the bound is as tight as the layer allows).
+TEST(Frontier, LeastKeptIsTheLeastAnyMaskKeeps) {
+  struct Case {
+    const char* model;
+    bool dense;
+    int64_t tp;
+  };
+  for (Case c : {Case{"deepseek-v2-lite", true, 2}, Case{"llama-3.1-8b", false, 1},
+                 Case{"llama-3.1-70b", false, 8}, Case{"qwen3-30b-a3b", false, 1},
+                 Case{"mixtral-8x7b", false, 2}, Case{"gpt-22b", false, 2}}) {
+    TrainSpec t;
+    t.tp = c.tp, t.sp = c.tp > 1, t.seq_len = 1024;
+    const ModelSpec m = testing::model(c.model);
+    const BlockGraph g = c.dense ? build_dense_layer(m, t) : build_layer(m, t);
+    int64_t least = std::numeric_limits<int64_t>::max();
+    for (const LayerOption& o : enumerate_options(g, flops_cost(g)))
+      least = std::min(least, o.kept_bytes);
+    EXPECT_EQ(least_kept_bytes(g), least) << c.model << " tp " << c.tp;
+  }
+}
+
 // The decomposition itself: for masks of these layers (random ones of every density: it holds
 // for wasteful masks too), the working bytes the halves' figures add up to are the whole
 // evaluation's.

@@ -11,6 +11,7 @@
 #include "planner/schedule/parallel.hpp"
 #include "planner/schedule/runtime_terms.hpp"
 #include "planner/schedule/simulate.hpp"
+#include "planner/recompute/mincut.hpp"
 #include "planner/recompute/solve.hpp"
 #include "planner/recompute/solve_chunks.hpp"
 
@@ -710,6 +711,31 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   }
   count_gathers(plan);
   return plan;
+}
+
+bool cannot_fit(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                int64_t budget) {
+  const Blocks blocks{build_layer(m, t), build_embedding(m, t), build_head(m, t),
+                      mixed_layers(m) ? std::optional(build_dense_layer(m, t)) : std::nullopt};
+  const StageStatics statics(m, t);
+  const std::vector<int64_t> counts = partition_layers(m, t);
+  const std::vector<std::vector<int>> lists = stage_layer_lists(m, t);
+  // The least any mask of a layer keeps (its frontier's last point; the min-cut hull's end).
+  const int64_t least = least_kept_bytes(blocks.layer),
+                least_dense = blocks.dense ? least_kept_bytes(*blocks.dense) : 0;
+  for (int64_t s = 0; s < t.pp; ++s) {
+    const StageShape shape = stage_shape(m, t, rt, blocks, statics, s, counts[s],
+                                         blocks.dense ? &lists[s] : nullptr);
+    // The solver's peak is base + f K + a transient term that is never negative, base at least
+    // the static bytes; the interleaved stages' passes alive per chunk are not counted here.
+    int64_t kept = 0;
+    if (shape.loads.empty())
+      for (int64_t l = 0; l < shape.layers; ++l)
+        kept += !shape.dense.empty() && shape.dense[l] ? least_dense : least;
+    if (shape.static_bytes + shape.in_flight * kept > allocator_budget(budget, shape.fixed))
+      return true;
+  }
+  return false;
 }
 
 StepTime named_step_time(const ModelSpec& m, const TrainSpec& t, const HardwareModel& hw) {

@@ -94,6 +94,14 @@ struct AutoPlanOptions {
 AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
                    int64_t budget, const HardwareModel& hw, const AutoPlanOptions& options = {});
 
+// True when no recompute plan of the setup can fit `budget` (the usable bytes, as auto_plan's),
+// proven without the layer frontier: some pipeline stage's static bytes and fixed runtime lines,
+// plus its in-flight micro-batches times the least bytes any recompute choice keeps of each of
+// its layers, exceed it. The split is the setup's (no partition search). A sweep skips such
+// setups; false says nothing (auto_plan decides).
+bool cannot_fit(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
+                int64_t budget);
+
 // What planning a setup needs besides the model and the setup: the runtime assumptions, the
 // usable budget (the budget less the headroom) and the headroom, the cost model's hardware, and
 // the auto planner's options.

@@ -117,4 +117,10 @@ std::vector<LayerOption> min_cut_hull(const BlockGraph& g, const std::vector<dou
   return hull;
 }
 
+int64_t least_kept_bytes(const BlockGraph& g) {
+  // With every re-run free, the cut pays the kept bytes alone (integral capacities: exact).
+  const std::vector<double> free(g.ops.size(), 0.0);
+  return evaluate_option(g, min_cut_mask(g, free, 1.0), free).kept_bytes;
+}
+
 }  // namespace np

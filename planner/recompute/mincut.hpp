@@ -16,4 +16,8 @@ std::vector<bool> min_cut_mask(const BlockGraph& g, const std::vector<double>& o
 // The vertices of the lower convex hull of (kept bytes, cost) over all masks, kept descending.
 std::vector<LayerOption> min_cut_hull(const BlockGraph& g, const std::vector<double>& op_cost);
 
+// The least bytes any recompute mask of the block keeps (the hull's last vertex, without the
+// costs): a lower bound of every option's kept bytes, for proving that nothing fits.
+int64_t least_kept_bytes(const BlockGraph& g);
+
 }  // namespace np

@@ -119,21 +119,27 @@ SweepReport sweep(const ModelSpec& m, const SweepOptions& o,
   FrontierCache cache;
   auto work = [&] {
     for (size_t i; (i = next++) < setups.size();) {
-      AutoPlan p = auto_plan(m, setups[i], o.runtime, o.budget, o.hw,
-                             {.closest_when_infeasible = false,
-                              .compare_uniform = false,
-                              .cache = &cache,
-                              .full_schedule = false,
-                              .search_partition = o.search_partition});
-      results[i] = SweepResult{p.estimate.setup,
-                               p.fits,
-                               p.time.seconds,
-                               p.time.tokens_per_second,
-                               p.time.mfu,
-                               p.time.recompute_seconds,
-                               p.estimate.peak_bytes,
-                               p.fits ? summary(p) : "",
-                               p.fits ? short_recompute(p) : ""};
+      // Most setups of a large model on few GPUs cannot fit whatever they recompute: those are
+      // proven so before any layer frontier is found (a sweep lists only setups that fit).
+      if (!o.search_partition && cannot_fit(m, setups[i], o.runtime, o.budget)) {
+        results[i] = SweepResult{.setup = setups[i]};
+      } else {
+        AutoPlan p = auto_plan(m, setups[i], o.runtime, o.budget, o.hw,
+                               {.closest_when_infeasible = false,
+                                .compare_uniform = false,
+                                .cache = &cache,
+                                .full_schedule = false,
+                                .search_partition = o.search_partition});
+        results[i] = SweepResult{p.estimate.setup,
+                                 p.fits,
+                                 p.time.seconds,
+                                 p.time.tokens_per_second,
+                                 p.time.mfu,
+                                 p.time.recompute_seconds,
+                                 p.estimate.peak_bytes,
+                                 p.fits ? summary(p) : "",
+                                 p.fits ? short_recompute(p) : ""};
+      }
       size_t d = ++done;
       if (progress) {
         std::lock_guard lock(progress_mu);
