@@ -103,6 +103,12 @@ class OptionEvaluator {
     tensor_half_.assign(n_, 0);
     for (int t = 0; t < n_; ++t)
       tensor_half_[t] = (made[t] == 0 && read_b[t]) || (made[t] == 1 && read_a[t]) ? 2 : made[t];
+    for (int h : {0, 1}) {
+      half_slots_[h].clear();
+      for (int slot = 0; slot < 3 * n_; ++slot)
+        if (const int c = tensor_half_[slot % n_]; c == h || c == 2)
+          half_slots_[h].push_back({slot, c == h});
+    }
   }
   // Whether tensor t is read or made by both halves.
   bool boundary(int t) const { return tensor_half_[t] == 2; }
@@ -123,14 +129,6 @@ class OptionEvaluator {
       if (saved_[t] && (tensor_half_[t] == h || (h == 0 && tensor_half_[t] == 2)))
         f.kept += bytes_[t];
     const int events = lives(rec);
-    for (auto& d : born_at_) d.assign(events, 0);
-    for (auto& d : dead_at_) d.assign(events, 0);
-    for (int s = 0; s < 3 * n_; ++s)
-      if (born_[s] >= 0) {
-        born_at_[tensor_half_[s % n_]][born_[s]] += bytes_[s];
-        dead_at_[tensor_half_[s % n_]][last_[s]] += bytes_[s];
-      }
-    // The phases' first events (walk's order), the last one's end.
     const int start[kPhases + 1] = {0,
                                     mid_ + 1,
                                     n_ops + 1,
@@ -139,22 +137,32 @@ class OptionEvaluator {
                                     n_ops + 2 + counts[0][0] + counts[1][0],
                                     n_ops + 2 + counts[0][0] + counts[1][0] + counts[1][1],
                                     events};
-    int64_t live[3] = {0, 0, 0};  // per class, between the events before and at `i`
+    // Only this half's slots and the boundary slots enter its figures: per event, the bytes of
+    // those born and of those last used there; and, for the phases where the other half is
+    // active, the bytes of this half's slots alive across the phase's start.
+    born_at_.assign(events, 0), dead_at_.assign(events, 0);
+    int64_t across[kPhases] = {};
+    for (const auto [s, own] : half_slots_[h]) {
+      if (born_[s] < 0) continue;
+      born_at_[born_[s]] += bytes_[s], dead_at_[last_[s]] += bytes_[s];
+      if (own)
+        for (int ph = 0; ph < kPhases; ++ph)
+          if (kActive[ph] != h && born_[s] < start[ph] && last_[s] >= start[ph])
+            across[ph] += bytes_[s];
+    }
+    int64_t live = 0;  // this half's and the boundary slots' bytes before event `i`
     int i = 0;
     for (int ph = 0; ph < kPhases; ++ph) {
-      for (; i < start[ph]; ++i)
-        for (int c = 0; c < 3; ++c) live[c] += born_at_[c][i] - dead_at_[c][i];
-      const int a = kActive[ph];
-      if (a != h) {  // the inactive half's constant (defined where the phase has no event)
-        f.v[ph] = live[h];
+      if (kActive[ph] != h) {  // the inactive half's constant (defined where the phase has no event)
+        f.v[ph] = across[ph];
         continue;
       }
+      for (; i < start[ph]; ++i) live += born_at_[i] - dead_at_[i];
       int64_t most = kNoEvent;
-      int64_t run[3] = {live[0], live[1], live[2]};
-      for (int e = start[ph]; e < start[ph + 1]; ++e) {
-        for (int c = 0; c < 3; ++c) run[c] += born_at_[c][e];
-        most = std::max(most, run[a] + run[2] + ws_at_[e]);
-        for (int c = 0; c < 3; ++c) run[c] -= dead_at_[c][e];
+      for (; i < start[ph + 1]; ++i) {
+        live += born_at_[i];
+        most = std::max(most, live + ws_at_[i]);
+        live -= dead_at_[i];
       }
       f.v[ph] = most;
     }
@@ -268,8 +276,10 @@ class OptionEvaluator {
   std::vector<char> saved_, has_grad_;
   int mid_ = -1;
   std::vector<int> tensor_half_;  // 0 A, 1 B, 2 boundary
+  // Per half: its slots and the boundary slots, each with whether it is the half's own.
+  std::array<std::vector<std::pair<int, bool>>, 2> half_slots_;
   std::vector<int64_t> ws_at_;
-  std::array<std::vector<int64_t>, 3> born_at_, dead_at_;  // per class and event
+  std::vector<int64_t> born_at_, dead_at_;  // per event (half_figures: its half's and the boundary's)
 };
 
 }  // namespace
