@@ -675,9 +675,10 @@ TEST(Frontier, HalvesFindTheExhaustiveFrontier) {
   }
 }
 
-// least_kept_bytes, what proves a setup cannot fit before its frontier is found (cannot_fit), is
-// the least any non-wasteful mask keeps: never above one (a bound that could wrongly refuse a
-// setup), and equal to the least (so the bound is as tight as the layer allows).
+// least_kept_bytes and least_working_bytes, what proves a setup cannot fit before its frontier is
+// found (cannot_fit): the first is the least any non-wasteful mask keeps (never above one, which
+// could wrongly refuse a setup; equal to the least, so as tight as the layer allows), the second
+// at or below every mask's working bytes.
 TEST(Frontier, LeastKeptIsTheLeastAnyMaskKeeps) {
   struct Case {
     const char* model;
@@ -691,10 +692,18 @@ TEST(Frontier, LeastKeptIsTheLeastAnyMaskKeeps) {
     t.tp = c.tp, t.sp = c.tp > 1, t.seq_len = 1024;
     const ModelSpec m = testing::model(c.model);
     const BlockGraph g = c.dense ? build_dense_layer(m, t) : build_layer(m, t);
-    int64_t least = std::numeric_limits<int64_t>::max();
-    for (const LayerOption& o : enumerate_options(g, flops_cost(g)))
+    int64_t least = std::numeric_limits<int64_t>::max(),
+            least_working = std::numeric_limits<int64_t>::max();
+    for (const LayerOption& o : enumerate_options(g, flops_cost(g))) {
       least = std::min(least, o.kept_bytes);
+      least_working = std::min(least_working, o.working_bytes);
+    }
     EXPECT_EQ(least_kept_bytes(g), least) << c.model << " tp " << c.tp;
+    // The forward's floor: at or below every mask's working bytes, and more than any one tensor.
+    EXPECT_LE(least_working_bytes(g), least_working) << c.model << " tp " << c.tp;
+    int64_t largest = 0;
+    for (const GraphTensor& x : g.tensors) largest = std::max(largest, x.type.bytes());
+    EXPECT_GT(least_working_bytes(g), largest) << c.model << " tp " << c.tp;
   }
 }
 

@@ -720,20 +720,33 @@ bool cannot_fit(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions
   const StageStatics statics(m, t);
   const std::vector<int64_t> counts = partition_layers(m, t);
   const std::vector<std::vector<int>> lists = stage_layer_lists(m, t);
-  // The least any mask of a layer keeps (its frontier's last point; the min-cut hull's end).
+  // The least any mask of a layer keeps (its frontier's last point; the min-cut hull's end), and
+  // the least working bytes of any (its forward's floor).
   const int64_t least = least_kept_bytes(blocks.layer),
                 least_dense = blocks.dense ? least_kept_bytes(*blocks.dense) : 0;
+  const int64_t floor = least_working_bytes(blocks.layer),
+                floor_dense = blocks.dense ? least_working_bytes(*blocks.dense) : 0;
   for (int64_t s = 0; s < t.pp; ++s) {
     const StageShape shape = stage_shape(m, t, rt, blocks, statics, s, counts[s],
                                          blocks.dense ? &lists[s] : nullptr);
-    // The solver's peak is base + f K + a transient term that is never negative, base at least
-    // the static bytes; the interleaved stages' passes alive per chunk are not counted here.
-    int64_t kept = 0;
-    if (shape.loads.empty())
-      for (int64_t l = 0; l < shape.layers; ++l)
-        kept += !shape.dense.empty() && shape.dense[l] ? least_dense : least;
-    if (shape.static_bytes + shape.in_flight * kept > allocator_budget(budget, shape.fixed))
-      return true;
+    // The solver's peak: base + f K + max(extra, max_l (w_l - k_l - Q_{l+1})), base at least the
+    // static bytes, w_l at least the layer's working bytes (ZeRO's transients add to them; the
+    // last stage's head kept bytes, subtracted from them, are in base). Its last layer's term
+    // alone gives base + f K - k_last + w_last >= static + f sum_l k_min - k_min,last + w_floor,last.
+    // The interleaved stages' passes alive per chunk are not counted: some layer's forward runs.
+    int64_t bound = shape.static_bytes;
+    if (shape.layers > 0) {
+      auto dense = [&](int64_t l) { return !shape.dense.empty() && shape.dense[l]; };
+      const bool last_dense = dense(shape.layers - 1);
+      if (shape.loads.empty()) {
+        for (int64_t l = 0; l < shape.layers; ++l)
+          bound += shape.in_flight * (dense(l) ? least_dense : least);
+        bound += (last_dense ? floor_dense - least_dense : floor - least);
+      } else {
+        bound += blocks.dense ? std::min(floor, floor_dense) : floor;
+      }
+    }
+    if (bound > allocator_budget(budget, shape.fixed)) return true;
   }
   return false;
 }

@@ -67,6 +67,25 @@ class OptionEvaluator {
     return opt;
   }
 
+  // The least working bytes of any mask: the forward's events are the same under every mask,
+  // and each value lives at least until its last use there (a kept one longer).
+  int64_t forward_floor() {
+    const int n_ops = static_cast<int>(g_.ops.size());
+    born_.assign(3 * n_, -1), last_.assign(3 * n_, -1), ws_at_.assign(n_ops + 1, 0);
+    walk_forward([&](int i, int s) { born_[s] = i, last_[s] = std::max(last_[s], i); },
+                 [&](int i, int s) { last_[s] = i; }, [&](int i, int64_t w) { ws_at_[i] += w; });
+    free_at_.assign(n_ops + 1, 0), alloc_at_ = ws_at_;
+    for (int s = 0; s < 3 * n_; ++s)
+      if (born_[s] >= 0) alloc_at_[born_[s]] += bytes_[s], free_at_[last_[s]] += bytes_[s];
+    int64_t live = 0, peak = 0;
+    for (int i = 0; i <= n_ops; ++i) {
+      live += alloc_at_[i];
+      peak = std::max(peak, live);
+      live -= free_at_[i] + ws_at_[i];
+    }
+    return peak;
+  }
+
   // A decoder layer split at op `mid` into its attention half (A: ops before mid) and its MLP
   // half (B). The events fall in seven phases, each with one active half: the forward of A (and
   // the block inputs), of B; the backward's start (A's, by convention); A's re-run ops, B's; the
@@ -287,6 +306,11 @@ class OptionEvaluator {
 LayerOption evaluate_option(const BlockGraph& g, const std::vector<bool>& rec,
                             const std::vector<double>& op_cost) {
   return OptionEvaluator(g, op_cost).evaluate(rec);
+}
+
+int64_t least_working_bytes(const BlockGraph& g) {
+  const std::vector<double> no_cost(g.ops.size(), 0.0);  // the evaluator keeps a reference
+  return OptionEvaluator(g, no_cost).forward_floor();
 }
 
 namespace {

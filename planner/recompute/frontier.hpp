@@ -30,6 +30,10 @@ struct LayerOption {
 LayerOption evaluate_option(const BlockGraph& g, const std::vector<bool>& recompute,
                             const std::vector<double>& op_cost);
 
+// A lower bound of the working bytes of every mask: the peak of the block's forward with each
+// value freed after its last use there (the forward is the same under every mask).
+int64_t least_working_bytes(const BlockGraph& g);
+
 // Every non-wasteful recompute mask, evaluated.
 std::vector<LayerOption> enumerate_options(const BlockGraph& g, const std::vector<double>& op_cost);
 // Every subset of ops (2^ops; the test oracle for small graphs).
