@@ -372,7 +372,8 @@ TEST(AutoPlan, CannotFitRefusesOnlyWhatDoesNotFit) {
                  Case{"llama-3.1-8b", 2, 2, 1, 1, PpSchedule::kInterleaved}}) {
     const ModelSpec m = testing::model(c.model);
     TrainSpec t;
-    t.tp = c.tp, t.sp = c.tp > 1, t.pp = c.pp, t.ep = c.ep, t.dp = std::max<int64_t>(c.ep, 2), t.zero = c.zero;
+    t.tp = c.tp, t.sp = c.tp > 1, t.pp = c.pp, t.ep = c.ep, t.zero = c.zero;
+    t.dp = std::max<int64_t>(c.ep, 2);
     t.pp_schedule = c.sched, t.virtual_stages = c.sched == PpSchedule::kInterleaved ? 2 : 1;
     t.microbatches = 8, t.seq_len = 4096, t.recompute = Recompute::kAuto;
     auto bad = validate_setup(m, t);

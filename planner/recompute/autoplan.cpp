@@ -112,6 +112,11 @@ struct Blocks {
   std::optional<BlockGraph> dense;
 };
 
+Blocks build_blocks(const ModelSpec& m, const TrainSpec& t) {
+  return {build_layer(m, t), build_embedding(m, t), build_head(m, t),
+          mixed_layers(m) ? std::optional(build_dense_layer(m, t)) : std::nullopt};
+}
+
 // A stage as the solver sees it: what it holds besides the decoder layers' options.
 struct StageShape {
   int64_t stage = 0, in_flight = 1, static_bytes = 0, layers = 0;
@@ -656,8 +661,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
   if (options.compare_uniform && !options.search_partition)
     comparing = std::async(std::launch::async, compare_uniform, std::ref(plan), std::cref(m), t,
                            std::cref(rt), std::cref(hw));
-  const Blocks blocks{build_layer(m, t), build_embedding(m, t), build_head(m, t),
-                      mixed_layers(m) ? std::optional(build_dense_layer(m, t)) : std::nullopt};
+  const Blocks blocks = build_blocks(m, t);
   // The frontier depends on the layer graph, the hardware's times and whether all-gathers may be
   // kept.
   std::string key = hw.name + "/" + layer_graph_key(t) + "/regather" +
@@ -715,8 +719,7 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& setup, const RuntimeAssu
 
 bool cannot_fit(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
                 int64_t budget) {
-  const Blocks blocks{build_layer(m, t), build_embedding(m, t), build_head(m, t),
-                      mixed_layers(m) ? std::optional(build_dense_layer(m, t)) : std::nullopt};
+  const Blocks blocks = build_blocks(m, t);
   const StageStatics statics(m, t);
   const std::vector<int64_t> counts = partition_layers(m, t);
   const std::vector<std::vector<int>> lists = stage_layer_lists(m, t);
@@ -732,7 +735,8 @@ bool cannot_fit(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions
     // The solver's peak: base + f K + max(extra, max_l (w_l - k_l - Q_{l+1})), base at least the
     // static bytes, w_l at least the layer's working bytes (ZeRO's transients add to them; the
     // last stage's head kept bytes, subtracted from them, are in base). Its last layer's term
-    // alone gives base + f K - k_last + w_last >= static + f sum_l k_min - k_min,last + w_floor,last.
+    // alone gives base + f K - k_last + w_last
+    //   >= static + f sum_l k_min,l - k_min,last + w_floor,last.
     // The interleaved stages' passes alive per chunk are not counted: some layer's forward runs.
     int64_t bound = shape.static_bytes;
     if (shape.layers > 0) {

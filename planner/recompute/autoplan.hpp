@@ -97,8 +97,8 @@ AutoPlan auto_plan(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumpti
 // True when no recompute plan of the setup can fit `budget` (the usable bytes, as auto_plan's),
 // proven without the layer frontier: some pipeline stage's static bytes and fixed runtime lines,
 // plus its in-flight micro-batches times the least bytes any recompute choice keeps of each of
-// its layers and the least working bytes of its last layer, exceed it. The split is the setup's (no partition search). A sweep skips such
-// setups; false says nothing (auto_plan decides).
+// its layers and the least working bytes of its last layer, exceed it. The split is the setup's
+// (no partition search). A sweep skips such setups; false says nothing (auto_plan decides).
 bool cannot_fit(const ModelSpec& m, const TrainSpec& t, const RuntimeAssumptions& rt,
                 int64_t budget);
 

@@ -53,37 +53,16 @@ class OptionEvaluator {
     for (int t = 0; t < n_; ++t)
       if (saved_[t]) opt.kept_bytes += bytes_[t];
     // The slots' lives, then the bytes live at each event.
-    const int events = lives(rec);
-    free_at_.assign(events, 0), alloc_at_ = ws_at_;
-    for (int s = 0; s < 3 * n_; ++s)
-      if (born_[s] >= 0) alloc_at_[born_[s]] += bytes_[s], free_at_[last_[s]] += bytes_[s];
-    int64_t live = 0, peak = 0;
-    for (int i = 0; i < events; ++i) {
-      live += alloc_at_[i];
-      peak = std::max(peak, live);
-      live -= free_at_[i] + ws_at_[i];
-    }
-    opt.working_bytes = peak;
+    opt.working_bytes = peak(lives(rec));
     return opt;
   }
 
   // The least working bytes of any mask: the forward's events are the same under every mask,
   // and each value lives at least until its last use there (a kept one longer).
   int64_t forward_floor() {
-    const int n_ops = static_cast<int>(g_.ops.size());
-    born_.assign(3 * n_, -1), last_.assign(3 * n_, -1), ws_at_.assign(n_ops + 1, 0);
-    walk_forward([&](int i, int s) { born_[s] = i, last_[s] = std::max(last_[s], i); },
-                 [&](int i, int s) { last_[s] = i; }, [&](int i, int64_t w) { ws_at_[i] += w; });
-    free_at_.assign(n_ops + 1, 0), alloc_at_ = ws_at_;
-    for (int s = 0; s < 3 * n_; ++s)
-      if (born_[s] >= 0) alloc_at_[born_[s]] += bytes_[s], free_at_[last_[s]] += bytes_[s];
-    int64_t live = 0, peak = 0;
-    for (int i = 0; i <= n_ops; ++i) {
-      live += alloc_at_[i];
-      peak = std::max(peak, live);
-      live -= free_at_[i] + ws_at_[i];
-    }
-    return peak;
+    walk_forward_once();
+    born_ = forward_born_, last_ = forward_last_, ws_at_ = forward_ws_;
+    return peak(static_cast<int>(g_.ops.size()) + 1);
   }
 
   // A decoder layer split at op `mid` into its attention half (A: ops before mid) and its MLP
@@ -172,7 +151,7 @@ class OptionEvaluator {
     int64_t live = 0;  // this half's and the boundary slots' bytes before event `i`
     int i = 0;
     for (int ph = 0; ph < kPhases; ++ph) {
-      if (kActive[ph] != h) {  // the inactive half's constant (defined where the phase has no event)
+      if (kActive[ph] != h) {  // the inactive half's constant (defined where no event is)
         f.v[ph] = across[ph];
         continue;
       }
@@ -199,16 +178,37 @@ class OptionEvaluator {
     auto alloc = [&](int i, int s) { born_[s] = i, last_[s] = std::max(last_[s], i); };
     auto use = [&](int i, int s) { last_[s] = i; };
     auto ws = [&](int i, int64_t w) { ws_at_[i] += w; };
-    if (forward_born_.empty()) {
-      born_.assign(3 * n_, -1), last_.assign(3 * n_, -1), ws_at_.assign(n_ops + 1, 0);
-      walk_forward(alloc, use, ws);
-      forward_born_ = born_, forward_last_ = last_, forward_ws_ = ws_at_;
-    }
+    walk_forward_once();
     born_ = forward_born_, last_ = forward_last_;
     ws_at_.assign(events, 0);
     std::copy(forward_ws_.begin(), forward_ws_.end(), ws_at_.begin());
     walk_backward(rec, n_ops, alloc, use, ws);
     return events;
+  }
+
+  // The forward's slots and workspaces (forward_born_, forward_last_, forward_ws_), walked once.
+  void walk_forward_once() {
+    if (!forward_born_.empty()) return;
+    forward_born_.assign(3 * n_, -1), forward_last_.assign(3 * n_, -1);
+    forward_ws_.assign(g_.ops.size() + 1, 0);
+    std::vector<int> &born = forward_born_, &last = forward_last_;
+    walk_forward([&](int i, int s) { born[s] = i, last[s] = std::max(last[s], i); },
+                 [&](int i, int s) { last[s] = i; },
+                 [&](int i, int64_t w) { forward_ws_[i] += w; });
+  }
+
+  // The most bytes live at any of the first `events` events of born_, last_ and ws_at_.
+  int64_t peak(int events) {
+    free_at_.assign(events, 0), alloc_at_.assign(ws_at_.begin(), ws_at_.begin() + events);
+    for (int s = 0; s < 3 * n_; ++s)
+      if (born_[s] >= 0) alloc_at_[born_[s]] += bytes_[s], free_at_[last_[s]] += bytes_[s];
+    int64_t live = 0, most = 0;
+    for (int i = 0; i < events; ++i) {
+      live += alloc_at_[i];
+      most = std::max(most, live);
+      live -= free_at_[i] + ws_at_[i];
+    }
+    return most;
   }
 
   // saved_: the values kept for the backward under `rec`.
@@ -298,7 +298,7 @@ class OptionEvaluator {
   // Per half: its slots and the boundary slots, each with whether it is the half's own.
   std::array<std::vector<std::pair<int, bool>>, 2> half_slots_;
   std::vector<int64_t> ws_at_;
-  std::vector<int64_t> born_at_, dead_at_;  // per event (half_figures: its half's and the boundary's)
+  std::vector<int64_t> born_at_, dead_at_;  // per event: a half's and the boundary slots' bytes
 };
 
 }  // namespace
