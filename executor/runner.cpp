@@ -38,6 +38,10 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
   if (!host_memory && t.ep != 1)
     return make_error("the CUDA backend runs ep = 1 (expert parallelism runs on the CPU "
                       "executor); got --ep " + std::to_string(t.ep) + ": use --backend cpu");
+  if (t.fsdp)
+    return make_error("the executors do not run FSDP2 yet (its per-unit all-gathers, copy-outs "
+                      "and reduce-scatters); nanoplan estimate and plan model it: run the plan "
+                      "with --zero 3 in place of --fsdp");
   if (t.zero >= 2 && s.model.tie_embeddings)
     return make_error("the executor runs ZeRO-2/3 without tied embeddings (it does not yet gather "
                       "or bucket the LM head's tied table); got --zero " + std::to_string(t.zero) +

@@ -19,7 +19,8 @@ auto fields(const TrainSpec& t) {
                          t.grad_accum_fusion, t.dataloader_mask, t.vocab_multiple, t.grad_dtype,
                          t.optimizer, t.recompute, t.tp_recompute_allgather, t.stage_layers,
                          t.overlap_grad_reduce, t.overlap_param_gather, t.tp_comm_overlap,
-                         t.mtp_layers);
+                         t.mtp_layers, t.fsdp, t.dp_replicate, t.reshard_after_forward,
+                         t.recompute_every);
 }
 
 // The flags of a command line (" --tp 8 --pp 2 ...") as the CLI would give them.
@@ -41,7 +42,7 @@ TEST(SetupFlags, TableNamesAreUniqueWithHelpAndDefaultsThatParse) {
     if (f.count && !f.default_text.empty())
       EXPECT_TRUE(parse_count_flag(f.name, f.default_text, f.lo, f.hi).ok()) << f.name;
   }
-  EXPECT_EQ(names.size(), 28u);
+  EXPECT_EQ(names.size(), 32u);
 }
 
 TEST(SetupFlags, DefaultsAreTheSetupDefaults) {
@@ -110,6 +111,8 @@ TEST(SetupFlags, AConfigIsOverriddenByExactlyTheFlagsGiven) {
                     : f.name == "--grad-accum-dtype" ? "bf16"
                     : f.name == "--optimizer"        ? "sgd"
                     : f.name == "--tp-recompute-allgather" ? "false"
+                    : f.name == "--fsdp"                   ? "on"
+                    : f.name == "--reshard-after-forward"  ? "off"
                     : f.name == "--moe-capacity-factor"    ? "2"
                     : f.name == "--overlap-grad-reduce" || f.name == "--overlap-param-gather" ||
                             f.name == "--tp-comm-overlap"
@@ -122,6 +125,8 @@ TEST(SetupFlags, AConfigIsOverriddenByExactlyTheFlagsGiven) {
     if (f.name == "--pp" || f.name == "--pp-schedule" || f.name == "--virtual-stages")
       want.stage_layers.clear();  // the config's split was for its own pipeline
     if (want.tp == 1) want.sp = false;
+    // FSDP under the config's PP: torchtitan's default reshard policy there (off).
+    if (f.name == "--fsdp") want.reshard_after_forward = false;
     want.recompute = Recompute::kFull;  // the config's, as --recompute was not given
     Result<TrainSpec> got = override_setup(config, /*config_sets_recompute=*/true, s, false);
     ASSERT_TRUE(got.ok()) << f.name;

@@ -69,7 +69,7 @@ struct Flags {
   std::string budget, gpu, output, models_dir, cuda_context, cublas_workspace, te_workspace,
       nccl_buffers, allocator = "caching", allocator_conf, allocator_slack;
   std::string headroom = "3%";  // of the budget, or bytes
-  std::string nanotron_config, megatron_args, emit;
+  std::string nanotron_config, megatron_args, torchtitan_config, emit;
   std::vector<std::string> logs;  // compare
   // report
   bool report_run = false;
@@ -167,12 +167,15 @@ CLI::Option* add_int(CLI::App* app, const std::string& name, T& target, const st
 CLI::Option* add_setup_flag(CLI::App* app, Flags& f, const np::SetupFlag& s,
                             const std::string& help = "") {
   std::string name(s.name);
-  auto set = [&f, name, count = s.count, lo = s.lo, hi = s.hi](const std::string& v) {
+  auto set = [&f, name, count = s.count, lo = s.lo, hi = s.hi,
+              alone = std::string(s.alone)](const std::string& v) {
     if (count) check(np::parse_count_flag(name, v, lo, hi));
-    f.setup.set(name, v);
+    // Given alone, CLI11 hands a flag-like option "true".
+    f.setup.set(name, !alone.empty() && (v.empty() || v == "true") ? alone : v);
   };
   CLI::Option* o =
       app->add_option_function<std::string>(name, set, help.empty() ? std::string(s.help) : help);
+  if (!s.alone.empty()) o->expected(0)->expected(0, 1);  // flag-like, with an optional value
   if (!s.default_text.empty()) o->default_str(std::string(s.default_text));
   return o;
 }
@@ -215,6 +218,14 @@ void add_setup_flags(CLI::App* app, Flags& f) {
   app->add_option("--nanotron-config", f.nanotron_config,
                   "a nanotron training config (YAML): the model (model.model_config), "
                   "parallelism, tokens and optimizer settings; flags given too override it");
+  app->add_option("--torchtitan-config", f.torchtitan_config,
+                  "a torchtitan job file (TOML): the model ([model] name and flavor), FSDP2 and "
+                  "the parallel degrees, batch, sequence, activation checkpointing; flags given "
+                  "too override it");
+  add_int(app, "--gpus", f.gpus,
+          "the job's world size, which a torchtitan config's data_parallel_shard_degree -1 "
+          "takes (with --torchtitan-config)",
+          1, 1 << 20);
   app->add_option("--megatron-args", f.megatron_args,
                   "Megatron-LM arguments, quoted: parallel sizes, batch, --seq-length, recompute "
                   "flags (the model comes from --model; shape flags are checked against it; "
@@ -222,7 +233,7 @@ void add_setup_flags(CLI::App* app, Flags& f) {
   if (cmd == "estimate" || cmd == "plan")
     app->add_option("--emit", f.emit,
                     "print the plan's closest config instead of the report: nanotron (a YAML "
-                    "fragment) or megatron (flags)");
+                    "fragment), megatron (flags) or torchtitan (job-file TOML sections)");
   for (const np::SetupFlag& s : np::setup_flags()) add_setup_flag(app, f, s);
   app->add_option("--budget", f.budget,
                   "bytes per GPU: 80GB (10^9), 80GiB (2^30), 85899345920, \"80 GB\"");
@@ -356,10 +367,11 @@ struct Resolved {
 Resolved resolve(const Flags& f) {
   if (f.format != "table" && f.format != "json")
     die("invalid --format " + np::quote_input(f.format) + " (valid: table, json)");
-  if (!f.emit.empty() && f.emit != "nanotron" && f.emit != "megatron")
-    die("invalid --emit " + np::quote_input(f.emit) + " (valid: nanotron, megatron)");
+  if (!f.emit.empty() && f.emit != "nanotron" && f.emit != "megatron" && f.emit != "torchtitan")
+    die("invalid --emit " + np::quote_input(f.emit) + " (valid: nanotron, megatron, torchtitan)");
   np::ResolvedSetup r = check(np::resolve_setup(
-      {f.model, f.nanotron_config, f.megatron_args, models_dir(f)}, f.setup, budgeted(f),
+      {f.model, f.nanotron_config, f.megatron_args, models_dir(f), f.torchtitan_config, f.gpus},
+      f.setup, budgeted(f),
       [](const std::string& line) { std::cerr << "nanoplan: " << line << "\n"; }));
   if (r.model.moe && !r.model.dense_layers.empty() && f.setup["--partition"] == "auto" &&
       r.setup.recompute == np::Recompute::kAuto)
@@ -387,8 +399,9 @@ int emit_config(const Flags& f, const Resolved& r) {
                 " usable; this config runs out of memory";
   }
   if (!warning.empty()) std::cout << "# " << warning << "\n";
-  std::cout << (f.emit == "nanotron" ? np::emit_nanotron(p.schedule)
-                                     : np::emit_megatron(p.schedule));
+  std::cout << (f.emit == "nanotron"     ? np::emit_nanotron(p.schedule)
+                : f.emit == "torchtitan" ? np::emit_torchtitan(p.schedule)
+                                         : np::emit_megatron(p.schedule));
   if (!warning.empty()) std::cerr << "nanoplan: the emitted config " << warning << "\n";
   return 0;
 }
@@ -910,7 +923,8 @@ int run_scenario(const Flags& f) {
 }
 
 int run_run(const Flags& f, CLI::App* app) {
-  bool setup = (!f.model.empty() || !f.nanotron_config.empty()) && f.plan_path.empty();
+  bool setup = (!f.model.empty() || !f.nanotron_config.empty() || !f.torchtitan_config.empty()) &&
+               f.plan_path.empty();
   int sources = !f.plan_path.empty() + !f.scenario.empty() + setup;
   if (sources != 1)
     die("run needs exactly one of: a plan file, --model (or --nanotron-config) with setup flags, "
@@ -934,7 +948,8 @@ int run_run(const Flags& f, CLI::App* app) {
   }
   std::vector<std::string> setup_given;
   for (const np::SetupFlag& sf : np::setup_flags()) setup_given.emplace_back(sf.name);
-  setup_given.insert(setup_given.end(), {"--nanotron-config", "--megatron-args"});
+  setup_given.insert(setup_given.end(),
+                     {"--nanotron-config", "--megatron-args", "--torchtitan-config", "--gpus"});
   for (const std::string& flag : setup_given)
     if (app->count(flag) > 0)
       die(flag +

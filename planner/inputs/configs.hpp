@@ -14,6 +14,7 @@ namespace np {
 
 struct ConfigSetup {
   std::optional<ModelSpec> model;  // nanotron: model.model_config; Megatron: none (no vocab)
+  std::string catalog_model;       // torchtitan: the catalog model its [model] flavor is
   TrainSpec setup;
   std::set<std::string> given;  // the nanoplan flags the config set: "--tp", "--recompute", ...
   // What the reading decided that the user should hear (flags ignored, a key read with the
@@ -36,5 +37,17 @@ Result<ConfigSetup> nanotron_config(const std::string& text, const std::string& 
 // --use-distributed-optimizer (ZeRO-1), the MoE capacity; the model's shape flags (--num-layers,
 // --hidden-size, ...) are checked against `m`. `dp` is the data-parallel degree the batch is over.
 Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, int64_t dp);
+
+// torchtitan's job file (TOML, as torchtitan 238fa99 reads it: torchtitan/config/job_config.py),
+// planner/inputs/torchtitan_config.cpp: [model] name and flavor (llama3 8B, 70B, 405B;
+// deepseek_v3 16B, 671B; qwen3 8B, 32B, 30B-A3B, 235B-A22B), [training] local_batch_size,
+// global_batch_size, seq_len and the dtypes, [parallelism] (the replicate and shard degrees, -1
+// taking the rest of `gpus`; FSDP2 where the shard or CP degree is above 1, as torchtitan applies
+// it; fsdp_reshard_after_forward; TP, PP and its schedule and micro-batch size, CP, EP),
+// [activation_checkpoint] mode and selective_ac_option (every Nth layer), [optimizer] name;
+// [compile] and float8 are noted as not modelled. Other keys are ignored; a key that is read
+// must have the type torchtitan gives it. `gpus`: the job's world size, 0 when not given.
+Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string& path,
+                                      int64_t gpus);
 
 }  // namespace np

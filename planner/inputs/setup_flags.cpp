@@ -78,6 +78,25 @@ std::vector<SetupFlag> make_table() {
       {"--zero", "ZeRO stage over dp: 0, 1, 2, 3", "0", true, 0, 3,
        [](T& to, const T& f) { to.zero = f.zero; },
        [](const T& t) -> std::string { return t.zero > 0 ? number(t.zero) : ""; }},
+      {"--fsdp",
+       "FSDP2 in place of ZeRO (PyTorch's fully_shard as torchtitan applies it): on (given "
+       "alone: on; fp32 parameters, gradients and AdamW states sharded over dp / --dp-replicate "
+       "x cp, each block's bf16 weights all-gathered for its forward and backward, its gradients "
+       "reduce-scattered in fp32), off",
+       "off", false, kMin, kMax, [](T& to, const T& f) { to.fsdp = f.fsdp; },
+       [](const T& t) -> std::string { return t.fsdp ? "on" : ""; }, "on"},
+      {"--dp-replicate",
+       "HSDP under --fsdp: data-parallel replicas, each sharding over dp / dp-replicate "
+       "(torchtitan's data_parallel_replicate_degree)",
+       "1", true, 1, kMax, [](T& to, const T& f) { to.dp_replicate = f.dp_replicate; },
+       [](const T& t) -> std::string { return t.dp_replicate > 1 ? number(t.dp_replicate) : ""; }},
+      {"--reshard-after-forward",
+       "under --fsdp: on (each block's gathered weights freed after its forward and gathered "
+       "again for its backward: torchtitan's fsdp_reshard_after_forward default without PP), off "
+       "(kept to its backward: \"never\")",
+       "on", false, kMin, kMax,
+       [](T& to, const T& f) { to.reshard_after_forward = f.reshard_after_forward; },
+       [](const T& t) -> std::string { return t.reshard_after_forward ? "" : "off"; }},
       {"--micro-batch", "sequences per micro-batch", "1", true, kMin, kMax,
        [](T& to, const T& f) { to.micro_batch = f.micro_batch; },
        [](const T& t) -> std::string { return number(t.micro_batch); }},
@@ -180,6 +199,13 @@ std::vector<SetupFlag> make_table() {
        "none, selective (attention core), full (nanotron's recompute_layer: true), auto (cheapest "
        "per-layer plan that fits; the default with --budget or --gpu, else none)",
        "", false, kMin, kMax, [](T& to, const T& f) { to.recompute = f.recompute; }, never},
+      {"--recompute-every",
+       "with --recompute full: recompute every Nth decoder layer only, layers l with (l + 1) mod "
+       "N = 0 (torchtitan's selective_ac_option N)",
+       "1", true, 1, 1 << 20, [](T& to, const T& f) { to.recompute_every = f.recompute_every; },
+       [](const T& t) -> std::string {
+         return t.recompute_every > 1 ? number(t.recompute_every) : "";
+       }},
       {"--tp-recompute-allgather", "true, false: keep the SP shard and all-gather again in backward",
        "true", false, kMin, kMax,
        [](T& to, const T& f) { to.tp_recompute_allgather = f.tp_recompute_allgather; },
@@ -263,6 +289,8 @@ Result<TrainSpec> setup_from_flags(const SetupText& s, bool budgeted) {
   count("--virtual-stages", virtual_stages);
   count("--make-vocab-size-divisible-by", t.vocab_multiple);
   count("--mtp-layers", t.mtp_layers);
+  count("--dp-replicate", t.dp_replicate);
+  count("--recompute-every", t.recompute_every);
   t.zero = static_cast<int>(zero);
   if (!failed && !s["--moe-capacity-factor"].empty())
     take(parse_real_flag("--moe-capacity-factor", s["--moe-capacity-factor"], 64,
@@ -276,6 +304,12 @@ Result<TrainSpec> setup_from_flags(const SetupText& s, bool budgeted) {
   t.sp = sp == "auto" ? t.tp > 1 : sp == "on";
   take(parse_enum<PpSchedule>("--pp-schedule", s["--pp-schedule"]), t.pp_schedule);
   if (failed) return *failed;
+  take(parse_switch("--fsdp", s["--fsdp"], "on", "off"), t.fsdp);
+  if (failed) return *failed;
+  // FSDP without a pipeline runs micro-batches one after another (torchtitan's train_step).
+  if (t.fsdp && t.pp == 1 && !s.given("--pp-schedule")) t.pp_schedule = PpSchedule::k1F1B;
+  // torchtitan's "default" reshard policy: not under PP.
+  if (t.fsdp && t.pp > 1 && !s.given("--reshard-after-forward")) t.reshard_after_forward = false;
   t.virtual_stages = !s["--virtual-stages"].empty()                   ? virtual_stages
                      : t.pp_schedule == PpSchedule::kInterleaved ? 2
                                                                       : 1;
@@ -294,6 +328,8 @@ Result<TrainSpec> setup_from_flags(const SetupText& s, bool budgeted) {
        t.overlap_param_gather);
   take(parse_switch("--tp-comm-overlap", s["--tp-comm-overlap"], "on", "off"),
        t.tp_comm_overlap);
+  take(parse_switch("--reshard-after-forward", s["--reshard-after-forward"], "on", "off"),
+       t.reshard_after_forward);
   take(parse_enum<Dtype>("--grad-accum-dtype", s["--grad-accum-dtype"]), t.grad_dtype);
   take(parse_enum<Optimizer>("--optimizer", s["--optimizer"]), t.optimizer);
   if (failed) return *failed;
@@ -333,6 +369,9 @@ Result<TrainSpec> override_setup(const TrainSpec& config, bool config_sets_recom
       (s.given("--pp") || s.given("--pp-schedule") || s.given("--virtual-stages")))
     t.stage_layers.clear();  // the config's split was for its own pp and schedule: balanced
   if (s.given("--recompute") || !config_sets_recompute) t.recompute = flags->recompute;
+  if (s.given("--recompute") && !s.given("--recompute-every")) t.recompute_every = 1;
+  if (t.fsdp && t.pp == 1 && !s.given("--pp-schedule")) t.pp_schedule = PpSchedule::k1F1B;
+  if (t.fsdp && t.pp > 1 && !s.given("--reshard-after-forward")) t.reshard_after_forward = false;
   if (t.tp == 1) t.sp = false;
   return t;
 }
@@ -359,8 +398,38 @@ void warn_past_positions(const ModelSpec& m, const TrainSpec& t,
 
 Result<ResolvedSetup> resolve_setup(const SetupSources& src, const SetupText& s, bool budgeted,
                                     const std::function<void(const std::string&)>& say) {
-  if (!src.nanotron_config.empty() && !src.megatron_args.empty())
-    return make_error("--nanotron-config and --megatron-args both give the setup; give one of them");
+  if ((!src.nanotron_config.empty()) + (!src.megatron_args.empty()) +
+          (!src.torchtitan_config.empty()) > 1)
+    return make_error(src.torchtitan_config.empty()
+                          ? "--nanotron-config and --megatron-args both give the setup; give one "
+                            "of them"
+                          : "--torchtitan-config and --" +
+                                std::string(src.nanotron_config.empty() ? "megatron-args"
+                                                                        : "nanotron-config") +
+                                " both give the setup; give one of them");
+  if (src.gpus > 0 && src.torchtitan_config.empty())
+    return make_error("--gpus gives a torchtitan config's world size and needs "
+                      "--torchtitan-config (give --dp for the data-parallel degree)");
+  if (!src.torchtitan_config.empty()) {
+    if (!src.model.empty())
+      return make_error("--model and --torchtitan-config both name the model (the config's "
+                        "[model] name and flavor); give one of them");
+    Result<std::string> text = read_text_file(src.torchtitan_config, "torchtitan config");
+    if (!text) return text.error();
+    Result<ConfigSetup> c = torchtitan_config(*text, src.torchtitan_config, src.gpus);
+    if (!c) return c.error();
+    for (const std::string& n : c->notes) say(n);
+    Result<std::vector<ModelSpec>> catalog = load_model_catalog(src.models_dir);
+    if (!catalog) return catalog.error();
+    Result<ModelSpec> m = resolve_model(*catalog, c->catalog_model);
+    if (!m) return m.error();
+    Result<TrainSpec> t = override_setup(c->setup, true, s, budgeted);
+    if (!t) return t.error();
+    if (auto e = validate_setup(*m, *t)) return make_error(src.torchtitan_config + ": " + e->message);
+    warn_past_positions(*m, *t, say);
+    t->mtp_layers = mtp_depths(*m, *t);
+    return ResolvedSetup{*m, *t};
+  }
   if (!src.nanotron_config.empty()) {
     if (!src.model.empty())
       return make_error(

@@ -30,6 +30,8 @@ struct SetupFlag {
   // The flag's value for `t` in a command that reproduces it, or "" where the command leaves
   // the flag out (its default for the rest of `t`, or --recompute, which the budget decides).
   std::string (*write)(const TrainSpec& t) = nullptr;
+  // A switch that may be given alone ("--fsdp"): the value it then has; "" where a value is needed.
+  std::string_view alone;
 };
 
 // Every setup flag, in the order of --help and of reproduce commands.
@@ -77,6 +79,8 @@ std::string setup_command_flags(const TrainSpec& t);
 struct SetupSources {
   std::string model, nanotron_config, megatron_args;
   std::string models_dir;  // the model catalog
+  std::string torchtitan_config;
+  int64_t gpus = 0;  // --gpus: the world size a torchtitan config's shard degree -1 takes
 };
 struct ResolvedSetup {
   ModelSpec model;

@@ -202,6 +202,42 @@ std::optional<Error> check_positive(const TrainSpec& t) {
   return std::nullopt;
 }
 
+// FSDP2 (torchtitan's rules where it has them: torchtitan/distributed/parallel_dims.py).
+std::optional<Error> check_fsdp(const TrainSpec& t) {
+  if (t.dp_replicate < 1 || t.dp_replicate > t.dp || t.dp % t.dp_replicate != 0)
+    return fail("--dp-replicate " + str(t.dp_replicate) + " must divide --dp " + str(t.dp) +
+                " (HSDP: dp = replicas x shards; valid: a divisor of " + str(t.dp) + ")");
+  if (!t.fsdp) {
+    if (t.dp_replicate != 1)
+      return fail("--dp-replicate " + str(t.dp_replicate) +
+                  " is HSDP's replica degree and needs --fsdp (use --dp-replicate 1)");
+    if (!t.reshard_after_forward)
+      return fail("--reshard-after-forward off is FSDP's and needs --fsdp");
+    return std::nullopt;
+  }
+  if (t.zero != 0)
+    return fail("--fsdp conflicts with --zero " + str(t.zero) +
+                " (FSDP2 shards the parameters, gradients and optimizer states itself); use "
+                "--zero 0");
+  if (t.pp == 1 && t.pp_schedule != PpSchedule::k1F1B && t.microbatches > 1)
+    return fail(std::string("--fsdp runs each micro-batch's forward and backward in turn, as "
+                            "torchtitan does; --pp-schedule ") +
+                name_of(t.pp_schedule) + " holds every micro-batch's activations (use "
+                "--pp-schedule 1f1b)");
+  if (t.grad_dtype != Dtype::kFp32)
+    return fail("--fsdp reduces gradients in fp32 into fp32 shards (torchtitan's "
+                "mixed_precision_reduce takes float32 only); use --grad-accum-dtype fp32");
+  if (t.pp > 1 && t.reshard_after_forward)
+    return fail("--fsdp with --pp " + str(t.pp) +
+                " keeps each unit's weights gathered from its first forward to the step's "
+                "reduce (torchtitan's default with PP); --reshard-after-forward on is not "
+                "modelled there (use --reshard-after-forward off)");
+  if (t.ep > 1)
+    return fail("--fsdp with --ep " + str(t.ep) +
+                " is not modelled yet (torchtitan shards experts over their own mesh); use --ep 1");
+  return std::nullopt;
+}
+
 std::optional<Error> check_conflicts(const ModelSpec& m, const TrainSpec& t) {
   if (t.sp && t.tp == 1)
     return fail(
@@ -219,6 +255,14 @@ std::optional<Error> check_conflicts(const ModelSpec& m, const TrainSpec& t) {
     return fail("--zero " + str(t.zero) +
                 " conflicts with --optimizer none (no optimizer states to shard); use --zero 0 or "
                 "pick an optimizer");
+  if (auto e = check_fsdp(t)) return e;
+  if (t.recompute_every < 1 || t.recompute_every > (1 << 20))
+    return fail("--recompute-every " + str(t.recompute_every) +
+                " is out of range (valid: 1 to 1,048,576)");
+  if (t.recompute_every > 1 && t.recompute != Recompute::kFull)
+    return fail("--recompute-every " + str(t.recompute_every) + " picks the layers of --recompute "
+                "full; got --recompute " + name_of(t.recompute) +
+                " (use --recompute full, or --recompute-every 1)");
   if (m.moe && t.tp > 1 && !t.sp)
     return fail("MoE model " + m.name + " with --tp " + str(t.tp) +
                 " needs --sp on (as Megatron requires: the router works on sequence shards)");

@@ -142,14 +142,34 @@ struct TrainSpec {
   int64_t cp = 1;
   bool sp = false;          // sequence parallelism (nanotron's REDUCE_SCATTER mode)
   int zero = 0;             // ZeRO stage 0..3 over dp x cp (Megatron's data-parallel + CP group)
+  // FSDP2 (PyTorch's fully_shard, as torchtitan applies it: MixedPrecisionPolicy(param_dtype bf16,
+  // reduce_dtype fp32); docs/fsdp.md) in place of ZeRO: fp32 parameters, fp32 gradients and AdamW
+  // states sharded over the shard group (dp / dp_replicate x cp), each parameter padded on dim 0
+  // to a multiple of the group; one unit per block (the embedding, each decoder layer, the final
+  // norm with the output layer), its bf16 weights all-gathered before its forward and, resharded
+  // after it, again before its backward; its bf16 gradients reduce-scattered in fp32.
+  bool fsdp = false;
+  // HSDP (torchtitan's data_parallel_replicate_degree): dp = dp_replicate x the shard degree;
+  // each shard's gradient is all-reduced over the replicas in place. 1: plain FSDP.
+  int64_t dp_replicate = 1;
+  // torchtitan's fsdp_reshard_after_forward: each decoder layer's and the embedding's gathered
+  // weights freed after its forward (true, "default" without PP and "always") or kept to its
+  // backward ("never"). The final norm with the output layer is kept either way (torchtitan
+  // reshards it only under "always"; its backward follows its forward at once).
+  bool reshard_after_forward = true;
+  int64_t fsdp_shards() const { return dp / dp_replicate * cp; }
   // MoE token capacity (Megatron's --moe-expert-capacity-factor with --moe-pad-expert-input-to-
   // capacity): each expert takes ceil(tokens x top_k x factor / experts) slots of every source
   // rank's micro-batch tokens, padded to that count; assignments beyond it are dropped in token
   // order (--moe-token-drop-policy position). 0: dropless (balanced routing is assumed).
   double moe_capacity_factor = 0;
   int64_t gpus() const { return tp * cp * pp * dp; }
-  // NCCL communicators a rank is in: one per parallel dimension above 1.
-  int communicators() const { return (tp > 1) + (cp > 1) + (dp > 1) + (pp > 1) + (ep > 1); }
+  // NCCL communicators a rank is in: one per parallel dimension above 1, and HSDP's replica
+  // group beside its shard group.
+  int communicators() const {
+    return (tp > 1) + (cp > 1) + (dp > 1) + (pp > 1) + (ep > 1) +
+           (fsdp && dp_replicate > 1 && dp > dp_replicate);
+  }
   int64_t micro_batch = 1;  // sequences per micro-batch
   int64_t seq_len = 4096;
   int64_t microbatches = 1;  // gradient-accumulation steps per optimizer step
@@ -182,6 +202,11 @@ struct TrainSpec {
   Dtype grad_dtype = Dtype::kFp32;  // nanotron's accumulate_grad_in_fp32
   Optimizer optimizer = Optimizer::kAdamW;
   Recompute recompute = Recompute::kNone;
+  // Full recompute of every Nth decoder layer only (with Recompute::kFull): layers l with
+  // (l + 1) mod N = 0, 0-based, as torchtitan's selective_ac_option "N" picks them (a counter
+  // incremented before the test: torchtitan 238fa99, torchtitan/distributed/
+  // activation_checkpoint.py _apply_layer_sac). 1: every layer.
+  int64_t recompute_every = 1;
   bool tp_recompute_allgather = true;  // keep the SP shard, all-gather again in backward
   // Without sequence parallelism, the pipeline's hidden states travel as 1 / tp per TP rank,
   // all-gathered over NVLink on arrival: Megatron-LM before Megatron-core

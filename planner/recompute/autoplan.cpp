@@ -576,10 +576,16 @@ class PlanSteps {
     plan_.estimate = estimate_schedule(
         sim, rt, {.budget = budget_, .suggestions = false, .replays = &replays_});
     plan_.schedule = full_schedule ? build_schedule(m_, t, &pol) : std::move(sim);
-    plan_.fits = plan_.fits && plan_.estimate.fits;
+    // The closest plan, replayed, may fit after all: the stage model, tightened by the replays of
+    // cheaper plans (whose allocator caches differ), found nothing under its target, but the
+    // plan of the least peak is within the budget. The estimate is the verdict.
+    const bool closest_fits = !plan_.fits && replay_when_infeasible && plan_.estimate.fits;
+    plan_.fits = (plan_.fits || closest_fits) && plan_.estimate.fits;
     for (StagePlan& sp : plan_.stages)
-      if (!sp.feasible)
+      if (!sp.feasible) {
         sp.min_peak = plan_.estimate.stages[sp.stage].peak_bytes;  // simulated, of the closest plan
+        sp.feasible = closest_fits;
+      }
     plan_.schedule.setup = t;  // the step time counts every micro-batch
     plan_.time = step_time(plan_.schedule, hw_);
   }

@@ -561,7 +561,12 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   // AdamW reads and writes fp32 master, exp_avg and exp_avg_sq (12 B each way), SGD the fp32 master
   // (4 B); each updated element also reads its gradient and writes its bf16 weight.
   double state = t.optimizer == Optimizer::kAdamW ? 12 : t.optimizer == Optimizer::kSgd ? 4 : 0;
-  if (state > 0) {
+  if (t.fsdp && state > 0) {
+    // FSDP2: the optimizer steps the fp32 shard itself (no bf16 copy to write) and reads its
+    // fp32 gradient shard.
+    int64_t n = ceil_div(dense + expert, t.fsdp_shards());
+    st.optimizer = static_cast<double>(n) * (2 * state + 4) / memory_bandwidth(hw);
+  } else if (state > 0) {
     int64_t n =
         t.zero >= 1 ? ceil_div(dense, dense_dp) + ceil_div(expert, expert_dp) : dense + expert;
     double bytes = static_cast<double>(n) * (2 * state + gb + 2);
@@ -584,8 +589,29 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
     return collective_seconds(kind, bytes, group, intra, hw);
   };
   double c = 0;
+  if (t.fsdp) {
+    // FSDP2, every micro-batch: each unit's bf16 weights all-gathered before its forward and,
+    // resharded after it, again before its backward (the last unit, the head, is kept); its
+    // gradients reduce-scattered in fp32 over the shard group, then all-reduced over HSDP's
+    // replicas (the schedule's gather_params and reduce_grads instructions).
+    // Under PP each unit is gathered once and reduced once per step (docs/fsdp.md).
+    const int64_t shards = t.fsdp_shards(), replicas = t.dp_replicate;
+    if (t.pp > 1) m = 1;
+    for (size_t b = 0; b < per_block.size(); ++b) {
+      double nn = static_cast<double>(per_block[b].first + per_block[b].second);
+      if (nn == 0) continue;
+      bool again = t.reshard_after_forward && t.pp == 1 && b + 1 < per_block.size();
+      if (shards > 1) {
+        c += m * (again ? 2 : 1) * coll("all_gather", nn * 2, shards);
+        c += m * coll("reduce_scatter", nn * 4, shards);
+      }
+      if (replicas > 1)
+        c += m * collective_seconds("all_reduce", nn * 4 / static_cast<double>(shards), replicas,
+                                    t.gpus() <= hw.gpus_per_node, hw);
+    }
+  }
   for (auto [n, group] : {std::pair{dense, dense_dp}, std::pair{expert, expert_dp}}) {
-    if (n == 0 || group <= 1) continue;
+    if (t.fsdp || n == 0 || group <= 1) continue;
     double nn = static_cast<double>(n);
     // After the last backward: an all-reduce, or a reduce-scatter under ZeRO-1.
     if (t.zero == 0) st.grad_reduce += coll("all_reduce", nn * gb, group);
@@ -598,7 +624,7 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   // ZeRO-2/3: every block's gradients are reduce-scattered after its backward, every micro-batch;
   // ZeRO-3 also all-gathers its bf16 weights before its forward and its backward (the schedule's
   // reduce_grads and gather_params instructions).
-  if (t.zero >= 2)
+  if (t.zero >= 2 && !t.fsdp)
     for (auto [bd, be] : per_block)
       for (auto [n, group] : {std::pair{bd, dense_dp}, std::pair{be, expert_dp}}) {
         if (n == 0 || group <= 1) continue;

@@ -229,4 +229,92 @@ std::string emit_megatron(const Schedule& s) {
   return out;
 }
 
+std::string emit_torchtitan(const Schedule& s) {
+  const TrainSpec& t = s.setup;
+  const LayerPlans p = layer_plans(s);
+  std::vector<std::string> notes;
+  std::string out = "# torchtitan settings closest to nanoplan's plan for " + s.model.name + "\n";
+  // The batch: under PP a step's local batch is its micro-batches; else accumulation steps.
+  const int64_t local = t.pp > 1 ? t.micro_batch * t.microbatches : t.micro_batch;
+  out += "[training]\nlocal_batch_size = " + std::to_string(local) +
+         "\nglobal_batch_size = " + std::to_string(t.micro_batch * t.microbatches * t.dp) +
+         "\nseq_len = " + std::to_string(t.seq_len) + "\n\n";
+  const int64_t replicate = t.fsdp ? t.dp_replicate : t.dp, shard = t.fsdp ? t.dp / replicate : 1;
+  out += "[parallelism]\ndata_parallel_replicate_degree = " + std::to_string(replicate) +
+         "\ndata_parallel_shard_degree = " + std::to_string(shard) + "\n";
+  if (t.fsdp)
+    out += std::string("fsdp_reshard_after_forward = \"") +
+           (t.reshard_after_forward == (t.pp == 1) ? "default"
+            : t.reshard_after_forward              ? "always"
+                                                   : "never") +
+           "\"\n";
+  out += "tensor_parallel_degree = " + std::to_string(t.tp) +
+         "\npipeline_parallel_degree = " + std::to_string(t.pp) + "\n";
+  if (t.pp > 1)
+    out += std::string("pipeline_parallel_schedule = \"") +
+           (t.pp_schedule == PpSchedule::kAfab         ? "GPipe"
+            : t.pp_schedule == PpSchedule::kInterleaved ? "Interleaved1F1B"
+                                                         : "1F1B") +
+           "\"\npipeline_parallel_microbatch_size = " + std::to_string(t.micro_batch) + "\n";
+  out += "context_parallel_degree = " + std::to_string(t.cp) +
+         "\nexpert_parallel_degree = " + std::to_string(t.ep) + "\n\n";
+  if (!t.fsdp && t.dp * t.cp > 1)
+    notes.push_back("not expressible: ZeRO-" + std::to_string(t.zero) +
+                    " data parallelism; torchtitan without FSDP (shard degree 1) replicates fp32 "
+                    "weights under DDP; data_parallel_shard_degree = " +
+                    std::to_string(t.dp) + " would be FSDP2 (less memory)");
+  if (t.sp != (t.tp > 1))
+    notes.push_back("not expressible: sequence parallelism off; torchtitan's TP always shards "
+                    "the norms' sequence");
+  if (t.pp_schedule == PpSchedule::kInterleaved && t.virtual_stages != 2)
+    notes.push_back("torchtitan's Interleaved1F1B takes 2 stages per rank unless "
+                    "pipeline_parallel_layers_per_stage says otherwise (the plan has " +
+                    std::to_string(t.virtual_stages) + ")");
+  // Activation checkpointing: layer l is checkpointed in full when its plan re-runs anything
+  // besides all-gathers; torchtitan checkpoints layers l with (l + 1) mod N = 0.
+  std::vector<bool> any(static_cast<size_t>(s.model.layers), false), whole = any;
+  for (const StageBlock* b : p.layers) {
+    TrainSpec full = t;
+    full.recompute = Recompute::kFull, full.recompute_every = 1;
+    const BlockPolicy f = named_policy(*b->graph, full);
+    bool some = false, all = true;
+    for (size_t o = 0; o < b->graph->ops.size(); ++o) {
+      if (is_gather(b->graph->ops[o]) || b->graph->ops[o].kind == OpKind::kCpGatherKv) continue;
+      some |= b->policy.recompute[o];
+      all &= b->policy.recompute[o] == f.recompute[o];
+    }
+    any[static_cast<size_t>(b->layer)] = some, whole[static_cast<size_t>(b->layer)] = all && some;
+  }
+  int64_t every = 0;  // the largest N whose checkpointed layers cover every layer the plan re-runs
+  for (int64_t n = s.model.layers; n >= 1 && every == 0; --n) {
+    bool covers = true;
+    for (int64_t l = 0; l < s.model.layers; ++l)
+      if (any[static_cast<size_t>(l)] && (l + 1) % n != 0) covers = false;
+    if (covers) every = n;
+  }
+  const bool none = std::none_of(any.begin(), any.end(), [](bool x) { return x; });
+  bool exact = true;
+  for (int64_t l = 0; l < s.model.layers && !none; ++l)
+    if (((l + 1) % every == 0) != static_cast<bool>(whole[static_cast<size_t>(l)])) exact = false;
+  out += "[activation_checkpoint]\n";
+  if (none)
+    out += "mode = \"none\"\n";
+  else if (every == 1)
+    out += "mode = \"full\"\n";
+  else
+    out += "mode = \"selective\"\nselective_ac_option = \"" + std::to_string(every) + "\"\n";
+  if (!none && !exact)
+    notes.push_back("not expressible: the plan re-runs parts of layers, or layers other than "
+                    "every Nth; the setting above checkpoints whole layers covering every one "
+                    "the plan re-runs in (more time, less memory)");
+  notes.push_back(std::string("the plan is for the ") + name_of(t.impl) +
+                  " profile's kernels; torchtitan's model code keeps what it keeps (a "
+                  "different peak)");
+  if (mtp_depths(s.model, t) > 0)
+    notes.push_back("not expressible: torchtitan trains no multi-token prediction module (" +
+                    std::to_string(mtp_depths(s.model, t)) + " in the plan)");
+  for (const std::string& n : notes) out += "# " + n + "\n";
+  return out;
+}
+
 }  // namespace np

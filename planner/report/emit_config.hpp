@@ -15,5 +15,10 @@ std::string emit_nanotron(const Schedule& s);
 // (--recompute-modules) where the plan recomputes whole modules, the block method where it
 // recomputes the first N layers of each stage, else the closest that recomputes more.
 std::string emit_megatron(const Schedule& s);
+// The plan's closest torchtitan job-file sections ([training], [parallelism],
+// [activation_checkpoint]; torchtitan_config reads them back), with comments on what torchtitan
+// cannot express: per-layer recompute sets other than every Nth layer become the closest that
+// recomputes at least as much.
+std::string emit_torchtitan(const Schedule& s);
 
 }  // namespace np

@@ -124,6 +124,16 @@ std::string row(const std::string& label, int64_t bytes, const std::string& note
 }
 
 
+// "ZeRO-1", or "FSDP2 over 8 (reshard after forward)", "HSDP 2 x 4 (...)".
+std::string sharding_text(const TrainSpec& t) {
+  if (!t.fsdp) return "ZeRO-" + std::to_string(t.zero);
+  std::string how = t.reshard_after_forward ? "resharded after forward" : "kept from forward to backward";
+  if (t.dp_replicate > 1)
+    return "HSDP " + std::to_string(t.dp_replicate) + " replicas x " +
+           std::to_string(t.fsdp_shards()) + " shards (" + how + ")";
+  return "FSDP2 over " + std::to_string(t.fsdp_shards()) + " (" + how + ")";
+}
+
 std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
   std::string out;
   char title[128], head[256];
@@ -133,14 +143,28 @@ std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
                 "GiB", "GB");
   out += head;
   const TrainSpec& t = e.setup;
-  out += row("weights (bf16)", cat(s, Category::kWeight), t.zero >= 3 ? "ZeRO-3 shard" : "");
-  out += row(std::string("gradients (") + name_of(t.grad_dtype) + ")", cat(s, Category::kGradient),
-             t.zero >= 2 ? "ZeRO-" + std::to_string(t.zero) + " shard" : "");
-  out += row(std::string("optimizer (") + name_of(t.optimizer) + ")", cat(s, Category::kOptimizer),
-             t.optimizer == Optimizer::kAdamW
-                 ? "fp32 master + 2 moments" +
-                       (t.zero >= 1 ? ", ZeRO-" + std::to_string(t.zero) + " shard" : std::string())
-                 : "");
+  if (t.fsdp) {
+    const std::string shard = "FSDP shard over " + std::to_string(t.fsdp_shards());
+    out += row("weights (fp32)", cat(s, Category::kWeight),
+               shard + "; the bf16 gathered weights are transient");
+    out += row("gradients (fp32)", cat(s, Category::kGradient),
+               shard + ", those reduce-scattered by the peak");
+    out += row(std::string("optimizer (") + name_of(t.optimizer) + ")", cat(s, Category::kOptimizer),
+               t.optimizer == Optimizer::kAdamW ? "2 moments (the fp32 shard is the master), " + shard
+                                                : "");
+  } else {
+    out += row("weights (bf16)", cat(s, Category::kWeight), t.zero >= 3 ? "ZeRO-3 shard" : "");
+    out += row(std::string("gradients (") + name_of(t.grad_dtype) + ")",
+               cat(s, Category::kGradient),
+               t.zero >= 2 ? "ZeRO-" + std::to_string(t.zero) + " shard" : "");
+    out += row(std::string("optimizer (") + name_of(t.optimizer) + ")",
+               cat(s, Category::kOptimizer),
+               t.optimizer == Optimizer::kAdamW
+                   ? "fp32 master + 2 moments" + (t.zero >= 1
+                                                      ? ", ZeRO-" + std::to_string(t.zero) + " shard"
+                                                      : std::string())
+                   : "");
+  }
   out += row("activations (saved for backward)", cat(s, Category::kActivation),
              t.pp_schedule == PpSchedule::kInterleaved
                  ? std::to_string(s.chunk_passes) + " chunk passes in flight (" +
@@ -304,6 +328,10 @@ std::string describe_setup(const TrainSpec& t) {
             : std::string()) +
        (t.grad_accum_fusion ? std::string() : std::string(", no gradient-accumulation fusion")) +
        "\n       recompute " + name_of(t.recompute) +
+       (t.recompute == Recompute::kFull && t.recompute_every > 1
+            ? " of 1 layer in " + std::to_string(t.recompute_every) +
+                  " (layers l with (l + 1) mod " + std::to_string(t.recompute_every) + " = 0)"
+            : std::string()) +
        (t.recompute == Recompute::kSelective && t.attention == AttentionImpl::kFlash
             ? std::string(" (under flash attention it keeps what none keeps: the attention "
                           "scores are never stored)")
@@ -316,7 +344,7 @@ std::string describe_setup(const TrainSpec& t) {
                        ? " (the all-gathers re-done in backward are the recompute time below)"
                        : "")) +
        "; grads " + name_of(t.grad_dtype) + "; " +
-       name_of(t.optimizer) + ", ZeRO-" + std::to_string(t.zero);
+       name_of(t.optimizer) + ", " + sharding_text(t);
   return s;
 }
 

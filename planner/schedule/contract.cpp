@@ -31,6 +31,12 @@ std::string StageProgram::tensor_name(int32_t id) const {
       return where + "gathered_weights";
     case ValueKind::kGradBucket:
       return where + "grad_bucket";
+    case ValueKind::kAllGatherBuffer:
+      return where + "all_gather_buffer";
+    case ValueKind::kReduceScatterInput:
+      return where + "reduce_scatter_input";
+    case ValueKind::kGradShard:
+      return where + "grad_shard";
     default:
       return where + g.tensors.at(t.tensor).name;
   }

@@ -88,6 +88,12 @@ json setup_to_json(const TrainSpec& t) {
   if (t.overlap_grad_reduce) j["overlap_grad_reduce"] = true;  // absent: off
   if (t.tp_comm_overlap) j["tp_comm_overlap"] = true;  // absent: off
   if (t.overlap_param_gather) j["overlap_param_gather"] = true;
+  if (t.recompute_every > 1) j["recompute_every"] = t.recompute_every;  // absent: 1
+  if (t.fsdp) {  // absent: off
+    j["fsdp"] = true;
+    j["dp_replicate"] = t.dp_replicate;
+    j["reshard_after_forward"] = t.reshard_after_forward;
+  }
   return j;
 }
 
@@ -168,7 +174,8 @@ Result<TrainSpec> setup_from_json(const json& j) {
             "tp_recompute_allgather", "stage_layers", "gpus", "virtual_stages", "cp",
             "moe_capacity_factor", "cross_entropy_fusion", "gradient_accumulation_fusion",
             "dataloader_attention_mask", "make_vocab_size_divisible_by", "overlap_grad_reduce",
-            "overlap_param_gather", "tp_comm_overlap", "mtp_layers", "mtp_loss_scale"});
+            "overlap_param_gather", "tp_comm_overlap", "mtp_layers", "mtp_loss_scale", "fsdp",
+            "dp_replicate", "reshard_after_forward", "recompute_every"});
     TrainSpec t;
     t.mtp_layers = r.has("mtp_layers") ? r.at("mtp_layers").integer(0, 16) : 0;
     if (r.has("mtp_loss_scale")) t.mtp_loss_scale = r.at("mtp_loss_scale").number();
@@ -191,6 +198,11 @@ Result<TrainSpec> setup_from_json(const json& j) {
       t.dataloader_mask = r.at("dataloader_attention_mask").boolean();
     if (r.has("overlap_grad_reduce")) t.overlap_grad_reduce = r.at("overlap_grad_reduce").boolean();
     if (r.has("tp_comm_overlap")) t.tp_comm_overlap = r.at("tp_comm_overlap").boolean();
+    if (r.has("fsdp")) t.fsdp = r.at("fsdp").boolean();
+    if (r.has("recompute_every")) t.recompute_every = r.at("recompute_every").integer(1, 1 << 20);
+    if (r.has("dp_replicate")) t.dp_replicate = r.at("dp_replicate").positive();
+    if (r.has("reshard_after_forward"))
+      t.reshard_after_forward = r.at("reshard_after_forward").boolean();
     if (r.has("overlap_param_gather"))
       t.overlap_param_gather = r.at("overlap_param_gather").boolean();
     if (r.has("make_vocab_size_divisible_by"))
@@ -326,7 +338,8 @@ StageProgram read_stage(const Reader& r, const BlockGraphs& graphs) {
                                Category::kActivation, Category::kTransient};
   constexpr ValueKind kinds[] = {
       ValueKind::kStatic,    ValueKind::kValue,       ValueKind::kRecomputed, ValueKind::kGrad,
-      ValueKind::kWorkspace, ValueKind::kParamGather, ValueKind::kGradBucket};
+      ValueKind::kWorkspace, ValueKind::kParamGather, ValueKind::kGradBucket,
+      ValueKind::kAllGatherBuffer, ValueKind::kReduceScatterInput, ValueKind::kGradShard};
   const int32_t nblocks = static_cast<int32_t>(p.blocks.size());
   Reader tensors = r.at("tensors");
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -349,7 +362,8 @@ StageProgram read_stage(const Reader& r, const BlockGraphs& graphs) {
       const BlockGraph& g = *p.blocks[t.block].graph;
       int32_t limit =
           static_cast<int32_t>(t.kind == ValueKind::kWorkspace ? g.ops.size() : g.tensors.size());
-      bool needs_index = t.kind != ValueKind::kParamGather && t.kind != ValueKind::kGradBucket;
+      bool needs_index = t.kind == ValueKind::kValue || t.kind == ValueKind::kRecomputed ||
+                         t.kind == ValueKind::kGrad || t.kind == ValueKind::kWorkspace;
       if (needs_index && (t.tensor < 0 || t.tensor >= limit))
         tj.at("tensor").bad("expected a graph index in [0, " + std::to_string(limit - 1) + "]");
     }

@@ -16,9 +16,18 @@ const char* name_of(Category c) {
   return k[static_cast<int>(c)];
 }
 const char* name_of(ValueKind k) {
-  constexpr const char* n[] = {"static",    "value",        "recomputed", "grad",
-                               "workspace", "param_gather", "grad_bucket"};
+  constexpr const char* n[] = {"static",           "value",        "recomputed",
+                               "grad",             "workspace",    "param_gather",
+                               "grad_bucket",      "all_gather_buffer", "reduce_scatter_input",
+                               "grad_shard"};
   return n[static_cast<int>(k)];
+}
+// PyTorch 2.10, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: foreach_all_gather
+// allocates the flat output under `with torch.cuda.stream(all_gather_copy_in_stream)`;
+// foreach_reduce allocates the reduce-scatter output under the reduce_scatter_stream (its input
+// on the current stream).
+int16_t stream_of(ValueKind k) {
+  return k == ValueKind::kAllGatherBuffer ? 1 : k == ValueKind::kGradShard ? 2 : 0;
 }
 const char* name_of(InstrKind k) {
   constexpr const char* n[] = {"alloc",        "load", "forward",       "recompute",
@@ -224,6 +233,19 @@ class ProgramBuilder {
     emit_statics();
     int64_t n = 0;
     for (const ScheduleTensor& x : p_.tensors) n += x.bytes;
+    // FSDP, for the solver (the program allocates these where they come): the gathered weights
+    // kept from forward to backward, all live at the turn; and with more than one micro-batch
+    // the fp32 gradient shards, made by the first micro-batch's backward and held to the
+    // optimizer step, so live through every later forward. With one micro-batch a unit's shard
+    // comes after its activations are freed; the simulation checks the plan.
+    // Under PP the unsharded fp32 gradients accumulated over the micro-batches, from the first
+    // backward to the step's reduce-scatters, count too (and the gradient shards, made after the
+    // last backward, do not).
+    if (t_.fsdp)
+      for (size_t b = 0; b < p_.blocks.size(); ++b)
+        n += (t_.microbatches > 1 && t_.pp == 1 ? fsdp_numel_[b] / t_.fsdp_shards() * 4 : 0) +
+             (fsdp_holds(b) ? fsdp_numel_[b] * 2 : 0) +
+             (t_.pp > 1 ? block_weight_bytes_[b] * 2 : 0);
     return n;
   }
 
@@ -231,13 +253,21 @@ class ProgramBuilder {
   StageStatics::ZeroTransients zero_transients() {
     emit_statics();
     StageStatics::ZeroTransients z;
+    // FSDP: a unit's neighbours in the backward are taken to be decoder layers (the largest
+    // kind): the next unit's prefetched all-gather and the previous one's reduce-scatter input.
+    int64_t neighbour = 0;
+    for (size_t b = 0; b < p_.blocks.size(); ++b)
+      if (p_.blocks[b].kind == BlockKind::kLayer) neighbour = std::max(neighbour, fsdp_numel_[b]);
     for (size_t b = p_.blocks.size(); b-- > 0;) {
       BlockKind k = p_.blocks[b].kind;
       bool dense = k == BlockKind::kLayer && dense_layer(m_, p_.blocks[b].layer);
       (k == BlockKind::kEmbedding ? z.embedding
        : k == BlockKind::kHead    ? z.head
        : dense                    ? z.dense_layer
-                                  : z.layer) = gather_bytes(b) + bucket_bytes(b);
+                                  : z.layer) =
+          t_.fsdp ? fsdp_backward_bytes(b, k == BlockKind::kEmbedding ? 0 : neighbour,
+                                        k == BlockKind::kHead ? 0 : neighbour)
+                  : gather_bytes(b) + bucket_bytes(b);
     }
     return z;
   }
@@ -258,12 +288,27 @@ class ProgramBuilder {
     p_.tensors.reserve(p_.tensors.size() + static_cast<size_t>(microbatches_) * 2 *
                                                static_cast<size_t>(value_offset_.back()));
     p_.pool.reserve(p_.pool.size() + 8 * per_step);
+    fsdp_params_.assign(static_cast<size_t>(microbatches_) * p_.blocks.size(), -1);
+    fsdp_grad_shards_.assign(p_.blocks.size(), -1);
+    fsdp_unit_params_.assign(p_.blocks.size(), -1);
+    fsdp_accumulated_.assign(p_.blocks.size(), -1);
     for (PipelinePass pass :
          pipeline_order(t_.pp_schedule, p_.stage, t_.pp, microbatches_, t_.virtual_stages))
       pass.forward ? forward_pass(pass.mb, pass.chunk) : backward_pass(pass.mb, pass.chunk);
+    // FSDP under PP: after the last backward the stage reduces every unit's accumulated
+    // gradients, in module order (PyTorch 2.10, torch/distributed/pipelining/stage.py
+    // perform_reduce_grad: each FSDP state's post_backward with gradient sync on, then the
+    // root's final callback).
+    if (t_.fsdp && t_.pp > 1)
+      for (int b = 0; b < static_cast<int>(p_.blocks.size()); ++b)
+        fsdp_reduce(b, 0, fsdp_unit_params_[static_cast<size_t>(b)],
+                    {fsdp_accumulated_[static_cast<size_t>(b)]},
+                    b + 1 == static_cast<int>(p_.blocks.size()));
     begin(InstrKind::kOptimizerStep);
     for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
       if (p_.tensors[id].kind == ValueKind::kStatic) read(id);
+    for (int32_t id : fsdp_grad_shards_)  // FSDP's gradient shards: stepped, then set to None
+      if (id >= 0) read(id);
     insert_frees();
     return std::move(p_);
   }
@@ -275,6 +320,12 @@ class ProgramBuilder {
       return;
     }
     StageBlock b{kind, layer, g, named_policy(*g, t_), {}, chunk};
+    if (kind == BlockKind::kLayer && t_.recompute == Recompute::kFull &&
+        (layer + 1) % t_.recompute_every != 0) {  // --recompute-every: this layer is not one
+      TrainSpec none = t_;
+      none.recompute = Recompute::kNone;
+      b.policy = named_policy(*g, none);
+    }
     if (policies_ && kind == BlockKind::kLayer) b.policy = policies_->layers.at(layer);
     if (policies_ && kind == BlockKind::kEmbedding && policies_->embedding)
       b.policy = *policies_->embedding;
@@ -319,6 +370,9 @@ class ProgramBuilder {
   int32_t backward_block(int b, int mb, int32_t grad_out);
   void run_ops_forward(int b, int mb, InstrKind kind, bool only_recomputed);
   int32_t gather_params(int b, int mb);
+  int32_t fsdp_unshard(int b, int mb, bool forward);
+  void fsdp_reduce(int b, int mb, int32_t params, const std::vector<int32_t>& grads, bool last);
+  void fsdp_accumulate(int b, int mb, const std::vector<int32_t>& grads);
   void insert_frees();
 
   // The instances of block b's graph tensors for micro-batch mb (-1: none yet).
@@ -365,6 +419,48 @@ class ProgramBuilder {
   }
   std::vector<std::pair<std::pair<const BlockGraph*, bool>, std::vector<std::vector<int64_t>>>>
       workspace_cache_;
+
+  // FSDP2 (TrainSpec::fsdp). Per block (one FSDP unit each): the elements of its weights, each
+  // padded on dim 0 to a multiple of the shard group (FSDPParam: padded_sharded_param_size x
+  // world size), as its all-gather output, unsharded weights and reduce-scatter input hold them.
+  std::vector<int64_t> fsdp_numel_;
+  // The unit's gathered weights are kept from its forward to its backward: under
+  // reshard_after_forward false, and always for the final norm with the output layer (torchtitan
+  // 238fa99, torchtitan/models/llama3/infra/parallelize.py apply_fsdp: reshard_after_forward =
+  // (policy == "always") for [norm, output]; its backward follows its forward at once).
+  // Under PP every unit is gathered once, at its first forward, and kept to the step's reduce
+  // (torch.distributed.pipelining's backward_maybe_with_nosync: reshard_after_backward off until
+  // the last; torchtitan's "default" reshard policy with PP: off).
+  bool fsdp_keeps(size_t b) const {
+    return t_.fsdp &&
+           (!t_.reshard_after_forward || t_.pp > 1 || p_.blocks[b].kind == BlockKind::kHead);
+  }
+  // Kept through the whole step's forward-to-backward turn (the solver counts them static): the
+  // decoder layers' and the embedding's; the head's forward is followed by its backward.
+  bool fsdp_holds(size_t b) const {
+    return fsdp_keeps(b) && (p_.blocks[b].kind != BlockKind::kHead || t_.pp > 1);
+  }
+  // The solver's bound on what unit b holds through its backward besides activations, with its
+  // neighbours' units of `before` and `after` elements (docs/fsdp.md, "A unit's backward"): its
+  // gathered weights (unless held: counted static), the next unit's prefetched all-gather
+  // output, the previous unit's reduce-scatter input, its bf16 gradients; then its own
+  // reduce-scatter input.
+  int64_t fsdp_backward_bytes(size_t b, int64_t before, int64_t after) const {
+    int64_t n = fsdp_numel_[b];
+    if (t_.pp > 1) return block_weight_bytes_[b];  // its bf16 gradients; the reduce comes later
+    bool prefetch = t_.reshard_after_forward && before > 0;
+    int64_t during = (fsdp_holds(b) ? 0 : 2 * n) + (prefetch ? 2 * before : 0) + 4 * after + 2 * n;
+    int64_t reducing = (prefetch ? 2 * before : 0) + 2 * n + 4 * n;
+    return std::max(during, reducing);
+  }
+  int32_t fsdp_flat_ = -1;       // the forward's last all-gather output, freed at the next unshard
+  int32_t fsdp_prefetched_ = -1;  // the backward's prefetched all-gather output ...
+  int fsdp_prefetched_block_ = -1;  // ... of this block
+  int32_t fsdp_rs_input_ = -1;   // the last reduce-scatter input, freed at the next one
+  std::vector<int32_t> fsdp_params_;       // per micro-batch and block: weights kept to backward
+  std::vector<int32_t> fsdp_grad_shards_;  // per block: the gradient shard, to the optimizer step
+  std::vector<int32_t> fsdp_unit_params_;  // PP, per block: the weights gathered for the step
+  std::vector<int32_t> fsdp_accumulated_;  // PP, per block: the unsharded fp32 gradients
 };
 
 void ProgramBuilder::emit_statics() {
@@ -372,6 +468,8 @@ void ProgramBuilder::emit_statics() {
   int64_t dense = 0, expert = 0;
   std::vector<std::string> tied_seen;
   block_weight_bytes_.assign(p_.blocks.size(), 0);
+  fsdp_numel_.assign(p_.blocks.size(), 0);
+  int64_t fsdp_shard = 0;  // this rank's padded shard elements of every parameter
   for (size_t b = 0; b < p_.blocks.size(); ++b) {
     const StageBlock& blk = p_.blocks[b];
     for (const GraphOp& op : blk.graph->ops) {
@@ -386,6 +484,14 @@ void ProgramBuilder::emit_statics() {
       for (size_t w = 0; w < op.weights.size(); ++w) {
         int64_t n = op.weights[w].elements();
         block_weight_bytes_[b] += n * 2;
+        if (t_.fsdp) {
+          const std::vector<int64_t>& shape = op.weights[w].shape;
+          int64_t rows = ceil_div(shape.front(), t_.fsdp_shards()) * t_.fsdp_shards();
+          int64_t padded = n / shape.front() * rows;
+          fsdp_numel_[b] += padded;
+          if (!again) fsdp_shard += padded / t_.fsdp_shards();
+          continue;
+        }
         if (again) continue;
         (op.expert_weights ? expert : dense) += n;
         if (t_.zero < 3)
@@ -393,6 +499,18 @@ void ProgramBuilder::emit_statics() {
                      Category::kWeight);
       }
     }
+  }
+  if (t_.fsdp) {
+    // FSDP2 keeps the sharded parameters in their own dtype, fp32, and the optimizer steps them:
+    // no other master copy (PyTorch 2.10, torch/distributed/fsdp/_fully_shard/_fsdp_api.py,
+    // MixedPrecisionPolicy); AdamW's states are zeros_like of each fp32 shard. The fp32
+    // gradient shards come with the backward (fsdp_reduce).
+    new_static("params (FSDP shard, fp32)", fsdp_shard * 4, Category::kWeight);
+    if (t_.optimizer == Optimizer::kAdamW) {
+      new_static("optimizer.exp_avg (FSDP shard, fp32)", fsdp_shard * 4, Category::kOptimizer);
+      new_static("optimizer.exp_avg_sq (FSDP shard, fp32)", fsdp_shard * 4, Category::kOptimizer);
+    }
+    return;
   }
   // ZeRO shards over the data-parallel replicas of each parameter, CP ranks included (Megatron's
   // data-parallel + CP group): dp cp for dense, dp cp / ep for experts.
@@ -450,7 +568,7 @@ int32_t ProgramBuilder::forward_block(int b, int mb, int32_t x) {
   const StageBlock& blk = p_.blocks[b];
   const BlockGraph& g = *blk.graph;
   std::span<int32_t> v = values(b, mb);
-  int32_t gathered = gather_params(b, mb);
+  int32_t gathered = t_.fsdp ? fsdp_unshard(b, mb, true) : gather_params(b, mb);
   for (int input : g.inputs) {
     if (input == g.hidden_in) {
       v[input] = x;
@@ -464,7 +582,17 @@ int32_t ProgramBuilder::forward_block(int b, int mb, int32_t x) {
     alloc(v[input]);
   }
   run_ops_forward(b, mb, InstrKind::kForward, false);
-  if (gathered >= 0) read(gathered);
+  if (t_.fsdp && t_.pp > 1) {
+    // kept for the step (fsdp_unit_params_)
+  } else if (fsdp_keeps(static_cast<size_t>(b))) {
+    fsdp_params_[static_cast<size_t>(mb) * p_.blocks.size() + b] = gathered;  // to its backward
+  } else if (gathered >= 0) {
+    read(gathered);  // resharded after the forward
+  }
+  // FSDP: the root's post-forward frees the last all-gather output (PyTorch 2.10,
+  // _fsdp_state.py _post_forward).
+  if (t_.fsdp && b + 1 == chunk_begin_[static_cast<size_t>(blk.chunk) + 1] && fsdp_flat_ >= 0)
+    read(std::exchange(fsdp_flat_, -1));
   return g.hidden_out >= 0 ? v[g.hidden_out] : -1;
 }
 
@@ -515,7 +643,8 @@ int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
   std::vector<int32_t>& grads = grads_;
   grads.assign(g.tensors.size(), -1);
   if (g.hidden_out >= 0) grads[g.hidden_out] = grad_out;
-  int32_t gathered = gather_params(b, mb);
+  int32_t gathered = t_.fsdp ? fsdp_unshard(b, mb, false) : gather_params(b, mb);
+  std::vector<int32_t> weight_grads;  // FSDP: the unit's unsharded bf16 gradients
   run_ops_forward(b, mb, InstrKind::kRecompute, true);
   int32_t bucket = -1;
   if (bucket_bytes(b) > 0) {
@@ -549,6 +678,20 @@ int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
                                ValueKind::kGrad);
       alloc(grads[in_t]);
     }
+    if (t_.fsdp && !op.weights.empty()) {  // autograd's gradient of each weight, in bf16
+      int64_t n = 0;
+      for (const WeightShape& w : op.weights) n += w.elements();
+      weight_grads.push_back(
+          new_tensor(n * 2, b, -1, mb, Category::kTransient, ValueKind::kGradBucket));
+      alloc(weight_grads.back());
+    }
+  }
+  if (t_.fsdp) {
+    if (t_.pp > 1)
+      fsdp_accumulate(b, mb, weight_grads);
+    else
+      fsdp_reduce(b, mb, gathered, weight_grads, b == 0);
+    return g.hidden_in >= 0 ? grads[g.hidden_in] : -1;
   }
   if (bucket >= 0) {
     begin(InstrKind::kReduceGrads, b, -1, mb);
@@ -556,6 +699,98 @@ int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
   }
   if (gathered >= 0) read(gathered);
   return g.hidden_in >= 0 ? grads[g.hidden_in] : -1;
+}
+
+// FSDP2's unshard of unit b (PyTorch 2.10, torch/distributed/fsdp/_fully_shard/
+// _fsdp_param_group.py unshard, wait_for_unshard, _backward_prefetch; _fsdp_collectives.py
+// foreach_all_gather, foreach_all_gather_copy_out): the bf16 shards all-gathered into one flat
+// output on the copy-in stream, then copied out into each parameter's own unsharded tensor on
+// the compute stream. In the forward the flat output lives until the next unit's copy-out frees
+// it; in the backward it is freed after its own copy-out, and the unit run next in the backward
+// is all-gathered at once (prefetched one ahead). Returns the unsharded weights.
+int32_t ProgramBuilder::fsdp_unshard(int b, int mb, bool forward) {
+  const size_t slot = static_cast<size_t>(mb) * p_.blocks.size() + static_cast<size_t>(b);
+  const int64_t bytes = fsdp_numel_[static_cast<size_t>(b)] * 2;
+  if (t_.pp > 1 && fsdp_unit_params_[static_cast<size_t>(b)] >= 0)
+    return fsdp_unit_params_[static_cast<size_t>(b)];  // gathered for the step already
+  int32_t params = forward ? -1 : fsdp_params_[slot];
+  if (params < 0) {
+    int32_t flat = -1;
+    if (!forward && fsdp_prefetched_block_ == b) {
+      flat = std::exchange(fsdp_prefetched_, -1);
+      fsdp_prefetched_block_ = -1;
+    } else {
+      begin(InstrKind::kGatherParams, b, -1, mb);
+      flat = new_tensor(bytes, b, -1, mb, Category::kTransient, ValueKind::kAllGatherBuffer);
+      alloc(flat);
+      if (forward && fsdp_flat_ >= 0) read(std::exchange(fsdp_flat_, -1));
+    }
+    begin(InstrKind::kGatherParams, b, -1, mb);  // the copy-out
+    read(flat);
+    params = new_tensor(bytes, b, -1, mb, Category::kTransient, ValueKind::kParamGather);
+    alloc(params);
+    if (forward) fsdp_flat_ = flat;  // else its last use was the copy-out
+    if (t_.pp > 1) fsdp_unit_params_[static_cast<size_t>(b)] = params;
+  }
+  // The backward's prefetch: the unit before b in the chunk, when it was resharded.
+  if (!forward && b > 0 && b - 1 >= chunk_begin_[static_cast<size_t>(p_.blocks[b].chunk)] &&
+      !fsdp_keeps(static_cast<size_t>(b - 1))) {
+    begin(InstrKind::kGatherParams, b - 1, -1, mb);
+    fsdp_prefetched_ = new_tensor(fsdp_numel_[static_cast<size_t>(b - 1)] * 2, b - 1, -1, mb,
+                                  Category::kTransient, ValueKind::kAllGatherBuffer);
+    alloc(fsdp_prefetched_);
+    fsdp_prefetched_block_ = b - 1;
+  }
+  return params;
+}
+
+// FSDP2's post-backward of unit b (PyTorch 2.10, _fsdp_param_group.py post_backward;
+// _fsdp_collectives.py foreach_reduce): the unit resharded and the previous reduce-scatter's
+// input freed; the bf16 gradients copied into one fp32 reduce-scatter input on the compute
+// stream and freed; the reduce-scatter's output shard allocated on its stream. The first
+// micro-batch's becomes the gradient (held to the optimizer step); a later one's is added into
+// it and freed. The input is kept until the next unit's post-backward, or the root's at the end
+// of the backward. HSDP's all-reduce over the replicas runs in place on the output.
+void ProgramBuilder::fsdp_reduce(int b, int mb, int32_t params, const std::vector<int32_t>& grads,
+                                 bool last) {
+  const int64_t n = fsdp_numel_[static_cast<size_t>(b)];
+  begin(InstrKind::kReduceGrads, b, -1, mb);
+  read(params);
+  if (fsdp_rs_input_ >= 0) read(std::exchange(fsdp_rs_input_, -1));
+  begin(InstrKind::kReduceGrads, b, -1, mb);
+  for (int32_t id : grads) read(id);
+  int32_t input = new_tensor(n * 4, b, -1, mb, Category::kTransient, ValueKind::kReduceScatterInput);
+  alloc(input);
+  begin(InstrKind::kReduceGrads, b, -1, mb);
+  read(input);
+  int32_t shard = new_tensor(n / t_.fsdp_shards() * 4, b, -1, mb,
+                             mb == 0 ? Category::kGradient : Category::kTransient,
+                             ValueKind::kGradShard);
+  alloc(shard);
+  if (mb == 0) fsdp_grad_shards_[static_cast<size_t>(b)] = shard;
+  if (last) {
+    read(input);  // the root's post-backward: the last reduce-scatter done
+  } else {
+    fsdp_rs_input_ = input;
+  }
+}
+
+// FSDP2's post-backward without gradient sync (PP's micro-batches before the step's reduce:
+// PyTorch 2.10, _fsdp_param_group.py post_backward with _reduce_grads off; _fsdp_param.py
+// to_accumulated_grad_if_needed, accumulate_unsharded_grad_if_needed): the first micro-batch's
+// bf16 gradients become one fp32 unsharded gradient per parameter (reduce_dtype), a later one's
+// are added into it; the bf16 ones are freed.
+void ProgramBuilder::fsdp_accumulate(int b, int mb, const std::vector<int32_t>& grads) {
+  begin(InstrKind::kReduceGrads, b, -1, mb);
+  for (int32_t id : grads) read(id);
+  int32_t& acc = fsdp_accumulated_[static_cast<size_t>(b)];
+  if (acc >= 0) {
+    read(acc);
+    return;
+  }
+  acc = new_tensor(block_weight_bytes_[static_cast<size_t>(b)] * 2, b, -1, mb,
+                   Category::kGradient, ValueKind::kGradBucket);
+  alloc(acc);
 }
 
 void ProgramBuilder::insert_frees() {
@@ -655,7 +890,9 @@ Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolic
       return;
     }
     int64_t mbs = t.microbatches;
-    if (peak_only && t.pp_schedule == PpSchedule::k1F1B) mbs = std::min(mbs, t.pp - stage);
+    // FSDP: a second micro-batch, whose backward meets the first one's gradient shards.
+    if (peak_only && t.pp_schedule == PpSchedule::k1F1B)
+      mbs = std::min(mbs, t.fsdp ? 2 : t.pp - stage);
     ProgramBuilder pb(m, t, stage, layers[stage], emb, layer, head, policies, mbs, dense);
     s.stages[static_cast<size_t>(stage)] = pb.build();
   };

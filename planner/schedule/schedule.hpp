@@ -39,7 +39,17 @@ enum class ValueKind : uint8_t {
   kWorkspace,    // scratch of one backward op
   kParamGather,  // ZeRO-3: the block's weights gathered for its forward or backward
   kGradBucket,   // ZeRO-2/3: the block's unsharded gradients before their reduce-scatter
+  // FSDP2 (TrainSpec::fsdp; docs/fsdp.md): a unit's flat bf16 all-gather output (on the
+  // all-gather copy-in stream), its fp32 reduce-scatter input, and the reduce-scatter's fp32
+  // output shard (on the reduce-scatter stream), which becomes the sharded gradient. The unit's
+  // unsharded weights are kParamGather, its unsharded bf16 gradients kGradBucket (one per op).
+  kAllGatherBuffer,
+  kReduceScatterInput,
+  kGradShard,
 };
+// The CUDA stream a tensor of this kind is allocated on (the caching allocator's pools are per
+// stream): 1 FSDP's all-gather copy-in stream, 2 its reduce-scatter stream, 0 the compute stream.
+int16_t stream_of(ValueKind k);
 const char* name_of(ValueKind k);
 
 struct ScheduleTensor {

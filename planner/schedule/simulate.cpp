@@ -32,7 +32,7 @@ SimResult simulate(const StageProgram& p, const SimOptions& options) {
       anchor = i;
       for (int32_t id : p.allocs(in)) {
         const ScheduleTensor& t = p.tensors[id];
-        if (options.events) r.events.push_back({i, id, t.bytes, true});
+        if (options.events) r.events.push_back({i, id, t.bytes, true, stream_of(t.kind)});
         int c = static_cast<int>(t.category);
         if (__builtin_add_overflow(cur[c], t.bytes, &cur[c]) ||
             __builtin_add_overflow(total, t.bytes, &total))

@@ -1,0 +1,298 @@
+// torchtitan's job file in (configs.hpp, torchtitan_config). The keys, their types and defaults
+// are torchtitan's JobConfig at pytorch/torchtitan 238fa99 (2026-02-23, the last release line
+// whose job files are TOML: torchtitan/config/job_config.py; the sections and the parallel sizes
+// as torchtitan/distributed/parallel_dims.py resolves them).
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+#include <vector>
+
+#include "planner/inputs/configs.hpp"
+#include "planner/inputs/toml_model.hpp"
+
+namespace np {
+namespace {
+
+// torchtitan's model flavours (torchtitan/models/{llama3,deepseek_v3,qwen3}/__init__.py) that
+// are catalog models: the same shapes as the Hugging Face models the catalog holds.
+struct Flavor {
+  const char* model;   // [model] name
+  const char* flavor;  // [model] flavor
+  const char* catalog;
+};
+constexpr Flavor kFlavors[] = {
+    {"llama3", "8B", "llama-3.1-8b"},
+    {"llama3", "70B", "llama-3.1-70b"},
+    {"llama3", "405B", "llama-3.1-405b"},
+    // deepseek_v3's 16B flavour is DeepSeek-V2-Lite's shape (64 routed experts, 2 shared, top 6,
+    // kv_lora_rank 512, no q down-projection, 27 layers of which 1 dense, vocabulary 102,400).
+    {"deepseek_v3", "16B", "deepseek-v2-lite"},
+    {"deepseek_v3", "671B", "deepseek-v3"},
+    {"qwen3", "8B", "qwen3-8b"},
+    {"qwen3", "32B", "qwen3-32b"},
+    {"qwen3", "30B-A3B", "qwen3-30b-a3b"},
+    {"qwen3", "235B-A22B", "qwen3-235b-a22b"},
+};
+
+std::string valid_list(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+bool is_digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
+}
+
+}  // namespace
+
+Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string& path,
+                                      int64_t gpus) {
+  Result<toml::table> doc = parse_toml_text(text, path);
+  if (!doc) return doc.error();
+  ConfigSetup c;
+  TrainSpec& t = c.setup;
+  TomlReader root(*doc, path);
+  std::optional<Error> failed;
+  auto fail = [&](const std::string& message) {
+    if (!failed) failed = make_error(message);
+  };
+  // A section as a reader (an empty table when absent: every key takes its default).
+  static const toml::table kEmpty;
+  auto section = [&](std::string_view name) {
+    const toml::table* s = root.table(name);
+    return TomlReader(s ? *s : kEmpty, path, std::string(name) + ".");
+  };
+
+  // [model]
+  TomlReader model = section("model");
+  const std::string name = model.string("name", "llama3");
+  const std::string flavor = model.string("flavor", "debugmodel");
+  const std::vector<std::string> converters = model.strings("converters");
+  if (auto e = model.error()) return *e;
+  std::vector<std::string> names, flavors;
+  for (const Flavor& f : kFlavors) {
+    if (std::find(names.begin(), names.end(), f.model) == names.end()) names.push_back(f.model);
+    if (name == f.model) flavors.push_back(f.flavor);
+    if (name == f.model && flavor == f.flavor) c.catalog_model = f.catalog;
+  }
+  if (flavors.empty())
+    return make_error(model.where("name") + ": model.name " + quote_input(name, '"') +
+                      " is not a torchtitan model nanoplan maps (valid: " + valid_list(names) +
+                      ")");
+  if (c.catalog_model.empty())
+    return make_error(model.where("flavor") + ": model.flavor " + quote_input(flavor, '"') +
+                      " of " + name + " is not in the catalog (valid: " + valid_list(flavors) +
+                      ")");
+  c.given.insert("--model");
+  c.notes.push_back(path + ": torchtitan's model code is estimated with the --impl kernels "
+                           "(nanotron's unless given); a torchtitan profile is not modelled yet");
+  t.mtp_layers = 0;  // torchtitan's deepseek_v3 trains no multi-token prediction module
+  for (const std::string& conv : converters)
+    if (conv.find("float8") != std::string::npos || conv.find("mx") != std::string::npos)
+      c.notes.push_back(path + ": model.converters " + quote_input(conv, '"') +
+                        ": low-precision linears are not modelled yet; estimated as bf16 "
+                        "linears (torchao's Float8Linear saves the bf16 input as they do)");
+
+  // [training]
+  TomlReader training = section("training");
+  const bool old_batch = root.table("training") && root.table("training")->contains("batch_size");
+  const int64_t local = old_batch ? training.integer("batch_size") : training.integer("local_batch_size", 8);
+  const int64_t global = training.integer("global_batch_size", -1);
+  t.seq_len = training.integer("seq_len", 2048);
+  const std::string param_dtype = training.string("mixed_precision_param", "bfloat16");
+  const std::string reduce_dtype = training.string("mixed_precision_reduce", "float32");
+  const std::string dtype = training.string("dtype", "float32");
+  const bool offload = training.boolean("enable_cpu_offload", false);
+  const bool old_compile = training.boolean("compile", false);
+  if (auto e = training.error()) return *e;
+  if (local < 1)
+    fail(training.where(old_batch ? "batch_size" : "local_batch_size") +
+         ": training.local_batch_size must be a positive integer, got " + std::to_string(local));
+  if (t.seq_len < 1)
+    fail(training.where("seq_len") + ": training.seq_len must be a positive integer, got " +
+         std::to_string(t.seq_len));
+  if (param_dtype != "bfloat16")
+    fail(training.where("mixed_precision_param") + ": training.mixed_precision_param " +
+         quote_input(param_dtype, '"') + " is not modelled (valid: \"bfloat16\")");
+  if (reduce_dtype != "float32")
+    fail(training.where("mixed_precision_reduce") + ": training.mixed_precision_reduce " +
+         quote_input(reduce_dtype, '"') + " is invalid (valid: \"float32\", as torchtitan takes)");
+  if (dtype != "float32")
+    fail(training.where("dtype") + ": training.dtype " + quote_input(dtype, '"') +
+         " (bf16 sharded parameters without an fp32 copy) is not modelled (valid: \"float32\")");
+  if (offload)
+    fail(training.where("enable_cpu_offload") +
+         ": training.enable_cpu_offload true is not modelled (valid: false)");
+
+  // [parallelism]
+  TomlReader par = section("parallelism");
+  const int64_t replicate = par.integer("data_parallel_replicate_degree", 1);
+  int64_t shard = par.integer("data_parallel_shard_degree", -1);
+  const std::string reshard = par.string("fsdp_reshard_after_forward", "default");
+  t.tp = par.integer("tensor_parallel_degree", 1);
+  const bool async_tp = par.boolean("enable_async_tensor_parallel", false);
+  const bool no_loss_parallel = par.boolean("disable_loss_parallel", false);
+  t.pp = par.integer("pipeline_parallel_degree", 1);
+  const std::string schedule = par.string("pipeline_parallel_schedule", "1F1B");
+  const int64_t pp_micro = par.integer("pipeline_parallel_microbatch_size", 1);
+  t.cp = par.integer("context_parallel_degree", 1);
+  t.ep = par.integer("expert_parallel_degree", 1);
+  if (auto e = par.error()) return *e;
+  if (failed) return *failed;
+  const std::pair<const char*, int64_t> degrees[] = {{"data_parallel_replicate_degree", replicate},
+                                                     {"tensor_parallel_degree", t.tp},
+                                                     {"pipeline_parallel_degree", t.pp},
+                                                     {"pipeline_parallel_microbatch_size", pp_micro},
+                                                     {"context_parallel_degree", t.cp},
+                                                     {"expert_parallel_degree", t.ep}};
+  for (auto [key, v] : degrees)
+    if (v < 1)
+      return make_error(par.where(key) + ": parallelism." + key +
+                        " must be a positive integer, got " + std::to_string(v));
+  // ParallelDims: -1 takes the rest of the world: world / (replicate x cp x tp x pp).
+  const int64_t others = replicate * t.cp * t.tp * t.pp;
+  if (shard == -1) {
+    if (gpus <= 0)
+      return make_error(par.where("data_parallel_shard_degree") +
+                        ": parallelism.data_parallel_shard_degree -1 takes the GPUs the others "
+                        "leave: give --gpus N (the job's world size)");
+    if (gpus % others != 0)
+      return make_error("--gpus " + std::to_string(gpus) + " is not a multiple of " +
+                        std::to_string(others) +
+                        " (data_parallel_replicate_degree x context_parallel_degree x "
+                        "tensor_parallel_degree x pipeline_parallel_degree in " + path + ")");
+    shard = gpus / others;
+  } else if (shard < 1) {
+    return make_error(par.where("data_parallel_shard_degree") +
+                      ": parallelism.data_parallel_shard_degree must be -1 or a positive "
+                      "integer, got " + std::to_string(shard));
+  } else if (gpus > 0 && gpus != shard * others) {
+    return make_error("--gpus " + std::to_string(gpus) + " differs from the " +
+                      std::to_string(shard * others) + " GPUs " + path +
+                      " gives (replicate x shard x cp x tp x pp)");
+  }
+  t.dp = replicate * shard;
+  t.sp = t.tp > 1;  // torchtitan's TP plans shard the norms' sequence (SequenceParallel)
+  // torchtitan applies FSDP when dp_shard > 1 or cp > 1 (ParallelDims.fsdp_enabled).
+  t.fsdp = shard > 1 || t.cp > 1;
+  if (!t.fsdp && (replicate > 1 || t.tp > 1 || t.pp > 1))
+    return make_error(par.where("data_parallel_shard_degree") +
+                      ": torchtitan without FSDP (data_parallel_shard_degree 1 and "
+                      "context_parallel_degree 1) trains fp32 parameters under DDP, autocast or "
+                      "none, which is not modelled (valid: data_parallel_shard_degree above 1)");
+  t.dp_replicate = t.fsdp ? replicate : 1;
+  if (reshard == "default") t.reshard_after_forward = t.pp == 1;
+  else if (reshard == "always" || reshard == "never") t.reshard_after_forward = reshard == "always";
+  else
+    return make_error(par.where("fsdp_reshard_after_forward") +
+                      ": parallelism.fsdp_reshard_after_forward " + quote_input(reshard, '"') +
+                      " is invalid (valid: \"default\", \"always\", \"never\")");
+  if (!t.fsdp) t.reshard_after_forward = true;
+  if (reshard == "always")
+    c.notes.push_back(path + ": fsdp_reshard_after_forward \"always\": the final norm and output "
+                             "layer are estimated as kept to their backward, as under \"default\"");
+  // Schedules (torch.distributed.pipelining's names, case-insensitive as torchtitan reads them).
+  std::string sched = schedule;
+  std::transform(sched.begin(), sched.end(), sched.begin(),
+                 [](unsigned char ch) { return std::tolower(ch); });
+  if (sched == "1f1b") t.pp_schedule = PpSchedule::k1F1B;
+  else if (sched == "gpipe") t.pp_schedule = PpSchedule::kAfab;
+  else if (sched == "interleaved1f1b") t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = 2;
+  else
+    return make_error(par.where("pipeline_parallel_schedule") +
+                      ": parallelism.pipeline_parallel_schedule " + quote_input(schedule, '"') +
+                      " is not modelled (valid: \"1F1B\", \"GPipe\", \"Interleaved1F1B\")");
+  if (t.pp == 1) t.pp_schedule = PpSchedule::k1F1B, t.virtual_stages = 1;
+  if (async_tp)
+    c.notes.push_back(path + ": enable_async_tensor_parallel: the step time does not model its "
+                             "overlap; no byte depends on it here");
+  if (no_loss_parallel && t.tp > 1)
+    c.notes.push_back(path + ": disable_loss_parallel true: the logits are estimated sharded over "
+                             "TP as under loss parallelism");
+
+  // The batch: each step takes local_batch_size sequences per data-parallel rank, in
+  // global / (local x dp) accumulation steps; under PP each splits into micro-batches of
+  // pipeline_parallel_microbatch_size (torchtitan's train.py and pipeline_parallel.py).
+  int64_t accumulation = 1;
+  if (global != -1) {
+    if (global < 1 || global % (local * t.dp) != 0)
+      return make_error(training.where("global_batch_size") + ": training.global_batch_size " +
+                        std::to_string(global) + " is not a multiple of local_batch_size " +
+                        std::to_string(local) + " x data-parallel degree " +
+                        std::to_string(t.dp) + " (valid: -1 or such a multiple)");
+    accumulation = global / (local * t.dp);
+  }
+  if (t.pp > 1) {
+    if (local % pp_micro != 0)
+      return make_error(par.where("pipeline_parallel_microbatch_size") +
+                        ": pipeline_parallel_microbatch_size " + std::to_string(pp_micro) +
+                        " does not divide local_batch_size " + std::to_string(local));
+    t.micro_batch = pp_micro, t.microbatches = local / pp_micro * accumulation;
+  } else {
+    t.micro_batch = local, t.microbatches = accumulation;
+  }
+
+  // [activation_checkpoint]
+  TomlReader ac = section("activation_checkpoint");
+  const std::string mode = ac.string("mode", "selective");
+  const std::string option = ac.string("selective_ac_option", "2");
+  if (auto e = ac.error()) return *e;
+  if (mode == "none") {
+    t.recompute = Recompute::kNone;
+  } else if (mode == "full") {
+    t.recompute = Recompute::kFull;
+  } else if (mode == "selective" && is_digits(option) && option.size() < 8) {
+    // Every Nth block (0 and 1: every block).
+    t.recompute = Recompute::kFull;
+    t.recompute_every = std::max<int64_t>(1, std::stoll(option));
+  } else if (mode == "selective") {
+    return make_error(ac.where("selective_ac_option") + ": activation_checkpoint."
+                      "selective_ac_option " + quote_input(option, '"') +
+                      (option == "op" ? " (per-op checkpointing) is not modelled yet"
+                                      : " is invalid") +
+                      " (valid: a layer interval such as \"2\"; or mode \"full\" or \"none\")");
+  } else {
+    return make_error(ac.where("mode") + ": activation_checkpoint.mode " +
+                      quote_input(mode, '"') +
+                      (mode == "memory_budget" ? " is not modelled (it needs torch.compile's partitioner)"
+                                               : " is invalid") +
+                      " (valid: \"none\", \"full\", \"selective\")");
+  }
+  c.given.insert("--recompute");
+
+  // [optimizer]
+  TomlReader opt = section("optimizer");
+  const std::string optimizer = opt.string("name", "AdamW");
+  if (auto e = opt.error()) return *e;
+  if (optimizer != "AdamW" && optimizer != "Adam")
+    return make_error(opt.where("name") + ": optimizer.name " + quote_input(optimizer, '"') +
+                      " is invalid (valid: \"Adam\", \"AdamW\")");
+  t.optimizer = Optimizer::kAdamW;  // Adam keeps the same two moments
+
+  // [compile]
+  TomlReader compile = section("compile");
+  if (compile.boolean("enable", false) || old_compile)
+    c.notes.push_back(path + ": torch.compile: not modelled; the eager kernels' memory is "
+                             "estimated (compiled blocks fuse and may keep less)");
+  if (auto e = compile.error()) return *e;
+  // [quantize.linear.float8] (and the older [float8]): read for their types only.
+  const toml::table* quantize = root.table("quantize");
+  const toml::table* linear = quantize && quantize->get("linear") ? quantize->get("linear")->as_table() : nullptr;
+  for (const toml::table* f8 : {linear && linear->get("float8") ? linear->get("float8")->as_table() : nullptr,
+                                root.table("float8")}) {
+    if (!f8) continue;
+    TomlReader r(*f8, path, f8 == root.table("float8") ? "float8." : "quantize.linear.float8.");
+    if (r.boolean("enable_fsdp_float8_all_gather", false))
+      c.notes.push_back(path + ": enable_fsdp_float8_all_gather: not modelled yet; the all-gathers "
+                               "are estimated in bf16");
+    if (auto e = r.error()) return *e;
+  }
+  if (auto e = root.error()) return *e;
+  c.given.insert("--tp"), c.given.insert("--pp"), c.given.insert("--dp"), c.given.insert("--cp");
+  return c;
+}
+
+}  // namespace np

@@ -1,0 +1,219 @@
+// torchtitan's job file in (configs.hpp, torchtitan_config): the keys read with torchtitan's
+// meaning and defaults, the world size of data_parallel_shard_degree -1, the setups refused in
+// one line naming file, key and value, and the check: a torchtitan Llama 3 8B FSDP config
+// on 8 GPUs holds 16 B x N / 8 static bytes per rank.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "planner/inputs/configs.hpp"
+#include "planner/inputs/setup_flags.hpp"
+#include "planner/report/emit_config.hpp"
+#include "planner/schedule/schedule.hpp"
+#include "test_util.hpp"
+
+namespace np {
+namespace {
+
+std::string sample_path() { return testing::source_dir() + "/tests/data/torchtitan_llama3_8b.toml"; }
+
+std::string sample() {
+  std::ifstream in(sample_path());
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The sample with one key's line replaced (or a line added to its section when absent).
+std::string with(const std::string& section, const std::string& key, const std::string& value) {
+  std::string text = sample(), line = key + " = " + value;
+  size_t head = text.find("[" + section + "]\n");
+  EXPECT_NE(head, std::string::npos) << section;
+  size_t next = text.find("\n[", head), at = text.find("\n" + key + " = ", head);
+  if (at != std::string::npos && at < next) {
+    size_t end = text.find('\n', at + 1);
+    return text.replace(at + 1, end - at - 1, line);
+  }
+  return text.insert(head + section.size() + 3, line + "\n");
+}
+
+ConfigSetup read(const std::string& text, int64_t gpus = 8) {
+  Result<ConfigSetup> c = torchtitan_config(text, "job.toml", gpus);
+  EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().message);
+  return c.ok() ? *c : ConfigSetup{};
+}
+
+std::string error(const std::string& text, int64_t gpus = 8) {
+  Result<ConfigSetup> c = torchtitan_config(text, "job.toml", gpus);
+  EXPECT_FALSE(c.ok());
+  if (c.ok()) return "";
+  EXPECT_EQ(c.error().message.find('\n'), std::string::npos);
+  return c.error().message;
+}
+
+TEST(Torchtitan, ReadsTheSampleWithTorchtitansMeaning) {
+  ConfigSetup c = read(sample());
+  const TrainSpec& t = c.setup;
+  EXPECT_EQ(c.catalog_model, "llama-3.1-8b");
+  EXPECT_TRUE(t.fsdp);
+  EXPECT_EQ(t.dp, 8);  // -1: the 8 GPUs the other degrees leave
+  EXPECT_EQ(t.dp_replicate, 1);
+  EXPECT_TRUE(t.reshard_after_forward);  // "default" without PP
+  EXPECT_EQ(t.tp, 1);
+  EXPECT_EQ(t.micro_batch, 2);
+  EXPECT_EQ(t.microbatches, 1);  // global_batch_size -1: no accumulation
+  EXPECT_EQ(t.seq_len, 8192);
+  EXPECT_EQ(t.recompute, Recompute::kFull);
+  EXPECT_EQ(t.recompute_every, 2);
+  EXPECT_EQ(t.pp_schedule, PpSchedule::k1F1B);
+  EXPECT_EQ(t.optimizer, Optimizer::kAdamW);
+  EXPECT_EQ(t.mtp_layers, 0);
+  // Defaults where the file is silent: torchtitan's (local batch 8, sequence 2048, selective
+  // "2").
+  ConfigSetup d = read("[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\n", 16);
+  EXPECT_EQ(d.catalog_model, "qwen3-30b-a3b");
+  EXPECT_EQ(d.setup.micro_batch, 8);
+  EXPECT_EQ(d.setup.seq_len, 2048);
+  EXPECT_EQ(d.setup.dp, 16);
+  EXPECT_EQ(d.setup.recompute_every, 2);
+}
+
+TEST(Torchtitan, ParallelismAndBatch) {
+  ConfigSetup h = read(with("parallelism", "data_parallel_replicate_degree", "2"));
+  EXPECT_EQ(h.setup.dp, 8);
+  EXPECT_EQ(h.setup.dp_replicate, 2);
+  EXPECT_EQ(h.setup.fsdp_shards(), 4);
+  ConfigSetup tp = read(with("parallelism", "tensor_parallel_degree", "2"));
+  EXPECT_EQ(tp.setup.dp, 4);
+  EXPECT_TRUE(tp.setup.sp);
+  ConfigSetup never = read(with("parallelism", "fsdp_reshard_after_forward", "\"never\""));
+  EXPECT_FALSE(never.setup.reshard_after_forward);
+  // global 32 over local 2 x dp 8: two accumulation steps.
+  ConfigSetup acc = read(with("training", "global_batch_size", "32"));
+  EXPECT_EQ(acc.setup.microbatches, 2);
+  // PP 2 splits the local batch of 2 into micro-batches of 1; "default" keeps the weights.
+  std::string pp = with("parallelism", "pipeline_parallel_degree", "2");
+  ConfigSetup p = read(pp);
+  EXPECT_EQ(p.setup.pp, 2);
+  EXPECT_EQ(p.setup.dp, 4);
+  EXPECT_EQ(p.setup.micro_batch, 1);
+  EXPECT_EQ(p.setup.microbatches, 2);
+  EXPECT_FALSE(p.setup.reshard_after_forward);
+  // A given shard degree must agree with --gpus; without --gpus it stands.
+  std::string four = with("parallelism", "data_parallel_shard_degree", "4");
+  EXPECT_EQ(read(four, 0).setup.dp, 4);
+  EXPECT_NE(error(four, 8).find("differs from the 4 GPUs"), std::string::npos);
+  // A single GPU without FSDP: nothing is sharded and nothing is refused.
+  EXPECT_FALSE(read(with("parallelism", "data_parallel_shard_degree", "1"), 0).setup.fsdp);
+}
+
+TEST(Torchtitan, BadInputNamesFileKeyAndValue) {
+  EXPECT_EQ(error(sample(), 0),
+            "job.toml:40: parallelism.data_parallel_shard_degree -1 takes the GPUs the others "
+            "leave: give --gpus N (the job's world size)");
+  EXPECT_EQ(error(with("training", "seq_len", "\"8192\"")),
+            "job.toml:33: training.seq_len: expected an integer, got \"8192\"");
+  EXPECT_EQ(error(with("model", "flavor", "\"7B\"")),
+            "job.toml:20: model.flavor \"7B\" of llama3 is not in the catalog (valid: 8B, 70B, "
+            "405B)");
+  EXPECT_NE(error(with("model", "name", "\"llama4\"")).find("(valid: llama3, deepseek_v3, qwen3)"),
+            std::string::npos);
+  EXPECT_NE(error(with("activation_checkpoint", "selective_ac_option", "\"op\""))
+                .find("(per-op checkpointing) is not modelled yet"),
+            std::string::npos);
+  EXPECT_NE(error(with("activation_checkpoint", "selective_ac_option", "2")).find("expected a string"),
+            std::string::npos);
+  EXPECT_NE(error(with("parallelism", "fsdp_reshard_after_forward", "\"sometimes\""))
+                .find("(valid: \"default\", \"always\", \"never\")"),
+            std::string::npos);
+  EXPECT_NE(error(with("parallelism", "pipeline_parallel_schedule", "\"DualPipeV\""))
+                .find("is not modelled (valid: \"1F1B\", \"GPipe\", \"Interleaved1F1B\")"),
+            std::string::npos);
+  EXPECT_NE(error(with("training", "global_batch_size", "20")).find("not a multiple of"),
+            std::string::npos);
+  EXPECT_NE(error(with("training", "dtype", "\"bfloat16\"")).find("not modelled"),
+            std::string::npos);
+  EXPECT_NE(error(with("optimizer", "name", "\"SGD\"")).find("(valid: \"Adam\", \"AdamW\")"),
+            std::string::npos);
+  EXPECT_NE(error("[model\nname = 1\n").find("malformed TOML"), std::string::npos);
+  EXPECT_NE(error(with("parallelism", "tensor_parallel_degree", "3")).find(
+                "--gpus 8 is not a multiple of 3"),
+            std::string::npos);
+}
+
+// The check, through the CLI's path: a torchtitan Llama 3 8B FSDP config on 8 GPUs holds
+// 16 B x N / 8 of static bytes per rank (fp32 shard, fp32 gradient shard, two fp32 moments).
+TEST(Torchtitan, Llama8bOnEightGpusHoldsSixteenBytesPerParameterOverEight) {
+  SetupText s;
+  std::vector<std::string> notes;
+  Result<ResolvedSetup> r = resolve_setup(
+      {"", "", "", testing::source_dir() + "/models", sample_path(), 8}, s, false,
+      [&](const std::string& n) { notes.push_back(n); });
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->model.name, "llama-3.1-8b");
+  const int64_t N = 8'030'261'248;
+  int64_t statics = 0;  // the program's, and the gradient shards its backward makes
+  for (const ScheduleTensor& x : build_schedule(r->model, r->setup).stages[0].tensors)
+    if (x.kind == ValueKind::kStatic || x.kind == ValueKind::kGradShard) statics += x.bytes;
+  EXPECT_EQ(statics, 16 * N / 8);
+  // Flags given too override the file.
+  s.set("--micro-batch", "1");
+  s.set("--reshard-after-forward", "off");
+  Result<ResolvedSetup> o = resolve_setup(
+      {"", "", "", testing::source_dir() + "/models", sample_path(), 8}, s, false,
+      [&](const std::string& n) { notes.push_back(n); });
+  ASSERT_TRUE(o.ok()) << o.error().message;
+  EXPECT_EQ(o->setup.micro_batch, 1);
+  EXPECT_FALSE(o->setup.reshard_after_forward);
+  EXPECT_EQ(o->setup.recompute_every, 2);
+  // --model beside the config, or --gpus without one, is refused.
+  EXPECT_FALSE(resolve_setup({"llama-3.1-8b", "", "", testing::source_dir() + "/models",
+                              sample_path(), 8},
+                             SetupText{}, false, [](const std::string&) {})
+                   .ok());
+  EXPECT_FALSE(resolve_setup({"llama-3.1-8b", "", "", testing::source_dir() + "/models", "", 8},
+                             SetupText{}, false, [](const std::string&) {})
+                   .ok());
+}
+
+// --emit torchtitan reads back into the same setup: the batch, FSDP2 and HSDP, the reshard
+// policy, TP, and the checkpointed layers (none, every layer, every Nth). A plan whose recompute
+// torchtitan cannot express becomes whole layers covering every one it re-runs in, said in a
+// comment.
+TEST(Torchtitan, EmittedSectionsReadBackToTheSameSetup) {
+  const ModelSpec m = testing::model("llama-3.1-8b");
+  auto fields = [](const TrainSpec& t) {
+    return std::make_tuple(t.tp, t.dp, t.fsdp, t.dp_replicate, t.reshard_after_forward,
+                           t.micro_batch, t.microbatches, t.seq_len, t.recompute,
+                           t.recompute_every, t.pp_schedule);
+  };
+  const TrainSpec base = read(sample()).setup;
+  std::vector<TrainSpec> setups(6, base);
+  setups[1].dp_replicate = 2, setups[1].reshard_after_forward = false;
+  setups[2].microbatches = 3;
+  setups[3].tp = 2, setups[3].sp = true, setups[3].dp = 4;
+  setups[4].recompute_every = 1;
+  setups[5].recompute = Recompute::kNone, setups[5].recompute_every = 1;
+  for (const TrainSpec& t : setups) {
+    ASSERT_FALSE(validate_setup(m, t));
+    const std::string toml =
+        "[model]\nname = \"llama3\"\nflavor = \"8B\"\n" + emit_torchtitan(build_schedule(m, t));
+    ConfigSetup back = read(toml, 0);
+    EXPECT_EQ(fields(back.setup), fields(t)) << toml;
+    EXPECT_EQ(toml.find("not expressible"), std::string::npos) << toml;
+  }
+  // Layers 3 and 7 recomputed in part: every 4th layer in full covers them.
+  std::vector<BlockPolicy> layers;
+  Schedule s = build_schedule(m, setups[5]);
+  for (StageProgram& p : s.stages)
+    for (StageBlock& b : p.blocks)
+      if (b.kind == BlockKind::kLayer && (b.layer == 3 || b.layer == 7)) b.policy.recompute[1] = true;
+  const std::string emitted = emit_torchtitan(s);
+  EXPECT_NE(emitted.find("selective_ac_option = \"4\""), std::string::npos) << emitted;
+  EXPECT_NE(emitted.find("# not expressible: the plan re-runs parts of layers"), std::string::npos)
+      << emitted;
+}
+
+}  // namespace
+}  // namespace np
