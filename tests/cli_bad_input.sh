@@ -80,6 +80,17 @@ bad "unknown model names closest catalog names" -m "unknown model" -m "llama-3.1
   -a "llama-3.1-70b|llama-3.1-8b" -- estimate --model llama-3.1-7b
 bad "plan: unknown model" -m "unknown model" -a "llama-3.1-70b|llama-3.1-8b" -- plan --model llama-3.1-7b
 bad "missing --model" -m "--model" -- estimate --tp 8
+TT="$SRC_DIR/tests/data/torchtitan_llama3_8b.toml"
+bad "torchtitan config: shard degree -1 without --gpus" -m "data_parallel_shard_degree -1" -m "--gpus N" \
+  -- estimate --torchtitan-config "$TT"
+bad "torchtitan config beside --model" -m "--model and --torchtitan-config" \
+  -- estimate --torchtitan-config "$TT" --model llama-3.1-8b --gpus 8
+bad "--gpus without a torchtitan config" -m "needs --torchtitan-config" -- estimate --model llama-3.1-8b --gpus 8
+bad "--fsdp with --zero" -m "use --zero 0" -- estimate --model llama-3.1-8b --dp 8 --fsdp --zero 1
+bad "--fsdp with a bad value" -m "invalid --fsdp" -m "on, off" -- estimate --model llama-3.1-8b --dp 8 --fsdp maybe
+bad "--recompute-every without full" -m "--recompute full" -- estimate --model llama-3.1-8b --recompute-every 2
+bad "--emit of an unknown framework" -m "torchtitan" -- estimate --model llama-3.1-8b --emit deepspeed
+bad "run refuses FSDP" -m "do not run FSDP2" -- run --model llama-3.1-8b --dp 2 --fsdp --seq-len 64 --microbatches 1
 bad "model path that does not exist" -m "$TMP/no-such-model.toml" -- estimate --model "$TMP/no-such-model.toml"
 
 printf 'name = "broken"\nhidden_size = 4096\nintermediate_size = = 11008\nnum_layers = 32\n' >"$TMP/broken.toml"

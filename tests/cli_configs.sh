@@ -213,4 +213,22 @@ write_tiny_model "$TMP/tiny.toml"
 rc=$?
 check "--seq-len beyond max_position_embeddings: exit 0, a warning on stderr" \
   '[ $rc -eq 0 ] && grep -q "warning: --seq-len 64 is beyond tiny.s max_position_embeddings 32" "$TMP/err.txt"'
+# torchtitan's job file: FSDP2 over the 8 GPUs --gpus gives (data_parallel_shard_degree -1), every
+# second layer checkpointed, the notes on stderr; its emitted sections read back to the same
+# setup; --fsdp alone is a switch.
+TT="$SRC_DIR/tests/data/torchtitan_llama3_8b.toml"
+"$NP" estimate --torchtitan-config "$TT" --gpus 8 --format json >"$TMP/tt.json" 2>"$TMP/tt.err"
+rc=$?
+check "torchtitan config: exit 0, FSDP2 over 8, micro-batch 2 x 8192, every 2nd layer recomputed" \
+  '[ $rc -eq 0 ] && python3 -c "import json,sys; s=json.load(open(sys.argv[1]))[\"setup\"]; sys.exit(0 if (s[\"dp\"], s.get(\"fsdp\"), s[\"micro_batch\"], s[\"seq_len\"], s[\"recompute\"], s.get(\"recompute_every\")) == (8, True, 2, 8192, \"full\", 2) else 1)" "$TMP/tt.json"'
+check "torchtitan config: its notes on stderr, one line each" \
+  'grep -q "torchtitan_llama3_8b.toml: torchtitan.s model code is estimated with the --impl kernels" "$TMP/tt.err"'
+"$NP" estimate --torchtitan-config "$TT" --gpus 8 --emit torchtitan >"$TMP/tt_emit.toml" 2>/dev/null
+{ printf '[model]\nname = "llama3"\nflavor = "8B"\n'; cat "$TMP/tt_emit.toml"; } >"$TMP/tt_back.toml"
+"$NP" estimate --torchtitan-config "$TMP/tt_back.toml" --format json >"$TMP/tt_back.json" 2>/dev/null
+check "--emit torchtitan reads back into the same setup" \
+  'python3 -c "import json,sys; a=json.load(open(sys.argv[1]))[\"setup\"]; b=json.load(open(sys.argv[2]))[\"setup\"]; sys.exit(0 if a==b else 1)" "$TMP/tt.json" "$TMP/tt_back.json"'
+"$NP" estimate --model llama-3.1-8b --dp 8 --fsdp --format json >"$TMP/fsdp.json" 2>/dev/null
+check "--fsdp given alone switches FSDP2 on" \
+  'python3 -c "import json,sys; s=json.load(open(sys.argv[1]))[\"setup\"]; sys.exit(0 if s.get(\"fsdp\") and s[\"pp_schedule\"] == \"1f1b\" else 1)" "$TMP/fsdp.json"'
 finish
