@@ -7,6 +7,7 @@
 #include <map>
 
 #include "planner/recompute/autoplan.hpp"
+#include "planner/report/plan_report.hpp"
 #include "planner/schedule/contract.hpp"
 #include "planner/schedule/schedule.hpp"
 #include "planner/schedule/simulate.hpp"
@@ -273,6 +274,15 @@ TEST(Fsdp, AutoPlansFitTheirBudget) {
   ASSERT_FALSE(validate_setup(m, t));
   const AutoPlan loose = auto_plan(m, t, {}, 1LL << 40, default_hardware());
   ASSERT_TRUE(loose.fits && loose.peak_none && loose.peak_full);
+  // torchtitan's default checkpointing (every second layer) lands between none and full, and
+  // the report says where.
+  ASSERT_EQ(loose.every, 2);
+  ASSERT_TRUE(loose.time_every && loose.peak_every);
+  EXPECT_LT(*loose.peak_every, *loose.peak_none);
+  EXPECT_GT(*loose.peak_every, *loose.peak_full);
+  EXPECT_LT(loose.time_every->seconds, loose.time_full->seconds);
+  EXPECT_NE(auto_plan_table(loose, 1LL << 40).find("vs torchtitan's selective_ac_option \"2\""),
+            std::string::npos);
   int fits = 0;
   for (int i = 0; i <= 8; ++i) {
     const int64_t budget = *loose.peak_full + (*loose.peak_none - *loose.peak_full) * i / 8;

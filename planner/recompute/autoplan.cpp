@@ -631,16 +631,24 @@ class PlanSteps {
 
 // The step times and peaks of no recompute and of full recompute, for the comparison lines; they
 // do not depend on the plan, so auto_plan makes them beside it (writing only these fields).
+// Under FSDP2 also torchtitan's default, full recompute of every second layer
+// (job_config.py: selective_ac_option "2").
 void compare_uniform(AutoPlan& plan, const ModelSpec& m, const TrainSpec& t,
                      const RuntimeAssumptions& rt, const HardwareModel& hw) {
-  for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+  auto measure = [&](Recompute r, int64_t every, std::optional<StepTime>& time,
+                     std::optional<int64_t>& peak) {
     TrainSpec u = simulation_setup(t);
-    u.recompute = r;
+    u.recompute = r, u.recompute_every = every;
     Schedule s = build_schedule(m, u, nullptr, /*peak_only=*/true);
     s.setup.microbatches = t.microbatches;  // peaks repeat past pp + 1 micro-batches; time counts all
-    (r == Recompute::kNone ? plan.time_none : plan.time_full) = step_time(s, hw);
-    (r == Recompute::kNone ? plan.peak_none : plan.peak_full) =
-        estimate_schedule(s, rt, {.suggestions = false}).peak_bytes;
+    time = step_time(s, hw);
+    peak = estimate_schedule(s, rt, {.suggestions = false}).peak_bytes;
+  };
+  measure(Recompute::kNone, 1, plan.time_none, plan.peak_none);
+  measure(Recompute::kFull, 1, plan.time_full, plan.peak_full);
+  if (t.fsdp && m.layers >= 2) {
+    plan.every = 2;
+    measure(Recompute::kFull, plan.every, plan.time_every, plan.peak_every);
   }
 }
 

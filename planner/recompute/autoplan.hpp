@@ -48,6 +48,11 @@ struct AutoPlan {
   StepTime time;                                 // of that schedule
   std::optional<StepTime> time_none, time_full;  // uniform nanotron settings, for comparison
   std::optional<int64_t> peak_none, peak_full;   // their peaks (bytes, with overheads)
+  // Under FSDP2, torchtitan's default checkpointing (selective_ac_option "2": full recompute of
+  // every `every`th layer), for comparison; 0 and empty otherwise.
+  int64_t every = 0;
+  std::optional<StepTime> time_every;
+  std::optional<int64_t> peak_every;
   int64_t regathered = 0, gathers = 0;  // all-gathers re-done in backward, of all in the blocks
   bool partition_searched = false;      // schedule.setup.stage_layers came from --partition auto
   int simulations = 0;  // verification rounds: 1 when the stage model saw everything the

@@ -254,6 +254,15 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
   };
   if (p.time_none) out += compared("false", *p.time_none, *p.peak_none);
   if (p.time_full) out += compared("true", *p.time_full, *p.peak_full);
+  if (p.time_every) {  // torchtitan's default under FSDP2
+    const double gain = 100 * (p.time_every->seconds - p.time.seconds) / p.time_every->seconds;
+    out += "  vs torchtitan's selective_ac_option \"" + std::to_string(p.every) +
+           "\" (layers l with (l + 1) mod " + std::to_string(p.every) + " = 0 in full): " +
+           fmt("%.3f s", p.time_every->seconds) + ", peak " + format_gib(*p.peak_every) +
+           (*p.peak_every <= budget ? " (fits)" : " (does not fit)") +
+           (gain >= 0.05 ? "; the plan is " + fmt("%.1f%%", gain) + " faster" : std::string()) +
+           "\n";
+  }
   out += equivalents(p, budget);
   if (!verbose)
     return out + "\n(--verbose: the layer options the planner chose from, bytes and time)\n";
@@ -356,6 +365,11 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
     j["dense_frontier"] = frontier_json(p.dense_frontier, p.dense_option_names);
   if (p.time_none) j["step_seconds_no_recompute"] = p.time_none->seconds;
   if (p.time_full) j["step_seconds_recompute_layer"] = p.time_full->seconds;
+  if (p.time_every) {
+    j["step_seconds_torchtitan_every_layers"] = p.time_every->seconds;
+    j["peak_bytes_torchtitan_every_layers"] = *p.peak_every;
+    j["torchtitan_every_layers"] = p.every;
+  }
   return j;
 }
 
