@@ -7,6 +7,7 @@
 #include <map>
 
 #include "planner/recompute/autoplan.hpp"
+#include "planner/recompute/sweep.hpp"
 #include "planner/report/plan_report.hpp"
 #include "planner/schedule/contract.hpp"
 #include "planner/schedule/schedule.hpp"
@@ -315,6 +316,32 @@ TEST(Fsdp, AReplayedPlanWithinTheBudgetFits) {
         auto_plan(m, t, {}, gib << 30, default_hardware(), {.compare_uniform = false});
     EXPECT_EQ(q.fits, q.estimate.peak_bytes <= (gib << 30)) << gib << " GiB";
   }
+}
+
+// `sweep --fsdp` searches FSDP2 setups in place of the ZeRO stages: without PP resharding after
+// forward (micro-batches in turn), under PP keeping the units; each row's peak is its own auto
+// plan's.
+TEST(Fsdp, TheSweepSearchesFsdpSetups) {
+  const ModelSpec m = model("llama-3.1-8b");
+  SweepOptions o;
+  o.gpus = 8, o.budget = 72LL << 30, o.hw = default_hardware();
+  o.base.fsdp = true, o.base.seq_len = 8192;
+  const SweepReport r = sweep(m, o);
+  ASSERT_GT(r.fitting.size(), 4u);
+  bool piped = false;
+  for (const SweepResult& x : r.fitting) {
+    const TrainSpec& t = x.setup;
+    EXPECT_TRUE(t.fsdp);
+    EXPECT_EQ(t.zero, 0);
+    EXPECT_EQ(t.reshard_after_forward, t.pp == 1);
+    if (t.pp == 1) EXPECT_EQ(t.pp_schedule, PpSchedule::k1F1B);
+    piped |= t.pp > 1;
+    const AutoPlan p = auto_plan(m, t, o.runtime, o.budget, o.hw, {.compare_uniform = false});
+    EXPECT_TRUE(p.fits);
+    EXPECT_EQ(p.estimate.peak_bytes, x.peak_bytes);
+    EXPECT_NE(estimate_command(x, o).find("--fsdp on"), std::string::npos);
+  }
+  EXPECT_TRUE(piped);
 }
 
 }  // namespace

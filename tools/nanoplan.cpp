@@ -1249,6 +1249,10 @@ int main(int argc, char** argv) {
                  "setups with --tp 2 or more (--impl megatron)");
   add_setup_flag(sw, f, setup_flag("--partition"),
                  "layers per stage: balanced (by FLOPs), auto (searched for every setup)");
+  add_setup_flag(sw, f, setup_flag("--fsdp"),
+                 "FSDP2 in place of the ZeRO stages (docs/fsdp.md): every setup shards with "
+                 "FSDP2 over its dp (resharding after forward without PP, keeping the units "
+                 "under PP)");
   add_int(sw, "--top", f.top, "setups to show", 1, 1'000'000);
   sw->add_option("--format", f.format, "table, json, csv")->capture_default_str();
   sw->add_option("--models-dir", f.models_dir, "model catalog folder");

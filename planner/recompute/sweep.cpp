@@ -34,7 +34,8 @@ std::vector<TrainSpec> candidates(const ModelSpec& m, const SweepOptions& o, siz
       for (int64_t pp = 1; pp <= std::min(o.gpus / (tp * cp), m.layers); ++pp) {
         if (o.gpus % (tp * cp * pp) != 0) continue;
         int64_t dp = o.gpus / (tp * cp * pp);
-        for (int zero : {0, 1, 2, 3})
+        for (int zero : {0, 1, 2, 3}) {
+          if (o.base.fsdp && zero > 0) continue;  // FSDP2 in place of ZeRO
           for (int64_t mbs : {1, 2, 4})
             for (int64_t v : o.virtual_stages)
               for (int64_t ep : eps)
@@ -54,12 +55,17 @@ std::vector<TrainSpec> candidates(const ModelSpec& m, const SweepOptions& o, siz
               t.recompute = Recompute::kAuto;
               t.pp_schedule = v > 1 ? PpSchedule::kInterleaved : sched;
               t.virtual_stages = v;
+              if (t.fsdp) {  // torchtitan's: micro-batches in turn without PP; units kept under PP
+                if (pp == 1) t.pp_schedule = PpSchedule::k1F1B;
+                t.reshard_after_forward = pp == 1;
+              }
               if (validate_setup(m, t)) {
                 ++invalid;
                 continue;
               }
               out.push_back(t);
             }
+        }
       }
   return out;
 }
@@ -198,12 +204,13 @@ std::string sweep_table(const SweepReport& r, const ModelSpec& m, const SweepOpt
   for (size_t i = 0; i < r.fitting.size() && i < top; ++i) {
     const SweepResult& x = r.fitting[i];
     std::snprintf(line, sizeof line,
-                  "%4zu %3lld %3lld %3lld %-6s %4lld %3lld %4d %3lld %5lld %6lld %8.3f %9.0f %5.1f%% "
+                  "%4zu %3lld %3lld %3lld %-6s %4lld %3lld %4s %3lld %5lld %6lld %8.3f %9.0f %5.1f%% "
                   "%8.2f  %s\n",
                   i + 1, static_cast<long long>(x.setup.tp), static_cast<long long>(x.setup.cp),
                   static_cast<long long>(x.setup.pp), schedule_name(x.setup).c_str(),
                   static_cast<long long>(x.setup.dp), static_cast<long long>(x.setup.ep),
-                  x.setup.zero, static_cast<long long>(x.setup.micro_batch),
+                  x.setup.fsdp ? "fsdp" : std::to_string(x.setup.zero).c_str(),
+                  static_cast<long long>(x.setup.micro_batch),
                   static_cast<long long>(x.setup.microbatches),
                   static_cast<long long>(x.setup.micro_batch * x.setup.microbatches * x.setup.dp),
                   x.step_seconds,
