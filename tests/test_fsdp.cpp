@@ -118,10 +118,16 @@ TEST(Fsdp, UnitsGatherAndReduceAsFullyShardDoes) {
     for (const MemEvent& e : r.events) {
       if (!e.alloc) continue;
       const ValueKind k = p.tensors[e.tensor].kind;
-      EXPECT_EQ(e.stream, k == ValueKind::kAllGatherBuffer ? 1 : k == ValueKind::kGradShard ? 2 : 0);
+      EXPECT_EQ(e.stream, k == ValueKind::kAllGatherBuffer || k == ValueKind::kAllGatherInput ? 1
+                          : k == ValueKind::kGradShard                                        ? 2
+                                                                                               : 0);
       side += e.stream != 0;
     }
-    EXPECT_EQ(side, 34 * 3 * per_layer - (reshard ? 3 : 0) + 34 * 3);
+    EXPECT_EQ(side, 2 * (34 * 3 * per_layer - (reshard ? 3 : 0)) + 34 * 3);
+    // Each all-gather's input is this rank's bf16 shards: half the output over 2 ranks.
+    for (const ScheduleTensor& x : p.tensors)
+      if (x.kind == ValueKind::kAllGatherInput && p.blocks[x.block].kind == BlockKind::kLayer)
+        EXPECT_EQ(x.bytes, 2 * (2 * 4096 + 4 * 4096LL * 4096 + 3 * 4096LL * 11008) / 2);
   }
 }
 
@@ -213,6 +219,39 @@ TEST(Fsdp, APipelineStageGathersOnceAndReducesAtTheEnd) {
   EXPECT_EQ(StageStatics(m, t)(1, s.stages[1].num_layers()), shards + held);
 }
 
+// The estimate simulates fewer micro-batches than the step (the peaks repeat); under FSDP with
+// PP one more than the warm-up, whose forward meets the accumulated fp32 gradients: every stage's
+// peak is the full schedule's.
+TEST(Fsdp, TheSimulatedMicroBatchesHoldEveryStagesPeak) {
+  const ModelSpec m = model("llama-2-7b");
+  for (int64_t pp : {1, 4}) {
+    TrainSpec t = fsdp_setup(2);
+    t.pp = pp, t.reshard_after_forward = pp == 1, t.microbatches = 9, t.seq_len = 512;
+    ASSERT_FALSE(validate_setup(m, t));
+    const Schedule full = build_schedule(m, t);
+    const Schedule peak = build_schedule(m, simulation_setup(t), nullptr, /*peak_only=*/true);
+    for (size_t st = 0; st < full.stages.size(); ++st)
+      EXPECT_EQ(simulate(peak.stages[st]).peak_bytes, simulate(full.stages[st]).peak_bytes)
+          << "pp " << pp << " stage " << st;
+  }
+}
+
+// --recompute-every counts each rank's own layers, as torchtitan's process-global counter does
+// over the model part it builds: Llama-2-7B over pp 2 (16 layers each) with N = 3 checkpoints
+// the stage's 3rd, 6th, ... layers: 2, 5, ..., 14 and 18, 21, ..., 30.
+TEST(Fsdp, EveryNthLayerCountsTheStagesOwnLayers) {
+  const ModelSpec m = model("llama-2-7b");
+  TrainSpec t = fsdp_setup(2);
+  t.pp = 2, t.reshard_after_forward = false, t.microbatches = 2;
+  t.recompute = Recompute::kFull, t.recompute_every = 3;
+  ASSERT_FALSE(validate_setup(m, t));
+  std::vector<int> full;
+  for (const StageProgram& p : build_schedule(m, t).stages)
+    for (const StageBlock& b : p.blocks)
+      if (b.kind == BlockKind::kLayer && b.policy.name == "full") full.push_back(b.layer);
+  EXPECT_EQ(full, (std::vector<int>{2, 5, 8, 11, 14, 18, 21, 24, 27, 30}));
+}
+
 // What FSDP2 is not modelled with, and what contradicts it, is refused in one line naming the
 // way out.
 TEST(Fsdp, RefusedSetupsNameTheFix) {
@@ -231,6 +270,10 @@ TEST(Fsdp, RefusedSetupsNameTheFix) {
   refused([](TrainSpec& t) { t.pp_schedule = PpSchedule::kAfab, t.microbatches = 2; },
           "--pp-schedule 1f1b");
   refused([](TrainSpec& t) { t.grad_dtype = Dtype::kBf16; }, "--grad-accum-dtype fp32");
+  refused([](TrainSpec& t) {
+    t.pp = 2, t.reshard_after_forward = false, t.pp_schedule = PpSchedule::kInterleaved;
+    t.virtual_stages = 2, t.microbatches = 4;
+  }, "use --pp-schedule 1f1b or afab");
   refused([](TrainSpec& t) { t.fsdp = false, t.dp_replicate = 2; }, "needs --fsdp");
   refused([](TrainSpec& t) { t.fsdp = false, t.reshard_after_forward = false; }, "needs --fsdp");
   const ModelSpec moe = model("mixtral-8x7b");

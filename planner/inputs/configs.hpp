@@ -49,5 +49,7 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
 // must have the type torchtitan gives it. `gpus`: the job's world size, 0 when not given.
 Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string& path,
                                       int64_t gpus);
+// torchtitan's [model] name and flavor of a catalog model, where it has one ("llama3", "8B").
+std::optional<std::pair<std::string, std::string>> torchtitan_flavor(const std::string& model);
 
 }  // namespace np

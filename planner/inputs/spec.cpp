@@ -227,6 +227,10 @@ std::optional<Error> check_fsdp(const TrainSpec& t) {
   if (t.grad_dtype != Dtype::kFp32)
     return fail("--fsdp reduces gradients in fp32 into fp32 shards (torchtitan's "
                 "mixed_precision_reduce takes float32 only); use --grad-accum-dtype fp32");
+  if (t.pp_schedule == PpSchedule::kInterleaved)
+    return fail("--fsdp with --pp-schedule interleaved is not modelled yet (torch.distributed."
+                "pipelining gathers every chunk's units ahead and reduces each chunk after its own "
+                "last backward); use --pp-schedule 1f1b or afab");
   if (t.pp > 1 && t.reshard_after_forward)
     return fail("--fsdp with --pp " + str(t.pp) +
                 " keeps each unit's weights gathered from its first forward to the step's "

@@ -601,9 +601,11 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
       double nn = static_cast<double>(per_block[b].first + per_block[b].second);
       if (nn == 0) continue;
       bool again = t.reshard_after_forward && t.pp == 1 && b + 1 < per_block.size();
+      // The shard group: tp x cp x dp / replicas consecutive ranks.
+      const bool within = t.tp * shards <= hw.gpus_per_node;
       if (shards > 1) {
-        c += m * (again ? 2 : 1) * coll("all_gather", nn * 2, shards);
-        c += m * coll("reduce_scatter", nn * 4, shards);
+        c += m * (again ? 2 : 1) * collective_seconds("all_gather", nn * 2, shards, within, hw);
+        c += m * collective_seconds("reduce_scatter", nn * 4, shards, within, hw);
       }
       if (replicas > 1)
         c += m * collective_seconds("all_reduce", nn * 4 / static_cast<double>(shards), replicas,

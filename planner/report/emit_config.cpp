@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "planner/inputs/configs.hpp"
 #include "planner/inputs/units.hpp"
 
 namespace np {
@@ -234,6 +235,10 @@ std::string emit_torchtitan(const Schedule& s) {
   const LayerPlans p = layer_plans(s);
   std::vector<std::string> notes;
   std::string out = "# torchtitan settings closest to nanoplan's plan for " + s.model.name + "\n";
+  if (auto f = torchtitan_flavor(s.model.name))
+    out += "[model]\nname = \"" + f->first + "\"\nflavor = \"" + f->second + "\"\n\n";
+  else
+    notes.push_back("not expressible: " + s.model.name + " is no torchtitan flavor nanoplan knows");
   // The batch: under PP a step's local batch is its micro-batches; else accumulation steps.
   const int64_t local = t.pp > 1 ? t.micro_batch * t.microbatches : t.micro_batch;
   out += "[training]\nlocal_batch_size = " + std::to_string(local) +
@@ -270,32 +275,41 @@ std::string emit_torchtitan(const Schedule& s) {
     notes.push_back("torchtitan's Interleaved1F1B takes 2 stages per rank unless "
                     "pipeline_parallel_layers_per_stage says otherwise (the plan has " +
                     std::to_string(t.virtual_stages) + ")");
-  // Activation checkpointing: layer l is checkpointed in full when its plan re-runs anything
-  // besides all-gathers; torchtitan checkpoints layers l with (l + 1) mod N = 0.
-  std::vector<bool> any(static_cast<size_t>(s.model.layers), false), whole = any;
-  for (const StageBlock* b : p.layers) {
-    TrainSpec full = t;
-    full.recompute = Recompute::kFull, full.recompute_every = 1;
-    const BlockPolicy f = named_policy(*b->graph, full);
-    bool some = false, all = true;
-    for (size_t o = 0; o < b->graph->ops.size(); ++o) {
-      if (is_gather(b->graph->ops[o]) || b->graph->ops[o].kind == OpKind::kCpGatherKv) continue;
-      some |= b->policy.recompute[o];
-      all &= b->policy.recompute[o] == f.recompute[o];
+  // Activation checkpointing: a layer is checkpointed in full when its plan re-runs anything
+  // besides all-gathers; torchtitan checkpoints the n-th layer each rank builds (1-based, its
+  // chunks in order) when n mod N = 0.
+  struct Layer {
+    int64_t position;
+    bool some, whole;
+  };
+  std::vector<Layer> layers;
+  int64_t most = 1;
+  for (const StageProgram& st : s.stages) {
+    int64_t n = 0;
+    for (const StageBlock& b : st.blocks) {
+      if (b.kind != BlockKind::kLayer) continue;
+      TrainSpec full = t;
+      full.recompute = Recompute::kFull, full.recompute_every = 1;
+      const BlockPolicy f = named_policy(*b.graph, full);
+      bool some = false, all = true;
+      for (size_t o = 0; o < b.graph->ops.size(); ++o) {
+        if (is_gather(b.graph->ops[o]) || b.graph->ops[o].kind == OpKind::kCpGatherKv) continue;
+        some |= b.policy.recompute[o];
+        all &= b.policy.recompute[o] == f.recompute[o];
+      }
+      layers.push_back({++n, some, all && some});
     }
-    any[static_cast<size_t>(b->layer)] = some, whole[static_cast<size_t>(b->layer)] = all && some;
+    most = std::max(most, n);
   }
   int64_t every = 0;  // the largest N whose checkpointed layers cover every layer the plan re-runs
-  for (int64_t n = s.model.layers; n >= 1 && every == 0; --n) {
-    bool covers = true;
-    for (int64_t l = 0; l < s.model.layers; ++l)
-      if (any[static_cast<size_t>(l)] && (l + 1) % n != 0) covers = false;
-    if (covers) every = n;
-  }
-  const bool none = std::none_of(any.begin(), any.end(), [](bool x) { return x; });
-  bool exact = true;
-  for (int64_t l = 0; l < s.model.layers && !none; ++l)
-    if (((l + 1) % every == 0) != static_cast<bool>(whole[static_cast<size_t>(l)])) exact = false;
+  for (int64_t n = most; n >= 1 && every == 0; --n)
+    if (std::all_of(layers.begin(), layers.end(),
+                    [&](const Layer& l) { return !l.some || l.position % n == 0; }))
+      every = n;
+  const bool none = std::none_of(layers.begin(), layers.end(), [](const Layer& l) { return l.some; });
+  const bool exact = none || std::all_of(layers.begin(), layers.end(), [&](const Layer& l) {
+                       return (l.position % every == 0) == l.whole;
+                     });
   out += "[activation_checkpoint]\n";
   if (none)
     out += "mode = \"none\"\n";

@@ -37,6 +37,8 @@ std::string StageProgram::tensor_name(int32_t id) const {
       return where + "reduce_scatter_input";
     case ValueKind::kGradShard:
       return where + "grad_shard";
+    case ValueKind::kAllGatherInput:
+      return where + "all_gather_input";
     default:
       return where + g.tensors.at(t.tensor).name;
   }

@@ -339,7 +339,8 @@ StageProgram read_stage(const Reader& r, const BlockGraphs& graphs) {
   constexpr ValueKind kinds[] = {
       ValueKind::kStatic,    ValueKind::kValue,       ValueKind::kRecomputed, ValueKind::kGrad,
       ValueKind::kWorkspace, ValueKind::kParamGather, ValueKind::kGradBucket,
-      ValueKind::kAllGatherBuffer, ValueKind::kReduceScatterInput, ValueKind::kGradShard};
+      ValueKind::kAllGatherBuffer, ValueKind::kReduceScatterInput, ValueKind::kGradShard,
+      ValueKind::kAllGatherInput};
   const int32_t nblocks = static_cast<int32_t>(p.blocks.size());
   Reader tensors = r.at("tensors");
   for (size_t i = 0; i < tensors.size(); ++i) {

@@ -19,7 +19,7 @@ const char* name_of(ValueKind k) {
   constexpr const char* n[] = {"static",           "value",        "recomputed",
                                "grad",             "workspace",    "param_gather",
                                "grad_bucket",      "all_gather_buffer", "reduce_scatter_input",
-                               "grad_shard"};
+                               "grad_shard",       "all_gather_input"};
   return n[static_cast<int>(k)];
 }
 // PyTorch 2.10, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: foreach_all_gather
@@ -27,7 +27,9 @@ const char* name_of(ValueKind k) {
 // foreach_reduce allocates the reduce-scatter output under the reduce_scatter_stream (its input
 // on the current stream).
 int16_t stream_of(ValueKind k) {
-  return k == ValueKind::kAllGatherBuffer ? 1 : k == ValueKind::kGradShard ? 2 : 0;
+  return k == ValueKind::kAllGatherBuffer || k == ValueKind::kAllGatherInput ? 1
+         : k == ValueKind::kGradShard                                        ? 2
+                                                                             : 0;
 }
 const char* name_of(InstrKind k) {
   constexpr const char* n[] = {"alloc",        "load", "forward",       "recompute",
@@ -253,21 +255,28 @@ class ProgramBuilder {
   StageStatics::ZeroTransients zero_transients() {
     emit_statics();
     StageStatics::ZeroTransients z;
-    // FSDP: a unit's neighbours in the backward are taken to be decoder layers (the largest
-    // kind): the next unit's prefetched all-gather and the previous one's reduce-scatter input.
-    int64_t neighbour = 0;
-    for (size_t b = 0; b < p_.blocks.size(); ++b)
-      if (p_.blocks[b].kind == BlockKind::kLayer) neighbour = std::max(neighbour, fsdp_numel_[b]);
+    // FSDP: a layer's neighbours in the backward, the unit after it (whose reduce-scatter input
+    // is live) and the one before (whose all-gather is prefetched), are bounded by the largest
+    // of the stage's layers and its head or embedding: one bound for every layer, tight at the
+    // last layer's backward, where the peak usually is.
+    int64_t layer = 0, emb = 0, head = 0;
+    for (size_t b = 0; b < p_.blocks.size(); ++b) {
+      const BlockKind k = p_.blocks[b].kind;
+      int64_t& n = k == BlockKind::kLayer ? layer : k == BlockKind::kEmbedding ? emb : head;
+      n = std::max(n, fsdp_numel_[b]);
+    }
     for (size_t b = p_.blocks.size(); b-- > 0;) {
       BlockKind k = p_.blocks[b].kind;
       bool dense = k == BlockKind::kLayer && dense_layer(m_, p_.blocks[b].layer);
+      int64_t before = k == BlockKind::kEmbedding ? 0 : k == BlockKind::kHead ? layer
+                                                                             : std::max(layer, emb);
+      int64_t after = k == BlockKind::kHead ? 0 : k == BlockKind::kEmbedding ? layer
+                                                                            : std::max(layer, head);
       (k == BlockKind::kEmbedding ? z.embedding
        : k == BlockKind::kHead    ? z.head
        : dense                    ? z.dense_layer
                                   : z.layer) =
-          t_.fsdp ? fsdp_backward_bytes(b, k == BlockKind::kEmbedding ? 0 : neighbour,
-                                        k == BlockKind::kHead ? 0 : neighbour)
-                  : gather_bytes(b) + bucket_bytes(b);
+          t_.fsdp ? fsdp_backward_bytes(b, before, after) : gather_bytes(b) + bucket_bytes(b);
     }
     return z;
   }
@@ -320,8 +329,12 @@ class ProgramBuilder {
       return;
     }
     StageBlock b{kind, layer, g, named_policy(*g, t_), {}, chunk};
+    // --recompute-every: torchtitan's counter runs over the layers each rank builds, its model
+    // chunks in order (a process-global count, activation_checkpoint.py _apply_layer_sac): the
+    // stage's n-th layer (1-based) is checkpointed when n mod N = 0; without PP, layer l is.
+    if (kind == BlockKind::kLayer) ++stage_layers_seen_;
     if (kind == BlockKind::kLayer && t_.recompute == Recompute::kFull &&
-        (layer + 1) % t_.recompute_every != 0) {  // --recompute-every: this layer is not one
+        stage_layers_seen_ % t_.recompute_every != 0) {
       TrainSpec none = t_;
       none.recompute = Recompute::kNone;
       b.policy = named_policy(*g, none);
@@ -459,6 +472,7 @@ class ProgramBuilder {
   int32_t fsdp_rs_input_ = -1;   // the last reduce-scatter input, freed at the next one
   std::vector<int32_t> fsdp_params_;       // per micro-batch and block: weights kept to backward
   std::vector<int32_t> fsdp_grad_shards_;  // per block: the gradient shard, to the optimizer step
+  int64_t stage_layers_seen_ = 0;          // decoder layers added so far (--recompute-every)
   std::vector<int32_t> fsdp_unit_params_;  // PP, per block: the weights gathered for the step
   std::vector<int32_t> fsdp_accumulated_;  // PP, per block: the unsharded fp32 gradients
 };
@@ -720,7 +734,14 @@ int32_t ProgramBuilder::fsdp_unshard(int b, int mb, bool forward) {
       flat = std::exchange(fsdp_prefetched_, -1);
       fsdp_prefetched_block_ = -1;
     } else {
+      // The shards' bf16 copy (foreach_all_gather's flat_foreach_copy_input), then the flat
+      // output they are copied into; the copy is dropped when the copy-in ends.
       begin(InstrKind::kGatherParams, b, -1, mb);
+      int32_t input = new_tensor(bytes / t_.fsdp_shards(), b, -1, mb, Category::kTransient,
+                                 ValueKind::kAllGatherInput);
+      alloc(input);
+      begin(InstrKind::kGatherParams, b, -1, mb);
+      read(input);
       flat = new_tensor(bytes, b, -1, mb, Category::kTransient, ValueKind::kAllGatherBuffer);
       alloc(flat);
       if (forward && fsdp_flat_ >= 0) read(std::exchange(fsdp_flat_, -1));
@@ -735,9 +756,15 @@ int32_t ProgramBuilder::fsdp_unshard(int b, int mb, bool forward) {
   // The backward's prefetch: the unit before b in the chunk, when it was resharded.
   if (!forward && b > 0 && b - 1 >= chunk_begin_[static_cast<size_t>(p_.blocks[b].chunk)] &&
       !fsdp_keeps(static_cast<size_t>(b - 1))) {
+    const int64_t bytes_before = fsdp_numel_[static_cast<size_t>(b - 1)] * 2;
     begin(InstrKind::kGatherParams, b - 1, -1, mb);
-    fsdp_prefetched_ = new_tensor(fsdp_numel_[static_cast<size_t>(b - 1)] * 2, b - 1, -1, mb,
-                                  Category::kTransient, ValueKind::kAllGatherBuffer);
+    int32_t input = new_tensor(bytes_before / t_.fsdp_shards(), b - 1, -1, mb,
+                               Category::kTransient, ValueKind::kAllGatherInput);
+    alloc(input);
+    begin(InstrKind::kGatherParams, b - 1, -1, mb);
+    read(input);
+    fsdp_prefetched_ = new_tensor(bytes_before, b - 1, -1, mb, Category::kTransient,
+                                  ValueKind::kAllGatherBuffer);
     alloc(fsdp_prefetched_);
     fsdp_prefetched_block_ = b - 1;
   }
@@ -854,7 +881,7 @@ int64_t StageStatics::operator()(int stage, const std::vector<int>& layers) cons
 }
 
 StageStatics::ZeroTransients StageStatics::zero_transients(int stage) const {
-  if (t_.zero < 2) return {};  // nothing gathered or bucketed per block
+  if (t_.zero < 2 && !t_.fsdp) return {};  // nothing gathered or bucketed per block
   std::vector<int> layers{mixed_layers(m_) ? static_cast<int>(m_.dense_layers.front()) : 0};
   if (mixed_layers(m_))  // one layer of each kind: the first MoE layer too
     for (int l = 0; l < m_.layers; ++l)
@@ -890,9 +917,10 @@ Schedule build_schedule(const ModelSpec& m, const TrainSpec& t, const BlockPolic
       return;
     }
     int64_t mbs = t.microbatches;
-    // FSDP: a second micro-batch, whose backward meets the first one's gradient shards.
+    // FSDP: one micro-batch more, whose forward meets the first one's gradient shards (pp 1)
+    // or its accumulated fp32 gradients (under PP).
     if (peak_only && t.pp_schedule == PpSchedule::k1F1B)
-      mbs = std::min(mbs, t.fsdp ? 2 : t.pp - stage);
+      mbs = std::min(mbs, t.pp - stage + (t.fsdp ? 1 : 0));
     ProgramBuilder pb(m, t, stage, layers[stage], emb, layer, head, policies, mbs, dense);
     s.stages[static_cast<size_t>(stage)] = pb.build();
   };

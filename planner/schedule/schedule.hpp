@@ -46,6 +46,7 @@ enum class ValueKind : uint8_t {
   kAllGatherBuffer,
   kReduceScatterInput,
   kGradShard,
+  kAllGatherInput,  // FSDP2: the bf16 copy of this rank's shards, the all-gather's input
 };
 // The CUDA stream a tensor of this kind is allocated on (the caching allocator's pools are per
 // stream): 1 FSDP's all-gather copy-in stream, 2 its reduce-scatter stream, 0 the compute stream.
