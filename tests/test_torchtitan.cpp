@@ -4,6 +4,7 @@
 // on 8 GPUs holds 16 B x N / 8 static bytes per rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -79,6 +80,21 @@ TEST(Torchtitan, ReadsTheSampleWithTorchtitansMeaning) {
   EXPECT_EQ(d.setup.recompute_every, 2);
 }
 
+// A key torchtitan does not define, in a section nanoplan reads, is said on stderr with its line
+// (a typo would otherwise take the default silently); the keys torchtitan has are not.
+TEST(Torchtitan, UnknownKeysOfTheSectionsReadAreSaid) {
+  const std::vector<std::string> clean = read(sample()).notes;
+  EXPECT_TRUE(std::none_of(clean.begin(), clean.end(), [](const std::string& n) {
+    return n.find("is not a key") != std::string::npos;
+  }));
+  const ConfigSetup c = read(with("training", "local_batch_sise", "4"));
+  EXPECT_EQ(c.setup.micro_batch, 2);
+  EXPECT_TRUE(std::any_of(c.notes.begin(), c.notes.end(), [](const std::string& n) {
+    return n == "job.toml:32: training.local_batch_sise is not a key of torchtitan's [training] "
+                "(torchtitan refuses it): ignored";
+  }));
+}
+
 TEST(Torchtitan, ParallelismAndBatch) {
   ConfigSetup h = read(with("parallelism", "data_parallel_replicate_degree", "2"));
   EXPECT_EQ(h.setup.dp, 8);
@@ -103,9 +119,18 @@ TEST(Torchtitan, ParallelismAndBatch) {
   // A given shard degree must agree with --gpus; without --gpus it stands.
   std::string four = with("parallelism", "data_parallel_shard_degree", "4");
   EXPECT_EQ(read(four, 0).setup.dp, 4);
-  EXPECT_NE(error(four, 8).find("differs from the 4 GPUs"), std::string::npos);
-  // A single GPU without FSDP: nothing is sharded and nothing is refused.
-  EXPECT_FALSE(read(with("parallelism", "data_parallel_shard_degree", "1"), 0).setup.fsdp);
+  EXPECT_NE(error(four, 8).find("gives 4 GPUs (replicate x shard x cp x tp x pp), not --gpus 8"),
+            std::string::npos);
+  // Without FSDP torchtitan trains fp32 parameters (DDP, autocast): not modelled, refused.
+  EXPECT_NE(error(with("parallelism", "data_parallel_shard_degree", "1"), 0)
+                .find("torchtitan without FSDP"),
+            std::string::npos);
+  // A negative global batch is torchtitan's default (no accumulation); under PP accumulation
+  // (separate pipeline runs, each reducing) is refused.
+  EXPECT_EQ(read(with("training", "global_batch_size", "-2")).setup.microbatches, 1);
+  std::string pp_acc = with("parallelism", "pipeline_parallel_degree", "2");
+  pp_acc.insert(pp_acc.find("[training]\n") + 11, "global_batch_size = 16\n");
+  EXPECT_NE(error(pp_acc).find("accumulates 2 pipeline runs"), std::string::npos);
 }
 
 TEST(Torchtitan, BadInputNamesFileKeyAndValue) {
@@ -137,8 +162,8 @@ TEST(Torchtitan, BadInputNamesFileKeyAndValue) {
   EXPECT_NE(error(with("optimizer", "name", "\"SGD\"")).find("(valid: \"Adam\", \"AdamW\")"),
             std::string::npos);
   EXPECT_NE(error("[model\nname = 1\n").find("malformed TOML"), std::string::npos);
-  EXPECT_NE(error(with("parallelism", "tensor_parallel_degree", "3")).find(
-                "--gpus 8 is not a multiple of 3"),
+  EXPECT_NE(error(with("parallelism", "tensor_parallel_degree", "3"))
+                .find("which do not divide it (valid: --gpus a multiple of 3)"),
             std::string::npos);
 }
 
@@ -197,8 +222,7 @@ TEST(Torchtitan, EmittedSectionsReadBackToTheSameSetup) {
   setups[5].recompute = Recompute::kNone, setups[5].recompute_every = 1;
   for (const TrainSpec& t : setups) {
     ASSERT_FALSE(validate_setup(m, t));
-    const std::string toml =
-        "[model]\nname = \"llama3\"\nflavor = \"8B\"\n" + emit_torchtitan(build_schedule(m, t));
+    const std::string toml = emit_torchtitan(build_schedule(m, t));  // [model] included
     ConfigSetup back = read(toml, 0);
     EXPECT_EQ(fields(back.setup), fields(t)) << toml;
     EXPECT_EQ(toml.find("not expressible"), std::string::npos) << toml;

@@ -42,11 +42,56 @@ std::string valid_list(const std::vector<std::string>& v) {
   return s;
 }
 
+// The keys of the sections read, as torchtitan 238fa99's JobConfig dataclasses define them
+// (Model, Training, Parallelism, ActivationCheckpoint, Optimizer, Compile), and the older names
+// read too (training.batch_size, training.compile).
+struct Section {
+  const char* name;
+  std::vector<std::string_view> keys;
+};
+const std::vector<Section>& known_keys() {
+  static const std::vector<Section> k = {
+      {"model",
+       {"name", "flavor", "hf_assets_path", "tokenizer_path", "converters",
+        "print_after_conversion"}},
+      {"training",
+       {"dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len", "max_norm",
+        "steps", "enable_cpu_offload", "dtype", "mixed_precision_param", "mixed_precision_reduce",
+        "gc_freq", "gc_debug", "dataloader", "batch_size", "compile"}},
+      {"parallelism",
+       {"data_parallel_replicate_degree", "data_parallel_shard_degree",
+        "fsdp_reshard_after_forward", "tensor_parallel_degree", "disable_loss_parallel",
+        "enable_async_tensor_parallel", "pipeline_parallel_degree", "module_fqns_per_model_part",
+        "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
+        "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
+        "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
+        "pipeline_parallel_expert_parallel_overlap", "context_parallel_degree",
+        "context_parallel_load_balancer", "context_parallel_rotate_method",
+        "expert_parallel_degree", "expert_tensor_parallel_degree",
+        "expert_parallel_comm_backend"}},
+      {"activation_checkpoint",
+       {"mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns",
+        "early_stop", "memory_budget", "visualize_memory_budget_pareto", "preserve_rng_state",
+        "determinism_check", "debug"}},
+      {"optimizer",
+       {"name", "lr", "beta1", "beta2", "eps", "weight_decay", "implementation",
+        "early_step_in_backward"}},
+      {"compile", {"enable", "components", "backend"}},
+  };
+  return k;
+}
+
 bool is_digits(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
 }
 
 }  // namespace
+
+std::optional<std::pair<std::string, std::string>> torchtitan_flavor(const std::string& model) {
+  for (const Flavor& f : kFlavors)
+    if (model == f.catalog) return std::pair<std::string, std::string>{f.model, f.flavor};
+  return std::nullopt;
+}
 
 Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string& path,
                                       int64_t gpus) {
@@ -65,6 +110,19 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
     const toml::table* s = root.table(name);
     return TomlReader(s ? *s : kEmpty, path, std::string(name) + ".");
   };
+
+  // A key torchtitan does not define, in a section read here, is most likely a typo: said (and
+  // ignored, as every key not read is).
+  for (const Section& sec : known_keys()) {
+    const toml::node* n = doc->get(sec.name);
+    if (!n || !n->is_table()) continue;
+    for (const auto& [key, value] : *n->as_table())
+      if (std::find(sec.keys.begin(), sec.keys.end(), key.str()) == sec.keys.end())
+        c.notes.push_back(path + ":" + std::to_string(value.source().begin.line) + ": " +
+                          sec.name + "." + std::string(key.str()) +
+                          " is not a key of torchtitan's [" + sec.name +
+                          "] (torchtitan refuses it): ignored");
+  }
 
   // [model]
   TomlReader model = section("model");
@@ -99,7 +157,8 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
   // [training]
   TomlReader training = section("training");
   const bool old_batch = root.table("training") && root.table("training")->contains("batch_size");
-  const int64_t local = old_batch ? training.integer("batch_size") : training.integer("local_batch_size", 8);
+  const char* batch_key = old_batch ? "batch_size" : "local_batch_size";
+  const int64_t local = training.integer(batch_key, 8);
   const int64_t global = training.integer("global_batch_size", -1);
   t.seq_len = training.integer("seq_len", 2048);
   const std::string param_dtype = training.string("mixed_precision_param", "bfloat16");
@@ -109,11 +168,11 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
   const bool old_compile = training.boolean("compile", false);
   if (auto e = training.error()) return *e;
   if (local < 1)
-    fail(training.where(old_batch ? "batch_size" : "local_batch_size") +
-         ": training.local_batch_size must be a positive integer, got " + std::to_string(local));
+    fail(training.where(batch_key) + ": training." + batch_key + " " + std::to_string(local) +
+         " is invalid (valid: a positive integer)");
   if (t.seq_len < 1)
-    fail(training.where("seq_len") + ": training.seq_len must be a positive integer, got " +
-         std::to_string(t.seq_len));
+    fail(training.where("seq_len") + ": training.seq_len " + std::to_string(t.seq_len) +
+         " is invalid (valid: a positive integer)");
   if (param_dtype != "bfloat16")
     fail(training.where("mixed_precision_param") + ": training.mixed_precision_param " +
          quote_input(param_dtype, '"') + " is not modelled (valid: \"bfloat16\")");
@@ -150,8 +209,8 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
                                                      {"expert_parallel_degree", t.ep}};
   for (auto [key, v] : degrees)
     if (v < 1)
-      return make_error(par.where(key) + ": parallelism." + key +
-                        " must be a positive integer, got " + std::to_string(v));
+      return make_error(par.where(key) + ": parallelism." + key + " " + std::to_string(v) +
+                        " is invalid (valid: a positive integer)");
   // ParallelDims: -1 takes the rest of the world: world / (replicate x cp x tp x pp).
   const int64_t others = replicate * t.cp * t.tp * t.pp;
   if (shard == -1) {
@@ -160,29 +219,35 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
                         ": parallelism.data_parallel_shard_degree -1 takes the GPUs the others "
                         "leave: give --gpus N (the job's world size)");
     if (gpus % others != 0)
-      return make_error("--gpus " + std::to_string(gpus) + " is not a multiple of " +
+      return make_error(par.where("data_parallel_shard_degree") +
+                        ": parallelism.data_parallel_shard_degree -1 takes --gpus " +
+                        std::to_string(gpus) + " over the other degrees' " +
                         std::to_string(others) +
-                        " (data_parallel_replicate_degree x context_parallel_degree x "
-                        "tensor_parallel_degree x pipeline_parallel_degree in " + path + ")");
+                        " (replicate x cp x tp x pp), which do not divide it (valid: --gpus a "
+                        "multiple of " + std::to_string(others) + ")");
     shard = gpus / others;
   } else if (shard < 1) {
     return make_error(par.where("data_parallel_shard_degree") +
                       ": parallelism.data_parallel_shard_degree must be -1 or a positive "
                       "integer, got " + std::to_string(shard));
   } else if (gpus > 0 && gpus != shard * others) {
-    return make_error("--gpus " + std::to_string(gpus) + " differs from the " +
-                      std::to_string(shard * others) + " GPUs " + path +
-                      " gives (replicate x shard x cp x tp x pp)");
+    return make_error(par.where("data_parallel_shard_degree") +
+                      ": parallelism.data_parallel_shard_degree " + std::to_string(shard) +
+                      " gives " + std::to_string(shard * others) +
+                      " GPUs (replicate x shard x cp x tp x pp), not --gpus " +
+                      std::to_string(gpus) + " (valid: --gpus " +
+                      std::to_string(shard * others) + ", or a shard degree of -1)");
   }
   t.dp = replicate * shard;
   t.sp = t.tp > 1;  // torchtitan's TP plans shard the norms' sequence (SequenceParallel)
   // torchtitan applies FSDP when dp_shard > 1 or cp > 1 (ParallelDims.fsdp_enabled).
   t.fsdp = shard > 1 || t.cp > 1;
-  if (!t.fsdp && (replicate > 1 || t.tp > 1 || t.pp > 1))
+  if (!t.fsdp)
     return make_error(par.where("data_parallel_shard_degree") +
-                      ": torchtitan without FSDP (data_parallel_shard_degree 1 and "
-                      "context_parallel_degree 1) trains fp32 parameters under DDP, autocast or "
-                      "none, which is not modelled (valid: data_parallel_shard_degree above 1)");
+                      ": parallelism.data_parallel_shard_degree " + std::to_string(shard) +
+                      " with context_parallel_degree 1: torchtitan without FSDP trains fp32 "
+                      "parameters under DDP, autocast or none, which is not modelled (valid: a "
+                      "shard degree above 1, or -1 over more than one GPU)");
   t.dp_replicate = t.fsdp ? replicate : 1;
   if (reshard == "default") t.reshard_after_forward = t.pp == 1;
   else if (reshard == "always" || reshard == "never") t.reshard_after_forward = reshard == "always";
@@ -217,7 +282,7 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
   // global / (local x dp) accumulation steps; under PP each splits into micro-batches of
   // pipeline_parallel_microbatch_size (torchtitan's train.py and pipeline_parallel.py).
   int64_t accumulation = 1;
-  if (global != -1) {
+  if (global >= 0) {  // torchtitan reads any negative value as "no accumulation" (train.py)
     if (global < 1 || global % (local * t.dp) != 0)
       return make_error(training.where("global_batch_size") + ": training.global_batch_size " +
                         std::to_string(global) + " is not a multiple of local_batch_size " +
@@ -225,11 +290,22 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
                         std::to_string(t.dp) + " (valid: -1 or such a multiple)");
     accumulation = global / (local * t.dp);
   }
+  if (t.pp > 1 && accumulation > 1)
+    return make_error(training.where("global_batch_size") + ": training.global_batch_size " +
+                      std::to_string(global) + " accumulates " + std::to_string(accumulation) +
+                      " pipeline runs per step under PP (each reducing the gradients), which is "
+                      "not modelled yet (valid: -1, or local_batch_size x data-parallel degree " +
+                      std::to_string(local * t.dp) + ")");
+  if (t.pp > 1)
+    c.notes.push_back(path + ": the layers are split over the stages by FLOPs (torchtitan's own "
+                             "split counts the embedding and the output as a layer each): give "
+                             "--partition to match it");
   if (t.pp > 1) {
     if (local % pp_micro != 0)
       return make_error(par.where("pipeline_parallel_microbatch_size") +
-                        ": pipeline_parallel_microbatch_size " + std::to_string(pp_micro) +
-                        " does not divide local_batch_size " + std::to_string(local));
+                        ": parallelism.pipeline_parallel_microbatch_size " +
+                        std::to_string(pp_micro) + " does not divide local_batch_size " +
+                        std::to_string(local) + " (valid: a divisor of it)");
     t.micro_batch = pp_micro, t.microbatches = local / pp_micro * accumulation;
   } else {
     t.micro_batch = local, t.microbatches = accumulation;
