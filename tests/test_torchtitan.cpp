@@ -179,7 +179,8 @@ TEST(Torchtitan, Llama8bOnEightGpusHoldsSixteenBytesPerParameterOverEight) {
   EXPECT_EQ(r->model.name, "llama-3.1-8b");
   const int64_t N = 8'030'261'248;
   int64_t statics = 0;  // the program's, and the gradient shards its backward makes
-  for (const ScheduleTensor& x : build_schedule(r->model, r->setup).stages[0].tensors)
+  const Schedule sched = build_schedule(r->model, r->setup);  // held: the loop reads into it
+  for (const ScheduleTensor& x : sched.stages[0].tensors)
     if (x.kind == ValueKind::kStatic || x.kind == ValueKind::kGradShard) statics += x.bytes;
   EXPECT_EQ(statics, 16 * N / 8);
   // Flags given too override the file.
