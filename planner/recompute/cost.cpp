@@ -596,7 +596,7 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
     // replicas (the schedule's gather_params and reduce_grads instructions).
     // Under PP each unit is gathered once and reduced once per step (docs/fsdp.md).
     const int64_t shards = t.fsdp_shards(), replicas = t.dp_replicate;
-    if (t.pp > 1) m = 1;
+    const double times = t.pp > 1 ? 1 : m;
     for (size_t b = 0; b < per_block.size(); ++b) {
       double nn = static_cast<double>(per_block[b].first + per_block[b].second);
       if (nn == 0) continue;
@@ -604,11 +604,11 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
       // The shard group: tp x cp x dp / replicas consecutive ranks.
       const bool within = t.tp * shards <= hw.gpus_per_node;
       if (shards > 1) {
-        c += m * (again ? 2 : 1) * collective_seconds("all_gather", nn * 2, shards, within, hw);
-        c += m * collective_seconds("reduce_scatter", nn * 4, shards, within, hw);
+        c += times * (again ? 2 : 1) * collective_seconds("all_gather", nn * 2, shards, within, hw);
+        c += times * collective_seconds("reduce_scatter", nn * 4, shards, within, hw);
       }
       if (replicas > 1)
-        c += m * collective_seconds("all_reduce", nn * 4 / static_cast<double>(shards), replicas,
+        c += times * collective_seconds("all_reduce", nn * 4 / static_cast<double>(shards), replicas,
                                     t.gpus() <= hw.gpus_per_node, hw);
     }
   }

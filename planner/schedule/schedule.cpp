@@ -384,6 +384,7 @@ class ProgramBuilder {
   void run_ops_forward(int b, int mb, InstrKind kind, bool only_recomputed);
   int32_t gather_params(int b, int mb);
   int32_t fsdp_unshard(int b, int mb, bool forward);
+  int32_t fsdp_all_gather(int b, int mb);
   void fsdp_reduce(int b, int mb, int32_t params, const std::vector<int32_t>& grads, bool last);
   void fsdp_accumulate(int b, int mb, const std::vector<int32_t>& grads);
   void insert_frees();
@@ -596,12 +597,10 @@ int32_t ProgramBuilder::forward_block(int b, int mb, int32_t x) {
     alloc(v[input]);
   }
   run_ops_forward(b, mb, InstrKind::kForward, false);
-  if (t_.fsdp && t_.pp > 1) {
-    // kept for the step (fsdp_unit_params_)
-  } else if (fsdp_keeps(static_cast<size_t>(b))) {
-    fsdp_params_[static_cast<size_t>(mb) * p_.blocks.size() + b] = gathered;  // to its backward
-  } else if (gathered >= 0) {
-    read(gathered);  // resharded after the forward
+  if (!fsdp_keeps(static_cast<size_t>(b))) {
+    if (gathered >= 0) read(gathered);  // resharded after the forward
+  } else if (t_.pp == 1) {  // kept to its backward (under PP, for the step: fsdp_unit_params_)
+    fsdp_params_[static_cast<size_t>(mb) * p_.blocks.size() + b] = gathered;
   }
   // FSDP: the root's post-forward frees the last all-gather output (PyTorch 2.10,
   // _fsdp_state.py _post_forward).
@@ -734,16 +733,7 @@ int32_t ProgramBuilder::fsdp_unshard(int b, int mb, bool forward) {
       flat = std::exchange(fsdp_prefetched_, -1);
       fsdp_prefetched_block_ = -1;
     } else {
-      // The shards' bf16 copy (foreach_all_gather's flat_foreach_copy_input), then the flat
-      // output they are copied into; the copy is dropped when the copy-in ends.
-      begin(InstrKind::kGatherParams, b, -1, mb);
-      int32_t input = new_tensor(bytes / t_.fsdp_shards(), b, -1, mb, Category::kTransient,
-                                 ValueKind::kAllGatherInput);
-      alloc(input);
-      begin(InstrKind::kGatherParams, b, -1, mb);
-      read(input);
-      flat = new_tensor(bytes, b, -1, mb, Category::kTransient, ValueKind::kAllGatherBuffer);
-      alloc(flat);
+      flat = fsdp_all_gather(b, mb);
       if (forward && fsdp_flat_ >= 0) read(std::exchange(fsdp_flat_, -1));
     }
     begin(InstrKind::kGatherParams, b, -1, mb);  // the copy-out
@@ -756,19 +746,26 @@ int32_t ProgramBuilder::fsdp_unshard(int b, int mb, bool forward) {
   // The backward's prefetch: the unit before b in the chunk, when it was resharded.
   if (!forward && b > 0 && b - 1 >= chunk_begin_[static_cast<size_t>(p_.blocks[b].chunk)] &&
       !fsdp_keeps(static_cast<size_t>(b - 1))) {
-    const int64_t bytes_before = fsdp_numel_[static_cast<size_t>(b - 1)] * 2;
-    begin(InstrKind::kGatherParams, b - 1, -1, mb);
-    int32_t input = new_tensor(bytes_before / t_.fsdp_shards(), b - 1, -1, mb,
-                               Category::kTransient, ValueKind::kAllGatherInput);
-    alloc(input);
-    begin(InstrKind::kGatherParams, b - 1, -1, mb);
-    read(input);
-    fsdp_prefetched_ = new_tensor(bytes_before, b - 1, -1, mb, Category::kTransient,
-                                  ValueKind::kAllGatherBuffer);
-    alloc(fsdp_prefetched_);
+    fsdp_prefetched_ = fsdp_all_gather(b - 1, mb);
     fsdp_prefetched_block_ = b - 1;
   }
   return params;
+}
+
+// Unit b's all-gather (foreach_all_gather): the shards' bf16 copy (flat_foreach_copy_input),
+// then the flat output they are copied into, both on the copy-in stream; the copy is dropped when
+// the copy-in ends. The instruction that reads the output last frees it. Returns the output.
+int32_t ProgramBuilder::fsdp_all_gather(int b, int mb) {
+  const int64_t bytes = fsdp_numel_[static_cast<size_t>(b)] * 2;
+  begin(InstrKind::kGatherParams, b, -1, mb);
+  int32_t input = new_tensor(bytes / t_.fsdp_shards(), b, -1, mb, Category::kTransient,
+                             ValueKind::kAllGatherInput);
+  alloc(input);
+  begin(InstrKind::kGatherParams, b, -1, mb);
+  read(input);
+  int32_t flat = new_tensor(bytes, b, -1, mb, Category::kTransient, ValueKind::kAllGatherBuffer);
+  alloc(flat);
+  return flat;
 }
 
 // FSDP2's post-backward of unit b (PyTorch 2.10, _fsdp_param_group.py post_backward;
