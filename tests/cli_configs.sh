@@ -221,8 +221,35 @@ TT="$SRC_DIR/tests/data/torchtitan_llama3_8b.toml"
 rc=$?
 check "torchtitan config: exit 0, FSDP2 over 8, micro-batch 2 x 8192, every 2nd layer recomputed" \
   '[ $rc -eq 0 ] && python3 -c "import json,sys; s=json.load(open(sys.argv[1]))[\"setup\"]; sys.exit(0 if (s[\"dp\"], s.get(\"fsdp\"), s[\"micro_batch\"], s[\"seq_len\"], s[\"recompute\"], s.get(\"recompute_every\")) == (8, True, 2, 8192, \"full\", 2) else 1)" "$TMP/tt.json"'
+check "torchtitan config: llama3 is the torchtitan profile" \
+  'python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))[\"setup\"][\"impl\"] == \"torchtitan\" else 1)" "$TMP/tt.json"'
+sed 's/^name = "llama3"/name = "qwen3"/' "$TT" >"$TMP/tt_qwen3.toml"
+"$NP" estimate --torchtitan-config "$TMP/tt_qwen3.toml" --gpus 8 >/dev/null 2>"$TMP/tt.err"
 check "torchtitan config: its notes on stderr, one line each" \
-  'grep -q "torchtitan_llama3_8b.toml: torchtitan.s model code is estimated with the --impl kernels" "$TMP/tt.err"'
+  'grep -q "tt_qwen3.toml: torchtitan.s qwen3 code is estimated with the --impl kernels" "$TMP/tt.err"'
+# Per-op checkpointing: the job file's "op", estimated, emitted back; the executors run the
+# policy event-exact (the cache of kept outputs under TP too) and refuse the torchtitan profile.
+sed 's/^selective_ac_option = "2"/selective_ac_option = "op"/' "$TT" >"$TMP/tt_op.toml"
+"$NP" estimate --torchtitan-config "$TMP/tt_op.toml" --gpus 8 >"$TMP/out.txt" 2>&1
+rc=$?
+check "torchtitan op checkpointing: exit 0, 994 MiB kept per layer" \
+  '[ $rc -eq 0 ] && grep -q "per layer per micro-batch: 994 MiB .*policy selective-op" "$TMP/out.txt"'
+"$NP" estimate --torchtitan-config "$TMP/tt_op.toml" --gpus 8 --emit torchtitan >"$TMP/out.txt" 2>&1
+check "--emit torchtitan writes selective_ac_option \"op\" back" \
+  'grep -q "^selective_ac_option = \"op\"" "$TMP/out.txt"'
+write_tiny_model "$TMP/tiny.toml"
+for setup in "--tp 1" "--tp 2 --sp on" "--tp 2 --sp on --pp 2 --pp-schedule 1f1b --microbatches 2"; do
+  "$NP" run --model "$TMP/tiny.toml" --seq-len 16 --recompute selective-op $setup >"$TMP/run.txt" 2>&1
+  check "selective-op event-exact: $setup" '[ $? -eq 0 ] && grep -q "predicted = measured" "$TMP/run.txt"'
+done
+"$NP" run --model "$TMP/tiny.toml" --seq-len 16 --impl torchtitan >"$TMP/out.txt" 2>&1
+rc=$?
+check "run --impl torchtitan: exit 2, one line naming the fix" \
+  '[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/out.txt")" -eq 1 ] && grep -q "use --impl fused\|with --impl fused" "$TMP/out.txt"'
+"$NP" estimate --model deepseek-v3 --impl torchtitan >"$TMP/out.txt" 2>&1
+rc=$?
+check "--impl torchtitan with MLA: exit 2, one line naming what the model has" \
+  '[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/out.txt")" -eq 1 ] && grep -q "multi-head latent attention" "$TMP/out.txt"'
 "$NP" estimate --torchtitan-config "$TT" --gpus 8 --emit torchtitan >"$TMP/tt_emit.toml" 2>/dev/null
 cp "$TMP/tt_emit.toml" "$TMP/tt_back.toml"
 "$NP" estimate --torchtitan-config "$TMP/tt_back.toml" --format json >"$TMP/tt_back.json" 2>/dev/null

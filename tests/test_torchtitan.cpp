@@ -8,9 +8,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "planner/graph/policy.hpp"
 #include "planner/inputs/configs.hpp"
 #include "planner/inputs/setup_flags.hpp"
+#include "planner/recompute/autoplan.hpp"
 #include "planner/report/emit_config.hpp"
+#include "planner/report/plan_report.hpp"
 #include "planner/schedule/schedule.hpp"
 #include "test_util.hpp"
 
@@ -144,8 +147,8 @@ TEST(Torchtitan, BadInputNamesFileKeyAndValue) {
             "405B)");
   EXPECT_NE(error(with("model", "name", "\"llama4\"")).find("(valid: llama3, deepseek_v3, qwen3)"),
             std::string::npos);
-  EXPECT_NE(error(with("activation_checkpoint", "selective_ac_option", "\"op\""))
-                .find("(per-op checkpointing) is not modelled yet"),
+  EXPECT_NE(error(with("activation_checkpoint", "selective_ac_option", "\"ops\""))
+                .find("\"ops\" is invalid (valid: \"op\", or a layer interval"),
             std::string::npos);
   EXPECT_NE(error(with("activation_checkpoint", "selective_ac_option", "2")).find("expected a string"),
             std::string::npos);
@@ -238,6 +241,116 @@ TEST(Torchtitan, EmittedSectionsReadBackToTheSameSetup) {
   EXPECT_NE(emitted.find("selective_ac_option = \"4\""), std::string::npos) << emitted;
   EXPECT_NE(emitted.find("# not expressible: the plan re-runs parts of layers"), std::string::npos)
       << emitted;
+}
+
+// The torchtitan profile (--impl torchtitan): torchtitan's Llama 3 block as eager PyTorch 2.10
+// runs it, op for op, with the model's parameters.
+TEST(TorchtitanProfile, TheLayerIsTorchtitansBlock) {
+  const ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t;
+  t.impl = Impl::kTorchtitan, t.seq_len = 8192, t.micro_batch = 2;
+  ASSERT_FALSE(validate_setup(m, t));
+  const BlockGraph g = build_layer(m, t);
+  ASSERT_FALSE(check_graph(g));
+  std::vector<std::string> ops;
+  for (const GraphOp& op : g.ops) ops.push_back(op.name + ":" + name_of(op.kind));
+  EXPECT_EQ(ops, (std::vector<std::string>{
+                     "attn.norm:rmsnorm_stats", "attn.wq:column_linear", "attn.wk:column_linear",
+                     "attn.wv:column_linear", "attn.rope:rope_qk", "attn.core:sdpa_flash",
+                     "attn.wo:row_linear", "attn.residual:add", "mlp.norm:rmsnorm_stats",
+                     "mlp.w1:column_linear", "mlp.silu:silu", "mlp.w3:column_linear",
+                     "mlp.mul:mul", "mlp.w2:row_linear", "mlp.residual:add"}));
+  TrainSpec fused = t;
+  fused.impl = Impl::kFused;
+  EXPECT_EQ(g.weight_elements(false), build_layer(m, fused).weight_elements(false));
+  // RoPE's forward holds fp32 q and k twice each (the casts and the complex products).
+  const int64_t T = 2 * 8192;
+  const GraphOp& rope = g.ops[4];
+  std::vector<TensorType> in{g.tensors[rope.inputs[0]].type, g.tensors[rope.inputs[1]].type};
+  int64_t scratch = 0;
+  for (const TensorType& w : forward_workspace(op_info(rope.kind), rope.attrs, in))
+    scratch += w.bytes();
+  EXPECT_EQ(scratch, 2 * T * (4096 + 1024) * 4);
+}
+
+// torchtitan's per-op checkpointing of a Llama 3 8B layer (local batch 2, sequence 8192): wk, wo
+// and w3 (the 2nd, 4th and 6th matmul) re-run, wq, wv, w1, w2 and SDPA kept, the rest re-run.
+// Kept: the layer input, q, v, SDPA's output and fp32 logsumexp, w1's output, and w2's output
+// (the cache holds it; the re-run residual add reads it).
+TEST(TorchtitanProfile, PerOpCheckpointingKeepsEverySecondMatmul) {
+  const ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t;
+  t.impl = Impl::kTorchtitan, t.seq_len = 8192, t.micro_batch = 2;
+  t.recompute = Recompute::kSelectiveOp;
+  const BlockGraph g = build_layer(m, t);
+  const BlockPolicy p = named_policy(g, t);
+  EXPECT_EQ(p.name, "selective-op");
+  std::vector<std::string> kept;
+  for (size_t o = 0; o < g.ops.size(); ++o)
+    if (!p.recompute[o]) kept.push_back(g.ops[o].name);
+  EXPECT_EQ(kept, (std::vector<std::string>{"attn.wq", "attn.wv", "attn.core", "mlp.w1",
+                                            "mlp.w2"}));
+  const int64_t T = 2 * 8192, lse = 2 * 32 * 8192 * 4;
+  EXPECT_EQ(saved_set(g, p).bytes, T * 2 * (4096 + 4096 + 1024 + 4096 + 14336 + 4096) + lse);
+  // Under TP with sequence parallelism the reduce-scatters are kept too, the all-gathers re-run,
+  // and w2's partial output is held by the cache though nothing reads it after the forward: the
+  // recompute takes it (its last read is a recompute instruction).
+  t.tp = 2, t.sp = true, t.seq_len = 4096, t.micro_batch = 1;
+  ASSERT_FALSE(validate_setup(m, t));
+  const BlockGraph tg = build_layer(m, t);
+  const BlockPolicy tp = named_policy(tg, t);
+  const int64_t S = 4096, half = S / 2;
+  EXPECT_EQ(saved_set(tg, tp).bytes,
+            2 * (half * 4096 + S * 2048 + S * 512 + S * 2048 + S * 7168 + 2 * half * 4096 +
+                 S * 4096) +
+                16 * 4096 * 4);
+  const Schedule s = build_schedule(m, t);
+  const StageProgram& prog = s.stages[0];
+  int32_t w2 = -1, last = -1;
+  for (int32_t id = 0; id < static_cast<int32_t>(prog.tensors.size()); ++id) {
+    const ScheduleTensor& x = prog.tensors[id];
+    if (x.kind == ValueKind::kValue && x.mb == 0 && x.block == 1 &&
+        prog.blocks[1].graph->tensors[x.tensor].name == "mlp.w2")
+      w2 = id;
+  }
+  ASSERT_GE(w2, 0);
+  EXPECT_EQ(prog.tensors[w2].category, Category::kActivation);
+  for (int32_t i = 0; i < static_cast<int32_t>(prog.instrs.size()); ++i)
+    for (int32_t id : prog.reads(prog.instrs[i]))
+      if (id == w2 && prog.instrs[i].kind != InstrKind::kFree) last = i;
+  ASSERT_GE(last, 0);
+  EXPECT_EQ(prog.instrs[last].kind, InstrKind::kRecompute);
+  EXPECT_EQ(prog.blocks[1].graph->ops[prog.instrs[last].op].name, "mlp.residual");
+}
+
+// The job file's selective_ac_option "op" is the per-op policy on torchtitan's Llama 3 code, and
+// --emit torchtitan writes it back; the auto planner says where it lands.
+TEST(TorchtitanProfile, OpCheckpointingFromTheJobFileAndBack) {
+  ConfigSetup c = read(with("activation_checkpoint", "selective_ac_option", "\"op\""));
+  EXPECT_EQ(c.setup.recompute, Recompute::kSelectiveOp);
+  EXPECT_EQ(c.setup.impl, Impl::kTorchtitan);
+  const ModelSpec m = testing::model("llama-3.1-8b");
+  ASSERT_FALSE(validate_setup(m, c.setup));
+  const std::string toml = emit_torchtitan(build_schedule(m, c.setup));
+  EXPECT_NE(toml.find("selective_ac_option = \"op\""), std::string::npos) << toml;
+  EXPECT_EQ(read(toml, 0).setup.recompute, Recompute::kSelectiveOp);
+  // The other models keep the --impl profile, said in a note.
+  ConfigSetup q = read(with("model", "name", "\"qwen3\""));
+  EXPECT_NE(q.setup.impl, Impl::kTorchtitan);
+  TrainSpec t = c.setup;
+  t.recompute = Recompute::kAuto;
+  const AutoPlan plan = auto_plan(m, t, {}, 1LL << 40, default_hardware());
+  ASSERT_TRUE(plan.time_op && plan.peak_op);
+  EXPECT_LT(*plan.peak_op, *plan.peak_none);
+  EXPECT_GT(*plan.peak_op, *plan.peak_full);
+  EXPECT_NE(auto_plan_table(plan, 1LL << 40).find("vs torchtitan's selective_ac_option \"op\""),
+            std::string::npos);
+  // Models the profile does not hold are refused, naming what they have.
+  TrainSpec bad = c.setup;
+  bad.recompute = Recompute::kNone;
+  auto e = validate_setup(testing::model("qwen3-8b"), bad);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("q/k norms"), std::string::npos) << e->message;
 }
 
 }  // namespace

@@ -17,8 +17,10 @@ expressible case is within [-0.5 %, +2 %] and the mean |error| over the cases' s
 1 %, and every reserved stage within [-2 %, +2 %] of its largest rank unless the case's
 `reserved_outside_bound` says why not (then held to [-5 %, +5 %], and stale when within). A case that carries `outside_bound` (the reason it cannot reach the bound yet) is shown and
 left out of both, held to [-5 %, +5 %] instead, and --check fails when it is in fact within the
-bound on every stage (the reason is stale). A
-case whose counter is not max_memory_allocated, or whose measured ranks fall outside the setup's
+bound on every stage (the reason is stale). A case whose counter is max_memory_reserved (a run
+that logged reserved memory only, as torchtitan does) has measured_reserved and no measured: it is
+in the reserved table alone. A case without `model` names its model in its args (a framework's
+config file). A case whose counter is neither, or whose measured ranks fall outside the setup's
 GPUs, is an error. Python's standard library only.
 """
 import argparse
@@ -39,7 +41,9 @@ RES_LOW, RES_HIGH = -2.0, 2.0  # reserved against each stage's largest measured 
 
 
 def predict(nanoplan, case):
-    cmd = [nanoplan, "estimate", "--model", os.path.join(ROOT, case["model"])]
+    cmd = [nanoplan, "estimate"]
+    if "model" in case:
+        cmd += ["--model", os.path.join(ROOT, case["model"])]
     cmd += shlex.split(case["args"]) + ["--format", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
@@ -61,15 +65,19 @@ def rows(nanoplan):
         if not c.get("expressible", True):
             skipped.append(c)
             continue
-        if c["counter"] != "max_memory_allocated":
-            sys.exit(f"accuracy: {c['id']}: counter {c['counter']!r}: only max_memory_allocated "
-                     "is predicted (allocated_peak_bytes)")
+        if c["counter"] not in ("max_memory_allocated", "max_memory_reserved"):
+            sys.exit(f"accuracy: {c['id']}: counter {c['counter']!r}: max_memory_allocated "
+                     "(allocated_peak_bytes) and max_memory_reserved (reserved_peak_bytes) are "
+                     "predicted")
+        if (c["counter"] == "max_memory_reserved") != ("measured" not in c):
+            sys.exit(f"accuracy: {c['id']}: a max_memory_reserved case has measured_reserved "
+                     "only; a max_memory_allocated case has measured")
         e = predict(nanoplan, c)
         s = e["setup"]
         per_stage = s["tp"] * s["cp"] * s["dp"]
         unit = UNITS[c["unit"]]
         stages = {}
-        for rank, value in c["measured"]:
+        for rank, value in c.get("measured", []):
             if not 0 <= rank < per_stage * s["pp"]:
                 sys.exit(f"accuracy: {c['id']}: rank {rank} is outside the setup's "
                          f"{per_stage * s['pp']} GPUs")

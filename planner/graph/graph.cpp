@@ -236,7 +236,27 @@ int mla_qkv(Builder& b, const ModelSpec& m, const TrainSpec& t, int n) {
   return qkv;
 }
 
+// torchtitan's Attention.forward (torchtitan 238fa99, torchtitan/models/llama3/model/model.py):
+// the normed input (all-gathered under TP, which torchtitan runs with sequence parallelism:
+// PrepareModuleInput to Replicate in infra/parallelize.py) through wq, wk and wv, RoPE of q and k
+// in complex fp32, SDPA's flash kernel, wo, and the residual add.
+int titan_attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
+  const int64_t hq = m.heads / t.tp, hkv = m.kv_heads / t.tp, d = m.head_dim;
+  int n = b.gather(b.norm(x, "attn.norm"), "attn");
+  int q = b.column(n, "attn.wq", hq * d, m.qkv_bias);
+  int k = b.column(n, "attn.wk", hkv * d, m.qkv_bias);
+  int v = b.column(n, "attn.wv", hkv * d, m.qkv_bias);
+  std::vector<int> qk = b.op(OpKind::kRopeQk, "attn.rope", {}, {q, k}, {"q", "k"});
+  OpAttrs core{
+      .batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
+  int ctx = b.op(OpKind::kSdpa, "attn.core", core, {qk[0], qk[1], v}, {"out", "lse"})[0];
+  int o = b.op1(OpKind::kRowLinear, "attn.wo", {.features = m.hidden, .bias = m.linear_bias},
+                {ctx});
+  return b.op1(OpKind::kAdd, "attn.residual", {}, {x, b.reduce(o, "attn")});
+}
+
 int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
+  if (t.impl == Impl::kTorchtitan) return titan_attention(b, m, t, x);
   int64_t hq = m.heads / t.tp, hkv = m.kv_heads / t.tp, d = m.head_dim;
   int n = b.norm(x, "attn.norm");
   OpAttrs core{
@@ -288,6 +308,15 @@ int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
 // Returns the row-parallel output (partial over tp) of a SwiGLU or GeLU MLP of width ffn.
 int dense_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int x, const std::string& name,
               int64_t ffn) {
+  if (m.activation == Activation::kSwiGlu && t.impl == Impl::kTorchtitan) {
+    // torchtitan's FeedForward.forward: w2(F.silu(w1(x)) * w3(x)), evaluated in that order.
+    int g = b.column(x, name + ".w1", ffn / t.tp, m.linear_bias);
+    int a = b.op1(OpKind::kSilu, name + ".silu", {}, {g});
+    int u = b.column(x, name + ".w3", ffn / t.tp, m.linear_bias);
+    int p = b.op1(OpKind::kMul, name + ".mul", {}, {a, u});
+    return b.op1(OpKind::kRowLinear, name + ".w2", {.features = m.hidden, .bias = m.linear_bias},
+                 {p});
+  }
   if (m.activation == Activation::kSwiGlu) {
     int gu =
         b.column(x, name + ".gate_up", 2 * ffn / t.tp, m.linear_bias, {ffn / t.tp, ffn / t.tp});
@@ -375,7 +404,10 @@ void lm_loss(Builder& b, const ModelSpec& m, const TrainSpec& t, int n, double w
   if (m.tie_embeddings) b.last().attrs.tie = "embedding";
   else if (mtp_depths(m, t) > 0) b.last().attrs.tie = "lm_head";
   int targets = b.input("targets", {{b.tokens()}, Dtype::kI64});
-  if (t.impl == Impl::kHf) {
+  // torchtitan's cross_entropy_loss is the same F.cross_entropy of pred.float() (torchtitan
+  // 238fa99, torchtitan/components/loss.py), its train step holding pred until the loss is formed
+  // (train.py: del pred before loss.backward()).
+  if (t.impl == Impl::kHf || t.impl == Impl::kTorchtitan) {
     int fp32 = b.op1(OpKind::kCastFp32, "loss.cast", {}, {logits});
     b.op(OpKind::kLogSoftmaxLoss, "loss", {}, {fp32, targets, logits},
          {"per_token", "log_softmax"});

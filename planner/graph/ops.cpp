@@ -452,6 +452,39 @@ const OpInfo kOps[] =
            return {{{rows_of(in[0]) / a.group, cols_of(in[0])}, in[0].dtype}};
          },
          zero_flops, no_weights, none_types},
+        {OpKind::kRopeQk, "rope_qk", 2, 2, 0, 0, 0b11, 0b11, false,
+         [](const OpAttrs&, In in) -> Types { return {in[0], in[1]}; },
+         // A complex product per pair of features: 3 FLOPs per real element.
+         [](const OpAttrs&, In in) { return 3.0 * (in[0].elements() + in[1].elements()); },
+         no_weights,
+         [](const OpAttrs&, In in) -> Types {
+           const TensorType& big = in[0].elements() >= in[1].elements() ? in[0] : in[1];
+           TensorType fp32{big.shape, Dtype::kFp32};
+           return {fp32, fp32};
+         },
+         [](const OpAttrs&, In in) -> Types {
+           TensorType q{in[0].shape, Dtype::kFp32}, k{in[1].shape, Dtype::kFp32};
+           return {q, q, k, k};
+         }},
+        {OpKind::kSdpa, "sdpa_flash", 3, 2, 0b111, 0b11, 0b111, 0b01, false,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]), a.heads * a.v_dim()}, kAct},
+                   {{a.batch, a.heads, a.seq}, Dtype::kFp32}};
+         },
+         [](const OpAttrs& a, In) { return flash_matmuls(a); }, no_weights,
+         [](const OpAttrs& a, In in) -> Types {
+           Types t{{{rows_of(in[0]), a.heads * a.head_dim}, Dtype::kFp32},
+                   {{a.batch, a.heads, a.seq}, Dtype::kFp32}};
+           if (a.kv_heads < a.heads) {
+             t.push_back({{rows_of(in[0]), a.heads * a.head_dim}, kAct});
+             t.push_back({{rows_of(in[0]), a.heads * a.v_dim()}, kAct});
+           }
+           return t;
+         }},
+        {OpKind::kSilu, "silu", 1, 1, 0b1, 0, 0b1, 0b1, false, same,
+         [](const OpAttrs&, In in) { return 4.0 * in[0].elements(); }, no_weights, none_types},
+        {OpKind::kMul, "mul", 2, 1, 0b11, 0, 0b11, 0b1, false, same, elementwise, no_weights,
+         none_types},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");
@@ -482,7 +515,8 @@ std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& att
 double backward_flops(const OpInfo& info, const OpAttrs& attrs, std::span<const TensorType> in) {
   double f = info.flops(attrs, in);
   bool matmul = info.kind == OpKind::kFlashAttention || info.kind == OpKind::kAttnScores ||
-                info.kind == OpKind::kAttnContext || info.kind == OpKind::kFlashAttentionCp;
+                info.kind == OpKind::kAttnContext || info.kind == OpKind::kFlashAttentionCp ||
+                info.kind == OpKind::kSdpa;
   return matmul || !info.weights(attrs, in).empty() ? 2.0 * f : f;
 }
 

@@ -128,6 +128,24 @@ enum class OpKind {
   // rank's rows of a tensor every TP rank holds whole, copied; backward all-gathers the rows'
   // gradients.
   kScatterRows,
+  // torchtitan's apply_rotary_emb (torchtitan 238fa99, torchtitan/models/llama3/model/model.py):
+  // q (input 0) and k (input 1) each cast to fp32 and viewed as complex, multiplied by the
+  // complex64 frequencies, then cast back to bf16 (outputs 0 and 1). The forward's scratch is the
+  // four fp32 tensors the function holds until it returns (each fp32 copy and each product);
+  // autograd keeps nothing (the frequencies are a buffer, so the product saves only them).
+  // Backward: the fp32 gradient and its product by the conjugate, the larger input's shape.
+  kRopeQk,
+  // PyTorch's scaled_dot_product_attention on separate q, k and v [rows, heads x head_dim] with
+  // its flash kernel (aten._scaled_dot_product_flash_attention, GQA without repeating K/V): keeps
+  // the output and the fp32 logsumexp [batch, heads, seq]; backward reads q, k, v and both.
+  // Backward scratch, FlashAttention-2's mha_bwd as PyTorch builds it: the fp32 dQ accumulator,
+  // the fp32 rowsum(dO x O), and under GQA dK and dV expanded to every query head in bf16 before
+  // they are summed per K/V head.
+  kSdpa,
+  // F.silu and the elementwise product as PyTorch ops on their own tensors: silu's backward reads
+  // its input; the product's reads both inputs.
+  kSilu,
+  kMul,
   kCount
 };
 

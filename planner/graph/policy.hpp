@@ -20,6 +20,12 @@ BlockPolicy named_policy(const BlockGraph& g, const TrainSpec& t);
 // Whether the block holds multi-token prediction depths (a head's: build_head).
 bool has_mtp(const BlockGraph& g);
 
+// Whether the policy is torchtitan's per-op checkpointing, which stores the outputs of the ops it
+// keeps until the layer's recompute reaches them (torch.utils.checkpoint's selective
+// checkpointing caches every MUST_SAVE output), read or not: saved_set keeps them, and the
+// schedule's recompute reads them where the recompute passes their op.
+bool caches_outputs(const BlockPolicy& p);
+
 struct SavedSet {
   std::vector<bool> saved;  // per tensor: kept from forward until the block's backward
   int64_t bytes = 0;        // per micro-batch

@@ -135,7 +135,8 @@ std::vector<SetupFlag> make_table() {
        "whose kernels: nanotron (norm statistics kept, unfused GLU, fp32 logits copy), megatron "
        "(statistics kept, fused SwiGLU, in-place loss), fused (the least kept), hf (Hugging Face "
        "transformers' Llama in PyTorch ops: fp32 norm copies, repeated K/V, fp32 softmax and "
-       "log-softmax)",
+       "log-softmax), torchtitan (torchtitan's Llama 3 in eager PyTorch: separate q/k/v and "
+       "w1/w3 linears, complex fp32 RoPE, SDPA flash, fp32 log-softmax)",
        "nanotron", false, kMin, kMax, [](T& to, const T& f) { to.impl = f.impl; },
        [](const T& t) -> std::string { return t.impl != Impl::kNanotron ? std::string(name_of(t.impl)) : ""; }},
       {"--cross-entropy-fusion",
@@ -196,8 +197,10 @@ std::vector<SetupFlag> make_table() {
          return t.optimizer != Optimizer::kAdamW ? std::string(name_of(t.optimizer)) : "";
        }},
       {"--recompute",
-       "none, selective (attention core), full (nanotron's recompute_layer: true), auto (cheapest "
-       "per-layer plan that fits; the default with --budget or --gpu, else none)",
+       "none, selective (attention core), selective-op (torchtitan's per-op policy: each layer "
+       "keeps its input, every other matmul's output, attention's and the reduce-scatters'), "
+       "full (nanotron's recompute_layer: true), auto (cheapest per-layer plan that fits; the "
+       "default with --budget or --gpu, else none)",
        "", false, kMin, kMax, [](T& to, const T& f) { to.recompute = f.recompute; }, never},
       {"--recompute-every",
        "with --recompute full: recompute every Nth decoder layer only, layers l with (l + 1) mod "

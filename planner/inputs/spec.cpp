@@ -47,7 +47,7 @@ const char* name_of(AttentionImpl a) {
   return a == AttentionImpl::kFlash ? "flash" : "eager";
 }
 const char* name_of(Impl i) {
-  constexpr const char* k[] = {"nanotron", "megatron", "fused", "hf"};
+  constexpr const char* k[] = {"nanotron", "megatron", "fused", "hf", "torchtitan"};
   return k[static_cast<int>(i)];
 }
 const char* name_of(Optimizer o) {
@@ -59,7 +59,7 @@ const char* name_of(LossFusion l) {
   return k[static_cast<int>(l)];
 }
 const char* name_of(Recompute r) {
-  constexpr const char* k[] = {"none", "selective", "full", "auto"};
+  constexpr const char* k[] = {"none", "selective", "full", "auto", "selective-op"};
   return k[static_cast<int>(r)];
 }
 
@@ -86,7 +86,9 @@ Result<AttentionImpl> parse_enum(std::string_view f, std::string_view t) {
 }
 template <>
 Result<Impl> parse_enum(std::string_view f, std::string_view t) {
-  return pick(f, t, std::array{Impl::kNanotron, Impl::kMegatron, Impl::kFused, Impl::kHf});
+  return pick(f, t,
+              std::array{Impl::kNanotron, Impl::kMegatron, Impl::kFused, Impl::kHf,
+                         Impl::kTorchtitan});
 }
 template <>
 Result<LossFusion> parse_enum(std::string_view f, std::string_view t) {
@@ -100,7 +102,8 @@ template <>
 Result<Recompute> parse_enum(std::string_view f, std::string_view t) {
   return pick(
       f, t,
-      std::array{Recompute::kNone, Recompute::kSelective, Recompute::kFull, Recompute::kAuto});
+      std::array{Recompute::kNone, Recompute::kSelective, Recompute::kSelectiveOp,
+                 Recompute::kFull, Recompute::kAuto});
 }
 template <>
 Result<Dtype> parse_enum(std::string_view f, std::string_view t) {
@@ -526,6 +529,27 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
     return fail("--cp " + str(t.cp) +
                 " needs --impl nanotron, megatron or fused (Hugging Face's Llama has no context "
                 "parallelism)");
+  if (t.impl == Impl::kTorchtitan) {
+    // The profile is torchtitan's Llama 3 (graph.cpp, titan_attention): its other models' code
+    // (qwen3's q/k norms, deepseek_v3's MLA and MoE) is not in it yet.
+    std::string what = m.mla        ? "multi-head latent attention"
+                       : m.moe      ? "MoE layers"
+                       : m.qk_norm  ? "q/k norms"
+                       : m.norm != Norm::kRms ? "LayerNorm"
+                       : m.activation != Activation::kSwiGlu ? "a GeLU MLP"
+                       : m.position != PosEmb::kRope ? "learned positions"
+                       : m.dropout > 0 ? "dropout"
+                                       : "";
+    if (!what.empty())
+      return fail("--impl torchtitan is torchtitan's Llama 3 code, and " + m.name + " has " + what +
+                  " (valid: a Llama-style model; use --impl fused, nanotron, megatron or hf)");
+    if (t.attention != AttentionImpl::kFlash || t.cp > 1)
+      return fail("--impl torchtitan runs SDPA's flash kernel at --cp 1 (its context parallelism "
+                  "is not modelled); use --attention flash --cp 1");
+    if (t.tp > 1 && !t.sp)
+      return fail("--impl torchtitan runs tensor parallelism with sequence parallelism, as "
+                  "torchtitan does; use --sp on");
+  }
   if (t.cp > 1 && t.attention != AttentionImpl::kFlash)
     return fail("--cp " + str(t.cp) +
                 " needs --attention flash (context parallelism exchanges "

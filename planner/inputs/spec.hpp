@@ -32,14 +32,22 @@ enum class AttentionImpl { kFlash, kEager };
 //             input, the fp32 1/rms and the bf16 normalized tensor), unfused GLU, repeat_kv's
 //             expanded K/V materialised (eager and sdpa), eager softmax in fp32 kept with its bf16
 //             cast, and the loss as an fp32 copy of the logits and a kept fp32 log-softmax.
-enum class Impl { kNanotron, kMegatron, kFused, kHf };
+//   torchtitan: torchtitan's Llama 3 in eager PyTorch 2.10 (torchtitan 238fa99,
+//             torchtitan/models/llama3/model/model.py): nn.RMSNorm (PyTorch's fused kernel,
+//             _fused_rms_norm, keeps its input and the fp32 1/rms), wq, wk and wv as three
+//             linears, RoPE in complex fp32 (apply_rotary_emb), SDPA's flash kernel on separate
+//             q, k and v, w1 and w3 as two linears with F.silu and the product as PyTorch ops,
+//             and the loss as F.cross_entropy of an fp32 copy of the logits (components/loss.py).
+enum class Impl { kNanotron, kMegatron, kFused, kHf, kTorchtitan };
 // Megatron's cross-entropy (--impl megatron): none, vocab_parallel_cross_entropy; native, its
 // fused form (--cross-entropy-loss-fusion), which keeps the same fp32 softmax; te, Transformer
 // Engine's parallel_cross_entropy (--cross-entropy-fusion-impl te), which keeps only the bf16
 // logits, holding their gradient.
 enum class LossFusion { kNone, kNative, kTe };
 enum class Optimizer { kAdamW, kSgd, kNone };
-enum class Recompute { kNone, kSelective, kFull, kAuto };  // auto: chosen per layer under a budget
+// auto: chosen per layer under a budget. selective-op: torchtitan's per-op checkpointing of each
+// decoder layer (planner/graph/policy.cpp says which ops it keeps).
+enum class Recompute { kNone, kSelective, kFull, kAuto, kSelectiveOp };
 
 int64_t dtype_bytes(Dtype d);
 const char* name_of(Dtype d);

@@ -145,8 +145,13 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
                       " of " + name + " is not in the catalog (valid: " + valid_list(flavors) +
                       ")");
   c.given.insert("--model");
-  c.notes.push_back(path + ": torchtitan's model code is estimated with the --impl kernels "
-                           "(nanotron's unless given); a torchtitan profile is not modelled yet");
+  // llama3's code is the torchtitan profile (spec.hpp, Impl::kTorchtitan); --impl overrides it.
+  if (name == "llama3")
+    t.impl = Impl::kTorchtitan;
+  else
+    c.notes.push_back(path + ": torchtitan's " + name + " code is estimated with the --impl "
+                             "kernels (nanotron's unless given); the torchtitan profile is "
+                             "llama3's only");
   t.mtp_layers = 0;  // torchtitan's deepseek_v3 trains no multi-token prediction module
   for (const std::string& conv : converters)
     if (conv.find("float8") != std::string::npos || conv.find("mx") != std::string::npos)
@@ -320,16 +325,17 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
     t.recompute = Recompute::kNone;
   } else if (mode == "full") {
     t.recompute = Recompute::kFull;
+  } else if (mode == "selective" && option == "op") {
+    t.recompute = Recompute::kSelectiveOp;
   } else if (mode == "selective" && is_digits(option) && option.size() < 8) {
     // Every Nth block (0 and 1: every block).
     t.recompute = Recompute::kFull;
     t.recompute_every = std::max<int64_t>(1, std::stoll(option));
   } else if (mode == "selective") {
     return make_error(ac.where("selective_ac_option") + ": activation_checkpoint."
-                      "selective_ac_option " + quote_input(option, '"') +
-                      (option == "op" ? " (per-op checkpointing) is not modelled yet"
-                                      : " is invalid") +
-                      " (valid: a layer interval such as \"2\"; or mode \"full\" or \"none\")");
+                      "selective_ac_option " + quote_input(option, '"') + " is invalid" +
+                      " (valid: \"op\", or a layer interval such as \"2\"; or mode \"full\" or "
+                      "\"none\")");
   } else {
     return make_error(ac.where("mode") + ": activation_checkpoint.mode " +
                       quote_input(mode, '"') +

@@ -632,7 +632,7 @@ class PlanSteps {
 // The step times and peaks of no recompute and of full recompute, for the comparison lines; they
 // do not depend on the plan, so auto_plan makes them beside it (writing only these fields).
 // Under FSDP2 also torchtitan's default, full recompute of every second layer
-// (job_config.py: selective_ac_option "2").
+// (job_config.py: selective_ac_option "2"); under the torchtitan profile its per-op policy.
 void compare_uniform(AutoPlan& plan, const ModelSpec& m, const TrainSpec& t,
                      const RuntimeAssumptions& rt, const HardwareModel& hw) {
   auto measure = [&](Recompute r, int64_t every, std::optional<StepTime>& time,
@@ -650,6 +650,7 @@ void compare_uniform(AutoPlan& plan, const ModelSpec& m, const TrainSpec& t,
     plan.every = 2;
     measure(Recompute::kFull, plan.every, plan.time_every, plan.peak_every);
   }
+  if (t.impl == Impl::kTorchtitan) measure(Recompute::kSelectiveOp, 1, plan.time_op, plan.peak_op);
 }
 
 // Every block's all-gathers, and those the plan gathers again in backward.

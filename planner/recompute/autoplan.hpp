@@ -53,6 +53,10 @@ struct AutoPlan {
   int64_t every = 0;
   std::optional<StepTime> time_every;
   std::optional<int64_t> peak_every;
+  // Under the torchtitan profile, torchtitan's per-op checkpointing (selective_ac_option "op") of
+  // every layer, for comparison; empty otherwise.
+  std::optional<StepTime> time_op;
+  std::optional<int64_t> peak_op;
   int64_t regathered = 0, gathers = 0;  // all-gathers re-done in backward, of all in the blocks
   bool partition_searched = false;      // schedule.setup.stage_layers came from --partition auto
   int simulations = 0;  // verification rounds: 1 when the stage model saw everything the

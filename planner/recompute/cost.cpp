@@ -69,6 +69,7 @@ OpClass op_class(OpKind k) {
       return OpClass::kGemm;
     case OpKind::kFlashAttention:
     case OpKind::kFlashAttentionCp:
+    case OpKind::kSdpa:
       return OpClass::kFlash;
     case OpKind::kCpGatherKv:
     case OpKind::kAllGather:

@@ -620,6 +620,13 @@ LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t,
     named.insert(named.begin() + 3,
                  {"selective + tp_recompute_allgather", Recompute::kSelective, true});
   }
+  // torchtitan's per-op policy is named where its layer is torchtitan's (the profile whose
+  // matmuls its every-second-mm rule counts). Its point is its re-run ops' option: the outputs
+  // its cache holds unread (under TP the row-parallel ones) are in the schedule, not here.
+  if (t.impl == Impl::kTorchtitan && g.kind == BlockKind::kLayer)
+    named.push_back({t.tp > 1 ? "selective-op (torchtitan; its unread cached outputs aside)"
+                              : "selective-op (torchtitan)",
+                     Recompute::kSelectiveOp, false});
   std::vector<std::pair<std::string, std::vector<bool>>> masks;
   for (const Named& nm : named) masks.emplace_back(nm.name, named_mask(g, nm.r, nm.regather));
   if (std::vector<bool> up = mla_up_proj_mask(g); !up.empty())

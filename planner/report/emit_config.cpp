@@ -30,7 +30,7 @@ bool is_gather(const GraphOp& op) {
 std::string module_of(const GraphOp& op) {
   const std::string& n = op.name;
   if (op.kind == OpKind::kFlashAttention || op.kind == OpKind::kFlashAttentionCp ||
-      op.attention_core)
+      op.kind == OpKind::kSdpa || op.attention_core)
     return "core_attn";
   // Megatron's "layernorm" module is the two layer norms (input_layernorm, pre_mlp_layernorm);
   // no module covers the q/k norms.
@@ -281,6 +281,7 @@ std::string emit_torchtitan(const Schedule& s) {
   struct Layer {
     int64_t position;
     bool some, whole;
+    bool op_sac;  // the plan re-runs what torchtitan's per-op policy re-runs (gathers aside)
   };
   std::vector<Layer> layers;
   int64_t most = 1;
@@ -291,13 +292,17 @@ std::string emit_torchtitan(const Schedule& s) {
       TrainSpec full = t;
       full.recompute = Recompute::kFull, full.recompute_every = 1;
       const BlockPolicy f = named_policy(*b.graph, full);
-      bool some = false, all = true;
+      TrainSpec per_op = t;
+      per_op.recompute = Recompute::kSelectiveOp;
+      const BlockPolicy op = named_policy(*b.graph, per_op);
+      bool some = false, all = true, op_sac = true;
       for (size_t o = 0; o < b.graph->ops.size(); ++o) {
         if (is_gather(b.graph->ops[o]) || b.graph->ops[o].kind == OpKind::kCpGatherKv) continue;
         some |= b.policy.recompute[o];
         all &= b.policy.recompute[o] == f.recompute[o];
+        op_sac &= b.policy.recompute[o] == op.recompute[o];
       }
-      layers.push_back({++n, some, all && some});
+      layers.push_back({++n, some, all && some, op_sac && some});
     }
     most = std::max(most, n);
   }
@@ -310,20 +315,26 @@ std::string emit_torchtitan(const Schedule& s) {
   const bool exact = none || std::all_of(layers.begin(), layers.end(), [&](const Layer& l) {
                        return (l.position % every == 0) == l.whole;
                      });
+  const bool op_sac = !layers.empty() && t.impl == Impl::kTorchtitan &&
+                      std::all_of(layers.begin(), layers.end(),
+                                  [](const Layer& l) { return l.op_sac; });
   out += "[activation_checkpoint]\n";
-  if (none)
+  if (op_sac)
+    out += "mode = \"selective\"\nselective_ac_option = \"op\"\n";
+  else if (none)
     out += "mode = \"none\"\n";
   else if (every == 1)
     out += "mode = \"full\"\n";
   else
     out += "mode = \"selective\"\nselective_ac_option = \"" + std::to_string(every) + "\"\n";
-  if (!none && !exact)
+  if (!op_sac && !none && !exact)
     notes.push_back("not expressible: the plan re-runs parts of layers, or layers other than "
                     "every Nth; the setting above checkpoints whole layers covering every one "
                     "the plan re-runs in (more time, less memory)");
-  notes.push_back(std::string("the plan is for the ") + name_of(t.impl) +
-                  " profile's kernels; torchtitan's model code keeps what it keeps (a "
-                  "different peak)");
+  if (t.impl != Impl::kTorchtitan)
+    notes.push_back(std::string("the plan is for the ") + name_of(t.impl) +
+                    " profile's kernels; torchtitan's model code keeps what it keeps (a "
+                    "different peak; --impl torchtitan is its Llama 3)");
   if (mtp_depths(s.model, t) > 0)
     notes.push_back("not expressible: torchtitan trains no multi-token prediction module (" +
                     std::to_string(mtp_depths(s.model, t)) + " in the plan)");

@@ -254,15 +254,20 @@ std::string auto_plan_table(const AutoPlan& p, int64_t budget, bool verbose) {
   };
   if (p.time_none) out += compared("false", *p.time_none, *p.peak_none);
   if (p.time_full) out += compared("true", *p.time_full, *p.peak_full);
-  if (p.time_every) {  // torchtitan's default under FSDP2
-    const double gain = 100 * (p.time_every->seconds - p.time.seconds) / p.time_every->seconds;
-    out += "  vs torchtitan's selective_ac_option \"" + std::to_string(p.every) +
-           "\" (layers l with (l + 1) mod " + std::to_string(p.every) + " = 0 in full): " +
-           fmt("%.3f s", p.time_every->seconds) + ", peak " + format_gib(*p.peak_every) +
-           (*p.peak_every <= budget ? " (fits)" : " (does not fit)") +
+  // torchtitan's own settings: its default under FSDP2 and, under its profile, per-op.
+  auto torchtitan = [&](const std::string& setting, const StepTime& time, int64_t peak) {
+    const double gain = 100 * (time.seconds - p.time.seconds) / time.seconds;
+    out += "  vs torchtitan's selective_ac_option " + setting + ": " +
+           fmt("%.3f s", time.seconds) + ", peak " + format_gib(peak) +
+           (peak <= budget ? " (fits)" : " (does not fit)") +
            (gain >= 0.05 ? "; the plan is " + fmt("%.1f%%", gain) + " faster" : std::string()) +
            "\n";
-  }
+  };
+  if (p.time_every)
+    torchtitan("\"" + std::to_string(p.every) + "\" (layers l with (l + 1) mod " +
+                   std::to_string(p.every) + " = 0 in full)",
+               *p.time_every, *p.peak_every);
+  if (p.time_op) torchtitan("\"op\" (per-op, every layer)", *p.time_op, *p.peak_op);
   out += equivalents(p, budget);
   if (!verbose)
     return out + "\n(--verbose: the layer options the planner chose from, bytes and time)\n";
@@ -369,6 +374,10 @@ nlohmann::json auto_plan_json(const AutoPlan& p) {
     j["step_seconds_torchtitan_every_layers"] = p.time_every->seconds;
     j["peak_bytes_torchtitan_every_layers"] = *p.peak_every;
     j["torchtitan_every_layers"] = p.every;
+  }
+  if (p.time_op) {
+    j["step_seconds_torchtitan_op"] = p.time_op->seconds;
+    j["peak_bytes_torchtitan_op"] = *p.peak_op;
   }
   return j;
 }

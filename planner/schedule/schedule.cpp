@@ -614,10 +614,22 @@ void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_re
   const BlockGraph& g = *blk.graph;
   std::span<int32_t> v = values(b, mb);
   bool recompute = kind == InstrKind::kRecompute;
+  // torchtitan's per-op checkpointing (caches_outputs): the recompute takes each kept op's stored
+  // outputs as it passes the op, so they are read by the next op it re-runs (or its last).
+  const bool pops = recompute && caches_outputs(blk.policy);
+  std::vector<int32_t> popped;
+  bool begun = false;
   for (size_t o = 0; o < g.ops.size(); ++o) {
-    if (only_recomputed && !blk.policy.recompute[o]) continue;
     const GraphOp& op = g.ops[o];
+    if (only_recomputed && !blk.policy.recompute[o]) {
+      if (pops)
+        for (int out : op.outputs)
+          if (blk.saved.saved[out]) popped.push_back(v[out]);
+      continue;
+    }
     begin(kind, b, static_cast<int32_t>(o), mb);
+    begun = true;
+    for (int32_t id : std::exchange(popped, {})) read(id);
     for (int in : op.inputs) read(v[in]);
     for (int64_t bytes : workspace_bytes(b, true)[o])
       alloc(new_tensor(bytes, b, static_cast<int32_t>(o), mb, Category::kTransient,
@@ -630,6 +642,8 @@ void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_re
       alloc(v[out]);
     }
   }
+  if (begun)
+    for (int32_t id : popped) read(id);
 }
 
 void ProgramBuilder::backward_pass(int mb, int chunk) {
