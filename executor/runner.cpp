@@ -42,10 +42,10 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
     return make_error("the executors do not run FSDP2 yet (its per-unit all-gathers, copy-outs "
                       "and reduce-scatters); nanoplan estimate and plan model it: run the plan "
                       "with --zero 3 in place of --fsdp");
-  if (t.impl == Impl::kTorchtitan)
-    return make_error("the executors do not run the torchtitan profile yet (its separate q/k/v "
-                      "and w1/w3 linears, complex RoPE and SDPA); nanoplan estimate and plan "
-                      "model it: run the plan with --impl fused");
+  if (t.impl == Impl::kTorchtitan && !host_memory)
+    return make_error("the CUDA backend does not run the torchtitan profile yet (its RoPE of "
+                      "separate q and k, SDPA on separate q, k, v, silu and the product run on the "
+                      "CPU executor): use --backend cpu, or --impl fused");
   if (t.zero >= 2 && s.model.tie_embeddings)
     return make_error("the executor runs ZeRO-2/3 without tied embeddings (it does not yet gather "
                       "or bucket the LM head's tied table); got --zero " + std::to_string(t.zero) +

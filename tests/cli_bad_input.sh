@@ -200,8 +200,8 @@ bad "--ep 2 on a dense model" -m "--ep 2" -m "dense" -- "${E[@]}" --ep 2
 bad "--optimizer none with --zero 1" -m "--zero 1" -m "--optimizer none" -- "${E[@]}" --optimizer none --zero 1
 
 # ---- enum values -------------------------------------------------------------------------------
-bad "invalid --recompute lists the choices" -m "--recompute" -m "sometimes" -m "none, selective, full" -- "${E[@]}" --recompute sometimes
-bad "plan: invalid --recompute" -m "--recompute" -m "none, selective, full" -- "${P[@]}" --recompute sometimes
+bad "invalid --recompute lists the choices" -m "--recompute" -m "sometimes" -m "none, selective, selective-op, full" -- "${E[@]}" --recompute sometimes
+bad "plan: invalid --recompute" -m "--recompute" -m "none, selective, selective-op, full" -- "${P[@]}" --recompute sometimes
 bad "invalid --pp-schedule" -m "--pp-schedule" -m "gpipe" -m "1f1b" -m "afab" -- "${E[@]}" --pp-schedule gpipe
 bad "invalid --attention" -m "--attention" -m "sdpa" -m "flash" -m "eager" -- "${E[@]}" --attention sdpa
 bad "invalid --impl" -m "--impl" -m "deepspeed" -m "nanotron, megatron, fused, hf" -- "${E[@]}" --impl deepspeed

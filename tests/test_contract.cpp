@@ -33,7 +33,8 @@ TrainSpec tp_pp(TrainSpec t, int64_t tp, int64_t pp) {
 TEST(Sharding, EveryWeightIsAPermutationOfTheGlobalOne) {
   int checked = 0;
   for (const char* name :
-       {"tiny-llama", "tiny-gpt", "tiny-moe", "tiny-qwen", "tiny-qwen3", "tiny-moe-mixed"}) {
+       {"tiny-llama", "tiny-gpt", "tiny-moe", "tiny-qwen", "tiny-qwen3", "tiny-moe-mixed",
+        "tiny-llama-torchtitan"}) {
     Scenario sc = scenario(name);
     for (auto [tp, ep] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{1, 2}, std::pair{2, 3}}) {
       TrainSpec t = tp_pp(sc.base, tp, 1), one = tp_pp(sc.base, 1, 1);

@@ -530,6 +530,13 @@ std::vector<Case> all_cases() {
   add("softmax_fp32", OpKind::kSoftmaxFp32, core, {act({B, HQ, S, S}, -2, 2)});
   add("repeat_kv_gqa2", OpKind::kRepeatKv, gqa2, {act({T, (4 + 2 * 2) * 4})});
   add("attn_context", OpKind::kAttnContext, core, {act({B, HQ, S, S}, 0, 1), act({T, QKV})});
+  // The torchtitan profile's: RoPE of separate q and k over adjacent feature pairs, SDPA on
+  // separate q, k and v (GQA 3:1 and 2:1), silu and the product as their own ops.
+  add("rope_qk", OpKind::kRopeQk, {.head_dim = D}, {act({T, HQ * D}), act({T, HKV * D})});
+  add("sdpa", OpKind::kSdpa, core, {act({T, HQ * D}), act({T, HKV * D}), act({T, HKV * D})});
+  add("sdpa_gqa2", OpKind::kSdpa, gqa2, {act({T, 4 * 4}), act({T, 2 * 4}), act({T, 2 * 4})});
+  add("silu", OpKind::kSilu, {}, {act({T, F}, -3, 3)});
+  add("mul", OpKind::kMul, {}, {act({T, F}, -2, 2), act({T, F}, -2, 2)});
   add("dropout", OpKind::kDropout, {}, {act({T, H})});
   add("dropout_probs", OpKind::kDropout, core, {act({B, HQ, S, S}, 0, 1)});
   add("swiglu", OpKind::kSwiGlu, {}, {act({T, 2 * F}, -2, 2)});
@@ -866,6 +873,43 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
         for (int64_t f = 0; f < F; ++f) o[t * F + f] = x(0)[t * F + f] * x(1)[t * 2 * F + F + f];
       return {o};
     }
+    case OpKind::kRopeQk: {  // pairs (2i, 2i + 1) of each head rotated by pos x 10000^(-2i/D)
+      std::vector<Vec> o{x(0), x(1)};
+      for (int k = 0; k < 2; ++k) {
+        const int64_t w = in[k].type.shape[1];
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t c = 0; c < w; c += 2) {
+            double a = double(t / B) / std::pow(10000.0, 2.0 * ((c % hd) / 2) / hd);
+            double re = x(k)[t * w + c], im = x(k)[t * w + c + 1];
+            o[k][t * w + c] = re * std::cos(a) - im * std::sin(a);
+            o[k][t * w + c + 1] = re * std::sin(a) + im * std::cos(a);
+          }
+      }
+      return o;
+    }
+    case OpKind::kSdpa: {  // flash attention of [q | k | v] side by side
+      Case f = c;
+      f.kind = OpKind::kFlashAttention;
+      const int64_t a = hq * hd, b = hkv * hd, v = hkv * dv;
+      Vec comb(T * wq);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < wq; ++j)
+          comb[t * wq + j] = j < a       ? x(0)[t * a + j]
+                             : j < a + b ? x(1)[t * b + j - a]
+                                         : x(2)[t * v + j - a - b];
+      f.inputs = {Val{{{T, wq}, Dtype::kBf16}, comb}};
+      return reference(f, ex);
+    }
+    case OpKind::kSilu: {
+      Vec o(x(0).size());
+      for (size_t i = 0; i < o.size(); ++i) o[i] = x(0)[i] / (1 + std::exp(-x(0)[i]));
+      return {o};
+    }
+    case OpKind::kMul: {
+      Vec o(x(0).size());
+      for (size_t i = 0; i < o.size(); ++i) o[i] = x(0)[i] * x(1)[i];
+      return {o};
+    }
     case OpKind::kGelu: {
       Vec o(x(0).size());
       for (size_t i = 0; i < o.size(); ++i) {
@@ -1033,10 +1077,6 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
         }
       return {o};
     }
-    case OpKind::kRopeQk:  // the torchtitan profile's, which the executors do not run
-    case OpKind::kSdpa:
-    case OpKind::kSilu:
-    case OpKind::kMul:
     case OpKind::kCount:
       break;
   }

@@ -70,7 +70,8 @@ void expect_recompute_invariant(const std::string& name, AttentionImpl att) {
   base.attention = att;
   RunResult ref = run(sc.model, with(base, 2, 2, Recompute::kNone, true, false));
   ASSERT_FALSE(ref.grads.empty());
-  for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+  for (Recompute rc :
+       {Recompute::kNone, Recompute::kSelective, Recompute::kSelectiveOp, Recompute::kFull})
     for (bool regather : {true, false}) {
       RunResult r = run(sc.model, with(base, 2, 2, rc, true, regather));
       ASSERT_EQ(r.losses.size(), 1u);
@@ -88,6 +89,9 @@ void expect_recompute_invariant(const std::string& name, AttentionImpl att) {
 
 TEST(Recompute, ChangesNothingLlama) {
   expect_recompute_invariant("tiny-llama", AttentionImpl::kFlash);
+}
+TEST(Recompute, ChangesNothingTorchtitan) {  // its block and per-op checkpointing
+  expect_recompute_invariant("tiny-llama-torchtitan", AttentionImpl::kFlash);
 }
 TEST(Recompute, ChangesNothingGptEagerWithDropout) {
   expect_recompute_invariant("tiny-gpt", AttentionImpl::kEager);
@@ -129,6 +133,7 @@ void expect_sharding_invariant(const std::string& name, double capacity = 0, boo
     // so other choices are dropped than with all of them on one rank (as in Megatron).
     if (cp > 1 && capacity > 0) continue;
     if (cp > 1 && sc.model.mla) continue;  // refused by validate_setup (not modelled yet)
+    if (cp > 1 && sc.base.impl == Impl::kTorchtitan) continue;  // likewise
     if (zero >= 2 && sc.model.tie_embeddings) continue;  // the executor refuses it (runner.hpp)
     TrainSpec t = with(sc.base, tp, pp, Recompute::kNone, tp > 1 && sp);
     if (v > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = v;
@@ -184,6 +189,9 @@ TEST(Zero, OneIsBitwiseZero) {
 TEST(Sharding, ChangesNothingBeyondRoundingLlama) {
   expect_sharding_invariant("tiny-llama");
 }
+TEST(Sharding, ChangesNothingBeyondRoundingTorchtitan) {  // its separate q, k, v and w1, w3
+  expect_sharding_invariant("tiny-llama-torchtitan");
+}
 TEST(Sharding, ChangesNothingBeyondRoundingGpt) {
   expect_sharding_invariant("tiny-gpt");
 }
@@ -216,6 +224,17 @@ TEST(Sharding, ChangesNothingBeyondRoundingMoeExpertParallel) {
 
 // The executor runs ep > 1 only with a capacity factor (static all-to-all sizes), and the CUDA
 // backend at ep = 1 only (dropless or with a capacity): refused before any rank starts.
+// The torchtitan profile runs on the CPU executor; the CUDA backend, without its kernels, refuses
+// it naming the fix.
+TEST(Runnable, TheTorchtitanProfileRunsOnTheCpuExecutor) {
+  Scenario sc = scenario("tiny-llama-torchtitan");
+  const Schedule s = build_schedule(sc.model, with(sc.base, 2, 1, Recompute::kSelectiveOp, true));
+  EXPECT_FALSE(check_runnable(s, true));
+  auto cuda = check_runnable(s, false);
+  ASSERT_TRUE(cuda);
+  EXPECT_NE(cuda->message.find("use --backend cpu"), std::string::npos) << cuda->message;
+}
+
 TEST(Runnable, ExpertParallelismNeedsACapacityAndTheCpuExecutor) {
   Scenario sc = scenario("tiny-moe");
   TrainSpec t = sc.base;
@@ -238,7 +257,8 @@ TEST(Runnable, ExpertParallelismNeedsACapacityAndTheCpuExecutor) {
 // Each forward op of a recomputed segment runs exactly twice per micro-batch, every other once.
 TEST(Recompute, HappensWhereThePlanSays) {
   Scenario sc = scenario("tiny-gpt");  // eager attention with dropout: selective re-runs the attention core
-  for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+  for (Recompute rc :
+       {Recompute::kNone, Recompute::kSelective, Recompute::kSelectiveOp, Recompute::kFull}) {
     TrainSpec t = with(sc.base, 2, 2, rc, true);  // SP with re-gathered all-gathers
     t.attention = AttentionImpl::kEager;
     Schedule s = build_schedule(sc.model, t);

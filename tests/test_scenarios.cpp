@@ -60,6 +60,15 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
              t.recompute == Recompute::kFull && t.impl == Impl::kMegatron;
     }));
   }
+  if (name == "tiny-llama-torchtitan") {  // per-op checkpointing's cache under TP, PP and ZeRO-3
+    EXPECT_TRUE(has([](const TrainSpec& t) {
+      return t.impl == Impl::kTorchtitan && t.recompute == Recompute::kSelectiveOp && t.tp == 2 &&
+             t.pp == 2 && t.pp_schedule == PpSchedule::kInterleaved;
+    }));
+    EXPECT_TRUE(has([](const TrainSpec& t) {
+      return t.recompute == Recompute::kSelectiveOp && t.tp == 2 && t.dp == 2 && t.zero == 3;
+    }));
+  }
   if (name == "tiny-moe-mixed") {  // the layer kinds over stages and chunks, with EP and ZeRO-3
     EXPECT_TRUE(has([](const TrainSpec& t) {
       return t.pp == 2 && t.pp_schedule == PpSchedule::kInterleaved && t.ep == 2;
@@ -122,7 +131,8 @@ INSTANTIATE_TEST_SUITE_P(All, Scenarios,
                          ::testing::Values("tiny-llama", "tiny-qwen", "tiny-moe", "tiny-gpt",
                                            "tiny-llama-dp", "tiny-gpt-cp", "tiny-moe-ep",
                                            "tiny-gpt-megatron", "tiny-qwen3", "tiny-moe-mixed",
-                                           "tiny-deepseek", "tiny-deepseek-lite"),
+                                           "tiny-deepseek", "tiny-deepseek-lite",
+                                           "tiny-llama-torchtitan"),
                          testing::ParamName());
 
 // The runner nanoplan run --scenario calls: found by name beside the catalog, each case seen as

@@ -172,7 +172,7 @@ TEST(ParseEnum, ListsValidChoices) {
   auto r = parse_enum<Recompute>("--recompute", "sometimes");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().message,
-            "invalid --recompute 'sometimes' (valid: none, selective, full, auto)");
+            "invalid --recompute 'sometimes' (valid: none, selective, selective-op, full, auto)");
   EXPECT_EQ(*parse_enum<PpSchedule>("--pp-schedule", "1f1b"), PpSchedule::k1F1B);
   EXPECT_EQ(*parse_enum<Dtype>("--grad-accum-dtype", "bf16"), Dtype::kBf16);
   EXPECT_FALSE(parse_enum<Dtype>("--grad-accum-dtype", "u8").ok());  // not a gradient dtype

@@ -63,7 +63,8 @@ struct Flash {
   float scale;
   std::vector<int64_t> key_row;  // global position p -> K's row for batch 0 (add bi)
   std::vector<int64_t> q_pos;    // local position u -> its global position
-  Flash(const Env& env, const Tensor& qkv, const Tensor* kv) {
+  // rows x width: the queries' tensor ([q | k | v] rows without CP).
+  Flash(const Env& env, int64_t rows, int64_t width, const Tensor* kv) {
     const OpAttrs& a = env.attrs();
     int64_t cp = kv ? a.group : 1;
     b = a.batch, s = a.seq, hq = a.heads, hkv = a.kv_heads, d = a.head_dim, dv = a.v_dim();
@@ -71,7 +72,7 @@ struct Flash {
               (cp == 1 || s % (2 * cp) == 0),
           "attention: bad batch/seq/heads/head_dim/group attrs");
     sl = s / cp;
-    check(dim(qkv, 0) == b * sl && row_width(qkv) == (hq + hkv) * d + hkv * dv,
+    check(rows == b * sl && width == (hq + hkv) * d + hkv * dv,
           "attention: qkv is not {s/cp*b, (heads + kv_heads) head_dim + kv_heads v_head_dim}");
     check(!kv || (dim(*kv, 0) == b * s && row_width(*kv) == hkv * (d + dv)),
           "attention: the gathered kv is not {s*b, kv_heads (head_dim + v_head_dim)}");
@@ -143,7 +144,7 @@ struct Flash {
 };
 
 Outs flash_forward(const Env& env, const Tensor& qkv, const Tensor* kv) {
-  Flash f(env, qkv, kv);
+  Flash f(env, dim(qkv, 0), row_width(qkv), kv);
   Mat X = load_mat(qkv), O = Mat::Zero(f.b * f.sl, f.hq * f.dv);
   Tensor out = env.output({f.b * f.sl, f.hq * f.dv}, env.act),
          lse = env.output({f.b, f.hq, f.sl}, Dtype::kFp32);
@@ -158,7 +159,7 @@ Outs flash_forward(const Env& env, const Tensor& qkv, const Tensor* kv) {
 void flash_backward(const Env& env, const BackwardArgs& a, bool cp) {
   const Tensor& qkv = need(a.inputs, 0, "attention qkv");
   const Tensor* kv = cp ? &need(a.inputs, 1, "gathered kv") : nullptr;
-  Flash f(env, qkv, kv);
+  Flash f(env, dim(qkv, 0), row_width(qkv), kv);
   Mat X = load_mat(qkv), O = load_mat(need(a.outputs, 0, "attention output"));
   Mat dO = load_mat(need(a.grad_outputs, 0, "attention output gradient"));
   Mat K = kv ? load_mat(*kv) : Mat();
@@ -178,7 +179,56 @@ void flash_backward(const Env& env, const BackwardArgs& a, bool cp) {
   if (kv) grad_input(env, a, 1, kv->type, dK);
 }
 
+// SDPA on separate q, k, v (the torchtitan profile): their rows side by side as one [q | k | v]
+// staging matrix for the same kernel.
+Mat side_by_side(Ins in) {
+  const Tensor& q = need(in, 0, "sdpa queries");
+  const Tensor& k = need(in, 1, "sdpa keys");
+  const Tensor& v = need(in, 2, "sdpa values");
+  check(dim(k, 0) == dim(q, 0) && dim(v, 0) == dim(q, 0), "sdpa: q, k and v rows differ");
+  Mat X(dim(q, 0), row_width(q) + row_width(k) + row_width(v));
+  X << load_mat(q), load_mat(k), load_mat(v);
+  return X;
+}
+
 }  // namespace
+
+Outs sdpa_forward(const Env& env, Ins in, Ins) {
+  Mat X = side_by_side(in);
+  Flash f(env, X.rows(), X.cols(), nullptr);
+  Mat O = Mat::Zero(X.rows(), f.hq * f.dv);
+  Tensor out = env.output({X.rows(), f.hq * f.dv}, env.act),
+         lse = env.output({f.b, f.hq, f.sl}, Dtype::kFp32);
+  f.forward(X, X, O, lse.as<float>());
+  store_mat(out, O);
+  return {out, lse};
+}
+
+// The op table's scratch: the fp32 dQ accumulator and rowsum(dO * O), and under GQA dK and dV of
+// every query head (FlashAttention-2's dk_expanded, dv_expanded), summed per K/V head here.
+void sdpa_backward(const Env& env, const BackwardArgs& a) {
+  Mat X = side_by_side(a.inputs);
+  Flash f(env, X.rows(), X.cols(), nullptr);
+  const int64_t T = X.rows();
+  Mat O = load_mat(need(a.outputs, 0, "sdpa output"));
+  Mat dO = load_mat(need(a.grad_outputs, 0, "sdpa output gradient"));
+  const float* lse = need(a.outputs, 1, "sdpa logsumexp").as<float>();
+  Tensor dq = env.workspace({T, f.hq * f.d}, Dtype::kFp32),
+         rs = env.workspace({f.b, f.hq, f.sl}, Dtype::kFp32);
+  if (f.hkv < f.hq) {
+    env.workspace({T, f.hq * f.d}, env.act);
+    env.workspace({T, f.hq * f.dv}, env.act);
+  }
+  Mat dX = Mat::Zero(T, X.cols());
+  f.backward(X, X, O, dO, lse, dq.as<float>(), rs.as<float>(), dX);
+  const float* dQ = dq.as<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < f.hq * f.d; ++c) dX(t, c) = dQ[t * f.hq * f.d + c];
+  const int64_t wq = f.hq * f.d, wk = f.hkv * f.d, wv = f.hkv * f.dv;
+  grad_input(env, a, 0, a.inputs[0].type, dX.leftCols(wq));
+  grad_input(env, a, 1, a.inputs[1].type, dX.middleCols(wq, wk));
+  grad_input(env, a, 2, a.inputs[2].type, dX.rightCols(wv));
+}
 
 Outs flash_attention_forward(const Env& env, Ins in, Ins) {
   return flash_forward(env, need(in, 0, "attention qkv"), nullptr);

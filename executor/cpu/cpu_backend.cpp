@@ -127,10 +127,14 @@ class CpuBackend final : public Backend {
         return gather_features_forward(env, in, w);
       case OpKind::kScatterRows:
         return scatter_rows_forward(env, in, w);
-      case OpKind::kRopeQk:  // the torchtitan profile's: the runner refuses it
+      case OpKind::kRopeQk:
+        return rope_qk_forward(env, in, w);
       case OpKind::kSdpa:
+        return sdpa_forward(env, in, w);
       case OpKind::kSilu:
+        return silu_forward(env, in, w);
       case OpKind::kMul:
+        return mul_forward(env, in, w);
       case OpKind::kCount:
         break;
     }
@@ -245,10 +249,14 @@ class CpuBackend final : public Backend {
         return gather_features_backward(env, a);
       case OpKind::kScatterRows:
         return scatter_rows_backward(env, a);
-      case OpKind::kRopeQk:  // the torchtitan profile's: the runner refuses it
+      case OpKind::kRopeQk:
+        return rope_qk_backward(env, a);
       case OpKind::kSdpa:
+        return sdpa_backward(env, a);
       case OpKind::kSilu:
+        return silu_backward(env, a);
       case OpKind::kMul:
+        return mul_backward(env, a);
       case OpKind::kCount:
         break;
     }

@@ -404,6 +404,60 @@ void rope_backward(const Env& env, const BackwardArgs& a) {
   grad_input(env, a, 0, g.type, rope_apply(env, load_mat(g), -1.0));
 }
 
+// ---- torchtitan's RoPE (apply_rotary_emb): q and k as complex numbers of adjacent feature pairs
+// (2i, 2i + 1) in fp32, times e^(i pos theta_i), cast back. Scratch as the op table lists it: fp32
+// q and k (the casts), then fp32 q and k again (the products). Backward: the gradient times
+// e^(-i pos theta_i), in the table's two fp32 workspaces. -----------------------------------------
+
+namespace {
+// Rotates every head of d features of each row of X by sign x the position's angles, pairing
+// features 2i and 2i + 1.
+Mat rope_pairs(const Env& env, const Mat& X, int64_t d, double sign) {
+  check(d > 0 && d % 2 == 0 && X.cols() % d == 0, "rope_qk: rows are not heads of even head_dim");
+  Mat Y(X.rows(), X.cols());
+  std::vector<float> cs, sn;
+  for (int64_t t = 0; t < X.rows(); ++t) {
+    rope_angles(row_position(env, X.rows(), t), d, sign, cs, sn);
+    for (int64_t c = 0; c < X.cols(); c += 2) {
+      const size_t i = static_cast<size_t>((c % d) / 2);
+      const float re = X(t, c), im = X(t, c + 1);
+      Y(t, c) = re * cs[i] - im * sn[i];
+      Y(t, c + 1) = re * sn[i] + im * cs[i];
+    }
+  }
+  return Y;
+}
+}  // namespace
+
+Outs rope_qk_forward(const Env& env, Ins in, Ins) {
+  const Tensor& q = need(in, 0, "rope_qk queries");
+  const Tensor& k = need(in, 1, "rope_qk keys");
+  const int64_t d = env.attrs().head_dim;
+  check(dim(q, 0) == dim(k, 0), "rope_qk: q and k rows differ");
+  Tensor qo = env.output(q.type.shape, q.type.dtype), ko = env.output(k.type.shape, k.type.dtype);
+  Tensor qf = env.workspace(q.type.shape, Dtype::kFp32), kf = env.workspace(k.type.shape, Dtype::kFp32),
+         qp = env.workspace(q.type.shape, Dtype::kFp32), kp = env.workspace(k.type.shape, Dtype::kFp32);
+  Mat Q = load_mat(q), K = load_mat(k);
+  store_mat(qf, Q), store_mat(kf, K);
+  Mat QR = rope_pairs(env, Q, d, 1.0), KR = rope_pairs(env, K, d, 1.0);
+  store_mat(qp, QR), store_mat(kp, KR);
+  store_mat(qo, QR), store_mat(ko, KR);
+  return {qo, ko, qf, kf, qp, kp};
+}
+
+void rope_qk_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& gq = need(a.grad_outputs, 0, "rope_qk q gradient");
+  const Tensor& gk = need(a.grad_outputs, 1, "rope_qk k gradient");
+  const int64_t d = env.attrs().head_dim;
+  const Tensor& big = gq.numel() >= gk.numel() ? gq : gk;
+  Tensor w0 = env.workspace(big.type.shape, Dtype::kFp32), w1 = env.workspace(big.type.shape, Dtype::kFp32);
+  (void)w1;
+  Mat GQ = load_mat(gq), GK = load_mat(gk);
+  store_mat(w0, gq.numel() >= gk.numel() ? GQ : GK);
+  grad_input(env, a, 0, gq.type, rope_pairs(env, GQ, d, -1.0));
+  grad_input(env, a, 1, gk.type, rope_pairs(env, GK, d, -1.0));
+}
+
 // ---- MLA's query, key and value rows: q's rope part rotated, k = [k content | rotated k_pe] per
 // head, v copied -------------------------------------------------------------------------------
 
@@ -594,6 +648,47 @@ void glu_mul_backward(const Env& env, const BackwardArgs& a) {
   grad_input(env, a, 1, x.type, DX);
 }
 
+// ---- F.silu and the elementwise product as PyTorch ops (torchtitan's FeedForward) ------------
+
+namespace {
+// An elementwise op's result: Y in a new output of x's shape and dtype.
+Outs output_like(const Env& env, const Tensor& x, const Mat& Y) {
+  Tensor out = env.output(x.type.shape, x.type.dtype);
+  store_mat(out, Y);
+  return {out};
+}
+}  // namespace
+
+Outs silu_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "silu input");
+  Mat X = load_mat(x);
+  return output_like(env, x, X.array() / (1.0f + (-X.array()).exp()));
+}
+
+void silu_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& x = need(a.inputs, 0, "silu input");
+  Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "silu output gradient"));
+  Mat S = 1.0f / (1.0f + (-X.array()).exp());
+  Mat D = G.array() * (S.array() + X.array() * S.array() * (1.0f - S.array()));
+  grad_input(env, a, 0, x.type, D);
+}
+
+Outs mul_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "mul input");
+  const Tensor& y = need(in, 1, "mul input");
+  check(x.numel() == y.numel() && dim(x, 0) == dim(y, 0), "mul: the inputs' shapes differ");
+  return output_like(env, x, load_mat(x).array() * load_mat(y).array());
+}
+
+void mul_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& x = need(a.inputs, 0, "mul input");
+  const Tensor& y = need(a.inputs, 1, "mul input");
+  Mat G = load_mat(need(a.grad_outputs, 0, "mul output gradient"));
+  Mat DX = G.array() * load_mat(y).array(), DY = G.array() * load_mat(x).array();
+  grad_input(env, a, 0, x.type, DX);
+  grad_input(env, a, 1, y.type, DY);
+}
+
 // ---- GeLU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 // ---------------------
 
@@ -609,9 +704,7 @@ Outs gelu_forward(const Env& env, Ins in, Ins) {
     float v = d[i];
     d[i] = 0.5f * v * (1.0f + std::tanh(kGeluC * (v + kGeluA * v * v * v)));
   }
-  Tensor out = env.output(x.type.shape, x.type.dtype);
-  store_mat(out, X);
-  return {out};
+  return output_like(env, x, X);
 }
 
 void gelu_backward(const Env& env, const BackwardArgs& a) {

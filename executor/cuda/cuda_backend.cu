@@ -319,7 +319,7 @@ class CudaBackend final : public exec::Backend {
       // Context parallelism runs on the CPU executor (exec::check_runnable refuses cp > 1 here).
       case OpKind::kCpGatherKv:
       case OpKind::kFlashAttentionCp:
-      case OpKind::kRopeQk:  // the torchtitan profile's: the runner refuses it
+      case OpKind::kRopeQk:  // the torchtitan profile's: the CPU executor's only
       case OpKind::kSdpa:
       case OpKind::kSilu:
       case OpKind::kMul:
@@ -416,7 +416,7 @@ class CudaBackend final : public exec::Backend {
         return cross_entropy_bwd(e);
       case OpKind::kCpGatherKv:  // context parallelism: the CPU executor's
       case OpKind::kFlashAttentionCp:
-      case OpKind::kRopeQk:  // the torchtitan profile's: the runner refuses it
+      case OpKind::kRopeQk:  // the torchtitan profile's: the CPU executor's only
       case OpKind::kSdpa:
       case OpKind::kSilu:
       case OpKind::kMul:

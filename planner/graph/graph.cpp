@@ -246,7 +246,7 @@ int titan_attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   int q = b.column(n, "attn.wq", hq * d, m.qkv_bias);
   int k = b.column(n, "attn.wk", hkv * d, m.qkv_bias);
   int v = b.column(n, "attn.wv", hkv * d, m.qkv_bias);
-  std::vector<int> qk = b.op(OpKind::kRopeQk, "attn.rope", {}, {q, k}, {"q", "k"});
+  std::vector<int> qk = b.op(OpKind::kRopeQk, "attn.rope", {.head_dim = d}, {q, k}, {"q", "k"});
   OpAttrs core{
       .batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
   int ctx = b.op(OpKind::kSdpa, "attn.core", core, {qk[0], qk[1], v}, {"out", "lse"})[0];

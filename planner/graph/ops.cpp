@@ -464,7 +464,7 @@ const OpInfo kOps[] =
          },
          [](const OpAttrs&, In in) -> Types {
            TensorType q{in[0].shape, Dtype::kFp32}, k{in[1].shape, Dtype::kFp32};
-           return {q, q, k, k};
+           return {q, k, q, k};  // xq_ and xk_, then the two products
          }},
         {OpKind::kSdpa, "sdpa_flash", 3, 2, 0b111, 0b11, 0b111, 0b01, false,
          [](const OpAttrs& a, In in) -> Types {

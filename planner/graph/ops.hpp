@@ -129,9 +129,10 @@ enum class OpKind {
   // gradients.
   kScatterRows,
   // torchtitan's apply_rotary_emb (torchtitan 238fa99, torchtitan/models/llama3/model/model.py):
-  // q (input 0) and k (input 1) each cast to fp32 and viewed as complex, multiplied by the
-  // complex64 frequencies, then cast back to bf16 (outputs 0 and 1). The forward's scratch is the
-  // four fp32 tensors the function holds until it returns (each fp32 copy and each product);
+  // q (input 0) and k (input 1), heads of attrs.head_dim, each cast to fp32 and viewed as complex
+  // numbers of adjacent feature pairs, multiplied by the complex64 frequencies, then cast back to
+  // bf16 (outputs 0 and 1). The forward's scratch is the four fp32 tensors the function holds
+  // until it returns (the fp32 q and k, then each product);
   // autograd keeps nothing (the frequencies are a buffer, so the product saves only them).
   // Backward: the fp32 gradient and its product by the conjugate, the larger input's shape.
   kRopeQk,

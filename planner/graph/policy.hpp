@@ -23,7 +23,8 @@ bool has_mtp(const BlockGraph& g);
 // Whether the policy is torchtitan's per-op checkpointing, which stores the outputs of the ops it
 // keeps until the layer's recompute reaches them (torch.utils.checkpoint's selective
 // checkpointing caches every MUST_SAVE output), read or not: saved_set keeps them, and the
-// schedule's recompute reads them where the recompute passes their op.
+// schedule's recompute reads them where the recompute passes their op (after that instruction's
+// own inputs, which the executors take from the front of its reads).
 bool caches_outputs(const BlockPolicy& p);
 
 struct SavedSet {

@@ -629,8 +629,8 @@ void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_re
     }
     begin(kind, b, static_cast<int32_t>(o), mb);
     begun = true;
+    for (int in : op.inputs) read(v[in]);  // first: the executors take the op's inputs from them
     for (int32_t id : std::exchange(popped, {})) read(id);
-    for (int in : op.inputs) read(v[in]);
     for (int64_t bytes : workspace_bytes(b, true)[o])
       alloc(new_tensor(bytes, b, static_cast<int32_t>(o), mb, Category::kTransient,
                        ValueKind::kWorkspace));
