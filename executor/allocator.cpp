@@ -142,14 +142,14 @@ void TrackingAllocator::sample_device() {
 }
 
 void* TrackingAllocator::allocate(int64_t bytes, std::string name, Category category,
-                                  int32_t tensor) {
+                                  int32_t tensor, int16_t stream) {
   if (bytes < 0) throw std::logic_error("tracking allocator: negative size for " + name);
   if (budget_ && in_use_ + bytes > *budget_)
     throw OutOfBudget(std::move(name), bytes, in_use_, *budget_);
   void* p = nullptr;
   int32_t handle = -1;  // -1: the device's own allocation
   if (cache_ && bytes > 0) {  // (size-0 requests never reach PyTorch's allocator)
-    std::optional<int32_t> h = cache_->malloc(bytes);
+    std::optional<int32_t> h = cache_->malloc(bytes, stream);
     if (!h)  // the budget reached by what the allocator reserves, or the device full
       throw OutOfBudget(std::move(name), bytes, in_use_, budget_.value_or(-1));
     handle = *h;
@@ -159,7 +159,7 @@ void* TrackingAllocator::allocate(int64_t bytes, std::string name, Category cate
   }
   if (!p) throw OutOfBudget(std::move(name), bytes, in_use_, -1);
   if (bytes > 0) device_.fill_bytes(p, 0xFF, bytes);
-  log_.push_back({blocks_.size(), instr_, true});
+  log_.push_back({blocks_.size(), instr_, true, stream});
   blocks_.push_back({p, bytes, std::move(name), category, tensor, true, handle});
   in_use_ += bytes;
   current_[static_cast<int>(category)] += bytes;
@@ -224,7 +224,7 @@ std::vector<std::vector<MemEvent>> TrackingAllocator::events() const {
     std::vector<MemEvent> step;
     for (size_t e = steps_[s]; e < end; ++e) {
       const LogEntry& l = log_[e];
-      step.push_back({l.instr, ids[l.block], blocks_[l.block].bytes, l.alloc});
+      step.push_back({l.instr, ids[l.block], blocks_[l.block].bytes, l.alloc, l.stream});
     }
     canonical_order(step);
     out.push_back(std::move(step));

@@ -55,7 +55,10 @@ class TrackingAllocator {
   // Returns memory filled with 0xFF bytes (NaN for floats), so that an element no kernel wrote
   // shows up. `tensor`: the plan's tensor id, or -1 for an allocation the plan did not name
   // (bind() may name it later). Throws OutOfBudget.
-  void* allocate(int64_t bytes, std::string name, Category category, int32_t tensor);
+  // `stream`: the stream whose pool serves it (planner/schedule/schedule.hpp, stream_of: FSDP2's
+  // all-gather and reduce-scatter buffers come from their own streams' pools).
+  void* allocate(int64_t bytes, std::string name, Category category, int32_t tensor,
+                 int16_t stream = 0);
   void release(void* p);
   // A runtime buffer (Backend::runtime_buffers): from the device like every byte, filled with
   // 0xFF, held until the allocator goes, and kept out of the plan's accounting (in_use, peak,
@@ -120,6 +123,7 @@ class TrackingAllocator {
     size_t block;
     int32_t instr;
     bool alloc;
+    int16_t stream = 0;
   };
   DeviceMemory& device_;
   std::optional<int64_t> budget_;

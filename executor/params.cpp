@@ -6,6 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "executor/bf16.hpp"
 #include "executor/init.hpp"
 #include "planner/schedule/contract.hpp"
 
@@ -19,6 +20,7 @@ void ParamStore::allocate(const Allocate& alloc, uint64_t seed) {
   const int zero = s_.setup.zero;
   weights_.assign(p_.blocks.size(), {});
   wgrads_.assign(p_.blocks.size(), {});
+  if (s_.setup.fsdp) return allocate_fsdp(alloc, seed);
   std::vector<uint16_t> host;
   auto init = [&](const Member& m) {  // the member's global initial values, on the host
     const StageBlock& blk = p_.blocks[m.block];
@@ -221,7 +223,8 @@ void ParamStore::gather_block(int block, const Tensor& gathered) {
 }
 
 void ParamStore::sync_gradients() {
-  if (s_.setup.zero >= 2) return;  // every bucket was reduced after its block's backward
+  // Every bucket (ZeRO-2/3) or unit (FSDP2) was reduced after its block's backward.
+  if (s_.setup.zero >= 2 || s_.setup.fsdp) return;
   for (size_t b = 0; b < p_.blocks.size(); ++b)
     for (size_t o = 0; o < p_.blocks[b].graph->ops.size(); ++o)
       if (p_.blocks[b].graph->ops[o].tp_partial_weight_grads)
@@ -246,6 +249,28 @@ void ParamStore::sync_gradients() {
 std::map<std::string, std::vector<float>> ParamStore::capture_gradients() const {
   std::map<std::string, std::vector<float>> out;
   std::vector<unsigned char> host;
+  if (s_.setup.fsdp) {  // each unit's gradient shard: this rank's rows of every parameter
+    const int64_t r = comm_.group_rank(DpGroup::kDense);
+    for (size_t b = 0; b < units_.size(); ++b) {
+      const FsdpUnit& u = units_[b];
+      if (!u.grad) continue;
+      host.resize(static_cast<size_t>(u.grad.bytes()));
+      be_.copy_to_host(host.data(), u.grad);
+      Tensor h{host.data(), u.grad.type};
+      for (const FsdpParam& f : u.params) {
+        const GraphOp& op = p_.blocks[b].graph->ops[f.op];
+        bool sharded = weight_shard(op.kind, op.weights[f.w].suffix) != Shard::kReplicated;
+        RankShards at{sharded ? s_.setup.tp : 1, sharded ? tp_rank_ : 0, comm_.ep_rank()};
+        std::vector<float>& v = out[weight_key(p_.blocks[b], op, f.w)];
+        v.assign(static_cast<size_t>(f.rows * f.cols * at.tp), std::nanf(""));
+        for (int64_t i = 0; i < f.chunk * f.cols; ++i) {
+          const int64_t e = r * f.chunk * f.cols + i;
+          if (e < f.rows * f.cols) v[global_weight_index(op, f.w, e, at)] = load(h, f.in_shard + i);
+        }
+      }
+    }
+    return out;
+  }
   for (const Group* g : {&dense_, &expert_}) {
     if (g->n == 0) continue;
     // ZeRO-1/2/3: only the part whose optimizer states this rank holds has the DP sum.
@@ -271,6 +296,24 @@ std::map<std::string, std::vector<float>> ParamStore::capture_gradients() const 
 
 void ParamStore::optimizer_step(int step, float lr) {
   const int zero = s_.setup.zero;
+  if (s_.setup.fsdp) {  // each unit's fp32 shard and states, with its gradient shard
+    for (FsdpUnit& u : units_) {
+      if (u.shard_n > 0 && u.grad && s_.setup.optimizer != Optimizer::kNone) {
+        auto part = [&](const Tensor& t) {
+          return t ? slice(t, u.shard_off, {u.shard_n}) : Tensor{};
+        };
+        be_.optimizer_update({.kind = s_.setup.optimizer,
+                              .grad = u.grad,
+                              .master = part(fsdp_params_),
+                              .m = part(fsdp_m_),
+                              .v = part(fsdp_v_),
+                              .lr = lr,
+                              .step = step});
+      }
+      u.grad = Tensor{};  // set to None: the runner frees it after the step
+    }
+    return;
+  }
   for (Group* g : {&dense_, &expert_}) {
     if (g->n == 0) continue;
     if (s_.setup.optimizer != Optimizer::kNone) {
@@ -297,6 +340,161 @@ void ParamStore::optimizer_step(int step, float lr) {
     }
     be_.fill(g->grad, 0.0f);
   }
+}
+
+void ParamStore::allocate_fsdp(const Allocate& alloc, uint64_t seed) {
+  const int64_t S = comm_.group_size(DpGroup::kDense), r = comm_.group_rank(DpGroup::kDense);
+  units_.assign(p_.blocks.size(), {});
+  staging_.clear();
+  int64_t total = 0;
+  for (size_t b = 0; b < p_.blocks.size(); ++b) {
+    const StageBlock& blk = p_.blocks[b];
+    FsdpUnit& u = units_[b];
+    u.shard_off = total;
+    weights_[b].resize(blk.graph->ops.size());
+    wgrads_[b].resize(blk.graph->ops.size());
+    int64_t in_unit = 0;
+    for (size_t o = 0; o < blk.graph->ops.size(); ++o) {
+      const GraphOp& op = blk.graph->ops[o];
+      weights_[b][o].assign(op.weights.size(), Tensor{});
+      wgrads_[b][o].assign(op.weights.size(), Tensor{});
+      for (size_t w = 0; w < op.weights.size(); ++w) {
+        const int64_t rows = op.weights[w].shape.front(), cols = op.weights[w].elements() / rows;
+        const int64_t chunk = (rows + S - 1) / S;
+        u.params.push_back({static_cast<int>(o), static_cast<int>(w), rows, cols, chunk,
+                            u.shard_n, in_unit});
+        u.shard_n += chunk * cols;
+        in_unit += S * chunk * cols;
+      }
+    }
+    total += u.shard_n;
+  }
+  fsdp_params_ = alloc({{total}, Dtype::kFp32}, "params (FSDP shard, fp32)", Category::kWeight);
+  if (s_.setup.optimizer == Optimizer::kAdamW) {
+    fsdp_m_ = alloc({{total}, Dtype::kFp32}, "optimizer.exp_avg (FSDP shard, fp32)",
+                    Category::kOptimizer);
+    fsdp_v_ = alloc({{total}, Dtype::kFp32}, "optimizer.exp_avg_sq (FSDP shard, fp32)",
+                    Category::kOptimizer);
+    be_.fill(fsdp_m_, 0.0f);
+    be_.fill(fsdp_v_, 0.0f);
+  }
+  // This rank's chunk of every parameter, from the same global initial values as every layout.
+  std::vector<float> shard(static_cast<size_t>(total), 0.0f);
+  std::vector<uint16_t> host;
+  for (size_t b = 0; b < p_.blocks.size(); ++b)
+    for (const FsdpParam& f : units_[b].params) {
+      const StageBlock& blk = p_.blocks[b];
+      const GraphOp& op = blk.graph->ops[f.op];
+      host.assign(static_cast<size_t>(f.rows * f.cols), 0);
+      init_weight(Tensor{host.data(), {op.weights[f.w].shape, Dtype::kBf16}}, blk, op,
+                  static_cast<size_t>(f.w), {s_.setup.tp, tp_rank_, comm_.ep_rank()}, seed);
+      for (int64_t i = 0; i < f.chunk * f.cols; ++i) {
+        const int64_t g = r * f.chunk * f.cols + i;  // element of the padded parameter
+        if (g < f.rows * f.cols)
+          shard[static_cast<size_t>(units_[b].shard_off + f.in_shard + i)] =
+              bf16_bits_to_f32(host[static_cast<size_t>(g)]);
+      }
+    }
+  if (total > 0) be_.copy_from_host(fsdp_params_, shard.data());
+}
+
+void ParamStore::fsdp_copy_in(int block, const Tensor& input) {
+  const FsdpUnit& u = units_.at(block);
+  if (u.shard_n > 0) be_.copy_elements(input, 0, fsdp_params_, u.shard_off, u.shard_n);
+}
+
+void ParamStore::fsdp_all_gather(int block, const Tensor& input, const Tensor& flat) {
+  const FsdpUnit& u = units_.at(block);
+  if (u.shard_n == 0) return;
+  be_.copy_elements(flat, comm_.group_rank(DpGroup::kDense) * u.shard_n, input, 0, u.shard_n);
+  comm_.dp_all_gather(DpGroup::kDense, flat, 0, u.shard_n);
+}
+
+void ParamStore::fsdp_copy_out(int block, const Tensor& flat, const Tensor& params) {
+  const FsdpUnit& u = units_.at(block);
+  const int64_t S = comm_.group_size(DpGroup::kDense);
+  for (const FsdpParam& f : u.params) {
+    for (int64_t q = 0; q < S; ++q)
+      be_.copy_elements(params, f.in_unit + q * f.chunk * f.cols, flat,
+                        q * u.shard_n + f.in_shard, f.chunk * f.cols);
+    weights_[block][f.op][f.w] =
+        slice(params, f.in_unit, p_.blocks[block].graph->ops[f.op].weights[f.w].shape);
+  }
+}
+
+void ParamStore::fsdp_stage_grads(int block, int op) {
+  const GraphOp& g = p_.blocks[block].graph->ops[op];
+  staging_.resize(g.weights.size());
+  for (size_t w = 0; w < g.weights.size(); ++w) {
+    staging_[w].assign(static_cast<size_t>(g.weights[w].elements()), 0);  // bf16 zeros
+    wgrads_[block][op][w] = Tensor{staging_[w].data(), {g.weights[w].shape, Dtype::kBf16}};
+  }
+}
+
+void ParamStore::fsdp_take_grads(int block, int op, const Tensor& grads) {
+  const GraphOp& g = p_.blocks[block].graph->ops[op];
+  int64_t at = 0;
+  for (size_t w = 0; w < g.weights.size(); ++w) {
+    be_.copy_from_host(slice(grads, at, {g.weights[w].elements()}), staging_[w].data());
+    at += g.weights[w].elements();
+    wgrads_[block][op][w] = Tensor{};
+  }
+  units_.at(block).op_grads[op] = grads;
+}
+
+void ParamStore::fsdp_accumulate(int block, const Tensor* acc) {
+  FsdpUnit& u = units_.at(block);
+  if (acc) {
+    u.acc = *acc;
+    be_.fill(u.acc, 0.0f);
+  }
+  // The CPU executor's memory is the host's: the sum staged there, rounded once to fp32.
+  std::vector<float> sum(static_cast<size_t>(u.acc.numel()));
+  be_.copy_to_host(sum.data(), u.acc);
+  std::vector<uint16_t> g;
+  int64_t at = 0;
+  for (auto& [op, grads] : u.op_grads) {
+    g.resize(static_cast<size_t>(grads.numel()));
+    be_.copy_to_host(g.data(), grads);
+    for (size_t i = 0; i < g.size(); ++i) sum[static_cast<size_t>(at) + i] += bf16_bits_to_f32(g[i]);
+    at += grads.numel();
+  }
+  be_.copy_from_host(u.acc, sum.data());
+  u.op_grads.clear();
+}
+
+void ParamStore::fsdp_fill_reduce_input(int block, const Tensor& input) {
+  FsdpUnit& u = units_.at(block);
+  const int64_t S = comm_.group_size(DpGroup::kDense);
+  be_.fill(input, 0.0f);
+  // Each op's weights' offsets in its gradient tensor, or (PP) in the accumulated gradient,
+  // whose ops are in op order, each op's weights in op-table order.
+  std::map<int, int64_t> at;
+  int64_t acc_at = 0;
+  for (const FsdpParam& f : u.params) {
+    const Tensor& g = u.acc ? u.acc : u.op_grads.at(f.op);
+    const int64_t first = u.acc ? acc_at : at[f.op];
+    at[f.op] += f.rows * f.cols, acc_at += f.rows * f.cols;
+    for (int64_t q = 0; q < S; ++q) {
+      const int64_t rows = std::clamp(f.rows - q * f.chunk, int64_t{0}, f.chunk);
+      if (rows == 0) continue;
+      const int64_t to = q * u.shard_n + f.in_shard;
+      be_.copy_elements(input, to, g, first + q * f.chunk * f.cols, rows * f.cols);
+      // Replicated weights applied to sequence shards: partial per TP rank, summed over TP.
+      if (p_.blocks[block].graph->ops[f.op].tp_partial_weight_grads)
+        comm_.all_reduce(slice(input, to, {rows * f.cols}));
+    }
+  }
+  u.op_grads.clear();
+  u.acc = Tensor{};  // read for the last time
+}
+
+void ParamStore::fsdp_reduce_scatter(int block, const Tensor& input, const Tensor& shard,
+                                     bool first) {
+  FsdpUnit& u = units_.at(block);
+  be_.fill(shard, 0.0f);
+  if (first) u.grad = shard;
+  if (u.shard_n > 0) comm_.dp_reduce_scatter_into(DpGroup::kDense, input, 0, u.shard_n, u.grad);
 }
 
 }  // namespace np::exec

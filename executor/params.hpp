@@ -58,10 +58,58 @@ class ParamStore {
   std::map<std::string, std::vector<float>> capture_gradients() const;
   // The optimizer update of step `step` (0-based), new bf16 weights, gradients zeroed. ZeRO-1/2:
   // this rank updates its part and the replicas all-gather the new bf16 weights; ZeRO-3: its
-  // part of the weights is all it keeps.
+  // part of the weights is all it keeps. FSDP2: each unit's fp32 shard, with its gradient shard.
   void optimizer_step(int step, float lr);
 
+  // FSDP2 (setup.fsdp; planner/schedule/schedule.cpp, fsdp_unshard and fsdp_reduce). A unit is a
+  // block; each of its parameters is padded on dim 0 to a multiple of the shard group's size and
+  // split into equal row chunks, chunk q held by group rank q. This rank's chunks, in fp32, are
+  // the static "params (FSDP shard, fp32)", unit after unit and parameter after parameter.
+  // Elements of unit b's all-gather input (this rank's chunks) and of its unsharded buffers.
+  int64_t fsdp_shard_elements(int block) const { return units_.at(block).shard_n; }
+  // The all-gather input: this rank's chunks of the unit, cast to bf16.
+  void fsdp_copy_in(int block, const Tensor& input);
+  // The flat all-gather output: every group rank's input, in rank order.
+  void fsdp_all_gather(int block, const Tensor& input, const Tensor& flat);
+  // The copy-out: each parameter's chunks, in rank order, into its own padded place in `params`;
+  // the unit's weight views bound there.
+  void fsdp_copy_out(int block, const Tensor& flat, const Tensor& params);
+  // An op's weight gradients go to host staging (zeroed) while its backward runs; then into
+  // `grads`, the op's bf16 gradients in op-table order, which the unit's reduction reads.
+  void fsdp_stage_grads(int block, int op);
+  void fsdp_take_grads(int block, int op, const Tensor& grads);
+  // The fp32 reduce-scatter input: each parameter's gradient chunks, rank-major as the flat
+  // all-gather output, padding zero; the TP-partial ones summed over TP first.
+  void fsdp_fill_reduce_input(int block, const Tensor& input);
+  // The reduce-scatter into this rank's fp32 gradient shard: the first micro-batch's becomes the
+  // unit's gradient; a later one's sum is added into that gradient (its own `shard`, allocated as
+  // the plan says, stays zero).
+  void fsdp_reduce_scatter(int block, const Tensor& input, const Tensor& shard, bool first);
+  // Under PP (fsdp_accumulate): the micro-batch's bf16 gradients added into the unit's fp32
+  // unsharded gradient (`acc`, given at the first micro-batch: zeroed and kept), op after op;
+  // the reduction of the step's last backward then reads it.
+  void fsdp_accumulate(int block, const Tensor* acc);
+
  private:
+  struct FsdpParam {
+    int op, w;
+    int64_t rows, cols, chunk;  // chunk: rows per group rank
+    int64_t in_shard;           // element offset of its chunk in the unit's shard
+    int64_t in_unit;            // element offset of its padded rows in the unit's buffer
+  };
+  struct FsdpUnit {
+    std::vector<FsdpParam> params;
+    int64_t shard_off = 0, shard_n = 0;  // in the static shard; elements per rank
+    Tensor grad;                         // the gradient shard, from the first micro-batch
+    Tensor acc;                          // PP: the unsharded fp32 gradient of the step
+    std::map<int, Tensor> op_grads;      // the ops' bf16 gradients of this micro-batch
+  };
+  void allocate_fsdp(const Allocate& alloc, uint64_t seed);
+  std::vector<FsdpUnit> units_;
+  Tensor fsdp_params_, fsdp_m_, fsdp_v_;
+  std::vector<std::vector<uint16_t>> staging_;  // per op of the block being differentiated
+
+
   struct Member {
     int block, op, w;
     int64_t off, n;  // element offset in the group's flat space, elements

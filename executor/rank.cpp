@@ -151,14 +151,78 @@ class RankRunner {
         params_.optimizer_step(step_, opt_.lr);
         break;
       case InstrKind::kGatherParams:  // ZeRO-3: the block's weights, gathered
+        if (s_.setup.fsdp) return fsdp_gather(in);
         params_.gather_block(in.block, allocate_block_buffer(in, Dtype::kBf16));
         break;
       case InstrKind::kReduceGrads:
+        if (s_.setup.fsdp) return fsdp_reduce(in);
         params_.reduce_bucket(in.block, bound(p_.reads(in)[0]));
         break;
       case InstrKind::kFree:
         break;
     }
+  }
+
+  // The plan's tensor of kind k this instruction allocates (-1: none) or reads.
+  int32_t allocated(const Instr& in, ValueKind k) const {
+    for (int32_t id : p_.allocs(in))
+      if (p_.tensors[id].kind == k) return id;
+    return -1;
+  }
+  Tensor read_of(const Instr& in, ValueKind k) const {
+    for (int32_t id : p_.reads(in))
+      if (p_.tensors[id].kind == k) return bound(id);
+    throw std::logic_error(p_.instr_name(in) + " reads no " + name_of(k));
+  }
+  // A planned tensor of `elements` in `dtype`, bound to its id.
+  Tensor allocate_planned(int32_t id, int64_t elements, Dtype dtype) {
+    TensorType type{{elements}, dtype};
+    Tensor t{alloc_.allocate(type.bytes(), p_.tensor_name(id), p_.tensors[id].category, id,
+                             stream_of(p_.tensors[id].kind)),
+             type};
+    bound_[id] = t;
+    return t;
+  }
+
+  // FSDP2's unshard (planner/schedule/schedule.cpp, fsdp_all_gather and fsdp_unshard): the bf16
+  // copy of this rank's chunks, the flat all-gather output, then the copy-out into the unit's
+  // unsharded weights.
+  void fsdp_gather(const Instr& in) {
+    const int64_t n = params_.fsdp_shard_elements(in.block),
+                  group = comm_.group_size(DpGroup::kDense);
+    if (int32_t id = allocated(in, ValueKind::kAllGatherInput); id >= 0) {
+      params_.fsdp_copy_in(in.block, allocate_planned(id, n, Dtype::kBf16));
+    } else if (int32_t id = allocated(in, ValueKind::kAllGatherBuffer); id >= 0) {
+      params_.fsdp_all_gather(in.block, read_of(in, ValueKind::kAllGatherInput),
+                              allocate_planned(id, group * n, Dtype::kBf16));
+    } else if (int32_t id = allocated(in, ValueKind::kParamGather); id >= 0) {
+      params_.fsdp_copy_out(in.block, read_of(in, ValueKind::kAllGatherBuffer),
+                            allocate_planned(id, group * n, Dtype::kBf16));
+    }
+  }
+
+  // FSDP2's post-backward (fsdp_reduce): the fp32 reduce-scatter input from the ops' bf16
+  // gradients, then the reduce-scatter into this rank's gradient shard. Its first instruction
+  // (the reshard, the previous input freed) allocates nothing.
+  void fsdp_reduce(const Instr& in) {
+    const int64_t n = params_.fsdp_shard_elements(in.block),
+                  group = comm_.group_size(DpGroup::kDense);
+    if (int32_t id = allocated(in, ValueKind::kReduceScatterInput); id >= 0) {
+      params_.fsdp_fill_reduce_input(in.block, allocate_planned(id, group * n, Dtype::kFp32));
+    } else if (int32_t id = allocated(in, ValueKind::kGradShard); id >= 0) {
+      params_.fsdp_reduce_scatter(in.block, read_of(in, ValueKind::kReduceScatterInput),
+                                  allocate_planned(id, n, Dtype::kFp32), in.mb == 0);
+    } else if (int32_t id = allocated(in, ValueKind::kGradBucket); id >= 0) {  // PP: accumulate
+      Tensor acc = allocate_planned(id, p_.tensors[id].bytes / 4, Dtype::kFp32);
+      params_.fsdp_accumulate(in.block, &acc);
+    } else if (reads_kind(in, ValueKind::kGradBucket)) {
+      params_.fsdp_accumulate(in.block, nullptr);
+    }
+  }
+  bool reads_kind(const Instr& in, ValueKind k) const {
+    for (int32_t id : p_.reads(in))
+      if (p_.tensors[id].kind == k) return true;
+    return false;
   }
 
   // A ZeRO bucket or gathered buffer: the block's weight elements in `dtype`, bound to the plan's
@@ -286,6 +350,8 @@ class RankRunner {
                         gout = tensors(ids.grad_outputs), gin = tensors(ids.grad_inputs);
     OpContext ctx = context(in);
     hook(ctx, in);
+    const bool fsdp_grads = s_.setup.fsdp && !op.weights.empty();
+    if (fsdp_grads) params_.fsdp_stage_grads(in.block, in.op);
     be_.backward(ctx, {inputs, outputs, gout, gin, params_.weights(in.block, in.op),
                        params_.weight_grads(in.block, in.op)});
     // Gradients the kernel allocated: bound to the plan's gradient of that input, if it has one.
@@ -300,6 +366,12 @@ class RankRunner {
         alloc_.bind(gin[k].data, pa.id, p_.tensor_name(pa.id));
         bound_[pa.id] = gin[k];
       }
+    }
+    // FSDP2: autograd's bf16 gradient of the op's weights, after its input gradients.
+    if (int32_t id = fsdp_grads ? allocated(in, ValueKind::kGradBucket) : -1; id >= 0) {
+      int64_t n = 0;
+      for (const WeightShape& w : op.weights) n += w.elements();
+      params_.fsdp_take_grads(in.block, in.op, allocate_planned(id, n, Dtype::kBf16));
     }
   }
 

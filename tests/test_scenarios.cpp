@@ -69,6 +69,12 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
       return t.recompute == Recompute::kSelectiveOp && t.tp == 2 && t.dp == 2 && t.zero == 3;
     }));
   }
+  if (name == "tiny-llama-fsdp") {  // FSDP2 with TP, reshard off, per-op checkpointing
+    EXPECT_TRUE(has([](const TrainSpec& t) {
+      return t.fsdp && t.tp == 2 && t.dp == 4 && !t.reshard_after_forward &&
+             t.recompute == Recompute::kSelectiveOp && t.impl == Impl::kTorchtitan;
+    }));
+  }
   if (name == "tiny-moe-mixed") {  // the layer kinds over stages and chunks, with EP and ZeRO-3
     EXPECT_TRUE(has([](const TrainSpec& t) {
       return t.pp == 2 && t.pp_schedule == PpSchedule::kInterleaved && t.ep == 2;
@@ -132,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(All, Scenarios,
                                            "tiny-llama-dp", "tiny-gpt-cp", "tiny-moe-ep",
                                            "tiny-gpt-megatron", "tiny-qwen3", "tiny-moe-mixed",
                                            "tiny-deepseek", "tiny-deepseek-lite",
-                                           "tiny-llama-torchtitan"),
+                                           "tiny-llama-torchtitan", "tiny-llama-fsdp"),
                          testing::ParamName());
 
 // The runner nanoplan run --scenario calls: found by name beside the catalog, each case seen as

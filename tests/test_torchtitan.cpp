@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 
 #include "planner/graph/policy.hpp"
@@ -29,9 +30,10 @@ std::string sample() {
   return s.str();
 }
 
-// The sample with one key's line replaced (or a line added to its section when absent).
-std::string with(const std::string& section, const std::string& key, const std::string& value) {
-  std::string text = sample(), line = key + " = " + value;
+// `text` with one key's line replaced (or a line added to its section when absent).
+std::string edit(std::string text, const std::string& section, const std::string& key,
+                 const std::string& value) {
+  const std::string line = key + " = " + value;
   size_t head = text.find("[" + section + "]\n");
   EXPECT_NE(head, std::string::npos) << section;
   size_t next = text.find("\n[", head), at = text.find("\n" + key + " = ", head);
@@ -40,6 +42,9 @@ std::string with(const std::string& section, const std::string& key, const std::
     return text.replace(at + 1, end - at - 1, line);
   }
   return text.insert(head + section.size() + 3, line + "\n");
+}
+std::string with(const std::string& section, const std::string& key, const std::string& value) {
+  return edit(sample(), section, key, value);
 }
 
 ConfigSetup read(const std::string& text, int64_t gpus = 8) {
@@ -241,6 +246,47 @@ TEST(Torchtitan, EmittedSectionsReadBackToTheSameSetup) {
   EXPECT_NE(emitted.find("selective_ac_option = \"4\""), std::string::npos) << emitted;
   EXPECT_NE(emitted.find("# not expressible: the plan re-runs parts of layers"), std::string::npos)
       << emitted;
+}
+
+// Under PP the stages hold the layers torchtitan's split gives them (pipeline_parallel.py,
+// generate_llm_fqn_per_model_part): the embedding and the output counted as layers, the first
+// stages taking the remainder; the weights and layers per stage read, and refused where torchtitan
+// refuses them.
+TEST(Torchtitan, PipelineStagesSplitAsTorchtitanSplits) {
+  std::string pp4 = edit(with("parallelism", "pipeline_parallel_degree", "4"), "training",
+                         "local_batch_size", "4");
+  EXPECT_EQ(read(pp4, 32).setup.stage_layers, (std::vector<int64_t>{8, 9, 8, 7}));
+  std::string heavy = edit(edit(pp4, "parallelism", "pipeline_parallel_first_stage_less_layers", "2"),
+                           "parallelism", "pipeline_parallel_last_stage_less_layers", "2");
+  EXPECT_EQ(read(heavy, 32).setup.stage_layers, (std::vector<int64_t>{7, 9, 9, 7}));
+  EXPECT_EQ(read(edit(pp4, "parallelism", "pipeline_parallel_layers_per_stage", "9"), 32)
+                .setup.stage_layers,
+            (std::vector<int64_t>{8, 9, 8, 7}));
+  EXPECT_NE(error(edit(pp4, "parallelism", "pipeline_parallel_layers_per_stage", "8"), 32)
+                .find("makes 5 stages of the 34 layers"),
+            std::string::npos);
+  EXPECT_NE(error(edit(pp4, "parallelism", "pipeline_parallel_first_stage_less_layers", "20"), 32)
+                .find("exceeds the fewest layers of a stage, 13"),
+            std::string::npos);
+  ConfigSetup parts =
+      read(edit(pp4, "parallelism", "module_fqns_per_model_part", "[[\"tok_embeddings\"]]"), 32);
+  EXPECT_TRUE(std::any_of(parts.notes.begin(), parts.notes.end(), [](const std::string& n) {
+    return n.find("module_fqns_per_model_part is not read") != std::string::npos;
+  }));
+  // Every flavour's layer count is its catalog model's.
+  for (auto [name, flavor, catalog] :
+       {std::tuple{"llama3", "70B", "llama-3.1-70b"}, {"llama3", "405B", "llama-3.1-405b"},
+        {"deepseek_v3", "16B", "deepseek-v2-lite"}, {"deepseek_v3", "671B", "deepseek-v3"},
+        {"qwen3", "8B", "qwen3-8b"}, {"qwen3", "32B", "qwen3-32b"},
+        {"qwen3", "30B-A3B", "qwen3-30b-a3b"}, {"qwen3", "235B-A22B", "qwen3-235b-a22b"}}) {
+    std::string text = edit(edit(with("model", "name", std::string("\"") + name + "\""), "model",
+                                 "flavor", std::string("\"") + flavor + "\""),
+                            "parallelism", "pipeline_parallel_degree", "2");
+    const std::vector<int64_t> split = read(text, 16).setup.stage_layers;
+    EXPECT_EQ(std::accumulate(split.begin(), split.end(), int64_t{0}),
+              testing::model(catalog).layers)
+        << name << " " << flavor;
+  }
 }
 
 // The torchtitan profile (--impl torchtitan): torchtitan's Llama 3 block as eager PyTorch 2.10

@@ -20,7 +20,8 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   r.only({"tp", "pp", "dp", "cp", "ep", "zero", "seq_len", "micro_batch", "microbatches", "sp",
           "tp_recompute_allgather", "pp_schedule", "virtual_stages", "attention", "impl",
           "recompute", "optimizer", "grad_accum_dtype", "moe_capacity_factor",
-          "cross_entropy_fusion", "gradient_accumulation_fusion"});
+          "cross_entropy_fusion", "gradient_accumulation_fusion", "fsdp",
+          "reshard_after_forward"});
   TrainSpec s;
   s.tp = r.integer_in("tp", 1, 4096, s.tp), s.pp = r.integer_in("pp", 1, 4096, s.pp);
   s.dp = r.integer_in("dp", 1, 1 << 20, s.dp);
@@ -44,6 +45,8 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   s.grad_dtype = r.choice("grad_accum_dtype", Dtype::kFp32);
   s.loss_fusion = r.choice("cross_entropy_fusion", LossFusion::kNone);
   s.grad_accum_fusion = r.boolean("gradient_accumulation_fusion", true);
+  s.fsdp = r.boolean("fsdp", false);
+  s.reshard_after_forward = r.boolean("reshard_after_forward", true);
   if (auto e = r.error()) return *e;
   return s;
 }
@@ -66,7 +69,7 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   static const toml::table empty;
   TomlReader r(m ? *m : empty, sc.path, "matrix.");
   r.only({"tp", "pp", "dp", "cp", "ep", "zero", "sp", "pp_schedule", "recompute", "attention",
-          "impl", "tp_recompute_allgather"});
+          "impl", "tp_recompute_allgather", "reshard_after_forward"});
   std::vector<int64_t> tps = r.list<int64_t>("tp", sc.base.tp),
                        pps = r.list<int64_t>("pp", sc.base.pp);
   std::vector<int64_t> dps = r.list<int64_t>("dp", sc.base.dp),
@@ -75,7 +78,8 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
                        eps = r.list<int64_t>("ep", sc.base.ep);
   std::vector<bool> sps = r.list<bool>("sp", sc.base.sp),
                     regathers =
-                        r.list<bool>("tp_recompute_allgather", sc.base.tp_recompute_allgather);
+                        r.list<bool>("tp_recompute_allgather", sc.base.tp_recompute_allgather),
+                    reshards = r.list<bool>("reshard_after_forward", sc.base.reshard_after_forward);
   if (auto e = r.error()) return *e;
   auto scheds = enums(r, "pp_schedule", sc.base.pp_schedule);
   if (!scheds) return scheds.error();
@@ -87,7 +91,7 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   if (!impls) return impls.error();
   size_t combinations = tps.size() * pps.size() * dps.size() * cps.size() * eps.size() *
                         zeros.size() * sps.size() * regathers.size() * scheds->size() *
-                        recs->size() * atts->size() * impls->size();
+                        recs->size() * atts->size() * impls->size() * reshards.size();
   if (combinations > 4096)
     return make_error(sc.path + ": [matrix] spans " + std::to_string(combinations) +
                       " combinations (valid: at most 4,096)");
@@ -103,10 +107,12 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
                   for (Recompute rec : *recs)
                     for (AttentionImpl att : *atts)
                       for (Impl impl : *impls)
-                        for (bool rg : regathers) {
+                        for (bool rg : regathers)
+                        for (bool reshard : reshards) {
                           if (!sp && !rg)
                             continue;  // without SP there is no all-gather to keep: a duplicate
                           TrainSpec t = sc.base;
+                          t.reshard_after_forward = reshard;
                           t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
                           t.dp = dp, t.cp = cp, t.ep = ep;
                           t.zero = static_cast<int>(std::clamp<int64_t>(zero, -1, 4));
@@ -130,7 +136,10 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
 std::string describe_short(const TrainSpec& t) {
   return "tp " + std::to_string(t.tp) + (t.cp > 1 ? " cp " + std::to_string(t.cp) : "") + " pp " +
          std::to_string(t.pp) +
-         (t.dp > 1 ? " dp " + std::to_string(t.dp) + " zero " + std::to_string(t.zero) : "") +
+         (t.dp > 1 ? " dp " + std::to_string(t.dp) +
+                         (t.fsdp ? std::string(" fsdp") + (t.reshard_after_forward ? "" : " keep")
+                                 : " zero " + std::to_string(t.zero))
+                   : "") +
          (t.ep > 1 ? " ep " + std::to_string(t.ep) : "") + " sp " + (t.sp ? "on" : "off") + " " +
          name_of(t.pp_schedule) +
          (t.pp_schedule == PpSchedule::kInterleaved ? " x" + std::to_string(t.virtual_stages)

@@ -37,6 +37,7 @@ class TomlReader {
   TomlReader(const toml::table& t, std::string path, std::string prefix = "")
       : t_(t), path_(std::move(path)), prefix_(std::move(prefix)) {}
 
+  bool has(std::string_view key) const { return t_.get(key) != nullptr; }
   int64_t integer(std::string_view key, std::optional<int64_t> fallback = std::nullopt) {
     const toml::node* n = t_.get(key);
     if (!n) return missing(key, fallback);

@@ -21,19 +21,20 @@ struct Flavor {
   const char* model;   // [model] name
   const char* flavor;  // [model] flavor
   const char* catalog;
+  int64_t layers;  // the flavour's n_layers, which torchtitan's pipeline split reads
 };
 constexpr Flavor kFlavors[] = {
-    {"llama3", "8B", "llama-3.1-8b"},
-    {"llama3", "70B", "llama-3.1-70b"},
-    {"llama3", "405B", "llama-3.1-405b"},
+    {"llama3", "8B", "llama-3.1-8b", 32},
+    {"llama3", "70B", "llama-3.1-70b", 80},
+    {"llama3", "405B", "llama-3.1-405b", 126},
     // deepseek_v3's 16B flavour is DeepSeek-V2-Lite's shape (64 routed experts, 2 shared, top 6,
     // kv_lora_rank 512, no q down-projection, 27 layers of which 1 dense, vocabulary 102,400).
-    {"deepseek_v3", "16B", "deepseek-v2-lite"},
-    {"deepseek_v3", "671B", "deepseek-v3"},
-    {"qwen3", "8B", "qwen3-8b"},
-    {"qwen3", "32B", "qwen3-32b"},
-    {"qwen3", "30B-A3B", "qwen3-30b-a3b"},
-    {"qwen3", "235B-A22B", "qwen3-235b-a22b"},
+    {"deepseek_v3", "16B", "deepseek-v2-lite", 27},
+    {"deepseek_v3", "671B", "deepseek-v3", 61},
+    {"qwen3", "8B", "qwen3-8b", 36},
+    {"qwen3", "32B", "qwen3-32b", 64},
+    {"qwen3", "30B-A3B", "qwen3-30b-a3b", 48},
+    {"qwen3", "235B-A22B", "qwen3-235b-a22b", 94},
 };
 
 std::string valid_list(const std::vector<std::string>& v) {
@@ -79,6 +80,35 @@ const std::vector<Section>& known_keys() {
       {"compile", {"enable", "components", "backend"}},
   };
   return k;
+}
+
+// torchtitan's split of a model's layers over `stages` pipeline stages
+// (torchtitan/distributed/pipeline_parallel.py, generate_llm_fqn_per_model_part): the layers plus
+// the embedding and the output counted as in_w and out_w layers, spread evenly, the first stages
+// taking one more each where it does not divide; the first stage holds the embedding and the last
+// the norm and output in place of that many layers. Empty, with `why`, where torchtitan refuses.
+std::vector<int64_t> torchtitan_split(int64_t stages, int64_t layers, int64_t in_w, int64_t out_w,
+                                      std::string& why) {
+  const int64_t effective = layers + in_w + out_w, per = effective / stages;
+  if (stages > effective || per == 0) {
+    why = "gives an empty stage";
+    return {};
+  }
+  if (in_w > per || out_w > per) {
+    why = "exceeds the fewest layers of a stage, " + std::to_string(per);
+    return {};
+  }
+  std::vector<int64_t> counts;
+  int64_t left = layers;
+  for (int64_t s = 0; s < stages; ++s) {
+    int64_t n = per + (s < effective % stages ? 1 : 0);
+    if (s == 0) n -= in_w;
+    if (s == stages - 1) n -= out_w;
+    n = std::clamp<int64_t>(n, 0, left);
+    counts.push_back(n);
+    left -= n;
+  }
+  return counts;
 }
 
 bool is_digits(const std::string& s) {
@@ -131,10 +161,11 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
   const std::vector<std::string> converters = model.strings("converters");
   if (auto e = model.error()) return *e;
   std::vector<std::string> names, flavors;
+  int64_t layers = 0;
   for (const Flavor& f : kFlavors) {
     if (std::find(names.begin(), names.end(), f.model) == names.end()) names.push_back(f.model);
     if (name == f.model) flavors.push_back(f.flavor);
-    if (name == f.model && flavor == f.flavor) c.catalog_model = f.catalog;
+    if (name == f.model && flavor == f.flavor) c.catalog_model = f.catalog, layers = f.layers;
   }
   if (flavors.empty())
     return make_error(model.where("name") + ": model.name " + quote_input(name, '"') +
@@ -202,6 +233,13 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
   t.pp = par.integer("pipeline_parallel_degree", 1);
   const std::string schedule = par.string("pipeline_parallel_schedule", "1F1B");
   const int64_t pp_micro = par.integer("pipeline_parallel_microbatch_size", 1);
+  const int64_t in_weight = par.integer("pipeline_parallel_first_stage_less_layers", 1);
+  const int64_t out_weight = par.integer("pipeline_parallel_last_stage_less_layers", 1);
+  const std::optional<int64_t> layers_per_stage =
+      par.has("pipeline_parallel_layers_per_stage")
+          ? std::optional<int64_t>(par.integer("pipeline_parallel_layers_per_stage"))
+          : std::nullopt;
+  const bool explicit_parts = par.has("module_fqns_per_model_part");
   t.cp = par.integer("context_parallel_degree", 1);
   t.ep = par.integer("expert_parallel_degree", 1);
   if (auto e = par.error()) return *e;
@@ -301,10 +339,45 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
                       " pipeline runs per step under PP (each reducing the gradients), which is "
                       "not modelled yet (valid: -1, or local_batch_size x data-parallel degree " +
                       std::to_string(local * t.dp) + ")");
-  if (t.pp > 1)
-    c.notes.push_back(path + ": the layers are split over the stages by FLOPs (torchtitan's own "
-                             "split counts the embedding and the output as a layer each): give "
-                             "--partition to match it");
+  // The stages' layers, as torchtitan splits them for its single-stage schedules (the
+  // interleaved one is refused with FSDP, below).
+  if (t.pp > 1 && t.pp_schedule != PpSchedule::kInterleaved) {
+    if (explicit_parts) {
+      c.notes.push_back(path + ": parallelism.module_fqns_per_model_part is not read: the layers "
+                               "are split as torchtitan splits them by default; give --partition "
+                               "to match the file's split");
+    } else {
+      const char* key = in_weight < 0 ? "pipeline_parallel_first_stage_less_layers"
+                        : out_weight < 0 ? "pipeline_parallel_last_stage_less_layers"
+                                         : nullptr;
+      if (key)
+        return make_error(par.where(key) + ": parallelism." + key + " " +
+                          std::to_string(in_weight < 0 ? in_weight : out_weight) +
+                          " is invalid (valid: 0 or more)");
+      if (layers_per_stage) {
+        const int64_t lps = *layers_per_stage, total = layers + in_weight + out_weight;
+        if (lps < 1 || (total + lps - 1) / lps != t.pp)
+          return make_error(par.where("pipeline_parallel_layers_per_stage") +
+                            ": parallelism.pipeline_parallel_layers_per_stage " +
+                            std::to_string(lps) + " makes " +
+                            std::to_string(lps < 1 ? 0 : (total + lps - 1) / lps) +
+                            " stages of the " + std::to_string(total) +
+                            " layers with the embedding and output weights, and a single-stage "
+                            "schedule needs exactly pipeline_parallel_degree " +
+                            std::to_string(t.pp) + " (valid: a value with ceil(" +
+                            std::to_string(total) + " / value) = " + std::to_string(t.pp) + ")");
+      }
+      std::string why;
+      t.stage_layers = torchtitan_split(t.pp, layers, in_weight, out_weight, why);
+      if (t.stage_layers.empty())
+        return make_error(par.where("pipeline_parallel_first_stage_less_layers") + ": " +
+                          std::to_string(t.pp) + " stages of " + std::to_string(layers) +
+                          " layers with first and last stage weights " +
+                          std::to_string(in_weight) + " and " + std::to_string(out_weight) + " " +
+                          why + ", which torchtitan refuses (valid: smaller weights, or fewer "
+                          "stages)");
+    }
+  }
   if (t.pp > 1) {
     if (local % pp_micro != 0)
       return make_error(par.where("pipeline_parallel_microbatch_size") +
