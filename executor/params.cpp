@@ -250,7 +250,7 @@ std::map<std::string, std::vector<float>> ParamStore::capture_gradients() const 
   std::map<std::string, std::vector<float>> out;
   std::vector<unsigned char> host;
   if (s_.setup.fsdp) {  // each unit's gradient shard: this rank's rows of every parameter
-    const int64_t r = comm_.group_rank(DpGroup::kDense);
+    const int64_t r = fsdp_index();
     for (size_t b = 0; b < units_.size(); ++b) {
       const FsdpUnit& u = units_[b];
       if (!u.grad) continue;
@@ -343,7 +343,7 @@ void ParamStore::optimizer_step(int step, float lr) {
 }
 
 void ParamStore::allocate_fsdp(const Allocate& alloc, uint64_t seed) {
-  const int64_t S = comm_.group_size(DpGroup::kDense), r = comm_.group_rank(DpGroup::kDense);
+  const int64_t S = fsdp_shards(), r = fsdp_index();
   units_.assign(p_.blocks.size(), {});
   staging_.clear();
   int64_t total = 0;
@@ -403,16 +403,32 @@ void ParamStore::fsdp_copy_in(int block, const Tensor& input) {
   if (u.shard_n > 0) be_.copy_elements(input, 0, fsdp_params_, u.shard_off, u.shard_n);
 }
 
+// HSDP (dp_replicate > 1): the shard group is the replica's, group ranks rep x S .. rep x S + S - 1
+// of the data-parallel group (torchtitan's mesh ["dp_replicate", "dp_shard"], CP inside the
+// shard); the collectives run over the whole group through host staging, outside the device
+// model as FSDP's own are in place: every rank's chunks all-gathered and the replica's taken; the
+// reduce-scatter input repeated over the replicas, so that this rank's block sums its chunk over
+// every rank (the shard group's reduce-scatter, then the replicas' all-reduce).
 void ParamStore::fsdp_all_gather(int block, const Tensor& input, const Tensor& flat) {
   const FsdpUnit& u = units_.at(block);
   if (u.shard_n == 0) return;
-  be_.copy_elements(flat, comm_.group_rank(DpGroup::kDense) * u.shard_n, input, 0, u.shard_n);
-  comm_.dp_all_gather(DpGroup::kDense, flat, 0, u.shard_n);
+  const int64_t G = comm_.group_size(DpGroup::kDense), g = comm_.group_rank(DpGroup::kDense),
+                S = fsdp_shards();
+  if (G == S) {
+    be_.copy_elements(flat, g * u.shard_n, input, 0, u.shard_n);
+    comm_.dp_all_gather(DpGroup::kDense, flat, 0, u.shard_n);
+    return;
+  }
+  std::vector<uint16_t> all(static_cast<size_t>(G * u.shard_n));
+  Tensor staged{all.data(), {{G * u.shard_n}, Dtype::kBf16}};
+  be_.copy_to_host(all.data() + g * u.shard_n, input);
+  comm_.dp_all_gather(DpGroup::kDense, staged, 0, u.shard_n);
+  be_.copy_from_host(flat, all.data() + g / S * S * u.shard_n);
 }
 
 void ParamStore::fsdp_copy_out(int block, const Tensor& flat, const Tensor& params) {
   const FsdpUnit& u = units_.at(block);
-  const int64_t S = comm_.group_size(DpGroup::kDense);
+  const int64_t S = fsdp_shards();
   for (const FsdpParam& f : u.params) {
     for (int64_t q = 0; q < S; ++q)
       be_.copy_elements(params, f.in_unit + q * f.chunk * f.cols, flat,
@@ -465,7 +481,7 @@ void ParamStore::fsdp_accumulate(int block, const Tensor* acc) {
 
 void ParamStore::fsdp_fill_reduce_input(int block, const Tensor& input) {
   FsdpUnit& u = units_.at(block);
-  const int64_t S = comm_.group_size(DpGroup::kDense);
+  const int64_t S = fsdp_shards();
   be_.fill(input, 0.0f);
   // Each op's weights' offsets in its gradient tensor, or (PP) in the accumulated gradient,
   // whose ops are in op order, each op's weights in op-table order.
@@ -494,7 +510,14 @@ void ParamStore::fsdp_reduce_scatter(int block, const Tensor& input, const Tenso
   FsdpUnit& u = units_.at(block);
   be_.fill(shard, 0.0f);
   if (first) u.grad = shard;
-  if (u.shard_n > 0) comm_.dp_reduce_scatter_into(DpGroup::kDense, input, 0, u.shard_n, u.grad);
+  if (u.shard_n == 0) return;
+  const int64_t G = comm_.group_size(DpGroup::kDense), S = fsdp_shards();
+  if (G == S) return comm_.dp_reduce_scatter_into(DpGroup::kDense, input, 0, u.shard_n, u.grad);
+  std::vector<float> repeated(static_cast<size_t>(G * u.shard_n));  // HSDP, above
+  for (int64_t k = 0; k < G / S; ++k) be_.copy_to_host(repeated.data() + k * S * u.shard_n, input);
+  comm_.dp_reduce_scatter_into(DpGroup::kDense,
+                               Tensor{repeated.data(), {{G * u.shard_n}, Dtype::kFp32}}, 0,
+                               u.shard_n, u.grad);
 }
 
 }  // namespace np::exec

@@ -105,6 +105,9 @@ class ParamStore {
     std::map<int, Tensor> op_grads;      // the ops' bf16 gradients of this micro-batch
   };
   void allocate_fsdp(const Allocate& alloc, uint64_t seed);
+  // The shard group's size (dp / dp_replicate x cp) and this rank's chunk index in it.
+  int64_t fsdp_shards() const { return s_.setup.fsdp_shards(); }
+  int64_t fsdp_index() const { return comm_.group_rank(DpGroup::kDense) % fsdp_shards(); }
   std::vector<FsdpUnit> units_;
   Tensor fsdp_params_, fsdp_m_, fsdp_v_;
   std::vector<std::vector<uint16_t>> staging_;  // per op of the block being differentiated

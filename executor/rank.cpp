@@ -188,8 +188,7 @@ class RankRunner {
   // copy of this rank's chunks, the flat all-gather output, then the copy-out into the unit's
   // unsharded weights.
   void fsdp_gather(const Instr& in) {
-    const int64_t n = params_.fsdp_shard_elements(in.block),
-                  group = comm_.group_size(DpGroup::kDense);
+    const int64_t n = params_.fsdp_shard_elements(in.block), group = s_.setup.fsdp_shards();
     if (int32_t id = allocated(in, ValueKind::kAllGatherInput); id >= 0) {
       params_.fsdp_copy_in(in.block, allocate_planned(id, n, Dtype::kBf16));
     } else if (int32_t id = allocated(in, ValueKind::kAllGatherBuffer); id >= 0) {
@@ -205,8 +204,7 @@ class RankRunner {
   // gradients, then the reduce-scatter into this rank's gradient shard. Its first instruction
   // (the reshard, the previous input freed) allocates nothing.
   void fsdp_reduce(const Instr& in) {
-    const int64_t n = params_.fsdp_shard_elements(in.block),
-                  group = comm_.group_size(DpGroup::kDense);
+    const int64_t n = params_.fsdp_shard_elements(in.block), group = s_.setup.fsdp_shards();
     if (int32_t id = allocated(in, ValueKind::kReduceScatterInput); id >= 0) {
       params_.fsdp_fill_reduce_input(in.block, allocate_planned(id, group * n, Dtype::kFp32));
     } else if (int32_t id = allocated(in, ValueKind::kGradShard); id >= 0) {

@@ -41,14 +41,11 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
   if (t.fsdp && !host_memory)
     return make_error("the CUDA backend does not run FSDP2 yet (the CPU executor does): use "
                       "--backend cpu, or --zero 3 in place of --fsdp");
-  if (t.fsdp && (t.dp_replicate > 1 || s.model.tie_embeddings || mtp_depths(s.model, t) > 0))
+  if (t.fsdp && (s.model.tie_embeddings || mtp_depths(s.model, t) > 0))
     return make_error(std::string("the executor runs FSDP2 without ") +
-                      (t.dp_replicate > 1      ? "HSDP yet; got --dp-replicate " +
-                                                     std::to_string(t.dp_replicate) +
-                                                     ": use --dp-replicate 1"
-                       : s.model.tie_embeddings ? "tied embeddings yet (" + s.model.name +
-                                                     "): use --zero 3 in place of --fsdp"
-                                                : "multi-token prediction yet: use --mtp-layers 0"));
+                      (s.model.tie_embeddings ? "tied embeddings yet (" + s.model.name +
+                                                    "): use --zero 3 in place of --fsdp"
+                                              : "multi-token prediction yet: use --mtp-layers 0"));
   if (t.impl == Impl::kTorchtitan && !host_memory)
     return make_error("the CUDA backend does not run the torchtitan profile yet (its RoPE of "
                       "separate q and k, SDPA on separate q, k, v, silu and the product run on the "

@@ -90,7 +90,7 @@ bad "--fsdp with --zero" -m "use --zero 0" -- estimate --model llama-3.1-8b --dp
 bad "--fsdp with a bad value" -m "invalid --fsdp" -m "on, off" -- estimate --model llama-3.1-8b --dp 8 --fsdp maybe
 bad "--recompute-every without full" -m "--recompute full" -- estimate --model llama-3.1-8b --recompute-every 2
 bad "--emit of an unknown framework" -m "torchtitan" -- estimate --model llama-3.1-8b --emit deepspeed
-bad "run refuses HSDP" -m "without HSDP" -m "--dp-replicate 1" -- run --model llama-3.1-8b --dp 4 --fsdp --dp-replicate 2 --seq-len 64 --microbatches 1
+bad "run refuses FSDP with tied embeddings" -m "tied embeddings" -m "--zero 3" -- run --model gpt3-175b --dp 2 --fsdp --seq-len 64 --microbatches 1
 bad "model path that does not exist" -m "$TMP/no-such-model.toml" -- estimate --model "$TMP/no-such-model.toml"
 
 printf 'name = "broken"\nhidden_size = 4096\nintermediate_size = = 11008\nnum_layers = 32\n' >"$TMP/broken.toml"

@@ -117,7 +117,7 @@ void expect_sharding_invariant(const std::string& name, double capacity = 0, boo
   // v > 1: the interleaved schedule with v chunks per stage; dp > 1: replicas each running
   // m / dp of the reference's m micro-batches (the same tokens), ZeRO stage `zero`; cp > 1:
   // context parallelism (each sequence over cp ranks); ep > 1: expert parallelism over the
-  // replicas; fsdp: FSDP2 over the dp x cp ranks in place of ZeRO.
+  // replicas; fsdp: FSDP2 over the dp x cp ranks in place of ZeRO (`zero`: HSDP's replicas).
   struct Shape {
     int tp, pp, v, dp = 1, zero = 0, cp = 1, ep = 1;
     bool fsdp = false;
@@ -129,7 +129,8 @@ void expect_sharding_invariant(const std::string& name, double capacity = 0, boo
         {2, 1, 1, 2, 1, 2}, {1, 2, 2, 1, 0, 2}, {1, 1, 1, 2, 0, 1, 2}, {2, 1, 1, 2, 1, 1, 2},
         {1, 2, 1, 2, 1, 1, 2}, {2, 1, 1, 2, 3, 1, 2}, {1, 1, 1, 2, 2, 1, 2},
         {1, 1, 1, 2, 0, 1, 1, true}, {2, 1, 1, 2, 0, 1, 1, true}, {1, 1, 1, 4, 0, 1, 1, true},
-        {2, 1, 1, 2, 0, 2, 1, true}, {1, 2, 1, 2, 0, 1, 1, true}, {2, 2, 1, 2, 0, 1, 1, true}}) {
+        {2, 1, 1, 2, 0, 2, 1, true}, {1, 2, 1, 2, 0, 1, 1, true}, {2, 2, 1, 2, 0, 1, 1, true},
+        {1, 1, 1, 4, 2, 1, 1, true}, {2, 1, 1, 4, 2, 2, 1, true}}) {
     if (pp * v > sc.model.layers || sc.base.microbatches % dp != 0) continue;
     if (ep > 1 && capacity == 0) continue;  // the executor runs ep > 1 with a capacity only
     // A capacity is per source rank's tokens: cp > 1 splits each sequence's tokens over ranks,
@@ -141,9 +142,12 @@ void expect_sharding_invariant(const std::string& name, double capacity = 0, boo
     if (fsdp && (sc.model.tie_embeddings || mtp_depths(sc.model, sc.base) > 0 || ep > 1))
       continue;  // likewise
     TrainSpec t = with(sc.base, tp, pp, Recompute::kNone, tp > 1 && sp);
-    if (fsdp) t.fsdp = true, t.pp_schedule = PpSchedule::k1F1B, t.reshard_after_forward = pp == 1;
     if (v > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = v;
     t.dp = dp, t.zero = zero, t.cp = cp, t.ep = ep, t.microbatches = sc.base.microbatches / dp;
+    // FSDP: `zero` stands for HSDP's replicas (0: none).
+    if (fsdp)
+      t.fsdp = true, t.pp_schedule = PpSchedule::k1F1B, t.reshard_after_forward = pp == 1,
+      t.dp_replicate = std::max(1, zero), t.zero = 0;
     if (auto e = validate_setup(sc.model, t)) FAIL() << e->message;
     RunResult r = run(sc.model, t);
     EXPECT_NEAR(r.losses[0], ref.losses[0], 2e-3 * ref.losses[0])
@@ -241,8 +245,8 @@ TEST(Runnable, TheTorchtitanProfileRunsOnTheCpuExecutor) {
   EXPECT_NE(cuda->message.find("use --backend cpu"), std::string::npos) << cuda->message;
 }
 
-// FSDP2 runs on the CPU executor, pipelines included; HSDP and the CUDA backend are refused
-// naming the fix.
+// FSDP2 runs on the CPU executor, pipelines and HSDP included; tied embeddings and the CUDA
+// backend are refused naming the fix.
 TEST(Runnable, FsdpRunsOnTheCpuExecutor) {
   Scenario sc = scenario("tiny-llama-fsdp");
   TrainSpec t = with(sc.base, 1, 2, Recompute::kNone, false);
@@ -254,9 +258,14 @@ TEST(Runnable, FsdpRunsOnTheCpuExecutor) {
   EXPECT_NE(cuda->message.find("use --backend cpu"), std::string::npos) << cuda->message;
   t.pp = 1, t.dp = 4, t.dp_replicate = 2, t.reshard_after_forward = true;
   ASSERT_FALSE(validate_setup(sc.model, t));
-  auto hsdp = check_runnable(build_schedule(sc.model, t), true);
-  ASSERT_TRUE(hsdp);
-  EXPECT_NE(hsdp->message.find("--dp-replicate 1"), std::string::npos) << hsdp->message;
+  EXPECT_FALSE(check_runnable(build_schedule(sc.model, t), true));
+  Scenario gpt = scenario("tiny-gpt");  // tied embeddings
+  TrainSpec g = with(gpt.base, 1, 1, Recompute::kNone, false);
+  g.dp = 2, g.fsdp = true, g.pp_schedule = PpSchedule::k1F1B;
+  ASSERT_FALSE(validate_setup(gpt.model, g));
+  auto tied = check_runnable(build_schedule(gpt.model, g), true);
+  ASSERT_TRUE(tied);
+  EXPECT_NE(tied->message.find("tied embeddings"), std::string::npos) << tied->message;
 }
 
 TEST(Runnable, ExpertParallelismNeedsACapacityAndTheCpuExecutor) {

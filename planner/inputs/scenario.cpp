@@ -21,7 +21,7 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
           "tp_recompute_allgather", "pp_schedule", "virtual_stages", "attention", "impl",
           "recompute", "optimizer", "grad_accum_dtype", "moe_capacity_factor",
           "cross_entropy_fusion", "gradient_accumulation_fusion", "fsdp",
-          "reshard_after_forward"});
+          "reshard_after_forward", "dp_replicate"});
   TrainSpec s;
   s.tp = r.integer_in("tp", 1, 4096, s.tp), s.pp = r.integer_in("pp", 1, 4096, s.pp);
   s.dp = r.integer_in("dp", 1, 1 << 20, s.dp);
@@ -47,6 +47,7 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   s.grad_accum_fusion = r.boolean("gradient_accumulation_fusion", true);
   s.fsdp = r.boolean("fsdp", false);
   s.reshard_after_forward = r.boolean("reshard_after_forward", true);
+  s.dp_replicate = r.integer_in("dp_replicate", 1, 1 << 20, 1);
   if (auto e = r.error()) return *e;
   return s;
 }
@@ -69,9 +70,10 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   static const toml::table empty;
   TomlReader r(m ? *m : empty, sc.path, "matrix.");
   r.only({"tp", "pp", "dp", "cp", "ep", "zero", "sp", "pp_schedule", "recompute", "attention",
-          "impl", "tp_recompute_allgather", "reshard_after_forward"});
+          "impl", "tp_recompute_allgather", "reshard_after_forward", "dp_replicate"});
   std::vector<int64_t> tps = r.list<int64_t>("tp", sc.base.tp),
                        pps = r.list<int64_t>("pp", sc.base.pp);
+  std::vector<int64_t> replicates = r.list<int64_t>("dp_replicate", sc.base.dp_replicate);
   std::vector<int64_t> dps = r.list<int64_t>("dp", sc.base.dp),
                        zeros = r.list<int64_t>("zero", sc.base.zero),
                        cps = r.list<int64_t>("cp", sc.base.cp),
@@ -91,7 +93,8 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   if (!impls) return impls.error();
   size_t combinations = tps.size() * pps.size() * dps.size() * cps.size() * eps.size() *
                         zeros.size() * sps.size() * regathers.size() * scheds->size() *
-                        recs->size() * atts->size() * impls->size() * reshards.size();
+                        recs->size() * atts->size() * impls->size() * reshards.size() *
+                        replicates.size();
   if (combinations > 4096)
     return make_error(sc.path + ": [matrix] spans " + std::to_string(combinations) +
                       " combinations (valid: at most 4,096)");
@@ -108,11 +111,12 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
                     for (AttentionImpl att : *atts)
                       for (Impl impl : *impls)
                         for (bool rg : regathers)
-                        for (bool reshard : reshards) {
+                        for (bool reshard : reshards)
+                        for (int64_t replicate : replicates) {
                           if (!sp && !rg)
                             continue;  // without SP there is no all-gather to keep: a duplicate
                           TrainSpec t = sc.base;
-                          t.reshard_after_forward = reshard;
+                          t.reshard_after_forward = reshard, t.dp_replicate = replicate;
                           t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
                           t.dp = dp, t.cp = cp, t.ep = ep;
                           t.zero = static_cast<int>(std::clamp<int64_t>(zero, -1, 4));
@@ -137,7 +141,11 @@ std::string describe_short(const TrainSpec& t) {
   return "tp " + std::to_string(t.tp) + (t.cp > 1 ? " cp " + std::to_string(t.cp) : "") + " pp " +
          std::to_string(t.pp) +
          (t.dp > 1 ? " dp " + std::to_string(t.dp) +
-                         (t.fsdp ? std::string(" fsdp") + (t.reshard_after_forward ? "" : " keep")
+                         (t.fsdp ? std::string(" fsdp") +
+                                       (t.dp_replicate > 1
+                                            ? " x" + std::to_string(t.dp_replicate) + " replicas"
+                                            : "") +
+                                       (t.reshard_after_forward ? "" : " keep")
                                  : " zero " + std::to_string(t.zero))
                    : "") +
          (t.ep > 1 ? " ep " + std::to_string(t.ep) : "") + " sp " + (t.sp ? "on" : "off") + " " +
