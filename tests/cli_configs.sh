@@ -223,10 +223,10 @@ check "torchtitan config: exit 0, FSDP2 over 8, micro-batch 2 x 8192, every 2nd 
   '[ $rc -eq 0 ] && python3 -c "import json,sys; s=json.load(open(sys.argv[1]))[\"setup\"]; sys.exit(0 if (s[\"dp\"], s.get(\"fsdp\"), s[\"micro_batch\"], s[\"seq_len\"], s[\"recompute\"], s.get(\"recompute_every\")) == (8, True, 2, 8192, \"full\", 2) else 1)" "$TMP/tt.json"'
 check "torchtitan config: llama3 is the torchtitan profile" \
   'python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))[\"setup\"][\"impl\"] == \"torchtitan\" else 1)" "$TMP/tt.json"'
-sed 's/^name = "llama3"/name = "qwen3"/' "$TT" >"$TMP/tt_qwen3.toml"
-"$NP" estimate --torchtitan-config "$TMP/tt_qwen3.toml" --gpus 8 >/dev/null 2>"$TMP/tt.err"
+sed 's/^name = "llama3"/name = "deepseek_v3"/; s/^flavor = "8B"/flavor = "16B"/' "$TT" >"$TMP/tt_ds.toml"
+"$NP" estimate --torchtitan-config "$TMP/tt_ds.toml" --gpus 8 >/dev/null 2>"$TMP/tt.err"
 check "torchtitan config: its notes on stderr, one line each" \
-  'grep -q "tt_qwen3.toml: torchtitan.s qwen3 code is estimated with the --impl kernels" "$TMP/tt.err"'
+  'grep -q "tt_ds.toml: torchtitan.s deepseek_v3 16B code is estimated with the --impl kernels" "$TMP/tt.err"'
 # Per-op checkpointing: the job file's "op", estimated, emitted back; the executors run the
 # policy event-exact (the cache of kept outputs under TP too), the CPU one on torchtitan's code.
 sed 's/^selective_ac_option = "2"/selective_ac_option = "op"/' "$TT" >"$TMP/tt_op.toml"

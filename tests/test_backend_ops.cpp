@@ -68,6 +68,8 @@ const std::map<OpKind, const char*>& exceptions() {
       {OpKind::kSdpa, kTorchtitanOnCpu},
       {OpKind::kSilu, kTorchtitanOnCpu},
       {OpKind::kMul, kTorchtitanOnCpu},
+      {OpKind::kHeadRmsNorm, kTorchtitanOnCpu},
+      {OpKind::kRopeHalfQk, kTorchtitanOnCpu},
   };
   return e;
 }

@@ -536,6 +536,10 @@ std::vector<Case> all_cases() {
   add("sdpa", OpKind::kSdpa, core, {act({T, HQ * D}), act({T, HKV * D}), act({T, HKV * D})});
   add("sdpa_gqa2", OpKind::kSdpa, gqa2, {act({T, 4 * 4}), act({T, 2 * 4}), act({T, 2 * 4})});
   add("silu", OpKind::kSilu, {}, {act({T, F}, -3, 3)});
+  // torchtitan's qwen3: nn.RMSNorm(head_dim) on q's heads, and its rotate-half RoPE of q and k.
+  add("head_rmsnorm", OpKind::kHeadRmsNorm, {.heads = HQ, .head_dim = D}, {act({T, HQ * D})}, 0.5,
+      1.5);
+  add("rope_half_qk", OpKind::kRopeHalfQk, {.head_dim = D}, {act({T, HQ * D}), act({T, HKV * D})});
   add("mul", OpKind::kMul, {}, {act({T, F}, -2, 2), act({T, F}, -2, 2)});
   add("dropout", OpKind::kDropout, {}, {act({T, H})});
   add("dropout_probs", OpKind::kDropout, core, {act({B, HQ, S, S}, 0, 1)});
@@ -899,6 +903,35 @@ std::vector<Vec> reference(const Case& c, Exec& ex) {
                                          : x(2)[t * v + j - a - b];
       f.inputs = {Val{{{T, wq}, Dtype::kBf16}, comb}};
       return reference(f, ex);
+    }
+    case OpKind::kHeadRmsNorm: {  // each head of hd features normalised, one weight for all
+      const int64_t w0 = in[0].type.shape[1], heads = w0 / hd;
+      Vec o = x(0), rstd(T * heads);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < heads; ++h) {
+          double ss = 0;
+          for (int64_t d = 0; d < hd; ++d) ss += x(0)[t * w0 + h * hd + d] * x(0)[t * w0 + h * hd + d];
+          double r = 1.0 / std::sqrt(ss / hd + 1e-5);
+          rstd[t * heads + h] = r;
+          for (int64_t d = 0; d < hd; ++d)
+            o[t * w0 + h * hd + d] = x(0)[t * w0 + h * hd + d] * r * w[0].v[d];
+        }
+      return {o, rstd};
+    }
+    case OpKind::kRopeHalfQk: {  // features i and i + hd / 2 of each head rotated
+      std::vector<Vec> o{x(0), x(1)};
+      for (int k = 0; k < 2; ++k) {
+        const int64_t w0 = in[k].type.shape[1];
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t h = 0; h < w0 / hd; ++h)
+            for (int64_t i = 0; i < hd / 2; ++i) {
+              double a = double(t / B) / std::pow(10000.0, 2.0 * i / hd);
+              double re = x(k)[t * w0 + h * hd + i], im = x(k)[t * w0 + h * hd + i + hd / 2];
+              o[k][t * w0 + h * hd + i] = re * std::cos(a) - im * std::sin(a);
+              o[k][t * w0 + h * hd + i + hd / 2] = re * std::sin(a) + im * std::cos(a);
+            }
+      }
+      return o;
     }
     case OpKind::kSilu: {
       Vec o(x(0).size());

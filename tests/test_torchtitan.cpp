@@ -380,9 +380,13 @@ TEST(TorchtitanProfile, OpCheckpointingFromTheJobFileAndBack) {
   const std::string toml = emit_torchtitan(build_schedule(m, c.setup));
   EXPECT_NE(toml.find("selective_ac_option = \"op\""), std::string::npos) << toml;
   EXPECT_EQ(read(toml, 0).setup.recompute, Recompute::kSelectiveOp);
-  // The other models keep the --impl profile, said in a note.
-  ConfigSetup q = read(with("model", "name", "\"qwen3\""));
-  EXPECT_NE(q.setup.impl, Impl::kTorchtitan);
+  // The MoE and MLA models keep the --impl profile, said in a note; dense Qwen3 is the profile's.
+  ConfigSetup ds = read(edit(with("model", "name", "\"deepseek_v3\""), "model", "flavor", "\"16B\""));
+  EXPECT_NE(ds.setup.impl, Impl::kTorchtitan);
+  EXPECT_TRUE(std::any_of(ds.notes.begin(), ds.notes.end(), [](const std::string& n) {
+    return n.find("deepseek_v3 16B code is estimated with the --impl kernels") != std::string::npos;
+  }));
+  EXPECT_EQ(read(with("model", "name", "\"qwen3\"")).setup.impl, Impl::kTorchtitan);
   TrainSpec t = c.setup;
   t.recompute = Recompute::kAuto;
   const AutoPlan plan = auto_plan(m, t, {}, 1LL << 40, default_hardware());
@@ -394,9 +398,37 @@ TEST(TorchtitanProfile, OpCheckpointingFromTheJobFileAndBack) {
   // Models the profile does not hold are refused, naming what they have.
   TrainSpec bad = c.setup;
   bad.recompute = Recompute::kNone;
-  auto e = validate_setup(testing::model("qwen3-8b"), bad);
+  auto e = validate_setup(testing::model("qwen3-30b-a3b"), bad);
   ASSERT_TRUE(e);
-  EXPECT_NE(e->message.find("q/k norms"), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find("MoE layers"), std::string::npos) << e->message;
+}
+
+// torchtitan's qwen3 block: q_norm and k_norm on q's and k's heads, then its rotate-half RoPE in
+// bf16 ops; the parameters are the model's.
+TEST(TorchtitanProfile, QwenBlockHasItsHeadNormsAndRope) {
+  const ModelSpec m = testing::model("qwen3-8b");
+  TrainSpec t;
+  t.impl = Impl::kTorchtitan, t.seq_len = 4096, t.micro_batch = 1, t.tp = 2, t.sp = true;
+  ASSERT_FALSE(validate_setup(m, t));
+  const BlockGraph g = build_layer(m, t);
+  ASSERT_FALSE(check_graph(g));
+  std::vector<std::string> ops;
+  for (const GraphOp& op : g.ops)
+    if (op.name.rfind("attn.", 0) == 0) ops.push_back(op.name + ":" + name_of(op.kind));
+  EXPECT_EQ(ops, (std::vector<std::string>{
+                     "attn.norm:rmsnorm_stats", "attn.all_gather:all_gather",
+                     "attn.wq:column_linear", "attn.wk:column_linear", "attn.wv:column_linear",
+                     "attn.q_norm:head_rmsnorm", "attn.k_norm:head_rmsnorm",
+                     "attn.rope:rope_half_qk", "attn.core:sdpa_flash", "attn.wo:row_linear",
+                     "attn.reduce_scatter:reduce_scatter", "attn.residual:add"}));
+  for (const GraphOp& op : g.ops)  // the head norms' weights: partial over the TP ranks' heads
+    if (op.kind == OpKind::kHeadRmsNorm) EXPECT_TRUE(op.tp_partial_weight_grads) << op.name;
+  TrainSpec one = t;
+  one.tp = 1, one.sp = false;
+  TrainSpec fused = one;
+  fused.impl = Impl::kFused;
+  EXPECT_EQ(build_layer(m, one).weight_elements(false), build_layer(m, fused).weight_elements(false));
+  EXPECT_FALSE(validate_setup(m, read(with("model", "name", "\"qwen3\"")).setup));
 }
 
 }  // namespace

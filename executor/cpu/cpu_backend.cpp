@@ -135,6 +135,10 @@ class CpuBackend final : public Backend {
         return silu_forward(env, in, w);
       case OpKind::kMul:
         return mul_forward(env, in, w);
+      case OpKind::kHeadRmsNorm:
+        return head_rmsnorm_forward(env, in, w);
+      case OpKind::kRopeHalfQk:
+        return rope_half_qk_forward(env, in, w);
       case OpKind::kCount:
         break;
     }
@@ -257,6 +261,10 @@ class CpuBackend final : public Backend {
         return silu_backward(env, a);
       case OpKind::kMul:
         return mul_backward(env, a);
+      case OpKind::kHeadRmsNorm:
+        return head_rmsnorm_backward(env, a);
+      case OpKind::kRopeHalfQk:
+        return rope_half_qk_backward(env, a);
       case OpKind::kCount:
         break;
     }

@@ -198,13 +198,13 @@ QkHeads qk_heads(const Env& env, const Tensor& x) {
 }
 }  // namespace
 
-Outs qk_norm_forward(const Env& env, Ins in, Ins w) {
-  const Tensor& x = need(in, 0, "qk_norm input");
-  const QkHeads n = qk_heads(env, x);
-  Mat X = load_mat(x), Wq = load_vec(need(w, 0, "qk_norm q weight")),
-      Wk = load_vec(need(w, 1, "qk_norm k weight"));
-  int64_t T = X.rows();
-  Mat Y = X, R(T, n.q + n.k);
+namespace {
+
+// RMSNorm of each of the first n.q + n.k heads (n.d features) of X's rows, the q heads by Wq and
+// the k heads by Wk: Y (the rest of each row passed through) and R, one 1/rms per row and head.
+void norm_heads(const Mat& X, const QkHeads& n, const Mat& Wq, const Mat& Wk, Mat& Y, Mat& R) {
+  const int64_t T = X.rows();
+  Y = X, R.resize(T, n.q + n.k);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < n.q + n.k; ++j) {
       const Mat& W = j < n.q ? Wq : Wk;
@@ -214,24 +214,14 @@ Outs qk_norm_forward(const Env& env, Ins in, Ins w) {
       R(t, j) = r;
       for (int64_t c = 0; c < n.d; ++c) Y(t, j * n.d + c) = X(t, j * n.d + c) * r * W(0, c);
     }
-  Tensor out = env.output(x.type.shape, x.type.dtype),
-         rstd = env.output({T, n.q + n.k}, Dtype::kFp32);
-  store_mat(out, Y);
-  store_mat(rstd, R);
-  return {out, rstd};
 }
 
-void qk_norm_backward(const Env& env, const BackwardArgs& a) {
-  const Tensor& x = need(a.inputs, 0, "qk_norm input");
-  const QkHeads n = qk_heads(env, x);
-  Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "qk_norm output gradient"));
-  Mat R = load_mat(need(a.outputs, 1, "qk_norm rstd"));
-  Mat Wq = load_vec(need(a.weights, 0, "qk_norm q weight")),
-      Wk = load_vec(need(a.weights, 1, "qk_norm k weight"));
-  int64_t T = X.rows();
-  Mat DX = G;  // the values' gradient passes through
-  // Per head row, in (token, head) order: the weight gradients' contributions, summed below.
-  Mat DWq(T * n.q, n.d), DWk(T * n.k, n.d);
+// Its backward: DX (the rest of each row's gradient passed through) and, per row and head in
+// (token, head) order, the weight gradients' contributions DWq and DWk (summed by the caller).
+void norm_heads_grad(const Mat& X, const Mat& G, const Mat& R, const QkHeads& n, const Mat& Wq,
+                     const Mat& Wk, Mat& DX, Mat& DWq, Mat& DWk) {
+  const int64_t T = X.rows();
+  DX = G, DWq.resize(T * n.q, n.d), DWk.resize(T * n.k, n.d);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < n.q + n.k; ++j) {
       bool q = j < n.q;
@@ -248,9 +238,64 @@ void qk_norm_backward(const Env& env, const BackwardArgs& a) {
         DW(row, c) = static_cast<float>(G(t, i) * X(t, i) * r);
       }
     }
+}
+
+// The forward and backward of the fused head norms: the q heads by weight 0, the k heads by the
+// last weight (qk_norm's two; head_rmsnorm's one, its heads all q heads).
+Outs norm_heads_op(const Env& env, const Tensor& x, Ins w, const QkHeads& n) {
+  Mat X = load_mat(x), Wq = load_vec(need(w, 0, "head norm weight")),
+      Wk = load_vec(need(w, w.size() - 1, "head norm weight")), Y, R;
+  norm_heads(X, n, Wq, Wk, Y, R);
+  Tensor out = env.output(x.type.shape, x.type.dtype),
+         rstd = env.output({X.rows(), n.q + n.k}, Dtype::kFp32);
+  store_mat(out, Y);
+  store_mat(rstd, R);
+  return {out, rstd};
+}
+
+void norm_heads_op_grad(const Env& env, const BackwardArgs& a, const Tensor& x, const QkHeads& n) {
+  Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "head norm output gradient"));
+  Mat R = load_mat(need(a.outputs, 1, "head norm rstd"));
+  Mat Wq = load_vec(need(a.weights, 0, "head norm weight")),
+      Wk = load_vec(need(a.weights, a.weights.size() - 1, "head norm weight")), DX, DWq, DWk;
+  norm_heads_grad(X, G, R, n, Wq, Wk, DX, DWq, DWk);
   grad_input(env, a, 0, x.type, DX);
-  add_mat(need(a.weight_grads, 0, "qk_norm q weight gradient"), column_sums(DWq));
-  add_mat(need(a.weight_grads, 1, "qk_norm k weight gradient"), column_sums(DWk));
+  add_mat(need(a.weight_grads, 0, "head norm weight gradient"), column_sums(DWq));
+  if (a.weight_grads.size() > 1)
+    add_mat(need(a.weight_grads, 1, "head norm k weight gradient"), column_sums(DWk));
+}
+
+}  // namespace
+
+Outs qk_norm_forward(const Env& env, Ins in, Ins w) {
+  const Tensor& x = need(in, 0, "qk_norm input");
+  return norm_heads_op(env, x, w, qk_heads(env, x));
+}
+
+void qk_norm_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& x = need(a.inputs, 0, "qk_norm input");
+  norm_heads_op_grad(env, a, x, qk_heads(env, x));
+}
+
+// ---- nn.RMSNorm(head_dim) on one tensor of heads (torchtitan's qwen3 q_norm, k_norm) --------
+
+namespace {
+QkHeads one_norm_heads(const Env& env, const Tensor& x) {
+  const OpAttrs& a = env.attrs();
+  check(a.head_dim > 0 && x.type.shape.at(1) == a.heads * a.head_dim,
+        "head_rmsnorm: the row is not this rank's heads x head_dim");
+  return {a.heads, 0, a.head_dim};
+}
+}  // namespace
+
+Outs head_rmsnorm_forward(const Env& env, Ins in, Ins w) {
+  const Tensor& x = need(in, 0, "head_rmsnorm input");
+  return norm_heads_op(env, x, w, one_norm_heads(env, x));
+}
+
+void head_rmsnorm_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& x = need(a.inputs, 0, "head_rmsnorm input");
+  norm_heads_op_grad(env, a, x, one_norm_heads(env, x));
 }
 
 // ---- q/k norms as PyTorch ops (transformers' Qwen3RMSNorm per head) -----------------------------
@@ -456,6 +501,63 @@ void rope_qk_backward(const Env& env, const BackwardArgs& a) {
   store_mat(w0, gq.numel() >= gk.numel() ? GQ : GK);
   grad_input(env, a, 0, gq.type, rope_pairs(env, GQ, d, -1.0));
   grad_input(env, a, 1, gk.type, rope_pairs(env, GK, d, -1.0));
+}
+
+// ---- torchtitan's qwen3 RoPE: (x cos) + (rotate_half(x) sin) of q and k in bf16 ops, rotate_half
+// pairing features i and i + head_dim / 2 (rotate_head's convention). Scratch as the op table
+// lists it: the two products of the larger input, in forward and in backward. -------------------
+
+namespace {
+// Rotates every head of X's rows by sign x the position's angles, the half convention.
+Mat rope_halves(const Env& env, const Mat& X, int64_t d, double sign) {
+  check(d > 0 && d % 2 == 0 && X.cols() % d == 0,
+        "rope_half_qk: rows are not heads of even head_dim");
+  Mat Y(X.rows(), X.cols());
+  std::vector<float> cs, sn;
+  for (int64_t t = 0; t < X.rows(); ++t) {
+    rope_angles(row_position(env, X.rows(), t), d, sign, cs, sn);
+    for (int64_t h = 0; h < X.cols() / d; ++h) rotate_head(&X(t, h * d), &Y(t, h * d), cs, sn);
+  }
+  return Y;
+}
+}  // namespace
+
+Outs rope_half_qk_forward(const Env& env, Ins in, Ins) {
+  const Tensor& q = need(in, 0, "rope_half_qk queries");
+  const Tensor& k = need(in, 1, "rope_half_qk keys");
+  const int64_t d = env.attrs().head_dim;
+  check(dim(q, 0) == dim(k, 0), "rope_half_qk: q and k rows differ");
+  Tensor qo = env.output(q.type.shape, q.type.dtype), ko = env.output(k.type.shape, k.type.dtype);
+  const Tensor& big = q.numel() >= k.numel() ? q : k;
+  Tensor cos_part = env.workspace(big.type.shape, big.type.dtype),
+         sin_part = env.workspace(big.type.shape, big.type.dtype);
+  Mat Q = load_mat(q), K = load_mat(k), QR = rope_halves(env, Q, d, 1.0),
+      KR = rope_halves(env, K, d, 1.0);
+  // The larger input's two products: x cos, and the rest of the sum, rotate_half(x) sin.
+  const Mat& X = q.numel() >= k.numel() ? Q : K;
+  const Mat& XR = q.numel() >= k.numel() ? QR : KR;
+  Mat C(X.rows(), X.cols());
+  std::vector<float> cs, sn;
+  for (int64_t t = 0; t < X.rows(); ++t) {
+    rope_angles(row_position(env, X.rows(), t), d, 1.0, cs, sn);
+    for (int64_t c = 0; c < X.cols(); ++c) C(t, c) = X(t, c) * cs[static_cast<size_t>(c % d % (d / 2))];
+  }
+  store_mat(cos_part, C);
+  store_mat(sin_part, XR - C);
+  store_mat(qo, QR);
+  store_mat(ko, KR);
+  return {qo, ko, cos_part, sin_part};
+}
+
+void rope_half_qk_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& gq = need(a.grad_outputs, 0, "rope_half_qk q gradient");
+  const Tensor& gk = need(a.grad_outputs, 1, "rope_half_qk k gradient");
+  const int64_t d = env.attrs().head_dim;
+  const Tensor& big = gq.numel() >= gk.numel() ? gq : gk;
+  env.workspace(big.type.shape, big.type.dtype);
+  env.workspace(big.type.shape, big.type.dtype);
+  grad_input(env, a, 0, gq.type, rope_halves(env, load_mat(gq), d, -1.0));
+  grad_input(env, a, 1, gk.type, rope_halves(env, load_mat(gk), d, -1.0));
 }
 
 // ---- MLA's query, key and value rows: q's rope part rotated, k = [k content | rotated k_pe] per

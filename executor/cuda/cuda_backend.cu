@@ -323,6 +323,8 @@ class CudaBackend final : public exec::Backend {
       case OpKind::kSdpa:
       case OpKind::kSilu:
       case OpKind::kMul:
+      case OpKind::kHeadRmsNorm:
+      case OpKind::kRopeHalfQk:
       case OpKind::kCount:
         break;
     }
@@ -420,6 +422,8 @@ class CudaBackend final : public exec::Backend {
       case OpKind::kSdpa:
       case OpKind::kSilu:
       case OpKind::kMul:
+      case OpKind::kHeadRmsNorm:
+      case OpKind::kRopeHalfQk:
       case OpKind::kCount:
         break;
     }

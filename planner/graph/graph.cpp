@@ -154,7 +154,8 @@ class Builder {
   bool partial_weight_grads(const GraphOp& o) const {
     for (const WeightShape& w : o.weights)
       if (weight_shard(o.kind, w.suffix) != Shard::kReplicated) return false;
-    const bool qk = o.kind == OpKind::kQkNorm || o.kind == OpKind::kQkNormHf;
+    const bool qk = o.kind == OpKind::kQkNorm || o.kind == OpKind::kQkNormHf ||
+                    o.kind == OpKind::kHeadRmsNorm;
     bool on_shard = (is_norm(o.kind) && !qk) || o.kind == OpKind::kPosEmbedding ||
                     o.kind == OpKind::kRouter || o.kind == OpKind::kLinear;
     bool on_heads = qk || o.kind == OpKind::kSharedGate;
@@ -239,14 +240,25 @@ int mla_qkv(Builder& b, const ModelSpec& m, const TrainSpec& t, int n) {
 // torchtitan's Attention.forward (torchtitan 238fa99, torchtitan/models/llama3/model/model.py):
 // the normed input (all-gathered under TP, which torchtitan runs with sequence parallelism:
 // PrepareModuleInput to Replicate in infra/parallelize.py) through wq, wk and wv, RoPE of q and k
-// in complex fp32, SDPA's flash kernel, wo, and the residual add.
+// in complex fp32, SDPA's flash kernel, wo, and the residual add. The models with q/k norms are
+// torchtitan's qwen3 (torchtitan/models/qwen3/model/model.py): q_norm and k_norm on q's and k's
+// heads, then its rotate-half RoPE in bf16 ops.
 int titan_attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   const int64_t hq = m.heads / t.tp, hkv = m.kv_heads / t.tp, d = m.head_dim;
   int n = b.gather(b.norm(x, "attn.norm"), "attn");
   int q = b.column(n, "attn.wq", hq * d, m.qkv_bias);
   int k = b.column(n, "attn.wk", hkv * d, m.qkv_bias);
   int v = b.column(n, "attn.wv", hkv * d, m.qkv_bias);
-  std::vector<int> qk = b.op(OpKind::kRopeQk, "attn.rope", {.head_dim = d}, {q, k}, {"q", "k"});
+  std::vector<int> qk;
+  if (m.qk_norm) {
+    q = b.op(OpKind::kHeadRmsNorm, "attn.q_norm", {.heads = hq, .head_dim = d}, {q},
+             {"", "rstd"})[0];
+    k = b.op(OpKind::kHeadRmsNorm, "attn.k_norm", {.heads = hkv, .head_dim = d}, {k},
+             {"", "rstd"})[0];
+    qk = b.op(OpKind::kRopeHalfQk, "attn.rope", {.head_dim = d}, {q, k}, {"q", "k"});
+  } else {
+    qk = b.op(OpKind::kRopeQk, "attn.rope", {.head_dim = d}, {q, k}, {"q", "k"});
+  }
   OpAttrs core{
       .batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
   int ctx = b.op(OpKind::kSdpa, "attn.core", core, {qk[0], qk[1], v}, {"out", "lse"})[0];

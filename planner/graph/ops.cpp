@@ -485,6 +485,27 @@ const OpInfo kOps[] =
          [](const OpAttrs&, In in) { return 4.0 * in[0].elements(); }, no_weights, none_types},
         {OpKind::kMul, "mul", 2, 1, 0b11, 0, 0b11, 0b1, false, same, elementwise, no_weights,
          none_types},
+        {OpKind::kHeadRmsNorm, "head_rmsnorm", 1, 2, 0b1, 0b10, 0b1, 0b01, false,
+         [](const OpAttrs& a, In in) -> Types {
+           return {in[0], {{rows_of(in[0]), a.heads}, Dtype::kFp32}};
+         },
+         norm_flops,
+         [](const OpAttrs& a, In) -> Weights {
+           return {{"weight", {a.head_dim}}};
+         },
+         none_types},
+        {OpKind::kRopeHalfQk, "rope_half_qk", 2, 2, 0, 0, 0b11, 0b11, false,
+         [](const OpAttrs&, In in) -> Types { return {in[0], in[1]}; },
+         [](const OpAttrs&, In in) { return 3.0 * (in[0].elements() + in[1].elements()); },
+         no_weights,
+         [](const OpAttrs&, In in) -> Types {
+           const TensorType& big = in[0].elements() >= in[1].elements() ? in[0] : in[1];
+           return {big, big};
+         },
+         [](const OpAttrs&, In in) -> Types {
+           const TensorType& big = in[0].elements() >= in[1].elements() ? in[0] : in[1];
+           return {big, big};
+         }},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");
@@ -497,7 +518,7 @@ const OpInfo& op_info(OpKind kind) {
 bool is_norm(OpKind kind) {
   return kind == OpKind::kRmsNorm || kind == OpKind::kLayerNorm || kind == OpKind::kRmsNormStats ||
          kind == OpKind::kLayerNormStats || kind == OpKind::kRmsNormHf || kind == OpKind::kQkNorm ||
-         kind == OpKind::kQkNormHf;
+         kind == OpKind::kQkNormHf || kind == OpKind::kHeadRmsNorm;
 }
 bool is_loss(OpKind kind) {
   return kind == OpKind::kCrossEntropy || kind == OpKind::kLogSoftmaxLoss ||

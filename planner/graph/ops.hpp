@@ -147,6 +147,16 @@ enum class OpKind {
   // its input; the product's reads both inputs.
   kSilu,
   kMul,
+  // nn.RMSNorm(head_dim) on one tensor of heads, q's or k's ([rows, heads x head_dim]; torchtitan's
+  // qwen3 q_norm and k_norm): PyTorch's fused kernel per head, keeping its input and one fp32
+  // 1/rms per row and head ([rows, heads]); a head_dim weight, replicated over TP, its gradient a
+  // partial sum over the TP ranks' heads.
+  kHeadRmsNorm,
+  // torchtitan's qwen3 apply_rotary_emb: (x * cos) + (rotate_half(x) * sin) of q (input 0) and k
+  // (input 1) in bf16 ops, heads of attrs.head_dim, rotate_half pairing features i and
+  // i + head_dim / 2. Autograd keeps nothing (cos and sin are buffers). Forward scratch: the two
+  // bf16 products of the larger input (q's are freed before k's are made); backward: the same.
+  kRopeHalfQk,
   kCount
 };
 

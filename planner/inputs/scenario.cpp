@@ -21,7 +21,7 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
           "tp_recompute_allgather", "pp_schedule", "virtual_stages", "attention", "impl",
           "recompute", "optimizer", "grad_accum_dtype", "moe_capacity_factor",
           "cross_entropy_fusion", "gradient_accumulation_fusion", "fsdp",
-          "reshard_after_forward", "dp_replicate"});
+          "reshard_after_forward", "dp_replicate", "recompute_every"});
   TrainSpec s;
   s.tp = r.integer_in("tp", 1, 4096, s.tp), s.pp = r.integer_in("pp", 1, 4096, s.pp);
   s.dp = r.integer_in("dp", 1, 1 << 20, s.dp);
@@ -48,6 +48,7 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   s.fsdp = r.boolean("fsdp", false);
   s.reshard_after_forward = r.boolean("reshard_after_forward", true);
   s.dp_replicate = r.integer_in("dp_replicate", 1, 1 << 20, 1);
+  s.recompute_every = r.integer_in("recompute_every", 1, 1 << 20, 1);
   if (auto e = r.error()) return *e;
   return s;
 }
@@ -70,10 +71,12 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   static const toml::table empty;
   TomlReader r(m ? *m : empty, sc.path, "matrix.");
   r.only({"tp", "pp", "dp", "cp", "ep", "zero", "sp", "pp_schedule", "recompute", "attention",
-          "impl", "tp_recompute_allgather", "reshard_after_forward", "dp_replicate"});
+          "impl", "tp_recompute_allgather", "reshard_after_forward", "dp_replicate",
+          "recompute_every"});
   std::vector<int64_t> tps = r.list<int64_t>("tp", sc.base.tp),
                        pps = r.list<int64_t>("pp", sc.base.pp);
-  std::vector<int64_t> replicates = r.list<int64_t>("dp_replicate", sc.base.dp_replicate);
+  std::vector<int64_t> replicates = r.list<int64_t>("dp_replicate", sc.base.dp_replicate),
+                       everys = r.list<int64_t>("recompute_every", sc.base.recompute_every);
   std::vector<int64_t> dps = r.list<int64_t>("dp", sc.base.dp),
                        zeros = r.list<int64_t>("zero", sc.base.zero),
                        cps = r.list<int64_t>("cp", sc.base.cp),
@@ -94,7 +97,7 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   size_t combinations = tps.size() * pps.size() * dps.size() * cps.size() * eps.size() *
                         zeros.size() * sps.size() * regathers.size() * scheds->size() *
                         recs->size() * atts->size() * impls->size() * reshards.size() *
-                        replicates.size();
+                        replicates.size() * everys.size();
   if (combinations > 4096)
     return make_error(sc.path + ": [matrix] spans " + std::to_string(combinations) +
                       " combinations (valid: at most 4,096)");
@@ -112,11 +115,13 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
                       for (Impl impl : *impls)
                         for (bool rg : regathers)
                         for (bool reshard : reshards)
-                        for (int64_t replicate : replicates) {
+                        for (int64_t replicate : replicates)
+                        for (int64_t every : everys) {
                           if (!sp && !rg)
                             continue;  // without SP there is no all-gather to keep: a duplicate
                           TrainSpec t = sc.base;
                           t.reshard_after_forward = reshard, t.dp_replicate = replicate;
+                          t.recompute_every = every;
                           t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
                           t.dp = dp, t.cp = cp, t.ep = ep;
                           t.zero = static_cast<int>(std::clamp<int64_t>(zero, -1, 4));
@@ -153,6 +158,7 @@ std::string describe_short(const TrainSpec& t) {
          (t.pp_schedule == PpSchedule::kInterleaved ? " x" + std::to_string(t.virtual_stages)
                                                     : "") +
          " recompute " + name_of(t.recompute) +
+         (t.recompute_every > 1 ? " every " + std::to_string(t.recompute_every) : "") +
          (t.sp && !t.tp_recompute_allgather ? " keep-gathered" : "") + " " + name_of(t.attention) +
          (t.impl != Impl::kNanotron ? std::string(" ") + name_of(t.impl) : "");
 }

@@ -530,19 +530,20 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
                 " needs --impl nanotron, megatron or fused (Hugging Face's Llama has no context "
                 "parallelism)");
   if (t.impl == Impl::kTorchtitan) {
-    // The profile is torchtitan's Llama 3 (graph.cpp, titan_attention): its other models' code
-    // (qwen3's q/k norms, deepseek_v3's MLA and MoE) is not in it yet.
+    // The profile is torchtitan's Llama 3 and dense Qwen3 (graph.cpp, titan_attention): its
+    // other models' code (deepseek_v3's MLA, the MoE layers) is not in it yet.
     std::string what = m.mla        ? "multi-head latent attention"
                        : m.moe      ? "MoE layers"
-                       : m.qk_norm  ? "q/k norms"
                        : m.norm != Norm::kRms ? "LayerNorm"
                        : m.activation != Activation::kSwiGlu ? "a GeLU MLP"
                        : m.position != PosEmb::kRope ? "learned positions"
                        : m.dropout > 0 ? "dropout"
                                        : "";
     if (!what.empty())
-      return fail("--impl torchtitan is torchtitan's Llama 3 code, and " + m.name + " has " + what +
-                  " (valid: a Llama-style model; use --impl fused, nanotron, megatron or hf)");
+      return fail("--impl torchtitan is torchtitan's Llama 3 and Qwen3 code, and " + m.name +
+                  " has " + what +
+                  " (valid: a dense Llama- or Qwen3-style model; use --impl fused, nanotron, "
+                  "megatron or hf)");
     if (t.attention != AttentionImpl::kFlash || t.cp > 1)
       return fail("--impl torchtitan runs SDPA's flash kernel at --cp 1 (its context parallelism "
                   "is not modelled); use --attention flash --cp 1");

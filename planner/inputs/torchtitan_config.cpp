@@ -22,19 +22,20 @@ struct Flavor {
   const char* flavor;  // [model] flavor
   const char* catalog;
   int64_t layers;  // the flavour's n_layers, which torchtitan's pipeline split reads
+  bool profile;    // estimated with the torchtitan profile (--impl torchtitan): the dense models
 };
 constexpr Flavor kFlavors[] = {
-    {"llama3", "8B", "llama-3.1-8b", 32},
-    {"llama3", "70B", "llama-3.1-70b", 80},
-    {"llama3", "405B", "llama-3.1-405b", 126},
+    {"llama3", "8B", "llama-3.1-8b", 32, true},
+    {"llama3", "70B", "llama-3.1-70b", 80, true},
+    {"llama3", "405B", "llama-3.1-405b", 126, true},
     // deepseek_v3's 16B flavour is DeepSeek-V2-Lite's shape (64 routed experts, 2 shared, top 6,
     // kv_lora_rank 512, no q down-projection, 27 layers of which 1 dense, vocabulary 102,400).
-    {"deepseek_v3", "16B", "deepseek-v2-lite", 27},
-    {"deepseek_v3", "671B", "deepseek-v3", 61},
-    {"qwen3", "8B", "qwen3-8b", 36},
-    {"qwen3", "32B", "qwen3-32b", 64},
-    {"qwen3", "30B-A3B", "qwen3-30b-a3b", 48},
-    {"qwen3", "235B-A22B", "qwen3-235b-a22b", 94},
+    {"deepseek_v3", "16B", "deepseek-v2-lite", 27, false},
+    {"deepseek_v3", "671B", "deepseek-v3", 61, false},
+    {"qwen3", "8B", "qwen3-8b", 36, true},
+    {"qwen3", "32B", "qwen3-32b", 64, true},
+    {"qwen3", "30B-A3B", "qwen3-30b-a3b", 48, false},
+    {"qwen3", "235B-A22B", "qwen3-235b-a22b", 94, false},
 };
 
 std::string valid_list(const std::vector<std::string>& v) {
@@ -162,10 +163,12 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
   if (auto e = model.error()) return *e;
   std::vector<std::string> names, flavors;
   int64_t layers = 0;
+  bool profile = false;
   for (const Flavor& f : kFlavors) {
     if (std::find(names.begin(), names.end(), f.model) == names.end()) names.push_back(f.model);
     if (name == f.model) flavors.push_back(f.flavor);
-    if (name == f.model && flavor == f.flavor) c.catalog_model = f.catalog, layers = f.layers;
+    if (name == f.model && flavor == f.flavor)
+      c.catalog_model = f.catalog, layers = f.layers, profile = f.profile;
   }
   if (flavors.empty())
     return make_error(model.where("name") + ": model.name " + quote_input(name, '"') +
@@ -176,13 +179,14 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
                       " of " + name + " is not in the catalog (valid: " + valid_list(flavors) +
                       ")");
   c.given.insert("--model");
-  // llama3's code is the torchtitan profile (spec.hpp, Impl::kTorchtitan); --impl overrides it.
-  if (name == "llama3")
+  // The dense models' code is the torchtitan profile (spec.hpp, Impl::kTorchtitan); --impl
+  // overrides it.
+  if (profile)
     t.impl = Impl::kTorchtitan;
   else
-    c.notes.push_back(path + ": torchtitan's " + name + " code is estimated with the --impl "
-                             "kernels (nanotron's unless given); the torchtitan profile is "
-                             "llama3's only");
+    c.notes.push_back(path + ": torchtitan's " + name + " " + flavor + " code is estimated with "
+                             "the --impl kernels (nanotron's unless given); the torchtitan profile "
+                             "holds its dense models (MoE and MLA not yet)");
   t.mtp_layers = 0;  // torchtitan's deepseek_v3 trains no multi-token prediction module
   for (const std::string& conv : converters)
     if (conv.find("float8") != std::string::npos || conv.find("mx") != std::string::npos)
