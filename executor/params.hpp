@@ -69,7 +69,8 @@ class ParamStore {
   int64_t fsdp_shard_elements(int block) const { return units_.at(block).shard_n; }
   // The all-gather input: this rank's chunks of the unit, cast to bf16.
   void fsdp_copy_in(int block, const Tensor& input);
-  // The flat all-gather output: every group rank's input, in rank order.
+  // The flat all-gather output: the inputs of this rank's shard group, in rank order (under HSDP
+  // its replica's S ranks).
   void fsdp_all_gather(int block, const Tensor& input, const Tensor& flat);
   // The copy-out: each parameter's chunks, in rank order, into its own padded place in `params`;
   // the unit's weight views bound there.

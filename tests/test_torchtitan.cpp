@@ -268,6 +268,10 @@ TEST(Torchtitan, PipelineStagesSplitAsTorchtitanSplits) {
   EXPECT_NE(error(edit(pp4, "parallelism", "pipeline_parallel_first_stage_less_layers", "20"), 32)
                 .find("exceeds the fewest layers of a stage, 13"),
             std::string::npos);
+  // A stage of the embedding alone (torchtitan takes it): refused at the key, in one line.
+  EXPECT_NE(error(edit(pp4, "parallelism", "pipeline_parallel_first_stage_less_layers", "11"), 32)
+                .find("gives stage 0 no decoder layer (only the embedding)"),
+            std::string::npos);
   ConfigSetup parts =
       read(edit(pp4, "parallelism", "module_fqns_per_model_part", "[[\"tok_embeddings\"]]"), 32);
   EXPECT_TRUE(std::any_of(parts.notes.begin(), parts.notes.end(), [](const std::string& n) {
@@ -377,9 +381,18 @@ TEST(TorchtitanProfile, OpCheckpointingFromTheJobFileAndBack) {
   EXPECT_EQ(c.setup.impl, Impl::kTorchtitan);
   const ModelSpec m = testing::model("llama-3.1-8b");
   ASSERT_FALSE(validate_setup(m, c.setup));
-  const std::string toml = emit_torchtitan(build_schedule(m, c.setup));
+  Schedule sched = build_schedule(m, c.setup);
+  const std::string toml = emit_torchtitan(sched);
   EXPECT_NE(toml.find("selective_ac_option = \"op\""), std::string::npos) << toml;
   EXPECT_EQ(read(toml, 0).setup.recompute, Recompute::kSelectiveOp);
+  EXPECT_EQ(toml.find("also holds the outputs it keeps"), std::string::npos) << toml;
+  // A plan that re-runs the same ops without the policy's cache (an auto plan's layer) is written
+  // as "op" with a note: torchtitan's holds more.
+  for (StageProgram& p : sched.stages)
+    for (StageBlock& b : p.blocks)
+      if (b.kind == BlockKind::kLayer) b.policy.name = "custom";
+  EXPECT_NE(emit_torchtitan(sched).find("also holds the outputs it keeps until the recompute"),
+            std::string::npos);
   // The MoE and MLA models keep the --impl profile, said in a note; dense Qwen3 is the profile's.
   ConfigSetup ds = read(edit(with("model", "name", "\"deepseek_v3\""), "model", "flavor", "\"16B\""));
   EXPECT_NE(ds.setup.impl, Impl::kTorchtitan);
@@ -387,6 +400,17 @@ TEST(TorchtitanProfile, OpCheckpointingFromTheJobFileAndBack) {
     return n.find("deepseek_v3 16B code is estimated with the --impl kernels") != std::string::npos;
   }));
   EXPECT_EQ(read(with("model", "name", "\"qwen3\"")).setup.impl, Impl::kTorchtitan);
+  // Context parallelism keeps the --impl profile too (torchtitan's CP is not in the profile), and
+  // the settings the estimate does not follow are said.
+  ConfigSetup cp = read(edit(edit(with("parallelism", "context_parallel_degree", "2"),
+                                  "activation_checkpoint", "early_stop", "true"),
+                             "activation_checkpoint", "selective_ac_option", "\"op\""));
+  EXPECT_NE(cp.setup.impl, Impl::kTorchtitan);
+  EXPECT_FALSE(validate_setup(m, cp.setup));
+  for (const char* said : {"context_parallel_degree 1", "early_stop true", "counts the --impl"})
+    EXPECT_TRUE(std::any_of(cp.notes.begin(), cp.notes.end(), [&](const std::string& n) {
+      return n.find(said) != std::string::npos;
+    })) << said;
   TrainSpec t = c.setup;
   t.recompute = Recompute::kAuto;
   const AutoPlan plan = auto_plan(m, t, {}, 1LL << 40, default_hardware());

@@ -546,7 +546,7 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
                   "megatron or hf)");
     if (t.attention != AttentionImpl::kFlash || t.cp > 1)
       return fail("--impl torchtitan runs SDPA's flash kernel at --cp 1 (its context parallelism "
-                  "is not modelled); use --attention flash --cp 1");
+                  "is not modelled); use --attention flash --cp 1, or --impl fused or nanotron");
     if (t.tp > 1 && !t.sp)
       return fail("--impl torchtitan runs tensor parallelism with sequence parallelism, as "
                   "torchtitan does; use --sp on");

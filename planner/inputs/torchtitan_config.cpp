@@ -106,6 +106,13 @@ std::vector<int64_t> torchtitan_split(int64_t stages, int64_t layers, int64_t in
     if (s == 0) n -= in_w;
     if (s == stages - 1) n -= out_w;
     n = std::clamp<int64_t>(n, 0, left);
+    // torchtitan takes a stage of the embedding or the output alone; nanoplan's stages hold
+    // decoder layers.
+    if (n == 0) {
+      why = "gives stage " + std::to_string(s) + " no decoder layer (only the " +
+            (s == 0 ? "embedding" : "norm and output") + "), which is not modelled";
+      return {};
+    }
     counts.push_back(n);
     left -= n;
   }
@@ -179,14 +186,6 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
                       " of " + name + " is not in the catalog (valid: " + valid_list(flavors) +
                       ")");
   c.given.insert("--model");
-  // The dense models' code is the torchtitan profile (spec.hpp, Impl::kTorchtitan); --impl
-  // overrides it.
-  if (profile)
-    t.impl = Impl::kTorchtitan;
-  else
-    c.notes.push_back(path + ": torchtitan's " + name + " " + flavor + " code is estimated with "
-                             "the --impl kernels (nanotron's unless given); the torchtitan profile "
-                             "holds its dense models (MoE and MLA not yet)");
   t.mtp_layers = 0;  // torchtitan's deepseek_v3 trains no multi-token prediction module
   for (const std::string& conv : converters)
     if (conv.find("float8") != std::string::npos || conv.find("mx") != std::string::npos)
@@ -373,8 +372,10 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
       }
       std::string why;
       t.stage_layers = torchtitan_split(t.pp, layers, in_weight, out_weight, why);
+      const char* at = out_weight > in_weight ? "pipeline_parallel_last_stage_less_layers"
+                                              : "pipeline_parallel_first_stage_less_layers";
       if (t.stage_layers.empty())
-        return make_error(par.where("pipeline_parallel_first_stage_less_layers") + ": " +
+        return make_error(par.where(at) + ": " +
                           std::to_string(t.pp) + " stages of " + std::to_string(layers) +
                           " layers with first and last stage weights " +
                           std::to_string(in_weight) + " and " + std::to_string(out_weight) + " " +
@@ -393,17 +394,42 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
     t.micro_batch = local, t.microbatches = accumulation;
   }
 
+  // The dense models' code at cp 1 is the torchtitan profile (spec.hpp, Impl::kTorchtitan);
+  // --impl overrides it.
+  if (profile && t.cp == 1)
+    t.impl = Impl::kTorchtitan;
+  else
+    c.notes.push_back(path + ": torchtitan's " + name + " " + flavor + " code is estimated with "
+                             "the --impl kernels (nanotron's unless given); the torchtitan profile "
+                             "holds its dense models at context_parallel_degree 1 (MoE, MLA and "
+                             "its context parallelism not yet)");
+
   // [activation_checkpoint]
   TomlReader ac = section("activation_checkpoint");
   const std::string mode = ac.string("mode", "selective");
   const std::string option = ac.string("selective_ac_option", "2");
+  const bool early_stop = ac.boolean("early_stop", false);
+  const std::vector<std::string> force_recompute = ac.strings(
+      "per_op_sac_force_recompute_mm_shapes_by_fqns");
+  const bool force_given = ac.has("per_op_sac_force_recompute_mm_shapes_by_fqns");
   if (auto e = ac.error()) return *e;
+  if (early_stop)
+    c.notes.push_back(ac.where("early_stop") + ": activation_checkpoint.early_stop true: the "
+                      "recompute is estimated running the whole layer, as under false");
+  if (force_given && !(force_recompute.size() == 1 && force_recompute[0] == "moe.router.gate"))
+    c.notes.push_back(ac.where("per_op_sac_force_recompute_mm_shapes_by_fqns") +
+                      ": activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns: "
+                      "per-op checkpointing is estimated with its default, moe.router.gate");
   if (mode == "none") {
     t.recompute = Recompute::kNone;
   } else if (mode == "full") {
     t.recompute = Recompute::kFull;
   } else if (mode == "selective" && option == "op") {
     t.recompute = Recompute::kSelectiveOp;
+    if (t.impl != Impl::kTorchtitan)
+      c.notes.push_back(ac.where("selective_ac_option") + ": selective_ac_option \"op\" counts "
+                        "the --impl profile's matmuls (its fused [q | k | v] and [gate | up] "
+                        "once each), so it keeps other tensors than torchtitan's code does");
   } else if (mode == "selective" && is_digits(option) && option.size() < 8) {
     // Every Nth block (0 and 1: every block).
     t.recompute = Recompute::kFull;

@@ -622,7 +622,8 @@ LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t,
   }
   // torchtitan's per-op policy is named where its layer is torchtitan's (the profile whose
   // matmuls its every-second-mm rule counts). Its point is its re-run ops' option: the outputs
-  // its cache holds unread (under TP the row-parallel ones) are in the schedule, not here.
+  // its cache holds unread (under TP the row-parallel ones) are in a schedule of the policy
+  // itself (--recompute selective-op, caches_outputs), not here nor in an auto plan's layers.
   if (t.impl == Impl::kTorchtitan && g.kind == BlockKind::kLayer)
     named.push_back({t.tp > 1 ? "selective-op (torchtitan; its unread cached outputs aside)"
                               : "selective-op (torchtitan)",

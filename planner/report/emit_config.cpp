@@ -35,7 +35,10 @@ std::string module_of(const GraphOp& op) {
   // Megatron's "layernorm" module is the two layer norms (input_layernorm, pre_mlp_layernorm);
   // no module covers the q/k norms.
   if (is_norm(op.kind))
-    return op.kind == OpKind::kQkNorm || op.kind == OpKind::kQkNormHf ? "" : "layernorm";
+    return op.kind == OpKind::kQkNorm || op.kind == OpKind::kQkNormHf ||
+                   op.kind == OpKind::kHeadRmsNorm
+               ? ""
+               : "layernorm";
   if (n.rfind("moe.experts.", 0) == 0 &&
       (op.kind == OpKind::kSwiGlu || op.kind == OpKind::kGluAct || op.kind == OpKind::kGluMul))
     return "moe_act";
@@ -282,6 +285,7 @@ std::string emit_torchtitan(const Schedule& s) {
     int64_t position;
     bool some, whole;
     bool op_sac;  // the plan re-runs what torchtitan's per-op policy re-runs (gathers aside)
+    bool cached;  // ... and holds its cache of kept outputs (the policy is that one)
   };
   std::vector<Layer> layers;
   int64_t most = 1;
@@ -302,7 +306,7 @@ std::string emit_torchtitan(const Schedule& s) {
         all &= b.policy.recompute[o] == f.recompute[o];
         op_sac &= b.policy.recompute[o] == op.recompute[o];
       }
-      layers.push_back({++n, some, all && some, op_sac && some});
+      layers.push_back({++n, some, all && some, op_sac && some, caches_outputs(b.policy)});
     }
     most = std::max(most, n);
   }
@@ -327,6 +331,10 @@ std::string emit_torchtitan(const Schedule& s) {
     out += "mode = \"full\"\n";
   else
     out += "mode = \"selective\"\nselective_ac_option = \"" + std::to_string(every) + "\"\n";
+  if (op_sac && !std::all_of(layers.begin(), layers.end(), [](const Layer& l) { return l.cached; }))
+    notes.push_back("torchtitan's per-op checkpointing also holds the outputs it keeps until the "
+                    "recompute, read or not (under TP each layer's w2 partial output), which the "
+                    "plan's layers do not: a higher peak than the plan's");
   if (!op_sac && !none && !exact)
     notes.push_back("not expressible: the plan re-runs parts of layers, or layers other than "
                     "every Nth; the setting above checkpoints whole layers covering every one "
