@@ -206,6 +206,24 @@ TEST(PlanFile, AnOffPeakTensorEightBytesLargeIsRefused) {
   EXPECT_HAS(e, "gives");
 }
 
+// A static's name is the file's own text: a wrong one is quoted, escaped, in the one-line error
+// (the plan fuzzer found raw bytes of it in the message).
+TEST(PlanFile, AWrongStaticNameIsQuotedAsInput) {
+  nlohmann::json j = plan_json(tp_pp(scenario("tiny-llama").base, 1, 1));
+  auto& ts = j["stages"][0]["tensors"];
+  size_t k = 0;
+  while (k < ts.size() && ts[k]["kind"] != "static") ++k;
+  ASSERT_LT(k, ts.size());
+  ts[k]["name"] = std::string("weights\xc9\x88\nline");
+  std::string e = load_error(j);
+  EXPECT_HAS(e, "'weights\\xc9\\x88\\x0aline' (static)");
+  EXPECT_EQ(std::count_if(e.begin(), e.end(),
+                          [](char c) { return static_cast<unsigned char>(c) < 0x20 ||
+                                              static_cast<unsigned char>(c) >= 0x7f; }),
+            0)
+      << e;
+}
+
 TEST(PlanFile, ByteCountsAreExactIntegers) {
   nlohmann::json base = plan_json(tp_pp(scenario("tiny-llama").base, 2, 1));
   for (auto [value, want] : std::vector<std::pair<nlohmann::json, std::string>>{

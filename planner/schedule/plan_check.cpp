@@ -149,19 +149,22 @@ std::optional<Error> compare_stage(const StageProgram& p, const StageProgram& wa
     const ScheduleTensor &x = p.tensors[i], &y = want.tensors[i];
     std::string path = where + ".tensors[" + std::to_string(i) + "]";
     int32_t id = static_cast<int32_t>(i);
+    // The file's name: a static's is the file's own text, quoted (escaped) as input.
+    const std::string name =
+        x.kind == ValueKind::kStatic ? quote_input(p.tensor_name(id)) : p.tensor_name(id);
     if (x.kind != y.kind || x.block != y.block || x.mb != y.mb ||
         (x.kind != ValueKind::kStatic && x.tensor != y.tensor) ||
         (x.kind == ValueKind::kStatic && p.tensor_name(id) != want.tensor_name(id)))
-      return at(path, p.tensor_name(id) + " (" + name_of(x.kind) + "), but this setup and these " +
+      return at(path, name + " (" + name_of(x.kind) + "), but this setup and these " +
                           "policies have " + want.tensor_name(id) + " (" + name_of(y.kind) +
                           ") here");
     if (x.bytes != y.bytes)
-      return at(path + ".bytes", format_int(x.bytes) + " for " + p.tensor_name(id) +
+      return at(path + ".bytes", format_int(x.bytes) + " for " + name +
                                      ", but under the plan's setup (" + setup_text(t) + ") " +
                                      size_source(want, id) + " gives " + format_int(y.bytes));
     if (x.category != y.category)
-      return at(path + ".category", std::string(name_of(x.category)) + " for " +
-                                        p.tensor_name(id) + ", but it is " + name_of(y.category));
+      return at(path + ".category", std::string(name_of(x.category)) + " for " + name +
+                                        ", but it is " + name_of(y.category));
   }
   size_t j = 0;
   for (size_t i = 0; i <= p.instrs.size(); ++i) {
