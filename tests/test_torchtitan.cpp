@@ -217,25 +217,59 @@ TEST(Torchtitan, Llama8bOnEightGpusHoldsSixteenBytesPerParameterOverEight) {
 // comment.
 TEST(Torchtitan, EmittedSectionsReadBackToTheSameSetup) {
   const ModelSpec m = testing::model("llama-3.1-8b");
-  auto fields = [](const TrainSpec& t) {
-    return std::make_tuple(t.tp, t.dp, t.fsdp, t.dp_replicate, t.reshard_after_forward,
-                           t.micro_batch, t.microbatches, t.seq_len, t.recompute,
-                           t.recompute_every, t.pp_schedule);
-  };
   const TrainSpec base = read(sample()).setup;
-  std::vector<TrainSpec> setups(6, base);
+  std::vector<TrainSpec> setups(9, base);
   setups[1].dp_replicate = 2, setups[1].reshard_after_forward = false;
   setups[2].microbatches = 3;
   setups[3].tp = 2, setups[3].sp = true, setups[3].dp = 4;
   setups[4].recompute_every = 1;
   setups[5].recompute = Recompute::kNone, setups[5].recompute_every = 1;
+  // Pipelines: torchtitan's default split, one its stage weights give (2 and 3), and one only
+  // module_fqns_per_model_part gives.
+  for (auto [k, split] : {std::pair{6, std::vector<int64_t>{8, 9, 8, 7}},
+                          std::pair{7, std::vector<int64_t>{7, 9, 9, 7}},
+                          std::pair{8, std::vector<int64_t>{3, 13, 9, 7}}}) {
+    TrainSpec& t = setups[static_cast<size_t>(k)];
+    t.pp = 4, t.dp = 2, t.microbatches = 4, t.reshard_after_forward = false;
+    t.stage_layers = split;
+  }
+  auto fields = [](const TrainSpec& t) {
+    return std::make_tuple(t.tp, t.dp, t.fsdp, t.dp_replicate, t.reshard_after_forward,
+                           t.micro_batch, t.microbatches, t.seq_len, t.recompute,
+                           t.recompute_every, t.pp_schedule, t.pp, t.stage_layers);
+  };
   for (const TrainSpec& t : setups) {
     ASSERT_FALSE(validate_setup(m, t));
     const std::string toml = emit_torchtitan(build_schedule(m, t));  // [model] included
     ConfigSetup back = read(toml, 0);
-    EXPECT_EQ(fields(back.setup), fields(t)) << toml;
+    TrainSpec want = t;
+    if (want.pp == 1) want.stage_layers.clear();
+    EXPECT_EQ(fields(back.setup), fields(want)) << toml;
     EXPECT_EQ(toml.find("not expressible"), std::string::npos) << toml;
   }
+  EXPECT_NE(emit_torchtitan(build_schedule(m, setups[7])).find(
+                "pipeline_parallel_first_stage_less_layers = 2\n"
+                "pipeline_parallel_last_stage_less_layers = 1"),
+            std::string::npos);
+  EXPECT_NE(emit_torchtitan(build_schedule(m, setups[8])).find(
+                "module_fqns_per_model_part = [[\"tok_embeddings\", \"layers.0\""),
+            std::string::npos);
+  // A file's own module lists are read, and refused in one line where they do not cover the
+  // layers in order.
+  std::string pp4 = edit(edit(with("parallelism", "pipeline_parallel_degree", "4"), "training",
+                              "local_batch_size", "4"),
+                         "parallelism", "fsdp_reshard_after_forward", "\"never\"");
+  std::string lists = "[[\"tok_embeddings\", \"layers.0\"], [\"layers.1\"], [\"layers.2\"], [";
+  for (int l = 3; l < 32; ++l) lists += "\"layers." + std::to_string(l) + "\", ";
+  lists += "\"norm\", \"output\"]]";
+  EXPECT_EQ(read(edit(pp4, "parallelism", "module_fqns_per_model_part", lists), 32)
+                .setup.stage_layers,
+            (std::vector<int64_t>{1, 1, 1, 29}));
+  EXPECT_NE(error(edit(pp4, "parallelism", "module_fqns_per_model_part",
+                       "[[\"layers.0\"], [\"layers.2\"], [\"layers.1\"], [\"layers.3\"]]"),
+                  32)
+                .find("lists \"layers.2\" in list 1 where layers.1 comes next"),
+            std::string::npos);
   // Layers 3 and 7 recomputed in part: every 4th layer in full covers them.
   std::vector<BlockPolicy> layers;
   Schedule s = build_schedule(m, setups[5]);
@@ -272,11 +306,10 @@ TEST(Torchtitan, PipelineStagesSplitAsTorchtitanSplits) {
   EXPECT_NE(error(edit(pp4, "parallelism", "pipeline_parallel_first_stage_less_layers", "11"), 32)
                 .find("gives stage 0 no decoder layer (only the embedding)"),
             std::string::npos);
-  ConfigSetup parts =
-      read(edit(pp4, "parallelism", "module_fqns_per_model_part", "[[\"tok_embeddings\"]]"), 32);
-  EXPECT_TRUE(std::any_of(parts.notes.begin(), parts.notes.end(), [](const std::string& n) {
-    return n.find("module_fqns_per_model_part is not read") != std::string::npos;
-  }));
+  EXPECT_NE(error(edit(pp4, "parallelism", "module_fqns_per_model_part", "[[\"tok_embeddings\"]]"),
+                  32)
+                .find("has 1 lists for 4 pipeline stages"),
+            std::string::npos);
   // Every flavour's layer count is its catalog model's.
   for (auto [name, flavor, catalog] :
        {std::tuple{"llama3", "70B", "llama-3.1-70b"}, {"llama3", "405B", "llama-3.1-405b"},

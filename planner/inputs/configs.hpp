@@ -51,5 +51,13 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
                                       int64_t gpus);
 // torchtitan's [model] name and flavor of a catalog model, where it has one ("llama3", "8B").
 std::optional<std::pair<std::string, std::string>> torchtitan_flavor(const std::string& model);
+// torchtitan's split of a model's layers over `stages` pipeline stages (torchtitan 238fa99,
+// torchtitan/distributed/pipeline_parallel.py, generate_llm_fqn_per_model_part): the layers plus
+// the embedding and the output counted as in_w and out_w layers, spread evenly, the first stages
+// taking one more each where it does not divide; the first stage holds the embedding and the last
+// the norm and output in place of that many layers. Empty, with `why`, where torchtitan refuses,
+// or where a stage would hold no decoder layer (not modelled).
+std::vector<int64_t> torchtitan_split(int64_t stages, int64_t layers, int64_t in_w, int64_t out_w,
+                                      std::string& why);
 
 }  // namespace np

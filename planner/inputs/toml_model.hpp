@@ -87,6 +87,33 @@ class TomlReader {
     }
     return out;
   }
+  // A list of lists of non-empty strings (torchtitan's module_fqns_per_model_part).
+  std::vector<std::vector<std::string>> string_lists(std::string_view key) {
+    std::vector<std::vector<std::string>> out;
+    const toml::node* n = t_.get(key);
+    if (!n) return out;
+    const toml::array* a = n->as_array();
+    if (!a) wrong(*n, key, "expected a list of lists of strings");
+    for (size_t i = 0; a && i < a->size() && !error_; ++i) {
+      const toml::array* part = (*a)[i].as_array();
+      if (!part) {
+        wrong((*a)[i], std::string(key) + "[" + std::to_string(i) + "]",
+              "expected a list of strings");
+        break;
+      }
+      out.emplace_back();
+      for (size_t j = 0; j < part->size(); ++j) {
+        auto v = (*part)[j].value_exact<std::string>();
+        if (!v || v->empty()) {
+          wrong((*part)[j], std::string(key) + "[" + std::to_string(i) + "][" + std::to_string(j) + "]",
+                "expected a non-empty string");
+          break;
+        }
+        out.back().push_back(*v);
+      }
+    }
+    return out;
+  }
   template <typename E>
   E choice(std::string_view key, E fallback) {
     const toml::node* n = t_.get(key);

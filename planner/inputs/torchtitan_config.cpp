@@ -83,11 +83,49 @@ const std::vector<Section>& known_keys() {
   return k;
 }
 
-// torchtitan's split of a model's layers over `stages` pipeline stages
-// (torchtitan/distributed/pipeline_parallel.py, generate_llm_fqn_per_model_part): the layers plus
-// the embedding and the output counted as in_w and out_w layers, spread evenly, the first stages
-// taking one more each where it does not divide; the first stage holds the embedding and the last
-// the norm and output in place of that many layers. Empty, with `why`, where torchtitan refuses.
+// The stages' layer counts of an explicit module_fqns_per_model_part: `stages` lists, the first
+// holding tok_embeddings, the last norm and output, and layers.0 .. layers.(n - 1) in order over
+// them, each list at least one layer. Empty, with `why`, otherwise.
+std::vector<int64_t> parts_split(const std::vector<std::vector<std::string>>& parts,
+                                 int64_t stages, int64_t layers, std::string& why) {
+  if (static_cast<int64_t>(parts.size()) != stages) {
+    why = "has " + std::to_string(parts.size()) + " lists for " + std::to_string(stages) +
+          " pipeline stages";
+    return {};
+  }
+  std::vector<int64_t> counts;
+  int64_t next = 0;
+  for (size_t s = 0; s < parts.size(); ++s) {
+    int64_t n = 0;
+    for (const std::string& m : parts[s]) {
+      const bool first = s == 0, last = s + 1 == parts.size();
+      if ((m == "tok_embeddings" && first) || ((m == "norm" || m == "output") && last)) continue;
+      if (m != "layers." + std::to_string(next)) {
+        why = "lists " + quote_input(m, '"') + " in list " + std::to_string(s) +
+              " where layers." + std::to_string(next) + " comes next";
+        return {};
+      }
+      ++next, ++n;
+    }
+    if (n == 0) {
+      why = "gives list " + std::to_string(s) + " no decoder layer, which is not modelled";
+      return {};
+    }
+    counts.push_back(n);
+  }
+  if (next != layers) {
+    why = "lists " + std::to_string(next) + " of the model's " + std::to_string(layers) + " layers";
+    return {};
+  }
+  return counts;
+}
+
+bool is_digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
+}
+
+}  // namespace
+
 std::vector<int64_t> torchtitan_split(int64_t stages, int64_t layers, int64_t in_w, int64_t out_w,
                                       std::string& why) {
   const int64_t effective = layers + in_w + out_w, per = effective / stages;
@@ -118,12 +156,6 @@ std::vector<int64_t> torchtitan_split(int64_t stages, int64_t layers, int64_t in
   }
   return counts;
 }
-
-bool is_digits(const std::string& s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
-}
-
-}  // namespace
 
 std::optional<std::pair<std::string, std::string>> torchtitan_flavor(const std::string& model) {
   for (const Flavor& f : kFlavors)
@@ -243,6 +275,7 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
           ? std::optional<int64_t>(par.integer("pipeline_parallel_layers_per_stage"))
           : std::nullopt;
   const bool explicit_parts = par.has("module_fqns_per_model_part");
+  const std::vector<std::vector<std::string>> parts = par.string_lists("module_fqns_per_model_part");
   t.cp = par.integer("context_parallel_degree", 1);
   t.ep = par.integer("expert_parallel_degree", 1);
   if (auto e = par.error()) return *e;
@@ -346,9 +379,14 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
   // interleaved one is refused with FSDP, below).
   if (t.pp > 1 && t.pp_schedule != PpSchedule::kInterleaved) {
     if (explicit_parts) {
-      c.notes.push_back(path + ": parallelism.module_fqns_per_model_part is not read: the layers "
-                               "are split as torchtitan splits them by default; give --partition "
-                               "to match the file's split");
+      std::string why;
+      t.stage_layers = parts_split(parts, t.pp, layers, why);
+      if (t.stage_layers.empty())
+        return make_error(par.where("module_fqns_per_model_part") +
+                          ": parallelism.module_fqns_per_model_part " + why +
+                          " (valid: pipeline_parallel_degree lists, tok_embeddings first, then "
+                          "layers.0 onwards in order, each list at least one layer, norm and "
+                          "output last)");
     } else {
       const char* key = in_weight < 0 ? "pipeline_parallel_first_stage_less_layers"
                         : out_weight < 0 ? "pipeline_parallel_last_stage_less_layers"

@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "planner/inputs/configs.hpp"
 #include "planner/inputs/units.hpp"
+#include "planner/schedule/schedule.hpp"
 
 namespace np {
 
@@ -264,6 +266,38 @@ std::string emit_torchtitan(const Schedule& s) {
             : t.pp_schedule == PpSchedule::kInterleaved ? "Interleaved1F1B"
                                                          : "1F1B") +
            "\"\npipeline_parallel_microbatch_size = " + std::to_string(t.micro_batch) + "\n";
+  // The stages' layers: torchtitan's default split, else first and last stage weights that give
+  // the plan's, else the modules of each stage.
+  if (t.pp > 1 && t.pp_schedule != PpSchedule::kInterleaved) {
+    const std::vector<int64_t> plan = partition_layers(s.model, t);
+    std::string why;
+    auto gives = [&](int64_t in_w, int64_t out_w) {
+      return torchtitan_split(t.pp, s.model.layers, in_w, out_w, why) == plan;
+    };
+    std::optional<std::pair<int64_t, int64_t>> weights;
+    if (gives(1, 1)) weights = {{1, 1}};
+    for (int64_t sum = 0; sum <= 2 * s.model.layers && !weights; ++sum)
+      for (int64_t in_w = std::min<int64_t>(sum, s.model.layers); in_w >= 0 && !weights; --in_w)
+        if (sum - in_w <= s.model.layers && gives(in_w, sum - in_w)) weights = {{in_w, sum - in_w}};
+    if (weights && *weights != std::pair<int64_t, int64_t>{1, 1}) {
+      out += "pipeline_parallel_first_stage_less_layers = " + std::to_string(weights->first) +
+             "\npipeline_parallel_last_stage_less_layers = " + std::to_string(weights->second) +
+             "\n";
+    } else if (!weights) {
+      out += "module_fqns_per_model_part = [";
+      for (int64_t st = 0, l = 0; st < t.pp; ++st) {
+        out += st ? ", [" : "[";
+        std::vector<std::string> names;
+        if (st == 0) names.push_back("tok_embeddings");
+        for (int64_t k = 0; k < plan[static_cast<size_t>(st)]; ++k)
+          names.push_back("layers." + std::to_string(l++));
+        if (st + 1 == t.pp) names.insert(names.end(), {"norm", "output"});
+        for (size_t k = 0; k < names.size(); ++k) out += (k ? ", \"" : "\"") + names[k] + "\"";
+        out += "]";
+      }
+      out += "]\n";
+    }
+  }
   out += "context_parallel_degree = " + std::to_string(t.cp) +
          "\nexpert_parallel_degree = " + std::to_string(t.ep) + "\n\n";
   if (!t.fsdp && t.dp * t.cp > 1)
