@@ -149,7 +149,8 @@ std::optional<Error> compare_stage(const StageProgram& p, const StageProgram& wa
     const ScheduleTensor &x = p.tensors[i], &y = want.tensors[i];
     std::string path = where + ".tensors[" + std::to_string(i) + "]";
     int32_t id = static_cast<int32_t>(i);
-    // The file's name: a static's is the file's own text, quoted (escaped) as input.
+    // The file's name: a static's is the file's own text, quoted (escaped) as input until it is
+    // found the same as this setup's (the messages below name it after that check).
     const std::string name =
         x.kind == ValueKind::kStatic ? quote_input(p.tensor_name(id)) : p.tensor_name(id);
     if (x.kind != y.kind || x.block != y.block || x.mb != y.mb ||
@@ -159,12 +160,12 @@ std::optional<Error> compare_stage(const StageProgram& p, const StageProgram& wa
                           "policies have " + want.tensor_name(id) + " (" + name_of(y.kind) +
                           ") here");
     if (x.bytes != y.bytes)
-      return at(path + ".bytes", format_int(x.bytes) + " for " + name +
+      return at(path + ".bytes", format_int(x.bytes) + " for " + p.tensor_name(id) +
                                      ", but under the plan's setup (" + setup_text(t) + ") " +
                                      size_source(want, id) + " gives " + format_int(y.bytes));
     if (x.category != y.category)
-      return at(path + ".category", std::string(name_of(x.category)) + " for " + name +
-                                        ", but it is " + name_of(y.category));
+      return at(path + ".category", std::string(name_of(x.category)) + " for " +
+                                        p.tensor_name(id) + ", but it is " + name_of(y.category));
   }
   size_t j = 0;
   for (size_t i = 0; i <= p.instrs.size(); ++i) {
