@@ -169,9 +169,13 @@ class RankRunner {
       if (p_.tensors[id].kind == k) return id;
     return -1;
   }
-  Tensor read_of(const Instr& in, ValueKind k) const {
+  int32_t read_id(const Instr& in, ValueKind k) const {
     for (int32_t id : p_.reads(in))
-      if (p_.tensors[id].kind == k) return bound(id);
+      if (p_.tensors[id].kind == k) return id;
+    return -1;
+  }
+  Tensor read_of(const Instr& in, ValueKind k) const {
+    if (int32_t id = read_id(in, k); id >= 0) return bound(id);
     throw std::logic_error(p_.instr_name(in) + " reads no " + name_of(k));
   }
   // A planned tensor of `elements` in `dtype`, bound to its id.
@@ -213,14 +217,9 @@ class RankRunner {
     } else if (int32_t id = allocated(in, ValueKind::kGradBucket); id >= 0) {  // PP: accumulate
       Tensor acc = allocate_planned(id, p_.tensors[id].bytes / 4, Dtype::kFp32);
       params_.fsdp_accumulate(in.block, &acc);
-    } else if (reads_kind(in, ValueKind::kGradBucket)) {
+    } else if (read_id(in, ValueKind::kGradBucket) >= 0) {
       params_.fsdp_accumulate(in.block, nullptr);
     }
-  }
-  bool reads_kind(const Instr& in, ValueKind k) const {
-    for (int32_t id : p_.reads(in))
-      if (p_.tensors[id].kind == k) return true;
-    return false;
   }
 
   // A ZeRO bucket or gathered buffer: the block's weight elements in `dtype`, bound to the plan's

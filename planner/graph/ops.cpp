@@ -148,6 +148,21 @@ Weights qk_norm_weights(const OpAttrs& a, In) {
   return {{"q_weight", {a.head_dim}}, {"k_weight", {a.head_dim}}};
 }
 
+// The RoPE of separate q and k (rope_qk, rope_half_qk): both rotated as they are, 3 FLOPs per
+// element (a complex product per pair of features); their scratch is sized by the larger input.
+Types both_inputs(const OpAttrs&, In in) {
+  return {in[0], in[1]};
+}
+double rope_pair_flops(const OpAttrs&, In in) {
+  return 3.0 * (in[0].elements() + in[1].elements());
+}
+const TensorType& larger_input(In in) {
+  return in[0].elements() >= in[1].elements() ? in[0] : in[1];
+}
+Types two_of_larger(const OpAttrs&, In in) {
+  return {larger_input(in), larger_input(in)};
+}
+
 // The vocab-parallel loss's per-token fp32 reductions: max, sum of exponentials, target logit.
 Types vocab_reductions(const OpAttrs&, In in) {
   TensorType row{{rows_of(in[0])}, Dtype::kFp32};
@@ -452,14 +467,10 @@ const OpInfo kOps[] =
            return {{{rows_of(in[0]) / a.group, cols_of(in[0])}, in[0].dtype}};
          },
          zero_flops, no_weights, none_types},
-        {OpKind::kRopeQk, "rope_qk", 2, 2, 0, 0, 0b11, 0b11, false,
-         [](const OpAttrs&, In in) -> Types { return {in[0], in[1]}; },
-         // A complex product per pair of features: 3 FLOPs per real element.
-         [](const OpAttrs&, In in) { return 3.0 * (in[0].elements() + in[1].elements()); },
-         no_weights,
+        {OpKind::kRopeQk, "rope_qk", 2, 2, 0, 0, 0b11, 0b11, false, both_inputs,
+         rope_pair_flops, no_weights,
          [](const OpAttrs&, In in) -> Types {
-           const TensorType& big = in[0].elements() >= in[1].elements() ? in[0] : in[1];
-           TensorType fp32{big.shape, Dtype::kFp32};
+           TensorType fp32{larger_input(in).shape, Dtype::kFp32};
            return {fp32, fp32};
          },
          [](const OpAttrs&, In in) -> Types {
@@ -494,18 +505,8 @@ const OpInfo kOps[] =
            return {{"weight", {a.head_dim}}};
          },
          none_types},
-        {OpKind::kRopeHalfQk, "rope_half_qk", 2, 2, 0, 0, 0b11, 0b11, false,
-         [](const OpAttrs&, In in) -> Types { return {in[0], in[1]}; },
-         [](const OpAttrs&, In in) { return 3.0 * (in[0].elements() + in[1].elements()); },
-         no_weights,
-         [](const OpAttrs&, In in) -> Types {
-           const TensorType& big = in[0].elements() >= in[1].elements() ? in[0] : in[1];
-           return {big, big};
-         },
-         [](const OpAttrs&, In in) -> Types {
-           const TensorType& big = in[0].elements() >= in[1].elements() ? in[0] : in[1];
-           return {big, big};
-         }},
+        {OpKind::kRopeHalfQk, "rope_half_qk", 2, 2, 0, 0, 0b11, 0b11, false, both_inputs,
+         rope_pair_flops, no_weights, two_of_larger, two_of_larger},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");
