@@ -38,6 +38,9 @@ struct OpContext {
   float loss_scale = 1.0f;  // d(step loss)/d(per-token loss): 1 / (tokens x micro-batches)
   // Allocates device-model memory through the rank's tracking allocator.
   std::function<Tensor(const TensorType&, AllocRole)> alloc;
+  // A stepped op's kernel (planner/graph/ops.hpp, OpStep) calls this between its steps: what
+  // the step before last used is freed, and what it allocates next belongs to the next step.
+  std::function<void()> step;
 };
 
 struct BackwardArgs {

@@ -46,7 +46,11 @@ class RankRunner {
       alloc_.begin_step();
       bound_.assign(p_.tensors.size(), Tensor{});
       loss_ = 0;
-      for (int32_t i = 0; i < static_cast<int32_t>(p_.instrs.size()); ++i) exec(i);
+      // A stepped op's kernel takes its kStep instructions itself (next_step): cur_ is the last.
+      for (int32_t i = 0; i < static_cast<int32_t>(p_.instrs.size()); i = cur_ + 1) {
+        cur_ = i;
+        exec(i);
+      }
       if (stage_ == s_.setup.pp - 1 && tp_rank_ == 0) out_.losses.push_back(loss_ / step_tokens());
       be_.synchronize();
       out_.memory.step_seconds.push_back(
@@ -97,15 +101,13 @@ class RankRunner {
   void exec(int32_t i) {
     const Instr& in = p_.instrs[i];
     if (in.kind == InstrKind::kFree) return;  // the plan's prediction, not an instruction
+    if (in.kind == InstrKind::kStep)
+      throw std::logic_error("plan step '" + p_.instr_name(in) + "' was not taken by its op's kernel");
     alloc_.set_instruction(i);
     auto start = std::chrono::steady_clock::now();
     dispatch(in);
     release_unplanned();
-    for (int32_t id : dies_after_[i]) {
-      if (!bound_[id]) continue;  // never allocated: the event comparison reports it
-      alloc_.release(bound_[id].data);
-      bound_[id] = {};
-    }
+    release_dead(cur_);
     if (!opt_.profile || step_ + 1 != opt_.steps) return;
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::string key = name_of(in.kind);
@@ -159,6 +161,7 @@ class RankRunner {
         params_.reduce_bucket(in.block, bound(p_.reads(in)[0]));
         break;
       case InstrKind::kFree:
+      case InstrKind::kStep:  // taken by the op's kernel (next_step)
         break;
     }
   }
@@ -290,6 +293,7 @@ class RankRunner {
         out_ids_.push_back(id);
     }
     next_out_ = next_ws_ = 0;
+    if (!ctx.step) ctx.step = [this, &ctx] { next_step(ctx); };  // set once: it runs hook too
     ctx.alloc = [this, &in](const TensorType& type, AllocRole role) {
       int32_t id = -1;
       if (role == AllocRole::kOutput && next_out_ < out_ids_.size()) id = out_ids_[next_out_++];
@@ -306,12 +310,64 @@ class RankRunner {
     };
   }
 
-  // Releases, at the end of the instruction, what the plan did not name (the allocator keeps it
-  // as an unplanned allocation: a divergence).
+  // Releases, at the end of the op's instructions, what the plan did not name (the allocator
+  // keeps it as an unplanned allocation: a divergence).
   void release_unplanned() {
     for (const Pending& pa : pending_)
       if (pa.id < 0) alloc_.release(pa.tensor.data);
     pending_.clear();
+  }
+  // The tensors whose last use was instruction i.
+  void release_dead(int32_t i) {
+    for (int32_t id : dies_after_[i]) {
+      if (!bound_[id]) continue;  // never allocated: the event comparison reports it
+      alloc_.release(bound_[id].data);
+      bound_[id] = {};
+    }
+  }
+
+  // OpContext::step: a stepped op's kernel goes on to its next step, the next kStep instruction
+  // (frees aside) of the same op. The step's dead tensors are released; its unplanned
+  // allocations are kept to the op's end (the kernel may still use them).
+  void next_step(OpContext& ctx) {
+    const Instr& was = p_.instrs[cur_];
+    bind_grad_inputs();
+    int32_t j = cur_ + 1;
+    while (j < static_cast<int32_t>(p_.instrs.size()) && p_.instrs[j].kind == InstrKind::kFree) ++j;
+    if (j == static_cast<int32_t>(p_.instrs.size()) || p_.instrs[j].kind != InstrKind::kStep ||
+        p_.instrs[j].block != was.block || p_.instrs[j].op != was.op || p_.instrs[j].mb != was.mb)
+      throw std::logic_error("the kernel of '" + p_.instr_name(was) +
+                             "' takes a step its plan does not have");
+    std::vector<Pending> unplanned;
+    for (const Pending& pa : pending_)
+      if (pa.id < 0) unplanned.push_back(pa);
+    pending_.clear();
+    release_dead(cur_);
+    cur_ = j;
+    alloc_.set_instruction(j);
+    hook(ctx, p_.instrs[j]);
+    pending_ = std::move(unplanned);
+  }
+
+  // Gradients the backward's kernel allocated (so far): bound to the plan's gradient of that input
+  // among the current instruction's allocations, if it has one.
+  void bind_grad_inputs() {
+    if (!bw_gin_) return;
+    const Instr& in = p_.instrs[cur_];
+    const GraphOp& op = p_.blocks[in.block].graph->ops[in.op];
+    std::vector<Tensor>& gin = *bw_gin_;
+    for (size_t k = 0; k < gin.size(); ++k) {
+      if (bw_ids_->grad_inputs[k] >= 0 || !gin[k]) continue;
+      for (Pending& pa : pending_) {
+        if (pa.tensor.data != gin[k].data || pa.id >= 0) continue;
+        for (int32_t a : p_.allocs(in))
+          if (p_.tensors[a].kind == ValueKind::kGrad && p_.tensors[a].tensor == op.inputs[k])
+            pa.id = a;
+        if (pa.id < 0) continue;
+        alloc_.bind(gin[k].data, pa.id, p_.tensor_name(pa.id));
+        bound_[pa.id] = gin[k];
+      }
+    }
   }
 
   Tensor bound(int32_t id) const {
@@ -349,23 +405,15 @@ class RankRunner {
     hook(ctx, in);
     const bool fsdp_grads = s_.setup.fsdp && !op.weights.empty();
     if (fsdp_grads) params_.fsdp_stage_grads(in.block, in.op);
+    bw_ids_ = &ids, bw_gin_ = &gin;
     be_.backward(ctx, {inputs, outputs, gout, gin, params_.weights(in.block, in.op),
                        params_.weight_grads(in.block, in.op)});
-    // Gradients the kernel allocated: bound to the plan's gradient of that input, if it has one.
-    for (size_t k = 0; k < gin.size(); ++k) {
-      if (ids.grad_inputs[k] >= 0 || !gin[k]) continue;
-      for (Pending& pa : pending_) {
-        if (pa.tensor.data != gin[k].data) continue;
-        for (int32_t a : p_.allocs(in))
-          if (p_.tensors[a].kind == ValueKind::kGrad && p_.tensors[a].tensor == op.inputs[k])
-            pa.id = a;
-        if (pa.id < 0) continue;
-        alloc_.bind(gin[k].data, pa.id, p_.tensor_name(pa.id));
-        bound_[pa.id] = gin[k];
-      }
-    }
-    // FSDP2: autograd's bf16 gradient of the op's weights, after its input gradients.
-    if (int32_t id = fsdp_grads ? allocated(in, ValueKind::kGradBucket) : -1; id >= 0) {
+    bind_grad_inputs();
+    bw_ids_ = nullptr, bw_gin_ = nullptr;
+    // FSDP2: autograd's bf16 gradient of the op's weights, after its input gradients (a stepped
+    // op's, in its last step).
+    const Instr& last = p_.instrs[cur_];
+    if (int32_t id = fsdp_grads ? allocated(last, ValueKind::kGradBucket) : -1; id >= 0) {
       int64_t n = 0;
       for (const WeightShape& w : op.weights) n += w.elements();
       params_.fsdp_take_grads(in.block, in.op, allocate_planned(id, n, Dtype::kBf16));
@@ -446,6 +494,9 @@ class RankRunner {
   std::vector<int32_t> out_ids_, ws_ids_;
   size_t next_out_ = 0, next_ws_ = 0;
   std::vector<Pending> pending_;
+  int32_t cur_ = 0;  // the instruction running (a stepped op's: its current step)
+  const BackwardOperands* bw_ids_ = nullptr;  // the backward running: its operands' ids
+  std::vector<Tensor>* bw_gin_ = nullptr;     // ... and its input gradients
   double loss_ = 0;
   int step_ = 0;
   RankRun out_;

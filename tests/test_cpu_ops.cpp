@@ -156,6 +156,8 @@ uint64_t bits(const Tensor& t, int64_t i) {
       return u;
     }
     case Dtype::kU8:
+    case Dtype::kFp8E4m3:
+    case Dtype::kFp8E5m2:
       return t.as<uint8_t>()[i];
     case Dtype::kI64:
       return static_cast<uint64_t>(t.as<int64_t>()[i]);

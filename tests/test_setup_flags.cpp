@@ -20,7 +20,7 @@ auto fields(const TrainSpec& t) {
                          t.optimizer, t.recompute, t.tp_recompute_allgather, t.stage_layers,
                          t.overlap_grad_reduce, t.overlap_param_gather, t.tp_comm_overlap,
                          t.mtp_layers, t.fsdp, t.dp_replicate, t.reshard_after_forward,
-                         t.recompute_every);
+                         t.recompute_every, t.fp8, t.fp8_filter);
 }
 
 // The flags of a command line (" --tp 8 --pp 2 ...") as the CLI would give them.
@@ -42,7 +42,7 @@ TEST(SetupFlags, TableNamesAreUniqueWithHelpAndDefaultsThatParse) {
     if (f.count && !f.default_text.empty())
       EXPECT_TRUE(parse_count_flag(f.name, f.default_text, f.lo, f.hi).ok()) << f.name;
   }
-  EXPECT_EQ(names.size(), 32u);
+  EXPECT_EQ(names.size(), 33u);
 }
 
 TEST(SetupFlags, DefaultsAreTheSetupDefaults) {
@@ -104,6 +104,7 @@ TEST(SetupFlags, AConfigIsOverriddenByExactlyTheFlagsGiven) {
                     : f.name == "--virtual-stages"   ? "1"
                     : f.name == "--attention"        ? "eager"
                     : f.name == "--impl"             ? "megatron"
+                    : f.name == "--fp8"              ? "rowwise"
                     : f.name == "--cross-entropy-fusion" ? "native"
                     : f.name == "--gradient-accumulation-fusion" ||
                             f.name == "--dataloader-attention-mask"

@@ -62,8 +62,10 @@ class CpuBackend final : public Backend {
       case OpKind::kAllReduce:
         return all_reduce_forward(env, in, w);
       case OpKind::kColumnLinear:
+        if (ctx.op->attrs.fp8 != Fp8Recipe::kNone) return float8_linear_forward(env, in, w);
         return column_linear_forward(env, in, w);
       case OpKind::kRowLinear:
+        if (ctx.op->attrs.fp8 != Fp8Recipe::kNone) return float8_linear_forward(env, in, w);
         return row_linear_forward(env, in, w);
       case OpKind::kRope:
         return rope_forward(env, in, w);
@@ -188,8 +190,10 @@ class CpuBackend final : public Backend {
       case OpKind::kAllReduce:
         return all_reduce_backward(env, a);
       case OpKind::kColumnLinear:
+        if (ctx.op->attrs.fp8 != Fp8Recipe::kNone) return float8_linear_backward(env, a);
         return column_linear_backward(env, a);
       case OpKind::kRowLinear:
+        if (ctx.op->attrs.fp8 != Fp8Recipe::kNone) return float8_linear_backward(env, a);
         return row_linear_backward(env, a);
       case OpKind::kRope:
         return rope_backward(env, a);

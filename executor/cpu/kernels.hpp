@@ -125,6 +125,8 @@ NP_CPU_OP(gather_features)
 NP_CPU_OP(scatter_rows)
 // linear.cpp
 NP_CPU_OP(column_linear)
+// float8.cpp: torchao's Float8Linear (column or row linear with OpAttrs::fp8)
+NP_CPU_OP(float8_linear)
 NP_CPU_OP(row_linear)
 NP_CPU_OP(router)
 NP_CPU_OP(expert_column)

@@ -35,6 +35,21 @@ double BlockGraph::backward_flops() const {
   return f;
 }
 
+std::string torchtitan_fqn(const std::string& name) {
+  if (name == "lm_head") return "output";
+  for (auto [ours, theirs] : {std::pair{"attn.", "attention."}, {"mlp.", "feed_forward."}})
+    if (name.rfind(ours, 0) == 0) return theirs + name.substr(std::string(ours).size());
+  return name;
+}
+
+bool float8_linear(const TrainSpec& t, const std::string& fqn, int64_t in, int64_t out) {
+  if (t.fp8 == Fp8Recipe::kNone || t.impl != Impl::kTorchtitan) return false;
+  if (in % 16 != 0 || out % 16 != 0) return false;
+  for (const std::string& f : t.fp8_filter)
+    if (fqn.find(f) != std::string::npos) return false;
+  return true;
+}
+
 namespace {
 
 // Appends ops and tensors in topological order, shapes from the op table.
@@ -66,6 +81,10 @@ class Builder {
         t_.impl == Impl::kMegatron && !t_.grad_accum_fusion)
       attrs.dense_wgrad = true;
     name = prefix_ + name;
+    if ((kind == OpKind::kColumnLinear || kind == OpKind::kRowLinear) && in.size() == 1 &&
+        float8_linear(t_, torchtitan_fqn(name), in[0].shape.at(1) * (kind == OpKind::kRowLinear ? t_.tp : 1),
+                      attrs.features * (kind == OpKind::kColumnLinear ? t_.tp : 1)))
+      attrs.fp8 = t_.fp8;
     GraphOp o{kind, name, attrs, inputs, {}, info.weights(attrs, in)};
     o.mtp_depth = mtp_depth_, o.mtp_checkpointed = checkpointed_;
     o.flops = info.flops(attrs, in);

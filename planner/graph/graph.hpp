@@ -99,6 +99,14 @@ std::vector<bool> backward_runs(const BlockGraph& g);
 // Per tensor: some op's backward reads it (the op table's bwd_reads bits).
 std::vector<bool> backward_reads(const BlockGraph& g);
 
+// torchtitan's name of a decoder layer's or the head's op, less the "layers.N." prefix (attn.wq:
+// attention.wq, mlp.w1: feed_forward.w1, lm_head: output).
+std::string torchtitan_fqn(const std::string& name);
+// Whether a linear (of torchtitan name `fqn`, its global in and out features) runs as a float8
+// linear under the setup: TrainSpec::fp8 and the torchtitan profile, both dimensions multiples of
+// 16, no filter of fp8_filter inside its name (torchtitan's module_filter_fn).
+bool float8_linear(const TrainSpec& t, const std::string& fqn, int64_t in, int64_t out);
+
 // Exact parameter count of the model: the blocks built at tp = pp = dp = ep = 1, tied weights
 // once, without the multi-token prediction modules.
 int64_t count_parameters(const ModelSpec& m);

@@ -209,6 +209,9 @@ struct OpAttrs {
   // The losses: the weight of this loss in the step's (1; a multi-token prediction depth's:
   // TrainSpec::mtp_loss_scale / depths).
   double loss_weight = 1.0;
+  // Column and row linears: torchao's Float8Linear (TrainSpec::fp8), its forward and backward run
+  // as the steps of float8_steps.
+  Fp8Recipe fp8 = Fp8Recipe::kNone;
 };
 
 struct WeightShape {
@@ -253,6 +256,28 @@ struct OpInfo {
   std::vector<TensorType> (*fwd_workspace)(const OpAttrs&,
                                            std::span<const TensorType> in) = nullptr;
 };
+
+// One step of an op whose forward or backward is eager code with temporaries that die between
+// its calls (torchao's Float8Linear: each cast to float8 is abs, max, a scale, an fp32 copy, its
+// product by the scale, the saturating clamp and the float8 result, each a PyTorch op that frees
+// what the next no longer needs). A step allocates its temporaries (workspaces), in order; reads
+// some earlier ones (by their index among the op's temporaries, in allocation order); and may
+// allocate the op's results. A temporary dies after the last step that allocates or reads it.
+// The schedule emits step 0 as the op's instruction and every further step as a kStep
+// instruction; an executor's kernel runs once and passes from step to step (OpContext::step).
+struct OpStep {
+  std::vector<TensorType> temps;
+  std::vector<int> reads;
+  unsigned results = 0;  // kStepResults and kStepWeightGrads
+};
+// The forward's outputs, or the backward's input gradients; FSDP2's bf16 weight gradients.
+inline constexpr unsigned kStepResults = 1, kStepWeightGrads = 2;
+// The steps of an op's forward or backward; empty: it runs as one step with its workspaces.
+std::vector<OpStep> op_steps(const OpInfo& info, const OpAttrs& attrs,
+                             std::span<const TensorType> in, bool forward);
+// The largest bytes of temporaries and results live at once in a stepped pass, less the results'
+// bytes (`results`): the workspace that, allocated with the results, peaks as the steps do.
+int64_t steps_peak_workspace(const std::vector<OpStep>& steps, int64_t results);
 
 // The forward scratch of an op (empty for most).
 std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& attrs,

@@ -21,7 +21,7 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
           "tp_recompute_allgather", "pp_schedule", "virtual_stages", "attention", "impl",
           "recompute", "optimizer", "grad_accum_dtype", "moe_capacity_factor",
           "cross_entropy_fusion", "gradient_accumulation_fusion", "fsdp",
-          "reshard_after_forward", "dp_replicate", "recompute_every"});
+          "reshard_after_forward", "dp_replicate", "recompute_every", "fp8"});
   TrainSpec s;
   s.tp = r.integer_in("tp", 1, 4096, s.tp), s.pp = r.integer_in("pp", 1, 4096, s.pp);
   s.dp = r.integer_in("dp", 1, 1 << 20, s.dp);
@@ -49,6 +49,7 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   s.reshard_after_forward = r.boolean("reshard_after_forward", true);
   s.dp_replicate = r.integer_in("dp_replicate", 1, 1 << 20, 1);
   s.recompute_every = r.integer_in("recompute_every", 1, 1 << 20, 1);
+  s.fp8 = r.choice("fp8", Fp8Recipe::kNone);
   if (auto e = r.error()) return *e;
   return s;
 }
@@ -72,7 +73,7 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   TomlReader r(m ? *m : empty, sc.path, "matrix.");
   r.only({"tp", "pp", "dp", "cp", "ep", "zero", "sp", "pp_schedule", "recompute", "attention",
           "impl", "tp_recompute_allgather", "reshard_after_forward", "dp_replicate",
-          "recompute_every"});
+          "recompute_every", "fp8"});
   std::vector<int64_t> tps = r.list<int64_t>("tp", sc.base.tp),
                        pps = r.list<int64_t>("pp", sc.base.pp);
   std::vector<int64_t> replicates = r.list<int64_t>("dp_replicate", sc.base.dp_replicate),
@@ -94,10 +95,12 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   if (!atts) return atts.error();
   auto impls = enums(r, "impl", sc.base.impl);
   if (!impls) return impls.error();
+  auto fp8s = enums(r, "fp8", sc.base.fp8);
+  if (!fp8s) return fp8s.error();
   size_t combinations = tps.size() * pps.size() * dps.size() * cps.size() * eps.size() *
                         zeros.size() * sps.size() * regathers.size() * scheds->size() *
                         recs->size() * atts->size() * impls->size() * reshards.size() *
-                        replicates.size() * everys.size();
+                        replicates.size() * everys.size() * fp8s->size();
   if (combinations > 4096)
     return make_error(sc.path + ": [matrix] spans " + std::to_string(combinations) +
                       " combinations (valid: at most 4,096)");
@@ -116,12 +119,13 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
                         for (bool rg : regathers)
                         for (bool reshard : reshards)
                         for (int64_t replicate : replicates)
-                        for (int64_t every : everys) {
+                        for (int64_t every : everys)
+                        for (Fp8Recipe fp8 : *fp8s) {
                           if (!sp && !rg)
                             continue;  // without SP there is no all-gather to keep: a duplicate
                           TrainSpec t = sc.base;
                           t.reshard_after_forward = reshard, t.dp_replicate = replicate;
-                          t.recompute_every = every;
+                          t.recompute_every = every, t.fp8 = fp8;
                           t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
                           t.dp = dp, t.cp = cp, t.ep = ep;
                           t.zero = static_cast<int>(std::clamp<int64_t>(zero, -1, 4));
@@ -160,7 +164,8 @@ std::string describe_short(const TrainSpec& t) {
          " recompute " + name_of(t.recompute) +
          (t.recompute_every > 1 ? " every " + std::to_string(t.recompute_every) : "") +
          (t.sp && !t.tp_recompute_allgather ? " keep-gathered" : "") + " " + name_of(t.attention) +
-         (t.impl != Impl::kNanotron ? std::string(" ") + name_of(t.impl) : "");
+         (t.impl != Impl::kNanotron ? std::string(" ") + name_of(t.impl) : "") +
+         (t.fp8 != Fp8Recipe::kNone ? std::string(" fp8 ") + name_of(t.fp8) : "");
 }
 
 Result<std::string> find_scenario(const std::string& name, const std::string& models_dir) {

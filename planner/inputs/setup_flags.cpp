@@ -139,6 +139,14 @@ std::vector<SetupFlag> make_table() {
        "w1/w3 linears, complex fp32 RoPE, SDPA flash, fp32 log-softmax)",
        "nanotron", false, kMin, kMax, [](T& to, const T& f) { to.impl = f.impl; },
        [](const T& t) -> std::string { return t.impl != Impl::kNanotron ? std::string(name_of(t.impl)) : ""; }},
+      {"--fp8",
+       "none, tensorwise, rowwise: the linears as torchao's Float8Linear (--impl torchtitan under "
+       "--fsdp, tp 1): dynamic scaling per tensor (e4m3, e5m2 output gradients) or per row "
+       "(e4m3, power-of-2 scales); linears with a dimension not a multiple of 16 stay bf16",
+       "none", false, kMin, kMax, [](T& to, const T& f) { to.fp8 = f.fp8, to.fp8_filter = f.fp8_filter; },
+       [](const T& t) -> std::string {
+         return t.fp8 != Fp8Recipe::kNone ? std::string(name_of(t.fp8)) : "";
+       }},
       {"--cross-entropy-fusion",
        "Megatron's loss under --impl megatron: none (vocab_parallel_cross_entropy, fp32 softmax "
        "kept), native (--cross-entropy-loss-fusion, the same memory), te "
@@ -318,6 +326,7 @@ Result<TrainSpec> setup_from_flags(const SetupText& s, bool budgeted) {
                                                                       : 1;
   take(parse_enum<AttentionImpl>("--attention", s["--attention"]), t.attention);
   take(parse_enum<Impl>("--impl", s["--impl"]), t.impl);
+  take(parse_enum<Fp8Recipe>("--fp8", s["--fp8"]), t.fp8);
   take(parse_enum<LossFusion>("--cross-entropy-fusion", s["--cross-entropy-fusion"]),
        t.loss_fusion);
   take(parse_switch("--gradient-accumulation-fusion", s["--gradient-accumulation-fusion"], "on",

@@ -19,6 +19,8 @@ int64_t dtype_bytes(Dtype d) {
     case Dtype::kFp32:
       return 4;
     case Dtype::kU8:
+    case Dtype::kFp8E4m3:
+    case Dtype::kFp8E5m2:
       return 1;
     case Dtype::kI64:
       return 8;
@@ -27,8 +29,12 @@ int64_t dtype_bytes(Dtype d) {
 }
 
 const char* name_of(Dtype d) {
-  constexpr const char* k[] = {"bf16", "fp32", "u8", "i64"};
+  constexpr const char* k[] = {"bf16", "fp32", "u8", "i64", "float8_e4m3fn", "float8_e5m2"};
   return k[static_cast<int>(d)];
+}
+const char* name_of(Fp8Recipe r) {
+  constexpr const char* k[] = {"none", "tensorwise", "rowwise"};
+  return k[static_cast<int>(r)];
 }
 const char* name_of(Norm n) {
   return n == Norm::kRms ? "rmsnorm" : "layernorm";
@@ -89,6 +95,10 @@ Result<Impl> parse_enum(std::string_view f, std::string_view t) {
   return pick(f, t,
               std::array{Impl::kNanotron, Impl::kMegatron, Impl::kFused, Impl::kHf,
                          Impl::kTorchtitan});
+}
+template <>
+Result<Fp8Recipe> parse_enum(std::string_view f, std::string_view t) {
+  return pick(f, t, std::array{Fp8Recipe::kNone, Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise});
 }
 template <>
 Result<LossFusion> parse_enum(std::string_view f, std::string_view t) {
@@ -550,6 +560,30 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
     if (t.tp > 1 && !t.sp)
       return fail("--impl torchtitan runs tensor parallelism with sequence parallelism, as "
                   "torchtitan does; use --sp on");
+  }
+  if (t.fp8 != Fp8Recipe::kNone) {
+    // torchao's Float8Linear as torchtitan converts the linears (graph.cpp, float8_linear).
+    std::string fp8 = std::string("--fp8 ") + name_of(t.fp8);
+    if (t.impl != Impl::kTorchtitan)
+      return fail(fp8 + " is torchao's Float8Linear in torchtitan's model; use --impl "
+                        "torchtitan, or --fp8 none");
+    if (!t.fsdp)
+      return fail(fp8 + " is modelled under FSDP2, torchtitan's data parallelism; add --fsdp, "
+                        "or use --fp8 none");
+    if (t.tp > 1)
+      return fail(fp8 + " at --tp " + str(t.tp) +
+                  ": torchao's float8 tensor parallelism (float8 all-gathers of the linears' "
+                  "inputs) is not modelled; use --tp 1, or --fp8 none");
+    if (t.recompute == Recompute::kSelectiveOp)
+      return fail(fp8 + " with --recompute selective-op: the per-op policy sees torchao's "
+                        "float8 GEMMs through its tensor subclass, which is not modelled; use "
+                        "--recompute none or full (with --recompute-every), or --fp8 none");
+    for (const std::string& f : t.fp8_filter)
+      if (f.find("layers") != std::string::npos)
+        return fail("the float8 filter " + quote_input(f) +
+                    " names layers by index, and nanoplan's decoder layers share one graph; "
+                    "name a module of every layer (valid: e.g. attention.wq, feed_forward.w2, "
+                    "output)");
   }
   if (t.cp > 1 && t.attention != AttentionImpl::kFlash)
     return fail("--cp " + str(t.cp) +

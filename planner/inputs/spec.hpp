@@ -13,7 +13,10 @@
 
 namespace np {
 
-enum class Dtype { kBf16, kFp32, kU8, kI64 };
+// fp8: the OCP formats (OCP 8-bit Floating Point Specification, OFP8, rev. 1.0, 2023; Micikevicius
+// et al., "FP8 Formats for Deep Learning", arXiv:2209.05433, Table 1), PyTorch's float8_e4m3fn
+// and float8_e5m2.
+enum class Dtype { kBf16, kFp32, kU8, kI64, kFp8E4m3, kFp8E5m2 };
 enum class Norm { kRms, kLayer };
 enum class Activation { kSwiGlu, kGelu };
 enum class PosEmb { kRope, kLearned };
@@ -39,6 +42,12 @@ enum class AttentionImpl { kFlash, kEager };
 //             q, k and v, w1 and w3 as two linears with F.silu and the product as PyTorch ops,
 //             and the loss as F.cross_entropy of an fp32 copy of the logits (components/loss.py).
 enum class Impl { kNanotron, kMegatron, kFused, kHf, kTorchtitan };
+// float8 linears (--fp8): torchao's Float8Linear with dynamic scaling (pytorch/ao 36027d8,
+// torchao/float8/config.py): tensorwise (Float8LinearConfig's defaults: e4m3 input and weight,
+// e5m2 output gradient, one fp32 scale per tensor) or rowwise (its "rowwise" recipe: e4m3
+// throughout, one scale per row or column, rounded down to a power of 2).
+enum class Fp8Recipe { kNone, kTensorwise, kRowwise };
+const char* name_of(Fp8Recipe r);
 // Megatron's cross-entropy (--impl megatron): none, vocab_parallel_cross_entropy; native, its
 // fused form (--cross-entropy-loss-fusion), which keeps the same fp32 softmax; te, Transformer
 // Engine's parallel_cross_entropy (--cross-entropy-fusion-impl te), which keeps only the bf16
@@ -188,6 +197,12 @@ struct TrainSpec {
   int64_t virtual_stages = 1;
   AttentionImpl attention = AttentionImpl::kFlash;
   Impl impl = Impl::kNanotron;  // whose kernels the layer is built from (--impl)
+  // float8 linears (--fp8; torchtitan's float8 converter): the torchtitan profile's linears as
+  // torchao's Float8Linear, under FSDP2 and tp 1. Linears with a dimension not a multiple of 16,
+  // or whose torchtitan name contains one of fp8_filter (its filter_fqns), stay bf16
+  // (torchtitan's module_filter_fn, torchtitan/components/quantization/utils.py).
+  Fp8Recipe fp8 = Fp8Recipe::kNone;
+  std::vector<std::string> fp8_filter;
   LossFusion loss_fusion = LossFusion::kNone;  // megatron only (--cross-entropy-fusion)
   // Megatron's gradient-accumulation fusion (megatron only; on by default, off with its
   // --no-gradient-accumulation-fusion): on, each weight-gradient GEMM adds into the fp32 main_grad

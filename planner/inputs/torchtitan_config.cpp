@@ -219,11 +219,16 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
                       ")");
   c.given.insert("--model");
   t.mtp_layers = 0;  // torchtitan's deepseek_v3 trains no multi-token prediction module
-  for (const std::string& conv : converters)
-    if (conv.find("float8") != std::string::npos || conv.find("mx") != std::string::npos)
+  // The float8 linears' converter (registered as "quantize.linear.float8", "float8" before the
+  // quantize section); MX linears are not modelled.
+  bool float8 = false;
+  for (const std::string& conv : converters) {
+    if (conv == "quantize.linear.float8" || conv == "float8")
+      float8 = true;
+    else if (conv.find("mx") != std::string::npos)
       c.notes.push_back(path + ": model.converters " + quote_input(conv, '"') +
-                        ": low-precision linears are not modelled yet; estimated as bf16 "
-                        "linears (torchao's Float8Linear saves the bf16 input as they do)");
+                        ": MX linears are not modelled; estimated as bf16 linears");
+  }
 
   // [training]
   TomlReader training = section("training");
@@ -508,10 +513,35 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
                                 root.table("float8")}) {
     if (!f8) continue;
     TomlReader r(*f8, path, f8 == root.table("float8") ? "float8." : "quantize.linear.float8.");
-    if (r.boolean("enable_fsdp_float8_all_gather", false))
-      c.notes.push_back(path + ": enable_fsdp_float8_all_gather: not modelled yet; the all-gathers "
-                               "are estimated in bf16");
+    // torchtitan 238fa99, torchtitan/config/job_config.py Float8Linear: recipe_name None is
+    // Float8LinearConfig's defaults, tensorwise.
+    const std::string recipe = r.string("recipe_name", "tensorwise");
+    const std::vector<std::string> filter = r.strings("filter_fqns");
+    const bool gather = r.boolean("enable_fsdp_float8_all_gather", false);
+    const bool emulate = r.boolean("emulate", false);
     if (auto e = r.error()) return *e;
+    if (!float8) continue;
+    if (recipe != "tensorwise" && recipe != "rowwise")
+      return make_error(r.where("recipe_name") + ": recipe_name " + quote_input(recipe, '"') +
+                        " is not modelled (valid: \"tensorwise\", \"rowwise\")");
+    for (const std::string& f : filter)
+      if (f == "auto_filter_small_kn")
+        return make_error(r.where("filter_fqns") + ": filter_fqns \"auto_filter_small_kn\" "
+                          "(torchao's per-shape choice) is not modelled (valid: module names "
+                          "such as \"output\" or \"attention.wq\")");
+    t.fp8 = recipe == "rowwise" ? Fp8Recipe::kRowwise : Fp8Recipe::kTensorwise;
+    t.fp8_filter = filter;
+    c.given.insert("--fp8");
+    if (gather)
+      c.notes.push_back(path + ": enable_fsdp_float8_all_gather: not modelled yet; the all-gathers "
+                               "are estimated in bf16 (twice the float8 bytes)");
+    if (emulate)
+      c.notes.push_back(path + ": emulate: estimated as the float8 GEMMs (the emulation's fp32 "
+                               "copies are not modelled)");
+  }
+  if (float8 && t.fp8 == Fp8Recipe::kNone) {  // the converter with its defaults
+    t.fp8 = Fp8Recipe::kTensorwise;
+    c.given.insert("--fp8");
   }
   if (auto e = root.error()) return *e;
   c.given.insert("--tp"), c.given.insert("--pp"), c.given.insert("--dp"), c.given.insert("--cp");

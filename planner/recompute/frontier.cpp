@@ -38,7 +38,32 @@ class OptionEvaluator {
       int64_t f = 0, b = 0;
       for (const TensorType& w : forward_workspace(info, op.attrs, in)) f += w.bytes();
       for (const TensorType& w : info.bwd_workspace(op.attrs, in)) b += w.bytes();
+      // A stepped op (ops.hpp, OpStep): the workspace that, with its outputs, peaks as the steps.
+      if (std::vector<OpStep> steps = op_steps(info, op.attrs, in, true); !steps.empty()) {
+        int64_t out = 0;
+        for (int t : op.outputs) out += g.tensors[t].type.bytes();
+        f = steps_peak_workspace(steps, out);
+      }
       fwd_ws_.push_back(f), bwd_ws_.push_back(b);
+    }
+    // And with the input gradients it allocates, which are the same under every mask (the
+    // backward's order and runs are).
+    std::vector<char> has(n_, 0);
+    if (g.hidden_out >= 0) has[g.hidden_out] = 1;
+    for (int o = static_cast<int>(g.ops.size()) - 1; o >= 0; --o) {
+      if (!runs_[o]) continue;
+      const GraphOp& op = g.ops[o];
+      const OpInfo& info = op_info(op.kind);
+      int64_t fresh = 0;
+      std::vector<TensorType> in;
+      for (size_t k = 0; k < op.inputs.size(); ++k) {
+        int t = op.inputs[k];
+        in.push_back(g.tensors[t].type);
+        if (!(info.grad_inputs >> k & 1u) || has[t]) continue;
+        fresh += g.tensors[t].type.bytes(), has[t] = 1;
+      }
+      if (std::vector<OpStep> steps = op_steps(info, op.attrs, in, false); !steps.empty())
+        bwd_ws_[o] = steps_peak_workspace(steps, fresh);
     }
     bytes_.resize(3 * n_);
     for (int t = 0; t < n_; ++t)

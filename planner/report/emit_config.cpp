@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <set>
@@ -15,6 +16,25 @@
 namespace np {
 
 namespace {
+
+// A TOML basic string: quotes and backslashes escaped, control characters as \uXXXX.
+std::string toml_string(const std::string& v) {
+  std::string out = "\"";
+  for (char ch : v) {
+    unsigned char c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
 
 // A layer block's policy as the set of ops it re-runs.
 std::vector<std::string> recomputed_ops(const StageBlock& b) {
@@ -241,7 +261,8 @@ std::string emit_torchtitan(const Schedule& s) {
   std::vector<std::string> notes;
   std::string out = "# torchtitan settings closest to nanoplan's plan for " + s.model.name + "\n";
   if (auto f = torchtitan_flavor(s.model.name))
-    out += "[model]\nname = \"" + f->first + "\"\nflavor = \"" + f->second + "\"\n\n";
+    out += "[model]\nname = \"" + f->first + "\"\nflavor = \"" + f->second + "\"\n" +
+           (t.fp8 != Fp8Recipe::kNone ? "converters = [\"quantize.linear.float8\"]\n" : "") + "\n";
   else
     notes.push_back("not expressible: " + s.model.name + " is no torchtitan flavor nanoplan knows");
   // The batch: under PP a step's local batch is its micro-batches; else accumulation steps.
@@ -356,6 +377,16 @@ std::string emit_torchtitan(const Schedule& s) {
   const bool op_sac = !layers.empty() && t.impl == Impl::kTorchtitan &&
                       std::all_of(layers.begin(), layers.end(),
                                   [](const Layer& l) { return l.op_sac; });
+  if (t.fp8 != Fp8Recipe::kNone) {  // torchtitan 238fa99, job_config.py Float8Linear
+    out += std::string("[quantize.linear.float8]\nrecipe_name = \"") + name_of(t.fp8) + "\"\n";
+    if (!t.fp8_filter.empty()) {
+      out += "filter_fqns = [";
+      for (size_t k = 0; k < t.fp8_filter.size(); ++k)
+        out += (k ? ", " : "") + toml_string(t.fp8_filter[k]);
+      out += "]\n";
+    }
+    out += "\n";
+  }
   out += "[activation_checkpoint]\n";
   if (op_sac)
     out += "mode = \"selective\"\nselective_ac_option = \"op\"\n";

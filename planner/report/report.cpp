@@ -327,6 +327,9 @@ std::string describe_setup(const TrainSpec& t) {
             ? std::string(" (cross-entropy fusion ") + name_of(t.loss_fusion) + ")"
             : std::string()) +
        (t.grad_accum_fusion ? std::string() : std::string(", no gradient-accumulation fusion")) +
+       (t.fp8 != Fp8Recipe::kNone
+            ? std::string(", float8 linears (torchao, ") + name_of(t.fp8) + " scaling)"
+            : std::string()) +
        "\n       recompute " + name_of(t.recompute) +
        (t.recompute == Recompute::kFull && t.recompute_every > 1
             ? " of 1 layer in " + std::to_string(t.recompute_every) +

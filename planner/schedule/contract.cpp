@@ -124,7 +124,20 @@ std::optional<Error> check_program(const StageProgram& p) {
     return make_error("schedule stage " + std::to_string(p.stage) + ": '" + p.instr_name(in) +
                       "' " + why);
   };
+  // The last op instruction (a stepped op's steps follow it), and the kind of its first.
+  const Instr* op_instr = nullptr;
+  InstrKind op_kind = InstrKind::kFree;
   for (const Instr& in : p.instrs) {
+    if (in.kind == InstrKind::kStep &&
+        (!op_instr || op_instr->block != in.block || op_instr->op != in.op || op_instr->mb != in.mb))
+      return fail(in, "is a step of no op's instruction before it");
+    if (in.kind == InstrKind::kForward || in.kind == InstrKind::kRecompute ||
+        in.kind == InstrKind::kBackward)
+      op_instr = &in, op_kind = in.kind;
+    else if (in.kind == InstrKind::kStep)
+      op_instr = &in;
+    else if (in.kind != InstrKind::kFree)
+      op_instr = nullptr;
     for (int32_t id : p.reads(in)) {
       if (id < 0 || id >= static_cast<int32_t>(p.tensors.size()))
         return fail(in, "reads an unknown tensor id " + std::to_string(id));
@@ -133,7 +146,9 @@ std::optional<Error> check_program(const StageProgram& p) {
       if (state[id] == kFreed)
         return fail(in, "reads " + p.tensor_name(id) + " after it was freed");
       const ScheduleTensor& t = p.tensors[id];
-      if (in.kind == InstrKind::kBackward && t.kind == ValueKind::kValue && t.block == in.block &&
+      if ((in.kind == InstrKind::kBackward ||
+           (in.kind == InstrKind::kStep && op_kind == InstrKind::kBackward)) &&
+          t.kind == ValueKind::kValue && t.block == in.block &&
           !p.blocks[t.block].saved.saved[t.tensor])
         return fail(in, "reads " + p.tensor_name(id) + ", which was neither kept nor recomputed");
     }

@@ -18,6 +18,11 @@
 //    the backward reads it) then its gradient (if it receives one and one already exists: the
 //    kernel accumulates into it). backward_operands() decodes this. Allocs are the op's backward
 //    workspaces, then the gradients of inputs that had none yet, in input order.
+//    A stepped op (ops.hpp, OpStep: torchao's float8 linear) goes on in kStep instructions, one
+//    per further step (frees between them): each reads the op instruction's reads again, then the
+//    op's earlier temporaries it uses, and allocates its own temporaries (workspaces), then, in
+//    the step that makes them, the outputs, or the input gradients and FSDP's weight gradients.
+//    The kernel runs once and passes from step to step through OpContext::step.
 // 4. kLoad allocates a micro-batch's token ids or targets; kRecv allocates the tensor it
 //    receives; kSend reads the tensor it sends; kOptimizerStep reads every static tensor.
 // 5. Lifetimes. Every non-static tensor dies right after its last use: the last instruction

@@ -89,6 +89,10 @@ json setup_to_json(const TrainSpec& t) {
   if (t.tp_comm_overlap) j["tp_comm_overlap"] = true;  // absent: off
   if (t.overlap_param_gather) j["overlap_param_gather"] = true;
   if (t.recompute_every > 1) j["recompute_every"] = t.recompute_every;  // absent: 1
+  if (t.fp8 != Fp8Recipe::kNone) {  // absent: none
+    j["fp8"] = name_of(t.fp8);
+    if (!t.fp8_filter.empty()) j["fp8_filter"] = t.fp8_filter;
+  }
   if (t.fsdp) {  // absent: off
     j["fsdp"] = true;
     j["dp_replicate"] = t.dp_replicate;
@@ -175,7 +179,7 @@ Result<TrainSpec> setup_from_json(const json& j) {
             "moe_capacity_factor", "cross_entropy_fusion", "gradient_accumulation_fusion",
             "dataloader_attention_mask", "make_vocab_size_divisible_by", "overlap_grad_reduce",
             "overlap_param_gather", "tp_comm_overlap", "mtp_layers", "mtp_loss_scale", "fsdp",
-            "dp_replicate", "reshard_after_forward", "recompute_every"});
+            "dp_replicate", "reshard_after_forward", "recompute_every", "fp8", "fp8_filter"});
     TrainSpec t;
     t.mtp_layers = r.has("mtp_layers") ? r.at("mtp_layers").integer(0, 16) : 0;
     if (r.has("mtp_loss_scale")) t.mtp_loss_scale = r.at("mtp_loss_scale").number();
@@ -200,6 +204,11 @@ Result<TrainSpec> setup_from_json(const json& j) {
     if (r.has("tp_comm_overlap")) t.tp_comm_overlap = r.at("tp_comm_overlap").boolean();
     if (r.has("fsdp")) t.fsdp = r.at("fsdp").boolean();
     if (r.has("recompute_every")) t.recompute_every = r.at("recompute_every").integer(1, 1 << 20);
+    if (r.has("fp8")) t.fp8 = r.at("fp8").choice<Fp8Recipe>();
+    if (r.has("fp8_filter")) {
+      Reader f = r.at("fp8_filter");
+      for (size_t k = 0; k < f.size(); ++k) t.fp8_filter.push_back(f.at(k).text());
+    }
     if (r.has("dp_replicate")) t.dp_replicate = r.at("dp_replicate").positive();
     if (r.has("reshard_after_forward"))
       t.reshard_after_forward = r.at("reshard_after_forward").boolean();
@@ -373,7 +382,7 @@ StageProgram read_stage(const Reader& r, const BlockGraphs& graphs) {
   constexpr InstrKind ikinds[] = {
       InstrKind::kAlloc,       InstrKind::kLoad, InstrKind::kForward,      InstrKind::kRecompute,
       InstrKind::kBackward,    InstrKind::kSend, InstrKind::kRecv,         InstrKind::kGatherParams,
-      InstrKind::kReduceGrads, InstrKind::kFree, InstrKind::kOptimizerStep};
+      InstrKind::kReduceGrads, InstrKind::kFree, InstrKind::kOptimizerStep, InstrKind::kStep};
   const int64_t ntensors = static_cast<int64_t>(p.tensors.size());
   Reader program = r.at("program");
   for (size_t i = 0; i < program.size(); ++i) {

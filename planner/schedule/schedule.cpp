@@ -34,7 +34,7 @@ int16_t stream_of(ValueKind k) {
 const char* name_of(InstrKind k) {
   constexpr const char* n[] = {"alloc",        "load", "forward",       "recompute",
                                "backward",     "send", "recv",          "gather_params",
-                               "reduce_grads", "free", "optimizer_step"};
+                               "reduce_grads", "free", "optimizer_step", "step"};
   return n[static_cast<int>(k)];
 }
 
@@ -395,24 +395,64 @@ class ProgramBuilder {
             static_cast<size_t>(value_offset_[b + 1] - value_offset_[b])};
   }
 
-  // Forward or backward workspace sizes per op of a block's graph, from the op table (cached).
-  const std::vector<std::vector<int64_t>>& workspace_bytes(int b, bool forward) {
+  // A per-op table of block b's graph, forward or backward (`make` of the op's info, attrs and
+  // input types), computed once per graph.
+  template <typename T, typename F>
+  const std::vector<T>& per_op(std::vector<std::pair<std::pair<const BlockGraph*, bool>,
+                                                     std::vector<T>>>& cache,
+                               int b, bool forward, F make) {
     const BlockGraph* g = p_.blocks[b].graph.get();
-    for (auto& [key, sizes] : workspace_cache_)
-      if (key.first == g && key.second == forward) return sizes;
-    std::vector<std::vector<int64_t>> sizes;
+    for (auto& [key, table] : cache)
+      if (key.first == g && key.second == forward) return table;
+    std::vector<T> table;
     for (const GraphOp& op : g->ops) {
       std::vector<TensorType> in;
       for (int i : op.inputs) in.push_back(g->tensors[i].type);
-      const OpInfo& info = op_info(op.kind);
-      std::vector<int64_t> bytes;
-      for (const TensorType& w :
-           forward ? forward_workspace(info, op.attrs, in) : info.bwd_workspace(op.attrs, in))
-        bytes.push_back(w.bytes());
-      sizes.push_back(std::move(bytes));
+      table.push_back(make(op_info(op.kind), op.attrs, in));
     }
-    workspace_cache_.emplace_back(std::make_pair(g, forward), std::move(sizes));
-    return workspace_cache_.back().second;
+    cache.emplace_back(std::make_pair(g, forward), std::move(table));
+    return cache.back().second;
+  }
+  // Forward or backward workspace sizes per op, from the op table.
+  const std::vector<std::vector<int64_t>>& workspace_bytes(int b, bool forward) {
+    return per_op(workspace_cache_, b, forward,
+                  [&](const OpInfo& info, const OpAttrs& a, const std::vector<TensorType>& in) {
+                    std::vector<int64_t> bytes;
+                    for (const TensorType& w :
+                         forward ? forward_workspace(info, a, in) : info.bwd_workspace(a, in))
+                      bytes.push_back(w.bytes());
+                    return bytes;
+                  });
+  }
+  // Forward or backward steps per op (ops.hpp, OpStep).
+  const std::vector<std::vector<OpStep>>& steps_of(int b, bool forward) {
+    return per_op(steps_cache_, b, forward,
+                  [&](const OpInfo& info, const OpAttrs& a, const std::vector<TensorType>& in) {
+                    return op_steps(info, a, in, forward);
+                  });
+  }
+  // A stepped op's instructions: step 0 goes on in the instruction begun (its reads made), each
+  // further step is a kStep instruction that reads those reads again (so they live to the op's
+  // end) and then the earlier temporaries it uses; `results` allocates what a step's
+  // OpStep::results names.
+  template <typename F>
+  void emit_steps(int32_t b, int32_t o, int32_t mb, const std::vector<OpStep>& steps, F&& results) {
+    const Instr first = p_.instrs.back();
+    const std::vector<int32_t> op_reads(p_.pool.begin() + first.begin,
+                                        p_.pool.begin() + first.begin + first.n_reads);
+    std::vector<int32_t> temps;
+    for (size_t k = 0; k < steps.size(); ++k) {
+      if (k > 0) {
+        begin(InstrKind::kStep, b, o, mb);
+        for (int32_t id : op_reads) read(id);
+      }
+      for (int r : steps[k].reads) read(temps.at(static_cast<size_t>(r)));
+      for (const TensorType& t : steps[k].temps) {
+        temps.push_back(new_tensor(t.bytes(), b, o, mb, Category::kTransient, ValueKind::kWorkspace));
+        alloc(temps.back());
+      }
+      if (steps[k].results) results(steps[k].results);
+    }
   }
 
   const ModelSpec& m_;
@@ -433,6 +473,8 @@ class ProgramBuilder {
   }
   std::vector<std::pair<std::pair<const BlockGraph*, bool>, std::vector<std::vector<int64_t>>>>
       workspace_cache_;
+  std::vector<std::pair<std::pair<const BlockGraph*, bool>, std::vector<std::vector<OpStep>>>>
+      steps_cache_;
 
   // FSDP2 (TrainSpec::fsdp). Per block (one FSDP unit each): the elements of its weights, each
   // padded on dim 0 to a multiple of the shard group (FSDPParam: padded_sharded_param_size x
@@ -631,16 +673,23 @@ void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_re
     begun = true;
     for (int in : op.inputs) read(v[in]);  // first: the executors take the op's inputs from them
     for (int32_t id : std::exchange(popped, {})) read(id);
+    auto outputs = [&](unsigned) {
+      for (int out : op.outputs) {
+        bool saved = !recompute && blk.saved.saved[out];
+        v[out] = new_tensor(g.tensors[out].type.bytes(), b, out, mb,
+                            saved ? Category::kActivation : Category::kTransient,
+                            recompute ? ValueKind::kRecomputed : ValueKind::kValue);
+        alloc(v[out]);
+      }
+    };
+    if (const std::vector<OpStep>& steps = steps_of(b, true)[o]; !steps.empty()) {
+      emit_steps(b, static_cast<int32_t>(o), mb, steps, outputs);
+      continue;
+    }
     for (int64_t bytes : workspace_bytes(b, true)[o])
       alloc(new_tensor(bytes, b, static_cast<int32_t>(o), mb, Category::kTransient,
                        ValueKind::kWorkspace));
-    for (int out : op.outputs) {
-      bool saved = !recompute && blk.saved.saved[out];
-      v[out] = new_tensor(g.tensors[out].type.bytes(), b, out, mb,
-                          saved ? Category::kActivation : Category::kTransient,
-                          recompute ? ValueKind::kRecomputed : ValueKind::kValue);
-      alloc(v[out]);
-    }
+    outputs(kStepResults);
   }
   if (begun)
     for (int32_t id : popped) read(id);
@@ -696,22 +745,30 @@ int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
       if ((info.grad_inputs >> k & 1u) && grads[op.inputs[k]] >= 0) read(grads[op.inputs[k]]);
     }
     if (bucket >= 0 && !op.weights.empty()) read(bucket);
+    auto results = [&](unsigned which) {
+      for (size_t k = 0; k < op.inputs.size() && (which & kStepResults); ++k) {
+        int in_t = op.inputs[k];
+        if (!(info.grad_inputs >> k & 1u) || grads[in_t] >= 0) continue;
+        grads[in_t] = new_tensor(g.tensors[in_t].type.bytes(), b, in_t, mb, Category::kTransient,
+                                 ValueKind::kGrad);
+        alloc(grads[in_t]);
+      }
+      // FSDP: autograd's gradient of each weight, in bf16.
+      if ((which & kStepWeightGrads) && t_.fsdp && !op.weights.empty()) {
+        int64_t n = 0;
+        for (const WeightShape& w : op.weights) n += w.elements();
+        weight_grads.push_back(
+            new_tensor(n * 2, b, -1, mb, Category::kTransient, ValueKind::kGradBucket));
+        alloc(weight_grads.back());
+      }
+    };
+    if (const std::vector<OpStep>& steps = steps_of(b, false)[o]; !steps.empty()) {
+      emit_steps(b, o, mb, steps, results);
+      continue;
+    }
     for (int64_t bytes : workspace_bytes(b, false)[o])
       alloc(new_tensor(bytes, b, o, mb, Category::kTransient, ValueKind::kWorkspace));
-    for (size_t k = 0; k < op.inputs.size(); ++k) {
-      int in_t = op.inputs[k];
-      if (!(info.grad_inputs >> k & 1u) || grads[in_t] >= 0) continue;
-      grads[in_t] = new_tensor(g.tensors[in_t].type.bytes(), b, in_t, mb, Category::kTransient,
-                               ValueKind::kGrad);
-      alloc(grads[in_t]);
-    }
-    if (t_.fsdp && !op.weights.empty()) {  // autograd's gradient of each weight, in bf16
-      int64_t n = 0;
-      for (const WeightShape& w : op.weights) n += w.elements();
-      weight_grads.push_back(
-          new_tensor(n * 2, b, -1, mb, Category::kTransient, ValueKind::kGradBucket));
-      alloc(weight_grads.back());
-    }
+    results(kStepResults | kStepWeightGrads);
   }
   if (t_.fsdp) {
     if (t_.pp > 1)

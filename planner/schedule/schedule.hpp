@@ -24,7 +24,8 @@ namespace np {
 // Version 6: the setup's gradient_accumulation_fusion and dataloader_attention_mask; under
 // megatron without the fusion each linear's backward allocates its bf16 weight gradient, and the
 // native fused loss's backward an fp32 gradient buffer; Megatron's interleaved warm-up when m = pp.
-inline constexpr int kScheduleFormatVersion = 6;
+// Version 7: the setup's fp8 and fp8_filter; a float8 linear's steps as kStep instructions.
+inline constexpr int kScheduleFormatVersion = 7;
 
 enum class Category : uint8_t { kWeight, kGradient, kOptimizer, kActivation, kTransient };
 inline constexpr int kCategories = 5;
@@ -74,6 +75,9 @@ enum class InstrKind : uint8_t {
   kReduceGrads,   // ZeRO-2/3 reduce-scatter of a block's gradients
   kFree,          // drop a tensor (its last use was the instruction before)
   kOptimizerStep,
+  // A further step of the op of the instruction before it (frees aside): a stepped op's
+  // (ops.hpp, OpStep) temporaries and results; it reads that instruction's reads again.
+  kStep,
 };
 const char* name_of(InstrKind k);
 

@@ -1,0 +1,146 @@
+// torchao's Float8Linear as the steps of its eager code (ops.hpp, OpStep), read from pytorch/ao
+// 36027d8: torchao/float8/float8_linear.py (matmul_with_hp_or_float8_args), float8_scaling_utils.py
+// (hp_tensor_to_float8_dynamic), float8_utils.py (tensor_to_amax, amax_to_scale,
+// to_fp8_saturated, _round_scale_down_to_power_of_2), float8_training_tensor.py
+// (_ToFloat8ConstrFunc) and float8_ops.py (preprocess_addmm, addmm_float8_unwrapped).
+//
+// Forward of y = x W^T, x [R, K], W [N, K]: autograd keeps the bf16 input and the weight, as a bf16
+// linear does; x is cast to e4m3, then W^T (a view: its cast keeps W's layout, so _scaled_mm takes
+// it without a copy), then _scaled_mm makes y from the reciprocal scales. The float8 tensors are
+// the function's locals and die with it. Backward: the output gradient is cast (tensorwise: e5m2),
+// then the weight again; the input gradient's _scaled_mm needs W's float8 copy transposed
+// (b.t().contiguous().t()); then the output gradient and the input are cast once more, each
+// copied to the layouts _scaled_mm needs, for the weight gradient. Every float8 tensor of the
+// backward is a local that lives to its end.
+//
+// Rowwise: the scales are [R, 1] or [1, N] (an axis per role), and the two backward GEMMs run
+// without fast accumulation, so addmm_float8_unwrapped forms their fp32 outer product of the
+// reciprocal scales ([R, K] and [N, K]), runs the tensorwise kernel with two 0-dim ones and
+// multiplies the bf16 result by it in place.
+//
+// Not counted: the 0-dim fp64 and fp32 temporaries of the scale computation, which die inside
+// amax_to_scale (a few hundred bytes, or 8 bytes per row under rowwise), and the cuBLASLt
+// workspace, which is PyTorch's cuBLAS workspace (a runtime term).
+#include "planner/graph/ops.hpp"
+
+#include <algorithm>
+
+namespace np {
+namespace {
+
+struct Steps {
+  std::vector<OpStep> s;
+  int next = 0;  // temporaries so far
+
+  int temp(const TensorType& t) {
+    s.back().temps.push_back(t);
+    return next++;
+  }
+  void step(std::vector<int> reads = {}, unsigned results = 0) {
+    s.push_back({{}, std::move(reads), results});
+  }
+  // One hp_tensor_to_float8_dynamic of a [rows, cols] bf16 tensor: |x| and its max (the max over
+  // the scale's axis); the fp32 scale (float8 max / amax); the fp32 copy and its product by the
+  // scale; the clamp to +-max and the float8 result. Returns the float8 tensor's and the scale's
+  // temporaries.
+  std::pair<int, int> cast(int64_t rows, int64_t cols, Dtype to, std::vector<int64_t> scale) {
+    step();
+    temp({{rows, cols}, Dtype::kBf16});  // abs: dies here
+    int amax = temp({scale, Dtype::kBf16});
+    step({amax});
+    int sc = temp({scale, Dtype::kFp32});
+    step();
+    temp({{rows, cols}, Dtype::kFp32});  // tensor.to(float32): dies after the product
+    int scaled = temp({{rows, cols}, Dtype::kFp32});
+    step({scaled});
+    temp({{rows, cols}, Dtype::kFp32});  // the clamp
+    int q = temp({{rows, cols}, to});
+    return {q, sc};
+  }
+};
+
+std::vector<OpStep> forward_steps(Fp8Recipe r, int64_t R, int64_t K, int64_t N) {
+  const bool row = r == Fp8Recipe::kRowwise;
+  Steps s;
+  auto [x8, xs] = s.cast(R, K, Dtype::kFp8E4m3, row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{});
+  auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, row ? std::vector<int64_t>{1, N} : std::vector<int64_t>{});
+  // The reciprocal scales _scaled_mm takes, then its output (fast accumulation: no post-scaling).
+  s.step({x8, xs, w8, ws}, kStepResults);
+  s.temp({row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{}, Dtype::kFp32});
+  s.temp({row ? std::vector<int64_t>{1, N} : std::vector<int64_t>{}, Dtype::kFp32});
+  return std::move(s.s);
+}
+
+std::vector<OpStep> backward_steps(Fp8Recipe r, int64_t R, int64_t K, int64_t N) {
+  const bool row = r == Fp8Recipe::kRowwise;
+  const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
+  auto shape = [row](int64_t a, int64_t b) {
+    return row ? std::vector<int64_t>{a, b} : std::vector<int64_t>{};
+  };
+  Steps s;
+  // grad_input = g8 @ W8: the output gradient per row, the weight per input feature.
+  auto [g8, gs] = s.cast(R, N, grad, shape(R, 1));
+  auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, shape(K, 1));
+  std::vector<int> keep = {g8, gs, w8, ws};  // the backward's locals
+  // A GEMM of _scaled_mm: the operand copies, the reciprocal scales; under rowwise their fp32
+  // outer product, then (the reciprocals dropped) two 0-dim ones for the tensorwise kernel.
+  auto gemm = [&](std::vector<TensorType> copies, std::vector<int> reads, std::vector<int64_t> a,
+                  std::vector<int64_t> b, int64_t rows, int64_t cols, unsigned results) {
+    std::vector<int> all = keep;
+    all.insert(all.end(), reads.begin(), reads.end());
+    s.step(all, row ? 0u : results);
+    std::vector<int> held;
+    for (const TensorType& c : copies) held.push_back(s.temp(c));
+    s.temp({std::move(a), Dtype::kFp32});
+    s.temp({std::move(b), Dtype::kFp32});
+    if (!row) return;
+    int post = s.temp({{rows, cols}, Dtype::kFp32});
+    held.push_back(post);
+    held.insert(held.end(), keep.begin(), keep.end());
+    s.step(held, results);
+    s.temp({{}, Dtype::kFp32});
+    s.temp({{}, Dtype::kFp32});
+  };
+  gemm({{{N, K}, Dtype::kFp8E4m3}}, {}, shape(R, 1), shape(1, K), R, K, kStepResults);
+  // grad_weight = g8^T @ x8, each cast along the other axis, then copied: g8^T made row-major,
+  // x8 column-major.
+  auto [g8c, gcs] = s.cast(R, N, grad, shape(1, N));
+  auto [x8c, xcs] = s.cast(R, K, Dtype::kFp8E4m3, shape(1, K));
+  keep.insert(keep.end(), {g8c, gcs, x8c, xcs});
+  gemm({{{N, R}, grad}, {{R, K}, Dtype::kFp8E4m3}}, {}, shape(N, 1), shape(1, K), N, K,
+       kStepWeightGrads);
+  return std::move(s.s);
+}
+
+}  // namespace
+
+std::vector<OpStep> op_steps(const OpInfo& info, const OpAttrs& a, std::span<const TensorType> in,
+                             bool forward) {
+  if (a.fp8 == Fp8Recipe::kNone ||
+      (info.kind != OpKind::kColumnLinear && info.kind != OpKind::kRowLinear))
+    return {};
+  const int64_t R = in[0].shape.at(0), K = in[0].shape.at(1), N = a.features;
+  return forward ? forward_steps(a.fp8, R, K, N) : backward_steps(a.fp8, R, K, N);
+}
+
+int64_t steps_peak_workspace(const std::vector<OpStep>& steps, int64_t results) {
+  std::vector<int64_t> bytes;
+  std::vector<size_t> last;  // per temporary: its last step
+  for (size_t k = 0; k < steps.size(); ++k) {
+    for (const TensorType& t : steps[k].temps) bytes.push_back(t.bytes()), last.push_back(k);
+    for (int r : steps[k].reads) last.at(static_cast<size_t>(r)) = k;
+  }
+  int64_t live = 0, peak = 0, made = 0;
+  size_t first = 0;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    for (size_t t = first; t < first + steps[k].temps.size(); ++t) live += bytes[t];
+    first += steps[k].temps.size();
+    if (steps[k].results & kStepResults) made = results;
+    peak = std::max(peak, live + made);
+    for (size_t t = 0; t < first; ++t)
+      if (last[t] == k) live -= bytes[t];
+  }
+  return std::max<int64_t>(peak - results, 0);
+}
+
+}  // namespace np
