@@ -13,6 +13,11 @@
 namespace np::exec::cpu {
 namespace {
 
+// The next step (a context without steps, an op test's, runs them as one).
+void next(const Env& env) {
+  if (env.ctx.step) env.ctx.step();
+}
+
 // The scale's axis: none (one per tensor), per row ([rows, 1]), per column ([1, cols]).
 enum class Axis { kTensor, kRows, kCols };
 
@@ -47,7 +52,7 @@ Fp8 cast(const Env& env, const Mat& x, Dtype to, Axis axis, bool pow2) {
       m = std::fmax(m, load(abs, r * C + c));
     }
   for (size_t i = 0; i < most.size(); ++i) store(amax, static_cast<int64_t>(i), most[i]);
-  env.ctx.step();
+  next(env);
   // amax_to_scale: max / clamp(amax, 1e-12) in fp64, to fp32; rowwise rounds it down to 2^k.
   Tensor scale = env.workspace(ss, Dtype::kFp32);
   Mat inv(axis == Axis::kRows ? R : 1, axis == Axis::kCols ? C : 1);
@@ -57,14 +62,14 @@ Fp8 cast(const Env& env, const Mat& x, Dtype to, Axis axis, bool pow2) {
     scale.as<float>()[i] = s;
     inv.data()[i] = 1.0f / s;  // _scaled_mm's scale_a / scale_b (a_scale.reciprocal())
   }
-  env.ctx.step();
+  next(env);
   Tensor f32 = env.workspace({R, C}, Dtype::kFp32), scaled = env.workspace({R, C}, Dtype::kFp32);
   for (int64_t r = 0; r < R; ++r)
     for (int64_t c = 0; c < C; ++c) {
       f32.as<float>()[r * C + c] = x(r, c);
       scaled.as<float>()[r * C + c] = x(r, c) * scale.as<float>()[scale_index(r, c)];
     }
-  env.ctx.step();
+  next(env);
   Tensor clamped = env.workspace({R, C}, Dtype::kFp32), q = env.workspace({R, C}, to);
   Fp8 out{Mat(R, C), inv};
   for (int64_t i = 0; i < n; ++i) {
@@ -110,10 +115,10 @@ Outs float8_linear_forward(const Env& env, Ins in, Ins w) {
   Mat X = load_mat(need(in, 0, "float8 linear input")), W = load_mat(need(w, 0, "float8 linear weight"));
   check(W.cols() == X.cols(), "float8 linear: weight and input widths differ");
   Fp8 x8 = cast(env, X, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
-  env.ctx.step();
+  next(env);
   // W^T's cast: per output feature under rowwise (W's rows).
   Fp8 w8 = cast(env, W, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
-  env.ctx.step();
+  next(env);
   reciprocals(env, x8.inv, w8.inv.transpose(), row);
   Tensor out = env.output({X.rows(), W.rows()}, env.act);
   store_mat(out, scaled_product(x8.value, w8.value.transpose(), x8.inv, w8.inv.transpose(), false, {}));
@@ -130,24 +135,24 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
   const int64_t R = X.rows(), K = X.cols(), N = W.rows();
   // grad_input = g8 @ W8: g per row, W^T per input feature (W's columns).
   Fp8 g8 = cast(env, G, grad, row ? Axis::kRows : Axis::kTensor, row);
-  env.ctx.step();
+  next(env);
   Fp8 w8 = cast(env, W, Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
-  env.ctx.step();
+  next(env);
   env.workspace({N, K}, Dtype::kFp8E4m3);  // W8^T made column-major for _scaled_mm
   reciprocals(env, g8.inv, w8.inv, row);
   Tensor post = row ? env.workspace({R, K}, Dtype::kFp32) : Tensor{};
   Mat DX = scaled_product(g8.value, w8.value, g8.inv, w8.inv, row, post);
   if (row) {
-    env.ctx.step();
+    next(env);
     env.workspace({}, Dtype::kFp32), env.workspace({}, Dtype::kFp32);  // the 0-dim ones
   }
   grad_input(env, a, 0, x.type, DX);
-  env.ctx.step();
+  next(env);
   // grad_weight = g8^T @ x8, each scaled per column (per output and input feature) under rowwise.
   Fp8 gc = cast(env, G, grad, row ? Axis::kCols : Axis::kTensor, row);
-  env.ctx.step();
+  next(env);
   Fp8 xc = cast(env, X, Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
-  env.ctx.step();
+  next(env);
   env.workspace({N, R}, grad);             // g8^T made row-major
   env.workspace({R, K}, Dtype::kFp8E4m3);  // x8 made column-major
   Mat ga_inv = gc.inv.transpose();         // [N, 1]
@@ -155,7 +160,7 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
   Tensor wpost = row ? env.workspace({N, K}, Dtype::kFp32) : Tensor{};
   Mat DW = scaled_product(gc.value.transpose(), xc.value, ga_inv, xc.inv, row, wpost);
   if (row) {
-    env.ctx.step();
+    next(env);
     env.workspace({}, Dtype::kFp32), env.workspace({}, Dtype::kFp32);
   }
   add_mat(need(a.weight_grads, 0, "float8 linear weight gradient"), DW);

@@ -1,0 +1,304 @@
+// torchao's float8 linears (--fp8; planner/graph/float8.cpp): the steps' bytes against sums
+// worked by hand from torchao's eager code (pytorch/ao 36027d8, torchao/float8/float8_linear.py,
+// float8_scaling_utils.py, float8_ops.py), which linears convert as torchtitan filters them, the
+// setups refused in one line, the torchtitan job file's keys in and out, the auto planner's stage
+// model, and CPU runs whose loss and gradients agree with bf16's within float8's precision.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "executor/cpu/cpu_backend.hpp"
+#include "executor/runner.hpp"
+#include "planner/graph/graph.hpp"
+#include "planner/inputs/configs.hpp"
+#include "planner/recompute/autoplan.hpp"
+#include "planner/report/emit_config.hpp"
+#include "planner/schedule/contract.hpp"
+#include "planner/schedule/plan_io.hpp"
+#include "planner/schedule/schedule.hpp"
+#include "planner/schedule/simulate.hpp"
+#include "test_util.hpp"
+
+namespace np {
+namespace {
+
+std::vector<OpStep> steps(Fp8Recipe r, int64_t R, int64_t K, int64_t N, bool forward) {
+  OpAttrs a;
+  a.features = N, a.fp8 = r;
+  std::vector<TensorType> in = {{{R, K}, Dtype::kBf16}};
+  return op_steps(op_info(OpKind::kColumnLinear), a, in, forward);
+}
+
+// Tensorwise forward of y = x W^T, x [R, K], W [N, K]. A cast of E elements holds at most, at its
+// clamp: the fp32 product and the clamp (4 + 4 bytes each), the float8 result (1) and the 0-dim
+// fp32 scale (4 bytes); the input's float8 copy and scale live through the weight's cast and
+// the GEMM, which adds two 0-dim reciprocal scales and the bf16 output.
+TEST(Float8Steps, TensorwiseForwardAsTorchaoHoldsIt) {
+  for (auto [R, K, N] : {std::array<int64_t, 3>{16, 32, 48}, {4096, 16, 16}, {64, 64, 4096}}) {
+    const int64_t X = R * K, W = N * K, Y = 2 * R * N;
+    std::vector<OpStep> s = steps(Fp8Recipe::kTensorwise, R, K, N, true);
+    ASSERT_EQ(s.size(), 9u);  // four per cast, then the GEMM
+    const int64_t cast_x = 9 * X + 4, cast_w = X + 4 + 9 * W + 4, gemm = X + 4 + W + 4 + 8 + Y;
+    EXPECT_EQ(steps_peak_workspace(s, Y), std::max({cast_x, cast_w, gemm}) - Y) << R << " " << K;
+    EXPECT_EQ(s.back().results, kStepResults);
+    EXPECT_EQ(s[3].temps.back().dtype, Dtype::kFp8E4m3);  // x's float8 copy
+  }
+}
+
+// Tensorwise backward: g [R, N] cast to e5m2, W again to e4m3; the input gradient's GEMM copies
+// W's float8 transposed; then g and x cast once more, both copied to _scaled_mm's layouts for the
+// weight gradient. Every float8 tensor (and its 4-byte scale) lives to the end; the input
+// gradient (2 X bytes, the results) from its GEMM on.
+TEST(Float8Steps, TensorwiseBackwardAsTorchaoHoldsIt) {
+  for (auto [R, K, N] : {std::array<int64_t, 3>{16, 32, 48}, {4096, 16, 16}, {64, 64, 4096}}) {
+    const int64_t X = R * K, W = N * K, Y = R * N, DX = 2 * X;
+    std::vector<OpStep> s = steps(Fp8Recipe::kTensorwise, R, K, N, false);
+    ASSERT_EQ(s.size(), 18u);
+    const int64_t g8 = Y + 4, w8 = W + 4;
+    const int64_t peak = std::max({9 * Y + 4, g8 + 9 * W + 4, g8 + w8 + W + 8 + DX,
+                                   g8 + w8 + DX + 9 * Y + 4, g8 + w8 + DX + g8 + 9 * X + 4,
+                                   g8 + w8 + DX + g8 + X + 4 + Y + X + 8});
+    EXPECT_EQ(steps_peak_workspace(s, DX), peak - DX) << R << " " << K << " " << N;
+    EXPECT_EQ(s[3].temps.back().dtype, Dtype::kFp8E5m2);  // the output gradient's float8 copy
+    EXPECT_EQ(s[8].results, kStepResults);
+    EXPECT_EQ(s.back().results, kStepWeightGrads);
+  }
+}
+
+// Rowwise: a bf16 amax and an fp32 scale per row or column, e4m3 gradients, and each backward
+// GEMM's fp32 outer product of the reciprocal scales ([R, K] for the input gradient, [N, K] for
+// the weight's) followed by two 0-dim ones.
+TEST(Float8Steps, RowwiseScalesAndPostProducts) {
+  const int64_t R = 32, K = 48, N = 64, X = R * K, W = N * K;
+  std::vector<OpStep> f = steps(Fp8Recipe::kRowwise, R, K, N, true);
+  ASSERT_EQ(f.size(), 9u);
+  EXPECT_EQ(f[0].temps[1].bytes(), 2 * R);  // x's amax per row
+  EXPECT_EQ(f[1].temps[0].bytes(), 4 * R);  // ... its scale
+  EXPECT_EQ(f[5].temps[0].bytes(), 4 * N);  // W^T's scale per output feature
+  // At the weight's clamp: x8 and its scale, W's product, clamp, float8 and scale; at the GEMM
+  // both float8 copies and scales, the reciprocal scales and the output.
+  const int64_t Y = 2 * R * N, cast_w = X + 4 * R + 9 * W + 4 * N,
+                gemm = X + 4 * R + W + 4 * N + 4 * R + 4 * N + Y;
+  EXPECT_EQ(steps_peak_workspace(f, Y), std::max({9 * X + 4 * R, cast_w, gemm}) - Y);
+  std::vector<OpStep> b = steps(Fp8Recipe::kRowwise, R, K, N, false);
+  ASSERT_EQ(b.size(), 20u);
+  EXPECT_EQ(b[3].temps.back().dtype, Dtype::kFp8E4m3);
+  int ones = 0;
+  for (const OpStep& st : b)
+    for (const TensorType& t : st.temps) ones += t.dtype == Dtype::kFp32 && t.shape.empty();
+  EXPECT_EQ(ones, 4);
+  EXPECT_TRUE(b[9].results == kStepResults && b[19].results == kStepWeightGrads);
+  EXPECT_EQ(b[8].temps.back().bytes(), 4 * X);  // the input gradient's post-scale
+  EXPECT_EQ(b[18].temps.back().bytes(), 4 * W);  // the weight gradient's
+}
+
+TEST(Float8Steps, OnlyFloat8LinearsStep) {
+  EXPECT_TRUE(steps(Fp8Recipe::kNone, 16, 16, 16, true).empty());
+  OpAttrs a;
+  a.fp8 = Fp8Recipe::kTensorwise;
+  std::vector<TensorType> in = {{{16, 16}, Dtype::kBf16}};
+  EXPECT_TRUE(op_steps(op_info(OpKind::kSilu), a, in, true).empty());
+}
+
+TrainSpec titan(Fp8Recipe r) {
+  TrainSpec t;
+  t.impl = Impl::kTorchtitan, t.fsdp = true, t.dp = 8, t.micro_batch = 2, t.seq_len = 8192;
+  t.pp_schedule = PpSchedule::k1F1B, t.recompute = Recompute::kFull, t.fp8 = r;
+  return t;
+}
+
+std::vector<std::string> float8_ops(const BlockGraph& g) {
+  std::vector<std::string> out;
+  for (const GraphOp& op : g.ops)
+    if (op.attrs.fp8 != Fp8Recipe::kNone) out.push_back(op.name);
+  return out;
+}
+
+// torchtitan's module_filter_fn: every linear with both dimensions multiples of 16, the LM head
+// ("output") too, less those whose name holds a filter.
+TEST(Float8Graph, ConvertsAsTorchtitanFilters) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = titan(Fp8Recipe::kTensorwise);
+  ASSERT_FALSE(validate_setup(m, t));
+  BlockGraphs g(m, t);
+  EXPECT_EQ(float8_ops(*g.layer), (std::vector<std::string>{"attn.wq", "attn.wk", "attn.wv",
+                                                            "attn.wo", "mlp.w1", "mlp.w3",
+                                                            "mlp.w2"}));
+  EXPECT_EQ(float8_ops(*g.head), std::vector<std::string>{"lm_head"});
+  t.fp8_filter = {"output", "attention.w"};
+  BlockGraphs f(m, t);
+  EXPECT_EQ(float8_ops(*f.layer), (std::vector<std::string>{"mlp.w1", "mlp.w3", "mlp.w2"}));
+  EXPECT_TRUE(float8_ops(*f.head).empty());
+  // A dimension that is not a multiple of 16 keeps the linear in bf16.
+  EXPECT_FALSE(float8_linear(t, "feed_forward.w1", 4096, 14344));
+  EXPECT_TRUE(float8_linear(t, "feed_forward.w1", 4096, 14336));
+}
+
+TEST(Float8Setup, RefusedInOneLine) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  auto refused = [&](TrainSpec t, const std::string& fix) {
+    auto e = validate_setup(m, t);
+    ASSERT_TRUE(e) << fix;
+    EXPECT_EQ(e->message.find('\n'), std::string::npos) << e->message;
+    EXPECT_NE(e->message.find(fix), std::string::npos) << e->message;
+  };
+  TrainSpec t = titan(Fp8Recipe::kRowwise);
+  ASSERT_FALSE(validate_setup(m, t));
+  TrainSpec u = t;
+  u.impl = Impl::kFused;
+  refused(u, "use --impl torchtitan");
+  u = t, u.fsdp = false, u.pp_schedule = PpSchedule::kAfab;
+  refused(u, "add --fsdp");
+  u = t, u.tp = 2, u.sp = true;
+  refused(u, "use --tp 1");
+  u = t, u.recompute = Recompute::kSelectiveOp;
+  refused(u, "use --recompute none or full");
+  u = t, u.fp8_filter = {"layers.0"};
+  refused(u, "name a module of every layer");
+}
+
+std::string job(const std::string& extra) {
+  return "[model]\nname = \"llama3\"\nflavor = \"8B\"\n" + extra +
+         "\n[training]\nlocal_batch_size = 2\nseq_len = 8192\n"
+         "[parallelism]\ndata_parallel_shard_degree = -1\n";
+}
+
+// The converter turns float8 on (torchtitan 238fa99, job_config.py Float8Linear): recipe_name
+// absent is tensorwise; the section alone does nothing; filter_fqns read as given.
+TEST(Float8Config, ReadsTheConverterRecipeAndFilters) {
+  auto read = [](const std::string& text) {
+    Result<ConfigSetup> c = torchtitan_config(text, "job.toml", 8);
+    EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().message);
+    return c.ok() ? c->setup : TrainSpec{};
+  };
+  const std::string conv = "converters = [\"quantize.linear.float8\"]\n";
+  EXPECT_EQ(read(job(conv)).fp8, Fp8Recipe::kTensorwise);
+  EXPECT_EQ(read(job("") + "[quantize.linear.float8]\nrecipe_name = \"rowwise\"\n").fp8,
+            Fp8Recipe::kNone);
+  TrainSpec t = read(job(conv) + "[quantize.linear.float8]\nrecipe_name = \"rowwise\"\n"
+                                 "filter_fqns = [\"output\"]\n");
+  EXPECT_EQ(t.fp8, Fp8Recipe::kRowwise);
+  EXPECT_EQ(t.fp8_filter, std::vector<std::string>{"output"});
+  EXPECT_EQ(read(job("converters = [\"float8\"]\n")).fp8, Fp8Recipe::kTensorwise);  // older name
+  for (auto [text, says] :
+       {std::pair{"recipe_name = \"rowwise_with_gw_hp\"", "valid: \"tensorwise\", \"rowwise\""},
+        {"filter_fqns = [\"auto_filter_small_kn\"]", "is not modelled"},
+        {"recipe_name = 3", "recipe_name"}}) {
+    Result<ConfigSetup> c =
+        torchtitan_config(job(conv) + "[quantize.linear.float8]\n" + text + "\n", "job.toml", 8);
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_EQ(c.error().message.find('\n'), std::string::npos) << c.error().message;
+    EXPECT_NE(c.error().message.find(says), std::string::npos) << c.error().message;
+    EXPECT_NE(c.error().message.find("job.toml"), std::string::npos) << c.error().message;
+  }
+}
+
+// --emit torchtitan writes the converter, the recipe and the filters, and reads back to them.
+TEST(Float8Config, EmittedAndReadBack) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = titan(Fp8Recipe::kRowwise);
+  t.fp8_filter = {"output", "a\"b"};
+  std::string out = emit_torchtitan(build_schedule(m, t));
+  EXPECT_NE(out.find("converters = [\"quantize.linear.float8\"]"), std::string::npos) << out;
+  EXPECT_NE(out.find("recipe_name = \"rowwise\""), std::string::npos) << out;
+  Result<ConfigSetup> c = torchtitan_config(out, "emitted.toml", 8);
+  ASSERT_TRUE(c.ok()) << c.error().message << "\n" << out;
+  EXPECT_EQ(c->setup.fp8, Fp8Recipe::kRowwise);
+  EXPECT_EQ(c->setup.fp8_filter, t.fp8_filter);
+  // A plan file keeps them: its program read back is the same.
+  Schedule s = build_schedule(m, t);
+  Result<Schedule> back = schedule_from_json(schedule_to_json(s));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->setup.fp8, Fp8Recipe::kRowwise);
+  EXPECT_EQ(back->setup.fp8_filter, t.fp8_filter);
+  ASSERT_EQ(back->stages[0].instrs.size(), s.stages[0].instrs.size());
+}
+
+// The estimate of torchtitan's Llama 3 8B on 8 GPUs: float8 keeps what bf16 keeps (the bf16
+// input and the weight), and peaks higher, at a step of a cast (the LM head's weight cast in eager
+// holds 9 bytes per element of its 128256 x 4096 weight at once).
+TEST(Float8Estimate, KeepsWhatBf16KeepsAndPeaksAtACast) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  Schedule bf16 = build_schedule(m, titan(Fp8Recipe::kNone));
+  for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise}) {
+    Schedule s = build_schedule(m, titan(r));
+    ASSERT_FALSE(check_program(s.stages[0])) << name_of(r);
+    int steps = 0;
+    for (const Instr& in : s.stages[0].instrs) steps += in.kind == InstrKind::kStep;
+    EXPECT_GT(steps, 0);
+    for (size_t b = 0; b < s.stages[0].blocks.size(); ++b)
+      EXPECT_EQ(s.stages[0].blocks[b].saved.saved, bf16.stages[0].blocks[b].saved.saved);
+    SimResult a = simulate(s.stages[0]), z = simulate(bf16.stages[0]);
+    EXPECT_GT(a.peak_bytes, z.peak_bytes) << name_of(r);
+    EXPECT_EQ(s.stages[0].instrs[static_cast<size_t>(a.peak_instr)].kind, InstrKind::kStep);
+  }
+}
+
+// The auto planner's stage model sees the steps' bytes as the simulation does: every plan that
+// fits was verified by its first simulation.
+TEST(Float8Plan, StageModelNeedsNoTightening) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  RuntimeAssumptions rt;
+  rt.allocator.model = AllocatorModel::kExact;
+  int plans = 0;
+  for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise}) {
+    TrainSpec t = titan(r);
+    t.recompute = Recompute::kAuto, t.fp8_filter = {"output"};
+    AutoPlan loose = auto_plan(m, t, rt, 1'000'000'000'000, default_hardware());
+    ASSERT_TRUE(loose.peak_full && loose.peak_none);
+    for (double at : {0.2, 0.5, 0.8}) {
+      int64_t b = *loose.peak_full +
+                  static_cast<int64_t>(at * static_cast<double>(*loose.peak_none - *loose.peak_full));
+      AutoPlan p = auto_plan(m, t, rt, b, default_hardware(), {.compare_uniform = false});
+      if (!p.fits) continue;
+      ++plans;
+      EXPECT_EQ(p.simulations, 1) << name_of(r) << " budget " << b;
+      EXPECT_LE(p.estimate.peak_bytes, b) << name_of(r);
+    }
+  }
+  EXPECT_GT(plans, 2);
+}
+
+// A CPU run of the tiny FSDP model: float8's first loss within 1 % of bf16's, every gradient
+// within float8's precision of bf16's (relative L2 error under 25 %: e4m3 keeps 3 mantissa bits,
+// e5m2 2, and the errors of four layers' casts compound in the tiny model's small, cancelling
+// gradients; 13-15 % are seen), and not equal to it (the casts ran).
+TEST(Float8Run, AgreesWithBf16WithinFloat8Precision) {
+  Scenario sc = testing::scenario("tiny-llama-fsdp");
+  TrainSpec t = sc.base;
+  t.impl = Impl::kTorchtitan, t.dp = 2, t.pp = 1, t.tp = 1, t.sp = false;
+  t.recompute = Recompute::kFull;
+  auto run = [&](Fp8Recipe r) {
+    TrainSpec u = t;
+    u.fp8 = r;
+    EXPECT_FALSE(validate_setup(sc.model, u));
+    exec::RunOptions o;
+    o.capture_grads = true;
+    auto res = exec::run_schedule(build_schedule(sc.model, u),
+                                  [] { return exec::make_cpu_backend(); }, o);
+    EXPECT_TRUE(res.ok()) << (res.ok() ? "" : res.error().message);
+    return res.ok() ? *res : exec::RunResult{};
+  };
+  exec::RunResult ref = run(Fp8Recipe::kNone);
+  ASSERT_FALSE(ref.grads.empty());
+  for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise}) {
+    exec::RunResult got = run(r);
+    ASSERT_EQ(got.grads.size(), ref.grads.size());
+    EXPECT_NEAR(got.losses[0], ref.losses[0], 0.01 * ref.losses[0]) << name_of(r);
+    int differ = 0;
+    for (const auto& [key, g] : ref.grads) {
+      const std::vector<float>& h = got.grads.at(key);
+      ASSERT_EQ(h.size(), g.size()) << key;
+      double err = 0, norm = 0;
+      for (size_t i = 0; i < g.size(); ++i)
+        err += (h[i] - g[i]) * double(h[i] - g[i]), norm += g[i] * double(g[i]);
+      EXPECT_LT(std::sqrt(err), 0.25 * std::sqrt(norm) + 1e-12) << name_of(r) << " " << key;
+      differ += err > 0;
+    }
+    EXPECT_GT(differ, 0) << name_of(r);
+  }
+}
+
+}  // namespace
+}  // namespace np
