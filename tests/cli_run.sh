@@ -148,7 +148,7 @@ bad() {
 python3 - "$TMP/plan.json" "$TMP/v2.json" <<'PY'
 import json, sys; j = json.load(open(sys.argv[1])); j["format_version"] = 1; json.dump(j, open(sys.argv[2], "w"))
 PY
-bad "plan of another format version" "format version 1 is not supported (this nanoplan reads version 6" run "$TMP/v2.json"
+bad "plan of another format version" "format version 1 is not supported (this nanoplan reads version 7" run "$TMP/v2.json"
 bad "plan made for another model" "was made for model tiny" run "$TMP/plan.json" --model llama-3.1-8b
 sed 's/hidden_size = 24/hidden_size = 32/' "$TMP/tiny.toml" >"$TMP/tiny32.toml"
 bad "plan made for a different model of the same name" "names model tiny but is not for it: its head_dim is 6, the model's is 8" run "$TMP/plan.json" --model "$TMP/tiny32.toml"
