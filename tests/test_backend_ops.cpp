@@ -52,10 +52,6 @@ constexpr int64_t kMaxTp = 2;  // the setups' largest tp: one CUDA backend per r
 
 // Op kinds the test cannot run on the CUDA backend, each with the reason. Every other kind must
 // occur in some profile's graphs below, and is compared there.
-constexpr const char* kTorchtitanOnCpu =
-    "the torchtitan profile's op, which runs on the CPU executor only: exec::check_runnable refuses "
-    "--impl torchtitan for the CUDA backend, which has no kernel for it";
-
 const std::map<OpKind, const char*>& exceptions() {
   static const std::map<OpKind, const char*> e = {
       {OpKind::kCpGatherKv,
@@ -64,12 +60,6 @@ const std::map<OpKind, const char*>& exceptions() {
       {OpKind::kFlashAttentionCp,
        "context parallelism runs on the CPU executor only: exec::check_runnable refuses cp > 1 "
        "for the CUDA backend, which has no kernel for it"},
-      {OpKind::kRopeQk, kTorchtitanOnCpu},
-      {OpKind::kSdpa, kTorchtitanOnCpu},
-      {OpKind::kSilu, kTorchtitanOnCpu},
-      {OpKind::kMul, kTorchtitanOnCpu},
-      {OpKind::kHeadRmsNorm, kTorchtitanOnCpu},
-      {OpKind::kRopeHalfQk, kTorchtitanOnCpu},
   };
   return e;
 }
@@ -160,6 +150,16 @@ std::vector<Config> setups(Impl impl) {
     return t;
   };
   const auto flash = AttentionImpl::kFlash, eager = AttentionImpl::kEager;
+  if (impl == Impl::kTorchtitan) {  // its Llama 3 and Qwen3 code: flash, TP with SP
+    std::vector<Config> s = {
+        {"llama tp 1 flash", llama(37), train(1, false, 7, flash)},
+        {"llama tp 2 sp flash", llama(38), train(2, true, 10, flash)},
+        {"qwen3 tp 1 flash", qwen3(37), train(1, false, 7, flash)},
+        {"qwen3 tp 2 sp flash", qwen3(38), train(2, true, 10, flash)},
+    };
+    for (Config& x : s) x.label = "torchtitan " + x.label;
+    return s;
+  }
   // tp 2: a vocabulary of 38 (19 rows per rank); sp: 10 positions, so that tp divides s x b.
   std::vector<Config> s = {
       {"llama tp 1 flash", llama(37), train(1, false, 7, flash)},
@@ -208,7 +208,7 @@ void PrintTo(const Pair& p, std::ostream* os) { *os << name_of(p.impl) << " " <<
 
 std::vector<Pair> pairs() {
   std::vector<Pair> out;
-  for (Impl impl : {Impl::kNanotron, Impl::kMegatron, Impl::kFused, Impl::kHf}) {
+  for (Impl impl : {Impl::kNanotron, Impl::kMegatron, Impl::kFused, Impl::kHf, Impl::kTorchtitan}) {
     std::set<OpKind> kinds;
     for (const Config& s : setups(impl)) {
       if (validate_setup(s.model, s.train)) continue;  // reported by SetupsAreValid
@@ -640,7 +640,7 @@ std::string pair_name(const ::testing::TestParamInfo<Pair>& p) {
 INSTANTIATE_TEST_SUITE_P(BackendOps, Ops, ::testing::ValuesIn(pairs()), pair_name);
 
 TEST(BackendOps, SetupsAreValid) {
-  for (Impl impl : {Impl::kNanotron, Impl::kMegatron, Impl::kFused, Impl::kHf})
+  for (Impl impl : {Impl::kNanotron, Impl::kMegatron, Impl::kFused, Impl::kHf, Impl::kTorchtitan})
     for (const Config& s : setups(impl)) {
       std::optional<Error> e = validate_setup(s.model, s.train);
       EXPECT_FALSE(e) << s.label << ": " << (e ? e->message : "");

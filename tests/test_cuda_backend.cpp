@@ -161,6 +161,21 @@ TEST(CudaBackend, TinyQwen3) {
                  {Recompute::kNone, Recompute::kSelective, Recompute::kFull});
 }
 
+// torchtitan's code (--impl torchtitan): Llama 3's complex RoPE and SDPA on separate q, k, v
+// (GQA), silu and the product, under TP with SP and a pipeline, ZeRO-3 over 2 replicas, and
+// torchtitan's per-op checkpointing with its cache; Qwen3's head norms and rotate-half RoPE.
+TEST(CudaBackend, TinyTorchtitan) {
+  check_scenario("tiny-llama-torchtitan",
+                 {{1, 1, false, AttentionImpl::kFlash, 1, 0, 1, Impl::kTorchtitan},
+                  {2, 2, true, AttentionImpl::kFlash, 1, 0, 1, Impl::kTorchtitan},
+                  {2, 1, true, AttentionImpl::kFlash, 2, 3, 1, Impl::kTorchtitan}},
+                 {Recompute::kNone, Recompute::kSelectiveOp, Recompute::kFull});
+  check_scenario("tiny-qwen3",
+                 {{1, 1, false, AttentionImpl::kFlash, 1, 0, 1, Impl::kTorchtitan},
+                  {2, 1, true, AttentionImpl::kFlash, 1, 0, 1, Impl::kTorchtitan}},
+                 {Recompute::kNone, Recompute::kSelectiveOp});
+}
+
 // Dense layers among MoE layers (DeepSeek's first layers, Qwen-MoE's mlp_only_layers): the
 // blocks of each kind on their own graphs, over a pipeline and with a capacity over 2 replicas.
 TEST(CudaBackend, TinyMoeMixed) {

@@ -234,13 +234,20 @@ TEST(Sharding, ChangesNothingBeyondRoundingMoeExpertParallel) {
 
 // The executor runs ep > 1 only with a capacity factor (static all-to-all sizes), and the CUDA
 // backend at ep = 1 only (dropless or with a capacity): refused before any rank starts.
-// The torchtitan profile runs on the CPU executor; the CUDA backend, without its kernels, refuses
-// it naming the fix.
-TEST(Runnable, TheTorchtitanProfileRunsOnTheCpuExecutor) {
+// The torchtitan profile runs on both executors; its float8 linears on the CPU executor only,
+// the CUDA backend refusing them naming the fix.
+TEST(Runnable, TheTorchtitanProfileRunsOnBothAndFloat8OnTheCpu) {
   Scenario sc = scenario("tiny-llama-torchtitan");
   const Schedule s = build_schedule(sc.model, with(sc.base, 2, 1, Recompute::kSelectiveOp, true));
   EXPECT_FALSE(check_runnable(s, true));
-  auto cuda = check_runnable(s, false);
+  EXPECT_FALSE(check_runnable(s, false));
+  Scenario f = scenario("tiny-llama-fsdp");
+  TrainSpec t = with(f.base, 1, 1, Recompute::kFull, false);
+  t.impl = Impl::kTorchtitan, t.dp = 2, t.fp8 = Fp8Recipe::kTensorwise;
+  ASSERT_FALSE(validate_setup(f.model, t));
+  const Schedule g = build_schedule(f.model, t);
+  EXPECT_FALSE(check_runnable(g, true));
+  auto cuda = check_runnable(g, false);
   ASSERT_TRUE(cuda);
   EXPECT_NE(cuda->message.find("use --backend cpu"), std::string::npos) << cuda->message;
 }

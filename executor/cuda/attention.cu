@@ -1,6 +1,7 @@
 // Causal self-attention, FlashAttention-style: the forward keeps only the output and the
 // logsumexp; the backward recomputes the probabilities. qkv rows are [q heads | k heads | v heads]
-// of this rank (GQA: hq / hkv query heads share a key-value head), row t = pos * batch + b, scale
+// of this rank, or q, k and v are three tensors (SDPA's; Geo says where each lies) (GQA: hq / hkv
+// query heads share a key-value head), row t = pos * batch + b, scale
 // 1/sqrt(head_dim). bf16 tensors run on the tensor cores (mma.cuh): tiles of 32 queries and 32
 // keys in shared memory, head_dim padded to a multiple of 16. fp32 tensors (tests) run on the CUDA
 // cores, one thread per row with its running state in registers. No atomics: every output element
@@ -25,11 +26,21 @@ struct Geo {
   // The first (batch, head) index of this launch: gridDim.y is at most 65,535, so batch x heads
   // beyond it launch in slices (launch_heads), each block's index y0 + blockIdx.y.
   long long y0 = 0;
+  // Where q, k and v are read and their gradients written: the three views of one [q | k | v]
+  // tensor (width-wide rows, K from column k0, V from v0), or three tensors of their own widths
+  // (SDPA's separate inputs: k0 = v0 = 0). acc_*: the gradient is added into (else written).
+  View q, k, v, gq, gk, gv;
+  long long qw = 0, kw = 0, vw = 0, k0 = 0, v0 = 0;
+  bool acc_q = false, acc_k = false, acc_v = false;
   NP_HD long long row(long long bi, long long pos) const { return pos * b + bi; }
   NP_HD long long group() const { return hq / hkv; }
   NP_HD long long q_col(long long h) const { return h * d; }
-  NP_HD long long k_col(long long h) const { return (hq + h / group()) * d; }
-  NP_HD long long v_col(long long h) const { return (hq + hkv) * d + h / group() * dv; }
+  NP_HD long long k_col(long long h) const { return k0 + h / group() * d; }
+  NP_HD long long v_col(long long h) const { return v0 + h / group() * dv; }
+  // Element c of head h's query, key or value at token row t.
+  NP_HD long long qe(long long t, long long h, long long c) const { return t * qw + q_col(h) + c; }
+  NP_HD long long ke(long long t, long long h, long long c) const { return t * kw + k_col(h) + c; }
+  NP_HD long long ve(long long t, long long h, long long c) const { return t * vw + v_col(h) + c; }
   // Output (and output gradient) rows: hq heads of dv.
   NP_HD long long o_width() const { return hq * dv; }
   NP_HD long long o_col(long long h) const { return h * dv; }
@@ -38,13 +49,13 @@ struct Geo {
 
 // The keys and values of positions j0 .. j0 + kTile - 1 of head h into shared memory (rows past
 // the sequence hold row 0's: they are never used).
-__device__ void load_kv_tile(View qkv, const Geo& g, long long bi, long long h, long long j0,
-                             float* ks, float* vs) {
+__device__ void load_kv_tile(const Geo& g, long long bi, long long h, long long j0, float* ks,
+                             float* vs) {
   for (long long e = threadIdx.x; e < kTile * g.d; e += kRows) {
     long long j = j0 + e / g.d, c = e % g.d;
     long long tj = g.row(bi, j < g.s ? j : 0);
-    ks[e] = ld(qkv, tj * g.width + g.k_col(h) + c);
-    vs[e] = c < g.dv ? ld(qkv, tj * g.width + g.v_col(h) + c) : 0.0f;
+    ks[e] = ld(g.k, g.ke(tj, h, c));
+    vs[e] = c < g.dv ? ld(g.v, g.ve(tj, h, c)) : 0.0f;
   }
 }
 
@@ -52,12 +63,12 @@ __device__ void load_kv_tile(View qkv, const Geo& g, long long bi, long long h, 
 // vs: kTile keys and values); visit(jj) sees key j0 + jj at row jj of the tile. All threads of the
 // block take part in the loads, also those past the sequence (active false).
 template <typename Visit>
-__device__ void for_each_causal_key(View qkv, const Geo& g, long long bi, long long h, long long i,
+__device__ void for_each_causal_key(const Geo& g, long long bi, long long h, long long i,
                                     bool active, float* ks, float* vs, Visit visit) {
   long long last = static_cast<long long>(blockIdx.x) * kRows + kRows - 1;
   if (last >= g.s) last = g.s - 1;
   for (long long j0 = 0; j0 <= last; j0 += kTile) {
-    load_kv_tile(qkv, g, bi, h, j0, ks, vs);
+    load_kv_tile(g, bi, h, j0, ks, vs);
     __syncthreads();
     for (long long jj = 0; jj < kTile && active && j0 + jj <= i; ++jj) visit(jj);
     __syncthreads();  // the tile is overwritten next
@@ -65,7 +76,7 @@ __device__ void for_each_causal_key(View qkv, const Geo& g, long long bi, long l
 }
 
 // Block (x: a tile of kRows query positions, y: batch * q head); thread: one query row.
-__global__ void flash_forward_kernel(View qkv, View out, float* lse, Geo g) {
+__global__ void flash_forward_kernel(View out, float* lse, Geo g) {
   long long bi = (g.y0 + blockIdx.y) / g.hq, h = (g.y0 + blockIdx.y) % g.hq;
   long long i = static_cast<long long>(blockIdx.x) * kRows + threadIdx.x;
   bool active = i < g.s;
@@ -78,10 +89,10 @@ __global__ void flash_forward_kernel(View qkv, View out, float* lse, Geo g) {
   float* acc = q + kRows * g.d;
   long long ti = g.row(bi, active ? i : 0);
   for (long long c = 0; c < g.d; ++c)
-    q[c * kRows] = active ? ld(qkv, ti * g.width + g.q_col(h) + c) : 0.f;
+    q[c * kRows] = active ? ld(g.q, g.qe(ti, h, c)) : 0.f;
   for (long long c = 0; c < g.d; ++c) acc[c * kRows] = 0;
   float m = -INFINITY, l = 0;
-  for_each_causal_key(qkv, g, bi, h, i, active, ks, vs, [&](long long jj) {
+  for_each_causal_key(g, bi, h, i, active, ks, vs, [&](long long jj) {
     float sc = 0;
     for (long long c = 0; c < g.d; ++c) sc += q[c * kRows] * ks[jj * g.d + c];
     sc *= g.scale;
@@ -160,19 +171,19 @@ __device__ void warp_gemm(const bf16* a, long long lda, const bf16* b, long long
                                 static_cast<unsigned>(ldb), c + cb, static_cast<unsigned>(ldc));
 }
 
-__global__ void flash_forward_mma_kernel(View qkv, View out, float* lse, Geo g, long long dp) {
+__global__ void flash_forward_mma_kernel(View out, float* lse, Geo g, long long dp) {
   const long long bh = g.y0 + blockIdx.y;
   long long bi = bh / g.hq, h = bh % g.hq, i0 = static_cast<long long>(blockIdx.x) * kMmaRows;
   ForwardSmem t(reinterpret_cast<uintptr_t>(np_shared<unsigned char>()), dp);
   int tid = threadIdx.x, warp = tid / 32;
   const int nthreads = kMmaWarps * 32;
-  load_tile_bf16(qkv, g.width, g, bi, i0, g.q_col(h), kMmaRows, dp, t.q, g.d);
+  load_tile_bf16(g.q, g.qw, g, bi, i0, g.q_col(h), kMmaRows, dp, t.q, g.d);
   for (long long e = tid; e < kMmaRows * dp; e += nthreads) t.o[e] = 0.0f;
   if (tid < kMmaRows) t.m[tid] = -INFINITY, t.l[tid] = 0.0f;
   long long last = i0 + kMmaRows - 1 < g.s ? i0 + kMmaRows - 1 : g.s - 1;
   for (long long j0 = 0; j0 <= last; j0 += kMmaKeys) {
-    load_tile_bf16(qkv, g.width, g, bi, j0, g.k_col(h), kMmaKeys, dp, t.k, g.d);
-    load_tile_bf16(qkv, g.width, g, bi, j0, g.v_col(h), kMmaKeys, dp, t.v, g.dv);
+    load_tile_bf16(g.k, g.kw, g, bi, j0, g.k_col(h), kMmaKeys, dp, t.k, g.d);
+    load_tile_bf16(g.v, g.vw, g, bi, j0, g.v_col(h), kMmaKeys, dp, t.v, g.dv);
     for (long long e = tid; e < kMmaRows * kMmaKeys; e += nthreads) t.s[e] = 0.0f;
     __syncthreads();
     // S (this warp's 16 rows x the tile's keys) = Q K^T: K row-major is K^T column-major.
@@ -257,10 +268,10 @@ __device__ void scores_and_grads(BackwardSmem& t, const Geo& g, long long i0, lo
 }
 
 // The query tile i0 of head h: Q, dO, lse and D.
-__device__ void load_query_tile(BackwardSmem& t, View qkv, View dout, const float* lse,
-                                const float* D, const Geo& g, long long bi, long long h,
-                                long long i0, long long dp) {
-  load_tile_bf16(qkv, g.width, g, bi, i0, g.q_col(h), kMmaRows, dp, t.q, g.d);
+__device__ void load_query_tile(BackwardSmem& t, View dout, const float* lse, const float* D,
+                                const Geo& g, long long bi, long long h, long long i0,
+                                long long dp) {
+  load_tile_bf16(g.q, g.qw, g, bi, i0, g.q_col(h), kMmaRows, dp, t.q, g.d);
   load_tile_bf16(dout, g.o_width(), g, bi, i0, g.o_col(h), kMmaRows, dp, t.go, g.dv);
   for (long long r = threadIdx.x; r < kMmaRows; r += kMmaWarps * 32) {
     bool in = i0 + r < g.s;
@@ -270,8 +281,8 @@ __device__ void load_query_tile(BackwardSmem& t, View qkv, View dout, const floa
 }
 
 // Block (x: a tile of kMmaKeys key positions, y: batch * kv head).
-__global__ void flash_dkv_mma_kernel(View qkv, View dout, const float* lse, const float* D, View dx,
-                                     bool acc_in, Geo g, long long dp) {
+__global__ void flash_dkv_mma_kernel(View dout, const float* lse, const float* D, Geo g,
+                                     long long dp) {
   const long long bh = g.y0 + blockIdx.y;
   long long bi = bh / g.hkv, kvh = bh % g.hkv, h0 = kvh * g.group();
   long long j0 = static_cast<long long>(blockIdx.x) * kMmaKeys;
@@ -280,11 +291,11 @@ __global__ void flash_dkv_mma_kernel(View qkv, View dout, const float* lse, cons
   const int nthreads = kMmaWarps * 32;
   float *dk = t.acc0, *dv = t.acc1;
   for (long long e = tid; e < kMmaKeys * dp; e += nthreads) dk[e] = 0.0f, dv[e] = 0.0f;
-  load_tile_bf16(qkv, g.width, g, bi, j0, g.k_col(h0), kMmaKeys, dp, t.k, g.d);
-  load_tile_bf16(qkv, g.width, g, bi, j0, g.v_col(h0), kMmaKeys, dp, t.v, g.dv);
+  load_tile_bf16(g.k, g.kw, g, bi, j0, g.k_col(h0), kMmaKeys, dp, t.k, g.d);
+  load_tile_bf16(g.v, g.vw, g, bi, j0, g.v_col(h0), kMmaKeys, dp, t.v, g.dv);
   for (long long h = h0; h < h0 + g.group(); ++h)
     for (long long i0 = j0 / kMmaRows * kMmaRows; i0 < g.s; i0 += kMmaRows) {  // causal: i >= j
-      load_query_tile(t, qkv, dout, lse, D, g, bi, h, i0, dp);
+      load_query_tile(t, dout, lse, D, g, bi, h, i0, dp);
       scores_and_grads(t, g, i0, j0, dp, true);
       // This warp's 16 keys: dV += P^T dO, dK += dS^T Q (the scale applied at the end).
       warp_gemm<false>(t.p + warp * kMmaTile * kMmaRows, kMmaRows, t.go, dp,
@@ -296,16 +307,16 @@ __global__ void flash_dkv_mma_kernel(View qkv, View dout, const float* lse, cons
   for (long long e = tid; e < kMmaKeys * g.d; e += nthreads) {
     long long r = e / g.d, c = e % g.d, j = j0 + r;
     if (j >= g.s) continue;
-    long long tj = g.row(bi, j), ek = tj * g.width + g.k_col(h0) + c, ev = tj * g.width + g.v_col(h0) + c;
+    long long tj = g.row(bi, j), ek = g.ke(tj, h0, c), ev = g.ve(tj, h0, c);
     float k = g.scale * dk[r * dp + c], v = dv[r * dp + c];
-    st(dx, ek, acc_in ? ld(dx, ek) + k : k);
-    if (c < g.dv) st(dx, ev, acc_in ? ld(dx, ev) + v : v);
+    st(g.gk, ek, g.acc_k ? ld(g.gk, ek) + k : k);
+    if (c < g.dv) st(g.gv, ev, g.acc_v ? ld(g.gv, ev) + v : v);
   }
 }
 
 // Block (x: a tile of kMmaRows query positions, y: batch * q head): dQ into the fp32 workspace.
-__global__ void flash_dq_mma_kernel(View qkv, View dout, const float* lse, const float* D, float* dq,
-                                    Geo g, long long dp) {
+__global__ void flash_dq_mma_kernel(View dout, const float* lse, const float* D, float* dq, Geo g,
+                                    long long dp) {
   const long long bh = g.y0 + blockIdx.y;
   long long bi = bh / g.hq, h = bh % g.hq, i0 = static_cast<long long>(blockIdx.x) * kMmaRows;
   BackwardSmem t(reinterpret_cast<uintptr_t>(np_shared<unsigned char>()), dp);
@@ -313,11 +324,11 @@ __global__ void flash_dq_mma_kernel(View qkv, View dout, const float* lse, const
   const int nthreads = kMmaWarps * 32;
   float* acc = t.acc0;
   for (long long e = tid; e < kMmaRows * dp; e += nthreads) acc[e] = 0.0f;
-  load_query_tile(t, qkv, dout, lse, D, g, bi, h, i0, dp);
+  load_query_tile(t, dout, lse, D, g, bi, h, i0, dp);
   long long last = i0 + kMmaRows - 1 < g.s ? i0 + kMmaRows - 1 : g.s - 1;
   for (long long j0 = 0; j0 <= last; j0 += kMmaKeys) {
-    load_tile_bf16(qkv, g.width, g, bi, j0, g.k_col(h), kMmaKeys, dp, t.k, g.d);
-    load_tile_bf16(qkv, g.width, g, bi, j0, g.v_col(h), kMmaKeys, dp, t.v, g.dv);
+    load_tile_bf16(g.k, g.kw, g, bi, j0, g.k_col(h), kMmaKeys, dp, t.k, g.d);
+    load_tile_bf16(g.v, g.vw, g, bi, j0, g.v_col(h), kMmaKeys, dp, t.v, g.dv);
     scores_and_grads(t, g, i0, j0, dp, false);
     // This warp's 16 queries: dQ += dS K, K row-major.
     warp_gemm<false>(t.ds + warp * kMmaTile * kMmaKeys, kMmaKeys, t.k, dp,
@@ -344,8 +355,7 @@ __global__ void rowsum_kernel(View dout, View out, float* D, Geo g) {
 }
 
 // dQ_i = scale * sum_{j <= i} P_ij (dO_i . v_j - D_i) k_j, into the fp32 workspace dq.
-__global__ void flash_dq_kernel(View qkv, View dout, const float* lse, const float* D, float* dq,
-                                Geo g) {
+__global__ void flash_dq_kernel(View dout, const float* lse, const float* D, float* dq, Geo g) {
   long long bi = (g.y0 + blockIdx.y) / g.hq, h = (g.y0 + blockIdx.y) % g.hq;
   long long i = static_cast<long long>(blockIdx.x) * kRows + threadIdx.x;
   bool active = i < g.s;
@@ -357,12 +367,12 @@ __global__ void flash_dq_kernel(View qkv, View dout, const float* lse, const flo
   float* acc = go + kRows * g.d;
   long long ti = g.row(bi, active ? i : 0);
   for (long long c = 0; c < g.d; ++c) {
-    q[c * kRows] = active ? ld(qkv, ti * g.width + g.q_col(h) + c) : 0.f;
+    q[c * kRows] = active ? ld(g.q, g.qe(ti, h, c)) : 0.f;
     go[c * kRows] = active && c < g.dv ? ld(dout, ti * g.o_width() + g.o_col(h) + c) : 0.f;
     acc[c * kRows] = 0;
   }
   float li = active ? lse[g.stat(bi, h, i)] : 0.f, di = active ? D[g.stat(bi, h, i)] : 0.f;
-  for_each_causal_key(qkv, g, bi, h, i, active, ks, vs, [&](long long jj) {
+  for_each_causal_key(g, bi, h, i, active, ks, vs, [&](long long jj) {
     float sc = 0, dv = 0;
     for (long long c = 0; c < g.d; ++c)
       sc += q[c * kRows] * ks[jj * g.d + c], dv += go[c * kRows] * vs[jj * g.d + c];
@@ -375,8 +385,7 @@ __global__ void flash_dq_kernel(View qkv, View dout, const float* lse, const flo
 
 // Block (x: a tile of kRows key positions, y: batch * kv head); thread: one key row j. Over the
 // query heads of its group and the queries i >= j: dV_j += P_ij dO_i, dK_j += scale dS_ij q_i.
-__global__ void flash_dkv_kernel(View qkv, View dout, const float* lse, const float* D, View dx,
-                                 bool acc_in, Geo g) {
+__global__ void flash_dkv_kernel(View dout, const float* lse, const float* D, Geo g) {
   long long bi = (g.y0 + blockIdx.y) / g.hkv, kvh = (g.y0 + blockIdx.y) % g.hkv;
   long long j = static_cast<long long>(blockIdx.x) * kRows + threadIdx.x;
   bool active = j < g.s;
@@ -392,8 +401,8 @@ __global__ void flash_dkv_kernel(View qkv, View dout, const float* lse, const fl
   float* dv = dk + kRows * g.d;
   long long tj = g.row(bi, active ? j : 0), h0 = kvh * g.group();
   for (long long c = 0; c < g.d; ++c) {
-    k[c * kRows] = active ? ld(qkv, tj * g.width + g.k_col(h0) + c) : 0.f;
-    v[c * kRows] = active && c < g.dv ? ld(qkv, tj * g.width + g.v_col(h0) + c) : 0.f;
+    k[c * kRows] = active ? ld(g.k, g.ke(tj, h0, c)) : 0.f;
+    v[c * kRows] = active && c < g.dv ? ld(g.v, g.ve(tj, h0, c)) : 0.f;
     dk[c * kRows] = 0, dv[c * kRows] = 0;
   }
   long long first = static_cast<long long>(blockIdx.x) * kRows;  // causal: queries >= first
@@ -402,7 +411,7 @@ __global__ void flash_dkv_kernel(View qkv, View dout, const float* lse, const fl
       for (long long e = threadIdx.x; e < kTile * g.d; e += kRows) {
         long long i = i0 + e / g.d, c = e % g.d;
         long long ti = g.row(bi, i < g.s ? i : 0);
-        qs[e] = ld(qkv, ti * g.width + g.q_col(h) + c);
+        qs[e] = ld(g.q, g.qe(ti, h, c));
         gs[e] = c < g.dv ? ld(dout, ti * g.o_width() + g.o_col(h) + c) : 0.0f;
       }
       for (long long e = threadIdx.x; e < kTile; e += kRows) {
@@ -428,19 +437,19 @@ __global__ void flash_dkv_kernel(View qkv, View dout, const float* lse, const fl
     }
   if (!active) return;
   for (long long c = 0; c < g.d; ++c) {
-    long long ek = tj * g.width + g.k_col(h0) + c, ev = tj * g.width + g.v_col(h0) + c;
-    st(dx, ek, acc_in ? ld(dx, ek) + dk[c * kRows] : dk[c * kRows]);
-    if (c < g.dv) st(dx, ev, acc_in ? ld(dx, ev) + dv[c * kRows] : dv[c * kRows]);
+    long long ek = g.ke(tj, h0, c), ev = g.ve(tj, h0, c);
+    st(g.gk, ek, g.acc_k ? ld(g.gk, ek) + dk[c * kRows] : dk[c * kRows]);
+    if (c < g.dv) st(g.gv, ev, g.acc_v ? ld(g.gv, ev) + dv[c * kRows] : dv[c * kRows]);
   }
 }
 
-// dx's q columns from the fp32 dq workspace.
-__global__ void dq_to_dx_kernel(const float* dq, View dx, bool acc_in, Geo g) {
+// The queries' gradient from the fp32 dq workspace.
+__global__ void dq_to_dx_kernel(const float* dq, Geo g) {
   long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   long long n = g.b * g.s * g.hq * g.d;
   if (e >= n) return;
-  long long t = e / (g.hq * g.d), c = e % (g.hq * g.d), x = t * g.width + c;
-  st(dx, x, acc_in ? ld(dx, x) + dq[e] : dq[e]);
+  long long t = e / (g.hq * g.d), c = e % (g.hq * g.d), x = t * g.qw + c;
+  st(g.gq, x, g.acc_q ? ld(g.gq, x) + dq[e] : dq[e]);
 }
 
 // Eager path: probs = causal softmax(scale * scores) per row of {b, heads, s, s} (a block per
@@ -476,7 +485,7 @@ __global__ void causal_zero_kernel(View t, long long s, long long n) {
   if (e < n && e % s > (e / s) % s) st(t, e, 0.0f);
 }
 
-Geo geometry(const AttentionShape& a, const Tensor& qkv) {
+Geo shape_of(const AttentionShape& a) {
   const long long dv = a.v_head_dim > 0 ? a.v_head_dim : a.head_dim;
   need(a.batch > 0 && a.seq > 0 && a.q_heads > 0 && a.kv_heads > 0 && a.head_dim > 0 &&
            a.q_heads % a.kv_heads == 0 && a.head_dim <= kMaxD && dv <= a.head_dim,
@@ -485,7 +494,34 @@ Geo geometry(const AttentionShape& a, const Tensor& qkv) {
   Geo g{a.batch, a.seq, a.q_heads, a.kv_heads, a.head_dim,
         (a.q_heads + a.kv_heads) * a.head_dim + a.kv_heads * dv,
         static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.head_dim))), dv};
+  return g;
+}
+
+// One [q | k | v] tensor (its gradient, when given, as the three gradients, added into when
+// `accumulate`).
+Geo geometry(const AttentionShape& a, const Tensor& qkv, const Tensor* dqkv = nullptr,
+             bool accumulate = false) {
+  Geo g = shape_of(a);
   need(qkv.numel() == g.b * g.s * g.width, "attention: qkv is not {s*b, (hq + hkv) d + hkv dv}");
+  g.q = g.k = g.v = view(qkv);
+  g.qw = g.kw = g.vw = g.width, g.k0 = g.hq * g.d, g.v0 = (g.hq + g.hkv) * g.d;
+  if (dqkv) {
+    need(dqkv->numel() == qkv.numel(), "attention backward: dqkv is not qkv's size");
+    g.gq = g.gk = g.gv = view(*dqkv);
+    g.acc_q = g.acc_k = g.acc_v = accumulate;
+  }
+  return g;
+}
+
+// SDPA's separate q [s*b, hq d], k [s*b, hkv d] and v [s*b, hkv dv].
+Geo geometry(const AttentionShape& a, const Tensor& q, const Tensor& k, const Tensor& v) {
+  Geo g = shape_of(a);
+  g.qw = g.hq * g.d, g.kw = g.hkv * g.d, g.vw = g.hkv * g.dv;
+  need(q.numel() == g.b * g.s * g.qw && k.numel() == g.b * g.s * g.kw &&
+           v.numel() == g.b * g.s * g.vw && q.type.dtype == k.type.dtype &&
+           k.type.dtype == v.type.dtype,
+       "sdpa: q, k and v are not {s*b, heads x head_dim} of one dtype");
+  g.q = view(q), g.k = view(k), g.v = view(v);
   return g;
 }
 
@@ -603,20 +639,20 @@ void attn_context_backward(cublasHandle_t h, const AttentionShape& a, const Tens
   causal_zero(dprobs, g.s, stream);
 }
 
-void flash_attention_forward(const AttentionShape& a, const Tensor& qkv, const Tensor& out,
-                             const Tensor& lse, cudaStream_t stream) {
-  Geo g = geometry(a, qkv);
+namespace {
+void flash_forward(const Geo& g, bool bf16, const Tensor& out, const Tensor& lse,
+                   cudaStream_t stream) {
   need(out.numel() == g.b * g.s * g.o_width() && lse.numel() == g.b * g.hq * g.s &&
            lse.type.dtype == Dtype::kFp32,
        "attention: output or logsumexp has the wrong size");
-  if (qkv.type.dtype == Dtype::kBf16) {  // the tensor cores
+  if (bf16) {  // the tensor cores
     long long dp = (g.d + kMmaTile - 1) / kMmaTile * kMmaTile;
     size_t bytes = ForwardSmem(0, dp).bytes;
     np_allow_shared(flash_forward_mma_kernel, bytes);
     const auto x = static_cast<unsigned>((g.s + kMmaRows - 1) / kMmaRows);
     launch_heads(g, g.b * g.hq, [&](const Geo& gs, unsigned y) {
       np_launch(flash_forward_mma_kernel, dim3(x, y), dim3(kMmaWarps * 32), bytes, stream,
-                view(qkv), view(out), lse.as<float>(), gs, dp);
+                view(out), lse.as<float>(), gs, dp);
       NP_CUDA_CHECK_LAUNCH();
     });
     return;
@@ -626,10 +662,21 @@ void flash_attention_forward(const AttentionShape& a, const Tensor& qkv, const T
   const size_t bytes = (2 * kTile + 2 * kRows) * g.d * sizeof(float);
   np_allow_shared(flash_forward_kernel, bytes);
   launch_heads(g, g.b * g.hq, [&](const Geo& gs, unsigned y) {
-    np_launch(flash_forward_kernel, dim3(x, y), dim3(kRows), bytes, stream, view(qkv), view(out),
+    np_launch(flash_forward_kernel, dim3(x, y), dim3(kRows), bytes, stream, view(out),
               lse.as<float>(), gs);
     NP_CUDA_CHECK_LAUNCH();
   });
+}
+}  // namespace
+
+void flash_attention_forward(const AttentionShape& a, const Tensor& qkv, const Tensor& out,
+                             const Tensor& lse, cudaStream_t stream) {
+  flash_forward(geometry(a, qkv), qkv.type.dtype == Dtype::kBf16, out, lse, stream);
+}
+
+void sdpa_forward(const AttentionShape& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& out, const Tensor& lse, cudaStream_t stream) {
+  flash_forward(geometry(a, q, k, v), q.type.dtype == Dtype::kBf16, out, lse, stream);
 }
 
 void causal_softmax_forward(const Tensor& scores, const Tensor& probs, long long head_dim,
@@ -658,37 +705,36 @@ void causal_softmax_backward(const Tensor& probs, const Tensor& dprobs, const Te
   NP_CUDA_CHECK_LAUNCH();
 }
 
-void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const Tensor& out,
-                              const Tensor& lse, const Tensor& dout, const Tensor& dqkv,
-                              bool accumulate, const Tensor& dq, const Tensor& rowsum,
-                              cudaStream_t stream) {
-  Geo g = geometry(a, qkv);
+namespace {
+void flash_backward(const Geo& g, bool bf16, const Tensor& out, const Tensor& lse,
+                    const Tensor& dout, const Tensor& dq, const Tensor& rowsum,
+                    cudaStream_t stream) {
   long long ctx = g.b * g.s * g.hq * g.d;  // dq's elements; the output has dv per head
   need(out.numel() == g.b * g.s * g.o_width() && dout.numel() == out.numel() &&
-           lse.numel() == g.b * g.hq * g.s && dqkv.numel() == qkv.numel() && dq.numel() == ctx &&
+           lse.numel() == g.b * g.hq * g.s && dq.numel() == ctx &&
            dq.type.dtype == Dtype::kFp32 &&
            rowsum.numel() == g.b * g.hq * g.s && rowsum.type.dtype == Dtype::kFp32,
        "attention backward: shapes do not agree (dq and rowsum are fp32 workspaces)");
   np_launch(rowsum_kernel, dim3(blocks_for(g.b * g.hq * g.s)), dim3(kThreads), 0, stream,
             view(dout), view(out), rowsum.as<float>(), g);
   NP_CUDA_CHECK_LAUNCH();
-  if (qkv.type.dtype == Dtype::kBf16) {  // the tensor cores
+  if (bf16) {  // the tensor cores
     long long dp = (g.d + kMmaTile - 1) / kMmaTile * kMmaTile;
     size_t bytes = BackwardSmem(0, dp).bytes;
     np_allow_shared(flash_dq_mma_kernel, bytes);
     np_allow_shared(flash_dkv_mma_kernel, bytes);
     const auto qx = static_cast<unsigned>((g.s + kMmaRows - 1) / kMmaRows);
     launch_heads(g, g.b * g.hq, [&](const Geo& gs, unsigned y) {
-      np_launch(flash_dq_mma_kernel, dim3(qx, y), dim3(kMmaWarps * 32), bytes, stream, view(qkv),
+      np_launch(flash_dq_mma_kernel, dim3(qx, y), dim3(kMmaWarps * 32), bytes, stream,
                 view(dout), static_cast<const float*>(lse.data),
                 static_cast<const float*>(rowsum.data), dq.as<float>(), gs, dp);
       NP_CUDA_CHECK_LAUNCH();
     });
     const auto kx = static_cast<unsigned>((g.s + kMmaKeys - 1) / kMmaKeys);
     launch_heads(g, g.b * g.hkv, [&](const Geo& gs, unsigned y) {
-      np_launch(flash_dkv_mma_kernel, dim3(kx, y), dim3(kMmaWarps * 32), bytes, stream, view(qkv),
+      np_launch(flash_dkv_mma_kernel, dim3(kx, y), dim3(kMmaWarps * 32), bytes, stream,
                 view(dout), static_cast<const float*>(lse.data),
-                static_cast<const float*>(rowsum.data), view(dqkv), accumulate, gs, dp);
+                static_cast<const float*>(rowsum.data), gs, dp);
       NP_CUDA_CHECK_LAUNCH();
     });
   } else {  // fp32 tensors: one thread per query (dQ) or key (dK, dV) row
@@ -698,21 +744,41 @@ void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const 
     np_allow_shared(flash_dq_kernel, q_bytes);
     np_allow_shared(flash_dkv_kernel, kv_bytes);
     launch_heads(g, g.b * g.hq, [&](const Geo& gs, unsigned y) {
-      np_launch(flash_dq_kernel, dim3(x, y), dim3(kRows), q_bytes, stream, view(qkv), view(dout),
+      np_launch(flash_dq_kernel, dim3(x, y), dim3(kRows), q_bytes, stream, view(dout),
                 static_cast<const float*>(lse.data), static_cast<const float*>(rowsum.data),
                 dq.as<float>(), gs);
       NP_CUDA_CHECK_LAUNCH();
     });
     launch_heads(g, g.b * g.hkv, [&](const Geo& gs, unsigned y) {
-      np_launch(flash_dkv_kernel, dim3(x, y), dim3(kRows), kv_bytes, stream, view(qkv), view(dout),
-                static_cast<const float*>(lse.data), static_cast<const float*>(rowsum.data),
-                view(dqkv), accumulate, gs);
+      np_launch(flash_dkv_kernel, dim3(x, y), dim3(kRows), kv_bytes, stream, view(dout),
+                static_cast<const float*>(lse.data), static_cast<const float*>(rowsum.data), gs);
       NP_CUDA_CHECK_LAUNCH();
     });
   }
   np_launch(dq_to_dx_kernel, dim3(blocks_for(ctx)), dim3(kThreads), 0, stream,
-            static_cast<const float*>(dq.data), view(dqkv), accumulate, g);
+            static_cast<const float*>(dq.data), g);
   NP_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse, const Tensor& dout, const Tensor& dqkv,
+                              bool accumulate, const Tensor& dq, const Tensor& rowsum,
+                              cudaStream_t stream) {
+  flash_backward(geometry(a, qkv, &dqkv, accumulate), qkv.type.dtype == Dtype::kBf16, out, lse,
+                 dout, dq, rowsum, stream);
+}
+
+void sdpa_backward(const AttentionShape& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& gq,
+                   bool acc_q, const Tensor& gk, bool acc_k, const Tensor& gv, bool acc_v,
+                   const Tensor& dq, const Tensor& rowsum, cudaStream_t stream) {
+  Geo g = geometry(a, q, k, v);
+  need(gq.numel() == q.numel() && gk.numel() == k.numel() && gv.numel() == v.numel(),
+       "sdpa backward: a gradient is not its input's size");
+  g.gq = view(gq), g.gk = view(gk), g.gv = view(gv);
+  g.acc_q = acc_q, g.acc_k = acc_k, g.acc_v = acc_v;
+  flash_backward(g, q.type.dtype == Dtype::kBf16, out, lse, dout, dq, rowsum, stream);
 }
 
 }  // namespace np::cuda

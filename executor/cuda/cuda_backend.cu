@@ -317,14 +317,20 @@ class CudaBackend final : public exec::Backend {
       case OpKind::kCrossEntropyTe:
         return cross_entropy_te_fwd(e, in, w);
       // Context parallelism runs on the CPU executor (exec::check_runnable refuses cp > 1 here).
+      case OpKind::kSilu:
+        return silu_fwd(e, in, w);
+      case OpKind::kMul:
+        return mul_fwd(e, in, w);
+      case OpKind::kHeadRmsNorm:
+        return head_rmsnorm_fwd(e, in, w);
+      case OpKind::kRopeQk:
+        return rope_qk_fwd(e, in, w);
+      case OpKind::kRopeHalfQk:
+        return rope_half_qk_fwd(e, in, w);
+      case OpKind::kSdpa:
+        return sdpa_fwd(e, in, w);
       case OpKind::kCpGatherKv:
       case OpKind::kFlashAttentionCp:
-      case OpKind::kRopeQk:  // the torchtitan profile's: the CPU executor's only
-      case OpKind::kSdpa:
-      case OpKind::kSilu:
-      case OpKind::kMul:
-      case OpKind::kHeadRmsNorm:
-      case OpKind::kRopeHalfQk:
       case OpKind::kCount:
         break;
     }
@@ -416,14 +422,20 @@ class CudaBackend final : public exec::Backend {
       case OpKind::kCrossEntropy:
       case OpKind::kLogSoftmaxLoss:
         return cross_entropy_bwd(e);
+      case OpKind::kSilu:
+        return silu_bwd(e);
+      case OpKind::kMul:
+        return mul_bwd(e);
+      case OpKind::kHeadRmsNorm:
+        return head_rmsnorm_bwd(e);
+      case OpKind::kRopeQk:
+        return rope_qk_bwd(e);
+      case OpKind::kRopeHalfQk:
+        return rope_half_qk_bwd(e);
+      case OpKind::kSdpa:
+        return sdpa_bwd(e);
       case OpKind::kCpGatherKv:  // context parallelism: the CPU executor's
       case OpKind::kFlashAttentionCp:
-      case OpKind::kRopeQk:  // the torchtitan profile's: the CPU executor's only
-      case OpKind::kSdpa:
-      case OpKind::kSilu:
-      case OpKind::kMul:
-      case OpKind::kHeadRmsNorm:
-      case OpKind::kRopeHalfQk:
       case OpKind::kCount:
         break;
     }

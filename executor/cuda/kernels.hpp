@@ -131,6 +131,21 @@ void rope(const Tensor& in, const Tensor& out, long long q_heads, long long kv_h
           long long head_dim, long long first_row, long long batch, float sign,
           cudaStream_t stream);
 
+// torchtitan's ops (the CPU reference's silu, mul, rope_qk, rope_half_qk, head_rmsnorm):
+// y = silu(x); its backward dx (=, or += when accumulate) = dy (s + x s (1 - s)), s = sigmoid(x).
+void silu_forward(const Tensor& x, const Tensor& y, cudaStream_t stream);
+void silu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
+                   cudaStream_t stream);
+// y = a b elementwise; da = dy b, db = dy a (each =, or += when its flag says).
+void mul_forward(const Tensor& a, const Tensor& b, const Tensor& y, cudaStream_t stream);
+void mul_backward(const Tensor& a, const Tensor& b, const Tensor& dy, const Tensor& da,
+                  bool accumulate_a, const Tensor& db, bool accumulate_b, cudaStream_t stream);
+// Rotary embedding of every head of head_dim d in rows [heads x d] (no values), pairing features
+// 2i and 2i + 1 (adjacent: torchtitan's complex form) or i and i + d / 2 (the rotate-half form);
+// position and sign as rope's. out may be fp32 or bf16, and may alias in.
+void rope_heads(const Tensor& in, const Tensor& out, long long head_dim, bool adjacent,
+                long long first_row, long long batch, float sign, cudaStream_t stream);
+
 // One AdamW step (Loshchilov and Hutter 2019, with bias corrections; step is 0-based) over a flat
 // parameter group: fp32 master weights and moments, the gradient in its own dtype.
 void adamw_step(const Tensor& grad, const Tensor& master, const Tensor& m, const Tensor& v,
@@ -160,6 +175,15 @@ void flash_attention_backward(const AttentionShape& a, const Tensor& qkv, const 
                               const Tensor& lse, const Tensor& dout, const Tensor& dqkv,
                               bool accumulate, const Tensor& dq, const Tensor& rowsum,
                               cudaStream_t stream);
+// The same on separate q [s*b, q_heads*head_dim], k and v [s*b, kv_heads*head_dim] (PyTorch's
+// scaled_dot_product_attention, the torchtitan profile), with a gradient per input (=, or +=
+// when its flag says) and the same workspaces.
+void sdpa_forward(const AttentionShape& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& out, const Tensor& lse, cudaStream_t stream);
+void sdpa_backward(const AttentionShape& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& gq,
+                   bool acc_q, const Tensor& gk, bool acc_k, const Tensor& gv, bool acc_v,
+                   const Tensor& dq, const Tensor& rowsum, cudaStream_t stream);
 
 // Eager attention's softmax over {b, heads, s, s} scores: probs = causal softmax(scores /
 // sqrt(head_dim)) along the last dim, 0 above the diagonal; the backward reads probs only.

@@ -842,4 +842,136 @@ void scatter_rows_bwd(const Bwd& e) {
   e.c.comm->all_gather(g, dst);
 }
 
+
+// ---- torchtitan's ops (the CPU reference's pointwise.cpp: the same outputs, workspaces and
+// gradients, in the same order) ----
+
+Outs silu_fwd(const Fwd& e, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "input");
+  Tensor y = e.out(x.type);
+  silu_forward(x, y, e.stream);
+  return {y};
+}
+void silu_bwd(const Bwd& e) {
+  const Tensor& x = need(e.a.inputs, 0, "input");
+  bool acc = false;
+  Tensor& dx = e.grad(0, x.type, acc);
+  silu_backward(x, need(e.a.grad_outputs, 0, "gradient"), dx, acc, e.stream);
+}
+
+Outs mul_fwd(const Fwd& e, Ins in, Ins) {
+  const Tensor &a = need(in, 0, "input a"), &b = need(in, 1, "input b");
+  Tensor y = e.out(a.type);
+  mul_forward(a, b, y, e.stream);
+  return {y};
+}
+void mul_bwd(const Bwd& e) {
+  const Tensor &a = need(e.a.inputs, 0, "input a"), &b = need(e.a.inputs, 1, "input b");
+  bool acc_a = false, acc_b = false;
+  Tensor& da = e.grad(0, a.type, acc_a);
+  Tensor& db = e.grad(1, b.type, acc_b);
+  mul_backward(a, b, need(e.a.grad_outputs, 0, "gradient"), da, acc_a, db, acc_b, e.stream);
+}
+
+// nn.RMSNorm(head_dim) over one tensor of heads: the q/k norms' kernels with no k or v heads.
+Outs head_rmsnorm_fwd(const Fwd& e, Ins in, Ins w) {
+  const Tensor& x = need(in, 0, "input");
+  const OpAttrs& a = e.attrs();
+  Tensor y = e.out(x.type), rstd = e.out({{x.type.shape.at(0), a.heads}, Dtype::kFp32});
+  const Tensor& wt = need(w, 0, "weight");
+  qk_norm_forward(x, wt, wt, y, rstd, a.heads, 0, kEps, e.stream);
+  return {y, rstd};
+}
+void head_rmsnorm_bwd(const Bwd& e) {
+  const BackwardArgs& a = e.a;
+  const Tensor& x = need(a.inputs, 0, "input");
+  bool acc = false;
+  Tensor& dx = e.grad(0, x.type, acc);
+  const Tensor &wt = need(a.weights, 0, "weight"), &dw = need(a.weight_grads, 0, "weight gradient");
+  qk_norm_backward(x, wt, wt, need(a.grad_outputs, 0, "gradient"), dx, acc, dw, dw,
+                   need(a.outputs, 1, "rstd"), e.attrs().heads, 0, e.stream);
+}
+
+namespace {
+// torchtitan's RoPE of q (input 0) and k (input 1): outputs, then the op table's scratch (fp32 q
+// and k, then their rotations: rope_qk; or the larger input's two bf16 products, which nothing
+// reads: rope_half_qk). Backward: the scratch, then each gradient rotated back.
+Outs rope_two_fwd(const Fwd& e, Ins in, bool adjacent) {
+  const Tensor &q = need(in, 0, "queries"), &k = need(in, 1, "keys");
+  const int64_t d = e.attrs().head_dim, rows = q.type.shape.at(0);
+  const int64_t first = first_row(e.c, rows), batch = e.c.setup->micro_batch;
+  Tensor qo = e.out(q.type), ko = e.out(k.type);
+  Outs out = {qo, ko};
+  if (adjacent) {
+    Tensor qf = e.ws({q.type.shape, Dtype::kFp32}), kf = e.ws({k.type.shape, Dtype::kFp32}),
+           qp = e.ws({q.type.shape, Dtype::kFp32}), kp = e.ws({k.type.shape, Dtype::kFp32});
+    cuda::copy_elements(qf, 0, q, 0, q.numel(), e.stream);
+    cuda::copy_elements(kf, 0, k, 0, k.numel(), e.stream);
+    rope_heads(q, qp, d, true, first, batch, 1.0f, e.stream);
+    rope_heads(k, kp, d, true, first, batch, 1.0f, e.stream);
+    out.insert(out.end(), {qf, kf, qp, kp});
+  } else {
+    const Tensor& big = q.numel() >= k.numel() ? q : k;
+    out.push_back(e.ws(big.type));
+    out.push_back(e.ws(big.type));
+  }
+  rope_heads(q, qo, d, adjacent, first, batch, 1.0f, e.stream);
+  rope_heads(k, ko, d, adjacent, first, batch, 1.0f, e.stream);
+  return out;
+}
+void rope_two_bwd(const Bwd& e, bool adjacent) {
+  const Tensor &gq = need(e.a.grad_outputs, 0, "q gradient"),
+               &gk = need(e.a.grad_outputs, 1, "k gradient");
+  const Tensor& big = gq.numel() >= gk.numel() ? gq : gk;
+  Tensor w0 = e.ws({big.type.shape, adjacent ? Dtype::kFp32 : big.type.dtype});
+  e.ws({big.type.shape, adjacent ? Dtype::kFp32 : big.type.dtype});
+  if (adjacent) cuda::copy_elements(w0, 0, big, 0, big.numel(), e.stream);
+  if (e.a.grad_inputs[0] || e.a.grad_inputs[1])
+    unsupported(e.c, "accumulating RoPE's input gradients needs a planned buffer");
+  const int64_t d = e.attrs().head_dim, rows = gq.type.shape.at(0);
+  const int64_t first = first_row(e.c, rows), batch = e.c.setup->micro_batch;
+  bool acc = false;
+  Tensor& dq = e.grad(0, gq.type, acc);
+  Tensor& dk = e.grad(1, gk.type, acc);
+  rope_heads(gq, dq, d, adjacent, first, batch, -1.0f, e.stream);
+  rope_heads(gk, dk, d, adjacent, first, batch, -1.0f, e.stream);
+}
+}  // namespace
+
+// PyTorch's SDPA flash kernel on separate q, k, v: the output and logsumexp; backward's scratch
+// as the op table lists it (the fp32 dQ accumulator and rowsum, then under GQA FlashAttention-2's
+// expanded dK and dV, which these kernels, summing each K/V head's group in place, leave unused).
+Outs sdpa_fwd(const Fwd& e, Ins in, Ins) {
+  const OpAttrs& a = e.attrs();
+  Tensor y = e.out({{a.batch * a.seq, a.heads * a.v_dim()}, kAct}),
+         lse = e.out({{a.batch, a.heads, a.seq}, Dtype::kFp32});
+  sdpa_forward(attention_shape(a), need(in, 0, "q"), need(in, 1, "k"), need(in, 2, "v"), y, lse,
+               e.stream);
+  return {y, lse};
+}
+void sdpa_bwd(const Bwd& e) {
+  const BackwardArgs& a = e.a;
+  const OpAttrs& s = e.attrs();
+  const Tensor &q = need(a.inputs, 0, "q"), &k = need(a.inputs, 1, "k"), &v = need(a.inputs, 2, "v");
+  const int64_t rows = s.batch * s.seq;
+  Tensor dq = e.ws({{rows, s.heads * s.head_dim}, Dtype::kFp32}),
+         rowsum = e.ws({{s.batch, s.heads, s.seq}, Dtype::kFp32});
+  if (s.kv_heads < s.heads) {
+    e.ws({{rows, s.heads * s.head_dim}, kAct});
+    e.ws({{rows, s.heads * s.v_dim()}, kAct});
+  }
+  bool acc_q = false, acc_k = false, acc_v = false;
+  Tensor& gq = e.grad(0, q.type, acc_q);
+  Tensor& gk = e.grad(1, k.type, acc_k);
+  Tensor& gv = e.grad(2, v.type, acc_v);
+  sdpa_backward(attention_shape(s), q, k, v, need(a.outputs, 0, "output"),
+                need(a.outputs, 1, "logsumexp"), need(a.grad_outputs, 0, "gradient"), gq, acc_q,
+                gk, acc_k, gv, acc_v, dq, rowsum, e.stream);
+}
+
+Outs rope_qk_fwd(const Fwd& e, Ins in, Ins) { return rope_two_fwd(e, in, true); }
+void rope_qk_bwd(const Bwd& e) { rope_two_bwd(e, true); }
+Outs rope_half_qk_fwd(const Fwd& e, Ins in, Ins) { return rope_two_fwd(e, in, false); }
+void rope_half_qk_bwd(const Bwd& e) { rope_two_bwd(e, false); }
+
 }  // namespace np::cuda

@@ -79,6 +79,12 @@ Outs cast_fp32_fwd(const Fwd& e, Ins in, Ins w);
 Outs cross_entropy_fwd(const Fwd& e, Ins in, Ins w);
 Outs log_softmax_loss_fwd(const Fwd& e, Ins in, Ins w);
 Outs cross_entropy_te_fwd(const Fwd& e, Ins in, Ins w);
+Outs silu_fwd(const Fwd& e, Ins in, Ins w);
+Outs sdpa_fwd(const Fwd& e, Ins in, Ins w);
+Outs mul_fwd(const Fwd& e, Ins in, Ins w);
+Outs head_rmsnorm_fwd(const Fwd& e, Ins in, Ins w);
+Outs rope_qk_fwd(const Fwd& e, Ins in, Ins w);
+Outs rope_half_qk_fwd(const Fwd& e, Ins in, Ins w);
 
 // Backward: as forward, and one function serves each pair of norms (statistics kept or
 // recomputed), the all-gather and the reduce-scatter, the cross-entropy and the log-softmax loss.
@@ -118,6 +124,12 @@ void moe_combine_bwd(const Bwd& e);
 void shared_gate_bwd(const Bwd& e);
 void cast_fp32_bwd(const Bwd& e);
 void cross_entropy_te_bwd(const Bwd& e);
+void silu_bwd(const Bwd& e);
+void sdpa_bwd(const Bwd& e);
+void mul_bwd(const Bwd& e);
+void head_rmsnorm_bwd(const Bwd& e);
+void rope_qk_bwd(const Bwd& e);
+void rope_half_qk_bwd(const Bwd& e);
 void cross_entropy_bwd(const Bwd& e);
 
 }  // namespace np::cuda

@@ -367,6 +367,20 @@ __global__ void repeat_kv_backward_kernel(View dy, View dx, bool acc, long long 
   st(dx, i, acc ? ld(dx, i) + s : s);
 }
 
+// Elements c0 and c1 of `in` (pair j of a head of d features, at position pos) rotated into
+// `out` by sign x pos 10000^(-2j/d), in double as the CPU reference computes the angle.
+__device__ void rotate_pair(View in, View out, long long c0, long long c1, long long j,
+                            long long d, long long pos, float sign) {
+  double ang = static_cast<double>(pos) *
+               pow(10000.0, -2.0 * static_cast<double>(j) / static_cast<double>(d));
+  double s = 0, c = 0;
+  sincospi(ang / 3.14159265358979323846, &s, &c);
+  float cs = static_cast<float>(c), sn = static_cast<float>(sign * s);
+  float x0 = ld(in, c0), x1 = ld(in, c1);
+  st(out, c0, x0 * cs - x1 * sn);
+  st(out, c1, x1 * cs + x0 * sn);
+}
+
 // One thread per (row, rotated head, i < d/2): (x0, x1) = (c0, c0 + d/2) rotated by the angle
 // pos * 10000^(-2i/d), computed in double as the CPU reference does; v heads are copied. The
 // cosine and sine come from sincospi of the angle in half-turns: cos and sin of a double reduce
@@ -385,17 +399,48 @@ __global__ void rope_kernel(View in, View out, long long rows, long long q_heads
     st(out, t * width + c, ld(in, t * width + c));
     return;
   }
-  long long head = k / half, j = k % half, c0 = t * width + head * d + j, c1 = c0 + half;
-  double pos = static_cast<double>((first + t) / batch);
-  double ang = pos * pow(10000.0, -2.0 * static_cast<double>(j) / static_cast<double>(d));
-  double s = 0, c = 0;
-  sincospi(ang / 3.14159265358979323846, &s, &c);
-  float cs = static_cast<float>(c), sn = static_cast<float>(sign * s);
-  float x0 = ld(in, c0), x1 = ld(in, c1);
-  st(out, c0, x0 * cs - x1 * sn);
-  st(out, c1, x1 * cs + x0 * sn);
+  long long head = k / half, j = k % half, c0 = t * width + head * d + j;
+  rotate_pair(in, out, c0, c0 + half, j, d, (first + t) / batch, sign);
 }
 
+
+// One thread per rotated pair of rows [heads x d]: adjacent pairs (2j, 2j + 1) or halves (j,
+// j + d / 2), j the pair's index in its head; angle and rounding as rope_kernel's.
+__global__ void rope_heads_kernel(View in, View out, long long rows, long long width, long long d,
+                                  bool adjacent, long long first, long long batch, float sign) {
+  long long half = d / 2, per_row = width / 2;
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rows * per_row) return;
+  long long t = i / per_row, k = i % per_row, head = k / half, j = k % half;
+  long long c0 = t * width + head * d + (adjacent ? 2 * j : j);
+  rotate_pair(in, out, c0, c0 + (adjacent ? 1 : half), j, d, (first + t) / batch, sign);
+}
+
+__global__ void silu_forward_kernel(View x, View y, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  float v = ld(x, i);
+  st(y, i, v * sigmoid(v));
+}
+__global__ void silu_backward_kernel(View x, View dy, View dx, bool acc, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  float v = ld(x, i), s = sigmoid(v), d = ld(dy, i) * (s + v * s * (1.0f - s));
+  st(dx, i, acc ? ld(dx, i) + d : d);
+}
+__global__ void mul_forward_kernel(View a, View b, View y, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  st(y, i, ld(a, i) * ld(b, i));
+}
+__global__ void mul_backward_kernel(View a, View b, View dy, View da, bool acc_a, View db,
+                                    bool acc_b, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  float d = ld(dy, i), ga = d * ld(b, i), gb = d * ld(a, i);
+  st(da, i, acc_a ? ld(da, i) + ga : ga);
+  st(db, i, acc_b ? ld(db, i) + gb : gb);
+}
 
 // Element i of the rotation of the r-wide part at x[base..] (rotate-half pairs (j, j + r/2), theta
 // 10000, angle pos 10000^(-2j/r) times sign), as rope_kernel computes it.
@@ -624,31 +669,59 @@ void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, cons
   column_sums_add(dy, rows, db, stream);
 }
 
-void gelu_forward(const Tensor& x, const Tensor& y, cudaStream_t stream) {
-  long long n = x.numel();
-  need(y.numel() == n, "gelu: sizes differ");
-  if (n == 0) return;
-  np_launch(gelu_forward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x), view(y), n);
-  NP_CUDA_CHECK_LAUNCH();
-}
-
-void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
+namespace {
+// An elementwise activation's forward (kernel(x, y, n)) and backward (kernel(x, dy, dx, acc, n)),
+// and an elementwise binary op (kernel(a, b, out, n)), launched one thread per element.
+template <typename Kernel>
+void unary_forward(Kernel kernel, const char* what, const Tensor& x, const Tensor& y,
                    cudaStream_t stream) {
   long long n = x.numel();
-  need(dy.numel() == n && dx.numel() == n, "gelu backward: sizes differ");
+  need(y.numel() == n, what);
   if (n == 0) return;
-  np_launch(gelu_backward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x),
-            view(dy), view(dx), accumulate, n);
+  np_launch(kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x), view(y), n);
   NP_CUDA_CHECK_LAUNCH();
+}
+template <typename Kernel>
+void unary_backward(Kernel kernel, const char* what, const Tensor& x, const Tensor& dy,
+                    const Tensor& dx, bool accumulate, cudaStream_t stream) {
+  long long n = x.numel();
+  need(dy.numel() == n && dx.numel() == n, what);
+  if (n == 0) return;
+  np_launch(kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(x), view(dy), view(dx),
+            accumulate, n);
+  NP_CUDA_CHECK_LAUNCH();
+}
+template <typename Kernel>
+void binary(Kernel kernel, const char* what, const Tensor& a, const Tensor& b, const Tensor& out,
+            cudaStream_t stream) {
+  long long n = out.numel();
+  need(a.numel() == n && b.numel() == n, what);
+  if (n == 0) return;
+  np_launch(kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(a), view(b), view(out), n);
+  NP_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void gelu_forward(const Tensor& x, const Tensor& y, cudaStream_t stream) {
+  unary_forward(gelu_forward_kernel, "gelu: sizes differ", x, y, stream);
+}
+void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
+                   cudaStream_t stream) {
+  unary_backward(gelu_backward_kernel, "gelu backward: sizes differ", x, dy, dx, accumulate, stream);
+}
+void silu_forward(const Tensor& x, const Tensor& y, cudaStream_t stream) {
+  unary_forward(silu_forward_kernel, "silu: sizes differ", x, y, stream);
+}
+void silu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate,
+                   cudaStream_t stream) {
+  unary_backward(silu_backward_kernel, "silu backward: sizes differ", x, dy, dx, accumulate, stream);
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t stream) {
-  long long n = out.numel();
-  need(a.numel() == n && b.numel() == n, "add: sizes differ");
-  if (n == 0) return;
-  np_launch(add_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(a), view(b),
-            view(out), n);
-  NP_CUDA_CHECK_LAUNCH();
+  binary(add_kernel, "add: sizes differ", a, b, out, stream);
+}
+void mul_forward(const Tensor& a, const Tensor& b, const Tensor& y, cudaStream_t stream) {
+  binary(mul_forward_kernel, "mul: sizes differ", a, b, y, stream);
 }
 
 void scale(const Tensor& t, float f, cudaStream_t stream) {
@@ -820,6 +893,31 @@ void rope(const Tensor& in, const Tensor& out, long long q_heads, long long kv_h
   if (n == 0) return;
   np_launch(rope_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(in), view(out),
             rows, q_heads, kv_heads, head_dim, first_row, batch, sign);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void rope_heads(const Tensor& in, const Tensor& out, long long head_dim, bool adjacent,
+                long long first_row, long long batch, float sign, cudaStream_t stream) {
+  long long width = in.type.shape.empty() ? 0 : in.type.shape.back(),
+            rows = width ? in.numel() / width : 0;
+  need(head_dim > 0 && head_dim % 2 == 0 && width % head_dim == 0 && out.numel() == in.numel() &&
+           batch > 0,
+       "rope: the rows are not heads of even head_dim");
+  long long n = rows * width / 2;
+  if (n == 0) return;
+  np_launch(rope_heads_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(in), view(out),
+            rows, width, head_dim, adjacent, first_row, batch, sign);
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+void mul_backward(const Tensor& a, const Tensor& b, const Tensor& dy, const Tensor& da,
+                  bool accumulate_a, const Tensor& db, bool accumulate_b, cudaStream_t stream) {
+  long long n = dy.numel();
+  need(a.numel() == n && b.numel() == n && da.numel() == n && db.numel() == n,
+       "mul backward: sizes differ");
+  if (n == 0) return;
+  np_launch(mul_backward_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, view(a), view(b),
+            view(dy), view(da), accumulate_a, view(db), accumulate_b, n);
   NP_CUDA_CHECK_LAUNCH();
 }
 
