@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 
+#include "executor/params.hpp"
 #include "planner/schedule/caching_allocator.hpp"
 #include "planner/schedule/plan_io.hpp"
 #include "planner/schedule/simulate.hpp"
@@ -76,7 +77,10 @@ std::optional<DeviceLevel> device_level(const RunComparison& c, const RunResult&
     d.context = rt.cuda_context_bytes;
     d.workspaces = n * rt.cublas_workspace_bytes;
     d.nccl = per == 1 && c.setup.tp > 1 ? rt.nccl_bytes_per_comm : 0;
-    d.predicted = d.allocator_peaks + d.context + d.workspaces + d.nccl;
+    for (size_t i = first; i < last; ++i)
+      for (const LiveAllocation& b : r.ranks[i].runtime_buffers)
+        if (b.name == kFsdpStagingName) d.executor_buffers += b.bytes;
+    d.predicted = d.allocator_peaks + d.context + d.workspaces + d.nccl + d.executor_buffers;
     if (!best || d.measured > best->measured) best = d;
   }
   best->measured_overheads = r.ranks.front().measured_overheads;
@@ -251,7 +255,9 @@ std::string comparison_table(const RunComparison& c) {
   if (!c.ranks.empty())
     for (const LiveAllocation& b : c.ranks.front().runtime_buffers)
       out += "  runtime buffer outside the plan, per rank: " + b.name + " " + format_int(b.bytes) +
-             " B (the estimate counts it among the runtime overheads)\n";
+             (b.name == kFsdpStagingName
+                  ? " B (the executor's own, which PyTorch does not have: not in the estimate)\n"
+                  : " B (the estimate counts it among the runtime overheads)\n");
   if (c.device) {
     const DeviceLevel& d = *c.device;
     char pct[32];
@@ -262,6 +268,8 @@ std::string comparison_table(const RunComparison& c) {
            format_int(d.allocator_peaks) +
            " + CUDA context " + format_int(d.context) + " + cuBLAS workspaces " +
            format_int(d.workspaces) + (d.nccl ? " + NCCL " + format_int(d.nccl) : std::string()) +
+           (d.executor_buffers ? " + the executor's FSDP staging " + format_int(d.executor_buffers)
+                               : std::string()) +
            "; measured " + format_int(d.measured) + " B (" + pct + ")" +
            (d.reserved ? ", of it reserved by the allocator " + format_int(d.measured_reserved) +
                              " B"
@@ -372,7 +380,8 @@ nlohmann::json comparison_json(const RunComparison& c) {
                                        d.allocator_peaks},
                                       {"cuda_context", d.context},
                                       {"cublas_workspaces", d.workspaces},
-                                      {"nccl", d.nccl}};
+                                      {"nccl", d.nccl},
+                                      {"executor_buffers", d.executor_buffers}};
     out["measured_overheads"] = runtime_json(d.measured_overheads);
   }
   return out;

@@ -60,6 +60,9 @@ struct RankComparison {
 struct DeviceLevel {
   int64_t predicted = 0, measured = 0;
   int64_t allocator_peaks = 0, context = 0, workspaces = 0, nccl = 0;  // the prediction's terms
+  // The executor's own buffers (FSDP's gradient staging), which PyTorch does not have: added to
+  // the prediction so that the comparison stays PyTorch's terms against the rest.
+  int64_t executor_buffers = 0;
   bool reserved = false;          // allocator_peaks are the caching allocator's reserved peaks
   int64_t measured_reserved = 0;  // caching: the measured reserved peaks of the device's ranks
   std::vector<LiveAllocation> measured_overheads;  // as rank 0's backend measured them

@@ -345,7 +345,6 @@ void ParamStore::optimizer_step(int step, float lr) {
 void ParamStore::allocate_fsdp(const Allocate& alloc, uint64_t seed) {
   const int64_t S = fsdp_shards(), r = fsdp_index();
   units_.assign(p_.blocks.size(), {});
-  staging_.clear();
   int64_t total = 0;
   for (size_t b = 0; b < p_.blocks.size(); ++b) {
     const StageBlock& blk = p_.blocks[b];
@@ -438,23 +437,36 @@ void ParamStore::fsdp_copy_out(int block, const Tensor& flat, const Tensor& para
   }
 }
 
+int64_t ParamStore::fsdp_staging_elements() const {
+  int64_t most = 0;
+  for (const StageBlock& b : p_.blocks)
+    for (const GraphOp& op : b.graph->ops) {
+      int64_t n = 0;
+      for (const WeightShape& w : op.weights) n += w.elements();
+      most = std::max(most, n);
+    }
+  return most;
+}
+
 void ParamStore::fsdp_stage_grads(int block, int op) {
   const GraphOp& g = p_.blocks[block].graph->ops[op];
-  staging_.resize(g.weights.size());
+  if (!staging_) throw std::logic_error("FSDP: no gradient staging buffer");
+  int64_t at = 0;
   for (size_t w = 0; w < g.weights.size(); ++w) {
-    staging_[w].assign(static_cast<size_t>(g.weights[w].elements()), 0);  // bf16 zeros
-    wgrads_[block][op][w] = Tensor{staging_[w].data(), {g.weights[w].shape, Dtype::kBf16}};
+    wgrads_[block][op][w] = slice(staging_, at, g.weights[w].shape);
+    at += g.weights[w].elements();
   }
+  if (at > 0) be_.fill(slice(staging_, 0, {at}), 0.0f);
 }
 
 void ParamStore::fsdp_take_grads(int block, int op, const Tensor& grads) {
   const GraphOp& g = p_.blocks[block].graph->ops[op];
-  int64_t at = 0;
+  int64_t n = 0;
   for (size_t w = 0; w < g.weights.size(); ++w) {
-    be_.copy_from_host(slice(grads, at, {g.weights[w].elements()}), staging_[w].data());
-    at += g.weights[w].elements();
+    n += g.weights[w].elements();
     wgrads_[block][op][w] = Tensor{};
   }
+  if (n > 0) be_.copy_elements(grads, 0, staging_, 0, n);
   units_.at(block).op_grads[op] = grads;
 }
 

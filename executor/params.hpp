@@ -26,6 +26,10 @@
 
 namespace np::exec {
 
+// The name of FSDP's gradient staging buffer (ParamStore::use_fsdp_staging) among a rank's
+// runtime buffers.
+inline constexpr const char* kFsdpStagingName = "FSDP gradient staging";
+
 class ParamStore {
  public:
   // Allocates a static tensor (the runner binds its name to the plan's id).
@@ -75,8 +79,12 @@ class ParamStore {
   // The copy-out: each parameter's chunks, in rank order, into its own padded place in `params`;
   // the unit's weight views bound there.
   void fsdp_copy_out(int block, const Tensor& flat, const Tensor& params);
-  // An op's weight gradients go to host staging (zeroed) while its backward runs; then into
-  // `grads`, the op's bf16 gradients in op-table order, which the unit's reduction reads.
+  // An op's weight gradients go to the staging buffer (zeroed) while its backward runs; then
+  // into `grads`, the op's bf16 gradients in op-table order, which the unit's reduction reads.
+  // The staging is device memory outside the plan (fsdp_staging_elements bf16 elements: the
+  // largest op's weights), given once by the runner as a runtime buffer of the executor's own.
+  int64_t fsdp_staging_elements() const;
+  void use_fsdp_staging(const Tensor& staging) { staging_ = staging; }
   void fsdp_stage_grads(int block, int op);
   void fsdp_take_grads(int block, int op, const Tensor& grads);
   // The fp32 reduce-scatter input: each parameter's gradient chunks, rank-major as the flat
@@ -111,7 +119,7 @@ class ParamStore {
   int64_t fsdp_index() const { return comm_.group_rank(DpGroup::kDense) % fsdp_shards(); }
   std::vector<FsdpUnit> units_;
   Tensor fsdp_params_, fsdp_m_, fsdp_v_;
-  std::vector<std::vector<uint16_t>> staging_;  // per op of the block being differentiated
+  Tensor staging_;  // FSDP: the op's weight gradients while its backward runs (bf16)
 
 
   struct Member {

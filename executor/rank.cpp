@@ -34,6 +34,10 @@ class RankRunner {
     std::vector<RuntimeBuffer> buffers = be_.runtime_buffers();
     for (size_t i = 0; i < buffers.size(); ++i)
       be_.use_runtime_buffer(i, alloc_.allocate_runtime(buffers[i].bytes, buffers[i].name));
+    if (s.setup.fsdp) {  // the ops' weight gradients before they become the plan's (params.hpp)
+      TensorType t{{params_.fsdp_staging_elements()}, Dtype::kBf16};
+      params_.use_fsdp_staging(Tensor{alloc_.allocate_runtime(t.bytes(), kFsdpStagingName), t});
+    }
     for (int32_t id = 0; id < static_cast<int32_t>(p_.tensors.size()); ++id)
       if (p_.tensors[id].kind == ValueKind::kStatic)
         static_ids_.emplace(p_.static_names.at(p_.tensors[id].tensor), id);

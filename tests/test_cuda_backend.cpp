@@ -13,6 +13,7 @@
 #include "executor/cuda/compat.hpp"
 #include "executor/cuda/cuda_backend.hpp"
 #include "executor/cuda/transfer.hpp"
+#include "executor/params.hpp"
 #include "executor/runner.hpp"
 #include "gpu_env.hpp"
 #include "test_util.hpp"
@@ -40,6 +41,7 @@ struct Case {
   Impl impl = Impl::kNanotron;
   LossFusion loss = LossFusion::kNone;  // megatron: Transformer Engine's loss with kTe
   bool grad_fusion = true;  // megatron: false, each linear's weight gradient whole in bf16 first
+  bool fsdp = false, reshard = true;  // FSDP2 over dp (zero 0), resharded after forward or not
 };
 
 // Each case under each policy: every allocation event as the plan predicts, the loss within 2%
@@ -55,6 +57,7 @@ void check_scenario(const std::string& name, std::initializer_list<Case> cases,
       t.attention = k.attention, t.impl = k.impl, t.loss_fusion = k.loss;
       t.grad_accum_fusion = k.grad_fusion;
       t.dp = k.dp, t.zero = k.zero, t.microbatches = sc.base.microbatches / k.dp;
+      t.fsdp = k.fsdp, t.reshard_after_forward = k.reshard;
       if (k.chunks > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = k.chunks;
       ASSERT_FALSE(validate_setup(sc.model, t)) << name;
       std::string what = name + " " + describe_short(t);
@@ -63,9 +66,10 @@ void check_scenario(const std::string& name, std::initializer_list<Case> cases,
       RunComparison c = compare(s, r, what);
       EXPECT_TRUE(c.all_equal) << comparison_table(c);
       for (const RankResult& rr : r.ranks) {  // cuBLAS's workspace, through the allocator
-        ASSERT_EQ(rr.runtime_buffers.size(), 1u) << what;
+        ASSERT_EQ(rr.runtime_buffers.size(), k.fsdp ? 2u : 1u) << what;
         EXPECT_EQ(rr.runtime_buffers[0].name, "cuBLAS workspace");
         EXPECT_EQ(rr.runtime_buffers[0].bytes, RuntimeAssumptions{}.cublas_workspace_bytes);
+        if (k.fsdp) EXPECT_EQ(rr.runtime_buffers[1].name, kFsdpStagingName);
       }
       RunResult cpu = run(s, false);
       ASSERT_EQ(r.losses.size(), cpu.losses.size());
@@ -174,6 +178,20 @@ TEST(CudaBackend, TinyTorchtitan) {
                  {{1, 1, false, AttentionImpl::kFlash, 1, 0, 1, Impl::kTorchtitan},
                   {2, 1, true, AttentionImpl::kFlash, 1, 0, 1, Impl::kTorchtitan}},
                  {Recompute::kNone, Recompute::kSelectiveOp});
+}
+
+// FSDP2 (--fsdp): the fp32 shards, each unit's all-gather and copy-out, the ops' bf16 weight
+// gradients (staged on the device), the fp32 reduce-scatter and gradient shard on their streams'
+// pools; resharded after forward and kept, over TP with SP and under PP (each unit gathered once
+// per step, its gradient accumulated); torchtitan's code and nanotron's.
+TEST(CudaBackend, TinyLlamaFsdp) {
+  const Impl titan = Impl::kTorchtitan, nano = Impl::kNanotron;
+  const auto flash = AttentionImpl::kFlash;
+  check_scenario("tiny-llama-fsdp",
+                 {{1, 1, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true},
+                  {2, 1, true, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, false},
+                  {1, 2, false, flash, 2, 0, 1, nano, LossFusion::kNone, true, true, false}},
+                 {Recompute::kNone, Recompute::kFull});
 }
 
 // Dense layers among MoE layers (DeepSeek's first layers, Qwen-MoE's mlp_only_layers): the
