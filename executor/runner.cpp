@@ -48,9 +48,6 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
                       (s.model.tie_embeddings ? "tied embeddings yet (" + s.model.name +
                                                     "): use --zero 3 in place of --fsdp"
                                               : "multi-token prediction yet: use --mtp-layers 0"));
-  if (t.fp8 != Fp8Recipe::kNone && !host_memory)
-    return make_error("the CUDA backend does not run float8 linears yet (the CPU executor does): "
-                      "use --backend cpu, or --fp8 none");
   if (t.zero >= 2 && s.model.tie_embeddings)
     return make_error("the executor runs ZeRO-2/3 without tied embeddings (it does not yet gather "
                       "or bucket the LM head's tied table); got --zero " + std::to_string(t.zero) +

@@ -157,6 +157,15 @@ std::vector<Config> setups(Impl impl) {
         {"qwen3 tp 1 flash", qwen3(37), train(1, false, 7, flash)},
         {"qwen3 tp 2 sp flash", qwen3(38), train(2, true, 10, flash)},
     };
+    // torchao's float8 linears: every dimension a multiple of 16 (so each linear and the LM head
+    // convert), under FSDP (the ops are the same at dp 1).
+    ModelSpec m16 = llama(48);
+    m16.hidden = 32, m16.ffn = 48, m16.heads = 4, m16.kv_heads = 2, m16.head_dim = 8;
+    for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise}) {
+      s.push_back({std::string("llama16 fp8 ") + name_of(r) + " tp 1", m16, train(1, false, 7, flash)});
+      s.back().train.fsdp = true, s.back().train.fp8 = r;
+      s.back().train.pp_schedule = PpSchedule::k1F1B;
+    }
     for (Config& x : s) x.label = "torchtitan " + x.label;
     return s;
   }

@@ -42,6 +42,7 @@ struct Case {
   LossFusion loss = LossFusion::kNone;  // megatron: Transformer Engine's loss with kTe
   bool grad_fusion = true;  // megatron: false, each linear's weight gradient whole in bf16 first
   bool fsdp = false, reshard = true;  // FSDP2 over dp (zero 0), resharded after forward or not
+  Fp8Recipe fp8 = Fp8Recipe::kNone;    // torchao's float8 linears (torchtitan under FSDP)
 };
 
 // Each case under each policy: every allocation event as the plan predicts, the loss within 2%
@@ -57,7 +58,7 @@ void check_scenario(const std::string& name, std::initializer_list<Case> cases,
       t.attention = k.attention, t.impl = k.impl, t.loss_fusion = k.loss;
       t.grad_accum_fusion = k.grad_fusion;
       t.dp = k.dp, t.zero = k.zero, t.microbatches = sc.base.microbatches / k.dp;
-      t.fsdp = k.fsdp, t.reshard_after_forward = k.reshard;
+      t.fsdp = k.fsdp, t.reshard_after_forward = k.reshard, t.fp8 = k.fp8;
       if (k.chunks > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = k.chunks;
       ASSERT_FALSE(validate_setup(sc.model, t)) << name;
       std::string what = name + " " + describe_short(t);
@@ -183,7 +184,7 @@ TEST(CudaBackend, TinyTorchtitan) {
 // FSDP2 (--fsdp): the fp32 shards, each unit's all-gather and copy-out, the ops' bf16 weight
 // gradients (staged on the device), the fp32 reduce-scatter and gradient shard on their streams'
 // pools; resharded after forward and kept, over TP with SP and under PP (each unit gathered once
-// per step, its gradient accumulated); torchtitan's code and nanotron's.
+// per step, its gradient accumulated); torchtitan's code and nanotron's; float8 linears.
 TEST(CudaBackend, TinyLlamaFsdp) {
   const Impl titan = Impl::kTorchtitan, nano = Impl::kNanotron;
   const auto flash = AttentionImpl::kFlash;
@@ -191,6 +192,13 @@ TEST(CudaBackend, TinyLlamaFsdp) {
                  {{1, 1, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true},
                   {2, 1, true, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, false},
                   {1, 2, false, flash, 2, 0, 1, nano, LossFusion::kNone, true, true, false}},
+                 {Recompute::kNone, Recompute::kFull});
+  // torchao's float8 linears, each cast's temporaries step by step, tensorwise and rowwise.
+  check_scenario("tiny-llama-fsdp",
+                 {{1, 1, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true,
+                   Fp8Recipe::kTensorwise},
+                  {1, 2, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, false,
+                   Fp8Recipe::kRowwise}},
                  {Recompute::kNone, Recompute::kFull});
 }
 

@@ -58,7 +58,7 @@ Fp8 cast(const Env& env, const Mat& x, Dtype to, Axis axis, bool pow2) {
   Mat inv(axis == Axis::kRows ? R : 1, axis == Axis::kCols ? C : 1);
   for (int64_t i = 0; i < scale.numel(); ++i) {
     float s = static_cast<float>(double(fmax) / std::fmax(double(load(amax, i)), 1e-12));
-    if (pow2) s = std::exp2(std::floor(std::log2(s)));
+    if (pow2) s = pow2_floor(s);
     scale.as<float>()[i] = s;
     inv.data()[i] = 1.0f / s;  // _scaled_mm's scale_a / scale_b (a_scale.reciprocal())
   }

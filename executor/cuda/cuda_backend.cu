@@ -256,6 +256,8 @@ class CudaBackend final : public exec::Backend {
         return all_reduce_fwd(e, in, w);
       case OpKind::kColumnLinear:
       case OpKind::kRowLinear:
+        if (c.op->attrs.fp8 != Fp8Recipe::kNone) return float8_linear_fwd(e, in, w);
+        return linear_fwd(e, in, w);
       case OpKind::kLinear:
         return linear_fwd(e, in, w);
       case OpKind::kRope:
@@ -363,6 +365,8 @@ class CudaBackend final : public exec::Backend {
         return all_reduce_bwd(e);
       case OpKind::kColumnLinear:
       case OpKind::kRowLinear:
+        if (c.op->attrs.fp8 != Fp8Recipe::kNone) return float8_linear_bwd(e);
+        return linear_bwd(e);
       case OpKind::kLinear:
         return linear_bwd(e);
       case OpKind::kRope:

@@ -81,6 +81,7 @@ Outs log_softmax_loss_fwd(const Fwd& e, Ins in, Ins w);
 Outs cross_entropy_te_fwd(const Fwd& e, Ins in, Ins w);
 Outs silu_fwd(const Fwd& e, Ins in, Ins w);
 Outs sdpa_fwd(const Fwd& e, Ins in, Ins w);
+Outs float8_linear_fwd(const Fwd& e, Ins in, Ins w);  // float8.cu: torchao's Float8Linear
 Outs mul_fwd(const Fwd& e, Ins in, Ins w);
 Outs head_rmsnorm_fwd(const Fwd& e, Ins in, Ins w);
 Outs rope_qk_fwd(const Fwd& e, Ins in, Ins w);
@@ -126,6 +127,7 @@ void cast_fp32_bwd(const Bwd& e);
 void cross_entropy_te_bwd(const Bwd& e);
 void silu_bwd(const Bwd& e);
 void sdpa_bwd(const Bwd& e);
+void float8_linear_bwd(const Bwd& e);
 void mul_bwd(const Bwd& e);
 void head_rmsnorm_bwd(const Bwd& e);
 void rope_qk_bwd(const Bwd& e);

@@ -1,0 +1,276 @@
+// torchao's Float8Linear on the CUDA backend, step for step as the CPU reference's
+// (executor/cpu/float8.cpp) and the op table's steps (planner/graph/float8.cpp): each cast with
+// its temporaries (|x| and its max, the fp32 scale, the fp32 copy and its scaled product, the
+// saturating clamp and the float8 result, executor/fp8.hpp's conversion), then the GEMMs on the
+// float8 values with the reciprocal scales (rowwise backward: the raw product rounded to bf16,
+// times the fp32 outer product of the reciprocals). The GEMM is a plain kernel (one thread per
+// output element, fp32 sums in k order), not cuBLASLt's float8 path: the memory is the point here.
+#include "executor/cuda/common.cuh"
+#include "executor/cuda/ops.hpp"
+#include "executor/fp8.hpp"
+
+namespace np::cuda {
+namespace {
+
+constexpr Dtype kAct = Dtype::kBf16;
+
+const Tensor& need(std::span<const Tensor> ts, size_t i, const char* what) {
+  if (i >= ts.size() || !ts[i])
+    throw std::invalid_argument(std::string("cuda backend: float8 linear: missing ") + what);
+  return ts[i];
+}
+using cuda::need;
+
+// The scale's axis over a [rows, cols] tensor: one, per row ([rows, 1]), per column ([1, cols]).
+enum class Axis : int { kTensor, kRows, kCols };
+
+std::vector<int64_t> scale_shape(Axis a, int64_t rows, int64_t cols) {
+  return a == Axis::kTensor ? std::vector<int64_t>{}
+         : a == Axis::kRows ? std::vector<int64_t>{rows, 1}
+                            : std::vector<int64_t>{1, cols};
+}
+
+__device__ long long scale_at(Axis a, long long r, long long c) {
+  return a == Axis::kTensor ? 0 : a == Axis::kRows ? r : c;
+}
+
+__global__ void abs_kernel(View x, View a, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) st(a, i, fabsf(ld(x, i)));
+}
+
+// Block e: the max of |x| over scale entry e's elements (all, row e, or column e).
+__global__ void amax_kernel(View a, View amax, long long rows, long long cols, Axis axis) {
+  long long e = blockIdx.x;
+  long long n = axis == Axis::kTensor ? rows * cols : axis == Axis::kRows ? cols : rows;
+  float m = 0.0f;
+  for (long long i = threadIdx.x; i < n; i += kThreads) {
+    long long at = axis == Axis::kTensor ? i : axis == Axis::kRows ? e * cols + i : i * cols + e;
+    m = fmaxf(m, ld(a, at));
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0) st(amax, e, m);
+}
+
+// amax_to_scale: max / clamp(amax, 1e-12) in fp64, to fp32; rowwise rounds it down to 2^k.
+__global__ void scale_kernel(View amax, float* scale, long long n, float fmax, bool pow2) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  double a = static_cast<double>(ld(amax, i));
+  float s = static_cast<float>(static_cast<double>(fmax) / (a > 1e-12 ? a : 1e-12));
+  scale[i] = pow2 ? pow2_floor(s) : s;
+}
+
+__global__ void scaled_kernel(View x, float* f32, float* scaled, const float* scale,
+                              long long rows, long long cols, Axis axis) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rows * cols) return;
+  float v = ld(x, i);
+  f32[i] = v;
+  scaled[i] = v * scale[scale_at(axis, i / cols, i % cols)];
+}
+
+__global__ void quantize_kernel(const float* scaled, float* clamped, unsigned char* q, long long n,
+                                float fmax, Dtype to) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  float v = fminf(fmaxf(scaled[i], -fmax), fmax);
+  clamped[i] = v;
+  q[i] = f32_to_fp8(v, to);
+}
+
+__global__ void reciprocal_kernel(const float* s, float* inv, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) inv[i] = 1.0f / s[i];
+}
+
+__device__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+// A float8 operand: element (i, k) at p[i * si + k * sk].
+struct Operand {
+  const unsigned char* p;
+  Dtype type;
+  long long si, sk;
+};
+
+// post[i, j] = ainv x binv (the rowwise GEMMs' fp32 outer product of the reciprocal scales).
+__global__ void outer_kernel(const float* ainv, bool a_vec, const float* binv, bool b_vec,
+                             float* post, long long M, long long N) {
+  long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= M * N) return;
+  post[e] = ainv[a_vec ? e / N : 0] * binv[b_vec ? e % N : 0];
+}
+
+// out[i, j] (=, or += when acc) = sum_k A(i, k) B(k, j), scaled, as bf16 values: tensorwise
+// times ainv x binv (ainv per row i when a_vec, else one; binv per column j when b_vec), rounded
+// once; rowwise (post given) the raw product rounded, then times post, rounded again.
+__global__ void fp8_gemm_kernel(Operand a, Operand b, const float* ainv, bool a_vec,
+                                const float* binv, bool b_vec, long long M, long long N, long long K,
+                                View out, bool acc, const float* post) {
+  long long e = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (e >= M * N) return;
+  long long i = e / N, j = e % N;
+  float d = 0.0f;
+  for (long long k = 0; k < K; ++k)
+    d += fp8_to_f32(a.p[i * a.si + k * a.sk], a.type) * fp8_to_f32(b.p[k * b.si + j * b.sk], b.type);
+  float v = post ? bf16_round(bf16_round(d) * post[e])
+                 : bf16_round(d * ainv[a_vec ? i : 0] * binv[b_vec ? j : 0]);
+  st(out, e, acc ? ld(out, e) + v : v);
+}
+
+// The kernel's next step (an op test's context has none: its steps run as one).
+void next(const Fwd& e) {
+  if (e.c.step) e.c.step();
+}
+
+struct Fp8 {
+  Tensor q, scale;
+};
+
+// One hp_tensor_to_float8_dynamic of x ([rows, cols] bf16) in four steps; the first continues
+// the kernel's current step.
+Fp8 cast(const Fwd& e, const Tensor& x, int64_t rows, int64_t cols, Dtype to, Axis axis,
+         bool pow2) {
+  const float fmax = fp8_format(to).max;
+  const std::vector<int64_t> ss = scale_shape(axis, rows, cols);
+  const long long n = rows * cols;
+  Tensor abs = e.ws({{rows, cols}, kAct}), amax = e.ws({ss, kAct});
+  if (n > 0) {
+    np_launch(abs_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, e.stream, view(x), view(abs), n);
+    NP_CUDA_CHECK_LAUNCH();
+    np_launch(amax_kernel, dim3(static_cast<unsigned>(amax.numel())), dim3(kThreads),
+              kReduceShared, e.stream, view(abs), view(amax), static_cast<long long>(rows),
+              static_cast<long long>(cols), axis);
+    NP_CUDA_CHECK_LAUNCH();
+  }
+  next(e);
+  Tensor scale = e.ws({ss, Dtype::kFp32});
+  np_launch(scale_kernel, dim3(blocks_for(scale.numel())), dim3(kThreads), 0, e.stream,
+            view(amax), scale.as<float>(), static_cast<long long>(scale.numel()), fmax, pow2);
+  NP_CUDA_CHECK_LAUNCH();
+  next(e);
+  Tensor f32 = e.ws({{rows, cols}, Dtype::kFp32}), scaled = e.ws({{rows, cols}, Dtype::kFp32});
+  if (n > 0) {
+    np_launch(scaled_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, e.stream, view(x),
+              f32.as<float>(), scaled.as<float>(), static_cast<const float*>(scale.data),
+              static_cast<long long>(rows), static_cast<long long>(cols), axis);
+    NP_CUDA_CHECK_LAUNCH();
+  }
+  next(e);
+  Tensor clamped = e.ws({{rows, cols}, Dtype::kFp32}), q = e.ws({{rows, cols}, to});
+  if (n > 0) {
+    np_launch(quantize_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, e.stream,
+              static_cast<const float*>(scaled.data), clamped.as<float>(),
+              static_cast<unsigned char*>(q.data), n, fmax, to);
+    NP_CUDA_CHECK_LAUNCH();
+  }
+  return {q, scale};
+}
+
+// _scaled_mm's reciprocal scales (fp32, `a` and `b`'s shapes), filled from the scales.
+std::pair<Tensor, Tensor> reciprocals(const Fwd& e, const Fp8& a, std::vector<int64_t> a_shape,
+                                      const Fp8& b, std::vector<int64_t> b_shape) {
+  Tensor ai = e.ws({std::move(a_shape), Dtype::kFp32}), bi = e.ws({std::move(b_shape), Dtype::kFp32});
+  for (auto [s, inv] : {std::pair{a.scale, ai}, {b.scale, bi}}) {
+    np_launch(reciprocal_kernel, dim3(blocks_for(s.numel())), dim3(kThreads), 0, e.stream,
+              static_cast<const float*>(s.data), inv.as<float>(), static_cast<long long>(s.numel()));
+    NP_CUDA_CHECK_LAUNCH();
+  }
+  return {ai, bi};
+}
+
+// Tensorwise (post null): the GEMM scaled by the reciprocals ainv and binv, which must be live.
+// Rowwise: by `post`, filled from them by outer() in the step that made them (they die there).
+void gemm(const Fwd& e, Operand a, Operand b, const Tensor* ainv, const Tensor* binv, int64_t M,
+          int64_t N, int64_t K, const Tensor& out, bool acc, const Tensor* post) {
+  if (M * N == 0) return;
+  np_launch(fp8_gemm_kernel, dim3(blocks_for(M * N)), dim3(kThreads), 0, e.stream, a, b,
+            ainv ? static_cast<const float*>(ainv->data) : nullptr, ainv && ainv->numel() > 1,
+            binv ? static_cast<const float*>(binv->data) : nullptr, binv && binv->numel() > 1,
+            static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+            view(out), acc, post ? static_cast<const float*>(post->data) : nullptr);
+  NP_CUDA_CHECK_LAUNCH();
+}
+void outer(const Fwd& e, const Tensor& ainv, const Tensor& binv, const Tensor& post, int64_t M,
+           int64_t N) {
+  if (M * N == 0) return;
+  np_launch(outer_kernel, dim3(blocks_for(M * N)), dim3(kThreads), 0, e.stream,
+            static_cast<const float*>(ainv.data), ainv.numel() > 1,
+            static_cast<const float*>(binv.data), binv.numel() > 1, post.as<float>(),
+            static_cast<long long>(M), static_cast<long long>(N));
+  NP_CUDA_CHECK_LAUNCH();
+}
+
+const unsigned char* bytes(const Tensor& t) { return static_cast<const unsigned char*>(t.data); }
+
+}  // namespace
+
+Outs float8_linear_fwd(const Fwd& e, Ins in, Ins w) {
+  const bool row = e.attrs().fp8 == Fp8Recipe::kRowwise;
+  const Tensor &x = need(in, 0, "input"), &wt = need(w, 0, "weight");
+  const int64_t R = x.type.shape.at(0), K = x.type.shape.at(1), N = wt.type.shape.at(0);
+  need(wt.type.shape.at(1) == K, "float8 linear: weight and input widths differ");
+  Fp8 x8 = cast(e, x, R, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
+  next(e);
+  Fp8 w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
+  next(e);
+  auto [ai, bi] = reciprocals(e, x8, row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{}, w8,
+                              row ? std::vector<int64_t>{1, N} : std::vector<int64_t>{});
+  Tensor y = e.out({{R, N}, kAct});
+  // y[r, n] = sum_k x8[r, k] w8[n, k]
+  gemm(e, {bytes(x8.q), Dtype::kFp8E4m3, K, 1}, {bytes(w8.q), Dtype::kFp8E4m3, 1, K}, &ai, &bi, R,
+       N, K, y, false, nullptr);
+  return {y};
+}
+
+void float8_linear_bwd(const Bwd& e) {
+  const exec::BackwardArgs& a = e.a;
+  const bool row = e.attrs().fp8 == Fp8Recipe::kRowwise;
+  const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
+  const Tensor &x = need(a.inputs, 0, "input"), &g = need(a.grad_outputs, 0, "gradient"),
+               &wt = need(a.weights, 0, "weight");
+  const int64_t R = x.type.shape.at(0), K = x.type.shape.at(1), N = wt.type.shape.at(0);
+  auto shape = [row](int64_t p, int64_t q) {
+    return row ? std::vector<int64_t>{p, q} : std::vector<int64_t>{};
+  };
+  // grad_input = g8 @ W8: g per row, W^T per input feature (W's columns).
+  Fp8 g8 = cast(e, g, R, N, grad, row ? Axis::kRows : Axis::kTensor, row);
+  next(e);
+  Fp8 w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
+  next(e);
+  Tensor wcopy = e.ws({{N, K}, Dtype::kFp8E4m3});  // W8^T made column-major for _scaled_mm
+  auto [gi, wi] = reciprocals(e, g8, shape(R, 1), w8, shape(1, K));
+  Tensor post = row ? e.ws({{R, K}, Dtype::kFp32}) : Tensor{};
+  if (row) {
+    outer(e, gi, wi, post, R, K);
+    next(e);
+    e.ws({{}, Dtype::kFp32}), e.ws({{}, Dtype::kFp32});  // the 0-dim ones
+  }
+  bool acc = false;
+  Tensor& dx = e.grad(0, x.type, acc);
+  (void)wcopy;
+  // dx[r, k] = sum_n g8[r, n] w8[n, k]
+  gemm(e, {bytes(g8.q), grad, N, 1}, {bytes(w8.q), Dtype::kFp8E4m3, K, 1}, row ? nullptr : &gi,
+       row ? nullptr : &wi, R, K, N, dx, acc, row ? &post : nullptr);
+  next(e);
+  // grad_weight = g8^T @ x8, each scaled per column (per output and input feature) under rowwise.
+  Fp8 gc = cast(e, g, R, N, grad, row ? Axis::kCols : Axis::kTensor, row);
+  next(e);
+  Fp8 xc = cast(e, x, R, K, Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
+  next(e);
+  e.ws({{N, R}, grad});             // g8^T made row-major
+  e.ws({{R, K}, Dtype::kFp8E4m3});  // x8 made column-major
+  auto [ci, xi] = reciprocals(e, gc, shape(N, 1), xc, shape(1, K));
+  Tensor wpost = row ? e.ws({{N, K}, Dtype::kFp32}) : Tensor{};
+  if (row) {
+    outer(e, ci, xi, wpost, N, K);
+    next(e);
+    e.ws({{}, Dtype::kFp32}), e.ws({{}, Dtype::kFp32});
+  }
+  // dW[n, k] (+=) = sum_r gc[r, n] xc[r, k]
+  gemm(e, {bytes(gc.q), grad, 1, N}, {bytes(xc.q), Dtype::kFp8E4m3, K, 1}, row ? nullptr : &ci,
+       row ? nullptr : &xi, N, K, R, need(a.weight_grads, 0, "weight gradient"), true,
+       row ? &wpost : nullptr);
+}
+
+}  // namespace np::cuda
