@@ -241,4 +241,18 @@ check "caching: at exactly the reserved peak the run completes" '[ $rc -eq 0 ] &
 "$NP" run "$TMP/plan.json" --enforce-budget $((peak - 1)) >/dev/null 2>"$TMP/e6"; rc=$?
 check "caching: under the tensors' peak exits 3, naming the tensor" '[ $rc -eq 3 ] && grep -q "out of memory: allocating" "$TMP/e6"'
 
+# torchao's float8 linears under FSDP2 (every dimension a multiple of 16): the plan carries each
+# linear's steps as "step" instructions, reads back, and runs event-exact.
+sed -e 's/hidden_size = 24/hidden_size = 32/' -e 's/intermediate_size = 20/intermediate_size = 48/' \
+  -e 's/vocab_size = 30/vocab_size = 48/' "$TMP/tiny.toml" >"$TMP/tiny16.toml"
+FP8=(--model "$TMP/tiny16.toml" --impl torchtitan --fsdp --dp 2 --seq-len 8 --micro-batch 2 --microbatches 2)
+for recipe in tensorwise rowwise; do
+  "$NP" plan "${FP8[@]}" --fp8 $recipe --recompute full -o "$TMP/fp8.json" 2>/dev/null; rc=$?
+  check "plan --fp8 $recipe: the linears' steps in the plan" \
+    '[ $rc -eq 0 ] && grep -Eq "\"kind\": ?\"step\"" "$TMP/fp8.json" && grep -Eq "\"fp8\": ?\"$recipe\"" "$TMP/fp8.json"'
+  "$NP" run "$TMP/fp8.json" >"$TMP/fp8.out" 2>&1; rc=$?
+  check "run --fp8 $recipe: predicted = measured" \
+    '[ $rc -eq 0 ] && grep -q "predicted = measured on every rank" "$TMP/fp8.out"'
+done
+
 finish
