@@ -12,6 +12,7 @@
 #include "executor/runner.hpp"
 #include "planner/graph/graph.hpp"
 #include "planner/inputs/configs.hpp"
+#include "planner/inputs/setup_flags.hpp"
 #include "planner/recompute/autoplan.hpp"
 #include "planner/report/emit_config.hpp"
 #include "planner/schedule/contract.hpp"
@@ -156,6 +157,28 @@ TEST(Float8Setup, RefusedInOneLine) {
   refused(u, "use --recompute none or full");
   u = t, u.fp8_filter = {"layers.0"};
   refused(u, "name a module of every layer");
+  u = t, u.fp8 = Fp8Recipe::kNone, u.fp8_filter = {"output"};
+  refused(u, "add --fp8 tensorwise or rowwise");
+}
+
+// --fp8-filter: comma-separated names, each non-empty and without spaces; they reach the graph.
+TEST(Float8Setup, TheFilterFlag) {
+  SetupText s;
+  s.set("--fp8", "rowwise");
+  s.set("--fp8-filter", "output,attention.wq");
+  Result<TrainSpec> t = setup_from_flags(s, false);
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  EXPECT_EQ(t->fp8_filter, (std::vector<std::string>{"output", "attention.wq"}));
+  for (const char* bad : {"output,", ",output", "out put", ""}) {
+    SetupText b;
+    b.set("--fp8", "rowwise");
+    b.set("--fp8-filter", bad);
+    Result<TrainSpec> r = setup_from_flags(b, false);
+    if (std::string(bad).empty()) continue;  // the flag's default: no filter
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find("invalid --fp8-filter"), std::string::npos) << r.error().message;
+    EXPECT_EQ(r.error().message.find('\n'), std::string::npos);
+  }
 }
 
 std::string job(const std::string& extra) {

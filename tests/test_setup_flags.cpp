@@ -42,7 +42,7 @@ TEST(SetupFlags, TableNamesAreUniqueWithHelpAndDefaultsThatParse) {
     if (f.count && !f.default_text.empty())
       EXPECT_TRUE(parse_count_flag(f.name, f.default_text, f.lo, f.hi).ok()) << f.name;
   }
-  EXPECT_EQ(names.size(), 33u);
+  EXPECT_EQ(names.size(), 34u);
 }
 
 TEST(SetupFlags, DefaultsAreTheSetupDefaults) {
@@ -105,6 +105,7 @@ TEST(SetupFlags, AConfigIsOverriddenByExactlyTheFlagsGiven) {
                     : f.name == "--attention"        ? "eager"
                     : f.name == "--impl"             ? "megatron"
                     : f.name == "--fp8"              ? "rowwise"
+                    : f.name == "--fp8-filter"       ? "output,attention.wq"
                     : f.name == "--cross-entropy-fusion" ? "native"
                     : f.name == "--gradient-accumulation-fusion" ||
                             f.name == "--dataloader-attention-mask"

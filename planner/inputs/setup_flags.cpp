@@ -143,9 +143,18 @@ std::vector<SetupFlag> make_table() {
        "none, tensorwise, rowwise: the linears as torchao's Float8Linear (--impl torchtitan under "
        "--fsdp, tp 1): dynamic scaling per tensor (e4m3, e5m2 output gradients) or per row "
        "(e4m3, power-of-2 scales); linears with a dimension not a multiple of 16 stay bf16",
-       "none", false, kMin, kMax, [](T& to, const T& f) { to.fp8 = f.fp8, to.fp8_filter = f.fp8_filter; },
+       "none", false, kMin, kMax, [](T& to, const T& f) { to.fp8 = f.fp8; },
        [](const T& t) -> std::string {
          return t.fp8 != Fp8Recipe::kNone ? std::string(name_of(t.fp8)) : "";
+       }},
+      {"--fp8-filter",
+       "with --fp8: module names kept in bf16, comma-separated (torchtitan's filter_fqns: a "
+       "linear whose torchtitan name contains one stays bf16; e.g. output, or attention.wq)",
+       "", false, kMin, kMax, [](T& to, const T& f) { to.fp8_filter = f.fp8_filter; },
+       [](const T& t) -> std::string {
+         std::string out;
+         for (const std::string& n : t.fp8_filter) out += (out.empty() ? "" : ",") + n;
+         return out;
        }},
       {"--cross-entropy-fusion",
        "Megatron's loss under --impl megatron: none (vocab_parallel_cross_entropy, fp32 softmax "
@@ -327,6 +336,21 @@ Result<TrainSpec> setup_from_flags(const SetupText& s, bool budgeted) {
   take(parse_enum<AttentionImpl>("--attention", s["--attention"]), t.attention);
   take(parse_enum<Impl>("--impl", s["--impl"]), t.impl);
   take(parse_enum<Fp8Recipe>("--fp8", s["--fp8"]), t.fp8);
+  if (!s["--fp8-filter"].empty()) {
+    t.fp8_filter.clear();
+    const std::string& text = s["--fp8-filter"];
+    for (size_t at = 0;;) {
+      size_t comma = text.find(',', at);
+      std::string name = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+      if (name.empty() || name.find_first_of(" \t\n") != std::string::npos)
+        return make_error("invalid --fp8-filter " + quote_input(text) +
+                          " (valid: module names without spaces, comma-separated, such as "
+                          "output,attention.wq)");
+      t.fp8_filter.push_back(std::move(name));
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+  }
   take(parse_enum<LossFusion>("--cross-entropy-fusion", s["--cross-entropy-fusion"]),
        t.loss_fusion);
   take(parse_switch("--gradient-accumulation-fusion", s["--gradient-accumulation-fusion"], "on",

@@ -561,6 +561,9 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
       return fail("--impl torchtitan runs tensor parallelism with sequence parallelism, as "
                   "torchtitan does; use --sp on");
   }
+  if (t.fp8 == Fp8Recipe::kNone && !t.fp8_filter.empty())
+    return fail("--fp8-filter names the linears --fp8 keeps in bf16; add --fp8 tensorwise or "
+                "rowwise, or drop --fp8-filter");
   if (t.fp8 != Fp8Recipe::kNone) {
     // torchao's Float8Linear as torchtitan converts the linears (graph.cpp, float8_linear).
     std::string fp8 = std::string("--fp8 ") + name_of(t.fp8);

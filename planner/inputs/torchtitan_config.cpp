@@ -532,6 +532,7 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
     t.fp8 = recipe == "rowwise" ? Fp8Recipe::kRowwise : Fp8Recipe::kTensorwise;
     t.fp8_filter = filter;
     c.given.insert("--fp8");
+    if (!filter.empty()) c.given.insert("--fp8-filter");
     if (gather)
       c.notes.push_back(path + ": enable_fsdp_float8_all_gather: not modelled yet; the all-gathers "
                                "are estimated in bf16 (twice the float8 bytes)");
