@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 #include "executor/bf16.hpp"
+#include "executor/fp8.hpp"
 #include "executor/init.hpp"
 #include "planner/schedule/contract.hpp"
 
@@ -352,7 +354,7 @@ void ParamStore::allocate_fsdp(const Allocate& alloc, uint64_t seed) {
     u.shard_off = total;
     weights_[b].resize(blk.graph->ops.size());
     wgrads_[b].resize(blk.graph->ops.size());
-    int64_t in_unit = 0;
+    int64_t in_unit = 0, in_unit_b = 0;
     for (size_t o = 0; o < blk.graph->ops.size(); ++o) {
       const GraphOp& op = blk.graph->ops[o];
       weights_[b][o].assign(op.weights.size(), Tensor{});
@@ -360,10 +362,17 @@ void ParamStore::allocate_fsdp(const Allocate& alloc, uint64_t seed) {
       for (size_t w = 0; w < op.weights.size(); ++w) {
         const int64_t rows = op.weights[w].shape.front(), cols = op.weights[w].elements() / rows;
         const int64_t chunk = (rows + S - 1) / S;
+        // The planner's rule (schedule.cpp, emit_statics): a float8 linear's weight.
+        const bool fp8 = op.attrs.fp8_gathered && op.attrs.fp8 != Fp8Recipe::kNone && w == 0;
+        const int64_t eb = fp8 ? 1 : 2;
         u.params.push_back({static_cast<int>(o), static_cast<int>(w), rows, cols, chunk,
-                            u.shard_n, in_unit});
+                            u.shard_n, in_unit, fp8, u.shard_bytes, in_unit_b, u.bf16_n});
         u.shard_n += chunk * cols;
         in_unit += S * chunk * cols;
+        u.shard_bytes += eb * chunk * cols;
+        in_unit_b += eb * S * chunk * cols;
+        if (fp8) u.fp8 = true;
+        else u.bf16_n += chunk * cols;
       }
     }
     total += u.shard_n;
@@ -399,7 +408,69 @@ void ParamStore::allocate_fsdp(const Allocate& alloc, uint64_t seed) {
 
 void ParamStore::fsdp_copy_in(int block, const Tensor& input) {
   const FsdpUnit& u = units_.at(block);
-  if (u.shard_n > 0) be_.copy_elements(input, 0, fsdp_params_, u.shard_off, u.shard_n);
+  if (!u.fp8) {
+    if (u.shard_n > 0) be_.copy_elements(input, 0, fsdp_params_, u.shard_off, u.shard_n);
+    return;
+  }
+  for (const FsdpParam& f : u.params)
+    if (!f.fp8)
+      be_.copy_elements(input, f.in_bf16, fsdp_params_, u.shard_off + f.in_shard, f.chunk * f.cols);
+}
+
+// torchao's fsdp_pre_all_gather with dynamic scaling (pytorch/ao 36027d8,
+// torchao/float8/fsdp_utils.py; float8_utils.py tensor_to_amax with reduce_amax, amax_to_scale;
+// float8_training_tensor.py _ToFloat8ConstrFunc, to_fp8_saturated) on this rank's fp32 chunk,
+// zero padding included; the values are formed on the host and stored in the plan's tensors.
+// The max over the shard group is a device collective in place on the reduced max.
+void ParamStore::fsdp_fp8_cast(int block, int op, int step, const std::vector<Tensor>& made) {
+  FsdpUnit& u = units_.at(block);
+  auto it = std::find_if(u.params.begin(), u.params.end(),
+                         [op](const FsdpParam& f) { return f.op == op && f.fp8; });
+  if (it == u.params.end() || made.size() != (step == 0 || step == 4 ? 2u : 1u))
+    throw std::logic_error("FSDP float8 cast: no float8 weight or the wrong tensors");
+  const FsdpParam& f = *it;
+  Fp8Cast& c = u.cast;
+  const float fmax = fp8_format(Dtype::kFp8E4m3).max;
+  const size_t n = static_cast<size_t>(f.chunk * f.cols);
+  switch (step) {
+    case 0: {  // |x| and its max
+      c.x.resize(n);
+      be_.copy_to_host(c.x.data(), slice(fsdp_params_, u.shard_off + f.in_shard, {f.chunk * f.cols}));
+      std::vector<float> a(n);
+      c.amax = 0.0f;
+      for (size_t i = 0; i < n; ++i) a[i] = std::fabs(c.x[i]), c.amax = std::fmax(c.amax, a[i]);
+      be_.copy_from_host(made[0], a.data());
+      be_.copy_from_host(made[1], &c.amax);
+      break;
+    }
+    case 1:  // all_reduce(amax, "MAX") over the shard group (HSDP: the replicas are equal)
+      be_.copy_from_host(made[0], &c.amax);
+      comm_.dp_all_reduce_max(DpGroup::kDense, made[0]);
+      be_.copy_to_host(&c.amax, made[0]);
+      break;
+    case 2:  // amax_to_scale: max / clamp(amax, 1e-12) in fp64, to fp32
+      c.scale = static_cast<float>(double(fmax) / std::fmax(double(c.amax), 1e-12));
+      c.scale_t = made[0];
+      be_.copy_from_host(made[0], &c.scale);
+      break;
+    case 3:  // x.to(float32) * scale (x is fp32: no copy)
+      c.scaled.resize(n);
+      for (size_t i = 0; i < n; ++i) c.scaled[i] = c.x[i] * c.scale;
+      be_.copy_from_host(made[0], c.scaled.data());
+      break;
+    default: {  // the clamp and the e4m3 shard
+      std::vector<float> clamped(n);
+      std::vector<uint8_t> q(n);
+      for (size_t i = 0; i < n; ++i) {
+        clamped[i] = std::fmin(std::fmax(c.scaled[i], -fmax), fmax);
+        q[i] = f32_to_fp8(clamped[i], Dtype::kFp8E4m3);
+      }
+      be_.copy_from_host(made[0], clamped.data());
+      be_.copy_from_host(made[1], q.data());
+      u.fp8_shards[op] = {made[1], c.scale_t};
+      c = Fp8Cast{};
+    }
+  }
 }
 
 // HSDP (dp_replicate > 1): the shard group is the replica's, group ranks rep x S .. rep x S + S - 1
@@ -411,6 +482,7 @@ void ParamStore::fsdp_copy_in(int block, const Tensor& input) {
 void ParamStore::fsdp_all_gather(int block, const Tensor& input, const Tensor& flat) {
   const FsdpUnit& u = units_.at(block);
   if (u.shard_n == 0) return;
+  if (u.fp8) return fsdp_all_gather_bytes(block, input, flat);
   const int64_t G = comm_.group_size(DpGroup::kDense), g = comm_.group_rank(DpGroup::kDense),
                 S = fsdp_shards();
   if (G == S) {
@@ -425,9 +497,60 @@ void ParamStore::fsdp_all_gather(int block, const Tensor& input, const Tensor& f
   be_.copy_from_host(flat, all.data() + g / S * S * u.shard_n);
 }
 
+// A unit with float8 weights (all_gather_copy_in over bytes): this rank's shard assembled in
+// parameter order from the float8 shards and the bf16 copy-in, then gathered as bytes.
+void ParamStore::fsdp_all_gather_bytes(int block, const Tensor& input, const Tensor& flat) {
+  FsdpUnit& u = units_.at(block);
+  const int64_t G = comm_.group_size(DpGroup::kDense), g = comm_.group_rank(DpGroup::kDense),
+                S = fsdp_shards(), B = u.shard_bytes;
+  std::vector<uint8_t> all(static_cast<size_t>(G == S ? B : G * B));
+  uint8_t* mine = all.data() + (G == S ? 0 : g * B);
+  for (const FsdpParam& f : u.params) {
+    if (!f.fp8) {
+      be_.copy_to_host(mine + f.in_shard_b, slice(input, f.in_bf16, {f.chunk * f.cols}));
+      continue;
+    }
+    auto it = u.fp8_shards.find(f.op);
+    if (it == u.fp8_shards.end()) throw std::logic_error("FSDP float8 all-gather: a weight not cast");
+    be_.copy_to_host(mine + f.in_shard_b, it->second.first);
+  }
+  if (G == S) {  // on the device: this rank's bytes into its place, then the all-gather
+    be_.copy_from_host(Tensor{static_cast<char*>(flat.data) + g * B, {{B}, Dtype::kU8}}, mine);
+    comm_.dp_all_gather(DpGroup::kDense, flat, 0, B);
+    return;
+  }
+  // HSDP: through host staging, as fsdp_all_gather's.
+  comm_.dp_all_gather(DpGroup::kDense, Tensor{all.data(), {{G * B}, Dtype::kU8}}, 0, B);
+  be_.copy_from_host(flat, all.data() + g / S * S * B);
+}
+
 void ParamStore::fsdp_copy_out(int block, const Tensor& flat, const Tensor& params) {
-  const FsdpUnit& u = units_.at(block);
+  FsdpUnit& u = units_.at(block);
   const int64_t S = fsdp_shards();
+  if (u.fp8) {  // byte copies; each float8 weight bound with its scale
+    std::vector<uint8_t> in(static_cast<size_t>(flat.bytes())), out(static_cast<size_t>(params.bytes()));
+    be_.copy_to_host(in.data(), flat);
+    for (const FsdpParam& f : u.params) {
+      const int64_t eb = f.fp8 ? 1 : 2, n = eb * f.chunk * f.cols;
+      for (int64_t q = 0; q < S; ++q)
+        std::memcpy(out.data() + f.in_unit_b + q * n, in.data() + q * u.shard_bytes + f.in_shard_b,
+                    static_cast<size_t>(n));
+      const std::vector<int64_t>& shape = p_.blocks[block].graph->ops[f.op].weights[f.w].shape;
+      Tensor w{static_cast<char*>(params.data) + f.in_unit_b,
+               {shape, f.fp8 ? Dtype::kFp8E4m3 : Dtype::kBf16}};
+      if (!f.fp8) {
+        weights_[block][f.op][f.w] = w;
+        continue;
+      }
+      std::vector<Tensor>& ws = weights_[block][f.op];  // the weights, then the scale
+      ws.resize(p_.blocks[block].graph->ops[f.op].weights.size());
+      ws[static_cast<size_t>(f.w)] = w;
+      ws.push_back(u.fp8_shards.at(f.op).second);
+      u.fp8_shards.erase(f.op);
+    }
+    be_.copy_from_host(params, out.data());
+    return;
+  }
   for (const FsdpParam& f : u.params) {
     for (int64_t q = 0; q < S; ++q)
       be_.copy_elements(params, f.in_unit + q * f.chunk * f.cols, flat,

@@ -98,6 +98,16 @@ class ParamStore {
   // unsharded gradient (`acc`, given at the first micro-batch: zeroed and kept), op after op;
   // the reduction of the step's last backward then reads it.
   void fsdp_accumulate(int block, const Tensor* acc);
+  // FSDP's float8 all-gather (setup.fp8_all_gather): step `step` (0-4) of the pre-all-gather
+  // cast of op `op`'s float8 weight, into the tensors its instruction allocates (in order): |x|
+  // and its max; the max over the shard group; the fp32 scale; x times the scale; the clamp
+  // and the e4m3 shard, which the copy-in takes. A unit with float8 weights gathers bytes: its
+  // bf16 weights' chunks (fsdp_copy_in's input, fsdp_bf16_elements of them) and the float8
+  // ones, in parameter order; the copy-out binds each float8 weight as {e4m3 values, scale}.
+  void fsdp_fp8_cast(int block, int op, int step, const std::vector<Tensor>& made);
+  int64_t fsdp_bf16_elements(int block) const { return units_.at(block).bf16_n; }
+  int64_t fsdp_shard_bytes(int block) const { return units_.at(block).shard_bytes; }
+  bool fsdp_gathers_bytes(int block) const { return units_.at(block).fp8; }
 
  private:
   struct FsdpParam {
@@ -105,15 +115,29 @@ class ParamStore {
     int64_t rows, cols, chunk;  // chunk: rows per group rank
     int64_t in_shard;           // element offset of its chunk in the unit's shard
     int64_t in_unit;            // element offset of its padded rows in the unit's buffer
+    bool fp8 = false;           // gathered in float8 (one byte an element)
+    int64_t in_shard_b = 0, in_unit_b = 0;  // the same offsets in bytes
+    int64_t in_bf16 = 0;        // element offset of its chunk in the bf16 copy-in (not fp8)
+  };
+  // The pre-all-gather cast in flight (fsdp_fp8_cast): its shard, max, scale and product.
+  struct Fp8Cast {
+    std::vector<float> x, scaled;
+    float amax = 0, scale = 0;
+    Tensor scale_t;
   };
   struct FsdpUnit {
     std::vector<FsdpParam> params;
     int64_t shard_off = 0, shard_n = 0;  // in the static shard; elements per rank
+    bool fp8 = false;                    // some weights gathered in float8: a byte all-gather
+    int64_t shard_bytes = 0, bf16_n = 0;  // bytes per rank; elements of its bf16 copy-in
+    Fp8Cast cast;
+    std::map<int, std::pair<Tensor, Tensor>> fp8_shards;  // per op: its e4m3 shard and scale
     Tensor grad;                         // the gradient shard, from the first micro-batch
     Tensor acc;                          // PP: the unsharded fp32 gradient of the step
     std::map<int, Tensor> op_grads;      // the ops' bf16 gradients of this micro-batch
   };
   void allocate_fsdp(const Allocate& alloc, uint64_t seed);
+  void fsdp_all_gather_bytes(int block, const Tensor& input, const Tensor& flat);
   // The shard group's size (dp / dp_replicate x cp) and this rank's chunk index in it.
   int64_t fsdp_shards() const { return s_.setup.fsdp_shards(); }
   int64_t fsdp_index() const { return comm_.group_rank(DpGroup::kDense) % fsdp_shards(); }

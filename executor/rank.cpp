@@ -198,18 +198,46 @@ class RankRunner {
   // FSDP2's unshard (planner/schedule/schedule.cpp, fsdp_all_gather and fsdp_unshard): the bf16
   // copy of this rank's chunks, the flat all-gather output, then the copy-out into the unit's
   // unsharded weights.
+  // A unit with float8 weights (FSDP's float8 all-gather) gathers bytes: each float8 weight's
+  // cast first (an instruction per step, its op the linear's), the bf16 copy-in of the others,
+  // then byte buffers.
   void fsdp_gather(const Instr& in) {
-    const int64_t n = params_.fsdp_shard_elements(in.block), group = s_.setup.fsdp_shards();
+    if (in.op >= 0) return fsdp_fp8_cast(in);
+    const bool bytes = params_.fsdp_gathers_bytes(in.block);
+    const int64_t n = bytes ? params_.fsdp_shard_bytes(in.block)
+                            : params_.fsdp_shard_elements(in.block),
+                  group = s_.setup.fsdp_shards();
+    const Dtype dtype = bytes ? Dtype::kU8 : Dtype::kBf16;
     if (int32_t id = allocated(in, ValueKind::kAllGatherInput); id >= 0) {
-      params_.fsdp_copy_in(in.block, allocate_planned(id, n, Dtype::kBf16));
+      params_.fsdp_copy_in(in.block, allocate_planned(id, params_.fsdp_bf16_elements(in.block),
+                                                      Dtype::kBf16));
     } else if (int32_t id = allocated(in, ValueKind::kAllGatherBuffer); id >= 0) {
-      params_.fsdp_all_gather(in.block, read_of(in, ValueKind::kAllGatherInput),
-                              allocate_planned(id, group * n, Dtype::kBf16));
+      Tensor input;  // the bf16 copy-in (none when every weight is float8)
+      for (int32_t r : p_.reads(in))
+        if (p_.tensors[r].kind == ValueKind::kAllGatherInput && p_.tensors[r].tensor < 0)
+          input = bound(r);
+      params_.fsdp_all_gather(in.block, input, allocate_planned(id, group * n, dtype));
     } else if (int32_t id = allocated(in, ValueKind::kParamGather); id >= 0) {
       params_.fsdp_copy_out(in.block, read_of(in, ValueKind::kAllGatherBuffer),
-                            allocate_planned(id, group * n, Dtype::kBf16));
+                            allocate_planned(id, group * n, dtype));
     }
   }
+  // One step of a float8 weight's pre-all-gather cast (schedule.cpp, fsdp_all_gather: five
+  // instructions of the op in a row; the fourth-step clamp and the e4m3 shard come last).
+  void fsdp_fp8_cast(const Instr& in) {
+    cast_step_ = cast_block_ == in.block && cast_op_ == in.op && cast_step_ < 4 ? cast_step_ + 1 : 0;
+    cast_block_ = in.block, cast_op_ = in.op;
+    std::vector<Tensor> made;
+    std::span<const int32_t> ids = p_.allocs(in);
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const bool fp8 = cast_step_ == 4 && k == 1;
+      const int64_t bytes = p_.tensors[ids[k]].bytes;
+      made.push_back(allocate_planned(ids[k], fp8 ? bytes : bytes / 4,
+                                      fp8 ? Dtype::kFp8E4m3 : Dtype::kFp32));
+    }
+    params_.fsdp_fp8_cast(in.block, in.op, cast_step_, made);
+  }
+  int cast_step_ = 4, cast_block_ = -1, cast_op_ = -1;  // the cast in flight
 
   // FSDP2's post-backward (fsdp_reduce): the fp32 reduce-scatter input from the ops' bf16
   // gradients, then the reduce-scatter into this rank's gradient shard. Its first instruction

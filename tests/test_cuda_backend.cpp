@@ -43,6 +43,7 @@ struct Case {
   bool grad_fusion = true;  // megatron: false, each linear's weight gradient whole in bf16 first
   bool fsdp = false, reshard = true;  // FSDP2 over dp (zero 0), resharded after forward or not
   Fp8Recipe fp8 = Fp8Recipe::kNone;    // torchao's float8 linears (torchtitan under FSDP)
+  bool fp8_gather = false;             // ... with FSDP's float8 all-gather (tensorwise)
 };
 
 // Each case under each policy: every allocation event as the plan predicts, the loss within 2%
@@ -59,6 +60,7 @@ void check_scenario(const std::string& name, std::initializer_list<Case> cases,
       t.grad_accum_fusion = k.grad_fusion;
       t.dp = k.dp, t.zero = k.zero, t.microbatches = sc.base.microbatches / k.dp;
       t.fsdp = k.fsdp, t.reshard_after_forward = k.reshard, t.fp8 = k.fp8;
+      t.fp8_all_gather = k.fp8_gather;
       if (k.chunks > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = k.chunks;
       ASSERT_FALSE(validate_setup(sc.model, t)) << name;
       std::string what = name + " " + describe_short(t);
@@ -199,6 +201,14 @@ TEST(CudaBackend, TinyLlamaFsdp) {
                    Fp8Recipe::kTensorwise},
                   {1, 2, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, false,
                    Fp8Recipe::kRowwise}},
+                 {Recompute::kNone, Recompute::kFull});
+  // FSDP's float8 all-gather: each weight's fp32 shard cast before the byte all-gather (the max
+  // over the shard group a collective on the device), the linears taking the float8 weights.
+  check_scenario("tiny-llama-fsdp",
+                 {{1, 1, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true,
+                   Fp8Recipe::kTensorwise, true},
+                  {1, 2, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, false,
+                   Fp8Recipe::kTensorwise, true}},
                  {Recompute::kNone, Recompute::kFull});
 }
 

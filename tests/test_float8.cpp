@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "executor/compare.hpp"
 #include "executor/cpu/cpu_backend.hpp"
 #include "executor/runner.hpp"
 #include "planner/graph/graph.hpp"
@@ -24,9 +25,10 @@
 namespace np {
 namespace {
 
-std::vector<OpStep> steps(Fp8Recipe r, int64_t R, int64_t K, int64_t N, bool forward) {
+std::vector<OpStep> steps(Fp8Recipe r, int64_t R, int64_t K, int64_t N, bool forward,
+                          bool gathered = false) {
   OpAttrs a;
-  a.features = N, a.fp8 = r;
+  a.features = N, a.fp8 = r, a.fp8_gathered = gathered;
   std::vector<TensorType> in = {{{R, K}, Dtype::kBf16}};
   return op_steps(op_info(OpKind::kColumnLinear), a, in, forward);
 }
@@ -136,29 +138,31 @@ TEST(Float8Graph, ConvertsAsTorchtitanFilters) {
   EXPECT_TRUE(float8_linear(t, "feed_forward.w1", 4096, 14336));
 }
 
+// The setup is refused in one line that names `fix`.
+void refused(const ModelSpec& m, const TrainSpec& t, const std::string& fix) {
+  auto e = validate_setup(m, t);
+  ASSERT_TRUE(e) << fix;
+  EXPECT_EQ(e->message.find('\n'), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find(fix), std::string::npos) << e->message;
+}
+
 TEST(Float8Setup, RefusedInOneLine) {
   ModelSpec m = testing::model("llama-3.1-8b");
-  auto refused = [&](TrainSpec t, const std::string& fix) {
-    auto e = validate_setup(m, t);
-    ASSERT_TRUE(e) << fix;
-    EXPECT_EQ(e->message.find('\n'), std::string::npos) << e->message;
-    EXPECT_NE(e->message.find(fix), std::string::npos) << e->message;
-  };
   TrainSpec t = titan(Fp8Recipe::kRowwise);
   ASSERT_FALSE(validate_setup(m, t));
   TrainSpec u = t;
   u.impl = Impl::kFused;
-  refused(u, "use --impl torchtitan");
+  refused(m, u, "use --impl torchtitan");
   u = t, u.fsdp = false, u.pp_schedule = PpSchedule::kAfab;
-  refused(u, "add --fsdp");
+  refused(m, u, "add --fsdp");
   u = t, u.tp = 2, u.sp = true;
-  refused(u, "use --tp 1");
+  refused(m, u, "use --tp 1");
   u = t, u.recompute = Recompute::kSelectiveOp;
-  refused(u, "use --recompute none or full");
+  refused(m, u, "use --recompute none or full");
   u = t, u.fp8_filter = {"layers.0"};
-  refused(u, "name a module of every layer");
+  refused(m, u, "name a module of every layer");
   u = t, u.fp8 = Fp8Recipe::kNone, u.fp8_filter = {"output"};
-  refused(u, "add --fp8 tensorwise or rowwise");
+  refused(m, u, "add --fp8 tensorwise or rowwise");
 }
 
 // --fp8-filter: comma-separated names, each non-empty and without spaces; they reach the graph.
@@ -321,6 +325,184 @@ TEST(Float8Run, AgreesWithBf16WithinFloat8Precision) {
     }
     EXPECT_GT(differ, 0) << name_of(r);
   }
+}
+
+
+// FSDP's float8 all-gather (--fp8-all-gather): the weight arrives in float8 with its scale, so
+// neither pass casts it; the backward still copies it transposed for the input gradient's GEMM.
+TEST(Float8Gather, TheLinearsCastOnlyTheirActivations) {
+  for (auto [R, K, N] : {std::array<int64_t, 3>{16, 32, 48}, {4096, 16, 16}, {64, 64, 4096}}) {
+    const int64_t X = R * K, W = N * K, Y = 2 * R * N;
+    std::vector<OpStep> f = steps(Fp8Recipe::kTensorwise, R, K, N, true, true);
+    ASSERT_EQ(f.size(), 5u);  // x's cast, then the GEMM
+    EXPECT_EQ(steps_peak_workspace(f, Y), std::max(9 * X + 4, X + 4 + 8 + Y) - Y);
+    const int64_t G = R * N, g8 = G + 4, DX = 2 * X;
+    std::vector<OpStep> b = steps(Fp8Recipe::kTensorwise, R, K, N, false, true);
+    ASSERT_EQ(b.size(), 14u);
+    const int64_t peak = std::max({9 * G + 4, g8 + W + 8 + DX, g8 + DX + 9 * G + 4,
+                                   g8 + DX + g8 + 9 * X + 4, g8 + DX + g8 + X + 4 + G + X + 8});
+    EXPECT_EQ(steps_peak_workspace(b, DX), peak - DX) << R << " " << K << " " << N;
+    EXPECT_EQ(b[4].temps.front().bytes(), W);  // the gathered weight's transposed copy
+    EXPECT_EQ(b[4].results, kStepResults);
+    EXPECT_EQ(b.back().results, kStepWeightGrads);
+  }
+}
+
+TrainSpec gathering() {
+  TrainSpec t = titan(Fp8Recipe::kTensorwise);
+  t.fp8_all_gather = true;
+  return t;
+}
+
+int64_t bytes_of(const StageProgram& p, int block, ValueKind k) {
+  for (const ScheduleTensor& x : p.tensors)
+    if (x.block == block && x.mb == 0 && x.kind == k) return x.bytes;
+  return -1;
+}
+
+// Llama 3 8B over 8 shards: a layer's unit gathers its seven linears' weights in float8 (one
+// byte each; every row count divides by 8, no padding) and its two norms in bf16; each linear's
+// fp32 shard is cast first, five instructions of the linear, as fsdp_pre_all_gather runs.
+TEST(Float8Gather, AUnitGathersOneBytePerFloat8Element) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = gathering();
+  ASSERT_FALSE(validate_setup(m, t));
+  Schedule s = build_schedule(m, t), b = build_schedule(m, titan(Fp8Recipe::kTensorwise));
+  const StageProgram& p = s.stages[0];
+  ASSERT_FALSE(check_program(p));
+  const int64_t linears = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096, norms = 2 * 4096;
+  int layer = -1;
+  for (size_t k = 0; k < p.blocks.size() && layer < 0; ++k)
+    if (p.blocks[k].kind == BlockKind::kLayer) layer = static_cast<int>(k);
+  EXPECT_EQ(bytes_of(p, layer, ValueKind::kAllGatherBuffer), linears + 2 * norms);
+  EXPECT_EQ(bytes_of(p, layer, ValueKind::kParamGather), linears + 2 * norms);
+  EXPECT_EQ(bytes_of(b.stages[0], layer, ValueKind::kAllGatherBuffer), 2 * (linears + norms));
+  // The first unshard of the layer: per linear |x| (4 bytes a shard element) and its max, the
+  // reduced max, the scale, the product, the clamp and the float8 shard; then the norms' bf16
+  // copy, then the output.
+  std::vector<int64_t> made;
+  std::vector<int> ops;
+  for (const Instr& in : p.instrs) {
+    if (in.kind != InstrKind::kGatherParams || in.block != layer || in.mb != 0) continue;
+    for (int32_t id : p.allocs(in)) made.push_back(p.tensors[id].bytes);
+    if (in.op >= 0) ops.push_back(in.op);
+    if (!p.allocs(in).empty() && p.tensors[p.allocs(in)[0]].kind == ValueKind::kParamGather) break;
+  }
+  const int64_t wq = 4096 * 4096 / 8;
+  ASSERT_GE(made.size(), 9u);
+  EXPECT_EQ(std::vector<int64_t>(made.begin(), made.begin() + 7),
+            (std::vector<int64_t>{4 * wq, 4, 4, 4, 4 * wq, 4 * wq, wq}));
+  EXPECT_EQ(ops.size(), 7u * 5u);
+  EXPECT_EQ(made[made.size() - 3], 2 * norms / 8);  // the bf16 copy-in
+  // The static bytes are the same; the peak is lower (the gathered layers take half the bytes).
+  SimResult gs = simulate(p), bs = simulate(b.stages[0]);
+  for (Category k : {Category::kWeight, Category::kGradient, Category::kOptimizer})
+    EXPECT_EQ(gs.max_by_category[static_cast<size_t>(k)], bs.max_by_category[static_cast<size_t>(k)]);
+  t.fp8_filter = {"output"};
+  TrainSpec u = titan(Fp8Recipe::kTensorwise);
+  u.fp8_filter = {"output"};
+  EXPECT_LT(simulate(build_schedule(m, t).stages[0]).peak_bytes,
+            simulate(build_schedule(m, u).stages[0]).peak_bytes);
+  // A plan file keeps it.
+  Result<Schedule> back = schedule_from_json(schedule_to_json(s));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_TRUE(back->setup.fp8_all_gather);
+  EXPECT_EQ(back->stages[0].instrs.size(), p.instrs.size());
+}
+
+TEST(Float8Gather, RefusedInOneLine) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = gathering();
+  t.fp8 = Fp8Recipe::kRowwise;
+  refused(m, t, "use --fp8 tensorwise");
+  t.fp8 = Fp8Recipe::kNone;
+  refused(m, t, "add --fp8 tensorwise");
+  t = gathering(), t.dp_replicate = 8;
+  refused(m, t, "needs a shard group");
+  SetupText s;
+  s.set("--fp8", "tensorwise");
+  s.set("--fp8-all-gather", "on");
+  Result<TrainSpec> f = setup_from_flags(s, false);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  EXPECT_TRUE(f->fp8_all_gather);
+  s.set("--fp8-all-gather", "sometimes");
+  f = setup_from_flags(s, false);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.error().message.find("--fp8-all-gather"), std::string::npos) << f.error().message;
+}
+
+// torchtitan 238fa99 (float8.py, Float8Converter): enable_fsdp_float8_all_gather with
+// recipe_name unset is the tensorwise recipe with the float8 all-gather; with recipe_name it is
+// refused; --emit torchtitan writes it so, and it reads back.
+TEST(Float8Gather, TheJobFileKeyInAndOut) {
+  const std::string conv = "converters = [\"quantize.linear.float8\"]\n";
+  Result<ConfigSetup> c = torchtitan_config(
+      job(conv) + "[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n"
+                  "precompute_float8_dynamic_scale_for_fsdp = true\n",
+      "job.toml", 8);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(c->setup.fp8_all_gather);
+  EXPECT_EQ(c->setup.fp8, Fp8Recipe::kTensorwise);
+  bool noted = false;
+  for (const std::string& n : c->notes) noted |= n.find("precompute_float8") != std::string::npos;
+  EXPECT_TRUE(noted);
+  Result<ConfigSetup> r = torchtitan_config(
+      job(conv) + "[quantize.linear.float8]\nrecipe_name = \"tensorwise\"\n"
+                  "enable_fsdp_float8_all_gather = true\n",
+      "job.toml", 8);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message.find('\n'), std::string::npos);
+  EXPECT_NE(r.error().message.find("recipe_name unset"), std::string::npos) << r.error().message;
+  ModelSpec m = testing::model("llama-3.1-8b");
+  std::string out = emit_torchtitan(build_schedule(m, gathering()));
+  EXPECT_NE(out.find("enable_fsdp_float8_all_gather = true"), std::string::npos) << out;
+  EXPECT_EQ(out.find("recipe_name"), std::string::npos) << out;
+  Result<ConfigSetup> back = torchtitan_config(out, "emitted.toml", 8);
+  ASSERT_TRUE(back.ok()) << back.error().message << "\n" << out;
+  EXPECT_TRUE(back->setup.fp8_all_gather);
+}
+
+// The CPU executor runs it, its allocations the plan's to the byte (FSDP over 2 ranks, and HSDP's
+// 2 replicas of 2 shards), its loss and gradients within float8's precision of bf16's; the CUDA
+// backend runs it without HSDP (tests/test_cuda_backend.cpp) and refuses HSDP naming the fix.
+TEST(Float8Gather, RunsOnTheCpuExecutorAsPlanned) {
+  Scenario sc = testing::scenario("tiny-llama-fsdp");
+  TrainSpec t = sc.base;
+  t.impl = Impl::kTorchtitan, t.dp = 2, t.pp = 1, t.tp = 1, t.sp = false;
+  t.recompute = Recompute::kNone;
+  auto run = [&](const TrainSpec& u) {
+    EXPECT_FALSE(validate_setup(sc.model, u));
+    exec::RunOptions o;
+    o.capture_grads = true;
+    Schedule s = build_schedule(sc.model, u);
+    auto res = exec::run_schedule(s, [] { return exec::make_cpu_backend(); }, o);
+    EXPECT_TRUE(res.ok()) << (res.ok() ? "" : res.error().message);
+    if (!res.ok()) return exec::RunResult{};
+    exec::RunComparison c = exec::compare(s, *res, "tiny-llama-fsdp", RuntimeAssumptions{});
+    for (const exec::RankComparison& rc : c.ranks) EXPECT_TRUE(rc.equal()) << "rank " << rc.rank;
+    return *res;
+  };
+  TrainSpec g = t;
+  g.fp8 = Fp8Recipe::kTensorwise, g.fp8_all_gather = true;
+  for (int64_t replicas : {1, 2}) {
+    TrainSpec a = t, u = g;
+    a.dp = u.dp = 2 * replicas, a.dp_replicate = u.dp_replicate = replicas;
+    exec::RunResult ref = run(a), got = run(u);
+    ASSERT_EQ(got.grads.size(), ref.grads.size());
+    EXPECT_NEAR(got.losses[0], ref.losses[0], 0.01 * ref.losses[0]);
+    for (const auto& [key, gr] : ref.grads) {
+      const std::vector<float>& h = got.grads.at(key);
+      double err = 0, norm = 0;
+      for (size_t i = 0; i < gr.size(); ++i)
+        err += (h[i] - gr[i]) * double(h[i] - gr[i]), norm += gr[i] * double(gr[i]);
+      EXPECT_LT(std::sqrt(err), 0.25 * std::sqrt(norm) + 1e-12) << key;
+    }
+  }
+  EXPECT_FALSE(exec::check_runnable(build_schedule(sc.model, g), false));
+  g.dp = 4, g.dp_replicate = 2;
+  auto cuda = exec::check_runnable(build_schedule(sc.model, g), false);
+  ASSERT_TRUE(cuda);
+  EXPECT_NE(cuda->message.find("--dp-replicate 1"), std::string::npos) << cuda->message;
 }
 
 }  // namespace

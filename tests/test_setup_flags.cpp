@@ -20,7 +20,7 @@ auto fields(const TrainSpec& t) {
                          t.optimizer, t.recompute, t.tp_recompute_allgather, t.stage_layers,
                          t.overlap_grad_reduce, t.overlap_param_gather, t.tp_comm_overlap,
                          t.mtp_layers, t.fsdp, t.dp_replicate, t.reshard_after_forward,
-                         t.recompute_every, t.fp8, t.fp8_filter);
+                         t.recompute_every, t.fp8, t.fp8_filter, t.fp8_all_gather);
 }
 
 // The flags of a command line (" --tp 8 --pp 2 ...") as the CLI would give them.
@@ -42,7 +42,7 @@ TEST(SetupFlags, TableNamesAreUniqueWithHelpAndDefaultsThatParse) {
     if (f.count && !f.default_text.empty())
       EXPECT_TRUE(parse_count_flag(f.name, f.default_text, f.lo, f.hi).ok()) << f.name;
   }
-  EXPECT_EQ(names.size(), 34u);
+  EXPECT_EQ(names.size(), 35u);
 }
 
 TEST(SetupFlags, DefaultsAreTheSetupDefaults) {
@@ -77,6 +77,9 @@ TEST(SetupFlags, TheReproduceCommandReadsBackToTheSameSetup) {
   setups[4].attention = AttentionImpl::kEager, setups[4].grad_dtype = Dtype::kBf16,
   setups[4].optimizer = Optimizer::kSgd, setups[4].tp_recompute_allgather = false;
   setups[5].tp = 4, setups[5].sp = true, setups[5].zero = 3, setups[5].impl = Impl::kHf;
+  TrainSpec& f8 = setups.emplace_back();  // torchtitan's float8 with FSDP's float8 all-gather
+  f8.impl = Impl::kTorchtitan, f8.fsdp = true, f8.dp = 8, f8.fp8 = Fp8Recipe::kTensorwise;
+  f8.fp8_filter = {"output"}, f8.fp8_all_gather = true, f8.pp_schedule = PpSchedule::k1F1B;
   for (const TrainSpec& t : setups) {
     std::string flags = setup_command_flags(t);
     Result<TrainSpec> back = setup_from_flags(read_back(flags), /*budgeted=*/false);
@@ -113,7 +116,7 @@ TEST(SetupFlags, AConfigIsOverriddenByExactlyTheFlagsGiven) {
                     : f.name == "--grad-accum-dtype" ? "bf16"
                     : f.name == "--optimizer"        ? "sgd"
                     : f.name == "--tp-recompute-allgather" ? "false"
-                    : f.name == "--fsdp"                   ? "on"
+                    : f.name == "--fsdp" || f.name == "--fp8-all-gather" ? "on"
                     : f.name == "--reshard-after-forward"  ? "off"
                     : f.name == "--moe-capacity-factor"    ? "2"
                     : f.name == "--overlap-grad-reduce" || f.name == "--overlap-param-gather" ||

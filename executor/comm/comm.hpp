@@ -83,6 +83,9 @@ class Communicator {
   // Every rank's owned elements are copied to the same elements of every other rank (an
   // all-gather in place).
   virtual void dp_all_gather(DpGroup g, const Tensor& t, int64_t first, int64_t shard);
+  // t = the element-wise maximum over the group of t (fp32), in place: torchao's amax all-reduce
+  // before FSDP's float8 all-gather (a shard group's; HSDP's replicas hold the same values).
+  virtual void dp_all_reduce_max(DpGroup g, const Tensor& t);
   // t = its sum over the group: the reduce-scatter and the all-gather over blocks of
   // ceil(n / size) elements, so ZeRO-0 and ZeRO-1 sum bitwise alike.
   void dp_all_reduce(DpGroup g, const Tensor& t) {
@@ -116,6 +119,10 @@ inline std::pair<int64_t, int64_t> dp_owned(const Tensor& t, int64_t first, int6
 inline void Communicator::dp_reduce_scatter(DpGroup g, const Tensor&, int64_t, int64_t) {
   if (group_size(g) != 1)
     throw std::logic_error("dp_reduce_scatter: this communicator has no data-parallel group");
+}
+inline void Communicator::dp_all_reduce_max(DpGroup g, const Tensor&) {
+  if (group_size(g) != 1)
+    throw std::logic_error("dp_all_reduce_max: this communicator has no data-parallel group");
 }
 inline void Communicator::dp_all_gather(DpGroup g, const Tensor&, int64_t, int64_t) {
   if (group_size(g) != 1)

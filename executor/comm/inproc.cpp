@@ -75,6 +75,22 @@ class InProcessComm final : public Communicator {
     wait_on(m.group);
   }
 
+  // Every rank reads the group's tensors before any writes its own.
+  void dp_all_reduce_max(DpGroup which, const Tensor& t) override {
+    check(t.type.dtype == Dtype::kFp32, "dp_all_reduce_max: fp32 only");
+    Member m = member(which);
+    if (m.size == 1) return;
+    publish_to(m.group, m.rank, t.data);
+    const size_t n = static_cast<size_t>(t.numel());
+    std::vector<float> most(n, -std::numeric_limits<float>::infinity()), got(n);
+    for (int64_t q = 0; q < m.size; ++q) {
+      w_.transfer_->copy(got.data(), m.group.slots[q], t.bytes());
+      for (size_t i = 0; i < n; ++i) most[i] = std::max(most[i], got[i]);
+    }
+    wait_on(m.group);
+    w_.transfer_->copy(t.data, most.data(), t.bytes());
+  }
+
   int64_t ep_size() const override { return w_.ep_; }
 
   void ep_all_to_all(const Tensor& in, const Tensor& out) override {

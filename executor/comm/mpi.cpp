@@ -140,6 +140,19 @@ class MpiComm final : public Communicator {
     }
   }
 
+  void dp_all_reduce_max(DpGroup g, const Tensor& t) override {
+    if (t.type.dtype != Dtype::kFp32) fail("dp_all_reduce_max: fp32 only");
+    const int64_t size = group_size(g);
+    if (size == 1) return;
+    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * size));
+    gather_on(dp_comm(g), mine, all);
+    const float* a = reinterpret_cast<const float*>(all.data());
+    float* m = reinterpret_cast<float*>(mine.data());
+    for (int64_t i = 0; i < t.numel(); ++i)
+      for (int64_t q = 0; q < size; ++q) m[i] = std::max(m[i], a[q * t.numel() + i]);
+    transfer_->copy(t.data, mine.data(), t.bytes());
+  }
+
   void all_gather(const Tensor& in, const Tensor& out) override {
     if (out.bytes() != in.bytes() * tp_) fail("all_gather: output must be tp x the input");
     std::vector<unsigned char> mine = to_host(in), all(static_cast<size_t>(out.bytes()));

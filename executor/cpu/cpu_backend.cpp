@@ -31,7 +31,9 @@ class CpuBackend final : public Backend {
     const OpInfo& info = op_info(ctx.op->kind);
     if (in.size() != static_cast<size_t>(info.num_inputs))
       fail(std::string(info.name) + ": wrong number of inputs");
-    if (w.size() != ctx.op->weights.size())
+    // A float8 weight of FSDP's float8 all-gather comes with its scale after the weights.
+    const size_t scales = ctx.op->attrs.fp8_gathered && ctx.op->attrs.fp8 != Fp8Recipe::kNone;
+    if (w.size() != ctx.op->weights.size() + scales)
       fail(std::string(info.name) + ": wrong number of weights");
     Env env{ctx, act_};
     switch (ctx.op->kind) {
@@ -158,7 +160,8 @@ class CpuBackend final : public Backend {
         a.grad_outputs.size() != static_cast<size_t>(info.num_outputs))
       fail(std::string(info.name) +
            ": backward needs one outputs and grad_outputs entry per output");
-    if (a.weights.size() != ctx.op->weights.size() ||
+    const size_t scales = ctx.op->attrs.fp8_gathered && ctx.op->attrs.fp8 != Fp8Recipe::kNone;
+    if (a.weights.size() != ctx.op->weights.size() + scales ||
         a.weight_grads.size() != ctx.op->weights.size())
       fail(std::string(info.name) + ": backward needs the weights and their gradients");
     Env env{ctx, act_};

@@ -107,18 +107,37 @@ Mat scaled_product(const Mat& a, const Mat& b, const Mat& a_inv, const Mat& b_in
   return d;
 }
 
+// A weight FSDP's float8 all-gather made (OpAttrs::fp8_gathered): its e4m3 values, and the
+// reciprocal of its scale, the 0-dim fp32 tensor bound after the weights.
+Fp8 gathered_weight(Ins w) {
+  const Tensor& t = need(w, 0, "float8 linear weight");
+  check(t.type.dtype == Dtype::kFp8E4m3 && w.size() >= 2 && w.back().numel() == 1,
+        "float8 linear: the gathered weight is not e4m3 with its scale");
+  const int64_t rows = t.type.shape.at(0), cols = t.numel() / rows;
+  Fp8 out{Mat(rows, cols), Mat(1, 1)};
+  for (int64_t i = 0; i < rows * cols; ++i)
+    out.value.data()[i] = fp8_to_f32(t.as<uint8_t>()[i], Dtype::kFp8E4m3);
+  out.inv(0, 0) = 1.0f / w.back().as<float>()[0];
+  return out;
+}
+
 }  // namespace
 
 Outs float8_linear_forward(const Env& env, Ins in, Ins w) {
   const Fp8Recipe r = env.attrs().fp8;
-  const bool row = r == Fp8Recipe::kRowwise;
-  Mat X = load_mat(need(in, 0, "float8 linear input")), W = load_mat(need(w, 0, "float8 linear weight"));
-  check(W.cols() == X.cols(), "float8 linear: weight and input widths differ");
+  const bool row = r == Fp8Recipe::kRowwise, gathered = env.attrs().fp8_gathered;
+  Mat X = load_mat(need(in, 0, "float8 linear input"));
   Fp8 x8 = cast(env, X, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
   next(env);
-  // W^T's cast: per output feature under rowwise (W's rows).
-  Fp8 w8 = cast(env, W, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
-  next(env);
+  // W^T's cast: per output feature under rowwise (W's rows); none for a gathered weight.
+  Fp8 w8 = gathered ? gathered_weight(w) : Fp8{};
+  if (!gathered) {
+    w8 = cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3,
+              row ? Axis::kRows : Axis::kTensor, row);
+    next(env);
+  }
+  const Mat& W = w8.value;
+  check(W.cols() == X.cols(), "float8 linear: weight and input widths differ");
   reciprocals(env, x8.inv, w8.inv.transpose(), row);
   Tensor out = env.output({X.rows(), W.rows()}, env.act);
   store_mat(out, scaled_product(x8.value, w8.value.transpose(), x8.inv, w8.inv.transpose(), false, {}));
@@ -131,13 +150,17 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
   const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
   const Tensor& x = need(a.inputs, 0, "float8 linear input");
   Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "float8 linear output gradient"));
-  Mat W = load_mat(need(a.weights, 0, "float8 linear weight"));
-  const int64_t R = X.rows(), K = X.cols(), N = W.rows();
+  const bool gathered = env.attrs().fp8_gathered;
+  const Tensor& wt = need(a.weights, 0, "float8 linear weight");
+  const int64_t R = X.rows(), K = X.cols(), N = wt.type.shape.at(0);
   // grad_input = g8 @ W8: g per row, W^T per input feature (W's columns).
   Fp8 g8 = cast(env, G, grad, row ? Axis::kRows : Axis::kTensor, row);
   next(env);
-  Fp8 w8 = cast(env, W, Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
-  next(env);
+  Fp8 w8 = gathered ? gathered_weight(a.weights) : Fp8{};
+  if (!gathered) {
+    w8 = cast(env, load_mat(wt), Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
+    next(env);
+  }
   env.workspace({N, K}, Dtype::kFp8E4m3);  // W8^T made column-major for _scaled_mm
   reciprocals(env, g8.inv, w8.inv, row);
   Tensor post = row ? env.workspace({R, K}, Dtype::kFp32) : Tensor{};

@@ -205,15 +205,27 @@ const unsigned char* bytes(const Tensor& t) { return static_cast<const unsigned 
 
 }  // namespace
 
+// A weight FSDP's float8 all-gather made (OpAttrs::fp8_gathered): its e4m3 values, with its
+// 0-dim fp32 scale bound after the weights; neither pass casts it.
+Fp8 gathered_weight(std::span<const Tensor> w) {
+  const Tensor& q = need(w, 0, "weight");
+  need(q.type.dtype == Dtype::kFp8E4m3 && w.size() >= 2 && w.back().numel() == 1,
+       "float8 linear: the gathered weight is not e4m3 with its scale");
+  return {q, w.back()};
+}
+
 Outs float8_linear_fwd(const Fwd& e, Ins in, Ins w) {
-  const bool row = e.attrs().fp8 == Fp8Recipe::kRowwise;
+  const bool row = e.attrs().fp8 == Fp8Recipe::kRowwise, gathered = e.attrs().fp8_gathered;
   const Tensor &x = need(in, 0, "input"), &wt = need(w, 0, "weight");
   const int64_t R = x.type.shape.at(0), K = x.type.shape.at(1), N = wt.type.shape.at(0);
   need(wt.type.shape.at(1) == K, "float8 linear: weight and input widths differ");
   Fp8 x8 = cast(e, x, R, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
   next(e);
-  Fp8 w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
-  next(e);
+  Fp8 w8 = gathered ? gathered_weight(w) : Fp8{};
+  if (!gathered) {
+    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
+    next(e);
+  }
   auto [ai, bi] = reciprocals(e, x8, row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{}, w8,
                               row ? std::vector<int64_t>{1, N} : std::vector<int64_t>{});
   Tensor y = e.out({{R, N}, kAct});
@@ -225,7 +237,7 @@ Outs float8_linear_fwd(const Fwd& e, Ins in, Ins w) {
 
 void float8_linear_bwd(const Bwd& e) {
   const exec::BackwardArgs& a = e.a;
-  const bool row = e.attrs().fp8 == Fp8Recipe::kRowwise;
+  const bool row = e.attrs().fp8 == Fp8Recipe::kRowwise, gathered = e.attrs().fp8_gathered;
   const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
   const Tensor &x = need(a.inputs, 0, "input"), &g = need(a.grad_outputs, 0, "gradient"),
                &wt = need(a.weights, 0, "weight");
@@ -236,8 +248,11 @@ void float8_linear_bwd(const Bwd& e) {
   // grad_input = g8 @ W8: g per row, W^T per input feature (W's columns).
   Fp8 g8 = cast(e, g, R, N, grad, row ? Axis::kRows : Axis::kTensor, row);
   next(e);
-  Fp8 w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
-  next(e);
+  Fp8 w8 = gathered ? gathered_weight(a.weights) : Fp8{};
+  if (!gathered) {
+    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
+    next(e);
+  }
   Tensor wcopy = e.ws({{N, K}, Dtype::kFp8E4m3});  // W8^T made column-major for _scaled_mm
   auto [gi, wi] = reciprocals(e, g8, shape(R, 1), w8, shape(1, K));
   Tensor post = row ? e.ws({{R, K}, Dtype::kFp32}) : Tensor{};

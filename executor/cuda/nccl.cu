@@ -91,6 +91,7 @@ class NcclComm final : public exec::Communicator {
   void dp_all_gather(exec::DpGroup g, const Tensor& t, int64_t first, int64_t shard) override {
     mpi_.dp_all_gather(g, t, first, shard);
   }
+  void dp_all_reduce_max(exec::DpGroup g, const Tensor& t) override { mpi_.dp_all_reduce_max(g, t); }
   void dp_reduce_scatter_into(exec::DpGroup g, const Tensor& t, int64_t first, int64_t shard,
                               const Tensor& into) override {
     mpi_.dp_reduce_scatter_into(g, t, first, shard, into);

@@ -18,6 +18,10 @@
 // reciprocal scales ([R, K] and [N, K]), runs the tensorwise kernel with two 0-dim ones and
 // multiplies the bf16 result by it in place.
 //
+// Under FSDP's float8 all-gather (OpAttrs::fp8_gathered, tensorwise) the weight arrives as a
+// Float8TrainingTensor: neither pass casts it (tensor_already_casted_to_fp8), and the backward's
+// transposed copy is made from it.
+//
 // Not counted: the 0-dim fp64 and fp32 temporaries of the scale computation, which die inside
 // amax_to_scale (a few hundred bytes, or 8 bytes per row under rowwise), and the cuBLASLt
 // workspace, which is PyTorch's cuBLAS workspace (a runtime term).
@@ -59,19 +63,23 @@ struct Steps {
   }
 };
 
-std::vector<OpStep> forward_steps(Fp8Recipe r, int64_t R, int64_t K, int64_t N) {
+std::vector<OpStep> forward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_t K, int64_t N) {
   const bool row = r == Fp8Recipe::kRowwise;
   Steps s;
   auto [x8, xs] = s.cast(R, K, Dtype::kFp8E4m3, row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{});
-  auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, row ? std::vector<int64_t>{1, N} : std::vector<int64_t>{});
+  std::vector<int> reads = {x8, xs};
+  if (!gathered) {  // a gathered weight is float8 already (tensor_already_casted_to_fp8)
+    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, row ? std::vector<int64_t>{1, N} : std::vector<int64_t>{});
+    reads.insert(reads.end(), {w8, ws});
+  }
   // The reciprocal scales _scaled_mm takes, then its output (fast accumulation: no post-scaling).
-  s.step({x8, xs, w8, ws}, kStepResults);
+  s.step(reads, kStepResults);
   s.temp({row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{}, Dtype::kFp32});
   s.temp({row ? std::vector<int64_t>{1, N} : std::vector<int64_t>{}, Dtype::kFp32});
   return std::move(s.s);
 }
 
-std::vector<OpStep> backward_steps(Fp8Recipe r, int64_t R, int64_t K, int64_t N) {
+std::vector<OpStep> backward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_t K, int64_t N) {
   const bool row = r == Fp8Recipe::kRowwise;
   const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
   auto shape = [row](int64_t a, int64_t b) {
@@ -80,8 +88,11 @@ std::vector<OpStep> backward_steps(Fp8Recipe r, int64_t R, int64_t K, int64_t N)
   Steps s;
   // grad_input = g8 @ W8: the output gradient per row, the weight per input feature.
   auto [g8, gs] = s.cast(R, N, grad, shape(R, 1));
-  auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, shape(K, 1));
-  std::vector<int> keep = {g8, gs, w8, ws};  // the backward's locals
+  std::vector<int> keep = {g8, gs};  // the backward's locals
+  if (!gathered) {
+    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, shape(K, 1));
+    keep.insert(keep.end(), {w8, ws});
+  }
   // A GEMM of _scaled_mm: the operand copies, the reciprocal scales; under rowwise their fp32
   // outer product, then (the reciprocals dropped) two 0-dim ones for the tensorwise kernel.
   auto gemm = [&](std::vector<TensorType> copies, std::vector<int> reads, std::vector<int64_t> a,
@@ -120,7 +131,8 @@ std::vector<OpStep> op_steps(const OpInfo& info, const OpAttrs& a, std::span<con
       (info.kind != OpKind::kColumnLinear && info.kind != OpKind::kRowLinear))
     return {};
   const int64_t R = in[0].shape.at(0), K = in[0].shape.at(1), N = a.features;
-  return forward ? forward_steps(a.fp8, R, K, N) : backward_steps(a.fp8, R, K, N);
+  return forward ? forward_steps(a.fp8, a.fp8_gathered, R, K, N)
+                 : backward_steps(a.fp8, a.fp8_gathered, R, K, N);
 }
 
 int64_t steps_peak_workspace(const std::vector<OpStep>& steps, int64_t results) {

@@ -84,7 +84,7 @@ class Builder {
     if ((kind == OpKind::kColumnLinear || kind == OpKind::kRowLinear) && in.size() == 1 &&
         float8_linear(t_, torchtitan_fqn(name), in[0].shape.at(1) * (kind == OpKind::kRowLinear ? t_.tp : 1),
                       attrs.features * (kind == OpKind::kColumnLinear ? t_.tp : 1)))
-      attrs.fp8 = t_.fp8;
+      attrs.fp8 = t_.fp8, attrs.fp8_gathered = t_.fp8_all_gather;
     GraphOp o{kind, name, attrs, inputs, {}, info.weights(attrs, in)};
     o.mtp_depth = mtp_depth_, o.mtp_checkpointed = checkpointed_;
     o.flops = info.flops(attrs, in);

@@ -212,6 +212,9 @@ struct OpAttrs {
   // Column and row linears: torchao's Float8Linear (TrainSpec::fp8), its forward and backward run
   // as the steps of float8_steps.
   Fp8Recipe fp8 = Fp8Recipe::kNone;
+  // ... and its weight arrives in float8 from FSDP's float8 all-gather (TrainSpec::fp8_all_gather),
+  // with its scale: the steps cast it in neither pass.
+  bool fp8_gathered = false;
 };
 
 struct WeightShape {

@@ -21,7 +21,7 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
           "tp_recompute_allgather", "pp_schedule", "virtual_stages", "attention", "impl",
           "recompute", "optimizer", "grad_accum_dtype", "moe_capacity_factor",
           "cross_entropy_fusion", "gradient_accumulation_fusion", "fsdp",
-          "reshard_after_forward", "dp_replicate", "recompute_every", "fp8"});
+          "reshard_after_forward", "dp_replicate", "recompute_every", "fp8", "fp8_all_gather"});
   TrainSpec s;
   s.tp = r.integer_in("tp", 1, 4096, s.tp), s.pp = r.integer_in("pp", 1, 4096, s.pp);
   s.dp = r.integer_in("dp", 1, 1 << 20, s.dp);
@@ -50,6 +50,7 @@ Result<TrainSpec> read_setup(const toml::table& t, const std::string& path) {
   s.dp_replicate = r.integer_in("dp_replicate", 1, 1 << 20, 1);
   s.recompute_every = r.integer_in("recompute_every", 1, 1 << 20, 1);
   s.fp8 = r.choice("fp8", Fp8Recipe::kNone);
+  s.fp8_all_gather = r.boolean("fp8_all_gather", false);
   if (auto e = r.error()) return *e;
   return s;
 }
@@ -73,7 +74,7 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   TomlReader r(m ? *m : empty, sc.path, "matrix.");
   r.only({"tp", "pp", "dp", "cp", "ep", "zero", "sp", "pp_schedule", "recompute", "attention",
           "impl", "tp_recompute_allgather", "reshard_after_forward", "dp_replicate",
-          "recompute_every", "fp8"});
+          "recompute_every", "fp8", "fp8_all_gather"});
   std::vector<int64_t> tps = r.list<int64_t>("tp", sc.base.tp),
                        pps = r.list<int64_t>("pp", sc.base.pp);
   std::vector<int64_t> replicates = r.list<int64_t>("dp_replicate", sc.base.dp_replicate),
@@ -85,7 +86,8 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   std::vector<bool> sps = r.list<bool>("sp", sc.base.sp),
                     regathers =
                         r.list<bool>("tp_recompute_allgather", sc.base.tp_recompute_allgather),
-                    reshards = r.list<bool>("reshard_after_forward", sc.base.reshard_after_forward);
+                    reshards = r.list<bool>("reshard_after_forward", sc.base.reshard_after_forward),
+                    fp8_gathers = r.list<bool>("fp8_all_gather", sc.base.fp8_all_gather);
   if (auto e = r.error()) return *e;
   auto scheds = enums(r, "pp_schedule", sc.base.pp_schedule);
   if (!scheds) return scheds.error();
@@ -100,10 +102,10 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
   size_t combinations = tps.size() * pps.size() * dps.size() * cps.size() * eps.size() *
                         zeros.size() * sps.size() * regathers.size() * scheds->size() *
                         recs->size() * atts->size() * impls->size() * reshards.size() *
-                        replicates.size() * everys.size() * fp8s->size();
-  if (combinations > 4096)
+                        replicates.size() * everys.size() * fp8s->size() * fp8_gathers.size();
+  if (combinations > 16384)
     return make_error(sc.path + ": [matrix] spans " + std::to_string(combinations) +
-                      " combinations (valid: at most 4,096)");
+                      " combinations (valid: at most 16,384)");
   std::vector<TrainSpec> out;
   for (int64_t tp : tps)
     for (int64_t pp : pps)
@@ -120,12 +122,13 @@ Result<std::vector<TrainSpec>> expand(const Scenario& sc, const toml::table* m,
                         for (bool reshard : reshards)
                         for (int64_t replicate : replicates)
                         for (int64_t every : everys)
-                        for (Fp8Recipe fp8 : *fp8s) {
+                        for (Fp8Recipe fp8 : *fp8s)
+                        for (bool fp8_gather : fp8_gathers) {
                           if (!sp && !rg)
                             continue;  // without SP there is no all-gather to keep: a duplicate
                           TrainSpec t = sc.base;
                           t.reshard_after_forward = reshard, t.dp_replicate = replicate;
-                          t.recompute_every = every, t.fp8 = fp8;
+                          t.recompute_every = every, t.fp8 = fp8, t.fp8_all_gather = fp8_gather;
                           t.tp = tp, t.pp = pp, t.sp = sp, t.tp_recompute_allgather = rg;
                           t.dp = dp, t.cp = cp, t.ep = ep;
                           t.zero = static_cast<int>(std::clamp<int64_t>(zero, -1, 4));
@@ -165,7 +168,8 @@ std::string describe_short(const TrainSpec& t) {
          (t.recompute_every > 1 ? " every " + std::to_string(t.recompute_every) : "") +
          (t.sp && !t.tp_recompute_allgather ? " keep-gathered" : "") + " " + name_of(t.attention) +
          (t.impl != Impl::kNanotron ? std::string(" ") + name_of(t.impl) : "") +
-         (t.fp8 != Fp8Recipe::kNone ? std::string(" fp8 ") + name_of(t.fp8) : "");
+         (t.fp8 != Fp8Recipe::kNone ? std::string(" fp8 ") + name_of(t.fp8) : "") +
+         (t.fp8_all_gather ? " all-gathered" : "");
 }
 
 Result<std::string> find_scenario(const std::string& name, const std::string& models_dir) {

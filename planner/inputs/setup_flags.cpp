@@ -156,6 +156,12 @@ std::vector<SetupFlag> make_table() {
          for (const std::string& n : t.fp8_filter) out += (out.empty() ? "" : ",") + n;
          return out;
        }},
+      {"--fp8-all-gather",
+       "with --fp8 tensorwise under --fsdp: on (given alone: on; each float8 weight's fp32 shard "
+       "cast to float8 before FSDP's all-gather, which then moves one byte per element, and the "
+       "linears use it uncast: torchtitan's enable_fsdp_float8_all_gather), off",
+       "off", false, kMin, kMax, [](T& to, const T& f) { to.fp8_all_gather = f.fp8_all_gather; },
+       [](const T& t) -> std::string { return t.fp8_all_gather ? "on" : ""; }, "on"},
       {"--cross-entropy-fusion",
        "Megatron's loss under --impl megatron: none (vocab_parallel_cross_entropy, fp32 softmax "
        "kept), native (--cross-entropy-loss-fusion, the same memory), te "
@@ -351,6 +357,7 @@ Result<TrainSpec> setup_from_flags(const SetupText& s, bool budgeted) {
       at = comma + 1;
     }
   }
+  take(parse_switch("--fp8-all-gather", s["--fp8-all-gather"], "on", "off"), t.fp8_all_gather);
   take(parse_enum<LossFusion>("--cross-entropy-fusion", s["--cross-entropy-fusion"]),
        t.loss_fusion);
   take(parse_switch("--gradient-accumulation-fusion", s["--gradient-accumulation-fusion"], "on",

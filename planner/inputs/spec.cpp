@@ -564,6 +564,15 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (t.fp8 == Fp8Recipe::kNone && !t.fp8_filter.empty())
     return fail("--fp8-filter names the linears --fp8 keeps in bf16; add --fp8 tensorwise or "
                 "rowwise, or drop --fp8-filter");
+  if (t.fp8_all_gather && t.fp8 != Fp8Recipe::kTensorwise)
+    return fail(std::string("--fp8-all-gather casts the float8 linears' weight shards before "
+                            "FSDP's all-gather, which torchao does for the tensorwise recipe only") +
+                (t.fp8 == Fp8Recipe::kNone ? "; add --fp8 tensorwise" : "; use --fp8 tensorwise") +
+                ", or drop --fp8-all-gather");
+  if (t.fp8_all_gather && (!t.fsdp || t.fsdp_shards() == 1))
+    return fail("--fp8-all-gather is FSDP's float8 all-gather and needs a shard group: add --fsdp "
+                "with dp / --dp-replicate above 1, or drop --fp8-all-gather (torchtitan turns it "
+                "off without one)");
   if (t.fp8 != Fp8Recipe::kNone) {
     // torchao's Float8Linear as torchtitan converts the linears (graph.cpp, float8_linear).
     std::string fp8 = std::string("--fp8 ") + name_of(t.fp8);

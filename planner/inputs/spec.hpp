@@ -203,6 +203,11 @@ struct TrainSpec {
   // (torchtitan's module_filter_fn, torchtitan/components/quantization/utils.py).
   Fp8Recipe fp8 = Fp8Recipe::kNone;
   std::vector<std::string> fp8_filter;
+  // FSDP2's float8 all-gather (--fp8-all-gather; torchtitan's enable_fsdp_float8_all_gather,
+  // tensorwise only): each float8 linear's fp32 shard cast to e4m3 before the all-gather
+  // (torchao's WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather), so the unit gathers one
+  // byte per element of those weights and the linears take them without casting again.
+  bool fp8_all_gather = false;
   LossFusion loss_fusion = LossFusion::kNone;  // megatron only (--cross-entropy-fusion)
   // Megatron's gradient-accumulation fusion (megatron only; on by default, off with its
   // --no-gradient-accumulation-fusion): on, each weight-gradient GEMM adds into the fp32 main_grad

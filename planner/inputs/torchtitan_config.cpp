@@ -518,9 +518,28 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
     const std::string recipe = r.string("recipe_name", "tensorwise");
     const std::vector<std::string> filter = r.strings("filter_fqns");
     const bool gather = r.boolean("enable_fsdp_float8_all_gather", false);
+    const bool precompute = r.boolean("precompute_float8_dynamic_scale_for_fsdp", false);
     const bool emulate = r.boolean("emulate", false);
     if (auto e = r.error()) return *e;
     if (!float8) continue;
+    // torchtitan 238fa99, torchtitan/components/quantization/float8.py Float8Converter: the
+    // float8 all-gather only with recipe_name unset (torchao's default config, tensorwise), and
+    // only when data_parallel_shard_degree is above 1 (parallel_dims.dp_shard_enabled).
+    if (gather && r.has("recipe_name"))
+      return make_error(r.where("enable_fsdp_float8_all_gather") +
+                        ": enable_fsdp_float8_all_gather with recipe_name is refused by "
+                        "torchtitan (valid: recipe_name unset, which is tensorwise, or the "
+                        "all-gather off)");
+    const bool shard = t.dp / t.dp_replicate > 1;
+    if (gather && !shard)
+      c.notes.push_back(path + ": enable_fsdp_float8_all_gather: off, as torchtitan turns it off "
+                               "without a shard degree above 1");
+    t.fp8_all_gather = gather && shard;
+    if (gather) c.given.insert("--fp8-all-gather");
+    if (precompute && t.fp8_all_gather)
+      c.notes.push_back(path + ": precompute_float8_dynamic_scale_for_fsdp: estimated as the "
+                               "dynamic cast (the precomputed scales' step skips |x| and its max, "
+                               "4 bytes per shard element of one weight at a time)");
     if (recipe != "tensorwise" && recipe != "rowwise")
       return make_error(r.where("recipe_name") + ": recipe_name " + quote_input(recipe, '"') +
                         " is not modelled (valid: \"tensorwise\", \"rowwise\")");
@@ -533,9 +552,6 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
     t.fp8_filter = filter;
     c.given.insert("--fp8");
     if (!filter.empty()) c.given.insert("--fp8-filter");
-    if (gather)
-      c.notes.push_back(path + ": enable_fsdp_float8_all_gather: not modelled yet; the all-gathers "
-                               "are estimated in bf16 (twice the float8 bytes)");
     if (emulate)
       c.notes.push_back(path + ": emulate: estimated as the float8 GEMMs (the emulation's fp32 "
                                "copies are not modelled)");

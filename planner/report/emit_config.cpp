@@ -378,7 +378,11 @@ std::string emit_torchtitan(const Schedule& s) {
                       std::all_of(layers.begin(), layers.end(),
                                   [](const Layer& l) { return l.op_sac; });
   if (t.fp8 != Fp8Recipe::kNone) {  // torchtitan 238fa99, job_config.py Float8Linear
-    out += std::string("[quantize.linear.float8]\nrecipe_name = \"") + name_of(t.fp8) + "\"\n";
+    out += "[quantize.linear.float8]\n";
+    if (t.fp8_all_gather)  // torchtitan refuses recipe_name with it; unset is tensorwise
+      out += "enable_fsdp_float8_all_gather = true\n";
+    else
+      out += std::string("recipe_name = \"") + name_of(t.fp8) + "\"\n";
     if (!t.fp8_filter.empty()) {
       out += "filter_fqns = [";
       for (size_t k = 0; k < t.fp8_filter.size(); ++k)

@@ -146,7 +146,9 @@ std::string stage_breakdown(const Estimate& e, const StageEstimate& s) {
   if (t.fsdp) {
     const std::string shard = "FSDP shard over " + std::to_string(t.fsdp_shards());
     out += row("weights (fp32)", cat(s, Category::kWeight),
-               shard + "; the bf16 gathered weights are transient");
+               shard + (t.fp8_all_gather
+                            ? "; the gathered weights (float8 linears' in float8) are transient"
+                            : "; the bf16 gathered weights are transient"));
     out += row("gradients (fp32)", cat(s, Category::kGradient),
                shard + ", those reduce-scattered by the peak");
     out += row(std::string("optimizer (") + name_of(t.optimizer) + ")", cat(s, Category::kOptimizer),
@@ -328,7 +330,8 @@ std::string describe_setup(const TrainSpec& t) {
             : std::string()) +
        (t.grad_accum_fusion ? std::string() : std::string(", no gradient-accumulation fusion")) +
        (t.fp8 != Fp8Recipe::kNone
-            ? std::string(", float8 linears (torchao, ") + name_of(t.fp8) + " scaling)"
+            ? std::string(", float8 linears (torchao, ") + name_of(t.fp8) + " scaling" +
+                  (t.fp8_all_gather ? ", float8 all-gather)" : ")")
             : std::string()) +
        "\n       recompute " + name_of(t.recompute) +
        (t.recompute == Recompute::kFull && t.recompute_every > 1

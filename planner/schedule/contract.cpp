@@ -37,8 +37,9 @@ std::string StageProgram::tensor_name(int32_t id) const {
       return where + "reduce_scatter_input";
     case ValueKind::kGradShard:
       return where + "grad_shard";
-    case ValueKind::kAllGatherInput:
-      return where + "all_gather_input";
+    case ValueKind::kAllGatherInput:  // an op's: its float8 weight's pre-all-gather cast
+      return where + (t.tensor >= 0 ? g.ops.at(t.tensor).name + ".fsdp_float8_cast"
+                                    : std::string("all_gather_input"));
     default:
       return where + g.tensors.at(t.tensor).name;
   }

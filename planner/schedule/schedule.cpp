@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <tuple>
+#include <unordered_map>
 
 #include "planner/schedule/contract.hpp"
 #include "planner/schedule/parallel.hpp"
@@ -246,7 +247,7 @@ class ProgramBuilder {
     if (t_.fsdp)
       for (size_t b = 0; b < p_.blocks.size(); ++b)
         n += (t_.microbatches > 1 && t_.pp == 1 ? fsdp_numel_[b] / t_.fsdp_shards() * 4 : 0) +
-             (fsdp_holds(b) ? fsdp_numel_[b] * 2 : 0) +
+             (fsdp_holds(b) ? fsdp_gathered_[b] + fsdp_scale_bytes(b) : 0) +
              (t_.pp > 1 ? block_weight_bytes_[b] * 2 : 0);
     return n;
   }
@@ -259,17 +260,20 @@ class ProgramBuilder {
     // is live) and the one before (whose all-gather is prefetched), are bounded by the largest
     // of the stage's layers and its head or embedding: one bound for every layer, tight at the
     // last layer's backward, where the peak usually is.
-    int64_t layer = 0, emb = 0, head = 0;
+    // Per kind: the most elements of a unit, and the most bytes it gathers.
+    int64_t layer = 0, emb = 0, head = 0, layer_g = 0, emb_g = 0, head_g = 0;
     for (size_t b = 0; b < p_.blocks.size(); ++b) {
       const BlockKind k = p_.blocks[b].kind;
       int64_t& n = k == BlockKind::kLayer ? layer : k == BlockKind::kEmbedding ? emb : head;
+      int64_t& g = k == BlockKind::kLayer ? layer_g : k == BlockKind::kEmbedding ? emb_g : head_g;
       n = std::max(n, fsdp_numel_[b]);
+      g = std::max(g, fsdp_gathered_[b]);
     }
     for (size_t b = p_.blocks.size(); b-- > 0;) {
       BlockKind k = p_.blocks[b].kind;
       bool dense = k == BlockKind::kLayer && dense_layer(m_, p_.blocks[b].layer);
-      int64_t before = k == BlockKind::kEmbedding ? 0 : k == BlockKind::kHead ? layer
-                                                                             : std::max(layer, emb);
+      int64_t before = k == BlockKind::kEmbedding ? 0 : k == BlockKind::kHead ? layer_g
+                                                                             : std::max(layer_g, emb_g);
       int64_t after = k == BlockKind::kHead ? 0 : k == BlockKind::kEmbedding ? layer
                                                                             : std::max(layer, head);
       (k == BlockKind::kEmbedding ? z.embedding
@@ -480,6 +484,23 @@ class ProgramBuilder {
   // padded on dim 0 to a multiple of the shard group (FSDPParam: padded_sharded_param_size x
   // world size), as its all-gather output, unsharded weights and reduce-scatter input hold them.
   std::vector<int64_t> fsdp_numel_;
+  // ... the bytes its all-gather output and unsharded weights hold: 2 per element, 1 for the
+  // float8 weights of FSDP's float8 all-gather (their shard elements and linears in
+  // fsdp_fp8_, in the unit's parameter order), whose 0-dim fp32 scales live as long.
+  std::vector<int64_t> fsdp_gathered_;
+  struct Fp8Shard {
+    int op;
+    int64_t elements;
+  };
+  std::vector<std::vector<Fp8Shard>> fsdp_fp8_;
+  int64_t fsdp_scale_bytes(size_t b) const { return 4 * static_cast<int64_t>(fsdp_fp8_[b].size()); }
+  // The float8 scales of an all-gather output, then of the unsharded weights copied from it.
+  std::unordered_map<int32_t, std::vector<int32_t>> fsdp_scales_;
+  void fsdp_reshard(int32_t params) {
+    read(params);
+    if (auto it = fsdp_scales_.find(params); it != fsdp_scales_.end())
+      for (int32_t id : it->second) read(id);
+  }
   // The unit's gathered weights are kept from its forward to its backward: under
   // reshard_after_forward false, and always for the final norm with the output layer (torchtitan
   // 238fa99, torchtitan/models/llama3/infra/parallelize.py apply_fsdp: reshard_after_forward =
@@ -500,13 +521,14 @@ class ProgramBuilder {
   // neighbours' units of `before` and `after` elements (docs/fsdp.md, "A unit's backward"): its
   // gathered weights (unless held: counted static), the next unit's prefetched all-gather
   // output, the previous unit's reduce-scatter input, its bf16 gradients; then its own
-  // reduce-scatter input.
+  // reduce-scatter input. `before` is in gathered bytes, `after` in elements.
   int64_t fsdp_backward_bytes(size_t b, int64_t before, int64_t after) const {
     int64_t n = fsdp_numel_[b];
     if (t_.pp > 1) return block_weight_bytes_[b];  // its bf16 gradients; the reduce comes later
     bool prefetch = t_.reshard_after_forward && before > 0;
-    int64_t during = (fsdp_holds(b) ? 0 : 2 * n) + (prefetch ? 2 * before : 0) + 4 * after + 2 * n;
-    int64_t reducing = (prefetch ? 2 * before : 0) + 2 * n + 4 * n;
+    int64_t during = (fsdp_holds(b) ? 0 : fsdp_gathered_[b]) + (prefetch ? before : 0) +
+                     4 * after + 2 * n;
+    int64_t reducing = (prefetch ? before : 0) + 2 * n + 4 * n;
     return std::max(during, reducing);
   }
   int32_t fsdp_flat_ = -1;       // the forward's last all-gather output, freed at the next unshard
@@ -526,6 +548,8 @@ void ProgramBuilder::emit_statics() {
   std::vector<std::string> tied_seen;
   block_weight_bytes_.assign(p_.blocks.size(), 0);
   fsdp_numel_.assign(p_.blocks.size(), 0);
+  fsdp_gathered_.assign(p_.blocks.size(), 0);
+  fsdp_fp8_.assign(p_.blocks.size(), {});
   int64_t fsdp_shard = 0;  // this rank's padded shard elements of every parameter
   for (size_t b = 0; b < p_.blocks.size(); ++b) {
     const StageBlock& blk = p_.blocks[b];
@@ -546,6 +570,12 @@ void ProgramBuilder::emit_statics() {
           int64_t rows = ceil_div(shape.front(), t_.fsdp_shards()) * t_.fsdp_shards();
           int64_t padded = n / shape.front() * rows;
           fsdp_numel_[b] += padded;
+          // A float8 linear's weight (not its bias) under the float8 all-gather: one byte each.
+          const bool fp8 = op.attrs.fp8_gathered && op.attrs.fp8 != Fp8Recipe::kNone && w == 0;
+          fsdp_gathered_[b] += fp8 ? padded : 2 * padded;
+          if (fp8)
+            fsdp_fp8_[b].push_back({static_cast<int>(&op - blk.graph->ops.data()),
+                                    padded / t_.fsdp_shards()});
           if (!again) fsdp_shard += padded / t_.fsdp_shards();
           continue;
         }
@@ -640,7 +670,7 @@ int32_t ProgramBuilder::forward_block(int b, int mb, int32_t x) {
   }
   run_ops_forward(b, mb, InstrKind::kForward, false);
   if (!fsdp_keeps(static_cast<size_t>(b))) {
-    if (gathered >= 0) read(gathered);  // resharded after the forward
+    if (gathered >= 0) fsdp_reshard(gathered);  // resharded after the forward
   } else if (t_.pp == 1) {  // kept to its backward (under PP, for the step: fsdp_unit_params_)
     fsdp_params_[static_cast<size_t>(mb) * p_.blocks.size() + b] = gathered;
   }
@@ -794,7 +824,7 @@ int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
 // is all-gathered at once (prefetched one ahead). Returns the unsharded weights.
 int32_t ProgramBuilder::fsdp_unshard(int b, int mb, bool forward) {
   const size_t slot = static_cast<size_t>(mb) * p_.blocks.size() + static_cast<size_t>(b);
-  const int64_t bytes = fsdp_numel_[static_cast<size_t>(b)] * 2;
+  const int64_t bytes = fsdp_gathered_[static_cast<size_t>(b)];
   if (t_.pp > 1 && fsdp_unit_params_[static_cast<size_t>(b)] >= 0)
     return fsdp_unit_params_[static_cast<size_t>(b)];  // gathered for the step already
   int32_t params = forward ? -1 : fsdp_params_[slot];
@@ -811,6 +841,10 @@ int32_t ProgramBuilder::fsdp_unshard(int b, int mb, bool forward) {
     read(flat);
     params = new_tensor(bytes, b, -1, mb, Category::kTransient, ValueKind::kParamGather);
     alloc(params);
+    if (auto it = fsdp_scales_.find(flat); it != fsdp_scales_.end()) {  // the float8 scales
+      fsdp_scales_[params] = std::move(it->second);
+      fsdp_scales_.erase(it);
+    }
     if (forward) fsdp_flat_ = flat;  // else its last use was the copy-out
     if (t_.pp > 1) fsdp_unit_params_[static_cast<size_t>(b)] = params;
   }
@@ -823,19 +857,55 @@ int32_t ProgramBuilder::fsdp_unshard(int b, int mb, bool forward) {
   return params;
 }
 
-// Unit b's all-gather (foreach_all_gather): the shards' bf16 copy (flat_foreach_copy_input),
-// then the flat output they are copied into, both on the copy-in stream; the copy is dropped when
-// the copy-in ends. The instruction that reads the output last frees it. Returns the output.
+// Unit b's all-gather (foreach_all_gather, _get_param_all_gather_inputs), on the copy-in stream.
+// First each float8 weight's fsdp_pre_all_gather, in parameter order (pytorch/ao 36027d8,
+// torchao/float8/fsdp_utils.py, WeightWithDynamicFloat8CastTensor; float8_utils.py
+// tensor_to_amax, float8_scaling_utils.py hp_tensor_to_float8_dynamic with reduce_amax), on its
+// fp32 shard x, one instruction a step: |x| and its max; the max all-reduced over the shard group
+// (a functional collective: a new 0-dim tensor); the fp32 scale; x times the scale (x is fp32:
+// no copy); the clamp and the float8 shard. Then the other weights' bf16 copy
+// (flat_foreach_copy_input), then the flat output every input is copied into (bytes when the
+// dtypes differ); the inputs are dropped when the copy-in ends. The scales stay with the output,
+// then with the unsharded weights (fsdp_scales_). The instruction that reads the output last
+// frees it. Returns the output.
 int32_t ProgramBuilder::fsdp_all_gather(int b, int mb) {
-  const int64_t bytes = fsdp_numel_[static_cast<size_t>(b)] * 2;
+  const size_t u = static_cast<size_t>(b);
+  const int64_t bytes = fsdp_gathered_[u];
+  auto temp = [&](int op, int64_t n) {
+    int32_t id = new_tensor(n, b, op, mb, Category::kTransient, ValueKind::kAllGatherInput);
+    alloc(id);
+    return id;
+  };
+  std::vector<int32_t> inputs, scales;
+  int64_t fp8_bytes = 0;
+  for (const Fp8Shard& f : fsdp_fp8_[u]) {
+    begin(InstrKind::kGatherParams, b, f.op, mb);
+    temp(f.op, 4 * f.elements);  // |x|: dies here
+    int32_t amax = temp(f.op, 4);
+    begin(InstrKind::kGatherParams, b, f.op, mb);
+    read(amax);
+    int32_t reduced = temp(f.op, 4);
+    begin(InstrKind::kGatherParams, b, f.op, mb);
+    read(reduced);
+    scales.push_back(temp(f.op, 4));
+    begin(InstrKind::kGatherParams, b, f.op, mb);
+    read(scales.back());
+    int32_t scaled = temp(f.op, 4 * f.elements);
+    begin(InstrKind::kGatherParams, b, f.op, mb);
+    read(scaled);
+    temp(f.op, 4 * f.elements);  // the clamp
+    inputs.push_back(temp(f.op, f.elements));
+    fp8_bytes += f.elements;
+  }
+  if (int64_t rest = bytes / t_.fsdp_shards() - fp8_bytes; rest > 0) {
+    begin(InstrKind::kGatherParams, b, -1, mb);
+    inputs.push_back(temp(-1, rest));
+  }
   begin(InstrKind::kGatherParams, b, -1, mb);
-  int32_t input = new_tensor(bytes / t_.fsdp_shards(), b, -1, mb, Category::kTransient,
-                             ValueKind::kAllGatherInput);
-  alloc(input);
-  begin(InstrKind::kGatherParams, b, -1, mb);
-  read(input);
+  for (int32_t id : inputs) read(id);
   int32_t flat = new_tensor(bytes, b, -1, mb, Category::kTransient, ValueKind::kAllGatherBuffer);
   alloc(flat);
+  if (!scales.empty()) fsdp_scales_[flat] = std::move(scales);
   return flat;
 }
 
@@ -850,7 +920,7 @@ void ProgramBuilder::fsdp_reduce(int b, int mb, int32_t params, const std::vecto
                                  bool last) {
   const int64_t n = fsdp_numel_[static_cast<size_t>(b)];
   begin(InstrKind::kReduceGrads, b, -1, mb);
-  read(params);
+  fsdp_reshard(params);
   if (fsdp_rs_input_ >= 0) read(std::exchange(fsdp_rs_input_, -1));
   begin(InstrKind::kReduceGrads, b, -1, mb);
   for (int32_t id : grads) read(id);

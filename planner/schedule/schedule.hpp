@@ -47,7 +47,10 @@ enum class ValueKind : uint8_t {
   kAllGatherBuffer,
   kReduceScatterInput,
   kGradShard,
-  kAllGatherInput,  // FSDP2: the bf16 copy of this rank's shards, the all-gather's input
+  // FSDP2: the bf16 copy of this rank's shards, the all-gather's input; under the float8
+  // all-gather (TrainSpec::fp8_all_gather) also each float8 weight's pre-all-gather cast (an
+  // instruction per step, its op the linear's), its temporaries and its float8 shard.
+  kAllGatherInput,
 };
 // The CUDA stream a tensor of this kind is allocated on (the caching allocator's pools are per
 // stream): 1 FSDP's all-gather copy-in stream, 2 its reduce-scatter stream, 0 the compute stream.
