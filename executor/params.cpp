@@ -475,36 +475,27 @@ void ParamStore::fsdp_fp8_cast(int block, int op, int step, const std::vector<Te
 
 // HSDP (dp_replicate > 1): the shard group is the replica's, group ranks rep x S .. rep x S + S - 1
 // of the data-parallel group (torchtitan's mesh ["dp_replicate", "dp_shard"], CP inside the
-// shard); the collectives run over the whole group through host staging, outside the device
-// model as FSDP's own are in place: every rank's chunks all-gathered and the replica's taken; the
-// reduce-scatter input repeated over the replicas, so that this rank's block sums its chunk over
-// every rank (the shard group's reduce-scatter, then the replicas' all-reduce).
+// shard). The collectives run over shard groups of S ranks on the device (comm.hpp,
+// dp_all_gather_blocks and dp_reduce_scatter_blocks_into): this rank's chunks placed at its
+// index in the flat output, the shard group's gathered; each rank's gradient chunk summed over
+// every rank (the shard group's reduce-scatter, then the replicas' all-reduce). Without HSDP the
+// shard group is the whole group.
 void ParamStore::fsdp_all_gather(int block, const Tensor& input, const Tensor& flat) {
   const FsdpUnit& u = units_.at(block);
   if (u.shard_n == 0) return;
   if (u.fp8) return fsdp_all_gather_bytes(block, input, flat);
-  const int64_t G = comm_.group_size(DpGroup::kDense), g = comm_.group_rank(DpGroup::kDense),
-                S = fsdp_shards();
-  if (G == S) {
-    be_.copy_elements(flat, g * u.shard_n, input, 0, u.shard_n);
-    comm_.dp_all_gather(DpGroup::kDense, flat, 0, u.shard_n);
-    return;
-  }
-  std::vector<uint16_t> all(static_cast<size_t>(G * u.shard_n));
-  Tensor staged{all.data(), {{G * u.shard_n}, Dtype::kBf16}};
-  be_.copy_to_host(all.data() + g * u.shard_n, input);
-  comm_.dp_all_gather(DpGroup::kDense, staged, 0, u.shard_n);
-  be_.copy_from_host(flat, all.data() + g / S * S * u.shard_n);
+  const int64_t g = comm_.group_rank(DpGroup::kDense), S = fsdp_shards();
+  be_.copy_elements(flat, g % S * u.shard_n, input, 0, u.shard_n);
+  comm_.dp_all_gather_blocks(DpGroup::kDense, flat, u.shard_n, S);
 }
 
 // A unit with float8 weights (all_gather_copy_in over bytes): this rank's shard assembled in
 // parameter order from the float8 shards and the bf16 copy-in, then gathered as bytes.
 void ParamStore::fsdp_all_gather_bytes(int block, const Tensor& input, const Tensor& flat) {
   FsdpUnit& u = units_.at(block);
-  const int64_t G = comm_.group_size(DpGroup::kDense), g = comm_.group_rank(DpGroup::kDense),
-                S = fsdp_shards(), B = u.shard_bytes;
-  std::vector<uint8_t> all(static_cast<size_t>(G == S ? B : G * B));
-  uint8_t* mine = all.data() + (G == S ? 0 : g * B);
+  const int64_t g = comm_.group_rank(DpGroup::kDense), S = fsdp_shards(), B = u.shard_bytes;
+  std::vector<uint8_t> bytes(static_cast<size_t>(B));
+  uint8_t* mine = bytes.data();
   for (const FsdpParam& f : u.params) {
     if (!f.fp8) {
       be_.copy_to_host(mine + f.in_shard_b, slice(input, f.in_bf16, {f.chunk * f.cols}));
@@ -514,14 +505,8 @@ void ParamStore::fsdp_all_gather_bytes(int block, const Tensor& input, const Ten
     if (it == u.fp8_shards.end()) throw std::logic_error("FSDP float8 all-gather: a weight not cast");
     be_.copy_to_host(mine + f.in_shard_b, it->second.first);
   }
-  if (G == S) {  // on the device: this rank's bytes into its place, then the all-gather
-    be_.copy_from_host(Tensor{static_cast<char*>(flat.data) + g * B, {{B}, Dtype::kU8}}, mine);
-    comm_.dp_all_gather(DpGroup::kDense, flat, 0, B);
-    return;
-  }
-  // HSDP: through host staging, as fsdp_all_gather's.
-  comm_.dp_all_gather(DpGroup::kDense, Tensor{all.data(), {{G * B}, Dtype::kU8}}, 0, B);
-  be_.copy_from_host(flat, all.data() + g / S * S * B);
+  be_.copy_from_host(Tensor{static_cast<char*>(flat.data) + g % S * B, {{B}, Dtype::kU8}}, mine);
+  comm_.dp_all_gather_blocks(DpGroup::kDense, flat, B, S);
 }
 
 void ParamStore::fsdp_copy_out(int block, const Tensor& flat, const Tensor& params) {
@@ -646,13 +631,7 @@ void ParamStore::fsdp_reduce_scatter(int block, const Tensor& input, const Tenso
   be_.fill(shard, 0.0f);
   if (first) u.grad = shard;
   if (u.shard_n == 0) return;
-  const int64_t G = comm_.group_size(DpGroup::kDense), S = fsdp_shards();
-  if (G == S) return comm_.dp_reduce_scatter_into(DpGroup::kDense, input, 0, u.shard_n, u.grad);
-  std::vector<float> repeated(static_cast<size_t>(G * u.shard_n));  // HSDP, above
-  for (int64_t k = 0; k < G / S; ++k) be_.copy_to_host(repeated.data() + k * S * u.shard_n, input);
-  comm_.dp_reduce_scatter_into(DpGroup::kDense,
-                               Tensor{repeated.data(), {{G * u.shard_n}, Dtype::kFp32}}, 0,
-                               u.shard_n, u.grad);
+  comm_.dp_reduce_scatter_blocks_into(DpGroup::kDense, input, u.shard_n, fsdp_shards(), u.grad);
 }
 
 }  // namespace np::exec

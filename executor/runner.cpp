@@ -38,11 +38,6 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
   if (!host_memory && t.ep != 1)
     return make_error("the CUDA backend runs ep = 1 (expert parallelism runs on the CPU "
                       "executor); got --ep " + std::to_string(t.ep) + ": use --backend cpu");
-  // HSDP's collectives go through host staging (params.cpp), which the CUDA backend's
-  // communicators, on device memory, do not take.
-  if (t.fsdp && t.dp_replicate > 1 && !host_memory)
-    return make_error("the CUDA backend runs FSDP2 without HSDP yet (the CPU executor runs it): "
-                      "use --backend cpu, or --dp-replicate 1");
   if (t.fsdp && (s.model.tie_embeddings || mtp_depths(s.model, t) > 0))
     return make_error(std::string("the executor runs FSDP2 without ") +
                       (s.model.tie_embeddings ? "tied embeddings yet (" + s.model.name +

@@ -44,6 +44,7 @@ struct Case {
   bool fsdp = false, reshard = true;  // FSDP2 over dp (zero 0), resharded after forward or not
   Fp8Recipe fp8 = Fp8Recipe::kNone;    // torchao's float8 linears (torchtitan under FSDP)
   bool fp8_gather = false;             // ... with FSDP's float8 all-gather (tensorwise)
+  int64_t replicas = 1;                // HSDP: FSDP2 over dp / replicas in each of the replicas
 };
 
 // Each case under each policy: every allocation event as the plan predicts, the loss within 2%
@@ -58,9 +59,9 @@ void check_scenario(const std::string& name, std::initializer_list<Case> cases,
       t.tp = k.tp, t.pp = k.pp, t.sp = k.sp, t.recompute = rc, t.pp_schedule = PpSchedule::k1F1B;
       t.attention = k.attention, t.impl = k.impl, t.loss_fusion = k.loss;
       t.grad_accum_fusion = k.grad_fusion;
-      t.dp = k.dp, t.zero = k.zero, t.microbatches = sc.base.microbatches / k.dp;
+      t.dp = k.dp, t.zero = k.zero, t.microbatches = std::max<int64_t>(1, sc.base.microbatches / k.dp);
       t.fsdp = k.fsdp, t.reshard_after_forward = k.reshard, t.fp8 = k.fp8;
-      t.fp8_all_gather = k.fp8_gather;
+      t.fp8_all_gather = k.fp8_gather, t.dp_replicate = k.replicas;
       if (k.chunks > 1) t.pp_schedule = PpSchedule::kInterleaved, t.virtual_stages = k.chunks;
       ASSERT_FALSE(validate_setup(sc.model, t)) << name;
       std::string what = name + " " + describe_short(t);
@@ -209,6 +210,14 @@ TEST(CudaBackend, TinyLlamaFsdp) {
                    Fp8Recipe::kTensorwise, true},
                   {1, 2, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, false,
                    Fp8Recipe::kTensorwise, true}},
+                 {Recompute::kNone, Recompute::kFull});
+  // HSDP: 2 replicas of 2 shards (the shard groups' collectives on the device), bf16 over TP
+  // with SP, and float8 with the float8 all-gather.
+  check_scenario("tiny-llama-fsdp",
+                 {{2, 1, true, flash, 4, 0, 1, titan, LossFusion::kNone, true, true, true,
+                   Fp8Recipe::kNone, false, 2},
+                  {1, 1, false, flash, 4, 0, 1, titan, LossFusion::kNone, true, true, true,
+                   Fp8Recipe::kTensorwise, true, 2}},
                  {Recompute::kNone, Recompute::kFull});
 }
 

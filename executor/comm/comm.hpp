@@ -83,6 +83,16 @@ class Communicator {
   // Every rank's owned elements are copied to the same elements of every other rank (an
   // all-gather in place).
   virtual void dp_all_gather(DpGroup g, const Tensor& t, int64_t first, int64_t shard);
+  // FSDP2's collectives over shard groups of `span` consecutive group ranks (HSDP's replicas
+  // each shard over their own span ranks; span = the group size without HSDP). t holds span
+  // blocks of `shard` elements; group rank q's own block is q mod span.
+  // dp_all_gather_blocks: every rank takes the blocks of its shard group's ranks (an all-gather
+  // in place). dp_reduce_scatter_blocks_into: `into` (shard elements) += block (rank mod span)
+  // of t summed over every rank of the group, in rank order, in fp32 (the shard group's
+  // reduce-scatter and the replicas' all-reduce at once).
+  virtual void dp_all_gather_blocks(DpGroup g, const Tensor& t, int64_t shard, int64_t span);
+  virtual void dp_reduce_scatter_blocks_into(DpGroup g, const Tensor& t, int64_t shard,
+                                             int64_t span, const Tensor& into);
   // t = the element-wise maximum over the group of t (fp32), in place: torchao's amax all-reduce
   // before FSDP's float8 all-gather (a shard group's; HSDP's replicas hold the same values).
   virtual void dp_all_reduce_max(DpGroup g, const Tensor& t);
@@ -119,6 +129,14 @@ inline std::pair<int64_t, int64_t> dp_owned(const Tensor& t, int64_t first, int6
 inline void Communicator::dp_reduce_scatter(DpGroup g, const Tensor&, int64_t, int64_t) {
   if (group_size(g) != 1)
     throw std::logic_error("dp_reduce_scatter: this communicator has no data-parallel group");
+}
+inline void Communicator::dp_all_gather_blocks(DpGroup g, const Tensor&, int64_t, int64_t) {
+  if (group_size(g) != 1)
+    throw std::logic_error("dp_all_gather_blocks: this communicator has no data-parallel group");
+}
+inline void Communicator::dp_reduce_scatter_blocks_into(DpGroup, const Tensor&, int64_t, int64_t,
+                                                        const Tensor&) {
+  throw std::logic_error("dp_reduce_scatter_blocks_into: this communicator has no arithmetic");
 }
 inline void Communicator::dp_all_reduce_max(DpGroup g, const Tensor&) {
   if (group_size(g) != 1)

@@ -75,6 +75,31 @@ class InProcessComm final : public Communicator {
     wait_on(m.group);
   }
 
+  void dp_all_gather_blocks(DpGroup which, const Tensor& t, int64_t shard, int64_t span) override {
+    Member m = member(which);
+    if (m.size == 1) return;
+    publish_to(m.group, m.rank, t.data);
+    const int64_t e = dtype_bytes(t.type.dtype), base = m.rank / span * span;
+    for (int64_t q = base; q < base + span; ++q) {
+      if (q == m.rank) continue;
+      const int64_t at = q % span * shard * e;
+      w_.transfer_->copy(t.as<unsigned char>() + at,
+                         static_cast<const unsigned char*>(m.group.slots[q]) + at, shard * e);
+    }
+    wait_on(m.group);
+  }
+
+  void dp_reduce_scatter_blocks_into(DpGroup which, const Tensor& t, int64_t shard, int64_t span,
+                                     const Tensor& into) override {
+    Member m = member(which);
+    publish_to(m.group, m.rank, t.data);
+    const int64_t at = m.rank % span * shard * dtype_bytes(t.type.dtype);
+    std::vector<const void*> ins{into.data};
+    for (const void* p : m.group.slots) ins.push_back(static_cast<const unsigned char*>(p) + at);
+    w_.transfer_->sum(into, 0, ins, 0, shard);
+    wait_on(m.group);
+  }
+
   // Every rank reads the group's tensors before any writes its own.
   void dp_all_reduce_max(DpGroup which, const Tensor& t) override {
     check(t.type.dtype == Dtype::kFp32, "dp_all_reduce_max: fp32 only");

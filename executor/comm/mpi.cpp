@@ -140,6 +140,32 @@ class MpiComm final : public Communicator {
     }
   }
 
+  void dp_all_gather_blocks(DpGroup g, const Tensor& t, int64_t shard, int64_t span) override {
+    const int64_t size = group_size(g), me = group_rank(g);
+    if (size == 1) return;
+    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * size));
+    gather_on(dp_comm(g), mine, all);
+    const int64_t e = dtype_bytes(t.type.dtype), base = me / span * span;
+    for (int64_t q = base; q < base + span; ++q) {
+      if (q == me) continue;
+      const int64_t at = q % span * shard * e;
+      transfer_->copy(t.as<unsigned char>() + at, all.data() + q * t.bytes() + at, shard * e);
+    }
+  }
+
+  void dp_reduce_scatter_blocks_into(DpGroup g, const Tensor& t, int64_t shard, int64_t span,
+                                     const Tensor& into) override {
+    const int64_t size = group_size(g), me = group_rank(g);
+    std::vector<unsigned char> mine = to_host(t), all(static_cast<size_t>(t.bytes() * size));
+    gather_on(dp_comm(g), mine, all);
+    const int64_t at = me % span * shard * dtype_bytes(t.type.dtype);
+    std::vector<unsigned char> acc = to_host(into);
+    std::vector<const void*> ins{acc.data()};
+    for (int64_t q = 0; q < size; ++q) ins.push_back(all.data() + q * t.bytes() + at);
+    host_->sum(Tensor{acc.data(), into.type}, 0, ins, 0, shard);
+    transfer_->copy(into.data, acc.data(), into.bytes());
+  }
+
   void dp_all_reduce_max(DpGroup g, const Tensor& t) override {
     if (t.type.dtype != Dtype::kFp32) fail("dp_all_reduce_max: fp32 only");
     const int64_t size = group_size(g);

@@ -92,6 +92,13 @@ class NcclComm final : public exec::Communicator {
     mpi_.dp_all_gather(g, t, first, shard);
   }
   void dp_all_reduce_max(exec::DpGroup g, const Tensor& t) override { mpi_.dp_all_reduce_max(g, t); }
+  void dp_all_gather_blocks(exec::DpGroup g, const Tensor& t, int64_t shard, int64_t span) override {
+    mpi_.dp_all_gather_blocks(g, t, shard, span);
+  }
+  void dp_reduce_scatter_blocks_into(exec::DpGroup g, const Tensor& t, int64_t shard, int64_t span,
+                                     const Tensor& into) override {
+    mpi_.dp_reduce_scatter_blocks_into(g, t, shard, span, into);
+  }
   void dp_reduce_scatter_into(exec::DpGroup g, const Tensor& t, int64_t first, int64_t shard,
                               const Tensor& into) override {
     mpi_.dp_reduce_scatter_into(g, t, first, shard, into);
