@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "planner/inputs/catalog.hpp"
 #include "planner/recompute/autoplan.hpp"
@@ -157,6 +158,57 @@ TEST(Hardware, CatalogFiguresAndDefaults) {
   auto pcie = resolve_gpu(*gpus, "h100-pcie");
   ASSERT_TRUE(pcie);
   EXPECT_EQ(hardware_model(*pcie).gpus_per_node, 2);  // NVLink-bridged pairs
+}
+
+// torchao's float8 linears: the GEMMs at the float8 peak (twice bf16's on Hopper and Blackwell,
+// none on A100), the same fraction of it as bf16; then the casts, one memory-bound kernel per
+// temporary of the steps, twice its bytes of traffic. In eager mode the casts' traffic is large:
+// a wide linear's forward (Llama 3 70B's w1, 8192 -> 28672, 16384 tokens) gains, its backward
+// (the output gradient cast twice) does not, nor does a square 8192 one over the same tokens,
+// and a small one loses to the casts' launches.
+TEST(Float8Linear, GemmsAtTheFloat8PeakPlusTheCasts) {
+  auto gpus = load_gpu_catalog(std::string(NANOPLAN_SOURCE_DIR) + "/models/gpus/gpus.toml");
+  ASSERT_TRUE(gpus) << gpus.error().message;
+  std::map<std::string, double> fp8;
+  for (const char* n : {"h100", "h100-pcie", "h200", "b200", "a100-80gb"})
+    fp8[n] = hardware_model(*resolve_gpu(*gpus, n)).fp8_peak_flops;
+  EXPECT_EQ(fp8["h100"], 1979e12);
+  EXPECT_EQ(fp8["h100-pcie"], 1513e12);
+  EXPECT_EQ(fp8["h200"], 1979e12);
+  EXPECT_EQ(fp8["b200"], 4.5e15);
+  EXPECT_EQ(fp8["a100-80gb"], 0.0);
+  EXPECT_EQ(default_hardware().fp8_peak_flops, 1979e12);
+  ASSERT_EQ(kH100.perf.memory_bytes_per_s, 0.0);  // the datasheet bandwidth, the generic launch
+  ASSERT_EQ(kH100.perf.kernel_overhead_s, 0.0);
+  HardwareModel a100 = hardware_model(*resolve_gpu(*gpus, "a100-80gb"));
+  TrainSpec t;
+  for (auto [rows, features] : {std::pair<int64_t, int64_t>{16, 8192}, {16384, 8192},
+                                {16384, 28672}}) {
+    BlockGraph b = one_op(OpKind::kColumnLinear, {.features = features}, {bf16(rows, 8192)});
+    OpAttrs a = b.ops[0].attrs;
+    a.fp8 = Fp8Recipe::kTensorwise;
+    BlockGraph f = one_op(OpKind::kColumnLinear, a, {bf16(rows, 8192)});
+    for (bool backward : {false, true}) {
+      double casts = 0;
+      std::vector<TensorType> in = {bf16(rows, 8192)};
+      for (const OpStep& st : op_steps(op_info(OpKind::kColumnLinear), a, in, !backward))
+        for (const TensorType& x : st.temps)
+          casts += 2.0 * static_cast<double>(x.bytes()) / kH100.hbm_bytes_per_s + 4e-6;
+      EXPECT_NEAR(float8_overhead_seconds(f, f.ops[0], kH100, backward), casts, 1e-12);
+      double bf = op_seconds(b, 0, kH100, t, backward), f8 = op_seconds(f, 0, kH100, t, backward);
+      if (rows == 16384)  // compute-bound: the GEMMs at the float8 peak, plus the casts
+        EXPECT_NEAR(f8, bf * kH100.peak_flops / kH100.fp8_peak_flops + casts, 1e-9 * bf);
+      if (features == 28672 && !backward)
+        EXPECT_LT(f8, bf);
+      else
+        EXPECT_GT(f8, bf) << rows << " " << features << " " << backward;
+      // No float8 tensor cores: the bf16 rate, and the casts on top.
+      EXPECT_NEAR(op_seconds(f, 0, a100, t, backward),
+                  op_seconds(b, 0, a100, t, backward) +
+                      float8_overhead_seconds(f, f.ops[0], a100, backward),
+                  1e-12);
+    }
+  }
 }
 
 TrainSpec setup(int64_t tp, int64_t pp, int64_t m, Recompute r) {

@@ -428,7 +428,7 @@ Result<std::vector<GpuSpec>> parse_gpu_catalog(const std::string& path) {
       if (!t) return make_error(path + ": [[gpu]] entries must be tables");
       TomlReader r(*t, path);
       r.only({"name", "display_name", "source", "aliases", "memory_bytes", "bf16_dense_flops",
-              "hbm_bytes_per_s", "nvlink_bytes_per_s", "perf", "sm_count"});
+              "hbm_bytes_per_s", "nvlink_bytes_per_s", "perf", "sm_count", "fp8_dense_flops"});
       GpuSpec g{r.string("name"),
                 r.string("display_name", ""),
                 r.string("source", ""),
@@ -439,12 +439,16 @@ Result<std::vector<GpuSpec>> parse_gpu_catalog(const std::string& path) {
                 r.number("nvlink_bytes_per_s", 0.0),
                 {},
                 r.integer("sm_count", 0)};
+      g.fp8_dense_flops = r.number("fp8_dense_flops", 0.0);
       const toml::table* perf = r.table("perf");
       if (auto e = r.error()) return *e;
       if (g.sm_count < 0)
         return make_error(
             path + ": gpu " + g.name + ": sm_count " + std::to_string(g.sm_count) +
             " is negative (valid: the GPU's streaming multiprocessors, or leave it out)");
+      if (g.fp8_dense_flops < 0)
+        return make_error(path + ": gpu " + g.name + ": fp8_dense_flops is negative (valid: the "
+                          "GPU's dense float8 FLOP/s, or leave it out where it has none)");
       if (perf) {
         Result<GpuPerf> p = read_gpu_perf(*perf, path, g.name);
         if (!p) return p.error();

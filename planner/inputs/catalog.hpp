@@ -70,6 +70,9 @@ struct GpuSpec {
   // Streaming multiprocessors (0: not given). Transformer Engine's pipelined and bulk TP overlaps
   // take 16 of them from the GEMMs beside them (cost.cpp).
   int64_t sm_count = 0;
+  // Peak dense float8 tensor-core FLOP/s (0: none, as on Ampere): float8 linears' GEMMs run at
+  // it (cost.cpp).
+  double fp8_dense_flops = 0;
 };
 
 Result<ModelSpec> load_model_toml(const std::string& path);

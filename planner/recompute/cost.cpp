@@ -19,6 +19,15 @@ constexpr double kGemmEfficiencyCap = 0.75;
 // edge), 97 % at 2048, 99 % at 8192; a skinny dimension starves the tiles.
 constexpr double kGemmHalfDim = 64;
 
+// --- float8 linears (torchao's Float8Linear, planner/graph/float8.cpp) ------------------------
+// Their GEMMs run at the GPU's dense float8 peak at the same fraction of peak as bf16's for the
+// shape: torchao's own roofline takes one achievable fraction for both (pytorch/ao 36027d8,
+// torchao/testing/training/roofline_utils.py, pct_achievable_gemm_tops 0.78 for bf16 and float8
+// on H100). A GPU without float8 tensor cores runs them at its bf16 rate.
+// The casts, transposed copies and scale products around them are eager PyTorch kernels: one
+// kernel per temporary of the op's steps, each writing its temporary once for the next to read
+// once (twice its bytes of traffic), memory-bound, each with the launch overhead below.
+
 // --- FlashAttention ----------------------------------------------------------------------------
 // Forward at 55 % and backward at 45 % of peak: between FlashAttention-2 (35 % on H100) and
 // FlashAttention-3 (up to 75 % forward), arXiv:2407.08608; backward kernels run below forward.
@@ -286,6 +295,7 @@ HardwareModel hardware_model(const GpuSpec& gpu) {
   HardwareModel hw;
   hw.name = gpu.name;
   hw.peak_flops = gpu.bf16_dense_flops;
+  hw.fp8_peak_flops = gpu.fp8_dense_flops;
   hw.hbm_bytes_per_s = gpu.hbm_bytes_per_s;
   hw.intra_node_bytes_per_s = gpu.nvlink_bytes_per_s;  // per direction, gpus.toml
   hw.inter_node_bytes_per_s = kInterNodeBytesPerS;
@@ -306,6 +316,7 @@ HardwareModel default_hardware() {
   h100.display_name = "NVIDIA H100 SXM5 80GB";
   h100.memory_bytes = 85520809984;
   h100.bf16_dense_flops = 989.4e12;
+  h100.fp8_dense_flops = 1979e12;
   h100.hbm_bytes_per_s = 3.35e12;
   h100.nvlink_bytes_per_s = 450e9;
   h100.sm_count = 132;
@@ -428,6 +439,18 @@ double collective_seconds(std::string_view kind, double bytes_full, int64_t grou
   return one;
 }
 
+double float8_overhead_seconds(const BlockGraph& g, const GraphOp& op, const HardwareModel& hw,
+                               bool backward) {
+  std::vector<TensorType> in;
+  for (int i : op.inputs) in.push_back(g.tensors[i].type);
+  const double launch = hw.perf.kernel_overhead_s > 0 ? hw.perf.kernel_overhead_s : kLaunchOverhead;
+  double s = 0;
+  for (const OpStep& step : op_steps(op_info(op.kind), op.attrs, in, !backward))
+    for (const TensorType& t : step.temps)
+      s += 2.0 * static_cast<double>(t.bytes()) / memory_bandwidth(hw) + launch;
+  return s;
+}
+
 double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const TrainSpec& t,
                   bool backward) {
   const GraphOp& op = g.ops.at(index);
@@ -439,13 +462,16 @@ double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const
       // gradient (m x k over n) and the weight's (n x k over m), each at its own shape's
       // efficiency (the generic curve is symmetric, so both at the forward's there).
       GemmDims d = gemm_dims(g, op);
+      const bool fp8 = op.attrs.fp8 != Fp8Recipe::kNone;
+      const double peak = fp8 && hw.fp8_peak_flops > 0 ? hw.fp8_peak_flops : hw.peak_flops;
       auto seconds = [&](double m, double n, double k) {
         double eff = gemm_efficiency(hw, m, n, k);
-        return eff > 0 ? op.flops / (hw.peak_flops * eff) : 0.0;
+        return eff > 0 ? op.flops / (peak * eff) : 0.0;
       };
       double work = backward ? seconds(d.m, d.k, d.n) + seconds(d.n, d.k, d.m)
                              : seconds(d.m, d.n, d.k);
       compute = std::max(work, memory);
+      if (fp8) compute += float8_overhead_seconds(g, op, hw, backward);
       break;
     }
     case OpClass::kFlash: {

@@ -27,6 +27,7 @@ namespace np {
 struct HardwareModel {
   std::string name;       // GPU name
   double peak_flops = 0;  // bf16 dense FLOP/s
+  double fp8_peak_flops = 0;  // float8 dense FLOP/s (0: no float8 tensor cores)
   double hbm_bytes_per_s = 0;
   double intra_node_bytes_per_s = 0;  // per-direction NVLink bandwidth per GPU
   double inter_node_bytes_per_s = 0;  // per GPU, e.g. 400 Gb/s InfiniBand = 50e9 B/s
@@ -78,6 +79,10 @@ double collective_seconds(std::string_view kind, double bytes_full, int64_t grou
 // gradients), including the collective the op runs in that direction (not overlapped).
 double op_seconds(const BlockGraph& g, int op, const HardwareModel& hw, const TrainSpec& t,
                   bool backward);
+// A float8 linear's casts, copies and scale products in one direction (its steps' temporaries,
+// one memory-bound kernel each; cost.cpp), included in op_seconds.
+double float8_overhead_seconds(const BlockGraph& g, const GraphOp& op, const HardwareModel& hw,
+                               bool backward);
 
 struct BlockTime {
   double forward = 0, backward = 0;
