@@ -41,10 +41,6 @@ struct OpContext {
   // A stepped op's kernel (planner/graph/ops.hpp, OpStep) calls this between its steps: what
   // the step before last used is freed, and what it allocates next belongs to the next step.
   std::function<void()> step;
-  // A workspace that torchtitan's per-op checkpointing may keep for the recompute
-  // (OpStep::sac_kept): in a recompute the runner returns the one the forward kept; otherwise, and
-  // where unset, it is allocated as a workspace.
-  std::function<Tensor(const TensorType&)> kept;
 };
 
 struct BackwardArgs {

@@ -316,7 +316,7 @@ class RankRunner {
   // allocates takes the k-th output id of the plan's allocs, the k-th workspace the k-th
   // workspace id; gradients are bound once the backend has placed them.
   void hook(OpContext& ctx, const Instr& in) {
-    out_ids_.clear(), ws_ids_.clear(), pending_.clear(), kept_ids_.clear();
+    out_ids_.clear(), ws_ids_.clear(), pending_.clear();
     for (int32_t id : p_.allocs(in)) {
       ValueKind k = p_.tensors[id].kind;
       if (k == ValueKind::kWorkspace)
@@ -324,20 +324,8 @@ class RankRunner {
       else if (k != ValueKind::kGrad)
         out_ids_.push_back(id);
     }
-    // A recompute's workspaces the forward kept (per-op checkpointing: kept activations the
-    // instruction reads where it would allocate them; planner/schedule/schedule.cpp, emit_steps).
-    if (in.kind == InstrKind::kRecompute || in.kind == InstrKind::kStep)
-      for (int32_t id : p_.reads(in))
-        if (p_.tensors[id].kind == ValueKind::kWorkspace &&
-            p_.tensors[id].category == Category::kActivation && p_.tensors[id].tensor == in.op)
-          kept_ids_.push_back(id);
-    next_out_ = next_ws_ = next_kept_ = 0;
+    next_out_ = next_ws_ = 0;
     if (!ctx.step) ctx.step = [this, &ctx] { next_step(ctx); };  // set once: it runs hook too
-    if (!ctx.kept)
-      ctx.kept = [this, &ctx](const TensorType& type) {
-        if (next_kept_ < kept_ids_.size()) return bound_[kept_ids_[next_kept_++]];
-        return ctx.alloc(type, AllocRole::kWorkspace);
-      };
     ctx.alloc = [this, &in](const TensorType& type, AllocRole role) {
       int32_t id = -1;
       if (role == AllocRole::kOutput && next_out_ < out_ids_.size()) id = out_ids_[next_out_++];
@@ -535,8 +523,8 @@ class RankRunner {
   std::vector<std::pair<int32_t, Tensor>> statics_;
   std::vector<std::vector<int32_t>> dies_after_;  // per instruction: ids ascending
   std::vector<Tensor> bound_;                     // per plan tensor id
-  std::vector<int32_t> out_ids_, ws_ids_, kept_ids_;
-  size_t next_out_ = 0, next_ws_ = 0, next_kept_ = 0;
+  std::vector<int32_t> out_ids_, ws_ids_;
+  size_t next_out_ = 0, next_ws_ = 0;
   std::vector<Pending> pending_;
   int32_t cur_ = 0;  // the instruction running (a stepped op's: its current step)
   const BackwardOperands* bw_ids_ = nullptr;  // the backward running: its operands' ids

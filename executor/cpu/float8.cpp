@@ -42,9 +42,7 @@ Fp8 cast(const Env& env, const Mat& x, Dtype to, Axis axis, bool pow2) {
     return axis == Axis::kTensor ? 0 : axis == Axis::kRows ? r : c;
   };
   // abs and its max (bf16: exact for bf16 values).
-  // Tensorwise takes torch.max (aten.max), whose result per-op checkpointing keeps.
-  Tensor abs = env.workspace({R, C}, env.act),
-         amax = axis == Axis::kTensor ? env.kept(ss, env.act) : env.workspace(ss, env.act);
+  Tensor abs = env.workspace({R, C}, env.act), amax = env.workspace(ss, env.act);
   std::vector<float> most(static_cast<size_t>(amax.numel()), 0.0f);
   for (int64_t r = 0; r < R; ++r)
     for (int64_t c = 0; c < C; ++c) {

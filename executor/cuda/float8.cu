@@ -134,9 +134,7 @@ Fp8 cast(const Fwd& e, const Tensor& x, int64_t rows, int64_t cols, Dtype to, Ax
   const float fmax = fp8_format(to).max;
   const std::vector<int64_t> ss = scale_shape(axis, rows, cols);
   const long long n = rows * cols;
-  // Tensorwise takes torch.max (aten.max), whose result per-op checkpointing keeps.
-  Tensor abs = e.ws({{rows, cols}, kAct}),
-         amax = axis == Axis::kTensor ? e.kept({ss, kAct}) : e.ws({ss, kAct});
+  Tensor abs = e.ws({{rows, cols}, kAct}), amax = e.ws({ss, kAct});
   if (n > 0) {
     np_launch(abs_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, e.stream, view(x), view(abs), n);
     NP_CUDA_CHECK_LAUNCH();

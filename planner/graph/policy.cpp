@@ -25,7 +25,7 @@ namespace {
 // last residual add re-runs and reads the kept w2 output (saved_set keeps it for that reason).
 // torchao's float8 linears (OpAttrs::fp8) run _scaled_mm, not aten.mm: neither listed nor counted,
 // so they are re-run; their rowwise casts take aten.amax, not the listed aten.max (tensorwise's
-// aten.max outputs, 0-dim, are kept for the recompute: OpStep::sac_kept, saved_set below).
+// aten.max, whose output the policy keeps for the recompute, is refused: spec.cpp).
 bool op_sac_keeps(const GraphOp& op, int& mm_count) {
   switch (op.kind) {
     case OpKind::kColumnLinear:
@@ -94,19 +94,6 @@ SavedSet saved_set(const BlockGraph& g, const BlockPolicy& p) {
       s.saved[t] = true;
       s.bytes += g.tensors[t].type.bytes();
     }
-  }
-  // A re-run stepped op's temporaries the cache keeps to its recompute (OpStep::sac_kept: a
-  // tensorwise float8 cast's aten.max).
-  for (size_t i = 0; cache && i < g.ops.size(); ++i) {
-    if (!p.recompute[i]) continue;
-    std::vector<TensorType> in;
-    for (int t : g.ops[i].inputs) in.push_back(g.tensors[t].type);
-    std::vector<OpStep> steps = op_steps(op_info(g.ops[i].kind), g.ops[i].attrs, in, true);
-    std::vector<int64_t> bytes;
-    for (const OpStep& st : steps)
-      for (const TensorType& x : st.temps) bytes.push_back(x.bytes());
-    for (const OpStep& st : steps)
-      for (int k : st.sac_kept) s.bytes += bytes.at(static_cast<size_t>(k));
   }
   return s;
 }
