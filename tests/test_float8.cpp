@@ -12,7 +12,6 @@
 #include "executor/cpu/cpu_backend.hpp"
 #include "executor/runner.hpp"
 #include "planner/graph/graph.hpp"
-#include "planner/graph/policy.hpp"
 #include "planner/inputs/configs.hpp"
 #include "planner/inputs/setup_flags.hpp"
 #include "planner/recompute/autoplan.hpp"
@@ -158,10 +157,8 @@ TEST(Float8Setup, RefusedInOneLine) {
   refused(m, u, "add --fsdp");
   u = t, u.tp = 2, u.sp = true;
   refused(m, u, "use --tp 1");
-  u = t, u.recompute = Recompute::kSelectiveOp;  // rowwise: modelled
-  EXPECT_FALSE(validate_setup(m, u));
-  u.fp8 = Fp8Recipe::kTensorwise;  // the kept aten.max outputs are not
-  refused(m, u, "use --fp8 rowwise");
+  u = t, u.recompute = Recompute::kSelectiveOp;
+  refused(m, u, "use --recompute none or full");
   u = t, u.fp8_filter = {"layers.0"};
   refused(m, u, "name a module of every layer");
   u = t, u.fp8 = Fp8Recipe::kNone, u.fp8_filter = {"output"};
@@ -504,42 +501,6 @@ TEST(Float8Gather, RunsOnTheCpuExecutorAsPlanned) {
   EXPECT_FALSE(exec::check_runnable(build_schedule(sc.model, g), false));
   g.dp = 4, g.dp_replicate = 2;
   EXPECT_FALSE(exec::check_runnable(build_schedule(sc.model, g), false));
-}
-
-
-// torchtitan's per-op checkpointing with rowwise float8 linears: _scaled_mm is not aten.mm, so no
-// float8 linear is kept or counted and each re-runs; a linear left in bf16 is the block's first
-// mm (kept), and SDPA's output is kept as ever. The layer then keeps its input, SDPA's output and
-// logsumexp, and the bf16 wq's output: less than bf16's op policy, more than full recompute.
-TEST(Float8OpSac, Float8LinearsReRunAndOnlyBf16OnesCount) {
-  ModelSpec m = testing::model("llama-3.1-8b");
-  TrainSpec t = titan(Fp8Recipe::kRowwise);
-  t.recompute = Recompute::kSelectiveOp;
-  ASSERT_FALSE(validate_setup(m, t));
-  auto kept = [&](const TrainSpec& u) {
-    BlockGraphs g(m, u);
-    BlockPolicy p = named_policy(*g.layer, u);
-    std::vector<std::string> names;
-    for (size_t o = 0; o < g.layer->ops.size(); ++o) {
-      const GraphOp& op = g.layer->ops[o];
-      if (op.kind == OpKind::kColumnLinear || op.kind == OpKind::kRowLinear ||
-          op.kind == OpKind::kSdpa)
-        if (!p.recompute[o]) names.push_back(op.name);
-    }
-    return std::make_pair(names, saved_set(*g.layer, p).bytes);
-  };
-  auto [f8, f8_bytes] = kept(t);
-  EXPECT_EQ(f8, std::vector<std::string>{"attn.core"});
-  TrainSpec w = t;
-  w.fp8_filter = {"attention.wq"};
-  auto [wq, wq_bytes] = kept(w);
-  EXPECT_EQ(wq, (std::vector<std::string>{"attn.wq", "attn.core"}));
-  const int64_t tokens = 2 * 8192;
-  EXPECT_EQ(wq_bytes - f8_bytes, tokens * 4096 * 2);  // wq's bf16 output
-  TrainSpec b = t, full = t;
-  b.fp8 = Fp8Recipe::kNone, full.recompute = Recompute::kFull;
-  EXPECT_LT(f8_bytes, kept(b).second);
-  EXPECT_GT(f8_bytes, kept(full).second);
 }
 
 }  // namespace

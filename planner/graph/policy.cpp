@@ -23,15 +23,11 @@ namespace {
 // counted; grouped GEMMs (aten._grouped_mm), bmm, the all-gathers and the elementwise ops are not
 // listed. With early_stop False (torchtitan's default) the recompute runs the whole layer, so the
 // last residual add re-runs and reads the kept w2 output (saved_set keeps it for that reason).
-// torchao's float8 linears (OpAttrs::fp8) run _scaled_mm, not aten.mm: neither listed nor counted,
-// so they are re-run; their rowwise casts take aten.amax, not the listed aten.max (tensorwise's
-// aten.max, whose output the policy keeps for the recompute, is refused: spec.cpp).
 bool op_sac_keeps(const GraphOp& op, int& mm_count) {
   switch (op.kind) {
     case OpKind::kColumnLinear:
     case OpKind::kRowLinear:
     case OpKind::kLinear:
-      if (op.attrs.fp8 != Fp8Recipe::kNone) return false;
       return ++mm_count % 2 == 1;
     case OpKind::kSdpa:
     case OpKind::kFlashAttention:
