@@ -211,6 +211,28 @@ TEST(Float8Linear, GemmsAtTheFloat8PeakPlusTheCasts) {
   }
 }
 
+// FSDP's float8 all-gather moves each float8 weight at one byte an element: the step's FSDP
+// traffic falls by the all-gathers of those bytes, reduce-scatters unchanged.
+TEST(Float8Linear, FsdpFloat8AllGatherMovesOneByteAnElement) {
+  ModelSpec m = model("llama-3.1-8b");
+  TrainSpec t;
+  t.impl = Impl::kTorchtitan, t.fsdp = true, t.dp = 8, t.micro_batch = 1, t.seq_len = 4096;
+  t.pp_schedule = PpSchedule::k1F1B, t.recompute = Recompute::kFull, t.fp8 = Fp8Recipe::kTensorwise;
+  TrainSpec g = t;
+  g.fp8_all_gather = true;
+  ASSERT_FALSE(validate_setup(m, g));
+  StepTime a = step_time(build_schedule(m, t), kH100), b = step_time(build_schedule(m, g), kH100);
+  // Per layer: its seven linears' weights (float8), gathered for the forward and the backward;
+  // the LM head's (float8 too) once, the head unit being kept.
+  const double layer = 2.0 * 4096 * 4096 + 2.0 * 1024 * 4096 + 3.0 * 14336 * 4096, norms = 8192;
+  const double head = 128256.0 * 4096 + 4096;
+  auto ag = [&](double bytes) { return collective_seconds("all_gather", bytes, 8, true, kH100); };
+  double saved = 32 * 2 * (ag(2 * (layer + norms)) - ag(layer + 2 * norms)) +
+                 (ag(2 * head) - ag(head - 4096 + 2 * 4096));
+  EXPECT_NEAR(a.dp_comm_seconds - b.dp_comm_seconds, saved, 1e-9);
+  EXPECT_GT(saved, 0.0);
+}
+
 TrainSpec setup(int64_t tp, int64_t pp, int64_t m, Recompute r) {
   TrainSpec t;
   t.tp = tp, t.sp = tp > 1, t.pp = pp, t.microbatches = m, t.recompute = r, t.seq_len = 4096;

@@ -564,9 +564,10 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   // block for the per-micro-batch ZeRO-2/3 collectives.
   int64_t dense = 0, expert = 0, tp_partial = 0;
   std::vector<std::pair<int64_t, int64_t>> per_block;
+  std::vector<int64_t> fp8_gathered;  // per block: weight elements FSDP gathers in float8
   std::vector<std::string> tied_seen;
   for (const StageBlock& b : p.blocks) {
-    int64_t bd = 0, be = 0;
+    int64_t bd = 0, be = 0, f8 = 0;
     for (const GraphOp& op : b.graph->ops) {
       if (!op.attrs.tie.empty()) {
         if (std::find(tied_seen.begin(), tied_seen.end(), op.attrs.tie) != tied_seen.end())
@@ -575,9 +576,12 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
       }
       (op.expert_weights ? be : bd) += weight_elements(op);
       if (op.tp_partial_weight_grads) tp_partial += weight_elements(op);
+      if (op.attrs.fp8_gathered && op.attrs.fp8 != Fp8Recipe::kNone && !op.weights.empty())
+        f8 += op.weights.front().elements();  // the weight, not a bias
     }
     dense += bd, expert += be;
     per_block.push_back({bd, be});
+    fp8_gathered.push_back(f8);
   }
   double gb = static_cast<double>(dtype_bytes(t.grad_dtype));
   // Gradients are summed over the data-parallel replicas and the CP ranks (which hold the same
@@ -620,7 +624,8 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
     // FSDP2, every micro-batch: each unit's bf16 weights all-gathered before its forward and,
     // resharded after it, again before its backward (the last unit, the head, is kept); its
     // gradients reduce-scattered in fp32 over the shard group, then all-reduced over HSDP's
-    // replicas (the schedule's gather_params and reduce_grads instructions).
+    // replicas (the schedule's gather_params and reduce_grads instructions). FSDP's float8
+    // all-gather moves its float8 weights at one byte an element.
     // Under PP each unit is gathered once and reduced once per step (docs/fsdp.md).
     const int64_t shards = t.fsdp_shards(), replicas = t.dp_replicate;
     const double times = t.pp > 1 ? 1 : m;
@@ -631,7 +636,9 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
       // The shard group: tp x cp x dp / replicas consecutive ranks.
       const bool within = t.tp * shards <= hw.gpus_per_node;
       if (shards > 1) {
-        c += times * (again ? 2 : 1) * collective_seconds("all_gather", nn * 2, shards, within, hw);
+        const double gathered = nn * 2 - static_cast<double>(fp8_gathered[b]);  // bytes
+        c += times * (again ? 2 : 1) *
+             collective_seconds("all_gather", gathered, shards, within, hw);
         c += times * collective_seconds("reduce_scatter", nn * 4, shards, within, hw);
       }
       if (replicas > 1)
