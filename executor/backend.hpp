@@ -41,6 +41,13 @@ struct OpContext {
   // A stepped op's kernel (planner/graph/ops.hpp, OpStep) calls this between its steps: what
   // the step before last used is freed, and what it allocates next belongs to the next step.
   std::function<void()> step;
+  // A workspace that torchtitan's per-op checkpointing may keep for the recompute
+  // (OpStep::sac_kept): in a recompute the runner returns the one the forward kept; otherwise, and
+  // where unset, it is allocated as a workspace.
+  std::function<Tensor(const TensorType&)> kept;
+  // Per-op checkpointing's recompute of an op whose output the cache holds: only what runs before
+  // the cache returns it (a float8 linear's casts) runs again, and the op makes no output.
+  bool cached_output = false;
 };
 
 struct BackwardArgs {

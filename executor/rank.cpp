@@ -289,6 +289,7 @@ class RankRunner {
     const TrainSpec& t = s_.setup;
     OpContext ctx;
     ctx.op = &blk.graph->ops[in.op];
+    ctx.cached_output = in.kind == InstrKind::kRecompute && !blk.policy.recompute[in.op];
     ctx.model = &s_.model;
     ctx.setup = &t;
     ctx.comm = &comm_;
@@ -316,7 +317,7 @@ class RankRunner {
   // allocates takes the k-th output id of the plan's allocs, the k-th workspace the k-th
   // workspace id; gradients are bound once the backend has placed them.
   void hook(OpContext& ctx, const Instr& in) {
-    out_ids_.clear(), ws_ids_.clear(), pending_.clear();
+    out_ids_.clear(), ws_ids_.clear(), pending_.clear(), kept_ids_.clear();
     for (int32_t id : p_.allocs(in)) {
       ValueKind k = p_.tensors[id].kind;
       if (k == ValueKind::kWorkspace)
@@ -324,8 +325,20 @@ class RankRunner {
       else if (k != ValueKind::kGrad)
         out_ids_.push_back(id);
     }
-    next_out_ = next_ws_ = 0;
+    // A recompute's workspaces the forward kept (per-op checkpointing: kept activations the
+    // instruction reads where it would allocate them; planner/schedule/schedule.cpp, emit_steps).
+    if (in.kind == InstrKind::kRecompute || in.kind == InstrKind::kStep)
+      for (int32_t id : p_.reads(in))
+        if (p_.tensors[id].kind == ValueKind::kWorkspace &&
+            p_.tensors[id].category == Category::kActivation && p_.tensors[id].tensor == in.op)
+          kept_ids_.push_back(id);
+    next_out_ = next_ws_ = next_kept_ = 0;
     if (!ctx.step) ctx.step = [this, &ctx] { next_step(ctx); };  // set once: it runs hook too
+    if (!ctx.kept)
+      ctx.kept = [this, &ctx](const TensorType& type) {
+        if (next_kept_ < kept_ids_.size()) return bound_[kept_ids_[next_kept_++]];
+        return ctx.alloc(type, AllocRole::kWorkspace);
+      };
     ctx.alloc = [this, &in](const TensorType& type, AllocRole role) {
       int32_t id = -1;
       if (role == AllocRole::kOutput && next_out_ < out_ids_.size()) id = out_ids_[next_out_++];
@@ -418,6 +431,7 @@ class RankRunner {
       if (p_.tensors[id].kind != ValueKind::kParamGather) inputs.push_back(bound(id));
     inputs.resize(op.inputs.size());
     std::vector<Tensor> outs = be_.forward(ctx, inputs, params_.weights(in.block, in.op));
+    if (ctx.cached_output) return;  // its casts only: the op did not run again
     if (step_ == 0) ++out_.forward_runs[{static_cast<int>(stage_), in.block, in.op}];
     // The reported loss is the main model's (Megatron logs the MTP losses apart).
     if (is_loss(op.kind) && !recompute && op.mtp_depth == 0) loss_ += be_.sum(outs[0]);
@@ -523,8 +537,8 @@ class RankRunner {
   std::vector<std::pair<int32_t, Tensor>> statics_;
   std::vector<std::vector<int32_t>> dies_after_;  // per instruction: ids ascending
   std::vector<Tensor> bound_;                     // per plan tensor id
-  std::vector<int32_t> out_ids_, ws_ids_;
-  size_t next_out_ = 0, next_ws_ = 0;
+  std::vector<int32_t> out_ids_, ws_ids_, kept_ids_;
+  size_t next_out_ = 0, next_ws_ = 0, next_kept_ = 0;
   std::vector<Pending> pending_;
   int32_t cur_ = 0;  // the instruction running (a stepped op's: its current step)
   const BackwardOperands* bw_ids_ = nullptr;  // the backward running: its operands' ids

@@ -203,6 +203,14 @@ TEST(CudaBackend, TinyLlamaFsdp) {
                   {1, 2, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, false,
                    Fp8Recipe::kRowwise}},
                  {Recompute::kNone, Recompute::kFull});
+  // torchtitan's per-op checkpointing with float8 linears (each re-run, casts and all; the
+  // tensorwise casts' maxima kept for the recompute).
+  check_scenario("tiny-llama-fsdp",
+                 {{1, 1, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true,
+                   Fp8Recipe::kRowwise},
+                  {1, 1, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true,
+                   Fp8Recipe::kTensorwise}},
+                 {Recompute::kNone, Recompute::kSelectiveOp});
   // FSDP's float8 all-gather: each weight's fp32 shard cast before the byte all-gather (the max
   // over the shard group a collective on the device), the linears taking the float8 weights.
   check_scenario("tiny-llama-fsdp",

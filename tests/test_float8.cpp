@@ -12,6 +12,7 @@
 #include "executor/cpu/cpu_backend.hpp"
 #include "executor/runner.hpp"
 #include "planner/graph/graph.hpp"
+#include "planner/graph/policy.hpp"
 #include "planner/inputs/configs.hpp"
 #include "planner/inputs/setup_flags.hpp"
 #include "planner/recompute/autoplan.hpp"
@@ -157,8 +158,10 @@ TEST(Float8Setup, RefusedInOneLine) {
   refused(m, u, "add --fsdp");
   u = t, u.tp = 2, u.sp = true;
   refused(m, u, "use --tp 1");
-  u = t, u.recompute = Recompute::kSelectiveOp;
-  refused(m, u, "use --recompute none or full");
+  u = t, u.recompute = Recompute::kSelectiveOp;  // modelled, both recipes
+  EXPECT_FALSE(validate_setup(m, u));
+  u.fp8 = Fp8Recipe::kTensorwise;
+  EXPECT_FALSE(validate_setup(m, u));
   u = t, u.fp8_filter = {"layers.0"};
   refused(m, u, "name a module of every layer");
   u = t, u.fp8 = Fp8Recipe::kNone, u.fp8_filter = {"output"};
@@ -501,6 +504,95 @@ TEST(Float8Gather, RunsOnTheCpuExecutorAsPlanned) {
   EXPECT_FALSE(exec::check_runnable(build_schedule(sc.model, g), false));
   g.dp = 4, g.dp_replicate = 2;
   EXPECT_FALSE(exec::check_runnable(build_schedule(sc.model, g), false));
+}
+
+
+// torchtitan's per-op checkpointing with float8 linears: its dispatch mode sees each float8
+// linear's torch.mm before torchao's subclass does, so the linears count and are kept as bf16's
+// (wq, wv, w1, w2 of a Llama block); the casts' ops are seen too. Tensorwise casts take torch.max
+// (aten.max, on the list): each 0-dim maximum is kept from the forward to the recompute, which
+// takes it from the cache in place of allocating one (OpStep::sac_kept); rowwise casts take
+// aten.amax (not listed). A kept linear's casts run again in the recompute (its GEMM's output
+// comes from the cache): instructions of the op that allocate no output.
+TEST(Float8OpSac, CountedAsMatmulsCastsReRunMaximaKept) {
+  std::vector<OpStep> f = steps(Fp8Recipe::kTensorwise, 64, 64, 64, true);
+  ASSERT_EQ(f.size(), 9u);
+  EXPECT_EQ(f[0].sac_kept, std::vector<int>{1});  // x's max
+  EXPECT_EQ(f[4].sac_kept, std::vector<int>{8});  // the weight's
+  for (const OpStep& st : steps(Fp8Recipe::kRowwise, 64, 64, 64, true))
+    EXPECT_TRUE(st.sac_kept.empty());  // aten.amax
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = titan(Fp8Recipe::kTensorwise), r = titan(Fp8Recipe::kRowwise), b = t;
+  t.recompute = r.recompute = b.recompute = Recompute::kSelectiveOp;
+  b.fp8 = Fp8Recipe::kNone;
+  auto kept = [&](const TrainSpec& u) {
+    BlockGraphs g(m, u);
+    BlockPolicy p = named_policy(*g.layer, u);
+    std::vector<std::string> names;
+    for (size_t o = 0; o < g.layer->ops.size(); ++o)
+      if (!p.recompute[o] && (g.layer->ops[o].kind == OpKind::kColumnLinear ||
+                              g.layer->ops[o].kind == OpKind::kRowLinear))
+        names.push_back(g.layer->ops[o].name);
+    return std::make_pair(names, saved_set(*g.layer, p).bytes);
+  };
+  const std::vector<std::string> mms = {"attn.wq", "attn.wv", "mlp.w1", "mlp.w2"};
+  EXPECT_EQ(kept(t).first, mms);
+  EXPECT_EQ(kept(r).first, mms);
+  EXPECT_EQ(kept(b).first, mms);
+  EXPECT_EQ(kept(r).second, kept(b).second);       // rowwise keeps what bf16 keeps
+  EXPECT_EQ(kept(t).second - kept(r).second, 7 * 2 * 2);  // 7 linears x 2 casts x 2 bytes
+  Schedule s = build_schedule(m, t);
+  const StageProgram& p = s.stages[0];
+  ASSERT_FALSE(check_program(p));
+  int maxima = 0, taken = 0, casts_only = 0;
+  for (const Instr& in : p.instrs) {
+    for (int32_t id : p.allocs(in))
+      if (p.tensors[id].kind == ValueKind::kWorkspace &&
+          p.tensors[id].category == Category::kActivation) {
+        EXPECT_EQ(p.tensors[id].bytes, 2);
+        EXPECT_TRUE(in.kind == InstrKind::kForward || in.kind == InstrKind::kStep);
+        ++maxima;
+      }
+    if (in.kind != InstrKind::kRecompute || p.blocks[in.block].kind != BlockKind::kLayer) continue;
+    for (int32_t id : p.reads(in))
+      taken += p.tensors[id].kind == ValueKind::kWorkspace &&
+               p.tensors[id].category == Category::kActivation;
+    const GraphOp& op = p.blocks[in.block].graph->ops[in.op];
+    if (op.attrs.fp8 != Fp8Recipe::kNone && !p.blocks[in.block].policy.recompute[in.op]) {
+      ++casts_only;
+      for (int32_t id : p.allocs(in))  // its first cast's |x|: no output
+        EXPECT_EQ(p.tensors[id].kind, ValueKind::kWorkspace);
+    }
+  }
+  EXPECT_EQ(maxima, 32 * 7 * 2);    // every layer's 7 linears, 2 casts each, one micro-batch
+  EXPECT_EQ(taken, 32 * 7);         // x's maximum, at each linear's first recompute instruction
+  EXPECT_EQ(casts_only, 32 * 4);    // wq, wv, w1 and w2 of each layer
+}
+
+// The CPU executor runs both recipes under per-op checkpointing allocation for allocation, its
+// loss and gradients bitwise those of no recompute (the casts re-run on the same values).
+TEST(Float8OpSac, RunsAsPlannedAndRecomputeInvariant) {
+  Scenario sc = testing::scenario("tiny-llama-fsdp");
+  TrainSpec t = sc.base;
+  t.impl = Impl::kTorchtitan, t.dp = 2, t.pp = 1, t.tp = 1, t.sp = false;
+  for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise}) {
+    std::vector<exec::RunResult> runs;
+    for (Recompute rc : {Recompute::kNone, Recompute::kSelectiveOp}) {
+      TrainSpec u = t;
+      u.fp8 = r, u.recompute = rc;
+      ASSERT_FALSE(validate_setup(sc.model, u));
+      exec::RunOptions o;
+      o.capture_grads = true;
+      Schedule s = build_schedule(sc.model, u);
+      auto res = exec::run_schedule(s, [] { return exec::make_cpu_backend(); }, o);
+      ASSERT_TRUE(res.ok()) << res.error().message;
+      exec::RunComparison c = exec::compare(s, *res, "tiny-llama-fsdp", RuntimeAssumptions{});
+      for (const exec::RankComparison& rc2 : c.ranks) EXPECT_TRUE(rc2.equal()) << name_of(r);
+      runs.push_back(*res);
+    }
+    EXPECT_EQ(runs[0].losses, runs[1].losses) << name_of(r);
+    EXPECT_EQ(runs[0].grads, runs[1].grads) << name_of(r);
+  }
 }
 
 }  // namespace

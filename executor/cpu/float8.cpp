@@ -42,7 +42,9 @@ Fp8 cast(const Env& env, const Mat& x, Dtype to, Axis axis, bool pow2) {
     return axis == Axis::kTensor ? 0 : axis == Axis::kRows ? r : c;
   };
   // abs and its max (bf16: exact for bf16 values).
-  Tensor abs = env.workspace({R, C}, env.act), amax = env.workspace(ss, env.act);
+  // Tensorwise takes torch.max (aten.max), whose result per-op checkpointing keeps.
+  Tensor abs = env.workspace({R, C}, env.act),
+         amax = axis == Axis::kTensor ? env.kept(ss, env.act) : env.workspace(ss, env.act);
   std::vector<float> most(static_cast<size_t>(amax.numel()), 0.0f);
   for (int64_t r = 0; r < R; ++r)
     for (int64_t c = 0; c < C; ++c) {
@@ -128,6 +130,14 @@ Outs float8_linear_forward(const Env& env, Ins in, Ins w) {
   const bool row = r == Fp8Recipe::kRowwise, gathered = env.attrs().fp8_gathered;
   Mat X = load_mat(need(in, 0, "float8 linear input"));
   Fp8 x8 = cast(env, X, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
+  if (env.ctx.cached_output) {  // per-op checkpointing's recompute of a kept linear: the casts
+    if (!gathered) {
+      next(env);
+      cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3,
+           row ? Axis::kRows : Axis::kTensor, row);
+    }
+    return {};
+  }
   next(env);
   // W^T's cast: per output feature under rowwise (W's rows); none for a gathered weight.
   Fp8 w8 = gathered ? gathered_weight(w) : Fp8{};

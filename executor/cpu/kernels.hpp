@@ -30,6 +30,14 @@ struct Env {
   Tensor workspace(std::vector<int64_t> shape, Dtype dtype) const {
     return alloc({std::move(shape), dtype}, AllocRole::kWorkspace);
   }
+  // A workspace the per-op checkpointing's cache may hold (OpContext::kept).
+  Tensor kept(std::vector<int64_t> shape, Dtype dtype) const {
+    if (!ctx.kept) return workspace(std::move(shape), dtype);
+    TensorType type{std::move(shape), dtype};
+    Tensor t = ctx.kept(type);
+    t.type = type;
+    return t;
+  }
   // Global index of the first row of a token tensor with `rows` rows: 0 when it holds the full
   // sequence (s*b rows), else ctx.token_offset (a sequence shard).
   int64_t first_row(int64_t rows) const;

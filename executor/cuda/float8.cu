@@ -134,7 +134,9 @@ Fp8 cast(const Fwd& e, const Tensor& x, int64_t rows, int64_t cols, Dtype to, Ax
   const float fmax = fp8_format(to).max;
   const std::vector<int64_t> ss = scale_shape(axis, rows, cols);
   const long long n = rows * cols;
-  Tensor abs = e.ws({{rows, cols}, kAct}), amax = e.ws({ss, kAct});
+  // Tensorwise takes torch.max (aten.max), whose result per-op checkpointing keeps.
+  Tensor abs = e.ws({{rows, cols}, kAct}),
+         amax = axis == Axis::kTensor ? e.kept({ss, kAct}) : e.ws({ss, kAct});
   if (n > 0) {
     np_launch(abs_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, e.stream, view(x), view(abs), n);
     NP_CUDA_CHECK_LAUNCH();
@@ -220,6 +222,13 @@ Outs float8_linear_fwd(const Fwd& e, Ins in, Ins w) {
   const int64_t R = x.type.shape.at(0), K = x.type.shape.at(1), N = wt.type.shape.at(0);
   need(wt.type.shape.at(1) == K, "float8 linear: weight and input widths differ");
   Fp8 x8 = cast(e, x, R, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
+  if (e.c.cached_output) {  // per-op checkpointing's recompute of a kept linear: the casts
+    if (!gathered) {
+      next(e);
+      cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
+    }
+    return {};
+  }
   next(e);
   Fp8 w8 = gathered ? gathered_weight(w) : Fp8{};
   if (!gathered) {

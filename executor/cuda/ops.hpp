@@ -19,6 +19,8 @@ struct Fwd {
   const OpAttrs& attrs() const { return c.op->attrs; }
   Tensor out(const TensorType& t) const { return c.alloc(t, exec::AllocRole::kOutput); }
   Tensor ws(const TensorType& t) const { return c.alloc(t, exec::AllocRole::kWorkspace); }
+  // A workspace the per-op checkpointing's cache may hold (OpContext::kept).
+  Tensor kept(const TensorType& t) const { return c.kept ? c.kept(t) : ws(t); }
 };
 
 // The backward's: the same, and its arguments.

@@ -51,6 +51,9 @@ struct Steps {
     step();
     temp({{rows, cols}, Dtype::kBf16});  // abs: dies here
     int amax = temp({scale, Dtype::kBf16});
+    // Tensorwise (a 0-dim scale) takes torch.max, aten.max, which torchtitan's per-op policy keeps;
+    // rowwise takes torch.amax, aten.amax, which it does not.
+    if (scale.empty()) s.back().sac_kept.push_back(amax);
     step({amax});
     int sc = temp({scale, Dtype::kFp32});
     step();

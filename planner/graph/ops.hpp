@@ -272,6 +272,10 @@ struct OpStep {
   std::vector<TensorType> temps;
   std::vector<int> reads;
   unsigned results = 0;  // kStepResults and kStepWeightGrads
+  // Temporaries (indices among the op's) that torchtitan's per-op checkpointing keeps for the
+  // recompute (outputs of ops on its save list, a float8 cast's aten.max): under that policy a
+  // re-run op's forward keeps them to its recompute, which takes them in place of allocating.
+  std::vector<int> sac_kept;
 };
 // The forward's outputs, or the backward's input gradients; FSDP2's bf16 weight gradients.
 inline constexpr unsigned kStepResults = 1, kStepWeightGrads = 2;

@@ -23,6 +23,12 @@ namespace {
 // counted; grouped GEMMs (aten._grouped_mm), bmm, the all-gathers and the elementwise ops are not
 // listed. With early_stop False (torchtitan's default) the recompute runs the whole layer, so the
 // last residual add re-runs and reads the kept w2 output (saved_set keeps it for that reason).
+// torchao's float8 linears (OpAttrs::fp8) count and are kept as bf16 ones: the policy's dispatch
+// mode sees their torch.mm before torchao's tensor subclass turns it into _scaled_mm. Inside
+// them the casts' ops (abs, max, mul, clamp, to) are seen too: a kept float8 linear's casts run
+// again in the recompute, its mm taking the cached output (float8_cast_only_recompute), and each
+// tensorwise cast's aten.max output, on the list, is kept for the recompute (OpStep::sac_kept;
+// rowwise takes aten.amax, not listed).
 bool op_sac_keeps(const GraphOp& op, int& mm_count) {
   switch (op.kind) {
     case OpKind::kColumnLinear:
@@ -90,6 +96,18 @@ SavedSet saved_set(const BlockGraph& g, const BlockPolicy& p) {
       s.saved[t] = true;
       s.bytes += g.tensors[t].type.bytes();
     }
+  }
+  // A stepped op's temporaries the cache keeps to its recompute (OpStep::sac_kept: a tensorwise
+  // float8 cast's aten.max), whether the op re-runs or only its casts do.
+  for (size_t i = 0; cache && i < g.ops.size(); ++i) {
+    std::vector<TensorType> in;
+    for (int t : g.ops[i].inputs) in.push_back(g.tensors[t].type);
+    std::vector<OpStep> steps = op_steps(op_info(g.ops[i].kind), g.ops[i].attrs, in, true);
+    std::vector<int64_t> bytes;
+    for (const OpStep& st : steps)
+      for (const TensorType& x : st.temps) bytes.push_back(x.bytes());
+    for (const OpStep& st : steps)
+      for (int k : st.sac_kept) s.bytes += bytes.at(static_cast<size_t>(k));
   }
   return s;
 }

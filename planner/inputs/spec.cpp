@@ -586,10 +586,6 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
       return fail(fp8 + " at --tp " + str(t.tp) +
                   ": torchao's float8 tensor parallelism (float8 all-gathers of the linears' "
                   "inputs) is not modelled; use --tp 1, or --fp8 none");
-    if (t.recompute == Recompute::kSelectiveOp)
-      return fail(fp8 + " with --recompute selective-op: the per-op policy sees torchao's "
-                        "float8 GEMMs through its tensor subclass, which is not modelled; use "
-                        "--recompute none or full (with --recompute-every), or --fp8 none");
     for (const std::string& f : t.fp8_filter)
       if (f.find("layers") != std::string::npos)
         return fail("the float8 filter " + quote_input(f) +

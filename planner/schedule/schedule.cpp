@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <tuple>
 #include <unordered_map>
 
@@ -439,11 +440,21 @@ class ProgramBuilder {
   // further step is a kStep instruction that reads those reads again (so they live to the op's
   // end) and then the earlier temporaries it uses; `results` allocates what a step's
   // OpStep::results names.
+  // Under torchtitan's per-op checkpointing (caches_outputs) an op's forward keeps the
+  // temporaries of OpStep::sac_kept (as activations, in sac_kept_) and its recompute (or its
+  // casts' re-run, when its output is kept) reads them where it would allocate them (the cache
+  // returns them), so they die at their last use there.
   template <typename F>
-  void emit_steps(int32_t b, int32_t o, int32_t mb, const std::vector<OpStep>& steps, F&& results) {
+  void emit_steps(int32_t b, int32_t o, int32_t mb, const std::vector<OpStep>& steps, F&& results,
+                  InstrKind pass = InstrKind::kBackward) {
     const Instr first = p_.instrs.back();
     const std::vector<int32_t> op_reads(p_.pool.begin() + first.begin,
                                         p_.pool.begin() + first.begin + first.n_reads);
+    const StageBlock& blk = p_.blocks[static_cast<size_t>(b)];
+    const bool cached = pass != InstrKind::kBackward && caches_outputs(blk.policy);
+    std::vector<int32_t> none;
+    std::vector<int32_t>& kept = cached ? sac_kept_[{b, mb, o}] : none;
+    size_t next_kept = 0;
     std::vector<int32_t> temps;
     for (size_t k = 0; k < steps.size(); ++k) {
       if (k > 0) {
@@ -451,12 +462,27 @@ class ProgramBuilder {
         for (int32_t id : op_reads) read(id);
       }
       for (int r : steps[k].reads) read(temps.at(static_cast<size_t>(r)));
-      for (const TensorType& t : steps[k].temps) {
-        temps.push_back(new_tensor(t.bytes(), b, o, mb, Category::kTransient, ValueKind::kWorkspace));
-        alloc(temps.back());
+      const OpStep& st = steps[k];
+      const size_t base = temps.size();
+      auto is_kept = [&](size_t j) {  // temporary j of this step, by its index among the op's
+        return cached && std::find(st.sac_kept.begin(), st.sac_kept.end(),
+                                   static_cast<int>(base + j)) != st.sac_kept.end();
+      };
+      temps.resize(base + st.temps.size(), -1);
+      if (pass == InstrKind::kRecompute)  // the cache's: read, not allocated
+        for (size_t j = 0; j < st.temps.size(); ++j)
+          if (is_kept(j)) read(temps[base + j] = kept.at(next_kept++));
+      for (size_t j = 0; j < st.temps.size(); ++j) {
+        if (temps[base + j] >= 0) continue;
+        temps[base + j] = new_tensor(st.temps[j].bytes(), b, o, mb,
+                                     is_kept(j) ? Category::kActivation : Category::kTransient,
+                                     ValueKind::kWorkspace);
+        alloc(temps[base + j]);
+        if (is_kept(j)) kept.push_back(temps[base + j]);
       }
-      if (steps[k].results) results(steps[k].results);
+      if (st.results) results(st.results);
     }
+    if (pass == InstrKind::kRecompute && cached) kept.clear();
   }
 
   const ModelSpec& m_;
@@ -479,6 +505,8 @@ class ProgramBuilder {
       workspace_cache_;
   std::vector<std::pair<std::pair<const BlockGraph*, bool>, std::vector<std::vector<OpStep>>>>
       steps_cache_;
+  // Per (block, micro-batch, op): the temporaries its forward kept for its recompute (emit_steps).
+  std::map<std::tuple<int32_t, int32_t, int32_t>, std::vector<int32_t>> sac_kept_;
 
   // FSDP2 (TrainSpec::fsdp). Per block (one FSDP unit each): the elements of its weights, each
   // padded on dim 0 to a multiple of the shard group (FSDPParam: padded_sharded_param_size x
@@ -694,6 +722,20 @@ void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_re
   for (size_t o = 0; o < g.ops.size(); ++o) {
     const GraphOp& op = g.ops[o];
     if (only_recomputed && !blk.policy.recompute[o]) {
+      // A kept float8 linear: the recompute runs its casts again (the policy sees its mm, and
+      // returns the cached output, only after them); no output, no GEMM.
+      const std::vector<OpStep>& steps = steps_of(b, true)[o];
+      if (pops && !steps.empty()) {
+        begin(kind, b, static_cast<int32_t>(o), mb);
+        begun = true;
+        for (int in : op.inputs) read(v[in]);
+        for (int32_t id : std::exchange(popped, {})) read(id);
+        size_t casts = 0;
+        while (casts < steps.size() && !steps[casts].results) ++casts;
+        emit_steps(b, static_cast<int32_t>(o), mb,
+                   std::vector<OpStep>(steps.begin(), steps.begin() + static_cast<long>(casts)),
+                   [](unsigned) {}, kind);
+      }
       if (pops)
         for (int out : op.outputs)
           if (blk.saved.saved[out]) popped.push_back(v[out]);
@@ -713,7 +755,7 @@ void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_re
       }
     };
     if (const std::vector<OpStep>& steps = steps_of(b, true)[o]; !steps.empty()) {
-      emit_steps(b, static_cast<int32_t>(o), mb, steps, outputs);
+      emit_steps(b, static_cast<int32_t>(o), mb, steps, outputs, kind);
       continue;
     }
     for (int64_t bytes : workspace_bytes(b, true)[o])
