@@ -56,7 +56,7 @@ struct Steps {
     if (scale.empty()) s.back().sac_kept.push_back(amax);
     step({amax});
     int sc = temp({scale, Dtype::kFp32});
-    step();
+    step({sc});  // the product reads the scale (a recompute of the casts alone ends with them)
     temp({{rows, cols}, Dtype::kFp32});  // tensor.to(float32): dies after the product
     int scaled = temp({{rows, cols}, Dtype::kFp32});
     step({scaled});
