@@ -139,6 +139,39 @@ TEST(Float8Graph, ConvertsAsTorchtitanFilters) {
   EXPECT_TRUE(float8_linear(t, "feed_forward.w1", 4096, 14336));
 }
 
+// torchtitan's filter_fqns "auto_filter_small_kn" (torchao 36027d8, float8_linear_utils.py):
+// tensorwise keeps K <= 4096 with N <= 1024 in bf16; rowwise N <= 2048, K <= 1024, or both
+// N <= 4096 and K <= 2048 (K in, N out features, the whole weight's). On Llama 3.1 8B both keep
+// wk and wv (4096 -> 1024) in bf16; the names given beside it still filter.
+TEST(Float8Graph, AutoFilterSmallKn) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise}) {
+    TrainSpec t = titan(r);
+    t.fp8_filter = {kFp8AutoFilter};
+    ASSERT_FALSE(validate_setup(m, t));
+    BlockGraphs g(m, t);
+    EXPECT_EQ(float8_ops(*g.layer),
+              (std::vector<std::string>{"attn.wq", "attn.wo", "mlp.w1", "mlp.w3", "mlp.w2"}));
+    EXPECT_EQ(float8_ops(*g.head), std::vector<std::string>{"lm_head"});
+    t.fp8_filter = {"output", kFp8AutoFilter};
+    EXPECT_TRUE(float8_ops(*BlockGraphs(m, t).head).empty());
+  }
+  TrainSpec t = titan(Fp8Recipe::kTensorwise);
+  t.fp8_filter = {kFp8AutoFilter};
+  EXPECT_FALSE(float8_linear(t, "x", 4096, 1024));
+  EXPECT_TRUE(float8_linear(t, "x", 4096, 1040));
+  EXPECT_TRUE(float8_linear(t, "x", 4112, 1024));
+  EXPECT_FALSE(float8_linear(t, "x", 16, 16));
+  t.fp8 = Fp8Recipe::kRowwise;
+  EXPECT_FALSE(float8_linear(t, "x", 8192, 2048));
+  EXPECT_TRUE(float8_linear(t, "x", 8192, 2064));
+  EXPECT_FALSE(float8_linear(t, "x", 1024, 8192));
+  EXPECT_TRUE(float8_linear(t, "x", 1040, 8192));
+  EXPECT_FALSE(float8_linear(t, "x", 2048, 4096));
+  EXPECT_TRUE(float8_linear(t, "x", 2064, 4096));
+  EXPECT_TRUE(float8_linear(t, "x", 2048, 4112));
+}
+
 // The setup is refused in one line that names `fix`.
 void refused(const ModelSpec& m, const TrainSpec& t, const std::string& fix) {
   auto e = validate_setup(m, t);
@@ -211,9 +244,12 @@ TEST(Float8Config, ReadsTheConverterRecipeAndFilters) {
   EXPECT_EQ(t.fp8, Fp8Recipe::kRowwise);
   EXPECT_EQ(t.fp8_filter, std::vector<std::string>{"output"});
   EXPECT_EQ(read(job("converters = [\"float8\"]\n")).fp8, Fp8Recipe::kTensorwise);  // older name
+  EXPECT_EQ(read(job(conv) + "[quantize.linear.float8]\nfilter_fqns = [\"auto_filter_small_kn\", "
+                              "\"output\"]\n")
+                .fp8_filter,
+            (std::vector<std::string>{kFp8AutoFilter, "output"}));
   for (auto [text, says] :
        {std::pair{"recipe_name = \"rowwise_with_gw_hp\"", "valid: \"tensorwise\", \"rowwise\""},
-        {"filter_fqns = [\"auto_filter_small_kn\"]", "is not modelled"},
         {"recipe_name = 3", "recipe_name"}}) {
     Result<ConfigSetup> c =
         torchtitan_config(job(conv) + "[quantize.linear.float8]\n" + text + "\n", "job.toml", 8);

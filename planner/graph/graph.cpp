@@ -45,9 +45,18 @@ std::string torchtitan_fqn(const std::string& name) {
 bool float8_linear(const TrainSpec& t, const std::string& fqn, int64_t in, int64_t out) {
   if (t.fp8 == Fp8Recipe::kNone || t.impl != Impl::kTorchtitan) return false;
   if (in % 16 != 0 || out % 16 != 0) return false;
-  for (const std::string& f : t.fp8_filter)
-    if (fqn.find(f) != std::string::npos) return false;
-  return true;
+  bool automatic = false;
+  for (const std::string& f : t.fp8_filter) {
+    if (f == kFp8AutoFilter) automatic = true;
+    else if (fqn.find(f) != std::string::npos) return false;
+  }
+  if (!automatic) return true;
+  // torchao 36027d8, torchao/float8/float8_linear_utils.py, _auto_filter_for_tensorwise and
+  // _auto_filter_for_rowwise (N, K = weight.shape, the whole weight's: torchtitan converts before
+  // it shards): the shapes whose float8 GEMMs torchao's H100 tables show slower than bf16 stay bf16.
+  const int64_t K = in, N = out;
+  if (t.fp8 == Fp8Recipe::kTensorwise) return !(K <= 4096 && N <= 1024);
+  return !(N <= 2048 || K <= 1024 || (N <= 4096 && K <= 2048));
 }
 
 namespace {

@@ -149,7 +149,8 @@ std::vector<SetupFlag> make_table() {
        }},
       {"--fp8-filter",
        "with --fp8: module names kept in bf16, comma-separated (torchtitan's filter_fqns: a "
-       "linear whose torchtitan name contains one stays bf16; e.g. output, or attention.wq)",
+       "linear whose torchtitan name contains one stays bf16; e.g. output, or attention.wq; "
+       "auto_filter_small_kn: also torchao's shapes too small to gain, as torchtitan's)",
        "", false, kMin, kMax, [](T& to, const T& f) { to.fp8_filter = f.fp8_filter; },
        [](const T& t) -> std::string {
          std::string out;

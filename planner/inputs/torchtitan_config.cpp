@@ -543,11 +543,8 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
     if (recipe != "tensorwise" && recipe != "rowwise")
       return make_error(r.where("recipe_name") + ": recipe_name " + quote_input(recipe, '"') +
                         " is not modelled (valid: \"tensorwise\", \"rowwise\")");
-    for (const std::string& f : filter)
-      if (f == "auto_filter_small_kn")
-        return make_error(r.where("filter_fqns") + ": filter_fqns \"auto_filter_small_kn\" "
-                          "(torchao's per-shape choice) is not modelled (valid: module names "
-                          "such as \"output\" or \"attention.wq\")");
+    // filter_fqns "auto_filter_small_kn" (torchtitan's Float8LinearConverter._init_filter_fn) is
+    // kept as given: float8_linear applies torchao's per-shape filter beside the names.
     t.fp8 = recipe == "rowwise" ? Fp8Recipe::kRowwise : Fp8Recipe::kTensorwise;
     t.fp8_filter = filter;
     c.given.insert("--fp8");
