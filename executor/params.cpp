@@ -362,8 +362,7 @@ void ParamStore::allocate_fsdp(const Allocate& alloc, uint64_t seed) {
       for (size_t w = 0; w < op.weights.size(); ++w) {
         const int64_t rows = op.weights[w].shape.front(), cols = op.weights[w].elements() / rows;
         const int64_t chunk = (rows + S - 1) / S;
-        // The planner's rule (schedule.cpp, emit_statics): a float8 linear's weight.
-        const bool fp8 = op.attrs.fp8_gathered && op.attrs.fp8 != Fp8Recipe::kNone && w == 0;
+        const bool fp8 = op.attrs.fp8_gathered_weight(w);
         const int64_t eb = fp8 ? 1 : 2;
         u.params.push_back({static_cast<int>(o), static_cast<int>(w), rows, cols, chunk,
                             u.shard_n, in_unit, fp8, u.shard_bytes, in_unit_b, u.bf16_n});

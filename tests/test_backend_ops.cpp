@@ -161,7 +161,7 @@ std::vector<Config> setups(Impl impl) {
     // convert), under FSDP (the ops are the same at dp 1).
     ModelSpec m16 = llama(48);
     m16.hidden = 32, m16.ffn = 48, m16.heads = 4, m16.kv_heads = 2, m16.head_dim = 8;
-    for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise}) {
+    for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise, Fp8Recipe::kRowwiseGwHp}) {
       s.push_back({std::string("llama16 fp8 ") + name_of(r) + " tp 1", m16, train(1, false, 7, flash)});
       s.back().train.fsdp = true, s.back().train.fp8 = r;
       s.back().train.pp_schedule = PpSchedule::k1F1B;

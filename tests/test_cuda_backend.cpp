@@ -196,12 +196,15 @@ TEST(CudaBackend, TinyLlamaFsdp) {
                   {2, 1, true, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, false},
                   {1, 2, false, flash, 2, 0, 1, nano, LossFusion::kNone, true, true, false}},
                  {Recompute::kNone, Recompute::kFull});
-  // torchao's float8 linears, each cast's temporaries step by step, tensorwise and rowwise.
+  // torchao's float8 linears, each cast's temporaries step by step, tensorwise, rowwise and
+  // rowwise_with_gw_hp (the weight gradient through cuBLAS in bf16).
   check_scenario("tiny-llama-fsdp",
                  {{1, 1, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true,
                    Fp8Recipe::kTensorwise},
                   {1, 2, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, false,
-                   Fp8Recipe::kRowwise}},
+                   Fp8Recipe::kRowwise},
+                  {1, 1, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true,
+                   Fp8Recipe::kRowwiseGwHp}},
                  {Recompute::kNone, Recompute::kFull});
   // torchtitan's per-op checkpointing with float8 linears (each re-run, casts and all; the
   // tensorwise casts' maxima kept for the recompute).

@@ -97,6 +97,30 @@ TEST(Float8Steps, RowwiseScalesAndPostProducts) {
   EXPECT_EQ(b[18].temps.back().bytes(), 4 * W);  // the weight gradient's
 }
 
+// rowwise_with_gw_hp (torchao 36027d8, config.py, ROWWISE_WITH_GW_HP): rowwise's forward; the
+// backward casts g per row (e4m3, [R, 1] scale) and W^T with one scale, repeats that scale along K
+// for _scaled_mm (preprocess_addmm: K fp32), and the input gradient's GEMM forms rowwise's fp32
+// post-scale; the weight gradient is a bf16 torch.mm of g and x, with no temporaries.
+TEST(Float8Steps, RowwiseWithGradWeightInBf16) {
+  const int64_t R = 32, K = 48, N = 64, X = R * K, W = N * K, Y = R * N, DX = 2 * X;
+  std::vector<OpStep> f = steps(Fp8Recipe::kRowwiseGwHp, R, K, N, true),
+                      rf = steps(Fp8Recipe::kRowwise, R, K, N, true);
+  EXPECT_EQ(steps_peak_workspace(f, 2 * R * N), steps_peak_workspace(rf, 2 * R * N));
+  std::vector<OpStep> b = steps(Fp8Recipe::kRowwiseGwHp, R, K, N, false);
+  ASSERT_EQ(b.size(), 11u);  // four per cast, the GEMM's two, the weight gradient's
+  EXPECT_TRUE(b[4].temps[1].shape.empty());  // W^T's amax: one
+  EXPECT_EQ(b[3].temps.back().dtype, Dtype::kFp8E4m3);
+  EXPECT_EQ(b[8].temps[1].bytes(), 4 * K);  // the repeated scale
+  EXPECT_TRUE(b[10].temps.empty());
+  EXPECT_EQ(b[10].results, kStepWeightGrads);
+  EXPECT_EQ(b[9].results, kStepResults);
+  const int64_t g8 = Y + 4 * R, w8 = W + 4;
+  const int64_t peak = std::max({9 * Y + 4 * R, g8 + 9 * W + 4,
+                                 g8 + w8 + W + 4 * K + 4 * R + 4 * K + 4 * X,
+                                 g8 + w8 + W + 4 * X + 8 + DX});
+  EXPECT_EQ(steps_peak_workspace(b, DX), peak - DX);
+}
+
 TEST(Float8Steps, OnlyFloat8LinearsStep) {
   EXPECT_TRUE(steps(Fp8Recipe::kNone, 16, 16, 16, true).empty());
   OpAttrs a;
@@ -199,6 +223,12 @@ TEST(Float8Setup, RefusedInOneLine) {
   refused(m, u, "name a module of every layer");
   u = t, u.fp8 = Fp8Recipe::kNone, u.fp8_filter = {"output"};
   refused(m, u, "add --fp8 tensorwise or rowwise");
+  u = t, u.fp8 = Fp8Recipe::kRowwiseGwHp, u.fp8_filter = {"output"};
+  EXPECT_FALSE(validate_setup(m, u));
+  u.fp8_filter = {"output", kFp8AutoFilter};  // torchao raises NotImplementedError
+  refused(m, u, "use --fp8 tensorwise or rowwise");
+  u.fp8_all_gather = true, u.fp8_filter = {};
+  refused(m, u, "use --fp8 tensorwise");
 }
 
 // --fp8-filter: comma-separated names, each non-empty and without spaces; they reach the graph.
@@ -244,12 +274,15 @@ TEST(Float8Config, ReadsTheConverterRecipeAndFilters) {
   EXPECT_EQ(t.fp8, Fp8Recipe::kRowwise);
   EXPECT_EQ(t.fp8_filter, std::vector<std::string>{"output"});
   EXPECT_EQ(read(job("converters = [\"float8\"]\n")).fp8, Fp8Recipe::kTensorwise);  // older name
+  EXPECT_EQ(read(job(conv) + "[quantize.linear.float8]\nrecipe_name = \"rowwise_with_gw_hp\"\n").fp8,
+            Fp8Recipe::kRowwiseGwHp);
   EXPECT_EQ(read(job(conv) + "[quantize.linear.float8]\nfilter_fqns = [\"auto_filter_small_kn\", "
                               "\"output\"]\n")
                 .fp8_filter,
             (std::vector<std::string>{kFp8AutoFilter, "output"}));
   for (auto [text, says] :
-       {std::pair{"recipe_name = \"rowwise_with_gw_hp\"", "valid: \"tensorwise\", \"rowwise\""},
+       {std::pair{"recipe_name = \"mxfp8\"",
+                  "valid: \"tensorwise\", \"rowwise\", \"rowwise_with_gw_hp\""},
         {"recipe_name = 3", "recipe_name"}}) {
     Result<ConfigSetup> c =
         torchtitan_config(job(conv) + "[quantize.linear.float8]\n" + text + "\n", "job.toml", 8);
@@ -282,12 +315,15 @@ TEST(Float8Config, EmittedAndReadBack) {
 }
 
 // The estimate of torchtitan's Llama 3 8B on 8 GPUs: float8 keeps what bf16 keeps (the bf16
-// input and the weight), and peaks higher, at a step of a cast (the LM head's weight cast in eager
-// holds 9 bytes per element of its 128256 x 4096 weight at once).
+// input and the weight), and peaks higher, at a step of the LM head's (its backward casts the
+// [tokens, 128256] output gradient twice, 9 bytes an element at each clamp). rowwise_with_gw_hp
+// casts it once, and peaks no lower than bf16 and below rowwise.
 TEST(Float8Estimate, KeepsWhatBf16KeepsAndPeaksAtACast) {
   ModelSpec m = testing::model("llama-3.1-8b");
   Schedule bf16 = build_schedule(m, titan(Fp8Recipe::kNone));
-  for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise}) {
+  int64_t rowwise = 0;
+  for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise,
+                      Fp8Recipe::kRowwiseGwHp}) {
     Schedule s = build_schedule(m, titan(r));
     ASSERT_FALSE(check_program(s.stages[0])) << name_of(r);
     int steps = 0;
@@ -296,6 +332,12 @@ TEST(Float8Estimate, KeepsWhatBf16KeepsAndPeaksAtACast) {
     for (size_t b = 0; b < s.stages[0].blocks.size(); ++b)
       EXPECT_EQ(s.stages[0].blocks[b].saved.saved, bf16.stages[0].blocks[b].saved.saved);
     SimResult a = simulate(s.stages[0]), z = simulate(bf16.stages[0]);
+    if (r == Fp8Recipe::kRowwise) rowwise = a.peak_bytes;
+    if (r == Fp8Recipe::kRowwiseGwHp) {
+      EXPECT_GE(a.peak_bytes, z.peak_bytes);
+      EXPECT_LT(a.peak_bytes, rowwise);
+      continue;
+    }
     EXPECT_GT(a.peak_bytes, z.peak_bytes) << name_of(r);
     EXPECT_EQ(s.stages[0].instrs[static_cast<size_t>(a.peak_instr)].kind, InstrKind::kStep);
   }
@@ -348,7 +390,8 @@ TEST(Float8Run, AgreesWithBf16WithinFloat8Precision) {
   };
   exec::RunResult ref = run(Fp8Recipe::kNone);
   ASSERT_FALSE(ref.grads.empty());
-  for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise}) {
+  for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise,
+                      Fp8Recipe::kRowwiseGwHp}) {
     exec::RunResult got = run(r);
     ASSERT_EQ(got.grads.size(), ref.grads.size());
     EXPECT_NEAR(got.losses[0], ref.losses[0], 0.01 * ref.losses[0]) << name_of(r);
@@ -611,7 +654,8 @@ TEST(Float8OpSac, RunsAsPlannedAndRecomputeInvariant) {
   Scenario sc = testing::scenario("tiny-llama-fsdp");
   TrainSpec t = sc.base;
   t.impl = Impl::kTorchtitan, t.dp = 2, t.pp = 1, t.tp = 1, t.sp = false;
-  for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise}) {
+  for (Fp8Recipe r : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise,
+                      Fp8Recipe::kRowwiseGwHp}) {
     std::vector<exec::RunResult> runs;
     for (Recompute rc : {Recompute::kNone, Recompute::kSelectiveOp}) {
       TrainSpec u = t;

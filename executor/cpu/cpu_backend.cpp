@@ -32,7 +32,7 @@ class CpuBackend final : public Backend {
     if (in.size() != static_cast<size_t>(info.num_inputs))
       fail(std::string(info.name) + ": wrong number of inputs");
     // A float8 weight of FSDP's float8 all-gather comes with its scale after the weights.
-    const size_t scales = ctx.op->attrs.fp8_gathered && ctx.op->attrs.fp8 != Fp8Recipe::kNone;
+    const size_t scales = ctx.op->attrs.fp8_gathered_weight(0);
     if (w.size() != ctx.op->weights.size() + scales)
       fail(std::string(info.name) + ": wrong number of weights");
     Env env{ctx, act_};
@@ -160,7 +160,7 @@ class CpuBackend final : public Backend {
         a.grad_outputs.size() != static_cast<size_t>(info.num_outputs))
       fail(std::string(info.name) +
            ": backward needs one outputs and grad_outputs entry per output");
-    const size_t scales = ctx.op->attrs.fp8_gathered && ctx.op->attrs.fp8 != Fp8Recipe::kNone;
+    const size_t scales = ctx.op->attrs.fp8_gathered_weight(0);
     if (a.weights.size() != ctx.op->weights.size() + scales ||
         a.weight_grads.size() != ctx.op->weights.size())
       fail(std::string(info.name) + ": backward needs the weights and their gradients");

@@ -127,7 +127,8 @@ Fp8 gathered_weight(Ins w) {
 
 Outs float8_linear_forward(const Env& env, Ins in, Ins w) {
   const Fp8Recipe r = env.attrs().fp8;
-  const bool row = r == Fp8Recipe::kRowwise, gathered = env.attrs().fp8_gathered;
+  // rowwise_with_gw_hp's forward is rowwise's.
+  const bool row = r != Fp8Recipe::kTensorwise, gathered = env.attrs().fp8_gathered;
   Mat X = load_mat(need(in, 0, "float8 linear input"));
   Fp8 x8 = cast(env, X, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
   if (env.ctx.cached_output) {  // per-op checkpointing's recompute of a kept linear: the casts
@@ -156,22 +157,27 @@ Outs float8_linear_forward(const Env& env, Ins in, Ins w) {
 
 void float8_linear_backward(const Env& env, const BackwardArgs& a) {
   const Fp8Recipe r = env.attrs().fp8;
-  const bool row = r == Fp8Recipe::kRowwise;
+  const bool row = r != Fp8Recipe::kTensorwise, hp = r == Fp8Recipe::kRowwiseGwHp;
   const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
   const Tensor& x = need(a.inputs, 0, "float8 linear input");
   Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "float8 linear output gradient"));
   const bool gathered = env.attrs().fp8_gathered;
   const Tensor& wt = need(a.weights, 0, "float8 linear weight");
   const int64_t R = X.rows(), K = X.cols(), N = wt.type.shape.at(0);
-  // grad_input = g8 @ W8: g per row, W^T per input feature (W's columns).
+  // grad_input = g8 @ W8: g per row, W^T per input feature (W's columns); rowwise_with_gw_hp
+  // casts W with one scale (power of 2), repeated along K for _scaled_mm.
   Fp8 g8 = cast(env, G, grad, row ? Axis::kRows : Axis::kTensor, row);
   next(env);
   Fp8 w8 = gathered ? gathered_weight(a.weights) : Fp8{};
   if (!gathered) {
-    w8 = cast(env, load_mat(wt), Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
+    w8 = cast(env, load_mat(wt), Dtype::kFp8E4m3, row && !hp ? Axis::kCols : Axis::kTensor, row);
     next(env);
   }
   env.workspace({N, K}, Dtype::kFp8E4m3);  // W8^T made column-major for _scaled_mm
+  if (hp) {
+    env.workspace({K}, Dtype::kFp32);  // b_scale.repeat(K)
+    w8.inv = Mat::Constant(1, K, w8.inv(0, 0));
+  }
   reciprocals(env, g8.inv, w8.inv, row);
   Tensor post = row ? env.workspace({R, K}, Dtype::kFp32) : Tensor{};
   Mat DX = scaled_product(g8.value, w8.value, g8.inv, w8.inv, row, post);
@@ -181,6 +187,10 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
   }
   grad_input(env, a, 0, x.type, DX);
   next(env);
+  if (hp) {  // grad_weight = g^T @ x in bf16, as a bf16 linear's
+    add_mat(need(a.weight_grads, 0, "float8 linear weight gradient"), G.transpose() * X);
+    return;
+  }
   // grad_weight = g8^T @ x8, each scaled per column (per output and input feature) under rowwise.
   Fp8 gc = cast(env, G, grad, row ? Axis::kCols : Axis::kTensor, row);
   next(env);

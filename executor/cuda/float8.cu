@@ -79,6 +79,12 @@ __global__ void quantize_kernel(const float* scaled, float* clamped, unsigned ch
   q[i] = f32_to_fp8(v, to);
 }
 
+// rowwise_with_gw_hp: the weight's one scale repeated along K (preprocess_addmm's b_scale.repeat).
+__global__ void repeat_kernel(const float* s, float* out, long long n) {
+  long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) out[i] = s[0];
+}
+
 __global__ void reciprocal_kernel(const float* s, float* inv, long long n) {
   long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   if (i < n) inv[i] = 1.0f / s[i];
@@ -217,7 +223,8 @@ Fp8 gathered_weight(std::span<const Tensor> w) {
 }
 
 Outs float8_linear_fwd(const Fwd& e, Ins in, Ins w) {
-  const bool row = e.attrs().fp8 == Fp8Recipe::kRowwise, gathered = e.attrs().fp8_gathered;
+  // rowwise_with_gw_hp's forward is rowwise's.
+  const bool row = e.attrs().fp8 != Fp8Recipe::kTensorwise, gathered = e.attrs().fp8_gathered;
   const Tensor &x = need(in, 0, "input"), &wt = need(w, 0, "weight");
   const int64_t R = x.type.shape.at(0), K = x.type.shape.at(1), N = wt.type.shape.at(0);
   need(wt.type.shape.at(1) == K, "float8 linear: weight and input widths differ");
@@ -246,7 +253,8 @@ Outs float8_linear_fwd(const Fwd& e, Ins in, Ins w) {
 
 void float8_linear_bwd(const Bwd& e) {
   const exec::BackwardArgs& a = e.a;
-  const bool row = e.attrs().fp8 == Fp8Recipe::kRowwise, gathered = e.attrs().fp8_gathered;
+  const bool row = e.attrs().fp8 != Fp8Recipe::kTensorwise, gathered = e.attrs().fp8_gathered;
+  const bool hp = e.attrs().fp8 == Fp8Recipe::kRowwiseGwHp;
   const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
   const Tensor &x = need(a.inputs, 0, "input"), &g = need(a.grad_outputs, 0, "gradient"),
                &wt = need(a.weights, 0, "weight");
@@ -254,15 +262,26 @@ void float8_linear_bwd(const Bwd& e) {
   auto shape = [row](int64_t p, int64_t q) {
     return row ? std::vector<int64_t>{p, q} : std::vector<int64_t>{};
   };
-  // grad_input = g8 @ W8: g per row, W^T per input feature (W's columns).
+  // grad_input = g8 @ W8: g per row, W^T per input feature (W's columns); rowwise_with_gw_hp
+  // casts W with one scale (power of 2), repeated along K for _scaled_mm.
   Fp8 g8 = cast(e, g, R, N, grad, row ? Axis::kRows : Axis::kTensor, row);
   next(e);
   Fp8 w8 = gathered ? gathered_weight(a.weights) : Fp8{};
   if (!gathered) {
-    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
+    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row && !hp ? Axis::kCols : Axis::kTensor, row);
     next(e);
   }
   Tensor wcopy = e.ws({{N, K}, Dtype::kFp8E4m3});  // W8^T made column-major for _scaled_mm
+  if (hp) {
+    Tensor rep = e.ws({{K}, Dtype::kFp32});
+    if (K > 0) {
+      np_launch(repeat_kernel, dim3(blocks_for(K)), dim3(kThreads), 0, e.stream,
+                static_cast<const float*>(w8.scale.data), rep.as<float>(),
+                static_cast<long long>(K));
+      NP_CUDA_CHECK_LAUNCH();
+    }
+    w8.scale = rep;
+  }
   auto [gi, wi] = reciprocals(e, g8, shape(R, 1), w8, shape(1, K));
   Tensor post = row ? e.ws({{R, K}, Dtype::kFp32}) : Tensor{};
   if (row) {
@@ -277,6 +296,11 @@ void float8_linear_bwd(const Bwd& e) {
   gemm(e, {bytes(g8.q), grad, N, 1}, {bytes(w8.q), Dtype::kFp8E4m3, K, 1}, row ? nullptr : &gi,
        row ? nullptr : &wi, R, K, N, dx, acc, row ? &post : nullptr);
   next(e);
+  if (hp) {  // grad_weight = g^T @ x in bf16, through cuBLAS as a bf16 linear's
+    linear_backward(e.blas, x, wt, g, nullptr, false, need(a.weight_grads, 0, "weight gradient"),
+                    nullptr, e.stream, nullptr);
+    return;
+  }
   // grad_weight = g8^T @ x8, each scaled per column (per output and input feature) under rowwise.
   Fp8 gc = cast(e, g, R, N, grad, row ? Axis::kCols : Axis::kTensor, row);
   next(e);

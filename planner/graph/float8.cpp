@@ -67,7 +67,7 @@ struct Steps {
 };
 
 std::vector<OpStep> forward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_t K, int64_t N) {
-  const bool row = r == Fp8Recipe::kRowwise;
+  const bool row = r != Fp8Recipe::kTensorwise;  // rowwise_with_gw_hp's forward is rowwise's
   Steps s;
   auto [x8, xs] = s.cast(R, K, Dtype::kFp8E4m3, row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{});
   std::vector<int> reads = {x8, xs};
@@ -83,7 +83,7 @@ std::vector<OpStep> forward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_t
 }
 
 std::vector<OpStep> backward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_t K, int64_t N) {
-  const bool row = r == Fp8Recipe::kRowwise;
+  const bool row = r != Fp8Recipe::kTensorwise, hp = r == Fp8Recipe::kRowwiseGwHp;
   const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
   auto shape = [row](int64_t a, int64_t b) {
     return row ? std::vector<int64_t>{a, b} : std::vector<int64_t>{};
@@ -92,19 +92,23 @@ std::vector<OpStep> backward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_
   // grad_input = g8 @ W8: the output gradient per row, the weight per input feature.
   auto [g8, gs] = s.cast(R, N, grad, shape(R, 1));
   std::vector<int> keep = {g8, gs};  // the backward's locals
-  if (!gathered) {
-    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, shape(K, 1));
+  if (!gathered) {  // rowwise_with_gw_hp: one scale (cast_config_weight_for_grad_input)
+    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, hp ? std::vector<int64_t>{} : shape(K, 1));
     keep.insert(keep.end(), {w8, ws});
   }
   // A GEMM of _scaled_mm: the operand copies, the reciprocal scales; under rowwise their fp32
   // outer product, then (the reciprocals dropped) two 0-dim ones for the tensorwise kernel.
+  // rowwise_with_gw_hp's input-gradient GEMM first repeats the weight's one scale along K
+  // (preprocess_addmm: b_scale.repeat, so _scaled_mm takes two axiswise scales).
   auto gemm = [&](std::vector<TensorType> copies, std::vector<int> reads, std::vector<int64_t> a,
-                  std::vector<int64_t> b, int64_t rows, int64_t cols, unsigned results) {
+                  std::vector<int64_t> b, int64_t rows, int64_t cols, unsigned results,
+                  int64_t repeated = 0) {
     std::vector<int> all = keep;
     all.insert(all.end(), reads.begin(), reads.end());
     s.step(all, row ? 0u : results);
     std::vector<int> held;
     for (const TensorType& c : copies) held.push_back(s.temp(c));
+    if (repeated > 0) s.temp({{repeated}, Dtype::kFp32});
     s.temp({std::move(a), Dtype::kFp32});
     s.temp({std::move(b), Dtype::kFp32});
     if (!row) return;
@@ -115,7 +119,14 @@ std::vector<OpStep> backward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_
     s.temp({{}, Dtype::kFp32});
     s.temp({{}, Dtype::kFp32});
   };
-  gemm({{{N, K}, Dtype::kFp8E4m3}}, {}, shape(R, 1), shape(1, K), R, K, kStepResults);
+  gemm({{{N, K}, Dtype::kFp8E4m3}}, {}, shape(R, 1), shape(1, K), R, K, kStepResults,
+       hp && !gathered ? K : 0);
+  // rowwise_with_gw_hp: grad_weight = g^T @ x, torch.mm of the bf16 tensors (cast_config_*
+  // _for_grad_weight disabled; the transposes are views): no temporaries.
+  if (hp) {
+    s.step(keep, kStepWeightGrads);
+    return std::move(s.s);
+  }
   // grad_weight = g8^T @ x8, each cast along the other axis, then copied: g8^T made row-major,
   // x8 column-major.
   auto [g8c, gcs] = s.cast(R, N, grad, shape(1, N));

@@ -105,9 +105,7 @@ std::string torchtitan_fqn(const std::string& name);
 // Whether a linear (of torchtitan name `fqn`, its global in and out features) runs as a float8
 // linear under the setup: TrainSpec::fp8 and the torchtitan profile, both dimensions multiples of
 // 16, no filter of fp8_filter inside its name (torchtitan's module_filter_fn); with kFp8AutoFilter
-// among the filters, and a shape torchao's auto filter keeps in bf16, neither
-// (torchtitan's filter_fqns "auto_filter_small_kn", torchao's _auto_filter_for_recipe).
-inline constexpr const char* kFp8AutoFilter = "auto_filter_small_kn";
+// among the filters, not a shape torchao's auto filter keeps in bf16.
 bool float8_linear(const TrainSpec& t, const std::string& fqn, int64_t in, int64_t out);
 
 // Exact parameter count of the model: the blocks built at tp = pp = dp = ep = 1, tied weights

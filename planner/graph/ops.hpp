@@ -215,6 +215,11 @@ struct OpAttrs {
   // ... and its weight arrives in float8 from FSDP's float8 all-gather (TrainSpec::fp8_all_gather),
   // with its scale: the steps cast it in neither pass.
   bool fp8_gathered = false;
+  // Whether weight w arrives so: a float8 linear's weight (w 0; not its bias). The one statement
+  // of the rule for the schedule's FSDP units, the cost model and the executors' weights.
+  bool fp8_gathered_weight(size_t w) const {
+    return fp8_gathered && fp8 != Fp8Recipe::kNone && w == 0;
+  }
 };
 
 struct WeightShape {

@@ -33,7 +33,7 @@ const char* name_of(Dtype d) {
   return k[static_cast<int>(d)];
 }
 const char* name_of(Fp8Recipe r) {
-  constexpr const char* k[] = {"none", "tensorwise", "rowwise"};
+  constexpr const char* k[] = {"none", "tensorwise", "rowwise", "rowwise_with_gw_hp"};
   return k[static_cast<int>(r)];
 }
 const char* name_of(Norm n) {
@@ -98,7 +98,9 @@ Result<Impl> parse_enum(std::string_view f, std::string_view t) {
 }
 template <>
 Result<Fp8Recipe> parse_enum(std::string_view f, std::string_view t) {
-  return pick(f, t, std::array{Fp8Recipe::kNone, Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise});
+  return pick(f, t,
+              std::array{Fp8Recipe::kNone, Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise,
+                         Fp8Recipe::kRowwiseGwHp});
 }
 template <>
 Result<LossFusion> parse_enum(std::string_view f, std::string_view t) {
@@ -586,6 +588,13 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
       return fail(fp8 + " at --tp " + str(t.tp) +
                   ": torchao's float8 tensor parallelism (float8 all-gathers of the linears' "
                   "inputs) is not modelled; use --tp 1, or --fp8 none");
+    // torchao 36027d8, float8_linear_utils.py, _auto_filter_for_recipe: NotImplementedError.
+    if (t.fp8 == Fp8Recipe::kRowwiseGwHp &&
+        std::find(t.fp8_filter.begin(), t.fp8_filter.end(), kFp8AutoFilter) !=
+            t.fp8_filter.end())
+      return fail("--fp8-filter auto_filter_small_kn has no rule for rowwise_with_gw_hp (torchao "
+                  "raises NotImplementedError); name the modules to keep in bf16, or use --fp8 "
+                  "tensorwise or rowwise");
     for (const std::string& f : t.fp8_filter)
       if (f.find("layers") != std::string::npos)
         return fail("the float8 filter " + quote_input(f) +

@@ -44,10 +44,13 @@ enum class AttentionImpl { kFlash, kEager };
 enum class Impl { kNanotron, kMegatron, kFused, kHf, kTorchtitan };
 // float8 linears (--fp8): torchao's Float8Linear with dynamic scaling (pytorch/ao 36027d8,
 // torchao/float8/config.py): tensorwise (Float8LinearConfig's defaults: e4m3 input and weight,
-// e5m2 output gradient, one fp32 scale per tensor) or rowwise (its "rowwise" recipe: e4m3
-// throughout, one scale per row or column, rounded down to a power of 2).
-enum class Fp8Recipe { kNone, kTensorwise, kRowwise };
+// e5m2 output gradient, one fp32 scale per tensor), rowwise (its "rowwise" recipe: e4m3
+// throughout, one scale per row or column, rounded down to a power of 2), or rowwise_with_gw_hp
+// (rowwise, but the input gradient's GEMM takes the weight cast with one scale, and the weight
+// gradient's GEMM runs in bf16 on the uncast tensors).
+enum class Fp8Recipe { kNone, kTensorwise, kRowwise, kRowwiseGwHp };
 const char* name_of(Fp8Recipe r);
+inline constexpr const char* kFp8AutoFilter = "auto_filter_small_kn";  // TrainSpec::fp8_filter
 // Megatron's cross-entropy (--impl megatron): none, vocab_parallel_cross_entropy; native, its
 // fused form (--cross-entropy-loss-fusion), which keeps the same fp32 softmax; te, Transformer
 // Engine's parallel_cross_entropy (--cross-entropy-fusion-impl te), which keeps only the bf16
@@ -201,6 +204,8 @@ struct TrainSpec {
   // torchao's Float8Linear, under FSDP2 and tp 1. Linears with a dimension not a multiple of 16,
   // or whose torchtitan name contains one of fp8_filter (its filter_fqns), stay bf16
   // (torchtitan's module_filter_fn, torchtitan/components/quantization/utils.py).
+  // With kFp8AutoFilter among them, also the shapes torchao's auto filter keeps in bf16
+  // (torchtitan's flag for _auto_filter_for_recipe; float8_linear in planner/graph/graph.hpp).
   Fp8Recipe fp8 = Fp8Recipe::kNone;
   std::vector<std::string> fp8_filter;
   // FSDP2's float8 all-gather (--fp8-all-gather; torchtitan's enable_fsdp_float8_all_gather,

@@ -540,12 +540,16 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
       c.notes.push_back(path + ": precompute_float8_dynamic_scale_for_fsdp: estimated as the "
                                "dynamic cast (the precomputed scales' step skips |x| and its max, "
                                "4 bytes per shard element of one weight at a time)");
-    if (recipe != "tensorwise" && recipe != "rowwise")
+    // torchao 36027d8, torchao/float8/config.py, Float8LinearRecipeName: its three recipes.
+    if (recipe != "tensorwise" && recipe != "rowwise" && recipe != "rowwise_with_gw_hp")
       return make_error(r.where("recipe_name") + ": recipe_name " + quote_input(recipe, '"') +
-                        " is not modelled (valid: \"tensorwise\", \"rowwise\")");
+                        " is not one of torchao's float8 recipes (valid: \"tensorwise\", "
+                        "\"rowwise\", \"rowwise_with_gw_hp\")");
     // filter_fqns "auto_filter_small_kn" (torchtitan's Float8LinearConverter._init_filter_fn) is
     // kept as given: float8_linear applies torchao's per-shape filter beside the names.
-    t.fp8 = recipe == "rowwise" ? Fp8Recipe::kRowwise : Fp8Recipe::kTensorwise;
+    t.fp8 = recipe == "rowwise"              ? Fp8Recipe::kRowwise
+            : recipe == "rowwise_with_gw_hp" ? Fp8Recipe::kRowwiseGwHp
+                                             : Fp8Recipe::kTensorwise;
     t.fp8_filter = filter;
     c.given.insert("--fp8");
     if (!filter.empty()) c.given.insert("--fp8-filter");

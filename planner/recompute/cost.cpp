@@ -464,12 +464,14 @@ double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const
       GemmDims d = gemm_dims(g, op);
       const bool fp8 = op.attrs.fp8 != Fp8Recipe::kNone;
       const double peak = fp8 && hw.fp8_peak_flops > 0 ? hw.fp8_peak_flops : hw.peak_flops;
-      auto seconds = [&](double m, double n, double k) {
+      // rowwise_with_gw_hp: the weight gradient's GEMM in bf16.
+      const double wgrad_peak = op.attrs.fp8 == Fp8Recipe::kRowwiseGwHp ? hw.peak_flops : peak;
+      auto seconds = [&](double m, double n, double k, double at) {
         double eff = gemm_efficiency(hw, m, n, k);
-        return eff > 0 ? op.flops / (peak * eff) : 0.0;
+        return eff > 0 ? op.flops / (at * eff) : 0.0;
       };
-      double work = backward ? seconds(d.m, d.k, d.n) + seconds(d.n, d.k, d.m)
-                             : seconds(d.m, d.n, d.k);
+      double work = backward ? seconds(d.m, d.k, d.n, peak) + seconds(d.n, d.k, d.m, wgrad_peak)
+                             : seconds(d.m, d.n, d.k, peak);
       compute = std::max(work, memory);
       if (fp8) compute += float8_overhead_seconds(g, op, hw, backward);
       break;
@@ -576,8 +578,8 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
       }
       (op.expert_weights ? be : bd) += weight_elements(op);
       if (op.tp_partial_weight_grads) tp_partial += weight_elements(op);
-      if (op.attrs.fp8_gathered && op.attrs.fp8 != Fp8Recipe::kNone && !op.weights.empty())
-        f8 += op.weights.front().elements();  // the weight, not a bias
+      if (!op.weights.empty() && op.attrs.fp8_gathered_weight(0))
+        f8 += op.weights.front().elements();
     }
     dense += bd, expert += be;
     per_block.push_back({bd, be});

@@ -599,7 +599,7 @@ void ProgramBuilder::emit_statics() {
           int64_t padded = n / shape.front() * rows;
           fsdp_numel_[b] += padded;
           // A float8 linear's weight (not its bias) under the float8 all-gather: one byte each.
-          const bool fp8 = op.attrs.fp8_gathered && op.attrs.fp8 != Fp8Recipe::kNone && w == 0;
+          const bool fp8 = op.attrs.fp8_gathered_weight(w);
           fsdp_gathered_[b] += fp8 ? padded : 2 * padded;
           if (fp8)
             fsdp_fp8_[b].push_back({static_cast<int>(&op - blk.graph->ops.data()),
