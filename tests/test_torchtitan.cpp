@@ -356,6 +356,33 @@ TEST(TorchtitanProfile, TheLayerIsTorchtitansBlock) {
   EXPECT_EQ(scratch, 2 * T * (4096 + 1024) * 4);
 }
 
+// Under TP with SP torchtitan keeps each gathered input for its column linears (the
+// redistribute to Replicate is an autograd op whose output they save); nanotron's default keeps
+// the sequence shard and gathers again in backward (tp_recompute_allgather), also as given here.
+TEST(TorchtitanProfile, KeepsTheGatheredInputsUnderSequenceParallelism) {
+  const ModelSpec m = testing::model("llama-3.1-8b");
+  for (Impl impl : {Impl::kTorchtitan, Impl::kNanotron}) {
+    TrainSpec t;
+    t.impl = impl, t.seq_len = 8192, t.micro_batch = 2, t.tp = 8, t.sp = true;
+    ASSERT_TRUE(t.tp_recompute_allgather);
+    ASSERT_FALSE(validate_setup(m, t));
+    const BlockGraph g = build_layer(m, t);
+    const BlockPolicy p = named_policy(g, t);
+    const SavedSet s = saved_set(g, p);
+    int gathers = 0;
+    for (size_t o = 0; o < g.ops.size(); ++o) {
+      if (g.ops[o].kind != OpKind::kAllGather) continue;
+      ++gathers;
+      EXPECT_EQ(p.recompute[o], impl != Impl::kTorchtitan) << g.ops[o].name;
+      EXPECT_EQ(s.saved[static_cast<size_t>(g.ops[o].outputs[0])], impl == Impl::kTorchtitan)
+          << g.ops[o].name;
+      EXPECT_EQ(s.saved[static_cast<size_t>(g.ops[o].inputs[0])], impl != Impl::kTorchtitan)
+          << g.ops[o].name;
+    }
+    EXPECT_EQ(gathers, 2) << name_of(impl);
+  }
+}
+
 // torchtitan's per-op checkpointing of a Llama 3 8B layer (local batch 2, sequence 8192): wk, wo
 // and w3 (the 2nd, 4th and 6th matmul) re-run, wq, wv, w1, w2 and SDPA kept, the rest re-run.
 // Kept: the layer input, q, v, SDPA's output and fp32 logsumexp, w1's output, and w2's output

@@ -50,7 +50,12 @@ bool op_sac_keeps(const GraphOp& op, int& mm_count) {
 BlockPolicy named_policy(const BlockGraph& g, const TrainSpec& t) {
   BlockPolicy p{std::vector<bool>(g.ops.size(), false), name_of(t.recompute)};
   bool layer = g.kind == BlockKind::kLayer;
-  bool regather = t.sp && t.tp_recompute_allgather;
+  // torchtitan keeps the gathered input: PrepareModuleInput's redistribute to Replicate is an
+  // autograd op whose output the column linears save (torchtitan 238fa99,
+  // models/llama3/infra/parallelize.py; PyTorch's torch/distributed/tensor/parallel/style.py,
+  // PrepareModuleInput). Keeping the shard and gathering again is nanotron's option
+  // (tp_recompute_allgather) and Megatron's way.
+  bool regather = t.sp && t.tp_recompute_allgather && t.impl != Impl::kTorchtitan;
   int mm_count = 0;
   for (size_t i = 0; i < g.ops.size(); ++i) {
     const GraphOp& op = g.ops[i];
