@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "executor/fp8.hpp"
 #include "executor/comm/inproc.hpp"
 #include "executor/cpu/cpu_backend.hpp"
 #include "executor/cuda/cuda_backend.hpp"
@@ -166,6 +167,10 @@ std::vector<Config> setups(Impl impl) {
       s.back().train.fsdp = true, s.back().train.fp8 = r;
       s.back().train.pp_schedule = PpSchedule::k1F1B;
     }
+    // torchao's float8 TP: the float8 all-gathers, the column and row linears' kinds.
+    s.push_back({"llama16 fp8 tensorwise tp 2 sp", m16, train(2, true, 10, flash)});
+    s.back().train.fsdp = true, s.back().train.fp8 = Fp8Recipe::kTensorwise;
+    s.back().train.pp_schedule = PpSchedule::k1F1B;
     for (Config& x : s) x.label = "torchtitan " + x.label;
     return s;
   }
@@ -268,6 +273,8 @@ class Memory {
   std::vector<void*> blocks_;
 };
 
+bool is_fp8(Dtype d) { return d == Dtype::kFp8E4m3 || d == Dtype::kFp8E5m2; }
+
 std::vector<double> read(Backend& be, const Tensor& t) {
   std::vector<uint64_t> raw(static_cast<size_t>((t.bytes() + 7) / 8));
   be.copy_to_host(raw.data(), t);
@@ -276,6 +283,7 @@ std::vector<double> read(Backend& be, const Tensor& t) {
   for (int64_t i = 0; i < t.numel(); ++i)
     v[i] = t.type.dtype == Dtype::kU8    ? h.as<uint8_t>()[i]
            : t.type.dtype == Dtype::kI64 ? static_cast<double>(h.as<int64_t>()[i])
+           : is_fp8(t.type.dtype)        ? fp8_to_f32(h.as<uint8_t>()[i], t.type.dtype)
                                          : load(h, i);
   return v;
 }
@@ -305,7 +313,8 @@ void expect_match(Backend& gpu, const Tensor& got, Backend& cpu, const Tensor& w
   ASSERT_TRUE(want) << what << ": the CPU reference produced none";
   ASSERT_EQ(str(got.type), str(want.type)) << what;
   std::vector<double> a = read(gpu, got), b = read(cpu, want);
-  if (want.type.dtype == Dtype::kU8 || want.type.dtype == Dtype::kI64) {
+  // Integers exactly; float8 codes too (both backends cast the same values alike).
+  if (want.type.dtype == Dtype::kU8 || want.type.dtype == Dtype::kI64 || is_fp8(want.type.dtype)) {
     EXPECT_EQ(a, b) << what;
     return;
   }

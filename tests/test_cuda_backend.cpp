@@ -204,7 +204,11 @@ TEST(CudaBackend, TinyLlamaFsdp) {
                   {1, 2, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, false,
                    Fp8Recipe::kRowwise},
                   {1, 1, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true,
-                   Fp8Recipe::kRowwiseGwHp}},
+                   Fp8Recipe::kRowwiseGwHp},
+                  // torchao's float8 TP: the float8 all-gathers, the maxima all-reduced on the
+                  // device through the scales
+                  {2, 1, true, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true,
+                   Fp8Recipe::kTensorwise}},
                  {Recompute::kNone, Recompute::kFull});
   // torchtitan's per-op checkpointing with float8 linears (each re-run, casts and all; the
   // tensorwise casts' maxima kept for the recompute).

@@ -143,6 +143,12 @@ class CpuBackend final : public Backend {
         return head_rmsnorm_forward(env, in, w);
       case OpKind::kRopeHalfQk:
         return rope_half_qk_forward(env, in, w);
+      case OpKind::kFp8AllGather:
+        return fp8_all_gather_forward(env, in, w);
+      case OpKind::kFp8ColumnLinear:
+        return fp8_column_linear_forward(env, in, w);
+      case OpKind::kFp8RowLinear:
+        return fp8_row_linear_forward(env, in, w);
       case OpKind::kCount:
         break;
     }
@@ -272,6 +278,12 @@ class CpuBackend final : public Backend {
         return head_rmsnorm_backward(env, a);
       case OpKind::kRopeHalfQk:
         return rope_half_qk_backward(env, a);
+      case OpKind::kFp8AllGather:
+        return all_gather_backward(env, a);
+      case OpKind::kFp8ColumnLinear:
+        return fp8_column_linear_backward(env, a);
+      case OpKind::kFp8RowLinear:
+        return fp8_row_linear_backward(env, a);
       case OpKind::kCount:
         break;
     }

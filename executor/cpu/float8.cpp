@@ -32,9 +32,30 @@ std::vector<int64_t> scale_shape(Axis a, int64_t rows, int64_t cols) {
                             : std::vector<int64_t>{1, cols};
 }
 
+// Where a cast's scale and float8 tensor go: workspaces, or the op's outputs (torchao's float8
+// TP, whose casts make tensors the op keeps or passes on); and whether x is a TP shard whose max
+// is all-reduced over TP (a DTensor's partial max, redistributed in amax_to_scale).
+struct CastTo {
+  bool reduce = false, scale_out = false, q_out = false;
+  Tensor* scale = nullptr;  // the scale tensor, when wanted
+  Tensor* q = nullptr;      // the float8 tensor, when wanted
+};
+
+// A tensorwise scale all-reduced over TP. amax_to_scale is monotonic (decreasing in the max,
+// rounded to fp32 and to a power of 2 monotonically), so the scale of the largest max is the
+// least scale: the fp32 scales negated, all-reduced with max in place, negated back, exactly
+// the scale of the all-reduced max, with no tensor beyond the scale.
+void reduce_scale(const Env& env, const Tensor& scale) {
+  if (env.tp_size() == 1) return;
+  float* s = scale.as<float>();
+  for (int64_t i = 0; i < scale.numel(); ++i) s[i] = -s[i];
+  env.comm().all_reduce_max(scale);
+  for (int64_t i = 0; i < scale.numel(); ++i) s[i] = -s[i];
+}
+
 // One hp_tensor_to_float8_dynamic of x (bf16 values), as four steps; the first begins the
 // kernel's current step (the caller steps before it when something came before).
-Fp8 cast(const Env& env, const Mat& x, Dtype to, Axis axis, bool pow2) {
+Fp8 cast(const Env& env, const Mat& x, Dtype to, Axis axis, bool pow2, CastTo into = {}) {
   const int64_t R = x.rows(), C = x.cols(), n = R * C;
   const float fmax = fp8_format(to).max;
   const std::vector<int64_t> ss = scale_shape(axis, R, C);
@@ -56,14 +77,17 @@ Fp8 cast(const Env& env, const Mat& x, Dtype to, Axis axis, bool pow2) {
   for (size_t i = 0; i < most.size(); ++i) store(amax, static_cast<int64_t>(i), most[i]);
   next(env);
   // amax_to_scale: max / clamp(amax, 1e-12) in fp64, to fp32; rowwise rounds it down to 2^k.
-  Tensor scale = env.workspace(ss, Dtype::kFp32);
+  Tensor scale = into.scale_out ? env.output(ss, Dtype::kFp32) : env.workspace(ss, Dtype::kFp32);
   Mat inv(axis == Axis::kRows ? R : 1, axis == Axis::kCols ? C : 1);
   for (int64_t i = 0; i < scale.numel(); ++i) {
     float s = static_cast<float>(double(fmax) / std::fmax(double(load(amax, i)), 1e-12));
     if (pow2) s = pow2_floor(s);
     scale.as<float>()[i] = s;
-    inv.data()[i] = 1.0f / s;  // _scaled_mm's scale_a / scale_b (a_scale.reciprocal())
   }
+  if (into.reduce) reduce_scale(env, scale);
+  for (int64_t i = 0; i < scale.numel(); ++i)
+    inv.data()[i] = 1.0f / scale.as<float>()[i];  // _scaled_mm's scale_a / scale_b
+  if (into.scale) *into.scale = scale;
   next(env);
   Tensor f32 = env.workspace({R, C}, Dtype::kFp32), scaled = env.workspace({R, C}, Dtype::kFp32);
   for (int64_t r = 0; r < R; ++r)
@@ -72,7 +96,9 @@ Fp8 cast(const Env& env, const Mat& x, Dtype to, Axis axis, bool pow2) {
       scaled.as<float>()[r * C + c] = x(r, c) * scale.as<float>()[scale_index(r, c)];
     }
   next(env);
-  Tensor clamped = env.workspace({R, C}, Dtype::kFp32), q = env.workspace({R, C}, to);
+  Tensor clamped = env.workspace({R, C}, Dtype::kFp32),
+         q = into.q_out ? env.output({R, C}, to) : env.workspace({R, C}, to);
+  if (into.q) *into.q = q;
   Fp8 out{Mat(R, C), inv};
   for (int64_t i = 0; i < n; ++i) {
     float v = std::fmin(std::fmax(scaled.as<float>()[i], -fmax), fmax);
@@ -129,6 +155,9 @@ Outs float8_linear_forward(const Env& env, Ins in, Ins w) {
   const Fp8Recipe r = env.attrs().fp8;
   // rowwise_with_gw_hp's forward is rowwise's.
   const bool row = r != Fp8Recipe::kTensorwise, gathered = env.attrs().fp8_gathered;
+  // At tp > 1 (the LM head under plain TP: its input all-gathered in bf16, replicated), the
+  // weight and the output gradient are TP shards, whose maxima are all-reduced.
+  const CastTo shard{.reduce = env.tp_size() > 1};
   Mat X = load_mat(need(in, 0, "float8 linear input"));
   Fp8 x8 = cast(env, X, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
   if (env.ctx.cached_output) {  // per-op checkpointing's recompute of a kept linear: the casts
@@ -144,7 +173,7 @@ Outs float8_linear_forward(const Env& env, Ins in, Ins w) {
   Fp8 w8 = gathered ? gathered_weight(w) : Fp8{};
   if (!gathered) {
     w8 = cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3,
-              row ? Axis::kRows : Axis::kTensor, row);
+              row ? Axis::kRows : Axis::kTensor, row, shard);
     next(env);
   }
   const Mat& W = w8.value;
@@ -159,6 +188,7 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
   const Fp8Recipe r = env.attrs().fp8;
   const bool row = r != Fp8Recipe::kTensorwise, hp = r == Fp8Recipe::kRowwiseGwHp;
   const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
+  const CastTo shard{.reduce = env.tp_size() > 1};  // as the forward's
   const Tensor& x = need(a.inputs, 0, "float8 linear input");
   Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "float8 linear output gradient"));
   const bool gathered = env.attrs().fp8_gathered;
@@ -166,11 +196,12 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
   const int64_t R = X.rows(), K = X.cols(), N = wt.type.shape.at(0);
   // grad_input = g8 @ W8: g per row, W^T per input feature (W's columns); rowwise_with_gw_hp
   // casts W with one scale (power of 2), repeated along K for _scaled_mm.
-  Fp8 g8 = cast(env, G, grad, row ? Axis::kRows : Axis::kTensor, row);
+  Fp8 g8 = cast(env, G, grad, row ? Axis::kRows : Axis::kTensor, row, shard);
   next(env);
   Fp8 w8 = gathered ? gathered_weight(a.weights) : Fp8{};
   if (!gathered) {
-    w8 = cast(env, load_mat(wt), Dtype::kFp8E4m3, row && !hp ? Axis::kCols : Axis::kTensor, row);
+    w8 = cast(env, load_mat(wt), Dtype::kFp8E4m3, row && !hp ? Axis::kCols : Axis::kTensor, row,
+              shard);
     next(env);
   }
   env.workspace({N, K}, Dtype::kFp8E4m3);  // W8^T made column-major for _scaled_mm
@@ -192,7 +223,7 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
     return;
   }
   // grad_weight = g8^T @ x8, each scaled per column (per output and input feature) under rowwise.
-  Fp8 gc = cast(env, G, grad, row ? Axis::kCols : Axis::kTensor, row);
+  Fp8 gc = cast(env, G, grad, row ? Axis::kCols : Axis::kTensor, row, shard);
   next(env);
   Fp8 xc = cast(env, X, Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
   next(env);
@@ -207,6 +238,121 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
     env.workspace({}, Dtype::kFp32), env.workspace({}, Dtype::kFp32);
   }
   add_mat(need(a.weight_grads, 0, "float8 linear weight gradient"), DW);
+}
+
+// --- torchao's float8 tensor parallelism (tensorwise; planner/graph/float8.cpp's steps) ---------
+
+namespace {
+
+// A float8 tensor's values and the reciprocal of its 0-dim scale.
+Fp8 decode(const Tensor& q, const Tensor& scale) {
+  const int64_t rows = q.type.shape.at(0), cols = q.numel() / std::max<int64_t>(rows, 1);
+  Fp8 out{Mat(rows, cols), Mat(1, 1)};
+  for (int64_t i = 0; i < rows * cols; ++i)
+    out.value.data()[i] = fp8_to_f32(q.as<uint8_t>()[i], q.type.dtype);
+  out.inv(0, 0) = 1.0f / scale.as<float>()[0];
+  return out;
+}
+
+// The linear's backward on a float8 output gradient g8 [R, N] (its scale live) and float8 input
+// x8 [R, K]: W^T cast again (its max all-reduced), the input gradient's GEMM (W8 copied
+// transposed), the weight gradient's (g8^T made row-major, x8 column-major). The input gradient
+// is bf16 (`x_type`).
+void fp8_tp_linear_backward(const Env& env, const BackwardArgs& a, const Fp8& g8, const Fp8& x8,
+                            const TensorType& x_type) {
+  const Tensor& wt = need(a.weights, 0, "float8 linear weight");
+  const int64_t R = x8.value.rows(), K = x8.value.cols(), N = wt.type.shape.at(0);
+  Fp8 w8 = cast(env, load_mat(wt), Dtype::kFp8E4m3, Axis::kTensor, false, {.reduce = true});
+  next(env);
+  env.workspace({N, K}, Dtype::kFp8E4m3);
+  reciprocals(env, g8.inv, w8.inv, false);
+  grad_input(env, a, 0, x_type, scaled_product(g8.value, w8.value, g8.inv, w8.inv, false, {}));
+  next(env);
+  env.workspace({N, R}, Dtype::kFp8E5m2);
+  env.workspace({R, K}, Dtype::kFp8E4m3);
+  reciprocals(env, g8.inv, x8.inv, false);
+  add_mat(need(a.weight_grads, 0, "float8 linear weight gradient"),
+          scaled_product(g8.value.transpose(), x8.value, g8.inv, x8.inv, false, {}));
+}
+
+}  // namespace
+
+// PrepareFloat8ModuleInput: the shard cast (scale: output 1, its max all-reduced), the float8
+// shard all-gathered over TP into output 0.
+Outs fp8_all_gather_forward(const Env& env, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "float8 all-gather input");
+  Tensor scale, q;
+  cast(env, load_mat(x), Dtype::kFp8E4m3, Axis::kTensor, false,
+       {.reduce = true, .scale_out = true, .scale = &scale, .q = &q});
+  next(env);
+  Tensor out = env.output({x.type.shape.at(0) * env.tp_size(), x.type.shape.at(1)},
+                          Dtype::kFp8E4m3);
+  env.comm().all_gather(q, out);
+  return {out, scale};
+}
+
+// Float8ColwiseParallel's linear on x8 (input 0) and its scale (input 1): W^T cast (max
+// all-reduced), then _scaled_mm.
+Outs fp8_column_linear_forward(const Env& env, Ins in, Ins w) {
+  Fp8 x8 = decode(need(in, 0, "float8 input"), need(in, 1, "float8 input scale"));
+  Fp8 w8 = cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3,
+                Axis::kTensor, false, {.reduce = true});
+  next(env);
+  check(w8.value.cols() == x8.value.cols(), "float8 linear: weight and input widths differ");
+  reciprocals(env, x8.inv, w8.inv, false);
+  Tensor out = env.output({x8.value.rows(), w8.value.rows()}, env.act);
+  store_mat(out, scaled_product(x8.value, w8.value.transpose(), x8.inv, w8.inv, false, {}));
+  return {out};
+}
+
+// NoopFwToFloat8BwDynamic's cast of the bf16 output gradient (max all-reduced), then the linear's
+// backward on float8 operands; the input's gradient bf16.
+void fp8_column_linear_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& x = need(a.inputs, 0, "float8 input");
+  Fp8 x8 = decode(x, need(a.inputs, 1, "float8 input scale"));
+  Fp8 g8 = cast(env, load_mat(need(a.grad_outputs, 0, "float8 linear output gradient")),
+                Dtype::kFp8E5m2, Axis::kTensor, false, {.reduce = true});
+  next(env);
+  fp8_tp_linear_backward(env, a, g8, x8, {x.type.shape, Dtype::kBf16});
+}
+
+// Float8RowwiseParallel's linear: x cast into outputs 2 (scale) and 1 (e4m3), max all-reduced;
+// W^T cast; _scaled_mm into the bf16 partial product, reduce-scattered into output 0.
+Outs fp8_row_linear_forward(const Env& env, Ins in, Ins w) {
+  const Tensor& x = need(in, 0, "float8 linear input");
+  Tensor scale, q;
+  Fp8 x8 = cast(env, load_mat(x), Dtype::kFp8E4m3, Axis::kTensor, false,
+                {.reduce = true, .scale_out = true, .q_out = true, .scale = &scale, .q = &q});
+  next(env);
+  Fp8 w8 = cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3,
+                Axis::kTensor, false, {.reduce = true});
+  next(env);
+  check(w8.value.cols() == x8.value.cols(), "float8 linear: weight and input widths differ");
+  reciprocals(env, x8.inv, w8.inv, false);
+  const int64_t R = x8.value.rows(), N = w8.value.rows();
+  Tensor partial = env.workspace({R, N}, env.act);
+  store_mat(partial, scaled_product(x8.value, w8.value.transpose(), x8.inv, w8.inv, false, {}));
+  next(env);
+  Tensor out = env.output({R / env.tp_size(), N}, env.act);
+  env.comm().reduce_scatter(partial, out);
+  return {out, q, scale};
+}
+
+// The gradient shard cast to e5m2 (max all-reduced), all-gathered as float8, then the linear's
+// backward on it and the kept float8 input (outputs 1 and 2).
+void fp8_row_linear_backward(const Env& env, const BackwardArgs& a) {
+  const Tensor& q8 = need(a.outputs, 1, "float8 input");
+  Fp8 x8 = decode(q8, need(a.outputs, 2, "float8 input scale"));
+  const Tensor& g = need(a.grad_outputs, 0, "float8 linear output gradient");
+  Tensor scale, shard;
+  cast(env, load_mat(g), Dtype::kFp8E5m2, Axis::kTensor, false,
+       {.reduce = true, .scale = &scale, .q = &shard});
+  next(env);
+  Tensor gathered = env.workspace({g.type.shape.at(0) * env.tp_size(), g.type.shape.at(1)},
+                                  Dtype::kFp8E5m2);
+  env.comm().all_gather(shard, gathered);
+  next(env);
+  fp8_tp_linear_backward(env, a, decode(gathered, scale), x8, {q8.type.shape, Dtype::kBf16});
 }
 
 }  // namespace np::exec::cpu

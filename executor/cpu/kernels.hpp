@@ -135,6 +135,11 @@ NP_CPU_OP(scatter_rows)
 NP_CPU_OP(column_linear)
 // float8.cpp: torchao's Float8Linear (column or row linear with OpAttrs::fp8)
 NP_CPU_OP(float8_linear)
+// ... and torchao's float8 tensor parallelism (ops.hpp: kFp8AllGather's backward is
+// all_gather_backward's reduce-scatter of its bf16 gradient)
+Outs fp8_all_gather_forward(const Env& env, Ins in, Ins weights);
+NP_CPU_OP(fp8_column_linear)
+NP_CPU_OP(fp8_row_linear)
 NP_CPU_OP(row_linear)
 NP_CPU_OP(router)
 NP_CPU_OP(expert_column)

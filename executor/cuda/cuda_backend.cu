@@ -331,6 +331,12 @@ class CudaBackend final : public exec::Backend {
         return rope_half_qk_fwd(e, in, w);
       case OpKind::kSdpa:
         return sdpa_fwd(e, in, w);
+      case OpKind::kFp8AllGather:
+        return fp8_all_gather_fwd(e, in, w);
+      case OpKind::kFp8ColumnLinear:
+        return fp8_column_linear_fwd(e, in, w);
+      case OpKind::kFp8RowLinear:
+        return fp8_row_linear_fwd(e, in, w);
       case OpKind::kCpGatherKv:
       case OpKind::kFlashAttentionCp:
       case OpKind::kCount:
@@ -438,6 +444,12 @@ class CudaBackend final : public exec::Backend {
         return rope_half_qk_bwd(e);
       case OpKind::kSdpa:
         return sdpa_bwd(e);
+      case OpKind::kFp8AllGather:
+        return gather_scatter_bwd(e);
+      case OpKind::kFp8ColumnLinear:
+        return fp8_column_linear_bwd(e);
+      case OpKind::kFp8RowLinear:
+        return fp8_row_linear_bwd(e);
       case OpKind::kCpGatherKv:  // context parallelism: the CPU executor's
       case OpKind::kFlashAttentionCp:
       case OpKind::kCount:

@@ -133,10 +133,28 @@ struct Fp8 {
   Tensor q, scale;
 };
 
+// Where a cast's scale and float8 tensor go (workspaces, or the op's outputs: torchao's float8
+// TP), and whether x is a TP shard whose max is all-reduced over TP (the CPU reference's CastTo).
+struct CastTo {
+  bool reduce = false, scale_out = false, q_out = false;
+};
+
+int64_t tp_size(const Fwd& e) { return e.c.comm ? e.c.comm->tp_size() : 1; }
+
+// A tensorwise scale all-reduced over TP: amax_to_scale is monotonic, so the scale of the
+// largest max is the least scale; negated, all-reduced with max in place on the device, negated
+// back (executor/cpu/float8.cpp, reduce_scale).
+void reduce_scale(const Fwd& e, const Tensor& s) {
+  if (tp_size(e) == 1) return;
+  scale(s, -1.0f, e.stream);
+  e.c.comm->all_reduce_max(s);
+  scale(s, -1.0f, e.stream);
+}
+
 // One hp_tensor_to_float8_dynamic of x ([rows, cols] bf16) in four steps; the first continues
 // the kernel's current step.
 Fp8 cast(const Fwd& e, const Tensor& x, int64_t rows, int64_t cols, Dtype to, Axis axis,
-         bool pow2) {
+         bool pow2, CastTo into = {}) {
   const float fmax = fp8_format(to).max;
   const std::vector<int64_t> ss = scale_shape(axis, rows, cols);
   const long long n = rows * cols;
@@ -152,10 +170,11 @@ Fp8 cast(const Fwd& e, const Tensor& x, int64_t rows, int64_t cols, Dtype to, Ax
     NP_CUDA_CHECK_LAUNCH();
   }
   next(e);
-  Tensor scale = e.ws({ss, Dtype::kFp32});
+  Tensor scale = into.scale_out ? e.out({ss, Dtype::kFp32}) : e.ws({ss, Dtype::kFp32});
   np_launch(scale_kernel, dim3(blocks_for(scale.numel())), dim3(kThreads), 0, e.stream,
             view(amax), scale.as<float>(), static_cast<long long>(scale.numel()), fmax, pow2);
   NP_CUDA_CHECK_LAUNCH();
+  if (into.reduce) reduce_scale(e, scale);
   next(e);
   Tensor f32 = e.ws({{rows, cols}, Dtype::kFp32}), scaled = e.ws({{rows, cols}, Dtype::kFp32});
   if (n > 0) {
@@ -165,7 +184,8 @@ Fp8 cast(const Fwd& e, const Tensor& x, int64_t rows, int64_t cols, Dtype to, Ax
     NP_CUDA_CHECK_LAUNCH();
   }
   next(e);
-  Tensor clamped = e.ws({{rows, cols}, Dtype::kFp32}), q = e.ws({{rows, cols}, to});
+  Tensor clamped = e.ws({{rows, cols}, Dtype::kFp32}),
+         q = into.q_out ? e.out({{rows, cols}, to}) : e.ws({{rows, cols}, to});
   if (n > 0) {
     np_launch(quantize_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, e.stream,
               static_cast<const float*>(scaled.data), clamped.as<float>(),
@@ -225,6 +245,8 @@ Fp8 gathered_weight(std::span<const Tensor> w) {
 Outs float8_linear_fwd(const Fwd& e, Ins in, Ins w) {
   // rowwise_with_gw_hp's forward is rowwise's.
   const bool row = e.attrs().fp8 != Fp8Recipe::kTensorwise, gathered = e.attrs().fp8_gathered;
+  // At tp > 1 (the LM head under plain TP, its input replicated) the weight is a TP shard.
+  const CastTo shard{.reduce = tp_size(e) > 1};
   const Tensor &x = need(in, 0, "input"), &wt = need(w, 0, "weight");
   const int64_t R = x.type.shape.at(0), K = x.type.shape.at(1), N = wt.type.shape.at(0);
   need(wt.type.shape.at(1) == K, "float8 linear: weight and input widths differ");
@@ -232,14 +254,14 @@ Outs float8_linear_fwd(const Fwd& e, Ins in, Ins w) {
   if (e.c.cached_output) {  // per-op checkpointing's recompute of a kept linear: the casts
     if (!gathered) {
       next(e);
-      cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
+      cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row, shard);
     }
     return {};
   }
   next(e);
   Fp8 w8 = gathered ? gathered_weight(w) : Fp8{};
   if (!gathered) {
-    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
+    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row, shard);
     next(e);
   }
   auto [ai, bi] = reciprocals(e, x8, row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{}, w8,
@@ -256,6 +278,7 @@ void float8_linear_bwd(const Bwd& e) {
   const bool row = e.attrs().fp8 != Fp8Recipe::kTensorwise, gathered = e.attrs().fp8_gathered;
   const bool hp = e.attrs().fp8 == Fp8Recipe::kRowwiseGwHp;
   const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
+  const CastTo shard{.reduce = tp_size(e) > 1};  // as the forward's; the gradient's too
   const Tensor &x = need(a.inputs, 0, "input"), &g = need(a.grad_outputs, 0, "gradient"),
                &wt = need(a.weights, 0, "weight");
   const int64_t R = x.type.shape.at(0), K = x.type.shape.at(1), N = wt.type.shape.at(0);
@@ -264,11 +287,11 @@ void float8_linear_bwd(const Bwd& e) {
   };
   // grad_input = g8 @ W8: g per row, W^T per input feature (W's columns); rowwise_with_gw_hp
   // casts W with one scale (power of 2), repeated along K for _scaled_mm.
-  Fp8 g8 = cast(e, g, R, N, grad, row ? Axis::kRows : Axis::kTensor, row);
+  Fp8 g8 = cast(e, g, R, N, grad, row ? Axis::kRows : Axis::kTensor, row, shard);
   next(e);
   Fp8 w8 = gathered ? gathered_weight(a.weights) : Fp8{};
   if (!gathered) {
-    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row && !hp ? Axis::kCols : Axis::kTensor, row);
+    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row && !hp ? Axis::kCols : Axis::kTensor, row, shard);
     next(e);
   }
   Tensor wcopy = e.ws({{N, K}, Dtype::kFp8E4m3});  // W8^T made column-major for _scaled_mm
@@ -302,7 +325,7 @@ void float8_linear_bwd(const Bwd& e) {
     return;
   }
   // grad_weight = g8^T @ x8, each scaled per column (per output and input feature) under rowwise.
-  Fp8 gc = cast(e, g, R, N, grad, row ? Axis::kCols : Axis::kTensor, row);
+  Fp8 gc = cast(e, g, R, N, grad, row ? Axis::kCols : Axis::kTensor, row, shard);
   next(e);
   Fp8 xc = cast(e, x, R, K, Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
   next(e);
@@ -319,6 +342,108 @@ void float8_linear_bwd(const Bwd& e) {
   gemm(e, {bytes(gc.q), grad, 1, N}, {bytes(xc.q), Dtype::kFp8E4m3, K, 1}, row ? nullptr : &ci,
        row ? nullptr : &xi, N, K, R, need(a.weight_grads, 0, "weight gradient"), true,
        row ? &wpost : nullptr);
+}
+
+// --- torchao's float8 tensor parallelism (tensorwise; the CPU reference's steps) ---------------
+
+namespace {
+
+// The linear's backward on a float8 output gradient g8 [R, N] and float8 input x8 [R, K]: W^T
+// cast again (max all-reduced), the input gradient's GEMM (W8 copied transposed) into a bf16
+// gradient, the weight gradient's (g8^T made row-major, x8 column-major).
+void fp8_tp_linear_bwd(const Bwd& e, const Fp8& g8, const Fp8& x8, int64_t R, int64_t K) {
+  const exec::BackwardArgs& a = e.a;
+  const Tensor& wt = need(a.weights, 0, "weight");
+  const int64_t N = wt.type.shape.at(0);
+  Fp8 w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, Axis::kTensor, false, {.reduce = true});
+  next(e);
+  e.ws({{N, K}, Dtype::kFp8E4m3});
+  auto [gi, wi] = reciprocals(e, g8, {}, w8, {});
+  bool acc = false;
+  Tensor& dx = e.grad(0, {{R, K}, kAct}, acc);
+  gemm(e, {bytes(g8.q), Dtype::kFp8E5m2, N, 1}, {bytes(w8.q), Dtype::kFp8E4m3, K, 1}, &gi, &wi, R,
+       K, N, dx, acc, nullptr);
+  next(e);
+  e.ws({{N, R}, Dtype::kFp8E5m2});
+  e.ws({{R, K}, Dtype::kFp8E4m3});
+  auto [ci, xi] = reciprocals(e, g8, {}, x8, {});
+  gemm(e, {bytes(g8.q), Dtype::kFp8E5m2, 1, N}, {bytes(x8.q), Dtype::kFp8E4m3, K, 1}, &ci, &xi,
+       N, K, R, need(a.weight_grads, 0, "weight gradient"), true, nullptr);
+}
+
+}  // namespace
+
+// PrepareFloat8ModuleInput: the shard cast (scale: output 1, max all-reduced), then all-gathered
+// over TP into output 0.
+Outs fp8_all_gather_fwd(const Fwd& e, Ins in, Ins) {
+  const Tensor& x = need(in, 0, "input");
+  const int64_t R = x.type.shape.at(0), K = x.type.shape.at(1);
+  Fp8 x8 = cast(e, x, R, K, Dtype::kFp8E4m3, Axis::kTensor, false,
+                {.reduce = true, .scale_out = true});
+  next(e);
+  Tensor out = e.out({{R * tp_size(e), K}, Dtype::kFp8E4m3});
+  e.c.comm->all_gather(x8.q, out);
+  return {out, x8.scale};
+}
+
+// Float8ColwiseParallel's linear on x8 (input 0) and its scale (input 1).
+Outs fp8_column_linear_fwd(const Fwd& e, Ins in, Ins w) {
+  Fp8 x8{need(in, 0, "float8 input"), need(in, 1, "float8 input scale")};
+  const Tensor& wt = need(w, 0, "weight");
+  const int64_t R = x8.q.type.shape.at(0), K = x8.q.type.shape.at(1), N = wt.type.shape.at(0);
+  need(wt.type.shape.at(1) == K, "float8 linear: weight and input widths differ");
+  Fp8 w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, Axis::kTensor, false, {.reduce = true});
+  next(e);
+  auto [ai, bi] = reciprocals(e, x8, {}, w8, {});
+  Tensor y = e.out({{R, N}, kAct});
+  gemm(e, {bytes(x8.q), Dtype::kFp8E4m3, K, 1}, {bytes(w8.q), Dtype::kFp8E4m3, 1, K}, &ai, &bi, R,
+       N, K, y, false, nullptr);
+  return {y};
+}
+
+// NoopFwToFloat8BwDynamic's cast of the output gradient, then the linear's backward.
+void fp8_column_linear_bwd(const Bwd& e) {
+  Fp8 x8{need(e.a.inputs, 0, "float8 input"), need(e.a.inputs, 1, "float8 input scale")};
+  const Tensor& g = need(e.a.grad_outputs, 0, "gradient");
+  const int64_t R = g.type.shape.at(0), N = g.type.shape.at(1);
+  Fp8 g8 = cast(e, g, R, N, Dtype::kFp8E5m2, Axis::kTensor, false, {.reduce = true});
+  next(e);
+  fp8_tp_linear_bwd(e, g8, x8, R, x8.q.type.shape.at(1));
+}
+
+// Float8RowwiseParallel's linear: x cast into outputs 2 and 1, W^T cast, the bf16 partial
+// product reduce-scattered into output 0.
+Outs fp8_row_linear_fwd(const Fwd& e, Ins in, Ins w) {
+  const Tensor &x = need(in, 0, "input"), &wt = need(w, 0, "weight");
+  const int64_t R = x.type.shape.at(0), K = x.type.shape.at(1), N = wt.type.shape.at(0);
+  need(wt.type.shape.at(1) == K, "float8 linear: weight and input widths differ");
+  Fp8 x8 = cast(e, x, R, K, Dtype::kFp8E4m3, Axis::kTensor, false,
+                {.reduce = true, .scale_out = true, .q_out = true});
+  next(e);
+  Fp8 w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, Axis::kTensor, false, {.reduce = true});
+  next(e);
+  auto [ai, bi] = reciprocals(e, x8, {}, w8, {});
+  Tensor partial = e.ws({{R, N}, kAct});
+  gemm(e, {bytes(x8.q), Dtype::kFp8E4m3, K, 1}, {bytes(w8.q), Dtype::kFp8E4m3, 1, K}, &ai, &bi, R,
+       N, K, partial, false, nullptr);
+  next(e);
+  Tensor y = e.out({{R / tp_size(e), N}, kAct});
+  e.c.comm->reduce_scatter(partial, y);
+  return {y, x8.q, x8.scale};
+}
+
+// The gradient shard cast to e5m2, all-gathered as float8, then the linear's backward on it and
+// the kept float8 input (outputs 1 and 2).
+void fp8_row_linear_bwd(const Bwd& e) {
+  Fp8 x8{need(e.a.outputs, 1, "float8 input"), need(e.a.outputs, 2, "float8 input scale")};
+  const Tensor& g = need(e.a.grad_outputs, 0, "gradient");
+  const int64_t rows = g.type.shape.at(0), N = g.type.shape.at(1), R = rows * tp_size(e);
+  Fp8 shard = cast(e, g, rows, N, Dtype::kFp8E5m2, Axis::kTensor, false, {.reduce = true});
+  next(e);
+  Tensor gathered = e.ws({{R, N}, Dtype::kFp8E5m2});
+  e.c.comm->all_gather(shard.q, gathered);
+  next(e);
+  fp8_tp_linear_bwd(e, {gathered, shard.scale}, x8, R, x8.q.type.shape.at(1));
 }
 
 }  // namespace np::cuda

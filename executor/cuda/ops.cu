@@ -502,7 +502,7 @@ void layernorm_bwd(const Bwd& e) {
 void gather_scatter_bwd(const Bwd& e) {
   const OpContext& c = e.c;
   const Tensor& g = need(e.a.grad_outputs, 0, "gradient");
-  bool gather = c.op->kind == OpKind::kAllGather, acc = false;
+  bool gather = c.op->kind == OpKind::kAllGather || c.op->kind == OpKind::kFp8AllGather, acc = false;
   int64_t tp = c.comm->tp_size(), rows = g.type.shape.at(0);
   TensorType t = with_rows(g.type, gather ? rows / tp : rows * tp);
   if (e.a.grad_inputs[0] && !gather)

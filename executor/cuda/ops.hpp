@@ -84,6 +84,9 @@ Outs cross_entropy_te_fwd(const Fwd& e, Ins in, Ins w);
 Outs silu_fwd(const Fwd& e, Ins in, Ins w);
 Outs sdpa_fwd(const Fwd& e, Ins in, Ins w);
 Outs float8_linear_fwd(const Fwd& e, Ins in, Ins w);  // float8.cu: torchao's Float8Linear
+Outs fp8_all_gather_fwd(const Fwd& e, Ins in, Ins w);  // ... and torchao's float8 TP
+Outs fp8_column_linear_fwd(const Fwd& e, Ins in, Ins w);
+Outs fp8_row_linear_fwd(const Fwd& e, Ins in, Ins w);
 Outs mul_fwd(const Fwd& e, Ins in, Ins w);
 Outs head_rmsnorm_fwd(const Fwd& e, Ins in, Ins w);
 Outs rope_qk_fwd(const Fwd& e, Ins in, Ins w);
@@ -130,6 +133,8 @@ void cross_entropy_te_bwd(const Bwd& e);
 void silu_bwd(const Bwd& e);
 void sdpa_bwd(const Bwd& e);
 void float8_linear_bwd(const Bwd& e);
+void fp8_column_linear_bwd(const Bwd& e);
+void fp8_row_linear_bwd(const Bwd& e);
 void mul_bwd(const Bwd& e);
 void head_rmsnorm_bwd(const Bwd& e);
 void rope_qk_bwd(const Bwd& e);

@@ -64,7 +64,97 @@ struct Steps {
     int q = temp({{rows, cols}, to});
     return {q, sc};
   }
+  // The same cast where its scale and (unless `shard`) its float8 tensor are the op's outputs
+  // `scale_out` and `q_out` (a tensor the op keeps or passes on). With `shard`, the float8
+  // tensor is a temporary, returned.
+  int cast_out(int64_t rows, int64_t cols, Dtype to, int scale_out, int q_out) {
+    step();
+    temp({{rows, cols}, Dtype::kBf16});
+    int amax = temp({{}, Dtype::kBf16});
+    s.back().sac_kept.push_back(amax);
+    step({amax});
+    s.back().outputs.push_back(scale_out);
+    step();
+    temp({{rows, cols}, Dtype::kFp32});
+    int scaled = temp({{rows, cols}, Dtype::kFp32});
+    step({scaled});
+    temp({{rows, cols}, Dtype::kFp32});
+    if (q_out >= 0) {
+      s.back().outputs.push_back(q_out);
+      return -1;
+    }
+    return temp({{rows, cols}, to});
+  }
+  // _scaled_mm of two tensorwise float8 operands (tensorwise: no post-scale): the operands'
+  // layout copies, the two 0-dim reciprocal scales, then the result.
+  void gemm(std::vector<int> reads, std::vector<TensorType> copies, unsigned results) {
+    step(std::move(reads), results);
+    for (const TensorType& c : copies) temp(c);
+    temp({{}, Dtype::kFp32});
+    temp({{}, Dtype::kFp32});
+  }
 };
+
+// torchao's float8 tensor parallelism (tensorwise; ops.hpp, kFp8AllGather, kFp8ColumnLinear,
+// kFp8RowLinear). Every max of a TP-sharded tensor is all-reduced over TP (DTensor's partial
+// max, redistributed inside amax_to_scale among its uncounted 0-dim temporaries).
+//
+// PrepareFloat8ModuleInput on the sequence shard [R, K]: the cast, its scale output 1, then the
+// all-gather of the float8 shard into output 0.
+std::vector<OpStep> fp8_gather_steps(int64_t R, int64_t K) {
+  Steps s;
+  int q = s.cast_out(R, K, Dtype::kFp8E4m3, 1, -1);
+  s.step({q}, kStepResults);
+  return std::move(s.s);
+}
+
+// Float8ColwiseParallel's linear, x8 [R, K] given with its scale, W [N, K]. Forward: W^T cast,
+// then _scaled_mm. Backward: the output gradient cast to e5m2 (NoopFwToFloat8BwDynamic; the bf16
+// gradient dropped after it), W^T cast again, the input gradient's GEMM (W8 copied transposed),
+// the weight gradient's (g8^T made row-major, x8 column-major); no other cast, as every operand
+// is float8 already (tensor_already_casted_to_fp8).
+std::vector<OpStep> fp8_column_steps(bool forward, int64_t R, int64_t K, int64_t N) {
+  Steps s;
+  if (forward) {
+    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {});
+    s.gemm({w8, ws}, {}, kStepResults);
+    return std::move(s.s);
+  }
+  auto [g8, gs] = s.cast(R, N, Dtype::kFp8E5m2, {});
+  const size_t dropped = s.s.size();
+  auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {});
+  s.s[dropped].drops_grad_outputs = true;
+  s.gemm({g8, gs, w8, ws}, {{{N, K}, Dtype::kFp8E4m3}}, kStepResults);
+  s.gemm({g8, gs, w8, ws}, {{{N, R}, Dtype::kFp8E5m2}, {{R, K}, Dtype::kFp8E4m3}},
+         kStepWeightGrads);
+  return std::move(s.s);
+}
+
+// Float8RowwiseParallel's linear and its reduce-scatter, x [R, K] (this rank's input features),
+// W [N, K]. Forward: x cast into outputs 1 and 2 (the linear saves the float8 input), W^T cast,
+// _scaled_mm into the bf16 partial product, reduce-scattered into output 0 [R / group, N].
+// Backward: output 0's gradient cast to e5m2 on the sequence shard, all-gathered as float8 (the
+// bf16 gradient and the float8 shard dropped after), then as the column linear's.
+std::vector<OpStep> fp8_row_steps(bool forward, int64_t R, int64_t K, int64_t N, int64_t group) {
+  Steps s;
+  if (forward) {
+    s.cast_out(R, K, Dtype::kFp8E4m3, 2, 1);
+    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {});
+    s.gemm({w8, ws}, {}, 0);
+    int partial = s.temp({{R, N}, Dtype::kBf16});
+    s.step({partial}, kStepResults);
+    return std::move(s.s);
+  }
+  auto [shard, gs] = s.cast(R / group, N, Dtype::kFp8E5m2, {});
+  s.step({shard, gs});
+  s.s.back().drops_grad_outputs = true;
+  int g8 = s.temp({{R, N}, Dtype::kFp8E5m2});
+  auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {});
+  s.gemm({g8, gs, w8, ws}, {{{N, K}, Dtype::kFp8E4m3}}, kStepResults);
+  s.gemm({g8, gs, w8, ws}, {{{N, R}, Dtype::kFp8E5m2}, {{R, K}, Dtype::kFp8E4m3}},
+         kStepWeightGrads);
+  return std::move(s.s);
+}
 
 std::vector<OpStep> forward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_t K, int64_t N) {
   const bool row = r != Fp8Recipe::kTensorwise;  // rowwise_with_gw_hp's forward is rowwise's
@@ -141,15 +231,33 @@ std::vector<OpStep> backward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_
 
 std::vector<OpStep> op_steps(const OpInfo& info, const OpAttrs& a, std::span<const TensorType> in,
                              bool forward) {
+  auto dim = [&](size_t d) { return in[0].shape.at(d); };
+  const int64_t N = a.features;
+  switch (info.kind) {
+    case OpKind::kFp8AllGather:
+      return forward ? fp8_gather_steps(dim(0), dim(1)) : std::vector<OpStep>{};
+    case OpKind::kFp8ColumnLinear:
+      return fp8_column_steps(forward, dim(0), dim(1), N);
+    case OpKind::kFp8RowLinear:
+      return fp8_row_steps(forward, dim(0), dim(1), N, a.group);
+    default:
+      break;
+  }
   if (a.fp8 == Fp8Recipe::kNone ||
       (info.kind != OpKind::kColumnLinear && info.kind != OpKind::kRowLinear))
     return {};
-  const int64_t R = in[0].shape.at(0), K = in[0].shape.at(1), N = a.features;
+  const int64_t R = dim(0), K = dim(1);
   return forward ? forward_steps(a.fp8, a.fp8_gathered, R, K, N)
                  : backward_steps(a.fp8, a.fp8_gathered, R, K, N);
 }
 
 int64_t steps_peak_workspace(const std::vector<OpStep>& steps, int64_t results) {
+  return steps_peak_workspace(steps, std::vector<int64_t>{results});
+}
+
+int64_t steps_peak_workspace(const std::vector<OpStep>& steps, const std::vector<int64_t>& outputs) {
+  int64_t results = 0;
+  for (int64_t b : outputs) results += b;
   std::vector<int64_t> bytes;
   std::vector<size_t> last;  // per temporary: its last step
   for (size_t k = 0; k < steps.size(); ++k) {
@@ -161,6 +269,7 @@ int64_t steps_peak_workspace(const std::vector<OpStep>& steps, int64_t results) 
   for (size_t k = 0; k < steps.size(); ++k) {
     for (size_t t = first; t < first + steps[k].temps.size(); ++t) live += bytes[t];
     first += steps[k].temps.size();
+    for (int o : steps[k].outputs) made += outputs.at(static_cast<size_t>(o));
     if (steps[k].results & kStepResults) made = results;
     peak = std::max(peak, live + made);
     for (size_t t = 0; t < first; ++t)

@@ -42,23 +42,6 @@ std::string torchtitan_fqn(const std::string& name) {
   return name;
 }
 
-bool float8_linear(const TrainSpec& t, const std::string& fqn, int64_t in, int64_t out) {
-  if (t.fp8 == Fp8Recipe::kNone || t.impl != Impl::kTorchtitan) return false;
-  if (in % 16 != 0 || out % 16 != 0) return false;
-  bool automatic = false;
-  for (const std::string& f : t.fp8_filter) {
-    if (f == kFp8AutoFilter) automatic = true;
-    else if (fqn.find(f) != std::string::npos) return false;
-  }
-  if (!automatic) return true;
-  // torchao 36027d8, torchao/float8/float8_linear_utils.py, _auto_filter_for_tensorwise and
-  // _auto_filter_for_rowwise (N, K = weight.shape, the whole weight's: torchtitan converts before
-  // it shards): the shapes whose float8 GEMMs torchao's H100 tables show slower than bf16 stay bf16.
-  const int64_t K = in, N = out;
-  if (t.fp8 == Fp8Recipe::kTensorwise) return !(K <= 4096 && N <= 1024);
-  return !(N <= 2048 || K <= 1024 || (N <= 4096 && K <= 2048));
-}
-
 namespace {
 
 // Appends ops and tensors in topological order, shapes from the op table.
@@ -131,6 +114,25 @@ class Builder {
     return y;
   }
   // Reduction after a row-parallel linear: reduce-scatter under SP, all-reduce under plain TP.
+  // torchao's float8 tensor parallelism (tensorwise, torchtitan's apply_tp; ops.hpp): the
+  // sequence shard cast and gathered in float8 ({e4m3, scale}); a column linear on it; a row
+  // linear that casts its input and reduce-scatters (its output, the SP shard).
+  std::vector<int> fp8_gather(int x, const std::string& name) {
+    OpAttrs a{.group = t_.tp};
+    a.fp8 = Fp8Recipe::kTensorwise;
+    return op(OpKind::kFp8AllGather, name + ".all_gather", a, {x}, {"", "scale"});
+  }
+  int fp8_column(const std::vector<int>& x8, const std::string& name, int64_t features,
+                 bool bias) {
+    OpAttrs a{.features = features, .bias = bias};
+    a.fp8 = Fp8Recipe::kTensorwise;
+    return op1(OpKind::kFp8ColumnLinear, name, a, {x8[0], x8[1]});
+  }
+  int fp8_row(int x, const std::string& name, int64_t features, bool bias) {
+    OpAttrs a{.features = features, .group = t_.tp, .bias = bias};
+    a.fp8 = Fp8Recipe::kTensorwise;
+    return op(OpKind::kFp8RowLinear, name, a, {x}, {"", "input_fp8", "input_scale"})[0];
+  }
   int reduce(int x, const std::string& name) {
     if (t_.tp == 1) return x;
     if (t_.sp) return op1(OpKind::kReduceScatter, name + ".reduce_scatter", {.group = t_.tp}, {x});
@@ -195,9 +197,11 @@ class Builder {
     switch (o.kind) {
       case OpKind::kAllGather:
       case OpKind::kCpGatherKv:
+      case OpKind::kFp8AllGather:
         o.fwd_collective = "all_gather", o.bwd_collective = "reduce_scatter";
         break;
       case OpKind::kReduceScatter:
+      case OpKind::kFp8RowLinear:
         o.fwd_collective = "reduce_scatter", o.bwd_collective = "all_gather";
         break;
       case OpKind::kGatherFeatures:
@@ -273,10 +277,18 @@ int mla_qkv(Builder& b, const ModelSpec& m, const TrainSpec& t, int n) {
 // heads, then its rotate-half RoPE in bf16 ops.
 int titan_attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   const int64_t hq = m.heads / t.tp, hkv = m.kv_heads / t.tp, d = m.head_dim;
-  int n = b.gather(b.norm(x, "attn.norm"), "attn");
-  int q = b.column(n, "attn.wq", hq * d, m.qkv_bias);
-  int k = b.column(n, "attn.wk", hkv * d, m.qkv_bias);
-  int v = b.column(n, "attn.wv", hkv * d, m.qkv_bias);
+  int q, k, v;
+  if (float8_tp(t)) {  // Float8ColwiseParallel after PrepareFloat8ModuleInput
+    std::vector<int> x8 = b.fp8_gather(b.norm(x, "attn.norm"), "attn");
+    q = b.fp8_column(x8, "attn.wq", hq * d, m.qkv_bias);
+    k = b.fp8_column(x8, "attn.wk", hkv * d, m.qkv_bias);
+    v = b.fp8_column(x8, "attn.wv", hkv * d, m.qkv_bias);
+  } else {
+    int n = b.gather(b.norm(x, "attn.norm"), "attn");
+    q = b.column(n, "attn.wq", hq * d, m.qkv_bias);
+    k = b.column(n, "attn.wk", hkv * d, m.qkv_bias);
+    v = b.column(n, "attn.wv", hkv * d, m.qkv_bias);
+  }
   std::vector<int> qk;
   if (m.qk_norm) {
     q = b.op(OpKind::kHeadRmsNorm, "attn.q_norm", {.heads = hq, .head_dim = d}, {q},
@@ -290,6 +302,8 @@ int titan_attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   OpAttrs core{
       .batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
   int ctx = b.op(OpKind::kSdpa, "attn.core", core, {qk[0], qk[1], v}, {"out", "lse"})[0];
+  if (float8_tp(t))  // Float8RowwiseParallel
+    return b.op1(OpKind::kAdd, "attn.residual", {}, {x, b.fp8_row(ctx, "attn.wo", m.hidden, m.linear_bias)});
   int o = b.op1(OpKind::kRowLinear, "attn.wo", {.features = m.hidden, .bias = m.linear_bias},
                 {ctx});
   return b.op1(OpKind::kAdd, "attn.residual", {}, {x, b.reduce(o, "attn")});
@@ -414,10 +428,23 @@ int moe_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int shard) {
   return b.op1(OpKind::kAdd, "moe.add_shared", {}, {y, s});
 }
 
+// torchtitan's FeedForward under torchao's float8 tensor parallelism: w1 and w3 on the float8
+// gather of the normed shard n, w2 reduce-scattering itself; returns the SP shard.
+int titan_fp8_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int n) {
+  std::vector<int> x8 = b.fp8_gather(n, "mlp");
+  int g = b.fp8_column(x8, "mlp.w1", m.ffn / t.tp, m.linear_bias);
+  int a = b.op1(OpKind::kSilu, "mlp.silu", {}, {g});
+  int u = b.fp8_column(x8, "mlp.w3", m.ffn / t.tp, m.linear_bias);
+  int p = b.op1(OpKind::kMul, "mlp.mul", {}, {a, u});
+  return b.fp8_row(p, "mlp.w2", m.hidden, m.linear_bias);
+}
+
 // Attention, then the MLP (MoE when the model has it), on the residual stream x.
 int decoder_layer(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   int x1 = attention(b, m, t, x);
   int n = b.norm(x1, "mlp.norm");
+  if (float8_tp(t) && !m.moe)
+    return b.op1(OpKind::kAdd, "mlp.residual", {}, {x1, titan_fp8_mlp(b, m, t, n)});
   int y = m.moe ? moe_mlp(b, m, t, n) : dense_mlp(b, m, t, b.gather(n, "mlp"), "mlp", m.ffn);
   y = b.dropout(b.reduce(y, "mlp"), "mlp.dropout");
   return b.op1(OpKind::kAdd, "mlp.residual", {}, {x1, y});

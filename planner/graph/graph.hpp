@@ -102,11 +102,6 @@ std::vector<bool> backward_reads(const BlockGraph& g);
 // torchtitan's name of a decoder layer's or the head's op, less the "layers.N." prefix (attn.wq:
 // attention.wq, mlp.w1: feed_forward.w1, lm_head: output).
 std::string torchtitan_fqn(const std::string& name);
-// Whether a linear (of torchtitan name `fqn`, its global in and out features) runs as a float8
-// linear under the setup: TrainSpec::fp8 and the torchtitan profile, both dimensions multiples of
-// 16, no filter of fp8_filter inside its name (torchtitan's module_filter_fn); with kFp8AutoFilter
-// among the filters, not a shape torchao's auto filter keeps in bf16.
-bool float8_linear(const TrainSpec& t, const std::string& fqn, int64_t in, int64_t out);
 
 // Exact parameter count of the model: the blocks built at tp = pp = dp = ep = 1, tied weights
 // once, without the multi-token prediction modules.

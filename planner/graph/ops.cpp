@@ -29,8 +29,10 @@ Shard weight_shard(OpKind kind, std::string_view suffix) {
     case OpKind::kEmbedding:
       return Shard::kRows;
     case OpKind::kColumnLinear:
+    case OpKind::kFp8ColumnLinear:
       return Shard::kSectionRows;
     case OpKind::kRowLinear:
+    case OpKind::kFp8RowLinear:
       return bias ? Shard::kReplicated : Shard::kColumns;
     case OpKind::kExpertColumn:
       return Shard::kExpertSectionRows;
@@ -39,6 +41,11 @@ Shard weight_shard(OpKind kind, std::string_view suffix) {
     default:
       return Shard::kReplicated;
   }
+}
+
+int64_t grad_bytes(const TensorType& t) {
+  const bool fp8 = t.dtype == Dtype::kFp8E4m3 || t.dtype == Dtype::kFp8E5m2;
+  return fp8 ? t.elements() * dtype_bytes(Dtype::kBf16) : t.bytes();
 }
 
 int64_t checked_bytes(const TensorType& t) {
@@ -507,6 +514,21 @@ const OpInfo kOps[] =
          none_types},
         {OpKind::kRopeHalfQk, "rope_half_qk", 2, 2, 0, 0, 0b11, 0b11, false, both_inputs,
          rope_pair_flops, no_weights, two_of_larger, two_of_larger},
+        {OpKind::kFp8AllGather, "fp8_all_gather", 1, 2, 0, 0, 0b1, 0b01, true,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]) * a.group, cols_of(in[0])}, Dtype::kFp8E4m3},
+                   {{}, Dtype::kFp32}};
+         },
+         zero_flops, no_weights, none_types},
+        {OpKind::kFp8ColumnLinear, "fp8_column_linear", 2, 1, 0b11, 0, 0b01, 0b1, false,
+         linear_out, linear_flops, linear_weights, none_types},
+        {OpKind::kFp8RowLinear, "fp8_row_linear", 1, 3, 0, 0b110, 0b1, 0b001, true,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]) / a.group, a.features}, kAct},
+                   {{rows_of(in[0]), cols_of(in[0])}, Dtype::kFp8E4m3},
+                   {{}, Dtype::kFp32}};
+         },
+         linear_flops, linear_weights, none_types},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");

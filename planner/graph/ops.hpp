@@ -157,6 +157,26 @@ enum class OpKind {
   // i + head_dim / 2. Autograd keeps nothing (cos and sin are buffers). Forward scratch: the two
   // bf16 products of the larger input (q's are freed before k's are made); backward: the same.
   kRopeHalfQk,
+  // torchao's float8 tensor parallelism as torchtitan applies it to a decoder layer (tensorwise
+  // recipe; torchtitan 238fa99, models/llama3/infra/parallelize.py, apply_tp; pytorch/ao 36027d8,
+  // torchao/float8/float8_tensor_parallel.py; planner/graph/float8.cpp has the steps).
+  // PrepareFloat8ModuleInput: this rank's sequence shard [rows, features] cast to e4m3 (its max
+  // all-reduced over TP: a DTensor's partial max), then all-gathered over TP as float8 bytes.
+  // Output 0: the gathered e4m3 [group x rows, features]; output 1: its 0-dim fp32 scale (made by
+  // the cast, shared by the gathered tensor). Backward: the bf16 gradient of output 0 (a float8
+  // tensor's gradient is bf16: _ToFloat8ConstrFunc passes it through) reduce-scattered.
+  kFp8AllGather,
+  // Float8ColwiseParallel's linear: its input the float8 tensor above (input 0) and its scale
+  // (input 1), which it saves uncast; weight (out/tp, in). Backward: the output's bf16 gradient
+  // cast to e5m2 first (NoopFwToFloat8BwDynamic, its max all-reduced over TP), then the linear's
+  // backward on float8 operands; the input's gradient in bf16.
+  kFp8ColumnLinear,
+  // Float8RowwiseParallel's linear with its reduce-scatter: the input [rows, in/tp] cast to e4m3
+  // (max all-reduced over TP), kept as outputs 1 (e4m3) and 2 (its scale) for backward, which
+  // reads no bf16 input; the partial product reduce-scattered into output 0 [rows / group, out].
+  // Backward: output 0's bf16 gradient cast to e5m2 on the sequence shard (max all-reduced) and
+  // all-gathered as float8 bytes, then the linear's backward; the input's gradient in bf16.
+  kFp8RowLinear,
   kCount
 };
 
@@ -277,6 +297,13 @@ struct OpStep {
   std::vector<TensorType> temps;
   std::vector<int> reads;
   unsigned results = 0;  // kStepResults and kStepWeightGrads
+  // Outputs (by index) this step allocates before kStepResults allocates the rest: a float8
+  // cast's scale and float8 tensor where they are the op's outputs (kFp8AllGather, kFp8RowLinear).
+  std::vector<int> outputs;
+  // Backward: from this step on the op's output gradients are not read (freed after the step
+  // before): NoopFwToFloat8BwDynamic's cast ends its backward, and autograd drops the bf16
+  // gradient before the linear's backward runs.
+  bool drops_grad_outputs = false;
   // Temporaries (indices among the op's) that torchtitan's per-op checkpointing keeps for the
   // recompute (outputs of ops on its save list, a float8 cast's aten.max): under that policy a
   // re-run op's forward keeps them to its recompute, which takes them in place of allocating.
@@ -290,6 +317,11 @@ std::vector<OpStep> op_steps(const OpInfo& info, const OpAttrs& attrs,
 // The largest bytes of temporaries and results live at once in a stepped pass, less the results'
 // bytes (`results`): the workspace that, allocated with the results, peaks as the steps do.
 int64_t steps_peak_workspace(const std::vector<OpStep>& steps, int64_t results);
+// ... where the results are the op's outputs, of these bytes, some allocated early (OpStep::outputs).
+int64_t steps_peak_workspace(const std::vector<OpStep>& steps, const std::vector<int64_t>& outputs);
+// A tensor's gradient bytes: a float8 tensor's gradient is bf16 (torchao's _ToFloat8ConstrFunc
+// passes the high-precision gradient through), every other tensor's is its own dtype.
+int64_t grad_bytes(const TensorType& t);
 
 // The forward scratch of an op (empty for most).
 std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& attrs,

@@ -141,7 +141,8 @@ std::vector<SetupFlag> make_table() {
        [](const T& t) -> std::string { return t.impl != Impl::kNanotron ? std::string(name_of(t.impl)) : ""; }},
       {"--fp8",
        "none, tensorwise, rowwise, rowwise_with_gw_hp: the linears as torchao's Float8Linear "
-       "(--impl torchtitan under --fsdp, tp 1): dynamic scaling per tensor (e4m3, e5m2 output "
+       "(--impl torchtitan under --fsdp; tensorwise also at tp > 1, torchao's float8 TP): "
+       "dynamic scaling per tensor (e4m3, e5m2 output "
        "gradients) or per row (e4m3, power-of-2 scales; with_gw_hp: the weight gradient in "
        "bf16); linears with a dimension not a multiple of 16 stay bf16",
        "none", false, kMin, kMax, [](T& to, const T& f) { to.fp8 = f.fp8; },

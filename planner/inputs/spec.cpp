@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdio>
 #include <iterator>
+#include <tuple>
 #include <utility>
 
 #include "planner/inputs/units.hpp"
@@ -36,6 +37,27 @@ const char* name_of(Fp8Recipe r) {
   constexpr const char* k[] = {"none", "tensorwise", "rowwise", "rowwise_with_gw_hp"};
   return k[static_cast<int>(r)];
 }
+bool float8_tp(const TrainSpec& t) {
+  return t.fp8 == Fp8Recipe::kTensorwise && t.impl == Impl::kTorchtitan && t.tp > 1;
+}
+
+bool float8_linear(const TrainSpec& t, const std::string& fqn, int64_t in, int64_t out) {
+  if (t.fp8 == Fp8Recipe::kNone || t.impl != Impl::kTorchtitan) return false;
+  if (in % 16 != 0 || out % 16 != 0) return false;
+  bool automatic = false;
+  for (const std::string& f : t.fp8_filter) {
+    if (f == kFp8AutoFilter) automatic = true;
+    else if (fqn.find(f) != std::string::npos) return false;
+  }
+  if (!automatic) return true;
+  // torchao 36027d8, torchao/float8/float8_linear_utils.py, _auto_filter_for_tensorwise and
+  // _auto_filter_for_rowwise (N, K = weight.shape, the whole weight's: torchtitan converts before
+  // it shards): the shapes whose float8 GEMMs torchao's H100 tables show slower than bf16 stay bf16.
+  const int64_t K = in, N = out;
+  if (t.fp8 == Fp8Recipe::kTensorwise) return !(K <= 4096 && N <= 1024);
+  return !(N <= 2048 || K <= 1024 || (N <= 4096 && K <= 2048));
+}
+
 const char* name_of(Norm n) {
   return n == Norm::kRms ? "rmsnorm" : "layernorm";
 }
@@ -584,10 +606,39 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
     if (!t.fsdp)
       return fail(fp8 + " is modelled under FSDP2, torchtitan's data parallelism; add --fsdp, "
                         "or use --fp8 none");
-    if (t.tp > 1)
+    // torchtitan 238fa99, models/llama3/infra/parallelize.py: float8 all-gathers under TP for
+    // the tensorwise recipe only; rowwise recipes run plain TP with float8 linears on DTensor
+    // shards (their row and column maxima over sharded dimensions: not modelled).
+    if (t.tp > 1 && t.fp8 != Fp8Recipe::kTensorwise)
       return fail(fp8 + " at --tp " + str(t.tp) +
-                  ": torchao's float8 tensor parallelism (float8 all-gathers of the linears' "
-                  "inputs) is not modelled; use --tp 1, or --fp8 none");
+                  ": rowwise recipes under TP (plain TP, the float8 casts on DTensor shards) "
+                  "are not modelled; use --fp8 tensorwise (torchao's float8 TP), or --tp 1");
+    if (float8_tp(t)) {
+      if (t.fp8_all_gather)
+        return fail("--fp8-all-gather under --tp " + str(t.tp) +
+                    " (the float8 weight shards of a TP-sharded DTensor) is not modelled; drop "
+                    "--fp8-all-gather, or use --tp 1");
+      if (t.recompute == Recompute::kSelectiveOp)
+        return fail("--recompute selective-op with torchao's float8 tensor parallelism (what its "
+                    "policy keeps of the float8 all-gathers) is not modelled; use --recompute "
+                    "none or full (with --recompute-every), or --tp 1");
+      // Float8ColwiseParallel and Float8RowwiseParallel (torchao 36027d8,
+      // float8_tensor_parallel.py, _apply) raise unless the module is a Float8Linear.
+      const int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
+      for (auto [fqn, in, out] :
+           {std::tuple<const char*, int64_t, int64_t>{"attention.wq", m.hidden, q},
+            {"attention.wk", m.hidden, kv},
+            {"attention.wv", m.hidden, kv},
+            {"attention.wo", q, m.hidden},
+            {"feed_forward.w1", m.hidden, m.ffn},
+            {"feed_forward.w3", m.hidden, m.ffn},
+            {"feed_forward.w2", m.ffn, m.hidden}})
+        if (!float8_linear(t, fqn, in, out))
+          return fail(std::string(fqn) + " stays bf16 under " + fp8 + " (a dimension not a "
+                      "multiple of 16, or a filter), and torchao's float8 TP takes only float8 "
+                      "linears (Float8ColwiseParallel raises); drop the filter on it, or use "
+                      "--tp 1");
+    }
     // torchao 36027d8, float8_linear_utils.py, _auto_filter_for_recipe: NotImplementedError.
     if (t.fp8 == Fp8Recipe::kRowwiseGwHp &&
         std::find(t.fp8_filter.begin(), t.fp8_filter.end(), kFp8AutoFilter) !=

@@ -201,7 +201,8 @@ struct TrainSpec {
   AttentionImpl attention = AttentionImpl::kFlash;
   Impl impl = Impl::kNanotron;  // whose kernels the layer is built from (--impl)
   // float8 linears (--fp8; torchtitan's float8 converter): the torchtitan profile's linears as
-  // torchao's Float8Linear, under FSDP2 and tp 1. Linears with a dimension not a multiple of 16,
+  // torchao's Float8Linear, under FSDP2 (at tp > 1 tensorwise only, as torchao's float8 TP:
+  // float8_tp). Linears with a dimension not a multiple of 16,
   // or whose torchtitan name contains one of fp8_filter (its filter_fqns), stay bf16
   // (torchtitan's module_filter_fn, torchtitan/components/quantization/utils.py).
   // With kFp8AutoFilter among them, also the shapes torchao's auto filter keeps in bf16
@@ -298,6 +299,15 @@ int64_t padded_vocab(const ModelSpec& m, const TrainSpec& t);
 std::optional<Error> validate_model(const ModelSpec& m);
 // A model name or alias: 1 to 128 letters, digits, '.', '_', '-', '+', '/'.
 bool is_model_name(std::string_view name);
+// Whether a linear (of torchtitan name `fqn`, its global in and out features) runs as a float8
+// linear under the setup: TrainSpec::fp8 and the torchtitan profile, both dimensions multiples of
+// 16, no filter of fp8_filter inside its name (torchtitan's module_filter_fn); with kFp8AutoFilter
+// among the filters, not a shape torchao's auto filter keeps in bf16.
+bool float8_linear(const TrainSpec& t, const std::string& fqn, int64_t in, int64_t out);
+// torchao's float8 tensor parallelism (torchtitan's apply_tp with enable_float8_tensorwise_tp):
+// tensorwise float8 at tp > 1; the decoder layers' linears as kFp8AllGather, kFp8ColumnLinear
+// and kFp8RowLinear (planner/graph/ops.hpp).
+bool float8_tp(const TrainSpec& t);
 std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t);
 
 // Layers per pipeline stage as the user writes them, "21,20,20,19": decimal integers below 10^9

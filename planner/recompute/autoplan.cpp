@@ -658,7 +658,8 @@ void count_gathers(AutoPlan& plan) {
   for (const StageProgram& p : plan.schedule.stages)
     for (const StageBlock& b : p.blocks)
       for (size_t o = 0; o < b.graph->ops.size(); ++o)
-        if (b.graph->ops[o].kind == OpKind::kAllGather) {
+        if (b.graph->ops[o].kind == OpKind::kAllGather ||
+            b.graph->ops[o].kind == OpKind::kFp8AllGather) {
           ++plan.gathers;
           plan.regathered += b.policy.recompute[o];
         }

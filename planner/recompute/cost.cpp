@@ -69,6 +69,8 @@ OpClass op_class(OpKind k) {
   switch (k) {
     case OpKind::kColumnLinear:
     case OpKind::kRowLinear:
+    case OpKind::kFp8ColumnLinear:
+    case OpKind::kFp8RowLinear:
     case OpKind::kLinear:
     case OpKind::kRouter:
     case OpKind::kExpertColumn:
@@ -82,6 +84,7 @@ OpClass op_class(OpKind k) {
       return OpClass::kFlash;
     case OpKind::kCpGatherKv:
     case OpKind::kAllGather:
+    case OpKind::kFp8AllGather:
     case OpKind::kGatherFeatures:
     case OpKind::kReduceScatter:
     case OpKind::kAllReduce:
@@ -273,7 +276,16 @@ double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const Hardw
                         : t.tp;
     int64_t span =
         is_ep_collective(op.kind) || op.kind == OpKind::kCpGatherKv ? group * t.tp : group;
-    s += collective_seconds(kind, collective_bytes(g, op), group, span <= hw.gpus_per_node, hw);
+    double bytes = collective_bytes(g, op);
+    // torchao's float8 TP: the gather moves float8 forward and reduce-scatters the bf16 gradient
+    // (twice its bytes) backward; the row linear reduce-scatters its bf16 partial product
+    // forward and all-gathers the float8 gradient (half of it) backward.
+    if (op.kind == OpKind::kFp8AllGather && backward) bytes *= 2;
+    if (op.kind == OpKind::kFp8RowLinear) {
+      const TensorType& y = g.tensors[op.outputs[0]].type;
+      bytes = static_cast<double>(y.elements() * op.attrs.group) * (backward ? 1.0 : 2.0);
+    }
+    s += collective_seconds(kind, bytes, group, span <= hw.gpus_per_node, hw);
     int partner = t.tp_comm_overlap ? tp_overlap_partner(g, op) : -1;
     if (partner >= 0) s = tp_overlap_exposed(g, op, g.ops[partner], hw, t, backward, s);
     // The combine's backward exchanges the expert outputs again (for the probabilities'
@@ -492,8 +504,9 @@ double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const
       compute =
           memory + (hw.perf.kernel_overhead_s > 0 ? hw.perf.kernel_overhead_s : kLaunchOverhead);
       break;
-    case OpClass::kCollective:
-      break;  // the collective is all there is
+    case OpClass::kCollective:  // the collective is all there is, but a float8 gather's cast
+      if (op.attrs.fp8 != Fp8Recipe::kNone) compute = float8_overhead_seconds(g, op, hw, backward);
+      break;
   }
   return compute + op_collective_seconds(g, op, hw, t, backward);
 }

@@ -40,8 +40,8 @@ class OptionEvaluator {
       for (const TensorType& w : info.bwd_workspace(op.attrs, in)) b += w.bytes();
       // A stepped op (ops.hpp, OpStep): the workspace that, with its outputs, peaks as the steps.
       if (std::vector<OpStep> steps = op_steps(info, op.attrs, in, true); !steps.empty()) {
-        int64_t out = 0;
-        for (int t : op.outputs) out += g.tensors[t].type.bytes();
+        std::vector<int64_t> out;
+        for (int t : op.outputs) out.push_back(g.tensors[t].type.bytes());
         f = steps_peak_workspace(steps, out);
       }
       fwd_ws_.push_back(f), bwd_ws_.push_back(b);
@@ -60,14 +60,15 @@ class OptionEvaluator {
         int t = op.inputs[k];
         in.push_back(g.tensors[t].type);
         if (!(info.grad_inputs >> k & 1u) || has[t]) continue;
-        fresh += g.tensors[t].type.bytes(), has[t] = 1;
+        fresh += grad_bytes(g.tensors[t].type), has[t] = 1;
       }
       if (std::vector<OpStep> steps = op_steps(info, op.attrs, in, false); !steps.empty())
         bwd_ws_[o] = steps_peak_workspace(steps, fresh);
     }
     bytes_.resize(3 * n_);
     for (int t = 0; t < n_; ++t)
-      bytes_[t] = bytes_[n_ + t] = bytes_[2 * n_ + t] = g.tensors[t].type.bytes();
+      bytes_[t] = bytes_[n_ + t] = g.tensors[t].type.bytes(),
+      bytes_[2 * n_ + t] = grad_bytes(g.tensors[t].type);
   }
 
   LayerOption evaluate(const std::vector<bool>& rec) {
@@ -612,7 +613,8 @@ LayerFrontier layer_frontier(const BlockGraph& g, const TrainSpec& t,
   auto ok = [&](const std::vector<bool>& m) {
     if (t.tp_recompute_allgather) return true;
     for (size_t i = 0; i < g.ops.size(); ++i)
-      if (m[i] && g.ops[i].kind == OpKind::kAllGather) return false;
+      if (m[i] && (g.ops[i].kind == OpKind::kAllGather || g.ops[i].kind == OpKind::kFp8AllGather))
+        return false;
     return true;
   };
   if (std::optional<SplitFrontier> split = split_frontier(g, op_cost, ok)) {

@@ -444,12 +444,16 @@ class ProgramBuilder {
   // temporaries of OpStep::sac_kept (as activations, in sac_kept_) and its recompute (or its
   // casts' re-run, when its output is kept) reads them where it would allocate them (the cache
   // returns them), so they die at their last use there.
+  // A backward's output gradients (`dropped`) are not read again from a step marked
+  // OpStep::drops_grad_outputs on. `results` takes a step's kStep bits and its early outputs.
   template <typename F>
   void emit_steps(int32_t b, int32_t o, int32_t mb, const std::vector<OpStep>& steps, F&& results,
-                  InstrKind pass = InstrKind::kBackward) {
+                  InstrKind pass = InstrKind::kBackward, const std::vector<int32_t>& dropped = {}) {
     const Instr first = p_.instrs.back();
     const std::vector<int32_t> op_reads(p_.pool.begin() + first.begin,
                                         p_.pool.begin() + first.begin + first.n_reads);
+    bool drop = false;
+    std::vector<int32_t> carried;  // outputs made early (OpStep::outputs): live to the op's end
     const StageBlock& blk = p_.blocks[static_cast<size_t>(b)];
     const bool cached = pass != InstrKind::kBackward && caches_outputs(blk.policy);
     std::vector<int32_t> none;
@@ -457,9 +461,12 @@ class ProgramBuilder {
     size_t next_kept = 0;
     std::vector<int32_t> temps;
     for (size_t k = 0; k < steps.size(); ++k) {
+      drop = drop || steps[k].drops_grad_outputs;
       if (k > 0) {
         begin(InstrKind::kStep, b, o, mb);
-        for (int32_t id : op_reads) read(id);
+        for (int32_t id : op_reads)
+          if (!drop || std::find(dropped.begin(), dropped.end(), id) == dropped.end()) read(id);
+        for (int32_t id : carried) read(id);
       }
       for (int r : steps[k].reads) read(temps.at(static_cast<size_t>(r)));
       const OpStep& st = steps[k];
@@ -480,7 +487,10 @@ class ProgramBuilder {
         alloc(temps[base + j]);
         if (is_kept(j)) kept.push_back(temps[base + j]);
       }
-      if (st.results) results(st.results);
+      if (st.results || !st.outputs.empty()) results(st.results, st.outputs);
+      if (!st.outputs.empty())
+        for (int32_t id : p_.allocs(p_.instrs.back()))
+          if (p_.tensors[id].kind != ValueKind::kWorkspace) carried.push_back(id);
     }
     if (pass == InstrKind::kRecompute && cached) kept.clear();
   }
@@ -734,7 +744,7 @@ void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_re
         while (casts < steps.size() && !steps[casts].results) ++casts;
         emit_steps(b, static_cast<int32_t>(o), mb,
                    std::vector<OpStep>(steps.begin(), steps.begin() + static_cast<long>(casts)),
-                   [](unsigned) {}, kind);
+                   [](unsigned, const std::vector<int>&) {}, kind);
       }
       if (pops)
         for (int out : op.outputs)
@@ -745,8 +755,14 @@ void ProgramBuilder::run_ops_forward(int b, int mb, InstrKind kind, bool only_re
     begun = true;
     for (int in : op.inputs) read(v[in]);  // first: the executors take the op's inputs from them
     for (int32_t id : std::exchange(popped, {})) read(id);
-    auto outputs = [&](unsigned) {
-      for (int out : op.outputs) {
+    std::vector<char> made(op.outputs.size(), 0);
+    // kStepResults: the outputs not made yet; `early`: these now (OpStep::outputs).
+    auto outputs = [&](unsigned which, const std::vector<int>& early = {}) {
+      for (size_t j = 0; j < op.outputs.size(); ++j) {
+        const bool now = std::find(early.begin(), early.end(), static_cast<int>(j)) != early.end();
+        if (made[j] || (!now && !(which & kStepResults))) continue;
+        made[j] = 1;
+        const int out = op.outputs[j];
         bool saved = !recompute && blk.saved.saved[out];
         v[out] = new_tensor(g.tensors[out].type.bytes(), b, out, mb,
                             saved ? Category::kActivation : Category::kTransient,
@@ -808,8 +824,12 @@ int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
       if ((info.grad_outputs >> j & 1u) && grads[op.outputs[j]] >= 0) live = true;
     if (!live) continue;
     begin(InstrKind::kBackward, b, o, mb);
+    std::vector<int32_t> out_grads;
     for (size_t j = 0; j < op.outputs.size(); ++j) {
-      if ((info.grad_outputs >> j & 1u) && grads[op.outputs[j]] >= 0) read(grads[op.outputs[j]]);
+      if ((info.grad_outputs >> j & 1u) && grads[op.outputs[j]] >= 0) {
+        read(grads[op.outputs[j]]);
+        out_grads.push_back(grads[op.outputs[j]]);
+      }
       if (info.bwd_reads_outputs >> j & 1u) read(v[op.outputs[j]]);
     }
     for (size_t k = 0; k < op.inputs.size(); ++k) {
@@ -817,12 +837,12 @@ int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
       if ((info.grad_inputs >> k & 1u) && grads[op.inputs[k]] >= 0) read(grads[op.inputs[k]]);
     }
     if (bucket >= 0 && !op.weights.empty()) read(bucket);
-    auto results = [&](unsigned which) {
+    auto results = [&](unsigned which, const std::vector<int>& = {}) {
       for (size_t k = 0; k < op.inputs.size() && (which & kStepResults); ++k) {
         int in_t = op.inputs[k];
         if (!(info.grad_inputs >> k & 1u) || grads[in_t] >= 0) continue;
-        grads[in_t] = new_tensor(g.tensors[in_t].type.bytes(), b, in_t, mb, Category::kTransient,
-                                 ValueKind::kGrad);
+        grads[in_t] = new_tensor(grad_bytes(g.tensors[in_t].type), b, in_t, mb,
+                                 Category::kTransient, ValueKind::kGrad);
         alloc(grads[in_t]);
       }
       // FSDP: autograd's gradient of each weight, in bf16.
@@ -835,7 +855,7 @@ int32_t ProgramBuilder::backward_block(int b, int mb, int32_t grad_out) {
       }
     };
     if (const std::vector<OpStep>& steps = steps_of(b, false)[o]; !steps.empty()) {
-      emit_steps(b, o, mb, steps, results);
+      emit_steps(b, o, mb, steps, results, InstrKind::kBackward, out_grads);
       continue;
     }
     for (int64_t bytes : workspace_bytes(b, false)[o])
