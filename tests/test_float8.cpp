@@ -791,6 +791,34 @@ TEST(Float8Tp, TheLayerKeepsFloat8Gathers) {
   EXPECT_EQ(sf, sb - R * h - R * h + (R * q + 4) - 2 * R * ffn + (R * ffn + 4) + 4 + 4);
 }
 
+// A torchtitan job file with tensor_parallel_degree 2 and the float8 converter: float8 TP, its
+// layer built of the float8 TP kinds; with recipe_name "rowwise" the setup is refused.
+TEST(Float8Tp, FromTheJobFile) {
+  const std::string text = "[model]\nname = \"llama3\"\nflavor = \"8B\"\n"
+                           "converters = [\"quantize.linear.float8\"]\n"
+                           "[training]\nlocal_batch_size = 2\nseq_len = 8192\n"
+                           "[parallelism]\ndata_parallel_shard_degree = -1\n"
+                           "tensor_parallel_degree = 2\n";
+  Result<ConfigSetup> c = torchtitan_config(text, "job.toml", 8);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const TrainSpec& t = c->setup;
+  EXPECT_EQ(t.tp, 2);
+  EXPECT_TRUE(t.sp);
+  EXPECT_EQ(t.fp8, Fp8Recipe::kTensorwise);
+  ModelSpec m = testing::model("llama-3.1-8b");
+  ASSERT_FALSE(validate_setup(m, t));
+  EXPECT_TRUE(float8_tp(t));
+  int kinds = 0;
+  for (const GraphOp& op : BlockGraphs(m, t).layer->ops)
+    kinds += op.kind == OpKind::kFp8AllGather || op.kind == OpKind::kFp8ColumnLinear ||
+             op.kind == OpKind::kFp8RowLinear;
+  EXPECT_EQ(kinds, 9);
+  Result<ConfigSetup> r = torchtitan_config(
+      text + "[quantize.linear.float8]\nrecipe_name = \"rowwise\"\n", "job.toml", 8);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  refused(m, r->setup, "or --tp 1");
+}
+
 TEST(Float8Tp, RefusedInOneLine) {
   ModelSpec m = testing::model("llama-3.1-8b");
   TrainSpec t = titan_tp(2);
