@@ -809,7 +809,8 @@ TEST(Float8Tp, FromTheJobFile) {
   ASSERT_FALSE(validate_setup(m, t));
   EXPECT_TRUE(float8_tp(t));
   int kinds = 0;
-  for (const GraphOp& op : BlockGraphs(m, t).layer->ops)
+  const BlockGraphs g(m, t);
+  for (const GraphOp& op : g.layer->ops)
     kinds += op.kind == OpKind::kFp8AllGather || op.kind == OpKind::kFp8ColumnLinear ||
              op.kind == OpKind::kFp8RowLinear;
   EXPECT_EQ(kinds, 9);

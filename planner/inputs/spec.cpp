@@ -598,7 +598,7 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
                 "with dp / --dp-replicate above 1, or drop --fp8-all-gather (torchtitan turns it "
                 "off without one)");
   if (t.fp8 != Fp8Recipe::kNone) {
-    // torchao's Float8Linear as torchtitan converts the linears (graph.cpp, float8_linear).
+    // torchao's Float8Linear as torchtitan converts the linears (float8_linear, above).
     std::string fp8 = std::string("--fp8 ") + name_of(t.fp8);
     if (t.impl != Impl::kTorchtitan)
       return fail(fp8 + " is torchao's Float8Linear in torchtitan's model; use --impl "
