@@ -206,7 +206,7 @@ struct TrainSpec {
   // or whose torchtitan name contains one of fp8_filter (its filter_fqns), stay bf16
   // (torchtitan's module_filter_fn, torchtitan/components/quantization/utils.py).
   // With kFp8AutoFilter among them, also the shapes torchao's auto filter keeps in bf16
-  // (torchtitan's flag for _auto_filter_for_recipe; float8_linear in planner/graph/graph.hpp).
+  // (torchtitan's flag for _auto_filter_for_recipe; float8_linear below).
   Fp8Recipe fp8 = Fp8Recipe::kNone;
   std::vector<std::string> fp8_filter;
   // FSDP2's float8 all-gather (--fp8-all-gather; torchtitan's enable_fsdp_float8_all_gather,
