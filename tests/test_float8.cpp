@@ -16,6 +16,7 @@
 #include "planner/inputs/configs.hpp"
 #include "planner/inputs/setup_flags.hpp"
 #include "planner/recompute/autoplan.hpp"
+#include "planner/recompute/cost.hpp"
 #include "planner/report/emit_config.hpp"
 #include "planner/schedule/contract.hpp"
 #include "planner/schedule/plan_io.hpp"
@@ -818,6 +819,41 @@ TEST(Float8Tp, FromTheJobFile) {
       text + "[quantize.linear.float8]\nrecipe_name = \"rowwise\"\n", "job.toml", 8);
   ASSERT_TRUE(r.ok()) << r.error().message;
   refused(m, r->setup, "or --tp 1");
+}
+
+// The cost model moves what the collectives move: the float8 gather one byte an element forward
+// and the bf16 gradient (two) backward; the row linear its bf16 partial product forward and the
+// e5m2 gradient backward, each beside its casts and GEMMs.
+TEST(Float8Tp, CollectivesMoveFloat8Forward) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = titan_tp(8);
+  const HardwareModel hw = default_hardware();
+  BlockGraphs g(m, t);
+  const BlockGraph& L = *g.layer;
+  const int64_t R = t.seq_len * t.micro_batch, h = m.hidden;
+  for (size_t o = 0; o < L.ops.size(); ++o) {
+    const GraphOp& op = L.ops[o];
+    const int i = static_cast<int>(o);
+    if (op.kind == OpKind::kFp8AllGather) {
+      EXPECT_DOUBLE_EQ(op_seconds(L, i, hw, t, false),
+                       collective_seconds("all_gather", double(R * h), 8, true, hw) +
+                           float8_overhead_seconds(L, op, hw, false));
+      EXPECT_DOUBLE_EQ(op_seconds(L, i, hw, t, true),
+                       collective_seconds("reduce_scatter", double(2 * R * h), 8, true, hw));
+    }
+    if (op.kind == OpKind::kFp8RowLinear) {
+      const double fwd = collective_seconds("reduce_scatter", double(2 * R * h), 8, true, hw),
+                   bwd = collective_seconds("all_gather", double(R * h), 8, true, hw);
+      EXPECT_GT(op_seconds(L, i, hw, t, false), fwd) << op.name;
+      EXPECT_GT(op_seconds(L, i, hw, t, true), bwd) << op.name;
+      BlockGraph alone = L;  // the same op's GEMMs and casts, its collectives apart
+      alone.ops[o].fwd_collective.clear(), alone.ops[o].bwd_collective.clear();
+      EXPECT_DOUBLE_EQ(op_seconds(L, i, hw, t, false) - op_seconds(alone, i, hw, t, false), fwd)
+          << op.name;
+      EXPECT_DOUBLE_EQ(op_seconds(L, i, hw, t, true) - op_seconds(alone, i, hw, t, true), bwd)
+          << op.name;
+    }
+  }
 }
 
 TEST(Float8Tp, RefusedInOneLine) {
