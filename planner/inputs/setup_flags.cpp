@@ -235,7 +235,9 @@ std::vector<SetupFlag> make_table() {
        [](const T& t) -> std::string {
          return t.recompute_every > 1 ? number(t.recompute_every) : "";
        }},
-      {"--tp-recompute-allgather", "true, false: keep the SP shard and all-gather again in backward",
+      {"--tp-recompute-allgather",
+       "true, false: keep the SP shard and all-gather again in backward (nanotron's and "
+       "Megatron's way; --impl torchtitan keeps the gathered input)",
        "true", false, kMin, kMax,
        [](T& to, const T& f) { to.tp_recompute_allgather = f.tp_recompute_allgather; },
        [](const T& t) -> std::string { return t.tp_recompute_allgather ? "" : "false"; }},
