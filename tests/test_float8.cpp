@@ -137,6 +137,14 @@ TrainSpec titan(Fp8Recipe r) {
   return t;
 }
 
+// The squared L2 norms of gradient h's difference from g, and of g.
+std::pair<double, double> squared_diff(const std::vector<float>& h, const std::vector<float>& g) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < g.size(); ++i)
+    err += (h[i] - g[i]) * double(h[i] - g[i]), norm += g[i] * double(g[i]);
+  return {err, norm};
+}
+
 // A CPU run of `u` on the scenario's model, its gradients captured: as planned, event for event
 // on every rank.
 exec::RunResult run_planned(const Scenario& sc, const TrainSpec& u) {
@@ -415,9 +423,7 @@ TEST(Float8Run, AgreesWithBf16WithinFloat8Precision) {
     for (const auto& [key, g] : ref.grads) {
       const std::vector<float>& h = got.grads.at(key);
       ASSERT_EQ(h.size(), g.size()) << key;
-      double err = 0, norm = 0;
-      for (size_t i = 0; i < g.size(); ++i)
-        err += (h[i] - g[i]) * double(h[i] - g[i]), norm += g[i] * double(g[i]);
+      auto [err, norm] = squared_diff(h, g);
       EXPECT_LT(std::sqrt(err), 0.25 * std::sqrt(norm) + 1e-12) << name_of(r) << " " << key;
       differ += err > 0;
     }
@@ -937,9 +943,7 @@ TEST(Float8Tp, RunsAsPlannedAndAgreesWithOneReplica) {
   for (const auto& [key, g] : one.grads) {
     const std::vector<float>& h = two.grads.at(key);
     ASSERT_EQ(h.size(), g.size()) << key;
-    double err = 0, norm = 0;
-    for (size_t i = 0; i < g.size(); ++i)
-      err += (h[i] - g[i]) * double(h[i] - g[i]), norm += g[i] * double(g[i]);
+    auto [err, norm] = squared_diff(h, g);
     EXPECT_LT(std::sqrt(err), 0.25 * std::sqrt(norm) + 1e-12) << key;
   }
 }

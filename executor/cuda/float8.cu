@@ -371,6 +371,18 @@ void fp8_tp_linear_bwd(const Bwd& e, const Fp8& g8, const Fp8& x8, int64_t R, in
        N, K, R, need(a.weight_grads, 0, "weight gradient"), true, nullptr);
 }
 
+// The forward's _scaled_mm of tensorwise x8 [R, K] and w8 [N, K]: the two 0-dim reciprocal
+// scales, then y = x8 w8^T into a new bf16 [R, N] output or workspace.
+enum Into { kOutput, kWorkspace };
+Tensor forward_gemm(const Fwd& e, const Fp8& x8, const Fp8& w8, int64_t R, int64_t K, int64_t N,
+                    Into into) {
+  auto [ai, bi] = reciprocals(e, x8, {}, w8, {});
+  Tensor y = into == kOutput ? e.out({{R, N}, kAct}) : e.ws({{R, N}, kAct});
+  gemm(e, {bytes(x8.q), Dtype::kFp8E4m3, K, 1}, {bytes(w8.q), Dtype::kFp8E4m3, 1, K}, &ai, &bi, R,
+       N, K, y, false, nullptr);
+  return y;
+}
+
 }  // namespace
 
 // PrepareFloat8ModuleInput: the shard cast (scale: output 1, max all-reduced), then all-gathered
@@ -394,10 +406,7 @@ Outs fp8_column_linear_fwd(const Fwd& e, Ins in, Ins w) {
   need(wt.type.shape.at(1) == K, "float8 linear: weight and input widths differ");
   Fp8 w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, Axis::kTensor, false, {.reduce = true});
   next(e);
-  auto [ai, bi] = reciprocals(e, x8, {}, w8, {});
-  Tensor y = e.out({{R, N}, kAct});
-  gemm(e, {bytes(x8.q), Dtype::kFp8E4m3, K, 1}, {bytes(w8.q), Dtype::kFp8E4m3, 1, K}, &ai, &bi, R,
-       N, K, y, false, nullptr);
+  Tensor y = forward_gemm(e, x8, w8, R, K, N, kOutput);
   return {y};
 }
 
@@ -422,10 +431,7 @@ Outs fp8_row_linear_fwd(const Fwd& e, Ins in, Ins w) {
   next(e);
   Fp8 w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, Axis::kTensor, false, {.reduce = true});
   next(e);
-  auto [ai, bi] = reciprocals(e, x8, {}, w8, {});
-  Tensor partial = e.ws({{R, N}, kAct});
-  gemm(e, {bytes(x8.q), Dtype::kFp8E4m3, K, 1}, {bytes(w8.q), Dtype::kFp8E4m3, 1, K}, &ai, &bi, R,
-       N, K, partial, false, nullptr);
+  Tensor partial = forward_gemm(e, x8, w8, R, K, N, kWorkspace);
   next(e);
   Tensor y = e.out({{R / tp_size(e), N}, kAct});
   e.c.comm->reduce_scatter(partial, y);

@@ -46,8 +46,10 @@ struct Steps {
   // One hp_tensor_to_float8_dynamic of a [rows, cols] bf16 tensor: |x| and its max (the max over
   // the scale's axis); the fp32 scale (float8 max / amax); the fp32 copy and its product by the
   // scale; the clamp to +-max and the float8 result. Returns the float8 tensor's and the scale's
-  // temporaries.
-  std::pair<int, int> cast(int64_t rows, int64_t cols, Dtype to, std::vector<int64_t> scale) {
+  // temporaries; where the op keeps or passes them on, they are its outputs `q_out` and
+  // `scale_out` (OpStep::outputs) instead, and -1 is returned for them.
+  std::pair<int, int> cast(int64_t rows, int64_t cols, Dtype to, std::vector<int64_t> scale,
+                           int scale_out = -1, int q_out = -1) {
     step();
     temp({{rows, cols}, Dtype::kBf16});  // abs: dies here
     int amax = temp({scale, Dtype::kBf16});
@@ -55,35 +57,22 @@ struct Steps {
     // rowwise takes torch.amax, aten.amax, which it does not.
     if (scale.empty()) s.back().sac_kept.push_back(amax);
     step({amax});
-    int sc = temp({scale, Dtype::kFp32});
-    step({sc});  // the product reads the scale (a recompute of the casts alone ends with them)
+    int sc = -1;
+    if (scale_out >= 0)
+      s.back().outputs.push_back(scale_out);
+    else
+      sc = temp({scale, Dtype::kFp32});
+    // The product reads the scale (a recompute of the casts alone ends with them).
+    step(sc >= 0 ? std::vector<int>{sc} : std::vector<int>{});
     temp({{rows, cols}, Dtype::kFp32});  // tensor.to(float32): dies after the product
     int scaled = temp({{rows, cols}, Dtype::kFp32});
     step({scaled});
     temp({{rows, cols}, Dtype::kFp32});  // the clamp
-    int q = temp({{rows, cols}, to});
-    return {q, sc};
-  }
-  // The same cast where its scale and (unless `shard`) its float8 tensor are the op's outputs
-  // `scale_out` and `q_out` (a tensor the op keeps or passes on). With `shard`, the float8
-  // tensor is a temporary, returned.
-  int cast_out(int64_t rows, int64_t cols, Dtype to, int scale_out, int q_out) {
-    step();
-    temp({{rows, cols}, Dtype::kBf16});
-    int amax = temp({{}, Dtype::kBf16});
-    s.back().sac_kept.push_back(amax);
-    step({amax});
-    s.back().outputs.push_back(scale_out);
-    step();
-    temp({{rows, cols}, Dtype::kFp32});
-    int scaled = temp({{rows, cols}, Dtype::kFp32});
-    step({scaled});
-    temp({{rows, cols}, Dtype::kFp32});
     if (q_out >= 0) {
       s.back().outputs.push_back(q_out);
-      return -1;
+      return {-1, sc};
     }
-    return temp({{rows, cols}, to});
+    return {temp({{rows, cols}, to}), sc};
   }
   // _scaled_mm of two tensorwise float8 operands (tensorwise: no post-scale): the operands'
   // layout copies, the two 0-dim reciprocal scales, then the result.
@@ -103,7 +92,7 @@ struct Steps {
 // all-gather of the float8 shard into output 0.
 std::vector<OpStep> fp8_gather_steps(int64_t R, int64_t K) {
   Steps s;
-  int q = s.cast_out(R, K, Dtype::kFp8E4m3, 1, -1);
+  int q = s.cast(R, K, Dtype::kFp8E4m3, {}, 1).first;
   s.step({q}, kStepResults);
   return std::move(s.s);
 }
@@ -138,7 +127,7 @@ std::vector<OpStep> fp8_column_steps(bool forward, int64_t R, int64_t K, int64_t
 std::vector<OpStep> fp8_row_steps(bool forward, int64_t R, int64_t K, int64_t N, int64_t group) {
   Steps s;
   if (forward) {
-    s.cast_out(R, K, Dtype::kFp8E4m3, 2, 1);
+    s.cast(R, K, Dtype::kFp8E4m3, {}, 2, 1);
     auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {});
     s.gemm({w8, ws}, {}, 0);
     int partial = s.temp({{R, N}, Dtype::kBf16});
