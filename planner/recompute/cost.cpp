@@ -566,6 +566,42 @@ double pipeline_p2p_seconds(double bytes, const TrainSpec& t, const HardwareMode
   return 2.0 * v * (bytes / bw + latency);
 }
 
+double fsdp_exposed_seconds(const std::vector<FsdpUnitTimes>& units) {
+  const size_t n = units.size();
+  double link = 0;  // when the link is free
+  auto collective = [&link](double earliest, double seconds) {
+    link = std::max(link, earliest) + seconds;
+    return link;
+  };
+  // Forward, in module order: unit i's gather waits for the copy-out of unit i - 2, at the start
+  // of its forward.
+  std::vector<double> start(n, 0.0);
+  double end = 0, work = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const FsdpUnitTimes& u = units[i];
+    double ready = 0;
+    if (u.gather_forward > 0) ready = collective(i >= 2 ? start[i - 2] : 0.0, u.gather_forward);
+    start[i] = std::max(end, ready);
+    end = start[i] + u.forward;
+    work += u.forward;
+  }
+  // Backward, in reverse: the first unit's own gather, then each pre-backward prefetches the
+  // unit before it, and each post-backward reduces the unit's gradients.
+  std::vector<double> gathered(n, 0.0);
+  if (n > 0 && units[n - 1].gather_backward > 0)
+    gathered[n - 1] = collective(end, units[n - 1].gather_backward);
+  for (size_t k = n; k-- > 0;) {
+    const FsdpUnitTimes& u = units[k];
+    double begin = std::max(end, gathered[k]);
+    if (k > 0 && units[k - 1].gather_backward > 0)
+      gathered[k - 1] = collective(begin, units[k - 1].gather_backward);
+    end = begin + u.backward;
+    work += u.backward;
+    if (u.reduce > 0) collective(end, u.reduce);
+  }
+  return std::max(end, link) - work;
+}
+
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -573,8 +609,9 @@ int64_t ceil_div(int64_t a, int64_t b) {
 }
 
 // Optimizer and gradient communication of one stage, per step.
+// `compute`: each block's forward and backward (with its recompute) of one micro-batch.
 void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec& t,
-                StageSeconds& st) {
+                const std::vector<BlockTime>& compute, StageSeconds& st) {
   // This rank's parameters (tied weights once per stage, as the schedule allocates them), and per
   // block for the per-micro-batch ZeRO-2/3 collectives.
   int64_t dense = 0, expert = 0, tp_partial = 0;
@@ -642,9 +679,15 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
     // replicas (the schedule's gather_params and reduce_grads instructions). FSDP's float8
     // all-gather moves its float8 weights at one byte an element.
     // Under PP each unit is gathered once and reduced once per step (docs/fsdp.md).
+    // What the step waits for of them: fsdp_exposed_seconds over each micro-batch, or under PP
+    // over the first forward, every reduction then following the last backward.
     const int64_t shards = t.fsdp_shards(), replicas = t.dp_replicate;
     const double times = t.pp > 1 ? 1 : m;
+    std::vector<FsdpUnitTimes> units(per_block.size());
+    double after = 0;  // under PP: the reductions after the last backward
     for (size_t b = 0; b < per_block.size(); ++b) {
+      FsdpUnitTimes& u = units[b];
+      u.forward = compute[b].forward, u.backward = compute[b].backward;
       double nn = static_cast<double>(per_block[b].first + per_block[b].second);
       if (nn == 0) continue;
       bool again = t.reshard_after_forward && t.pp == 1 && b + 1 < per_block.size();
@@ -652,14 +695,18 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
       const bool within = t.tp * shards <= hw.gpus_per_node;
       if (shards > 1) {
         const double gathered = nn * 2 - static_cast<double>(fp8_gathered[b]);  // bytes
-        c += times * (again ? 2 : 1) *
-             collective_seconds("all_gather", gathered, shards, within, hw);
-        c += times * collective_seconds("reduce_scatter", nn * 4, shards, within, hw);
+        u.gather_forward = collective_seconds("all_gather", gathered, shards, within, hw);
+        if (again) u.gather_backward = u.gather_forward;
+        u.reduce = collective_seconds("reduce_scatter", nn * 4, shards, within, hw);
       }
       if (replicas > 1)
-        c += times * collective_seconds("all_reduce", nn * 4 / static_cast<double>(shards), replicas,
-                                    t.gpus() <= hw.gpus_per_node, hw);
+        u.reduce += collective_seconds("all_reduce", nn * 4 / static_cast<double>(shards), replicas,
+                                       t.gpus() <= hw.gpus_per_node, hw);
+      st.fsdp_comm += times * (u.gather_forward + u.gather_backward + u.reduce);
+      if (t.pp > 1) after += u.reduce, u.reduce = 0;
     }
+    st.fsdp_exposed = times * fsdp_exposed_seconds(units) + after;
+    c += st.fsdp_comm;
   }
   for (auto [n, group] : {std::pair{dense, dense_dp}, std::pair{expert, expert_dp}}) {
     if (t.fsdp || n == 0 || group <= 1) continue;
@@ -715,7 +762,8 @@ double exposed_comm(const StageSeconds& st, int64_t stage, const TrainSpec& t) {
     }
   }
   if (t.overlap_param_gather) gather = std::max(0.0, gather - st.forward);
-  return st.grad_comm - st.grad_reduce - st.param_gather + reduce + gather;
+  return st.grad_comm - st.grad_reduce - st.param_gather - st.fsdp_comm + reduce + gather +
+         st.fsdp_exposed;
 }
 
 }  // namespace
@@ -730,6 +778,9 @@ std::string overlap_text(const TrainSpec& t) {
                                        "with their GEMMs (--tp-comm-overlap, Transformer "
                                        "Engine's userbuffers)"
                                      : "";
+  if (t.fsdp)
+    dp = "FSDP2's all-gathers and reduce-scatters on their own streams, overlapped with the "
+         "other blocks' compute (two gathers in flight forward, one prefetched backward)";
   if (dp.empty() && tp.empty()) return "no communication overlapped with compute";
   return dp.empty() ? tp : tp.empty() ? dp : dp + "; " + tp;
 }
@@ -743,19 +794,22 @@ StepTime step_time(const Schedule& s, const HardwareModel& hw) {
   double flops = 0, recompute_flops = 0;  // one rank per stage, one micro-batch
   for (const StageProgram& p : s.stages) {
     StageSeconds st;
+    std::vector<BlockTime> compute;  // each block's, its recompute with its backward
     for (const StageBlock& b : p.blocks) {
       const BlockGraph& g = *b.graph;
       auto it = cache.find(&g);
       if (it == cache.end()) it = cache.emplace(&g, block_seconds(g, hw, t)).first;
+      const double re = recompute_seconds(g, b.policy.recompute, hw, t);
+      compute.push_back({it->second.forward, it->second.backward + re});
       st.forward += it->second.forward;
       st.backward += it->second.backward;
-      st.recompute += recompute_seconds(g, b.policy.recompute, hw, t);
+      st.recompute += re;
       flops += g.forward_flops() + g.backward_flops();
       for (size_t o = 0; o < g.ops.size(); ++o)
         if (o < b.policy.recompute.size() && b.policy.recompute[o])
           recompute_flops += g.ops[o].flops;
     }
-    stage_tail(p, hw, t, st);
+    stage_tail(p, hw, t, compute, st);
     for (const StageBlock& b : p.blocks)
       if (b.kind == BlockKind::kLayer) {
         st.p2p = pipeline_p2p_seconds(pipeline_p2p_bytes(*b.graph, t), t, hw);

@@ -107,6 +107,25 @@ double pipeline_p2p_bytes(const ModelSpec& m, const TrainSpec& t);  // of build_
 double pipeline_p2p_seconds(double bytes, const TrainSpec& t, const HardwareModel& hw);
 double pipeline_p2p_seconds(const ModelSpec& m, const TrainSpec& t, const HardwareModel& hw);
 
+// FSDP2's collectives against the compute they overlap (PyTorch 2.10,
+// torch/distributed/fsdp/_fully_shard/: _fsdp_param_group.py, _fsdp_state.py,
+// _fsdp_collectives.py). All-gathers run on their own streams and reduce-scatters on theirs, so
+// the compute stream waits only for the unit it needs. Forward: a unit's pre-forward issues its
+// all-gather and the CPU runs ahead of the GPU, so the gathers run ahead of the compute, held back
+// only by FSDP's memory limit (wait_for_unshard makes the all-gather streams wait for the copy-out
+// of the unit two before: two gathers in flight). Backward: a unit's pre-backward prefetches the
+// unit before it (_backward_prefetch), and its post-backward reduce-scatters its gradients once
+// they are computed (HSDP's all-reduce follows on its own stream). The collectives share one link,
+// taken in the order they are issued; the compute stream runs the units in turn.
+struct FsdpUnitTimes {
+  double forward = 0, backward = 0;  // compute, one micro-batch (backward with its recompute)
+  double gather_forward = 0, gather_backward = 0;  // its all-gather before each; 0: none
+  double reduce = 0;  // after its backward: its reduce-scatter (and HSDP all-reduce); 0: none
+};
+// The seconds a micro-batch's forward and backward take beyond their compute: the collectives
+// the compute waits for, and those still running after the last backward. Units in module order.
+double fsdp_exposed_seconds(const std::vector<FsdpUnitTimes>& units);
+
 struct StageSeconds {
   double forward = 0, recompute = 0, backward = 0;  // per micro-batch, all blocks of the stage
   double p2p = 0;                                   // per micro-batch: pipeline_p2p_seconds
@@ -116,6 +135,9 @@ struct StageSeconds {
   // overlap; and this rank's gradient elements, which its buckets divide.
   double grad_reduce = 0, param_gather = 0;
   int64_t grad_elements = 0;
+  // Of grad_comm under FSDP: its all-gathers, reduce-scatters and HSDP all-reduces, and the part
+  // of them the step waits for (fsdp_exposed_seconds).
+  double fsdp_comm = 0, fsdp_exposed = 0;
   // grad_comm as the step sees it: grad_reduce and param_gather less what the setup overlaps.
   double exposed_comm = 0;
   double microbatch() const { return forward + recompute + backward + p2p; }
