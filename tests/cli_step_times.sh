@@ -10,7 +10,7 @@ python3 "$SRC_DIR/tools/step_accuracy.py" --nanoplan "$NP" \
   --cost-check "$(dirname "$NP")/cost_check" --check >"$TMP/table.md"
 rc=$?
 check "every published step time within the bound or with its reason" \
-  '[ $rc -eq 0 ] && grep -q "b200: 36 cases" "$TMP/table.md" && grep -q "a100-80gb: 28 cases" "$TMP/table.md"'
+  '[ $rc -eq 0 ] && grep -q "b200: 36 cases" "$TMP/table.md" && grep -q "a100-80gb: 28 cases" "$TMP/table.md" && grep -q "h100-sxm-80gb: 20 cases" "$TMP/table.md"'
 python3 - "$TMP/table.md" "$SRC_DIR/docs/step-times.md" <<'PY'
 import sys
 table, doc = open(sys.argv[1]).read(), open(sys.argv[2]).read()
@@ -18,6 +18,35 @@ sys.exit(0 if table in doc else 1)
 PY
 rc=$?
 check "docs/step-times.md shows the table the data recomputes" '[ $rc -eq 0 ]'
+
+# A throughput and the step time it gives are the same case: torchtitan's 8-GPU run (16,384
+# tokens a GPU a step) as 5,762 tokens/s/GPU, as 46,096 tokens/s over the job and as the step's
+# 2.8435 s have one error, the step time's; a unit the script does not know is refused.
+for unit in 'tokens/s/GPU|5762.0' 'tokens/s|46096.0' 's|2.843457' 'min|1.0'; do
+  cat >>"$TMP/units.toml" <<TOML
+[[case]]
+id = "u-${unit%%|*}"
+source = "x"
+label = "x"
+counter = "x"
+gpu = "h100-sxm-80gb"
+unit = "${unit%%|*}"
+args = "--torchtitan-config tests/data/torchtitan_llama3_8b_h100_202412.toml --gpus 8"
+outside_bound = "x"
+measured = ${unit#*|}
+TOML
+  [ "${unit%%|*}" = s ] && cp "$TMP/units.toml" "$TMP/three.toml"
+done
+python3 "$SRC_DIR/tools/step_accuracy.py" --nanoplan "$NP" --cost-check "$(dirname "$NP")/cost_check" \
+  --data "$TMP/three.toml" >"$TMP/units.md" 2>&1
+rc=$?
+check "a throughput's error is its step time's" \
+  '[ $rc -eq 0 ] && [ "$(grep -c "| u-" "$TMP/units.md")" -eq 3 ] && [ "$(grep "| u-" "$TMP/units.md" | sed "s/.*| \([^|]*\) % |$/\1/" | sort -u | wc -l)" -eq 1 ] && grep -q "| u-s | .* | -4[0-9]\.[0-9] % |" "$TMP/units.md"'
+python3 "$SRC_DIR/tools/step_accuracy.py" --nanoplan "$NP" --cost-check "$(dirname "$NP")/cost_check" \
+  --data "$TMP/units.toml" >"$TMP/units.md" 2>&1
+rc=$?
+check "an unknown unit is refused by name" \
+  '[ $rc -ne 0 ] && grep -q "u-min: unit .min. is none of ms, s, tokens/s, tokens/s/GPU" "$TMP/units.md"'
 
 # Which figures the times use, in the table and in JSON.
 "$NP" estimate --model llama-3.1-8b --gpu b200 >"$TMP/out.txt" 2>&1
