@@ -58,6 +58,11 @@ def predict(nanoplan, case):
     return st["seconds"] * (1e3 if case["unit"] == "ms" else 1.0)
 
 
+def figure(value, unit):
+    """A figure as the table prints it: times to two decimals, throughputs in whole tokens."""
+    return f"{value:,.0f} {unit}" if unit.startswith("tokens/s") else f"{value:.2f} {unit}"
+
+
 def step_error(case, predicted):
     """The predicted step time's error: negative when the prediction is faster (a throughput's
     error is measured / predicted - 1, the same quantity)."""
@@ -123,7 +128,8 @@ def main():
     print("|---|---|---|---:|---:|---:|")
     everything = papers + rows + [r for r, _ in outside]
     for src, gpu, what, m, p, unit, err in everything:
-        print(f"| {src} | {gpu} | {what} | {m:.2f} {unit} | {p:.2f} {unit} | {100 * err:+.1f} % |")
+        print(f"| {src} | {gpu} | {what} | {figure(m, unit)} | {figure(p, unit)} | "
+              f"{100 * err:+.1f} % |")
     print()
 
     def summary(label, errs):
@@ -142,7 +148,7 @@ def main():
     if outside:
         print("\nOutside the bound, with the reason:\n")
         for (src, gpu, what, m, p, unit, err), why in outside:
-            print(f"- {what} ({gpu}): measured {m:.2f} {unit}, predicted {p:.2f} {unit} "
+            print(f"- {what} ({gpu}): measured {figure(m, unit)}, predicted {figure(p, unit)} "
                   f"({100 * err:+.1f} %): {why}")
     if not_expressible:
         print("\nNot expressible yet:\n")
