@@ -121,12 +121,14 @@ TEST(Collectives, RingAllGatherAndInterNodeBandwidth) {
   EXPECT_DOUBLE_EQ(collective_seconds("all_reduce", 67108864.0, 8, true, kH100), 2 * expected);
   EXPECT_EQ(collective_seconds("all_gather", 67108864.0, 1, true, kH100), 0);
 
-  // TP 16 is larger than an 8-GPU node: 15/16 x 67,108,864 / 50e9 + 15 x 10 us = 1.408 ms.
+  // TP 16 is larger than an 8-GPU node: the network's bandwidth, and of the ring's 15 steps the
+  // one from node to node at the network's 10 us, the 14 inside a node at NVLink's 5 us:
+  // 15/16 x 67,108,864 / 50e9 + 14 x 5 us + 10 us = 1.338 ms.
   t.tp = 16;
   BlockGraph wide =
       one_op(OpKind::kAllGather, {.group = 16}, {bf16(256, 8192)}, "all_gather", "reduce_scatter");
   EXPECT_DOUBLE_EQ(op_seconds(wide, 0, kH100, t, false),
-                   15.0 / 16 * 67108864.0 / 50e9 + 15 * 10e-6);
+                   15.0 / 16 * 67108864.0 / 50e9 + 14 * 5e-6 + 10e-6);
 
   // Plain TP: the column linear's backward all-reduces its input gradient (Megatron's f), counted
   // on top of the GEMMs: 2 x (7/8 x 4096 x 8192 x 2 / 450e9 + 7 x 5 us).
@@ -137,6 +139,31 @@ TEST(Collectives, RingAllGatherAndInterNodeBandwidth) {
   EXPECT_NEAR(op_seconds(col, 0, kH100, t, true) - op_seconds(bare, 0, kH100, t, true),
               2 * expected, 1e-12);
   EXPECT_DOUBLE_EQ(op_seconds(col, 0, kH100, t, false), op_seconds(bare, 0, kH100, t, false));
+}
+
+// Across nodes, NCCL's ring pays the network's latency only on the steps from node to node
+// (NVIDIA/nccl src/graph/tuning.cc): 512 ranks, 8 to a node, take 448 steps inside a node and 63
+// across; an all-reduce twice each. One rank a node: every step crosses. A node's measured NVLink
+// step latency stands for the steps inside it.
+TEST(Collectives, OnlyTheStepsBetweenNodesPayTheNetworksLatency) {
+  const double b = 1e9, wire = 511.0 / 512 * b / 50e9;
+  EXPECT_DOUBLE_EQ(collective_seconds("all_gather", b, 512, false, kH100, 8),
+                   wire + 448 * 5e-6 + 63 * 10e-6);
+  EXPECT_DOUBLE_EQ(collective_seconds("reduce_scatter", b, 512, false, kH100, 8),
+                   wire + 448 * 5e-6 + 63 * 10e-6);
+  EXPECT_DOUBLE_EQ(collective_seconds("all_reduce", b, 512, false, kH100, 8),
+                   2 * (wire + 448 * 5e-6 + 63 * 10e-6));
+  EXPECT_DOUBLE_EQ(collective_seconds("all_gather", b, 512, false, kH100),
+                   wire + 511 * 10e-6);
+  EXPECT_DOUBLE_EQ(collective_seconds("all_gather", b, 512, false, kH100, 1),
+                   collective_seconds("all_gather", b, 512, false, kH100));
+  // More ranks to a node than the group holds: one node's worth, no crossing.
+  EXPECT_DOUBLE_EQ(collective_seconds("all_gather", b, 4, false, kH100, 8),
+                   3.0 / 4 * b / 50e9 + 3 * 5e-6);
+  HardwareModel measured = kH100;
+  measured.perf.nvlink.push_back({"all_gather", CollectivePerf{360e9, 3e-6, 20e-6}});
+  EXPECT_DOUBLE_EQ(collective_seconds("all_gather", b, 16, false, measured, 8),
+                   15.0 / 16 * b / 50e9 + 14 * 3e-6 + 10e-6);
 }
 
 TEST(Hardware, CatalogFiguresAndDefaults) {

@@ -285,7 +285,9 @@ double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const Hardw
       const TensorType& y = g.tensors[op.outputs[0]].type;
       bytes = static_cast<double>(y.elements() * op.attrs.group) * (backward ? 1.0 : 2.0);
     }
-    s += collective_seconds(kind, bytes, group, span <= hw.gpus_per_node, hw);
+    // The group's ranks span / group apart: gpus_per_node x group / span of them share a node.
+    s += collective_seconds(kind, bytes, group, span <= hw.gpus_per_node, hw,
+                            std::max<int64_t>(1, hw.gpus_per_node * group / span));
     int partner = t.tp_comm_overlap ? tp_overlap_partner(g, op) : -1;
     if (partner >= 0) s = tp_overlap_exposed(g, op, g.ops[partner], hw, t, backward, s);
     // The combine's backward exchanges the expert outputs again (for the probabilities'
@@ -296,7 +298,8 @@ double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const Hardw
   // logit max, the target logit and the sum of exponentials, as Megatron's).
   if (is_loss(op.kind) && !backward && t.tp > 1) {
     double row = 4.0 * static_cast<double>(g.tensors[op.inputs[0]].type.shape.at(0));
-    s += 3 * collective_seconds("all_reduce", row, t.tp, t.tp <= hw.gpus_per_node, hw);
+    s += 3 * collective_seconds("all_reduce", row, t.tp, t.tp <= hw.gpus_per_node, hw,
+                                hw.gpus_per_node);
   }
   return s;
 }
@@ -433,7 +436,7 @@ std::string efficiency_basis(const HardwareModel& hw) {
 }
 
 double collective_seconds(std::string_view kind, double bytes_full, int64_t group, bool intra_node,
-                          const HardwareModel& hw) {
+                          const HardwareModel& hw, int64_t ranks_per_node) {
   if (group <= 1 || kind.empty()) return 0;
   if (const CollectivePerf* c = intra_node ? hw.perf.collective(kind) : nullptr) {
     // nccl-tests' bus bandwidth: the ring's (g - 1) / g of the full tensor per rank, twice for
@@ -443,9 +446,20 @@ double collective_seconds(std::string_view kind, double bytes_full, int64_t grou
            c->call_latency_s;
   }
   double bw = intra_node ? hw.intra_node_bytes_per_s : hw.inter_node_bytes_per_s;
-  double alpha = intra_node ? hw.link_latency_s : hw.inter_node_latency_s;
   double g = static_cast<double>(group);
-  double one = (g - 1) / g * bytes_full / bw + (g - 1) * alpha;
+  double latency = (g - 1) * hw.link_latency_s;
+  if (!intra_node) {
+    // NCCL's ring over several nodes (NVIDIA/nccl 5067397, src/graph/tuning.cc,
+    // ncclTopoTuneModel): of its nsteps, nInterSteps = nNodes - 1 cross the network (twice for an
+    // all-reduce, counted below) and the rest run inside a node, (nsteps - nInterSteps) x intraLat
+    // + nInterSteps x interLat.
+    const CollectivePerf* c = hw.perf.collective(kind);
+    const double intra = c ? c->step_latency_s : hw.link_latency_s;
+    const double per_node = static_cast<double>(std::clamp<int64_t>(ranks_per_node, 1, group));
+    const double crossing = std::ceil(g / per_node) - 1;
+    latency = (g - 1 - crossing) * intra + crossing * hw.inter_node_latency_s;
+  }
+  double one = (g - 1) / g * bytes_full / bw + latency;
   if (kind == "all_gather" || kind == "reduce_scatter" || kind == "all_to_all") return one;
   if (kind == "all_reduce") return 2 * one;  // ring: reduce-scatter then all-gather
   return one;
@@ -668,8 +682,10 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   // tp x dp consecutive ranks of one pipeline stage.
   bool intra = t.tp * t.cp * t.dp <= hw.gpus_per_node;
   double m = static_cast<double>(t.microbatches);
+  // A data-parallel group's ranks are tp x cp apart (experts' too: ep sits inside dp).
+  const int64_t dp_per_node = std::max<int64_t>(1, hw.gpus_per_node / (t.tp * t.cp));
   auto coll = [&](const char* kind, double bytes, int64_t group) {
-    return collective_seconds(kind, bytes, group, intra, hw);
+    return collective_seconds(kind, bytes, group, intra, hw, dp_per_node);
   };
   double c = 0;
   if (t.fsdp) {
@@ -691,17 +707,21 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
       double nn = static_cast<double>(per_block[b].first + per_block[b].second);
       if (nn == 0) continue;
       bool again = t.reshard_after_forward && t.pp == 1 && b + 1 < per_block.size();
-      // The shard group: tp x cp x dp / replicas consecutive ranks.
+      // The shard group: tp x cp x dp / replicas consecutive ranks, its own ranks tp apart (so
+      // gpus_per_node / tp of them share a node); HSDP's replicas tp x shards apart.
       const bool within = t.tp * shards <= hw.gpus_per_node;
+      const int64_t per_node = std::max<int64_t>(1, hw.gpus_per_node / t.tp);
       if (shards > 1) {
         const double gathered = nn * 2 - static_cast<double>(fp8_gathered[b]);  // bytes
-        u.gather_forward = collective_seconds("all_gather", gathered, shards, within, hw);
+        u.gather_forward =
+            collective_seconds("all_gather", gathered, shards, within, hw, per_node);
         if (again) u.gather_backward = u.gather_forward;
-        u.reduce = collective_seconds("reduce_scatter", nn * 4, shards, within, hw);
+        u.reduce = collective_seconds("reduce_scatter", nn * 4, shards, within, hw, per_node);
       }
       if (replicas > 1)
         u.reduce += collective_seconds("all_reduce", nn * 4 / static_cast<double>(shards), replicas,
-                                       t.gpus() <= hw.gpus_per_node, hw);
+                                       t.gpus() <= hw.gpus_per_node, hw,
+                                       std::max<int64_t>(1, per_node / shards));
       st.fsdp_comm += times * (u.gather_forward + u.gather_backward + u.reduce);
       if (t.pp > 1) after += u.reduce, u.reduce = 0;
     }
@@ -734,7 +754,7 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   // TP rank: one bucketed all-reduce over TP per step (Megatron's layernorm-grad all-reduce).
   if (tp_partial > 0)
     c += collective_seconds("all_reduce", static_cast<double>(tp_partial) * gb, t.tp,
-                            t.tp <= hw.gpus_per_node, hw);
+                            t.tp <= hw.gpus_per_node, hw, hw.gpus_per_node);
   st.grad_comm = c;
 }
 

@@ -71,9 +71,12 @@ double gemm_efficiency(double m, double n, double k);
 // over `group` ranks, bytes_full being the full (gathered / unreduced) tensor; intra_node picks
 // NVLink or the inter-node network. Ring alpha-beta:
 // all_gather / reduce_scatter / all_to_all: (g-1)/g x bytes_full / bw + (g-1) x alpha,
-// all_reduce: twice that. 0 for a group of one.
+// all_reduce: twice that. 0 for a group of one. Across nodes the bandwidth is the network's and,
+// as NCCL's ring counts them, only the steps that cross from one node to the next pay the
+// network's alpha, the others the NVLink's: ranks_per_node of the group's ranks share each node
+// (1: every step crosses).
 double collective_seconds(std::string_view kind, double bytes_full, int64_t group, bool intra_node,
-                          const HardwareModel& hw);
+                          const HardwareModel& hw, int64_t ranks_per_node = 1);
 
 // Time of one op instance on one rank (seconds), forward or backward (backward = input + weight
 // gradients), including the collective the op runs in that direction (not overlapped).
