@@ -87,8 +87,8 @@ NANOPLAN_CUDA_MODULE="$EMU" "$NP" calibrate --gpu h200 -o "$TMP/cal2.toml" --gem
   --attention-shapes 64x2 --head-dim 16 --copy-bytes 1MiB --repetitions 2 --ranks 2 \
   --collective-bytes 64KiB,1MiB >"$TMP/out" 2>"$TMP/err"; rc=$?
 "$NP" estimate --model "$TMP/tiny.toml" --gpu "$TMP/cal2.toml" --tp 2 --recompute none --format json >"$TMP/cal2.json" 2>&1; rc2=$?
-check "calibrate --ranks 2: NCCL's all-reduce, all-gather and reduce-scatter timed and fitted into the NVLink rows" \
-  '[ $rc -eq 0 ] && [ $rc2 -eq 0 ] && grep -q "NCCL collectives over 2 ranks" "$TMP/out" && grep -q "^# all_gather over 2 ranks: 65,536 B .* us; 1,048,576 B .* us;" "$TMP/cal2.toml" && grep -q "^nvlink_source = \"nanoplan calibrate on the CUDA emulation.*NCCL over 2 ranks" "$TMP/cal2.toml" && [ "$(sed -n "/^\[gpu.perf.nvlink\]/,\$p" "$TMP/cal2.toml" | grep -cE "^(all_reduce|all_gather|reduce_scatter) = \[")" -eq 3 ] || { cat "$TMP/out" "$TMP/err" "$TMP/cal2.toml"; false; }'
+check "calibrate --ranks 2: NCCL's all-reduce, all-gather, reduce-scatter, all-to-all and point-to-point timed and fitted into the NVLink rows" \
+  '[ $rc -eq 0 ] && [ $rc2 -eq 0 ] && grep -q "NCCL collectives over 2 ranks" "$TMP/out" && grep -q "^# all_gather over 2 ranks: 65,536 B .* us; 1,048,576 B .* us;" "$TMP/cal2.toml" && grep -q "^nvlink_source = \"nanoplan calibrate on the CUDA emulation.*NCCL over 2 ranks" "$TMP/cal2.toml" && [ "$(sed -n "/^\[gpu.perf.nvlink\]/,\$p" "$TMP/cal2.toml" | grep -cE "^(all_reduce|all_gather|reduce_scatter|all_to_all|p2p) = \[")" -eq 5 ] && grep -q "^# p2p over 2 ranks: 65,536 B .* us;" "$TMP/cal2.toml" || { cat "$TMP/out" "$TMP/err" "$TMP/cal2.toml"; false; }'
 for bad in "--gpu nope -o $TMP/x.toml" "--gpu h200 -o $TMP/x.toml --gemm-shapes 64x48" "--gpu h200 -o $TMP/x.toml --attention-shapes 0x2" "--gpu h200 -o $TMP/x.toml --ranks 0" "--gpu h200 -o $TMP/x.toml --collective-bytes 1MiB,0"; do
   NANOPLAN_CUDA_MODULE="$EMU" "$NP" calibrate $bad >"$TMP/out" 2>&1; rc=$?
   check "calibrate $bad: exit 2, one line, nothing written" '[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/out")" -eq 1 ] && [ ! -e "$TMP/x.toml" ]'

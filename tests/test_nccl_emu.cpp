@@ -153,6 +153,67 @@ TEST(NcclEmulation, GroupCallsRunAtTheOutermostGroupEnd) {
   for (ncclComm_t c : comms) ncclCommDestroy(c);
 }
 
+// Point to point: each send is matched by its peer's receive, in order; grouped, every rank may
+// send to and receive from every other (an all-to-all) without waiting for the others first;
+// the buffers, peers and matching counts as NCCL requires.
+TEST(NcclEmulation, SendsMeetTheirPeersReceives) {
+  constexpr int n = 3;
+  std::vector<ncclComm_t> comms = clique(n);
+  on_ranks(n, [&](int r) {
+    ncclComm_t c = comms[r];
+    // A chain outside any group: 0 sends to 1, which receives and sends to 2.
+    float* x = device<float>({10.f * (r + 1), 0.5f});
+    float* y = device<float>({0.f, 0.f});
+    if (r == 0) EXPECT_EQ(ncclSend(x, 2, ncclFloat32, 1, c, nullptr), ncclSuccess);
+    if (r == 1) {
+      EXPECT_EQ(ncclRecv(y, 2, ncclFloat32, 0, c, nullptr), ncclSuccess);
+      EXPECT_EQ(host(y, 2), (std::vector<float>{10.f, 0.5f}));
+      EXPECT_EQ(ncclSend(x, 1, ncclFloat32, 2, c, nullptr), ncclSuccess);
+    }
+    if (r == 2) {
+      EXPECT_EQ(ncclRecv(y, 1, ncclFloat32, 1, c, nullptr), ncclSuccess);
+      EXPECT_EQ(host(y, 1)[0], 20.f);
+    }
+    // An all-to-all: rank r sends 100 r + p to each p (itself included), in one group.
+    std::vector<float> mine(n);
+    for (int p = 0; p < n; ++p) mine[p] = 100.f * r + p;
+    float* in = device<float>(mine);
+    float* out = device<float>(std::vector<float>(n, -1.f));
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int p = 0; p < n; ++p) {
+      ASSERT_EQ(ncclSend(in + p, 1, ncclFloat32, p, c, nullptr), ncclSuccess);
+      ASSERT_EQ(ncclRecv(out + p, 1, ncclFloat32, p, c, nullptr), ncclSuccess);
+    }
+    EXPECT_EQ(host(out, n), std::vector<float>(n, -1.f));  // queued until the group ends
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+    std::vector<float> want(n);
+    for (int p = 0; p < n; ++p) want[p] = 100.f * p + r;
+    EXPECT_EQ(host(out, n), want);
+    // Two messages to one peer arrive in the order they were sent.
+    if (r == 0) {
+      ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+      ASSERT_EQ(ncclSend(in, 1, ncclFloat32, 2, c, nullptr), ncclSuccess);
+      ASSERT_EQ(ncclSend(in + 2, 1, ncclFloat32, 2, c, nullptr), ncclSuccess);
+      ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+    }
+    if (r == 2) {
+      EXPECT_EQ(ncclRecv(y, 1, ncclFloat32, 0, c, nullptr), ncclSuccess);
+      EXPECT_EQ(ncclRecv(y + 1, 1, ncclFloat32, 0, c, nullptr), ncclSuccess);
+      EXPECT_EQ(host(y, 2), (std::vector<float>{0.f, 2.f}));
+    }
+    // Refused before anything moves: a host buffer, a peer out of range, a short buffer.
+    float h = 0;
+    EXPECT_EQ(ncclSend(&h, 1, ncclFloat32, (r + 1) % n, c, nullptr), ncclInvalidArgument);
+    EXPECT_EQ(ncclRecv(y, 1, ncclFloat32, n, c, nullptr), ncclInvalidArgument);
+    EXPECT_EQ(ncclSend(x, 3, ncclFloat32, (r + 1) % n, c, nullptr), ncclInvalidArgument);
+    // A receive whose count is not the send's: both sides told.
+    if (r == 0) EXPECT_EQ(ncclSend(x, 2, ncclFloat32, 1, c, nullptr), ncclInvalidUsage);
+    if (r == 1) EXPECT_EQ(ncclRecv(y, 1, ncclFloat32, 0, c, nullptr), ncclInvalidUsage);
+    cudaFree(x), cudaFree(y), cudaFree(in), cudaFree(out);
+  });
+  for (ncclComm_t c : comms) ncclCommDestroy(c);
+}
+
 // The backend's NCCL communicator (nccl.cu) over the emulation: the TP group's collectives on
 // device tensors, NCCL's memory measured around its initialisation, and a host tensor refused
 // as NCCL refuses it (the cross-entropy's host vector was such a defect).
@@ -202,7 +263,9 @@ TEST(CalibrateCollectives, TimesEveryKindAndFitsTheCostModelsForm) {
   o.ranks = 3, o.bytes = {6 * 1024, 6 * 65536}, o.warmup = 1, o.repetitions = 2;
   Result<std::vector<cuda::CalibratedCollective>> r = cuda::calibrate_collectives(o);
   ASSERT_TRUE(r.ok()) << r.error().message;
-  ASSERT_EQ(r->size(), 3u);
+  ASSERT_EQ(r->size(), 5u);
+  EXPECT_EQ((*r)[3].kind, "all_to_all");
+  EXPECT_EQ((*r)[4].kind, "p2p");
   for (const cuda::CalibratedCollective& c : *r) {
     EXPECT_EQ(c.ranks, 3);
     ASSERT_EQ(c.seconds.size(), 2u) << c.kind;
@@ -222,6 +285,13 @@ TEST(CalibrateCollectives, TimesEveryKindAndFitsTheCostModelsForm) {
     EXPECT_NEAR(c.bus_bytes_per_s, 360e9, 360e9 * 1e-6) << kind;
     EXPECT_NEAR(c.step_latency_s, 5e-6, 5e-12) << kind;
   }
+  // A point-to-point message: its bytes once, one latency (pipeline_p2p_seconds's form).
+  cuda::CalibratedCollective p2p{"p2p", 8, {}, 0, 0};
+  for (int64_t bytes : {int64_t{1} << 16, int64_t{1} << 22, int64_t{1} << 28})
+    p2p.seconds.push_back({bytes, static_cast<double>(bytes) / 300e9 + 8e-6});
+  cuda::fit_collective(p2p);
+  EXPECT_NEAR(p2p.bus_bytes_per_s, 300e9, 300e9 * 1e-6);
+  EXPECT_NEAR(p2p.step_latency_s, 8e-6, 8e-12);
   cuda::CalibratedCollective flat{"reduce_scatter", 2, {{1024, 1e-3}, {4096, 1e-3}}, 0, 0};
   cuda::fit_collective(flat);  // no growth with size: the slowest rate, no latency
   EXPECT_DOUBLE_EQ(flat.bus_bytes_per_s, 0.5 * 1024 / 1e-3);

@@ -1280,7 +1280,8 @@ int main(int argc, char** argv) {
           "1 measures none)",
           1, 1024);
   cal->add_option("--collective-bytes", f.collective_bytes,
-                  "all-reduce, all-gather and reduce-scatter sizes to time (the full tensor)")
+                  "collective sizes to time: the full tensor (all-reduce, all-gather, "
+                  "reduce-scatter), what each rank sends (all-to-all, point-to-point)")
       ->capture_default_str();
   cal->add_option("--models-dir", f.models_dir, "model catalog folder");
   CLI::App* models = app.add_subcommand("models", "list the model catalog with parameter counts");

@@ -46,10 +46,12 @@ struct Calibration {
 // Runs on the current device; a CUDA error becomes the Error's one line.
 Result<Calibration> calibrate(const CalibrateOptions& o);
 
-// NCCL's all-reduce, all-gather and reduce-scatter over `ranks` GPUs of this machine (rank r on
-// device r; one thread per rank, one communicator), as nccl-tests measures them: bf16, in place
-// for the all-reduce, each size the full tensor (the all-gather's output, the reduce-scatter's
-// input). Built with NCCL (executor/cuda/calibrate_nccl.cu) and over the NCCL emulation, where
+// NCCL's all-reduce, all-gather, reduce-scatter, all-to-all and point-to-point over `ranks` GPUs
+// of this machine (rank r on device r; one thread per rank, one communicator), as nccl-tests
+// measures them: bf16, in place for the all-reduce, each size the full tensor (the all-gather's
+// output, the reduce-scatter's input, what each rank sends in the all-to-all, a send and
+// receive per peer in one group, and the message each rank sends to the next and receives from
+// the previous in one group). Built with NCCL (executor/cuda/calibrate_nccl.cu) and over the NCCL emulation, where
 // the ranks are threads on the one emulated device.
 struct CollectiveOptions {
   int ranks = 2;
@@ -57,12 +59,13 @@ struct CollectiveOptions {
   int warmup = 3, repetitions = 10;
 };
 struct CalibratedCollective {
-  std::string kind;  // all_reduce, all_gather, reduce_scatter
+  std::string kind;  // all_reduce, all_gather, reduce_scatter, all_to_all, p2p
   int ranks = 0;
   std::vector<std::pair<int64_t, double>> seconds;  // (bytes, rank 0's median seconds) per size
   // The cost model's form fitted to them (planner/recompute/cost.cpp, collective_seconds):
   // t = twice x ((g - 1) / g x bytes / bus_bytes_per_s + (g - 1) x step_latency_s), twice 2 for
-  // the all-reduce, by least squares relative to each time.
+  // the all-reduce; a point-to-point message (pipeline_p2p_seconds) t = bytes / bus_bytes_per_s
+  // + step_latency_s; by least squares relative to each time.
   double bus_bytes_per_s = 0, step_latency_s = 0;
 };
 Result<std::vector<CalibratedCollective>> calibrate_collectives(const CollectiveOptions& o);

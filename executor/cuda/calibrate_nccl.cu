@@ -27,7 +27,9 @@ void nccl_check(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(r));
 }
 
-constexpr const char* kKinds[] = {"all_reduce", "all_gather", "reduce_scatter"};
+constexpr const char* kKinds[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                  "p2p"};
+constexpr size_t kKindCount = sizeof kKinds / sizeof kKinds[0];
 
 }  // namespace
 
@@ -35,9 +37,12 @@ constexpr const char* kKinds[] = {"all_reduce", "all_gather", "reduce_scatter"};
 // (so the small sizes decide the latency and the large ones the bandwidth).
 void fit_collective(CalibratedCollective& c) {
   const double g = c.ranks, twice = c.kind == "all_reduce" ? 2.0 : 1.0;
+  // A point-to-point message moves its bytes once, and its intercept is one message's latency.
+  const bool p2p = c.kind == "p2p";
+  const double share = p2p ? 1.0 : twice * (g - 1) / g, steps = p2p ? 1.0 : twice * (g - 1);
   double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (const auto& [bytes, t] : c.seconds) {
-    double x = twice * (g - 1) / g * static_cast<double>(bytes), w = 1.0 / (t * t);
+    double x = share * static_cast<double>(bytes), w = 1.0 / (t * t);
     sw += w, sx += w * x, sy += w * t, sxx += w * x * x, sxy += w * x * t;
   }
   double det = sw * sxx - sx * sx;
@@ -45,11 +50,11 @@ void fit_collective(CalibratedCollective& c) {
   if (a <= 0) {  // one size, or times that do not grow with it (the emulation): no latency
     a = 0;
     for (const auto& [bytes, t] : c.seconds)
-      a = std::max(a, t / (twice * (g - 1) / g * static_cast<double>(bytes)));
+      a = std::max(a, t / (share * static_cast<double>(bytes)));
     b = 0;
   }
   c.bus_bytes_per_s = 1.0 / a;
-  c.step_latency_s = std::max(0.0, b) / (twice * (g - 1));
+  c.step_latency_s = std::max(0.0, b) / steps;
 }
 
 Result<std::vector<CalibratedCollective>> calibrate_collectives(const CollectiveOptions& o) {
@@ -72,9 +77,10 @@ Result<std::vector<CalibratedCollective>> calibrate_collectives(const Collective
 #endif
       nccl_check(ncclCommInitRank(&comm, n, id, r), "ncclCommInitRank");
       DeviceBuffer send({most / 2}, Dtype::kBf16, 100 + r), recv({most / 2}, Dtype::kBf16, 200 + r);
-      for (size_t kind = 0; kind < 3; ++kind)
+      for (size_t kind = 0; kind < kKindCount; ++kind)
         for (int64_t bytes : o.bytes) {
           const size_t full = static_cast<size_t>(bytes / 2), part = full / n;
+          const int next = (r + 1) % n, prev = (r + n - 1) % n;
           std::function<void()> call;
           if (kind == 0)
             call = [&] {
@@ -87,11 +93,34 @@ Result<std::vector<CalibratedCollective>> calibrate_collectives(const Collective
               nccl_check(ncclAllGather(send.t.data, recv.t.data, part, ncclBfloat16, comm, nullptr),
                          "ncclAllGather");
             };
-          else
+          else if (kind == 2)
             call = [&] {
               nccl_check(ncclReduceScatter(send.t.data, recv.t.data, part, ncclBfloat16, ncclSum,
                                            comm, nullptr),
                          "ncclReduceScatter");
+            };
+          else if (kind == 3)  // nccl-tests' alltoall_perf: a send and a receive per peer, grouped
+            call = [&] {
+              const auto* in = static_cast<const char*>(send.t.data);
+              auto* out = static_cast<char*>(recv.t.data);
+              const size_t chunk = part * 2;  // bytes to each peer
+              nccl_check(ncclGroupStart(), "ncclGroupStart");
+              for (int p = 0; p < n; ++p) {
+                nccl_check(ncclSend(in + p * chunk, part, ncclBfloat16, p, comm, nullptr),
+                           "ncclSend");
+                nccl_check(ncclRecv(out + p * chunk, part, ncclBfloat16, p, comm, nullptr),
+                           "ncclRecv");
+              }
+              nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+            };
+          else  // nccl-tests' sendrecv_perf: the whole size to the next rank, from the previous
+            call = [&] {
+              nccl_check(ncclGroupStart(), "ncclGroupStart");
+              nccl_check(ncclSend(send.t.data, full, ncclBfloat16, next, comm, nullptr),
+                         "ncclSend");
+              nccl_check(ncclRecv(recv.t.data, full, ncclBfloat16, prev, comm, nullptr),
+                         "ncclRecv");
+              nccl_check(ncclGroupEnd(), "ncclGroupEnd");
             };
           double s = std::max(1e-9, 1e-3 * median_ms(call, o.warmup, o.repetitions));
           if (r == 0) out[kind].seconds.push_back({bytes, s});

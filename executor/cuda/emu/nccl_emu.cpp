@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -39,10 +40,21 @@ struct Round {
   ncclResult_t result = ncclSuccess;
 };
 
+// A send's data, taken when it is posted, until the receive that matches it.
+struct Message {
+  std::vector<unsigned char> data;
+  size_t count = 0;
+  ncclDataType_t type = ncclInt8;
+  bool consumed = false;
+  ncclResult_t result = ncclSuccess;  // the receive's verdict, which the send reports too
+};
+
 struct Clique {
   int nranks = 0, joined = 0, destroyed = 0;
   std::vector<bool> taken;
   std::map<uint64_t, Round> rounds;
+  // Posted sends not yet received, by (sender, receiver), in the order they were made.
+  std::map<std::pair<int, int>, std::deque<std::shared_ptr<Message>>> mail;
   std::mutex mu;
   std::condition_variable cv;
 };
@@ -199,16 +211,91 @@ ncclResult_t meet(ncclComm_t comm, const Call& call) {
   return result;
 }
 
-// Calls made between ncclGroupStart and ncclGroupEnd, per thread.
+// A point-to-point half: this rank's send to `peer`, or its receive from it.
+struct PeerOp {
+  bool send = true;
+  const void* sendbuff = nullptr;
+  void* recvbuff = nullptr;
+  size_t count = 0;
+  ncclDataType_t type = ncclInt8;
+  int peer = 0;
+};
+
+ncclResult_t check(ncclComm_t comm, const PeerOp& op) {
+  if (!comm || !comm->clique) return ncclInvalidArgument;
+  if (!known_type(op.type) || op.type == ncclFloat16) return ncclInvalidArgument;
+  if (op.peer < 0 || op.peer >= comm->clique->nranks) return ncclInvalidArgument;
+  const void* buffer = op.send ? op.sendbuff : op.recvbuff;
+  if (op.count > 0 && !device_buffer(buffer, op.count * type_bytes(op.type)))
+    return ncclInvalidArgument;
+  return ncclSuccess;
+}
+
+// Posts a send: its data is taken now, and the peer's matching receive copies it out.
+std::shared_ptr<Message> post(ncclComm_t comm, const PeerOp& op) {
+  auto m = std::make_shared<Message>();
+  m->count = op.count, m->type = op.type;
+  m->data.resize(op.count * type_bytes(op.type));
+  if (!m->data.empty()) std::memcpy(m->data.data(), op.sendbuff, m->data.size());
+  Clique& q = *comm->clique;
+  std::lock_guard<std::mutex> lock(q.mu);
+  q.mail[{comm->rank, op.peer}].push_back(m);
+  q.cv.notify_all();
+  return m;
+}
+
+// Waits until a posted send has been received.
+ncclResult_t delivered(ncclComm_t comm, const std::shared_ptr<Message>& m) {
+  Clique& q = *comm->clique;
+  std::unique_lock<std::mutex> lock(q.mu);
+  if (!q.cv.wait_for(lock, kPatience, [&] { return m->consumed; })) return ncclRemoteError;
+  return m->result;
+}
+
+// Receives the peer's next send to this rank.
+ncclResult_t receive(ncclComm_t comm, const PeerOp& op) {
+  Clique& q = *comm->clique;
+  std::unique_lock<std::mutex> lock(q.mu);
+  auto& queue = q.mail[{op.peer, comm->rank}];
+  if (!q.cv.wait_for(lock, kPatience, [&] { return !queue.empty(); })) return ncclRemoteError;
+  std::shared_ptr<Message> m = queue.front();
+  queue.pop_front();
+  if (m->count != op.count || m->type != op.type)
+    m->result = ncclInvalidUsage;
+  else if (!m->data.empty())
+    std::memcpy(op.recvbuff, m->data.data(), m->data.size());
+  m->consumed = true;
+  q.cv.notify_all();
+  return m->result;
+}
+
+// Calls made between ncclGroupStart and ncclGroupEnd, per thread: a collective, or a
+// point-to-point half.
+struct Queued {
+  ncclComm_t comm = nullptr;
+  bool collective = true;
+  Call call{};
+  PeerOp peer{};
+};
 thread_local int group_depth = 0;
-thread_local std::vector<std::pair<ncclComm_t, Call>> group_calls;
+thread_local std::vector<Queued> group_calls;
 
 ncclResult_t issue(ncclComm_t comm, const Call& call) {
   if (group_depth == 0) return meet(comm, call);
   if (!comm || !comm->clique) return ncclInvalidArgument;
   if (ncclResult_t r = check(call, comm->clique->nranks); r != ncclSuccess) return r;
-  group_calls.emplace_back(comm, call);
+  group_calls.push_back({comm, true, call, {}});
   return ncclSuccess;
+}
+
+ncclResult_t issue(ncclComm_t comm, const PeerOp& op) {
+  if (ncclResult_t r = check(comm, op); r != ncclSuccess) return r;
+  if (group_depth > 0) {
+    group_calls.push_back({comm, false, {}, op});
+    return ncclSuccess;
+  }
+  if (!op.send) return receive(comm, op);
+  return delivered(comm, post(comm, op));
 }
 
 std::atomic<uint64_t> next_id{1};
@@ -305,12 +392,34 @@ ncclResult_t ncclGroupStart() {
 ncclResult_t ncclGroupEnd() {
   if (group_depth == 0) return ncclInvalidUsage;
   if (--group_depth > 0) return ncclSuccess;
-  std::vector<std::pair<ncclComm_t, Call>> calls;
+  std::vector<Queued> calls;
   calls.swap(group_calls);
   ncclResult_t result = ncclSuccess;
-  for (const auto& [comm, call] : calls)
-    if (ncclResult_t r = meet(comm, call); r != ncclSuccess && result == ncclSuccess) result = r;
+  auto keep = [&result](ncclResult_t r) {
+    if (r != ncclSuccess && result == ncclSuccess) result = r;
+  };
+  // Every send first, then the collectives and receives in order, then the sends' delivery.
+  std::vector<std::pair<ncclComm_t, std::shared_ptr<Message>>> sent;
+  for (const Queued& c : calls)
+    if (!c.collective && c.peer.send) sent.emplace_back(c.comm, post(c.comm, c.peer));
+  for (const Queued& c : calls) {
+    if (c.collective)
+      keep(meet(c.comm, c.call));
+    else if (!c.peer.send)
+      keep(receive(c.comm, c.peer));
+  }
+  for (const auto& [comm, m] : sent) keep(delivered(comm, m));
   return result;
+}
+
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t) {
+  return issue(comm, PeerOp{true, sendbuff, nullptr, count, datatype, peer});
+}
+
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t) {
+  return issue(comm, PeerOp{false, nullptr, recvbuff, count, datatype, peer});
 }
 
 const char* ncclGetErrorString(ncclResult_t result) {

@@ -10,6 +10,12 @@
 //   rank once; the communicator takes device memory for its buffers, as NCCL does;
 // - between ncclGroupStart and ncclGroupEnd calls are queued and run, in order, at the outermost
 //   ncclGroupEnd;
+// - point to point: a rank's ncclSend to a peer is matched by that peer's ncclRecv from it, in
+//   the order each makes them, with the same count and type (ncclInvalidUsage). Inside a group
+//   every send is posted before anything else runs, so a group may send to and receive from the
+//   same peers (NCCL's all-to-all); outside one a send completes only once its receive is made,
+//   so two ranks sending to each other first wait for each other, as they hang on a GPU
+//   (ncclRemoteError when the patience runs out);
 // - a call is ordered on its stream: the emulated streams run work as it is issued, so the call
 //   completes (every rank's outputs written) before it returns.
 // Sums run in rank order, bf16 rounded after each addition (NCCL's ring reduces pairwise in bf16
@@ -69,6 +75,10 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream);
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclGroupStart();
 ncclResult_t ncclGroupEnd();
 const char* ncclGetErrorString(ncclResult_t result);
