@@ -52,14 +52,17 @@ check "an unknown unit is refused by name" \
 "$NP" estimate --model llama-3.1-8b --gpu b200 >"$TMP/out.txt" 2>&1
 check "b200: every efficiency measured, its source named" \
   'grep -q "efficiencies: GEMMs, attention, memory-bound kernels and NVLink collectives measured (SimuMax" "$TMP/out.txt"'
-"$NP" estimate --model llama-3.1-8b --format json >"$TMP/out.json" 2>&1
-python3 - "$TMP/out.json" <<'PY'
+"$NP" estimate --model llama-3.1-8b --impl megatron --format json >"$TMP/out.json" 2>&1
+"$NP" estimate --model llama-3.1-8b --format json >"$TMP/nanotron.json" 2>&1
+python3 - "$TMP/out.json" "$TMP/nanotron.json" <<'PY'
 import json, sys
-e = json.load(open(sys.argv[1]))["step_time"]["efficiencies"]
-sys.exit(0 if "measured on A100 PCIe 80GB" in e and "attention and kernel overheads at the generic" in e else 1)
+e, n = (json.load(open(p))["step_time"]["efficiencies"] for p in sys.argv[1:])
+sys.exit(0 if "measured on A100 PCIe 80GB" in e and "attention and kernel overheads at the generic" in e
+         and "kernel overheads at the generic" in n and "attention and kernel" not in n
+         and n.endswith("nanotron's attention as FlashAttention-2 (FlashAttention-3 paper (arXiv:2407.08608), Figures 5 and 6, FlashAttention-2 on H100 SXM5)") else 1)
 PY
 rc=$?
-check "default h100: the derived tables and the generic attention named in JSON" '[ $rc -eq 0 ]'
+check "default h100: the derived tables and the generic attention named in JSON (nanotron's: FlashAttention-2's rows)" '[ $rc -eq 0 ]'
 "$NP" estimate --model llama-3.1-8b --gpu h100-pcie >"$TMP/out.txt" 2>&1
 check "a GPU without [gpu.perf]: generic, said so" \
   'grep -q "kernel overheads and NVLink collectives at the generic efficiencies" "$TMP/out.txt"'
@@ -92,7 +95,8 @@ rc2=$?
 check "a GPU file's derived GEMM table scales the step time" '[ $rc -eq 0 ] && [ $rc2 -eq 0 ]'
 for bad in 'gemm = [[4096, 4096, 4096, 1.5]]' 'gemm = [[4096, 4096]]' 'from = "nope"
 assumption = "x"' 'from = "a100-80gb"' 'compute_scale = 0.9' 'nvlink = { all_reduce = [0, 1e-6, 0] }' \
-  'speed = 3'; do
+  'speed = 3' 'attention_fa2 = [[2048, 128, 0.6, 0.6]]' 'attention_fa2 = [[2048, 128, 3, 0.6]]
+attention_fa2_source = "x"'; do
   printf '[[gpu]]\nname = "bad"\nmemory_bytes = 1000000000\nbf16_dense_flops = 1e15\nhbm_bytes_per_s = 1e12\n[gpu.perf]\n%s\n' "$bad" >"$TMP/bad.toml"
   "$NP" estimate --model llama-3.1-8b --gpu "$TMP/bad.toml" >"$TMP/out.txt" 2>&1
   rc=$?

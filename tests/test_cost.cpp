@@ -856,5 +856,54 @@ TEST(GpuEfficiencies, CatalogTablesAndWhatTheReportsSay) {
   EXPECT_GT(named_step_time(m, t, b200).seconds, 1.2 * named_step_time(m, t, generic).seconds);
 }
 
+// nanotron's attention is FlashAttention-2: on H100 and H200 its published rates (the
+// FlashAttention-3 paper's FlashAttention-2 bars), exact at the rows; the other profiles keep the
+// generic figures, a GPU without FlashAttention-2 rows keeps its own table, and the reports say
+// which.
+TEST(GpuEfficiencies, NanotronsAttentionIsFlashAttention2) {
+  auto gpus = load_gpu_catalog(testing::source_dir() + "/models/gpus/gpus.toml");
+  ASSERT_TRUE(gpus.ok()) << gpus.error().message;
+  for (const char* name : {"h100", "h200"}) {
+    HardwareModel hw = hardware_model(*resolve_gpu(*gpus, name));
+    ASSERT_EQ(hw.perf.attention_fa2.size(), 6u) << name;
+    AttentionEfficiency fa2 = attention_efficiency(hw, 2048, 128, Impl::kNanotron);
+    EXPECT_DOUBLE_EQ(fa2.forward, 0.6024) << name;  // 298 TFLOP/s over the causal half
+    EXPECT_DOUBLE_EQ(fa2.backward, 0.5882) << name;
+    for (Impl other : {Impl::kMegatron, Impl::kTorchtitan, Impl::kFused, Impl::kHf}) {
+      AttentionEfficiency e = attention_efficiency(hw, 2048, 128, other);
+      EXPECT_DOUBLE_EQ(e.forward, 1.1) << name;  // the generic 55 % over the causal half
+      EXPECT_DOUBLE_EQ(e.backward, 0.9) << name;
+    }
+    EXPECT_NE(efficiency_basis(hw, Impl::kNanotron)
+                  .find("; nanotron's attention as FlashAttention-2 (FlashAttention-3 paper"),
+              std::string::npos)
+        << name;
+    EXPECT_NE(efficiency_basis(hw, Impl::kNanotron)
+                  .find("; kernel overheads at the generic efficiencies"),
+              std::string::npos)
+        << name;  // the attention is said apart
+    EXPECT_EQ(efficiency_basis(hw, Impl::kMegatron), efficiency_basis(hw)) << name;
+  }
+  HardwareModel b200 = hardware_model(*resolve_gpu(*gpus, "b200"));
+  ASSERT_TRUE(b200.perf.attention_fa2.empty());
+  EXPECT_DOUBLE_EQ(attention_efficiency(b200, 4096, 32, Impl::kNanotron).forward,
+                   attention_efficiency(b200, 4096, 32).forward);
+  EXPECT_EQ(efficiency_basis(b200, Impl::kNanotron), efficiency_basis(b200));
+  // A nanotron step on H100 is slower for it: the attention's share runs at FlashAttention-2's
+  // rates.
+  HardwareModel h100 = hardware_model(*resolve_gpu(*gpus, "h100"));
+  HardwareModel newer = h100;
+  newer.perf.attention_fa2.clear();
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t;
+  t.seq_len = 8192;
+  ASSERT_EQ(t.impl, Impl::kNanotron);
+  StepTime slow = named_step_time(m, t, h100), fast = named_step_time(m, t, newer);
+  EXPECT_GT(slow.seconds, 1.05 * fast.seconds);
+  EXPECT_NE(slow.efficiencies.find("nanotron's attention as FlashAttention-2"), std::string::npos);
+  t.impl = Impl::kMegatron;
+  EXPECT_DOUBLE_EQ(named_step_time(m, t, h100).seconds, named_step_time(m, t, newer).seconds);
+}
+
 }  // namespace
 }  // namespace np

@@ -351,8 +351,9 @@ namespace {
 Result<GpuPerf> read_gpu_perf(const toml::table& t, const std::string& path,
                               const std::string& gpu) {
   TomlReader r(t, path, "perf.");
-  r.only({"source", "gemm", "attention", "memory_bytes_per_s", "kernel_overhead_s", "nvlink",
-          "nvlink_source", "measured_on", "from", "assumption", "compute_scale"});
+  r.only({"source", "gemm", "attention", "attention_fa2", "attention_fa2_source",
+          "memory_bytes_per_s", "kernel_overhead_s", "nvlink", "nvlink_source", "measured_on",
+          "from", "assumption", "compute_scale"});
   GpuPerf p;
   p.source = r.string("source", "");
   p.measured_on = r.string("measured_on", "");
@@ -365,6 +366,9 @@ Result<GpuPerf> read_gpu_perf(const toml::table& t, const std::string& path,
   for (const auto& row : r.rows("gemm", 4)) p.gemm.push_back({row[0], row[1], row[2], row[3]});
   for (const auto& row : r.rows("attention", 4))
     p.attention.push_back({row[0], row[1], row[2], row[3]});
+  for (const auto& row : r.rows("attention_fa2", 4))
+    p.attention_fa2.push_back({row[0], row[1], row[2], row[3]});
+  p.attention_fa2_source = r.string("attention_fa2_source", "");
   const toml::table* nvlink = r.table("nvlink");
   if (auto e = r.error()) return *e;
   auto bad = [&](const std::string& what) {
@@ -374,12 +378,17 @@ Result<GpuPerf> read_gpu_perf(const toml::table& t, const std::string& path,
     if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.efficiency <= 0 || g.efficiency > 1)
       return bad("gemm rows are [m, n, k, efficiency] with positive sizes and an efficiency in "
                  "(0, 1]");
-  for (const AttentionPoint& a : p.attention)
-    if (a.seq <= 0 || a.heads <= 0 || a.forward <= 0 || a.backward <= 0 || a.forward > 2 ||
-        a.backward > 2)
-      return bad("attention rows are [seq, heads, forward, backward] with positive sizes and "
-                 "efficiencies in (0, 2] (the causal kernel's work counted as the full s^2 "
-                 "product can exceed 1)");
+  for (const auto* rows : {&p.attention, &p.attention_fa2})
+    for (const AttentionPoint& a : *rows)
+      if (a.seq <= 0 || a.heads <= 0 || a.forward <= 0 || a.backward <= 0 || a.forward > 2 ||
+          a.backward > 2)
+        return bad(std::string(rows == &p.attention ? "attention" : "attention_fa2") +
+                   " rows are [seq, heads, forward, backward] with positive sizes and "
+                   "efficiencies in (0, 2] (the causal kernel's work counted as the full s^2 "
+                   "product can exceed 1)");
+  if (!p.attention_fa2.empty() && p.attention_fa2_source.empty())
+    return bad("attention_fa2 needs attention_fa2_source saying where FlashAttention-2's rates "
+               "were measured");
   if (p.compute_scale <= 0 || p.compute_scale > 2) return bad("compute_scale must be in (0, 2]");
   if (p.memory_bytes_per_s < 0) return bad("memory_bytes_per_s must be positive");
   if (p.kernel_overhead_s < 0 || p.kernel_overhead_s > 1e-3)
@@ -396,8 +405,8 @@ Result<GpuPerf> read_gpu_perf(const toml::table& t, const std::string& path,
   if (p.from.empty())
     for (GemmPoint& g : p.gemm) g.efficiency *= p.compute_scale;
   if (!p.measured_on.empty())
-    for (AttentionPoint& a : p.attention)
-      a.forward *= p.compute_scale, a.backward *= p.compute_scale;
+    for (auto* rows : {&p.attention, &p.attention_fa2})
+      for (AttentionPoint& a : *rows) a.forward *= p.compute_scale, a.backward *= p.compute_scale;
   if (nvlink) {
     TomlReader c(*nvlink, path, "perf.nvlink.");
     c.only({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"});

@@ -37,6 +37,11 @@ struct GpuPerf {
   std::string source;  // where the figures were measured
   std::vector<GemmPoint> gemm;
   std::vector<AttentionPoint> attention;
+  // FlashAttention-2 (Dao's flash-attn 2.x, which nanotron's kernels call), where its rates on
+  // this GPU are published apart from `attention` (the GPU's own or the generic figures, which
+  // stand for the frameworks' newer kernels), and where they come from.
+  std::vector<AttentionPoint> attention_fa2;
+  std::string attention_fa2_source;
   double memory_bytes_per_s = 0;  // what memory-bound kernels achieve; 0: hbm_bytes_per_s
   // A memory-bound kernel's fixed cost (launch, ramp-up, tail), back to back; 0: the generic.
   double kernel_overhead_s = 0;

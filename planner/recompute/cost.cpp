@@ -393,23 +393,47 @@ double gemm_efficiency(const HardwareModel& hw, double m, double n, double k) {
       [](const GemmPoint& p) { return p.efficiency; });
 }
 
+namespace {
+
+AttentionEfficiency interpolate_attention(const std::vector<AttentionPoint>& rows, double seq,
+                                          double heads) {
+  auto at = [](const AttentionPoint& p) { return std::array<double, 2>{p.seq, p.heads}; };
+  return {interpolate<2>(rows, {seq, heads}, at, [](const AttentionPoint& p) { return p.forward; }),
+          interpolate<2>(rows, {seq, heads}, at,
+                         [](const AttentionPoint& p) { return p.backward; })};
+}
+
+// nanotron's attention is Dao's flash-attn 2.x (flash_attn_varlen_func; nanotron 2411b022 pins
+// flash-attn 2.6.3): FlashAttention-2, whose Hopper rates sit well below the newer kernels'
+// (cuDNN's, FlashAttention-3's) that the generic figures and the measured tables stand for.
+bool runs_fa2(const HardwareModel& hw, Impl impl) {
+  return impl == Impl::kNanotron && !hw.perf.attention_fa2.empty();
+}
+
+}  // namespace
+
 AttentionEfficiency attention_efficiency(const HardwareModel& hw, double seq, double heads) {
   // Generic: the fractions of peak over the causal half (kFlash*Efficiency) in the full-s^2
   // convention.
   if (hw.perf.attention.empty())
     return {kFlashForwardEfficiency / kCausalFraction, kFlashBackwardEfficiency / kCausalFraction};
-  auto at = [](const AttentionPoint& p) { return std::array<double, 2>{p.seq, p.heads}; };
-  return {interpolate<2>(hw.perf.attention, {seq, heads}, at,
-                         [](const AttentionPoint& p) { return p.forward; }),
-          interpolate<2>(hw.perf.attention, {seq, heads}, at,
-                         [](const AttentionPoint& p) { return p.backward; })};
+  return interpolate_attention(hw.perf.attention, seq, heads);
 }
 
-std::string efficiency_basis(const HardwareModel& hw) {
+AttentionEfficiency attention_efficiency(const HardwareModel& hw, double seq, double heads,
+                                         Impl impl) {
+  if (runs_fa2(hw, impl)) return interpolate_attention(hw.perf.attention_fa2, seq, heads);
+  return attention_efficiency(hw, seq, heads);
+}
+
+namespace {
+
+// The text of efficiency_basis; `attention_apart`: the attention's figures are said elsewhere.
+std::string basis_text(const HardwareModel& hw, bool attention_apart) {
   const GpuPerf& p = hw.perf;
   std::vector<std::string> measured, generic;
   (p.gemm.empty() ? generic : measured).push_back("GEMMs");
-  (p.attention.empty() ? generic : measured).push_back("attention");
+  if (!attention_apart) (p.attention.empty() ? generic : measured).push_back("attention");
   (p.memory_bytes_per_s > 0 ? measured : generic).push_back("memory-bound kernels");
   (p.kernel_overhead_s > 0 ? measured : generic).push_back("kernel overheads");
   const bool nvlink_apart = !p.nvlink.empty() && !p.nvlink_source.empty();
@@ -433,6 +457,18 @@ std::string efficiency_basis(const HardwareModel& hw) {
   std::string out;
   for (const std::string& s : parts) out += (out.empty() ? "" : "; ") + s;
   return out;
+}
+
+}  // namespace
+
+std::string efficiency_basis(const HardwareModel& hw) {
+  return basis_text(hw, false);
+}
+
+std::string efficiency_basis(const HardwareModel& hw, Impl impl) {
+  if (!runs_fa2(hw, impl)) return basis_text(hw, false);
+  return basis_text(hw, true) + "; nanotron's attention as FlashAttention-2 (" +
+         hw.perf.attention_fa2_source + ")";
 }
 
 double collective_seconds(std::string_view kind, double bytes_full, int64_t group, bool intra_node,
@@ -508,7 +544,7 @@ double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const
       double seq = static_cast<double>(a.seq) /
                    (op.kind == OpKind::kFlashAttentionCp ? static_cast<double>(a.group) : 1.0);
       const double heads = static_cast<double>(std::max<int64_t>(1, a.batch) * a.heads);
-      AttentionEfficiency e = attention_efficiency(hw, seq, heads);
+      AttentionEfficiency e = attention_efficiency(hw, seq, heads, t.impl);
       double work = op.flops * (backward ? kFlashBackwardWork : 1.0);
       double eff = backward ? e.backward : e.forward;
       compute = std::max(work / (hw.peak_flops * eff), memory);
@@ -809,7 +845,7 @@ StepTime step_time(const Schedule& s, const HardwareModel& hw) {
   const TrainSpec& t = s.setup;
   StepTime r;
   r.hardware = hw.name, r.hardware_origin = hw.origin;
-  r.efficiencies = efficiency_basis(hw);
+  r.efficiencies = efficiency_basis(hw, t.impl);
   std::map<const BlockGraph*, BlockTime> cache;
   double flops = 0, recompute_flops = 0;  // one rank per stage, one micro-batch
   for (const StageProgram& p : s.stages) {

@@ -46,6 +46,9 @@ struct HardwareModel {
 // Which efficiencies the times use, as the reports print it: measured (and where), derived from
 // a neighbour (with the assumption), or generic.
 std::string efficiency_basis(const HardwareModel& hw);
+// The same for a setup's kernels: nanotron's attention is FlashAttention-2 (flash-attn 2.x), timed
+// by the GPU's attention_fa2 rows where it has them, which the text then names.
+std::string efficiency_basis(const HardwareModel& hw, Impl impl);
 
 // The fraction of peak a bf16 GEMM with an m x n output over a contraction of k reaches on this
 // GPU: its measured table interpolated (inverse-distance over the four nearest shapes in
@@ -57,6 +60,10 @@ struct AttentionEfficiency {
   double forward = 0, backward = 0;
 };
 AttentionEfficiency attention_efficiency(const HardwareModel& hw, double seq, double heads);
+// The kernel `impl` runs: FlashAttention-2's rows for nanotron where the GPU has them, else the
+// above.
+AttentionEfficiency attention_efficiency(const HardwareModel& hw, double seq, double heads,
+                                         Impl impl);
 
 // The GPU's catalog figures plus the interconnect defaults (stated in cost.cpp).
 HardwareModel hardware_model(const GpuSpec& gpu);

@@ -194,7 +194,7 @@ std::string sweep_table(const SweepReport& r, const ModelSpec& m, const SweepOpt
     return out + "no setup fits: try more GPUs, a shorter sequence or a larger budget\n";
   out += "step times are the cost model's predictions on " + o.hw.name +
          (o.hw.origin.empty() ? "" : " (" + o.hw.origin + ")") + ", " + overlap_text(o.base) +
-         "; each row's command re-runs its estimate\n  efficiencies: " + efficiency_basis(o.hw) +
+         "; each row's command re-runs its estimate\n  efficiencies: " + efficiency_basis(o.hw, o.base.impl) +
          "\n";
   std::snprintf(line, sizeof line,
                 "%4s %3s %3s %3s %-6s %4s %3s %4s %3s %5s %6s %8s %9s %6s %8s  %s\n", "rank", "tp",

@@ -253,7 +253,7 @@ std::string sweep_section(const SweepReport& r, const SweepOptions& o) {
                     std::to_string(o.gpus) + " GPUs, " + std::to_string(r.fitting.size()) +
                     " fit; the best by predicted throughput (cost model, " +
                     times_basis(o.hw.name, o.hw.origin, overlap_text(o.base),
-                                efficiency_basis(o.hw)) +
+                                efficiency_basis(o.hw, o.base.impl)) +
                     "):</p>\n";
   size_t n = std::min<size_t>(10, r.fitting.size());
   double best = n ? r.fitting[0].tokens_per_second : 1;
