@@ -166,6 +166,22 @@ TEST(Collectives, OnlyTheStepsBetweenNodesPayTheNetworksLatency) {
                    15.0 / 16 * b / 50e9 + 14 * 3e-6 + 10e-6);
 }
 
+// The data-parallel gradient reduction over dp x cp ranks tp apart: at tp 2, cp 2, dp 8 (32
+// GPUs) its 16 ranks sit 4 to a node, so 3 of its ring's steps cross the network.
+TEST(Collectives, TheGradientReductionKnowsHowItsRanksShareNodes) {
+  ModelSpec m = model("llama-3.1-8b");
+  TrainSpec t;
+  t.tp = 2, t.sp = true, t.cp = 2, t.dp = 8, t.seq_len = 8192;
+  ASSERT_FALSE(validate_setup(m, t));
+  StepTime s = step_time(build_schedule(m, t), kH100);
+  ASSERT_EQ(s.stages.size(), 1u);
+  const double bytes = static_cast<double>(s.stages[0].grad_elements) * 4;  // fp32 gradients
+  EXPECT_DOUBLE_EQ(s.stages[0].grad_reduce,
+                   collective_seconds("all_reduce", bytes, 16, false, kH100, 4));
+  EXPECT_GT(collective_seconds("all_reduce", bytes, 16, false, kH100, 2),
+            s.stages[0].grad_reduce);
+}
+
 TEST(Hardware, CatalogFiguresAndDefaults) {
   auto gpus = load_gpu_catalog(std::string(NANOPLAN_SOURCE_DIR) + "/models/gpus/gpus.toml");
   ASSERT_TRUE(gpus) << gpus.error().message;

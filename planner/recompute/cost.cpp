@@ -718,10 +718,12 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   // tp x dp consecutive ranks of one pipeline stage.
   bool intra = t.tp * t.cp * t.dp <= hw.gpus_per_node;
   double m = static_cast<double>(t.microbatches);
-  // A data-parallel group's ranks are tp x cp apart (experts' too: ep sits inside dp).
-  const int64_t dp_per_node = std::max<int64_t>(1, hw.gpus_per_node / (t.tp * t.cp));
+  // The dense gradients' group (dp x cp ranks) has its ranks tp apart, the experts' (one rank of
+  // each ep group) tp x ep apart: so many of them share a node.
   auto coll = [&](const char* kind, double bytes, int64_t group) {
-    return collective_seconds(kind, bytes, group, intra, hw, dp_per_node);
+    const int64_t apart = group == dense_dp ? t.tp : t.tp * t.ep;
+    return collective_seconds(kind, bytes, group, intra, hw,
+                              std::max<int64_t>(1, hw.gpus_per_node / apart));
   };
   double c = 0;
   if (t.fsdp) {
