@@ -44,9 +44,8 @@ def predict(nanoplan, case):
     args = [nanoplan, "estimate"]
     if "model" in case:
         args += ["--model", os.path.join(ROOT, case["model"])]
-    args += [os.path.join(ROOT, a) if a.startswith("tests/data/") else a
-             for a in shlex.split(case["args"])] + ["--format", "json"]
-    out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    args += shlex.split(case["args"]) + ["--format", "json"]
+    out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)  # args' paths: the repo's
     if out.returncode != 0:
         raise SystemExit(f"{case['id']}: nanoplan estimate failed: {out.stderr.strip()}")
     j = json.loads(out.stdout)

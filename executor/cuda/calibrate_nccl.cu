@@ -77,10 +77,10 @@ Result<std::vector<CalibratedCollective>> calibrate_collectives(const Collective
 #endif
       nccl_check(ncclCommInitRank(&comm, n, id, r), "ncclCommInitRank");
       DeviceBuffer send({most / 2}, Dtype::kBf16, 100 + r), recv({most / 2}, Dtype::kBf16, 200 + r);
+      const int next = (r + 1) % n, prev = (r + n - 1) % n;  // point-to-point's peers
       for (size_t kind = 0; kind < kKindCount; ++kind)
         for (int64_t bytes : o.bytes) {
           const size_t full = static_cast<size_t>(bytes / 2), part = full / n;
-          const int next = (r + 1) % n, prev = (r + n - 1) % n;
           std::function<void()> call;
           if (kind == 0)
             call = [&] {

@@ -287,7 +287,7 @@ double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const Hardw
     }
     // The group's ranks span / group apart: gpus_per_node x group / span of them share a node.
     s += collective_seconds(kind, bytes, group, span <= hw.gpus_per_node, hw,
-                            std::max<int64_t>(1, hw.gpus_per_node * group / span));
+                            hw.gpus_per_node * group / span);
     int partner = t.tp_comm_overlap ? tp_overlap_partner(g, op) : -1;
     if (partner >= 0) s = tp_overlap_exposed(g, op, g.ops[partner], hw, t, backward, s);
     // The combine's backward exchanges the expert outputs again (for the probabilities'
@@ -722,8 +722,7 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   // each ep group) tp x ep apart: so many of them share a node.
   auto coll = [&](const char* kind, double bytes, int64_t group) {
     const int64_t apart = group == dense_dp ? t.tp : t.tp * t.ep;
-    return collective_seconds(kind, bytes, group, intra, hw,
-                              std::max<int64_t>(1, hw.gpus_per_node / apart));
+    return collective_seconds(kind, bytes, group, intra, hw, hw.gpus_per_node / apart);
   };
   double c = 0;
   if (t.fsdp) {
@@ -748,7 +747,7 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
       // The shard group: tp x cp x dp / replicas consecutive ranks, its own ranks tp apart (so
       // gpus_per_node / tp of them share a node); HSDP's replicas tp x shards apart.
       const bool within = t.tp * shards <= hw.gpus_per_node;
-      const int64_t per_node = std::max<int64_t>(1, hw.gpus_per_node / t.tp);
+      const int64_t per_node = hw.gpus_per_node / t.tp;
       if (shards > 1) {
         const double gathered = nn * 2 - static_cast<double>(fp8_gathered[b]);  // bytes
         u.gather_forward =
@@ -758,8 +757,7 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
       }
       if (replicas > 1)
         u.reduce += collective_seconds("all_reduce", nn * 4 / static_cast<double>(shards), replicas,
-                                       t.gpus() <= hw.gpus_per_node, hw,
-                                       std::max<int64_t>(1, per_node / shards));
+                                       t.gpus() <= hw.gpus_per_node, hw, per_node / shards);
       st.fsdp_comm += times * (u.gather_forward + u.gather_backward + u.reduce);
       if (t.pp > 1) after += u.reduce, u.reduce = 0;
     }

@@ -81,7 +81,7 @@ double gemm_efficiency(double m, double n, double k);
 // all_reduce: twice that. 0 for a group of one. Across nodes the bandwidth is the network's and,
 // as NCCL's ring counts them, only the steps that cross from one node to the next pay the
 // network's alpha, the others the NVLink's: ranks_per_node of the group's ranks share each node
-// (1: every step crosses).
+// (1 or less: every step crosses; more than the group: none).
 double collective_seconds(std::string_view kind, double bytes_full, int64_t group, bool intra_node,
                           const HardwareModel& hw, int64_t ranks_per_node = 1);
 

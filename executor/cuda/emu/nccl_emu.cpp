@@ -214,8 +214,7 @@ ncclResult_t meet(ncclComm_t comm, const Call& call) {
 // A point-to-point half: this rank's send to `peer`, or its receive from it.
 struct PeerOp {
   bool send = true;
-  const void* sendbuff = nullptr;
-  void* recvbuff = nullptr;
+  void* buffer = nullptr;  // read by a send, written by a receive
   size_t count = 0;
   ncclDataType_t type = ncclInt8;
   int peer = 0;
@@ -225,8 +224,7 @@ ncclResult_t check(ncclComm_t comm, const PeerOp& op) {
   if (!comm || !comm->clique) return ncclInvalidArgument;
   if (!known_type(op.type) || op.type == ncclFloat16) return ncclInvalidArgument;
   if (op.peer < 0 || op.peer >= comm->clique->nranks) return ncclInvalidArgument;
-  const void* buffer = op.send ? op.sendbuff : op.recvbuff;
-  if (op.count > 0 && !device_buffer(buffer, op.count * type_bytes(op.type)))
+  if (op.count > 0 && !device_buffer(op.buffer, op.count * type_bytes(op.type)))
     return ncclInvalidArgument;
   return ncclSuccess;
 }
@@ -236,7 +234,7 @@ std::shared_ptr<Message> post(ncclComm_t comm, const PeerOp& op) {
   auto m = std::make_shared<Message>();
   m->count = op.count, m->type = op.type;
   m->data.resize(op.count * type_bytes(op.type));
-  if (!m->data.empty()) std::memcpy(m->data.data(), op.sendbuff, m->data.size());
+  if (!m->data.empty()) std::memcpy(m->data.data(), op.buffer, m->data.size());
   Clique& q = *comm->clique;
   std::lock_guard<std::mutex> lock(q.mu);
   q.mail[{comm->rank, op.peer}].push_back(m);
@@ -263,7 +261,7 @@ ncclResult_t receive(ncclComm_t comm, const PeerOp& op) {
   if (m->count != op.count || m->type != op.type)
     m->result = ncclInvalidUsage;
   else if (!m->data.empty())
-    std::memcpy(op.recvbuff, m->data.data(), m->data.size());
+    std::memcpy(op.buffer, m->data.data(), m->data.size());
   m->consumed = true;
   q.cv.notify_all();
   return m->result;
@@ -414,12 +412,12 @@ ncclResult_t ncclGroupEnd() {
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t) {
-  return issue(comm, PeerOp{true, sendbuff, nullptr, count, datatype, peer});
+  return issue(comm, PeerOp{true, const_cast<void*>(sendbuff), count, datatype, peer});
 }
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t) {
-  return issue(comm, PeerOp{false, nullptr, recvbuff, count, datatype, peer});
+  return issue(comm, PeerOp{false, recvbuff, count, datatype, peer});
 }
 
 const char* ncclGetErrorString(ncclResult_t result) {
