@@ -220,13 +220,7 @@ TEST(Float8Graph, AutoFilterSmallKn) {
   EXPECT_TRUE(float8_linear(t, "x", 2048, 4112));
 }
 
-// The setup is refused in one line that names `fix`.
-void refused(const ModelSpec& m, const TrainSpec& t, const std::string& fix) {
-  auto e = validate_setup(m, t);
-  ASSERT_TRUE(e) << fix;
-  EXPECT_EQ(e->message.find('\n'), std::string::npos) << e->message;
-  EXPECT_NE(e->message.find(fix), std::string::npos) << e->message;
-}
+using testing::refused;
 
 TEST(Float8Setup, RefusedInOneLine) {
   ModelSpec m = testing::model("llama-3.1-8b");

@@ -51,6 +51,14 @@ struct ParamName {
   }
 };
 
+// The setup is refused in one line that names `fix`.
+inline void refused(const ModelSpec& m, const TrainSpec& t, const std::string& fix) {
+  auto e = validate_setup(m, t);
+  ASSERT_TRUE(e) << fix;
+  EXPECT_EQ(e->message.find('\n'), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find(fix), std::string::npos) << e->message;
+}
+
 inline std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "/" + name;
 }

@@ -149,6 +149,8 @@ class CpuBackend final : public Backend {
         return fp8_column_linear_forward(env, in, w);
       case OpKind::kFp8RowLinear:
         return fp8_row_linear_forward(env, in, w);
+      case OpKind::kTeColumnLinear:  // run refuses te_fp8 (check_runnable)
+      case OpKind::kTeRowLinear:
       case OpKind::kCount:
         break;
     }
@@ -284,6 +286,8 @@ class CpuBackend final : public Backend {
         return fp8_column_linear_backward(env, a);
       case OpKind::kFp8RowLinear:
         return fp8_row_linear_backward(env, a);
+      case OpKind::kTeColumnLinear:  // run refuses te_fp8 (check_runnable)
+      case OpKind::kTeRowLinear:
       case OpKind::kCount:
         break;
     }

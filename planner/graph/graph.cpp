@@ -108,8 +108,12 @@ class Builder {
   }
   int column(int x, const std::string& name, int64_t features, bool bias,
              std::vector<int64_t> sections = {}) {
-    int y = op1(OpKind::kColumnLinear, name,
-                {.features = features, .bias = bias, .sections = std::move(sections)}, {x});
+    OpAttrs a{.features = features, .bias = bias, .sections = std::move(sections)};
+    OpKind kind = OpKind::kColumnLinear;
+    const Dtype in = g_.tensors[x].type.dtype;
+    if (in == Dtype::kFp8E4m3 && te_fp8(t_))  // the input of a norm writing float8
+      kind = OpKind::kTeColumnLinear, a.fp8 = t_.fp8, a.fp8_transpose = !t_.sp;
+    int y = op1(kind, name, std::move(a), {x});
     if (t_.tp > 1 && !t_.sp) last().bwd_collective = "all_reduce";
     return y;
   }
@@ -133,6 +137,18 @@ class Builder {
     a.fp8 = Fp8Recipe::kTensorwise;
     return op(OpKind::kFp8RowLinear, name, a, {x}, {"", "input_fp8", "input_scale"})[0];
   }
+  // A row-parallel linear and its reduction (reduce-scatter under SP, else all-reduce over TP):
+  // under te_fp8 one TE float8 op, else the linear and reduce().
+  int row_reduce(int x, const std::string& name, int64_t features, bool bias) {
+    if (!te_fp8(t_))
+      return reduce(op1(OpKind::kRowLinear, name, {.features = features, .bias = bias}, {x}),
+                    name.substr(0, name.find('.')));
+    OpAttrs a{.features = features, .group = t_.sp ? t_.tp : 1, .bias = bias};
+    a.fp8 = t_.fp8;
+    int y = op(OpKind::kTeRowLinear, name, a, {x}, {"", "input_fp8"})[0];
+    if (t_.tp > 1 && !t_.sp) last().fwd_collective = "all_reduce";
+    return y;
+  }
   int reduce(int x, const std::string& name) {
     if (t_.tp == 1) return x;
     if (t_.sp) return op1(OpKind::kReduceScatter, name + ".reduce_scatter", {.group = t_.tp}, {x});
@@ -143,8 +159,16 @@ class Builder {
     return op(OpKind::kDropout, name, {}, {x}, {"out", "mask"})[0];
   }
   // The profile's norm: statistics recomputed in backward (fused) or kept as extra outputs.
-  int norm(int x, const std::string& name) {
+  // te_input: it is the norm of a TE LayerNorm-linear, which under te_fp8 writes float8.
+  int norm(int x, const std::string& name, bool te_input = false) {
     bool rms = m_.norm == Norm::kRms;
+    if (te_input && te_fp8(t_)) {
+      OpAttrs a;
+      a.fp8 = t_.fp8, a.fp8_transpose = !t_.sp;
+      return op(rms ? OpKind::kRmsNormStats : OpKind::kLayerNormStats, name, a, {x},
+                rms ? std::vector<std::string>{"", "rstd"}
+                    : std::vector<std::string>{"", "mean", "rstd"})[0];
+    }
     if (rms && t_.impl == Impl::kHf)
       return op(OpKind::kRmsNormHf, name, {}, {x}, {"", "fp32_input", "rstd", "normalized"})[0];
     if (t_.impl == Impl::kFused)
@@ -203,6 +227,9 @@ class Builder {
       case OpKind::kReduceScatter:
       case OpKind::kFp8RowLinear:
         o.fwd_collective = "reduce_scatter", o.bwd_collective = "all_gather";
+        break;
+      case OpKind::kTeRowLinear:  // the all-reduce without SP: row_reduce
+        if (o.attrs.group > 1) o.fwd_collective = "reduce_scatter", o.bwd_collective = "all_gather";
         break;
       case OpKind::kGatherFeatures:
         o.fwd_collective = "all_gather";
@@ -312,7 +339,7 @@ int titan_attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
 int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   if (t.impl == Impl::kTorchtitan) return titan_attention(b, m, t, x);
   int64_t hq = m.heads / t.tp, hkv = m.kv_heads / t.tp, d = m.head_dim;
-  int n = b.norm(x, "attn.norm");
+  int n = b.norm(x, "attn.norm", !m.mla);  // MLA's first linears are no LayerNorm-linears
   OpAttrs core{
       .batch = t.micro_batch, .seq = t.seq_len, .heads = hq, .kv_heads = hkv, .head_dim = d};
   int qkv;
@@ -353,13 +380,12 @@ int attention(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
     if (pd != p) b.last().attention_core = true;
     ctx = b.op1(OpKind::kAttnContext, "attn.context", core, {pd, qkv});
   }
-  int o =
-      b.op1(OpKind::kRowLinear, "attn.out", {.features = m.hidden, .bias = m.linear_bias}, {ctx});
-  o = b.dropout(b.reduce(o, "attn"), "attn.dropout");
+  int o = b.dropout(b.row_reduce(ctx, "attn.out", m.hidden, m.linear_bias), "attn.dropout");
   return b.op1(OpKind::kAdd, "attn.residual", {}, {x, o});
 }
 
-// Returns the row-parallel output (partial over tp) of a SwiGLU or GeLU MLP of width ffn.
+// Returns the row-parallel output (partial over tp) of a SwiGLU or GeLU MLP of width ffn; under
+// te_fp8 (dense models only) already reduced, by the TE row linear.
 int dense_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int x, const std::string& name,
               int64_t ffn) {
   if (m.activation == Activation::kSwiGlu && t.impl == Impl::kTorchtitan) {
@@ -375,11 +401,13 @@ int dense_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int x, const s
     int gu =
         b.column(x, name + ".gate_up", 2 * ffn / t.tp, m.linear_bias, {ffn / t.tp, ffn / t.tp});
     int a = b.glu(gu, name);
+    if (te_fp8(t)) return b.row_reduce(a, name + ".down", m.hidden, m.linear_bias);
     return b.op1(OpKind::kRowLinear, name + ".down", {.features = m.hidden, .bias = m.linear_bias},
                  {a});
   }
   int f1 = b.column(x, name + ".fc1", ffn / t.tp, m.linear_bias);
   int a = b.op1(OpKind::kGelu, name + ".gelu", {}, {f1});
+  if (te_fp8(t)) return b.row_reduce(a, name + ".fc2", m.hidden, m.linear_bias);
   return b.op1(OpKind::kRowLinear, name + ".fc2", {.features = m.hidden, .bias = m.linear_bias},
                {a});
 }
@@ -442,11 +470,12 @@ int titan_fp8_mlp(Builder& b, const ModelSpec& m, const TrainSpec& t, int n) {
 // Attention, then the MLP (MoE when the model has it), on the residual stream x.
 int decoder_layer(Builder& b, const ModelSpec& m, const TrainSpec& t, int x) {
   int x1 = attention(b, m, t, x);
-  int n = b.norm(x1, "mlp.norm");
+  int n = b.norm(x1, "mlp.norm", !m.moe);
   if (float8_tp(t) && !m.moe)
     return b.op1(OpKind::kAdd, "mlp.residual", {}, {x1, titan_fp8_mlp(b, m, t, n)});
   int y = m.moe ? moe_mlp(b, m, t, n) : dense_mlp(b, m, t, b.gather(n, "mlp"), "mlp", m.ffn);
-  y = b.dropout(b.reduce(y, "mlp"), "mlp.dropout");
+  if (!te_fp8(t)) y = b.reduce(y, "mlp");
+  y = b.dropout(y, "mlp.dropout");
   return b.op1(OpKind::kAdd, "mlp.residual", {}, {x1, y});
 }
 
@@ -514,10 +543,13 @@ int mtp_depth(Builder& b, const ModelSpec& m, const TrainSpec& t, int h, int k) 
 std::string layer_graph_key(const TrainSpec& t) {
   char cf[32];
   std::snprintf(cf, sizeof cf, "%.17g", t.moe_capacity_factor);
+  std::string filters;
+  for (const std::string& f : t.fp8_filter) filters += "," + f;
   return "tp" + std::to_string(t.tp) + "/sp" + std::to_string(t.sp) + "/cp" +
          std::to_string(t.cp) + "/ep" + std::to_string(t.ep) + "/s" + std::to_string(t.seq_len) +
          "/b" + std::to_string(t.micro_batch) + "/" + name_of(t.attention) + "/" +
-         name_of(t.impl) + "/cf" + cf + "/gaf" + std::to_string(t.grad_accum_fusion);
+         name_of(t.impl) + "/cf" + cf + "/gaf" + std::to_string(t.grad_accum_fusion) + "/fp8" +
+         name_of(t.fp8) + filters + "/ag" + std::to_string(t.fp8_all_gather);
 }
 
 BlockGraph build_layer(const ModelSpec& m, const TrainSpec& t) {

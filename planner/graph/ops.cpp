@@ -30,9 +30,11 @@ Shard weight_shard(OpKind kind, std::string_view suffix) {
       return Shard::kRows;
     case OpKind::kColumnLinear:
     case OpKind::kFp8ColumnLinear:
+    case OpKind::kTeColumnLinear:
       return Shard::kSectionRows;
     case OpKind::kRowLinear:
     case OpKind::kFp8RowLinear:
+    case OpKind::kTeRowLinear:
       return bias ? Shard::kReplicated : Shard::kColumns;
     case OpKind::kExpertColumn:
       return Shard::kExpertSectionRows;
@@ -170,6 +172,60 @@ Types two_of_larger(const OpAttrs&, In in) {
   return {larger_input(in), larger_input(in)};
 }
 
+// Transformer Engine's float8 (ops.hpp, kTeColumnLinear and kTeRowLinear). Forward operands are
+// e4m3; gradients e5m2 (Megatron's --fp8-format hybrid; e4m3 throughout is the same bytes).
+// A transposed copy is written [cols, rows] (Float8Tensor's _transpose).
+//
+// A norm with attrs.fp8 writes its output in float8 (TE's normalization with the input
+// quantizer: delayed scaling fused into the kernel; current scaling (tensorwise) as
+// FUSED_NORM_AMAX_FP8, the norm into a bf16 scratch with its amax, then cast, csrc/extensions/
+// normalization.cpp). The float8 output and, without SP, its transpose are allocated before
+// that scratch (create_tensor); the transpose is counted in the scratch here, as the column
+// linear holds its own copy next.
+TensorType norm_out(const OpAttrs& a, In in) {
+  return {in[0].shape, a.fp8 != Fp8Recipe::kNone ? Dtype::kFp8E4m3 : in[0].dtype};
+}
+Types te_norm_scratch(const OpAttrs& a, In in) {
+  if (a.fp8 != Fp8Recipe::kTensorwise) return {};
+  Types t{{in[0].shape, kAct}};
+  if (a.fp8_transpose) t.push_back({{cols_of(in[0]), rows_of(in[0])}, Dtype::kFp8E4m3});
+  return t;
+}
+// The column linear's forward: the rowwise copy beside the transposed one (no all-gather).
+Types te_column_forward(const OpAttrs& a, In in) {
+  if (!a.fp8_transpose) return {};
+  return {{in[0].shape, Dtype::kFp8E4m3}};
+}
+// Its backward: the output gradient cast with its transpose (grad_output_preprocess with both
+// usages), the gathered input's transpose under SP (update_usage(columnwise_usage=True)).
+Types te_column_backward(const OpAttrs& a, In in) {
+  const int64_t r = rows_of(in[0]), k = cols_of(in[0]), n = a.features;
+  Types t{{{r, n}, Dtype::kFp8E5m2}, {{n, r}, Dtype::kFp8E5m2}};
+  if (!a.fp8_transpose) t.push_back({{k, r}, Dtype::kFp8E4m3});
+  for (const TensorType& w : dense_weight_grad(a, in)) t.push_back(w);
+  return t;
+}
+// The row linear's forward: the rowwise copy of its float8 input; under SP the GEMM's bf16
+// partial product, reduce-scattered into output 0.
+Types te_row_forward(const OpAttrs& a, In in) {
+  Types t{{in[0].shape, Dtype::kFp8E4m3}};
+  if (a.group > 1) t.push_back({{rows_of(in[0]), a.features}, kAct});
+  return t;
+}
+// Its backward: under SP the gradient's shard cast rowwise, then the all-gather's output made
+// with its transpose (_all_gather_fp8: make_empty with both usages, _create_transpose); else
+// the gradient cast with its transpose. The float8 shard dies once gathered in TE; it is
+// counted to the backward's end here (over by its bytes during the GEMMs: the safe side).
+Types te_row_backward(const OpAttrs& a, In in) {
+  const int64_t r = rows_of(in[0]), n = a.features;
+  Types t;
+  if (a.group > 1) t.push_back({{r / a.group, n}, Dtype::kFp8E5m2});
+  t.push_back({{r, n}, Dtype::kFp8E5m2});
+  t.push_back({{n, r}, Dtype::kFp8E5m2});
+  for (const TensorType& w : dense_weight_grad(a, in)) t.push_back(w);
+  return t;
+}
+
 // The vocab-parallel loss's per-token fp32 reductions: max, sum of exponentials, target logit.
 Types vocab_reductions(const OpAttrs&, In in) {
   TensorType row{{rows_of(in[0])}, Dtype::kFp32};
@@ -214,14 +270,14 @@ const OpInfo kOps[] =
            return {row, row};
          }},
         {OpKind::kRmsNormStats, "rmsnorm_stats", 1, 2, 0b1, 0b10, 0b1, 0b01, false,
-         [](const OpAttrs&, In in) -> Types {
-           return {in[0], {{rows_of(in[0])}, Dtype::kFp32}};
+         [](const OpAttrs& a, In in) -> Types {
+           return {norm_out(a, in), {{rows_of(in[0])}, Dtype::kFp32}};
          },
          norm_flops,
          [](const OpAttrs&, In in) -> Weights {
            return {{"weight", {cols_of(in[0])}}};
          },
-         none_types},
+         none_types, te_norm_scratch},
         {OpKind::kRmsNormHf, "rmsnorm_hf", 1, 4, 0, 0b1110, 0b1, 0b0001, false,
          [](const OpAttrs&, In in) -> Types {
            TensorType fp32{in[0].shape, Dtype::kFp32};
@@ -239,15 +295,15 @@ const OpInfo kOps[] =
            return {{in[0].shape, Dtype::kFp32}};
          }},
         {OpKind::kLayerNormStats, "layernorm_stats", 1, 3, 0b1, 0b110, 0b1, 0b001, false,
-         [](const OpAttrs&, In in) -> Types {
+         [](const OpAttrs& a, In in) -> Types {
            TensorType row{{rows_of(in[0])}, Dtype::kFp32};
-           return {in[0], row, row};
+           return {norm_out(a, in), row, row};
          },
          norm_flops,
          [](const OpAttrs&, In in) -> Weights {
            return {{"weight", {cols_of(in[0])}}, {"bias", {cols_of(in[0])}}};
          },
-         none_types},
+         none_types, te_norm_scratch},
         {OpKind::kAllGather, "all_gather", 1, 1, 0, 0, 0b1, 0b1, true,
          [](const OpAttrs& a, In in) -> Types {
            return {{{rows_of(in[0]) * a.group, cols_of(in[0])}, in[0].dtype}};
@@ -529,6 +585,14 @@ const OpInfo kOps[] =
                    {{}, Dtype::kFp32}};
          },
          linear_flops, linear_weights, none_types},
+        {OpKind::kTeColumnLinear, "te_column_linear", 1, 1, 0b1, 0, 0b1, 0b1, false, linear_out,
+         linear_flops, linear_weights, te_column_backward, te_column_forward},
+        {OpKind::kTeRowLinear, "te_row_linear", 1, 2, 0, 0b10, 0b1, 0b01, true,
+         [](const OpAttrs& a, In in) -> Types {
+           return {{{rows_of(in[0]) / a.group, a.features}, kAct},
+                   {{cols_of(in[0]), rows_of(in[0])}, Dtype::kFp8E4m3}};
+         },
+         linear_flops, linear_weights, te_row_backward, te_row_forward},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(OpKind::kCount),
               "every OpKind needs exactly one row in the op table");

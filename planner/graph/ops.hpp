@@ -177,6 +177,28 @@ enum class OpKind {
   // Backward: output 0's bf16 gradient cast to e5m2 on the sequence shard (max all-reduced) and
   // all-gathered as float8 bytes, then the linear's backward; the input's gradient in bf16.
   kFp8RowLinear,
+  // Transformer Engine's float8 linears as Megatron's TE layer spec builds them (te_fp8; Hopper's
+  // layouts: cuBLAS takes float8 GEMMs in TN form only, so each operand a GEMM reads transposed
+  // is a second, transposed copy; read from NVIDIA/TransformerEngine d0067d0,
+  // transformer_engine/pytorch/module/layernorm_linear.py, linear.py, base.py
+  // grad_output_preprocess, distributed.py _all_gather_fp8, tensor/float8_tensor.py).
+  // TELayerNormColumnParallelLinear's GEMM: its norm writes float8 (the norm's attrs.fp8; under
+  // SP the shard, rowwise, then all-gathered as float8 bytes), input 0 the float8 operand
+  // [rows, in]; weight (out/tp, in) as a column linear's. The norm made it with its transpose
+  // where no all-gather follows (attrs.fp8_transpose): the linear's forward holds the rowwise
+  // copy as its scratch and keeps the transposed one for the weight gradient (the same bytes as
+  // input 0, which stands for it). Under SP the shard is kept and gathered again in backward
+  // (the gather's re-run), and the backward transposes the gathered copy (a scratch). Backward
+  // scratch: the output gradient cast to float8 with its transpose; the input's gradient bf16.
+  kTeColumnLinear,
+  // TERowParallelLinear with its reduction: the bf16 input [rows, in/tp] cast to float8 with
+  // its transpose (the rowwise copy a forward scratch, the transposed one output 1, kept for the
+  // weight gradient; backward reads no bf16 input), the GEMM's bf16 partial product, then
+  // reduce-scattered over TP under SP (the partial a scratch; output 0 [rows / group, out]) or
+  // all-reduced in place. Backward: under SP the output gradient's shard cast to float8 and
+  // all-gathered as float8 bytes into a copy with its transpose, else cast with its
+  // transpose; the input's gradient bf16.
+  kTeRowLinear,
   kCount
 };
 
@@ -235,6 +257,10 @@ struct OpAttrs {
   // ... and its weight arrives in float8 from FSDP's float8 all-gather (TrainSpec::fp8_all_gather),
   // with its scale: the steps cast it in neither pass.
   bool fp8_gathered = false;
+  // Transformer Engine (te_fp8): the float8 tensor is made with its transpose, as no all-gather
+  // follows it (the norms writing float8, kTeColumnLinear); under SP it is made rowwise only,
+  // the layout TE's float8 all-gather takes.
+  bool fp8_transpose = false;
   // Whether weight w arrives so: a float8 linear's weight (w 0; not its bias). The one statement
   // of the rule for the schedule's FSDP units, the cost model and the executors' weights.
   bool fp8_gathered_weight(size_t w) const {

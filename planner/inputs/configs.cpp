@@ -327,6 +327,9 @@ const std::set<std::string> kNoBytes = {
     "--moe-router-bias-update-rate",
     // YaRN's scaling factor changes the cos/sin values, not their sizes.
     "--rotary-scaling-factor",
+    // Delayed scaling's settings: the recipe's amax history is [history, 3] fp32 per linear
+    // (not counted; runtime_terms.cpp).
+    "--fp8-margin", "--fp8-interval", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
     "--tiktoken-pattern"};
 
 // The value flags megatron_args reads itself (the model's shape flags and kNoBytes aside).
@@ -341,7 +344,7 @@ const std::set<std::string> kValueFlags = {
     "--attention-dropout", "--attention-backend", "--moe-token-drop-policy",
     "--moe-token-dispatcher-type", "--cp-comm-type", "--normalization", "--moe-layer-freq",
     "--moe-router-score-function", "--moe-router-topk-scaling-factor", "--mtp-num-layers",
-    "--mtp-loss-scaling-factor",
+    "--mtp-loss-scaling-factor", "--fp8-format", "--fp8-recipe",
     "--position-embedding-type", "--max-position-embeddings", "--tokenizer-type", "--train-iters",
     "--lr", "--norm-epsilon", "--vocab-size", "--data-path"};
 const char* const kRead =
@@ -353,8 +356,10 @@ const char* const kRead =
 // Megatron-LM arguments that change the memory in ways nanoplan does not model yet: refused by
 // name, with what they do.
 const std::map<std::string, std::string> kNotModelled = {
-    {"--fp8-format", "fp8 training (nanoplan models bf16)"},
-    {"--fp8-param-gather", "fp8 parameters (nanoplan models bf16)"},
+    {"--fp8-param-gather", "fp8 parameters (nanoplan models bf16 parameters with Transformer "
+                           "Engine's float8 weight copies)"},
+    {"--no-fp8-wgrad", "the weight gradients' GEMMs in higher precision under fp8"},
+    {"--first-last-layers-bf16", "bf16 first and last layers under fp8"},
     {"--fp4-format", "fp4 training (nanoplan models bf16)"},
     {"--use-megatron-fsdp", "Megatron-FSDP (for fully sharded states use --zero 3)"},
     {"--use-torch-fsdp2", "PyTorch FSDP2 (for fully sharded states use --zero 3)"},
@@ -460,6 +465,9 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
   int64_t global_batch = 0, vpp_layers = 0, vpp_chunks = 0, recompute_layers = -1, first_layers = 0,
           last_layers = 0;
   std::string granularity, method, ce_impl = "native";
+  // Megatron-LM d98e8a6, megatron/training/arguments.py (_add_transformer_engine_args):
+  // --fp8-format turns fp8 on; --fp8-recipe (default delayed) alone does nothing.
+  std::string fp8_format, fp8_recipe = "delayed";
   bool ce_fusion = false, recompute_activations = false, disable_bias = false, add_qkv_bias = false;
   auto fail = [](const std::string& what) { return make_error("--megatron-args: " + what); };
   // The model's shape flags, checked against m.
@@ -714,6 +722,18 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
       if (*end != '\0' || !(f > 0 && f <= 64))
         return fail("--moe-expert-capacity-factor " + quote_input(v) + " (valid: (0, 64])");
       t.moe_capacity_factor = f, c.given.insert("--moe-capacity-factor");
+    } else if (w == "--fp8-format") {  // Megatron: fp8 on, the recipe's formats
+      if (v != "e4m3" && v != "hybrid")
+        return fail("--fp8-format " + quote_input(v) + " (valid: e4m3, hybrid)");
+      fp8_format = v;
+    } else if (w == "--fp8-recipe") {  // Megatron's default: delayed
+      if (v == "mxfp8" || v == "blockwise")
+        return fail("--fp8-recipe " + v + " (Transformer Engine's block-scaled float8) changes "
+                    "the memory in a way nanoplan does not model yet (valid: delayed, tensorwise)");
+      if (v != "delayed" && v != "tensorwise")
+        return fail("--fp8-recipe " + quote_input(v) +
+                    " (valid: delayed, tensorwise; mxfp8 and blockwise are not modelled)");
+      fp8_recipe = v;
     } else if (w == "--cross-entropy-fusion-impl") {
       if (v != "native" && v != "te")
         return fail("--cross-entropy-fusion-impl " + quote_input(v) + " (valid: native, te)");
@@ -807,6 +827,9 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
   t.pp_schedule = PpSchedule::k1F1B;
   c.given.insert("--pp-schedule");
   if (ce_fusion) t.loss_fusion = ce_impl == "te" ? LossFusion::kTe : LossFusion::kNative;
+  if (!fp8_format.empty())
+    t.fp8 = fp8_recipe == "tensorwise" ? Fp8Recipe::kTensorwise : Fp8Recipe::kDelayed,
+    c.given.insert("--fp8");
   c.given.insert("--cross-entropy-fusion");
   if (vpp_chunks > 0) {  // the chunk count; nanoplan reads the even split only
     if (vpp_layers > 0)

@@ -140,11 +140,13 @@ std::vector<SetupFlag> make_table() {
        "nanotron", false, kMin, kMax, [](T& to, const T& f) { to.impl = f.impl; },
        [](const T& t) -> std::string { return t.impl != Impl::kNanotron ? std::string(name_of(t.impl)) : ""; }},
       {"--fp8",
-       "none, tensorwise, rowwise, rowwise_with_gw_hp: the linears as torchao's Float8Linear "
-       "(--impl torchtitan under --fsdp; tensorwise also at tp > 1, torchao's float8 TP): "
-       "dynamic scaling per tensor (e4m3, e5m2 output "
-       "gradients) or per row (e4m3, power-of-2 scales; with_gw_hp: the weight gradient in "
-       "bf16); linears with a dimension not a multiple of 16 stay bf16",
+       "none, tensorwise, rowwise, rowwise_with_gw_hp, delayed: float8 linears. Under --impl "
+       "torchtitan (with --fsdp) torchao's Float8Linear: dynamic scaling per tensor (e4m3, e5m2 "
+       "output gradients; also at tp > 1, torchao's float8 TP) or per row (e4m3, power-of-2 "
+       "scales; with_gw_hp: the weight gradient in bf16); linears with a dimension not a "
+       "multiple of 16 stay bf16. Under --impl megatron Transformer Engine's, as Megatron's "
+       "--fp8-recipe: delayed (amax history) or tensorwise (current scaling), the decoder "
+       "layers' linears with their norms writing float8 and cached float8 weight copies",
        "none", false, kMin, kMax, [](T& to, const T& f) { to.fp8 = f.fp8; },
        [](const T& t) -> std::string {
          return t.fp8 != Fp8Recipe::kNone ? std::string(name_of(t.fp8)) : "";

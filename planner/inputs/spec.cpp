@@ -34,11 +34,15 @@ const char* name_of(Dtype d) {
   return k[static_cast<int>(d)];
 }
 const char* name_of(Fp8Recipe r) {
-  constexpr const char* k[] = {"none", "tensorwise", "rowwise", "rowwise_with_gw_hp"};
+  constexpr const char* k[] = {"none", "tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed"};
   return k[static_cast<int>(r)];
 }
 bool float8_tp(const TrainSpec& t) {
   return t.fp8 == Fp8Recipe::kTensorwise && t.impl == Impl::kTorchtitan && t.tp > 1;
+}
+
+bool te_fp8(const TrainSpec& t) {
+  return t.fp8 != Fp8Recipe::kNone && t.impl == Impl::kMegatron;
 }
 
 bool float8_linear(const TrainSpec& t, const std::string& fqn, int64_t in, int64_t out) {
@@ -122,7 +126,7 @@ template <>
 Result<Fp8Recipe> parse_enum(std::string_view f, std::string_view t) {
   return pick(f, t,
               std::array{Fp8Recipe::kNone, Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise,
-                         Fp8Recipe::kRowwiseGwHp});
+                         Fp8Recipe::kRowwiseGwHp, Fp8Recipe::kDelayed});
 }
 template <>
 Result<LossFusion> parse_enum(std::string_view f, std::string_view t) {
@@ -597,12 +601,56 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
     return fail("--fp8-all-gather is FSDP's float8 all-gather and needs a shard group: add --fsdp "
                 "with dp / --dp-replicate above 1, or drop --fp8-all-gather (torchtitan turns it "
                 "off without one)");
-  if (t.fp8 != Fp8Recipe::kNone) {
+  if (te_fp8(t)) {
+    // Transformer Engine's float8 linears in Megatron's TE layer spec (te_fp8; ops.hpp).
+    std::string fp8 = std::string("--fp8 ") + name_of(t.fp8);
+    if (t.fp8 != Fp8Recipe::kDelayed && t.fp8 != Fp8Recipe::kTensorwise)
+      return fail(fp8 + " under --impl megatron: Transformer Engine's recipes modelled are "
+                        "delayed and tensorwise (Megatron's --fp8-recipe); use one of them, or "
+                        "--impl torchtitan for torchao's " + name_of(t.fp8));
+    if (m.moe)
+      return fail(fp8 + " with an MoE model under --impl megatron (Transformer Engine's grouped "
+                        "expert linears in float8) is not modelled; use --fp8 none");
+    if (m.mla)
+      return fail(fp8 + " with multi-head latent attention under --impl megatron (its TE "
+                        "linears in float8) is not modelled; use --fp8 none");
+    if (t.fsdp)
+      return fail(fp8 + " under --impl megatron is modelled with Megatron's data parallelism; "
+                        "drop --fsdp, or use --impl torchtitan");
+    if (t.tp_comm_overlap)
+      return fail(fp8 + " with --tp-comm-overlap (Transformer Engine's userbuffers holding "
+                        "float8) is not modelled; use --tp-comm-overlap off");
+    if (t.sp && t.tp > 1 && !t.tp_recompute_allgather)
+      return fail(fp8 + " under SP: Transformer Engine keeps each LayerNorm-linear's float8 "
+                        "shard and all-gathers it again in backward; use --tp-recompute-allgather "
+                        "on");
+    if (!t.fp8_filter.empty())
+      return fail("--fp8-filter is torchtitan's (filter_fqns); Megatron's float8 covers every "
+                  "TE linear of the decoder layers: drop --fp8-filter");
+    // assert_dim_for_fp8_exec (NVIDIA/TransformerEngine d0067d0, pytorch/utils.py): each GEMM
+    // input's rows a multiple of 8 and its features of 16.
+    const int64_t rows = t.seq_len / t.cp * t.micro_batch / (t.sp ? t.tp : 1);
+    const int64_t q = m.heads * m.head_dim / t.tp, kv = m.kv_heads * m.head_dim / t.tp;
+    const int64_t ffn = m.ffn / t.tp;
+    for (auto [what, n, mult] :
+         {std::tuple<const char*, int64_t, int64_t>{"tokens per rank", rows, 8},
+          {"hidden", m.hidden, 16},
+          {"qkv output features per rank", q + 2 * kv, 8},
+          {"attention output features per rank", q, 16},
+          {"FFN features per rank", ffn, 16}})
+      if (n % mult != 0)
+        return fail(fp8 + ": Transformer Engine's float8 GEMMs need " + what + " (" + str(n) +
+                    ") a multiple of " + str(mult) + "; use --fp8 none or change the sizes");
+  } else if (t.fp8 != Fp8Recipe::kNone) {
     // torchao's Float8Linear as torchtitan converts the linears (float8_linear, above).
     std::string fp8 = std::string("--fp8 ") + name_of(t.fp8);
     if (t.impl != Impl::kTorchtitan)
-      return fail(fp8 + " is torchao's Float8Linear in torchtitan's model; use --impl "
-                        "torchtitan, or --fp8 none");
+      return fail(fp8 + ": float8 linears are modelled as torchao's and Transformer Engine's; "
+                        "use --impl torchtitan (torchao: tensorwise, rowwise, rowwise_with_gw_hp) "
+                        "or --impl megatron (TE: delayed, tensorwise), or --fp8 none");
+    if (t.fp8 == Fp8Recipe::kDelayed)
+      return fail("--fp8 delayed is Transformer Engine's recipe, under --impl megatron; "
+                  "torchao's recipes: tensorwise, rowwise, rowwise_with_gw_hp");
     if (!t.fsdp)
       return fail(fp8 + " is modelled under FSDP2, torchtitan's data parallelism; add --fsdp, "
                         "or use --fp8 none");

@@ -48,7 +48,11 @@ enum class Impl { kNanotron, kMegatron, kFused, kHf, kTorchtitan };
 // throughout, one scale per row or column, rounded down to a power of 2), or rowwise_with_gw_hp
 // (rowwise, but the input gradient's GEMM takes the weight cast with one scale, and the weight
 // gradient's GEMM runs in bf16 on the uncast tensors).
-enum class Fp8Recipe { kNone, kTensorwise, kRowwise, kRowwiseGwHp };
+// Under --impl megatron the recipes are Transformer Engine's, as Megatron's --fp8-recipe names
+// them (Megatron-LM d98e8a6, megatron/core/fp8_utils.py): delayed (DelayedScaling: each tensor
+// cast with the scale of its amax history) and tensorwise (Float8CurrentScaling: each tensor's
+// own amax first); te_fp8 below.
+enum class Fp8Recipe { kNone, kTensorwise, kRowwise, kRowwiseGwHp, kDelayed };
 const char* name_of(Fp8Recipe r);
 inline constexpr const char* kFp8AutoFilter = "auto_filter_small_kn";  // TrainSpec::fp8_filter
 // Megatron's cross-entropy (--impl megatron): none, vocab_parallel_cross_entropy; native, its
@@ -308,6 +312,10 @@ bool float8_linear(const TrainSpec& t, const std::string& fqn, int64_t in, int64
 // tensorwise float8 at tp > 1; the decoder layers' linears as kFp8AllGather, kFp8ColumnLinear
 // and kFp8RowLinear (planner/graph/ops.hpp).
 bool float8_tp(const TrainSpec& t);
+// Transformer Engine's float8 linears under Megatron (--impl megatron with --fp8 delayed or
+// tensorwise; Megatron's --fp8-format / --fp8-recipe): the decoder layers' TE linears as
+// kTeColumnLinear and kTeRowLinear, their norms writing float8 (planner/graph/ops.hpp).
+bool te_fp8(const TrainSpec& t);
 std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t);
 
 // Layers per pipeline stage as the user writes them, "21,20,20,19": decimal integers below 10^9

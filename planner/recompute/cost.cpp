@@ -71,6 +71,8 @@ OpClass op_class(OpKind k) {
     case OpKind::kRowLinear:
     case OpKind::kFp8ColumnLinear:
     case OpKind::kFp8RowLinear:
+    case OpKind::kTeColumnLinear:
+    case OpKind::kTeRowLinear:
     case OpKind::kLinear:
     case OpKind::kRouter:
     case OpKind::kExpertColumn:
@@ -170,6 +172,8 @@ double collective_bytes(const BlockGraph& g, const GraphOp& op) {
   switch (op.kind) {
     case OpKind::kColumnLinear:
       return tensor_bytes(g, op.inputs[0]);  // TP's f: all-reduce of dX
+    case OpKind::kTeColumnLinear:  // ... of dX, bf16 for a float8 input
+      return static_cast<double>(grad_bytes(g.tensors[op.inputs[0]].type));
     case OpKind::kMlaRope:
       return tensor_bytes(g, op.inputs[2]);  // all-reduce of the keys' RoPE part's gradient
     case OpKind::kMoeDispatch:
@@ -280,8 +284,16 @@ double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const Hardw
     // torchao's float8 TP: the gather moves float8 forward and reduce-scatters the bf16 gradient
     // (twice its bytes) backward; the row linear reduce-scatters its bf16 partial product
     // forward and all-gathers the float8 gradient (half of it) backward.
-    if (op.kind == OpKind::kFp8AllGather && backward) bytes *= 2;
-    if (op.kind == OpKind::kFp8RowLinear) {
+    // A float8 tensor's gradient is bf16: the gather of one (kAllGather under Transformer
+    // Engine's float8) reduce-scatters twice its bytes backward too.
+    const bool fp8_gather =
+        op.kind == OpKind::kFp8AllGather ||
+        (op.kind == OpKind::kAllGather && g.tensors[op.outputs[0]].type.bytes() <
+                                              grad_bytes(g.tensors[op.outputs[0]].type));
+    if (fp8_gather && backward) bytes *= 2;
+    // Transformer Engine's row linear without SP all-reduces its bf16 output in place.
+    if (op.kind == OpKind::kTeRowLinear) bytes = tensor_bytes(g, op.outputs[0]);
+    if (op.kind == OpKind::kFp8RowLinear || (op.kind == OpKind::kTeRowLinear && op.attrs.group > 1)) {
       const TensorType& y = g.tensors[op.outputs[0]].type;
       bytes = static_cast<double>(y.elements() * op.attrs.group) * (backward ? 1.0 : 2.0);
     }
@@ -513,6 +525,25 @@ double float8_overhead_seconds(const BlockGraph& g, const GraphOp& op, const Har
   return s;
 }
 
+// Transformer Engine's casts around a float8 linear (kTeColumnLinear, kTeRowLinear): each float8
+// copy its pass makes, from bf16 (2 bytes read, 1 written per element) in one kernel per
+// tensor; the kept transposed input (output 1 of the row linear) in the forward.
+double te_cast_seconds(const BlockGraph& g, const GraphOp& op, const HardwareModel& hw,
+                       bool backward) {
+  std::vector<TensorType> in;
+  for (int i : op.inputs) in.push_back(g.tensors[i].type);
+  const OpInfo& info = op_info(op.kind);
+  std::vector<TensorType> made =
+      backward ? info.bwd_workspace(op.attrs, in) : forward_workspace(info, op.attrs, in);
+  if (!backward && op.kind == OpKind::kTeRowLinear) made.push_back(g.tensors[op.outputs[1]].type);
+  const double launch = hw.perf.kernel_overhead_s > 0 ? hw.perf.kernel_overhead_s : kLaunchOverhead;
+  double s = 0;
+  for (const TensorType& t : made)
+    if (t.bytes() < grad_bytes(t))  // the float8 ones
+      s += 3.0 * static_cast<double>(t.elements()) / memory_bandwidth(hw) + launch;
+  return s;
+}
+
 double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const TrainSpec& t,
                   bool backward) {
   const GraphOp& op = g.ops.at(index);
@@ -536,6 +567,8 @@ double op_seconds(const BlockGraph& g, int index, const HardwareModel& hw, const
                              : seconds(d.m, d.n, d.k, peak);
       compute = std::max(work, memory);
       if (fp8) compute += float8_overhead_seconds(g, op, hw, backward);
+      if (op.kind == OpKind::kTeColumnLinear || op.kind == OpKind::kTeRowLinear)
+        compute += te_cast_seconds(g, op, hw, backward);
       break;
     }
     case OpClass::kFlash: {

@@ -126,6 +126,9 @@ std::string emit_nanotron(const Schedule& s) {
   if (t.pp_schedule == PpSchedule::kInterleaved)
     out += "# not expressible: nanotron has no interleaved schedule (1f1b holds more activations)\n";
   if (t.cp > 1) out += "# not expressible: nanotron has no context parallelism (cp " + std::to_string(t.cp) + ")\n";
+  if (t.fp8 != Fp8Recipe::kNone)
+    out += std::string("# not expressible: float8 linears (--fp8 ") + name_of(t.fp8) +
+           "); nanotron's linears are bf16\n";
   if (mtp_depths(s.model, t) > 0)
     out += "# not expressible: nanotron has no multi-token prediction (" +
            std::to_string(mtp_depths(s.model, t)) + " MTP depths in the plan)\n";
@@ -183,6 +186,12 @@ std::string emit_megatron(const Schedule& s) {
   if (!t.dataloader_mask) flags += " --no-create-attention-mask-in-dataloader";
   if (t.overlap_grad_reduce) flags += " --overlap-grad-reduce";
   if (t.tp_comm_overlap) flags += " --tp-comm-overlap";
+  // Transformer Engine's float8: e4m3 forward, e5m2 gradients (hybrid; e4m3 throughout takes
+  // the same bytes).
+  if (te_fp8(t)) flags += std::string(" --fp8-format hybrid --fp8-recipe ") + name_of(t.fp8);
+  else if (t.fp8 != Fp8Recipe::kNone)
+    notes.push_back(std::string("not expressible: torchao's float8 linears (--fp8 ") +
+                    name_of(t.fp8) + "); Megatron's float8 is Transformer Engine's");
   if (t.overlap_param_gather) flags += " --overlap-param-gather";
   if (t.vocab_multiple != 128)
     flags += " --make-vocab-size-divisible-by " + std::to_string(t.vocab_multiple);
@@ -260,9 +269,13 @@ std::string emit_torchtitan(const Schedule& s) {
   const LayerPlans p = layer_plans(s);
   std::vector<std::string> notes;
   std::string out = "# torchtitan settings closest to nanoplan's plan for " + s.model.name + "\n";
+  const bool torchao = t.fp8 != Fp8Recipe::kNone && !te_fp8(t);
+  if (te_fp8(t))
+    notes.push_back(std::string("not expressible: Transformer Engine's float8 linears (--fp8 ") +
+                    name_of(t.fp8) + " under --impl megatron); torchtitan's float8 is torchao's");
   if (auto f = torchtitan_flavor(s.model.name))
     out += "[model]\nname = \"" + f->first + "\"\nflavor = \"" + f->second + "\"\n" +
-           (t.fp8 != Fp8Recipe::kNone ? "converters = [\"quantize.linear.float8\"]\n" : "") + "\n";
+           (torchao ? "converters = [\"quantize.linear.float8\"]\n" : "") + "\n";
   else
     notes.push_back("not expressible: " + s.model.name + " is no torchtitan flavor nanoplan knows");
   // The batch: under PP a step's local batch is its micro-batches; else accumulation steps.
@@ -377,7 +390,7 @@ std::string emit_torchtitan(const Schedule& s) {
   const bool op_sac = !layers.empty() && t.impl == Impl::kTorchtitan &&
                       std::all_of(layers.begin(), layers.end(),
                                   [](const Layer& l) { return l.op_sac; });
-  if (t.fp8 != Fp8Recipe::kNone) {  // torchtitan 238fa99, job_config.py Float8Linear
+  if (torchao) {  // torchtitan 238fa99, job_config.py Float8Linear
     out += "[quantize.linear.float8]\n";
     if (t.fp8_all_gather)  // torchtitan refuses recipe_name with it; unset is tensorwise
       out += "enable_fsdp_float8_all_gather = true\n";

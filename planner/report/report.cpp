@@ -329,7 +329,9 @@ std::string describe_setup(const TrainSpec& t) {
             ? std::string(" (cross-entropy fusion ") + name_of(t.loss_fusion) + ")"
             : std::string()) +
        (t.grad_accum_fusion ? std::string() : std::string(", no gradient-accumulation fusion")) +
-       (t.fp8 != Fp8Recipe::kNone
+       (te_fp8(t) ? std::string(", float8 linears (Transformer Engine, ") +
+                        (t.fp8 == Fp8Recipe::kDelayed ? "delayed" : "current") + " scaling)"
+        : t.fp8 != Fp8Recipe::kNone
             ? std::string(", float8 linears (torchao, ") + name_of(t.fp8) + " scaling" +
                   (t.fp8_all_gather ? ", float8 all-gather)" : ")")
             : std::string()) +

@@ -21,7 +21,8 @@ namespace {
 void fused_wgrad_shapes(const BlockGraph& g, std::vector<std::pair<int64_t, int64_t>>& shapes) {
   for (const GraphOp& op : g.ops) {
     if (op.kind != OpKind::kColumnLinear && op.kind != OpKind::kRowLinear &&
-        op.kind != OpKind::kLinear)
+        op.kind != OpKind::kLinear && op.kind != OpKind::kTeColumnLinear &&
+        op.kind != OpKind::kTeRowLinear)
       continue;
     for (const WeightShape& w : op.weights)
       if (w.shape.size() == 2 && std::string_view(w.suffix) == "weight")
@@ -86,6 +87,36 @@ std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t
                        " x 1 bf16 placeholder each, kept for the run (Transformer Engine's "
                        "get_dummy_wgrad under gradient-accumulation fusion)",
                    true, dummies});
+  // Transformer Engine's float8 weight copies (te_fp8). Each float8 linear casts its bf16 weight
+  // into a workspace it keeps in the module (_fp8_workspaces["weight"]), updated in place on
+  // each step's first micro-batch and reused by the others: Megatron passes is_first_microbatch
+  // (cache_name "weight" unless it is None, layernorm_linear.py and linear.py at
+  // NVIDIA/TransformerEngine d0067d0; quantize_weight in module/base.py). The workspace is made
+  // with both usages in the forward (rowwise, and columnwise for the input gradient's GEMM),
+  // which on Hopper is the data and its transpose (Float8Quantizer / Float8CurrentScaling-
+  // Quantizer.inner_tensor_specs, tensor/float8_tensor.py): two uint8 tensors of the weight's
+  // elements, kept for the run. Not counted: each one's fp32 scale_inv and the recipe's
+  // scale and amax tensors (a few fp32 per linear).
+  if (te_fp8(t)) {
+    std::vector<int64_t> copies;
+    auto add = [&](const BlockGraph* g, int64_t times) {
+      if (!g) return;
+      for (int64_t k = 0; k < times; ++k)
+        for (const GraphOp& op : g->ops)
+          if (op.kind == OpKind::kTeColumnLinear || op.kind == OpKind::kTeRowLinear)
+            copies.insert(copies.end(), 2, op.weights.at(0).elements());
+    };
+    add(b.layer, b.layers);
+    add(b.head, 1);  // multi-token prediction's decoder layers
+    int64_t bytes = 0;
+    for (int64_t c : copies) bytes += c;
+    if (bytes > 0)
+      out.push_back({"TE fp8 weight copies", bytes,
+                     count_noun(static_cast<int64_t>(copies.size() / 2), "float8 linear") +
+                         " x (e4m3 weight + its transpose), cached across micro-batches "
+                         "(Transformer Engine's weight workspaces; Hopper's layouts)",
+                     true, copies});
+  }
   // TE's cuBLAS workspace: one uint8 torch.empty per device, cached for the run
   // (transformer_engine/pytorch/cpp_extensions/gemm.py L31-46: 32 MiB + 1 KiB from compute
   // capability 9.0 on, 4 MiB before).
