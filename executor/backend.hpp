@@ -3,11 +3,15 @@
 // byte counts from a plan and never decides a policy. Free of Eigen and CUDA types.
 #pragma once
 #include <cstdint>
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "executor/comm/comm.hpp"
@@ -20,6 +24,30 @@ namespace np::exec {
 
 // Which tensor an allocation is, so the runner can name and free it.
 enum class AllocRole { kOutput, kGradInput, kWorkspace };
+
+// Transformer Engine's float8 (te_fp8) on a rank: the small fp32 state TE keeps in its tensors
+// and recipe, outside the planned memory (the estimate does not count it either):
+// - each float8 tensor's reciprocal scale (Float8Tensor._scale_inv), by the tensor's address:
+//   set where it is written, passed on by the all-gather, read by the linear that takes it;
+// - under delayed scaling each (op, tensor role)'s amax history, one step long: a step's scales
+//   come from the largest amax of its role in that op during the step before (1 at the first
+//   step; margin 0), so that a recompute casts as its forward did. (TE rolls the history after
+//   each micro-batch's forward; the executor once a step, the same bytes.)
+struct TeFp8State {
+  std::unordered_map<const void*, float> inv_scale;
+  struct History {
+    int step = -1;
+    float amax = 0, previous = 0;
+  };
+  std::map<std::tuple<int, int, int>, History> history;
+  // The scale of role `role` of op `op` of layer `layer` at `step`, recording this amax.
+  float delayed_scale(int layer, int op, int role, int step, float amax, float fp8_max) {
+    History& h = history[{layer, op, role}];
+    if (h.step != step) h.previous = h.step >= 0 ? h.amax : 0.0f, h.amax = 0, h.step = step;
+    h.amax = std::max(h.amax, amax);
+    return h.previous > 0 ? fp8_max / h.previous : 1.0f;
+  }
+};
 
 struct OpContext {
   const GraphOp* op = nullptr;
@@ -48,6 +76,8 @@ struct OpContext {
   // Per-op checkpointing's recompute of an op whose output the cache holds: only what runs before
   // the cache returns it (a float8 linear's casts) runs again, and the op makes no output.
   bool cached_output = false;
+  int train_step = 0;               // the training step (0 first)
+  TeFp8State* te_fp8 = nullptr;     // the rank's (absent in an op test's context)
 };
 
 struct BackwardArgs {

@@ -302,6 +302,8 @@ class RankRunner {
     ctx.token_offset = t.sp ? tp_rank_ * (t.seq_len / t.cp * t.micro_batch / t.tp) : 0;
     ctx.cp_rank = cp_rank_;
     ctx.loss_scale = static_cast<float>(ctx.op->attrs.loss_weight / step_tokens());
+    ctx.train_step = step_;
+    ctx.te_fp8 = &te_fp8_;
     return ctx;
   }
 
@@ -537,6 +539,7 @@ class RankRunner {
   std::vector<std::pair<int32_t, Tensor>> statics_;
   std::vector<std::vector<int32_t>> dies_after_;  // per instruction: ids ascending
   std::vector<Tensor> bound_;                     // per plan tensor id
+  TeFp8State te_fp8_;                             // Transformer Engine's float8 state
   std::vector<int32_t> out_ids_, ws_ids_, kept_ids_;
   size_t next_out_ = 0, next_ws_ = 0, next_kept_ = 0;
   std::vector<Pending> pending_;

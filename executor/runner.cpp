@@ -47,10 +47,10 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
     return make_error("the executor runs ZeRO-2/3 without tied embeddings (it does not yet gather "
                       "or bucket the LM head's tied table); got --zero " + std::to_string(t.zero) +
                       " with " + s.model.name + ": use --zero 0 or 1");
-  if (te_fp8(t))
-    return make_error(std::string("the executor does not run Transformer Engine's float8 linears "
-                                  "yet (--impl megatron --fp8 ") +
-                      name_of(t.fp8) + "; the estimate and plan model them): use --fp8 none");
+  if (te_fp8(t) && !host_memory)
+    return make_error(std::string("the CUDA backend does not run Transformer Engine's float8 "
+                                  "linears yet (--impl megatron --fp8 ") +
+                      name_of(t.fp8) + "; the CPU executor does): use --backend cpu or --fp8 none");
   if (t.gpus() > 64)
     return make_error("the executor runs at most 64 ranks; got tp x cp x pp x dp = " +
                       std::to_string(t.gpus()));

@@ -61,6 +61,12 @@ const std::map<OpKind, const char*>& exceptions() {
       {OpKind::kFlashAttentionCp,
        "context parallelism runs on the CPU executor only: exec::check_runnable refuses cp > 1 "
        "for the CUDA backend, which has no kernel for it"},
+      {OpKind::kTeColumnLinear,
+       "Transformer Engine's float8 linears run on the CPU executor only: exec::check_runnable "
+       "refuses --impl megatron --fp8 for the CUDA backend, which has no kernel for them"},
+      {OpKind::kTeRowLinear,
+       "Transformer Engine's float8 linears run on the CPU executor only: exec::check_runnable "
+       "refuses --impl megatron --fp8 for the CUDA backend, which has no kernel for them"},
   };
   return e;
 }

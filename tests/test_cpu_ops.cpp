@@ -1350,9 +1350,9 @@ INSTANTIATE_TEST_SUITE_P(Ops, CpuOp, ::testing::Range<size_t>(0, cases().size())
 // ---- dispatch
 // ------------------------------------------------------------------------------------
 
-// torchao's float8 TP kinds, outside cases(): a float8 cast has no finite-difference gradient.
-// CpuTensorParallel.Float8TensorParallelIsTheWholeTensorsCast tests them against the float8
-// linear, value for value.
+// torchao's float8 TP kinds and Transformer Engine's float8 linears, outside cases(): a float8
+// cast has no finite-difference gradient. CpuTensorParallel.Float8TensorParallelIsTheWholeTensors
+// Cast tests torchao's against the float8 linear, value for value; test_te_fp8.cpp runs TE's.
 const std::vector<Case>& float8_tp_cases() {
   static const std::vector<Case> c = [] {
     Rng rng(31);
@@ -1360,9 +1360,14 @@ const std::vector<Case>& float8_tp_cases() {
     a.fp8 = Fp8Recipe::kTensorwise;
     Val x = rng.floats({{8, 32}, Dtype::kBf16}), w = rng.floats({{16, 32}, Dtype::kBf16}, -0.5, 0.5);
     Val x8 = val({8, 32}, Dtype::kFp8E4m3, Vec(8 * 32, 1.0)), s = val({}, Dtype::kFp32, {0.5});
+    // Transformer Engine's float8 linears (te_fp8; run end to end in test_te_fp8.cpp).
+    OpAttrs te{.features = 16, .group = 1};
+    te.fp8 = Fp8Recipe::kDelayed;
     return std::vector<Case>{{"fp8_all_gather", OpKind::kFp8AllGather, a, {x}, {}, ""},
                              {"fp8_column_linear", OpKind::kFp8ColumnLinear, a, {x8, s}, {w}, ""},
-                             {"fp8_row_linear", OpKind::kFp8RowLinear, a, {x}, {w}, ""}};
+                             {"fp8_row_linear", OpKind::kFp8RowLinear, a, {x}, {w}, ""},
+                             {"te_column_linear", OpKind::kTeColumnLinear, te, {x8}, {w}, ""},
+                             {"te_row_linear", OpKind::kTeRowLinear, te, {x}, {w}, ""}};
   }();
   return c;
 }

@@ -53,6 +53,13 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
              t.loss_fusion == LossFusion::kNative && t.tp == 2 && t.pp == 2 && t.sp;
     }));
   }
+  if (name == "tiny-gpt-te-fp8") {  // TE's float8 under SP with a pipeline, both recipes
+    for (Fp8Recipe r : {Fp8Recipe::kDelayed, Fp8Recipe::kTensorwise})
+      EXPECT_TRUE(has([&](const TrainSpec& t) {
+        return t.impl == Impl::kMegatron && t.fp8 == r && t.tp == 2 && t.pp == 2 && t.sp &&
+               t.recompute == Recompute::kFull;
+      }));
+  }
   if (name == "tiny-qwen3") {  // the q/k norms' TP-partial gradients under ZeRO-3 and a pipeline
     EXPECT_TRUE(has([](const TrainSpec& t) { return t.tp == 2 && t.dp == 2 && t.zero == 3; }));
     EXPECT_TRUE(has([](const TrainSpec& t) {
@@ -136,7 +143,7 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
 INSTANTIATE_TEST_SUITE_P(All, Scenarios,
                          ::testing::Values("tiny-llama", "tiny-qwen", "tiny-moe", "tiny-gpt",
                                            "tiny-llama-dp", "tiny-gpt-cp", "tiny-moe-ep",
-                                           "tiny-gpt-megatron", "tiny-qwen3", "tiny-moe-mixed",
+                                           "tiny-gpt-megatron", "tiny-gpt-te-fp8", "tiny-qwen3", "tiny-moe-mixed",
                                            "tiny-deepseek", "tiny-deepseek-lite",
                                            "tiny-llama-torchtitan", "tiny-llama-fsdp"),
                          testing::ParamName());

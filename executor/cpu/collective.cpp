@@ -67,6 +67,7 @@ Outs all_gather_forward(const Env& env, Ins in, Ins) {
   const Tensor& x = need(in, 0, "all_gather input");
   Tensor out = env.alloc(with_rows(x.type, dim(x, 0) * env.comm().tp_size()), AllocRole::kOutput);
   env.comm().all_gather(x, out);
+  if (x.type.dtype == Dtype::kFp8E4m3) te_gathered(env, x, out);  // TE's float8 shard's scale
   return {out};
 }
 

@@ -149,8 +149,10 @@ class CpuBackend final : public Backend {
         return fp8_column_linear_forward(env, in, w);
       case OpKind::kFp8RowLinear:
         return fp8_row_linear_forward(env, in, w);
-      case OpKind::kTeColumnLinear:  // run refuses te_fp8 (check_runnable)
+      case OpKind::kTeColumnLinear:
+        return te_column_linear_forward(env, in, w);
       case OpKind::kTeRowLinear:
+        return te_row_linear_forward(env, in, w);
       case OpKind::kCount:
         break;
     }
@@ -286,8 +288,10 @@ class CpuBackend final : public Backend {
         return fp8_column_linear_backward(env, a);
       case OpKind::kFp8RowLinear:
         return fp8_row_linear_backward(env, a);
-      case OpKind::kTeColumnLinear:  // run refuses te_fp8 (check_runnable)
+      case OpKind::kTeColumnLinear:
+        return te_column_linear_backward(env, a);
       case OpKind::kTeRowLinear:
+        return te_row_linear_backward(env, a);
       case OpKind::kCount:
         break;
     }

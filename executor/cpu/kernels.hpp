@@ -64,6 +64,10 @@ Mat column_sums(const Mat& m);  // 1 x cols: sums over rows in row order (double
 // (kGradInput, `type`), written and set there.
 void grad_input(const Env& env, const BackwardArgs& args, int k, const TensorType& type,
                 const Mat& g);
+// A linear's weight gradients: dW += DW, through `dense` where given (dense_wgrad: the weight
+// gradient whole in the activation dtype first, then added); db += the column sums of
+// `bias_rows` where the op has a bias.
+void add_linear_grads(const BackwardArgs& args, Mat DW, const Tensor& dense, const Mat& bias_rows);
 // Same for a gradient already held in a tensor of the right dtype (collectives): copies or adds.
 void grad_input_tensor(const Env& env, const BackwardArgs& args, int k, const Tensor& g);
 // A tensor view of scratch memory outside the device model (collective staging).
@@ -141,6 +145,13 @@ Outs fp8_all_gather_forward(const Env& env, Ins in, Ins weights);
 NP_CPU_OP(fp8_column_linear)
 NP_CPU_OP(fp8_row_linear)
 NP_CPU_OP(row_linear)
+// te_fp8.cpp: Transformer Engine's float8 linears (kTeColumnLinear, kTeRowLinear), the float8
+// output of a norm with OpAttrs::fp8 (y its values; dtype the activations', of the current
+// scaling's scratch), and the scale a float8 all-gather passes on.
+NP_CPU_OP(te_column_linear)
+NP_CPU_OP(te_row_linear)
+Tensor te_norm_output(const Env& env, const Mat& y, Dtype dtype);
+void te_gathered(const Env& env, const Tensor& from, const Tensor& to);
 NP_CPU_OP(router)
 NP_CPU_OP(expert_column)
 NP_CPU_OP(expert_row)

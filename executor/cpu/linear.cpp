@@ -37,14 +37,7 @@ void linear_backward(const Env& env, const BackwardArgs& a) {
     env.comm().all_reduce(view);
   }
   grad_input(env, a, 0, x.type, DX);
-  Mat DW = G.transpose() * X;
-  if (dense) {
-    store_mat(dense, DW);
-    DW = load_mat(dense);
-  }
-  add_mat(need(a.weight_grads, 0, "linear weight gradient"), DW);
-  if (a.weight_grads.size() > 1)
-    add_mat(need(a.weight_grads, 1, "linear bias gradient"), column_sums(G));
+  add_linear_grads(a, G.transpose() * X, dense, G);
 }
 
 // Grouped GEMMs over the local experts' row segments of the dispatched tensor (padding slots
@@ -85,6 +78,16 @@ void expert_backward(const Env& env, const BackwardArgs& a) {
 }
 
 }  // namespace
+
+void add_linear_grads(const BackwardArgs& a, Mat DW, const Tensor& dense, const Mat& bias_rows) {
+  if (dense) {
+    store_mat(dense, DW);
+    DW = load_mat(dense);
+  }
+  add_mat(need(a.weight_grads, 0, "linear weight gradient"), DW);
+  if (a.weight_grads.size() > 1)
+    add_mat(need(a.weight_grads, 1, "linear bias gradient"), column_sums(bias_rows));
+}
 
 Outs column_linear_forward(const Env& env, Ins in, Ins w) {
   return linear_forward(env, in, w, env.act, true);

@@ -13,6 +13,13 @@ constexpr double kEps = kNormEps;
 bool keeps_stats(const Env& env) {
   return env.ctx.op->kind == OpKind::kRmsNormStats || env.ctx.op->kind == OpKind::kLayerNormStats;
 }
+// The norm's output y of the input's type, or in float8 before a TE LayerNorm-linear (te_fp8).
+Tensor norm_output(const Env& env, const Mat& y, const TensorType& x) {
+  if (env.attrs().fp8 != Fp8Recipe::kNone) return te_norm_output(env, y, x.dtype);
+  Tensor out = env.output(x.shape, x.dtype);
+  store_mat(out, y);
+  return out;
+}
 }  // namespace
 
 // ---- RmsNorm: y = x * rsqrt(mean(x^2) + eps) * w ------------------------------------------------
@@ -31,8 +38,7 @@ Outs rmsnorm_forward(const Env& env, Ins in, Ins w) {
     R(t, 0) = r;
     for (int64_t c = 0; c < h; ++c) Y(t, c) = X(t, c) * r * W(0, c);
   }
-  Tensor out = env.output(x.type.shape, x.type.dtype);
-  store_mat(out, Y);
+  Tensor out = norm_output(env, Y, x.type);
   if (!keeps_stats(env)) return {out};
   Tensor rstd = env.output({T}, Dtype::kFp32);
   store_mat(rstd, R);
@@ -136,8 +142,7 @@ Outs layernorm_forward(const Env& env, Ins in, Ins w) {
     for (int64_t c = 0; c < h; ++c)
       Y(t, c) = static_cast<float>((X(t, c) - mu) * r) * W(0, c) + B(0, c);
   }
-  Tensor out = env.output(x.type.shape, x.type.dtype);
-  store_mat(out, Y);
+  Tensor out = norm_output(env, Y, x.type);
   if (!keeps_stats(env)) return {out};
   Tensor mean = env.output({T}, Dtype::kFp32), rstd = env.output({T}, Dtype::kFp32);
   store_mat(mean, M);

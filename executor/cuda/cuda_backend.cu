@@ -337,7 +337,7 @@ class CudaBackend final : public exec::Backend {
         return fp8_column_linear_fwd(e, in, w);
       case OpKind::kFp8RowLinear:
         return fp8_row_linear_fwd(e, in, w);
-      case OpKind::kTeColumnLinear:  // run refuses te_fp8 (check_runnable)
+      case OpKind::kTeColumnLinear:  // run refuses te_fp8 on the CUDA backend (check_runnable)
       case OpKind::kTeRowLinear:
       case OpKind::kCpGatherKv:
       case OpKind::kFlashAttentionCp:
@@ -452,7 +452,7 @@ class CudaBackend final : public exec::Backend {
         return fp8_column_linear_bwd(e);
       case OpKind::kFp8RowLinear:
         return fp8_row_linear_bwd(e);
-      case OpKind::kTeColumnLinear:  // run refuses te_fp8 (check_runnable)
+      case OpKind::kTeColumnLinear:  // run refuses te_fp8 on the CUDA backend (check_runnable)
       case OpKind::kTeRowLinear:
       case OpKind::kCpGatherKv:  // context parallelism: the CPU executor's
       case OpKind::kFlashAttentionCp:
