@@ -152,6 +152,12 @@ check "sweep --tp-comm-overlap on: overlapped where TP runs with SP, the tp 1 se
 "$NP" sweep --model llama-3.1-8b --gpus 8 --budget 80GB --tp-comm-overlap on >"$TMP/out" 2>"$TMP/err"; rc=$?
 check "sweep --tp-comm-overlap on under nanotron's profile: exit 2, one line naming the fix" \
   '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q -- "--impl megatron" "$TMP/err" && [ ! -s "$TMP/out" ]'
+"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 80GB --impl megatron --fp8 tensorwise --top 40 --format json >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "sweep --impl megatron --fp8 tensorwise: every setup in Transformer Engine's float8, its command saying so" \
+  '[ $rc -eq 0 ] && python3 -c "import json,sys; r=json.load(open(sys.argv[1]))[\"top\"]; sys.exit(0 if r and all(s[\"setup\"][\"fp8\"] == \"tensorwise\" and \"--fp8 tensorwise\" in s[\"command\"] for s in r) else 1)" "$TMP/out" || { cat "$TMP/err"; false; }'
+"$NP" sweep --model llama-3.1-8b --gpus 8 --budget 80GB --fp8 delayed >"$TMP/out" 2>"$TMP/err"; rc=$?
+check "sweep --fp8 delayed under nanotron's profile: exit 2, one line naming the profiles" \
+  '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q -- "--impl megatron" "$TMP/err" && [ ! -s "$TMP/out" ]'
 "$NP" estimate --model llama-3.1-70b --tp 8 --sp on --tp-comm-overlap on >"$TMP/out" 2>"$TMP/err"; rc=$?
 check "--tp-comm-overlap on under nanotron's profile: exit 2, one line naming the fix" \
   '[ $rc -eq 2 ] && [ $(wc -l <"$TMP/err") -eq 1 ] && grep -q "needs --impl megatron" "$TMP/err" && [ ! -s "$TMP/out" ]'

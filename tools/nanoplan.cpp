@@ -1036,6 +1036,19 @@ np::SweepOptions make_sweep_options(const Flags& f) {
   if (o.base.tp_comm_overlap && o.base.impl != np::Impl::kMegatron)  // else every TP setup fails
     die("--tp-comm-overlap on is Transformer Engine's under Megatron and needs --impl megatron; "
         "use --tp-comm-overlap off");
+  // Float8 whose recipe the profile has not: every setup would fail.
+  if (const np::Fp8Recipe r = o.base.fp8; r != np::Fp8Recipe::kNone) {
+    const std::string fp8 = std::string("--fp8 ") + np::name_of(r);
+    const bool te = r == np::Fp8Recipe::kDelayed || r == np::Fp8Recipe::kTensorwise;
+    if (o.base.impl == np::Impl::kMegatron && !te)
+      die(fp8 + " under --impl megatron: Transformer Engine's recipes are delayed and tensorwise");
+    if (o.base.impl == np::Impl::kTorchtitan && r == np::Fp8Recipe::kDelayed)
+      die(fp8 + " is Transformer Engine's, under --impl megatron; torchao's recipes: tensorwise, "
+                "rowwise, rowwise_with_gw_hp");
+    if (o.base.impl != np::Impl::kMegatron && o.base.impl != np::Impl::kTorchtitan)
+      die(fp8 + ": float8 linears need --impl megatron (Transformer Engine's delayed, tensorwise) "
+                "or --impl torchtitan --fsdp (torchao's)");
+  }
   o.runtime = make_runtime(f);
   o.hw = make_hardware(f);
   o.search_partition = f.setup["--partition"] == "auto";
@@ -1249,6 +1262,10 @@ int main(int argc, char** argv) {
                  "setups with --tp 2 or more (--impl megatron)");
   add_setup_flag(sw, f, setup_flag("--partition"),
                  "layers per stage: balanced (by FLOPs), auto (searched for every setup)");
+  add_setup_flag(sw, f, setup_flag("--fp8"),
+                 "none, delayed, tensorwise, rowwise, rowwise_with_gw_hp: float8 linears in every "
+                 "setup (Transformer Engine's under --impl megatron, torchao's under --impl "
+                 "torchtitan --fsdp); setups whose sizes the recipe refuses are skipped");
   add_setup_flag(sw, f, setup_flag("--fsdp"),
                  "FSDP2 in place of the ZeRO stages (docs/fsdp.md): every setup shards with "
                  "FSDP2 over its dp (resharding after forward without PP, keeping the units "
