@@ -47,6 +47,10 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
     return make_error("the executor runs ZeRO-2/3 without tied embeddings (it does not yet gather "
                       "or bucket the LM head's tied table); got --zero " + std::to_string(t.zero) +
                       " with " + s.model.name + ": use --zero 0 or 1");
+  if (t.fp8_param_gather)
+    return make_error("the executor keeps bf16 weights: Megatron's float8 parameters "
+                      "(--fp8-param-gather) are estimated and planned, not run; use "
+                      "--fp8-param-gather off");
   if (te_fp8(t) && !host_memory)
     return make_error(std::string("the CUDA backend does not run Transformer Engine's float8 "
                                   "linears yet (--impl megatron --fp8 ") +

@@ -36,16 +36,22 @@ check "gpt3 script: tp 8, pp 16, 1536 micro-batches, megatron's 1F1B" \
 check "gpt3 script: the ignored flags listed once, on one stderr line" \
   '[ "$(wc -l <"$TMP/gpt3.err")" -eq 1 ] && grep -q "ignored, as no byte depends on them here: .*--rampup-batch-size" "$TMP/gpt3.err" && grep -q -- "--fp16" "$TMP/gpt3.err" && [ "$(grep -o -- "--lr," "$TMP/gpt3.err" | wc -l)" -eq 1 ]'
 
-# Llama 3 8B (examples/llama): its default dtype is fp8 with fp8 parameters (--fp8-param-gather),
-# which nanoplan does not model: refused by name. Without that flag it reads as Transformer
-# Engine's delayed-scaling float8. With bf16 it reads: SP, the distributed optimizer, bf16
-# gradients, the native fused loss, the dataloader without its mask, and flags given as
-# --flag=value.
+# Llama 3 8B (examples/llama): its default dtype is fp8 with fp8 parameters: Transformer
+# Engine's delayed-scaling float8 with --fp8-param-gather (the weights float8 with their
+# transposes, no cached copies). Without --use-distributed-optimizer that is refused by name, as
+# Megatron refuses it; without --fp8-param-gather the copies are kept. With bf16 it reads: SP,
+# the distributed optimizer, bf16 gradients, the native fused loss, the dataloader without its
+# mask, and flags given as --flag=value.
 args=$(launch_args "$SRC_DIR/tests/data/launch/megatron-llama3-8b.sh")
+"$NP" estimate --model llama-3.1-8b --dp 8 --megatron-args "$args" --format json >"$TMP/fp8p.json" 2>/dev/null
+rc=$?
+check "llama3 script as published (fp8 parameters): exit 0, float8 parameters, no weight copies" \
+  '[ $rc -eq 0 ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); s=d[\"setup\"]; sys.exit(0 if (s[\"fp8\"], s.get(\"fp8_param_gather\")) == (\"delayed\", True) and not any(o[\"name\"] == \"TE fp8 weight copies\" for o in d[\"ranks\"][0][\"overheads\"]) else 1)" "$TMP/fp8p.json"'
+args=$(launch_args "$SRC_DIR/tests/data/launch/megatron-llama3-8b.sh" '/--use-distributed-optimizer/d')
 "$NP" estimate --model llama-3.1-8b --dp 8 --megatron-args "$args" >"$TMP/out.txt" 2>&1
 rc=$?
-check "llama3 script as published (fp8 parameters): exit 2, one line naming --fp8-param-gather" \
-  '[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/out.txt")" -eq 1 ] && grep -q -- "--fp8-param-gather changes the memory in a way nanoplan does not model yet" "$TMP/out.txt"'
+check "llama3 script without the distributed optimizer: exit 2, one line naming it" \
+  '[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/out.txt")" -eq 1 ] && grep -q -- "--fp8-param-gather needs --use-distributed-optimizer" "$TMP/out.txt"'
 args=$(launch_args "$SRC_DIR/tests/data/launch/megatron-llama3-8b.sh" '/--fp8-param-gather/d' 's/^TP_SIZE=1 */TP_SIZE=2/')
 "$NP" estimate --model llama-3.1-8b --dp 4 --megatron-args "$args" --format json >"$TMP/fp8.json" 2>/dev/null
 rc=$?

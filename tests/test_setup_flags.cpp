@@ -20,7 +20,8 @@ auto fields(const TrainSpec& t) {
                          t.optimizer, t.recompute, t.tp_recompute_allgather, t.stage_layers,
                          t.overlap_grad_reduce, t.overlap_param_gather, t.tp_comm_overlap,
                          t.mtp_layers, t.fsdp, t.dp_replicate, t.reshard_after_forward,
-                         t.recompute_every, t.fp8, t.fp8_filter, t.fp8_all_gather);
+                         t.recompute_every, t.fp8, t.fp8_filter, t.fp8_all_gather,
+                         t.fp8_param_gather);
 }
 
 // The flags of a command line (" --tp 8 --pp 2 ...") as the CLI would give them.
@@ -42,7 +43,7 @@ TEST(SetupFlags, TableNamesAreUniqueWithHelpAndDefaultsThatParse) {
     if (f.count && !f.default_text.empty())
       EXPECT_TRUE(parse_count_flag(f.name, f.default_text, f.lo, f.hi).ok()) << f.name;
   }
-  EXPECT_EQ(names.size(), 35u);
+  EXPECT_EQ(names.size(), 36u);
 }
 
 TEST(SetupFlags, DefaultsAreTheSetupDefaults) {
@@ -116,7 +117,9 @@ TEST(SetupFlags, AConfigIsOverriddenByExactlyTheFlagsGiven) {
                     : f.name == "--grad-accum-dtype" ? "bf16"
                     : f.name == "--optimizer"        ? "sgd"
                     : f.name == "--tp-recompute-allgather" ? "false"
-                    : f.name == "--fsdp" || f.name == "--fp8-all-gather" ? "on"
+                    : f.name == "--fsdp" || f.name == "--fp8-all-gather" ||
+                            f.name == "--fp8-param-gather"
+                        ? "on"
                     : f.name == "--reshard-after-forward"  ? "off"
                     : f.name == "--moe-capacity-factor"    ? "2"
                     : f.name == "--overlap-grad-reduce" || f.name == "--overlap-param-gather" ||

@@ -332,6 +332,73 @@ TEST(TeFp8Plan, AutoPlansFitTheirBudgets) {
   for (const StageProgram& st : s.stages) EXPECT_FALSE(check_program(st));
 }
 
+// Megatron's --fp8-param-gather: the TE linears' weights are Float8Tensors, their e4m3 data in
+// the param buffer and their transposes beside it (Hopper): the static bytes stay bf16's, the
+// cached weight copies go, the distributed optimizer all-gathers one byte per such parameter
+// (less time); refused without te_fp8 or the distributed optimizer, and by the executor; in and
+// out of Megatron's arguments.
+TEST(TeFp8ParamGather, NoWeightCopiesTheSameStaticsAFloat8Gather) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec f = megatron(Fp8Recipe::kDelayed, 2), p = f;
+  f.dp = p.dp = 4, f.zero = p.zero = 1;
+  p.fp8_param_gather = true;
+  ASSERT_FALSE(validate_setup(m, p));
+  EXPECT_EQ(StageStatics(m, p)(0, m.layers), StageStatics(m, f)(0, m.layers));
+  BlockGraphs g(m, p);
+  StageBlocks sb{.layer = g.layer.get(), .head = g.head.get(), .embedding = true, .layers = 4};
+  int64_t with = 0, without = 0;
+  for (const OverheadLine& o : stage_overheads(m, f, RuntimeAssumptions{}, sb))
+    with += o.name == "TE fp8 weight copies";
+  for (const OverheadLine& o : stage_overheads(m, p, RuntimeAssumptions{}, sb))
+    without += o.name == "TE fp8 weight copies";
+  EXPECT_EQ(with, 1);
+  EXPECT_EQ(without, 0);
+  const HardwareModel hw = default_hardware();
+  const StepTime a = step_time(build_schedule(m, f), hw), b = step_time(build_schedule(m, p), hw);
+  ASSERT_FALSE(a.stages.empty());
+  EXPECT_GT(a.stages[0].param_gather, 0);
+  EXPECT_LT(b.stages[0].param_gather, a.stages[0].param_gather);
+  EXPECT_DOUBLE_EQ(b.stages[0].grad_reduce, a.stages[0].grad_reduce);
+
+  TrainSpec u = p;
+  u.fp8 = Fp8Recipe::kNone;
+  refused(m, u, "drop --fp8-param-gather");
+  u = p, u.zero = 0;
+  refused(m, u, "add --zero 1");
+  u.dp = 1;  // one replica: the distributed optimizer shards nothing
+  EXPECT_FALSE(validate_setup(m, u));
+  std::optional<Error> e = exec::check_runnable(build_schedule(m, p));
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("use --fp8-param-gather off"), std::string::npos) << e->message;
+
+  const std::string base = "--tensor-model-parallel-size 2 --sequence-parallel "
+                           "--micro-batch-size 1 --seq-length 4096 --fp8-format hybrid ";
+  Result<ConfigSetup> c =
+      megatron_args(base + "--fp8-param-gather --use-distributed-optimizer", m, 4);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(c->setup.fp8_param_gather);
+  EXPECT_EQ(c->setup.zero, 1);
+  const std::string out = emit_megatron(build_schedule(m, c->setup));
+  EXPECT_NE(out.find("--fp8-param-gather"), std::string::npos) << out;
+  Result<ConfigSetup> back = megatron_args(out.substr(0, out.find('\n')), m, 4);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_TRUE(back->setup.fp8_param_gather);
+  Result<Schedule> plan = schedule_from_json(schedule_to_json(build_schedule(m, c->setup)));
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  EXPECT_TRUE(plan->setup.fp8_param_gather);
+  for (auto [args, says] :
+       {std::pair{"--fp8-param-gather", "needs --use-distributed-optimizer"},
+        {"--tensor-model-parallel-size 2 --fp8-param-gather --use-distributed-optimizer",
+         "needs --fp8-format"}}) {
+    Result<ConfigSetup> r = megatron_args(std::string(args).find("--tensor") == 0
+                                              ? std::string(args)
+                                              : base + args,
+                                          m, 4);
+    ASSERT_FALSE(r.ok()) << args;
+    EXPECT_NE(r.error().message.find(says), std::string::npos) << r.error().message;
+  }
+}
+
 // A CPU run of `t`, its gradients captured: as planned, event for event on every rank.
 exec::RunResult run_planned(const ModelSpec& m, const TrainSpec& t, int steps = 2) {
   EXPECT_FALSE(validate_setup(m, t));

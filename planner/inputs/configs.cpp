@@ -356,8 +356,6 @@ const char* const kRead =
 // Megatron-LM arguments that change the memory in ways nanoplan does not model yet: refused by
 // name, with what they do.
 const std::map<std::string, std::string> kNotModelled = {
-    {"--fp8-param-gather", "fp8 parameters (nanoplan models bf16 parameters with Transformer "
-                           "Engine's float8 weight copies)"},
     {"--no-fp8-wgrad", "the weight gradients' GEMMs in higher precision under fp8"},
     {"--first-last-layers-bf16", "bf16 first and last layers under fp8"},
     {"--fp4-format", "fp4 training (nanoplan models bf16)"},
@@ -468,6 +466,7 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
   // Megatron-LM d98e8a6, megatron/training/arguments.py (_add_transformer_engine_args):
   // --fp8-format turns fp8 on; --fp8-recipe (default delayed) alone does nothing.
   std::string fp8_format, fp8_recipe = "delayed";
+  bool distributed_optimizer = false;
   bool ce_fusion = false, recompute_activations = false, disable_bias = false, add_qkv_bias = false;
   auto fail = [](const std::string& what) { return make_error("--megatron-args: " + what); };
   // The model's shape flags, checked against m.
@@ -510,7 +509,8 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
                                           "--overlap-grad-reduce", "--overlap-param-gather",
                                           "--tp-comm-overlap", "--qk-layernorm",
                                           "--multi-latent-attention", "--moe-router-pre-softmax",
-                                          "--moe-router-enable-expert-bias"};
+                                          "--moe-router-enable-expert-bias",
+                                          "--fp8-param-gather"};
   // Known, and no byte depends on them here: ignored, and listed once.
   const std::set<std::string> quiet = {"--use-mcore-models", "--no-bias-dropout-fusion",
                                        "--attention-softmax-in-fp32", "--no-masked-softmax-fusion",
@@ -571,6 +571,9 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
         t.overlap_param_gather = true, c.given.insert("--overlap-param-gather");
       // TE's userbuffers: the step time's overlap and their own buffers (runtime_terms.cpp).
       if (w == "--tp-comm-overlap") t.tp_comm_overlap = true, c.given.insert("--tp-comm-overlap");
+      // Float8 parameters: checked against --fp8-format and the optimizer after the loop.
+      if (w == "--fp8-param-gather") t.fp8_param_gather = true, c.given.insert("--fp8-param-gather");
+      if (w == "--use-distributed-optimizer") distributed_optimizer = true;
       // The architecture switches, checked against the model (absent: the model decides).
       auto arch = [&](bool agrees, const std::string& model_has) -> std::optional<Error> {
         if (agrees) return std::nullopt;
@@ -830,6 +833,10 @@ Result<ConfigSetup> megatron_args(const std::string& args, const ModelSpec& m, i
   if (!fp8_format.empty())
     t.fp8 = fp8_recipe == "tensorwise" ? Fp8Recipe::kTensorwise : Fp8Recipe::kDelayed,
     c.given.insert("--fp8");
+  if (t.fp8_param_gather && fp8_format.empty())
+    return fail("--fp8-param-gather keeps the parameters in fp8 and needs --fp8-format");
+  if (t.fp8_param_gather && !distributed_optimizer)  // Megatron's arguments.py asserts it
+    return fail("--fp8-param-gather needs --use-distributed-optimizer");
   c.given.insert("--cross-entropy-fusion");
   if (vpp_chunks > 0) {  // the chunk count; nanoplan reads the even split only
     if (vpp_layers > 0)

@@ -167,6 +167,14 @@ std::vector<SetupFlag> make_table() {
        "linears use it uncast: torchtitan's enable_fsdp_float8_all_gather), off",
        "off", false, kMin, kMax, [](T& to, const T& f) { to.fp8_all_gather = f.fp8_all_gather; },
        [](const T& t) -> std::string { return t.fp8_all_gather ? "on" : ""; }, "on"},
+      {"--fp8-param-gather",
+       "with --impl megatron --fp8 delayed|tensorwise: on (given alone: on; Megatron's "
+       "--fp8-param-gather: the TE linears' weights kept in float8 with their transposes, no "
+       "cached weight copies, the distributed optimizer gathering one byte per such "
+       "parameter; needs --zero 1), off",
+       "off", false, kMin, kMax,
+       [](T& to, const T& f) { to.fp8_param_gather = f.fp8_param_gather; },
+       [](const T& t) -> std::string { return t.fp8_param_gather ? "on" : ""; }, "on"},
       {"--cross-entropy-fusion",
        "Megatron's loss under --impl megatron: none (vocab_parallel_cross_entropy, fp32 softmax "
        "kept), native (--cross-entropy-loss-fusion, the same memory), te "
@@ -365,6 +373,8 @@ Result<TrainSpec> setup_from_flags(const SetupText& s, bool budgeted) {
     }
   }
   take(parse_switch("--fp8-all-gather", s["--fp8-all-gather"], "on", "off"), t.fp8_all_gather);
+  take(parse_switch("--fp8-param-gather", s["--fp8-param-gather"], "on", "off"),
+       t.fp8_param_gather);
   take(parse_enum<LossFusion>("--cross-entropy-fusion", s["--cross-entropy-fusion"]),
        t.loss_fusion);
   take(parse_switch("--gradient-accumulation-fusion", s["--gradient-accumulation-fusion"], "on",

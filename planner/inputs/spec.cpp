@@ -601,6 +601,13 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
     return fail("--fp8-all-gather is FSDP's float8 all-gather and needs a shard group: add --fsdp "
                 "with dp / --dp-replicate above 1, or drop --fp8-all-gather (torchtitan turns it "
                 "off without one)");
+  if (t.fp8_param_gather && !te_fp8(t))
+    return fail("--fp8-param-gather keeps Transformer Engine's linears' weights in float8, under "
+                "--impl megatron with --fp8 delayed or tensorwise; add those, or drop "
+                "--fp8-param-gather");
+  if (t.fp8_param_gather && t.zero < 1 && t.dp * t.cp > 1)
+    return fail("--fp8-param-gather needs Megatron's distributed optimizer (its arguments.py "
+                "asserts it): add --zero 1, or drop --fp8-param-gather");
   if (te_fp8(t)) {
     // Transformer Engine's float8 linears in Megatron's TE layer spec (te_fp8; ops.hpp).
     std::string fp8 = std::string("--fp8 ") + name_of(t.fp8);

@@ -218,6 +218,11 @@ struct TrainSpec {
   // (torchao's WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather), so the unit gathers one
   // byte per element of those weights and the linears take them without casting again.
   bool fp8_all_gather = false;
+  // Megatron's --fp8-param-gather under te_fp8: each TE linear's weight a Float8Tensor, its e4m3
+  // data in the DDP param buffer (uint8) and, on Hopper, its transpose beside it (created after
+  // each param all-gather, TE's post_all_gather_processing): 2 bytes per parameter as bf16's, but
+  // no cached weight copies; the distributed optimizer all-gathers one byte per such parameter.
+  bool fp8_param_gather = false;
   LossFusion loss_fusion = LossFusion::kNone;  // megatron only (--cross-entropy-fusion)
   // Megatron's gradient-accumulation fusion (megatron only; on by default, off with its
   // --no-gradient-accumulation-fusion): on, each weight-gradient GEMM adds into the fp32 main_grad

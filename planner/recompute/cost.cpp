@@ -700,6 +700,7 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
   int64_t dense = 0, expert = 0, tp_partial = 0;
   std::vector<std::pair<int64_t, int64_t>> per_block;
   std::vector<int64_t> fp8_gathered;  // per block: weight elements FSDP gathers in float8
+  int64_t fp8_params = 0;  // --fp8-param-gather: the TE linears' weight elements, gathered in float8
   std::vector<std::string> tied_seen;
   for (const StageBlock& b : p.blocks) {
     int64_t bd = 0, be = 0, f8 = 0;
@@ -713,6 +714,9 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
       if (op.tp_partial_weight_grads) tp_partial += weight_elements(op);
       if (!op.weights.empty() && op.attrs.fp8_gathered_weight(0))
         f8 += op.weights.front().elements();
+      if (t.fp8_param_gather && !op.expert_weights &&
+          (op.kind == OpKind::kTeColumnLinear || op.kind == OpKind::kTeRowLinear))
+        fp8_params += op.weights.front().elements();
     }
     dense += bd, expert += be;
     per_block.push_back({bd, be});
@@ -797,14 +801,16 @@ void stage_tail(const StageProgram& p, const HardwareModel& hw, const TrainSpec&
     st.fsdp_exposed = times * fsdp_exposed_seconds(units) + after;
     c += st.fsdp_comm;
   }
-  for (auto [n, group] : {std::pair{dense, dense_dp}, std::pair{expert, expert_dp}}) {
+  for (auto [n, group, f8] : {std::tuple{dense, dense_dp, fp8_params},
+                              std::tuple{expert, expert_dp, int64_t{0}}}) {
     if (t.fsdp || n == 0 || group <= 1) continue;
     double nn = static_cast<double>(n);
     // After the last backward: an all-reduce, or a reduce-scatter under ZeRO-1.
     if (t.zero == 0) st.grad_reduce += coll("all_reduce", nn * gb, group);
     if (t.zero == 1) st.grad_reduce += coll("reduce_scatter", nn * gb, group);
+    // The updated weights, once: bf16, the float8 parameters (--fp8-param-gather) one byte each.
     if (t.zero == 1 || t.zero == 2)
-      st.param_gather += coll("all_gather", nn * 2, group);  // updated bf16 weights, once
+      st.param_gather += coll("all_gather", nn * 2 - static_cast<double>(f8), group);
   }
   c += st.grad_reduce + st.param_gather;
   st.grad_elements = dense + expert;

@@ -189,6 +189,8 @@ std::string emit_megatron(const Schedule& s) {
   // Transformer Engine's float8: e4m3 forward, e5m2 gradients (hybrid; e4m3 throughout takes
   // the same bytes).
   if (te_fp8(t)) flags += std::string(" --fp8-format hybrid --fp8-recipe ") + name_of(t.fp8);
+  if (t.fp8_param_gather)  // Megatron asserts the distributed optimizer with it
+    flags += std::string(t.zero >= 1 ? "" : " --use-distributed-optimizer") + " --fp8-param-gather";
   else if (t.fp8 != Fp8Recipe::kNone)
     notes.push_back(std::string("not expressible: torchao's float8 linears (--fp8 ") +
                     name_of(t.fp8) + "); Megatron's float8 is Transformer Engine's");

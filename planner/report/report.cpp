@@ -330,7 +330,8 @@ std::string describe_setup(const TrainSpec& t) {
             : std::string()) +
        (t.grad_accum_fusion ? std::string() : std::string(", no gradient-accumulation fusion")) +
        (te_fp8(t) ? std::string(", float8 linears (Transformer Engine, ") +
-                        (t.fp8 == Fp8Recipe::kDelayed ? "delayed" : "current") + " scaling)"
+                        (t.fp8 == Fp8Recipe::kDelayed ? "delayed" : "current") + " scaling" +
+                        (t.fp8_param_gather ? ", float8 parameters)" : ")")
         : t.fp8 != Fp8Recipe::kNone
             ? std::string(", float8 linears (torchao, ") + name_of(t.fp8) + " scaling" +
                   (t.fp8_all_gather ? ", float8 all-gather)" : ")")

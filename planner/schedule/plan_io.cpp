@@ -93,6 +93,7 @@ json setup_to_json(const TrainSpec& t) {
     j["fp8"] = name_of(t.fp8);
     if (!t.fp8_filter.empty()) j["fp8_filter"] = t.fp8_filter;
     if (t.fp8_all_gather) j["fp8_all_gather"] = true;  // absent: off
+    if (t.fp8_param_gather) j["fp8_param_gather"] = true;  // absent: off
   }
   if (t.fsdp) {  // absent: off
     j["fsdp"] = true;
@@ -180,7 +181,7 @@ Result<TrainSpec> setup_from_json(const json& j) {
             "moe_capacity_factor", "cross_entropy_fusion", "gradient_accumulation_fusion",
             "dataloader_attention_mask", "make_vocab_size_divisible_by", "overlap_grad_reduce",
             "overlap_param_gather", "tp_comm_overlap", "mtp_layers", "mtp_loss_scale", "fsdp",
-            "dp_replicate", "reshard_after_forward", "recompute_every", "fp8", "fp8_filter", "fp8_all_gather"});
+            "dp_replicate", "reshard_after_forward", "recompute_every", "fp8", "fp8_filter", "fp8_all_gather", "fp8_param_gather"});
     TrainSpec t;
     t.mtp_layers = r.has("mtp_layers") ? r.at("mtp_layers").integer(0, 16) : 0;
     if (r.has("mtp_loss_scale")) t.mtp_loss_scale = r.at("mtp_loss_scale").number();
@@ -207,6 +208,7 @@ Result<TrainSpec> setup_from_json(const json& j) {
     if (r.has("recompute_every")) t.recompute_every = r.at("recompute_every").integer(1, 1 << 20);
     if (r.has("fp8")) t.fp8 = r.at("fp8").choice<Fp8Recipe>();
     if (r.has("fp8_all_gather")) t.fp8_all_gather = r.at("fp8_all_gather").boolean();
+    if (r.has("fp8_param_gather")) t.fp8_param_gather = r.at("fp8_param_gather").boolean();
     if (r.has("fp8_filter")) {
       Reader f = r.at("fp8_filter");
       for (size_t k = 0; k < f.size(); ++k) t.fp8_filter.push_back(f.at(k).text());

@@ -96,8 +96,10 @@ std::vector<OverheadLine> framework_lines(const ModelSpec& m, const TrainSpec& t
   // which on Hopper is the data and its transpose (Float8Quantizer / Float8CurrentScaling-
   // Quantizer.inner_tensor_specs, tensor/float8_tensor.py): two uint8 tensors of the weight's
   // elements, kept for the run. Not counted: each one's fp32 scale_inv and the recipe's
-  // scale and amax tensors (a few fp32 per linear).
-  if (te_fp8(t)) {
+  // scale and amax tensors (a few fp32 per linear). Under --fp8-param-gather the weights are
+  // float8 already (is_weight_param_quantized): no copies; the weights line holds their data and
+  // transposes (TrainSpec::fp8_param_gather).
+  if (te_fp8(t) && !t.fp8_param_gather) {
     std::vector<int64_t> copies;
     auto add = [&](const BlockGraph* g, int64_t times) {
       if (!g) return;
