@@ -80,6 +80,21 @@ struct OpContext {
   TeFp8State* te_fp8 = nullptr;     // the rank's (absent in an op test's context)
 };
 
+// The scale of a float8 tensor of role `role` (0 input, 1 weight, 2 gradient) of the op whose
+// amax (already all-reduced where te_reduces says) is `amax`: current scaling fp8_max / amax (1
+// for a zero tensor), delayed scaling from the history (1 without one: an op test's context).
+inline float te_scale(const OpContext& c, int role, float amax, float fp8_max) {
+  if (c.op->attrs.fp8 != Fp8Recipe::kDelayed) return amax > 0 ? fp8_max / amax : 1.0f;
+  if (!c.te_fp8) return 1.0f;
+  return c.te_fp8->delayed_scale(c.layer, c.op_index, role, c.train_step, amax, fp8_max);
+}
+// Whether that amax is all-reduced over TP: always under delayed scaling (every rank's history
+// the same), under current scaling where TE sets the amax reduction group (`shared`: the SP
+// shard a LayerNorm-linear gathers, the row linear's SP output gradient).
+inline bool te_reduces(const OpContext& c, bool shared) {
+  return shared || c.op->attrs.fp8 == Fp8Recipe::kDelayed;
+}
+
 struct BackwardArgs {
   std::span<const Tensor> inputs;        // absent where the backward does not read them
   std::span<const Tensor> outputs;       // absent where the backward does not read them

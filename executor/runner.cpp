@@ -51,10 +51,6 @@ std::optional<Error> check_runnable(const Schedule& s, bool host_memory) {
     return make_error("the executor keeps bf16 weights: Megatron's float8 parameters "
                       "(--fp8-param-gather) are estimated and planned, not run; use "
                       "--fp8-param-gather off");
-  if (te_fp8(t) && !host_memory)
-    return make_error(std::string("the CUDA backend does not run Transformer Engine's float8 "
-                                  "linears yet (--impl megatron --fp8 ") +
-                      name_of(t.fp8) + "; the CPU executor does): use --backend cpu or --fp8 none");
   if (t.gpus() > 64)
     return make_error("the executor runs at most 64 ranks; got tp x cp x pp x dp = " +
                       std::to_string(t.gpus()));

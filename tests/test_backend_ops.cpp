@@ -61,12 +61,6 @@ const std::map<OpKind, const char*>& exceptions() {
       {OpKind::kFlashAttentionCp,
        "context parallelism runs on the CPU executor only: exec::check_runnable refuses cp > 1 "
        "for the CUDA backend, which has no kernel for it"},
-      {OpKind::kTeColumnLinear,
-       "Transformer Engine's float8 linears run on the CPU executor only: exec::check_runnable "
-       "refuses --impl megatron --fp8 for the CUDA backend, which has no kernel for them"},
-      {OpKind::kTeRowLinear,
-       "Transformer Engine's float8 linears run on the CPU executor only: exec::check_runnable "
-       "refuses --impl megatron --fp8 for the CUDA backend, which has no kernel for them"},
   };
   return e;
 }
@@ -211,6 +205,20 @@ std::vector<Config> setups(Impl impl) {
     s.back().train.loss_fusion = LossFusion::kTe, s.back().train.grad_accum_fusion = false;
     s.push_back({"moe tp 1 te loss", moe(37, true), train(1, false, 9, eager)});
     s.back().train.loss_fusion = LossFusion::kTe;
+    // Transformer Engine's float8 linears: features multiples of 16 per rank, 8 tokens a rank
+    // at least (3 sequences of 8 or 16); RMSNorm and LayerNorm (with biases) writing float8.
+    ModelSpec l16 = llama(48), g16 = gpt(48, 2);
+    l16.hidden = 32, l16.ffn = 64, l16.heads = 4, l16.kv_heads = 2, l16.head_dim = 8;
+    g16.hidden = 32, g16.ffn = 64, g16.head_dim = 16;
+    for (auto [label, m, tp, sp, r] :
+         {std::tuple<const char*, ModelSpec, int64_t, bool, Fp8Recipe>{
+              "llama16 te fp8 delayed tp 1", l16, 1, false, Fp8Recipe::kDelayed},
+          {"llama16 te fp8 tensorwise tp 2 sp", l16, 2, true, Fp8Recipe::kTensorwise},
+          {"gpt16 te fp8 delayed tp 2 sp", g16, 2, true, Fp8Recipe::kDelayed},
+          {"gpt16 te fp8 tensorwise tp 2", g16, 2, false, Fp8Recipe::kTensorwise}}) {
+      s.push_back({label, m, train(tp, sp, tp > 1 && sp ? 16 : 8, flash)});
+      s.back().train.fp8 = r;
+    }
   }
   for (Config& x : s) x.label = std::string(name_of(impl)) + " " + x.label;
   return s;

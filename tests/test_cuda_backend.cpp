@@ -184,6 +184,22 @@ TEST(CudaBackend, TinyTorchtitan) {
                  {Recompute::kNone, Recompute::kSelectiveOp});
 }
 
+// Transformer Engine's float8 linears (--impl megatron --fp8 delayed|tensorwise): the norms
+// writing e4m3 (each amax reduced into the output's own bytes), the float8 all-gathers under SP
+// and their re-runs, the casts, copies and transposes, the GEMMs taking the weight cast on the
+// way; over TP with and without SP and a pipeline.
+TEST(CudaBackend, TinyGptTeFp8) {
+  const Impl mega = Impl::kMegatron;
+  const auto flash = AttentionImpl::kFlash;
+  const LossFusion none = LossFusion::kNone;
+  check_scenario("tiny-gpt-te-fp8",
+                 {{1, 1, false, flash, 1, 0, 1, mega, none, true, false, true, Fp8Recipe::kDelayed},
+                  {2, 1, true, flash, 1, 0, 1, mega, none, true, false, true, Fp8Recipe::kTensorwise},
+                  {2, 1, false, flash, 1, 0, 1, mega, none, true, false, true, Fp8Recipe::kDelayed},
+                  {2, 2, true, flash, 1, 0, 1, mega, none, true, false, true, Fp8Recipe::kDelayed}},
+                 {Recompute::kNone, Recompute::kFull});
+}
+
 // FSDP2 (--fsdp): the fp32 shards, each unit's all-gather and copy-out, the ops' bf16 weight
 // gradients (staged on the device), the fp32 reduce-scatter and gradient shard on their streams'
 // pools; resharded after forward and kept, over TP with SP and under PP (each unit gathered once

@@ -30,17 +30,13 @@ Dtype format_of(Role r) {
 // The scale of a tensor of role `r` whose amax is `amax` (`shared`: all-reduced over TP under
 // current scaling too).
 float scale_of(const Env& env, Role r, float amax, bool shared) {
-  const float fmax = fp8_format(format_of(r)).max;
-  const bool delayed = env.attrs().fp8 == Fp8Recipe::kDelayed;
-  if ((shared || delayed) && env.tp_size() > 1) {
+  if (te_reduces(env.ctx, shared) && env.tp_size() > 1) {
     Scratch s({{1}, Dtype::kFp32});
     s.t.as<float>()[0] = amax;
     env.comm().all_reduce_max(s.t);
     amax = s.t.as<float>()[0];
   }
-  if (!delayed) return amax > 0 ? fmax / amax : 1.0f;
-  if (!env.ctx.te_fp8) return 1.0f;  // an op test's context: no history
-  return env.ctx.te_fp8->delayed_scale(env.ctx.layer, env.ctx.op_index, r, env.ctx.train_step, amax, fmax);
+  return te_scale(env.ctx, r, amax, fp8_format(format_of(r)).max);
 }
 
 // x times `scale` cast to `to`: the decoded values; the codes into `codes` (row-major) and

@@ -337,8 +337,10 @@ class CudaBackend final : public exec::Backend {
         return fp8_column_linear_fwd(e, in, w);
       case OpKind::kFp8RowLinear:
         return fp8_row_linear_fwd(e, in, w);
-      case OpKind::kTeColumnLinear:  // run refuses te_fp8 on the CUDA backend (check_runnable)
+      case OpKind::kTeColumnLinear:
+        return te_column_linear_fwd(e, in, w);
       case OpKind::kTeRowLinear:
+        return te_row_linear_fwd(e, in, w);
       case OpKind::kCpGatherKv:
       case OpKind::kFlashAttentionCp:
       case OpKind::kCount:
@@ -452,8 +454,10 @@ class CudaBackend final : public exec::Backend {
         return fp8_column_linear_bwd(e);
       case OpKind::kFp8RowLinear:
         return fp8_row_linear_bwd(e);
-      case OpKind::kTeColumnLinear:  // run refuses te_fp8 on the CUDA backend (check_runnable)
+      case OpKind::kTeColumnLinear:
+        return te_column_linear_bwd(e);
       case OpKind::kTeRowLinear:
+        return te_row_linear_bwd(e);
       case OpKind::kCpGatherKv:  // context parallelism: the CPU executor's
       case OpKind::kFlashAttentionCp:
       case OpKind::kCount:

@@ -126,6 +126,11 @@ Outs qk_norm_hf_fwd(const Fwd& e, Ins in, Ins w) {
 
 Outs rmsnorm_stats_fwd(const Fwd& e, Ins in, Ins w) {
   const Tensor& x = need(in, 0, "input");
+  if (e.attrs().fp8 != Fp8Recipe::kNone) {  // before a TE LayerNorm-linear (te_fp8.cu)
+    std::vector<Tensor> stats;
+    Tensor y = te_norm_fwd(e, x, need(w, 0, "weight"), nullptr, stats);
+    return {y, stats[0]};
+  }
   Tensor y = e.out(x.type), rstd = e.out({{x.type.shape.at(0)}, Dtype::kFp32});
   rmsnorm_forward(x, need(w, 0, "weight"), y, &rstd, kEps, e.stream);
   return {y, rstd};
@@ -141,6 +146,11 @@ Outs layernorm_fwd(const Fwd& e, Ins in, Ins w) {
 
 Outs layernorm_stats_fwd(const Fwd& e, Ins in, Ins w) {
   const Tensor& x = need(in, 0, "input");
+  if (e.attrs().fp8 != Fp8Recipe::kNone) {  // before a TE LayerNorm-linear (te_fp8.cu)
+    std::vector<Tensor> stats;
+    Tensor y = te_norm_fwd(e, x, need(w, 0, "weight"), &need(w, 1, "bias"), stats);
+    return {y, stats[0], stats[1]};
+  }
   TensorType row{{x.type.shape.at(0)}, Dtype::kFp32};
   Tensor y = e.out(x.type), mean = e.out(row), rstd = e.out(row);
   layernorm_forward(x, need(w, 0, "weight"), need(w, 1, "bias"), y, &mean, &rstd, kEps, e.stream);
@@ -176,6 +186,7 @@ Outs all_gather_fwd(const Fwd& e, Ins in, Ins) {
   const Tensor& x = need(in, 0, "input");
   Tensor y = e.out(with_rows(x.type, x.type.shape.at(0) * e.c.comm->tp_size()));
   e.c.comm->all_gather(x, y);
+  if (x.type.dtype == Dtype::kFp8E4m3) te_gathered(e, x, y);  // TE's float8 shard's scale
   return {y};
 }
 

@@ -135,6 +135,16 @@ void sdpa_bwd(const Bwd& e);
 void float8_linear_bwd(const Bwd& e);
 void fp8_column_linear_bwd(const Bwd& e);
 void fp8_row_linear_bwd(const Bwd& e);
+// te_fp8.cu: Transformer Engine's float8 linears (te_fp8), the float8 output of a norm with
+// OpAttrs::fp8 (b: LayerNorm's bias, null for RMSNorm; stats gets mean and rstd, or rstd), and
+// the scale a float8 all-gather passes on.
+Outs te_column_linear_fwd(const Fwd& e, Ins in, Ins w);
+void te_column_linear_bwd(const Bwd& e);
+Outs te_row_linear_fwd(const Fwd& e, Ins in, Ins w);
+void te_row_linear_bwd(const Bwd& e);
+Tensor te_norm_fwd(const Fwd& e, const Tensor& x, const Tensor& w, const Tensor* b,
+                   std::vector<Tensor>& stats);
+void te_gathered(const Fwd& e, const Tensor& from, const Tensor& to);
 void mul_bwd(const Bwd& e);
 void head_rmsnorm_bwd(const Bwd& e);
 void rope_qk_bwd(const Bwd& e);
