@@ -1037,18 +1037,7 @@ np::SweepOptions make_sweep_options(const Flags& f) {
     die("--tp-comm-overlap on is Transformer Engine's under Megatron and needs --impl megatron; "
         "use --tp-comm-overlap off");
   // Float8 whose recipe the profile has not: every setup would fail.
-  if (const np::Fp8Recipe r = o.base.fp8; r != np::Fp8Recipe::kNone) {
-    const std::string fp8 = std::string("--fp8 ") + np::name_of(r);
-    const bool te = r == np::Fp8Recipe::kDelayed || r == np::Fp8Recipe::kTensorwise;
-    if (o.base.impl == np::Impl::kMegatron && !te)
-      die(fp8 + " under --impl megatron: Transformer Engine's recipes are delayed and tensorwise");
-    if (o.base.impl == np::Impl::kTorchtitan && r == np::Fp8Recipe::kDelayed)
-      die(fp8 + " is Transformer Engine's, under --impl megatron; torchao's recipes: tensorwise, "
-                "rowwise, rowwise_with_gw_hp");
-    if (o.base.impl != np::Impl::kMegatron && o.base.impl != np::Impl::kTorchtitan)
-      die(fp8 + ": float8 linears need --impl megatron (Transformer Engine's delayed, tensorwise) "
-                "or --impl torchtitan --fsdp (torchao's)");
-  }
+  if (auto e = np::check_fp8_profile(o.base)) die(e->message);
   o.runtime = make_runtime(f);
   o.hw = make_hardware(f);
   o.search_partition = f.setup["--partition"] == "auto";

@@ -46,8 +46,7 @@ Shard weight_shard(OpKind kind, std::string_view suffix) {
 }
 
 int64_t grad_bytes(const TensorType& t) {
-  const bool fp8 = t.dtype == Dtype::kFp8E4m3 || t.dtype == Dtype::kFp8E5m2;
-  return fp8 ? t.elements() * dtype_bytes(Dtype::kBf16) : t.bytes();
+  return is_float8(t.dtype) ? t.elements() * dtype_bytes(Dtype::kBf16) : t.bytes();
 }
 
 int64_t checked_bytes(const TensorType& t) {

@@ -348,6 +348,7 @@ int64_t steps_peak_workspace(const std::vector<OpStep>& steps, const std::vector
 // A tensor's gradient bytes: a float8 tensor's gradient is bf16 (torchao's _ToFloat8ConstrFunc
 // passes the high-precision gradient through), every other tensor's is its own dtype.
 int64_t grad_bytes(const TensorType& t);
+inline bool is_float8(Dtype d) { return d == Dtype::kFp8E4m3 || d == Dtype::kFp8E5m2; }
 
 // The forward scratch of an op (empty for most).
 std::vector<TensorType> forward_workspace(const OpInfo& info, const OpAttrs& attrs,

@@ -489,6 +489,24 @@ std::optional<Error> validate_model(const ModelSpec& m) {
   return std::nullopt;
 }
 
+std::optional<Error> check_fp8_profile(const TrainSpec& t) {
+  if (t.fp8 == Fp8Recipe::kNone) return std::nullopt;
+  const std::string fp8 = std::string("--fp8 ") + name_of(t.fp8);
+  const bool te = t.fp8 == Fp8Recipe::kDelayed || t.fp8 == Fp8Recipe::kTensorwise;
+  if (t.impl == Impl::kMegatron && !te)
+    return fail(fp8 + " under --impl megatron: Transformer Engine's recipes modelled are "
+                      "delayed and tensorwise (Megatron's --fp8-recipe); use one of them, or "
+                      "--impl torchtitan for torchao's " + name_of(t.fp8));
+  if (t.impl == Impl::kTorchtitan && t.fp8 == Fp8Recipe::kDelayed)
+    return fail("--fp8 delayed is Transformer Engine's recipe, under --impl megatron; "
+                "torchao's recipes: tensorwise, rowwise, rowwise_with_gw_hp");
+  if (t.impl != Impl::kMegatron && t.impl != Impl::kTorchtitan)
+    return fail(fp8 + ": float8 linears are modelled as torchao's and Transformer Engine's; "
+                      "use --impl torchtitan (torchao: tensorwise, rowwise, rowwise_with_gw_hp) "
+                      "or --impl megatron (TE: delayed, tensorwise), or --fp8 none");
+  return std::nullopt;
+}
+
 std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (auto e = check_positive(t)) return e;
   if (auto e = check_conflicts(m, t)) return e;
@@ -611,10 +629,7 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   if (te_fp8(t)) {
     // Transformer Engine's float8 linears in Megatron's TE layer spec (te_fp8; ops.hpp).
     std::string fp8 = std::string("--fp8 ") + name_of(t.fp8);
-    if (t.fp8 != Fp8Recipe::kDelayed && t.fp8 != Fp8Recipe::kTensorwise)
-      return fail(fp8 + " under --impl megatron: Transformer Engine's recipes modelled are "
-                        "delayed and tensorwise (Megatron's --fp8-recipe); use one of them, or "
-                        "--impl torchtitan for torchao's " + name_of(t.fp8));
+    if (auto e = check_fp8_profile(t)) return e;
     if (m.moe)
       return fail(fp8 + " with an MoE model under --impl megatron (Transformer Engine's grouped "
                         "expert linears in float8) is not modelled; use --fp8 none");
@@ -651,13 +666,7 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
   } else if (t.fp8 != Fp8Recipe::kNone) {
     // torchao's Float8Linear as torchtitan converts the linears (float8_linear, above).
     std::string fp8 = std::string("--fp8 ") + name_of(t.fp8);
-    if (t.impl != Impl::kTorchtitan)
-      return fail(fp8 + ": float8 linears are modelled as torchao's and Transformer Engine's; "
-                        "use --impl torchtitan (torchao: tensorwise, rowwise, rowwise_with_gw_hp) "
-                        "or --impl megatron (TE: delayed, tensorwise), or --fp8 none");
-    if (t.fp8 == Fp8Recipe::kDelayed)
-      return fail("--fp8 delayed is Transformer Engine's recipe, under --impl megatron; "
-                  "torchao's recipes: tensorwise, rowwise, rowwise_with_gw_hp");
+    if (auto e = check_fp8_profile(t)) return e;
     if (!t.fsdp)
       return fail(fp8 + " is modelled under FSDP2, torchtitan's data parallelism; add --fsdp, "
                         "or use --fp8 none");

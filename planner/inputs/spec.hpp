@@ -321,6 +321,10 @@ bool float8_tp(const TrainSpec& t);
 // tensorwise; Megatron's --fp8-format / --fp8-recipe): the decoder layers' TE linears as
 // kTeColumnLinear and kTeRowLinear, their norms writing float8 (planner/graph/ops.hpp).
 bool te_fp8(const TrainSpec& t);
+// The float8 recipe against the profile (--fp8 under --impl): Transformer Engine's recipes under
+// megatron, torchao's under torchtitan, none elsewhere; part of validate_setup, and what the sweep
+// checks before generating setups.
+std::optional<Error> check_fp8_profile(const TrainSpec& t);
 std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t);
 
 // Layers per pipeline stage as the user writes them, "21,20,20,19": decimal integers below 10^9

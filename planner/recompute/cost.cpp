@@ -288,8 +288,7 @@ double op_collective_seconds(const BlockGraph& g, const GraphOp& op, const Hardw
     // Engine's float8) reduce-scatters twice its bytes backward too.
     const bool fp8_gather =
         op.kind == OpKind::kFp8AllGather ||
-        (op.kind == OpKind::kAllGather && g.tensors[op.outputs[0]].type.bytes() <
-                                              grad_bytes(g.tensors[op.outputs[0]].type));
+        (op.kind == OpKind::kAllGather && is_float8(g.tensors[op.outputs[0]].type.dtype));
     if (fp8_gather && backward) bytes *= 2;
     // Transformer Engine's row linear without SP all-reduces its bf16 output in place.
     if (op.kind == OpKind::kTeRowLinear) bytes = tensor_bytes(g, op.outputs[0]);
@@ -539,7 +538,7 @@ double te_cast_seconds(const BlockGraph& g, const GraphOp& op, const HardwareMod
   const double launch = hw.perf.kernel_overhead_s > 0 ? hw.perf.kernel_overhead_s : kLaunchOverhead;
   double s = 0;
   for (const TensorType& t : made)
-    if (t.bytes() < grad_bytes(t))  // the float8 ones
+    if (is_float8(t.dtype))
       s += 3.0 * static_cast<double>(t.elements()) / memory_bandwidth(hw) + launch;
   return s;
 }
