@@ -194,6 +194,11 @@ TEST(FuzzFindings, NamesAndNumbers) {
   ASSERT_FALSE(h.ok());
   EXPECT_EQ(h.error().message,
             "config.json: malformed JSON: a number is out of range (beyond a 64-bit float)");
+  // A table whose quoted name is not ASCII, among the keys the schema refuses.
+  auto t = model_toml_from_text("[\"\xdd\xb7\"]", "m.toml");
+  ASSERT_FALSE(t.ok());
+  const std::string table = "m.toml:1: unknown table [\\xdd\\xb7] (valid: name, ";
+  EXPECT_EQ(t.error().message.substr(0, table.size()), table);
 }
 
 TEST(LoadToml, InvalidEnumNamesChoices) {

@@ -200,7 +200,7 @@ class TomlReader {
       if (std::find(keys.begin(), keys.end(), key.str()) != keys.end()) continue;
       std::string valid;
       for (std::string_view k : keys) valid += (valid.empty() ? "" : ", ") + std::string(k);
-      std::string what = value.is_table() ? "unknown table [" + name(key.str()) + "]"
+      std::string what = value.is_table() ? "unknown table [" + printable(name(key.str())) + "]"
                                           : "unknown key " + quote_input(name(key.str()));
       if (!error_) error_ = make_error(where(value) + ": " + what + " (valid: " + valid + ")");
       return;

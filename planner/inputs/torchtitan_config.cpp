@@ -189,7 +189,7 @@ Result<ConfigSetup> torchtitan_config(const std::string& text, const std::string
     for (const auto& [key, value] : *n->as_table())
       if (std::find(sec.keys.begin(), sec.keys.end(), key.str()) == sec.keys.end())
         c.notes.push_back(path + ":" + std::to_string(value.source().begin.line) + ": " +
-                          sec.name + "." + std::string(key.str()) +
+                          sec.name + "." + printable(key.str()) +
                           " is not a key of torchtitan's [" + sec.name +
                           "] (torchtitan refuses it): ignored");
   }

@@ -39,9 +39,9 @@ Error budget_error(std::string_view text, std::string_view why) {
 
 }  // namespace
 
-std::string quote_input(std::string_view text, char quote) {
+std::string printable(std::string_view text) {
   constexpr size_t kMost = 64;
-  std::string out(1, quote);
+  std::string out;
   for (size_t i = 0; i < text.size() && i < kMost; ++i) {
     unsigned char c = static_cast<unsigned char>(text[i]);
     if (c >= 0x20 && c < 0x7f) {
@@ -52,8 +52,12 @@ std::string quote_input(std::string_view text, char quote) {
       out += buf;
     }
   }
-  out += quote;
-  return text.size() > kMost ? out + "..." : out;
+  return out;
+}
+
+std::string quote_input(std::string_view text, char quote) {
+  std::string out = quote + printable(text) + quote;
+  return text.size() > 64 ? out + "..." : out;
 }
 
 Result<int64_t> parse_integer(std::string_view text) {

@@ -24,6 +24,8 @@ Result<int64_t> parse_integer(std::string_view text);
 // Text a user gave, for an error message: in quotes (single by default), bytes outside printable
 // ASCII written \xNN, cut after 64 characters with "...".
 std::string quote_input(std::string_view text, char quote = '\'');
+// The same text unquoted: its first 64 bytes, those outside printable ASCII as \xNN.
+std::string printable(std::string_view text);
 
 std::string format_gb(int64_t bytes);      // "80.00 GB"
 std::string format_gib(int64_t bytes);     // "74.51 GiB"
