@@ -224,7 +224,11 @@ TEST(CudaBackend, TinyLlamaFsdp) {
                   // torchao's float8 TP: the float8 all-gathers, the maxima all-reduced on the
                   // device through the scales
                   {2, 1, true, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true,
-                   Fp8Recipe::kTensorwise}},
+                   Fp8Recipe::kTensorwise},
+                  // rowwise on plain TP: the maxima over split dimensions all-reduced on the
+                  // device, element by element
+                  {2, 1, true, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true,
+                   Fp8Recipe::kRowwise}},
                  {Recompute::kNone, Recompute::kFull});
   // torchtitan's per-op checkpointing with float8 linears (each re-run, casts and all; the
   // tensorwise casts' maxima kept for the recompute).

@@ -231,8 +231,8 @@ TEST(Float8Setup, RefusedInOneLine) {
   refused(m, u, "use --impl torchtitan");
   u = t, u.fsdp = false, u.pp_schedule = PpSchedule::kAfab;
   refused(m, u, "add --fsdp");
-  u = t, u.tp = 2, u.sp = true;  // rowwise: plain TP, not modelled
-  refused(m, u, "or --tp 1");
+  u = t, u.tp = 2, u.sp = true;  // rowwise: plain TP, its maxima across TP (Float8PlainTp)
+  EXPECT_FALSE(validate_setup(m, u));
   u = t, u.recompute = Recompute::kSelectiveOp;  // modelled, both recipes
   EXPECT_FALSE(validate_setup(m, u));
   u.fp8 = Fp8Recipe::kTensorwise;
@@ -793,7 +793,8 @@ TEST(Float8Tp, TheLayerKeepsFloat8Gathers) {
 }
 
 // A torchtitan job file with tensor_parallel_degree 2 and the float8 converter: float8 TP, its
-// layer built of the float8 TP kinds; with recipe_name "rowwise" the setup is refused.
+// layer built of the float8 TP kinds; with recipe_name "rowwise", plain TP: the column and row
+// linears as float8 linears over the TP group.
 TEST(Float8Tp, FromTheJobFile) {
   const std::string text = "[model]\nname = \"llama3\"\nflavor = \"8B\"\n"
                            "converters = [\"quantize.linear.float8\"]\n"
@@ -818,7 +819,18 @@ TEST(Float8Tp, FromTheJobFile) {
   Result<ConfigSetup> r = torchtitan_config(
       text + "[quantize.linear.float8]\nrecipe_name = \"rowwise\"\n", "job.toml", 8);
   ASSERT_TRUE(r.ok()) << r.error().message;
-  refused(m, r->setup, "or --tp 1");
+  ASSERT_FALSE(validate_setup(m, r->setup));
+  EXPECT_FALSE(float8_tp(r->setup));
+  int plain = 0;
+  const BlockGraphs h(m, r->setup);
+  for (const GraphOp& op : h.layer->ops) {
+    EXPECT_NE(op.kind, OpKind::kFp8AllGather);
+    if (op.kind != OpKind::kColumnLinear && op.kind != OpKind::kRowLinear) continue;
+    EXPECT_EQ(op.attrs.fp8, Fp8Recipe::kRowwise) << op.name;
+    EXPECT_EQ(op.attrs.group, 2) << op.name;
+    ++plain;
+  }
+  EXPECT_EQ(plain, 7);  // wq, wk, wv, wo, w1, w3, w2
 }
 
 // The cost model moves what the collectives move: the float8 gather one byte an element forward
@@ -861,8 +873,10 @@ TEST(Float8Tp, RefusedInOneLine) {
   TrainSpec t = titan_tp(2);
   ASSERT_FALSE(validate_setup(m, t));
   TrainSpec u = t;
-  u.fp8 = Fp8Recipe::kRowwise;
-  refused(m, u, "use --fp8 tensorwise (torchao's float8 TP), or --tp 1");
+  u.fp8 = Fp8Recipe::kRowwise;  // plain TP (Float8PlainTp), which takes bf16 linears too
+  EXPECT_FALSE(validate_setup(m, u));
+  u.fp8_filter = {"attention.wk"}, u.recompute = Recompute::kSelectiveOp;
+  EXPECT_FALSE(validate_setup(m, u));
   u = t, u.fp8_all_gather = true;
   refused(m, u, "drop --fp8-all-gather, or use --tp 1");
   u = t, u.recompute = Recompute::kSelectiveOp;
@@ -939,6 +953,146 @@ TEST(Float8Tp, RunsAsPlannedAndAgreesWithOneReplica) {
     ASSERT_EQ(h.size(), g.size()) << key;
     auto [err, norm] = squared_diff(h, g);
     EXPECT_LT(std::sqrt(err), 0.25 * std::sqrt(norm) + 1e-12) << key;
+  }
+}
+
+// Plain TP under the rowwise recipes (and the LM head under any): a cast's max runs across TP
+// only over a dimension split over it. A column linear splits N (the weight's rows, the output
+// gradient's columns), a row linear K (the input's and the weight's columns); the input of a
+// column linear and the output gradient of a row linear are whole on every rank.
+TEST(Float8PlainTp, MaxAcrossTpOnlyOverASplitDimension) {
+  using O = Fp8Operand;
+  using A = Fp8ScaleAxis;
+  const OpKind col = OpKind::kColumnLinear, row = OpKind::kRowLinear;
+  for (A a : {A::kTensor, A::kRows, A::kCols}) {
+    EXPECT_FALSE(fp8_max_over_tp(col, 1, O::kWeight, a));  // one rank: nothing to reduce
+    EXPECT_FALSE(fp8_max_over_tp(col, 2, O::kInput, a));
+    EXPECT_FALSE(fp8_max_over_tp(row, 2, O::kGradOutput, a));
+  }
+  EXPECT_TRUE(fp8_max_over_tp(col, 2, O::kWeight, A::kTensor));
+  EXPECT_FALSE(fp8_max_over_tp(col, 2, O::kWeight, A::kRows));  // per output feature, over K
+  EXPECT_TRUE(fp8_max_over_tp(col, 2, O::kWeight, A::kCols));   // per input feature, over N
+  EXPECT_TRUE(fp8_max_over_tp(col, 2, O::kGradOutput, A::kRows));
+  EXPECT_FALSE(fp8_max_over_tp(col, 2, O::kGradOutput, A::kCols));
+  EXPECT_TRUE(fp8_max_over_tp(row, 2, O::kInput, A::kRows));  // per token, over K
+  EXPECT_FALSE(fp8_max_over_tp(row, 2, O::kInput, A::kCols));
+  EXPECT_TRUE(fp8_max_over_tp(row, 2, O::kWeight, A::kRows));
+  EXPECT_FALSE(fp8_max_over_tp(row, 2, O::kWeight, A::kCols));
+  EXPECT_TRUE(fp8_max_over_tp(row, 8, O::kWeight, A::kTensor));
+}
+
+// The steps mark the casts whose maxima are all-reduced, with the max's bytes (bf16): rowwise,
+// a column linear's backward two (the output gradient per row, R of them; the weight per input
+// feature, K) and its forward none; a row linear's forward two (the input per row, R; the
+// weight per output feature, N) and its backward none. Tensorwise (the LM head): the weight in
+// the forward; the gradient twice and the weight in the backward; each a 0-dim max.
+TEST(Float8PlainTp, StepsMarkTheMaximaTakenAcrossTp) {
+  const int64_t R = 64, K = 32, N = 48;
+  auto marked = [&](OpKind kind, Fp8Recipe r, int64_t tp, bool forward) {
+    OpAttrs a;
+    a.features = N, a.fp8 = r, a.group = tp;
+    std::vector<TensorType> in = {{{R, K}, Dtype::kBf16}};
+    std::vector<int64_t> bytes;
+    for (const OpStep& s : op_steps(op_info(kind), a, in, forward))
+      if (s.tp_max_bytes > 0) bytes.push_back(s.tp_max_bytes);
+    return bytes;
+  };
+  using V = std::vector<int64_t>;
+  const OpKind col = OpKind::kColumnLinear, row = OpKind::kRowLinear;
+  const Fp8Recipe rw = Fp8Recipe::kRowwise, tw = Fp8Recipe::kTensorwise;
+  EXPECT_EQ(marked(col, rw, 2, true), V{});
+  EXPECT_EQ(marked(col, rw, 2, false), (V{2 * R, 2 * K}));
+  EXPECT_EQ(marked(row, rw, 2, true), (V{2 * R, 2 * N}));
+  EXPECT_EQ(marked(row, rw, 2, false), V{});
+  EXPECT_EQ(marked(col, tw, 2, true), V{2});
+  EXPECT_EQ(marked(col, tw, 2, false), (V{2, 2, 2}));
+  // rowwise_with_gw_hp: the weight cast once, tensorwise, for the input gradient; no casts for
+  // the weight gradient.
+  EXPECT_EQ(marked(col, Fp8Recipe::kRowwiseGwHp, 2, false), (V{2 * R, 2}));
+  EXPECT_EQ(marked(row, Fp8Recipe::kRowwiseGwHp, 2, false), (V{2}));
+  for (bool fwd : {true, false}) {
+    EXPECT_EQ(marked(col, rw, 1, fwd), V{});
+    EXPECT_EQ(marked(row, tw, 1, fwd), V{});
+  }
+  // The cost model times each as an all-reduce of those bytes over the group.
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = titan(rw);
+  t.tp = 8, t.sp = true, t.recompute = Recompute::kNone;
+  ASSERT_FALSE(validate_setup(m, t));
+  const HardwareModel hw = default_hardware();
+  const BlockGraphs g(m, t);
+  int checked = 0;
+  for (const GraphOp& op : g.layer->ops) {
+    if (op.kind != OpKind::kRowLinear) continue;
+    GraphOp local = op;
+    local.attrs.group = 1;
+    const int64_t rows = t.seq_len * t.micro_batch;
+    EXPECT_NEAR(float8_overhead_seconds(*g.layer, op, hw, false) -
+                    float8_overhead_seconds(*g.layer, local, hw, false),
+                collective_seconds("all_reduce", double(2 * rows), 8, true, hw) +
+                    collective_seconds("all_reduce", double(2 * m.hidden), 8, true, hw),
+                1e-12);
+    EXPECT_DOUBLE_EQ(float8_overhead_seconds(*g.layer, op, hw, true),
+                     float8_overhead_seconds(*g.layer, local, hw, true));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);  // wo, w2
+}
+
+// Rowwise at tp 2 keeps what bf16 at tp 2 keeps (plain TP: the gathered bf16 input beside each
+// column linear, the row linears' inputs), and the estimate peaks at a cast (rowwise_with_gw_hp,
+// its weight gradients bf16 GEMMs, at least at bf16's peak).
+TEST(Float8PlainTp, KeepsWhatBf16KeepsAtTheSameTp) {
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = titan(Fp8Recipe::kNone);
+  t.tp = 2, t.sp = true, t.dp = 4;
+  Schedule bf16 = build_schedule(m, t);
+  for (Fp8Recipe r : {Fp8Recipe::kRowwise, Fp8Recipe::kRowwiseGwHp}) {
+    TrainSpec u = t;
+    u.fp8 = r;
+    ASSERT_FALSE(validate_setup(m, u)) << name_of(r);
+    Schedule s = build_schedule(m, u);
+    ASSERT_FALSE(check_program(s.stages[0])) << name_of(r);
+    for (size_t b = 0; b < s.stages[0].blocks.size(); ++b)
+      EXPECT_EQ(s.stages[0].blocks[b].saved.saved, bf16.stages[0].blocks[b].saved.saved);
+    SimResult a = simulate(s.stages[0]), z = simulate(bf16.stages[0]);
+    if (r == Fp8Recipe::kRowwiseGwHp) {  // its weight gradient a bf16 GEMM, as at tp 1
+      EXPECT_GE(a.peak_bytes, z.peak_bytes);
+      continue;
+    }
+    EXPECT_GT(a.peak_bytes, z.peak_bytes) << name_of(r);
+    EXPECT_EQ(s.stages[0].instrs[static_cast<size_t>(a.peak_instr)].kind, InstrKind::kStep);
+  }
+}
+
+// The CPU executor runs rowwise float8 at tp 2 as planned (run_planned: event-exact), its maxima
+// over split dimensions all-reduced, so each float8 value and scale is tp 1's: the first loss
+// within 0.1 % of tp 1's and every gradient within float8's precision of it (the partial
+// products' bf16 rounding before the reductions differs, and a cast may round a value either
+// way); full recompute repeats the run bit for bit.
+TEST(Float8PlainTp, RunsAsPlannedAndAgreesWithOneReplica) {
+  Scenario sc = testing::scenario("tiny-llama-fsdp");
+  TrainSpec t = sc.base;
+  t.impl = Impl::kTorchtitan, t.dp = 2, t.pp = 1;
+  for (Fp8Recipe r : {Fp8Recipe::kRowwise, Fp8Recipe::kRowwiseGwHp}) {
+    auto run = [&](int64_t tp, Recompute rc) {
+      TrainSpec u = t;
+      u.fp8 = r, u.tp = tp, u.sp = tp > 1, u.recompute = rc;
+      return run_planned(sc, u);
+    };
+    exec::RunResult one = run(1, Recompute::kNone), two = run(2, Recompute::kNone),
+                    full = run(2, Recompute::kFull);
+    ASSERT_FALSE(one.grads.empty()) << name_of(r);
+    EXPECT_EQ(two.losses, full.losses) << name_of(r);
+    EXPECT_EQ(two.grads, full.grads) << name_of(r);
+    EXPECT_NEAR(two.losses[0], one.losses[0], 1e-3 * one.losses[0]) << name_of(r);
+    ASSERT_EQ(two.grads.size(), one.grads.size());
+    for (const auto& [key, g] : one.grads) {
+      const std::vector<float>& h = two.grads.at(key);
+      ASSERT_EQ(h.size(), g.size()) << key;
+      auto [err, norm] = squared_diff(h, g);
+      EXPECT_LT(std::sqrt(err), 0.25 * std::sqrt(norm) + 1e-12) << name_of(r) << " " << key;
+    }
   }
 }
 

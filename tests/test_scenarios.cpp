@@ -81,6 +81,9 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
       return t.fsdp && t.tp == 2 && t.dp == 4 && !t.reshard_after_forward &&
              t.recompute == Recompute::kSelectiveOp && t.impl == Impl::kTorchtitan;
     }));
+    EXPECT_TRUE(has([](const TrainSpec& t) {  // rowwise float8 on plain TP
+      return t.tp == 2 && t.fp8 == Fp8Recipe::kRowwise && t.recompute == Recompute::kSelectiveOp;
+    }));
   }
   if (name == "tiny-moe-mixed") {  // the layer kinds over stages and chunks, with EP and ZeRO-3
     EXPECT_TRUE(has([](const TrainSpec& t) {

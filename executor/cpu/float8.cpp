@@ -19,7 +19,7 @@ void next(const Env& env) {
 }
 
 // The scale's axis: none (one per tensor), per row ([rows, 1]), per column ([1, cols]).
-enum class Axis { kTensor, kRows, kCols };
+using Axis = Fp8ScaleAxis;
 
 struct Fp8 {
   Mat value;  // the float8 values, decoded (rows x cols)
@@ -33,15 +33,16 @@ std::vector<int64_t> scale_shape(Axis a, int64_t rows, int64_t cols) {
 }
 
 // Where a cast's scale and float8 tensor go: workspaces, or the op's outputs (torchao's float8
-// TP, whose casts make tensors the op keeps or passes on); and whether x is a TP shard whose max
-// is all-reduced over TP (a DTensor's partial max, redistributed in amax_to_scale).
+// TP, whose casts make tensors the op keeps or passes on); and whether the max runs over a
+// dimension split over TP, so is all-reduced (a DTensor's partial max; fp8_max_over_tp).
 struct CastTo {
   bool reduce = false, scale_out = false, q_out = false;
   Tensor* scale = nullptr;  // the scale tensor, when wanted
   Tensor* q = nullptr;      // the float8 tensor, when wanted
 };
 
-// A tensorwise scale all-reduced over TP. amax_to_scale is monotonic (decreasing in the max,
+// A scale all-reduced over TP, element by element (one per tensor, row or column). amax_to_scale
+// is monotonic (decreasing in the max,
 // rounded to fp32 and to a power of 2 monotonically), so the scale of the largest max is the
 // least scale: the fp32 scales negated, all-reduced with max in place, negated back, exactly
 // the scale of the all-reduced max, with no tensor beyond the scale.
@@ -155,16 +156,19 @@ Outs float8_linear_forward(const Env& env, Ins in, Ins w) {
   const Fp8Recipe r = env.attrs().fp8;
   // rowwise_with_gw_hp's forward is rowwise's.
   const bool row = r != Fp8Recipe::kTensorwise, gathered = env.attrs().fp8_gathered;
-  // At tp > 1 (the LM head under plain TP: its input all-gathered in bf16, replicated), the
-  // weight and the output gradient are TP shards, whose maxima are all-reduced.
-  const CastTo shard{.reduce = env.tp_size() > 1};
+  // At tp > 1 (plain TP: the LM head; every linear under the rowwise recipes) the operands are
+  // TP shards, and a max over a split dimension is all-reduced (fp8_max_over_tp).
+  const Axis per_row = row ? Axis::kRows : Axis::kTensor;
+  auto across = [&](Fp8Operand operand, Axis axis) {
+    return CastTo{.reduce = fp8_max_over_tp(env.ctx.op->kind, env.tp_size(), operand, axis)};
+  };
   Mat X = load_mat(need(in, 0, "float8 linear input"));
-  Fp8 x8 = cast(env, X, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
+  Fp8 x8 = cast(env, X, Dtype::kFp8E4m3, per_row, row, across(Fp8Operand::kInput, per_row));
   if (env.ctx.cached_output) {  // per-op checkpointing's recompute of a kept linear: the casts
     if (!gathered) {
       next(env);
-      cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3,
-           row ? Axis::kRows : Axis::kTensor, row);
+      cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3, per_row, row,
+           across(Fp8Operand::kWeight, per_row));
     }
     return {};
   }
@@ -172,8 +176,8 @@ Outs float8_linear_forward(const Env& env, Ins in, Ins w) {
   // W^T's cast: per output feature under rowwise (W's rows); none for a gathered weight.
   Fp8 w8 = gathered ? gathered_weight(w) : Fp8{};
   if (!gathered) {
-    w8 = cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3,
-              row ? Axis::kRows : Axis::kTensor, row, shard);
+    w8 = cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3, per_row, row,
+              across(Fp8Operand::kWeight, per_row));
     next(env);
   }
   const Mat& W = w8.value;
@@ -188,7 +192,9 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
   const Fp8Recipe r = env.attrs().fp8;
   const bool row = r != Fp8Recipe::kTensorwise, hp = r == Fp8Recipe::kRowwiseGwHp;
   const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
-  const CastTo shard{.reduce = env.tp_size() > 1};  // as the forward's
+  auto across = [&](Fp8Operand operand, Axis axis) {  // as the forward's
+    return CastTo{.reduce = fp8_max_over_tp(env.ctx.op->kind, env.tp_size(), operand, axis)};
+  };
   const Tensor& x = need(a.inputs, 0, "float8 linear input");
   Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "float8 linear output gradient"));
   const bool gathered = env.attrs().fp8_gathered;
@@ -196,12 +202,13 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
   const int64_t R = X.rows(), K = X.cols(), N = wt.type.shape.at(0);
   // grad_input = g8 @ W8: g per row, W^T per input feature (W's columns); rowwise_with_gw_hp
   // casts W with one scale (power of 2), repeated along K for _scaled_mm.
-  Fp8 g8 = cast(env, G, grad, row ? Axis::kRows : Axis::kTensor, row, shard);
+  const Axis g_axis = row ? Axis::kRows : Axis::kTensor,
+             w_axis = row && !hp ? Axis::kCols : Axis::kTensor;
+  Fp8 g8 = cast(env, G, grad, g_axis, row, across(Fp8Operand::kGradOutput, g_axis));
   next(env);
   Fp8 w8 = gathered ? gathered_weight(a.weights) : Fp8{};
   if (!gathered) {
-    w8 = cast(env, load_mat(wt), Dtype::kFp8E4m3, row && !hp ? Axis::kCols : Axis::kTensor, row,
-              shard);
+    w8 = cast(env, load_mat(wt), Dtype::kFp8E4m3, w_axis, row, across(Fp8Operand::kWeight, w_axis));
     next(env);
   }
   env.workspace({N, K}, Dtype::kFp8E4m3);  // W8^T made column-major for _scaled_mm
@@ -223,9 +230,10 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
     return;
   }
   // grad_weight = g8^T @ x8, each scaled per column (per output and input feature) under rowwise.
-  Fp8 gc = cast(env, G, grad, row ? Axis::kCols : Axis::kTensor, row, shard);
+  const Axis per_col = row ? Axis::kCols : Axis::kTensor;
+  Fp8 gc = cast(env, G, grad, per_col, row, across(Fp8Operand::kGradOutput, per_col));
   next(env);
-  Fp8 xc = cast(env, X, Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
+  Fp8 xc = cast(env, X, Dtype::kFp8E4m3, per_col, row, across(Fp8Operand::kInput, per_col));
   next(env);
   env.workspace({N, R}, grad);             // g8^T made row-major
   env.workspace({R, K}, Dtype::kFp8E4m3);  // x8 made column-major

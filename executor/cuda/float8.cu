@@ -22,7 +22,7 @@ const Tensor& need(std::span<const Tensor> ts, size_t i, const char* what) {
 using cuda::need;
 
 // The scale's axis over a [rows, cols] tensor: one, per row ([rows, 1]), per column ([1, cols]).
-enum class Axis : int { kTensor, kRows, kCols };
+using Axis = Fp8ScaleAxis;
 
 std::vector<int64_t> scale_shape(Axis a, int64_t rows, int64_t cols) {
   return a == Axis::kTensor ? std::vector<int64_t>{}
@@ -141,7 +141,7 @@ struct CastTo {
 
 int64_t tp_size(const Fwd& e) { return e.c.comm ? e.c.comm->tp_size() : 1; }
 
-// A tensorwise scale all-reduced over TP: amax_to_scale is monotonic, so the scale of the
+// A scale all-reduced over TP, element by element: amax_to_scale is monotonic, so the scale of the
 // largest max is the least scale; negated, all-reduced with max in place on the device, negated
 // back (executor/cpu/float8.cpp, reduce_scale).
 void reduce_scale(const Fwd& e, const Tensor& s) {
@@ -245,23 +245,27 @@ Fp8 gathered_weight(std::span<const Tensor> w) {
 Outs float8_linear_fwd(const Fwd& e, Ins in, Ins w) {
   // rowwise_with_gw_hp's forward is rowwise's.
   const bool row = e.attrs().fp8 != Fp8Recipe::kTensorwise, gathered = e.attrs().fp8_gathered;
-  // At tp > 1 (the LM head under plain TP, its input replicated) the weight is a TP shard.
-  const CastTo shard{.reduce = tp_size(e) > 1};
+  // At tp > 1 (plain TP: the LM head; every linear under the rowwise recipes) the operands are
+  // TP shards, and a max over a split dimension is all-reduced (fp8_max_over_tp).
+  const Axis per_row = row ? Axis::kRows : Axis::kTensor;
+  auto across = [&](Fp8Operand operand, Axis axis) {
+    return CastTo{.reduce = fp8_max_over_tp(e.c.op->kind, tp_size(e), operand, axis)};
+  };
   const Tensor &x = need(in, 0, "input"), &wt = need(w, 0, "weight");
   const int64_t R = x.type.shape.at(0), K = x.type.shape.at(1), N = wt.type.shape.at(0);
   need(wt.type.shape.at(1) == K, "float8 linear: weight and input widths differ");
-  Fp8 x8 = cast(e, x, R, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row);
+  Fp8 x8 = cast(e, x, R, K, Dtype::kFp8E4m3, per_row, row, across(Fp8Operand::kInput, per_row));
   if (e.c.cached_output) {  // per-op checkpointing's recompute of a kept linear: the casts
     if (!gathered) {
       next(e);
-      cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row, shard);
+      cast(e, wt, N, K, Dtype::kFp8E4m3, per_row, row, across(Fp8Operand::kWeight, per_row));
     }
     return {};
   }
   next(e);
   Fp8 w8 = gathered ? gathered_weight(w) : Fp8{};
   if (!gathered) {
-    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row ? Axis::kRows : Axis::kTensor, row, shard);
+    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, per_row, row, across(Fp8Operand::kWeight, per_row));
     next(e);
   }
   auto [ai, bi] = reciprocals(e, x8, row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{}, w8,
@@ -278,7 +282,9 @@ void float8_linear_bwd(const Bwd& e) {
   const bool row = e.attrs().fp8 != Fp8Recipe::kTensorwise, gathered = e.attrs().fp8_gathered;
   const bool hp = e.attrs().fp8 == Fp8Recipe::kRowwiseGwHp;
   const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
-  const CastTo shard{.reduce = tp_size(e) > 1};  // as the forward's; the gradient's too
+  auto across = [&](Fp8Operand operand, Axis axis) {  // as the forward's
+    return CastTo{.reduce = fp8_max_over_tp(e.c.op->kind, tp_size(e), operand, axis)};
+  };
   const Tensor &x = need(a.inputs, 0, "input"), &g = need(a.grad_outputs, 0, "gradient"),
                &wt = need(a.weights, 0, "weight");
   const int64_t R = x.type.shape.at(0), K = x.type.shape.at(1), N = wt.type.shape.at(0);
@@ -287,11 +293,13 @@ void float8_linear_bwd(const Bwd& e) {
   };
   // grad_input = g8 @ W8: g per row, W^T per input feature (W's columns); rowwise_with_gw_hp
   // casts W with one scale (power of 2), repeated along K for _scaled_mm.
-  Fp8 g8 = cast(e, g, R, N, grad, row ? Axis::kRows : Axis::kTensor, row, shard);
+  const Axis g_axis = row ? Axis::kRows : Axis::kTensor,
+             w_axis = row && !hp ? Axis::kCols : Axis::kTensor;
+  Fp8 g8 = cast(e, g, R, N, grad, g_axis, row, across(Fp8Operand::kGradOutput, g_axis));
   next(e);
   Fp8 w8 = gathered ? gathered_weight(a.weights) : Fp8{};
   if (!gathered) {
-    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, row && !hp ? Axis::kCols : Axis::kTensor, row, shard);
+    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, w_axis, row, across(Fp8Operand::kWeight, w_axis));
     next(e);
   }
   Tensor wcopy = e.ws({{N, K}, Dtype::kFp8E4m3});  // W8^T made column-major for _scaled_mm
@@ -325,9 +333,10 @@ void float8_linear_bwd(const Bwd& e) {
     return;
   }
   // grad_weight = g8^T @ x8, each scaled per column (per output and input feature) under rowwise.
-  Fp8 gc = cast(e, g, R, N, grad, row ? Axis::kCols : Axis::kTensor, row, shard);
+  const Axis per_col = row ? Axis::kCols : Axis::kTensor;
+  Fp8 gc = cast(e, g, R, N, grad, per_col, row, across(Fp8Operand::kGradOutput, per_col));
   next(e);
-  Fp8 xc = cast(e, x, R, K, Dtype::kFp8E4m3, row ? Axis::kCols : Axis::kTensor, row);
+  Fp8 xc = cast(e, x, R, K, Dtype::kFp8E4m3, per_col, row, across(Fp8Operand::kInput, per_col));
   next(e);
   e.ws({{N, R}, grad});             // g8^T made row-major
   e.ws({{R, K}, Dtype::kFp8E4m3});  // x8 made column-major

@@ -22,9 +22,15 @@
 // Float8TrainingTensor: neither pass casts it (tensor_already_casted_to_fp8), and the backward's
 // transposed copy is made from it.
 //
+// Under plain TP (the LM head; every linear under the rowwise recipes at tp > 1) the operands are
+// DTensor shards, and a cast's max over a split dimension is all-reduced (fp8_max_over_tp): a
+// column linear's output gradient per row and weight per input feature, a row linear's input
+// and weight per row; the rest are the rank's own.
+//
 // Not counted: the 0-dim fp64 and fp32 temporaries of the scale computation, which die inside
-// amax_to_scale (a few hundred bytes, or 8 bytes per row under rowwise), and the cuBLASLt
-// workspace, which is PyTorch's cuBLAS workspace (a runtime term).
+// amax_to_scale (a few hundred bytes, or 8 bytes per row under rowwise), the copy of the max
+// that a reduction across TP makes (as many elements), and the cuBLASLt workspace, which is
+// PyTorch's cuBLAS workspace (a runtime term).
 #include "planner/graph/ops.hpp"
 
 #include <algorithm>
@@ -48,15 +54,18 @@ struct Steps {
   // scale; the clamp to +-max and the float8 result. Returns the float8 tensor's and the scale's
   // temporaries; where the op keeps or passes them on, they are its outputs `q_out` and
   // `scale_out` (OpStep::outputs) instead, and -1 is returned for them.
+  // `tp_max`: the max is taken across TP (fp8_max_over_tp), by the step making the scale.
   std::pair<int, int> cast(int64_t rows, int64_t cols, Dtype to, std::vector<int64_t> scale,
-                           int scale_out = -1, int q_out = -1) {
+                           bool tp_max, int scale_out = -1, int q_out = -1) {
     step();
     temp({{rows, cols}, Dtype::kBf16});  // abs: dies here
     int amax = temp({scale, Dtype::kBf16});
+    const int64_t amax_bytes = s.back().temps.back().bytes();
     // Tensorwise (a 0-dim scale) takes torch.max, aten.max, which torchtitan's per-op policy keeps;
     // rowwise takes torch.amax, aten.amax, which it does not.
     if (scale.empty()) s.back().sac_kept.push_back(amax);
     step({amax});
+    if (tp_max) s.back().tp_max_bytes = amax_bytes;
     int sc = -1;
     if (scale_out >= 0)
       s.back().outputs.push_back(scale_out);
@@ -92,7 +101,7 @@ struct Steps {
 // all-gather of the float8 shard into output 0.
 std::vector<OpStep> fp8_gather_steps(int64_t R, int64_t K) {
   Steps s;
-  int q = s.cast(R, K, Dtype::kFp8E4m3, {}, 1).first;
+  int q = s.cast(R, K, Dtype::kFp8E4m3, {}, true, 1).first;
   s.step({q}, kStepResults);
   return std::move(s.s);
 }
@@ -105,13 +114,13 @@ std::vector<OpStep> fp8_gather_steps(int64_t R, int64_t K) {
 std::vector<OpStep> fp8_column_steps(bool forward, int64_t R, int64_t K, int64_t N) {
   Steps s;
   if (forward) {
-    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {});
+    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {}, true);
     s.gemm({w8, ws}, {}, kStepResults);
     return std::move(s.s);
   }
-  auto [g8, gs] = s.cast(R, N, Dtype::kFp8E5m2, {});
+  auto [g8, gs] = s.cast(R, N, Dtype::kFp8E5m2, {}, true);
   const size_t dropped = s.s.size();
-  auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {});
+  auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {}, true);
   s.s[dropped].drops_grad_outputs = true;
   s.gemm({g8, gs, w8, ws}, {{{N, K}, Dtype::kFp8E4m3}}, kStepResults);
   s.gemm({g8, gs, w8, ws}, {{{N, R}, Dtype::kFp8E5m2}, {{R, K}, Dtype::kFp8E4m3}},
@@ -127,31 +136,37 @@ std::vector<OpStep> fp8_column_steps(bool forward, int64_t R, int64_t K, int64_t
 std::vector<OpStep> fp8_row_steps(bool forward, int64_t R, int64_t K, int64_t N, int64_t group) {
   Steps s;
   if (forward) {
-    s.cast(R, K, Dtype::kFp8E4m3, {}, 2, 1);
-    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {});
+    s.cast(R, K, Dtype::kFp8E4m3, {}, true, 2, 1);
+    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {}, true);
     s.gemm({w8, ws}, {}, 0);
     int partial = s.temp({{R, N}, Dtype::kBf16});
     s.step({partial}, kStepResults);
     return std::move(s.s);
   }
-  auto [shard, gs] = s.cast(R / group, N, Dtype::kFp8E5m2, {});
+  auto [shard, gs] = s.cast(R / group, N, Dtype::kFp8E5m2, {}, true);
   s.step({shard, gs});
   s.s.back().drops_grad_outputs = true;
   int g8 = s.temp({{R, N}, Dtype::kFp8E5m2});
-  auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {});
+  auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {}, true);
   s.gemm({g8, gs, w8, ws}, {{{N, K}, Dtype::kFp8E4m3}}, kStepResults);
   s.gemm({g8, gs, w8, ws}, {{{N, R}, Dtype::kFp8E5m2}, {{R, K}, Dtype::kFp8E4m3}},
          kStepWeightGrads);
   return std::move(s.s);
 }
 
-std::vector<OpStep> forward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_t K, int64_t N) {
+// The plain float8 linear (kColumnLinear or kRowLinear `kind`, over `tp` ranks).
+std::vector<OpStep> forward_steps(OpKind kind, int64_t tp, Fp8Recipe r, bool gathered, int64_t R,
+                                  int64_t K, int64_t N) {
   const bool row = r != Fp8Recipe::kTensorwise;  // rowwise_with_gw_hp's forward is rowwise's
+  const Fp8ScaleAxis per_row = row ? Fp8ScaleAxis::kRows : Fp8ScaleAxis::kTensor;
   Steps s;
-  auto [x8, xs] = s.cast(R, K, Dtype::kFp8E4m3, row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{});
+  auto [x8, xs] = s.cast(R, K, Dtype::kFp8E4m3, row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{},
+                         fp8_max_over_tp(kind, tp, Fp8Operand::kInput, per_row));
   std::vector<int> reads = {x8, xs};
   if (!gathered) {  // a gathered weight is float8 already (tensor_already_casted_to_fp8)
-    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, row ? std::vector<int64_t>{1, N} : std::vector<int64_t>{});
+    // W^T per output feature: W's rows.
+    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, row ? std::vector<int64_t>{1, N} : std::vector<int64_t>{},
+                           fp8_max_over_tp(kind, tp, Fp8Operand::kWeight, per_row));
     reads.insert(reads.end(), {w8, ws});
   }
   // The reciprocal scales _scaled_mm takes, then its output (fast accumulation: no post-scaling).
@@ -161,18 +176,24 @@ std::vector<OpStep> forward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_t
   return std::move(s.s);
 }
 
-std::vector<OpStep> backward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_t K, int64_t N) {
+std::vector<OpStep> backward_steps(OpKind kind, int64_t tp, Fp8Recipe r, bool gathered, int64_t R,
+                                   int64_t K, int64_t N) {
   const bool row = r != Fp8Recipe::kTensorwise, hp = r == Fp8Recipe::kRowwiseGwHp;
   const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
   auto shape = [row](int64_t a, int64_t b) {
     return row ? std::vector<int64_t>{a, b} : std::vector<int64_t>{};
   };
+  auto across = [&](Fp8Operand operand, Fp8ScaleAxis axis) {
+    return fp8_max_over_tp(kind, tp, operand, row ? axis : Fp8ScaleAxis::kTensor);
+  };
   Steps s;
-  // grad_input = g8 @ W8: the output gradient per row, the weight per input feature.
-  auto [g8, gs] = s.cast(R, N, grad, shape(R, 1));
+  // grad_input = g8 @ W8: the output gradient per row, the weight per input feature (W's columns).
+  auto [g8, gs] = s.cast(R, N, grad, shape(R, 1), across(Fp8Operand::kGradOutput, Fp8ScaleAxis::kRows));
   std::vector<int> keep = {g8, gs};  // the backward's locals
   if (!gathered) {  // rowwise_with_gw_hp: one scale (cast_config_weight_for_grad_input)
-    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, hp ? std::vector<int64_t>{} : shape(K, 1));
+    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, hp ? std::vector<int64_t>{} : shape(K, 1),
+                           fp8_max_over_tp(kind, tp, Fp8Operand::kWeight,
+                                           row && !hp ? Fp8ScaleAxis::kCols : Fp8ScaleAxis::kTensor));
     keep.insert(keep.end(), {w8, ws});
   }
   // A GEMM of _scaled_mm: the operand copies, the reciprocal scales; under rowwise their fp32
@@ -208,8 +229,8 @@ std::vector<OpStep> backward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_
   }
   // grad_weight = g8^T @ x8, each cast along the other axis, then copied: g8^T made row-major,
   // x8 column-major.
-  auto [g8c, gcs] = s.cast(R, N, grad, shape(1, N));
-  auto [x8c, xcs] = s.cast(R, K, Dtype::kFp8E4m3, shape(1, K));
+  auto [g8c, gcs] = s.cast(R, N, grad, shape(1, N), across(Fp8Operand::kGradOutput, Fp8ScaleAxis::kCols));
+  auto [x8c, xcs] = s.cast(R, K, Dtype::kFp8E4m3, shape(1, K), across(Fp8Operand::kInput, Fp8ScaleAxis::kCols));
   keep.insert(keep.end(), {g8c, gcs, x8c, xcs});
   gemm({{{N, R}, grad}, {{R, K}, Dtype::kFp8E4m3}}, {}, shape(N, 1), shape(1, K), N, K,
        kStepWeightGrads);
@@ -217,6 +238,32 @@ std::vector<OpStep> backward_steps(Fp8Recipe r, bool gathered, int64_t R, int64_
 }
 
 }  // namespace
+
+bool fp8_max_over_tp(OpKind kind, int64_t tp, Fp8Operand operand, Fp8ScaleAxis axis) {
+  if (tp <= 1) return false;
+  const bool n_split = kind == OpKind::kColumnLinear, k_split = kind == OpKind::kRowLinear;
+  bool split[2] = {false, false};  // the operand's dims 0 and 1
+  switch (operand) {
+    case Fp8Operand::kInput:  // [R, K]
+      split[1] = k_split;
+      break;
+    case Fp8Operand::kWeight:  // [N, K]
+      split[0] = n_split, split[1] = k_split;
+      break;
+    case Fp8Operand::kGradOutput:  // [R, N]
+      split[1] = n_split;
+      break;
+  }
+  switch (axis) {
+    case Fp8ScaleAxis::kTensor:
+      return split[0] || split[1];
+    case Fp8ScaleAxis::kRows:  // the max over the columns
+      return split[1];
+    case Fp8ScaleAxis::kCols:  // over the rows
+      return split[0];
+  }
+  return false;
+}
 
 std::vector<OpStep> op_steps(const OpInfo& info, const OpAttrs& a, std::span<const TensorType> in,
                              bool forward) {
@@ -236,8 +283,8 @@ std::vector<OpStep> op_steps(const OpInfo& info, const OpAttrs& a, std::span<con
       (info.kind != OpKind::kColumnLinear && info.kind != OpKind::kRowLinear))
     return {};
   const int64_t R = dim(0), K = dim(1);
-  return forward ? forward_steps(a.fp8, a.fp8_gathered, R, K, N)
-                 : backward_steps(a.fp8, a.fp8_gathered, R, K, N);
+  return forward ? forward_steps(info.kind, a.group, a.fp8, a.fp8_gathered, R, K, N)
+                 : backward_steps(info.kind, a.group, a.fp8, a.fp8_gathered, R, K, N);
 }
 
 int64_t steps_peak_workspace(const std::vector<OpStep>& steps, int64_t results) {

@@ -76,7 +76,8 @@ class Builder {
     if ((kind == OpKind::kColumnLinear || kind == OpKind::kRowLinear) && in.size() == 1 &&
         float8_linear(t_, torchtitan_fqn(name), in[0].shape.at(1) * (kind == OpKind::kRowLinear ? t_.tp : 1),
                       attrs.features * (kind == OpKind::kColumnLinear ? t_.tp : 1)))
-      attrs.fp8 = t_.fp8, attrs.fp8_gathered = t_.fp8_all_gather;
+      // group: the TP ranks whose maxima its casts may take (fp8_max_over_tp).
+      attrs.fp8 = t_.fp8, attrs.fp8_gathered = t_.fp8_all_gather, attrs.group = t_.tp;
     GraphOp o{kind, name, attrs, inputs, {}, info.weights(attrs, in)};
     o.mtp_depth = mtp_depth_, o.mtp_checkpointed = checkpointed_;
     o.flops = info.flops(attrs, in);

@@ -334,9 +334,24 @@ struct OpStep {
   // recompute (outputs of ops on its save list, a float8 cast's aten.max): under that policy a
   // re-run op's forward keeps them to its recompute, which takes them in place of allocating.
   std::vector<int> sac_kept;
+  // The float8 cast whose scale this step makes takes its max across TP (fp8_max_over_tp): the
+  // bytes of that max (bf16), all-reduced; 0: a max of the rank's own.
+  int64_t tp_max_bytes = 0;
 };
 // The forward's outputs, or the backward's input gradients; FSDP2's bf16 weight gradients.
 inline constexpr unsigned kStepResults = 1, kStepWeightGrads = 2;
+// torchao's Float8Linear under plain TP (torchtitan's ColwiseParallel and RowwiseParallel: the LM
+// head, and every linear under the rowwise recipes) casts DTensor shards: the input x [R, K], the
+// weight W [N, K] and the output gradient G [R, N], a column linear's N split over TP, a row
+// linear's K (the input and G replicated otherwise: gathered before the column linear, the row
+// linear's output gradient gathered by its reduction's backward). A cast's max over a split
+// dimension is DTensor's partial max, reduced across the TP group; over unsplit ones it is the
+// rank's own. The scale's axis names what one scale covers: the whole tensor, a row ([rows, 1],
+// the max over the columns) or a column ([1, cols], over the rows), in the operand's layout above.
+enum class Fp8Operand : uint8_t { kInput, kWeight, kGradOutput };
+enum class Fp8ScaleAxis : int { kTensor, kRows, kCols };
+bool fp8_max_over_tp(OpKind kind, int64_t tp, Fp8Operand operand, Fp8ScaleAxis axis);
+
 // The steps of an op's forward or backward; empty: it runs as one step with its workspaces.
 std::vector<OpStep> op_steps(const OpInfo& info, const OpAttrs& attrs,
                              std::span<const TensorType> in, bool forward);

@@ -143,7 +143,8 @@ std::vector<SetupFlag> make_table() {
        "none, tensorwise, rowwise, rowwise_with_gw_hp, delayed: float8 linears. Under --impl "
        "torchtitan (with --fsdp) torchao's Float8Linear: dynamic scaling per tensor (e4m3, e5m2 "
        "output gradients; also at tp > 1, torchao's float8 TP) or per row (e4m3, power-of-2 "
-       "scales; with_gw_hp: the weight gradient in bf16); linears with a dimension not a "
+       "scales; with_gw_hp: the weight gradient in bf16; at tp > 1 on plain TP, maxima over "
+       "split dimensions all-reduced); linears with a dimension not a "
        "multiple of 16 stay bf16. Under --impl megatron Transformer Engine's, as Megatron's "
        "--fp8-recipe: delayed (amax history) or tensorwise (current scaling), the decoder "
        "layers' linears with their norms writing float8 and cached float8 weight copies",

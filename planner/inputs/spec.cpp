@@ -672,11 +672,7 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
                         "or use --fp8 none");
     // torchtitan 238fa99, models/llama3/infra/parallelize.py: float8 all-gathers under TP for
     // the tensorwise recipe only; rowwise recipes run plain TP with float8 linears on DTensor
-    // shards (their row and column maxima over sharded dimensions: not modelled).
-    if (t.tp > 1 && t.fp8 != Fp8Recipe::kTensorwise)
-      return fail(fp8 + " at --tp " + str(t.tp) +
-                  ": rowwise recipes under TP (plain TP, the float8 casts on DTensor shards) "
-                  "are not modelled; use --fp8 tensorwise (torchao's float8 TP), or --tp 1");
+    // shards (their maxima over split dimensions reduced across TP: fp8_max_over_tp).
     if (float8_tp(t)) {
       if (t.fp8_all_gather)
         return fail("--fp8-all-gather under --tp " + str(t.tp) +

@@ -518,9 +518,14 @@ double float8_overhead_seconds(const BlockGraph& g, const GraphOp& op, const Har
   for (int i : op.inputs) in.push_back(g.tensors[i].type);
   const double launch = hw.perf.kernel_overhead_s > 0 ? hw.perf.kernel_overhead_s : kLaunchOverhead;
   double s = 0;
-  for (const OpStep& step : op_steps(op_info(op.kind), op.attrs, in, !backward))
+  for (const OpStep& step : op_steps(op_info(op.kind), op.attrs, in, !backward)) {
     for (const TensorType& t : step.temps)
       s += 2.0 * static_cast<double>(t.bytes()) / memory_bandwidth(hw) + launch;
+    // A max taken across the TP group (DTensor's partial max): a small all-reduce, its latency.
+    if (step.tp_max_bytes > 0)
+      s += collective_seconds("all_reduce", static_cast<double>(step.tp_max_bytes), op.attrs.group,
+                              op.attrs.group <= hw.gpus_per_node, hw, hw.gpus_per_node);
+  }
   return s;
 }
 

@@ -90,7 +90,8 @@ double collective_seconds(std::string_view kind, double bytes_full, int64_t grou
 double op_seconds(const BlockGraph& g, int op, const HardwareModel& hw, const TrainSpec& t,
                   bool backward);
 // A float8 linear's casts, copies and scale products in one direction (its steps' temporaries,
-// one memory-bound kernel each; cost.cpp), included in op_seconds.
+// one memory-bound kernel each; cost.cpp), and the all-reduces of the maxima its casts take
+// across TP, included in op_seconds.
 double float8_overhead_seconds(const BlockGraph& g, const GraphOp& op, const HardwareModel& hw,
                                bool backward);
 
