@@ -244,6 +244,9 @@ TEST(CudaBackend, TinyLlamaFsdp) {
                  {{1, 1, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true,
                    Fp8Recipe::kTensorwise, true},
                   {1, 2, false, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, false,
+                   Fp8Recipe::kTensorwise, true},
+                  // under torchao's float8 TP: the float8 TP linears take the gathered weights
+                  {2, 1, true, flash, 2, 0, 1, titan, LossFusion::kNone, true, true, true,
                    Fp8Recipe::kTensorwise, true}},
                  {Recompute::kNone, Recompute::kFull});
   // HSDP: 2 replicas of 2 shards (the shard groups' collectives on the device), bf16 over TP

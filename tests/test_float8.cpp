@@ -877,8 +877,8 @@ TEST(Float8Tp, RefusedInOneLine) {
   EXPECT_FALSE(validate_setup(m, u));
   u.fp8_filter = {"attention.wk"}, u.recompute = Recompute::kSelectiveOp;
   EXPECT_FALSE(validate_setup(m, u));
-  u = t, u.fp8_all_gather = true;
-  refused(m, u, "drop --fp8-all-gather, or use --tp 1");
+  u = t, u.fp8_all_gather = true;  // modelled (Float8Tp.GatheredWeightsAreNotCast)
+  EXPECT_FALSE(validate_setup(m, u));
   u = t, u.recompute = Recompute::kSelectiveOp;
   refused(m, u, "use --recompute none or full");
   u = t, u.fp8_filter = {"attention.wk"};
@@ -954,6 +954,83 @@ TEST(Float8Tp, RunsAsPlannedAndAgreesWithOneReplica) {
     auto [err, norm] = squared_diff(h, g);
     EXPECT_LT(std::sqrt(err), 0.25 * std::sqrt(norm) + 1e-12) << key;
   }
+}
+
+// FSDP's float8 all-gather under torchao's float8 TP (torchao 36027d8, fsdp_utils.py:
+// fsdp_pre_all_gather casts the rank's shard with its max over FSDP's mesh, the shard group, so
+// each TP rank's weight has its own scale; fsdp_post_all_gather hands the linear a DTensor over
+// a Float8TrainingTensor, which Float8ColwiseParallel's and Float8RowwiseParallel's linears take
+// uncast): the column and row linears' steps lose their weight casts (4 steps each), nothing
+// else; the layer's FSDP unit gathers one byte per float8 weight element.
+TEST(Float8Tp, GatheredWeightsAreNotCast) {
+  const int64_t R = 64, K = 32, N = 48;
+  for (OpKind kind : {OpKind::kFp8ColumnLinear, OpKind::kFp8RowLinear}) {
+    OpAttrs a{.features = N, .group = 2};
+    a.fp8 = Fp8Recipe::kTensorwise;
+    std::vector<TensorType> in = {{{R, K}, kind == OpKind::kFp8RowLinear ? Dtype::kBf16
+                                                                          : Dtype::kFp8E4m3},
+                                  {{}, Dtype::kFp32}};
+    if (kind == OpKind::kFp8RowLinear) in.pop_back();
+    for (bool fwd : {true, false}) {
+      std::vector<OpStep> cast = op_steps(op_info(kind), a, in, fwd);
+      OpAttrs b = a;
+      b.fp8_gathered = true;
+      std::vector<OpStep> gathered = op_steps(op_info(kind), b, in, fwd);
+      EXPECT_EQ(gathered.size() + 4, cast.size()) << name_of(kind) << " " << fwd;
+      int marked = 0;
+      for (const OpStep& st : gathered) marked += st.tp_max_bytes > 0;
+      EXPECT_EQ(marked, kind == OpKind::kFp8ColumnLinear ? (fwd ? 0 : 1) : 1);
+      if (!fwd && kind == OpKind::kFp8ColumnLinear) {  // the bf16 gradient dropped at the GEMM
+        for (size_t k = 0; k < gathered.size(); ++k)
+          EXPECT_EQ(gathered[k].drops_grad_outputs, k == 4) << k;
+      }
+    }
+  }
+  ModelSpec m = testing::model("llama-3.1-8b");
+  TrainSpec t = titan_tp(2);
+  t.fp8_all_gather = true;
+  ASSERT_FALSE(validate_setup(m, t));
+  const BlockGraphs g(m, t);
+  int gathered = 0;
+  for (const GraphOp& op : g.layer->ops)
+    if (op.kind == OpKind::kFp8ColumnLinear || op.kind == OpKind::kFp8RowLinear) {
+      EXPECT_TRUE(op.attrs.fp8_gathered_weight(0)) << op.name;
+      ++gathered;
+    }
+  EXPECT_EQ(gathered, 7);
+  // The estimate: every layer's float8 weights gathered at one byte, and no weight cast in the
+  // linears, so no more transient than float8 TP without it.
+  TrainSpec plain = t;
+  plain.fp8_all_gather = false;
+  Schedule a = build_schedule(m, t), b = build_schedule(m, plain);
+  ASSERT_FALSE(check_program(a.stages[0]));
+  EXPECT_LE(simulate(a.stages[0]).peak_bytes, simulate(b.stages[0]).peak_bytes);
+}
+
+// The CPU executor runs float8 TP with FSDP's float8 all-gather as planned (event-exact), the
+// linears on the gathered weights: each TP rank's weight scaled over its own shard group, the
+// loss and gradients within float8's precision of the same run without it; full recompute
+// repeats it bit for bit.
+TEST(Float8Tp, GatheredRunsAsPlanned) {
+  Scenario sc = testing::scenario("tiny-llama-fsdp");
+  TrainSpec t = sc.base;
+  t.impl = Impl::kTorchtitan, t.dp = 2, t.pp = 1, t.tp = 2, t.sp = true;
+  t.fp8 = Fp8Recipe::kTensorwise, t.recompute = Recompute::kNone;
+  TrainSpec u = t;
+  u.fp8_all_gather = true;
+  ASSERT_FALSE(validate_setup(sc.model, u));
+  exec::RunResult ref = run_planned(sc, t), got = run_planned(sc, u);
+  u.recompute = Recompute::kFull;
+  exec::RunResult full = run_planned(sc, u);
+  EXPECT_EQ(got.losses, full.losses);
+  EXPECT_EQ(got.grads, full.grads);
+  ASSERT_EQ(got.grads.size(), ref.grads.size());
+  EXPECT_NEAR(got.losses[0], ref.losses[0], 0.01 * ref.losses[0]);
+  for (const auto& [key, g] : ref.grads) {
+    auto [err, norm] = squared_diff(got.grads.at(key), g);
+    EXPECT_LT(std::sqrt(err), 0.25 * std::sqrt(norm) + 1e-12) << key;
+  }
+  EXPECT_FALSE(exec::check_runnable(build_schedule(sc.model, u), false));
 }
 
 // Plain TP under the rowwise recipes (and the LM head under any): a cast's max runs across TP

@@ -81,6 +81,9 @@ TEST_P(Scenarios, PredictedEqualsMeasuredAcrossTheMatrix) {
       return t.fsdp && t.tp == 2 && t.dp == 4 && !t.reshard_after_forward &&
              t.recompute == Recompute::kSelectiveOp && t.impl == Impl::kTorchtitan;
     }));
+    EXPECT_TRUE(has([](const TrainSpec& t) {  // float8 TP with FSDP's float8 all-gather
+      return t.tp == 2 && t.fp8 == Fp8Recipe::kTensorwise && t.fp8_all_gather;
+    }));
     EXPECT_TRUE(has([](const TrainSpec& t) {  // rowwise float8 on plain TP
       return t.tp == 2 && t.fp8 == Fp8Recipe::kRowwise && t.recompute == Recompute::kSelectiveOp;
     }));

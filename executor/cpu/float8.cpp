@@ -262,6 +262,16 @@ Fp8 decode(const Tensor& q, const Tensor& scale) {
   return out;
 }
 
+// The float8 TP linears' weight: cast (its max all-reduced over TP), ending the step; or, under
+// FSDP's float8 all-gather, as it arrived, cast per TP rank over its shard group.
+Fp8 tp_weight(const Env& env, Ins w) {
+  if (env.attrs().fp8_gathered) return gathered_weight(w);
+  Fp8 w8 = cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3,
+                Axis::kTensor, false, {.reduce = true});
+  next(env);
+  return w8;
+}
+
 // The linear's backward on a float8 output gradient g8 [R, N] (its scale live) and float8 input
 // x8 [R, K]: W^T cast again (its max all-reduced), the input gradient's GEMM (W8 copied
 // transposed), the weight gradient's (g8^T made row-major, x8 column-major). The input gradient
@@ -270,8 +280,7 @@ void fp8_tp_linear_backward(const Env& env, const BackwardArgs& a, const Fp8& g8
                             const TensorType& x_type) {
   const Tensor& wt = need(a.weights, 0, "float8 linear weight");
   const int64_t R = x8.value.rows(), K = x8.value.cols(), N = wt.type.shape.at(0);
-  Fp8 w8 = cast(env, load_mat(wt), Dtype::kFp8E4m3, Axis::kTensor, false, {.reduce = true});
-  next(env);
+  Fp8 w8 = tp_weight(env, a.weights);
   env.workspace({N, K}, Dtype::kFp8E4m3);
   reciprocals(env, g8.inv, w8.inv, false);
   grad_input(env, a, 0, x_type, scaled_product(g8.value, w8.value, g8.inv, w8.inv, false, {}));
@@ -300,12 +309,10 @@ Outs fp8_all_gather_forward(const Env& env, Ins in, Ins) {
 }
 
 // Float8ColwiseParallel's linear on x8 (input 0) and its scale (input 1): W^T cast (max
-// all-reduced), then _scaled_mm.
+// all-reduced) unless gathered in float8, then _scaled_mm.
 Outs fp8_column_linear_forward(const Env& env, Ins in, Ins w) {
   Fp8 x8 = decode(need(in, 0, "float8 input"), need(in, 1, "float8 input scale"));
-  Fp8 w8 = cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3,
-                Axis::kTensor, false, {.reduce = true});
-  next(env);
+  Fp8 w8 = tp_weight(env, w);
   check(w8.value.cols() == x8.value.cols(), "float8 linear: weight and input widths differ");
   reciprocals(env, x8.inv, w8.inv, false);
   Tensor out = env.output({x8.value.rows(), w8.value.rows()}, env.act);
@@ -332,9 +339,7 @@ Outs fp8_row_linear_forward(const Env& env, Ins in, Ins w) {
   Fp8 x8 = cast(env, load_mat(x), Dtype::kFp8E4m3, Axis::kTensor, false,
                 {.reduce = true, .scale_out = true, .q_out = true, .scale = &scale, .q = &q});
   next(env);
-  Fp8 w8 = cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3,
-                Axis::kTensor, false, {.reduce = true});
-  next(env);
+  Fp8 w8 = tp_weight(env, w);
   check(w8.value.cols() == x8.value.cols(), "float8 linear: weight and input widths differ");
   reciprocals(env, x8.inv, w8.inv, false);
   const int64_t R = x8.value.rows(), N = w8.value.rows();

@@ -357,15 +357,24 @@ void float8_linear_bwd(const Bwd& e) {
 
 namespace {
 
+// The float8 TP linears' weight [N, K]: cast (max all-reduced over TP), ending the step; or, under
+// FSDP's float8 all-gather, as it arrived (the CPU reference's tp_weight).
+Fp8 tp_weight(const Fwd& e, std::span<const Tensor> w, int64_t N, int64_t K) {
+  if (e.attrs().fp8_gathered) return gathered_weight(w);
+  Fp8 w8 = cast(e, need(w, 0, "weight"), N, K, Dtype::kFp8E4m3, Axis::kTensor, false,
+                {.reduce = true});
+  next(e);
+  return w8;
+}
+
 // The linear's backward on a float8 output gradient g8 [R, N] and float8 input x8 [R, K]: W^T
-// cast again (max all-reduced), the input gradient's GEMM (W8 copied transposed) into a bf16
+// cast again (max all-reduced) unless gathered, the input gradient's GEMM (W8 copied transposed) into a bf16
 // gradient, the weight gradient's (g8^T made row-major, x8 column-major).
 void fp8_tp_linear_bwd(const Bwd& e, const Fp8& g8, const Fp8& x8, int64_t R, int64_t K) {
   const exec::BackwardArgs& a = e.a;
   const Tensor& wt = need(a.weights, 0, "weight");
   const int64_t N = wt.type.shape.at(0);
-  Fp8 w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, Axis::kTensor, false, {.reduce = true});
-  next(e);
+  Fp8 w8 = tp_weight(e, a.weights, N, K);
   e.ws({{N, K}, Dtype::kFp8E4m3});
   auto [gi, wi] = reciprocals(e, g8, {}, w8, {});
   bool acc = false;
@@ -413,8 +422,7 @@ Outs fp8_column_linear_fwd(const Fwd& e, Ins in, Ins w) {
   const Tensor& wt = need(w, 0, "weight");
   const int64_t R = x8.q.type.shape.at(0), K = x8.q.type.shape.at(1), N = wt.type.shape.at(0);
   need(wt.type.shape.at(1) == K, "float8 linear: weight and input widths differ");
-  Fp8 w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, Axis::kTensor, false, {.reduce = true});
-  next(e);
+  Fp8 w8 = tp_weight(e, w, N, K);
   Tensor y = forward_gemm(e, x8, w8, R, K, N, kOutput);
   return {y};
 }
@@ -438,8 +446,7 @@ Outs fp8_row_linear_fwd(const Fwd& e, Ins in, Ins w) {
   Fp8 x8 = cast(e, x, R, K, Dtype::kFp8E4m3, Axis::kTensor, false,
                 {.reduce = true, .scale_out = true, .q_out = true});
   next(e);
-  Fp8 w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, Axis::kTensor, false, {.reduce = true});
-  next(e);
+  Fp8 w8 = tp_weight(e, w, N, K);
   Tensor partial = forward_gemm(e, x8, w8, R, K, N, kWorkspace);
   next(e);
   Tensor y = e.out({{R / tp_size(e), N}, kAct});

@@ -110,21 +110,29 @@ std::vector<OpStep> fp8_gather_steps(int64_t R, int64_t K) {
 // then _scaled_mm. Backward: the output gradient cast to e5m2 (NoopFwToFloat8BwDynamic; the bf16
 // gradient dropped after it), W^T cast again, the input gradient's GEMM (W8 copied transposed),
 // the weight gradient's (g8^T made row-major, x8 column-major); no other cast, as every operand
-// is float8 already (tensor_already_casted_to_fp8).
-std::vector<OpStep> fp8_column_steps(bool forward, int64_t R, int64_t K, int64_t N) {
+// is float8 already (tensor_already_casted_to_fp8). Under FSDP's float8 all-gather (`gathered`)
+// the weight arrives in float8 with its scale: neither pass casts it.
+std::vector<OpStep> fp8_column_steps(bool forward, bool gathered, int64_t R, int64_t K, int64_t N) {
   Steps s;
-  if (forward) {
+  std::vector<int> w;  // the weight's float8 tensor and scale, where cast here
+  auto weight = [&] {
+    if (gathered) return;
     auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {}, true);
-    s.gemm({w8, ws}, {}, kStepResults);
+    w = {w8, ws};
+  };
+  if (forward) {
+    weight();
+    s.gemm(w, {}, kStepResults);
     return std::move(s.s);
   }
   auto [g8, gs] = s.cast(R, N, Dtype::kFp8E5m2, {}, true);
   const size_t dropped = s.s.size();
-  auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {}, true);
+  weight();
+  std::vector<int> reads = {g8, gs};
+  reads.insert(reads.end(), w.begin(), w.end());
+  s.gemm(reads, {{{N, K}, Dtype::kFp8E4m3}}, kStepResults);
   s.s[dropped].drops_grad_outputs = true;
-  s.gemm({g8, gs, w8, ws}, {{{N, K}, Dtype::kFp8E4m3}}, kStepResults);
-  s.gemm({g8, gs, w8, ws}, {{{N, R}, Dtype::kFp8E5m2}, {{R, K}, Dtype::kFp8E4m3}},
-         kStepWeightGrads);
+  s.gemm(reads, {{{N, R}, Dtype::kFp8E5m2}, {{R, K}, Dtype::kFp8E4m3}}, kStepWeightGrads);
   return std::move(s.s);
 }
 
@@ -132,13 +140,21 @@ std::vector<OpStep> fp8_column_steps(bool forward, int64_t R, int64_t K, int64_t
 // W [N, K]. Forward: x cast into outputs 1 and 2 (the linear saves the float8 input), W^T cast,
 // _scaled_mm into the bf16 partial product, reduce-scattered into output 0 [R / group, N].
 // Backward: output 0's gradient cast to e5m2 on the sequence shard, all-gathered as float8 (the
-// bf16 gradient and the float8 shard dropped after), then as the column linear's.
-std::vector<OpStep> fp8_row_steps(bool forward, int64_t R, int64_t K, int64_t N, int64_t group) {
+// bf16 gradient and the float8 shard dropped after), then as the column linear's. A gathered
+// weight (FSDP's float8 all-gather) is cast in neither pass.
+std::vector<OpStep> fp8_row_steps(bool forward, bool gathered, int64_t R, int64_t K, int64_t N,
+                                  int64_t group) {
   Steps s;
+  std::vector<int> w;
+  auto weight = [&] {
+    if (gathered) return;
+    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {}, true);
+    w = {w8, ws};
+  };
   if (forward) {
     s.cast(R, K, Dtype::kFp8E4m3, {}, true, 2, 1);
-    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {}, true);
-    s.gemm({w8, ws}, {}, 0);
+    weight();
+    s.gemm(w, {}, 0);
     int partial = s.temp({{R, N}, Dtype::kBf16});
     s.step({partial}, kStepResults);
     return std::move(s.s);
@@ -147,14 +163,14 @@ std::vector<OpStep> fp8_row_steps(bool forward, int64_t R, int64_t K, int64_t N,
   s.step({shard, gs});
   s.s.back().drops_grad_outputs = true;
   int g8 = s.temp({{R, N}, Dtype::kFp8E5m2});
-  auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {}, true);
-  s.gemm({g8, gs, w8, ws}, {{{N, K}, Dtype::kFp8E4m3}}, kStepResults);
-  s.gemm({g8, gs, w8, ws}, {{{N, R}, Dtype::kFp8E5m2}, {{R, K}, Dtype::kFp8E4m3}},
-         kStepWeightGrads);
+  weight();
+  std::vector<int> reads = {g8, gs};
+  reads.insert(reads.end(), w.begin(), w.end());
+  s.gemm(reads, {{{N, K}, Dtype::kFp8E4m3}}, kStepResults);
+  s.gemm(reads, {{{N, R}, Dtype::kFp8E5m2}, {{R, K}, Dtype::kFp8E4m3}}, kStepWeightGrads);
   return std::move(s.s);
 }
 
-// The plain float8 linear (kColumnLinear or kRowLinear `kind`, over `tp` ranks).
 std::vector<OpStep> forward_steps(OpKind kind, int64_t tp, Fp8Recipe r, bool gathered, int64_t R,
                                   int64_t K, int64_t N) {
   const bool row = r != Fp8Recipe::kTensorwise;  // rowwise_with_gw_hp's forward is rowwise's
@@ -273,9 +289,9 @@ std::vector<OpStep> op_steps(const OpInfo& info, const OpAttrs& a, std::span<con
     case OpKind::kFp8AllGather:
       return forward ? fp8_gather_steps(dim(0), dim(1)) : std::vector<OpStep>{};
     case OpKind::kFp8ColumnLinear:
-      return fp8_column_steps(forward, dim(0), dim(1), N);
+      return fp8_column_steps(forward, a.fp8_gathered, dim(0), dim(1), N);
     case OpKind::kFp8RowLinear:
-      return fp8_row_steps(forward, dim(0), dim(1), N, a.group);
+      return fp8_row_steps(forward, a.fp8_gathered, dim(0), dim(1), N, a.group);
     default:
       break;
   }

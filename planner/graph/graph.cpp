@@ -121,7 +121,8 @@ class Builder {
   // Reduction after a row-parallel linear: reduce-scatter under SP, all-reduce under plain TP.
   // torchao's float8 tensor parallelism (tensorwise, torchtitan's apply_tp; ops.hpp): the
   // sequence shard cast and gathered in float8 ({e4m3, scale}); a column linear on it; a row
-  // linear that casts its input and reduce-scatters (its output, the SP shard).
+  // linear that casts its input and reduce-scatters (its output, the SP shard). Under FSDP's
+  // float8 all-gather the linears' weights arrive in float8 (OpAttrs::fp8_gathered).
   std::vector<int> fp8_gather(int x, const std::string& name) {
     OpAttrs a{.group = t_.tp};
     a.fp8 = Fp8Recipe::kTensorwise;
@@ -129,13 +130,13 @@ class Builder {
   }
   int fp8_column(const std::vector<int>& x8, const std::string& name, int64_t features,
                  bool bias) {
-    OpAttrs a{.features = features, .bias = bias};
-    a.fp8 = Fp8Recipe::kTensorwise;
+    OpAttrs a{.features = features, .group = t_.tp, .bias = bias};
+    a.fp8 = Fp8Recipe::kTensorwise, a.fp8_gathered = t_.fp8_all_gather;
     return op1(OpKind::kFp8ColumnLinear, name, a, {x8[0], x8[1]});
   }
   int fp8_row(int x, const std::string& name, int64_t features, bool bias) {
     OpAttrs a{.features = features, .group = t_.tp, .bias = bias};
-    a.fp8 = Fp8Recipe::kTensorwise;
+    a.fp8 = Fp8Recipe::kTensorwise, a.fp8_gathered = t_.fp8_all_gather;
     return op(OpKind::kFp8RowLinear, name, a, {x}, {"", "input_fp8", "input_scale"})[0];
   }
   // A row-parallel linear and its reduction (reduce-scatter under SP, else all-reduce over TP):

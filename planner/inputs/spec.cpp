@@ -674,10 +674,6 @@ std::optional<Error> validate_setup(const ModelSpec& m, const TrainSpec& t) {
     // the tensorwise recipe only; rowwise recipes run plain TP with float8 linears on DTensor
     // shards (their maxima over split dimensions reduced across TP: fp8_max_over_tp).
     if (float8_tp(t)) {
-      if (t.fp8_all_gather)
-        return fail("--fp8-all-gather under --tp " + str(t.tp) +
-                    " (the float8 weight shards of a TP-sharded DTensor) is not modelled; drop "
-                    "--fp8-all-gather, or use --tp 1");
       if (t.recompute == Recompute::kSelectiveOp)
         return fail("--recompute selective-op with torchao's float8 tensor parallelism (what its "
                     "policy keeps of the float8 all-gathers) is not modelled; use --recompute "
