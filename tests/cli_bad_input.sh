@@ -212,6 +212,13 @@ bad "invalid --tp-recompute-allgather" -m "--tp-recompute-allgather" -m "maybe" 
 bad "invalid --sp" -m "--sp" -m "maybe" -m "on" -m "off" -m "auto" -- "${E[@]}" --sp maybe
 bad "unknown GPU lists the valid GPUs" -m "unknown GPU" -m "h1000" -m "h100-sxm-80gb" -m "h200" -m "b200" -- "${E[@]}" --gpu h1000
 bad "plan: unknown GPU" -m "unknown GPU" -m "h1000" -- "${P[@]}" --gpu h1000
+# Float8 on a GPU without float8 tensor cores: the frameworks refuse it (TE, torchtitan).
+bad "float8 on an A100 (Transformer Engine)" -m "--fp8 delayed needs float8 tensor cores" -m "a100-80gb" \
+  -m "Transformer Engine refuses" -m "--fp8 none" -- "${E[@]}" --impl megatron --fp8 delayed --gpu a100-80gb
+bad "float8 on an A100 (torchtitan)" -m "--fp8 rowwise needs float8 tensor cores" -m "torchtitan refuses" \
+  -m "--gpu h100-sxm-80gb" -- plan --model llama-3.1-8b --impl torchtitan --fsdp --dp 8 --fp8 rowwise --gpu a100-40gb
+bad "sweep: float8 on an A100" -m "--fp8 tensorwise needs float8 tensor cores" \
+  -- sweep --model llama-3.1-8b --gpus 8 --budget 80GB --impl torchtitan --fsdp --fp8 tensorwise --gpu a100-80gb
 
 # ---- command line ------------------------------------------------------------------------------
 bad "no subcommand" -m "subcommand" -m "estimate" -- 

@@ -373,6 +373,7 @@ Resolved resolve(const Flags& f) {
       {f.model, f.nanotron_config, f.megatron_args, models_dir(f), f.torchtitan_config, f.gpus},
       f.setup, budgeted(f),
       [](const std::string& line) { std::cerr << "nanoplan: " << line << "\n"; }));
+  if (auto e = np::check_fp8_gpu(r.setup, make_hardware(f))) die(e->message);
   if (r.model.moe && !r.model.dense_layers.empty() && f.setup["--partition"] == "auto" &&
       r.setup.recompute == np::Recompute::kAuto)
     die(r.model.name + " has dense and MoE layers, which --partition auto does not search yet "
@@ -1040,6 +1041,7 @@ np::SweepOptions make_sweep_options(const Flags& f) {
   if (auto e = np::check_fp8_profile(o.base)) die(e->message);
   o.runtime = make_runtime(f);
   o.hw = make_hardware(f);
+  if (auto e = np::check_fp8_gpu(o.base, o.hw)) die(e->message);
   o.search_partition = f.setup["--partition"] == "auto";
   // A comma-separated list of degrees from 1 to `most`, or the one-line error naming the flag.
   auto degrees = [](const char* flag, const std::string& text, const std::string& what,

@@ -336,6 +336,22 @@ HardwareModel hardware_model(const GpuSpec& gpu) {
   return hw;
 }
 
+std::optional<Error> check_fp8_gpu(const TrainSpec& t, const HardwareModel& hw) {
+  if (t.fp8 == Fp8Recipe::kNone || hw.fp8_peak_flops > 0) return std::nullopt;
+  // Transformer Engine: _compute_fp8_support (NVIDIA/TransformerEngine d0067d0,
+  // transformer_engine/pytorch/quantization.py), "Device compute capability 8.9 or higher
+  // required for FP8 execution". torchtitan: Float8LinearConverter raises "float8 is only
+  // supported on SM89 or later" unless float8.emulate (238fa99,
+  // components/quantization/float8.py).
+  const std::string who =
+      te_fp8(t) ? "Transformer Engine refuses float8 execution below compute capability 8.9"
+                : "torchtitan refuses float8 linears below compute capability 8.9 (its "
+                  "float8.emulate testing mode is not modelled)";
+  return make_error(std::string("--fp8 ") + name_of(t.fp8) + " needs float8 tensor cores, which " +
+                    hw.name + " has not: " + who +
+                    "; use --fp8 none, or a GPU with them (e.g. --gpu h100-sxm-80gb, h200, b200)");
+}
+
 HardwareModel default_hardware() {
   GpuSpec h100;  // models/gpus/gpus.toml, h100-sxm-80gb (NVIDIA H100 datasheet, SXM column)
   h100.name = "h100-sxm-80gb";

@@ -13,6 +13,7 @@
 // - Every rank of a stage runs the same program, so one rank's time is the stage's time.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -69,6 +70,9 @@ AttentionEfficiency attention_efficiency(const HardwareModel& hw, double seq, do
 HardwareModel hardware_model(const GpuSpec& gpu);
 // H100 SXM 80GB figures (models/gpus/gpus.toml), used when no --gpu is given.
 HardwareModel default_hardware();
+// Float8 linears (TrainSpec::fp8) on a GPU without float8 tensor cores (fp8_peak_flops 0, compute
+// capability below 8.9: A100): the frameworks refuse them, so does nanoplan, in one line.
+std::optional<Error> check_fp8_gpu(const TrainSpec& t, const HardwareModel& hw);
 
 // Fraction of peak a bf16 GEMM of an M x K by K x N product reaches:
 // cap x s(M) x s(N) x s(K) with s(x) = x / (x + 64).
