@@ -373,7 +373,9 @@ Resolved resolve(const Flags& f) {
       {f.model, f.nanotron_config, f.megatron_args, models_dir(f), f.torchtitan_config, f.gpus},
       f.setup, budgeted(f),
       [](const std::string& line) { std::cerr << "nanoplan: " << line << "\n"; }));
-  if (auto e = np::check_fp8_gpu(r.setup, make_hardware(f))) die(e->message);
+  // Float8 needs the GPU's float8 tensor cores (the catalog read only when it matters).
+  if (r.setup.fp8 != np::Fp8Recipe::kNone)
+    if (auto e = np::check_fp8_gpu(r.setup, make_hardware(f))) die(e->message);
   if (r.model.moe && !r.model.dense_layers.empty() && f.setup["--partition"] == "auto" &&
       r.setup.recompute == np::Recompute::kAuto)
     die(r.model.name + " has dense and MoE layers, which --partition auto does not search yet "

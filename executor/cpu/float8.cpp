@@ -41,11 +41,11 @@ struct CastTo {
   Tensor* q = nullptr;      // the float8 tensor, when wanted
 };
 
-// A scale all-reduced over TP, element by element (one per tensor, row or column). amax_to_scale
-// is monotonic (decreasing in the max,
-// rounded to fp32 and to a power of 2 monotonically), so the scale of the largest max is the
-// least scale: the fp32 scales negated, all-reduced with max in place, negated back, exactly
-// the scale of the all-reduced max, with no tensor beyond the scale.
+// A scale all-reduced over TP, element by element (one per tensor, row or column).
+// amax_to_scale is monotonic (decreasing in the max, rounded to fp32 and to a power of 2
+// monotonically), so the scale of the largest max is the least scale: the fp32 scales negated,
+// all-reduced with max in place, negated back, exactly the scale of the all-reduced max, with no
+// tensor beyond the scale.
 void reduce_scale(const Env& env, const Tensor& scale) {
   if (env.tp_size() == 1) return;
   float* s = scale.as<float>();
@@ -110,6 +110,13 @@ Fp8 cast(const Env& env, const Mat& x, Dtype to, Axis axis, bool pow2, CastTo in
   return out;
 }
 
+// A plain float8 linear's cast of `operand` with scales along `axis`: at tp > 1 (plain TP: the
+// LM head; every linear under the rowwise recipes) its operands are TP shards, and a max over a
+// split dimension is all-reduced (fp8_max_over_tp).
+CastTo across(const Env& env, Fp8Operand operand, Axis axis) {
+  return {.reduce = fp8_max_over_tp(env.ctx.op->kind, env.tp_size(), operand, axis)};
+}
+
 // The reciprocal scales _scaled_mm takes (fp32, the scales' shapes).
 void reciprocals(const Env& env, const Mat& a_inv, const Mat& b_inv, bool row) {
   env.workspace(row ? std::vector<int64_t>{a_inv.rows(), 1} : std::vector<int64_t>{}, Dtype::kFp32);
@@ -156,19 +163,14 @@ Outs float8_linear_forward(const Env& env, Ins in, Ins w) {
   const Fp8Recipe r = env.attrs().fp8;
   // rowwise_with_gw_hp's forward is rowwise's.
   const bool row = r != Fp8Recipe::kTensorwise, gathered = env.attrs().fp8_gathered;
-  // At tp > 1 (plain TP: the LM head; every linear under the rowwise recipes) the operands are
-  // TP shards, and a max over a split dimension is all-reduced (fp8_max_over_tp).
   const Axis per_row = row ? Axis::kRows : Axis::kTensor;
-  auto across = [&](Fp8Operand operand, Axis axis) {
-    return CastTo{.reduce = fp8_max_over_tp(env.ctx.op->kind, env.tp_size(), operand, axis)};
-  };
   Mat X = load_mat(need(in, 0, "float8 linear input"));
-  Fp8 x8 = cast(env, X, Dtype::kFp8E4m3, per_row, row, across(Fp8Operand::kInput, per_row));
+  Fp8 x8 = cast(env, X, Dtype::kFp8E4m3, per_row, row, across(env, Fp8Operand::kInput, per_row));
   if (env.ctx.cached_output) {  // per-op checkpointing's recompute of a kept linear: the casts
     if (!gathered) {
       next(env);
       cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3, per_row, row,
-           across(Fp8Operand::kWeight, per_row));
+           across(env, Fp8Operand::kWeight, per_row));
     }
     return {};
   }
@@ -177,7 +179,7 @@ Outs float8_linear_forward(const Env& env, Ins in, Ins w) {
   Fp8 w8 = gathered ? gathered_weight(w) : Fp8{};
   if (!gathered) {
     w8 = cast(env, load_mat(need(w, 0, "float8 linear weight")), Dtype::kFp8E4m3, per_row, row,
-              across(Fp8Operand::kWeight, per_row));
+              across(env, Fp8Operand::kWeight, per_row));
     next(env);
   }
   const Mat& W = w8.value;
@@ -192,9 +194,6 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
   const Fp8Recipe r = env.attrs().fp8;
   const bool row = r != Fp8Recipe::kTensorwise, hp = r == Fp8Recipe::kRowwiseGwHp;
   const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
-  auto across = [&](Fp8Operand operand, Axis axis) {  // as the forward's
-    return CastTo{.reduce = fp8_max_over_tp(env.ctx.op->kind, env.tp_size(), operand, axis)};
-  };
   const Tensor& x = need(a.inputs, 0, "float8 linear input");
   Mat X = load_mat(x), G = load_mat(need(a.grad_outputs, 0, "float8 linear output gradient"));
   const bool gathered = env.attrs().fp8_gathered;
@@ -204,11 +203,12 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
   // casts W with one scale (power of 2), repeated along K for _scaled_mm.
   const Axis g_axis = row ? Axis::kRows : Axis::kTensor,
              w_axis = row && !hp ? Axis::kCols : Axis::kTensor;
-  Fp8 g8 = cast(env, G, grad, g_axis, row, across(Fp8Operand::kGradOutput, g_axis));
+  Fp8 g8 = cast(env, G, grad, g_axis, row, across(env, Fp8Operand::kGradOutput, g_axis));
   next(env);
   Fp8 w8 = gathered ? gathered_weight(a.weights) : Fp8{};
   if (!gathered) {
-    w8 = cast(env, load_mat(wt), Dtype::kFp8E4m3, w_axis, row, across(Fp8Operand::kWeight, w_axis));
+    w8 = cast(env, load_mat(wt), Dtype::kFp8E4m3, w_axis, row,
+              across(env, Fp8Operand::kWeight, w_axis));
     next(env);
   }
   env.workspace({N, K}, Dtype::kFp8E4m3);  // W8^T made column-major for _scaled_mm
@@ -231,9 +231,9 @@ void float8_linear_backward(const Env& env, const BackwardArgs& a) {
   }
   // grad_weight = g8^T @ x8, each scaled per column (per output and input feature) under rowwise.
   const Axis per_col = row ? Axis::kCols : Axis::kTensor;
-  Fp8 gc = cast(env, G, grad, per_col, row, across(Fp8Operand::kGradOutput, per_col));
+  Fp8 gc = cast(env, G, grad, per_col, row, across(env, Fp8Operand::kGradOutput, per_col));
   next(env);
-  Fp8 xc = cast(env, X, Dtype::kFp8E4m3, per_col, row, across(Fp8Operand::kInput, per_col));
+  Fp8 xc = cast(env, X, Dtype::kFp8E4m3, per_col, row, across(env, Fp8Operand::kInput, per_col));
   next(env);
   env.workspace({N, R}, grad);             // g8^T made row-major
   env.workspace({R, K}, Dtype::kFp8E4m3);  // x8 made column-major

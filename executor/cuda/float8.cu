@@ -141,8 +141,14 @@ struct CastTo {
 
 int64_t tp_size(const Fwd& e) { return e.c.comm ? e.c.comm->tp_size() : 1; }
 
-// A scale all-reduced over TP, element by element: amax_to_scale is monotonic, so the scale of the
-// largest max is the least scale; negated, all-reduced with max in place on the device, negated
+// A plain float8 linear's cast of `operand` with scales along `axis`: a max over a dimension split
+// over TP is all-reduced (fp8_max_over_tp; the CPU reference's `across`).
+CastTo across(const Fwd& e, Fp8Operand operand, Axis axis) {
+  return {.reduce = fp8_max_over_tp(e.c.op->kind, tp_size(e), operand, axis)};
+}
+
+// A scale all-reduced over TP, element by element: amax_to_scale is monotonic, so the scale of
+// the largest max is the least scale; negated, all-reduced with max in place on the device, negated
 // back (executor/cpu/float8.cpp, reduce_scale).
 void reduce_scale(const Fwd& e, const Tensor& s) {
   if (tp_size(e) == 1) return;
@@ -245,27 +251,22 @@ Fp8 gathered_weight(std::span<const Tensor> w) {
 Outs float8_linear_fwd(const Fwd& e, Ins in, Ins w) {
   // rowwise_with_gw_hp's forward is rowwise's.
   const bool row = e.attrs().fp8 != Fp8Recipe::kTensorwise, gathered = e.attrs().fp8_gathered;
-  // At tp > 1 (plain TP: the LM head; every linear under the rowwise recipes) the operands are
-  // TP shards, and a max over a split dimension is all-reduced (fp8_max_over_tp).
   const Axis per_row = row ? Axis::kRows : Axis::kTensor;
-  auto across = [&](Fp8Operand operand, Axis axis) {
-    return CastTo{.reduce = fp8_max_over_tp(e.c.op->kind, tp_size(e), operand, axis)};
-  };
   const Tensor &x = need(in, 0, "input"), &wt = need(w, 0, "weight");
   const int64_t R = x.type.shape.at(0), K = x.type.shape.at(1), N = wt.type.shape.at(0);
   need(wt.type.shape.at(1) == K, "float8 linear: weight and input widths differ");
-  Fp8 x8 = cast(e, x, R, K, Dtype::kFp8E4m3, per_row, row, across(Fp8Operand::kInput, per_row));
+  Fp8 x8 = cast(e, x, R, K, Dtype::kFp8E4m3, per_row, row, across(e, Fp8Operand::kInput, per_row));
   if (e.c.cached_output) {  // per-op checkpointing's recompute of a kept linear: the casts
     if (!gathered) {
       next(e);
-      cast(e, wt, N, K, Dtype::kFp8E4m3, per_row, row, across(Fp8Operand::kWeight, per_row));
+      cast(e, wt, N, K, Dtype::kFp8E4m3, per_row, row, across(e, Fp8Operand::kWeight, per_row));
     }
     return {};
   }
   next(e);
   Fp8 w8 = gathered ? gathered_weight(w) : Fp8{};
   if (!gathered) {
-    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, per_row, row, across(Fp8Operand::kWeight, per_row));
+    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, per_row, row, across(e, Fp8Operand::kWeight, per_row));
     next(e);
   }
   auto [ai, bi] = reciprocals(e, x8, row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{}, w8,
@@ -282,9 +283,6 @@ void float8_linear_bwd(const Bwd& e) {
   const bool row = e.attrs().fp8 != Fp8Recipe::kTensorwise, gathered = e.attrs().fp8_gathered;
   const bool hp = e.attrs().fp8 == Fp8Recipe::kRowwiseGwHp;
   const Dtype grad = row ? Dtype::kFp8E4m3 : Dtype::kFp8E5m2;
-  auto across = [&](Fp8Operand operand, Axis axis) {  // as the forward's
-    return CastTo{.reduce = fp8_max_over_tp(e.c.op->kind, tp_size(e), operand, axis)};
-  };
   const Tensor &x = need(a.inputs, 0, "input"), &g = need(a.grad_outputs, 0, "gradient"),
                &wt = need(a.weights, 0, "weight");
   const int64_t R = x.type.shape.at(0), K = x.type.shape.at(1), N = wt.type.shape.at(0);
@@ -295,11 +293,11 @@ void float8_linear_bwd(const Bwd& e) {
   // casts W with one scale (power of 2), repeated along K for _scaled_mm.
   const Axis g_axis = row ? Axis::kRows : Axis::kTensor,
              w_axis = row && !hp ? Axis::kCols : Axis::kTensor;
-  Fp8 g8 = cast(e, g, R, N, grad, g_axis, row, across(Fp8Operand::kGradOutput, g_axis));
+  Fp8 g8 = cast(e, g, R, N, grad, g_axis, row, across(e, Fp8Operand::kGradOutput, g_axis));
   next(e);
   Fp8 w8 = gathered ? gathered_weight(a.weights) : Fp8{};
   if (!gathered) {
-    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, w_axis, row, across(Fp8Operand::kWeight, w_axis));
+    w8 = cast(e, wt, N, K, Dtype::kFp8E4m3, w_axis, row, across(e, Fp8Operand::kWeight, w_axis));
     next(e);
   }
   Tensor wcopy = e.ws({{N, K}, Dtype::kFp8E4m3});  // W8^T made column-major for _scaled_mm
@@ -334,9 +332,9 @@ void float8_linear_bwd(const Bwd& e) {
   }
   // grad_weight = g8^T @ x8, each scaled per column (per output and input feature) under rowwise.
   const Axis per_col = row ? Axis::kCols : Axis::kTensor;
-  Fp8 gc = cast(e, g, R, N, grad, per_col, row, across(Fp8Operand::kGradOutput, per_col));
+  Fp8 gc = cast(e, g, R, N, grad, per_col, row, across(e, Fp8Operand::kGradOutput, per_col));
   next(e);
-  Fp8 xc = cast(e, x, R, K, Dtype::kFp8E4m3, per_col, row, across(Fp8Operand::kInput, per_col));
+  Fp8 xc = cast(e, x, R, K, Dtype::kFp8E4m3, per_col, row, across(e, Fp8Operand::kInput, per_col));
   next(e);
   e.ws({{N, R}, grad});             // g8^T made row-major
   e.ws({{R, K}, Dtype::kFp8E4m3});  // x8 made column-major
@@ -368,8 +366,8 @@ Fp8 tp_weight(const Fwd& e, std::span<const Tensor> w, int64_t N, int64_t K) {
 }
 
 // The linear's backward on a float8 output gradient g8 [R, N] and float8 input x8 [R, K]: W^T
-// cast again (max all-reduced) unless gathered, the input gradient's GEMM (W8 copied transposed) into a bf16
-// gradient, the weight gradient's (g8^T made row-major, x8 column-major).
+// cast again (max all-reduced) unless gathered, the input gradient's GEMM (W8 copied
+// transposed) into a bf16 gradient, the weight gradient's (g8^T made row-major, x8 column-major).
 void fp8_tp_linear_bwd(const Bwd& e, const Fp8& g8, const Fp8& x8, int64_t R, int64_t K) {
   const exec::BackwardArgs& a = e.a;
   const Tensor& wt = need(a.weights, 0, "weight");

@@ -83,6 +83,20 @@ struct Steps {
     }
     return {temp({{rows, cols}, to}), sc};
   }
+  // The float8 TP linears' W^T [K, N]: cast (its max across TP) unless FSDP's float8 all-gather
+  // brought it (`gathered`); its float8 tensor and scale, or none.
+  std::vector<int> tp_weight(bool gathered, int64_t K, int64_t N) {
+    if (gathered) return {};
+    auto [w8, ws] = cast(K, N, Dtype::kFp8E4m3, {}, true);
+    return {w8, ws};
+  }
+  // The float8 TP linears' backward GEMMs, reading the float8 gradient, its scale and the
+  // weight's (`reads`): the input gradient's (W8 copied transposed), the weight gradient's (g8^T
+  // made row-major, x8 column-major).
+  void tp_backward_gemms(const std::vector<int>& reads, int64_t R, int64_t K, int64_t N) {
+    gemm(reads, {{{N, K}, Dtype::kFp8E4m3}}, kStepResults);
+    gemm(reads, {{{N, R}, Dtype::kFp8E5m2}, {{R, K}, Dtype::kFp8E4m3}}, kStepWeightGrads);
+  }
   // _scaled_mm of two tensorwise float8 operands (tensorwise: no post-scale): the operands'
   // layout copies, the two 0-dim reciprocal scales, then the result.
   void gemm(std::vector<int> reads, std::vector<TensorType> copies, unsigned results) {
@@ -114,25 +128,16 @@ std::vector<OpStep> fp8_gather_steps(int64_t R, int64_t K) {
 // the weight arrives in float8 with its scale: neither pass casts it.
 std::vector<OpStep> fp8_column_steps(bool forward, bool gathered, int64_t R, int64_t K, int64_t N) {
   Steps s;
-  std::vector<int> w;  // the weight's float8 tensor and scale, where cast here
-  auto weight = [&] {
-    if (gathered) return;
-    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {}, true);
-    w = {w8, ws};
-  };
   if (forward) {
-    weight();
-    s.gemm(w, {}, kStepResults);
+    s.gemm(s.tp_weight(gathered, K, N), {}, kStepResults);
     return std::move(s.s);
   }
   auto [g8, gs] = s.cast(R, N, Dtype::kFp8E5m2, {}, true);
-  const size_t dropped = s.s.size();
-  weight();
-  std::vector<int> reads = {g8, gs};
+  const size_t dropped = s.s.size();  // the step after the gradient's cast
+  std::vector<int> reads = {g8, gs}, w = s.tp_weight(gathered, K, N);
   reads.insert(reads.end(), w.begin(), w.end());
-  s.gemm(reads, {{{N, K}, Dtype::kFp8E4m3}}, kStepResults);
+  s.tp_backward_gemms(reads, R, K, N);
   s.s[dropped].drops_grad_outputs = true;
-  s.gemm(reads, {{{N, R}, Dtype::kFp8E5m2}, {{R, K}, Dtype::kFp8E4m3}}, kStepWeightGrads);
   return std::move(s.s);
 }
 
@@ -145,16 +150,9 @@ std::vector<OpStep> fp8_column_steps(bool forward, bool gathered, int64_t R, int
 std::vector<OpStep> fp8_row_steps(bool forward, bool gathered, int64_t R, int64_t K, int64_t N,
                                   int64_t group) {
   Steps s;
-  std::vector<int> w;
-  auto weight = [&] {
-    if (gathered) return;
-    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, {}, true);
-    w = {w8, ws};
-  };
   if (forward) {
     s.cast(R, K, Dtype::kFp8E4m3, {}, true, 2, 1);
-    weight();
-    s.gemm(w, {}, 0);
+    s.gemm(s.tp_weight(gathered, K, N), {}, 0);
     int partial = s.temp({{R, N}, Dtype::kBf16});
     s.step({partial}, kStepResults);
     return std::move(s.s);
@@ -163,11 +161,9 @@ std::vector<OpStep> fp8_row_steps(bool forward, bool gathered, int64_t R, int64_
   s.step({shard, gs});
   s.s.back().drops_grad_outputs = true;
   int g8 = s.temp({{R, N}, Dtype::kFp8E5m2});
-  weight();
-  std::vector<int> reads = {g8, gs};
+  std::vector<int> reads = {g8, gs}, w = s.tp_weight(gathered, K, N);
   reads.insert(reads.end(), w.begin(), w.end());
-  s.gemm(reads, {{{N, K}, Dtype::kFp8E4m3}}, kStepResults);
-  s.gemm(reads, {{{N, R}, Dtype::kFp8E5m2}, {{R, K}, Dtype::kFp8E4m3}}, kStepWeightGrads);
+  s.tp_backward_gemms(reads, R, K, N);
   return std::move(s.s);
 }
 
@@ -176,19 +172,22 @@ std::vector<OpStep> forward_steps(OpKind kind, int64_t tp, Fp8Recipe r, bool gat
   const bool row = r != Fp8Recipe::kTensorwise;  // rowwise_with_gw_hp's forward is rowwise's
   const Fp8ScaleAxis per_row = row ? Fp8ScaleAxis::kRows : Fp8ScaleAxis::kTensor;
   Steps s;
-  auto [x8, xs] = s.cast(R, K, Dtype::kFp8E4m3, row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{},
+  auto shape = [row](int64_t a, int64_t b) {
+    return row ? std::vector<int64_t>{a, b} : std::vector<int64_t>{};
+  };
+  auto [x8, xs] = s.cast(R, K, Dtype::kFp8E4m3, shape(R, 1),
                          fp8_max_over_tp(kind, tp, Fp8Operand::kInput, per_row));
   std::vector<int> reads = {x8, xs};
   if (!gathered) {  // a gathered weight is float8 already (tensor_already_casted_to_fp8)
     // W^T per output feature: W's rows.
-    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, row ? std::vector<int64_t>{1, N} : std::vector<int64_t>{},
+    auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, shape(1, N),
                            fp8_max_over_tp(kind, tp, Fp8Operand::kWeight, per_row));
     reads.insert(reads.end(), {w8, ws});
   }
   // The reciprocal scales _scaled_mm takes, then its output (fast accumulation: no post-scaling).
   s.step(reads, kStepResults);
-  s.temp({row ? std::vector<int64_t>{R, 1} : std::vector<int64_t>{}, Dtype::kFp32});
-  s.temp({row ? std::vector<int64_t>{1, N} : std::vector<int64_t>{}, Dtype::kFp32});
+  s.temp({shape(R, 1), Dtype::kFp32});
+  s.temp({shape(1, N), Dtype::kFp32});
   return std::move(s.s);
 }
 
@@ -204,12 +203,13 @@ std::vector<OpStep> backward_steps(OpKind kind, int64_t tp, Fp8Recipe r, bool ga
   };
   Steps s;
   // grad_input = g8 @ W8: the output gradient per row, the weight per input feature (W's columns).
-  auto [g8, gs] = s.cast(R, N, grad, shape(R, 1), across(Fp8Operand::kGradOutput, Fp8ScaleAxis::kRows));
+  auto [g8, gs] =
+      s.cast(R, N, grad, shape(R, 1), across(Fp8Operand::kGradOutput, Fp8ScaleAxis::kRows));
   std::vector<int> keep = {g8, gs};  // the backward's locals
   if (!gathered) {  // rowwise_with_gw_hp: one scale (cast_config_weight_for_grad_input)
     auto [w8, ws] = s.cast(K, N, Dtype::kFp8E4m3, hp ? std::vector<int64_t>{} : shape(K, 1),
-                           fp8_max_over_tp(kind, tp, Fp8Operand::kWeight,
-                                           row && !hp ? Fp8ScaleAxis::kCols : Fp8ScaleAxis::kTensor));
+                           across(Fp8Operand::kWeight,
+                                  hp ? Fp8ScaleAxis::kTensor : Fp8ScaleAxis::kCols));
     keep.insert(keep.end(), {w8, ws});
   }
   // A GEMM of _scaled_mm: the operand copies, the reciprocal scales; under rowwise their fp32
@@ -245,8 +245,10 @@ std::vector<OpStep> backward_steps(OpKind kind, int64_t tp, Fp8Recipe r, bool ga
   }
   // grad_weight = g8^T @ x8, each cast along the other axis, then copied: g8^T made row-major,
   // x8 column-major.
-  auto [g8c, gcs] = s.cast(R, N, grad, shape(1, N), across(Fp8Operand::kGradOutput, Fp8ScaleAxis::kCols));
-  auto [x8c, xcs] = s.cast(R, K, Dtype::kFp8E4m3, shape(1, K), across(Fp8Operand::kInput, Fp8ScaleAxis::kCols));
+  auto [g8c, gcs] =
+      s.cast(R, N, grad, shape(1, N), across(Fp8Operand::kGradOutput, Fp8ScaleAxis::kCols));
+  auto [x8c, xcs] = s.cast(R, K, Dtype::kFp8E4m3, shape(1, K),
+                           across(Fp8Operand::kInput, Fp8ScaleAxis::kCols));
   keep.insert(keep.end(), {g8c, gcs, x8c, xcs});
   gemm({{{N, R}, grad}, {{R, K}, Dtype::kFp8E4m3}}, {}, shape(N, 1), shape(1, K), N, K,
        kStepWeightGrads);
